@@ -1,0 +1,581 @@
+//! Request and reply payloads: encoding and checked decoding.
+
+use super::{Code, ProtoError, Status, ANY_NODE, MAX_MESSAGE, MAX_PAYLOAD, MAX_REGIONS};
+
+/// Page-size policy of an allocation (wire: u8).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PagePolicy {
+    /// 1 GiB, then 2 MiB, then 4 KiB; the reply says what was used.
+    Best = 0,
+    /// Exactly 1 GiB pages.
+    Huge1G = 1,
+    /// Exactly 2 MiB pages.
+    Huge2M = 2,
+    /// 4 KiB shmem pages.
+    Base4K = 3,
+}
+
+/// How the memory is made clean (wire: u8).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClearMode {
+    /// Every page is clean before the reply is sent.
+    Eager = 0,
+    /// Pages are cleared on demand faults (userfaultfd) and by background scrubbers.
+    Lazy = 1,
+}
+
+/// One per-node part of an allocation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AllocPart {
+    /// NUMA node, or [`ANY_NODE`].
+    pub node: u32,
+    /// Bytes.
+    pub size: u64,
+}
+
+/// ALLOC request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AllocRequest {
+    /// Total bytes; equals the sum of `parts` when there are parts.
+    pub total_size: u64,
+    /// Page-size policy.
+    pub page_policy: PagePolicy,
+    /// Clearing mode.
+    pub clear_mode: ClearMode,
+    /// `mlock` the memory (batched) before replying.
+    pub lock: bool,
+    /// Per-node sizes; empty = one region, placed by the daemon.
+    pub parts: Vec<AllocPart>,
+}
+
+/// A request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Request {
+    /// Version range and the client's features.
+    Handshake {
+        /// Lowest version the client speaks.
+        min_version: u32,
+        /// Highest version the client speaks.
+        max_version: u32,
+        /// Features the client can use.
+        features: u64,
+    },
+    /// Allocate guest RAM.
+    Alloc(AllocRequest),
+    /// Give an allocation back.
+    Free {
+        /// Allocation id from the ALLOC reply.
+        alloc_id: u64,
+    },
+    /// Lock an allocation.
+    Lock {
+        /// Allocation id.
+        alloc_id: u64,
+        /// Batch size in bytes (0 = daemon default).
+        chunk: u64,
+    },
+    /// Unlock an allocation.
+    Unlock {
+        /// Allocation id.
+        alloc_id: u64,
+        /// Batch size in bytes (0 = daemon default).
+        chunk: u64,
+    },
+    /// Move a region (or a range of it) to a node.
+    Rebalance {
+        /// Region id from the ALLOC reply.
+        region_id: u64,
+        /// Start offset in the region.
+        offset: u64,
+        /// Length (0 = to the end).
+        len: u64,
+        /// Target node.
+        node: u32,
+    },
+    /// Statistics.
+    Stats,
+}
+
+/// One region of an allocation (40 bytes on the wire); its fd travels at the
+/// same index in the reply's `SCM_RIGHTS` array.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RegionInfo {
+    /// Region id (for REBALANCE).
+    pub region_id: u64,
+    /// Suggested guest-physical address (regions laid out back to back).
+    pub guest_phys: u64,
+    /// Bytes.
+    pub size: u64,
+    /// Page size in bytes actually used.
+    pub page_size: u64,
+    /// NUMA node, or [`ANY_NODE`].
+    pub node: u32,
+    /// [`RegionInfo::FLAG_CLEAN`] | [`RegionInfo::FLAG_LAZY`] | [`RegionInfo::FLAG_LOCKED`].
+    pub flags: u32,
+}
+
+impl RegionInfo {
+    /// Every page was clean when the reply was sent.
+    pub const FLAG_CLEAN: u32 = 1;
+    /// Pages are cleared on demand: the VMM must hand over a userfaultfd.
+    pub const FLAG_LAZY: u32 = 2;
+    /// The memory is locked.
+    pub const FLAG_LOCKED: u32 = 4;
+}
+
+/// The body of a successful reply.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ReplyBody {
+    /// HANDSHAKE.
+    Handshake {
+        /// Version chosen.
+        version: u32,
+        /// Features both sides have.
+        features: u64,
+    },
+    /// ALLOC.
+    Alloc {
+        /// Allocation id.
+        alloc_id: u64,
+        /// Regions; fds in the same order.
+        regions: Vec<RegionInfo>,
+    },
+    /// LOCK / UNLOCK.
+    Lock {
+        /// Bytes locked or unlocked.
+        bytes: u64,
+        /// Microseconds taken.
+        micros: u64,
+    },
+    /// REBALANCE.
+    Rebalance {
+        /// Pages moved.
+        pages_moved: u64,
+        /// Pages that could not move.
+        pages_failed: u64,
+    },
+    /// STATS: a JSON document.
+    Stats {
+        /// UTF-8 JSON.
+        json: String,
+    },
+    /// FREE and errors.
+    Empty,
+}
+
+/// A reply: status, a human-readable message (empty on success), and a body
+/// (only when the status is `Ok`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reply {
+    /// Status.
+    pub status: Status,
+    /// Why, for errors.
+    pub message: String,
+    /// Body.
+    pub body: ReplyBody,
+}
+
+impl Reply {
+    /// A successful reply.
+    pub fn ok(body: ReplyBody) -> Self {
+        Self { status: Status::Ok, message: String::new(), body }
+    }
+
+    /// An error reply; the message is cut to [`MAX_MESSAGE`] bytes.
+    pub fn error(status: Status, message: impl Into<String>) -> Self {
+        let mut message = message.into();
+        if message.len() > MAX_MESSAGE {
+            let mut end = MAX_MESSAGE;
+            while !message.is_char_boundary(end) {
+                end -= 1;
+            }
+            message.truncate(end);
+        }
+        Self { status, message, body: ReplyBody::Empty }
+    }
+}
+
+/// Little-endian payload writer.
+#[derive(Default)]
+struct Writer(Vec<u8>);
+
+impl Writer {
+    fn u8(&mut self, v: u8) -> &mut Self {
+        self.0.push(v);
+        self
+    }
+    fn u32(&mut self, v: u32) -> &mut Self {
+        self.0.extend_from_slice(&v.to_le_bytes());
+        self
+    }
+    fn u64(&mut self, v: u64) -> &mut Self {
+        self.0.extend_from_slice(&v.to_le_bytes());
+        self
+    }
+    fn bytes(&mut self, v: &[u8]) -> &mut Self {
+        self.0.extend_from_slice(v);
+        self
+    }
+}
+
+/// Little-endian payload reader that never reads past the end.
+struct Reader<'a> {
+    buf: &'a [u8],
+}
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize, field: &'static str) -> Result<&'a [u8], ProtoError> {
+        if self.buf.len() < n {
+            return Err(ProtoError::Truncated { field, needed: n - self.buf.len() });
+        }
+        let (head, rest) = self.buf.split_at(n);
+        self.buf = rest;
+        Ok(head)
+    }
+    fn u8(&mut self, field: &'static str) -> Result<u8, ProtoError> {
+        Ok(self.take(1, field)?[0])
+    }
+    fn u32(&mut self, field: &'static str) -> Result<u32, ProtoError> {
+        let b = self.take(4, field)?;
+        Ok(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+    }
+    fn u64(&mut self, field: &'static str) -> Result<u64, ProtoError> {
+        let b = self.take(8, field)?;
+        let mut a = [0u8; 8];
+        a.copy_from_slice(b);
+        Ok(u64::from_le_bytes(a))
+    }
+    fn remaining(&self) -> usize {
+        self.buf.len()
+    }
+    fn finish(self) -> Result<(), ProtoError> {
+        match self.buf.len() {
+            0 => Ok(()),
+            n => Err(ProtoError::TrailingBytes(n)),
+        }
+    }
+    /// Checks that `count` records of `record` bytes fit in what is left,
+    /// before anything is allocated for them.
+    fn check_records(&self, count: usize, record: usize, max: usize, what: &str) -> Result<(), ProtoError> {
+        if count > max {
+            return Err(ProtoError::OutOfBounds(format!("{count} {what}, at most {max} allowed")));
+        }
+        if count * record > self.remaining() {
+            return Err(ProtoError::Truncated { field: "records", needed: count * record - self.remaining() });
+        }
+        Ok(())
+    }
+}
+
+fn bad(msg: impl Into<String>) -> ProtoError {
+    ProtoError::OutOfBounds(msg.into())
+}
+
+impl Request {
+    /// The request code.
+    pub fn code(&self) -> Code {
+        match self {
+            Request::Handshake { .. } => Code::Handshake,
+            Request::Alloc(_) => Code::Alloc,
+            Request::Free { .. } => Code::Free,
+            Request::Lock { .. } => Code::Lock,
+            Request::Unlock { .. } => Code::Unlock,
+            Request::Rebalance { .. } => Code::Rebalance,
+            Request::Stats => Code::Stats,
+        }
+    }
+
+    /// Payload bytes.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut w = Writer::default();
+        match self {
+            Request::Handshake { min_version, max_version, features } => {
+                w.u32(*min_version).u32(*max_version).u64(*features);
+            }
+            Request::Alloc(a) => {
+                w.u64(a.total_size)
+                    .u8(a.page_policy as u8)
+                    .u8(a.clear_mode as u8)
+                    .u8(u8::from(a.lock))
+                    .u8(0)
+                    .u32(u32::try_from(a.parts.len()).unwrap_or(u32::MAX));
+                for p in &a.parts {
+                    w.u32(p.node).u32(0).u64(p.size);
+                }
+            }
+            Request::Free { alloc_id } => {
+                w.u64(*alloc_id);
+            }
+            Request::Lock { alloc_id, chunk } | Request::Unlock { alloc_id, chunk } => {
+                w.u64(*alloc_id).u64(*chunk);
+            }
+            Request::Rebalance { region_id, offset, len, node } => {
+                w.u64(*region_id).u64(*offset).u64(*len).u32(*node).u32(0);
+            }
+            Request::Stats => {}
+        }
+        w.0
+    }
+
+    /// Parses and validates a request payload.
+    pub fn decode(code: Code, payload: &[u8]) -> Result<Self, ProtoError> {
+        if payload.len() > MAX_PAYLOAD {
+            return Err(ProtoError::PayloadTooLarge(payload.len()));
+        }
+        let mut r = Reader { buf: payload };
+        let req = match code {
+            Code::Handshake => Request::Handshake {
+                min_version: r.u32("min_version")?,
+                max_version: r.u32("max_version")?,
+                features: r.u64("features")?,
+            },
+            Code::Alloc => Request::Alloc(decode_alloc(&mut r)?),
+            Code::Free => Request::Free { alloc_id: r.u64("alloc_id")? },
+            Code::Lock => Request::Lock { alloc_id: r.u64("alloc_id")?, chunk: r.u64("chunk")? },
+            Code::Unlock => Request::Unlock { alloc_id: r.u64("alloc_id")?, chunk: r.u64("chunk")? },
+            Code::Rebalance => {
+                let req = Request::Rebalance {
+                    region_id: r.u64("region_id")?,
+                    offset: r.u64("offset")?,
+                    len: r.u64("len")?,
+                    node: r.u32("node")?,
+                };
+                if r.u32("reserved")? != 0 {
+                    return Err(bad("reserved field must be zero"));
+                }
+                req
+            }
+            Code::Stats => Request::Stats,
+        };
+        r.finish()?;
+        Ok(req)
+    }
+}
+
+fn decode_alloc(r: &mut Reader<'_>) -> Result<AllocRequest, ProtoError> {
+    let total_size = r.u64("total_size")?;
+    let page_policy = match r.u8("page_policy")? {
+        0 => PagePolicy::Best,
+        1 => PagePolicy::Huge1G,
+        2 => PagePolicy::Huge2M,
+        3 => PagePolicy::Base4K,
+        v => return Err(bad(format!("unknown page policy {v}"))),
+    };
+    let clear_mode = match r.u8("clear_mode")? {
+        0 => ClearMode::Eager,
+        1 => ClearMode::Lazy,
+        v => return Err(bad(format!("unknown clear mode {v}"))),
+    };
+    let lock = match r.u8("lock")? {
+        0 => false,
+        1 => true,
+        v => return Err(bad(format!("lock must be 0 or 1, got {v}"))),
+    };
+    if r.u8("reserved")? != 0 {
+        return Err(bad("reserved field must be zero"));
+    }
+    let n_parts = r.u32("n_parts")? as usize;
+    r.check_records(n_parts, 16, MAX_REGIONS, "parts")?;
+    if total_size == 0 {
+        return Err(bad("total_size must be non-zero"));
+    }
+    let mut parts = Vec::with_capacity(n_parts);
+    let mut sum: u64 = 0;
+    for _ in 0..n_parts {
+        let node = r.u32("part.node")?;
+        if r.u32("part.reserved")? != 0 {
+            return Err(bad("reserved field must be zero"));
+        }
+        let size = r.u64("part.size")?;
+        if size == 0 {
+            return Err(bad("part sizes must be non-zero"));
+        }
+        sum = sum.checked_add(size).ok_or_else(|| bad("part sizes overflow"))?;
+        parts.push(AllocPart { node, size });
+    }
+    if !parts.is_empty() && sum != total_size {
+        return Err(bad(format!("parts add up to {sum} bytes, total_size is {total_size}")));
+    }
+    let mut nodes: Vec<u32> = parts.iter().map(|p| p.node).filter(|n| *n != ANY_NODE).collect();
+    nodes.sort_unstable();
+    if nodes.windows(2).any(|w| w[0] == w[1]) {
+        return Err(bad("a node appears in more than one part"));
+    }
+    Ok(AllocRequest { total_size, page_policy, clear_mode, lock, parts })
+}
+
+impl Reply {
+    /// Payload bytes.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut w = Writer::default();
+        let msg = self.message.as_bytes();
+        let msg = &msg[..msg.len().min(MAX_MESSAGE)];
+        w.u32(self.status as u32).u32(u32::try_from(msg.len()).unwrap_or(0)).bytes(msg);
+        if self.status != Status::Ok {
+            return w.0;
+        }
+        match &self.body {
+            ReplyBody::Handshake { version, features } => {
+                w.u32(*version).u32(0).u64(*features);
+            }
+            ReplyBody::Alloc { alloc_id, regions } => {
+                w.u64(*alloc_id).u32(u32::try_from(regions.len()).unwrap_or(u32::MAX)).u32(0);
+                for g in regions {
+                    w.u64(g.region_id).u64(g.guest_phys).u64(g.size).u64(g.page_size).u32(g.node).u32(g.flags);
+                }
+            }
+            ReplyBody::Lock { bytes, micros } => {
+                w.u64(*bytes).u64(*micros);
+            }
+            ReplyBody::Rebalance { pages_moved, pages_failed } => {
+                w.u64(*pages_moved).u64(*pages_failed);
+            }
+            ReplyBody::Stats { json } => {
+                w.u32(u32::try_from(json.len()).unwrap_or(u32::MAX)).bytes(json.as_bytes());
+            }
+            ReplyBody::Empty => {}
+        }
+        w.0
+    }
+
+    /// Parses a reply to a request with `code`.
+    pub fn decode(code: Code, payload: &[u8]) -> Result<Self, ProtoError> {
+        if payload.len() > MAX_PAYLOAD {
+            return Err(ProtoError::PayloadTooLarge(payload.len()));
+        }
+        let mut r = Reader { buf: payload };
+        let raw = r.u32("status")?;
+        let status = Status::from_u32(raw).ok_or(ProtoError::UnknownStatus(raw))?;
+        let msg_len = r.u32("message_len")? as usize;
+        if msg_len > MAX_MESSAGE {
+            return Err(bad(format!("message of {msg_len} bytes, at most {MAX_MESSAGE}")));
+        }
+        let message = String::from_utf8_lossy(r.take(msg_len, "message")?).into_owned();
+        if status != Status::Ok {
+            r.finish()?;
+            return Ok(Reply { status, message, body: ReplyBody::Empty });
+        }
+        let body = match code {
+            Code::Handshake => {
+                let version = r.u32("version")?;
+                r.u32("reserved")?;
+                ReplyBody::Handshake { version, features: r.u64("features")? }
+            }
+            Code::Alloc => {
+                let alloc_id = r.u64("alloc_id")?;
+                let n = r.u32("n_regions")? as usize;
+                r.u32("reserved")?;
+                r.check_records(n, 40, MAX_REGIONS, "regions")?;
+                let mut regions = Vec::with_capacity(n);
+                for _ in 0..n {
+                    regions.push(RegionInfo {
+                        region_id: r.u64("region_id")?,
+                        guest_phys: r.u64("guest_phys")?,
+                        size: r.u64("size")?,
+                        page_size: r.u64("page_size")?,
+                        node: r.u32("node")?,
+                        flags: r.u32("flags")?,
+                    });
+                }
+                ReplyBody::Alloc { alloc_id, regions }
+            }
+            Code::Lock | Code::Unlock => ReplyBody::Lock { bytes: r.u64("bytes")?, micros: r.u64("micros")? },
+            Code::Rebalance => ReplyBody::Rebalance { pages_moved: r.u64("pages_moved")?, pages_failed: r.u64("pages_failed")? },
+            Code::Stats => {
+                let n = r.u32("json_len")? as usize;
+                let json = std::str::from_utf8(r.take(n, "json")?).map_err(|_| bad("STATS json is not UTF-8"))?;
+                ReplyBody::Stats { json: json.to_string() }
+            }
+            Code::Free => ReplyBody::Empty,
+        };
+        r.finish()?;
+        Ok(Reply { status, message, body })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn alloc() -> AllocRequest {
+        AllocRequest {
+            total_size: 4 << 30,
+            page_policy: PagePolicy::Best,
+            clear_mode: ClearMode::Eager,
+            lock: true,
+            parts: vec![AllocPart { node: 0, size: 2 << 30 }, AllocPart { node: 1, size: 2 << 30 }],
+        }
+    }
+
+    #[test]
+    fn requests_round_trip() {
+        let all = [
+            Request::Handshake { min_version: 1, max_version: 1, features: 3 },
+            Request::Alloc(alloc()),
+            Request::Free { alloc_id: 9 },
+            Request::Lock { alloc_id: 9, chunk: 8 << 20 },
+            Request::Unlock { alloc_id: 9, chunk: 0 },
+            Request::Rebalance { region_id: 2, offset: 0, len: 1 << 30, node: 1 },
+            Request::Stats,
+        ];
+        for req in all {
+            let bytes = req.encode();
+            assert_eq!(Request::decode(req.code(), &bytes).expect("decode"), req);
+        }
+    }
+
+    #[test]
+    fn replies_round_trip() {
+        let region = RegionInfo { region_id: 1, guest_phys: 0, size: 1 << 30, page_size: 1 << 30, node: 0, flags: RegionInfo::FLAG_CLEAN };
+        let all = [
+            (Code::Handshake, Reply::ok(ReplyBody::Handshake { version: 1, features: 1 })),
+            (Code::Alloc, Reply::ok(ReplyBody::Alloc { alloc_id: 5, regions: vec![region, region] })),
+            (Code::Free, Reply::ok(ReplyBody::Empty)),
+            (Code::Lock, Reply::ok(ReplyBody::Lock { bytes: 10, micros: 20 })),
+            (Code::Rebalance, Reply::ok(ReplyBody::Rebalance { pages_moved: 3, pages_failed: 1 })),
+            (Code::Stats, Reply::ok(ReplyBody::Stats { json: "{\"a\":1}".into() })),
+            (Code::Alloc, Reply::error(Status::NoMemory, "node 0 has 1 free 1G page, 4 needed")),
+        ];
+        for (code, reply) in all {
+            assert_eq!(Reply::decode(code, &reply.encode()).expect("decode"), reply);
+        }
+    }
+
+    #[test]
+    fn malformed_alloc_is_refused_before_allocation() {
+        let good = Request::Alloc(alloc()).encode();
+        // Truncated anywhere: an error, never a panic.
+        for cut in 0..good.len() {
+            assert!(Request::decode(Code::Alloc, &good[..cut]).is_err(), "cut at {cut}");
+        }
+        // Trailing bytes.
+        let mut long = good.clone();
+        long.push(0);
+        assert!(matches!(Request::decode(Code::Alloc, &long), Err(ProtoError::TrailingBytes(1))));
+        // A huge part count is refused from the count alone.
+        let mut huge = good.clone();
+        huge[12..16].copy_from_slice(&u32::MAX.to_le_bytes());
+        assert!(matches!(Request::decode(Code::Alloc, &huge), Err(ProtoError::OutOfBounds(_))));
+        // Parts that do not add up.
+        let mut a = alloc();
+        a.total_size += 1;
+        assert!(Request::decode(Code::Alloc, &Request::Alloc(a).encode()).is_err());
+        // Duplicate nodes, zero sizes, bad enums.
+        let mut a = alloc();
+        a.parts[1].node = 0;
+        assert!(Request::decode(Code::Alloc, &Request::Alloc(a).encode()).is_err());
+        let mut bytes = good.clone();
+        bytes[8] = 9;
+        assert!(Request::decode(Code::Alloc, &bytes).is_err());
+        let mut bytes = good;
+        bytes[10] = 2;
+        assert!(Request::decode(Code::Alloc, &bytes).is_err());
+    }
+
+    #[test]
+    fn long_error_messages_are_cut_on_a_char_boundary() {
+        let r = Reply::error(Status::Internal, "é".repeat(MAX_MESSAGE));
+        assert!(r.message.len() <= MAX_MESSAGE);
+        assert_eq!(Reply::decode(Code::Free, &r.encode()).expect("decode").message, r.message);
+    }
+}
