@@ -2,6 +2,10 @@
 
 use anyhow::{Context, Result};
 use backend::bench::clear::{self, ClearBenchConfig};
+use backend::bench::alloc::{self as alloc_bench, AllocBenchConfig};
+use backend::bench::mlock::{self, MlockBenchConfig};
+use backend::launch::{self, LaunchConfig, Vmm};
+use backend::proto::{AllocPart, PagePolicy};
 use backend::size::parse_size;
 use clap::{Parser, Subcommand};
 use guest_mem::PageSize;
@@ -17,9 +21,114 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Run the daemon: serve guest RAM over the UNIX socket until SIGTERM/SIGINT.
+    Serve(ServeArgs),
+    /// Show the daemon's pools, sessions and scrub progress.
+    Status {
+        /// The daemon's socket.
+        #[arg(long, default_value = backend::daemon::config::DEFAULT_SOCKET)]
+        socket: std::path::PathBuf,
+        /// Print the STATS JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Allocate guest RAM through the daemon and run cloud-hypervisor or QEMU on it.
+    Launch(LaunchArgs),
+    /// Start a private daemon, run the micro-guest on 1 GiB pages, free, reuse
+    /// from the clean pool, and print a timeline.
+    Demo {
+        /// VM size (smaller, said out loud, when fewer huge pages can be had).
+        #[arg(long, default_value = "2G", value_parser = parse_size_arg)]
+        size: u64,
+        /// Do not run the micro-guest even when KVM works.
+        #[arg(long)]
+        no_guest: bool,
+        /// Page size: 1G, 2M or 4K (default: 1G, then 2M, then 4K, said out loud).
+        #[arg(long, value_parser = parse_page_size_arg)]
+        page_size: Option<PageSize>,
+        /// Print one JSON object instead of the timeline.
+        #[arg(long)]
+        json: bool,
+    },
     /// Benchmarks; each reports ratios against a baseline measured in the same run.
     #[command(subcommand)]
     Bench(Bench),
+}
+
+/// `hugemem launch` flags.
+#[derive(Debug, clap::Args)]
+struct LaunchArgs {
+    /// The daemon's socket.
+    #[arg(long, default_value = backend::daemon::config::DEFAULT_SOCKET)]
+    socket: std::path::PathBuf,
+    /// Guest RAM (K/M/G suffixes); with --nodes it must equal their total.
+    #[arg(long, value_parser = parse_size_arg)]
+    size: Option<u64>,
+    /// Put all guest RAM on this NUMA node.
+    #[arg(long, conflicts_with = "nodes")]
+    node: Option<u32>,
+    /// One region per NUMA node: NODE:SIZE[,NODE:SIZE...], e.g. 0:2G,1:2G.
+    #[arg(long, value_parser = parse_nodes_arg)]
+    nodes: Option<NodesArg>,
+    /// Page size: best (1G, then 2M, then 4K), 1G, 2M or 4K.
+    #[arg(long, default_value = "best", value_parser = parse_policy_arg)]
+    page_size: PagePolicy,
+    /// Give the VMM hugetlbfs file paths instead of /dev/fd/N (needed with cloud-hypervisor --landlock).
+    #[arg(long)]
+    hugetlbfs: bool,
+    /// Have the daemon mlock the memory before the VMM starts.
+    #[arg(long)]
+    lock: bool,
+    /// cloud-hypervisor: one guest NUMA node per region.
+    #[arg(long)]
+    guest_numa: bool,
+    /// The VMM kind when the program name does not say: cloud-hypervisor or qemu.
+    #[arg(long, value_parser = parse_vmm_arg)]
+    vmm: Option<Vmm>,
+    /// The VMM and its arguments, after `--`.
+    #[arg(last = true, required = true, value_parser = clap::value_parser!(std::ffi::OsString))]
+    command: Vec<std::ffi::OsString>,
+}
+
+/// A parsed `--nodes` value.
+#[derive(Debug, Clone)]
+struct NodesArg(Vec<AllocPart>);
+
+fn parse_nodes_arg(s: &str) -> Result<NodesArg, String> {
+    launch::parse_nodes(s).map(NodesArg).map_err(|e| e.to_string())
+}
+
+fn parse_policy_arg(s: &str) -> Result<PagePolicy, String> {
+    launch::parse_page_policy(s).ok_or_else(|| format!("invalid page size {s:?}: expected best, 1G, 2M or 4K"))
+}
+
+fn parse_vmm_arg(s: &str) -> Result<Vmm, String> {
+    Vmm::parse(s).ok_or_else(|| format!("unknown VMM {s:?}: expected cloud-hypervisor or qemu"))
+}
+
+fn launch(args: LaunchArgs) -> Result<i32> {
+    let cfg = LaunchConfig {
+        socket: args.socket,
+        size: args.size,
+        node: args.node,
+        nodes: args.nodes.map(|n| n.0).unwrap_or_default(),
+        page_policy: args.page_size,
+        hugetlbfs: args.hugetlbfs,
+        lock: args.lock,
+        guest_numa: args.guest_numa,
+        vmm: args.vmm,
+        command: args.command,
+    };
+    let report = launch::run(&cfg).context("hugemem launch failed")?;
+    eprintln!(
+        "hugemem launch: {} on {} pages allocated in {:.1} ms; the VMM ran {:.1} ms and ended with {}",
+        backend::size::format_size(report.size),
+        report.page_sizes.iter().map(|p| backend::size::format_size(*p)).collect::<Vec<_>>().join("+"),
+        report.alloc.as_secs_f64() * 1e3,
+        report.vmm.as_secs_f64() * 1e3,
+        report.exit
+    );
+    Ok(report.exit.shell_code())
 }
 
 #[derive(Debug, Subcommand)]
@@ -42,6 +151,93 @@ enum Bench {
         #[arg(long)]
         json: bool,
     },
+    /// One mlock/munlock call over a region against the batched path, with the
+    /// stall another thread's mmap+munmap sees, on 4 KiB shmem and hugetlb.
+    Mlock {
+        /// Bytes per region (K/M/G suffixes, powers of 1024).
+        #[arg(long, default_value = "2G", value_parser = parse_size_arg)]
+        size: u64,
+        /// Bytes per call of the batched path (a multiple of 4K; default 8M on
+        /// 4 KiB pages, 32M on huge pages).
+        #[arg(long, value_parser = parse_size_arg)]
+        chunk: Option<u64>,
+        /// Repetitions; times are the best, stalls the median of per-rep worst.
+        #[arg(long, default_value_t = 3)]
+        reps: usize,
+        /// Workers per NUMA node on the batched path.
+        #[arg(long, default_value_t = 1)]
+        threads_per_node: usize,
+        /// hugetlb page size, 2M or 1G (default: 2M, then 1G).
+        #[arg(long, value_parser = parse_page_size_arg)]
+        hugetlb_page_size: Option<PageSize>,
+        /// Measure 4 KiB shmem only.
+        #[arg(long)]
+        no_hugetlb: bool,
+        /// Print one JSON object instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Time until a VM's RAM is ready: fresh (daemon-less and through the
+    /// daemon), from the clean pool, and cloud-hypervisor's prefault.
+    Alloc {
+        /// VM size (K/M/G suffixes); smaller, said out loud, when the pages cannot be had.
+        #[arg(long, default_value = "8G", value_parser = parse_size_arg)]
+        size: u64,
+        /// Repetitions; the best of each figure is reported.
+        #[arg(long, default_value_t = 3)]
+        reps: usize,
+        /// Page size: 1G or 2M (default: 1G, then 2M, said out loud).
+        #[arg(long, value_parser = parse_page_size_arg)]
+        page_size: Option<PageSize>,
+        /// Print one JSON object instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// `hugemem serve` flags; each overrides the configuration file.
+#[derive(Debug, clap::Args)]
+struct ServeArgs {
+    /// Configuration file (TOML, see scripts/hugemem.toml); defaults apply without one.
+    #[arg(long)]
+    config: Option<std::path::PathBuf>,
+    /// Socket path (default /run/hugemem/hugemem.sock).
+    #[arg(long)]
+    socket: Option<std::path::PathBuf>,
+    /// Serve Prometheus text on this loopback address, e.g. 127.0.0.1:9464.
+    #[arg(long)]
+    metrics_listen: Option<std::net::SocketAddr>,
+    /// Idle bytes per node the pool keeps (K/M/G suffixes).
+    #[arg(long, value_parser = parse_size_arg)]
+    pool_target: Option<u64>,
+    /// Most pooled bytes per node (K/M/G suffixes).
+    #[arg(long, value_parser = parse_size_arg)]
+    pool_limit: Option<u64>,
+    /// Scrubber threads per NUMA node.
+    #[arg(long)]
+    scrub_threads: Option<usize>,
+    /// Allow this uid to connect (repeatable; default: the daemon's uid and root).
+    #[arg(long = "allow-uid")]
+    allow_uids: Vec<u32>,
+}
+
+fn serve(args: ServeArgs) -> Result<()> {
+    use backend::daemon::{Config, Overrides};
+    let mut config = match &args.config {
+        Some(path) => Config::from_toml_file(path)?,
+        None => Config::default(),
+    };
+    config.apply(&Overrides {
+        socket: args.socket,
+        metrics_listen: args.metrics_listen,
+        pool_target: args.pool_target,
+        pool_limit: args.pool_limit,
+        scrub_threads: args.scrub_threads,
+        allowed_uids: args.allow_uids,
+    });
+    // Sockets and anything else the daemon creates: owner only.
+    nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o077));
+    backend::daemon::serve(config).context("hugemem serve failed")
 }
 
 fn parse_size_arg(s: &str) -> Result<u64, String> {
@@ -53,21 +249,58 @@ fn parse_page_size_arg(s: &str) -> Result<PageSize, String> {
 }
 
 fn main() {
+    let cli = Cli::parse();
+    // The demo prints its own progress; the daemon's info lines would bury it.
+    let default_filter = if matches!(cli.command, Command::Demo { .. }) { "warn" } else { "info" };
     tracing_subscriber::fmt()
-        .with_env_filter(EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")))
+        .with_env_filter(EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_filter)))
         .with_writer(std::io::stderr)
         .init();
-    if let Err(e) = run(Cli::parse()) {
-        eprintln!("hugemem: error: {e}");
-        for cause in e.chain().skip(1) {
-            eprintln!("  caused by: {cause}");
+    match run(cli) {
+        Ok(0) => {}
+        // `hugemem launch` exits with the VMM's status.
+        Ok(code) => std::process::exit(code),
+        Err(e) => {
+            eprintln!("hugemem: error: {e}");
+            for cause in e.chain().skip(1) {
+                eprintln!("  caused by: {cause}");
+            }
+            std::process::exit(1);
         }
-        std::process::exit(1);
     }
 }
 
-fn run(cli: Cli) -> Result<()> {
+fn run(cli: Cli) -> Result<i32> {
     match cli.command {
+        Command::Launch(args) => return launch(args),
+        Command::Demo { size, no_guest, page_size, json } => {
+            let cfg = backend::demo::DemoConfig { size, no_guest, page_size };
+            let report = backend::demo::run(&cfg, &mut |line| eprintln!("hugemem demo: {line}")).context("hugemem demo failed")?;
+            if json {
+                println!("{}", serde_json::to_string(&report)?);
+            } else {
+                print!("{}", report.to_table());
+            }
+        }
+        Command::Bench(Bench::Alloc { size, reps, page_size, json }) => {
+            let cfg = AllocBenchConfig { size, reps, page_size };
+            let report = alloc_bench::run(&cfg, &mut |line| tracing::info!("{line}")).context("bench alloc failed")?;
+            if json {
+                println!("{}", serde_json::to_string(&report)?);
+            } else {
+                print!("{}", report.to_table());
+            }
+        }
+        Command::Serve(args) => serve(args)?,
+        Command::Status { socket, json } => {
+            let mut client = backend::client::Client::connect(&socket)?;
+            let stats = client.stats()?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&stats)?);
+            } else {
+                print!("{}", backend::daemon::metrics::render_status(&stats));
+            }
+        }
         Command::Bench(Bench::Clear { size, reps, threads, page_size, json }) => {
             let cfg = ClearBenchConfig { size, reps, threads, page_size };
             let report = clear::run(&cfg, &mut |line| tracing::info!("{line}")).context("bench clear failed")?;
@@ -77,6 +310,26 @@ fn run(cli: Cli) -> Result<()> {
                 print!("{}", report.to_table());
             }
         }
+        Command::Bench(Bench::Mlock { size, chunk, reps, threads_per_node, hugetlb_page_size, no_hugetlb, json }) => {
+            let chunk = chunk
+                .map(usize::try_from)
+                .transpose()
+                .context("--chunk does not fit this machine's address space")?;
+            let cfg = MlockBenchConfig {
+                size,
+                reps,
+                chunk,
+                threads_per_node,
+                hugetlb: !no_hugetlb,
+                hugetlb_page: hugetlb_page_size,
+            };
+            let report = mlock::run(&cfg, &mut |line| tracing::info!("{line}")).context("bench mlock failed")?;
+            if json {
+                println!("{}", serde_json::to_string(&report)?);
+            } else {
+                print!("{}", report.to_table());
+            }
+        }
     }
-    Ok(())
+    Ok(0)
 }

@@ -331,7 +331,7 @@ pub(crate) fn plan(
             });
         }
     }
-    if control_gpa % PAGE_4K != 0 {
+    if !control_gpa.is_multiple_of(PAGE_4K) {
         return Err(ConfigError::Misaligned {
             index: usize::MAX,
             what: "control slot address",

@@ -99,7 +99,9 @@ const LOAD_OFFSET: usize = 0x100;
 const LOAD_ALIGN: u64 = 0x10;
 
 const _: () = assert!(NOTE_OFFSET + NOTE_SIZE <= LOAD_OFFSET);
-const _: () = assert!(image::LINK_BASE % LOAD_ALIGN == 0 && LOAD_OFFSET as u64 % LOAD_ALIGN == 0);
+const _: () = assert!(
+    image::LINK_BASE.is_multiple_of(LOAD_ALIGN) && (LOAD_OFFSET as u64).is_multiple_of(LOAD_ALIGN)
+);
 
 /// Builds the PVH ELF image of the micro-guest with `cfg` baked into its
 /// parameter block.

@@ -1,7 +1,9 @@
 //! Benchmarks behind `hugemem bench …`. They report ratios against a baseline
 //! measured in the same run: absolute times on shared machines are noise.
 
+pub mod alloc;
 pub mod clear;
+pub mod mlock;
 
 /// Errors of a benchmark run.
 #[derive(Debug, thiserror::Error)]
@@ -24,6 +26,9 @@ pub enum BenchError {
     /// The parallel runner failed.
     #[error("parallel runner failed: {0}")]
     Runner(String),
+    /// Batched locking or unlocking failed.
+    #[error("locking or unlocking memory failed")]
+    Lock(#[from] guest_mem::LockError),
 }
 
 /// GB/s (10^9 bytes per second) for `bytes` in `seconds`.

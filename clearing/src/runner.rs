@@ -1,0 +1,1605 @@
+//! A parallel job runner in the shape of the Linux kernel's
+//! `padata_do_multithreaded`, with NUMA-pinned workers.
+//!
+//! # Design
+//! A [`Job`] is a range of addresses plus how it may be split: chunk
+//! boundaries on multiples of `align`, chunks of at least `min_chunk` bytes,
+//! at most `max_threads` workers, and optionally the NUMA node whose CPUs the
+//! workers run on. [`run_jobs`] validates every job before any work runs, then
+//! starts all jobs at once, each with its own workers, under one
+//! `std::thread::scope`:
+//!
+//! * **Splitting** follows padata: `workers = min(max_threads, len / min_chunk,
+//!   CPUs of the node)`; the chunk size aims at four chunks per worker (so a
+//!   slow worker, or one sharing its CPU, does not hold up the job), is at
+//!   least `min_chunk`, a multiple of `align`, and at most
+//!   [`RunOptions::max_chunk`]. Every chunk boundary except the job's own start
+//!   and end is a multiple of `align` in absolute terms; every chunk but the
+//!   last of a job is at least `min_chunk` long.
+//! * **Load balance**: workers pull chunk numbers from one atomic counter per
+//!   job, so there is no lock and no up-front assignment.
+//! * **Placement**: the workers of a job with `node: Some(n)` pin themselves
+//!   to node `n`'s CPUs before starting, so that first-touch and the memory
+//!   traffic stay on that node. For a node without CPUs (a memory-only node,
+//!   such as CXL memory) they pin to the nearest node that has CPUs, by the
+//!   kernel's distance table. `node: None` leaves workers unpinned.
+//! * **Start and stop**: workers wait at a start gate so they begin together
+//!   (per-node timings then measure the same interval). Between chunks each
+//!   worker checks the caller's [`CancelToken`] and the run's internal stop
+//!   flag; the first error (a failed chunk, a failed pin, a panic) sets that
+//!   flag and is the one returned.
+//!
+//! The alternative, a global thread pool (rayon), would share threads between
+//! nodes and could not pin them per job; the jobs here are few and long, so
+//! per-run scoped threads cost nothing measurable and keep borrowing simple.
+
+use std::any::Any;
+use std::convert::Infallible;
+use std::io;
+use std::num::NonZeroUsize;
+use std::panic::{self, AssertUnwindSafe};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use numa::{NodeId, PinError, Topology};
+use tracing::debug;
+
+use crate::kernel::{clear_raw, ClearKernel, MAX_RUN};
+
+/// How many chunks per worker the splitter aims at (padata's
+/// `load_balance_factor`).
+const LOAD_BALANCE_FACTOR: usize = 4;
+
+/// The progress callback is called at most this often (plus once at the end).
+const PROGRESS_INTERVAL: Duration = Duration::from_millis(10);
+
+/// Chunk alignment used by [`clear_parallel`]: 2 MiB, so that a transparent
+/// or hugetlb 2 MiB page is never split between two workers.
+pub const CLEAR_ALIGN: usize = 2 << 20;
+
+/// Minimum chunk used by [`clear_parallel`]: 4 MiB, 0.2-0.5 ms of clearing at
+/// the measured single-thread rates, well above the cost of starting and
+/// pinning a thread (tens of µs); buffers below twice this are cleared by one
+/// worker.
+pub const CLEAR_MIN_CHUNK: usize = 4 << 20;
+
+/// One range of work and how it may be split.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Job {
+    /// First address (or index) of the range.
+    pub start: usize,
+    /// Length of the range; 0 makes the job a no-op.
+    pub len: usize,
+    /// Chunk boundaries inside the range fall on multiples of this (a power of
+    /// two; 1 for no constraint).
+    pub align: usize,
+    /// Smallest chunk worth a hand-off; every chunk of the job but the last is
+    /// at least this long. Also bounds the worker count (`len / min_chunk`).
+    /// 0 is treated as 1.
+    pub min_chunk: usize,
+    /// Most workers for this job (at least 1).
+    pub max_threads: usize,
+    /// The NUMA node whose CPUs run the workers, or `None` for unpinned.
+    pub node: Option<NodeId>,
+}
+
+/// One piece of a job, handed to the work function.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Chunk {
+    /// Index of the job in the slice given to [`run_jobs`].
+    pub job: usize,
+    /// First address (or index) of the piece.
+    pub start: usize,
+    /// Length of the piece (never 0).
+    pub len: usize,
+}
+
+/// Asks a running [`run_jobs`] to stop; cheap to clone and share.
+///
+/// Workers look at it between chunks, so a run stops within one chunk
+/// ([`RunOptions::max_chunk`]) per worker.
+#[derive(Debug, Clone, Default)]
+pub struct CancelToken(Arc<AtomicBool>);
+
+impl CancelToken {
+    /// A token that is not cancelled.
+    pub fn new() -> Self {
+        Self::default()
+    }
+    /// Requests cancellation; every clone sees it.
+    pub fn cancel(&self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+    /// True once [`cancel`](Self::cancel) has been called on any clone.
+    pub fn is_cancelled(&self) -> bool {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
+/// Progress of a run, summed over all its jobs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Progress {
+    /// Bytes in finished chunks so far.
+    pub bytes_done: u64,
+    /// Bytes in all jobs of the run.
+    pub bytes_total: u64,
+}
+
+/// How a run behaves, beyond the jobs themselves.
+#[derive(Clone, Copy)]
+pub struct RunOptions<'a> {
+    /// Stops the run between chunks when cancelled.
+    pub cancel: Option<&'a CancelToken>,
+    /// Called from worker threads with cumulative progress: after the first
+    /// chunk, then at most every 10 ms, and after the last chunk. Calls are
+    /// serialized and `bytes_done` never decreases from one call to the next.
+    /// Keep it cheap: workers wait for it.
+    pub progress: Option<&'a (dyn Fn(&Progress) + Sync)>,
+    /// The responsiveness cap: no chunk is longer than this, so a worker looks
+    /// at the cancel token and reports progress at least every `max_chunk`
+    /// bytes. Default [`MAX_RUN`] (64 MiB); 0 means no cap. Where a job's
+    /// `min_chunk` rounded up to its `align` is larger, the job's constraints
+    /// win, since a chunk cannot be smaller than the job allows.
+    pub max_chunk: usize,
+}
+
+impl Default for RunOptions<'_> {
+    fn default() -> Self {
+        Self {
+            cancel: None,
+            progress: None,
+            max_chunk: MAX_RUN,
+        }
+    }
+}
+
+impl std::fmt::Debug for RunOptions<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RunOptions")
+            .field("cancel", &self.cancel)
+            .field("progress", &self.progress.map(|_| "Fn(&Progress)"))
+            .field("max_chunk", &self.max_chunk)
+            .finish()
+    }
+}
+
+/// What the workers of one node (or the unpinned workers) did.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NodeStats {
+    /// The node the jobs asked for, `None` for unpinned jobs.
+    pub node: Option<NodeId>,
+    /// Bytes in chunks they finished.
+    pub bytes: u64,
+    /// Wall time from the first of them starting to the last finishing.
+    pub seconds: f64,
+    /// How many workers.
+    pub threads: usize,
+    /// How many chunks they finished.
+    pub chunks: usize,
+}
+
+impl NodeStats {
+    /// Throughput in GiB/s (0 when no time was measured).
+    pub fn gib_per_s(&self) -> f64 {
+        gib_per_s(self.bytes, self.seconds)
+    }
+}
+
+/// The outcome of a successful run.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RunReport {
+    /// Per node, in the order the nodes first appear in the jobs.
+    pub nodes: Vec<NodeStats>,
+    /// Bytes done over all jobs.
+    pub bytes: u64,
+    /// Wall time from the first worker starting to the last finishing.
+    pub seconds: f64,
+}
+
+impl RunReport {
+    /// Overall throughput in GiB/s (0 when no time was measured).
+    pub fn gib_per_s(&self) -> f64 {
+        gib_per_s(self.bytes, self.seconds)
+    }
+}
+
+fn gib_per_s(bytes: u64, seconds: f64) -> f64 {
+    if seconds > 0.0 {
+        // Precision loss above 2^53 bytes is irrelevant for a rate.
+        #[allow(clippy::cast_precision_loss)]
+        let b = bytes as f64;
+        b / f64::from(1u32 << 30) / seconds
+    } else {
+        0.0
+    }
+}
+
+/// Why a run failed.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError<E> {
+    /// A job failed validation; nothing ran.
+    #[error("job {job} is invalid: {reason}")]
+    InvalidJob {
+        /// Index of the job.
+        job: usize,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// The cancel token fired before all chunks were done.
+    #[error("cancelled after {bytes_done} bytes")]
+    Cancelled {
+        /// Bytes in chunks finished before the workers stopped.
+        bytes_done: u64,
+    },
+    /// The work function failed on a chunk; the other workers were stopped.
+    #[error("work failed on job {} at {:#x} ({} bytes)", chunk.job, chunk.start, chunk.len)]
+    Work {
+        /// The chunk that failed.
+        chunk: Chunk,
+        /// The work function's error.
+        #[source]
+        source: E,
+    },
+    /// A worker could not be pinned to its node.
+    #[error("cannot pin a worker to its NUMA node")]
+    Pin(#[source] PinError),
+    /// A worker (or the work or progress function it ran) panicked.
+    #[error("a worker of job {job} panicked: {message}")]
+    WorkerPanicked {
+        /// Index of the job the worker ran.
+        job: usize,
+        /// The panic payload, if it was a string.
+        message: String,
+    },
+    /// A worker thread could not be created.
+    #[error("cannot spawn a worker thread")]
+    Spawn(#[source] io::Error),
+}
+
+/// How one job is split; pure arithmetic, computed before anything runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct JobPlan {
+    start: usize,
+    end: usize,
+    /// End of chunk 0; the rest are `chunk_size` long from here (the last one
+    /// clipped at `end`).
+    first_end: usize,
+    chunk_size: usize,
+    chunks: usize,
+    workers: usize,
+}
+
+/// `x` rounded up to a multiple of `align` (a power of two), or `None` on
+/// overflow.
+fn align_up(x: usize, align: usize) -> Option<usize> {
+    x.checked_add(align - 1).map(|v| v & !(align - 1))
+}
+
+fn align_down(x: usize, align: usize) -> usize {
+    x & !(align - 1)
+}
+
+impl JobPlan {
+    /// Splits a validated, non-empty job for `cpus` CPUs. `max_chunk == 0`
+    /// means no cap.
+    fn new(job: &Job, cpus: usize, max_chunk: usize) -> Self {
+        let (start, len, align) = (job.start, job.len, job.align);
+        let end = start + len; // validated: no overflow
+        let min_chunk = job.min_chunk.max(1);
+        let workers = job
+            .max_threads
+            .min((len / min_chunk).max(1))
+            .min(cpus.max(1));
+
+        // Smallest chunk the job allows, and the cap rounded down to `align`.
+        let floor = align_up(min_chunk, align).unwrap_or(usize::MAX);
+        let cap = if max_chunk == 0 {
+            usize::MAX
+        } else {
+            align_down(max_chunk, align)
+        };
+        let target = (len / (workers * LOAD_BALANCE_FACTOR)).max(min_chunk);
+        let chunk_size = align_up(target, align)
+            .unwrap_or(usize::MAX)
+            .min(cap)
+            .max(floor);
+
+        let single = Self {
+            start,
+            end,
+            first_end: end,
+            chunk_size,
+            chunks: 1,
+            workers: 1,
+        };
+        if chunk_size >= len {
+            return single;
+        }
+        // Chunk 0 ends on an `align` boundary: the last one within
+        // `chunk_size` of the start if that leaves at least `min_chunk`,
+        // else the first one at least `min_chunk` in.
+        let down = align_down(start + chunk_size, align);
+        let first_end = if down > start && down - start >= min_chunk {
+            down
+        } else {
+            match start
+                .checked_add(min_chunk)
+                .and_then(|x| align_up(x, align))
+            {
+                Some(e) => e,
+                None => return single,
+            }
+        };
+        if first_end >= end {
+            return single;
+        }
+        let chunks = 1 + (end - first_end).div_ceil(chunk_size);
+        Self {
+            start,
+            end,
+            first_end,
+            chunk_size,
+            chunks,
+            workers: workers.min(chunks),
+        }
+    }
+
+    /// Chunk number `k` of job `job`, or `None` past the last one.
+    fn chunk(&self, job: usize, k: usize) -> Option<Chunk> {
+        let (start, end) = if k == 0 {
+            (self.start, self.first_end)
+        } else if k < self.chunks {
+            let s = self.first_end + (k - 1) * self.chunk_size;
+            (s, s.saturating_add(self.chunk_size).min(self.end))
+        } else {
+            return None;
+        };
+        Some(Chunk {
+            job,
+            start,
+            len: end - start,
+        })
+    }
+}
+
+/// A validated job ready to run.
+#[derive(Debug, Clone, Copy)]
+struct PlannedJob {
+    index: usize,
+    plan: JobPlan,
+    /// The node to pin workers to (the job's node, or the nearest node with
+    /// CPUs when it has none); `None` for unpinned.
+    pin_node: Option<NodeId>,
+}
+
+/// Validates all jobs and splits the non-empty ones. Nothing runs if any job
+/// is invalid.
+fn plan_jobs<E>(
+    topology: &Topology,
+    jobs: &[Job],
+    max_chunk: usize,
+) -> Result<Vec<PlannedJob>, RunError<E>> {
+    let invalid = |job: usize, reason: String| RunError::InvalidJob { job, reason };
+    let mut planned = Vec::with_capacity(jobs.len());
+    for (index, job) in jobs.iter().enumerate() {
+        if !job.align.is_power_of_two() {
+            return Err(invalid(
+                index,
+                format!("align {} is not a power of two", job.align),
+            ));
+        }
+        if job.max_threads == 0 {
+            return Err(invalid(index, "max_threads is 0".to_owned()));
+        }
+        if job.start.checked_add(job.len).is_none() {
+            return Err(invalid(
+                index,
+                format!(
+                    "range {:#x} + {:#x} overflows the address space",
+                    job.start, job.len
+                ),
+            ));
+        }
+        let (cpus, pin_node) = match job.node {
+            None => (
+                thread::available_parallelism().map_or(1, NonZeroUsize::get),
+                None,
+            ),
+            Some(n) => {
+                let node = topology
+                    .node(n)
+                    .map_err(|e| invalid(index, e.to_string()))?;
+                let cpu_node = if node.cpus.is_empty() {
+                    nearest_node_with_cpus(topology, n).ok_or_else(|| {
+                        invalid(index, format!("no NUMA node has CPUs to work on node {n}"))
+                    })?
+                } else {
+                    node
+                };
+                (cpu_node.cpus.len(), Some(cpu_node.id))
+            }
+        };
+        if job.len == 0 {
+            continue;
+        }
+        planned.push(PlannedJob {
+            index,
+            plan: JobPlan::new(job, cpus, max_chunk),
+            pin_node,
+        });
+    }
+    Ok(planned)
+}
+
+/// The node with CPUs closest to `to` (kernel distance), lowest id on ties.
+fn nearest_node_with_cpus(topology: &Topology, to: NodeId) -> Option<&numa::Node> {
+    nearest_with_cpus(topology.nodes(), to, |a, b| topology.distance(a, b))
+}
+
+/// [`nearest_node_with_cpus`] over a plain node list, for tests.
+fn nearest_with_cpus(
+    nodes: &[numa::Node],
+    to: NodeId,
+    distance: impl Fn(NodeId, NodeId) -> Option<u32>,
+) -> Option<&numa::Node> {
+    nodes
+        .iter()
+        .filter(|c| !c.cpus.is_empty())
+        .min_by_key(|c| (distance(to, c.id).unwrap_or(u32::MAX), c.id))
+}
+
+/// Start gate: workers wait here until every spawned worker has arrived.
+///
+/// Not a `std::sync::Barrier`: a barrier's party count is fixed when it is
+/// created, and if spawning the k-th worker fails the k-1 already started
+/// would wait forever. Here the count is set once spawning is over.
+#[derive(Default)]
+struct StartGate {
+    state: Mutex<GateState>,
+    cv: Condvar,
+}
+
+#[derive(Default)]
+struct GateState {
+    arrived: usize,
+    expected: Option<usize>,
+    open: bool,
+}
+
+impl StartGate {
+    fn lock(&self) -> MutexGuard<'_, GateState> {
+        // Nothing panics while holding this lock; if it were poisoned the
+        // counters would still be consistent.
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn open_if_complete(&self, st: &mut GateState) {
+        if st.expected.is_some_and(|e| st.arrived >= e) {
+            st.open = true;
+            self.cv.notify_all();
+        }
+    }
+
+    /// Called by each worker; returns once all have arrived.
+    fn arrive_and_wait(&self) {
+        let mut st = self.lock();
+        st.arrived += 1;
+        self.open_if_complete(&mut st);
+        while !st.open {
+            st = self.cv.wait(st).unwrap_or_else(PoisonError::into_inner);
+        }
+    }
+
+    /// Called once by the spawning thread with the number of workers started.
+    fn expect(&self, workers: usize) {
+        let mut st = self.lock();
+        st.expected = Some(workers);
+        self.open_if_complete(&mut st);
+    }
+}
+
+struct ProgressState {
+    last_at: Option<Instant>,
+    last_bytes: u64,
+}
+
+/// State shared by all workers of a run.
+struct Shared<E> {
+    total: u64,
+    done: AtomicU64,
+    stop: AtomicBool,
+    first_error: Mutex<Option<RunError<E>>>,
+    progress: Mutex<ProgressState>,
+    cursors: Vec<AtomicUsize>,
+    gate: StartGate,
+}
+
+impl<E> Shared<E> {
+    /// Records `err` if it is the first error of the run, and stops the run.
+    fn fail(&self, err: RunError<E>) {
+        let mut slot = self
+            .first_error
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if slot.is_none() {
+            *slot = Some(err);
+        }
+        self.stop.store(true, Ordering::Relaxed);
+    }
+
+    fn report_progress(&self, cb: Option<&(dyn Fn(&Progress) + Sync)>) {
+        let Some(cb) = cb else { return };
+        let mut st = self.progress.lock().unwrap_or_else(PoisonError::into_inner);
+        // Loaded under the lock, so successive calls see non-decreasing values.
+        let done = self.done.load(Ordering::Relaxed);
+        let now = Instant::now();
+        let due = done == self.total
+            || st
+                .last_at
+                .is_none_or(|t| now.duration_since(t) >= PROGRESS_INTERVAL);
+        if due && done > st.last_bytes {
+            st.last_at = Some(now);
+            st.last_bytes = done;
+            cb(&Progress {
+                bytes_done: done,
+                bytes_total: self.total,
+            });
+        }
+    }
+}
+
+/// What one worker did.
+struct WorkerRecord {
+    job: usize,
+    started: Instant,
+    finished: Instant,
+    bytes: u64,
+    chunks: usize,
+}
+
+fn panic_message(payload: &(dyn Any + Send)) -> String {
+    if let Some(s) = payload.downcast_ref::<&str>() {
+        (*s).to_owned()
+    } else if let Some(s) = payload.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "non-string panic payload".to_owned()
+    }
+}
+
+fn to_u64(n: usize) -> u64 {
+    // usize is at most 64 bits on every target Rust supports.
+    u64::try_from(n).unwrap_or(u64::MAX)
+}
+
+/// The body of one worker thread.
+fn worker<E, F>(
+    shared: &Shared<E>,
+    planned: &PlannedJob,
+    topology: &Topology,
+    opts: &RunOptions<'_>,
+    work: &F,
+) -> WorkerRecord
+where
+    F: Fn(&Chunk) -> Result<(), E>,
+{
+    let job = planned.index;
+    // Pin before the gate so that all workers start on their CPUs. A panic here
+    // must not skip the gate, or the other workers would wait forever.
+    let pinned = match planned.pin_node {
+        None => Ok(Ok(())),
+        Some(n) => panic::catch_unwind(|| numa::pin_current_thread_to_node(topology, n)),
+    };
+    shared.gate.arrive_and_wait();
+    let started = Instant::now();
+    let mut rec = WorkerRecord {
+        job,
+        started,
+        finished: started,
+        bytes: 0,
+        chunks: 0,
+    };
+    match pinned {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => {
+            shared.fail(RunError::Pin(e));
+            return rec;
+        }
+        Err(payload) => {
+            let message = panic_message(&*payload);
+            shared.fail(RunError::WorkerPanicked { job, message });
+            return rec;
+        }
+    }
+    let cursor = &shared.cursors[job];
+    let result = panic::catch_unwind(AssertUnwindSafe(|| loop {
+        if shared.stop.load(Ordering::Relaxed) || opts.cancel.is_some_and(CancelToken::is_cancelled)
+        {
+            break;
+        }
+        let k = cursor.fetch_add(1, Ordering::Relaxed);
+        let Some(chunk) = planned.plan.chunk(job, k) else {
+            break;
+        };
+        if let Err(source) = work(&chunk) {
+            shared.fail(RunError::Work { chunk, source });
+            break;
+        }
+        let len = to_u64(chunk.len);
+        rec.bytes += len;
+        rec.chunks += 1;
+        shared.done.fetch_add(len, Ordering::Relaxed);
+        shared.report_progress(opts.progress);
+    }));
+    if let Err(payload) = result {
+        let message = panic_message(&*payload);
+        shared.fail(RunError::WorkerPanicked { job, message });
+    }
+    rec.finished = Instant::now();
+    rec
+}
+
+/// Runs `work` over every job, in parallel, and reports per-node throughput.
+///
+/// All jobs are validated first; then all run at once, each with its own
+/// workers (pinned to the job's node when it names one). `work` is called once
+/// per [`Chunk`], from worker threads; the chunks of a job are disjoint and
+/// together cover it exactly. See the [module docs](self) for how jobs are
+/// split.
+///
+/// # Errors
+/// * [`RunError::InvalidJob`] before any work: `align` not a power of two,
+///   `max_threads == 0`, a range that overflows, or a node the topology does
+///   not have. Every job is checked, empty ones included; a valid job with
+///   `len == 0` does nothing.
+/// * [`RunError::Work`] with the chunk of the first `work` error; the other
+///   workers stop after their current chunk.
+/// * [`RunError::Cancelled`] when `opts.cancel` fired before everything was
+///   done (a run that finished all chunks anyway returns `Ok`).
+/// * [`RunError::Pin`], [`RunError::WorkerPanicked`], [`RunError::Spawn`] when
+///   a worker could not be placed, panicked, or could not be created.
+pub fn run_jobs<E, F>(
+    topology: &Topology,
+    jobs: &[Job],
+    opts: &RunOptions<'_>,
+    work: F,
+) -> Result<RunReport, RunError<E>>
+where
+    F: Fn(&Chunk) -> Result<(), E> + Sync,
+    E: std::error::Error + Send + 'static,
+{
+    let planned = plan_jobs::<E>(topology, jobs, opts.max_chunk)?;
+    let total: u64 = planned
+        .iter()
+        .map(|p| to_u64(p.plan.end - p.plan.start))
+        .sum();
+    for p in &planned {
+        debug!(
+            job = p.index,
+            node = ?jobs[p.index].node,
+            pin_node = ?p.pin_node,
+            start = p.plan.start,
+            len = p.plan.end - p.plan.start,
+            workers = p.plan.workers,
+            chunk_size = p.plan.chunk_size,
+            chunks = p.plan.chunks,
+            "starting job"
+        );
+    }
+    if total == 0 {
+        return Ok(RunReport {
+            nodes: Vec::new(),
+            bytes: 0,
+            seconds: 0.0,
+        });
+    }
+
+    let shared = Shared {
+        total,
+        done: AtomicU64::new(0),
+        stop: AtomicBool::new(false),
+        first_error: Mutex::new(None),
+        progress: Mutex::new(ProgressState {
+            last_at: None,
+            last_bytes: 0,
+        }),
+        cursors: jobs.iter().map(|_| AtomicUsize::new(0)).collect(),
+        gate: StartGate::default(),
+    };
+
+    let records = thread::scope(|scope| {
+        let mut handles = Vec::new();
+        'spawn: for p in &planned {
+            for w in 0..p.plan.workers {
+                let (shared, work) = (&shared, &work);
+                let spawned = thread::Builder::new()
+                    .name(format!("hm-clear-{}-{w}", p.index))
+                    .spawn_scoped(scope, move || worker(shared, p, topology, opts, work));
+                match spawned {
+                    Ok(h) => handles.push((p.index, h)),
+                    Err(e) => {
+                        shared.fail(RunError::Spawn(e));
+                        break 'spawn;
+                    }
+                }
+            }
+        }
+        // Always reached, so the workers already started are released (and
+        // see the stop flag if spawning failed).
+        shared.gate.expect(handles.len());
+        let mut records = Vec::with_capacity(handles.len());
+        for (job, h) in handles {
+            match h.join() {
+                Ok(rec) => records.push(rec),
+                // Worker bodies catch panics; this is the last line of defence.
+                Err(payload) => shared.fail(RunError::WorkerPanicked {
+                    job,
+                    message: panic_message(&*payload),
+                }),
+            }
+        }
+        records
+    });
+
+    let first_error = shared
+        .first_error
+        .into_inner()
+        .unwrap_or_else(PoisonError::into_inner);
+    if let Some(err) = first_error {
+        return Err(err);
+    }
+    let bytes_done = shared.done.into_inner();
+    if bytes_done < total {
+        return Err(RunError::Cancelled { bytes_done });
+    }
+    let report = build_report(jobs, &records, bytes_done);
+    for n in &report.nodes {
+        debug!(
+            node = ?n.node,
+            bytes = n.bytes,
+            seconds = n.seconds,
+            threads = n.threads,
+            chunks = n.chunks,
+            gib_per_s = n.gib_per_s(),
+            "node finished"
+        );
+    }
+    Ok(report)
+}
+
+fn build_report(jobs: &[Job], records: &[WorkerRecord], bytes: u64) -> RunReport {
+    struct Acc {
+        node: Option<NodeId>,
+        bytes: u64,
+        threads: usize,
+        chunks: usize,
+        first: Instant,
+        last: Instant,
+    }
+    let mut accs: Vec<Acc> = Vec::new();
+    for r in records {
+        let node = jobs[r.job].node;
+        match accs.iter_mut().find(|a| a.node == node) {
+            Some(a) => {
+                a.bytes += r.bytes;
+                a.threads += 1;
+                a.chunks += r.chunks;
+                a.first = a.first.min(r.started);
+                a.last = a.last.max(r.finished);
+            }
+            None => accs.push(Acc {
+                node,
+                bytes: r.bytes,
+                threads: 1,
+                chunks: r.chunks,
+                first: r.started,
+                last: r.finished,
+            }),
+        }
+    }
+    let first = records.iter().map(|r| r.started).min();
+    let last = records.iter().map(|r| r.finished).max();
+    let seconds = match (first, last) {
+        (Some(f), Some(l)) => l.duration_since(f).as_secs_f64(),
+        _ => 0.0,
+    };
+    RunReport {
+        nodes: accs
+            .into_iter()
+            .map(|a| NodeStats {
+                node: a.node,
+                bytes: a.bytes,
+                seconds: a.last.duration_since(a.first).as_secs_f64(),
+                threads: a.threads,
+                chunks: a.chunks,
+            })
+            .collect(),
+        bytes,
+        seconds,
+    }
+}
+
+/// Zeroes the memory of every job with `kernel`, in parallel (see
+/// [`run_jobs`]). `Job::start` is the address of the range.
+///
+/// Ranges of different jobs must not overlap; that is checked, and reported as
+/// [`RunError::InvalidJob`] before anything is written.
+///
+/// # Safety
+/// For every job, `start..start + len` must be mapped writable in this process
+/// (a hugetlb or file mapping must also be backed, or the write raises
+/// SIGBUS), and nothing else may read or write it, nor hold a Rust reference
+/// to it, until this returns. The address is turned into a pointer with
+/// exposed provenance, so it must come from a pointer whose provenance was
+/// exposed (`ptr as usize` or `expose_provenance`), as `mmap` results are.
+///
+/// # Errors
+/// As for [`run_jobs`]; `Work` cannot happen.
+pub unsafe fn clear_jobs(
+    topology: &Topology,
+    jobs: &[Job],
+    kernel: ClearKernel,
+    opts: &RunOptions<'_>,
+) -> Result<RunReport, RunError<Infallible>> {
+    check_disjoint(jobs)?;
+    run_jobs(topology, jobs, opts, |c: &Chunk| {
+        let ptr = std::ptr::with_exposed_provenance_mut::<u8>(c.start);
+        // SAFETY: `c` lies inside one job's range (the runner's chunks are
+        // disjoint and within their job), which the caller guarantees is
+        // mapped writable and not accessed by anyone else; jobs were checked
+        // not to overlap, so no other worker writes these bytes.
+        unsafe { clear_raw(kernel, ptr, c.len) };
+        Ok(())
+    })
+}
+
+/// Rejects jobs whose ranges overlap (empty jobs never overlap).
+fn check_disjoint(jobs: &[Job]) -> Result<(), RunError<Infallible>> {
+    let mut ranges: Vec<(usize, usize, usize)> = jobs
+        .iter()
+        .enumerate()
+        .filter(|(_, j)| j.len > 0)
+        .map(|(i, j)| (j.start, j.start.saturating_add(j.len), i))
+        .collect();
+    ranges.sort_unstable();
+    for w in ranges.windows(2) {
+        let ((_, a_end, a), (b_start, _, b)) = (w[0], w[1]);
+        if b_start < a_end {
+            return Err(RunError::InvalidJob {
+                job: a.max(b),
+                reason: format!("its range overlaps job {}", a.min(b)),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// A raw pointer that may be shared with the workers of [`clear_parallel`].
+#[derive(Clone, Copy)]
+struct SharedBase(*mut u8);
+
+// SAFETY: the pointer is only used to write disjoint chunks of a buffer that
+// `clear_parallel` borrows mutably for the whole run; no two threads touch
+// the same byte, and the borrow outlives the scoped workers.
+unsafe impl Send for SharedBase {}
+// SAFETY: as for `Send`: shared access only ever derives disjoint sub-ranges.
+unsafe impl Sync for SharedBase {}
+
+impl SharedBase {
+    // A method, not field access, so closures capture the whole `Sync` struct
+    // rather than the bare pointer field.
+    fn at(self, offset: usize) -> *mut u8 {
+        self.0.wrapping_add(offset)
+    }
+}
+
+/// Zeroes `buf` with `kernel` using up to `max_threads` workers, pinned to
+/// `node` if given. Chunks are [`CLEAR_ALIGN`]-aligned and at least
+/// [`CLEAR_MIN_CHUNK`] long.
+///
+/// # Errors
+/// As for [`run_jobs`]: `InvalidJob` for `max_threads == 0` or an unknown
+/// node, `Cancelled`, `Pin`, `WorkerPanicked`, `Spawn`.
+pub fn clear_parallel(
+    topology: &Topology,
+    buf: &mut [u8],
+    node: Option<NodeId>,
+    max_threads: usize,
+    kernel: ClearKernel,
+    opts: &RunOptions<'_>,
+) -> Result<RunReport, RunError<Infallible>> {
+    let len = buf.len();
+    let base = SharedBase(buf.as_mut_ptr());
+    let base_addr = buf.as_mut_ptr() as usize;
+    let job = Job {
+        start: base_addr,
+        len,
+        align: CLEAR_ALIGN,
+        min_chunk: CLEAR_MIN_CHUNK,
+        max_threads,
+        node,
+    };
+    run_jobs(topology, &[job], opts, move |c: &Chunk| {
+        let offset = c.start - base_addr;
+        debug_assert!(offset + c.len <= len);
+        // SAFETY: the runner's chunks are disjoint sub-ranges of the one job,
+        // which is exactly `buf`; `buf` is mutably borrowed for the whole run,
+        // so each chunk is writable and touched by this worker only.
+        unsafe { clear_raw(kernel, base.at(offset), c.len) };
+        Ok(())
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::undocumented_unsafe_blocks)]
+
+    use std::sync::atomic::AtomicU32;
+
+    use proptest::prelude::*;
+
+    use super::*;
+
+    /// The live topology. Panics (failing the test) until `numa` is complete.
+    fn topology() -> Topology {
+        Topology::detect().expect("detect the host NUMA topology")
+    }
+
+    fn job(start: usize, len: usize) -> Job {
+        Job {
+            start,
+            len,
+            align: 1,
+            min_chunk: 1,
+            max_threads: 2,
+            node: None,
+        }
+    }
+
+    fn chunks_of(plan: &JobPlan) -> Vec<Chunk> {
+        (0..).map_while(|k| plan.chunk(0, k)).collect()
+    }
+
+    /// Checks the splitting rules for one plan; returns the chunks.
+    fn check_plan(j: &Job, cpus: usize, max_chunk: usize) -> Vec<Chunk> {
+        let plan = JobPlan::new(j, cpus, max_chunk);
+        let chunks = chunks_of(&plan);
+        assert_eq!(chunks.len(), plan.chunks);
+        assert!(plan.workers >= 1 && plan.workers <= j.max_threads && plan.workers <= cpus.max(1));
+        assert!(plan.workers <= plan.chunks);
+        let mut pos = j.start;
+        let min_chunk = j.min_chunk.max(1);
+        let floor = align_up(min_chunk, j.align).unwrap_or(usize::MAX);
+        for (i, c) in chunks.iter().enumerate() {
+            assert_eq!(c.start, pos, "chunks are contiguous");
+            assert!(c.len > 0);
+            pos += c.len;
+            let last = i + 1 == chunks.len();
+            if !last {
+                assert_eq!(
+                    pos % j.align,
+                    0,
+                    "interior boundary {pos:#x} not aligned to {:#x}",
+                    j.align
+                );
+                assert!(
+                    c.len >= min_chunk,
+                    "chunk {i} of {} below min_chunk {min_chunk}",
+                    c.len
+                );
+            }
+            // `max_chunk` yields only where the job's constraints leave no
+            // choice: the cap is below one legal chunk, or (first chunk) no
+            // aligned boundary lies between `start + min_chunk` and
+            // `start + max_chunk`.
+            let cap_possible = align_down(max_chunk, j.align) >= floor;
+            let first_possible =
+                align_up(j.start + min_chunk, j.align).is_some_and(|e| e - j.start <= max_chunk);
+            if max_chunk != 0 && cap_possible && (i > 0 || first_possible || last) {
+                assert!(
+                    c.len <= max_chunk,
+                    "chunk {i} of {} above max_chunk {max_chunk}",
+                    c.len
+                );
+            }
+        }
+        assert_eq!(pos, j.start + j.len);
+        chunks
+    }
+
+    #[test]
+    fn plan_padata_shape() {
+        // 1 GiB, 2 MiB aligned, 8 threads allowed, 2 CPUs: 2 workers, ~8 chunks.
+        let j = Job {
+            start: 1 << 30,
+            len: 1 << 30,
+            align: 2 << 20,
+            min_chunk: 4 << 20,
+            max_threads: 8,
+            node: None,
+        };
+        let plan = JobPlan::new(&j, 2, 0);
+        assert_eq!(plan.workers, 2);
+        assert_eq!(plan.chunk_size, 128 << 20);
+        assert_eq!(plan.chunks, 8);
+        check_plan(&j, 2, 0);
+        // The 64 MiB responsiveness cap gives 16 chunks.
+        let plan = JobPlan::new(&j, 2, MAX_RUN);
+        assert_eq!(plan.chunk_size, MAX_RUN);
+        assert_eq!(plan.chunks, 16);
+        check_plan(&j, 2, MAX_RUN);
+    }
+
+    #[test]
+    fn plan_small_job_is_one_chunk() {
+        let j = Job {
+            min_chunk: 1 << 20,
+            ..job(12345, 1000)
+        };
+        let plan = JobPlan::new(&j, 4, MAX_RUN);
+        assert_eq!((plan.chunks, plan.workers), (1, 1));
+        assert_eq!(
+            chunks_of(&plan),
+            vec![Chunk {
+                job: 0,
+                start: 12345,
+                len: 1000
+            }]
+        );
+    }
+
+    #[test]
+    fn plan_unaligned_start_keeps_first_chunk_long_enough() {
+        let j = Job {
+            start: 4096 - 1,
+            len: 1 << 20,
+            align: 4096,
+            min_chunk: 64 << 10,
+            max_threads: 4,
+            node: None,
+        };
+        let chunks = check_plan(&j, 4, 128 << 10);
+        // 64 KiB chunks; the first ends on the first 4 KiB boundary past
+        // min_chunk, since the one before would leave it short.
+        assert_eq!(chunks[0].start + chunks[0].len, 4096 + (64 << 10));
+        assert_eq!(chunks[1].len, 64 << 10);
+        // With the cap at min_chunk no legal first chunk fits under it; the
+        // job's min_chunk wins, by the least possible.
+        let chunks = check_plan(&j, 4, 64 << 10);
+        assert_eq!(chunks[0].len, (64 << 10) + 1);
+    }
+
+    #[test]
+    fn plan_job_constraints_beat_max_chunk() {
+        let j = Job {
+            start: 0,
+            len: 8 << 20,
+            align: 1 << 20,
+            min_chunk: 1,
+            max_threads: 2,
+            node: None,
+        };
+        // A cap below `align` cannot be met: chunks are one alignment unit.
+        let plan = JobPlan::new(&j, 2, 4096);
+        assert_eq!(plan.chunk_size, 1 << 20);
+        check_plan(&j, 2, 4096);
+    }
+
+    #[test]
+    fn memory_only_node_borrows_the_nearest_cpus() {
+        let node = |id: NodeId, cpus: Vec<usize>, distances: Vec<u32>| numa::Node {
+            id,
+            cpus,
+            offline_cpus: Vec::new(),
+            mem_total: 1 << 30,
+            mem_free: 1 << 30,
+            distances,
+            huge_pages: Vec::new(),
+        };
+        // Node 2 is CPU-less, closer to node 1 than to node 0.
+        let nodes = vec![
+            node(0, vec![0, 1], vec![10, 20, 30, 30]),
+            node(1, vec![2, 3], vec![20, 10, 15, 30]),
+            node(2, vec![], vec![30, 15, 10, 15]),
+            node(3, vec![4], vec![30, 30, 15, 10]),
+        ];
+        let distance = |a: NodeId, b: NodeId| {
+            let (a, b) = (usize::try_from(a).ok()?, usize::try_from(b).ok()?);
+            nodes.get(a)?.distances.get(b).copied()
+        };
+        // Ties (1 and 3 both at 15) go to the lower id.
+        assert_eq!(
+            nearest_with_cpus(&nodes, 2, distance).map(|n| n.id),
+            Some(1)
+        );
+        assert_eq!(
+            nearest_with_cpus(&nodes, 0, distance).map(|n| n.id),
+            Some(0)
+        );
+        assert!(nearest_with_cpus(&nodes[2..3], 2, distance).is_none());
+    }
+
+    #[test]
+    fn align_helpers() {
+        assert_eq!(align_up(0, 8), Some(0));
+        assert_eq!(align_up(1, 8), Some(8));
+        assert_eq!(align_up(usize::MAX, 8), None);
+        assert_eq!(align_down(15, 8), 8);
+    }
+
+    #[test]
+    fn gate_releases_when_expected_arrive() {
+        let gate = StartGate::default();
+        thread::scope(|s| {
+            for _ in 0..3 {
+                s.spawn(|| gate.arrive_and_wait());
+            }
+            gate.expect(3);
+        });
+        let gate = StartGate::default();
+        gate.expect(0);
+        assert!(gate.lock().open);
+    }
+
+    #[test]
+    fn cancel_token_clones_share_state() {
+        let t = CancelToken::new();
+        let u = t.clone();
+        assert!(!u.is_cancelled());
+        t.cancel();
+        assert!(u.is_cancelled());
+    }
+
+    #[test]
+    fn gib_per_s_handles_zero_time() {
+        let s = NodeStats {
+            node: None,
+            bytes: 1 << 30,
+            seconds: 0.0,
+            threads: 1,
+            chunks: 1,
+        };
+        assert!(s.gib_per_s().abs() < f64::EPSILON);
+        let s = NodeStats { seconds: 0.5, ..s };
+        assert!((s.gib_per_s() - 2.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn overlapping_clear_jobs_are_rejected() {
+        let jobs = [job(0, 100), job(200, 10), job(50, 60)];
+        let err = check_disjoint(&jobs).expect_err("overlap");
+        assert!(matches!(err, RunError::InvalidJob { job: 2, .. }), "{err}");
+        assert!(check_disjoint(&[job(0, 100), job(100, 1), job(5, 0)]).is_ok());
+    }
+
+    #[test]
+    fn error_messages_read_as_sentences() {
+        let e: RunError<io::Error> = RunError::InvalidJob {
+            job: 1,
+            reason: "max_threads is 0".into(),
+        };
+        assert_eq!(e.to_string(), "job 1 is invalid: max_threads is 0");
+        let e: RunError<io::Error> = RunError::Work {
+            chunk: Chunk {
+                job: 0,
+                start: 0x1000,
+                len: 4096,
+            },
+            source: io::Error::other("boom"),
+        };
+        assert_eq!(e.to_string(), "work failed on job 0 at 0x1000 (4096 bytes)");
+        assert!(std::error::Error::source(&e).is_some());
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(256))]
+
+        #[test]
+        fn plan_rules_hold(
+            start in 0usize..(1 << 40),
+            len in 1usize..(1 << 34),
+            align_shift in 0u32..31,
+            min_chunk in 0usize..(1 << 26),
+            max_threads in 1usize..64,
+            cpus in 1usize..64,
+            max_chunk in prop_oneof![Just(0usize), 1usize..(1 << 28)],
+        ) {
+            let j = Job { start, len, align: 1 << align_shift, min_chunk, max_threads, node: None };
+            let plan = JobPlan::new(&j, cpus, max_chunk);
+            // Keep the walk over chunks cheap.
+            prop_assume!(plan.chunks <= 100_000);
+            check_plan(&j, cpus, max_chunk);
+        }
+    }
+
+    // ---- Tests through `run_jobs` (need `numa::Topology::detect`). ----
+
+    /// A counter per unit of an abstract address space `0..SPACE`; jobs are
+    /// ranges in it and the work function counts every unit it is given.
+    struct Counters(Vec<AtomicU32>);
+
+    impl Counters {
+        fn new(n: usize) -> Self {
+            Self((0..n).map(|_| AtomicU32::new(0)).collect())
+        }
+        fn count(&self, c: &Chunk) {
+            for u in &self.0[c.start..c.start + c.len] {
+                u.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+
+    const SPACE: usize = 1 << 18;
+    const GUARD_UNITS: usize = 4096;
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(64))]
+
+        #[test]
+        fn run_jobs_covers_each_unit_exactly_once(
+            specs in proptest::collection::vec(
+                (0usize..4096, 1usize..(64 << 10), 0u32..13, 0usize..(16 << 10), 1usize..8),
+                1..=3,
+            ),
+            max_chunk in prop_oneof![Just(0usize), 1usize..(64 << 10)],
+        ) {
+            let topo = topology();
+            // Lay the jobs out one after another with guard zones between.
+            let mut jobs = Vec::new();
+            let mut pos = GUARD_UNITS;
+            for &(off, len, align_shift, min_chunk, max_threads) in &specs {
+                let start = pos + off;
+                jobs.push(Job { start, len, align: 1 << align_shift, min_chunk, max_threads, node: None });
+                pos = start + len + GUARD_UNITS;
+            }
+            prop_assert!(pos <= SPACE);
+            let counters = Counters::new(SPACE);
+            let seen = Mutex::new(Vec::new());
+            let opts = RunOptions { max_chunk, ..RunOptions::default() };
+            let report = run_jobs(&topo, &jobs, &opts, |c: &Chunk| {
+                counters.count(c);
+                seen.lock().map_err(|_| io::Error::other("poisoned"))?.push(*c);
+                Ok::<(), io::Error>(())
+            });
+            let report = report.map_err(|e| TestCaseError::fail(e.to_string()))?;
+            let total: usize = jobs.iter().map(|j| j.len).sum();
+            prop_assert_eq!(report.bytes, total as u64);
+            prop_assert_eq!(report.nodes.len(), 1);
+            prop_assert_eq!(report.nodes[0].bytes, total as u64);
+
+            // Every unit in a job counted once, every other unit zero.
+            let mut expect = vec![0u32; SPACE];
+            for j in &jobs {
+                expect[j.start..j.start + j.len].fill(1);
+            }
+            for (i, (c, e)) in counters.0.iter().zip(&expect).enumerate() {
+                prop_assert_eq!(c.load(Ordering::Relaxed), *e, "unit {}", i);
+            }
+
+            // Chunk rules, per job.
+            let mut seen = seen.into_inner().map_err(|_| TestCaseError::fail("poisoned"))?;
+            seen.sort_by_key(|c| c.start);
+            prop_assert_eq!(report.nodes[0].chunks, seen.len());
+            for (ji, j) in jobs.iter().enumerate() {
+                let mine: Vec<_> = seen.iter().filter(|c| c.job == ji).collect();
+                let min_chunk = j.min_chunk.max(1);
+                for (k, c) in mine.iter().enumerate() {
+                    let end = c.start + c.len;
+                    if k + 1 < mine.len() {
+                        prop_assert_eq!(end % j.align, 0, "job {} boundary {} not aligned", ji, end);
+                        prop_assert!(c.len >= min_chunk, "job {} chunk {} too short", ji, k);
+                    } else {
+                        prop_assert_eq!(end, j.start + j.len);
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn invalid_jobs_are_rejected_before_any_work() {
+        let topo = topology();
+        let ran = AtomicBool::new(false);
+        let work = |_: &Chunk| {
+            ran.store(true, Ordering::Relaxed);
+            Ok::<(), io::Error>(())
+        };
+        let opts = RunOptions::default();
+        let cases: [(Job, &str); 4] = [
+            (
+                Job {
+                    align: 3,
+                    ..job(0, 100)
+                },
+                "not a power of two",
+            ),
+            (
+                Job {
+                    align: 0,
+                    ..job(0, 100)
+                },
+                "not a power of two",
+            ),
+            (
+                Job {
+                    max_threads: 0,
+                    ..job(0, 100)
+                },
+                "max_threads is 0",
+            ),
+            (job(usize::MAX - 5, 10), "overflows"),
+        ];
+        for (bad, msg) in cases {
+            // The valid job comes first: it must not run either.
+            let err = run_jobs(&topo, &[job(0, 100), bad], &opts, work).expect_err("invalid");
+            match err {
+                RunError::InvalidJob { job: 1, reason } => {
+                    assert!(reason.contains(msg), "{reason}")
+                }
+                other => panic!("unexpected {other}"),
+            }
+        }
+        let missing = topo.nodes().iter().map(|n| n.id).max().unwrap_or(0) + 1;
+        let err = run_jobs(
+            &topo,
+            &[Job {
+                node: Some(missing),
+                ..job(0, 100)
+            }],
+            &opts,
+            work,
+        )
+        .expect_err("unknown node");
+        assert!(matches!(err, RunError::InvalidJob { job: 0, .. }), "{err}");
+        assert!(!ran.load(Ordering::Relaxed));
+    }
+
+    #[test]
+    fn empty_jobs_are_no_ops() {
+        let topo = topology();
+        let report = run_jobs(&topo, &[job(0, 0)], &RunOptions::default(), |_: &Chunk| {
+            Err::<(), io::Error>(io::Error::other("must not run"))
+        })
+        .expect("empty run");
+        assert_eq!(report.bytes, 0);
+        assert!(report.nodes.is_empty());
+        let report = run_jobs(&topo, &[], &RunOptions::default(), |_: &Chunk| {
+            Ok::<(), io::Error>(())
+        })
+        .expect("no jobs");
+        assert_eq!(report.bytes, 0);
+    }
+
+    #[test]
+    fn work_error_is_returned_with_its_chunk() {
+        let topo = topology();
+        let j = Job {
+            min_chunk: 1000,
+            max_threads: 2,
+            ..job(0, 100_000)
+        };
+        let bad_start = AtomicUsize::new(usize::MAX);
+        let err = run_jobs(
+            &topo,
+            &[j],
+            &RunOptions {
+                max_chunk: 1000,
+                ..RunOptions::default()
+            },
+            |c: &Chunk| {
+                if c.start <= 50_000 && 50_000 < c.start + c.len {
+                    bad_start.store(c.start, Ordering::Relaxed);
+                    return Err(io::Error::other("bad chunk"));
+                }
+                Ok(())
+            },
+        )
+        .expect_err("work error");
+        match err {
+            RunError::Work { chunk, source } => {
+                assert_eq!(chunk.job, 0);
+                assert_eq!(chunk.start, bad_start.load(Ordering::Relaxed));
+                assert!(chunk.start <= 50_000 && 50_000 < chunk.start + chunk.len);
+                assert_eq!(source.to_string(), "bad chunk");
+            }
+            other => panic!("unexpected {other}"),
+        }
+    }
+
+    #[test]
+    fn cancel_from_progress_callback_stops_the_run() {
+        let topo = topology();
+        let token = CancelToken::new();
+        let calls = AtomicUsize::new(0);
+        let progress = |p: &Progress| {
+            calls.fetch_add(1, Ordering::Relaxed);
+            assert!(p.bytes_done <= p.bytes_total);
+            token.cancel();
+        };
+        let opts = RunOptions {
+            cancel: Some(&token),
+            progress: Some(&progress),
+            max_chunk: 1024,
+        };
+        let total = 1 << 20;
+        let err = run_jobs(
+            &topo,
+            &[Job {
+                max_threads: 2,
+                ..job(0, total)
+            }],
+            &opts,
+            |_: &Chunk| Ok::<(), io::Error>(()),
+        )
+        .expect_err("cancelled");
+        match err {
+            RunError::Cancelled { bytes_done } => {
+                assert!(bytes_done > 0 && bytes_done < total as u64, "{bytes_done}");
+            }
+            other => panic!("unexpected {other}"),
+        }
+        assert!(calls.load(Ordering::Relaxed) >= 1);
+    }
+
+    #[test]
+    fn progress_is_monotonic_and_ends_at_total() {
+        let topo = topology();
+        let last = Mutex::new(Vec::new());
+        let progress = |p: &Progress| last.lock().expect("not poisoned").push(*p);
+        let opts = RunOptions {
+            progress: Some(&progress),
+            max_chunk: 4096,
+            ..RunOptions::default()
+        };
+        let total = 4 << 20;
+        run_jobs(
+            &topo,
+            &[Job {
+                max_threads: 2,
+                ..job(0, total)
+            }],
+            &opts,
+            |_: &Chunk| Ok::<(), io::Error>(()),
+        )
+        .expect("run");
+        let calls = last.into_inner().expect("not poisoned");
+        assert!(!calls.is_empty());
+        assert!(calls.windows(2).all(|w| w[0].bytes_done < w[1].bytes_done));
+        let end = calls.last().expect("non-empty");
+        assert_eq!(
+            (end.bytes_done, end.bytes_total),
+            (total as u64, total as u64)
+        );
+    }
+
+    #[test]
+    fn worker_panic_becomes_an_error() {
+        let topo = topology();
+        let err = run_jobs(
+            &topo,
+            &[Job {
+                max_threads: 2,
+                ..job(0, 10_000)
+            }],
+            &RunOptions {
+                max_chunk: 100,
+                ..RunOptions::default()
+            },
+            |c: &Chunk| {
+                assert!(c.start < 5_000, "boom at {}", c.start);
+                Ok::<(), io::Error>(())
+            },
+        )
+        .expect_err("panic");
+        match err {
+            RunError::WorkerPanicked { job: 0, message } => {
+                assert!(message.contains("boom"), "{message}")
+            }
+            other => panic!("unexpected {other}"),
+        }
+    }
+
+    #[test]
+    fn clear_parallel_zeroes_the_buffer() {
+        let topo = topology();
+        for kernel in ClearKernel::ALL {
+            let mut buf = vec![0xEEu8; (3 * CLEAR_MIN_CHUNK) + 12345];
+            let report = clear_parallel(
+                &topo,
+                &mut buf[7..],
+                None,
+                4,
+                kernel,
+                &RunOptions::default(),
+            )
+            .expect("clear");
+            assert_eq!(report.bytes, (buf.len() - 7) as u64);
+            assert_eq!(buf[..7], [0xEE; 7]);
+            assert!(buf[7..].iter().all(|&b| b == 0), "{}", kernel.name());
+        }
+    }
+
+    #[test]
+    fn clear_jobs_zeroes_several_ranges() {
+        let topo = topology();
+        let mut buf = vec![0x11u8; 3 << 20];
+        let base = buf.as_mut_ptr() as usize;
+        let jobs = [
+            Job {
+                start: base + 100,
+                len: 1 << 20,
+                align: 4096,
+                min_chunk: 64 << 10,
+                max_threads: 2,
+                node: None,
+            },
+            Job {
+                start: base + (2 << 20),
+                len: (1 << 20) - 1,
+                align: 4096,
+                min_chunk: 64 << 10,
+                max_threads: 2,
+                node: None,
+            },
+        ];
+        let report = unsafe {
+            clear_jobs(
+                &topo,
+                &jobs,
+                ClearKernel::default_kernel(),
+                &RunOptions::default(),
+            )
+        }
+        .expect("clear");
+        assert_eq!(report.bytes, (2 << 20) - 1);
+        assert!(buf[..100].iter().all(|&b| b == 0x11));
+        assert!(buf[100..100 + (1 << 20)].iter().all(|&b| b == 0));
+        assert!(buf[100 + (1 << 20)..2 << 20].iter().all(|&b| b == 0x11));
+        assert!(buf[2 << 20..(3 << 20) - 1].iter().all(|&b| b == 0));
+        assert_eq!(buf[(3 << 20) - 1], 0x11);
+    }
+
+    #[test]
+    fn workers_run_on_their_node() {
+        let topo = topology();
+        let jobs: Vec<Job> = topo
+            .nodes()
+            .iter()
+            .filter(|n| !n.cpus.is_empty())
+            .enumerate()
+            .map(|(i, n)| Job {
+                start: i << 24,
+                len: 1 << 20,
+                align: 4096,
+                min_chunk: 4096,
+                max_threads: 4,
+                node: Some(n.id),
+            })
+            .collect();
+        assert!(!jobs.is_empty());
+        let opts = RunOptions {
+            max_chunk: 16 << 10,
+            ..RunOptions::default()
+        };
+        let report = run_jobs(&topo, &jobs, &opts, |c: &Chunk| {
+            let (cpu, node) = numa::current_cpu().map_err(io::Error::other)?;
+            let want = jobs[c.job].node.expect("pinned job");
+            let cpus = &topo.node(want).map_err(io::Error::other)?.cpus;
+            if node != want || !cpus.contains(&cpu) {
+                return Err(io::Error::other(format!(
+                    "on cpu {cpu} node {node}, want node {want}"
+                )));
+            }
+            Ok(())
+        })
+        .expect("pinned run");
+        assert_eq!(report.nodes.len(), jobs.len());
+        for (s, j) in report.nodes.iter().zip(&jobs) {
+            assert_eq!(s.node, j.node);
+            assert_eq!(s.bytes, 1 << 20);
+            assert!(s.threads >= 1);
+        }
+    }
+}

@@ -1,0 +1,156 @@
+//! Raw memory syscalls of this crate (`mmap`, `munmap`, `madvise`, `mlock`,
+//! `munlock`, `mlock2`, `memfd_create`, `ftruncate`); the only
+//! place in `guest-mem` that calls into libc for them.
+
+use std::io;
+
+/// `MADV_POPULATE_WRITE` (Linux 5.14); not in every libc version we build with.
+pub(crate) const MADV_POPULATE_WRITE: libc::c_int = 23;
+
+/// `mmap(NULL, len, prot, flags, fd, offset)`, returning the address.
+pub(crate) fn mmap(
+    len: usize,
+    prot: libc::c_int,
+    flags: libc::c_int,
+    fd: libc::c_int,
+    offset: libc::off_t,
+) -> io::Result<*mut u8> {
+    // SAFETY: a NULL hint without MAP_FIXED lets the kernel pick a fresh range,
+    // so no existing mapping (and no Rust object) can be replaced or aliased.
+    let addr = unsafe { libc::mmap(std::ptr::null_mut(), len, prot, flags, fd, offset) };
+    if addr == libc::MAP_FAILED {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(addr.cast())
+}
+
+/// `munmap(addr, len)`.
+///
+/// # Safety
+/// `addr..addr+len` must be a mapping owned by the caller that nothing will
+/// touch afterwards.
+pub(crate) unsafe fn munmap(addr: *mut u8, len: usize) -> io::Result<()> {
+    // SAFETY: the caller owns the mapping and promises it is no longer used.
+    if unsafe { libc::munmap(addr.cast(), len) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// `madvise(addr, len, advice)` for advice that does not change contents
+/// (populate, hugepage hints).
+///
+/// # Safety
+/// `addr..addr+len` must lie in a mapping owned by the caller.
+pub(crate) unsafe fn madvise(addr: *mut u8, len: usize, advice: libc::c_int) -> io::Result<()> {
+    // SAFETY: the range is the caller's mapping and the advice values used in
+    // this crate only fault pages in; they never discard data.
+    if unsafe { libc::madvise(addr.cast(), len, advice) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// `mlock(addr, len)`: populates the range and pins its pages in RAM.
+///
+/// # Safety
+/// `addr..addr+len` must lie in a mapping owned by the caller that nobody
+/// unmaps or remaps while the call runs (locking faults every page in).
+pub(crate) unsafe fn mlock(addr: *const u8, len: usize) -> io::Result<()> {
+    // SAFETY: the range is the caller's live mapping; mlock only faults pages
+    // in and sets VM_LOCKED, it never changes the contents.
+    if unsafe { libc::mlock(addr.cast(), len) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// `mlock2(addr, len, MLOCK_ONFAULT)` (Linux 4.4): marks the range locked
+/// without populating it; each page is pinned when it is first faulted in.
+///
+/// # Safety
+/// As [`mlock`].
+pub(crate) unsafe fn mlock_onfault(addr: *const u8, len: usize) -> io::Result<()> {
+    // SAFETY: the range is the caller's live mapping; MLOCK_ONFAULT only sets
+    // VM_LOCKED|VM_LOCKONFAULT on it and faults nothing in.
+    if unsafe { libc::mlock2(addr.cast(), len, libc::MLOCK_ONFAULT) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// `munlock(addr, len)`. Unlocking pages that are not locked is not an error.
+///
+/// # Safety
+/// `addr..addr+len` must lie in a mapping owned by the caller that nobody
+/// unmaps or remaps while the call runs.
+pub(crate) unsafe fn munlock(addr: *const u8, len: usize) -> io::Result<()> {
+    // SAFETY: the range is the caller's live mapping; munlock only clears
+    // VM_LOCKED and the pages' mlocked state, never the contents.
+    if unsafe { libc::munlock(addr.cast(), len) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// `memfd_create(name, flags)`; `MFD_CLOEXEC` is always added.
+pub(crate) fn memfd_create(
+    name: &std::ffi::CStr,
+    flags: libc::c_uint,
+) -> io::Result<std::os::fd::OwnedFd> {
+    use std::os::fd::FromRawFd;
+    // SAFETY: `name` is a valid NUL-terminated string that outlives the call;
+    // the kernel only reads it.
+    let fd = unsafe { libc::memfd_create(name.as_ptr(), flags | libc::MFD_CLOEXEC) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `fd` was just returned by memfd_create, is open, and nothing
+    // else owns it.
+    Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) })
+}
+
+/// `ftruncate(fd, len)`.
+pub(crate) fn ftruncate(fd: std::os::fd::BorrowedFd<'_>, len: u64) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let len = libc::off_t::try_from(len).map_err(|_| io::Error::from_raw_os_error(libc::EFBIG))?;
+    // SAFETY: the borrowed fd is open for the duration of the call; ftruncate
+    // touches no memory of this process.
+    if unsafe { libc::ftruncate(fd.as_raw_fd(), len) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// `HUGETLBFS_MAGIC` from `<linux/magic.h>`: `statfs.f_type` of a hugetlbfs file.
+pub(crate) const HUGETLBFS_MAGIC: i64 = 0x9584_58f6;
+
+/// `fstatfs(fd)`: the file system type and block size of an open file. On
+/// hugetlbfs the block size is the huge page size of the mount.
+pub(crate) fn fstatfs_type_and_block_size(
+    fd: std::os::fd::BorrowedFd<'_>,
+) -> io::Result<(i64, u64)> {
+    use std::os::fd::AsRawFd;
+    let mut buf = std::mem::MaybeUninit::<libc::statfs>::zeroed();
+    // SAFETY: the borrowed fd is open for the duration of the call and `buf`
+    // is a writable `statfs` the kernel fills in; nothing else aliases it.
+    if unsafe { libc::fstatfs(fd.as_raw_fd(), buf.as_mut_ptr()) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: fstatfs returned 0, so it wrote the whole struct (and it was
+    // zero-initialised before in any case).
+    let st = unsafe { buf.assume_init() };
+    #[allow(clippy::unnecessary_cast)] // the field types differ between libc targets
+    Ok((st.f_type as i64, st.f_bsize as u64))
+}
+
+/// `fcntl(fd, F_ADD_SEALS, seals)` on a memfd created with `MFD_ALLOW_SEALING`.
+pub(crate) fn add_seals(fd: std::os::fd::BorrowedFd<'_>, seals: libc::c_int) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: the borrowed fd is open for the duration of the call; F_ADD_SEALS
+    // takes an int and touches no memory of this process.
+    if unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, seals) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
