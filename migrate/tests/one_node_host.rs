@@ -1,0 +1,388 @@
+//! Real-memory tests that run on a one-node host: moves to the node the pages
+//! are on (nothing is copied, everything else runs), refused moves, the
+//! in-guest checks in their one-node form, and the bench's skip path.
+//!
+//! 2 MiB pages are reserved with `guest_mem::ensure_free`; a test that cannot
+//! get them prints `SKIP:` with the reason and passes.
+
+use std::cell::RefCell;
+use std::fs;
+use std::path::Path;
+
+use clearing::{CancelToken, Progress, RunOptions};
+use guest_mem::{PagePolicy, PageSize, Region, RegionSpec};
+use migrate::{
+    move_range, move_region, placement, plan_move, run_bench, testing, BenchOptions, ByteRange,
+    MigrateError, MoveOptions, MoveSpan, PlanError,
+};
+use numa::Topology;
+
+const M2: u64 = 2 << 20;
+
+/// Makes `pages` 2 MiB pages free host-wide, or says why not.
+fn reserve_2m(pages: u64) -> Result<(), String> {
+    match guest_mem::ensure_free(PageSize::Huge2M, pages, None) {
+        Ok(r) if r.met => Ok(()),
+        Ok(r) => Err(format!("only {} free 2 MiB pages, {pages} needed", r.free)),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+fn region(topology: &Topology, name: &str, page: PageSize, size: u64) -> Region {
+    let spec = RegionSpec::new(name, size, Some(0)).with_policy(PagePolicy::Strict(page));
+    Region::allocate(topology, &spec, &RunOptions::default())
+        .expect("allocate region on node 0")
+        .0
+}
+
+/// Writes a byte pattern over the whole region (every byte, not stamps).
+fn fill(region: &Region, seed: u8) {
+    // SAFETY: the region belongs to this test alone: no other mapping, no
+    // guest, no preparer or scrubber, and no other slice of it exists.
+    let bytes = unsafe { region.as_mut_slice() };
+    for (i, b) in bytes.iter_mut().enumerate() {
+        *b = (i as u8).wrapping_mul(31) ^ seed ^ ((i >> 12) as u8);
+    }
+}
+
+fn intact(region: &Region, seed: u8) -> bool {
+    // SAFETY: as in `fill`; nothing writes the region during the check.
+    let bytes = unsafe { region.as_slice() };
+    bytes
+        .iter()
+        .enumerate()
+        .all(|(i, &b)| b == (i as u8).wrapping_mul(31) ^ seed ^ ((i >> 12) as u8))
+}
+
+#[test]
+fn region_already_on_the_target_stays_put_and_intact() {
+    if let Err(why) = reserve_2m(8) {
+        eprintln!("SKIP: {why}");
+        return;
+    }
+    let topology = Topology::detect().expect("topology");
+    let region = region(&topology, "mig-there", PageSize::Huge2M, 8 * M2);
+    fill(&region, 0x5a);
+    let calls = RefCell::new(0);
+    let progress = |_: &Progress| *calls.borrow_mut() += 1;
+    let report = move_region(
+        &topology,
+        &region,
+        0,
+        &MoveOptions::default(),
+        None,
+        Some(&progress),
+    )
+    .expect("move to node 0");
+    assert_eq!(report.pages_total, 8);
+    assert_eq!(report.already_there, 8);
+    assert_eq!(report.pages_moved, 0);
+    assert_eq!(report.batches, 0, "nothing to move, no move_pages call");
+    assert_eq!(*calls.borrow(), 0);
+    assert!(report.complete(), "{report}");
+    assert_eq!(
+        report.plan,
+        "nothing to move: 8 of 8 pages already on node 0 (0 not present)"
+    );
+    assert!(intact(&region, 0x5a), "data changed");
+    // The region's own check agrees.
+    assert!(region
+        .verify_placement()
+        .expect("verify")
+        .misplaced
+        .is_empty());
+}
+
+#[test]
+fn a_range_of_the_region_and_the_dry_run() {
+    if let Err(why) = reserve_2m(8) {
+        eprintln!("SKIP: {why}");
+        return;
+    }
+    let topology = Topology::detect().expect("topology");
+    let region = region(&topology, "mig-range", PageSize::Huge2M, 8 * M2);
+    fill(&region, 3);
+    let span = MoveSpan::of_region(&region);
+    let range = ByteRange::parse("4M..12M", region.len()).expect("range");
+    let plan = plan_move(&topology, &span, range, 0).expect("plan");
+    assert_eq!(
+        (plan.first_page, plan.pages_total, plan.already_there),
+        (2, 4, 4)
+    );
+    assert!(plan.fits());
+    let report = move_range(
+        &topology,
+        &span,
+        range,
+        0,
+        &MoveOptions::default(),
+        None,
+        None,
+    )
+    .expect("move range");
+    assert_eq!(
+        (report.first_page, report.pages_total, report.already_there),
+        (2, 4, 4)
+    );
+    assert!(report.complete());
+    assert!(intact(&region, 3));
+    let p = placement(&span).expect("placement");
+    assert_eq!(p.per_node.get(&0), Some(&8));
+    assert_eq!(p.to_string(), "node 0: 8 pages, 0 not present");
+}
+
+#[test]
+fn unknown_node_is_refused_naming_the_nodes() {
+    if let Err(why) = reserve_2m(4) {
+        eprintln!("SKIP: {why}");
+        return;
+    }
+    let topology = Topology::detect().expect("topology");
+    let region = region(&topology, "mig-node1", PageSize::Huge2M, 4 * M2);
+    fill(&region, 9);
+    let err = move_region(&topology, &region, 1, &MoveOptions::default(), None, None)
+        .expect_err("node 1 does not exist here");
+    let available: Vec<u32> = topology.nodes().iter().map(|n| n.id).collect();
+    match &err {
+        MigrateError::Plan(PlanError::UnknownNode {
+            node: 1,
+            available: a,
+        }) => assert_eq!(a, &available),
+        other => panic!("expected UnknownNode, got {other:?}"),
+    }
+    assert_eq!(
+        err.to_string(),
+        format!("NUMA node 1 does not exist (this host has nodes {available:?})")
+    );
+    assert!(err.report().is_none(), "refused before anything was done");
+    assert!(intact(&region, 9));
+    assert_eq!(
+        placement(&MoveSpan::of_region(&region))
+            .expect("placement")
+            .per_node
+            .get(&0),
+        Some(&4)
+    );
+}
+
+#[test]
+fn bad_ranges_are_refused() {
+    if let Err(why) = reserve_2m(4) {
+        eprintln!("SKIP: {why}");
+        return;
+    }
+    let topology = Topology::detect().expect("topology");
+    let region = region(&topology, "mig-ranges", PageSize::Huge2M, 4 * M2);
+    let span = MoveSpan::of_region(&region);
+    let opts = MoveOptions::default();
+    for (range, want) in [
+        (ByteRange::new(0, 0), "the range is empty"),
+        (
+            ByteRange::new(M2 / 2, M2),
+            "range 0x100000+0x200000 is not aligned to 2M pages",
+        ),
+        (
+            ByteRange::new(2 * M2, 4 * M2),
+            "range 0x400000+0x800000 is outside the 0x800000-byte region",
+        ),
+    ] {
+        let err = move_range(&topology, &span, range, 0, &opts, None, None).expect_err("bad range");
+        assert_eq!(err.to_string(), want);
+    }
+    let zero_rate = MoveOptions {
+        rate_limit_bytes_per_s: Some(0),
+        ..opts
+    };
+    let err = move_region(&topology, &region, 0, &zero_rate, None, None).expect_err("zero rate");
+    assert!(matches!(err, MigrateError::Plan(PlanError::ZeroRate)));
+}
+
+#[test]
+fn base_page_region_already_there() {
+    let topology = Topology::detect().expect("topology");
+    let region = region(&topology, "mig-4k", PageSize::Base4K, 8 << 20);
+    fill(&region, 77);
+    let report = move_region(&topology, &region, 0, &MoveOptions::default(), None, None)
+        .expect("move 4K region");
+    assert_eq!(report.pages_total, 2048);
+    assert_eq!(report.already_there, 2048);
+    assert!(report.complete());
+    assert!(intact(&region, 77));
+}
+
+#[test]
+fn pages_never_touched_are_not_present_and_then_land_on_the_target() {
+    if let Err(why) = reserve_2m(4) {
+        eprintln!("SKIP: {why}");
+        return;
+    }
+    let topology = Topology::detect().expect("topology");
+    let spec = RegionSpec::new("mig-fresh", 4 * M2, Some(0))
+        .with_policy(PagePolicy::Strict(PageSize::Huge2M));
+    let region = Region::create(&topology, &spec).expect("create (not populated)");
+    let report = move_region(&topology, &region, 0, &MoveOptions::default(), None, None)
+        .expect("move unpopulated region");
+    assert_eq!(report.not_present, 4);
+    assert!(report.complete(), "{report}");
+    // First touch after the move: the bound policy places the page.
+    fill(&region, 1);
+    let p = placement(&MoveSpan::of_region(&region)).expect("placement");
+    assert_eq!(p.per_node.get(&0), Some(&4));
+}
+
+#[test]
+fn cancelled_token_refuses_before_binding() {
+    if let Err(why) = reserve_2m(2) {
+        eprintln!("SKIP: {why}");
+        return;
+    }
+    let topology = Topology::detect().expect("topology");
+    let region = region(&topology, "mig-cancel", PageSize::Huge2M, 2 * M2);
+    let cancel = CancelToken::new();
+    cancel.cancel();
+    let err = move_region(
+        &topology,
+        &region,
+        0,
+        &MoveOptions::default(),
+        Some(&cancel),
+        None,
+    )
+    .expect_err("cancelled");
+    let report = err.report().expect("partial report");
+    assert_eq!((report.pages_moved, report.already_there), (0, 2));
+    assert!(!report.verified);
+}
+
+/// A sysfs tree claiming a node 1 the kernel does not have: the planner
+/// finds no pool there, a strict move is refused, and a partial one fails at
+/// `mbind` with an error, never a panic, with the data untouched.
+#[test]
+fn a_node_the_kernel_lacks_fails_cleanly() {
+    if let Err(why) = reserve_2m(2) {
+        eprintln!("SKIP: {why}");
+        return;
+    }
+    let real = Topology::detect().expect("topology");
+    if real.nodes().iter().any(|n| n.id == 1) {
+        eprintln!("SKIP: this host has a node 1");
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let write = |rel: &str, text: &str| {
+        let path = dir.path().join(rel);
+        fs::create_dir_all(path.parent().unwrap_or(Path::new("/"))).expect("mkdir");
+        fs::write(path, text).expect("write");
+    };
+    write("cpu/online", "0-1\n");
+    for (id, cpus, row) in [(0, "0", "10 20"), (1, "1", "20 10")] {
+        write(&format!("node/node{id}/cpulist"), &format!("{cpus}\n"));
+        write(
+            &format!("node/node{id}/meminfo"),
+            &format!("Node {id} MemTotal: 1048576 kB\nNode {id} MemFree: 524288 kB\n"),
+        );
+        write(&format!("node/node{id}/distance"), &format!("{row}\n"));
+    }
+    let fake = Topology::from_sysfs(dir.path()).expect("fake topology");
+    let region = region(&real, "mig-fake", PageSize::Huge2M, 2 * M2);
+    fill(&region, 42);
+
+    let strict = MoveOptions {
+        allow_partial: false,
+        ..MoveOptions::default()
+    };
+    let err = move_region(&fake, &region, 1, &strict, None, None).expect_err("no pool on node 1");
+    match &err {
+        MigrateError::Insufficient { plan } => {
+            assert_eq!((plan.guaranteed, plan.uncovered), (0, 2));
+            assert!(
+                plan.summary()
+                    .starts_with("0 of 2 pages can move: node 1 has 0 free 2M pages"),
+                "{}",
+                plan.summary()
+            );
+        }
+        other => panic!("expected Insufficient, got {other:?}"),
+    }
+    let err = move_region(&fake, &region, 1, &MoveOptions::default(), None, None)
+        .expect_err("kernel has no node 1");
+    assert!(matches!(err, MigrateError::Bind { node: 1, .. }), "{err:?}");
+    assert!(intact(&region, 42));
+    assert_eq!(
+        placement(&MoveSpan::of_region(&region))
+            .expect("placement")
+            .per_node
+            .get(&0),
+        Some(&2)
+    );
+}
+
+#[test]
+fn in_guest_checks_in_their_one_node_form() {
+    if let Err(why) = reserve_2m(8) {
+        eprintln!("SKIP: {why}");
+        return;
+    }
+    let line = testing::check_move_region(PageSize::Huge2M, 8 * M2, 0, 0).expect("check on node 0");
+    assert!(line.contains("(TCG emulation)"), "{line}");
+    assert!(line.contains("8 already there"), "{line}");
+    println!("{line}");
+    let line =
+        testing::check_move_region(PageSize::Base4K, 4 << 20, 0, 0).expect("4K check on node 0");
+    println!("{line}");
+
+    let topology = Topology::detect().expect("topology");
+    if migrate::memory_nodes(&topology).len() < 2 {
+        for result in [
+            testing::check_move_region_between_nodes(PageSize::Huge2M, 4 * M2),
+            testing::check_move_to_full_node(PageSize::Huge1G, 1 << 30),
+            testing::check_rate_limited_move(PageSize::Huge2M, 4 * M2, 64 << 20),
+            testing::bench_migrate(4 * M2),
+        ] {
+            let err = result.expect_err("one node");
+            assert!(
+                err.starts_with("needs two NUMA nodes with memory; this machine has [0]"),
+                "{err}"
+            );
+        }
+    }
+}
+
+#[test]
+fn bench_on_one_node_skips_moves_and_measures_locality() {
+    let topology = Topology::detect().expect("topology");
+    if migrate::memory_nodes(&topology).len() > 1 {
+        eprintln!("SKIP: this host has several nodes; the bench would move memory");
+        return;
+    }
+    let opts = BenchOptions {
+        page_sizes: vec![PageSize::Base4K, PageSize::Huge2M, PageSize::Huge1G],
+        reserve: false,
+        ..BenchOptions::new(3 << 20)
+    };
+    let report = run_bench(&topology, &opts);
+    assert_eq!(report.results.len(), 3);
+    for r in &report.results {
+        assert_eq!(
+            r.skipped.as_deref(),
+            Some("needs two nodes with memory (this host has [0])")
+        );
+    }
+    assert_eq!(
+        report.results[2].bytes,
+        1 << 30,
+        "rounded up to one 1 GiB page"
+    );
+    assert!(report.notes.iter().any(|n| n.contains("rounded up")));
+    assert_eq!(report.locality.len(), 1);
+    let loc = &report.locality[0];
+    assert!(loc.error.is_none(), "{loc:?}");
+    assert_eq!(loc.on_node, loc.pages, "{loc:?}");
+    assert!((loc.share_pct - 100.0).abs() < 1e-9);
+    assert!(report.failures().is_empty());
+    for line in report.lines("") {
+        println!("{line}");
+    }
+    let json = serde_json::to_string(&report).expect("json");
+    assert!(json.contains("\"share_pct\":100.0"));
+}
