@@ -81,7 +81,7 @@ use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::time::Instant;
 
 use clearing::{Chunk, ClearKernel, Job, RunError, RunOptions, RunReport};
@@ -365,13 +365,18 @@ pub struct PlacementReport {
     pub seconds: f64,
 }
 
+/// `Region::node` value meaning "not bound to a node".
+const UNBOUND: u32 = u32::MAX;
+
 /// One region of guest RAM (see the module docs).
 #[derive(Debug)]
 pub struct Region {
     addr: *mut u8,
     len: u64,
     page_size: PageSize,
-    node: Option<NodeId>,
+    /// Bound node, `UNBOUND` for none. Atomic because migration rebinds a
+    /// region that the daemon shares between threads.
+    node: AtomicU32,
     name: String,
     fallback: Option<String>,
     states: PageStates,
@@ -508,7 +513,7 @@ impl Region {
             addr,
             len: spec.size,
             page_size,
-            node: spec.node,
+            node: AtomicU32::new(spec.node.unwrap_or(UNBOUND)),
             name: spec.name.clone(),
             fallback,
             states: PageStates::new(pages, PageState::Unpopulated),
@@ -541,7 +546,7 @@ impl Region {
             region = %region.name,
             size = region.len,
             page_size = %page_size,
-            node = ?region.node,
+            node = ?region.node(),
             backing = ?spec.backing,
             "region created"
         );
@@ -605,7 +610,7 @@ impl Region {
             align: unit_usize,
             min_chunk: unit_usize,
             max_threads: threads,
-            node: self.node,
+            node: self.node(),
         };
         let populated = AtomicUsize::new(0);
         let cleared = AtomicUsize::new(0);
@@ -705,7 +710,7 @@ impl Region {
         let count = usize::try_from(self.len / step).unwrap_or(usize::MAX);
         let base = self.addr as usize;
         let mut report = PlacementReport {
-            node: self.node,
+            node: self.node(),
             pages: count,
             on_node: 0,
             not_present: 0,
@@ -722,7 +727,7 @@ impl Region {
             let locations = numa::move_pages_query(None, &addrs)?;
             for (i, loc) in (first..end).zip(locations) {
                 match loc {
-                    PageLocation::Node(n) if self.node.is_none_or(|want| want == n) => {
+                    PageLocation::Node(n) if self.node().is_none_or(|want| want == n) => {
                         report.on_node += 1
                     }
                     PageLocation::Error(e) if e == -libc::ENOENT => {
@@ -744,7 +749,7 @@ impl Region {
         } else {
             warn!(
                 region = %self.name,
-                node = ?self.node,
+                node = ?self.node(),
                 misplaced = report.misplaced.len(),
                 pages = report.pages,
                 "pages of the region are not on its node"
@@ -821,7 +826,16 @@ impl Region {
 
     /// The node the region is bound to.
     pub fn node(&self) -> Option<NodeId> {
-        self.node
+        match self.node.load(Ordering::Acquire) {
+            UNBOUND => None,
+            n => Some(n),
+        }
+    }
+
+    /// Records that the region is now bound to `node`, after `migrate` has
+    /// rebound and moved it; later placement checks and preparation use it.
+    pub fn set_node(&self, node: Option<NodeId>) {
+        self.node.store(node.unwrap_or(UNBOUND), Ordering::Release);
     }
 
     /// The region's name.
