@@ -1,9 +1,11 @@
 //! The `hugemem` command.
 
 use anyhow::{Context, Result};
-use backend::bench::clear::{self, ClearBenchConfig};
 use backend::bench::alloc::{self as alloc_bench, AllocBenchConfig};
+use backend::bench::clear::{self, ClearBenchConfig};
+use backend::bench::compare::{self, CompareConfig};
 use backend::bench::mlock::{self, MlockBenchConfig};
+use backend::bench::vmstart::{self, VmstartConfig};
 use backend::launch::{self, LaunchConfig, Vmm};
 use backend::proto::{AllocPart, PagePolicy};
 use backend::size::parse_size;
@@ -31,6 +33,21 @@ enum Command {
         /// Print the STATS JSON instead of a table.
         #[arg(long)]
         json: bool,
+    },
+    /// Move an in-use region (or a range of it) to another NUMA node while the guest runs.
+    Rebalance {
+        /// The daemon's socket.
+        #[arg(long, default_value = backend::daemon::config::DEFAULT_SOCKET)]
+        socket: std::path::PathBuf,
+        /// The region id (`hugemem status` lists them); it must be in use.
+        #[arg(long)]
+        region: u64,
+        /// The target NUMA node.
+        #[arg(long)]
+        to_node: u32,
+        /// Only this byte range of the region: START..END, START.. or ..END (K/M/G suffixes), page aligned.
+        #[arg(long)]
+        range: Option<String>,
     },
     /// Allocate guest RAM through the daemon and run cloud-hypervisor or QEMU on it.
     Launch(LaunchArgs),
@@ -95,11 +112,14 @@ struct LaunchArgs {
 struct NodesArg(Vec<AllocPart>);
 
 fn parse_nodes_arg(s: &str) -> Result<NodesArg, String> {
-    launch::parse_nodes(s).map(NodesArg).map_err(|e| e.to_string())
+    launch::parse_nodes(s)
+        .map(NodesArg)
+        .map_err(|e| e.to_string())
 }
 
 fn parse_policy_arg(s: &str) -> Result<PagePolicy, String> {
-    launch::parse_page_policy(s).ok_or_else(|| format!("invalid page size {s:?}: expected best, 1G, 2M or 4K"))
+    launch::parse_page_policy(s)
+        .ok_or_else(|| format!("invalid page size {s:?}: expected best, 1G, 2M or 4K"))
 }
 
 fn parse_vmm_arg(s: &str) -> Result<Vmm, String> {
@@ -133,6 +153,24 @@ fn launch(args: LaunchArgs) -> Result<i32> {
 
 #[derive(Debug, Subcommand)]
 enum Bench {
+    /// ALLOC to the micro-guest's first instruction and to every huge page
+    /// touched: eager (fresh, clean pool), lazy (dirty pool, fresh with
+    /// kernel demand faults) and cloud-hypervisor-style prefault; lazy fault
+    /// counts and latency percentiles.
+    Vmstart {
+        /// Guest RAM (K/M/G suffixes).
+        #[arg(long, default_value = "8G", value_parser = parse_size_arg)]
+        size: u64,
+        /// Page size: 2M or 1G.
+        #[arg(long, default_value = "2M", value_parser = parse_page_size_arg)]
+        page_size: PageSize,
+        /// Limit for one guest run, seconds.
+        #[arg(long, default_value_t = 300)]
+        guest_timeout: u64,
+        /// Print one JSON object instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
     /// Clearing kernels and the parallel runner against the kernel's fault-time clearing.
     Clear {
         /// Bytes to clear (K/M/G suffixes, powers of 1024).
@@ -177,18 +215,59 @@ enum Bench {
         #[arg(long)]
         json: bool,
     },
+    /// Moving memory between NUMA nodes with 4 KiB, 2 MiB and 1 GiB pages (node A -> B -> A),
+    /// and the share of the clearing runner's pages that land on its workers' node.
+    Migrate {
+        /// Bytes moved per page size (K/M/G suffixes; rounded up to whole pages).
+        #[arg(long, default_value = "512M", value_parser = parse_size_arg)]
+        size: u64,
+        /// Print one JSON object instead of lines.
+        #[arg(long)]
+        json: bool,
+    },
     /// Time until a VM's RAM is ready: fresh (daemon-less and through the
     /// daemon), from the clean pool, and cloud-hypervisor's prefault.
     Alloc {
         /// VM size (K/M/G suffixes); smaller, said out loud, when the pages cannot be had.
         #[arg(long, default_value = "8G", value_parser = parse_size_arg)]
         size: u64,
-        /// Repetitions; the best of each figure is reported.
-        #[arg(long, default_value_t = 3)]
+        /// Repetitions; the best and the median of each figure are reported.
+        #[arg(long, default_value_t = 5)]
         reps: usize,
         /// Page size: 1G or 2M (default: 1G, then 2M, said out loud).
         #[arg(long, value_parser = parse_page_size_arg)]
         page_size: Option<PageSize>,
+        /// Worker counts for the fresh-populate scaling run, e.g. `1,2,4`
+        /// (default: 1..=all CPUs).
+        #[arg(long, value_delimiter = ',')]
+        threads: Vec<usize>,
+        /// Print one JSON object instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Launch to guest power-off of the micro-guest: QEMU with prealloc (the
+    /// baseline) and without, QEMU and cloud-hypervisor on hugemem memory
+    /// (fresh and from the clean pool), cloud-hypervisor's prefault, and
+    /// hugemem's own rust-vmm client.
+    Compare {
+        /// VM size (K/M/G suffixes); never changed, only the page size falls back.
+        #[arg(long, default_value = "4G", value_parser = parse_size_arg)]
+        size: u64,
+        /// Repetitions; the best and the median of each figure are reported.
+        #[arg(long, default_value_t = 3)]
+        reps: usize,
+        /// Page size for every variant: 1G or 2M (default: 1G, then 2M, said out loud).
+        #[arg(long, value_parser = parse_page_size_arg)]
+        page_size: Option<PageSize>,
+        /// The QEMU binary.
+        #[arg(long, default_value = "qemu-system-x86_64")]
+        qemu: std::ffi::OsString,
+        /// QEMU's prealloc-threads (default: online CPUs).
+        #[arg(long)]
+        prealloc_threads: Option<usize>,
+        /// Also render a bar chart to this PNG (scripts/plot-compare; needs python3-matplotlib).
+        #[arg(long)]
+        plot: Option<std::path::PathBuf>,
         /// Print one JSON object instead of a table.
         #[arg(long)]
         json: bool,
@@ -251,9 +330,20 @@ fn parse_page_size_arg(s: &str) -> Result<PageSize, String> {
 fn main() {
     let cli = Cli::parse();
     // The demo prints its own progress; the daemon's info lines would bury it.
-    let default_filter = if matches!(cli.command, Command::Demo { .. }) { "warn" } else { "info" };
+    let default_filter = match cli.command {
+        Command::Demo { .. } => "warn",
+        // bench compare starts private daemons; its own progress lines stay.
+        Command::Bench(Bench::Compare { .. }) => "info,backend::daemon=warn,guest_mem=warn",
+        // bench vmstart starts private daemons too.
+        Command::Bench(Bench::Vmstart { .. }) => {
+            "info,backend::daemon=warn,guest_mem=warn,backend::fault=warn,backend::lazy=warn"
+        }
+        _ => "info",
+    };
     tracing_subscriber::fmt()
-        .with_env_filter(EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_filter)))
+        .with_env_filter(
+            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_filter)),
+        )
         .with_writer(std::io::stderr)
         .init();
     match run(cli) {
@@ -273,25 +363,106 @@ fn main() {
 fn run(cli: Cli) -> Result<i32> {
     match cli.command {
         Command::Launch(args) => return launch(args),
-        Command::Demo { size, no_guest, page_size, json } => {
-            let cfg = backend::demo::DemoConfig { size, no_guest, page_size };
-            let report = backend::demo::run(&cfg, &mut |line| eprintln!("hugemem demo: {line}")).context("hugemem demo failed")?;
+        Command::Demo {
+            size,
+            no_guest,
+            page_size,
+            json,
+        } => {
+            let cfg = backend::demo::DemoConfig {
+                size,
+                no_guest,
+                page_size,
+            };
+            let report = backend::demo::run(&cfg, &mut |line| eprintln!("hugemem demo: {line}"))
+                .context("hugemem demo failed")?;
             if json {
                 println!("{}", serde_json::to_string(&report)?);
             } else {
                 print!("{}", report.to_table());
             }
         }
-        Command::Bench(Bench::Alloc { size, reps, page_size, json }) => {
-            let cfg = AllocBenchConfig { size, reps, page_size };
-            let report = alloc_bench::run(&cfg, &mut |line| tracing::info!("{line}")).context("bench alloc failed")?;
+        Command::Bench(Bench::Alloc {
+            size,
+            reps,
+            page_size,
+            threads,
+            json,
+        }) => {
+            let cfg = AllocBenchConfig {
+                size,
+                reps,
+                page_size,
+                threads,
+            };
+            let report = alloc_bench::run(&cfg, &mut |line| tracing::info!("{line}"))
+                .context("bench alloc failed")?;
             if json {
                 println!("{}", serde_json::to_string(&report)?);
             } else {
                 print!("{}", report.to_table());
+            }
+        }
+        Command::Bench(Bench::Compare {
+            size,
+            reps,
+            page_size,
+            qemu,
+            prealloc_threads,
+            plot,
+            json,
+        }) => {
+            let cfg = CompareConfig {
+                size,
+                reps,
+                page_size,
+                qemu,
+                // cloud-hypervisor variants run only when this names a binary.
+                cloud_hypervisor: std::env::var_os("CLOUD_HYPERVISOR").filter(|v| !v.is_empty()),
+                prealloc_threads,
+            };
+            let report = compare::run(&cfg, &mut |line| tracing::info!("{line}"))
+                .context("bench compare failed")?;
+            if json {
+                println!("{}", serde_json::to_string(&report)?);
+            } else {
+                print!("{}", report.to_table());
+            }
+            if let Some(png) = plot {
+                compare::plot(&report, &png)
+                    .with_context(|| format!("cannot plot to {}", png.display()))?;
+                tracing::info!("plot written to {}", png.display());
             }
         }
         Command::Serve(args) => serve(args)?,
+        Command::Rebalance {
+            socket,
+            region,
+            to_node,
+            range,
+        } => {
+            let report =
+                backend::daemon::rebalance::run_cli(&socket, region, to_node, range.as_deref())
+                    .with_context(|| {
+                        format!("hugemem rebalance of region {region} to node {to_node} failed")
+                    })?;
+            println!("{report}");
+        }
+        Command::Bench(Bench::Migrate { size, json }) => {
+            let topology = numa::Topology::detect().context("cannot detect the NUMA topology")?;
+            let report = migrate::run_bench(&topology, &migrate::BenchOptions::new(size));
+            if json {
+                println!("{}", serde_json::to_string(&report)?);
+            } else {
+                for line in report.lines("") {
+                    println!("{line}");
+                }
+            }
+            let failures = report.failures();
+            if !failures.is_empty() {
+                anyhow::bail!("bench migrate: {}", failures.join("; "));
+            }
+        }
         Command::Status { socket, json } => {
             let mut client = backend::client::Client::connect(&socket)?;
             let stats = client.stats()?;
@@ -301,16 +472,55 @@ fn run(cli: Cli) -> Result<i32> {
                 print!("{}", backend::daemon::metrics::render_status(&stats));
             }
         }
-        Command::Bench(Bench::Clear { size, reps, threads, page_size, json }) => {
-            let cfg = ClearBenchConfig { size, reps, threads, page_size };
-            let report = clear::run(&cfg, &mut |line| tracing::info!("{line}")).context("bench clear failed")?;
+        Command::Bench(Bench::Clear {
+            size,
+            reps,
+            threads,
+            page_size,
+            json,
+        }) => {
+            let cfg = ClearBenchConfig {
+                size,
+                reps,
+                threads,
+                page_size,
+            };
+            let report = clear::run(&cfg, &mut |line| tracing::info!("{line}"))
+                .context("bench clear failed")?;
             if json {
                 println!("{}", serde_json::to_string(&report)?);
             } else {
                 print!("{}", report.to_table());
             }
         }
-        Command::Bench(Bench::Mlock { size, chunk, reps, threads_per_node, hugetlb_page_size, no_hugetlb, json }) => {
+        Command::Bench(Bench::Vmstart {
+            size,
+            page_size,
+            guest_timeout,
+            json,
+        }) => {
+            let cfg = VmstartConfig {
+                size,
+                page_size,
+                guest_timeout: std::time::Duration::from_secs(guest_timeout),
+            };
+            let report = vmstart::run(&cfg, &mut |line| tracing::info!("{line}"))
+                .context("bench vmstart failed")?;
+            if json {
+                println!("{}", report.to_json());
+            } else {
+                print!("{}", report.to_table());
+            }
+        }
+        Command::Bench(Bench::Mlock {
+            size,
+            chunk,
+            reps,
+            threads_per_node,
+            hugetlb_page_size,
+            no_hugetlb,
+            json,
+        }) => {
             let chunk = chunk
                 .map(usize::try_from)
                 .transpose()
@@ -323,7 +533,8 @@ fn run(cli: Cli) -> Result<i32> {
                 hugetlb: !no_hugetlb,
                 hugetlb_page: hugetlb_page_size,
             };
-            let report = mlock::run(&cfg, &mut |line| tracing::info!("{line}")).context("bench mlock failed")?;
+            let report = mlock::run(&cfg, &mut |line| tracing::info!("{line}"))
+                .context("bench mlock failed")?;
             if json {
                 println!("{}", serde_json::to_string(&report)?);
             } else {

@@ -15,7 +15,11 @@ pub enum SizeError {
 pub fn parse_size(text: &str) -> Result<u64, SizeError> {
     let invalid = || SizeError::Invalid(text.to_string());
     let t = text.trim();
-    let t = t.strip_suffix("iB").or_else(|| t.strip_suffix("ib")).or_else(|| t.strip_suffix('B')).unwrap_or(t);
+    let t = t
+        .strip_suffix("iB")
+        .or_else(|| t.strip_suffix("ib"))
+        .or_else(|| t.strip_suffix('B'))
+        .unwrap_or(t);
     let (digits, shift) = match t.chars().last() {
         Some('k' | 'K') => (&t[..t.len() - 1], 10),
         Some('m' | 'M') => (&t[..t.len() - 1], 20),
@@ -26,14 +30,18 @@ pub fn parse_size(text: &str) -> Result<u64, SizeError> {
     if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
         return Err(invalid());
     }
-    let value: u64 = digits.parse().map_err(|_| SizeError::Overflow(text.to_string()))?;
-    value.checked_mul(1u64 << shift).ok_or_else(|| SizeError::Overflow(text.to_string()))
+    let value: u64 = digits
+        .parse()
+        .map_err(|_| SizeError::Overflow(text.to_string()))?;
+    value
+        .checked_mul(1u64 << shift)
+        .ok_or_else(|| SizeError::Overflow(text.to_string()))
 }
 
 /// Formats bytes with the largest exact binary unit (`1G`, `512M`, `4097`).
 pub fn format_size(bytes: u64) -> String {
     for (shift, unit) in [(40, "T"), (30, "G"), (20, "M"), (10, "K")] {
-        if bytes != 0 && bytes % (1u64 << shift) == 0 {
+        if bytes != 0 && bytes.is_multiple_of(1u64 << shift) {
             return format!("{}{unit}", bytes >> shift);
         }
     }
@@ -58,9 +66,15 @@ mod tests {
     #[test]
     fn rejects_bad_sizes() {
         for bad in ["", "G", "1.5G", "-1G", "1X", "one"] {
-            assert!(matches!(parse_size(bad), Err(SizeError::Invalid(_))), "{bad}");
+            assert!(
+                matches!(parse_size(bad), Err(SizeError::Invalid(_))),
+                "{bad}"
+            );
         }
-        assert!(matches!(parse_size("99999999999T"), Err(SizeError::Overflow(_))));
+        assert!(matches!(
+            parse_size("99999999999T"),
+            Err(SizeError::Overflow(_))
+        ));
     }
 
     #[test]

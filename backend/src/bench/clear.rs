@@ -90,14 +90,20 @@ pub struct ClearBenchReport {
 }
 
 /// Picks the page size and reserves pages for the run, saying why it fell back.
-fn reserve(cfg: &ClearBenchConfig, note: &mut Vec<String>) -> Result<(PageSize, Option<Reservation>), BenchError> {
+fn reserve(
+    cfg: &ClearBenchConfig,
+    note: &mut Vec<String>,
+) -> Result<(PageSize, Option<Reservation>), BenchError> {
     let candidates: Vec<PageSize> = match cfg.page_size {
         Some(p) => vec![p],
         None => PageSize::FALLBACK_ORDER.to_vec(),
     };
     for page in candidates {
-        if cfg.size % page.bytes() != 0 {
-            note.push(format!("{} is not a multiple of {page} pages", crate::size::format_size(cfg.size)));
+        if !cfg.size.is_multiple_of(page.bytes()) {
+            note.push(format!(
+                "{} is not a multiple of {page} pages",
+                crate::size::format_size(cfg.size)
+            ));
             continue;
         }
         if !page.is_huge() {
@@ -106,7 +112,10 @@ fn reserve(cfg: &ClearBenchConfig, note: &mut Vec<String>) -> Result<(PageSize, 
         let pages = cfg.size / page.bytes();
         match Reservation::for_run(page, pages) {
             Ok(r) if r.report().met => return Ok((page, Some(r))),
-            Ok(r) => note.push(format!("asked for {pages} free {page} pages, the kernel has {} free", r.report().free)),
+            Ok(r) => note.push(format!(
+                "asked for {pages} free {page} pages, the kernel has {} free",
+                r.report().free
+            )),
             Err(e) => note.push(format!("cannot reserve {page} pages: {e}")),
         }
     }
@@ -116,8 +125,16 @@ fn reserve(cfg: &ClearBenchConfig, note: &mut Vec<String>) -> Result<(PageSize, 
 /// Splits the mapping into one part per memory node and binds each part to
 /// its node before anything is populated (so the parallel runner's pinned
 /// workers clear local memory). Returns the parts as (offset, len, node).
-fn bind_per_node(map: &AnonMapping, topology: &Topology) -> Result<Vec<(usize, usize, u32)>, BenchError> {
-    let nodes: Vec<u32> = topology.nodes().iter().filter(|n| !n.is_memoryless() && !n.cpus.is_empty()).map(|n| n.id).collect();
+fn bind_per_node(
+    map: &AnonMapping,
+    topology: &Topology,
+) -> Result<Vec<(usize, usize, u32)>, BenchError> {
+    let nodes: Vec<u32> = topology
+        .nodes()
+        .iter()
+        .filter(|n| !n.is_memoryless() && !n.cpus.is_empty())
+        .map(|n| n.id)
+        .collect();
     let nodes = if nodes.is_empty() { vec![0] } else { nodes };
     let page = usize::try_from(map.page_size().bytes()).map_err(|_| BenchError::Size)?;
     let pages = map.len() / page;
@@ -130,7 +147,13 @@ fn bind_per_node(map: &AnonMapping, topology: &Topology) -> Result<Vec<(usize, u
         }
         let len = share * page;
         if nodes.len() > 1 {
-            numa::mbind(map.addr() as usize + offset, len, MemPolicyMode::Bind, &NodeMask::single(*node), MbindFlags::default())?;
+            numa::mbind(
+                map.addr() as usize + offset,
+                len,
+                MemPolicyMode::Bind,
+                &NodeMask::single(*node),
+                MbindFlags::default(),
+            )?;
         }
         parts.push((offset, len, *node));
         offset += len;
@@ -149,7 +172,10 @@ fn best(samples: &[f64]) -> f64 {
 }
 
 /// Runs the benchmark. `progress` gets one line per step.
-pub fn run(cfg: &ClearBenchConfig, progress: &mut dyn FnMut(&str)) -> Result<ClearBenchReport, BenchError> {
+pub fn run(
+    cfg: &ClearBenchConfig,
+    progress: &mut dyn FnMut(&str),
+) -> Result<ClearBenchReport, BenchError> {
     if cfg.size == 0 || cfg.reps == 0 {
         return Err(BenchError::Size);
     }
@@ -158,7 +184,15 @@ pub fn run(cfg: &ClearBenchConfig, progress: &mut dyn FnMut(&str)) -> Result<Cle
     let cpus: usize = topology.nodes().iter().map(|n| n.cpus.len()).sum();
     let mut notes = Vec::new();
     let (page, _reservation) = reserve(cfg, &mut notes)?;
-    progress(&format!("{} on {page} pages{}", crate::size::format_size(cfg.size), if notes.is_empty() { String::new() } else { format!(" ({})", notes.join("; ")) }));
+    progress(&format!(
+        "{} on {page} pages{}",
+        crate::size::format_size(cfg.size),
+        if notes.is_empty() {
+            String::new()
+        } else {
+            format!(" ({})", notes.join("; "))
+        }
+    ));
 
     // Warm-up: the outer host backs never-touched memory lazily.
     progress("warm-up: populating and freeing the pages once");
@@ -167,12 +201,20 @@ pub fn run(cfg: &ClearBenchConfig, progress: &mut dyn FnMut(&str)) -> Result<Cle
         warm.populate_write(0, len)?;
     }
 
-    let kernels: Vec<ClearKernel> = ClearKernel::ALL.into_iter().filter(|k| k.is_available()).collect();
+    let kernels: Vec<ClearKernel> = ClearKernel::ALL
+        .into_iter()
+        .filter(|k| k.is_available())
+        .collect();
     let mut fault = Vec::new();
     let mut memset = Vec::new();
     let mut per_kernel: Vec<Vec<f64>> = vec![Vec::new(); kernels.len()];
     for rep in 0..cfg.reps {
-        progress(&format!("repetition {}/{}: kernel fault, memset, {} kernels", rep + 1, cfg.reps, kernels.len()));
+        progress(&format!(
+            "repetition {}/{}: kernel fault, memset, {} kernels",
+            rep + 1,
+            cfg.reps,
+            kernels.len()
+        ));
         fault.push({
             let fresh = AnonMapping::new(len, page)?;
             time(|| Ok(fresh.populate_write(0, len)?))?
@@ -192,11 +234,20 @@ pub fn run(cfg: &ClearBenchConfig, progress: &mut dyn FnMut(&str)) -> Result<Cle
             })?);
         }
     }
-    let figure = |k: ClearKernel| kernels.iter().position(|x| *x == k).map(|i| gbps(cfg.size, best(&per_kernel[i])));
+    let figure = |k: ClearKernel| {
+        kernels
+            .iter()
+            .position(|x| *x == k)
+            .map(|i| gbps(cfg.size, best(&per_kernel[i])))
+    };
     let default_kernel = ClearKernel::default_kernel();
 
     // The parallel runner: one job per memory node, memory bound before populate.
-    let thread_counts: Vec<usize> = if cfg.threads.is_empty() { (1..=cpus.max(1)).collect() } else { cfg.threads.clone() };
+    let thread_counts: Vec<usize> = if cfg.threads.is_empty() {
+        (1..=cpus.max(1)).collect()
+    } else {
+        cfg.threads.clone()
+    };
     let map = AnonMapping::new(len, page)?;
     let parts = bind_per_node(&map, &topology)?;
     map.populate_write(0, len)?;
@@ -220,13 +271,21 @@ pub fn run(cfg: &ClearBenchConfig, progress: &mut dyn FnMut(&str)) -> Result<Cle
             // SAFETY: every job range lies inside `map`, a live read-write
             // mapping owned here, and no Rust reference to it exists while the
             // jobs run.
-            let report = unsafe { clearing::clear_jobs(&topology, &jobs, default_kernel, &RunOptions::default()) }
-                .map_err(|e| BenchError::Runner(e.to_string()))?;
+            let report = unsafe {
+                clearing::clear_jobs(&topology, &jobs, default_kernel, &RunOptions::default())
+            }
+            .map_err(|e| BenchError::Runner(e.to_string()))?;
             samples.push(report.seconds);
         }
         let g = gbps(cfg.size, best(&samples));
-        progress(&format!("parallel runner, {threads} worker(s): {g:.2} GB/s"));
-        parallel.push(ParallelPoint { threads, gbps: g, speedup: 0.0 });
+        progress(&format!(
+            "parallel runner, {threads} worker(s): {g:.2} GB/s"
+        ));
+        parallel.push(ParallelPoint {
+            threads,
+            gbps: g,
+            speedup: 0.0,
+        });
     }
     let base = parallel.first().map(|p| p.gbps).unwrap_or(0.0);
     for p in &mut parallel {
@@ -245,7 +304,11 @@ pub fn run(cfg: &ClearBenchConfig, progress: &mut dyn FnMut(&str)) -> Result<Cle
         page_size_note: (!notes.is_empty()).then(|| notes.join("; ")),
         reps: cfg.reps,
         cpus,
-        nodes: topology.nodes().iter().filter(|n| !n.is_memoryless()).count(),
+        nodes: topology
+            .nodes()
+            .iter()
+            .filter(|n| !n.is_memoryless())
+            .count(),
         kernel_fault_gbps,
         memset_gbps,
         multipage_gbps,
@@ -278,7 +341,12 @@ impl ClearBenchReport {
             out += &format!("note: {note}\n");
         }
         out += "method                          GB/s   vs kernel fault\n";
-        let mut row = |name: &str, v: f64| out += &format!("{name:<30} {v:>6.2}   {:>5.2}x\n", v / self.kernel_fault_gbps);
+        let mut row = |name: &str, v: f64| {
+            out += &format!(
+                "{name:<30} {v:>6.2}   {:>5.2}x\n",
+                v / self.kernel_fault_gbps
+            )
+        };
         row("kernel fault (POPULATE_WRITE)", self.kernel_fault_gbps);
         row("glibc memset", self.memset_gbps);
         row("multipage rep stosb", self.multipage_gbps);
@@ -286,11 +354,20 @@ impl ClearBenchReport {
         if let Some(nt) = self.nt_gbps {
             row("non-temporal stores", nt);
         }
-        row(&format!("default ({})", self.default_kernel), self.default_gbps);
-        out += &format!("multipage vs per-4K: {:.2}x\n", self.ratios.multipage_vs_per4k);
+        row(
+            &format!("default ({})", self.default_kernel),
+            self.default_gbps,
+        );
+        out += &format!(
+            "multipage vs per-4K: {:.2}x\n",
+            self.ratios.multipage_vs_per4k
+        );
         out += "parallel runner  workers  GB/s   speedup\n";
         for p in &self.parallel {
-            out += &format!("                 {:>7}  {:>5.2}  {:>5.2}x\n", p.threads, p.gbps, p.speedup);
+            out += &format!(
+                "                 {:>7}  {:>5.2}  {:>5.2}x\n",
+                p.threads, p.gbps, p.speedup
+            );
         }
         out
     }

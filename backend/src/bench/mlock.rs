@@ -510,7 +510,7 @@ fn reserve_hugetlb(
             notes.push(format!("{page} is not a hugetlb page size"));
             continue;
         }
-        if cfg.size % page.bytes() != 0 {
+        if !cfg.size.is_multiple_of(page.bytes()) {
             notes.push(format!(
                 "{} is not a multiple of {page} pages",
                 format_size(cfg.size)
@@ -535,7 +535,7 @@ pub fn run(
     cfg: &MlockBenchConfig,
     progress: &mut dyn FnMut(&str),
 ) -> Result<MlockBenchReport, BenchError> {
-    if cfg.size == 0 || cfg.reps == 0 || cfg.size % 4096 != 0 {
+    if cfg.size == 0 || cfg.reps == 0 || !cfg.size.is_multiple_of(4096) {
         return Err(BenchError::Size);
     }
     let topology = Topology::detect()?;
@@ -544,7 +544,8 @@ pub fn run(
     progress(&format!(
         "{} per region, {} chunks, {} rep(s), {nodes} node(s), {} worker(s) per node",
         format_size(cfg.size),
-        cfg.chunk.map_or("default".to_string(), |c| format_size(c as u64)),
+        cfg.chunk
+            .map_or("default".to_string(), |c| format_size(c as u64)),
         cfg.reps,
         cfg.threads_per_node
     ));

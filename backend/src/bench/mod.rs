@@ -3,7 +3,10 @@
 
 pub mod alloc;
 pub mod clear;
+pub mod compare;
 pub mod mlock;
+/// `hugemem bench vmstart`: ALLOC to the guest's first instruction and to all pages touched, eager and lazy.
+pub mod vmstart;
 
 /// Errors of a benchmark run.
 #[derive(Debug, thiserror::Error)]

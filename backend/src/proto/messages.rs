@@ -1,6 +1,14 @@
 //! Request and reply payloads: encoding and checked decoding.
 
-use super::{Code, ProtoError, Status, ANY_NODE, MAX_MESSAGE, MAX_PAYLOAD, MAX_REGIONS};
+use super::{Code, ProtoError, Status, ANY_NODE, MAX_MESSAGE, MAX_PATH, MAX_PAYLOAD, MAX_REGIONS};
+
+/// ALLOC request flag (byte 11, bit 0): create each region as a file on a
+/// hugetlbfs mount and send its path (for VMMs that must open a path, e.g.
+/// cloud-hypervisor under `--landlock`).
+pub const ALLOC_FLAG_PATHS: u8 = 1;
+/// ALLOC reply flag (`u32` at body offset 12, bit 0): one path per region
+/// follows the region table.
+pub const ALLOC_REPLY_FLAG_PATHS: u32 = 1;
 
 /// Page-size policy of an allocation (wire: u8).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -46,6 +54,9 @@ pub struct AllocRequest {
     pub lock: bool,
     /// Per-node sizes; empty = one region, placed by the daemon.
     pub parts: Vec<AllocPart>,
+    /// Ask for hugetlbfs files with paths ([`ALLOC_FLAG_PATHS`]) instead of
+    /// anonymous memfds; the reply then carries one path per region.
+    pub want_paths: bool,
 }
 
 /// A request.
@@ -94,6 +105,28 @@ pub enum Request {
     },
     /// Statistics.
     Stats,
+    /// Lazy mode: serve faults of these VMM mappings; the message carries
+    /// exactly one fd, the userfaultfd they are registered on (MINOR).
+    Uffd {
+        /// Allocation id from the ALLOC reply.
+        alloc_id: u64,
+        /// The VMM's mappings of the allocation's regions (1..=[`MAX_REGIONS`]).
+        ranges: Vec<UffdRange>,
+    },
+}
+
+/// One VMM mapping in a UFFD request (32 bytes on the wire): `len` bytes of
+/// region `region_id` from `offset`, mapped at `vmm_addr` in the VMM.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct UffdRange {
+    /// Region id from the ALLOC reply.
+    pub region_id: u64,
+    /// Offset in the region (page aligned).
+    pub offset: u64,
+    /// Start of the mapping in the VMM (page aligned).
+    pub vmm_addr: u64,
+    /// Bytes (a multiple of the page size).
+    pub len: u64,
 }
 
 /// One region of an allocation (40 bytes on the wire); its fd travels at the
@@ -139,6 +172,9 @@ pub enum ReplyBody {
         alloc_id: u64,
         /// Regions; fds in the same order.
         regions: Vec<RegionInfo>,
+        /// Empty, or (when the request set [`ALLOC_FLAG_PATHS`]) one absolute
+        /// hugetlbfs path per region, same order.
+        paths: Vec<String>,
     },
     /// LOCK / UNLOCK.
     Lock {
@@ -178,7 +214,11 @@ pub struct Reply {
 impl Reply {
     /// A successful reply.
     pub fn ok(body: ReplyBody) -> Self {
-        Self { status: Status::Ok, message: String::new(), body }
+        Self {
+            status: Status::Ok,
+            message: String::new(),
+            body,
+        }
     }
 
     /// An error reply; the message is cut to [`MAX_MESSAGE`] bytes.
@@ -191,7 +231,11 @@ impl Reply {
             }
             message.truncate(end);
         }
-        Self { status, message, body: ReplyBody::Empty }
+        Self {
+            status,
+            message,
+            body: ReplyBody::Empty,
+        }
     }
 }
 
@@ -226,7 +270,10 @@ struct Reader<'a> {
 impl<'a> Reader<'a> {
     fn take(&mut self, n: usize, field: &'static str) -> Result<&'a [u8], ProtoError> {
         if self.buf.len() < n {
-            return Err(ProtoError::Truncated { field, needed: n - self.buf.len() });
+            return Err(ProtoError::Truncated {
+                field,
+                needed: n - self.buf.len(),
+            });
         }
         let (head, rest) = self.buf.split_at(n);
         self.buf = rest;
@@ -256,12 +303,23 @@ impl<'a> Reader<'a> {
     }
     /// Checks that `count` records of `record` bytes fit in what is left,
     /// before anything is allocated for them.
-    fn check_records(&self, count: usize, record: usize, max: usize, what: &str) -> Result<(), ProtoError> {
+    fn check_records(
+        &self,
+        count: usize,
+        record: usize,
+        max: usize,
+        what: &str,
+    ) -> Result<(), ProtoError> {
         if count > max {
-            return Err(ProtoError::OutOfBounds(format!("{count} {what}, at most {max} allowed")));
+            return Err(ProtoError::OutOfBounds(format!(
+                "{count} {what}, at most {max} allowed"
+            )));
         }
         if count * record > self.remaining() {
-            return Err(ProtoError::Truncated { field: "records", needed: count * record - self.remaining() });
+            return Err(ProtoError::Truncated {
+                field: "records",
+                needed: count * record - self.remaining(),
+            });
         }
         Ok(())
     }
@@ -282,14 +340,24 @@ impl Request {
             Request::Unlock { .. } => Code::Unlock,
             Request::Rebalance { .. } => Code::Rebalance,
             Request::Stats => Code::Stats,
+            Request::Uffd { .. } => Code::Uffd,
         }
+    }
+
+    /// How many fds must come with this request: 1 for UFFD, 0 otherwise.
+    pub fn expected_fds(&self) -> usize {
+        usize::from(matches!(self, Request::Uffd { .. }))
     }
 
     /// Payload bytes.
     pub fn encode(&self) -> Vec<u8> {
         let mut w = Writer::default();
         match self {
-            Request::Handshake { min_version, max_version, features } => {
+            Request::Handshake {
+                min_version,
+                max_version,
+                features,
+            } => {
                 w.u32(*min_version).u32(*max_version).u64(*features);
             }
             Request::Alloc(a) => {
@@ -297,7 +365,7 @@ impl Request {
                     .u8(a.page_policy as u8)
                     .u8(a.clear_mode as u8)
                     .u8(u8::from(a.lock))
-                    .u8(0)
+                    .u8(if a.want_paths { ALLOC_FLAG_PATHS } else { 0 })
                     .u32(u32::try_from(a.parts.len()).unwrap_or(u32::MAX));
                 for p in &a.parts {
                     w.u32(p.node).u32(0).u64(p.size);
@@ -309,10 +377,23 @@ impl Request {
             Request::Lock { alloc_id, chunk } | Request::Unlock { alloc_id, chunk } => {
                 w.u64(*alloc_id).u64(*chunk);
             }
-            Request::Rebalance { region_id, offset, len, node } => {
+            Request::Rebalance {
+                region_id,
+                offset,
+                len,
+                node,
+            } => {
                 w.u64(*region_id).u64(*offset).u64(*len).u32(*node).u32(0);
             }
             Request::Stats => {}
+            Request::Uffd { alloc_id, ranges } => {
+                w.u64(*alloc_id)
+                    .u32(u32::try_from(ranges.len()).unwrap_or(u32::MAX))
+                    .u32(0);
+                for r in ranges {
+                    w.u64(r.region_id).u64(r.offset).u64(r.vmm_addr).u64(r.len);
+                }
+            }
         }
         w.0
     }
@@ -330,9 +411,17 @@ impl Request {
                 features: r.u64("features")?,
             },
             Code::Alloc => Request::Alloc(decode_alloc(&mut r)?),
-            Code::Free => Request::Free { alloc_id: r.u64("alloc_id")? },
-            Code::Lock => Request::Lock { alloc_id: r.u64("alloc_id")?, chunk: r.u64("chunk")? },
-            Code::Unlock => Request::Unlock { alloc_id: r.u64("alloc_id")?, chunk: r.u64("chunk")? },
+            Code::Free => Request::Free {
+                alloc_id: r.u64("alloc_id")?,
+            },
+            Code::Lock => Request::Lock {
+                alloc_id: r.u64("alloc_id")?,
+                chunk: r.u64("chunk")?,
+            },
+            Code::Unlock => Request::Unlock {
+                alloc_id: r.u64("alloc_id")?,
+                chunk: r.u64("chunk")?,
+            },
             Code::Rebalance => {
                 let req = Request::Rebalance {
                     region_id: r.u64("region_id")?,
@@ -346,6 +435,7 @@ impl Request {
                 req
             }
             Code::Stats => Request::Stats,
+            Code::Uffd => decode_uffd(&mut r)?,
         };
         r.finish()?;
         Ok(req)
@@ -371,9 +461,14 @@ fn decode_alloc(r: &mut Reader<'_>) -> Result<AllocRequest, ProtoError> {
         1 => true,
         v => return Err(bad(format!("lock must be 0 or 1, got {v}"))),
     };
-    if r.u8("reserved")? != 0 {
-        return Err(bad("reserved field must be zero"));
+    let flags = r.u8("flags")?;
+    if flags & !ALLOC_FLAG_PATHS != 0 {
+        return Err(bad(format!(
+            "undefined ALLOC flag bits {:#x}",
+            flags & !ALLOC_FLAG_PATHS
+        )));
     }
+    let want_paths = flags & ALLOC_FLAG_PATHS != 0;
     let n_parts = r.u32("n_parts")? as usize;
     r.check_records(n_parts, 16, MAX_REGIONS, "parts")?;
     if total_size == 0 {
@@ -390,18 +485,90 @@ fn decode_alloc(r: &mut Reader<'_>) -> Result<AllocRequest, ProtoError> {
         if size == 0 {
             return Err(bad("part sizes must be non-zero"));
         }
-        sum = sum.checked_add(size).ok_or_else(|| bad("part sizes overflow"))?;
+        sum = sum
+            .checked_add(size)
+            .ok_or_else(|| bad("part sizes overflow"))?;
         parts.push(AllocPart { node, size });
     }
     if !parts.is_empty() && sum != total_size {
-        return Err(bad(format!("parts add up to {sum} bytes, total_size is {total_size}")));
+        return Err(bad(format!(
+            "parts add up to {sum} bytes, total_size is {total_size}"
+        )));
     }
-    let mut nodes: Vec<u32> = parts.iter().map(|p| p.node).filter(|n| *n != ANY_NODE).collect();
+    let mut nodes: Vec<u32> = parts
+        .iter()
+        .map(|p| p.node)
+        .filter(|n| *n != ANY_NODE)
+        .collect();
     nodes.sort_unstable();
     if nodes.windows(2).any(|w| w[0] == w[1]) {
         return Err(bad("a node appears in more than one part"));
     }
-    Ok(AllocRequest { total_size, page_policy, clear_mode, lock, parts })
+    Ok(AllocRequest {
+        total_size,
+        page_policy,
+        clear_mode,
+        lock,
+        parts,
+        want_paths,
+    })
+}
+
+fn decode_uffd(r: &mut Reader<'_>) -> Result<Request, ProtoError> {
+    let alloc_id = r.u64("alloc_id")?;
+    let n = r.u32("n_ranges")? as usize;
+    if r.u32("reserved")? != 0 {
+        return Err(bad("reserved field must be zero"));
+    }
+    if n == 0 {
+        return Err(bad("UFFD needs at least one range"));
+    }
+    r.check_records(n, 32, MAX_REGIONS, "ranges")?;
+    let mut ranges = Vec::with_capacity(n);
+    for _ in 0..n {
+        let range = UffdRange {
+            region_id: r.u64("range.region_id")?,
+            offset: r.u64("range.offset")?,
+            vmm_addr: r.u64("range.vmm_addr")?,
+            len: r.u64("range.len")?,
+        };
+        if range.len == 0 {
+            return Err(bad("range lengths must be non-zero"));
+        }
+        if range.vmm_addr.checked_add(range.len).is_none()
+            || range.offset.checked_add(range.len).is_none()
+        {
+            return Err(bad("a range wraps around"));
+        }
+        ranges.push(range);
+    }
+    let mut by_addr: Vec<&UffdRange> = ranges.iter().collect();
+    by_addr.sort_unstable_by_key(|r| r.vmm_addr);
+    // Both ends were checked not to wrap above.
+    if by_addr
+        .windows(2)
+        .any(|w| w[0].vmm_addr + w[0].len > w[1].vmm_addr)
+    {
+        return Err(bad("VMM ranges overlap"));
+    }
+    Ok(Request::Uffd { alloc_id, ranges })
+}
+
+/// One path record: `u32 len` (1..=[`MAX_PATH`]) and that many bytes of
+/// UTF-8 with no NUL, starting with `/`.
+fn decode_path(r: &mut Reader<'_>) -> Result<String, ProtoError> {
+    let len = r.u32("path_len")? as usize;
+    if len == 0 || len > MAX_PATH {
+        return Err(bad(format!(
+            "path of {len} bytes, expected 1 to {MAX_PATH}"
+        )));
+    }
+    let bytes = r.take(len, "path")?;
+    let path = std::str::from_utf8(bytes).map_err(|_| bad("path is not UTF-8"))?;
+    if !path.starts_with('/') || path.contains('\0') {
+        return Err(bad("path must be absolute and contain no NUL byte"));
+    }
+    Ok(path.to_string())
 }
 
 impl Reply {
@@ -410,7 +577,9 @@ impl Reply {
         let mut w = Writer::default();
         let msg = self.message.as_bytes();
         let msg = &msg[..msg.len().min(MAX_MESSAGE)];
-        w.u32(self.status as u32).u32(u32::try_from(msg.len()).unwrap_or(0)).bytes(msg);
+        w.u32(self.status as u32)
+            .u32(u32::try_from(msg.len()).unwrap_or(0))
+            .bytes(msg);
         if self.status != Status::Ok {
             return w.0;
         }
@@ -418,20 +587,46 @@ impl Reply {
             ReplyBody::Handshake { version, features } => {
                 w.u32(*version).u32(0).u64(*features);
             }
-            ReplyBody::Alloc { alloc_id, regions } => {
-                w.u64(*alloc_id).u32(u32::try_from(regions.len()).unwrap_or(u32::MAX)).u32(0);
+            ReplyBody::Alloc {
+                alloc_id,
+                regions,
+                paths,
+            } => {
+                let flags = if paths.is_empty() {
+                    0
+                } else {
+                    ALLOC_REPLY_FLAG_PATHS
+                };
+                w.u64(*alloc_id)
+                    .u32(u32::try_from(regions.len()).unwrap_or(u32::MAX))
+                    .u32(flags);
                 for g in regions {
-                    w.u64(g.region_id).u64(g.guest_phys).u64(g.size).u64(g.page_size).u32(g.node).u32(g.flags);
+                    w.u64(g.region_id)
+                        .u64(g.guest_phys)
+                        .u64(g.size)
+                        .u64(g.page_size)
+                        .u32(g.node)
+                        .u32(g.flags);
+                }
+                // The decoder insists on one path per region; a mismatch here
+                // is a daemon bug that the client reports as a protocol error.
+                for p in paths {
+                    w.u32(u32::try_from(p.len()).unwrap_or(u32::MAX))
+                        .bytes(p.as_bytes());
                 }
             }
             ReplyBody::Lock { bytes, micros } => {
                 w.u64(*bytes).u64(*micros);
             }
-            ReplyBody::Rebalance { pages_moved, pages_failed } => {
+            ReplyBody::Rebalance {
+                pages_moved,
+                pages_failed,
+            } => {
                 w.u64(*pages_moved).u64(*pages_failed);
             }
             ReplyBody::Stats { json } => {
-                w.u32(u32::try_from(json.len()).unwrap_or(u32::MAX)).bytes(json.as_bytes());
+                w.u32(u32::try_from(json.len()).unwrap_or(u32::MAX))
+                    .bytes(json.as_bytes());
             }
             ReplyBody::Empty => {}
         }
@@ -448,23 +643,38 @@ impl Reply {
         let status = Status::from_u32(raw).ok_or(ProtoError::UnknownStatus(raw))?;
         let msg_len = r.u32("message_len")? as usize;
         if msg_len > MAX_MESSAGE {
-            return Err(bad(format!("message of {msg_len} bytes, at most {MAX_MESSAGE}")));
+            return Err(bad(format!(
+                "message of {msg_len} bytes, at most {MAX_MESSAGE}"
+            )));
         }
         let message = String::from_utf8_lossy(r.take(msg_len, "message")?).into_owned();
         if status != Status::Ok {
             r.finish()?;
-            return Ok(Reply { status, message, body: ReplyBody::Empty });
+            return Ok(Reply {
+                status,
+                message,
+                body: ReplyBody::Empty,
+            });
         }
         let body = match code {
             Code::Handshake => {
                 let version = r.u32("version")?;
                 r.u32("reserved")?;
-                ReplyBody::Handshake { version, features: r.u64("features")? }
+                ReplyBody::Handshake {
+                    version,
+                    features: r.u64("features")?,
+                }
             }
             Code::Alloc => {
                 let alloc_id = r.u64("alloc_id")?;
                 let n = r.u32("n_regions")? as usize;
-                r.u32("reserved")?;
+                let flags = r.u32("flags")?;
+                if flags & !ALLOC_REPLY_FLAG_PATHS != 0 {
+                    return Err(bad(format!(
+                        "undefined ALLOC reply flag bits {:#x}",
+                        flags & !ALLOC_REPLY_FLAG_PATHS
+                    )));
+                }
                 r.check_records(n, 40, MAX_REGIONS, "regions")?;
                 let mut regions = Vec::with_capacity(n);
                 for _ in 0..n {
@@ -477,25 +687,52 @@ impl Reply {
                         flags: r.u32("flags")?,
                     });
                 }
-                ReplyBody::Alloc { alloc_id, regions }
+                let mut paths = Vec::new();
+                if flags & ALLOC_REPLY_FLAG_PATHS != 0 {
+                    // Each record is at least its 4-byte length.
+                    r.check_records(n, 4, MAX_REGIONS, "paths")?;
+                    paths.reserve(n);
+                    for _ in 0..n {
+                        paths.push(decode_path(&mut r)?);
+                    }
+                }
+                ReplyBody::Alloc {
+                    alloc_id,
+                    regions,
+                    paths,
+                }
             }
-            Code::Lock | Code::Unlock => ReplyBody::Lock { bytes: r.u64("bytes")?, micros: r.u64("micros")? },
-            Code::Rebalance => ReplyBody::Rebalance { pages_moved: r.u64("pages_moved")?, pages_failed: r.u64("pages_failed")? },
+            Code::Lock | Code::Unlock => ReplyBody::Lock {
+                bytes: r.u64("bytes")?,
+                micros: r.u64("micros")?,
+            },
+            Code::Rebalance => ReplyBody::Rebalance {
+                pages_moved: r.u64("pages_moved")?,
+                pages_failed: r.u64("pages_failed")?,
+            },
             Code::Stats => {
                 let n = r.u32("json_len")? as usize;
-                let json = std::str::from_utf8(r.take(n, "json")?).map_err(|_| bad("STATS json is not UTF-8"))?;
-                ReplyBody::Stats { json: json.to_string() }
+                let json = std::str::from_utf8(r.take(n, "json")?)
+                    .map_err(|_| bad("STATS json is not UTF-8"))?;
+                ReplyBody::Stats {
+                    json: json.to_string(),
+                }
             }
-            Code::Free => ReplyBody::Empty,
+            Code::Free | Code::Uffd => ReplyBody::Empty,
         };
         r.finish()?;
-        Ok(Reply { status, message, body })
+        Ok(Reply {
+            status,
+            message,
+            body,
+        })
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::proto::MAX_PATH;
 
     fn alloc() -> AllocRequest {
         AllocRequest {
@@ -503,20 +740,50 @@ mod tests {
             page_policy: PagePolicy::Best,
             clear_mode: ClearMode::Eager,
             lock: true,
-            parts: vec![AllocPart { node: 0, size: 2 << 30 }, AllocPart { node: 1, size: 2 << 30 }],
+            parts: vec![
+                AllocPart {
+                    node: 0,
+                    size: 2 << 30,
+                },
+                AllocPart {
+                    node: 1,
+                    size: 2 << 30,
+                },
+            ],
+            want_paths: false,
         }
     }
 
     #[test]
     fn requests_round_trip() {
         let all = [
-            Request::Handshake { min_version: 1, max_version: 1, features: 3 },
+            Request::Handshake {
+                min_version: 1,
+                max_version: 1,
+                features: 3,
+            },
             Request::Alloc(alloc()),
+            Request::Alloc(AllocRequest {
+                want_paths: true,
+                ..alloc()
+            }),
             Request::Free { alloc_id: 9 },
-            Request::Lock { alloc_id: 9, chunk: 8 << 20 },
-            Request::Unlock { alloc_id: 9, chunk: 0 },
-            Request::Rebalance { region_id: 2, offset: 0, len: 1 << 30, node: 1 },
+            Request::Lock {
+                alloc_id: 9,
+                chunk: 8 << 20,
+            },
+            Request::Unlock {
+                alloc_id: 9,
+                chunk: 0,
+            },
+            Request::Rebalance {
+                region_id: 2,
+                offset: 0,
+                len: 1 << 30,
+                node: 1,
+            },
             Request::Stats,
+            uffd_request(),
         ];
         for req in all {
             let bytes = req.encode();
@@ -526,15 +793,71 @@ mod tests {
 
     #[test]
     fn replies_round_trip() {
-        let region = RegionInfo { region_id: 1, guest_phys: 0, size: 1 << 30, page_size: 1 << 30, node: 0, flags: RegionInfo::FLAG_CLEAN };
+        let region = RegionInfo {
+            region_id: 1,
+            guest_phys: 0,
+            size: 1 << 30,
+            page_size: 1 << 30,
+            node: 0,
+            flags: RegionInfo::FLAG_CLEAN,
+        };
         let all = [
-            (Code::Handshake, Reply::ok(ReplyBody::Handshake { version: 1, features: 1 })),
-            (Code::Alloc, Reply::ok(ReplyBody::Alloc { alloc_id: 5, regions: vec![region, region] })),
+            (
+                Code::Handshake,
+                Reply::ok(ReplyBody::Handshake {
+                    version: 1,
+                    features: 1,
+                }),
+            ),
+            (
+                Code::Alloc,
+                Reply::ok(ReplyBody::Alloc {
+                    alloc_id: 5,
+                    regions: vec![region, region],
+                    paths: vec![],
+                }),
+            ),
+            (
+                Code::Alloc,
+                Reply::ok(ReplyBody::Alloc {
+                    alloc_id: 5,
+                    regions: vec![region, region],
+                    paths: vec![
+                        "/dev/hugepages-1G/vm.1.0".into(),
+                        "/dev/hugepages-1G/vm.1.1".into(),
+                    ],
+                }),
+            ),
             (Code::Free, Reply::ok(ReplyBody::Empty)),
-            (Code::Lock, Reply::ok(ReplyBody::Lock { bytes: 10, micros: 20 })),
-            (Code::Rebalance, Reply::ok(ReplyBody::Rebalance { pages_moved: 3, pages_failed: 1 })),
-            (Code::Stats, Reply::ok(ReplyBody::Stats { json: "{\"a\":1}".into() })),
-            (Code::Alloc, Reply::error(Status::NoMemory, "node 0 has 1 free 1G page, 4 needed")),
+            (
+                Code::Lock,
+                Reply::ok(ReplyBody::Lock {
+                    bytes: 10,
+                    micros: 20,
+                }),
+            ),
+            (
+                Code::Rebalance,
+                Reply::ok(ReplyBody::Rebalance {
+                    pages_moved: 3,
+                    pages_failed: 1,
+                }),
+            ),
+            (
+                Code::Stats,
+                Reply::ok(ReplyBody::Stats {
+                    json: "{\"a\":1}".into(),
+                }),
+            ),
+            (Code::Uffd, Reply::ok(ReplyBody::Empty)),
+            (
+                Code::Uffd,
+                Reply::error(Status::Invalid, "range 1 runs past region 12"),
+            ),
+            (
+                Code::Alloc,
+                Reply::error(Status::NoMemory, "node 0 has 1 free 1G page, 4 needed"),
+            ),
         ];
         for (code, reply) in all {
             assert_eq!(Reply::decode(code, &reply.encode()).expect("decode"), reply);
@@ -546,16 +869,25 @@ mod tests {
         let good = Request::Alloc(alloc()).encode();
         // Truncated anywhere: an error, never a panic.
         for cut in 0..good.len() {
-            assert!(Request::decode(Code::Alloc, &good[..cut]).is_err(), "cut at {cut}");
+            assert!(
+                Request::decode(Code::Alloc, &good[..cut]).is_err(),
+                "cut at {cut}"
+            );
         }
         // Trailing bytes.
         let mut long = good.clone();
         long.push(0);
-        assert!(matches!(Request::decode(Code::Alloc, &long), Err(ProtoError::TrailingBytes(1))));
+        assert!(matches!(
+            Request::decode(Code::Alloc, &long),
+            Err(ProtoError::TrailingBytes(1))
+        ));
         // A huge part count is refused from the count alone.
         let mut huge = good.clone();
         huge[12..16].copy_from_slice(&u32::MAX.to_le_bytes());
-        assert!(matches!(Request::decode(Code::Alloc, &huge), Err(ProtoError::OutOfBounds(_))));
+        assert!(matches!(
+            Request::decode(Code::Alloc, &huge),
+            Err(ProtoError::OutOfBounds(_))
+        ));
         // Parts that do not add up.
         let mut a = alloc();
         a.total_size += 1;
@@ -573,9 +905,195 @@ mod tests {
     }
 
     #[test]
+    fn alloc_flags_are_checked() {
+        let mut bytes = Request::Alloc(alloc()).encode();
+        bytes[11] = ALLOC_FLAG_PATHS;
+        assert!(
+            matches!(Request::decode(Code::Alloc, &bytes), Ok(Request::Alloc(a)) if a.want_paths)
+        );
+        bytes[11] = 2;
+        assert!(matches!(
+            Request::decode(Code::Alloc, &bytes),
+            Err(ProtoError::OutOfBounds(_))
+        ));
+    }
+
+    fn paths_reply(paths: Vec<String>) -> Vec<u8> {
+        let region = RegionInfo {
+            region_id: 1,
+            guest_phys: 0,
+            size: 1 << 30,
+            page_size: 1 << 30,
+            node: 0,
+            flags: 1,
+        };
+        Reply::ok(ReplyBody::Alloc {
+            alloc_id: 1,
+            regions: vec![region],
+            paths,
+        })
+        .encode()
+    }
+
+    #[test]
+    fn alloc_reply_paths_are_checked() {
+        let good = paths_reply(vec!["/dev/hugepages-1G/a".into()]);
+        assert!(Reply::decode(Code::Alloc, &good).is_ok());
+        // Truncated anywhere in the path records: an error, never a panic.
+        for cut in 0..good.len() {
+            assert!(
+                Reply::decode(Code::Alloc, &good[..cut]).is_err(),
+                "cut at {cut}"
+            );
+        }
+        let mut long = good.clone();
+        long.push(b'x');
+        assert!(matches!(
+            Reply::decode(Code::Alloc, &long),
+            Err(ProtoError::TrailingBytes(1))
+        ));
+        // Undefined reply flag bits.
+        let mut bytes = good.clone();
+        bytes[8 + 12] = 2;
+        assert!(Reply::decode(Code::Alloc, &bytes).is_err());
+        // Relative, NUL, too long, empty, not UTF-8.
+        for bad_path in [
+            "dev/x".to_string(),
+            "/a\0b".to_string(),
+            format!("/{}", "a".repeat(MAX_PATH)),
+            String::new(),
+        ] {
+            assert!(
+                Reply::decode(Code::Alloc, &paths_reply(vec![bad_path.clone()])).is_err(),
+                "{bad_path:?}"
+            );
+        }
+        let mut bytes = good;
+        let last = bytes.len() - 1;
+        bytes[last] = 0xff;
+        assert!(Reply::decode(Code::Alloc, &bytes).is_err());
+        // A huge path length is refused from the length alone.
+        let mut bytes = paths_reply(vec!["/x".into()]);
+        let at = bytes.len() - 2 - 4;
+        bytes[at..at + 4].copy_from_slice(&u32::MAX.to_le_bytes());
+        assert!(matches!(
+            Reply::decode(Code::Alloc, &bytes),
+            Err(ProtoError::OutOfBounds(_))
+        ));
+    }
+
+    #[test]
     fn long_error_messages_are_cut_on_a_char_boundary() {
         let r = Reply::error(Status::Internal, "é".repeat(MAX_MESSAGE));
         assert!(r.message.len() <= MAX_MESSAGE);
-        assert_eq!(Reply::decode(Code::Free, &r.encode()).expect("decode").message, r.message);
+        assert_eq!(
+            Reply::decode(Code::Free, &r.encode())
+                .expect("decode")
+                .message,
+            r.message
+        );
+    }
+
+    fn uffd_request() -> Request {
+        Request::Uffd {
+            alloc_id: 7,
+            ranges: vec![
+                UffdRange {
+                    region_id: 11,
+                    offset: 0,
+                    vmm_addr: 0x7f00_0000_0000,
+                    len: 3 << 30,
+                },
+                UffdRange {
+                    region_id: 11,
+                    offset: 3 << 30,
+                    vmm_addr: 0x7f01_0000_0000,
+                    len: 1 << 30,
+                },
+                UffdRange {
+                    region_id: 12,
+                    offset: 0,
+                    vmm_addr: 0x7e00_0000_0000,
+                    len: 2 << 20,
+                },
+            ],
+        }
+    }
+
+    #[test]
+    fn uffd_request_layout_and_fd_count() {
+        let req = uffd_request();
+        let bytes = req.encode();
+        assert_eq!(bytes.len(), 16 + 3 * 32);
+        assert_eq!(&bytes[0..8], &7u64.to_le_bytes());
+        assert_eq!(&bytes[8..12], &3u32.to_le_bytes());
+        assert_eq!(&bytes[16..24], &11u64.to_le_bytes());
+        assert_eq!(&bytes[32..40], &0x7f00_0000_0000u64.to_le_bytes());
+        assert_eq!(req.code(), Code::Uffd);
+        assert_eq!(req.expected_fds(), 1);
+        assert_eq!(Request::Stats.expected_fds(), 0);
+        assert_eq!(Request::Free { alloc_id: 1 }.expected_fds(), 0);
+    }
+
+    #[test]
+    fn malformed_uffd_is_refused() {
+        let good = uffd_request().encode();
+        for cut in 0..good.len() {
+            assert!(
+                Request::decode(Code::Uffd, &good[..cut]).is_err(),
+                "cut at {cut}"
+            );
+        }
+        let mut long = good.clone();
+        long.push(0);
+        assert!(matches!(
+            Request::decode(Code::Uffd, &long),
+            Err(ProtoError::TrailingBytes(1))
+        ));
+        // A huge count is refused from the count alone, before allocating.
+        let mut huge = good.clone();
+        huge[8..12].copy_from_slice(&u32::MAX.to_le_bytes());
+        assert!(matches!(
+            Request::decode(Code::Uffd, &huge),
+            Err(ProtoError::OutOfBounds(_))
+        ));
+        let mut over = good.clone();
+        over[8..12].copy_from_slice(&(MAX_REGIONS as u32 + 1).to_le_bytes());
+        assert!(matches!(
+            Request::decode(Code::Uffd, &over),
+            Err(ProtoError::OutOfBounds(_))
+        ));
+        // No ranges, reserved bits, zero length, wrapping, overlap.
+        let none = Request::Uffd {
+            alloc_id: 1,
+            ranges: vec![],
+        }
+        .encode();
+        assert!(Request::decode(Code::Uffd, &none).is_err());
+        let mut reserved = good.clone();
+        reserved[12] = 1;
+        assert!(Request::decode(Code::Uffd, &reserved).is_err());
+        let with = |f: &dyn Fn(&mut UffdRange)| {
+            let Request::Uffd {
+                alloc_id,
+                mut ranges,
+            } = uffd_request()
+            else {
+                unreachable!()
+            };
+            f(&mut ranges[1]);
+            Request::decode(Code::Uffd, &Request::Uffd { alloc_id, ranges }.encode())
+        };
+        assert!(with(&|r| r.len = 0).is_err());
+        assert!(with(&|r| r.vmm_addr = u64::MAX - 4096).is_err());
+        assert!(with(&|r| r.offset = u64::MAX).is_err());
+        assert!(
+            with(&|r| r.vmm_addr = 0x7f00_0000_0000 + (1 << 30)).is_err(),
+            "overlaps range 0"
+        );
+        assert!(
+            with(&|r| r.vmm_addr = 0x7f00_0000_0000 + (3 << 30)).is_ok(),
+            "adjacent is fine"
+        );
     }
 }

@@ -12,10 +12,14 @@
 //! payloads are checked against the payload length and the protocol limits
 //! before anything is allocated, and trailing bytes are an error.
 
+pub mod async_io;
 pub mod messages;
 pub mod socket;
 
-pub use messages::{AllocPart, AllocRequest, ClearMode, PagePolicy, RegionInfo, Reply, ReplyBody, Request};
+pub use messages::{
+    AllocPart, AllocRequest, ClearMode, PagePolicy, RegionInfo, Reply, ReplyBody, Request,
+    UffdRange, ALLOC_FLAG_PATHS, ALLOC_REPLY_FLAG_PATHS,
+};
 pub use socket::{recv_message, send_message, Frame};
 
 /// The protocol version this build speaks.
@@ -30,6 +34,10 @@ pub const MAX_FDS: usize = 64;
 pub const MAX_REGIONS: usize = 64;
 /// Longest error message carried in a reply.
 pub const MAX_MESSAGE: usize = 4096;
+/// Longest hugetlbfs path in an ALLOC reply, in bytes: 64 of them plus the
+/// region table and a maximal message still fit in [`MAX_PAYLOAD`].
+pub const MAX_PATH: usize = 512;
+const _: () = assert!(8 + MAX_MESSAGE + 16 + MAX_REGIONS * (40 + 4 + MAX_PATH) <= MAX_PAYLOAD);
 /// Node id meaning "any node" in an ALLOC part.
 pub const ANY_NODE: u32 = u32::MAX;
 
@@ -65,6 +73,9 @@ pub enum Code {
     Rebalance = 6,
     /// Pool and session statistics.
     Stats = 7,
+    /// Lazy mode: hand the daemon a userfaultfd registered over the VMM's
+    /// mappings of an allocation (one fd).
+    Uffd = 8,
 }
 
 impl Code {
@@ -78,6 +89,7 @@ impl Code {
             5 => Code::Unlock,
             6 => Code::Rebalance,
             7 => Code::Stats,
+            8 => Code::Uffd,
             _ => return None,
         })
     }
@@ -189,12 +201,22 @@ pub struct Header {
 impl Header {
     /// A request header.
     pub fn request(code: Code, id: u32, size: usize) -> Result<Self, ProtoError> {
-        Ok(Self { code, flags: PROTOCOL_VERSION | FLAG_NEED_REPLY, size: checked_size(size)?, id })
+        Ok(Self {
+            code,
+            flags: PROTOCOL_VERSION | FLAG_NEED_REPLY,
+            size: checked_size(size)?,
+            id,
+        })
     }
 
     /// The reply header for request `req`.
     pub fn reply_to(req: &Header, size: usize) -> Result<Self, ProtoError> {
-        Ok(Self { code: req.code, flags: PROTOCOL_VERSION | FLAG_REPLY, size: checked_size(size)?, id: req.id })
+        Ok(Self {
+            code: req.code,
+            flags: PROTOCOL_VERSION | FLAG_REPLY,
+            size: checked_size(size)?,
+            id: req.id,
+        })
     }
 
     /// True for replies.
@@ -225,7 +247,12 @@ impl Header {
             return Err(ProtoError::BadVersion(version));
         }
         checked_size(size as usize)?;
-        Ok(Self { code, flags, size, id })
+        Ok(Self {
+            code,
+            flags,
+            size,
+            id,
+        })
     }
 }
 
@@ -255,7 +282,10 @@ mod tests {
         let good = Header::request(Code::Stats, 1, 0).expect("header").encode();
         let mut b = good;
         b[0] = 99;
-        assert!(matches!(Header::decode(&b), Err(ProtoError::UnknownCode(99))));
+        assert!(matches!(
+            Header::decode(&b),
+            Err(ProtoError::UnknownCode(99))
+        ));
         let mut b = good;
         b[4] = 2;
         assert!(matches!(Header::decode(&b), Err(ProtoError::BadVersion(2))));
@@ -264,7 +294,10 @@ mod tests {
         assert!(matches!(Header::decode(&b), Err(ProtoError::BadFlags(_))));
         let mut b = good;
         b[8..12].copy_from_slice(&(MAX_PAYLOAD as u32 + 1).to_le_bytes());
-        assert!(matches!(Header::decode(&b), Err(ProtoError::PayloadTooLarge(_))));
+        assert!(matches!(
+            Header::decode(&b),
+            Err(ProtoError::PayloadTooLarge(_))
+        ));
         assert!(Header::request(Code::Stats, 1, MAX_PAYLOAD + 1).is_err());
     }
 }

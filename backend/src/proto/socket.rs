@@ -25,14 +25,25 @@ pub struct Frame {
 }
 
 /// Sends `bytes` with `fds` attached to the first byte; loops on short writes.
-pub fn send_all(sock: BorrowedFd<'_>, bytes: &[u8], fds: &[BorrowedFd<'_>]) -> Result<(), ProtoError> {
+pub fn send_all(
+    sock: BorrowedFd<'_>,
+    bytes: &[u8],
+    fds: &[BorrowedFd<'_>],
+) -> Result<(), ProtoError> {
     if fds.len() > MAX_FDS {
-        return Err(ProtoError::TooManyFds { got: fds.len(), max: MAX_FDS });
+        return Err(ProtoError::TooManyFds {
+            got: fds.len(),
+            max: MAX_FDS,
+        });
     }
     let raw: Vec<RawFd> = fds.iter().map(|f| f.as_raw_fd()).collect();
     let mut sent = 0;
     while sent < bytes.len() {
-        let cmsgs: &[ControlMessage<'_>] = if sent == 0 && !raw.is_empty() { &[ControlMessage::ScmRights(&raw)] } else { &[] };
+        let cmsgs: &[ControlMessage<'_>] = if sent == 0 && !raw.is_empty() {
+            &[ControlMessage::ScmRights(&raw)]
+        } else {
+            &[]
+        };
         let iov = [IoSlice::new(&bytes[sent..])];
         match sendmsg::<()>(sock.as_raw_fd(), &iov, cmsgs, MsgFlags::MSG_NOSIGNAL, None) {
             Ok(0) => return Err(ProtoError::UnexpectedEof),
@@ -46,7 +57,12 @@ pub fn send_all(sock: BorrowedFd<'_>, bytes: &[u8], fds: &[BorrowedFd<'_>]) -> R
 
 /// One `recvmsg` into `buf`; received fds are appended to `fds` as `OwnedFd`.
 /// Returns the byte count (0 = the peer closed). `nonblocking` adds `MSG_DONTWAIT`.
-pub fn recv_some(sock: BorrowedFd<'_>, buf: &mut [u8], fds: &mut Vec<OwnedFd>, nonblocking: bool) -> Result<usize, ProtoError> {
+pub fn recv_some(
+    sock: BorrowedFd<'_>,
+    buf: &mut [u8],
+    fds: &mut Vec<OwnedFd>,
+    nonblocking: bool,
+) -> Result<usize, ProtoError> {
     let mut cmsg = nix::cmsg_space!([RawFd; MAX_FDS]);
     let mut flags = MsgFlags::MSG_CMSG_CLOEXEC;
     if nonblocking {
@@ -71,13 +87,21 @@ pub fn recv_some(sock: BorrowedFd<'_>, buf: &mut [u8], fds: &mut Vec<OwnedFd>, n
         }
     }
     if truncated || fds.len() > MAX_FDS {
-        return Err(ProtoError::TooManyFds { got: fds.len().max(MAX_FDS + 1), max: MAX_FDS });
+        return Err(ProtoError::TooManyFds {
+            got: fds.len().max(MAX_FDS + 1),
+            max: MAX_FDS,
+        });
     }
     Ok(bytes)
 }
 
 /// Sends one message (blocking socket).
-pub fn send_message(sock: &impl AsFd, header: &Header, payload: &[u8], fds: &[BorrowedFd<'_>]) -> Result<(), ProtoError> {
+pub fn send_message(
+    sock: &impl AsFd,
+    header: &Header,
+    payload: &[u8],
+    fds: &[BorrowedFd<'_>],
+) -> Result<(), ProtoError> {
     let mut bytes = Vec::with_capacity(HEADER_SIZE + payload.len());
     bytes.extend_from_slice(&header.encode());
     bytes.extend_from_slice(payload);
@@ -107,7 +131,11 @@ pub fn recv_message(sock: &impl AsFd) -> Result<Frame, ProtoError> {
             n => got += n,
         }
     }
-    Ok(Frame { header, payload, fds })
+    Ok(Frame {
+        header,
+        payload,
+        fds,
+    })
 }
 
 #[cfg(test)]
@@ -127,7 +155,10 @@ mod tests {
         send_message(&a, &header, &payload, &[file.as_fd()]).expect("send");
         let frame = recv_message(&b).expect("recv");
         assert_eq!(frame.header, header);
-        assert_eq!(Request::decode(Code::Free, &frame.payload).expect("decode"), req);
+        assert_eq!(
+            Request::decode(Code::Free, &frame.payload).expect("decode"),
+            req
+        );
         assert_eq!(frame.fds.len(), 1);
     }
 
@@ -150,7 +181,10 @@ mod tests {
         let mut bytes = Header::request(Code::Free, 1, 8).expect("header").encode();
         bytes[8..12].copy_from_slice(&u32::MAX.to_le_bytes());
         a.write_all(&bytes).expect("write");
-        assert!(matches!(recv_message(&b), Err(ProtoError::PayloadTooLarge(_))));
+        assert!(matches!(
+            recv_message(&b),
+            Err(ProtoError::PayloadTooLarge(_))
+        ));
     }
 
     fn tempfile_fd() -> OwnedFd {

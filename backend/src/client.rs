@@ -1,0 +1,283 @@
+//! A blocking client for the hugemem daemon: `connect → handshake → alloc`.
+//!
+//! Used by `hugemem launch`, `hugemem demo`, the tests, and rust-vmm VMMs:
+//! `Client::connect → alloc →` [`Allocation::guest_memory`] gives a
+//! `vm-memory` `GuestMemoryMmap` (see [`crate::guest_memory`]);
+//! [`Allocation::into_parts`] gives the raw fds to a VMM that maps them itself.
+
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::net::UnixStream;
+use std::path::Path;
+use std::time::Duration;
+
+use crate::proto::{
+    recv_message, send_message, AllocRequest, Code, Header, ProtoError, RegionInfo, Reply,
+    ReplyBody, Request, Status, FEATURE_LAZY, FEATURE_REBALANCE, PROTOCOL_VERSION,
+};
+
+/// Errors talking to the daemon.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// The socket could not be reached.
+    #[error("cannot connect to the hugemem daemon at {path}")]
+    Connect {
+        /// Socket path.
+        path: String,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A transport or decoding error.
+    #[error("protocol error")]
+    Proto(#[from] ProtoError),
+    /// The daemon refused the request; `message` says why.
+    #[error("the daemon refused the request ({status:?}): {message}")]
+    Refused {
+        /// Status.
+        status: Status,
+        /// The daemon's reason.
+        message: String,
+    },
+    /// The reply did not match the request.
+    #[error("unexpected reply: {0}")]
+    Unexpected(String),
+}
+
+/// An allocation: region table and one memfd per region.
+#[derive(Debug)]
+pub struct Allocation {
+    /// Allocation id (for FREE, LOCK, UNLOCK).
+    pub id: u64,
+    /// Regions, in guest-physical order.
+    pub regions: Vec<RegionInfo>,
+    /// The regions' memfds (or hugetlbfs files), same order.
+    pub fds: Vec<OwnedFd>,
+    /// Empty, or (for an ALLOC with `want_paths`) each region's hugetlbfs
+    /// file path, same order.
+    pub paths: Vec<String>,
+}
+
+impl Allocation {
+    /// Total bytes.
+    pub fn size(&self) -> u64 {
+        self.regions.iter().map(|r| r.size).sum()
+    }
+
+    /// Maps every region into this process as a rust-vmm guest memory, each
+    /// at its `guest_phys` (`MAP_SHARED`, read-write, no `MAP_NORESERVE`).
+    /// The mappings hold their own duplicates of the fds; this allocation
+    /// can be dropped afterwards.
+    ///
+    /// # Errors
+    ///
+    /// See [`crate::guest_memory::GuestMemoryError`].
+    pub fn guest_memory(
+        &self,
+    ) -> Result<guest_mem::vm_memory::GuestMemoryMmap, crate::guest_memory::GuestMemoryError> {
+        let fds: Vec<_> = self.fds.iter().map(AsFd::as_fd).collect();
+        crate::guest_memory::guest_memory_from_fds(&self.regions, &fds)
+    }
+
+    /// Region table and fds, for a VMM that maps them itself.
+    pub fn into_parts(self) -> (u64, Vec<(RegionInfo, OwnedFd)>) {
+        (self.id, self.regions.into_iter().zip(self.fds).collect())
+    }
+}
+
+/// A connection to the daemon, after the handshake.
+#[derive(Debug)]
+pub struct Client {
+    sock: UnixStream,
+    next_id: u32,
+    features: u64,
+}
+
+impl Client {
+    /// Connects and performs the handshake.
+    pub fn connect(path: &Path) -> Result<Self, ClientError> {
+        let sock = UnixStream::connect(path).map_err(|source| ClientError::Connect {
+            path: path.display().to_string(),
+            source,
+        })?;
+        Self::from_stream(sock)
+    }
+
+    /// Handshake over an already connected socket.
+    pub fn from_stream(sock: UnixStream) -> Result<Self, ClientError> {
+        let mut c = Self {
+            sock,
+            next_id: 1,
+            features: 0,
+        };
+        let wanted = FEATURE_LAZY | FEATURE_REBALANCE;
+        match c.call(&Request::Handshake {
+            min_version: PROTOCOL_VERSION,
+            max_version: PROTOCOL_VERSION,
+            features: wanted,
+        })? {
+            (ReplyBody::Handshake { features, .. }, _) => c.features = features,
+            (other, _) => return Err(ClientError::Unexpected(format!("{other:?} to HANDSHAKE"))),
+        }
+        Ok(c)
+    }
+
+    /// The connection's socket, e.g. to notice (`POLLRDHUP`) that the daemon
+    /// went away.
+    pub fn socket(&self) -> std::os::fd::BorrowedFd<'_> {
+        self.sock.as_fd()
+    }
+
+    /// Features both sides support.
+    pub fn features(&self) -> u64 {
+        self.features
+    }
+
+    /// Bounds every later call's wait for a reply.
+    pub fn set_timeout(&self, timeout: Option<Duration>) -> Result<(), ClientError> {
+        self.sock
+            .set_read_timeout(timeout)
+            .map_err(ProtoError::Io)?;
+        Ok(())
+    }
+
+    /// Sends one request and waits for its reply; fds that came with it are returned.
+    pub fn call(&mut self, req: &Request) -> Result<(ReplyBody, Vec<OwnedFd>), ClientError> {
+        self.call_with_fds(req, &[])
+    }
+
+    /// [`Client::call`] with fds attached to the request (UFFD carries one).
+    pub fn call_with_fds(
+        &mut self,
+        req: &Request,
+        fds: &[std::os::fd::BorrowedFd<'_>],
+    ) -> Result<(ReplyBody, Vec<OwnedFd>), ClientError> {
+        let id = self.next_id;
+        self.next_id = self.next_id.wrapping_add(1);
+        let payload = req.encode();
+        let header = Header::request(req.code(), id, payload.len())?;
+        send_message(&self.sock.as_fd(), &header, &payload, fds)?;
+        let frame = recv_message(&self.sock.as_fd())?;
+        if !frame.header.is_reply() || frame.header.id != id || frame.header.code != req.code() {
+            return Err(ClientError::Unexpected(format!(
+                "reply header {:?} for request {id}",
+                frame.header
+            )));
+        }
+        let reply = Reply::decode(frame.header.code, &frame.payload)?;
+        if reply.status != Status::Ok {
+            return Err(ClientError::Refused {
+                status: reply.status,
+                message: reply.message,
+            });
+        }
+        Ok((reply.body, frame.fds))
+    }
+
+    /// ALLOC: the region table and one fd per region.
+    pub fn alloc(&mut self, req: AllocRequest) -> Result<Allocation, ClientError> {
+        let req_paths = req.want_paths;
+        match self.call(&Request::Alloc(req))? {
+            (ReplyBody::Alloc { regions, paths, .. }, _)
+                if req_paths && paths.len() != regions.len() =>
+            {
+                Err(ClientError::Unexpected(format!(
+                    "{} regions but {} paths",
+                    regions.len(),
+                    paths.len()
+                )))
+            }
+            (
+                ReplyBody::Alloc {
+                    alloc_id,
+                    regions,
+                    paths,
+                },
+                fds,
+            ) if fds.len() == regions.len() => Ok(Allocation {
+                id: alloc_id,
+                regions,
+                fds,
+                paths,
+            }),
+            (ReplyBody::Alloc { regions, .. }, fds) => Err(ClientError::Unexpected(format!(
+                "{} regions but {} fds",
+                regions.len(),
+                fds.len()
+            ))),
+            (other, _) => Err(ClientError::Unexpected(format!("{other:?} to ALLOC"))),
+        }
+    }
+
+    /// FREE.
+    pub fn free(&mut self, alloc_id: u64) -> Result<(), ClientError> {
+        self.call(&Request::Free { alloc_id }).map(|_| ())
+    }
+
+    /// LOCK (batched in the daemon); returns bytes and microseconds.
+    pub fn lock(&mut self, alloc_id: u64, chunk: u64) -> Result<(u64, u64), ClientError> {
+        self.lock_call(Request::Lock { alloc_id, chunk })
+    }
+
+    /// UNLOCK; returns bytes and microseconds.
+    pub fn unlock(&mut self, alloc_id: u64, chunk: u64) -> Result<(u64, u64), ClientError> {
+        self.lock_call(Request::Unlock { alloc_id, chunk })
+    }
+
+    fn lock_call(&mut self, req: Request) -> Result<(u64, u64), ClientError> {
+        match self.call(&req)? {
+            (ReplyBody::Lock { bytes, micros }, _) => Ok((bytes, micros)),
+            (other, _) => Err(ClientError::Unexpected(format!(
+                "{other:?} to {:?}",
+                req.code()
+            ))),
+        }
+    }
+
+    /// REBALANCE; returns pages moved and pages that could not move.
+    pub fn rebalance(
+        &mut self,
+        region_id: u64,
+        offset: u64,
+        len: u64,
+        node: u32,
+    ) -> Result<(u64, u64), ClientError> {
+        match self.call(&Request::Rebalance {
+            region_id,
+            offset,
+            len,
+            node,
+        })? {
+            (
+                ReplyBody::Rebalance {
+                    pages_moved,
+                    pages_failed,
+                },
+                _,
+            ) => Ok((pages_moved, pages_failed)),
+            (other, _) => Err(ClientError::Unexpected(format!("{other:?} to REBALANCE"))),
+        }
+    }
+
+    /// STATS as a JSON value.
+    pub fn stats(&mut self) -> Result<serde_json::Value, ClientError> {
+        match self.call(&Request::Stats)? {
+            (ReplyBody::Stats { json }, _) => serde_json::from_str(&json)
+                .map_err(|e| ClientError::Unexpected(format!("STATS json: {e}"))),
+            (other, _) => Err(ClientError::Unexpected(format!("{other:?} to STATS"))),
+        }
+    }
+}
+
+/// The code of a request, for messages.
+pub fn code_name(code: Code) -> &'static str {
+    match code {
+        Code::Handshake => "HANDSHAKE",
+        Code::Alloc => "ALLOC",
+        Code::Free => "FREE",
+        Code::Lock => "LOCK",
+        Code::Unlock => "UNLOCK",
+        Code::Rebalance => "REBALANCE",
+        Code::Stats => "STATS",
+        Code::Uffd => "UFFD",
+    }
+}

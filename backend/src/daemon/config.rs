@@ -1,0 +1,594 @@
+//! The daemon's configuration: a TOML file, defaults that work on a small
+//! machine, and a validation pass separate from parsing.
+//!
+//! Every key is optional; `Config::default()` is what an empty file gives.
+//! Unknown keys are an error (`deny_unknown_fields`): a misspelt `limit`
+//! silently ignored would let the pool grow without bound. Sizes are either
+//! integers (bytes) or strings with a binary suffix (`"2G"`, `"512M"`), the
+//! same syntax as the CLI ([`crate::size::parse_size`]).
+//!
+//! `scripts/hugemem.toml` documents every key with its default.
+//!
+//! Parse errors ([`ConfigError`]) and validation errors ([`ValidationError`])
+//! are separate: CLI flags are applied between parsing and validation, so an
+//! override can fix a file value that alone would not validate.
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::{Deserialize, Deserializer};
+
+use crate::size::{format_size, parse_size};
+
+/// Default socket path.
+pub const DEFAULT_SOCKET: &str = "/run/hugemem/hugemem.sock";
+
+/// A byte count that deserializes from an integer or a `"2G"`-style string.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Default)]
+pub struct ByteSize(pub u64);
+
+impl fmt::Display for ByteSize {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&format_size(self.0))
+    }
+}
+
+impl<'de> Deserialize<'de> for ByteSize {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            Int(u64),
+            Text(String),
+        }
+        match Raw::deserialize(d)? {
+            Raw::Int(v) => Ok(ByteSize(v)),
+            Raw::Text(t) => parse_size(&t)
+                .map(ByteSize)
+                .map_err(serde::de::Error::custom),
+        }
+    }
+}
+
+/// Pool limits of one NUMA node, overriding [`PoolConfig::target`] and
+/// [`PoolConfig::limit`] there.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NodePoolConfig {
+    /// The node.
+    pub id: u32,
+    /// Idle bytes the pool keeps on this node after `trim_after_secs`.
+    pub target: Option<ByteSize>,
+    /// Most idle (clean, dirty and quarantined) bytes pooled on this node.
+    pub limit: Option<ByteSize>,
+}
+
+/// The recycled pool.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PoolConfig {
+    /// Idle bytes per node that the pool keeps for later allocations; above
+    /// it, clean regions idle for `trim_after_secs` go back to the kernel.
+    pub target: ByteSize,
+    /// Hard cap of pooled bytes per node (clean + dirty + quarantined). A
+    /// released region that would exceed it goes back to the kernel at once.
+    pub limit: ByteSize,
+    /// Seconds a node's pool may stay above its target before it is trimmed.
+    pub trim_after_secs: u64,
+    /// Per-node overrides.
+    pub node: Vec<NodePoolConfig>,
+    /// How often quarantined regions are checked for other holders, in ms.
+    pub recheck_ms: u64,
+    /// Scan `/proc` for other holders of a pooled memfd again right before it
+    /// is handed out. Off by default: the scan that let the region leave
+    /// quarantine already proved nobody else holds it, and a memfd cannot be
+    /// reopened by name, so nobody can have gained it since; the scan costs
+    /// 5-25 ms on a busy host, several times a pooled ALLOC. Path-backed
+    /// (hugetlbfs) regions are always re-scanned: a path can be opened.
+    pub recheck_on_reuse: bool,
+}
+
+impl Default for PoolConfig {
+    fn default() -> Self {
+        Self {
+            target: ByteSize(2 << 30),
+            limit: ByteSize(8 << 30),
+            trim_after_secs: 300,
+            node: Vec::new(),
+            recheck_ms: 500,
+            recheck_on_reuse: false,
+        }
+    }
+}
+
+impl PoolConfig {
+    /// (target, limit) in bytes for `node`.
+    pub fn limits(&self, node: u32) -> (u64, u64) {
+        let o = self.node.iter().find(|n| n.id == node);
+        (
+            o.and_then(|n| n.target).unwrap_or(self.target).0,
+            o.and_then(|n| n.limit).unwrap_or(self.limit).0,
+        )
+    }
+}
+
+/// Background scrubbing.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ScrubConfig {
+    /// Scrubber threads per NUMA node, pinned to the node's CPUs.
+    pub threads_per_node: usize,
+    /// Most bytes one scrubber clears with one kernel call (contiguous dirty
+    /// pages are claimed together up to this); also how often it looks at
+    /// the stop flag.
+    pub batch: ByteSize,
+}
+
+impl Default for ScrubConfig {
+    fn default() -> Self {
+        Self {
+            threads_per_node: 1,
+            batch: ByteSize(64 << 20),
+        }
+    }
+}
+
+/// hugetlbfs mounts for ALLOC requests that ask for paths
+/// ([`crate::proto::ALLOC_FLAG_PATHS`]).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Default)]
+#[serde(deny_unknown_fields, default)]
+pub struct HugetlbfsConfig {
+    /// Directory on a hugetlbfs mount of 2 MiB pages; absent = the first such
+    /// mount in `/proc/mounts`.
+    pub dir_2m: Option<PathBuf>,
+    /// Directory on a hugetlbfs mount of 1 GiB pages; absent = the first such
+    /// mount in `/proc/mounts`.
+    pub dir_1g: Option<PathBuf>,
+}
+
+/// The Prometheus text endpoint.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Default)]
+#[serde(deny_unknown_fields, default)]
+pub struct MetricsConfig {
+    /// Loopback address to serve `GET /metrics` on; absent = off.
+    pub listen: Option<SocketAddr>,
+}
+
+/// Limits on what clients may ask for.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LimitsConfig {
+    /// Most live connections; more wait in the kernel's accept queue.
+    pub max_connections: usize,
+    /// Largest single ALLOC (0 = the host's RAM).
+    pub max_alloc: ByteSize,
+    /// Seconds a new connection has to complete its handshake.
+    pub handshake_timeout_secs: u64,
+    /// Seconds a reply write may take before the connection is dropped.
+    pub write_timeout_secs: u64,
+}
+
+impl Default for LimitsConfig {
+    fn default() -> Self {
+        Self {
+            max_connections: 64,
+            max_alloc: ByteSize(0),
+            handshake_timeout_secs: 10,
+            write_timeout_secs: 30,
+        }
+    }
+}
+
+/// NUMA rebalancing: REBALANCE requests and the vCPU-affinity policy
+/// (see `backend::daemon::rebalance` and `docs/migration.md`).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RebalanceConfig {
+    /// Run the vCPU-affinity policy loop (off by default: a move copies all
+    /// of a VM's memory).
+    pub policy: bool,
+    /// Milliseconds between two samples of every client's vCPU threads.
+    pub interval_ms: u64,
+    /// Percentage (1-100) of a VM's vCPUs one other node must hold.
+    pub threshold_pct: u32,
+    /// Consecutive samples the same node must pass the threshold.
+    pub persist: u32,
+    /// Samples ignored after a move (policy or REBALANCE).
+    pub cooldown: u32,
+    /// Fewest vCPU threads a sample must see to count.
+    pub min_vcpus: usize,
+    /// Average MiB per second a move may copy (REBALANCE and policy); 0 = no limit.
+    pub rate_limit_mib_s: u64,
+    /// uids that may REBALANCE regions of other connections (operators,
+    /// e.g. `hugemem rebalance`); empty = root and the daemon's own uid.
+    pub operator_uids: Vec<u32>,
+}
+
+impl Default for RebalanceConfig {
+    fn default() -> Self {
+        Self {
+            policy: false,
+            interval_ms: 10_000,
+            threshold_pct: 75,
+            persist: 6,
+            cooldown: 30,
+            min_vcpus: 1,
+            rate_limit_mib_s: 0,
+            operator_uids: Vec::new(),
+        }
+    }
+}
+
+impl RebalanceConfig {
+    /// The uids that act as operators: the list, or root and the daemon's uid.
+    pub fn effective_operators(&self) -> Vec<u32> {
+        if self.operator_uids.is_empty() {
+            // SAFETY: geteuid has no preconditions and cannot fail.
+            let me = unsafe { libc::geteuid() };
+            let mut v = vec![0, me];
+            v.dedup();
+            v
+        } else {
+            self.operator_uids.clone()
+        }
+    }
+
+    /// The rate limit in bytes per second, `None` for none.
+    pub fn rate_limit_bytes_per_s(&self) -> Option<u64> {
+        (self.rate_limit_mib_s > 0).then(|| self.rate_limit_mib_s.saturating_mul(1 << 20))
+    }
+}
+
+/// The daemon's configuration (see the module docs and `scripts/hugemem.toml`).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    /// The UNIX socket clients connect to (created mode 0600).
+    pub socket: PathBuf,
+    /// uids allowed to connect (`SO_PEERCRED`); empty = the daemon's own uid and root.
+    pub allowed_uids: Vec<u32>,
+    /// Tokio worker threads of the control plane.
+    pub control_threads: usize,
+    /// The pool.
+    pub pool: PoolConfig,
+    /// The scrubbers.
+    pub scrub: ScrubConfig,
+    /// The Prometheus endpoint.
+    pub metrics: MetricsConfig,
+    /// hugetlbfs mounts for path-backed regions.
+    pub hugetlbfs: HugetlbfsConfig,
+    /// Client limits.
+    pub limits: LimitsConfig,
+    /// NUMA rebalancing.
+    pub rebalance: RebalanceConfig,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            socket: PathBuf::from(DEFAULT_SOCKET),
+            allowed_uids: Vec::new(),
+            control_threads: 2,
+            pool: PoolConfig::default(),
+            scrub: ScrubConfig::default(),
+            metrics: MetricsConfig::default(),
+            hugetlbfs: HugetlbfsConfig::default(),
+            limits: LimitsConfig::default(),
+            rebalance: RebalanceConfig::default(),
+        }
+    }
+}
+
+/// Command-line overrides of `hugemem serve`; `None` keeps the file's value.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Overrides {
+    /// `--socket`.
+    pub socket: Option<PathBuf>,
+    /// `--metrics-listen`.
+    pub metrics_listen: Option<SocketAddr>,
+    /// `--pool-target`.
+    pub pool_target: Option<u64>,
+    /// `--pool-limit`.
+    pub pool_limit: Option<u64>,
+    /// `--scrub-threads`.
+    pub scrub_threads: Option<usize>,
+    /// `--allow-uid` (replaces the list when non-empty).
+    pub allowed_uids: Vec<u32>,
+}
+
+impl Config {
+    /// Applies CLI overrides (validate afterwards).
+    pub fn apply(&mut self, o: &Overrides) {
+        if let Some(s) = &o.socket {
+            self.socket.clone_from(s);
+        }
+        if o.metrics_listen.is_some() {
+            self.metrics.listen = o.metrics_listen;
+        }
+        if let Some(v) = o.pool_target {
+            self.pool.target = ByteSize(v);
+        }
+        if let Some(v) = o.pool_limit {
+            self.pool.limit = ByteSize(v);
+        }
+        if let Some(v) = o.scrub_threads {
+            self.scrub.threads_per_node = v;
+        }
+        if !o.allowed_uids.is_empty() {
+            self.allowed_uids.clone_from(&o.allowed_uids);
+        }
+    }
+}
+
+/// Errors reading a configuration file.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("cannot read configuration file {path}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The file is not valid TOML for this schema.
+    #[error("invalid configuration{}", .path.as_ref().map(|p| format!(" in {}", p.display())).unwrap_or_default())]
+    Parse {
+        /// The file, when there is one.
+        path: Option<PathBuf>,
+        /// The cause (names the key and line).
+        #[source]
+        source: Box<toml::de::Error>,
+    },
+}
+
+/// A configuration that parsed but cannot work.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ValidationError {
+    /// The metrics endpoint must not be reachable from the network.
+    #[error("metrics.listen = {0} is not a loopback address; the endpoint is unauthenticated")]
+    MetricsNotLoopback(SocketAddr),
+    /// A node's target is above its limit.
+    #[error("pool target {target} is above the limit {limit} on node {node}")]
+    TargetAboveLimit {
+        /// Node.
+        node: u32,
+        /// Target.
+        target: ByteSize,
+        /// Limit.
+        limit: ByteSize,
+    },
+    /// A count that must be at least 1.
+    #[error("{0} must be at least 1")]
+    Zero(&'static str),
+    /// The same node is configured twice.
+    #[error("pool.node id {0} appears more than once")]
+    DuplicateNode(u32),
+    /// The scrub batch is not a multiple of 2 MiB.
+    #[error("scrub.batch must be a non-zero multiple of 2M, got {0}")]
+    BadBatch(ByteSize),
+    /// The socket path is empty or relative.
+    #[error("socket path {0:?} must be absolute")]
+    RelativeSocket(PathBuf),
+    /// The policy threshold is not a percentage.
+    #[error("rebalance.threshold_pct must be between 1 and 100, got {0}")]
+    RebalanceThreshold(u32),
+}
+
+impl Config {
+    /// Parses TOML text.
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError::Parse`] naming the offending key.
+    pub fn from_toml_str(text: &str) -> Result<Self, ConfigError> {
+        toml::from_str(text).map_err(|e| ConfigError::Parse {
+            path: None,
+            source: Box::new(e),
+        })
+    }
+
+    /// Reads and parses a TOML file (not validated yet: see [`Config::validate`]).
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError::Read`], [`ConfigError::Parse`].
+    pub fn from_toml_file(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        toml::from_str(&text).map_err(|e| ConfigError::Parse {
+            path: Some(path.to_path_buf()),
+            source: Box::new(e),
+        })
+    }
+
+    /// Checks what parsing cannot: loopback metrics, targets ≤ limits, counts ≥ 1.
+    ///
+    /// # Errors
+    ///
+    /// The first [`ValidationError`] found.
+    pub fn validate(&self) -> Result<(), ValidationError> {
+        if !self.socket.is_absolute() {
+            return Err(ValidationError::RelativeSocket(self.socket.clone()));
+        }
+        if let Some(addr) = self.metrics.listen {
+            if !addr.ip().is_loopback() {
+                return Err(ValidationError::MetricsNotLoopback(addr));
+            }
+        }
+        if self.scrub.threads_per_node == 0 {
+            return Err(ValidationError::Zero("scrub.threads_per_node"));
+        }
+        if self.control_threads == 0 {
+            return Err(ValidationError::Zero("control_threads"));
+        }
+        if self.limits.max_connections == 0 {
+            return Err(ValidationError::Zero("limits.max_connections"));
+        }
+        if self.pool.recheck_ms == 0 {
+            return Err(ValidationError::Zero("pool.recheck_ms"));
+        }
+        if self.rebalance.interval_ms == 0 {
+            return Err(ValidationError::Zero("rebalance.interval_ms"));
+        }
+        if !(1..=100).contains(&self.rebalance.threshold_pct) {
+            return Err(ValidationError::RebalanceThreshold(
+                self.rebalance.threshold_pct,
+            ));
+        }
+        if self.scrub.batch.0 == 0 || !self.scrub.batch.0.is_multiple_of(2 << 20) {
+            return Err(ValidationError::BadBatch(self.scrub.batch));
+        }
+        let mut seen = Vec::new();
+        for n in &self.pool.node {
+            if seen.contains(&n.id) {
+                return Err(ValidationError::DuplicateNode(n.id));
+            }
+            seen.push(n.id);
+        }
+        for id in seen.iter().copied().chain(std::iter::once(u32::MAX)) {
+            let (target, limit) = self.pool.limits(id);
+            if target > limit {
+                return Err(ValidationError::TargetAboveLimit {
+                    node: id,
+                    target: ByteSize(target),
+                    limit: ByteSize(limit),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// The uids allowed to connect: the list, or the daemon's uid and root.
+    pub fn effective_uids(&self) -> Vec<u32> {
+        if self.allowed_uids.is_empty() {
+            // SAFETY: getuid has no preconditions and cannot fail.
+            let me = unsafe { libc::getuid() };
+            let mut v = vec![me, 0];
+            v.dedup();
+            v
+        } else {
+            self.allowed_uids.clone()
+        }
+    }
+
+    /// The quarantine recheck period.
+    pub fn recheck_period(&self) -> Duration {
+        Duration::from_millis(self.pool.recheck_ms)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn empty_file_is_the_default_and_validates() {
+        let c = Config::from_toml_str("").expect("parse");
+        assert_eq!(c, Config::default());
+        c.validate().expect("valid");
+        assert_eq!(c.socket, PathBuf::from(DEFAULT_SOCKET));
+        assert!(c.metrics.listen.is_none());
+    }
+
+    #[test]
+    fn the_example_file_documents_the_defaults() {
+        let text = include_str!(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../scripts/hugemem.toml"
+        ));
+        let c = Config::from_toml_str(text).expect("scripts/hugemem.toml parses");
+        assert_eq!(
+            c,
+            Config::default(),
+            "scripts/hugemem.toml must show the defaults"
+        );
+    }
+
+    #[test]
+    fn sizes_parse_from_ints_and_strings() {
+        let c = Config::from_toml_str(
+            r#"
+            socket = "/tmp/x.sock"
+            allowed_uids = [0, 1000]
+            [pool]
+            target = "1G"
+            limit = 4294967296
+            [[pool.node]]
+            id = 1
+            limit = "512M"
+            target = "256M"
+            [scrub]
+            batch = "32M"
+            [metrics]
+            listen = "127.0.0.1:9464"
+            "#,
+        )
+        .expect("parse");
+        c.validate().expect("valid");
+        assert_eq!(c.pool.limits(0), (1 << 30, 4 << 30));
+        assert_eq!(c.pool.limits(1), (256 << 20, 512 << 20));
+        assert_eq!(c.scrub.batch, ByteSize(32 << 20));
+        assert_eq!(c.effective_uids(), vec![0, 1000]);
+    }
+
+    #[test]
+    fn unknown_keys_and_bad_values_are_refused() {
+        assert!(Config::from_toml_str("limt = 3").is_err());
+        assert!(Config::from_toml_str("[pool]\nlimit = \"lots\"").is_err());
+        let err = Config::from_toml_str("[pool]\nlimitt = 1").expect_err("unknown key");
+        assert!(format!("{:?}", err).contains("limitt"), "{err:?}");
+    }
+
+    #[test]
+    fn cli_overrides_win() {
+        let mut c =
+            Config::from_toml_str("socket = \"/a.sock\"\n[pool]\nlimit = \"1G\"\ntarget = \"1G\"")
+                .expect("parse");
+        c.apply(&Overrides {
+            socket: Some(PathBuf::from("/b.sock")),
+            pool_limit: Some(4 << 30),
+            allowed_uids: vec![7],
+            ..Overrides::default()
+        });
+        assert_eq!(c.socket, PathBuf::from("/b.sock"));
+        assert_eq!(c.pool.limit, ByteSize(4 << 30));
+        assert_eq!(c.pool.target, ByteSize(1 << 30));
+        assert_eq!(c.effective_uids(), vec![7]);
+        c.validate().expect("valid");
+    }
+
+    #[test]
+    fn validation() {
+        let mut c = Config::default();
+        c.metrics.listen = Some("0.0.0.0:9464".parse().expect("addr"));
+        assert!(matches!(
+            c.validate(),
+            Err(ValidationError::MetricsNotLoopback(_))
+        ));
+        c.metrics.listen = Some("[::1]:9464".parse().expect("addr"));
+        c.validate().expect("ipv6 loopback is fine");
+        let mut c = Config::default();
+        c.pool.target = ByteSize(9 << 30);
+        assert!(matches!(
+            c.validate(),
+            Err(ValidationError::TargetAboveLimit { .. })
+        ));
+        let mut c = Config::default();
+        c.scrub.threads_per_node = 0;
+        assert!(c.validate().is_err());
+        let mut c = Config::default();
+        c.scrub.batch = ByteSize(3 << 20);
+        assert!(c.validate().is_err());
+        let c = Config {
+            socket: PathBuf::from("rel.sock"),
+            ..Config::default()
+        };
+        assert!(c.validate().is_err());
+    }
+}

@@ -1,0 +1,703 @@
+//! `hugemem serve`: the daemon that owns guest RAM and hands it to VMMs.
+//!
+//! # Shape
+//!
+//! ```text
+//!            UNIX socket (0600, SO_PEERCRED uid check)
+//!                 │
+//!   tokio control plane ── Listener ─► Handler/Session per connection ──┐
+//!     (hm-ctl threads)     quarantine loop (/proc scans, trims)        │ spawn_blocking
+//!                          metrics endpoint (loopback, optional)        ▼
+//!                                                              alloc path: pool / fresh
+//!                                                              (clearing::run_jobs: pinned workers)
+//!   hm-scrub-nN-i threads (pinned per node) ◄── Pool (Mutex + Condvar) ──┘
+//! ```
+//!
+//! * [`config`]: TOML configuration with small-machine defaults.
+//! * [`server`]: accept loop, per-connection handlers, connection cap.
+//! * [`session`]: what each request means for one client.
+//! * [`alloc`]: the ALLOC path (pooled, re-cleared, or fresh regions).
+//! * [`pool`]: region table and state machine; the clean-before-map check.
+//! * [`scrub`]: pinned scrubber threads.
+//! * [`holders`]: `/proc` scan for other processes holding a region.
+//! * [`peer`]: peer credentials and pidfds.
+//! * [`metrics`]: counters and the Prometheus text endpoint.
+//! * [`rebalance`]: REBALANCE, per-region placement, the vCPU-affinity policy loop.
+//!
+//! # Threads
+//!
+//! [`Daemon::start`] builds a multi-thread tokio runtime (`control_threads`
+//! workers, default 2) and runs it on a thread of its own, so the caller —
+//! `hugemem serve`, a test, an embedding program — keeps its thread. The
+//! runtime only moves messages and bookkeeping; clearing runs on the pinned
+//! scrubbers, populating and ALLOC-path clearing on the job runner's pinned
+//! workers, `/proc` scans and `munmap`s on blocking threads.
+//!
+//! # Shutdown
+//!
+//! [`DaemonHandle::shutdown`] cancels one `CancellationToken`: the listener
+//! stops accepting and removes the socket, each handler stops reading and
+//! releases its session's allocations into quarantine (an ALLOC in progress
+//! is cancelled between chunks), the tracker is drained, scrubbers finish
+//! their current batch and are joined, and the pool drops every region it
+//! owns (unmapped and closed: regions still mapped by running VMMs stay
+//! theirs; the kernel frees them when they exit). A daemon that is killed
+//! instead leaves a stale socket file, which the next start detects (nothing
+//! answers on it) and replaces.
+
+pub mod alloc;
+pub mod config;
+pub mod holders;
+pub mod metrics;
+pub mod peer;
+pub mod pool;
+pub mod rebalance;
+pub mod scrub;
+pub mod server;
+pub mod session;
+
+use std::io;
+use std::net::SocketAddr;
+use std::os::unix::fs::{DirBuilderExt, FileTypeExt, MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use numa::Topology;
+use serde_json::{json, Value};
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tracing::{debug, error, info, warn};
+
+pub use config::{ByteSize, Config, ConfigError, Overrides, ValidationError};
+
+use metrics::{Metrics, ScrubCounters};
+use pool::Pool;
+use scrub::Scrubbers;
+
+/// Errors starting or stopping the daemon.
+#[derive(Debug, thiserror::Error)]
+pub enum DaemonError {
+    /// The configuration does not validate.
+    #[error("invalid configuration")]
+    Config(#[from] ValidationError),
+    /// NUMA topology detection failed.
+    #[error("cannot detect the NUMA topology")]
+    Topology(#[source] numa::TopologyError),
+    /// Another daemon answers on the socket.
+    #[error("another hugemem daemon is already serving {0}")]
+    AlreadyRunning(PathBuf),
+    /// Something that is not a socket is in the way.
+    #[error("{0} exists and is not a socket; refusing to replace it")]
+    NotASocket(PathBuf),
+    /// Creating, binding or securing the socket failed.
+    #[error("cannot listen on {path}")]
+    Bind {
+        /// Socket path.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: io::Error,
+    },
+    /// Binding the metrics endpoint failed.
+    #[error("cannot listen for metrics on {addr}")]
+    Metrics {
+        /// Address.
+        addr: SocketAddr,
+        /// The cause.
+        #[source]
+        source: io::Error,
+    },
+    /// The runtime or a daemon thread could not be created.
+    #[error("cannot start the daemon's threads")]
+    Threads(#[source] io::Error),
+    /// A configured hugetlbfs directory is not on a hugetlbfs mount of its size.
+    #[error("hugetlbfs.{key} = {path} is not on a hugetlbfs mount of {key_size} pages")]
+    Hugetlbfs {
+        /// The configuration key.
+        key: &'static str,
+        /// Its page size.
+        key_size: &'static str,
+        /// The directory.
+        path: PathBuf,
+    },
+    /// The daemon thread panicked.
+    #[error("the daemon thread panicked")]
+    Panicked,
+}
+
+/// Page size of the hugetlbfs mount holding `dir`, if it is one.
+fn hugetlbfs_page_size(dir: &Path) -> Option<guest_mem::PageSize> {
+    let st = nix::sys::statfs::statfs(dir).ok()?;
+    if st.filesystem_type() != nix::sys::statfs::HUGETLBFS_MAGIC {
+        return None;
+    }
+    #[allow(clippy::useless_conversion)] // the field type differs between libcs
+    let bytes = u64::try_from(i128::from(st.block_size())).ok()?;
+    guest_mem::PageSize::from_bytes(bytes).filter(|p| p.is_huge())
+}
+
+/// The hugetlbfs directory per page size: configured (checked) or the first
+/// mount of that size in `/proc/mounts`.
+fn hugetlbfs_dirs(cfg: &config::HugetlbfsConfig) -> Result<Vec<(guest_mem::PageSize, PathBuf)>> {
+    use guest_mem::PageSize;
+    let mounts: Vec<PathBuf> = std::fs::read_to_string("/proc/mounts")
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| {
+            let mut f = l.split_whitespace();
+            let (_, dir, kind) = (f.next()?, f.next()?, f.next()?);
+            (kind == "hugetlbfs").then(|| PathBuf::from(dir.replace("\\040", " ")))
+        })
+        .collect();
+    let mut out = Vec::new();
+    for (size, key, key_size, configured) in [
+        (PageSize::Huge2M, "dir_2m", "2M", &cfg.dir_2m),
+        (PageSize::Huge1G, "dir_1g", "1G", &cfg.dir_1g),
+    ] {
+        match configured {
+            Some(dir) if hugetlbfs_page_size(dir) == Some(size) => out.push((size, dir.clone())),
+            Some(dir) => {
+                return Err(DaemonError::Hugetlbfs {
+                    key,
+                    key_size,
+                    path: dir.clone(),
+                })
+            }
+            None => {
+                if let Some(dir) = mounts.iter().find(|m| hugetlbfs_page_size(m) == Some(size)) {
+                    out.push((size, dir.clone()));
+                }
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Result alias of this module.
+pub type Result<T> = std::result::Result<T, DaemonError>;
+
+/// Rate limiter for log lines a peer can trigger in a loop: at most one line
+/// per period; `check` says how many were suppressed since the last one.
+#[derive(Debug)]
+pub struct RateLimit {
+    last: Mutex<Option<Instant>>,
+    suppressed: AtomicU64,
+    every: Duration,
+}
+
+impl RateLimit {
+    /// At most one line per `every`.
+    pub const fn new(every: Duration) -> Self {
+        Self {
+            last: Mutex::new(None),
+            suppressed: AtomicU64::new(0),
+            every,
+        }
+    }
+
+    /// `Some(suppressed)` when a line may be logged now.
+    pub fn check(&self) -> Option<u64> {
+        let mut last = self
+            .last
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let now = Instant::now();
+        if last.is_some_and(|t| now.duration_since(t) < self.every) {
+            self.suppressed.fetch_add(1, Ordering::Relaxed);
+            return None;
+        }
+        *last = Some(now);
+        Some(self.suppressed.swap(0, Ordering::Relaxed))
+    }
+}
+
+/// State shared by the control plane, the blocking jobs and the handle.
+#[derive(Debug)]
+pub struct Shared {
+    cfg: Config,
+    topology: Arc<Topology>,
+    pool: Arc<Pool>,
+    metrics: Arc<Metrics>,
+    scrub: Vec<Arc<ScrubCounters>>,
+    allowed_uids: Vec<u32>,
+    hugetlbfs: Vec<(guest_mem::PageSize, PathBuf)>,
+    max_alloc: u64,
+    started: Instant,
+    socket: PathBuf,
+    cancel: CancellationToken,
+    tracker: TaskTracker,
+    quarantine_kick: Notify,
+    rebalance: rebalance::Rebalancer,
+}
+
+impl Shared {
+    /// The hugetlbfs directory for path-backed regions of `page_size`.
+    pub fn hugetlbfs_dir(&self, page_size: guest_mem::PageSize) -> Option<&Path> {
+        self.hugetlbfs
+            .iter()
+            .find(|(p, _)| *p == page_size)
+            .map(|(_, d)| d.as_path())
+    }
+
+    /// The STATS document (see `docs/protocol.md` and `hugemem status`).
+    pub fn stats_json(&self) -> Value {
+        let (pool_stats, pending) = self.pool.stats();
+        let m = &self.metrics;
+        let g = Metrics::get;
+        let mut total_bytes = 0;
+        let mut total_nanos = 0;
+        let nodes: Vec<Value> = self
+            .scrub
+            .iter()
+            .map(|c| {
+                let (b, n) = (g(&c.bytes), g(&c.nanos));
+                total_bytes += b;
+                total_nanos += n;
+                json!({
+                    "node": c.node,
+                    "threads": c.threads,
+                    "bytes": b,
+                    // Nanoseconds to seconds: precision is irrelevant here.
+                    "seconds": Duration::from_nanos(n).as_secs_f64(),
+                    "gb_per_s": c.gb_per_s(),
+                    "batches": g(&c.batches),
+                    "pending_bytes": pending.get(&c.node).copied().unwrap_or(0),
+                })
+            })
+            .collect();
+        let held: u64 = pool_stats["pools"]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .map(|p| {
+                        [
+                            "clean_bytes",
+                            "dirty_bytes",
+                            "quarantined_bytes",
+                            "in_use_bytes",
+                        ]
+                        .iter()
+                        .map(|k| p[k].as_u64().unwrap_or(0))
+                        .sum::<u64>()
+                    })
+                    .sum()
+            })
+            .unwrap_or(0);
+        json!({
+            "version": env!("CARGO_PKG_VERSION"),
+            "pid": std::process::id(),
+            "uptime_s": self.started.elapsed().as_secs_f64(),
+            "socket": self.socket.display().to_string(),
+            "hugetlbfs": self.hugetlbfs.iter().map(|(p, d)| (p.to_string(), Value::String(d.display().to_string()))).collect::<serde_json::Map<_, _>>(),
+            "sessions": {
+                "active": g(&m.sessions_active),
+                "total": g(&m.sessions_total),
+                "refused": g(&m.peers_refused),
+            },
+            "allocations": pool_stats["allocations"],
+            "pools": pool_stats["pools"],
+            "quarantine": pool_stats["quarantine"],
+            "regions": pool_stats["regions"],
+            "rebalance": self.rebalance.stats_json(),
+            "scrub": {
+                "kernel": clearing::ClearKernel::default_kernel().name(),
+                "bytes": total_bytes,
+                "seconds": Duration::from_nanos(total_nanos).as_secs_f64(),
+                "gb_per_s": metrics::gb_per_s(total_bytes, total_nanos),
+                "pending_bytes": pending.values().sum::<u64>(),
+                "nodes": nodes,
+            },
+            "totals": {
+                "created_bytes": g(&m.bytes_created),
+                "released_bytes": g(&m.bytes_released),
+                "held_bytes": held,
+            },
+            "counters": {
+                "sessions_total": g(&m.sessions_total),
+                "sessions_active": g(&m.sessions_active),
+                "peers_refused": g(&m.peers_refused),
+                "connection_errors": g(&m.connection_errors),
+                "allocs_ok": g(&m.allocs_ok),
+                "allocs_failed": g(&m.allocs_failed),
+                "regions_pooled": g(&m.regions_pooled),
+                "regions_recleared": g(&m.regions_recleared),
+                "regions_fresh": g(&m.regions_fresh),
+                "frees": g(&m.frees),
+                "bytes_created": g(&m.bytes_created),
+                "bytes_released": g(&m.bytes_released),
+                "quarantine_scans": g(&m.quarantine_scans),
+            },
+        })
+    }
+}
+
+/// The daemon (see the module docs); [`Daemon::start`] is the entry point.
+#[derive(Debug)]
+pub struct Daemon;
+
+/// A running daemon. Dropping it shuts the daemon down too (errors logged).
+#[derive(Debug)]
+pub struct DaemonHandle {
+    shared: Arc<Shared>,
+    metrics_addr: Option<SocketAddr>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Daemon {
+    /// Validates `config`, detects the topology, starts the scrubbers, binds
+    /// the socket (and the metrics endpoint), and runs the control plane on
+    /// its own threads. Returns once the socket is listening.
+    ///
+    /// # Errors
+    ///
+    /// [`DaemonError::Config`], [`DaemonError::Topology`],
+    /// [`DaemonError::AlreadyRunning`], [`DaemonError::NotASocket`],
+    /// [`DaemonError::Bind`], [`DaemonError::Metrics`], [`DaemonError::Threads`].
+    /// Nothing keeps running after an error.
+    pub fn start(config: Config) -> Result<DaemonHandle> {
+        config.validate()?;
+        let topology = Arc::new(Topology::detect().map_err(DaemonError::Topology)?);
+        let hugetlbfs = hugetlbfs_dirs(&config.hugetlbfs)?;
+        let metrics = Arc::new(Metrics::default());
+        let pool = Arc::new(Pool::new(config.pool.clone(), Arc::clone(&metrics)));
+        let max_alloc = if config.limits.max_alloc.0 == 0 {
+            topology.nodes().iter().map(|n| n.mem_total).sum()
+        } else {
+            config.limits.max_alloc.0
+        };
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(config.control_threads)
+            .thread_name("hm-ctl")
+            .enable_all()
+            .build()
+            .map_err(DaemonError::Threads)?;
+        let (listener, socket_id) = {
+            let _guard = runtime.enter();
+            bind_socket(&config.socket)?
+        };
+        let metrics_listener = match config.metrics.listen {
+            Some(addr) => {
+                let l = runtime
+                    .block_on(metrics::bind(addr))
+                    .map_err(|source| DaemonError::Metrics { addr, source })?;
+                Some(l)
+            }
+            None => None,
+        };
+        let metrics_addr = metrics_listener.as_ref().and_then(|l| l.local_addr().ok());
+        let mut scrubbers = match Scrubbers::start(
+            &topology,
+            &pool,
+            config.scrub.threads_per_node,
+            config.scrub.batch.0,
+        ) {
+            Ok(s) => s,
+            Err(e) => {
+                remove_socket(&config.socket, socket_id);
+                return Err(DaemonError::Threads(e));
+            }
+        };
+        let shared = Arc::new(Shared {
+            allowed_uids: config.effective_uids(),
+            hugetlbfs,
+            socket: config.socket.clone(),
+            rebalance: rebalance::Rebalancer::new(&config.rebalance),
+            cfg: config,
+            topology,
+            pool: Arc::clone(&pool),
+            metrics,
+            scrub: scrubbers.counters().to_vec(),
+            max_alloc,
+            started: Instant::now(),
+            cancel: CancellationToken::new(),
+            tracker: TaskTracker::new(),
+            quarantine_kick: Notify::new(),
+        });
+        let thread_shared = Arc::clone(&shared);
+        let thread_pool = Arc::clone(&pool);
+        let thread = std::thread::Builder::new()
+            .name("hm-daemon".into())
+            .spawn(move || {
+                let shared = thread_shared;
+                runtime.block_on(run(
+                    Arc::clone(&shared),
+                    listener,
+                    metrics_listener,
+                    socket_id,
+                ));
+                runtime.shutdown_timeout(Duration::from_secs(5));
+                scrubbers.stop_and_join(&thread_pool);
+                info!("daemon stopped");
+            });
+        let thread = match thread {
+            Ok(t) => t,
+            Err(e) => {
+                // The closure (and with it the listener and scrubbers) was
+                // dropped; the scrubbers stop when the pool says so.
+                pool.stop();
+                remove_socket(&shared.socket, socket_id);
+                return Err(DaemonError::Threads(e));
+            }
+        };
+        info!(
+            socket = %shared.socket.display(),
+            uids = ?shared.allowed_uids,
+            hugetlbfs = ?shared.hugetlbfs,
+            "hugemem daemon listening"
+        );
+        Ok(DaemonHandle {
+            shared,
+            metrics_addr,
+            thread: Some(thread),
+        })
+    }
+}
+
+/// `hugemem serve`: starts the daemon and runs it until SIGTERM or SIGINT,
+/// then shuts it down cleanly (socket removed, scrubbers joined).
+///
+/// # Errors
+///
+/// As [`Daemon::start`] and [`DaemonHandle::shutdown`];
+/// [`DaemonError::Threads`] when the signal handlers cannot be installed.
+pub fn serve(config: Config) -> Result<()> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(DaemonError::Threads)?;
+    // Handlers first, so a SIGTERM that arrives while starting is not lost.
+    let (mut term, mut int) = rt
+        .block_on(async {
+            Ok::<_, io::Error>((
+                signal(SignalKind::terminate())?,
+                signal(SignalKind::interrupt())?,
+            ))
+        })
+        .map_err(DaemonError::Threads)?;
+    let handle = Daemon::start(config)?;
+    let which = rt.block_on(async {
+        tokio::select! {
+            _ = term.recv() => "SIGTERM",
+            _ = int.recv() => "SIGINT",
+        }
+    });
+    info!(signal = which, "shutting down");
+    handle.shutdown()
+}
+
+impl DaemonHandle {
+    /// The socket clients connect to.
+    pub fn socket_path(&self) -> &Path {
+        &self.shared.socket
+    }
+
+    /// The STATS document, as a client would get it.
+    pub fn stats(&self) -> Value {
+        self.shared.stats_json()
+    }
+
+    /// Where the metrics endpoint listens, when it is on.
+    pub fn metrics_addr(&self) -> Option<SocketAddr> {
+        self.metrics_addr
+    }
+
+    /// Clean shutdown (see the module docs); returns when every daemon thread
+    /// has stopped and the socket is gone.
+    ///
+    /// # Errors
+    ///
+    /// [`DaemonError::Panicked`] when the daemon thread panicked.
+    pub fn shutdown(mut self) -> Result<()> {
+        self.stop()
+    }
+
+    fn stop(&mut self) -> Result<()> {
+        self.shared.cancel.cancel();
+        match self.thread.take() {
+            Some(t) => t.join().map_err(|_| DaemonError::Panicked),
+            None => Ok(()),
+        }
+    }
+}
+
+impl Drop for DaemonHandle {
+    fn drop(&mut self) {
+        if let Err(e) = self.stop() {
+            error!(error = %e, "daemon shutdown failed");
+        }
+    }
+}
+
+/// The control plane: quarantine loop, metrics, accept loop; then drain.
+async fn run(
+    shared: Arc<Shared>,
+    listener: tokio::net::UnixListener,
+    metrics_listener: Option<tokio::net::TcpListener>,
+    socket_id: (u64, u64),
+) {
+    shared.tracker.spawn(quarantine_loop(Arc::clone(&shared)));
+    shared
+        .tracker
+        .spawn(rebalance::policy_loop(Arc::clone(&shared)));
+    if let Some(l) = metrics_listener {
+        let s = Arc::clone(&shared);
+        let stats: Arc<dyn Fn() -> Value + Send + Sync> = Arc::new(move || s.stats_json());
+        shared
+            .tracker
+            .spawn(metrics::serve(l, stats, shared.cancel.clone()));
+    }
+    server::Listener::new(listener, Arc::clone(&shared))
+        .run()
+        .await;
+    remove_socket(&shared.socket, socket_id);
+    shared.tracker.close();
+    if tokio::time::timeout(Duration::from_secs(30), shared.tracker.wait())
+        .await
+        .is_err()
+    {
+        warn!("some daemon tasks did not finish within 30 s of shutdown");
+    }
+}
+
+/// Re-checks quarantined regions every `pool.recheck_ms`, on every kick (FREE,
+/// disconnect, client exit), and trims the pool.
+async fn quarantine_loop(shared: Arc<Shared>) {
+    let period = shared.cfg.recheck_period();
+    loop {
+        tokio::select! {
+            () = shared.cancel.cancelled() => break,
+            () = shared.quarantine_kick.notified() => {}
+            () = tokio::time::sleep(period) => {}
+        }
+        let quarantined = shared.pool.quarantined();
+        if !quarantined.is_empty() {
+            let (ids, owned): (Vec<_>, Vec<_>) = quarantined.into_iter().unzip();
+            match tokio::task::spawn_blocking(move || alloc::scan_holders(&owned)).await {
+                Ok(holders) => {
+                    let results: Vec<_> = ids.into_iter().zip(holders).collect();
+                    shared.pool.apply_scan(&results);
+                }
+                Err(e) => error!(error = %e, "holder scan failed"),
+            }
+        }
+        let trimmed = shared.pool.trim(Instant::now());
+        if !trimmed.is_empty() {
+            debug!(regions = trimmed.len(), "dropping trimmed regions");
+            // munmap of large hugetlb mappings frees pages: off the executor.
+            drop(tokio::task::spawn_blocking(move || drop(trimmed)));
+        }
+    }
+}
+
+/// Binds the socket: creates the parent directory (0700) when missing,
+/// replaces a stale socket nobody answers on, refuses to replace a live one
+/// or a non-socket, and sets mode 0600 before anyone is told it exists.
+/// Returns the listener and the socket file's (dev, inode), so shutdown
+/// removes only its own file.
+fn bind_socket(path: &Path) -> Result<(tokio::net::UnixListener, (u64, u64))> {
+    let bind_err = |source: io::Error| DaemonError::Bind {
+        path: path.to_path_buf(),
+        source,
+    };
+    if let Some(dir) = path.parent() {
+        if !dir.as_os_str().is_empty() && !dir.exists() {
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(dir)
+                .map_err(bind_err)?;
+        }
+    }
+    match std::fs::symlink_metadata(path) {
+        Ok(meta) if meta.file_type().is_socket() => {
+            match std::os::unix::net::UnixStream::connect(path) {
+                Ok(_) => return Err(DaemonError::AlreadyRunning(path.to_path_buf())),
+                Err(e) => {
+                    warn!(socket = %path.display(), error = %e, "removing a stale socket (a daemon that did not shut down cleanly?)");
+                    std::fs::remove_file(path).map_err(bind_err)?;
+                }
+            }
+        }
+        Ok(_) => return Err(DaemonError::NotASocket(path.to_path_buf())),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => return Err(bind_err(e)),
+    }
+    let std_listener = std::os::unix::net::UnixListener::bind(path).map_err(bind_err)?;
+    // The parent directory is 0700 (systemd RuntimeDirectoryMode, or created
+    // above), so the moment between bind and chmod exposes nothing.
+    let secured = std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
+        .and_then(|()| std_listener.set_nonblocking(true))
+        .and_then(|()| std::fs::metadata(path));
+    let meta = match secured {
+        Ok(m) => m,
+        Err(e) => {
+            let _ = std::fs::remove_file(path);
+            return Err(bind_err(e));
+        }
+    };
+    let listener = tokio::net::UnixListener::from_std(std_listener).map_err(bind_err)?;
+    Ok((listener, (meta.dev(), meta.ino())))
+}
+
+/// Removes the socket file if it is still the one this daemon created.
+fn remove_socket(path: &Path, id: (u64, u64)) {
+    match std::fs::symlink_metadata(path) {
+        Ok(m) if (m.dev(), m.ino()) == id => {
+            if let Err(e) = std::fs::remove_file(path) {
+                warn!(socket = %path.display(), error = %e, "cannot remove the socket");
+            }
+        }
+        Ok(_) => {
+            warn!(socket = %path.display(), "socket file was replaced by someone else; leaving it")
+        }
+        Err(_) => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rate_limit_suppresses_and_counts() {
+        let r = RateLimit::new(Duration::from_secs(3600));
+        assert_eq!(r.check(), Some(0));
+        assert_eq!(r.check(), None);
+        assert_eq!(r.check(), None);
+        let r2 = RateLimit::new(Duration::ZERO);
+        assert_eq!(r2.check(), Some(0));
+        assert_eq!(r2.check(), Some(0));
+    }
+
+    #[test]
+    fn stale_socket_is_replaced_and_a_file_is_not() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("s.sock");
+        drop(std::os::unix::net::UnixListener::bind(&path).expect("bind"));
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("rt");
+        let _g = rt.enter();
+        let (l, id) = bind_socket(&path).expect("stale socket replaced");
+        let mode = std::fs::metadata(&path).expect("meta").permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600);
+        assert!(matches!(
+            bind_socket(&path),
+            Err(DaemonError::AlreadyRunning(_))
+        ));
+        drop(l);
+        remove_socket(&path, id);
+        assert!(!path.exists());
+        std::fs::write(&path, b"x").expect("file");
+        assert!(matches!(
+            bind_socket(&path),
+            Err(DaemonError::NotASocket(_))
+        ));
+    }
+}

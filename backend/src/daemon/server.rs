@@ -1,0 +1,260 @@
+//! The accept loop and the per-connection handlers (mini-redis style).
+//!
+//! [`Listener`] accepts connections, checks the peer's uid, and spawns one
+//! task per connection that owns a [`Handler`]. A `Semaphore` permit moved
+//! into each task caps live connections; the accept loop waits for a permit
+//! before it accepts, so excess clients queue in the kernel's backlog rather
+//! than costing the daemon memory. All tasks are spawned on a `TaskTracker`
+//! and watch a `CancellationToken`: shutdown cancels, then waits for the
+//! tracker to drain.
+//!
+//! A handler reads a frame ([`crate::proto::async_io::read_frame`]), decodes
+//! the request, lets its [`Session`] serve it, and writes the reply with a
+//! timeout. Errors stay on their connection:
+//!
+//! * A bad **header** (version, code, flags, size) or EOF inside a frame:
+//!   the framing can no longer be trusted, so the connection is closed
+//!   without a reply.
+//! * A bad **payload** (truncated, too many parts, trailing bytes) inside an
+//!   intact frame: answered with `INVALID` and the reason, then closed, as
+//!   the protocol says decoding errors close the connection.
+//! * A request that decodes but cannot be served gets an error reply and the
+//!   connection stays open.
+//!
+//! Refused peers (uid not allowed) get one `INVALID` reply naming their uid
+//! to their first request, then the connection closes; they reach no
+//! session code at all.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::net::{UnixListener, UnixStream};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tracing::{debug, info, warn};
+
+use super::metrics::Metrics;
+use super::peer::PeerCred;
+use super::session::Session;
+use super::{RateLimit, Shared};
+use crate::proto::async_io::{read_frame, write_frame};
+use crate::proto::messages::{Reply, Request};
+use crate::proto::{Header, ProtoError, Status};
+
+static MALFORMED_LOG: RateLimit = RateLimit::new(Duration::from_secs(1));
+static REFUSED_LOG: RateLimit = RateLimit::new(Duration::from_secs(1));
+static FDS_LOG: RateLimit = RateLimit::new(Duration::from_secs(1));
+static ACCEPT_LOG: RateLimit = RateLimit::new(Duration::from_secs(1));
+
+/// The accept loop.
+#[derive(Debug)]
+pub struct Listener {
+    listener: UnixListener,
+    shared: Arc<Shared>,
+    limit: Arc<Semaphore>,
+    next_session: u64,
+}
+
+impl Listener {
+    /// A listener over a bound socket.
+    pub fn new(listener: UnixListener, shared: Arc<Shared>) -> Self {
+        let limit = Arc::new(Semaphore::new(shared.cfg.limits.max_connections));
+        Self {
+            listener,
+            shared,
+            limit,
+            next_session: 1,
+        }
+    }
+
+    /// Accepts until the daemon's token is cancelled.
+    pub async fn run(&mut self) {
+        let cancel = self.shared.cancel.clone();
+        loop {
+            let permit = tokio::select! {
+                () = cancel.cancelled() => break,
+                // The semaphore is never closed, so acquire cannot fail.
+                p = Arc::clone(&self.limit).acquire_owned() => p.expect("connection semaphore is never closed"),
+            };
+            let stream = tokio::select! {
+                () = cancel.cancelled() => break,
+                r = self.listener.accept() => match r {
+                    Ok((s, _)) => s,
+                    Err(e) => {
+                        // EMFILE and friends: back off instead of spinning.
+                        if let Some(n) = ACCEPT_LOG.check() {
+                            warn!(error = %e, suppressed = n, "accept failed");
+                        }
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                        continue;
+                    }
+                },
+            };
+            self.spawn_connection(stream, permit);
+        }
+        info!("listener stopped accepting");
+    }
+
+    fn spawn_connection(&mut self, stream: UnixStream, permit: OwnedSemaphorePermit) {
+        let peer = match PeerCred::of(&stream) {
+            Ok(p) => p,
+            Err(e) => {
+                warn!(error = %e, "cannot read peer credentials; closing");
+                return;
+            }
+        };
+        let shared = Arc::clone(&self.shared);
+        if !shared.allowed_uids.contains(&peer.uid) {
+            Metrics::add(&shared.metrics.peers_refused, 1);
+            if let Some(n) = REFUSED_LOG.check() {
+                warn!(uid = peer.uid, pid = ?peer.pid, suppressed = n, "peer uid is not allowed; refusing");
+            }
+            self.shared.tracker.spawn(refuse(stream, peer, permit));
+            return;
+        }
+        let id = self.next_session;
+        self.next_session += 1;
+        self.shared.tracker.spawn(async move {
+            let session = Session::new(id, peer, Arc::clone(&shared));
+            let mut handler = Handler { stream, session, shared, _permit: permit };
+            if let Err(e) = handler.run().await {
+                Metrics::add(&handler.shared.metrics.connection_errors, 1);
+                if let Some(n) = MALFORMED_LOG.check() {
+                    warn!(session = id, error = %super::alloc::chain(&e), suppressed = n, "closing connection");
+                }
+            }
+            handler.session.close();
+        });
+    }
+}
+
+/// Answers a refused peer's first request with `INVALID`, then closes.
+async fn refuse(stream: UnixStream, peer: PeerCred, _permit: OwnedSemaphorePermit) {
+    let Ok(Ok(frame)) = tokio::time::timeout(Duration::from_secs(2), read_frame(&stream)).await
+    else {
+        return;
+    };
+    let reply = Reply::error(
+        Status::Invalid,
+        format!("uid {} is not allowed to use this hugemem daemon", peer.uid),
+    );
+    let payload = reply.encode();
+    if let Ok(header) = Header::reply_to(&frame.header, payload.len()) {
+        let _ = tokio::time::timeout(
+            Duration::from_secs(2),
+            write_frame(&stream, &header, &payload, &[]),
+        )
+        .await;
+    }
+}
+
+/// One connection.
+#[derive(Debug)]
+struct Handler {
+    stream: UnixStream,
+    session: Session,
+    shared: Arc<Shared>,
+    _permit: OwnedSemaphorePermit,
+}
+
+impl Handler {
+    /// Serves requests until EOF, a malformed frame, or shutdown. `Ok` for an
+    /// orderly end, the protocol error otherwise.
+    async fn run(&mut self) -> Result<(), ProtoError> {
+        let limits = &self.shared.cfg.limits;
+        let handshake_deadline =
+            tokio::time::Instant::now() + Duration::from_secs(limits.handshake_timeout_secs);
+        let write_timeout = Duration::from_secs(limits.write_timeout_secs);
+        let cancel = self.shared.cancel.clone();
+        loop {
+            let read = async {
+                if self.session.handshaken() {
+                    read_frame(&self.stream).await
+                } else {
+                    match tokio::time::timeout_at(handshake_deadline, read_frame(&self.stream))
+                        .await
+                    {
+                        Ok(r) => r,
+                        Err(_) => Err(ProtoError::OutOfBounds(
+                            "no HANDSHAKE within the handshake timeout".into(),
+                        )),
+                    }
+                }
+            };
+            let frame = tokio::select! {
+                () = cancel.cancelled() => return Ok(()),
+                // A lazy allocation's fault service failed: closing the
+                // connection hands its faults to the VMM's fallback.
+                () = self.session.lazy_failed() => {
+                    return Err(ProtoError::OutOfBounds("a lazy-mode fault service failed".into()));
+                }
+                f = read => f,
+            };
+            let frame = match frame {
+                Ok(f) => f,
+                Err(ProtoError::Closed) => return Ok(()),
+                Err(e) => return Err(e),
+            };
+            if frame.header.is_reply() {
+                return Err(ProtoError::OutOfBounds(
+                    "a reply arrived where a request was expected".into(),
+                ));
+            }
+            let request = match Request::decode(frame.header.code, &frame.payload) {
+                Ok(r) => r,
+                Err(e) => {
+                    let reply = Reply::error(Status::Invalid, format!("malformed request: {e}"));
+                    let _ = self.send(&frame.header, &reply, &[], write_timeout).await;
+                    return Err(e);
+                }
+            };
+            debug!(session = self.session.id(), code = ?frame.header.code, id = frame.header.id, "request");
+            // Only UFFD carries an fd; any other request's fds were taken
+            // into OwnedFd on arrival and close here.
+            let out = if request.expected_fds() > 0 {
+                self.session.handle_with_fds(request, frame.fds).await
+            } else {
+                if !frame.fds.is_empty() {
+                    if let Some(n) = FDS_LOG.check() {
+                        warn!(
+                            session = self.session.id(),
+                            fds = frame.fds.len(),
+                            suppressed = n,
+                            "request carried file descriptors; closed them"
+                        );
+                    }
+                }
+                drop(frame.fds);
+                self.session.handle(request).await
+            };
+            let fds: Vec<_> = out.fds.iter().map(|r| r.fd()).collect();
+            if let Err(e) = self
+                .send(&frame.header, &out.reply, &fds, write_timeout)
+                .await
+            {
+                drop(fds);
+                if let Some(alloc) = out.alloc {
+                    self.session.release_undelivered(alloc);
+                }
+                return Err(e);
+            }
+        }
+    }
+
+    async fn send(
+        &self,
+        request: &Header,
+        reply: &Reply,
+        fds: &[std::os::fd::BorrowedFd<'_>],
+        timeout: Duration,
+    ) -> Result<(), ProtoError> {
+        let payload = reply.encode();
+        let header = Header::reply_to(request, payload.len())?;
+        match tokio::time::timeout(timeout, write_frame(&self.stream, &header, &payload, fds)).await
+        {
+            Ok(r) => r,
+            Err(_) => Err(ProtoError::OutOfBounds(
+                "the client did not read its reply within the write timeout".into(),
+            )),
+        }
+    }
+}

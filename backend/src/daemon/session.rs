@@ -1,0 +1,502 @@
+//! One client's session: handshake state, the allocations it owns, and the
+//! meaning of each request.
+//!
+//! A session is created per accepted connection and lives as long as it.
+//! Ownership is recorded in the pool ([`super::pool::Pool`] keeps the
+//! session id of every allocation), so FREE, LOCK and UNLOCK on an id this
+//! session was not given are refused with `NotFound` whether the id exists or
+//! not — another client's ids are not even confirmed to exist in the status;
+//! the message says which case it was, for the operator's logs.
+//!
+//! When the session ends (disconnect, malformed frame, shutdown) every
+//! allocation it still owns is released into quarantine, exactly as FREE
+//! would. The first release starts a pidfd watch on the peer process (when
+//! it is another process), so its exit re-checks the quarantine at once.
+
+use std::sync::Arc;
+
+use guest_mem::Region;
+use tracing::{debug, info, warn};
+
+use super::alloc::{self, Source};
+use super::metrics::Metrics;
+use super::peer::{PeerCred, PidWatch};
+use super::pool::{AllocId, Released, SessionId};
+use super::Shared;
+use crate::proto::messages::{RegionInfo, Reply, ReplyBody, Request};
+use crate::proto::{Status, MAX_PAYLOAD, PROTOCOL_VERSION};
+
+/// Features this daemon implements (REBALANCE; lazy mode comes with its
+/// own issue).
+pub const DAEMON_FEATURES: u64 = crate::proto::FEATURE_REBALANCE | crate::proto::FEATURE_LAZY;
+
+/// What handling a request produced.
+#[derive(Debug)]
+pub struct Outcome {
+    /// The reply.
+    pub reply: Reply,
+    /// Regions whose fds go with the reply, in order.
+    pub fds: Vec<Arc<Region>>,
+    /// The allocation the reply hands out (released again if it cannot be sent).
+    pub alloc: Option<AllocId>,
+}
+
+impl Outcome {
+    fn reply(reply: Reply) -> Self {
+        Self {
+            reply,
+            fds: Vec::new(),
+            alloc: None,
+        }
+    }
+
+    fn error(status: Status, message: impl Into<String>) -> Self {
+        Self::reply(Reply::error(status, message))
+    }
+}
+
+/// A client session.
+#[derive(Debug)]
+pub struct Session {
+    id: SessionId,
+    peer: PeerCred,
+    shared: Arc<Shared>,
+    handshaken: bool,
+    watching: bool,
+    /// Lazy allocations and their fault services (`backend::fault`).
+    lazy: crate::fault::daemon::LazyAllocs,
+}
+
+impl Session {
+    /// A new session for a peer that passed the uid check.
+    pub fn new(id: SessionId, peer: PeerCred, shared: Arc<Shared>) -> Self {
+        Metrics::add(&shared.metrics.sessions_total, 1);
+        Metrics::add(&shared.metrics.sessions_active, 1);
+        info!(session = id, uid = peer.uid, pid = ?peer.pid, "session started");
+        shared.rebalance.client_started(id, peer.pid);
+        Self {
+            id,
+            peer,
+            shared,
+            handshaken: false,
+            watching: false,
+            lazy: crate::fault::daemon::LazyAllocs::new(),
+        }
+    }
+
+    /// The session id.
+    pub fn id(&self) -> SessionId {
+        self.id
+    }
+
+    /// True once HANDSHAKE succeeded.
+    pub fn handshaken(&self) -> bool {
+        self.handshaken
+    }
+
+    /// Serves one decoded request.
+    pub async fn handle(&mut self, req: Request) -> Outcome {
+        match req {
+            Request::Handshake {
+                min_version,
+                max_version,
+                features,
+            } => self.handshake(min_version, max_version, features),
+            _ if !self.handshaken => Outcome::error(
+                Status::Version,
+                "HANDSHAKE must be the first request on a connection",
+            ),
+            Request::Alloc(a) => self.alloc(&a).await,
+            Request::Free { alloc_id } => self.free(alloc_id).await,
+            Request::Lock { alloc_id, chunk } => self.lock(alloc_id, chunk, true).await,
+            Request::Unlock { alloc_id, chunk } => self.lock(alloc_id, chunk, false).await,
+            Request::Rebalance {
+                region_id,
+                offset,
+                len,
+                node,
+            } => {
+                let req = super::rebalance::MoveRequest {
+                    region_id,
+                    offset,
+                    len,
+                    node,
+                };
+                Outcome::reply(
+                    super::rebalance::serve(&self.shared, self.id, self.peer.uid, req).await,
+                )
+            }
+            Request::Stats => self.stats().await,
+            // Without its fd (see `handle_with_fds`): refused with the reason.
+            Request::Uffd { alloc_id, ranges } => self.uffd(alloc_id, &ranges, Vec::new()),
+        }
+    }
+
+    fn handshake(&mut self, min: u32, max: u32, features: u64) -> Outcome {
+        if self.handshaken {
+            return Outcome::error(
+                Status::Invalid,
+                "HANDSHAKE was already done on this connection",
+            );
+        }
+        if min > max || min > PROTOCOL_VERSION || max < PROTOCOL_VERSION {
+            return Outcome::error(
+                Status::Version,
+                format!("client speaks protocol versions {min}..={max}; this daemon speaks {PROTOCOL_VERSION}"),
+            );
+        }
+        self.handshaken = true;
+        debug!(session = self.id, features, "handshake done");
+        Outcome::reply(Reply::ok(ReplyBody::Handshake {
+            version: PROTOCOL_VERSION,
+            features: features & DAEMON_FEATURES,
+        }))
+    }
+
+    async fn alloc(&mut self, req: &crate::proto::AllocRequest) -> Outcome {
+        let parts = match alloc::plan(&self.shared, req) {
+            Ok(p) => p,
+            Err((status, msg)) => {
+                Metrics::add(&self.shared.metrics.allocs_failed, 1);
+                info!(session = self.id, ?status, reason = %msg, "ALLOC refused");
+                return Outcome::error(status, msg);
+            }
+        };
+        let cancel = clearing::CancelToken::new();
+        let (shared, job_cancel, job_parts, lock) = (
+            Arc::clone(&self.shared),
+            cancel.clone(),
+            parts.clone(),
+            req.lock,
+        );
+        let owner = (self.peer.uid, self.peer.gid);
+        // The blocking thread only waits for the runner's pinned workers (or
+        // scans /proc); no clearing runs on it or on the executor.
+        let mut job = tokio::task::spawn_blocking(move || {
+            alloc::obtain_all(&shared, &job_parts, lock, owner, &job_cancel)
+        });
+        let joined = tokio::select! {
+            r = &mut job => r,
+            () = self.shared.cancel.cancelled() => {
+                cancel.cancel();
+                job.await
+            }
+        };
+        let taken = match joined {
+            Ok(Ok(t)) => t,
+            Ok(Err((status, msg))) => {
+                Metrics::add(&self.shared.metrics.allocs_failed, 1);
+                warn!(session = self.id, ?status, reason = %msg, "ALLOC failed");
+                return Outcome::error(status, msg);
+            }
+            Err(e) => {
+                Metrics::add(&self.shared.metrics.allocs_failed, 1);
+                return Outcome::error(Status::Internal, alloc::join_error(&e).to_string());
+            }
+        };
+        let ids: Vec<u64> = taken.iter().map(|(t, _)| t.id).collect();
+        let lazy_mode = req.clear_mode == crate::proto::ClearMode::Lazy;
+        let committed = if lazy_mode {
+            self.shared.pool.commit_lazy(self.id, &ids, lock)
+        } else {
+            self.shared.pool.commit(self.id, &ids, lock)
+        };
+        let alloc_id = match committed {
+            Ok(a) => a,
+            Err(msg) => {
+                self.shared.pool.unreserve(&ids);
+                Metrics::add(&self.shared.metrics.allocs_failed, 1);
+                tracing::error!(session = self.id, reason = %msg, "clean-before-map invariant refused an ALLOC");
+                return Outcome::error(Status::Internal, msg);
+            }
+        };
+        let mut guest_phys = 0;
+        let mut regions = Vec::with_capacity(taken.len());
+        let mut fds = Vec::with_capacity(taken.len());
+        let mut paths = Vec::new();
+        for (t, source) in &taken {
+            if req.want_paths {
+                match t.region.path() {
+                    Some(p) => paths.push(p.display().to_string()),
+                    None => {
+                        // Cannot happen: path parts only take path-backed regions.
+                        tracing::error!(region = t.id, "a path-backed ALLOC got a memfd region");
+                    }
+                }
+            }
+            // Lazy: uncleared, the VMM must hand over a uffd. Demand: fresh,
+            // the kernel zeroes each page at first touch, so it is clean.
+            let mut flags = if *source == Source::Lazy {
+                RegionInfo::FLAG_LAZY
+            } else {
+                RegionInfo::FLAG_CLEAN
+            };
+            if lock {
+                flags |= RegionInfo::FLAG_LOCKED;
+            }
+            regions.push(RegionInfo {
+                region_id: t.id,
+                guest_phys,
+                size: t.region.len(),
+                page_size: t.region.page_size().bytes(),
+                node: t.region.node().unwrap_or(crate::proto::ANY_NODE),
+                flags,
+            });
+            guest_phys += t.region.len();
+            fds.push(Arc::clone(&t.region));
+        }
+        Metrics::add(&self.shared.metrics.allocs_ok, 1);
+        let sources: Vec<&str> = taken
+            .iter()
+            .map(|(_, s)| match s {
+                Source::Pooled => "pooled",
+                Source::Recleared => "recleared",
+                Source::Fresh => "fresh",
+                Source::Lazy => "lazy",
+                Source::Demand => "demand",
+            })
+            .collect();
+        let demand = taken.iter().filter(|(_, s)| *s == Source::Demand).count();
+        // A lazy request that got no dirty pooled memory says so (the reply's
+        // message, on success, is a note).
+        let note = if lazy_mode && demand > 0 {
+            format!(
+                "lazy: {demand} of {} regions had no dirty pooled memory of their size and node; they are fresh, \
+                 zeroed by the kernel at first touch (kernel demand faults, no uffd needed)",
+                taken.len()
+            )
+        } else {
+            String::new()
+        };
+        if lazy_mode {
+            let infos = regions.clone();
+            let arcs = taken.iter().map(|(t, _)| Arc::clone(&t.region)).collect();
+            self.lazy.record(alloc_id, infos, arcs);
+        }
+        info!(
+            session = self.id,
+            alloc = alloc_id,
+            bytes = req.total_size,
+            ?sources,
+            "ALLOC served"
+        );
+        // `paths`: filled only for ALLOC with want_paths (hugetlbfs mode, see `hugemem launch --hugetlbfs`).
+        let mut reply = Reply::ok(ReplyBody::Alloc {
+            alloc_id,
+            regions,
+            paths,
+        });
+        if !note.is_empty() {
+            info!(session = self.id, alloc = alloc_id, %note, "lazy ALLOC fell back");
+            reply.message = note;
+        }
+        Outcome {
+            reply,
+            fds,
+            alloc: Some(alloc_id),
+        }
+    }
+
+    /// [`Session::handle`] for a request that came with fds: UFFD takes its
+    /// one fd; any other request's fds are closed (the caller logs them).
+    pub async fn handle_with_fds(
+        &mut self,
+        req: Request,
+        fds: Vec<std::os::fd::OwnedFd>,
+    ) -> Outcome {
+        match req {
+            Request::Uffd { alloc_id, ranges } if self.handshaken => {
+                self.uffd(alloc_id, &ranges, fds)
+            }
+            other => {
+                drop(fds);
+                self.handle(other).await
+            }
+        }
+    }
+
+    /// UFFD: start the fault service of a lazy allocation of this session.
+    fn uffd(
+        &mut self,
+        alloc_id: AllocId,
+        ranges: &[crate::proto::UffdRange],
+        fds: Vec<std::os::fd::OwnedFd>,
+    ) -> Outcome {
+        if let Err(e) = self.shared.pool.regions_of(alloc_id, self.id) {
+            return Outcome::error(Status::NotFound, e.to_string());
+        }
+        let cfg = crate::fault::FaultServiceConfig {
+            topology: Some(Arc::clone(&self.shared.topology)),
+            ..crate::fault::FaultServiceConfig::default()
+        };
+        match self.lazy.attach(alloc_id, ranges, fds, self.peer.pid, cfg) {
+            Ok(()) => Outcome::reply(Reply::ok(ReplyBody::Empty)),
+            Err((status, msg)) => {
+                info!(session = self.id, alloc = alloc_id, ?status, reason = %msg, "UFFD refused");
+                Outcome::error(status, msg)
+            }
+        }
+    }
+
+    /// Resolves when one of this session's fault services failed (the
+    /// connection is then closed, so the VMM's fallback serves its faults).
+    pub async fn lazy_failed(&self) {
+        self.lazy.failed().await;
+    }
+
+    async fn free(&mut self, alloc_id: AllocId) -> Outcome {
+        // The fault service stops (threads joined, its uffd closed) before
+        // the regions go to quarantine.
+        if let Some(service) = self.lazy.take_service(alloc_id) {
+            let _ = tokio::task::spawn_blocking(move || service.stop()).await;
+        }
+        match self.shared.pool.release(alloc_id, self.id) {
+            Ok(released) => {
+                Metrics::add(&self.shared.metrics.frees, 1);
+                self.shared.rebalance.alloc_released(alloc_id);
+                self.after_release(vec![released]);
+                Outcome::reply(Reply::ok(ReplyBody::Empty))
+            }
+            Err(e) => {
+                debug!(session = self.id, error = %e, "FREE refused");
+                Outcome::error(Status::NotFound, e.to_string())
+            }
+        }
+    }
+
+    /// Releases an allocation whose reply could not be delivered.
+    pub fn release_undelivered(&mut self, alloc_id: AllocId) {
+        self.lazy.stop(alloc_id);
+        if let Ok(r) = self.shared.pool.release(alloc_id, self.id) {
+            warn!(
+                session = self.id,
+                alloc = alloc_id,
+                "ALLOC reply not delivered; allocation released"
+            );
+            self.after_release(vec![r]);
+        }
+    }
+
+    async fn lock(&mut self, alloc_id: AllocId, chunk: u64, lock: bool) -> Outcome {
+        let (regions, _) = match self.shared.pool.regions_of(alloc_id, self.id) {
+            Ok(r) => r,
+            Err(e) => return Outcome::error(Status::NotFound, e.to_string()),
+        };
+        let topology = Arc::clone(&self.shared.topology);
+        let job = tokio::task::spawn_blocking(move || {
+            let refs: Vec<&Region> = regions.iter().map(|r| &**r).collect();
+            alloc::lock_regions(&topology, &refs, lock, chunk, None)
+        });
+        match job.await {
+            Ok(Ok((bytes, micros))) => {
+                self.shared.pool.set_locked(alloc_id, lock);
+                info!(
+                    session = self.id,
+                    alloc = alloc_id,
+                    bytes,
+                    micros,
+                    lock,
+                    "allocation lock state changed"
+                );
+                Outcome::reply(Reply::ok(ReplyBody::Lock { bytes, micros }))
+            }
+            Ok(Err((status, msg))) => Outcome::error(status, msg),
+            Err(e) => Outcome::error(Status::Internal, alloc::join_error(&e).to_string()),
+        }
+    }
+
+    async fn stats(&self) -> Outcome {
+        let mut v = self.shared.stats_json();
+        super::rebalance::add_placement(&self.shared, &mut v).await;
+        let mut json = v.to_string();
+        // The reply must fit one frame: status (8) + length (4) + JSON. The
+        // per-region list is the only part that grows with use; drop it first.
+        if json.len() + 12 > MAX_PAYLOAD {
+            if let Some(o) = v.as_object_mut() {
+                o.remove("regions");
+                o.insert("regions_omitted".into(), serde_json::Value::Bool(true));
+            }
+            json = v.to_string();
+        }
+        if json.len() + 12 > MAX_PAYLOAD {
+            return Outcome::error(Status::Internal, "STATS does not fit one reply");
+        }
+        Outcome::reply(Reply::ok(ReplyBody::Stats { json }))
+    }
+
+    /// Unlocks (off the executor), drops regions over the limit, starts the
+    /// peer's pidfd watch, and wakes the quarantine.
+    fn after_release(&mut self, released: Vec<Released>) {
+        if released.is_empty() {
+            return;
+        }
+        let shared = Arc::clone(&self.shared);
+        self.shared.tracker.spawn_blocking(move || {
+            for r in released {
+                if r.locked {
+                    let refs: Vec<&Region> = r.quarantined.iter().map(|x| &**x).collect();
+                    if let Err((_, msg)) =
+                        alloc::lock_regions(&shared.topology, &refs, false, 0, None)
+                    {
+                        warn!(reason = %msg, "cannot unlock a released allocation");
+                    }
+                }
+                drop(r.dropped);
+            }
+            shared.quarantine_kick.notify_one();
+        });
+        self.watch_peer();
+    }
+
+    fn watch_peer(&mut self) {
+        if self.watching {
+            return;
+        }
+        let Some(pid) = self.peer.pid else { return };
+        if u32::try_from(pid).is_ok_and(|p| p == std::process::id()) {
+            return;
+        }
+        self.watching = true;
+        match PidWatch::new(pid) {
+            Ok(watch) => {
+                let shared = Arc::clone(&self.shared);
+                self.shared.tracker.spawn(async move {
+                    tokio::select! {
+                        r = watch.exited() => {
+                            if r.is_ok() {
+                                debug!(pid = watch.pid(), "client process exited; re-checking quarantine");
+                                shared.quarantine_kick.notify_one();
+                            }
+                        }
+                        () = shared.cancel.cancelled() => {}
+                    }
+                });
+            }
+            // Gone already (ESRCH): the next scan will see it.
+            Err(e) => debug!(pid, error = %e, "cannot watch the client process"),
+        }
+    }
+
+    /// Ends the session: every allocation it owns is released.
+    pub fn close(mut self) {
+        // Before the connection's socket closes (the caller drops it after
+        // this returns): the VMM's fallback may serve faults once it sees the
+        // close. Blocks for at most one page clear per fault-service thread.
+        self.lazy.stop_all();
+        let released = self.shared.pool.release_session(self.id);
+        if !released.is_empty() {
+            info!(
+                session = self.id,
+                allocations = released.len(),
+                "session ended with live allocations; released"
+            );
+        }
+        self.after_release(released);
+        self.shared.rebalance.client_ended(self.id);
+        self.shared
+            .metrics
+            .sessions_active
+            .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+        info!(session = self.id, "session ended");
+    }
+}

@@ -1,0 +1,272 @@
+//! Lazy mode in the daemon: which of a session's allocations are lazy, the
+//! fault service serving each, and the ALLOC-side choice of a region.
+//!
+//! Kept here rather than in `daemon/` so the daemon's own files only gain a
+//! few calls: `alloc` asks [`obtain_lazy`] first for a lazy part, the session
+//! records lazy allocations in its [`LazyAllocs`], hands UFFD requests to
+//! [`LazyAllocs::attach`], and stops the service ([`LazyAllocs::stop`])
+//! before FREE releases the regions and before a closing connection's
+//! socket is closed (the VMM's fallback may serve faults once it sees the
+//! connection close, so the daemon must have stopped by then).
+
+use std::collections::HashMap;
+use std::os::fd::OwnedFd;
+use std::sync::Arc;
+
+use guest_mem::{PageSize, PageState, Region, RegionSpec};
+use numa::{NodeId, Topology};
+use serde_json::{json, Value};
+use tokio::sync::Notify;
+use tracing::{info, warn};
+
+use super::{
+    check_uffd_ranges, FaultMapping, FaultReport, FaultService, FaultServiceConfig,
+    FaultServiceHandle,
+};
+use crate::daemon::pool::{Pool, PoolKey, Taken};
+use crate::proto::{RegionInfo, Status, UffdRange};
+use crate::uffd::Uffd;
+
+/// Lazy mode's first choice for one part: a dirty pooled region of exactly
+/// `size` on `node` in one of the huge `candidates` (largest first) whose
+/// dirty pages are all resident and none is being scrubbed. It is handed out
+/// uncleared (flag LAZY); `None` when there is none.
+///
+/// The pool's scrubbers may still be clearing some of its pages: the fault
+/// service defers faults on those until they are clean, and its own
+/// scrubbers install them. A dirty page out of the page cache would not raise
+/// a MINOR fault (see [`super::FaultService::start`]): such a region is put
+/// back.
+pub fn take_lazy_dirty(
+    pool: &Pool,
+    node: NodeId,
+    size: u64,
+    candidates: &[PageSize],
+    paths: bool,
+) -> Option<Taken> {
+    for &page_size in candidates.iter().filter(|p| p.is_huge()) {
+        let key = PoolKey {
+            node,
+            page_size,
+            paths,
+        };
+        let Some(t) = pool.take_dirty(key, size) else {
+            continue;
+        };
+        // Pages a pool scrubber is still clearing are fine: faults on them
+        // are re-checked until the scrubber finishes, then installed.
+        match dirty_pages_resident(&t.region) {
+            Ok(()) => return Some(t),
+            Err(page) => warn!(
+                region = t.id,
+                page, "dirty pooled region has a page out of the page cache; not lazy"
+            ),
+        }
+        pool.unreserve(&[t.id]);
+    }
+    None
+}
+
+/// Lazy mode without dirty pooled memory: a fresh region of the first huge
+/// candidate the kernel can give (largest first), created but **not
+/// populated**; the kernel zeroes each page at
+/// the VMM's first touch (kernel demand faults, flag CLEAN, no uffd needed).
+/// The pages are then placed by the VMM's memory policy at that touch, not
+/// bound to `node`. `None` when it cannot be created (the eager path then
+/// tries, and says why).
+pub fn fresh_demand(
+    pool: &Pool,
+    topology: &Topology,
+    node: NodeId,
+    size: u64,
+    candidates: &[PageSize],
+    new_id: impl FnOnce() -> u64,
+) -> Option<Taken> {
+    let id = new_id();
+    for &page_size in candidates.iter().filter(|p| p.is_huge()) {
+        let spec = RegionSpec::new(format!("hugemem-r{id}"), size, Some(node))
+            .with_policy(guest_mem::PagePolicy::Strict(page_size));
+        match Region::create(topology, &spec) {
+            Ok(region) => return pool.insert_fresh(id, region).ok(),
+            Err(e) => {
+                info!(node, size, %page_size, error = %e, "lazy ALLOC: no fresh region for kernel demand faults")
+            }
+        }
+    }
+    None
+}
+
+/// `Ok` when every `Dirty` page of the region is mapped in the daemon's own
+/// mapping (so in the page cache); else the first page that is not.
+pub fn dirty_pages_resident(region: &Region) -> Result<(), usize> {
+    let Ok(pagemap) = super::pagemap::Pagemap::open_self() else {
+        return Err(0);
+    };
+    for page in region.states().pages_in(PageState::Dirty) {
+        let (offset, _) = region.page_range(page);
+        if !pagemap
+            .present(region.as_ptr() as u64 + offset)
+            .unwrap_or(false)
+        {
+            return Err(page);
+        }
+    }
+    Ok(())
+}
+
+#[derive(Debug)]
+struct LazyAlloc {
+    infos: Vec<RegionInfo>,
+    regions: Vec<Arc<Region>>,
+    service: Option<FaultServiceHandle>,
+}
+
+/// The lazy allocations of one session and their fault services.
+#[derive(Debug, Default)]
+pub struct LazyAllocs {
+    allocs: HashMap<u64, LazyAlloc>,
+    failed: Arc<Notify>,
+}
+
+impl LazyAllocs {
+    /// No lazy allocation yet.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Remembers an allocation with at least one LAZY region (others are
+    /// ignored): `infos` as sent in the ALLOC reply, `regions` in the same order.
+    pub fn record(&mut self, alloc_id: u64, infos: Vec<RegionInfo>, regions: Vec<Arc<Region>>) {
+        if infos.iter().any(|i| i.flags & RegionInfo::FLAG_LAZY != 0) {
+            self.allocs.insert(
+                alloc_id,
+                LazyAlloc {
+                    infos,
+                    regions,
+                    service: None,
+                },
+            );
+        }
+    }
+
+    /// Serves a UFFD request for `alloc_id` (whose ownership the caller
+    /// checked): validates the fd count, the fd, and the ranges, then starts
+    /// the fault service. `peer_pid` is the VMM's pid (its exit stops the
+    /// service).
+    ///
+    /// # Errors
+    ///
+    /// The status and message of the error reply.
+    pub fn attach(
+        &mut self,
+        alloc_id: u64,
+        ranges: &[UffdRange],
+        mut fds: Vec<OwnedFd>,
+        peer_pid: Option<i32>,
+        mut cfg: FaultServiceConfig,
+    ) -> Result<(), (Status, String)> {
+        let invalid = |m: String| (Status::Invalid, m);
+        if fds.len() != 1 {
+            return Err(invalid(format!(
+                "UFFD carries exactly one fd, got {}",
+                fds.len()
+            )));
+        }
+        let Some(alloc) = self.allocs.get_mut(&alloc_id) else {
+            return Err(invalid(format!("allocation {alloc_id} has no lazy region")));
+        };
+        if alloc.service.is_some() {
+            return Err(invalid(format!(
+                "allocation {alloc_id} already has a userfaultfd"
+            )));
+        }
+        check_uffd_ranges(ranges, &alloc.infos).map_err(invalid)?;
+        let fd = fds.pop().ok_or_else(|| invalid("no fd".into()))?;
+        let uffd = Uffd::from_owned_fd(fd).map_err(|e| invalid(format!("UFFD fd: {e}")))?;
+        let mut mappings = Vec::with_capacity(ranges.len());
+        for r in ranges {
+            let Some(i) = alloc.infos.iter().position(|g| g.region_id == r.region_id) else {
+                return Err(invalid(format!(
+                    "region {} is not in allocation {alloc_id}",
+                    r.region_id
+                )));
+            };
+            mappings.push(FaultMapping {
+                vmm_start: r.vmm_addr,
+                len: r.len,
+                region: Arc::clone(&alloc.regions[i]),
+                region_offset: r.offset,
+            });
+        }
+        let peer = peer_pid.and_then(|p| crate::daemon::peer::pidfd_open(p).ok());
+        cfg.failure = Some(Arc::clone(&self.failed));
+        cfg.label = format!("alloc {alloc_id}");
+        let service = FaultService::start(cfg, uffd, mappings, peer).map_err(|e| {
+            let status = match e {
+                super::FaultError::Setup(_) | super::FaultError::Threads(_) => Status::Internal,
+                _ => Status::Invalid,
+            };
+            (status, crate::daemon::alloc::chain(&e))
+        })?;
+        alloc.service = Some(service);
+        info!(
+            alloc = alloc_id,
+            ranges = ranges.len(),
+            "lazy allocation served through the VMM's userfaultfd"
+        );
+        Ok(())
+    }
+
+    /// Stops the fault service of `alloc_id` (FREE) and forgets it. Blocks
+    /// until its threads are joined: at most one page clear per thread.
+    pub fn stop(&mut self, alloc_id: u64) -> Option<FaultReport> {
+        let report = self
+            .allocs
+            .remove(&alloc_id)?
+            .service
+            .map(FaultServiceHandle::stop);
+        if let Some(r) = &report {
+            info!(alloc = alloc_id, reason = ?r.reason, faults = r.stats.faults, p99_ns = r.stats.latency.p99_ns, "lazy fault service stopped");
+        }
+        report
+    }
+
+    /// Takes the fault service of `alloc_id` out (to stop it off the async
+    /// executor) and forgets the allocation.
+    pub fn take_service(&mut self, alloc_id: u64) -> Option<FaultServiceHandle> {
+        self.allocs.remove(&alloc_id)?.service
+    }
+
+    /// Stops every fault service (the connection is closing).
+    pub fn stop_all(&mut self) {
+        let ids: Vec<u64> = self.allocs.keys().copied().collect();
+        for id in ids {
+            self.stop(id);
+        }
+    }
+
+    /// Resolves when a fault service of this session ended abnormally (a
+    /// panic, a uffd error): the daemon then closes the connection, so the
+    /// VMM's fallback takes over.
+    pub async fn failed(&self) {
+        self.failed.notified().await;
+    }
+
+    /// Per-allocation fault counters, for STATS.
+    pub fn stats_json(&self) -> Value {
+        let v: Vec<Value> = self
+            .allocs
+            .iter()
+            .map(|(id, a)| {
+                let s = a.service.as_ref().map(FaultServiceHandle::stats);
+                json!({
+                    "alloc": id,
+                    "attached": a.service.is_some(),
+                    "dirty_pages": a.regions.iter().map(|r| r.states().counts().dirty).sum::<usize>(),
+                    "faults": s,
+                })
+            })
+            .collect();
+        Value::Array(v)
+    }
+}

@@ -1,0 +1,240 @@
+//! Lazy mode, daemon side: serving a VMM's guest-RAM faults by clearing each
+//! huge page just before the guest first touches it.
+//!
+//! A VMM that asked for lazy memory gets a dirty pooled region at once, maps
+//! it, registers its mapping on a userfaultfd in MINOR mode and sends the
+//! uffd here (`UFFD` request, see `docs/protocol.md`). A [`FaultService`]
+//! then owns that uffd:
+//!
+//! * one **reader** thread (`hm-uffd-rd`) waits in `epoll` on the uffd, a
+//!   stop `EventFd` and the VMM's pidfd; it reads events in batches, turns
+//!   page faults into jobs (region, page, fault offset) through the range
+//!   table, and applies UNMAP/REMAP events to that table in order;
+//! * **handler** threads (`hm-uffd-hN`, 2 by default) serve jobs
+//!   concurrently: faults on different pages never wait for each other
+//!   (cloud-hypervisor serves its uffd from one thread, an open complaint
+//!   there). A dirty page is cleared through the daemon's own mapping of the
+//!   memfd with the multi-page kernel, the faulting 4 KiB neighbourhood last
+//!   so it is cache-hot ([`clearing::clear_huge_page_raw`]), then
+//!   `UFFDIO_CONTINUE` maps it into the VMM and wakes the vCPU;
+//! * node-local **scrubbers** (`hm-uffd-sN-i`, pinned to node N's CPUs) run
+//!   ahead: read-ahead hints after each fault first, then every page in
+//!   guest-physical order; each page they clear is installed with
+//!   `UFFDIO_CONTINUE` at once, so the guest never faults on it.
+//!
+//! Every page goes through the [`guest_mem::PageStates`] machine, so each is
+//! cleared exactly once per dirty epoch and none is installed before it is
+//! clean; the rules per state are in [`policy`]. The uffd mechanism and that
+//! policy are apart (Firecracker's page-fault-handler split).
+//!
+//! # Kernel behaviour this relies on
+//!
+//! * MINOR faults fire only for pages in the file's page cache. Pooled pages
+//!   are (they were populated and cleared before); a fresh, never-allocated
+//!   page in a MINOR-only range raises no event at all and the kernel hands
+//!   out a page it zeroed itself. [`FaultService::start`] therefore refuses a
+//!   region with a dirty page that is not resident, and a page that the
+//!   states call `Unpopulated` but that faults MINOR is the guest's own
+//!   kernel-zeroed page: adopted, not cleared.
+//! * Without `UFFD_FEATURE_EXACT_ADDRESS` fault addresses are aligned down to
+//!   the huge page (the neighbourhood is then the page's start); the VMM
+//!   client enables it.
+//! * `UFFDIO_CONTINUE` on a page already mapped gives `EEXIST` and wakes
+//!   nobody; [`crate::uffd::Uffd::continue_range`] wakes the range itself.
+//!   `EAGAIN` (a non-cooperative event not read yet) is retried while the
+//!   reader reads it.
+//! * The uffd's ranges belong to the VMM's address space; the daemon cannot
+//!   unregister them. When the VMM dies, the uffd reports nothing: the VMM's
+//!   pidfd ends the service, or a fill fails with `ESRCH`.
+//! * Closing the last uffd fd under a waiting MINOR fault maps the page as it
+//!   is, uncleared. The VMM keeps its own copy for as long as the guest runs;
+//!   stopping the service closes only the daemon's copy, so unserved faults
+//!   stay pending rather than leak (see `docs/security.md`).
+//!
+//! # Alternatives
+//!
+//! One thread per service reading and serving inline is what
+//! cloud-hypervisor does; a 1 GiB clear (~0.1 s) then stalls every other
+//! vCPU's fault. N threads each polling the uffd would also serve
+//! concurrently, but UNMAP/REMAP would race with faults read by another
+//! thread; one reader keeps events in order.
+
+pub mod daemon;
+pub mod metrics;
+pub mod pagemap;
+pub mod policy;
+pub mod service;
+pub mod table;
+
+pub use metrics::{FaultMetrics, FaultStats, Histogram, LatencySummary};
+pub use service::{
+    live_services, FaultMapping, FaultReport, FaultService, FaultServiceConfig, FaultServiceHandle,
+    StopReason,
+};
+
+/// Errors starting a fault service.
+#[derive(Debug, thiserror::Error)]
+pub enum FaultError {
+    /// No mapping was given.
+    #[error("a fault service needs at least one mapping")]
+    NoMappings,
+    /// Lazy mode serves huge pages only (hugetlbfs MINOR faults).
+    #[error("mapping {mapping} is backed by 4 KiB pages; lazy mode needs huge pages")]
+    NotHuge {
+        /// Index in the mapping list.
+        mapping: usize,
+    },
+    /// A mapping is empty, misaligned, or runs past its region.
+    #[error("mapping {mapping} ({len:#x} bytes at {vmm_start:#x}, region offset {region_offset:#x}) does not fit a region of {region_len:#x} bytes in {page_size:#x}-byte pages")]
+    BadMapping {
+        /// Index in the mapping list.
+        mapping: usize,
+        /// VMM start.
+        vmm_start: u64,
+        /// Bytes.
+        len: u64,
+        /// Offset in the region.
+        region_offset: u64,
+        /// Region length.
+        region_len: u64,
+        /// Page size.
+        page_size: u64,
+    },
+    /// Mappings overlap in the VMM's address space.
+    #[error("the VMM mappings overlap")]
+    Table(#[source] table::TableError),
+    /// A dirty page is not resident, so it would not raise a MINOR fault.
+    #[error(
+        "page {page} of region {region} is dirty but not resident; hand the region out eagerly"
+    )]
+    NotResident {
+        /// Region name.
+        region: String,
+        /// Page index.
+        page: usize,
+    },
+    /// epoll, eventfd, fcntl or pagemap setup failed.
+    #[error("cannot set up the fault service")]
+    Setup(#[source] std::io::Error),
+    /// A service thread could not be started.
+    #[error("cannot start a fault service thread")]
+    Threads(#[source] std::io::Error),
+}
+
+/// Result alias of this module.
+pub type Result<T> = std::result::Result<T, FaultError>;
+
+/// Checks a UFFD request's ranges against the allocation's region table
+/// (the part of the request's validation that needs the regions; the
+/// decoder already refused empty, wrapping and overlapping ranges): every
+/// range names a LAZY region of the allocation, on huge pages, with offset,
+/// address and length aligned to its page size and `offset + len` inside it.
+/// Pure, so the daemon's handler and the fuzzer share it.
+///
+/// # Errors
+///
+/// The reason, for an INVALID reply.
+pub fn check_uffd_ranges(
+    ranges: &[crate::proto::UffdRange],
+    regions: &[crate::proto::RegionInfo],
+) -> std::result::Result<(), String> {
+    use crate::proto::RegionInfo;
+    if ranges.is_empty() {
+        return Err("UFFD needs at least one range".into());
+    }
+    for (i, r) in ranges.iter().enumerate() {
+        let Some(info) = regions.iter().find(|g| g.region_id == r.region_id) else {
+            return Err(format!(
+                "range {i}: region {} is not in this allocation",
+                r.region_id
+            ));
+        };
+        if info.flags & RegionInfo::FLAG_LAZY == 0 {
+            return Err(format!("range {i}: region {} is not lazy", r.region_id));
+        }
+        let page = info.page_size;
+        if !matches!(guest_mem::PageSize::from_bytes(page), Some(p) if p.is_huge()) {
+            return Err(format!(
+                "range {i}: region {} has {page}-byte pages; lazy mode needs huge pages",
+                r.region_id
+            ));
+        }
+        if r.len == 0 || r.offset % page != 0 || r.vmm_addr % page != 0 || r.len % page != 0 {
+            return Err(format!(
+                "range {i}: offset, address and length must be multiples of {page} bytes"
+            ));
+        }
+        if r.offset
+            .checked_add(r.len)
+            .is_none_or(|end| end > info.size)
+        {
+            return Err(format!(
+                "range {i}: {} bytes at offset {} run past region {} ({} bytes)",
+                r.len, r.offset, r.region_id, info.size
+            ));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::proto::{RegionInfo, UffdRange};
+
+    const M2: u64 = 2 << 20;
+
+    fn region(id: u64, size: u64, page_size: u64, flags: u32) -> RegionInfo {
+        RegionInfo {
+            region_id: id,
+            guest_phys: 0,
+            size,
+            page_size,
+            node: 0,
+            flags,
+        }
+    }
+
+    #[test]
+    fn uffd_ranges_are_checked_against_the_regions() {
+        let regions = [
+            region(1, 8 * M2, M2, RegionInfo::FLAG_LAZY),
+            region(2, 4 * M2, M2, RegionInfo::FLAG_CLEAN),
+        ];
+        let r = |region_id, offset, vmm_addr, len| UffdRange {
+            region_id,
+            offset,
+            vmm_addr,
+            len,
+        };
+        assert_eq!(
+            check_uffd_ranges(&[r(1, 0, 0x4000_0000, 8 * M2)], &regions),
+            Ok(())
+        );
+        assert_eq!(
+            check_uffd_ranges(
+                &[r(1, 0, 0, 2 * M2), r(1, 4 * M2, 16 * M2, 4 * M2)],
+                &regions
+            ),
+            Ok(())
+        );
+        for bad in [
+            vec![],
+            vec![r(3, 0, 0, M2)],          // not in the allocation
+            vec![r(2, 0, 0, M2)],          // not lazy
+            vec![r(1, 4096, 0, M2)],       // misaligned offset
+            vec![r(1, 0, 4096, M2)],       // misaligned address
+            vec![r(1, 0, 0, M2 + 4096)],   // misaligned length
+            vec![r(1, 0, 0, 0)],           // empty
+            vec![r(1, 6 * M2, 0, 4 * M2)], // past the end
+            vec![r(1, u64::MAX - M2 + 1, 0, 2 * M2)],
+        ] {
+            assert!(check_uffd_ranges(&bad, &regions).is_err(), "{bad:?}");
+        }
+        let small = [region(5, 8 << 20, 4096, RegionInfo::FLAG_LAZY)];
+        assert!(
+            check_uffd_ranges(&[r(5, 0, 0, 4096)], &small).is_err(),
+            "4 KiB pages"
+        );
+    }
+}

@@ -1,0 +1,284 @@
+//! Client side of the `vm-memory` adapter: an allocation's fds as a rust-vmm
+//! [`GuestMemoryMmap`], for VMMs that got their memory from the daemon.
+//!
+//! ```no_run
+//! use backend::client::Client;
+//! use backend::proto::{AllocRequest, ClearMode, PagePolicy};
+//! use guest_mem::vm_memory::{Bytes, GuestAddress};
+//!
+//! let mut client = Client::connect("/run/hugemem/hugemem.sock".as_ref())?;
+//! let alloc = client.alloc(AllocRequest {
+//!     total_size: 2 << 30,
+//!     page_policy: PagePolicy::Best,
+//!     clear_mode: ClearMode::Eager,
+//!     lock: false,
+//!     parts: vec![],
+//!     want_paths: false,
+//! })?;
+//! let mem = alloc.guest_memory()?;
+//! mem.write_obj(0xdead_beef_u64, GuestAddress(0x1000))?;
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! # Relation to `guest_mem::vmm`
+//!
+//! `guest_mem::vmm::guest_region` maps a daemon-side [`guest_mem::Region`]
+//! and checks its page states; a VMM has only an fd and the region table.
+//! [`region_from_fd`] is the same mapping (vm-memory's builder with
+//! `PROT_READ|PROT_WRITE`, `MAP_SHARED`, no `MAP_NORESERVE`, `hugetlbfs` set
+//! from the page size) from an fd. It belongs in `guest_mem::vmm` as a
+//! `guest_region_from_fd` that `guest_region` calls after its state checks;
+//! it lives here until that file is free to change.
+//!
+//! Checks before mapping: the page size is one hugemem uses, the guest address
+//! is aligned to it (so KVM can use huge stage-2 mappings), the length fits
+//! this process, and the file is at least as long as the region: mapping past
+//! EOF would turn the first guest access there into SIGBUS (Firecracker's
+//! `snapshot_file` check). Lazy regions are refused: they need a userfaultfd
+//! the VMM creates, which this helper does not do.
+
+use std::fs::File;
+use std::io;
+use std::os::fd::BorrowedFd;
+
+use guest_mem::vm_memory::mmap::{MmapRegionBuilder, MmapRegionError};
+use guest_mem::vm_memory::{
+    FileOffset, GuestAddress, GuestMemoryMmap, GuestMemoryRegion, GuestRegionCollectionError,
+    GuestRegionMmap,
+};
+use guest_mem::PageSize;
+
+use crate::proto::RegionInfo;
+
+/// Errors mapping an allocation.
+#[derive(Debug, thiserror::Error)]
+pub enum GuestMemoryError {
+    /// The region table and the fds disagree.
+    #[error("{regions} regions but {fds} fds")]
+    Count {
+        /// Regions in the table.
+        regions: usize,
+        /// Fds received.
+        fds: usize,
+    },
+    /// A page size hugemem does not use.
+    #[error("region {region_id} has page size {page_size}, not 4K, 2M or 1G")]
+    PageSize {
+        /// Region id.
+        region_id: u64,
+        /// Page size in bytes.
+        page_size: u64,
+    },
+    /// The guest address is not aligned to the page size.
+    #[error("region {region_id} at guest address {guest_phys:#x} is not aligned to its {page_size}-byte pages")]
+    Misaligned {
+        /// Region id.
+        region_id: u64,
+        /// Guest physical address.
+        guest_phys: u64,
+        /// Page size in bytes.
+        page_size: u64,
+    },
+    /// Zero, or more than this process can map.
+    #[error("region {region_id} has size {size}, which cannot be mapped here")]
+    Size {
+        /// Region id.
+        region_id: u64,
+        /// Bytes.
+        size: u64,
+    },
+    /// The file is shorter than the region.
+    #[error("region {region_id} is {size} bytes but its file only {file_len}")]
+    ShortFile {
+        /// Region id.
+        region_id: u64,
+        /// Bytes in the table.
+        size: u64,
+        /// Bytes in the file.
+        file_len: u64,
+    },
+    /// The region is cleared on demand and needs a userfaultfd.
+    #[error("region {0} is lazy (cleared on demand through a userfaultfd), which this helper does not set up")]
+    Lazy(u64),
+    /// Duplicating or inspecting the fd failed.
+    #[error("cannot use the fd of region {region_id}")]
+    Fd {
+        /// Region id.
+        region_id: u64,
+        /// The cause.
+        #[source]
+        source: io::Error,
+    },
+    /// `mmap` failed.
+    #[error("cannot map region {region_id}")]
+    Map {
+        /// Region id.
+        region_id: u64,
+        /// The cause.
+        #[source]
+        source: MmapRegionError,
+    },
+    /// vm-memory refused the set (empty, overlapping, or past the end of the
+    /// guest address space).
+    #[error("the regions do not form a valid guest memory")]
+    Collection(#[source] GuestRegionCollectionError),
+}
+
+/// Maps one region's fd at its guest address (see the module docs).
+///
+/// # Errors
+///
+/// Every [`GuestMemoryError`] variant but `Count` and `Collection`.
+pub fn region_from_fd(
+    info: &RegionInfo,
+    fd: BorrowedFd<'_>,
+) -> Result<GuestRegionMmap, GuestMemoryError> {
+    let region_id = info.region_id;
+    let page = PageSize::from_bytes(info.page_size).ok_or(GuestMemoryError::PageSize {
+        region_id,
+        page_size: info.page_size,
+    })?;
+    if info.flags & RegionInfo::FLAG_LAZY != 0 {
+        return Err(GuestMemoryError::Lazy(region_id));
+    }
+    if !info.guest_phys.is_multiple_of(page.bytes()) {
+        return Err(GuestMemoryError::Misaligned {
+            region_id,
+            guest_phys: info.guest_phys,
+            page_size: page.bytes(),
+        });
+    }
+    let len = usize::try_from(info.size)
+        .ok()
+        .filter(|l| *l > 0 && info.size.is_multiple_of(page.bytes()))
+        .ok_or(GuestMemoryError::Size {
+            region_id,
+            size: info.size,
+        })?;
+    let file = File::from(
+        fd.try_clone_to_owned()
+            .map_err(|source| GuestMemoryError::Fd { region_id, source })?,
+    );
+    let file_len = file
+        .metadata()
+        .map_err(|source| GuestMemoryError::Fd { region_id, source })?
+        .len();
+    if file_len < info.size {
+        return Err(GuestMemoryError::ShortFile {
+            region_id,
+            size: info.size,
+            file_len,
+        });
+    }
+    let mapping = MmapRegionBuilder::new(len)
+        .with_file_offset(FileOffset::new(file, 0))
+        .with_mmap_prot(libc::PROT_READ | libc::PROT_WRITE)
+        .with_mmap_flags(libc::MAP_SHARED)
+        .with_hugetlbfs(page.is_huge())
+        .build()
+        .map_err(|source| GuestMemoryError::Map { region_id, source })?;
+    GuestRegionMmap::new(mapping, GuestAddress(info.guest_phys)).ok_or(GuestMemoryError::Size {
+        region_id,
+        size: info.size,
+    })
+}
+
+/// Maps every region of an allocation (fds in table order).
+///
+/// # Errors
+///
+/// As [`region_from_fd`], [`GuestMemoryError::Count`], and
+/// [`GuestMemoryError::Collection`].
+pub fn guest_memory_from_fds(
+    regions: &[RegionInfo],
+    fds: &[BorrowedFd<'_>],
+) -> Result<GuestMemoryMmap, GuestMemoryError> {
+    if regions.len() != fds.len() {
+        return Err(GuestMemoryError::Count {
+            regions: regions.len(),
+            fds: fds.len(),
+        });
+    }
+    let mut mapped = regions
+        .iter()
+        .zip(fds)
+        .map(|(r, fd)| region_from_fd(r, *fd))
+        .collect::<Result<Vec<_>, _>>()?;
+    mapped.sort_by_key(GuestMemoryRegion::start_addr);
+    GuestMemoryMmap::from_regions(mapped).map_err(GuestMemoryError::Collection)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use guest_mem::vm_memory::{Bytes, GuestMemoryBackend};
+    use guest_mem::SharedMapping;
+
+    fn info(guest_phys: u64, size: u64, page_size: u64) -> RegionInfo {
+        RegionInfo {
+            region_id: 1,
+            guest_phys,
+            size,
+            page_size,
+            node: 0,
+            flags: RegionInfo::FLAG_CLEAN,
+        }
+    }
+
+    #[test]
+    fn maps_shared_memory_that_both_sides_see() {
+        let a = SharedMapping::memfd(4 << 20, PageSize::Base4K).expect("memfd");
+        let b = SharedMapping::memfd(2 << 20, PageSize::Base4K).expect("memfd");
+        let table = [info(0, 4 << 20, 4096), info(4 << 20, 2 << 20, 4096)];
+        let mem = guest_memory_from_fds(&table, &[a.fd(), b.fd()]).expect("map");
+        assert_eq!(mem.num_regions(), 2);
+        mem.write_obj(0x1122_3344_u32, GuestAddress((4 << 20) + 8))
+            .expect("write");
+        assert_eq!(&b.as_slice()[8..12], &0x1122_3344_u32.to_le_bytes());
+        let r = mem.find_region(GuestAddress(0)).expect("region 0");
+        assert_eq!(r.len(), 4 << 20);
+    }
+
+    #[test]
+    fn refuses_what_would_fault_later() {
+        let a = SharedMapping::memfd(2 << 20, PageSize::Base4K).expect("memfd");
+        let fd = a.fd();
+        // Longer than the file: SIGBUS on access, refused.
+        assert!(matches!(
+            region_from_fd(&info(0, 4 << 20, 4096), fd),
+            Err(GuestMemoryError::ShortFile { .. })
+        ));
+        // Misaligned for its page size.
+        assert!(matches!(
+            region_from_fd(&info(4096, 2 << 20, 2 << 20), fd),
+            Err(GuestMemoryError::Misaligned { .. })
+        ));
+        // Unknown page size, zero size, lazy.
+        assert!(matches!(
+            region_from_fd(&info(0, 2 << 20, 8192), fd),
+            Err(GuestMemoryError::PageSize { .. })
+        ));
+        assert!(matches!(
+            region_from_fd(&info(0, 0, 4096), fd),
+            Err(GuestMemoryError::Size { .. })
+        ));
+        let lazy = RegionInfo {
+            flags: RegionInfo::FLAG_LAZY,
+            ..info(0, 2 << 20, 4096)
+        };
+        assert!(matches!(
+            region_from_fd(&lazy, fd),
+            Err(GuestMemoryError::Lazy(1))
+        ));
+        // Overlapping regions, and a count mismatch.
+        let table = [info(0, 2 << 20, 4096), info(1 << 20, 2 << 20, 4096)];
+        assert!(matches!(
+            guest_memory_from_fds(&table, &[fd, fd]),
+            Err(GuestMemoryError::Collection(_))
+        ));
+        assert!(matches!(
+            guest_memory_from_fds(&table, &[fd]),
+            Err(GuestMemoryError::Count { .. })
+        ));
+    }
+}

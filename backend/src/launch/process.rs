@@ -1,0 +1,279 @@
+//! Running the VMM: inherited region fds, signal forwarding, waiting.
+//!
+//! # Which fds the VMM gets, and under which numbers
+//!
+//! Every fd this process holds is close-on-exec (std opens files and sockets
+//! with `O_CLOEXEC`/`SOCK_CLOEXEC`, and region fds arrive with
+//! `MSG_CMSG_CLOEXEC`), so the VMM inherits nothing by default. For exactly
+//! the region fds, a `pre_exec` hook clears `FD_CLOEXEC` in the child after
+//! `fork`, so they keep the numbers that were written into the command line
+//! (`/dev/fd/N`) and the parent's copies stay close-on-exec.
+//!
+//! The alternative, `dup2` onto fixed numbers (3, 4, …), would make the
+//! command line independent of the parent's fd table, but `dup2` silently
+//! closes whatever the child had at the target number: among others the
+//! pipe std uses to report an `exec` failure back to the parent. Clearing the
+//! flag in place touches no other fd.
+//!
+//! # Signals
+//!
+//! SIGTERM, SIGINT and SIGHUP are blocked in this thread before the VMM is
+//! spawned and taken with `sigtimedwait`, together with SIGCHLD; a SIGTERM to
+//! `hugemem launch` is sent on to the VMM, which shuts down, and then launch
+//! frees the memory. One exception: a signal the terminal driver sent to the
+//! whole foreground process group (Ctrl-C; `si_code == SI_KERNEL`) has
+//! reached the VMM already and is not sent twice. The VMM stays in our
+//! process group so that it can read the terminal (`-serial stdio`).
+//! The child's signal mask is restored in `pre_exec` (std keeps the parent's).
+//! Because blocking is per thread, this must run on the main thread before
+//! other threads exist, or another thread could take the signal instead.
+
+use std::ffi::OsString;
+use std::fmt;
+use std::io;
+use std::os::fd::{AsRawFd, BorrowedFd, RawFd};
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::process::{Child, Command, ExitStatus};
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{SigSet, SigmaskHow, Signal};
+use nix::unistd::Pid;
+use tracing::{debug, info};
+
+use super::LaunchError;
+
+/// How the VMM ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum VmmExit {
+    /// It exited with this status.
+    Code(i32),
+    /// A signal killed it.
+    Signal(i32),
+}
+
+impl VmmExit {
+    /// The status a shell would report: the code, or 128 + the signal.
+    pub fn shell_code(self) -> i32 {
+        match self {
+            Self::Code(c) => c,
+            Self::Signal(s) => 128 + s,
+        }
+    }
+
+    fn from_status(status: ExitStatus) -> Self {
+        match (status.code(), status.signal()) {
+            (Some(c), _) => Self::Code(c),
+            (None, Some(s)) => Self::Signal(s),
+            // Neither: stopped/continued, which wait() does not report.
+            (None, None) => Self::Code(-1),
+        }
+    }
+}
+
+impl fmt::Display for VmmExit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Code(c) => write!(f, "exit status {c}"),
+            Self::Signal(s) => write!(f, "killed by signal {s}"),
+        }
+    }
+}
+
+fn forwarded_signals() -> SigSet {
+    let mut set = SigSet::empty();
+    for s in [
+        Signal::SIGTERM,
+        Signal::SIGINT,
+        Signal::SIGHUP,
+        Signal::SIGCHLD,
+    ] {
+        set.add(s);
+    }
+    set
+}
+
+/// Restores the thread's signal mask when dropped.
+struct MaskGuard(SigSet);
+
+impl Drop for MaskGuard {
+    fn drop(&mut self) {
+        if let Err(e) = self.0.thread_set_mask() {
+            tracing::error!(error = %e, "cannot restore the signal mask");
+        }
+    }
+}
+
+/// Runs `argv` with `inherit` open in the child under their current numbers,
+/// forwards SIGTERM/SIGINT/SIGHUP to it, and waits for it. Returns how it
+/// ended and how long it ran.
+///
+/// Call from the main thread before other threads exist (see the module docs).
+///
+/// # Errors
+///
+/// [`LaunchError::Spawn`] when the program cannot be started,
+/// [`LaunchError::Wait`] when waiting or signal handling fails (the child is
+/// killed then).
+pub fn run_vmm(
+    argv: &[OsString],
+    inherit: &[BorrowedFd<'_>],
+) -> Result<(VmmExit, Duration), LaunchError> {
+    let Some((program, args)) = argv.split_first() else {
+        return Err(LaunchError::Options("no VMM command given".into()));
+    };
+    let set = forwarded_signals();
+    let old = set
+        .thread_swap_mask(SigmaskHow::SIG_BLOCK)
+        .map_err(|e| LaunchError::Wait(e.into()))?;
+    let _restore = MaskGuard(old);
+    let child_mask: libc::sigset_t = *old.as_ref();
+    let fds: Vec<RawFd> = inherit.iter().map(AsRawFd::as_raw_fd).collect();
+
+    let mut cmd = Command::new(program);
+    cmd.args(args);
+    let hook = move || -> io::Result<()> {
+        for &fd in &fds {
+            // SAFETY: fcntl(F_GETFD/F_SETFD) only reads and writes the
+            // descriptor flags of `fd`, an fd the parent holds open (its
+            // BorrowedFd outlives the spawn), so it is open in the child.
+            let flags = unsafe { libc::fcntl(fd, libc::F_GETFD) };
+            // SAFETY: as above.
+            if flags < 0 || unsafe { libc::fcntl(fd, libc::F_SETFD, flags & !libc::FD_CLOEXEC) } < 0
+            {
+                return Err(io::Error::last_os_error());
+            }
+        }
+        // SAFETY: `child_mask` is a valid sigset_t copied from the parent's
+        // mask before blocking; the old-mask pointer may be null.
+        let rc =
+            unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &child_mask, std::ptr::null_mut()) };
+        if rc != 0 {
+            return Err(io::Error::from_raw_os_error(rc));
+        }
+        Ok(())
+    };
+    // SAFETY: the hook runs in the child between fork and exec, where only
+    // async-signal-safe calls are allowed: it calls fcntl and
+    // pthread_sigmask (both async-signal-safe) on values captured before the
+    // fork, iterates a Vec without allocating, and touches no lock.
+    unsafe { cmd.pre_exec(hook) };
+    let started = Instant::now();
+    let mut child = cmd.spawn().map_err(|source| LaunchError::Spawn {
+        program: program.clone(),
+        source,
+    })?;
+    info!(pid = child.id(), inherited_fds = ?inherit.iter().map(AsRawFd::as_raw_fd).collect::<Vec<_>>(), "VMM started");
+    match wait_forwarding(&mut child, &set) {
+        Ok(status) => Ok((VmmExit::from_status(status), started.elapsed())),
+        Err(e) => {
+            let _ = child.kill();
+            let _ = child.wait();
+            Err(LaunchError::Wait(e))
+        }
+    }
+}
+
+/// How long one `sigtimedwait` waits before the child is polled again. In a
+/// process with other threads that do not block SIGCHLD (a test harness), the
+/// kernel may deliver the child's SIGCHLD to one of them, where it is
+/// discarded; the poll bounds the wait for that case. `hugemem launch` itself
+/// has one thread, and there SIGCHLD always arrives.
+const POLL: libc::timespec = libc::timespec {
+    tv_sec: 0,
+    tv_nsec: 50_000_000,
+};
+
+/// Waits for `child`, forwarding signals from `set` (blocked by the caller).
+fn wait_forwarding(child: &mut Child, set: &SigSet) -> io::Result<ExitStatus> {
+    let pid = Pid::from_raw(
+        i32::try_from(child.id()).map_err(|_| io::Error::other("child pid out of range"))?,
+    );
+    loop {
+        // SIGCHLD is blocked from before the spawn, so an exit between this
+        // check and sigtimedwait stays pending and wakes the wait below.
+        if let Some(status) = child.try_wait()? {
+            return Ok(status);
+        }
+        // SAFETY: an all-zero siginfo_t is a valid value of this plain C struct.
+        let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+        // SAFETY: `set` is a valid sigset_t, `info` a writable siginfo_t and
+        // `POLL` a valid timespec, all living across the call.
+        let sig = unsafe { libc::sigtimedwait(set.as_ref(), &mut info, &POLL) };
+        if sig < 0 {
+            let e = io::Error::last_os_error();
+            if matches!(e.raw_os_error(), Some(libc::EINTR | libc::EAGAIN)) {
+                continue;
+            }
+            return Err(e);
+        }
+        let Ok(signal) = Signal::try_from(sig) else {
+            continue;
+        };
+        if signal == Signal::SIGCHLD {
+            continue;
+        }
+        if info.si_code == libc::SI_KERNEL {
+            // The terminal sent it to the whole process group, the VMM included.
+            debug!(%signal, "terminal signal; the VMM got it too");
+            continue;
+        }
+        info!(%signal, "forwarding to the VMM");
+        if let Err(e) = nix::sys::signal::kill(pid, signal) {
+            // ESRCH: it exited already; the next try_wait collects it.
+            debug!(error = %e, "cannot forward the signal");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::fd::AsFd;
+
+    #[test]
+    fn exit_codes() {
+        assert_eq!(VmmExit::Code(3).shell_code(), 3);
+        assert_eq!(VmmExit::Signal(15).shell_code(), 143);
+        assert_eq!(
+            VmmExit::from_status(ExitStatus::from_raw(1 << 8)),
+            VmmExit::Code(1)
+        );
+        assert_eq!(
+            VmmExit::from_status(ExitStatus::from_raw(9)),
+            VmmExit::Signal(9)
+        );
+    }
+
+    #[test]
+    fn the_child_inherits_exactly_the_given_fds() {
+        // A close-on-exec fd, like a region memfd received with MSG_CMSG_CLOEXEC.
+        let file = std::fs::File::open("/proc/self/stat").expect("open");
+        let other = std::fs::File::open("/proc/self/stat").expect("open");
+        let (fd, other_fd) = (file.as_raw_fd(), other.as_raw_fd());
+        let script = format!("test -e /dev/fd/{fd} && test ! -e /dev/fd/{other_fd}");
+        let argv: Vec<OsString> = vec!["sh".into(), "-c".into(), script.into()];
+        let (exit, _) = run_vmm(&argv, &[file.as_fd()]).expect("run");
+        assert_eq!(
+            exit,
+            VmmExit::Code(0),
+            "fd {fd} must be inherited, fd {other_fd} not"
+        );
+        // The parent's copy is still close-on-exec.
+        // SAFETY: F_GETFD on an fd this test owns.
+        let flags = unsafe { libc::fcntl(fd, libc::F_GETFD) };
+        assert_eq!(flags & libc::FD_CLOEXEC, libc::FD_CLOEXEC);
+    }
+
+    #[test]
+    fn exit_status_and_missing_programs() {
+        let argv: Vec<OsString> = vec!["sh".into(), "-c".into(), "exit 7".into()];
+        assert_eq!(run_vmm(&argv, &[]).expect("run").0, VmmExit::Code(7));
+        let argv: Vec<OsString> = vec!["sh".into(), "-c".into(), "kill -KILL $$".into()];
+        assert_eq!(run_vmm(&argv, &[]).expect("run").0, VmmExit::Signal(9));
+        let argv: Vec<OsString> = vec!["/nonexistent/vmm".into()];
+        assert!(matches!(
+            run_vmm(&argv, &[]),
+            Err(LaunchError::Spawn { .. })
+        ));
+    }
+}

@@ -1,0 +1,440 @@
+//! Lazy mode through the real daemon: ALLOC(lazy) from the dirty pool, the
+//! UFFD request, faults served zeroed, the fallback to kernel demand faults,
+//! UFFD refusals, and `kill -9` of a real `hugemem serve` while a lazy guest
+//! runs.
+//!
+//! A dirty pooled region exists only between quarantine and the scrubbers
+//! finishing it, so the tests make one (eager ALLOC, write a stale pattern,
+//! FREE) and ask for lazy memory the moment STATS shows dirty bytes; when the
+//! scrubbers won the race (the region came back CLEAN), the cycle is
+//! repeated a few times. Waits have deadlines; tests are serialised.
+
+#![allow(clippy::undocumented_unsafe_blocks)] // test-only mmap/munmap of fds we received
+
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
+use std::os::unix::net::UnixStream;
+use std::path::Path;
+use std::sync::{mpsc, Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use backend::client::{Allocation, Client};
+use backend::daemon::{Config, Daemon};
+use backend::lazy::{GuestMapping, LazyGuest, LazyOptions};
+use backend::proto::socket::{recv_message, send_message};
+use backend::proto::{
+    AllocRequest, ClearMode, Header, PagePolicy, RegionInfo, Reply, ReplyBody, Request, Status,
+    UffdRange,
+};
+use guest_mem::PageSize;
+use serde_json::Value;
+
+const HUGE: usize = 2 << 20;
+const PAGES: usize = 64;
+const SIZE: u64 = (PAGES * HUGE) as u64;
+const STALE: u8 = 0xEE;
+const DEADLINE: Duration = Duration::from_secs(30);
+
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn serial() -> MutexGuard<'static, ()> {
+    SERIAL
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+fn reserve(test: &str) -> bool {
+    match guest_mem::ensure_free(PageSize::Huge2M, 3 * PAGES as u64, None) {
+        Ok(r) if r.met => true,
+        Ok(r) => {
+            println!("SKIP: {test}: only {} free 2 MiB pages", r.free);
+            false
+        }
+        Err(e) => {
+            println!("SKIP: {test}: {e}");
+            false
+        }
+    }
+}
+
+fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + DEADLINE;
+    while !cond() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+fn req(mode: ClearMode) -> AllocRequest {
+    AllocRequest {
+        total_size: SIZE,
+        page_policy: PagePolicy::Huge2M,
+        clear_mode: mode,
+        lock: false,
+        parts: vec![],
+        want_paths: false,
+    }
+}
+
+/// A `MAP_SHARED` mapping of a received fd, unmapped on drop.
+struct Map {
+    ptr: *mut u8,
+    len: usize,
+}
+unsafe impl Send for Map {}
+unsafe impl Sync for Map {}
+
+impl Map {
+    fn new(fd: BorrowedFd<'_>, len: usize) -> Arc<Map> {
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                fd.as_raw_fd(),
+                0,
+            )
+        };
+        assert_ne!(
+            p,
+            libc::MAP_FAILED,
+            "mmap: {}",
+            std::io::Error::last_os_error()
+        );
+        Arc::new(Map { ptr: p.cast(), len })
+    }
+    fn addr(&self) -> u64 {
+        self.ptr as u64
+    }
+    fn fill(&self, byte: u8) {
+        unsafe { std::ptr::write_bytes(self.ptr, byte, self.len) };
+    }
+    fn read(&self, off: usize) -> u8 {
+        assert!(off < self.len);
+        unsafe { self.ptr.wrapping_add(off).read_volatile() }
+    }
+    fn none_is(&self, byte: u8) -> bool {
+        !unsafe { std::slice::from_raw_parts(self.ptr, self.len) }.contains(&byte)
+    }
+}
+
+impl Drop for Map {
+    fn drop(&mut self) {
+        unsafe { libc::munmap(self.ptr.cast(), self.len) };
+    }
+}
+
+/// Reads `map[off]` in a thread (blocking in a fault until served).
+fn touch(map: &Arc<Map>, off: usize) -> mpsc::Receiver<u8> {
+    let (tx, rx) = mpsc::channel();
+    let m = Arc::clone(map);
+    std::thread::spawn(move || {
+        let _ = tx.send(m.read(off));
+    });
+    rx
+}
+
+fn dirty_bytes(stats: &Value) -> u64 {
+    stats["pools"].as_array().map_or(0, |p| {
+        p.iter().filter_map(|e| e["dirty_bytes"].as_u64()).sum()
+    })
+}
+
+/// Makes a dirty pooled region (eager ALLOC, stale pattern, FREE), waits for
+/// it to leave quarantine, and asks for lazy memory at once. Returns the
+/// allocation; its region is LAZY unless the scrubbers won every try.
+fn lazy_alloc_from_dirty_pool(client: &mut Client, stats: &dyn Fn() -> Value) -> Allocation {
+    for attempt in 0..5 {
+        let eager = client.alloc(req(ClearMode::Eager)).expect("eager alloc");
+        {
+            let m = Map::new(eager.fds[0].as_fd(), SIZE as usize);
+            m.fill(STALE);
+        }
+        let id = eager.id;
+        drop(eager); // close our fds: nothing of ours holds the region now
+        client.free(id).expect("free");
+        wait_until("the region to leave quarantine", || {
+            dirty_bytes(&stats()) > 0
+        });
+        let lazy = client.alloc(req(ClearMode::Lazy)).expect("lazy alloc");
+        if lazy.regions[0].flags & RegionInfo::FLAG_LAZY != 0 {
+            return lazy;
+        }
+        println!(
+            "OBSERVED: attempt {attempt}: the scrubbers cleaned the region first (flags {:#x})",
+            lazy.regions[0].flags
+        );
+        client.free(lazy.id).expect("free");
+    }
+    panic!("never got a dirty region for a lazy ALLOC in 5 tries");
+}
+
+fn mapping(alloc: &Allocation, map: &Map) -> GuestMapping {
+    GuestMapping {
+        region_id: alloc.regions[0].region_id,
+        region_offset: 0,
+        addr: map.addr(),
+        len: SIZE,
+    }
+}
+
+fn in_process_daemon() -> (backend::daemon::DaemonHandle, tempfile::TempDir) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut cfg = Config {
+        socket: dir.path().join("hugemem.sock"),
+        ..Config::default()
+    };
+    cfg.pool.recheck_ms = 20;
+    (Daemon::start(cfg).expect("daemon"), dir)
+}
+
+#[test]
+fn lazy_alloc_from_the_dirty_pool_is_served_on_fault() {
+    let _s = serial();
+    if !reserve("lazy_alloc_from_the_dirty_pool_is_served_on_fault") {
+        return;
+    }
+    let (daemon, _dir) = in_process_daemon();
+    let mut client = Client::connect(daemon.socket_path()).expect("connect");
+    assert_ne!(
+        client.features() & backend::proto::FEATURE_LAZY,
+        0,
+        "the daemon offers lazy mode"
+    );
+    let started = Instant::now();
+    let alloc = lazy_alloc_from_dirty_pool(&mut client, &|| daemon.stats());
+    let guest = Map::new(alloc.fds[0].as_fd(), SIZE as usize);
+    let lazy = LazyGuest::attach(
+        &mut client,
+        &alloc,
+        &[mapping(&alloc, &guest)],
+        LazyOptions::default(),
+    )
+    .expect("attach");
+    println!(
+        "OBSERVED: lazy ALLOC + attach after {:?}",
+        started.elapsed()
+    );
+    let readers: Vec<_> = (0..PAGES)
+        .step_by(3)
+        .map(|p| touch(&guest, p * HUGE + 4096 * (p % 7)))
+        .collect();
+    for r in readers {
+        assert_eq!(r.recv_timeout(DEADLINE).expect("fault served"), 0);
+    }
+    // Whatever the guest reads, faulted or installed ahead by the scrubbers, is clean.
+    assert!(guest.none_is(STALE), "stale bytes visible");
+    assert!(!lazy.stats().active, "the daemon served, not the fallback");
+    // A second UFFD for the same allocation is refused.
+    let again = backend::lazy::PreparedLazy::new(
+        &[mapping(&alloc, &guest)],
+        &alloc.regions,
+        &[alloc.fds[0].as_fd()],
+        LazyOptions {
+            fallback: false,
+            ..LazyOptions::default()
+        },
+    );
+    // (registering the same range on a second uffd fails with EBUSY, which is fine too)
+    if let Ok(p) = again {
+        let e = client
+            .call_with_fds(&p.request(alloc.id), &[p.uffd().as_fd()])
+            .expect_err("second UFFD");
+        assert!(e.to_string().contains("refused"), "{e}");
+    }
+    drop(guest);
+    drop(lazy);
+    client.free(alloc.id).expect("free");
+    daemon.shutdown().expect("shutdown");
+}
+
+#[test]
+fn lazy_alloc_without_dirty_memory_falls_back_to_kernel_demand_faults() {
+    let _s = serial();
+    if !reserve("lazy_alloc_without_dirty_memory_falls_back_to_kernel_demand_faults") {
+        return;
+    }
+    let (daemon, _dir) = in_process_daemon();
+    let sock = UnixStream::connect(daemon.socket_path()).expect("connect");
+    let call = |r: &Request, id: u32| {
+        let payload = r.encode();
+        send_message(
+            &sock,
+            &Header::request(r.code(), id, payload.len()).expect("header"),
+            &payload,
+            &[],
+        )
+        .expect("send");
+        let frame = recv_message(&sock).expect("reply");
+        (
+            Reply::decode(frame.header.code, &frame.payload).expect("decode"),
+            frame.fds,
+        )
+    };
+    call(
+        &Request::Handshake {
+            min_version: 1,
+            max_version: 1,
+            features: 1,
+        },
+        1,
+    );
+    let started = Instant::now();
+    let (reply, fds) = call(&Request::Alloc(req(ClearMode::Lazy)), 2);
+    let took = started.elapsed();
+    assert_eq!(reply.status, Status::Ok);
+    println!(
+        "OBSERVED: lazy ALLOC on an empty pool: {took:?}, note: {}",
+        reply.message
+    );
+    assert!(
+        reply.message.starts_with("lazy:"),
+        "the fallback says so: {:?}",
+        reply.message
+    );
+    let ReplyBody::Alloc { regions, .. } = reply.body else {
+        panic!("not an ALLOC body")
+    };
+    assert_eq!(
+        regions[0].flags & (RegionInfo::FLAG_CLEAN | RegionInfo::FLAG_LAZY),
+        RegionInfo::FLAG_CLEAN
+    );
+    let m = Map::new(fds[0].as_fd(), SIZE as usize);
+    assert!(
+        m.none_is(STALE) && m.read(SIZE as usize - 1) == 0,
+        "kernel-zeroed pages"
+    );
+    drop(m);
+    daemon.shutdown().expect("shutdown");
+}
+
+#[test]
+fn uffd_requests_are_checked() {
+    let _s = serial();
+    if !reserve("uffd_requests_are_checked") {
+        return;
+    }
+    let (daemon, _dir) = in_process_daemon();
+    let mut client = Client::connect(daemon.socket_path()).expect("connect");
+    let eager = client.alloc(req(ClearMode::Eager)).expect("alloc");
+    let uffd = backend::uffd::Uffd::new(backend::uffd::CreateFlags::new()).expect("uffd");
+    uffd.api(0).expect("api");
+    let range = UffdRange {
+        region_id: eager.regions[0].region_id,
+        offset: 0,
+        vmm_addr: 1 << 40,
+        len: SIZE,
+    };
+    let uffd_req = |alloc_id| Request::Uffd {
+        alloc_id,
+        ranges: vec![range],
+    };
+    let refused = |r: Result<_, backend::client::ClientError>| match r {
+        Err(backend::client::ClientError::Refused { status, message }) => (status, message),
+        other => panic!("expected a refusal, got {other:?}"),
+    };
+    // Not this connection's allocation.
+    let (st, _) = refused(client.call_with_fds(&uffd_req(999), &[uffd.as_fd()]));
+    assert_eq!(st, Status::NotFound);
+    // No fd, two fds, an fd that is not a uffd.
+    let (st, msg) = refused(client.call(&uffd_req(eager.id)));
+    assert_eq!(st, Status::Invalid, "{msg}");
+    let (st, msg) =
+        refused(client.call_with_fds(&uffd_req(eager.id), &[uffd.as_fd(), uffd.as_fd()]));
+    assert_eq!(st, Status::Invalid, "{msg}");
+    // An eager allocation has nothing to serve.
+    let (st, msg) = refused(client.call_with_fds(&uffd_req(eager.id), &[uffd.as_fd()]));
+    assert_eq!(st, Status::Invalid);
+    assert!(msg.contains("no lazy region"), "{msg}");
+    client.free(eager.id).expect("free");
+    daemon.shutdown().expect("shutdown");
+}
+
+/// The acceptance test: a real `hugemem serve` is SIGKILLed while a lazy
+/// guest runs; faults before are served by it, faults after by the VMM's
+/// fallback; nothing hangs, nothing stale is read.
+#[test]
+fn kill9_of_hugemem_serve_while_a_lazy_guest_runs() {
+    let _s = serial();
+    if !reserve("kill9_of_hugemem_serve_while_a_lazy_guest_runs") {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let socket = dir.path().join("hugemem.sock");
+    let config = dir.path().join("hugemem.toml");
+    std::fs::write(&config, "[pool]\nrecheck_ms = 20\n").expect("config");
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_hugemem"))
+        .args(["serve", "--config"])
+        .arg(&config)
+        .arg("--socket")
+        .arg(&socket)
+        .env("RUST_LOG", "warn")
+        .spawn()
+        .expect("spawn hugemem serve");
+    let guard = KillOnDrop(&mut child);
+    wait_until_socket(&socket);
+    let mut client = Client::connect(&socket).expect("connect");
+    client.set_timeout(Some(DEADLINE)).expect("timeout");
+    let stats_sock = socket.clone();
+    let stats = move || {
+        Client::connect(&stats_sock)
+            .and_then(|mut c| c.stats())
+            .unwrap_or(Value::Null)
+    };
+    let alloc = lazy_alloc_from_dirty_pool(&mut client, &stats);
+    let guest = Map::new(alloc.fds[0].as_fd(), SIZE as usize);
+    let lazy = LazyGuest::attach(
+        &mut client,
+        &alloc,
+        &[mapping(&alloc, &guest)],
+        LazyOptions::default(),
+    )
+    .expect("attach");
+    for p in 0..4 {
+        assert_eq!(
+            touch(&guest, p * HUGE)
+                .recv_timeout(DEADLINE)
+                .expect("daemon served"),
+            0
+        );
+    }
+    guard.kill9();
+    assert!(
+        lazy.wait_fallback(DEADLINE),
+        "the VMM noticed the daemon died"
+    );
+    let readers: Vec<_> = (4..PAGES).map(|p| touch(&guest, p * HUGE + 123)).collect();
+    for r in readers {
+        assert_eq!(r.recv_timeout(DEADLINE).expect("served after kill -9"), 0);
+    }
+    assert!(
+        guest.none_is(STALE),
+        "stale bytes visible after the daemon died"
+    );
+    let s = lazy.stats();
+    println!("OBSERVED: kill -9 of hugemem serve: fallback {s:?}");
+    drop(guest);
+    drop(lazy);
+    drop(alloc);
+    drop(client);
+}
+
+struct KillOnDrop<'a>(&'a mut std::process::Child);
+
+impl KillOnDrop<'_> {
+    fn kill9(&self) {
+        let pid = nix::unistd::Pid::from_raw(i32::try_from(self.0.id()).expect("pid"));
+        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL).expect("SIGKILL");
+    }
+}
+
+impl Drop for KillOnDrop<'_> {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn wait_until_socket(path: &Path) {
+    wait_until("the daemon's socket", || Client::connect(path).is_ok());
+}
