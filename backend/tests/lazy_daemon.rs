@@ -225,6 +225,12 @@ fn lazy_alloc_from_the_dirty_pool_is_served_on_fault() {
     // Whatever the guest reads, faulted or installed ahead by the scrubbers, is clean.
     assert!(guest.none_is(STALE), "stale bytes visible");
     assert!(!lazy.stats().active, "the daemon served, not the fallback");
+    // STATS shows this connection's lazy allocation and its fault counters.
+    let stats = client.stats().expect("stats");
+    let mine = &stats["lazy"][0];
+    assert_eq!(mine["alloc"].as_u64(), Some(alloc.id), "{stats}");
+    assert_eq!(mine["attached"], Value::Bool(true));
+    assert!(mine["faults"]["faults"].as_u64().is_some(), "{mine}");
     // A second UFFD for the same allocation is refused.
     let again = backend::lazy::PreparedLazy::new(
         &[mapping(&alloc, &guest)],

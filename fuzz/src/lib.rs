@@ -104,16 +104,40 @@ pub fn uffd_request(data: &[u8]) {
     const M2: u64 = 2 << 20;
     const G1: u64 = 1 << 30;
     let regions = [
-        RegionInfo { region_id: 1, guest_phys: 0, size: 64 * M2, page_size: M2, node: 0, flags: RegionInfo::FLAG_LAZY },
-        RegionInfo { region_id: 2, guest_phys: 64 * M2, size: 2 * G1, page_size: G1, node: 1, flags: RegionInfo::FLAG_LAZY },
-        RegionInfo { region_id: 3, guest_phys: 0, size: 8 * M2, page_size: M2, node: 0, flags: RegionInfo::FLAG_CLEAN },
+        RegionInfo {
+            region_id: 1,
+            guest_phys: 0,
+            size: 64 * M2,
+            page_size: M2,
+            node: 0,
+            flags: RegionInfo::FLAG_LAZY,
+        },
+        RegionInfo {
+            region_id: 2,
+            guest_phys: 64 * M2,
+            size: 2 * G1,
+            page_size: G1,
+            node: 1,
+            flags: RegionInfo::FLAG_LAZY,
+        },
+        RegionInfo {
+            region_id: 3,
+            guest_phys: 0,
+            size: 8 * M2,
+            page_size: M2,
+            node: 0,
+            flags: RegionInfo::FLAG_CLEAN,
+        },
     ];
     let Ok(Request::Uffd { ranges, .. }) = Request::decode(Code::Uffd, data) else {
         return;
     };
     if backend::fault::check_uffd_ranges(&ranges, &regions).is_ok() {
         for r in &ranges {
-            let g = regions.iter().find(|g| g.region_id == r.region_id).expect("known region");
+            let g = regions
+                .iter()
+                .find(|g| g.region_id == r.region_id)
+                .expect("known region");
             assert!(g.flags & RegionInfo::FLAG_LAZY != 0);
             assert!(r.len > 0 && r.offset + r.len <= g.size);
             assert_eq!((r.offset | r.len | r.vmm_addr) % g.page_size, 0);
@@ -121,5 +145,12 @@ pub fn uffd_request(data: &[u8]) {
     }
 }
 
+/// A target body.
+pub type Target = fn(&[u8]);
+
 /// Targets by name, for the stable driver.
-pub const TARGETS: [(&str, fn(&[u8])); 3] = [("decode", decode), ("frames", frames), ("uffd_request", uffd_request)];
+pub const TARGETS: [(&str, Target); 3] = [
+    ("decode", decode),
+    ("frames", frames),
+    ("uffd_request", uffd_request),
+];

@@ -187,22 +187,20 @@ pub fn run(
         return Err(VmstartError::Size(cfg.page_size));
     }
     let pages = cfg.size / page;
-    match guest_mem::ensure_free(cfg.page_size, pages, None) {
-        Ok(r) if r.met => {}
-        Ok(r) => {
-            return Err(VmstartError::NoPages {
-                pages,
-                page: cfg.page_size,
-                why: format!("{} free", r.free),
-            })
+    // Held for the run, given back afterwards.
+    let reservation = guest_mem::Reservation::for_run(cfg.page_size, pages).map_err(|e| {
+        VmstartError::NoPages {
+            pages,
+            page: cfg.page_size,
+            why: e.to_string(),
         }
-        Err(e) => {
-            return Err(VmstartError::NoPages {
-                pages,
-                page: cfg.page_size,
-                why: e.to_string(),
-            })
-        }
+    })?;
+    if !reservation.report().met {
+        return Err(VmstartError::NoPages {
+            pages,
+            page: cfg.page_size,
+            why: format!("{} free", reservation.report().free),
+        });
     }
     let kernel = clearing::ClearKernel::default_kernel();
     let (one_page_clear_us, clear_gbps) = one_page_clear(cfg.page_size, kernel);

@@ -1728,7 +1728,9 @@ mod tests {
         t.join().expect("join");
         let (sample, watched) = out[0].1.clone().expect("sampled");
         assert!(watched >= 1);
-        assert_eq!(sample.vcpus() + sample.unknown, 1, "{sample:?}");
+        // At least our `vcpu0` thread: other lib tests in this process may run
+        // vCPU-named threads at the same moment, so an exact count would be flaky.
+        assert!(sample.vcpus() + sample.unknown >= 1, "{sample:?}");
         let gone = sample_clients(Path::new("/proc"), &cpus, &[(2, i32::MAX)]);
         assert!(gone[0].1.is_err());
     }

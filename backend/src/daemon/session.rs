@@ -408,6 +408,10 @@ impl Session {
     async fn stats(&self) -> Outcome {
         let mut v = self.shared.stats_json();
         super::rebalance::add_placement(&self.shared, &mut v).await;
+        // This connection's lazy allocations and their fault counters.
+        if let Some(o) = v.as_object_mut() {
+            o.insert("lazy".into(), self.lazy.stats_json());
+        }
         let mut json = v.to_string();
         // The reply must fit one frame: status (8) + length (4) + JSON. The
         // per-region list is the only part that grows with use; drop it first.

@@ -30,7 +30,6 @@ use numa::{NodeId, Topology};
 use tracing::{debug, error, info, warn};
 
 use super::metrics::{FaultMetrics, FaultStats};
-use super::pagemap::Pagemap;
 use super::policy::{self, PageOps, PolicyError, Served};
 use super::table::{Range, RangeTable};
 use super::{FaultError, Result};
@@ -663,18 +662,12 @@ fn check_mappings(mappings: &[FaultMapping]) -> Result<(Vec<Unit>, Vec<Range<Tar
 }
 
 fn check_resident(units: &[Unit]) -> Result<()> {
-    let pagemap = Pagemap::open_self().map_err(FaultError::Setup)?;
     for u in units {
-        let states = u.region.states();
-        for page in states.pages_in(PageState::Dirty) {
-            let (offset, _) = u.region.page_range(page);
-            let addr = u.region.as_ptr() as u64 + offset;
-            if !pagemap.present(addr).map_err(FaultError::Setup)? {
-                return Err(FaultError::NotResident {
-                    region: u.region.name().to_string(),
-                    page,
-                });
-            }
+        if let Err(page) = super::daemon::dirty_pages_resident(&u.region) {
+            return Err(FaultError::NotResident {
+                region: u.region.name().to_string(),
+                page,
+            });
         }
     }
     Ok(())

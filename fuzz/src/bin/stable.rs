@@ -15,8 +15,8 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use backend::proto::{
-    AllocPart, AllocRequest, ClearMode, Code, Header, PagePolicy, RegionInfo, Reply, ReplyBody, Request, Status,
-    UffdRange,
+    AllocPart, AllocRequest, ClearMode, Code, Header, PagePolicy, RegionInfo, Reply, ReplyBody,
+    Request, Status, UffdRange,
 };
 use hugemem_fuzz::TARGETS;
 
@@ -47,24 +47,62 @@ fn seeds() -> Vec<Vec<u8>> {
         page_policy: PagePolicy::Best,
         clear_mode: ClearMode::Lazy,
         lock: true,
-        parts: vec![AllocPart { node: 0, size: 2 << 30 }, AllocPart { node: 1, size: 2 << 30 }],
+        parts: vec![
+            AllocPart {
+                node: 0,
+                size: 2 << 30,
+            },
+            AllocPart {
+                node: 1,
+                size: 2 << 30,
+            },
+        ],
         want_paths: false,
     };
     let uffd = Request::Uffd {
         alloc_id: 7,
         ranges: vec![
-            UffdRange { region_id: 1, offset: 0, vmm_addr: 0x7f00_0000_0000, len: 32 << 20 },
-            UffdRange { region_id: 2, offset: 1 << 30, vmm_addr: 0x7e00_0000_0000, len: 1 << 30 },
+            UffdRange {
+                region_id: 1,
+                offset: 0,
+                vmm_addr: 0x7f00_0000_0000,
+                len: 32 << 20,
+            },
+            UffdRange {
+                region_id: 2,
+                offset: 1 << 30,
+                vmm_addr: 0x7e00_0000_0000,
+                len: 1 << 30,
+            },
         ],
     };
     let requests = [
-        Request::Handshake { min_version: 1, max_version: 1, features: 3 },
+        Request::Handshake {
+            min_version: 1,
+            max_version: 1,
+            features: 3,
+        },
         Request::Alloc(alloc.clone()),
-        Request::Alloc(AllocRequest { want_paths: true, parts: vec![], ..alloc }),
+        Request::Alloc(AllocRequest {
+            want_paths: true,
+            parts: vec![],
+            ..alloc
+        }),
         Request::Free { alloc_id: 9 },
-        Request::Lock { alloc_id: 9, chunk: 8 << 20 },
-        Request::Unlock { alloc_id: 9, chunk: 0 },
-        Request::Rebalance { region_id: 2, offset: 0, len: 1 << 30, node: 1 },
+        Request::Lock {
+            alloc_id: 9,
+            chunk: 8 << 20,
+        },
+        Request::Unlock {
+            alloc_id: 9,
+            chunk: 0,
+        },
+        Request::Rebalance {
+            region_id: 2,
+            offset: 0,
+            len: 1 << 30,
+            node: 1,
+        },
         Request::Stats,
         uffd,
     ];
@@ -82,21 +120,56 @@ fn seeds() -> Vec<Vec<u8>> {
         // The UFFD target takes a bare payload.
         out.push(payload);
     }
-    let region = RegionInfo { region_id: 1, guest_phys: 0, size: 1 << 30, page_size: 1 << 30, node: 0, flags: 3 };
+    let region = RegionInfo {
+        region_id: 1,
+        guest_phys: 0,
+        size: 1 << 30,
+        page_size: 1 << 30,
+        node: 0,
+        flags: 3,
+    };
     let replies = [
-        (Code::Handshake, Reply::ok(ReplyBody::Handshake { version: 1, features: 1 })),
-        (Code::Alloc, Reply::ok(ReplyBody::Alloc { alloc_id: 5, regions: vec![region, region], paths: vec![] })),
+        (
+            Code::Handshake,
+            Reply::ok(ReplyBody::Handshake {
+                version: 1,
+                features: 1,
+            }),
+        ),
         (
             Code::Alloc,
-            Reply::ok(ReplyBody::Alloc { alloc_id: 5, regions: vec![region], paths: vec!["/dev/hugepages/a".into()] }),
+            Reply::ok(ReplyBody::Alloc {
+                alloc_id: 5,
+                regions: vec![region, region],
+                paths: vec![],
+            }),
         ),
-        (Code::Stats, Reply::ok(ReplyBody::Stats { json: "{\"a\":1}".into() })),
-        (Code::Uffd, Reply::error(Status::Invalid, "range 0 runs past region 1")),
+        (
+            Code::Alloc,
+            Reply::ok(ReplyBody::Alloc {
+                alloc_id: 5,
+                regions: vec![region],
+                paths: vec!["/dev/hugepages/a".into()],
+            }),
+        ),
+        (
+            Code::Stats,
+            Reply::ok(ReplyBody::Stats {
+                json: "{\"a\":1}".into(),
+            }),
+        ),
+        (
+            Code::Uffd,
+            Reply::error(Status::Invalid, "range 0 runs past region 1"),
+        ),
     ];
     for (code, rep) in replies {
         let payload = rep.encode();
         let req = Header::request(code, 1, 0).expect("header");
-        let mut m = Header::reply_to(&req, payload.len()).expect("header").encode().to_vec();
+        let mut m = Header::reply_to(&req, payload.len())
+            .expect("header")
+            .encode()
+            .to_vec();
         m.extend_from_slice(&payload);
         out.push(m);
     }
@@ -158,7 +231,10 @@ fn main() {
     }
     let name = args.get(1).map_or("decode", String::as_str);
     let secs: u64 = args.get(2).and_then(|s| s.parse().ok()).unwrap_or(10);
-    let seed: u64 = args.get(3).and_then(|s| s.parse().ok()).unwrap_or(0x9E37_79B9_7F4A_7C15);
+    let seed: u64 = args
+        .get(3)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0x9E37_79B9_7F4A_7C15);
     let Some((_, target)) = TARGETS.iter().find(|(n, _)| *n == name) else {
         eprintln!("unknown target {name}; targets: {:?}", TARGETS.map(|t| t.0));
         std::process::exit(2);
