@@ -30,6 +30,16 @@
 //! `guest_region_from_fd` that `guest_region` calls after its state checks;
 //! it lives here until that file is free to change.
 //!
+//! # Guest-physical layout
+//!
+//! The daemon suggests addresses back to back from 0 (`RegionInfo::guest_phys`).
+//! x86 guests need `[3 GiB, 4 GiB)` free for MMIO (the local APIC at
+//! `0xfee00000`, the IOAPIC, PCI holes): KVM does not send accesses there to
+//! memory, so a guest whose RAM covers it stops there. [`guest_layout`] moves
+//! everything at or above 3 GiB up by 1 GiB and splits a region that crosses
+//! 3 GiB into two vm-memory regions over the same fd at two file offsets, as
+//! cloud-hypervisor and QEMU lay out RAM around the hole.
+//!
 //! Checks before mapping: the page size is one hugemem uses, the guest address
 //! is aligned to it (so KVM can use huge stage-2 mappings), the length fits
 //! this process, and the file is at least as long as the region: mapping past
@@ -124,7 +134,29 @@ pub enum GuestMemoryError {
     Collection(#[source] GuestRegionCollectionError),
 }
 
-/// Maps one region's fd at its guest address (see the module docs).
+/// Start of the 32-bit MMIO hole left free in guest-physical space.
+pub const MMIO_HOLE_START: u64 = 3 << 30;
+/// End of the 32-bit MMIO hole.
+pub const MMIO_HOLE_END: u64 = 4 << 30;
+
+/// Where a region of `len` bytes that the daemon suggested at `gpa` goes, as
+/// `(offset in the region, length, guest-physical address)` parts, leaving
+/// `[MMIO_HOLE_START, MMIO_HOLE_END)` free (see the module docs).
+pub fn guest_layout(gpa: u64, len: u64) -> Vec<(u64, u64, u64)> {
+    let shift = MMIO_HOLE_END - MMIO_HOLE_START;
+    let end = gpa.saturating_add(len);
+    if end <= MMIO_HOLE_START {
+        vec![(0, len, gpa)]
+    } else if gpa >= MMIO_HOLE_START {
+        vec![(0, len, gpa.saturating_add(shift))]
+    } else {
+        let below = MMIO_HOLE_START - gpa;
+        vec![(0, below, gpa), (below, len - below, MMIO_HOLE_END)]
+    }
+}
+
+/// Maps one region's fd at its guest address, split around the MMIO hole
+/// (see the module docs): one vm-memory region, or two over the same fd.
 ///
 /// # Errors
 ///
@@ -132,7 +164,7 @@ pub enum GuestMemoryError {
 pub fn region_from_fd(
     info: &RegionInfo,
     fd: BorrowedFd<'_>,
-) -> Result<GuestRegionMmap, GuestMemoryError> {
+) -> Result<Vec<GuestRegionMmap>, GuestMemoryError> {
     let region_id = info.region_id;
     let page = PageSize::from_bytes(info.page_size).ok_or(GuestMemoryError::PageSize {
         region_id,
@@ -148,13 +180,15 @@ pub fn region_from_fd(
             page_size: page.bytes(),
         });
     }
-    let len = usize::try_from(info.size)
-        .ok()
-        .filter(|l| *l > 0 && info.size.is_multiple_of(page.bytes()))
-        .ok_or(GuestMemoryError::Size {
+    if info.size == 0
+        || !info.size.is_multiple_of(page.bytes())
+        || usize::try_from(info.size).is_err()
+    {
+        return Err(GuestMemoryError::Size {
             region_id,
             size: info.size,
-        })?;
+        });
+    }
     let file = File::from(
         fd.try_clone_to_owned()
             .map_err(|source| GuestMemoryError::Fd { region_id, source })?,
@@ -170,17 +204,26 @@ pub fn region_from_fd(
             file_len,
         });
     }
-    let mapping = MmapRegionBuilder::new(len)
-        .with_file_offset(FileOffset::new(file, 0))
-        .with_mmap_prot(libc::PROT_READ | libc::PROT_WRITE)
-        .with_mmap_flags(libc::MAP_SHARED)
-        .with_hugetlbfs(page.is_huge())
-        .build()
-        .map_err(|source| GuestMemoryError::Map { region_id, source })?;
-    GuestRegionMmap::new(mapping, GuestAddress(info.guest_phys)).ok_or(GuestMemoryError::Size {
-        region_id,
-        size: info.size,
-    })
+    let mut parts = Vec::new();
+    for (offset, part_len, gpa) in guest_layout(info.guest_phys, info.size) {
+        let size_err = || GuestMemoryError::Size {
+            region_id,
+            size: info.size,
+        };
+        let part_len = usize::try_from(part_len).map_err(|_| size_err())?;
+        let file = file
+            .try_clone()
+            .map_err(|source| GuestMemoryError::Fd { region_id, source })?;
+        let mapping = MmapRegionBuilder::new(part_len)
+            .with_file_offset(FileOffset::new(file, offset))
+            .with_mmap_prot(libc::PROT_READ | libc::PROT_WRITE)
+            .with_mmap_flags(libc::MAP_SHARED)
+            .with_hugetlbfs(page.is_huge())
+            .build()
+            .map_err(|source| GuestMemoryError::Map { region_id, source })?;
+        parts.push(GuestRegionMmap::new(mapping, GuestAddress(gpa)).ok_or_else(size_err)?);
+    }
+    Ok(parts)
 }
 
 /// Maps every region of an allocation (fds in table order).
@@ -199,11 +242,10 @@ pub fn guest_memory_from_fds(
             fds: fds.len(),
         });
     }
-    let mut mapped = regions
-        .iter()
-        .zip(fds)
-        .map(|(r, fd)| region_from_fd(r, *fd))
-        .collect::<Result<Vec<_>, _>>()?;
+    let mut mapped = Vec::with_capacity(regions.len() + 1);
+    for (r, fd) in regions.iter().zip(fds) {
+        mapped.extend(region_from_fd(r, *fd)?);
+    }
     mapped.sort_by_key(GuestMemoryRegion::start_addr);
     GuestMemoryMmap::from_regions(mapped).map_err(GuestMemoryError::Collection)
 }
@@ -213,6 +255,39 @@ mod tests {
     use super::*;
     use guest_mem::vm_memory::{Bytes, GuestMemoryBackend};
     use guest_mem::SharedMapping;
+
+    #[test]
+    fn layout_leaves_the_mmio_hole_free() {
+        const G: u64 = 1 << 30;
+        assert_eq!(guest_layout(0, 2 * G), [(0, 2 * G, 0)]);
+        assert_eq!(guest_layout(0, 3 * G), [(0, 3 * G, 0)]);
+        assert_eq!(guest_layout(0, 4 * G), [(0, 3 * G, 0), (3 * G, G, 4 * G)]);
+        assert_eq!(guest_layout(4 * G, G), [(0, G, 5 * G)]);
+        assert_eq!(guest_layout(3 * G, G), [(0, G, 4 * G)]);
+        assert_eq!(guest_layout(2 * G, 2 * G), [(0, G, 2 * G), (G, G, 4 * G)]);
+    }
+
+    #[test]
+    fn a_region_across_3g_is_mapped_at_two_offsets() {
+        // 8 MiB of 4 KiB shmem suggested at 3 GiB - 4 MiB: the first 4 MiB stay
+        // below the hole, the rest lands at 4 GiB over file offset 4 MiB.
+        let map = SharedMapping::memfd(8 << 20, PageSize::Base4K).expect("memfd");
+        let info = info((3 << 30) - (4 << 20), 8 << 20, 4096);
+        let mem = guest_memory_from_fds(&[info], &[map.fd()]).expect("map");
+        assert_eq!(mem.num_regions(), 2);
+        mem.write_obj(0x5a5a_u16, GuestAddress(4 << 30))
+            .expect("write above the hole");
+        assert!(
+            mem.write_obj(1u8, GuestAddress(3 << 30)).is_err(),
+            "the hole must stay unmapped"
+        );
+        let above = map.addr().wrapping_add(4 << 20).cast::<u16>();
+        // SAFETY: `above` is 4 MiB into the live 8 MiB mapping, 2-byte
+        // aligned; the write above went to the same file through vm-memory's
+        // MAP_SHARED mapping, and nothing else writes it.
+        let seen = unsafe { std::ptr::read_volatile(above) };
+        assert_eq!(seen, 0x5a5a);
+    }
 
     fn info(guest_phys: u64, size: u64, page_size: u64) -> RegionInfo {
         RegionInfo {

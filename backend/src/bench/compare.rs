@@ -1071,20 +1071,19 @@ fn run_client(
     t0: Instant,
     alloc_s: f64,
 ) -> Result<Sample, CompareError> {
+    // `guest_memory()` already leaves [3 GiB, 4 GiB) free (a region crossing
+    // 3 GiB becomes two vm-memory regions), so each region maps as it is.
     let mem = alloc.guest_memory()?;
-    let mut ram = Vec::with_capacity(mem.num_regions() + 1);
+    let mut ram = Vec::with_capacity(mem.num_regions());
     for r in mem.iter() {
         let len = usize::try_from(r.len()).map_err(|_| CompareError::Size)?;
-        for (offset, part_len, gpa) in around_mmio_hole(r.start_addr().0, len) {
-            // SAFETY: `r.as_ptr() + offset .. + part_len` lies inside the live
-            // read-write shared mapping vm-memory made for this region
-            // (`around_mmio_hole` only splits `0..len`); `mem` outlives `ram`
-            // (both die at the end of this function, `ram` first), and no Rust
-            // reference to the memory exists while the guest runs.
-            ram.push(unsafe {
-                microguest::GuestRam::from_raw_parts(r.as_ptr().wrapping_add(offset), part_len, gpa)
-            });
-        }
+        // SAFETY: `r.as_ptr() .. + len` is the live read-write shared mapping
+        // vm-memory made for this region; `mem` outlives `ram` (both die at
+        // the end of this function, `ram` first), and no Rust reference to
+        // the memory exists while the guest runs.
+        ram.push(unsafe {
+            microguest::GuestRam::from_raw_parts(r.as_ptr(), len, r.start_addr().0)
+        });
     }
     // RAM leaves [3 GiB, 4 GiB) free, so the runner's default control slot
     // (4 GiB - 1 MiB) does not collide with it.
@@ -1113,31 +1112,6 @@ fn run_client(
         alloc: Some(alloc_s),
         guest: Some(report.serial.trim().to_string()),
     })
-}
-
-/// Start of the 32-bit MMIO hole VMMs leave in guest-physical space.
-const MMIO_HOLE_START: u64 = 3 << 30;
-/// End of the hole.
-const MMIO_HOLE_END: u64 = 4 << 30;
-
-/// Where the client puts a region of `len` bytes that the daemon suggested at
-/// `gpa`, as `(offset in the region, length, guest-physical address)` parts:
-/// everything at or above 3 GiB moves up by 1 GiB, so guest RAM leaves
-/// `[3 GiB, 4 GiB)` free as QEMU microvm and cloud-hypervisor do. Without the
-/// hole a 4 GiB guest's RAM would cover the local APIC at `0xfee00000`, whose
-/// accesses KVM does not send to memory (the guest stops there).
-fn around_mmio_hole(gpa: u64, len: usize) -> Vec<(usize, usize, u64)> {
-    let shift = MMIO_HOLE_END - MMIO_HOLE_START;
-    let end = gpa + len as u64;
-    if end <= MMIO_HOLE_START {
-        vec![(0, len, gpa)]
-    } else if gpa >= MMIO_HOLE_START {
-        vec![(0, len, gpa + shift)]
-    } else {
-        // `below < len`, so it fits usize.
-        let below = (MMIO_HOLE_START - gpa) as usize;
-        vec![(0, below, gpa), (below, len - below, MMIO_HOLE_END)]
-    }
 }
 
 /// Why each variant cannot run here, from what is installed.
@@ -1517,21 +1491,6 @@ mod tests {
         let no_qemu = skip_reasons(&Ok(()), &Err("qemu not found".into()), Some(&ok));
         assert_eq!(no_qemu.len(), 4);
         assert!(!no_qemu.contains_key(&Variant::ClientFresh));
-    }
-
-    #[test]
-    fn client_ram_leaves_the_mmio_hole_free() {
-        const G: u64 = 1 << 30;
-        assert_eq!(around_mmio_hole(0, 2 << 30), [(0, 2 << 30, 0)]);
-        assert_eq!(
-            around_mmio_hole(0, 4 << 30),
-            [(0, 3 << 30, 0), (3 << 30, 1 << 30, 4 * G)]
-        );
-        assert_eq!(around_mmio_hole(4 * G, 1 << 30), [(0, 1 << 30, 5 * G)]);
-        assert_eq!(
-            around_mmio_hole(2 * G, 2 << 30),
-            [(0, 1 << 30, 2 * G), (1 << 30, 1 << 30, 4 * G)]
-        );
     }
 
     #[test]
