@@ -350,6 +350,63 @@ fn poisoned_region_is_scrubbed_and_reused_clean() {
 }
 
 #[test]
+fn a_smaller_clean_pooled_region_is_grown_for_a_larger_alloc() {
+    let _s = serial();
+    if !reserve_2m(
+        8,
+        "a_smaller_clean_pooled_region_is_grown_for_a_larger_alloc",
+    ) {
+        return;
+    }
+    let d = TestDaemon::start(|_| {});
+    let mut c = d.client();
+
+    let a = c
+        .alloc(alloc_req(4 * MIB, PagePolicy::Huge2M, Some(0)))
+        .expect("alloc 4 MiB");
+    let region = a.regions[0].region_id;
+    let first_inode = inode(&a.fds[0]);
+    Map::new(&a.fds[0], 4 * MIB).poison(b"TENANT-A-SECRET!");
+    let Allocation { id, fds, .. } = a;
+    drop(fds);
+    c.free(id).expect("free");
+    wait_until(
+        "the freed region is clean in the pool",
+        Duration::from_secs(20),
+        || region_state(&d.stats(), region).as_deref() == Some("clean"),
+    );
+
+    let b = c
+        .alloc(alloc_req(8 * MIB, PagePolicy::Huge2M, Some(0)))
+        .expect("alloc 8 MiB");
+    assert_eq!(b.regions.len(), 1);
+    assert_eq!(b.regions[0].region_id, region, "the pooled region is grown");
+    assert_eq!(inode(&b.fds[0]), first_inode, "same memfd");
+    assert_eq!(b.regions[0].size, 8 * MIB);
+    assert_eq!(b.regions[0].node, 0);
+    assert_ne!(
+        b.regions[0].flags & backend::proto::RegionInfo::FLAG_CLEAN,
+        0
+    );
+    Map::new(&b.fds[0], 8 * MIB).assert_zero("the grown region");
+    let s = d.stats();
+    assert_eq!(counter(&s, "regions_grown"), 1, "{s}");
+    assert_eq!(counter(&s, "regions_fresh"), 1, "{s}");
+    assert_eq!(counter(&s, "bytes_created"), 8 * MIB, "{s}");
+    balance(&s);
+    let Allocation { id, fds, .. } = b;
+    drop(fds);
+    c.free(id).expect("free");
+    wait_until(
+        "the grown region is clean in the pool",
+        Duration::from_secs(20),
+        || region_state(&d.stats(), region).as_deref() == Some("clean"),
+    );
+    balance(&d.stats());
+    d.shutdown();
+}
+
+#[test]
 fn a_mapped_region_is_not_scrubbed_until_unmapped() {
     let _s = serial();
     if !reserve_2m(4, "a_mapped_region_is_not_scrubbed_until_unmapped") {

@@ -199,7 +199,8 @@ impl StateCounts {
 /// The states of all pages of a region.
 ///
 /// Invariant: every byte holds the discriminant of a [`PageState`]; only
-/// [`PageStates::new`] and successful checked exchanges write them.
+/// [`PageStates::new`], [`PageStates::grow`] and successful checked exchanges
+/// write them.
 #[derive(Debug)]
 pub struct PageStates {
     states: Box<[AtomicU8]>,
@@ -211,6 +212,14 @@ impl PageStates {
         Self {
             states: (0..pages).map(|_| AtomicU8::new(initial as u8)).collect(),
         }
+    }
+
+    /// Appends `pages` pages in `initial` (a region that grew). Needs
+    /// `&mut self`: no other thread can be claiming pages while it runs.
+    pub fn grow(&mut self, pages: usize, initial: PageState) {
+        let mut states = std::mem::take(&mut self.states).into_vec();
+        states.extend((0..pages).map(|_| AtomicU8::new(initial as u8)));
+        self.states = states.into_boxed_slice();
     }
 
     /// Number of pages.

@@ -1,5 +1,5 @@
 //! Raw memory syscalls of this crate (`mmap`, `munmap`, `madvise`, `mlock`,
-//! `munlock`, `mlock2`, `memfd_create`, `ftruncate`); the only
+//! `munlock`, `mlock2`, `memfd_create`, `ftruncate`, `fstat`); the only
 //! place in `guest-mem` that calls into libc for them.
 
 use std::io;
@@ -153,4 +153,19 @@ pub(crate) fn add_seals(fd: std::os::fd::BorrowedFd<'_>, seals: libc::c_int) -> 
         return Err(io::Error::last_os_error());
     }
     Ok(())
+}
+
+/// `fstat(fd).st_size`: the size of an open file.
+pub(crate) fn file_size(fd: std::os::fd::BorrowedFd<'_>) -> io::Result<u64> {
+    use std::os::fd::AsRawFd;
+    let mut buf = std::mem::MaybeUninit::<libc::stat>::zeroed();
+    // SAFETY: the borrowed fd is open for the duration of the call and `buf`
+    // is a writable `stat` the kernel fills in; nothing else aliases it.
+    if unsafe { libc::fstat(fd.as_raw_fd(), buf.as_mut_ptr()) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: fstat returned 0, so it wrote the whole struct (and it was
+    // zero-initialised before in any case).
+    let st = unsafe { buf.assume_init() };
+    u64::try_from(st.st_size).map_err(|_| io::Error::from_raw_os_error(libc::EOVERFLOW))
 }

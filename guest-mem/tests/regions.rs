@@ -1,5 +1,6 @@
 //! Regions on real huge pages: each page size, the fallback chain, exhaustion,
-//! placement on node 0, reuse clearing, hugetlbfs files, the vm-memory adapter.
+//! placement on node 0, reuse clearing, growing, seals, hugetlbfs files, the
+//! vm-memory adapter.
 //!
 //! Huge pages are reserved through `guest_mem::ensure_free` (scripts/hugepages,
 //! `--free`: pools only grow). Where the kernel gives fewer pages than asked,
@@ -9,6 +10,8 @@
 
 #![allow(clippy::undocumented_unsafe_blocks)]
 
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::MetadataExt;
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use clearing::RunOptions;
@@ -638,15 +641,152 @@ fn populate_failure_is_an_error_of_the_preparation() {
 }
 
 #[test]
-fn memfd_cannot_be_resized_by_a_vmm() {
+fn memfd_cannot_be_shrunk_by_a_vmm() {
     let topo = topology();
     let spec = RegionSpec::new("gm-test-seal", 4 * MIB, None)
         .with_policy(PagePolicy::Strict(PageSize::Base4K));
     let region = Region::create(&topo, &spec).expect("create");
-    let file = std::fs::File::from(region.try_clone_fd().expect("dup"));
-    for len in [0, 2 * MIB, 8 * MIB] {
+    let seals = unsafe { libc::fcntl(region.fd().as_raw_fd(), libc::F_GET_SEALS) };
+    assert_eq!(seals, libc::F_SEAL_SHRINK | libc::F_SEAL_SEAL);
+    // Another open file description of the memfd, as a VMM would have.
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(format!("/proc/self/fd/{}", region.fd().as_raw_fd()))
+        .expect("reopen the memfd");
+    for len in [0, 2 * MIB, 4 * MIB - 4096] {
         let err = file.set_len(len).expect_err("sealed");
         assert_eq!(err.raw_os_error(), Some(libc::EPERM), "{err}");
     }
+    // No further seals either (F_SEAL_SEAL).
+    let added = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_ADD_SEALS, libc::F_SEAL_GROW) };
+    assert_eq!(added, -1);
+    assert_eq!(
+        std::io::Error::last_os_error().raw_os_error(),
+        Some(libc::EPERM)
+    );
     assert_eq!(file.metadata().expect("stat").len(), 4 * MIB);
+    // Growing is allowed; it only adds pages beyond the region, which keeps
+    // its length (the daemon's mapping and everything it hands out).
+    file.set_len(8 * MIB).expect("growing is allowed");
+    assert_eq!(region.len(), 4 * MIB);
+}
+
+/// Checks that `region` is `len` bytes with `clean` clean pages followed by
+/// `tail` pages in `tail_state`.
+fn assert_states(region: &Region, len: u64, clean: usize, tail_state: PageState, tail: usize) {
+    assert_eq!(region.len(), len);
+    assert_eq!(region.states().len(), clean + tail);
+    for page in 0..clean + tail {
+        let want = if page < clean {
+            PageState::Clean
+        } else {
+            tail_state
+        };
+        assert_eq!(region.states().get(page), Ok(want), "page {page}");
+    }
+}
+
+#[test]
+fn clean_region_grows_in_place_on_its_node() {
+    let _g = huge_lock();
+    let test = "grow";
+    if !reserve(PageSize::Huge2M, 8, test) {
+        return;
+    }
+    let topo = topology();
+    let spec = RegionSpec::new("gm-test-grow", 4 * MIB, Some(0))
+        .with_policy(PagePolicy::Strict(PageSize::Huge2M));
+    let Some(mut region) = allocate(&topo, &spec, test) else {
+        return;
+    };
+    let inode = |r: &Region| {
+        std::fs::File::from(r.try_clone_fd().expect("dup"))
+            .metadata()
+            .expect("stat")
+            .ino()
+    };
+    let first_inode = inode(&region);
+    assert_states(&region, 4 * MIB, 2, PageState::Clean, 0);
+
+    // 4 MiB -> 8 MiB: old pages stay clean, new ones are unpopulated.
+    region.grow(&topo, 8 * MIB).expect("grow to 8 MiB");
+    assert_states(&region, 8 * MIB, 2, PageState::Unpopulated, 2);
+    assert_eq!(inode(&region), first_inode, "same file");
+    let report = region
+        .prepare_eager(&topo, &RunOptions::default())
+        .expect("prepare");
+    assert_eq!(
+        (report.populated, report.cleared, report.skipped),
+        (2, 0, 2)
+    );
+    assert_states(&region, 8 * MIB, 4, PageState::Clean, 0);
+    assert!(all_zero(unsafe { region.as_slice() }));
+    assert_on_node0(&region, test);
+
+    // Not a multiple of the page size, or not larger: refused, unchanged.
+    for bad in [9 * MIB, 8 * MIB, 2 * MIB] {
+        let err = region.grow(&topo, bad).expect_err("bad length");
+        assert!(matches!(err, RegionError::BadGrow { .. }), "{err}");
+        assert_states(&region, 8 * MIB, 4, PageState::Clean, 0);
+    }
+
+    // More than node 0 has: a clear error naming the free pages; nothing
+    // changed, in the region or in the pools.
+    let node_free = PoolCounts::read(PageSize::Huge2M, Some(0))
+        .expect("read pool")
+        .map_or(0, |p| p.free);
+    let before = pool(PageSize::Huge2M);
+    let err = region
+        .grow(&topo, 8 * MIB + (node_free + 1) * 2 * MIB)
+        .expect_err("beyond the pool");
+    assert!(matches!(err, RegionError::GrowUnavailable { .. }), "{err}");
+    let msg = err.to_string();
+    assert!(msg.contains("free pages:"), "{msg}");
+    println!("{test}: {msg}");
+    assert_eq!(pool(PageSize::Huge2M), before);
+    assert_states(&region, 8 * MIB, 4, PageState::Clean, 0);
+    assert!(all_zero(unsafe { region.as_slice() }));
+
+    // A VMM grows the file and writes beyond the region: when the region
+    // later grows over those pages they are cleared, not just populated.
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(format!("/proc/self/fd/{}", region.fd().as_raw_fd()))
+        .expect("reopen the memfd");
+    file.set_len(10 * MIB).expect("a VMM may grow the file");
+    {
+        let len = 10 * MIB as usize;
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                file.as_raw_fd(),
+                0,
+            )
+        };
+        assert_ne!(ptr, libc::MAP_FAILED, "{}", std::io::Error::last_os_error());
+        unsafe {
+            std::slice::from_raw_parts_mut(ptr.cast::<u8>(), len)[8 * MIB as usize..].fill(0xEE)
+        };
+        assert_eq!(unsafe { libc::munmap(ptr, len) }, 0);
+    }
+    drop(file);
+    assert_eq!(region.len(), 8 * MIB);
+    region.grow(&topo, 12 * MIB).expect("grow to 12 MiB");
+    assert_eq!(region.states().get(4), Ok(PageState::Dirty));
+    assert_eq!(region.states().get(5), Ok(PageState::Unpopulated));
+    let report = region
+        .prepare_eager(&topo, &RunOptions::default())
+        .expect("prepare");
+    assert_eq!(
+        (report.populated, report.cleared, report.skipped),
+        (1, 1, 4)
+    );
+    assert_states(&region, 12 * MIB, 6, PageState::Clean, 0);
+    assert!(all_zero(unsafe { region.as_slice() }));
+    assert_on_node0(&region, test);
 }

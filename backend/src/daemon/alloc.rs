@@ -7,12 +7,26 @@
 //!    policy allows (largest first): no memory is touched at all. For
 //!    hugetlbfs files (which can be opened by path) and with
 //!    `pool.recheck_on_reuse`, the `/proc` holder scan runs once more first.
-//! 2. A **dirty pooled** region of exactly the size: cleared right here with
+//! 2. A **smaller clean pooled** region, grown: the largest clean region of
+//!    the same node, page size and backing that is smaller than the request
+//!    is taken out of the pool, grown in place with `Region::grow` (new pages
+//!    reserved and bound to the node, the file extended; memfds are sealed
+//!    against shrinking only), then [`Region::prepare_eager`] populates just
+//!    the new pages with node-pinned workers; the old ones are clean already.
+//!    The same id and memfd are handed out. Any error puts the region back
+//!    into the pool unchanged (or, if its new pages were half populated,
+//!    dirty for the scrubbers) and the ALLOC goes on with the steps below.
+//!    A pooled region *larger* than the request is never taken: the seal
+//!    forbids truncating it and a larger file would give the VMM memory it
+//!    did not ask for; the pool's per-node target and limit give such
+//!    regions back to the kernel when they stay unused. Not in lazy mode,
+//!    where fresh demand-faulted memory is faster than populating.
+//! 3. A **dirty pooled** region of exactly the size: cleared right here with
 //!    [`Region::prepare_eager`] (all CPUs of the node, in parallel), waiting
 //!    for any page a scrubber already holds. Reusing it beats taking fresh
 //!    pages from the kernel, which would grow the daemon's footprint while
 //!    the dirty region sits idle.
-//! 3. A **fresh** region: [`Region::allocate`] (create, `mbind`, populate with
+//! 4. A **fresh** region: [`Region::allocate`] (create, `mbind`, populate with
 //!    node-pinned workers; the kernel zeroes new pages), then a placement
 //!    check. When the kernel is short of pages and idle pooled regions of the
 //!    same node and page size could cover the shortfall, they are given back
@@ -75,6 +89,8 @@ pub enum Source {
     Pooled,
     /// A dirty pooled region, cleared on the ALLOC path.
     Recleared,
+    /// A smaller clean pooled region, grown to the size.
+    Grown,
     /// Fresh from the kernel.
     Fresh,
     /// Lazy mode: a dirty pooled region, uncleared (cleared on demand).
@@ -335,6 +351,18 @@ fn obtain(shared: &Shared, part: &Part, cancel: &CancelToken) -> Result<(Taken, 
             return Ok((t, Source::Pooled));
         }
     }
+    if !part.lazy {
+        for &page_size in &part.candidates {
+            let key = PoolKey {
+                node: part.node,
+                page_size,
+                paths: part.paths,
+            };
+            if let Some(t) = grow_pooled(shared, part, key, cancel) {
+                return Ok((t, Source::Grown));
+            }
+        }
+    }
     if part.lazy && !part.paths {
         let new_id = || pool.next_region_id();
         if let Some(t) = crate::fault::daemon::fresh_demand(
@@ -384,6 +412,102 @@ fn obtain(shared: &Shared, part: &Part, cancel: &CancelToken) -> Result<(Taken, 
         }
     }
     fresh(shared, part, cancel).map(|t| (t, Source::Fresh))
+}
+
+/// Step 2 of the module docs: the largest clean pooled region of `key`
+/// smaller than the part, grown and prepared. `None` (the region, if any, is
+/// back in the pool) when there is none or anything fails.
+fn grow_pooled(shared: &Shared, part: &Part, key: PoolKey, cancel: &CancelToken) -> Option<Taken> {
+    let pool = &shared.pool;
+    let mut d = pool.detach_smaller_clean(key, part.size)?;
+    let old_len = d.region.len();
+    if pool.config().recheck_on_reuse || part.paths {
+        if let Ok(owned) = Owned::region(
+            d.region.fd(),
+            d.region.as_ptr() as usize,
+            usize::try_from(old_len).unwrap_or(usize::MAX),
+        ) {
+            if let Some(holder) = holders::scan(std::slice::from_ref(&owned))
+                .holders
+                .into_iter()
+                .next()
+                .flatten()
+            {
+                let id = d.id;
+                pool.restore(d);
+                pool.requarantine(id, holder);
+                return None;
+            }
+        }
+    }
+    if let Err(e) = d.region.grow(&shared.topology, part.size) {
+        info!(
+            region = d.id,
+            node = part.node,
+            from = old_len,
+            to = part.size,
+            error = %chain(&e),
+            "cannot grow a pooled region; it stays pooled"
+        );
+        pool.restore(d);
+        return None;
+    }
+    let opts = RunOptions {
+        cancel: Some(cancel),
+        ..RunOptions::default()
+    };
+    let prepared = d.region.prepare_eager(&shared.topology, &opts);
+    let clean = d.region.states().counts().clean == d.region.states().len();
+    if let Err(e) = &prepared {
+        warn!(region = d.id, error = %chain(e), "cannot populate the new pages of a grown pooled region");
+    }
+    if prepared.is_err() || !clean {
+        // Half-populated new pages: dirty, for the scrubbers.
+        pool.restore(d);
+        return None;
+    }
+    match d.region.verify_placement() {
+        Ok(p) if !p.misplaced.is_empty() => warn!(
+            region = d.id,
+            node = part.node,
+            misplaced = p.misplaced.len(),
+            pages = p.pages,
+            "grown region has pages off its node"
+        ),
+        Ok(_) => {}
+        Err(e) => warn!(region = d.id, error = %e, "cannot verify the placement of a grown region"),
+    }
+    let id = d.id;
+    match pool.insert_grown(d) {
+        Ok(t) => {
+            info!(
+                region = id,
+                node = part.node,
+                page_size = %key.page_size,
+                "grown pooled region {} -> {}",
+                human(old_len),
+                human(part.size)
+            );
+            Metrics::add(&shared.metrics.regions_grown, 1);
+            Some(t)
+        }
+        Err(e) => {
+            warn!(region = id, error = %e, "cannot keep a grown region; it went back to the kernel");
+            None
+        }
+    }
+}
+
+/// `2G`, `512M`, `4K` or bytes, for logs.
+fn human(bytes: u64) -> String {
+    const UNITS: [(u64, &str); 3] = [(1 << 30, "G"), (1 << 20, "M"), (1 << 10, "K")];
+    UNITS
+        .iter()
+        .find(|(unit, _)| bytes >= *unit && bytes.is_multiple_of(*unit))
+        .map_or_else(
+            || bytes.to_string(),
+            |(unit, s)| format!("{}{s}", bytes / unit),
+        )
 }
 
 fn fresh(shared: &Shared, part: &Part, cancel: &CancelToken) -> Result<Taken, Refusal> {

@@ -48,6 +48,8 @@ pub struct Metrics {
     pub regions_pooled: AtomicU64,
     /// Regions handed out after clearing a dirty pooled region on the ALLOC path.
     pub regions_recleared: AtomicU64,
+    /// Regions handed out after growing a smaller clean pooled region.
+    pub regions_grown: AtomicU64,
     /// Regions created fresh from the kernel.
     pub regions_fresh: AtomicU64,
     /// FREE requests that succeeded.

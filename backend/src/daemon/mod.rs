@@ -325,6 +325,7 @@ impl Shared {
                 "allocs_failed": g(&m.allocs_failed),
                 "regions_pooled": g(&m.regions_pooled),
                 "regions_recleared": g(&m.regions_recleared),
+                "regions_grown": g(&m.regions_grown),
                 "regions_fresh": g(&m.regions_fresh),
                 "frees": g(&m.frees),
                 "bytes_created": g(&m.bytes_created),

@@ -9,7 +9,7 @@
 //!  fresh ─► Reserved ─► InUse ─FREE/disconnect─► Quarantined ─no holder─► Dirty ─scrubbed─► Clean
 //!              ▲  │                                   │ (over limit:                │             │
 //!              │  └── failed ALLOC ───────► Clean/Dirty  back to kernel)            │             │
-//!              └───────────────── ALLOC takes an exact-size region ◄────────────────┴─────────────┘
+//!              └──────── ALLOC takes an exact-size (or a smaller, grown) region ◄───┴─────────────┘
 //! ```
 //!
 //! * **Reserved**: an ALLOC in progress owns it (a pooled region about to be
@@ -35,12 +35,20 @@
 //! it. Scrubbers wait on a `Condvar` of the same mutex, which also wakes
 //! ALLOC-path waiters when a scrubber finishes a page they need.
 //!
-//! **Sizes.** Memfds are sealed against growing and shrinking
-//! (`F_SEAL_GROW|F_SEAL_SHRINK`, see `guest_mem::region`), so a pooled region
-//! cannot be resized: reuse is exact-size only, and other sizes are created
-//! fresh. When the kernel is short of pages, idle pooled regions of the same
-//! node and page size are given back first (only when that can cover the
-//! shortfall) and the creation is retried once.
+//! **Sizes.** Memfds are sealed against shrinking (`F_SEAL_SHRINK`, see
+//! `guest_mem::region`) but not against growing, so an ALLOC takes, in this
+//! order (see [`super::alloc`]): a clean region of exactly the size; else the
+//! largest clean region of the same node, page size and backing that is
+//! *smaller*, grown in place to the size ([`Pool::detach_smaller_clean`],
+//! `Region::grow`; only its new pages are populated); else a fresh one. A
+//! pooled region *larger* than the request is never used: it cannot be
+//! truncated (the seal protects the daemon's own mapping from a VMM), and
+//! handing out a larger file would give the VMM more memory than it asked
+//! for. Such regions wait for a request of their size, and the per-node
+//! target and limit below give unneeded ones back to the kernel. When the
+//! kernel is short of pages, idle pooled regions of the same node and page
+//! size are given back first (only when that can cover the shortfall) and
+//! the creation is retried once.
 //!
 //! **Limits.** Per node, pooled bytes (clean + dirty + quarantined) never
 //! exceed the limit: a released region that would is given back to the
@@ -143,6 +151,19 @@ pub struct Taken {
     pub id: RegionId,
     /// The region.
     pub region: Arc<Region>,
+}
+
+/// A clean pooled region taken out of the table to be grown (see
+/// [`Pool::detach_smaller_clean`]).
+#[derive(Debug)]
+pub struct Detached {
+    /// Its id (kept: the region stays the same region).
+    pub id: RegionId,
+    /// The region, owned: nothing else references it.
+    pub region: Region,
+    key: PoolKey,
+    since: Instant,
+    old_len: u64,
 }
 
 /// Pages a scrubber claimed: `pages` of region `id`, all in `Clearing`.
@@ -270,6 +291,115 @@ impl Pool {
     /// Takes a `Clean` region of `key` and exactly `size` bytes.
     pub fn take_clean(&self, key: PoolKey, size: u64) -> Option<Taken> {
         self.take(key, size, EntryState::Clean)
+    }
+
+    /// Takes the largest `Clean` region of `key` smaller than `size` out of
+    /// the table, to grow it ([`Region::grow`] needs the region itself, not a
+    /// shared `Arc`). `None` when there is none, or when something else still
+    /// holds a reference to the largest one (it then stays pooled as it was).
+    /// The caller gives it back with [`Pool::insert_grown`] or
+    /// [`Pool::restore`]; meanwhile it counts in no pool statistic.
+    pub fn detach_smaller_clean(&self, key: PoolKey, size: u64) -> Option<Detached> {
+        let mut g = self.lock();
+        let id = g
+            .entries
+            .iter()
+            .filter(|(_, e)| e.key == key && e.state == EntryState::Clean && e.region.len() < size)
+            .max_by_key(|(_, e)| (e.region.len(), e.since))
+            .map(|(id, _)| *id)?;
+        let mut e = g.entries.remove(&id)?;
+        match Arc::try_unwrap(e.region) {
+            Ok(region) => Some(Detached {
+                id,
+                old_len: region.len(),
+                region,
+                key: e.key,
+                since: e.since,
+            }),
+            Err(region) => {
+                e.region = region;
+                g.entries.insert(id, e);
+                None
+            }
+        }
+    }
+
+    /// Puts a detached region back as `Reserved` for the ALLOC that grew it.
+    ///
+    /// # Errors
+    ///
+    /// `fstat` of the region's fd; the region then goes back to the kernel.
+    pub fn insert_grown(&self, d: Detached) -> std::io::Result<Taken> {
+        self.reinsert(d, EntryState::Reserved)
+    }
+
+    /// Puts a detached region back into the pool: `Clean` when every page is
+    /// (a grow that failed leaves the region as it was), else every page is
+    /// marked `Dirty` and the scrubbers take it (new pages a failed prepare
+    /// left half done). If even that fails (`fstat`), the region goes back
+    /// to the kernel.
+    pub fn restore(&self, d: Detached) {
+        let all_clean = d.region.states().counts().clean == d.region.states().len();
+        if !all_clean {
+            d.region.mark_all_dirty();
+        }
+        let state = if all_clean {
+            EntryState::Clean
+        } else {
+            EntryState::Dirty
+        };
+        if let Err(e) = self.reinsert(d, state) {
+            warn!(error = %e, "cannot put a pooled region back; it goes back to the kernel");
+        }
+        self.changed.notify_all();
+    }
+
+    fn reinsert(&self, d: Detached, state: EntryState) -> std::io::Result<Taken> {
+        let Detached {
+            id,
+            region,
+            key,
+            since,
+            old_len,
+        } = d;
+        // Bytes the region grew by came from the kernel.
+        Metrics::add(
+            &self.metrics.bytes_created,
+            region.len().saturating_sub(old_len),
+        );
+        let owned = match Owned::region(
+            region.fd(),
+            region.as_ptr() as usize,
+            usize::try_from(region.len()).unwrap_or(usize::MAX),
+        ) {
+            Ok(owned) => owned,
+            Err(e) => {
+                Metrics::add(&self.metrics.bytes_released, region.len());
+                // Dropped here, outside the lock: unmapped and closed.
+                drop(region);
+                return Err(e);
+            }
+        };
+        let region = Arc::new(region);
+        let mut g = self.lock();
+        g.entries.insert(
+            id,
+            Entry {
+                region: Arc::clone(&region),
+                key,
+                owned,
+                state,
+                since: if state == EntryState::Reserved {
+                    Instant::now()
+                } else {
+                    since
+                },
+                holder: None,
+                warned: false,
+                split: false,
+            },
+        );
+        Ok(Taken { id, region })
     }
 
     /// Takes a `Dirty` region of `key` and exactly `size` bytes, to clear it on

@@ -251,6 +251,7 @@ impl Session {
             .map(|(_, s)| match s {
                 Source::Pooled => "pooled",
                 Source::Recleared => "recleared",
+                Source::Grown => "grown",
                 Source::Fresh => "fresh",
                 Source::Lazy => "lazy",
                 Source::Demand => "demand",
