@@ -31,6 +31,7 @@ use crate::client::{Client, ClientError};
 use crate::daemon::config::PoolConfig;
 use crate::daemon::{ByteSize, Config, Daemon, DaemonError, DaemonHandle};
 use crate::guest_memory::GuestMemoryError;
+use crate::private_dir::PrivateDir;
 use crate::proto::{AllocRequest, ClearMode, PagePolicy};
 use crate::size::format_size;
 
@@ -177,31 +178,6 @@ pub struct DemoReport {
     pub pool_end: Vec<PoolFigures>,
     /// Whole demo, seconds.
     pub total_s: f64,
-}
-
-/// A private directory for the socket, removed on drop.
-struct SocketDir(PathBuf);
-
-impl SocketDir {
-    fn create() -> Result<Self, DemoError> {
-        use std::os::unix::fs::DirBuilderExt;
-        let path = std::env::temp_dir().join(format!("hugemem-demo-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&path);
-        std::fs::DirBuilder::new()
-            .mode(0o700)
-            .create(&path)
-            .map_err(|source| DemoError::SocketDir {
-                path: path.clone(),
-                source,
-            })?;
-        Ok(Self(path))
-    }
-}
-
-impl Drop for SocketDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
 }
 
 /// Picks the page size and reserves pages, shrinking the size when only
@@ -414,11 +390,14 @@ pub fn run(cfg: &DemoConfig, progress: &mut dyn FnMut(&str)) -> Result<DemoRepor
         progress(&format!("the micro-guest will not run: {why}"));
     }
 
-    let dir = SocketDir::create()?;
+    let dir = PrivateDir::create("hugemem-demo").map_err(|source| DemoError::SocketDir {
+        path: std::env::temp_dir(),
+        source,
+    })?;
     let defaults = Config::default();
     // Keep the freed VM in the pool, and look for other holders often.
     let config = Config {
-        socket: dir.0.join("hugemem.sock"),
+        socket: dir.path().join("hugemem.sock"),
         pool: PoolConfig {
             target: defaults.pool.target.max(ByteSize(size)),
             limit: defaults.pool.limit.max(ByteSize(size)),

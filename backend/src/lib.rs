@@ -29,6 +29,7 @@ pub mod guest_memory;
 pub mod launch;
 /// Lazy mode, VMM side: register guest RAM on a userfaultfd, hand it to the daemon, keep a fallback.
 pub mod lazy;
+mod private_dir;
 /// The wire protocol: framing, messages, fd passing.
 pub mod proto;
 /// Byte sizes on the command line.

@@ -11,15 +11,17 @@
 
 #![allow(clippy::undocumented_unsafe_blocks)] // test-only mmap/munmap of fds we just received
 
+mod common;
+use common::{reserve_2m, serial, wait_until, TestDaemon};
+
 use std::io::{Read, Write};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
-use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use backend::client::{Allocation, Client, ClientError};
-use backend::daemon::{Config, Daemon, DaemonHandle};
+use backend::daemon::{Config, Daemon};
 use backend::proto::socket::{recv_message, send_message};
 use backend::proto::{
     AllocPart, AllocRequest, ClearMode, Code, Header, PagePolicy, ProtoError, Reply, Request,
@@ -30,89 +32,6 @@ use serde_json::Value;
 
 const MIB: u64 = 1 << 20;
 const GIB: u64 = 1 << 30;
-
-static SERIAL: Mutex<()> = Mutex::new(());
-
-fn serial() -> MutexGuard<'static, ()> {
-    SERIAL
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-}
-
-/// Reserves `n` free 2 MiB pages; `false` (after printing SKIP) when impossible.
-fn reserve_2m(n: u64, test: &str) -> bool {
-    match guest_mem::ensure_free(PageSize::Huge2M, n, None) {
-        Ok(r) if r.met => true,
-        Ok(r) => {
-            eprintln!("SKIP {test}: only {} free 2 MiB pages, {n} needed", r.free);
-            false
-        }
-        Err(e) => {
-            eprintln!("SKIP {test}: cannot reserve 2 MiB pages: {e}");
-            false
-        }
-    }
-}
-
-struct TestDaemon {
-    handle: Option<DaemonHandle>,
-    _dir: tempfile::TempDir,
-}
-
-impl TestDaemon {
-    fn start(tweak: impl FnOnce(&mut Config)) -> Self {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let mut cfg = Config {
-            socket: dir.path().join("hugemem.sock"),
-            ..Config::default()
-        };
-        cfg.pool.recheck_ms = 50;
-        tweak(&mut cfg);
-        let handle = Daemon::start(cfg).expect("daemon starts");
-        Self {
-            handle: Some(handle),
-            _dir: dir,
-        }
-    }
-
-    fn handle(&self) -> &DaemonHandle {
-        self.handle.as_ref().expect("running")
-    }
-
-    fn socket(&self) -> PathBuf {
-        self.handle().socket_path().to_path_buf()
-    }
-
-    fn client(&self) -> Client {
-        let c = Client::connect(&self.socket()).expect("connect");
-        c.set_timeout(Some(Duration::from_secs(60)))
-            .expect("timeout");
-        c
-    }
-
-    fn stats(&self) -> Value {
-        self.handle().stats()
-    }
-
-    fn shutdown(mut self) {
-        self.handle
-            .take()
-            .expect("running")
-            .shutdown()
-            .expect("clean shutdown");
-    }
-}
-
-fn wait_until(what: &str, timeout: Duration, mut cond: impl FnMut() -> bool) {
-    let deadline = Instant::now() + timeout;
-    while !cond() {
-        assert!(
-            Instant::now() < deadline,
-            "timed out after {timeout:?} waiting until {what}"
-        );
-        std::thread::sleep(Duration::from_millis(5));
-    }
-}
 
 fn alloc_req(size: u64, policy: PagePolicy, node: Option<u32>) -> AllocRequest {
     AllocRequest {

@@ -12,46 +12,23 @@
 //! and print `SKIP: reason` when the kernel cannot give them. Tests are
 //! serialized by one lock (shared huge-page pools). Waits are deadline-based.
 
+mod common;
+use common::{reserve_2m, serial, wait_until, TestDaemon};
+
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::CommandExt;
-use std::path::PathBuf;
 use std::process::{Command, Output};
-use std::sync::{Mutex, MutexGuard};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use backend::client::{Allocation, Client, ClientError};
-use backend::daemon::{Config, Daemon, DaemonHandle};
+use backend::daemon::Config;
 use backend::proto::{AllocPart, AllocRequest, ClearMode, PagePolicy, Status, FEATURE_REBALANCE};
 use guest_mem::vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
-use guest_mem::PageSize;
 use serde_json::Value;
 
 const MIB: u64 = 1 << 20;
 const PAGE: u64 = 2 * MIB;
 const NOBODY: u32 = 65534;
-
-static SERIAL: Mutex<()> = Mutex::new(());
-
-fn serial() -> MutexGuard<'static, ()> {
-    SERIAL
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-}
-
-/// Reserves `n` free 2 MiB pages; `false` (after printing SKIP) when impossible.
-fn reserve_2m(n: u64, test: &str) -> bool {
-    match guest_mem::ensure_free(PageSize::Huge2M, n, None) {
-        Ok(r) if r.met => true,
-        Ok(r) => {
-            eprintln!("SKIP {test}: only {} free 2 MiB pages, {n} needed", r.free);
-            false
-        }
-        Err(e) => {
-            eprintln!("SKIP {test}: cannot reserve 2 MiB pages: {e}");
-            false
-        }
-    }
-}
 
 fn one_node(test: &str) -> bool {
     let topology = numa::Topology::detect().expect("topology");
@@ -61,51 +38,6 @@ fn one_node(test: &str) -> bool {
         return false;
     }
     true
-}
-
-struct TestDaemon {
-    handle: Option<DaemonHandle>,
-    dir: tempfile::TempDir,
-}
-
-impl TestDaemon {
-    fn start(tweak: impl FnOnce(&mut Config)) -> Self {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let mut cfg = Config {
-            socket: dir.path().join("hugemem.sock"),
-            ..Config::default()
-        };
-        cfg.pool.recheck_ms = 50;
-        tweak(&mut cfg);
-        let handle = Daemon::start(cfg).expect("daemon starts");
-        Self {
-            handle: Some(handle),
-            dir,
-        }
-    }
-
-    fn socket(&self) -> PathBuf {
-        self.handle
-            .as_ref()
-            .expect("running")
-            .socket_path()
-            .to_path_buf()
-    }
-
-    fn client(&self) -> Client {
-        let c = Client::connect(&self.socket()).expect("connect");
-        c.set_timeout(Some(Duration::from_secs(60)))
-            .expect("timeout");
-        c
-    }
-
-    fn shutdown(mut self) {
-        self.handle
-            .take()
-            .expect("running")
-            .shutdown()
-            .expect("clean shutdown");
-    }
 }
 
 fn alloc_2m(client: &mut Client, pages: u64) -> Allocation {
@@ -162,17 +94,6 @@ fn hugemem(args: &[&str]) -> Output {
 
 fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
-}
-
-fn wait_until(what: &str, timeout: Duration, mut cond: impl FnMut() -> bool) {
-    let deadline = Instant::now() + timeout;
-    while !cond() {
-        assert!(
-            Instant::now() < deadline,
-            "timed out after {timeout:?} waiting until {what}"
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
 }
 
 #[test]
@@ -344,8 +265,7 @@ fn another_connections_region_needs_an_operator_uid() {
 /// Opens the daemon's directory and socket to other uids (the daemon's own
 /// uid check still applies).
 fn open_socket_to_all(d: &TestDaemon) {
-    std::fs::set_permissions(d.dir.path(), std::fs::Permissions::from_mode(0o755))
-        .expect("chmod dir");
+    std::fs::set_permissions(d.dir(), std::fs::Permissions::from_mode(0o755)).expect("chmod dir");
     std::fs::set_permissions(d.socket(), std::fs::Permissions::from_mode(0o666))
         .expect("chmod socket");
 }

@@ -93,6 +93,7 @@ use crate::daemon::config::PoolConfig;
 use crate::daemon::{ByteSize, Config, Daemon, DaemonError, DaemonHandle};
 use crate::guest_memory::GuestMemoryError;
 use crate::launch::{build_args, BuildError, BuildOptions, MemoryFile, MemoryRegion, Vmm};
+use crate::private_dir::PrivateDir;
 use crate::proto::{AllocRequest, ClearMode, PagePolicy, ANY_NODE};
 use crate::size::format_size;
 
@@ -477,31 +478,6 @@ fn tail(s: &str, max: usize) -> &str {
         start += 1;
     }
     &s[start..]
-}
-
-/// A private 0700 directory for the socket and the guest image, removed on drop.
-struct WorkDir(PathBuf);
-
-impl WorkDir {
-    fn create() -> Result<Self, CompareError> {
-        use std::os::unix::fs::DirBuilderExt;
-        let path = std::env::temp_dir().join(format!("hugemem-compare-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&path);
-        std::fs::DirBuilder::new()
-            .mode(0o700)
-            .create(&path)
-            .map_err(|source| CompareError::WorkDir {
-                path: path.clone(),
-                source,
-            })?;
-        Ok(Self(path))
-    }
-}
-
-impl Drop for WorkDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
 }
 
 /// Picks the page size for every variant and reserves `size / page` pages.
@@ -1169,8 +1145,11 @@ pub fn run(
     let (page, _reservation) = reserve(cfg.size, cfg.page_size, &mut notes)?;
     let note = (!notes.is_empty()).then(|| notes.join("; "));
 
-    let dir = WorkDir::create()?;
-    let elf = dir.0.join("guest.elf");
+    let dir = PrivateDir::create("hugemem-compare").map_err(|source| CompareError::WorkDir {
+        path: std::env::temp_dir(),
+        source,
+    })?;
+    let elf = dir.path().join("guest.elf");
     let image = microguest::pvh_elf(&microguest::PvhConfig {
         stride: STRIDE,
         marker: MARKER,
@@ -1204,7 +1183,7 @@ pub fn run(
         page,
         cpus,
         prealloc_threads,
-        socket: dir.0.join("hugemem.sock"),
+        socket: dir.path().join("hugemem.sock"),
         elf,
         qemu: qemu_version.is_ok().then(|| cfg.qemu.clone()),
         cloud_hypervisor: match &ch_version {
