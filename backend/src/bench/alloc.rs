@@ -45,6 +45,7 @@ use numa::{MbindFlags, MemPolicyMode, NodeMask, Topology};
 use serde::Serialize;
 use serde_json::Value;
 
+use super::{best, median, ratio};
 use crate::client::{Client, ClientError};
 use crate::daemon::config::PoolConfig;
 use crate::daemon::{ByteSize, Config, Daemon, DaemonError, DaemonHandle};
@@ -197,16 +198,6 @@ pub struct AllocMedians {
     pub cloud_hypervisor_style_s: f64,
     /// FREE to clean.
     pub free_to_clean_s: f64,
-}
-
-fn median(samples: &[f64]) -> f64 {
-    let mut v = samples.to_vec();
-    v.sort_by(f64::total_cmp);
-    match v.len() {
-        0 => 0.0,
-        n if n % 2 == 1 => v[n / 2],
-        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
-    }
 }
 
 /// Per-repetition times.
@@ -529,18 +520,6 @@ fn through_daemon(
     result
 }
 
-fn best(samples: &[f64]) -> f64 {
-    samples.iter().copied().fold(f64::INFINITY, f64::min)
-}
-
-fn ratio(a: f64, b: f64) -> f64 {
-    if b > 0.0 {
-        a / b
-    } else {
-        0.0
-    }
-}
-
 /// Runs the benchmark. `progress` gets one line per step.
 ///
 /// # Errors
@@ -794,13 +773,6 @@ mod tests {
         assert_eq!(cloud_hypervisor_threads(8, 2 * G, G), 1);
         assert_eq!(cloud_hypervisor_threads(8, 64 * G, 2 << 20), 8);
         assert_eq!(cloud_hypervisor_threads(1, 4 * G, G), 1);
-    }
-
-    #[test]
-    fn medians() {
-        assert_eq!(median(&[3.0, 1.0, 2.0]), 2.0);
-        assert_eq!(median(&[4.0, 1.0, 2.0, 3.0]), 2.5);
-        assert_eq!(median(&[]), 0.0);
     }
 
     #[test]

@@ -15,7 +15,7 @@ use guest_mem::{AnonMapping, PageSize, Reservation};
 use numa::{MbindFlags, MemPolicyMode, NodeMask, Topology};
 use serde::Serialize;
 
-use super::{gbps, BenchError};
+use super::{best, gbps, BenchError};
 
 /// What to measure.
 #[derive(Debug, Clone)]
@@ -165,10 +165,6 @@ fn time<F: FnOnce() -> Result<(), BenchError>>(f: F) -> Result<f64, BenchError> 
     let start = Instant::now();
     f()?;
     Ok(start.elapsed().as_secs_f64())
-}
-
-fn best(samples: &[f64]) -> f64 {
-    samples.iter().copied().fold(f64::INFINITY, f64::min)
 }
 
 /// Runs the benchmark. `progress` gets one line per step.

@@ -88,6 +88,7 @@ use serde::Serialize;
 use tracing::warn;
 
 use super::alloc::pool_state;
+use super::{best, median, ratio};
 use crate::client::{Allocation, Client, ClientError};
 use crate::daemon::config::PoolConfig;
 use crate::daemon::{ByteSize, Config, Daemon, DaemonError, DaemonHandle};
@@ -335,19 +336,9 @@ pub struct Figure {
 impl Figure {
     fn of(samples: &[f64]) -> Option<Self> {
         (!samples.is_empty()).then(|| Self {
-            best: samples.iter().copied().fold(f64::INFINITY, f64::min),
+            best: best(samples),
             median: median(samples),
         })
-    }
-}
-
-fn median(samples: &[f64]) -> f64 {
-    let mut v = samples.to_vec();
-    v.sort_by(f64::total_cmp);
-    match v.len() {
-        0 => 0.0,
-        n if n % 2 == 1 => v[n / 2],
-        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
     }
 }
 
@@ -1309,14 +1300,6 @@ impl Bench<'_> {
     }
 }
 
-fn ratio(a: f64, b: f64) -> f64 {
-    if b > 0.0 {
-        a / b
-    } else {
-        0.0
-    }
-}
-
 impl CompareReport {
     /// A human-readable table.
     pub fn to_table(&self) -> String {
@@ -1439,9 +1422,6 @@ mod tests {
         let f = Figure::of(&[3.0, 1.0, 2.0]).expect("figure");
         assert_eq!((f.best, f.median), (1.0, 2.0));
         assert!(Figure::of(&[]).is_none());
-        assert_eq!(median(&[4.0, 1.0, 2.0, 3.0]), 2.5);
-        assert_eq!(ratio(2.0, 0.5), 4.0);
-        assert_eq!(ratio(2.0, 0.0), 0.0);
     }
 
     #[test]

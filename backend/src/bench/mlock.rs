@@ -46,7 +46,7 @@ use guest_mem::{
 use numa::{MbindFlags, MemPolicyMode, NodeMask, Topology};
 use serde::Serialize;
 
-use super::BenchError;
+use super::{best, median, BenchError};
 use crate::size::format_size;
 
 /// How long the probe runs alone to measure the noise floor.
@@ -216,22 +216,8 @@ fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3
 }
 
-fn best(samples: &[f64]) -> f64 {
-    samples.iter().copied().fold(f64::INFINITY, f64::min)
-}
-
 fn worst(samples: &[f64]) -> f64 {
     samples.iter().copied().fold(0.0, f64::max)
-}
-
-fn median(samples: &[f64]) -> f64 {
-    let mut v = samples.to_vec();
-    v.sort_by(f64::total_cmp);
-    match v.len() {
-        0 => 0.0,
-        n if n % 2 == 1 => v[n / 2],
-        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
-    }
 }
 
 /// Nodes the batched path runs a job on: those with memory and CPUs.
@@ -652,10 +638,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn median_and_best() {
-        assert_eq!(median(&[3.0, 1.0, 2.0]), 2.0);
-        assert_eq!(median(&[4.0, 1.0, 2.0, 3.0]), 2.5);
-        assert_eq!(best(&[3.0, 1.0, 2.0]), 1.0);
+    fn worst_of_samples() {
         assert_eq!(worst(&[3.0, 1.0, 2.0]), 3.0);
     }
 

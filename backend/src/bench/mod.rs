@@ -34,11 +34,51 @@ pub enum BenchError {
     Lock(#[from] guest_mem::LockError),
 }
 
+/// The best (smallest) of `samples`; `+inf` for none.
+pub(crate) fn best(samples: &[f64]) -> f64 {
+    samples.iter().copied().fold(f64::INFINITY, f64::min)
+}
+
+/// The median of `samples`; 0 for none.
+pub(crate) fn median(samples: &[f64]) -> f64 {
+    let mut v = samples.to_vec();
+    v.sort_by(f64::total_cmp);
+    match v.len() {
+        0 => 0.0,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    }
+}
+
+/// `a / b`, or 0 when `b` is not positive (a missing baseline).
+pub(crate) fn ratio(a: f64, b: f64) -> f64 {
+    if b > 0.0 {
+        a / b
+    } else {
+        0.0
+    }
+}
+
 /// GB/s (10^9 bytes per second) for `bytes` in `seconds`.
 pub(crate) fn gbps(bytes: u64, seconds: f64) -> f64 {
     if seconds > 0.0 {
         bytes as f64 / seconds / 1e9
     } else {
         0.0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn best_median_and_ratio() {
+        assert_eq!(median(&[3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(median(&[4.0, 1.0, 2.0, 3.0]), 2.5);
+        assert_eq!(median(&[]), 0.0);
+        assert_eq!(best(&[3.0, 1.0, 2.0]), 1.0);
+        assert_eq!(ratio(2.0, 0.5), 4.0);
+        assert_eq!(ratio(2.0, 0.0), 0.0);
     }
 }
