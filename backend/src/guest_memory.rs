@@ -24,11 +24,10 @@
 //!
 //! `guest_mem::vmm::guest_region` maps a daemon-side [`guest_mem::Region`]
 //! and checks its page states; a VMM has only an fd and the region table.
-//! [`region_from_fd`] is the same mapping (vm-memory's builder with
-//! `PROT_READ|PROT_WRITE`, `MAP_SHARED`, no `MAP_NORESERVE`, `hugetlbfs` set
-//! from the page size) from an fd. It belongs in `guest_mem::vmm` as a
-//! `guest_region_from_fd` that `guest_region` calls after its state checks;
-//! it lives here until that file is free to change.
+//! [`region_from_fd`] maps an fd through the same
+//! [`guest_mem::shared_file_mapping`] (`PROT_READ|PROT_WRITE`, `MAP_SHARED`,
+//! no `MAP_NORESERVE`, `hugetlbfs` set from the page size), and adds the
+//! checks a VMM needs on a region table it received and the MMIO-hole layout.
 //!
 //! # Guest-physical layout
 //!
@@ -51,10 +50,9 @@ use std::fs::File;
 use std::io;
 use std::os::fd::BorrowedFd;
 
-use guest_mem::vm_memory::mmap::{MmapRegionBuilder, MmapRegionError};
+use guest_mem::vm_memory::mmap::MmapRegionError;
 use guest_mem::vm_memory::{
-    FileOffset, GuestAddress, GuestMemoryMmap, GuestMemoryRegion, GuestRegionCollectionError,
-    GuestRegionMmap,
+    GuestAddress, GuestMemoryMmap, GuestMemoryRegion, GuestRegionCollectionError, GuestRegionMmap,
 };
 use guest_mem::PageSize;
 
@@ -214,12 +212,7 @@ pub fn region_from_fd(
         let file = file
             .try_clone()
             .map_err(|source| GuestMemoryError::Fd { region_id, source })?;
-        let mapping = MmapRegionBuilder::new(part_len)
-            .with_file_offset(FileOffset::new(file, offset))
-            .with_mmap_prot(libc::PROT_READ | libc::PROT_WRITE)
-            .with_mmap_flags(libc::MAP_SHARED)
-            .with_hugetlbfs(page.is_huge())
-            .build()
+        let mapping = guest_mem::shared_file_mapping(file, offset, part_len, page)
             .map_err(|source| GuestMemoryError::Map { region_id, source })?;
         parts.push(GuestRegionMmap::new(mapping, GuestAddress(gpa)).ok_or_else(size_err)?);
     }

@@ -39,4 +39,6 @@ pub use region::{
 pub use state::{PageState, PageStates, StateCounts, StateError};
 /// The `vm-memory` version the adapter builds on, for VMMs that must match it.
 pub use vm_memory;
-pub use vmm::{guest_memory, guest_region, AdapterError, GuestMemoryHugememExt};
+pub use vmm::{
+    guest_memory, guest_region, shared_file_mapping, AdapterError, GuestMemoryHugememExt,
+};

@@ -38,11 +38,12 @@
 use std::fs::File;
 use std::io;
 
-use vm_memory::mmap::{MmapRegionBuilder, MmapRegionError};
+use vm_memory::mmap::{MmapRegion, MmapRegionBuilder, MmapRegionError};
 use vm_memory::{
     FileOffset, GuestAddress, GuestMemoryMmap, GuestRegionCollectionError, GuestRegionMmap,
 };
 
+use crate::mapping::PageSize;
 use crate::region::Region;
 use crate::state::PageState;
 
@@ -105,6 +106,31 @@ pub enum AdapterError {
 /// Result alias of this module.
 pub type Result<T> = std::result::Result<T, AdapterError>;
 
+/// Maps `len` bytes of `file` from `offset` the way guest RAM must be mapped:
+/// `PROT_READ|PROT_WRITE`, `MAP_SHARED` (the daemon and the VMM see the same
+/// pages), no `MAP_NORESERVE` (a short pool fails here, not as a SIGBUS in
+/// the guest), and vm-memory told whether it is hugetlbfs. vm-memory's builder
+/// defaults (prot 0, `MAP_PRIVATE|MAP_ANONYMOUS`) are wrong for all of these.
+/// The daemon side ([`guest_region`]) and the VMM side (`backend::guest_memory`)
+/// both map through here.
+///
+/// # Errors
+///
+/// `mmap` failed.
+pub fn shared_file_mapping(
+    file: File,
+    offset: u64,
+    len: usize,
+    page_size: PageSize,
+) -> std::result::Result<MmapRegion, MmapRegionError> {
+    MmapRegionBuilder::new(len)
+        .with_file_offset(FileOffset::new(file, offset))
+        .with_mmap_prot(libc::PROT_READ | libc::PROT_WRITE)
+        .with_mmap_flags(libc::MAP_SHARED)
+        .with_hugetlbfs(page_size.is_huge())
+        .build()
+}
+
 /// Maps one prepared region at `guest_addr` as a vm-memory region
 /// (`MAP_SHARED`, read-write, no `MAP_NORESERVE`).
 ///
@@ -143,15 +169,12 @@ pub fn guest_region(region: &Region, guest_addr: GuestAddress) -> Result<GuestRe
     })?;
     // A region's length fits usize: it was checked when the region was created.
     let len = region.len() as usize;
-    let mapping = MmapRegionBuilder::new(len)
-        .with_file_offset(FileOffset::new(File::from(fd), 0))
-        .with_mmap_prot(libc::PROT_READ | libc::PROT_WRITE)
-        .with_mmap_flags(libc::MAP_SHARED)
-        .with_hugetlbfs(region.page_size().is_huge())
-        .build()
-        .map_err(|source| AdapterError::Map {
-            name: name.clone(),
-            source,
+    let mapping =
+        shared_file_mapping(File::from(fd), 0, len, region.page_size()).map_err(|source| {
+            AdapterError::Map {
+                name: name.clone(),
+                source,
+            }
         })?;
     GuestRegionMmap::new(mapping, guest_addr).ok_or(AdapterError::Overflow {
         name,
