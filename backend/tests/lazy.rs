@@ -14,6 +14,9 @@
 //! protocol and running the real fault service) that is killed with SIGKILL
 //! while a lazy guest runs.
 
+mod common;
+use common::Map;
+
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::os::unix::process::CommandExt;
@@ -119,66 +122,6 @@ fn cfg(handlers: usize, scrubbers: usize) -> FaultServiceConfig {
         scrub_threads_per_node: scrubbers,
         label: "test".into(),
         ..FaultServiceConfig::default()
-    }
-}
-
-/// A `MAP_SHARED` read-write mapping (the VMM's guest RAM), unmapped on drop.
-struct Map {
-    ptr: *mut u8,
-    len: usize,
-}
-
-// SAFETY: plain shared memory owned by this value; accesses are volatile
-// reads and writes through raw pointers; unmapped once, in drop.
-unsafe impl Send for Map {}
-// SAFETY: as for Send.
-unsafe impl Sync for Map {}
-
-impl Map {
-    fn shared(fd: BorrowedFd<'_>, len: usize) -> Arc<Map> {
-        // SAFETY: a fresh mapping chosen by the kernel (no MAP_FIXED); `fd` is open.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                fd.as_raw_fd(),
-                0,
-            )
-        };
-        assert_ne!(
-            p,
-            libc::MAP_FAILED,
-            "mmap: {}",
-            std::io::Error::last_os_error()
-        );
-        Arc::new(Map { ptr: p.cast(), len })
-    }
-
-    fn addr(&self) -> u64 {
-        self.ptr as u64
-    }
-
-    fn read(&self, off: usize) -> u8 {
-        assert!(off < self.len);
-        // SAFETY: in bounds of this live mapping.
-        unsafe { self.ptr.wrapping_add(off).read_volatile() }
-    }
-
-    /// True when no byte of `[off, off + len)` is `byte` (reads fault pages in).
-    fn none_is(&self, off: usize, len: usize, byte: u8) -> bool {
-        assert!(off + len <= self.len);
-        // SAFETY: in bounds of this live mapping; nobody writes it meanwhile.
-        let s = unsafe { std::slice::from_raw_parts(self.ptr.wrapping_add(off), len) };
-        !s.contains(&byte)
-    }
-}
-
-impl Drop for Map {
-    fn drop(&mut self) {
-        // SAFETY: exactly the mapping this value created, unmapped once.
-        unsafe { libc::munmap(self.ptr.cast(), self.len) };
     }
 }
 

@@ -11,7 +11,10 @@
 
 #![allow(clippy::undocumented_unsafe_blocks)] // test-only mmap/munmap of fds we received
 
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
+mod common;
+use common::Map;
+
+use std::os::fd::AsFd;
 use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::sync::{mpsc, Arc, Mutex, MutexGuard};
@@ -75,55 +78,6 @@ fn req(mode: ClearMode) -> AllocRequest {
     }
 }
 
-/// A `MAP_SHARED` mapping of a received fd, unmapped on drop.
-struct Map {
-    ptr: *mut u8,
-    len: usize,
-}
-unsafe impl Send for Map {}
-unsafe impl Sync for Map {}
-
-impl Map {
-    fn new(fd: BorrowedFd<'_>, len: usize) -> Arc<Map> {
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                fd.as_raw_fd(),
-                0,
-            )
-        };
-        assert_ne!(
-            p,
-            libc::MAP_FAILED,
-            "mmap: {}",
-            std::io::Error::last_os_error()
-        );
-        Arc::new(Map { ptr: p.cast(), len })
-    }
-    fn addr(&self) -> u64 {
-        self.ptr as u64
-    }
-    fn fill(&self, byte: u8) {
-        unsafe { std::ptr::write_bytes(self.ptr, byte, self.len) };
-    }
-    fn read(&self, off: usize) -> u8 {
-        assert!(off < self.len);
-        unsafe { self.ptr.wrapping_add(off).read_volatile() }
-    }
-    fn none_is(&self, byte: u8) -> bool {
-        !unsafe { std::slice::from_raw_parts(self.ptr, self.len) }.contains(&byte)
-    }
-}
-
-impl Drop for Map {
-    fn drop(&mut self) {
-        unsafe { libc::munmap(self.ptr.cast(), self.len) };
-    }
-}
-
 /// Reads `map[off]` in a thread (blocking in a fault until served).
 fn touch(map: &Arc<Map>, off: usize) -> mpsc::Receiver<u8> {
     let (tx, rx) = mpsc::channel();
@@ -147,8 +101,8 @@ fn lazy_alloc_from_dirty_pool(client: &mut Client, stats: &dyn Fn() -> Value) ->
     for attempt in 0..5 {
         let eager = client.alloc(req(ClearMode::Eager)).expect("eager alloc");
         {
-            let m = Map::new(eager.fds[0].as_fd(), SIZE as usize);
-            m.fill(STALE);
+            let m = Map::shared(eager.fds[0].as_fd(), SIZE as usize);
+            m.fill(0, m.len(), STALE);
         }
         let id = eager.id;
         drop(eager); // close our fds: nothing of ours holds the region now
@@ -203,7 +157,7 @@ fn lazy_alloc_from_the_dirty_pool_is_served_on_fault() {
     );
     let started = Instant::now();
     let alloc = lazy_alloc_from_dirty_pool(&mut client, &|| daemon.stats());
-    let guest = Map::new(alloc.fds[0].as_fd(), SIZE as usize);
+    let guest = Map::shared(alloc.fds[0].as_fd(), SIZE as usize);
     let lazy = LazyGuest::attach(
         &mut client,
         &alloc,
@@ -223,7 +177,7 @@ fn lazy_alloc_from_the_dirty_pool_is_served_on_fault() {
         assert_eq!(r.recv_timeout(DEADLINE).expect("fault served"), 0);
     }
     // Whatever the guest reads, faulted or installed ahead by the scrubbers, is clean.
-    assert!(guest.none_is(STALE), "stale bytes visible");
+    assert!(guest.none_is(0, guest.len(), STALE), "stale bytes visible");
     assert!(!lazy.stats().active, "the daemon served, not the fallback");
     // STATS shows this connection's lazy allocation and its fault counters.
     let stats = client.stats().expect("stats");
@@ -305,9 +259,9 @@ fn lazy_alloc_without_dirty_memory_falls_back_to_kernel_demand_faults() {
         regions[0].flags & (RegionInfo::FLAG_CLEAN | RegionInfo::FLAG_LAZY),
         RegionInfo::FLAG_CLEAN
     );
-    let m = Map::new(fds[0].as_fd(), SIZE as usize);
+    let m = Map::shared(fds[0].as_fd(), SIZE as usize);
     assert!(
-        m.none_is(STALE) && m.read(SIZE as usize - 1) == 0,
+        m.none_is(0, m.len(), STALE) && m.read(SIZE as usize - 1) == 0,
         "kernel-zeroed pages"
     );
     drop(m);
@@ -388,7 +342,7 @@ fn kill9_of_hugemem_serve_while_a_lazy_guest_runs() {
             .unwrap_or(Value::Null)
     };
     let alloc = lazy_alloc_from_dirty_pool(&mut client, &stats);
-    let guest = Map::new(alloc.fds[0].as_fd(), SIZE as usize);
+    let guest = Map::shared(alloc.fds[0].as_fd(), SIZE as usize);
     let lazy = LazyGuest::attach(
         &mut client,
         &alloc,
@@ -414,7 +368,7 @@ fn kill9_of_hugemem_serve_while_a_lazy_guest_runs() {
         assert_eq!(r.recv_timeout(DEADLINE).expect("served after kill -9"), 0);
     }
     assert!(
-        guest.none_is(STALE),
+        guest.none_is(0, guest.len(), STALE),
         "stale bytes visible after the daemon died"
     );
     let s = lazy.stats();

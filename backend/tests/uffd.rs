@@ -13,6 +13,9 @@
 //! Two tests re-execute this binary as a child (`HUGEMEM_UFFD_ROLE`): the
 //! cross-process test, and the close test, whose child might die of SIGBUS.
 
+mod common;
+use common::Map;
+
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::os::unix::process::CommandExt;
 use std::process::{Child, Command, Stdio};
@@ -95,105 +98,6 @@ fn huge_memfd(pages: usize) -> OwnedFd {
     let rc = unsafe { libc::ftruncate(fd.as_raw_fd(), len) };
     assert_eq!(rc, 0, "ftruncate: {}", std::io::Error::last_os_error());
     fd
-}
-
-/// A `MAP_SHARED` read-write mapping, unmapped on drop.
-struct Map {
-    ptr: *mut u8,
-    len: usize,
-}
-
-// SAFETY: the mapping is plain shared memory owned by this value; accesses go
-// through raw pointers with volatile reads/writes, and unmapping happens once,
-// in drop, after every `Arc` holder is gone.
-unsafe impl Send for Map {}
-// SAFETY: as for Send; `&Map` only hands out the address.
-unsafe impl Sync for Map {}
-
-impl Map {
-    fn shared(fd: BorrowedFd<'_>, len: usize) -> Arc<Map> {
-        // SAFETY: a fresh mapping chosen by the kernel (no MAP_FIXED), so it
-        // aliases nothing; `fd` is open for the call.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                fd.as_raw_fd(),
-                0,
-            )
-        };
-        assert_ne!(
-            p,
-            libc::MAP_FAILED,
-            "mmap: {}",
-            std::io::Error::last_os_error()
-        );
-        Arc::new(Map { ptr: p.cast(), len })
-    }
-
-    fn anon(len: usize) -> Arc<Map> {
-        // SAFETY: a fresh anonymous private mapping with no fd; aliases nothing.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            )
-        };
-        assert_ne!(
-            p,
-            libc::MAP_FAILED,
-            "mmap: {}",
-            std::io::Error::last_os_error()
-        );
-        Arc::new(Map { ptr: p.cast(), len })
-    }
-
-    fn addr(&self) -> u64 {
-        self.ptr as u64
-    }
-
-    /// Writes `byte` over `[off, off + len)`. Must not hit an unserved
-    /// registered page (it would block the caller).
-    fn fill(&self, off: usize, len: usize, byte: u8) {
-        assert!(off + len <= self.len);
-        // SAFETY: in bounds of this live read-write mapping (checked above).
-        unsafe { std::ptr::write_bytes(self.ptr.wrapping_add(off), byte, len) };
-    }
-
-    fn read(&self, off: usize) -> u8 {
-        assert!(off < self.len);
-        // SAFETY: in bounds of this live mapping; volatile because another
-        // mapping or process may change it.
-        unsafe { self.ptr.wrapping_add(off).read_volatile() }
-    }
-
-    fn write(&self, off: usize, byte: u8) {
-        assert!(off < self.len);
-        // SAFETY: in bounds of this live read-write mapping.
-        unsafe { self.ptr.wrapping_add(off).write_volatile(byte) }
-    }
-
-    /// True when every byte of `[off, off + len)` is `byte`.
-    fn all(&self, off: usize, len: usize, byte: u8) -> bool {
-        assert!(off + len <= self.len);
-        // SAFETY: in bounds of this live mapping; read only while no one writes.
-        let s = unsafe { std::slice::from_raw_parts(self.ptr.wrapping_add(off), len) };
-        s.iter().all(|b| *b == byte)
-    }
-}
-
-impl Drop for Map {
-    fn drop(&mut self) {
-        // SAFETY: `ptr`/`len` are exactly the mapping this value created, and
-        // this is its only unmap.
-        unsafe { libc::munmap(self.ptr.cast(), self.len) };
-    }
 }
 
 /// A thread that reads (or writes `value` to) `map[off]`, probably blocking
