@@ -9,8 +9,6 @@
 //! scrubbers won the race (the region came back CLEAN), the cycle is
 //! repeated a few times. Waits have deadlines; tests are serialised.
 
-#![allow(clippy::undocumented_unsafe_blocks)] // test-only mmap/munmap of fds we received
-
 mod common;
 use common::Map;
 
