@@ -82,7 +82,7 @@ fn compare(args: &[&str]) -> Option<Value> {
         .expect("run hugemem bench compare");
     let stderr = String::from_utf8_lossy(&out.stderr);
     if !out.status.success() && stderr.contains("no huge pages could be had") {
-        eprintln!("SKIP: {}", stderr.trim());
+        test_support::skip!("{}", stderr.trim());
         return None;
     }
     assert_ne!(out.status.code(), Some(124), "no result within 120 s");
@@ -170,7 +170,7 @@ fn small_run_reports_every_variant_and_ratios() {
     if plot {
         args.extend(["--plot", png_arg]);
     } else {
-        eprintln!("SKIP (plot part): scripts/plot-compare finds no matplotlib");
+        test_support::skip!("(plot part): scripts/plot-compare finds no matplotlib");
     }
     let Some(report) = compare(&args) else {
         return;
@@ -180,7 +180,7 @@ fn small_run_reports_every_variant_and_ratios() {
     let kvm = microguest::kvm_available();
     let baseline = variant(&report, "qemu_prealloc");
     if let Err(why) = &kvm {
-        eprintln!("SKIP (guest part): {why}");
+        test_support::skip!("(guest part): {why}");
         assert_eq!(baseline["skipped"], true);
         return;
     }
@@ -190,7 +190,7 @@ fn small_run_reports_every_variant_and_ratios() {
         assert!(variant(&report, key)["alloc_s"]["best"].as_f64() > Some(0.0));
     }
     if baseline["skipped"] == true {
-        eprintln!("SKIP (QEMU part): {}", baseline["note"]);
+        test_support::skip!("(QEMU part): {}", baseline["note"]);
         assert!(report["ratios"].as_object().is_some_and(|r| r.is_empty()));
         return;
     }

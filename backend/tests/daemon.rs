@@ -907,14 +907,11 @@ fn one_gib_pages_pooled_versus_fresh() {
     match guest_mem::ensure_free(PageSize::Huge1G, 1, None) {
         Ok(r) if r.met => {}
         Ok(r) => {
-            eprintln!(
-                "SKIP one_gib_pages_pooled_versus_fresh: {} free 1 GiB pages",
-                r.free
-            );
+            test_support::skip!("{} free 1 GiB pages", r.free);
             return;
         }
         Err(e) => {
-            eprintln!("SKIP one_gib_pages_pooled_versus_fresh: {e}");
+            test_support::skip!("{e}");
             return;
         }
     }
@@ -995,7 +992,7 @@ fn alloc_with_paths_gives_hugetlbfs_files() {
     }
     let d = TestDaemon::start(|_| {});
     if d.stats()["hugetlbfs"].get("2M").is_none() {
-        eprintln!("SKIP alloc_with_paths_gives_hugetlbfs_files: no 2 MiB hugetlbfs mount");
+        test_support::skip!("no 2 MiB hugetlbfs mount");
         return;
     }
     let mut c = d.client();

@@ -73,7 +73,9 @@ fn check(report: &Value) {
         .sum();
     assert_eq!((clean, busy), (size, 0), "{report}");
     match (&report["guest_fresh"], &report["guest_pooled"]) {
-        (Value::Null, Value::Null) => eprintln!("SKIP (guest part): {}", report["guest_skipped"]),
+        (Value::Null, Value::Null) => {
+            test_support::skip!("(guest part): {}", report["guest_skipped"])
+        }
         (g1, g2) => {
             let pages = size / (2 << 20);
             for g in [g1, g2] {
@@ -116,8 +118,8 @@ fn demo_on_2m_pages() {
     // Forcing a huge page size needs the pages: skip (said out loud) without them.
     match guest_mem::Reservation::for_run(guest_mem::PageSize::Huge2M, 32) {
         Ok(r) if r.report().met => {}
-        Ok(r) => return eprintln!("SKIP: only {} free 2M pages", r.report().free),
-        Err(e) => return eprintln!("SKIP: cannot reserve 2M pages: {e}"),
+        Ok(r) => return test_support::skip!("only {} free 2M pages", r.report().free),
+        Err(e) => return test_support::skip!("cannot reserve 2M pages: {e}"),
     }
     let report = demo(&["--page-size", "2M", "--size", "64M"]);
     if report["page_size"] != "2M" {

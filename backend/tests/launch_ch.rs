@@ -158,7 +158,7 @@ fn hugetlbfs_mode_hands_out_paths() {
     match Reservation::for_run(PageSize::Huge2M, 32) {
         Ok(r) if r.report().met => {}
         other => {
-            eprintln!("SKIP: 32 free 2M pages are needed: {other:?}");
+            test_support::skip!("32 free 2M pages are needed: {other:?}");
             return;
         }
     }
@@ -169,7 +169,7 @@ fn hugetlbfs_mode_hands_out_paths() {
     );
     let stderr = String::from_utf8_lossy(&out.stderr);
     if !out.status.success() && stderr.contains("hugetlbfs mount") {
-        eprintln!("SKIP: the daemon has no hugetlbfs mount of 2M pages: {stderr}");
+        test_support::skip!("the daemon has no hugetlbfs mount of 2M pages: {stderr}");
         return;
     }
     assert!(out.status.success(), "{stderr}");
@@ -198,11 +198,11 @@ fn hugetlbfs_mode_hands_out_paths() {
 #[test]
 fn cloud_hypervisor_boots_on_daemon_memory() {
     let Some(ch) = std::env::var_os("CLOUD_HYPERVISOR") else {
-        eprintln!("SKIP: CLOUD_HYPERVISOR does not name a cloud-hypervisor binary");
+        test_support::skip!("CLOUD_HYPERVISOR does not name a cloud-hypervisor binary");
         return;
     };
     if let Err(reason) = microguest::kvm_available() {
-        eprintln!("SKIP: {reason}");
+        test_support::skip!("{reason}");
         return;
     }
     let ch = ch.into_string().expect("CLOUD_HYPERVISOR must be UTF-8");
@@ -211,7 +211,7 @@ fn cloud_hypervisor_boots_on_daemon_memory() {
         _ => match Reservation::for_run(PageSize::Huge2M, 1024) {
             Ok(r) if r.report().met => ("2M", r),
             other => {
-                eprintln!("SKIP: neither 2 x 1G nor 1024 x 2M pages: {other:?}");
+                test_support::skip!("neither 2 x 1G nor 1024 x 2M pages: {other:?}");
                 return;
             }
         },
@@ -252,8 +252,8 @@ fn cloud_hypervisor_boots_on_daemon_memory() {
         let stdout = String::from_utf8_lossy(&out.stdout);
         let stderr = String::from_utf8_lossy(&out.stderr);
         if mode == "hugetlbfs" && stderr.contains("hugetlbfs mount") {
-            eprintln!(
-                "SKIP ({mode}): the daemon has no hugetlbfs mount of {} pages",
+            test_support::skip!(
+                "({mode}): the daemon has no hugetlbfs mount of {} pages",
                 page.0
             );
             continue;

@@ -92,14 +92,14 @@ fn pages_for_2g() -> Option<(&'static str, Option<Reservation>)> {
     match Reservation::for_run(PageSize::Huge2M, 1024) {
         Ok(r) if r.report().met => Some(("2M", Some(r))),
         Ok(r) => {
-            eprintln!(
-                "SKIP: neither 2 x 1G nor 1024 x 2M pages could be reserved ({} 2M free)",
+            test_support::skip!(
+                "neither 2 x 1G nor 1024 x 2M pages could be reserved ({} 2M free)",
                 r.report().free
             );
             None
         }
         Err(e) => {
-            eprintln!("SKIP: cannot reserve huge pages: {e}");
+            test_support::skip!("cannot reserve huge pages: {e}");
             None
         }
     }
@@ -142,7 +142,7 @@ fn guest_elf(dir: &Path) -> PathBuf {
 #[test]
 fn qemu_microvm_boots_on_daemon_memory_and_reuses_it_clean() {
     if let Some(reason) = qemu_skip_reason() {
-        eprintln!("SKIP: {reason}");
+        test_support::skip!("{reason}");
         return;
     }
     let Some((page, _reservation)) = pages_for_2g() else {

@@ -47,11 +47,11 @@ fn reserve(test: &str) -> bool {
     match guest_mem::ensure_free(PageSize::Huge2M, 3 * PAGES as u64, None) {
         Ok(r) if r.met => true,
         Ok(r) => {
-            println!("SKIP: {test}: only {} free 2 MiB pages", r.free);
+            test_support::skip!("{test}: only {} free 2 MiB pages", r.free);
             false
         }
         Err(e) => {
-            println!("SKIP: {test}: {e}");
+            test_support::skip!("{test}: {e}");
             false
         }
     }

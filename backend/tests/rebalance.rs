@@ -34,7 +34,7 @@ fn one_node(test: &str) -> bool {
     let topology = numa::Topology::detect().expect("topology");
     let nodes = migrate::memory_nodes(&topology);
     if nodes != [0] {
-        eprintln!("SKIP {test}: written for a host with node 0 only; this one has {nodes:?}");
+        test_support::skip!("{test}: written for a host with node 0 only; this one has {nodes:?}");
         return false;
     }
     true
@@ -286,7 +286,7 @@ fn a_non_root_peer_gets_not_found_unless_it_is_an_operator() {
     let _g = serial();
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
-        eprintln!("SKIP a_non_root_peer: needs root to run a child as uid {NOBODY}");
+        test_support::skip!("needs root to run a child as uid {NOBODY}");
         return;
     }
     if !reserve_2m(2, "a_non_root_peer") {

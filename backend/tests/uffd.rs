@@ -69,12 +69,12 @@ fn uffd_with(features: u64) -> Result<Uffd, String> {
     Ok(uffd)
 }
 
-/// Runs the preconditions; prints `SKIP:` and returns `None` when unmet.
+/// Runs the preconditions; records a skip and returns `None` when unmet.
 fn setup(test: &str, features: u64) -> Option<Uffd> {
     match huge_pages().and_then(|()| uffd_with(features)) {
         Ok(uffd) => Some(uffd),
         Err(reason) => {
-            println!("SKIP: {test}: {reason}");
+            test_support::skip!("{test}: {reason}");
             None
         }
     }
@@ -241,11 +241,18 @@ fn recv_exact(sock: BorrowedFd<'_>, n: usize, fds: &mut Vec<OwnedFd>) -> Vec<u8>
     out
 }
 
-/// Echoes the child's `OBSERVED:`/`SKIP:` notes (the test harness prints
-/// them after "test name ... " on the same line).
+/// A child's stdout line saying it could not run its part (the parent
+/// records the skip through `test_support::skip!`).
+const CHILD_CANNOT_RUN: &str = "CHILD-CANNOT-RUN:";
+
+/// Echoes the child's `OBSERVED:`/[`CHILD_CANNOT_RUN`] notes (the test
+/// harness prints them after "test name ... " on the same line).
 fn print_child_notes(stdout: &str) {
     for line in stdout.lines() {
-        if let Some(at) = line.find("OBSERVED:").or_else(|| line.find("SKIP:")) {
+        if let Some(at) = line
+            .find("OBSERVED:")
+            .or_else(|| line.find(CHILD_CANNOT_RUN))
+        {
             println!("child: {}", &line[at..]);
         }
     }
@@ -268,7 +275,7 @@ fn api_handshake_reports_minor_hugetlbfs() {
     );
     println!("OBSERVED: UFFDIO_API ioctls {:#x}", info.ioctls);
     if !info.available.contains(abi::UFFD_FEATURE_MINOR_HUGETLBFS) {
-        println!("SKIP: kernel lacks MINOR_HUGETLBFS");
+        test_support::skip!("kernel lacks MINOR_HUGETLBFS");
         return;
     }
     assert!(info
@@ -312,7 +319,7 @@ fn api_twice_is_refused() {
 #[test]
 fn device_fallback_creates_working_uffd() {
     if !std::path::Path::new("/dev/userfaultfd").exists() {
-        println!("SKIP: no /dev/userfaultfd");
+        test_support::skip!("no /dev/userfaultfd");
         return;
     }
     let uffd = Uffd::new_via_device(CreateFlags::new()).expect("USERFAULTFD_IOC_NEW");
@@ -348,7 +355,7 @@ fn unprivileged_creation_tries_the_device() {
     }
     // SAFETY: geteuid has no arguments and cannot fail.
     if unsafe { libc::geteuid() } != 0 {
-        println!("SKIP: {NOBODY_TEST}: needs root to switch to nobody");
+        test_support::skip!("{NOBODY_TEST}: needs root to switch to nobody");
         return;
     }
     let out = spawn_role(NOBODY_TEST, NOBODY_ROLE, None, true).wait_output();
@@ -364,6 +371,15 @@ fn unprivileged_creation_tries_the_device() {
 fn nobody_child() {
     let sysctl =
         std::fs::read_to_string("/proc/sys/vm/unprivileged_userfaultfd").unwrap_or_default();
+    // What the kernel must do for this uid: userfaultfd(2) without
+    // UFFD_USER_MODE_ONLY is allowed when the sysctl is 1; otherwise only the
+    // device can give one, and only when this uid may open it.
+    let sysctl_allows = sysctl.trim() == "1";
+    let device_opens = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/userfaultfd")
+        .is_ok();
     match Uffd::new(CreateFlags::new()) {
         Err(UffdError::CreateViaDevice { syscall, source }) => {
             println!(
@@ -371,11 +387,23 @@ fn nobody_child() {
                 sysctl.trim()
             );
             assert_eq!(syscall.raw_os_error(), Some(libc::EPERM));
+            assert!(
+                !sysctl_allows && !device_opens,
+                "creation failed although the sysctl is {} and the device opens: {device_opens}",
+                sysctl.trim()
+            );
         }
-        Ok(_) => println!(
-            "OBSERVED: unprivileged creation worked (sysctl {}, or a readable /dev/userfaultfd)",
-            sysctl.trim()
-        ),
+        Ok(_) => {
+            println!(
+                "OBSERVED: unprivileged creation worked (sysctl {}, device opens: {device_opens})",
+                sysctl.trim()
+            );
+            assert!(
+                sysctl_allows || device_opens,
+                "an unprivileged uid got a kernel-mode uffd with the sysctl at {} and no usable device",
+                sysctl.trim()
+            );
+        }
         Err(e) => panic!("unexpected error: {e:?}"),
     }
     let umo = Uffd::new(CreateFlags::new().user_mode_only())
@@ -689,13 +717,18 @@ fn closing_last_uffd_under_blocked_fault() {
         return;
     }
     if let Err(reason) = huge_pages() {
-        println!("SKIP: {CLOSE_TEST}: {reason}");
+        test_support::skip!("{CLOSE_TEST}: {reason}");
         return;
     }
     let out = spawn_role(CLOSE_TEST, CLOSE_ROLE, None, false).wait_output();
     let stdout = String::from_utf8_lossy(&out.stdout);
     print_child_notes(&stdout);
-    if stdout.contains("SKIP:") {
+    if let Some(at) = stdout.find(CHILD_CANNOT_RUN) {
+        let reason = stdout[at + CHILD_CANNOT_RUN.len()..]
+            .lines()
+            .next()
+            .unwrap_or("");
+        test_support::skip!("{CLOSE_TEST}: the child cannot run:{reason}");
         return;
     }
     use std::os::unix::process::ExitStatusExt;
@@ -709,8 +742,10 @@ fn closing_last_uffd_under_blocked_fault() {
 }
 
 fn close_child() {
-    let Some(uffd) = setup(CLOSE_TEST, 0) else {
-        return;
+    // The parent records the skip: a child only says why it cannot run.
+    let uffd = match huge_pages().and_then(|()| uffd_with(0)) {
+        Ok(uffd) => uffd,
+        Err(reason) => return println!("{CHILD_CANNOT_RUN} {reason}"),
     };
     let memfd = huge_memfd(1);
     let daemon = Map::shared(memfd.as_fd(), HUGE);
@@ -747,7 +782,7 @@ fn cross_process_daemon_serves_vmm_fault() {
         return;
     }
     if let Err(reason) = huge_pages() {
-        println!("SKIP: {CROSS_TEST}: {reason}");
+        test_support::skip!("{CROSS_TEST}: {reason}");
         return;
     }
     // Daemon side: owns the memfd; the page holds a previous tenant's data.
@@ -767,7 +802,7 @@ fn cross_process_daemon_serves_vmm_fault() {
     if hello[16] == 0 {
         let out = child.wait_output();
         println!("{}", String::from_utf8_lossy(&out.stdout));
-        println!("SKIP: {CROSS_TEST}: the child could not set up a uffd");
+        test_support::skip!("{CROSS_TEST}: the child could not set up a uffd");
         return;
     }
     let (guest_addr, guest_tid) = (u64_at(&hello, 0), u64_at(&hello, 8));
@@ -824,7 +859,7 @@ fn vmm_child() {
     let uffd = match uffd_with(abi::UFFD_FEATURE_THREAD_ID) {
         Ok(u) => u,
         Err(reason) => {
-            println!("SKIP: child: {reason}");
+            println!("{CHILD_CANNOT_RUN} {reason}");
             let mut msg = [0u8; 17];
             msg[16] = 0;
             send_all(sock.as_fd(), &msg, &[]).expect("send");

@@ -219,7 +219,7 @@ mod tests {
                 assert!(r.free >= 2);
             }
             Err(ReserveError::Script(msg)) if msg.contains("root") => {
-                eprintln!("SKIP: reserving huge pages needs root: {msg}");
+                test_support::skip!("reserving huge pages needs root: {msg}");
             }
             Err(e) => panic!("reserve failed: {e}"),
         }

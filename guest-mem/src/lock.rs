@@ -796,16 +796,16 @@ mod tests {
         let _g = serial();
         match ensure_free(PageSize::Huge2M, 8, None) {
             Ok(r) if r.met => {}
-            Ok(r) => return eprintln!("SKIP: only {} free 2 MiB pages", r.free),
+            Ok(r) => return test_support::skip!("only {} free 2 MiB pages", r.free),
             Err(ReserveError::Script(msg)) => {
-                return eprintln!("SKIP: cannot reserve 2 MiB pages: {msg}")
+                return test_support::skip!("cannot reserve 2 MiB pages: {msg}")
             }
-            Err(e) => return eprintln!("SKIP: cannot reserve 2 MiB pages: {e}"),
+            Err(e) => return test_support::skip!("cannot reserve 2 MiB pages: {e}"),
         }
         let m = match SharedMapping::memfd(16 * MIB, PageSize::Huge2M) {
             Ok(m) => m,
             // Another test may have taken the pages between the check and the map.
-            Err(e) => return eprintln!("SKIP: cannot map 16 MiB of 2 MiB pages: {e}"),
+            Err(e) => return test_support::skip!("cannot map 16 MiB of 2 MiB pages: {e}"),
         };
         let t = topology();
         let (start, len) = (m.addr().expose_provenance(), m.len());

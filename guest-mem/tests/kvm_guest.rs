@@ -26,17 +26,17 @@ const STRIDE: u64 = 2 << 20;
 #[test]
 fn micro_guest_runs_on_a_1g_region() {
     if let Err(reason) = microguest::kvm_available() {
-        println!("SKIP: no usable KVM: {reason}");
+        test_support::skip!("no usable KVM: {reason}");
         return;
     }
     match ensure_free(PageSize::Huge1G, 1, Some(0)) {
         Ok(r) if r.met => {}
         Ok(r) => {
-            println!("SKIP: no free 1 GiB page on node 0: {r:?}");
+            test_support::skip!("no free 1 GiB page on node 0: {r:?}");
             return;
         }
         Err(ReserveError::Script(msg)) if msg.contains("root") => {
-            println!("SKIP: reserving huge pages needs root: {msg}");
+            test_support::skip!("reserving huge pages needs root: {msg}");
             return;
         }
         Err(e) => panic!("reserving a 1 GiB page failed: {e}"),
@@ -54,7 +54,7 @@ fn micro_guest_runs_on_a_1g_region() {
             region
         }
         Err(e @ RegionError::Unavailable { .. }) => {
-            println!("SKIP: the reserved 1 GiB page was taken by another process: {e}");
+            test_support::skip!("the reserved 1 GiB page was taken by another process: {e}");
             return;
         }
         Err(e) => panic!("allocate: {e:?}"),

@@ -41,11 +41,13 @@ fn reserve(size: PageSize, pages: u64, test: &str) -> bool {
     match ensure_free(size, pages, Some(0)) {
         Ok(r) if r.met => true,
         Ok(r) => {
-            println!("SKIP: {test}: asked for {pages} free {size} pages on node 0, the kernel gave {r:?}");
+            test_support::skip!(
+                "{test}: asked for {pages} free {size} pages on node 0, the kernel gave {r:?}"
+            );
             false
         }
         Err(ReserveError::Script(msg)) if msg.contains("root") => {
-            println!("SKIP: {test}: reserving huge pages needs root: {msg}");
+            test_support::skip!("{test}: reserving huge pages needs root: {msg}");
             false
         }
         Err(e) => panic!("{test}: reserving {pages} {size} pages failed: {e}"),
@@ -89,8 +91,8 @@ fn allocate(topo: &Topology, spec: &RegionSpec, test: &str) -> Option<Region> {
             Some(region)
         }
         Err(e @ RegionError::Unavailable { .. }) => {
-            println!(
-                "SKIP: {test}: pages reserved for this test were taken by another process: {e}"
+            test_support::skip!(
+                "{test}: pages reserved for this test were taken by another process: {e}"
             );
             None
         }
@@ -259,8 +261,8 @@ fn best_falls_back_when_1g_pages_are_short() {
         .map_or(0, |p| p.free);
     let gib = available.min(node_free) + 1;
     if gib > 4 {
-        println!(
-            "SKIP: {test}: {} 1 GiB pages are free; asking for more would need {gib} GiB",
+        test_support::skip!(
+            "{test}: {} 1 GiB pages are free; asking for more would need {gib} GiB",
             gib - 1
         );
         return;
@@ -442,8 +444,8 @@ fn hugetlbfs_file_backing() {
             l.split_whitespace().nth(1) == Some("/dev/hugepages-2M") && l.contains("hugetlbfs")
         })
     {
-        println!(
-            "SKIP: {test}: /dev/hugepages-2M is not a hugetlbfs mount (run scripts/hugepages)"
+        test_support::skip!(
+            "{test}: /dev/hugepages-2M is not a hugetlbfs mount (run scripts/hugepages)"
         );
         return;
     }
@@ -600,7 +602,7 @@ fn populate_failure_is_an_error_of_the_preparation() {
     let test = "populate failure";
     let dir = std::path::Path::new("/dev/hugepages-2M");
     if !dir.is_dir() {
-        println!("SKIP: {test}: /dev/hugepages-2M is missing (run scripts/hugepages)");
+        test_support::skip!("{test}: /dev/hugepages-2M is missing (run scripts/hugepages)");
         return;
     }
     if !reserve(PageSize::Huge2M, 2, test) {

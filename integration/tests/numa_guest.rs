@@ -171,8 +171,10 @@ fn build_static_tests(started: Instant) -> PathBuf {
     let target_dir = static_target_dir();
     let cargo = env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let rustflags = match env::var("RUSTFLAGS") {
-        Ok(flags) if !flags.trim().is_empty() => format!("{flags} -C target-feature=+crt-static"),
-        _ => "-C target-feature=+crt-static".to_owned(),
+        Ok(flags) if !flags.trim().is_empty() => {
+            format!("{flags} -C target-feature=+crt-static --cfg hugemem_numa_guest")
+        }
+        _ => "-C target-feature=+crt-static --cfg hugemem_numa_guest".to_owned(),
     };
     progress(
         started,
@@ -384,7 +386,7 @@ fn numa_tests_in_qemu_guest() {
         &format!("{nodes}-node guest test: checking prerequisites"),
     );
     if let Err(reason) = prerequisites(started, nodes) {
-        println!("SKIP: {reason}");
+        test_support::skip!("{reason}");
         progress(started, &format!("SKIP: {reason}"));
         return;
     }

@@ -3,8 +3,12 @@
 //! This machine has one node, so `tests/numa_guest.rs` builds this file as a
 //! static binary and runs it inside a Linux guest under QEMU's software
 //! emulation (TCG) with 2 nodes (4 with `HUGEMEM_NUMA_NODES=4`), through
-//! `scripts/numa-guest run`. Run anywhere with fewer than two nodes that have
-//! memory, every test prints `SKIP: needs ≥2 NUMA nodes …` and returns.
+//! `scripts/numa-guest run`. The file compiles to tests only with
+//! `--cfg hugemem_numa_guest`, which that static build sets: on the host a
+//! plain `cargo test` builds an empty binary instead of tests that could only
+//! skip (and clippy still checks the code). Inside a guest with fewer than two
+//! nodes that have memory, a test skips through `test_support::skip!`, and the
+//! host driver fails the run on any skip.
 //!
 //! What runs, against the real kernel:
 //! - **topology**: `numa::Topology::detect` sees every node with CPUs, memory,
@@ -33,6 +37,7 @@
 //!
 //! The tests share the per-node huge-page pools (one 1 GiB page per node in
 //! the guest), so they take one lock and run one at a time.
+#![cfg(any(hugemem_numa_guest, clippy))]
 
 use std::collections::BTreeMap;
 use std::env;
@@ -106,8 +111,8 @@ fn numa(test: &str) -> Option<Numa> {
         .filter(|n| !n.is_memoryless())
         .count();
     if with_memory < 2 {
-        println!(
-            "SKIP: {test}: needs ≥2 NUMA nodes (runs inside the QEMU guest via integration/tests/numa_guest.rs)"
+        test_support::skip!(
+            "{test}: needs ≥2 NUMA nodes (runs inside the QEMU guest via integration/tests/numa_guest.rs)"
         );
         return None;
     }
@@ -137,7 +142,9 @@ fn free_pages(size: PageSize, node: NodeId) -> u64 {
 fn has_free(test: &str, size: PageSize, pages: u64, node: NodeId) -> bool {
     let free = free_pages(size, node);
     if free < pages {
-        println!("SKIP: {test}: needs {pages} free {size} pages on node {node}, it has {free}");
+        test_support::skip!(
+            "{test}: needs {pages} free {size} pages on node {node}, it has {free}"
+        );
         return false;
     }
     true
@@ -309,7 +316,13 @@ impl MapperChild {
     fn spawn(path: &str, len: u64, page: u64, seed: u64) -> Self {
         let exe = env::current_exe().expect("path of this test binary");
         let mut child = Command::new(exe)
-            .args(["--exact", CHILD_TEST, "--nocapture", "--test-threads=1"])
+            .args([
+                "--exact",
+                CHILD_TEST,
+                "--ignored",
+                "--nocapture",
+                "--test-threads=1",
+            ])
             .env(CHILD_PATH_ENV, path)
             .env(CHILD_LEN_ENV, len.to_string())
             .env(CHILD_PAGE_ENV, page.to_string())
@@ -628,7 +641,7 @@ fn numa_pool_per_node() {
     let size = PageSize::Huge1G;
     let free1 = free_pages(size, 1);
     if free1 == 0 || free1 > 4 {
-        println!("SKIP: {TEST}: needs 1 to 4 free 1G pages on node 1, it has {free1}");
+        test_support::skip!("{TEST}: needs 1 to 4 free 1G pages on node 1, it has {free1}");
         return;
     }
     let free0 = free_pages(size, 0);
@@ -819,16 +832,16 @@ fn numa_migrate_shared_1g() {
     migrate_shared("numa_migrate_shared_1g", PageSize::Huge1G, GIB);
 }
 
-/// The second process of the migration tests; does nothing unless
-/// [`MapperChild::spawn`] started it. Maps the parent's memfd `MAP_SHARED`
+/// The second process of the migration tests, started by
+/// [`MapperChild::spawn`] with `--ignored` (it is no test of its own). Maps the parent's memfd `MAP_SHARED`
 /// through `/proc/<pid>/fd/<n>`, checks the pattern, then answers `check`
 /// lines on stdin with the pattern check and where its own mapping's pages
 /// are, until stdin closes.
 #[test]
+#[ignore = "the migration tests' second process; they run it with --ignored"]
 fn numa_child_maps_shared_region() {
-    let Some(path) = env::var_os(CHILD_PATH_ENV) else {
-        return;
-    };
+    let path = env::var_os(CHILD_PATH_ENV)
+        .unwrap_or_else(|| panic!("{CHILD_PATH_ENV} is unset: only MapperChild::spawn runs this"));
     let number = |name: &str| -> u64 {
         env::var(name)
             .ok()

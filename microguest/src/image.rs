@@ -412,13 +412,13 @@ mod tests {
             Ok(out) => {
                 let err = String::from_utf8_lossy(&out.stderr);
                 if err.contains("No such file") || err.contains("FileNotFoundError") {
-                    eprintln!("SKIP: binutils missing: {err}");
+                    test_support::skip!("binutils missing: {err}");
                     return;
                 }
                 panic!("listing.py failed: {err}");
             }
             Err(e) => {
-                eprintln!("SKIP: cannot run python3: {e}");
+                test_support::skip!("cannot run python3: {e}");
                 return;
             }
         };

@@ -400,7 +400,7 @@ mod tests {
             .output();
         let _ = std::fs::remove_file(&path);
         let Ok(out) = out else {
-            eprintln!("SKIP: readelf not installed");
+            test_support::skip!("readelf not installed");
             return;
         };
         let text = String::from_utf8_lossy(&out.stdout);

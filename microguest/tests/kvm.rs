@@ -20,7 +20,7 @@ fn skip_without_kvm() -> bool {
     match microguest::kvm_available() {
         Ok(()) => false,
         Err(reason) => {
-            eprintln!("SKIP: {reason}");
+            test_support::skip!("{reason}");
             true
         }
     }
@@ -438,12 +438,12 @@ fn hugetlb_1g_pages_two_slots() {
     let (pool, free) = match HugePool::reserve(2) {
         Ok(p) => p,
         Err(e) => {
-            eprintln!("SKIP: cannot reserve 1 GiB huge pages: {e}");
+            test_support::skip!("cannot reserve 1 GiB huge pages: {e}");
             return;
         }
     };
     if free == 0 {
-        eprintln!("SKIP: no free 1 GiB huge page could be reserved");
+        test_support::skip!("no free 1 GiB huge page could be reserved");
         return;
     }
     // Two 1 GiB slots, the second above 4 GiB, when two pages are free.
@@ -453,7 +453,7 @@ fn hugetlb_1g_pages_two_slots() {
         match Mapping::hugetlb_1g(GIB as usize) {
             Ok(m) => maps.push(m),
             Err(e) => {
-                eprintln!("SKIP: cannot map a 1 GiB hugetlb page: {e}");
+                test_support::skip!("cannot map a 1 GiB hugetlb page: {e}");
                 return;
             }
         }

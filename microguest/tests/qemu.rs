@@ -16,7 +16,7 @@ fn boot(cfg: &PvhConfig, extra: &[&str], tag: &str) -> Option<(i32, String)> {
         .output()
         .is_err()
     {
-        eprintln!("SKIP: qemu-system-x86_64 not installed");
+        test_support::skip!("qemu-system-x86_64 not installed");
         return None;
     }
     let elf = pvh_elf(cfg).expect("elf");
@@ -50,7 +50,7 @@ fn boot(cfg: &PvhConfig, extra: &[&str], tag: &str) -> Option<(i32, String)> {
     let out = match out {
         Ok(out) => out,
         Err(e) => {
-            eprintln!("SKIP: cannot run timeout/qemu: {e}");
+            test_support::skip!("cannot run timeout/qemu: {e}");
             return None;
         }
     };

@@ -57,7 +57,7 @@ fn intact(region: &Region, seed: u8) -> bool {
 #[test]
 fn region_already_on_the_target_stays_put_and_intact() {
     if let Err(why) = reserve_2m(8) {
-        eprintln!("SKIP: {why}");
+        test_support::skip!("{why}");
         return;
     }
     let topology = Topology::detect().expect("topology");
@@ -96,7 +96,7 @@ fn region_already_on_the_target_stays_put_and_intact() {
 #[test]
 fn a_range_of_the_region_and_the_dry_run() {
     if let Err(why) = reserve_2m(8) {
-        eprintln!("SKIP: {why}");
+        test_support::skip!("{why}");
         return;
     }
     let topology = Topology::detect().expect("topology");
@@ -134,7 +134,7 @@ fn a_range_of_the_region_and_the_dry_run() {
 #[test]
 fn unknown_node_is_refused_naming_the_nodes() {
     if let Err(why) = reserve_2m(4) {
-        eprintln!("SKIP: {why}");
+        test_support::skip!("{why}");
         return;
     }
     let topology = Topology::detect().expect("topology");
@@ -168,7 +168,7 @@ fn unknown_node_is_refused_naming_the_nodes() {
 #[test]
 fn bad_ranges_are_refused() {
     if let Err(why) = reserve_2m(4) {
-        eprintln!("SKIP: {why}");
+        test_support::skip!("{why}");
         return;
     }
     let topology = Topology::detect().expect("topology");
@@ -213,7 +213,7 @@ fn base_page_region_already_there() {
 #[test]
 fn pages_never_touched_are_not_present_and_then_land_on_the_target() {
     if let Err(why) = reserve_2m(4) {
-        eprintln!("SKIP: {why}");
+        test_support::skip!("{why}");
         return;
     }
     let topology = Topology::detect().expect("topology");
@@ -233,7 +233,7 @@ fn pages_never_touched_are_not_present_and_then_land_on_the_target() {
 #[test]
 fn cancelled_token_refuses_before_binding() {
     if let Err(why) = reserve_2m(2) {
-        eprintln!("SKIP: {why}");
+        test_support::skip!("{why}");
         return;
     }
     let topology = Topology::detect().expect("topology");
@@ -260,12 +260,12 @@ fn cancelled_token_refuses_before_binding() {
 #[test]
 fn a_node_the_kernel_lacks_fails_cleanly() {
     if let Err(why) = reserve_2m(2) {
-        eprintln!("SKIP: {why}");
+        test_support::skip!("{why}");
         return;
     }
     let real = Topology::detect().expect("topology");
     if real.nodes().iter().any(|n| n.id == 1) {
-        eprintln!("SKIP: this host has a node 1");
+        test_support::skip!("this host has a node 1");
         return;
     }
     let dir = tempfile::tempdir().expect("tempdir");
@@ -320,7 +320,7 @@ fn a_node_the_kernel_lacks_fails_cleanly() {
 #[test]
 fn in_guest_checks_in_their_one_node_form() {
     if let Err(why) = reserve_2m(8) {
-        eprintln!("SKIP: {why}");
+        test_support::skip!("{why}");
         return;
     }
     let line = testing::check_move_region(PageSize::Huge2M, 8 * M2, 0, 0).expect("check on node 0");
@@ -352,7 +352,7 @@ fn in_guest_checks_in_their_one_node_form() {
 fn bench_on_one_node_skips_moves_and_measures_locality() {
     let topology = Topology::detect().expect("topology");
     if migrate::memory_nodes(&topology).len() > 1 {
-        eprintln!("SKIP: this host has several nodes; the bench would move memory");
+        test_support::skip!("this host has several nodes; the bench would move memory");
         return;
     }
     let opts = BenchOptions {

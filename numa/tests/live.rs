@@ -593,7 +593,7 @@ fn move_pages_query_hugetlb_2m_page_on_node0() {
     let _reservation = match Reservation::one_free_2m_page() {
         Ok(r) => r,
         Err(reason) => {
-            eprintln!("SKIP: {reason}");
+            test_support::skip!("{reason}");
             return;
         }
     };
@@ -601,7 +601,7 @@ fn move_pages_query_hugetlb_2m_page_on_node0() {
         Ok(m) => m,
         Err(e) => {
             // Another process took the free page between the reservation and now.
-            eprintln!("SKIP: mmap of a 2 MiB hugetlb page failed after reserving one: {e}");
+            test_support::skip!("mmap of a 2 MiB hugetlb page failed after reserving one: {e}");
             return;
         }
     };

@@ -50,7 +50,7 @@ pub fn current_test_name() -> String {
     }
 }
 
-/// Writes `SKIP <test>: <reason>` to stderr, uncaptured, and appends
+/// Writes `SKIP: <test>: <reason>` to stderr, uncaptured, and appends
 /// `<test> — <reason>` to the file in [`SKIP_LOG_ENV`] when it is set.
 /// Prefer the [`skip!`] macro.
 pub fn record_skip(reason: &str) {
@@ -58,7 +58,7 @@ pub fn record_skip(reason: &str) {
     // One line, whatever the reason holds: the log is parsed line by line.
     let reason = reason.replace('\n', " ");
     // Straight to fd 2: `eprintln!` inside a test thread is captured by libtest.
-    let _ = std::io::stderr().write_all(format!("SKIP {test}: {reason}\n").as_bytes());
+    let _ = std::io::stderr().write_all(format!("SKIP: {test}: {reason}\n").as_bytes());
     if let Some(path) = std::env::var_os(SKIP_LOG_ENV) {
         let line = format!("{test}{SKIP_SEPARATOR}{reason}\n");
         let appended = OpenOptions::new()

@@ -1890,7 +1890,7 @@ mod tests {
                 assert!(line.contains("8 2M pages"), "{line}");
                 assert!(line.contains(": 0 moved, 0 failed"), "{line}");
             }
-            Err(e) if e.contains("free 2M pages") => eprintln!("SKIP: {e}"),
+            Err(e) if e.contains("free 2M pages") => test_support::skip!("{e}"),
             Err(e) => panic!("{e}"),
         }
     }

@@ -25,11 +25,11 @@ pub fn reserve_2m(n: u64, test: &str) -> bool {
     match guest_mem::ensure_free(PageSize::Huge2M, n, None) {
         Ok(r) if r.met => true,
         Ok(r) => {
-            eprintln!("SKIP {test}: only {} free 2 MiB pages, {n} needed", r.free);
+            test_support::skip!("{test}: only {} free 2 MiB pages, {n} needed", r.free);
             false
         }
         Err(e) => {
-            eprintln!("SKIP {test}: cannot reserve 2 MiB pages: {e}");
+            test_support::skip!("{test}: cannot reserve 2 MiB pages: {e}");
             false
         }
     }
