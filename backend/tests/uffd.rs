@@ -561,7 +561,7 @@ fn second_continue_reports_already_mapped() {
     assert_eq!(guest.read(HUGE + 7), 0x11);
 }
 
-/// A page the memfd never allocated raises MISSING, not MINOR (facts.md:
+/// A page the memfd never allocated raises MISSING, not MINOR (docs/platform.md#userfaultfd:
 /// MINOR needs the page in the page cache). UFFDIO_COPY serves it; CONTINUE
 /// on it fails with EFAULT; once populated through the daemon's view, the
 /// next page's fault is MINOR.

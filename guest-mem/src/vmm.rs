@@ -10,7 +10,7 @@
 //! # Why the builder, and which flags
 //!
 //! vm-memory's convenience constructors are wrong for this memory
-//! (facts.md): `GuestRegionMmap::from_range`/`from_ranges_with_files` map
+//! (docs/platform.md#vm-memory): `GuestRegionMmap::from_range`/`from_ranges_with_files` map
 //! with `MAP_NORESERVE`, which turns an exhausted pool into SIGBUS in the
 //! guest, and `MmapRegionBuilder` defaults to `prot = 0` and
 //! `MAP_ANONYMOUS | MAP_PRIVATE` (a private mapping would give the guest a

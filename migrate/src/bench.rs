@@ -11,7 +11,7 @@
 //! leg is the mover's batch time (no planning, binding or verification),
 //! after one untimed round trip that makes both nodes' pages warm: the first
 //! touch of never-used physical memory is several times slower than reuse
-//! on the hosts this runs on (docs: facts.md). 4 KiB pages are shmem (a
+//! on the hosts this runs on (docs/platform.md#first-touch). 4 KiB pages are shmem (a
 //! 4 KiB memfd region); whether the kernel backs those with huge pages
 //! depends on `shmem_enabled`, which the report records.
 //!

@@ -1,7 +1,7 @@
 //! Pinning threads to CPUs and NUMA nodes.
 //!
 //! Workers that clear or fault in guest memory run best on the node that owns
-//! the memory: the clearing figures in `facts.md` come from pinned workers, and
+//! the memory: the clearing figures in docs/benchmarks.md come from pinned workers, and
 //! first-touch placement only follows the worker if it cannot wander. Pinning
 //! is `sched_setaffinity` on the calling thread, with the CPU sets taken from a
 //! [`Topology`] snapshot; [`spawn_pinned`] starts a named thread that pins

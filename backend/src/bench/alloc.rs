@@ -23,7 +23,7 @@
 //! alternating order (even repetitions daemon-less first, odd ones daemon
 //! first), so drift hits them alike. Before anything is timed the whole size
 //! is populated and freed once, because the outer host backs never-touched
-//! memory lazily (facts.md: a first 1 GiB fault ~1.5 s, later ones ~0.2 s).
+//! memory lazily (docs/platform.md#first-touch: a first 1 GiB fault ~1.5 s, later ones ~0.2 s).
 //! At most `size` bytes of huge pages are held at any time, so the run needs
 //! `size / page` free pages, which it reserves through `scripts/hugepages`.
 //!

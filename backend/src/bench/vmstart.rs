@@ -24,7 +24,7 @@
 //! Each scenario runs in a daemon of its own (in this process, socket in a
 //! temporary directory), so at most one VM's worth of huge pages is held at a
 //! time. The first scenario also warms the host: never-touched memory is
-//! slow the first time on this kind of machine (docs: facts.md), so
+//! slow the first time on this kind of machine (docs/platform.md#first-touch), so
 //! `eager-fresh` is run twice and only the second run is reported.
 
 use std::os::fd::AsFd;

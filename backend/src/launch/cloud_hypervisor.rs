@@ -2,7 +2,7 @@
 //! zone per region.
 //!
 //! Facts this relies on (cloud-hypervisor v53, read from its source and run
-//! with a tiny PVH guest; see `/work/shared/reference/facts.md`):
+//! with a tiny PVH guest; docs/platform.md#cloud-hypervisor):
 //!
 //! * `--memory size=0 --memory-zone id=Z,size=S,file=PATH,shared=on` maps an
 //!   existing file; PATH may be a hugetlbfs file or `/dev/fd/N` of an
