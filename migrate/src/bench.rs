@@ -89,6 +89,8 @@ pub struct Leg {
     pub pages_moved: usize,
     /// Pages that did not move.
     pub pages_failed: usize,
+    /// Bytes moved.
+    pub bytes_moved: u64,
     /// Seconds of the move batches.
     pub seconds: f64,
     /// GB/s (10^9) moved.
@@ -104,6 +106,7 @@ impl Leg {
             to: report.target,
             pages_moved: report.pages_moved,
             pages_failed: report.pages_failed(),
+            bytes_moved: report.bytes_moved,
             seconds: report.seconds,
             gb_per_s: report.gb_per_s,
             failures: report
@@ -128,7 +131,8 @@ pub struct SizeResult {
     pub there: Option<Leg>,
     /// B → A.
     pub back: Option<Leg>,
-    /// Mean of the two legs, GB/s.
+    /// Both legs together: total bytes moved over total seconds, GB/s (not
+    /// the mean of the two legs' rates, which overweights the faster leg).
     pub gb_per_s: Option<f64>,
     /// Whether every stamp survived both moves (`None`: not checked).
     pub data_intact: Option<bool>,
@@ -445,7 +449,7 @@ fn measure(
     }
     match round_trip(true) {
         Ok(Some((there, back))) => {
-            result.gb_per_s = Some((there.gb_per_s + back.gb_per_s) / 2.0);
+            result.gb_per_s = combined_gb_per_s(&there, &back);
             result.there = Some(there);
             result.back = Some(back);
         }
@@ -503,6 +507,15 @@ fn locality(topology: &Topology, node: NodeId, reserve: bool) -> NodeLocality {
 }
 
 /// `error: cause: cause`, the whole chain on one line.
+/// GB/s (10^9) of both legs together: total bytes over total time.
+fn combined_gb_per_s(there: &Leg, back: &Leg) -> Option<f64> {
+    let seconds = there.seconds + back.seconds;
+    // Bytes are far below 2^53: the conversion is exact.
+    #[allow(clippy::cast_precision_loss)]
+    let bytes = (there.bytes_moved + back.bytes_moved) as f64;
+    (seconds > 0.0).then(|| bytes / seconds / 1e9)
+}
+
 pub(crate) fn error_chain(e: &dyn std::error::Error) -> String {
     let mut s = e.to_string();
     let mut source = e.source();
@@ -516,6 +529,25 @@ pub(crate) fn error_chain(e: &dyn std::error::Error) -> String {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn both_legs_rate_is_total_bytes_over_total_time() {
+        let leg = |bytes_moved, seconds| Leg {
+            from: 0,
+            to: 1,
+            pages_moved: 1,
+            pages_failed: 0,
+            bytes_moved,
+            seconds,
+            gb_per_s: 0.0,
+            failures: vec![],
+        };
+        // 1 GB in 1 s there, 1 GB in 3 s back: 2 GB in 4 s = 0.5 GB/s, where
+        // the mean of the rates (1 and 0.333) would say 0.667.
+        let r = combined_gb_per_s(&leg(1_000_000_000, 1.0), &leg(1_000_000_000, 3.0));
+        assert!(r.is_some_and(|r| (r - 0.5).abs() < 1e-12), "{r:?}");
+        assert_eq!(combined_gb_per_s(&leg(0, 0.0), &leg(0, 0.0)), None);
+    }
+
     use super::*;
 
     #[test]
@@ -536,6 +568,7 @@ mod tests {
             to,
             pages_moved: 4,
             pages_failed: 0,
+            bytes_moved: 8 << 20,
             seconds: 0.1,
             gb_per_s: gb,
             failures: vec![],
