@@ -6,7 +6,16 @@
 //! * `fresh_eager_daemon_s`: the same through the daemon: ALLOC on a daemon
 //!   whose pool is empty (socket round trip, pool bookkeeping, fd passing).
 //! * `pooled_eager_s`: ALLOC on the same daemon after a FREE of the same size
-//!   and after its scrubbers have cleaned it: the clean-pool hand-out.
+//!   and after its scrubbers have cleaned it: the clean-pool hand-out. Its
+//!   price is paid after the FREE: `free_to_clean_s` (wall) and
+//!   `scrub_cpu_s_per_gib` (CPU seconds of the daemon per GiB scrubbed).
+//!
+//! Every variant is timed to the same point: the memory mapped in this
+//! process and ready for a VMM. The daemon-less ones end with their own
+//! populated mapping; both daemon ALLOCs include receiving the fds and
+//! mapping them as a rust-vmm VMM does (`Allocation::guest_memory`). What
+//! still differs: the daemon variants' page tables in the VMM's mapping are
+//! filled by minor faults later (the pages exist; nothing is zeroed then).
 //! * `cloud_hypervisor_style_s`: what cloud-hypervisor does with
 //!   `prefault=on` today: a hugetlb memfd mapped shared, then
 //!   `threads = min(CPUs, 16, pages, size / 4 GiB)` (at least 1) unpinned
@@ -56,6 +65,8 @@ use crate::size::format_size;
 const CH_MAX_PREFAULT_THREADS: usize = 16;
 /// cloud-hypervisor gives each prefault thread at least this much memory.
 const CH_BYTES_PER_THREAD: u64 = 4 << 30;
+/// Bytes in a GiB, for per-GiB figures.
+const GIB: f64 = (1u64 << 30) as f64;
 /// Longest wait for a FREE to come back clean.
 const CLEAN_DEADLINE: Duration = Duration::from_secs(120);
 
@@ -98,6 +109,12 @@ pub enum AllocBenchError {
     /// The node-local populate workers of a scaling run failed.
     #[error("populate workers failed")]
     Workers(#[from] RunError<guest_mem::MappingError>),
+    /// Mapping the daemon's memory as a VMM would failed.
+    #[error("cannot map the allocation as guest memory")]
+    GuestMemory(#[from] crate::guest_memory::GuestMemoryError),
+    /// Reading the process CPU clock failed.
+    #[error("cannot read the process CPU clock")]
+    Clock(#[source] std::io::Error),
 }
 
 /// What to measure.
@@ -175,6 +192,9 @@ pub struct AllocBenchReport {
     pub cloud_hypervisor_style_gbps: f64,
     /// FREE to clean pool (scrub), best of reps, seconds.
     pub free_to_clean_s: f64,
+    /// CPU seconds the scrub of one GiB cost (all the daemon's threads),
+    /// median of reps: the price of the pooled figure, paid after FREE.
+    pub scrub_cpu_s_per_gib: f64,
     /// Medians over the repetitions, seconds (same keys as `samples`).
     pub medians: AllocMedians,
     /// All repetitions, seconds, in order.
@@ -213,6 +233,8 @@ pub struct AllocSamples {
     pub cloud_hypervisor_style_s: Vec<f64>,
     /// FREE to clean.
     pub free_to_clean_s: Vec<f64>,
+    /// CPU seconds of FREE to clean.
+    pub free_to_clean_cpu_s: Vec<f64>,
 }
 
 /// Threads cloud-hypervisor's prefault uses for `size` bytes of `page` pages.
@@ -458,13 +480,30 @@ fn wait_clean(daemon: &DaemonHandle, bytes: u64) -> Result<(), AllocBenchError> 
     }
 }
 
+/// Wall and CPU time of a FREE until the pool shows the memory clean.
+#[derive(Debug, Clone, Copy)]
+struct DaemonTimes {
+    seconds: f64,
+    /// CPU time of this whole process meanwhile: the in-process daemon's
+    /// scrubbers, plus this thread's 1 ms polling (negligible).
+    cpu_seconds: f64,
+}
+
+/// CPU time this process has used, all threads, seconds.
+fn process_cpu_seconds() -> Result<f64, AllocBenchError> {
+    let t = nix::time::clock_gettime(nix::time::ClockId::CLOCK_PROCESS_CPUTIME_ID)
+        .map_err(|e| AllocBenchError::Clock(e.into()))?;
+    #[allow(clippy::cast_precision_loss)] // seconds of CPU time fit an f64 exactly
+    Ok(t.tv_sec() as f64 + t.tv_nsec() as f64 * 1e-9)
+}
+
 /// Through a fresh daemon: fresh ALLOC, FREE, wait for clean, pooled ALLOC.
-/// Returns (fresh, free→clean, pooled) seconds.
+/// Returns (fresh seconds, free→clean times, pooled seconds).
 fn through_daemon(
     size: u64,
     parts: &[AllocPart],
     page: PageSize,
-) -> Result<(f64, f64, f64), AllocBenchError> {
+) -> Result<(f64, DaemonTimes, f64), AllocBenchError> {
     let dir = std::env::temp_dir().join(format!("hugemem-bench-alloc-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir)
@@ -496,20 +535,28 @@ fn through_daemon(
             parts: parts.to_vec(),
             want_paths: false,
         };
+        // Both ALLOCs are timed to the point the daemon-less variants end
+        // at: the memory mapped in this process and ready for a VMM (a
+        // rust-vmm VMM's `GuestMemoryMmap`), not just the fds received.
         let t = Instant::now();
         let a = client.alloc(request.clone())?;
+        let memory = a.guest_memory()?;
         let fresh = t.elapsed().as_secs_f64();
         let id = a.id;
-        drop(a);
-        let t = Instant::now();
+        drop((memory, a));
+        let (t, cpu) = (Instant::now(), process_cpu_seconds()?);
         client.free(id)?;
         wait_clean(&daemon, size)?;
-        let clean = t.elapsed().as_secs_f64();
+        let clean = DaemonTimes {
+            seconds: t.elapsed().as_secs_f64(),
+            cpu_seconds: process_cpu_seconds()? - cpu,
+        };
         let t = Instant::now();
         let a = client.alloc(request)?;
+        let memory = a.guest_memory()?;
         let pooled = t.elapsed().as_secs_f64();
         let id = a.id;
-        drop(a);
+        drop((memory, a));
         client.free(id)?;
         Ok((fresh, clean, pooled))
     })();
@@ -566,7 +613,8 @@ pub fn run(
         let daemon = |s: &mut AllocSamples| -> Result<(), AllocBenchError> {
             let (fresh, clean, pooled) = through_daemon(size, &parts, page)?;
             s.fresh_eager_daemon_s.push(fresh);
-            s.free_to_clean_s.push(clean);
+            s.free_to_clean_s.push(clean.seconds);
+            s.free_to_clean_cpu_s.push(clean.cpu_seconds);
             s.pooled_eager_s.push(pooled);
             Ok(())
         };
@@ -643,6 +691,7 @@ pub fn run(
         fresh_eager_gbps: ratio(gb, fresh),
         cloud_hypervisor_style_gbps: ratio(gb, ch),
         free_to_clean_s: best(&s.free_to_clean_s),
+        scrub_cpu_s_per_gib: ratio(median(&s.free_to_clean_cpu_s), size as f64 / GIB),
         ratios: AllocRatios {
             cloud_hypervisor_style_over_fresh_eager: ratio(ch, fresh),
             cloud_hypervisor_style_over_pooled_eager: ratio(ch, pooled),
@@ -702,7 +751,7 @@ impl AllocBenchReport {
             "FREE -> pool clean (scrub)",
             self.free_to_clean_s,
             m.free_to_clean_s,
-            String::new(),
+            format!("{:.3} CPU-s/GiB", self.scrub_cpu_s_per_gib),
         );
         row(
             &mut t,
