@@ -32,11 +32,11 @@ fn micro_guest_runs_on_a_1g_region() {
     match ensure_free(PageSize::Huge1G, 1, Some(0)) {
         Ok(r) if r.met => {}
         Ok(r) => {
-            println!("SKIP: no free 1 GiB page on node 0: {r:?}");
+            test_support::skip!("no free 1 GiB page on node 0: {r:?}");
             return;
         }
-        Err(ReserveError::Script(msg)) if msg.contains("root") => {
-            println!("SKIP: reserving huge pages needs root: {msg}");
+        Err(e @ ReserveError::NotRoot { .. }) => {
+            test_support::skip!("{e}");
             return;
         }
         Err(e) => panic!("reserving a 1 GiB page failed: {e}"),

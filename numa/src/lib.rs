@@ -29,11 +29,16 @@
 
 #[cfg(test)]
 mod fixture;
+pub mod hugepages;
 pub mod pin;
 pub mod policy;
 mod sys;
 pub mod topology;
 
+pub use hugepages::{
+    HugePages, HugePagesError, MountReport, MountState, NodePool, PoolReport, PoolState,
+    ReserveMode,
+};
 pub use pin::{
     current_affinity, current_cpu, pin_current_thread, pin_current_thread_to_node, spawn_pinned,
     PinError,
