@@ -1,4 +1,5 @@
-//! NUMA topology, memory-policy syscalls and CPU pinning for hugemem.
+//! NUMA topology, memory-policy syscalls, CPU pinning and huge-page pools
+//! (reservation per node and size, hugetlbfs mounts: [`hugepages`]) for hugemem.
 //!
 //! Everything here is read from `/sys/devices/system` or done with raw
 //! syscalls (`mbind`, `set_mempolicy`, `get_mempolicy`, `move_pages`,
