@@ -1,8 +1,8 @@
 //! `hugemem demo`: the whole data path in a few seconds, with a timeline.
 //!
 //! 1. Reserve huge pages for the run (1 GiB, else 2 MiB, else 4 KiB shmem;
-//!    every fallback is said out loud), through `scripts/hugepages` like the
-//!    tests and operators do. The host pool is set back afterwards.
+//!    every fallback is said out loud), through `numa::hugepages` like the
+//!    tests and operators (`hugemem hugepages`) do. The host pool is set back afterwards.
 //! 2. Start a daemon on a private socket in a fresh 0700 directory.
 //! 3. ALLOC the VM's RAM: fresh pages, populated (the kernel zeroes them) by
 //!    workers pinned to the node.

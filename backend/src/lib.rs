@@ -25,6 +25,8 @@ pub mod demo;
 pub mod fault;
 /// An allocation's fds as a rust-vmm `GuestMemoryMmap` (client side of the vm-memory adapter).
 pub mod guest_memory;
+/// `hugemem hugepages`: reserve huge pages and mount hugetlbfs, with a report.
+pub mod hugepages;
 /// `hugemem launch`: cloud-hypervisor and QEMU command lines over daemon memory.
 pub mod launch;
 /// Lazy mode, VMM side: register guest RAM on a userfaultfd, hand it to the daemon, keep a fallback.

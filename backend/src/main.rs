@@ -70,6 +70,78 @@ enum Command {
     /// Benchmarks; each reports ratios against a baseline measured in the same run.
     #[command(subcommand)]
     Bench(Bench),
+    /// Reserve 1 GiB and 2 MiB huge pages (1 GiB first) and mount hugetlbfs.
+    ///
+    /// Exit status: 0 = every request met, 3 = the kernel gave fewer pages
+    /// than asked (the report says how many, per node), 2 = bad usage (e.g.
+    /// no such node), 1 = not root or another error. Without --1g/--2m it
+    /// only shows both pools (and mounts).
+    Hugepages(HugepagesArgs),
+}
+
+/// `hugemem hugepages` flags.
+#[derive(Debug, clap::Args)]
+struct HugepagesArgs {
+    /// 1 GiB pages wanted.
+    #[arg(long = "1g", value_name = "N")]
+    one_g: Option<u64>,
+    /// 2 MiB pages wanted.
+    #[arg(long = "2m", value_name = "M")]
+    two_m: Option<u64>,
+    /// Reserve on this NUMA node only (default: host-wide).
+    #[arg(long)]
+    node: Option<u32>,
+    /// The counts are pages wanted free and not reserved by any mapping (default: a floor on the pool size; pools only grow).
+    #[arg(long, conflicts_with = "exact")]
+    free: bool,
+    /// Set the pools to exactly these counts, shrinking them (pages in use stay).
+    #[arg(long)]
+    exact: bool,
+    /// Mount hugetlbfs at DIR/hugepages-1G and DIR/hugepages-2M.
+    #[arg(long, value_name = "DIR", default_value = "/dev")]
+    mount_root: std::path::PathBuf,
+    /// Do not mount hugetlbfs.
+    #[arg(long)]
+    no_mount: bool,
+    /// Print one JSON object instead of the table.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Runs `hugemem hugepages`; returns the exit status (see the command's help).
+fn hugepages(args: HugepagesArgs) -> Result<i32> {
+    use backend::hugepages::{self as hp, HugepagesConfig};
+    let cfg = HugepagesConfig {
+        one_g: args.one_g,
+        two_m: args.two_m,
+        node: args.node,
+        mode: if args.free {
+            numa::ReserveMode::Free
+        } else if args.exact {
+            numa::ReserveMode::Exact
+        } else {
+            numa::ReserveMode::Total
+        },
+        mount_root: (!args.no_mount).then_some(args.mount_root),
+    };
+    let report = match hp::run(&cfg) {
+        Ok(report) => report,
+        Err(e) => {
+            eprintln!("hugemem hugepages: error: {e}");
+            let mut source = std::error::Error::source(&e);
+            while let Some(cause) = source {
+                eprintln!("  caused by: {cause}");
+                source = cause.source();
+            }
+            return Ok(e.exit_code());
+        }
+    };
+    if args.json {
+        println!("{}", serde_json::to_string(&report)?);
+    } else {
+        print!("{}", report.to_table());
+    }
+    Ok(report.exit_code())
 }
 
 /// `hugemem launch` flags.
@@ -348,7 +420,8 @@ fn main() {
         .init();
     match run(cli) {
         Ok(0) => {}
-        // `hugemem launch` exits with the VMM's status.
+        // `hugemem launch` exits with the VMM's status, `hugemem hugepages`
+        // with 3 when the kernel gave fewer pages (2 on bad usage).
         Ok(code) => std::process::exit(code),
         Err(e) => {
             eprintln!("hugemem: error: {e}");
@@ -363,6 +436,7 @@ fn main() {
 fn run(cli: Cli) -> Result<i32> {
     match cli.command {
         Command::Launch(args) => return launch(args),
+        Command::Hugepages(args) => return hugepages(args),
         Command::Demo {
             size,
             no_guest,

@@ -11,7 +11,7 @@
 //! * `--plot` writes a PNG when `scripts/plot-compare --check` finds matplotlib
 //!   (otherwise that part prints SKIP).
 //!
-//! Needs root for the huge-page reservation (`scripts/hugepages`); prints
+//! Needs root for the huge-page reservation (`numa::hugepages`); prints
 //! SKIP without it. Runs are serialized: each reserves and restores the host's
 //! 2 MiB pool. Child processes run under coreutils `timeout`.
 

@@ -2,7 +2,7 @@
 //! fresh ALLOC, the micro-guest under KVM (when there is one), FREE, scrub,
 //! a pooled ALLOC, and the guest again.
 //!
-//! The demo reserves huge pages itself through `scripts/hugepages` and says
+//! The demo reserves huge pages itself through `numa::hugepages` and says
 //! what it got; without root (or without any huge page) it falls back to
 //! 4 KiB pages, which these tests accept and print. A missing KVM skips the
 //! guest (the report says why), which the tests print as well.

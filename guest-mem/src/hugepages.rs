@@ -1,13 +1,12 @@
-//! Reserving huge pages through `scripts/hugepages`.
+//! Reserving huge pages for a run: a thin layer over [`numa::hugepages`].
 //!
-//! Operators, CI and the tests all reserve huge pages with the same script, so
-//! there is one code path that writes `nr_hugepages`, compacts memory when the
-//! kernel falls short, and reports what it really got. This module runs it and
-//! reads its JSON report. The script is found through `HUGEMEM_HUGEPAGES_SCRIPT`
-//! or, in a source checkout, next to this crate.
+//! Operators (`hugemem hugepages`), CI, the benches and the tests all reserve
+//! huge pages through [`numa::HugePages`], so there is one code path that
+//! writes `nr_hugepages`, compacts memory when the kernel falls short, and
+//! reports what it really got. It reads and writes sysfs directly: nothing here
+//! depends on the source tree or on a helper program.
 
-use std::path::PathBuf;
-use std::process::Command;
+use numa::{HugePages, HugePagesError, NodeId, ReserveMode};
 
 use crate::mapping::PageSize;
 
@@ -17,24 +16,37 @@ pub enum ReserveError {
     /// Base pages need no reservation.
     #[error("4 KiB pages are not reserved")]
     NotHuge,
-    /// The script is not where we looked.
-    #[error("scripts/hugepages not found at {0} (set HUGEMEM_HUGEPAGES_SCRIPT)")]
-    ScriptMissing(PathBuf),
-    /// The script could not be started.
-    #[error("cannot run {path}")]
-    Spawn {
-        /// Script path.
-        path: PathBuf,
-        /// The cause.
+    /// The pool must change and this process may not write it.
+    #[error("reserving huge pages needs root (cannot write {path})")]
+    NotRoot {
+        /// The sysfs file.
+        path: std::path::PathBuf,
+        /// EACCES or EPERM.
         #[source]
         source: std::io::Error,
     },
-    /// The script failed (not root, no such node, ...); its message is kept.
-    #[error("scripts/hugepages failed: {0}")]
-    Script(String),
-    /// The script's report was not what we expect.
-    #[error("cannot read the report of scripts/hugepages: {0}")]
-    Report(String),
+    /// A node id this host does not have.
+    #[error("no NUMA node {node}; this host has nodes {available:?}")]
+    NoSuchNode {
+        /// The id asked for.
+        node: NodeId,
+        /// The ids that exist.
+        available: Vec<NodeId>,
+    },
+    /// Reading or writing the pool in sysfs failed (or the kernel has no
+    /// pool of that size).
+    #[error("huge-page pool in sysfs")]
+    Sysfs(#[source] HugePagesError),
+}
+
+impl From<HugePagesError> for ReserveError {
+    fn from(e: HugePagesError) -> Self {
+        match e {
+            HugePagesError::NotRoot { path, source } => Self::NotRoot { path, source },
+            HugePagesError::NoSuchNode { node, available } => Self::NoSuchNode { node, available },
+            other => Self::Sysfs(other),
+        }
+    }
 }
 
 /// What the kernel gave for one request.
@@ -52,79 +64,27 @@ pub struct ReserveReport {
     pub met: bool,
 }
 
-fn script_path() -> PathBuf {
-    std::env::var_os("HUGEMEM_HUGEPAGES_SCRIPT")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/hugepages"))
-        })
-}
-
-fn size_flag(page_size: PageSize) -> Result<&'static str, ReserveError> {
+fn huge_bytes(page_size: PageSize) -> Result<u64, ReserveError> {
     match page_size {
-        PageSize::Huge1G => Ok("--1g"),
-        PageSize::Huge2M => Ok("--2m"),
+        PageSize::Huge1G | PageSize::Huge2M => Ok(page_size.bytes()),
         PageSize::Base4K => Err(ReserveError::NotHuge),
     }
 }
 
-fn run_script(
+fn reserve(
     page_size: PageSize,
     count: u64,
-    mode: &str,
-    node: Option<u32>,
+    mode: ReserveMode,
+    node: Option<NodeId>,
 ) -> Result<ReserveReport, ReserveError> {
-    let path = script_path();
-    if !path.exists() {
-        return Err(ReserveError::ScriptMissing(path));
-    }
-    let mut cmd = Command::new(&path);
-    cmd.args([
-        size_flag(page_size)?,
-        &count.to_string(),
-        mode,
-        "--no-mount",
-        "--json",
-    ]);
-    if let Some(node) = node {
-        cmd.args(["--node", &node.to_string()]);
-    }
-    let out = cmd.output().map_err(|source| ReserveError::Spawn {
-        path: path.clone(),
-        source,
-    })?;
-    // Exit 3 = fewer pages than asked: still a valid report.
-    if !out.status.success() && out.status.code() != Some(3) {
-        return Err(ReserveError::Script(
-            String::from_utf8_lossy(&out.stderr).trim().to_string(),
-        ));
-    }
-    parse_report(&out.stdout, page_size)
-}
-
-fn parse_report(stdout: &[u8], page_size: PageSize) -> Result<ReserveReport, ReserveError> {
-    let bad = |what: &str| ReserveError::Report(what.to_string());
-    let value: serde_json::Value =
-        serde_json::from_slice(stdout).map_err(|e| ReserveError::Report(e.to_string()))?;
-    let pool = value
-        .get("pools")
-        .and_then(|p| p.as_array())
-        .and_then(|p| p.first())
-        .ok_or_else(|| bad("no pool in report"))?;
-    let field = |name: &str| {
-        pool.get(name)
-            .and_then(|v| v.as_u64())
-            .ok_or_else(|| bad(name))
-    };
+    let bytes = huge_bytes(page_size)?;
+    let r = HugePages::host().reserve(bytes, count, node, mode)?;
     Ok(ReserveReport {
         page_size,
-        requested: field("requested")?,
-        total: field("total")?,
-        free: field("available")?,
-        met: pool
-            .get("met")
-            .and_then(|v| v.as_bool())
-            .ok_or_else(|| bad("met"))?,
+        requested: r.requested,
+        total: r.after.total,
+        free: r.after.available(),
+        met: r.met,
     })
 }
 
@@ -136,19 +96,13 @@ pub fn ensure_free(
     pages: u64,
     node: Option<u32>,
 ) -> Result<ReserveReport, ReserveError> {
-    run_script(page_size, pages, "--free", node)
+    reserve(page_size, pages, ReserveMode::Free, node)
 }
 
 /// Host-wide pool size of `page_size` from sysfs.
 fn host_pool_total(page_size: PageSize) -> Option<u64> {
-    let kb = page_size.bytes() / 1024;
-    std::fs::read_to_string(format!(
-        "/sys/kernel/mm/hugepages/hugepages-{kb}kB/nr_hugepages"
-    ))
-    .ok()?
-    .trim()
-    .parse()
-    .ok()
+    let bytes = huge_bytes(page_size).ok()?;
+    HugePages::host().pool(bytes, None).ok().map(|p| p.total)
 }
 
 /// Huge pages reserved for the lifetime of this value: the host pool is grown
@@ -184,23 +138,23 @@ impl Drop for Reservation {
         if Some(previous) == host_pool_total(self.report.page_size) {
             return;
         }
-        if let Err(e) = run_script(self.report.page_size, previous, "--exact", None) {
+        if let Err(e) = reserve(self.report.page_size, previous, ReserveMode::Exact, None) {
             tracing::warn!(error = %e, "could not give reserved huge pages back");
         }
     }
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
+    use std::sync::{Mutex, MutexGuard, PoisonError};
 
-    #[test]
-    fn parses_the_script_report() {
-        let json = br#"{"pools": [{"size": "2M", "page_kb": 2048, "node": null, "mode": "free", "requested": 4, "total": 6, "free": 4, "available": 4, "surplus": 0, "met": true}], "mounts": [], "all_met": true}"#;
-        let r = parse_report(json, PageSize::Huge2M).expect("parse");
-        assert_eq!((r.requested, r.total, r.free, r.met), (4, 6, 4, true));
-        assert!(parse_report(b"{}", PageSize::Huge2M).is_err());
-        assert!(parse_report(b"not json", PageSize::Huge2M).is_err());
+    static POOLS: Mutex<()> = Mutex::new(());
+
+    /// Held by this crate's unit tests that change the host's 2 MiB pool, so
+    /// that one test's give-back does not meet another's reservation.
+    pub(crate) fn pool_lock() -> MutexGuard<'static, ()> {
+        POOLS.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     #[test]
@@ -212,16 +166,48 @@ mod tests {
     }
 
     #[test]
-    fn reserves_2m_pages_through_the_script() {
-        match ensure_free(PageSize::Huge2M, 2, None) {
-            Ok(r) => {
-                assert!(r.met, "kernel gave fewer 2 MiB pages than asked: {r:?}");
-                assert!(r.free >= 2);
+    fn typed_errors_come_through() {
+        let e = ReserveError::from(HugePagesError::NoSuchNode {
+            node: 7,
+            available: vec![0],
+        });
+        assert!(
+            matches!(e, ReserveError::NoSuchNode { node: 7, .. }),
+            "{e:?}"
+        );
+        assert_eq!(e.to_string(), "no NUMA node 7; this host has nodes [0]");
+        match ensure_free(PageSize::Huge2M, 0, Some(u32::MAX)) {
+            Err(ReserveError::NoSuchNode { node, available }) => {
+                assert_eq!(node, u32::MAX);
+                assert!(!available.contains(&u32::MAX));
             }
-            Err(ReserveError::Script(msg)) if msg.contains("root") => {
-                test_support::skip!("reserving huge pages needs root: {msg}");
-            }
-            Err(e) => panic!("reserve failed: {e}"),
+            other => panic!("expected NoSuchNode, got {other:?}"),
         }
+    }
+
+    #[test]
+    fn reserves_2m_pages_through_sysfs_and_gives_them_back() {
+        let _pools = pool_lock();
+        let before = host_pool_total(PageSize::Huge2M);
+        {
+            let r = match Reservation::for_run(PageSize::Huge2M, 2) {
+                Ok(r) => r,
+                Err(ReserveError::NotRoot { path, .. }) => {
+                    test_support::skip!("reserving huge pages needs root ({})", path.display());
+                    return;
+                }
+                Err(e) => panic!("reserve failed: {e}"),
+            };
+            let report = r.report();
+            assert!(
+                report.met,
+                "kernel gave fewer 2 MiB pages than asked: {report:?}"
+            );
+            assert!(report.free >= 2, "{report:?}");
+            assert_eq!(Some(report.total), host_pool_total(PageSize::Huge2M));
+        }
+        // Given back on drop (other processes are kept out by the machine
+        // lock the tests run under, other tests here by `pool_lock`).
+        assert_eq!(host_pool_total(PageSize::Huge2M), before);
     }
 }

@@ -567,7 +567,7 @@ mod tests {
     use clearing::{CancelToken, Progress};
 
     use super::*;
-    use crate::hugepages::{ensure_free, ReserveError};
+    use crate::hugepages::ensure_free;
 
     /// `VmLck` is per process and tests run on threads of one process: every
     /// test that locks memory holds this for its whole body.
@@ -794,12 +794,10 @@ mod tests {
     #[test]
     fn locking_2m_hugetlb_populates_without_vmlck() {
         let _g = serial();
+        let _pools = crate::hugepages::tests::pool_lock();
         match ensure_free(PageSize::Huge2M, 8, None) {
             Ok(r) if r.met => {}
             Ok(r) => return test_support::skip!("only {} free 2 MiB pages", r.free),
-            Err(ReserveError::Script(msg)) => {
-                return test_support::skip!("cannot reserve 2 MiB pages: {msg}")
-            }
             Err(e) => return test_support::skip!("cannot reserve 2 MiB pages: {e}"),
         }
         let m = match SharedMapping::memfd(16 * MIB, PageSize::Huge2M) {

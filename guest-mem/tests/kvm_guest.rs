@@ -35,8 +35,8 @@ fn micro_guest_runs_on_a_1g_region() {
             test_support::skip!("no free 1 GiB page on node 0: {r:?}");
             return;
         }
-        Err(ReserveError::Script(msg)) if msg.contains("root") => {
-            test_support::skip!("reserving huge pages needs root: {msg}");
+        Err(e @ ReserveError::NotRoot { .. }) => {
+            test_support::skip!("{e}");
             return;
         }
         Err(e) => panic!("reserving a 1 GiB page failed: {e}"),

@@ -2,9 +2,11 @@
 //! placement on node 0, reuse clearing, growing, seals, hugetlbfs files, the
 //! vm-memory adapter.
 //!
-//! Huge pages are reserved through `guest_mem::ensure_free` (scripts/hugepages,
-//! `--free`: pools only grow). Where the kernel gives fewer pages than asked,
-//! or the script cannot run, a test prints `SKIP: ...` and returns. Pools are
+//! Huge pages are reserved through `guest_mem::ensure_free` (`numa::hugepages`
+//! in free mode: pools only grow), and `/dev/hugepages-2M` is mounted through
+//! `numa::HugePages::mount_hugetlbfs` when missing. Where the kernel gives
+//! fewer pages than asked, or this process is not root, a test skips through
+//! `test_support::skip!` and returns. Pools are
 //! shared with the tests of other crates running at the same time, so sizes
 //! stay small and the tests of this file that use huge pages take one lock.
 
@@ -46,11 +48,23 @@ fn reserve(size: PageSize, pages: u64, test: &str) -> bool {
             );
             false
         }
-        Err(ReserveError::Script(msg)) if msg.contains("root") => {
-            test_support::skip!("{test}: reserving huge pages needs root: {msg}");
+        Err(e @ ReserveError::NotRoot { .. }) => {
+            test_support::skip!("{test}: {e}");
             false
         }
         Err(e) => panic!("{test}: reserving {pages} {size} pages failed: {e}"),
+    }
+}
+
+/// `/dev/hugepages-2M`, mounted (as `hugemem hugepages` does) when it is
+/// not a hugetlbfs mount yet; `None` (after skipping) when that cannot be done.
+fn hugetlbfs_2m(test: &str) -> Option<std::path::PathBuf> {
+    match numa::HugePages::host().mount_hugetlbfs(2 * MIB, std::path::Path::new("/dev")) {
+        Ok(m) => Some(m.path),
+        Err(e) => {
+            test_support::skip!("{test}: no hugetlbfs at /dev/hugepages-2M: {e}");
+            None
+        }
     }
 }
 
@@ -436,19 +450,10 @@ fn reused_region_is_cleared_to_zero() {
 fn hugetlbfs_file_backing() {
     let _g = huge_lock();
     let test = "hugetlbfs file";
-    let dir = std::path::Path::new("/dev/hugepages-2M");
-    if !std::fs::read_to_string("/proc/mounts")
-        .unwrap_or_default()
-        .lines()
-        .any(|l| {
-            l.split_whitespace().nth(1) == Some("/dev/hugepages-2M") && l.contains("hugetlbfs")
-        })
-    {
-        test_support::skip!(
-            "{test}: /dev/hugepages-2M is not a hugetlbfs mount (run scripts/hugepages)"
-        );
+    let Some(dir) = hugetlbfs_2m(test) else {
         return;
-    }
+    };
+    let dir = dir.as_path();
     if !reserve(PageSize::Huge2M, 2, test) {
         return;
     }
@@ -600,11 +605,10 @@ fn placement_query_reports_locations() {
 fn populate_failure_is_an_error_of_the_preparation() {
     let _g = huge_lock();
     let test = "populate failure";
-    let dir = std::path::Path::new("/dev/hugepages-2M");
-    if !dir.is_dir() {
-        test_support::skip!("{test}: /dev/hugepages-2M is missing (run scripts/hugepages)");
+    let Some(dir) = hugetlbfs_2m(test) else {
         return;
-    }
+    };
+    let dir = dir.as_path();
     if !reserve(PageSize::Huge2M, 2, test) {
         return;
     }

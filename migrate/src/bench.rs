@@ -51,7 +51,7 @@ pub struct BenchOptions {
     pub from: Option<NodeId>,
     /// Target node; default: the next node with memory after `from`.
     pub to: Option<NodeId>,
-    /// Grow the huge-page pools of both nodes through `scripts/hugepages`
+    /// Grow the huge-page pools of both nodes through `numa::hugepages`
     /// when they have too few free pages (they stay grown).
     pub reserve: bool,
     /// One untimed round trip before the timed one.

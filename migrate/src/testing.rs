@@ -159,7 +159,7 @@ fn moved(
 /// and the pattern through both mappings, moves it back and checks again.
 ///
 /// Run inside a multi-node guest. Needs root (`CAP_SYS_NICE` for
-/// `MOVE_ALL`, and growing the pools with `scripts/hugepages`).
+/// `MOVE_ALL`, and growing the pools through `numa::hugepages`).
 ///
 /// # Errors
 ///

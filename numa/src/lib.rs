@@ -1,4 +1,5 @@
-//! NUMA topology, memory-policy syscalls and CPU pinning for hugemem.
+//! NUMA topology, memory-policy syscalls, CPU pinning and huge-page pools
+//! (reservation per node and size, hugetlbfs mounts: [`hugepages`]) for hugemem.
 //!
 //! Everything here is read from `/sys/devices/system` or done with raw
 //! syscalls (`mbind`, `set_mempolicy`, `get_mempolicy`, `move_pages`,
@@ -29,11 +30,16 @@
 
 #[cfg(test)]
 mod fixture;
+pub mod hugepages;
 pub mod pin;
 pub mod policy;
 mod sys;
 pub mod topology;
 
+pub use hugepages::{
+    HugePages, HugePagesError, MountReport, MountState, NodePool, PoolReport, PoolState,
+    ReserveMode,
+};
 pub use pin::{
     current_affinity, current_cpu, pin_current_thread, pin_current_thread_to_node, spawn_pinned,
     PinError,

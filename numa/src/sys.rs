@@ -15,8 +15,11 @@
 //! 32-bit `int` in a variadic call may leave the upper half of the register
 //! undefined, and `mbind` takes its mode and flags as `unsigned long`.
 
+use std::ffi::CString;
 use std::io;
 use std::mem::size_of;
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
 use std::ptr;
 
 use libc::{c_int, c_long, c_uint, c_ulong, c_void};
@@ -345,6 +348,36 @@ pub(crate) fn getcpu() -> io::Result<(c_uint, c_uint)> {
     check(ret).map(|_| (cpu, node))
 }
 
+/// `mount("hugetlbfs", target, "hugetlbfs", 0, options)`: mounts a new
+/// hugetlbfs instance at `target` with `options` (e.g. `pagesize=2M,mode=1770`).
+///
+/// Safe for any input: a path or option string holding a NUL byte is refused
+/// with EINVAL before the call, and the kernel checks everything else (EPERM
+/// without `CAP_SYS_ADMIN`, ENOENT for a missing `target`).
+pub(crate) fn mount_hugetlbfs(target: &Path, options: &str) -> io::Result<()> {
+    let einval = |_| io::Error::from_raw_os_error(libc::EINVAL);
+    let target = CString::new(target.as_os_str().as_bytes()).map_err(einval)?;
+    let options = CString::new(options).map_err(einval)?;
+    // SAFETY: the source, target, fstype and data pointers are NUL-terminated
+    // C strings that live until the call returns (two literals and two owned
+    // `CString`s); the kernel only reads them (hugetlbfs parses `data` as a
+    // text option string), and flags 0 asks for a plain new mount.
+    let ret = unsafe {
+        libc::mount(
+            c"hugetlbfs".as_ptr(),
+            target.as_ptr(),
+            c"hugetlbfs".as_ptr(),
+            0,
+            options.as_ptr().cast::<c_void>(),
+        )
+    };
+    if ret == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -375,6 +408,14 @@ mod tests {
     #[test]
     fn setaffinity_rejects_cpu_beyond_set() {
         let err = sched_setaffinity(&[CPU_SETSIZE]).expect_err("out of range");
+        assert_eq!(err.raw_os_error(), Some(libc::EINVAL));
+    }
+
+    #[test]
+    fn mount_refuses_nul_bytes_without_syscall() {
+        let err = mount_hugetlbfs(Path::new("/tmp/a\0b"), "pagesize=2M").expect_err("NUL");
+        assert_eq!(err.raw_os_error(), Some(libc::EINVAL));
+        let err = mount_hugetlbfs(Path::new("/tmp"), "pagesize=2M\0").expect_err("NUL");
         assert_eq!(err.raw_os_error(), Some(libc::EINVAL));
     }
 }

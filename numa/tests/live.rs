@@ -2,15 +2,16 @@
 //! memory-policy syscalls on real mappings.
 //!
 //! They assume a host with NUMA node 0 holding CPUs and memory (every Linux
-//! host has node 0). The hugetlb test reserves its 2 MiB page through
-//! `scripts/hugepages` and prints `SKIP: <reason>` to stderr when it cannot.
+//! host has node 0). The hugetlb tests reserve their 2 MiB pages through
+//! `numa::HugePages` (and give them back), and skip through
+//! `test_support::skip!` when they cannot.
 //!
 //! Pinning and `set_mempolicy` change per-thread state, so those tests run
 //! their body on a fresh thread: with `--test-threads=1` libtest runs tests on
 //! the main thread, and the change would leak into later tests.
 
 use std::fs;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::ptr;
 use std::thread;
@@ -18,8 +19,8 @@ use std::thread;
 use numa::{
     current_affinity, current_cpu, get_mempolicy, get_mempolicy_node_of_addr, mbind, migrate_pages,
     move_pages, move_pages_query, parse_cpulist, pin_current_thread, pin_current_thread_to_node,
-    set_mempolicy, spawn_pinned, MbindFlags, MemPolicyMode, NodeMask, PageLocation, PinError,
-    PolicyError, Topology,
+    set_mempolicy, spawn_pinned, HugePages, HugePagesError, MbindFlags, MemPolicyMode, MountState,
+    NodeMask, PageLocation, PinError, PolicyError, ReserveMode, Topology,
 };
 
 const PAGE: usize = 4096;
@@ -503,23 +504,7 @@ fn migrate_pages_self_node0_to_node0() {
     assert!(matches!(err, PolicyError::NoSuchProcess { .. }), "{err:?}");
 }
 
-/// The workspace root (the parent of this crate).
-fn workspace_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("crate has a parent dir")
-        .to_owned()
-}
-
-const POOL_2M: &str = "/sys/kernel/mm/hugepages/hugepages-2048kB";
-
-fn read_count(name: &str) -> Option<u64> {
-    fs::read_to_string(Path::new(POOL_2M).join(name))
-        .ok()?
-        .trim()
-        .parse()
-        .ok()
-}
+const HUGE_2M_BYTES: u64 = HUGE_2M as u64;
 
 /// Pages this test added to the 2 MiB pool; given back on drop.
 struct Reservation {
@@ -528,36 +513,22 @@ struct Reservation {
 
 impl Reservation {
     /// Makes sure one 2 MiB page is free and not reserved by another mapping,
-    /// through `scripts/hugepages`. `Err(reason)` when that is impossible here.
-    ///
-    /// `free_hugepages` counts pages that other mappings have reserved at
-    /// `mmap` time but not faulted yet (`resv_hugepages`); such pages are not
-    /// ours to take. So we ask the script for `resv + 1` free pages: its
-    /// `--free` floor then leaves one unreserved page, and changes nothing
-    /// when there already is one.
+    /// through `numa::HugePages` (free mode changes nothing when there already
+    /// is one). `Err(reason)` when that is impossible here.
     fn one_free_2m_page() -> Result<Self, String> {
-        let before = read_count("nr_hugepages").ok_or(format!("{POOL_2M} is not readable"))?;
-        let resv = read_count("resv_hugepages").unwrap_or(0);
-        let root = workspace_root();
-        let script = root.join("scripts/hugepages");
-        if !script.exists() {
-            return Err(format!("{} does not exist", script.display()));
-        }
-        let wanted = (resv + 1).to_string();
-        let out = Command::new(&script)
-            .args(["--2m", &wanted, "--free", "--no-mount"])
-            .current_dir(&root)
-            .output()
-            .map_err(|e| format!("running {}: {e}", script.display()))?;
-        let after = read_count("nr_hugepages").unwrap_or(before);
+        let pools = HugePages::host();
+        let before = pools
+            .pool(HUGE_2M_BYTES, None)
+            .map_err(|e| format!("no 2 MiB pool: {e}"))?;
+        let report = pools
+            .reserve(HUGE_2M_BYTES, 1, None, ReserveMode::Free)
+            .map_err(|e| e.to_string())?;
         let reservation = Self {
-            added: after.saturating_sub(before),
+            added: report.after.total.saturating_sub(before.total),
         };
-        if !out.status.success() {
+        if !report.met {
             return Err(format!(
-                "scripts/hugepages --2m {wanted} --free exited with {}: {}",
-                out.status,
-                String::from_utf8_lossy(&out.stderr).trim()
+                "asked for 1 free 2 MiB page, the kernel gave {report:?}"
             ));
         }
         Ok(reservation)
@@ -571,21 +542,138 @@ impl Drop for Reservation {
         }
         // Shrink by what we added. Pages mapped by anyone else stay: the
         // kernel never frees in-use or reserved huge pages on shrink.
-        let Some(now) = read_count("nr_hugepages") else {
-            return;
-        };
-        let target = now.saturating_sub(self.added).to_string();
-        let status = Command::new(workspace_root().join("scripts/hugepages"))
-            .args(["--2m", &target, "--exact", "--no-mount"])
-            .current_dir(workspace_root())
-            .output();
-        if !matches!(&status, Ok(o) if o.status.success()) {
+        let pools = HugePages::host();
+        let result = pools.pool(HUGE_2M_BYTES, None).and_then(|now| {
+            pools.reserve(
+                HUGE_2M_BYTES,
+                now.total.saturating_sub(self.added),
+                None,
+                ReserveMode::Exact,
+            )
+        });
+        if let Err(e) = result {
             eprintln!(
-                "warning: could not give back {} 2 MiB page(s): {status:?}",
+                "warning: could not give back {} 2 MiB page(s): {e}",
                 self.added
             );
         }
     }
+}
+
+/// Reserves 2 MiB pages on node 0 in each mode against the real kernel,
+/// checks every report against sysfs, and gives them back.
+#[test]
+fn reserve_and_give_back_2m_pages_on_node0() {
+    let pools = HugePages::host();
+    let before = match pools.pool(HUGE_2M_BYTES, Some(0)) {
+        Ok(p) => p,
+        Err(e) => {
+            test_support::skip!("no 2 MiB pool on node 0: {e}");
+            return;
+        }
+    };
+    let host_before = pools.pool(HUGE_2M_BYTES, None).expect("host pool");
+    // Two more pages than there are now, as a floor on the node's pool.
+    let grown = match pools.reserve(HUGE_2M_BYTES, before.total + 2, Some(0), ReserveMode::Total) {
+        Ok(r) => r,
+        Err(e @ HugePagesError::NotRoot { .. }) => {
+            test_support::skip!("{e}");
+            return;
+        }
+        Err(e) => panic!("reserve: {e}"),
+    };
+    let read = |node| pools.pool(HUGE_2M_BYTES, node).expect("read pool");
+    let give_back = || {
+        let r = pools
+            .reserve(HUGE_2M_BYTES, before.total, Some(0), ReserveMode::Exact)
+            .expect("give back");
+        assert_eq!(r.after, read(Some(0)));
+        r
+    };
+    if !grown.met {
+        give_back();
+        test_support::skip!("the kernel gave fewer 2 MiB pages than asked: {grown:?}");
+        return;
+    }
+    assert_eq!(grown.total_before, before.total);
+    assert_eq!(grown.after, read(Some(0)));
+    assert_eq!(grown.shortfall(), 0);
+    let node0 = grown
+        .nodes
+        .iter()
+        .find(|n| n.node == 0)
+        .expect("node 0 listed");
+    assert_eq!(
+        (node0.total, node0.free),
+        (grown.after.total, grown.after.free)
+    );
+    // The host-wide pool grew by as much (no other process changes it under
+    // the machine lock).
+    assert_eq!(read(None).total, host_before.total + 2);
+
+    // Free mode: already enough available, so nothing changes.
+    let free = pools
+        .reserve(HUGE_2M_BYTES, 2, None, ReserveMode::Free)
+        .expect("free mode");
+    assert!(free.met, "{free:?}");
+    assert_eq!(free.after.total, read(None).total);
+    assert_eq!(free.after.total, host_before.total + 2);
+
+    let back = give_back();
+    assert!(back.met, "{back:?}");
+    assert_eq!(back.after.total, before.total);
+    assert_eq!(read(None).total, host_before.total);
+}
+
+#[test]
+fn unknown_node_is_refused_with_the_nodes_that_exist() {
+    let topo = Topology::detect().expect("topology");
+    let missing = topo.nodes().iter().map(|n| n.id).max().unwrap_or(0) + 1;
+    match HugePages::host().reserve(HUGE_2M_BYTES, 1, Some(missing), ReserveMode::Total) {
+        Err(HugePagesError::NoSuchNode { node, available }) => {
+            assert_eq!(node, missing);
+            assert_eq!(
+                available,
+                topo.nodes().iter().map(|n| n.id).collect::<Vec<_>>()
+            );
+        }
+        other => panic!("expected NoSuchNode, got {other:?}"),
+    }
+}
+
+/// Mounts a 2 MiB hugetlbfs with the `mount` syscall in a temporary
+/// directory, finds it in /proc/mounts, does not mount it twice, unmounts it.
+#[test]
+fn mounts_hugetlbfs_in_a_temporary_directory() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let pools = HugePages::host();
+    let m = match pools.mount_hugetlbfs(HUGE_2M_BYTES, dir.path()) {
+        Ok(m) => m,
+        Err(e @ HugePagesError::NotRoot { .. }) => {
+            test_support::skip!("{e}");
+            return;
+        }
+        Err(e) => panic!("mount: {e}"),
+    };
+    assert_eq!(m.state, MountState::Mounted);
+    assert_eq!(m.path, dir.path().join("hugepages-2M"));
+    let line = fs::read_to_string("/proc/mounts")
+        .expect("mounts")
+        .lines()
+        .find(|l| l.split_whitespace().nth(1) == m.path.to_str())
+        .map(str::to_owned);
+    let again = pools.mount_hugetlbfs(HUGE_2M_BYTES, dir.path());
+    let umount = Command::new("umount").arg(&m.path).status();
+    let line = line.expect("the mount is in /proc/mounts");
+    assert!(
+        line.starts_with("hugetlbfs ") && line.contains("pagesize=2M"),
+        "{line}"
+    );
+    assert_eq!(
+        again.expect("second call").state,
+        MountState::AlreadyMounted
+    );
+    assert!(matches!(umount, Ok(s) if s.success()), "umount: {umount:?}");
 }
 
 #[test]

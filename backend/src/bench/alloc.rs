@@ -34,7 +34,7 @@
 //! is populated and freed once, because the outer host backs never-touched
 //! memory lazily (docs/platform.md#first-touch: a first 1 GiB fault ~1.5 s, later ones ~0.2 s).
 //! At most `size` bytes of huge pages are held at any time, so the run needs
-//! `size / page` free pages, which it reserves through `scripts/hugepages`.
+//! `size / page` free pages, which it reserves through `numa::hugepages`.
 //!
 //! # Page size and size fallback
 //!

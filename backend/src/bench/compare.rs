@@ -1366,18 +1366,51 @@ impl CompareReport {
     }
 }
 
-/// Where `scripts/plot-compare` is: `HUGEMEM_PLOT_SCRIPT`, else the source
-/// tree this binary was built from.
-pub fn plot_script() -> PathBuf {
-    std::env::var_os("HUGEMEM_PLOT_SCRIPT").map_or_else(
-        || {
-            PathBuf::from(concat!(
-                env!("CARGO_MANIFEST_DIR"),
-                "/../scripts/plot-compare"
-            ))
-        },
-        PathBuf::from,
-    )
+/// `scripts/plot-compare`, compiled into the binary so that `--plot` works
+/// from an installed `hugemem` with no source tree around.
+const PLOT_SCRIPT: &str = include_str!("../../../scripts/plot-compare");
+
+/// The plot script that runs: `HUGEMEM_PLOT_SCRIPT` when set (a developer's
+/// edited copy), else the copy compiled in (`None`).
+pub fn plot_script() -> Option<PathBuf> {
+    std::env::var_os("HUGEMEM_PLOT_SCRIPT")
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+}
+
+/// Runs the plot script with `args`: the one in `HUGEMEM_PLOT_SCRIPT`, or the
+/// compiled-in copy written to a private temporary file and run with
+/// `python3` (the script re-executes itself by path when it needs another
+/// python, so it must be a file).
+fn run_plot_script(args: &[&std::ffi::OsStr]) -> Result<std::process::Output, CompareError> {
+    let (script, temp) = match plot_script() {
+        Some(path) => (path, None),
+        None => {
+            let path = std::env::temp_dir()
+                .join(format!("hugemem-plot-compare-{}.py", std::process::id()));
+            std::fs::write(&path, PLOT_SCRIPT).map_err(|e| CompareError::Plot {
+                script: path.clone(),
+                why: e.to_string(),
+            })?;
+            (path.clone(), Some(path))
+        }
+    };
+    let mut cmd = match &temp {
+        Some(path) => {
+            let mut c = Command::new("python3");
+            c.arg(path);
+            c
+        }
+        None => Command::new(&script),
+    };
+    let out = cmd.args(args).stdin(Stdio::null()).output();
+    if let Some(path) = temp {
+        let _ = std::fs::remove_file(path);
+    }
+    out.map_err(|e| CompareError::Plot {
+        script,
+        why: e.to_string(),
+    })
 }
 
 /// Renders `report` to `png` with `scripts/plot-compare` (python3 with
@@ -1388,7 +1421,7 @@ pub fn plot_script() -> PathBuf {
 /// [`CompareError::Plot`] when the report cannot be written or the script
 /// fails.
 pub fn plot(report: &CompareReport, png: &Path) -> Result<(), CompareError> {
-    let script = plot_script();
+    let script = plot_script().unwrap_or_else(|| PathBuf::from("scripts/plot-compare (built in)"));
     let fail = |why: String| CompareError::Plot {
         script: script.clone(),
         why,
@@ -1396,13 +1429,9 @@ pub fn plot(report: &CompareReport, png: &Path) -> Result<(), CompareError> {
     let json = serde_json::to_vec(report).map_err(|e| fail(e.to_string()))?;
     let path = std::env::temp_dir().join(format!("hugemem-compare-{}.json", std::process::id()));
     std::fs::write(&path, json).map_err(|e| fail(format!("{}: {e}", path.display())))?;
-    let out = Command::new(&script)
-        .arg(&path)
-        .arg(png)
-        .stdin(Stdio::null())
-        .output();
+    let out = run_plot_script(&[path.as_os_str(), png.as_os_str()]);
     let _ = std::fs::remove_file(&path);
-    let out = out.map_err(|e| fail(e.to_string()))?;
+    let out = out?;
     if !out.status.success() {
         return Err(fail(format!(
             "{}: {}",
@@ -1416,6 +1445,29 @@ pub fn plot(report: &CompareReport, png: &Path) -> Result<(), CompareError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The compiled-in plot script runs with no source tree: `--check` exits
+    /// 0 with matplotlib, 2 (and says so) without; either way it ran.
+    #[test]
+    fn the_compiled_in_plot_script_runs() {
+        if plot_script().is_some() {
+            test_support::skip!("HUGEMEM_PLOT_SCRIPT is set; the built-in copy is not used");
+            return;
+        }
+        let out = match run_plot_script(&[std::ffi::OsStr::new("--check")]) {
+            Ok(out) => out,
+            Err(e) => {
+                test_support::skip!("cannot run python3: {e}");
+                return;
+            }
+        };
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        match out.status.code() {
+            Some(0) => {}
+            Some(2) => assert!(stderr.contains("matplotlib is not installed"), "{stderr}"),
+            other => panic!("plot-compare --check: {other:?}: {stderr}"),
+        }
+    }
 
     #[test]
     fn figures_and_ratios() {

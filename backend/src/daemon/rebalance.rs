@@ -1320,8 +1320,8 @@ pub mod testing {
     }
 
     /// `PAGES` free 2 MiB pages on `node`: the pool as it is (the guest has
-    /// them from its kernel command line and no python3 for
-    /// `scripts/hugepages`), else grown.
+    /// them from its kernel command line), else grown through
+    /// `guest_mem::ensure_free` (sysfs, no helper program).
     fn reserve_2m(node: u32) -> Result<(), String> {
         let free = guest_mem::PoolCounts::read(PageSize::Huge2M, Some(node))
             .map_err(|e| chain(&e))?
@@ -1363,7 +1363,7 @@ pub mod testing {
     /// STATS shows the region split 4/4. Returns one report line.
     ///
     /// Run inside a multi-node guest as root (`MOVE_ALL` needs
-    /// `CAP_SYS_NICE`; the pools are grown with `scripts/hugepages`).
+    /// `CAP_SYS_NICE`; the pools are grown through `numa::hugepages`).
     ///
     /// # Errors
     ///
