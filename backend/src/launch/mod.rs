@@ -34,9 +34,10 @@
 //!   exactly these fds (see [`run_vmm`] for why not `dup2` to fixed numbers).
 //! * **hugetlbfs mode** (`--hugetlbfs`): the daemon creates each region as a
 //!   file on a hugetlbfs mount and sends its path (ALLOC flag `PATHS`). Needed
-//!   where `/dev/fd/N` cannot be opened: cloud-hypervisor `--landlock`
-//!   restricts path lookups to the files in its configuration, and
-//!   `/dev/fd/N` is a magic link into `/proc` that landlock does not allow.
+//!   where a memfd will not do: cloud-hypervisor `--landlock` adds a landlock
+//!   rule for each file in its configuration, and adding one for a memfd
+//!   (`/dev/fd/N`, a file of the kernel's internal hugetlbfs mount) fails with
+//!   EBADFD, so the VM is not created (`docs/operations.md`).
 //!
 //! # What hugemem does instead of the VMM
 //!
@@ -182,8 +183,8 @@ pub enum BuildError {
     MicrovmRegions(usize),
     /// `/dev/fd/N` paths cannot be opened under cloud-hypervisor's landlock.
     #[error(
-        "cloud-hypervisor --landlock cannot open /dev/fd/N memory files; run hugemem launch with --hugetlbfs \
-         so the VMM gets hugetlbfs paths"
+        "cloud-hypervisor --landlock cannot add a landlock rule for a memfd (/dev/fd/N fails with EBADFD); \
+         run hugemem launch with --hugetlbfs so the VMM gets hugetlbfs paths"
     )]
     LandlockNeedsPaths,
     /// The region table does not match `--hugetlbfs` (fds where paths were
