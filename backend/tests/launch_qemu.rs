@@ -160,7 +160,7 @@ fn qemu_microvm_boots_on_daemon_memory_and_reuses_it_clean() {
         "-accel",
         "kvm",
         "-cpu",
-        "max",
+        backend::launch::qemu::KVM_CPU,
         "-nodefaults",
         "-no-user-config",
         "-nographic",

@@ -697,7 +697,7 @@ impl Bench<'_> {
             "-accel",
             "kvm",
             "-cpu",
-            "max",
+            crate::launch::qemu::KVM_CPU,
             "-nodefaults",
             "-no-user-config",
             "-nographic",

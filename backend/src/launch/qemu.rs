@@ -28,6 +28,17 @@ use std::ffi::OsString;
 use super::{option_name, text, BuildError, MemoryRegion, Vmm};
 use crate::size::format_size;
 
+/// The `-cpu` value for QEMU under KVM on every host this project runs on.
+///
+/// QEMU 7.2 with `-accel kvm -cpu max` (or `-cpu host`) aborts at start on AMD
+/// hosts of the software KVM these machines use: "failed to set MSR 0x10a to
+/// 0x69" then a `kvm_buf_set_msrs` assertion (SIGABRT). MSR 0x10a is
+/// IA32_ARCH_CAPABILITIES, which that KVM does not accept there; dropping the
+/// `arch-capabilities` feature boots on AMD and on Intel alike, so the
+/// choice does not depend on the host (docs/operations.md, "QEMU aborts with
+/// failed to set MSR 0x10a").
+pub const KVM_CPU: &str = "max,-arch-capabilities";
+
 /// Backend object id of region `i`.
 pub fn backend_id(i: usize) -> String {
     format!("ram{i}")
