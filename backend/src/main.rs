@@ -156,7 +156,7 @@ struct LaunchArgs {
     /// Put all guest RAM on this NUMA node.
     #[arg(long, conflicts_with = "nodes")]
     node: Option<u32>,
-    /// One region per NUMA node: NODE:SIZE[,NODE:SIZE...], e.g. 0:2G,1:2G.
+    /// One region per item: NODE:SIZE[,NODE:SIZE...], e.g. 0:2G,1:2G; a node may repeat (0:1G,0:1G).
     #[arg(long, value_parser = parse_nodes_arg)]
     nodes: Option<NodesArg>,
     /// Page size: best (1G, then 2M, then 4K), 1G, 2M or 4K.

@@ -1,12 +1,18 @@
 //! `hugemem launch … -- cloud-hypervisor …`.
 //!
 //! * With a real cloud-hypervisor (the `CLOUD_HYPERVISOR` environment variable
-//!   names the binary): boots the project's PVH micro-guest on daemon memory,
-//!   in fd mode and in hugetlbfs-path mode under `--landlock`, and checks the
-//!   guest's serial report. Without it the test prints `SKIP: reason`.
+//!   names the binary; tests `cloud_hypervisor_*`): boots the project's PVH
+//!   micro-guest (an ELF64 with the Xen PVH note: cloud-hypervisor refuses a
+//!   32-bit ELF with "Invalid bzImage") on daemon memory, in fd mode, in
+//!   hugetlbfs-path mode under `--landlock`, and with two memory zones and two
+//!   guest NUMA nodes on one host node (`--nodes 0:1G,0:1G --guest-numa`),
+//!   and checks the guest's serial report. Without the binary they skip
+//!   through `test_support::skip!`.
 //! * Always: a stand-in `cloud-hypervisor` script checks the command line
 //!   launch builds and that the VMM can open the memory file it names, in fd
-//!   mode and (when the daemon has a hugetlbfs mount) in path mode.
+//!   mode and (when the daemon has a hugetlbfs mount) in path mode, and that a
+//!   hugetlbfs launch right after an fd launch that used every free page
+//!   waits for the freed region instead of failing with NoMemory.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -14,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use backend::daemon::config::PoolConfig;
 use backend::daemon::{Config, Daemon, DaemonHandle};
-use guest_mem::{PageSize, Reservation};
+use guest_mem::{PageSize, PoolCounts, Reservation};
 use microguest::{pvh_elf, PvhConfig};
 use serde_json::Value;
 
@@ -194,32 +200,104 @@ fn hugetlbfs_mode_hands_out_paths() {
     );
 }
 
-/// Boots the micro-guest under the real cloud-hypervisor in `CLOUD_HYPERVISOR`.
+/// Every free 2 MiB page of node 0 through the stand-in in fd mode, then at
+/// once the same size as hugetlbfs files (`--hugetlbfs --landlock`): the
+/// second ALLOC finds no free page and must wait for the region the first
+/// one freed (quarantined, then scrubbed) to become evictable instead of
+/// failing with NoMemory.
 #[test]
-fn cloud_hypervisor_boots_on_daemon_memory() {
-    let Some(ch) = std::env::var_os("CLOUD_HYPERVISOR") else {
-        test_support::skip!("CLOUD_HYPERVISOR does not name a cloud-hypervisor binary");
-        return;
-    };
-    if let Err(reason) = microguest::kvm_available() {
-        test_support::skip!("{reason}");
-        return;
-    }
-    let ch = ch.into_string().expect("CLOUD_HYPERVISOR must be UTF-8");
-    let page = match Reservation::for_run(PageSize::Huge1G, 2) {
-        Ok(r) if r.report().met => ("1G", r),
-        _ => match Reservation::for_run(PageSize::Huge2M, 1024) {
-            Ok(r) if r.report().met => ("2M", r),
-            other => {
-                test_support::skip!("neither 2 x 1G nor 1024 x 2M pages: {other:?}");
-                return;
-            }
-        },
-    };
-    eprintln!("cloud-hypervisor launch test on {} pages", page.0);
+fn hugetlbfs_launch_right_after_an_fd_launch_reuses_its_pages() {
     let dir = tempfile::tempdir().expect("tempdir");
     let daemon = start_daemon(dir.path());
-    let elf = dir.path().join("guest.elf");
+    let ch = fake_ch(dir.path());
+    match Reservation::for_run(PageSize::Huge2M, 32) {
+        Ok(r) if r.report().met => {}
+        other => {
+            test_support::skip!("32 free 2M pages are needed: {other:?}");
+            return;
+        }
+    }
+    let count = |node| {
+        PoolCounts::read(PageSize::Huge2M, node)
+            .ok()
+            .flatten()
+            .map_or(0, |c| c.available())
+    };
+    let pages = count(Some(0)).min(count(None));
+    let size = format!("{}M", pages * 2);
+    let ch = ch.to_str().expect("utf-8");
+    let base = ["--node", "0", "--size", size.as_str(), "--page-size", "2M"];
+    let out = launch(daemon.socket_path(), &base, &[ch, "--kernel", "k"]);
+    assert!(
+        out.status.success(),
+        "fd launch of {size}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut hugetlbfs = base.to_vec();
+    hugetlbfs.push("--hugetlbfs");
+    let out = launch(daemon.socket_path(), &hugetlbfs, &[ch, "--landlock"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    if !out.status.success() && stderr.contains("hugetlbfs mount") {
+        test_support::skip!("the daemon has no hugetlbfs mount of 2M pages: {stderr}");
+        return;
+    }
+    assert!(
+        out.status.success(),
+        "hugetlbfs launch of {size} right after the fd launch: {stderr}"
+    );
+    assert_eq!(
+        read(dir.path(), "size").trim(),
+        (pages << 21).to_string(),
+        "{}",
+        read(dir.path(), "stat-error")
+    );
+    wait_freed(&daemon);
+    daemon.shutdown().expect("shutdown");
+}
+
+/// The cloud-hypervisor binary in `CLOUD_HYPERVISOR`, KVM, and the huge pages
+/// for `bytes` of guest RAM (1 GiB pages when there are enough, else 2 MiB);
+/// `None` after recording a skip.
+fn cloud_hypervisor_setup(bytes: u64) -> Option<(String, &'static str, Reservation)> {
+    let Some(ch) = std::env::var_os("CLOUD_HYPERVISOR") else {
+        test_support::skip!("CLOUD_HYPERVISOR does not name a cloud-hypervisor binary");
+        return None;
+    };
+    let Ok(ch) = ch.into_string() else {
+        test_support::skip!("CLOUD_HYPERVISOR is not UTF-8");
+        return None;
+    };
+    let is_program = std::fs::metadata(&ch).is_ok_and(|m| {
+        m.is_file() && std::os::unix::fs::PermissionsExt::mode(&m.permissions()) & 0o111 != 0
+    });
+    if !is_program {
+        test_support::skip!("CLOUD_HYPERVISOR={ch} is not an executable file");
+        return None;
+    }
+    if let Err(reason) = microguest::kvm_available() {
+        test_support::skip!("{reason}");
+        return None;
+    }
+    match Reservation::for_run(PageSize::Huge1G, bytes >> 30) {
+        Ok(r) if r.report().met => return Some((ch, "1G", r)),
+        _ => {}
+    }
+    match Reservation::for_run(PageSize::Huge2M, bytes >> 21) {
+        Ok(r) if r.report().met => Some((ch, "2M", r)),
+        other => {
+            test_support::skip!(
+                "neither {} x 1G nor {} x 2M pages: {other:?}",
+                bytes >> 30,
+                bytes >> 21
+            );
+            None
+        }
+    }
+}
+
+/// Writes the micro-guest's PVH ELF64 into `dir`.
+fn guest_elf(dir: &Path) -> String {
+    let elf = dir.join("guest.elf");
     let cfg = PvhConfig {
         stride: 2 << 20,
         marker: 0x1234,
@@ -227,69 +305,169 @@ fn cloud_hypervisor_boots_on_daemon_memory() {
         ..Default::default()
     };
     std::fs::write(&elf, pvh_elf(&cfg).expect("elf")).expect("write elf");
-    let elf = elf.to_str().expect("utf-8");
+    elf.into_os_string().into_string().expect("utf-8")
+}
+
+/// One `hugemem launch … -- cloud-hypervisor --kernel ELF …` run to the
+/// guest's power-off: checks the guest's report (all memory read as zero, at
+/// least `min_pages` pages of 2 MiB touched) and the exit status; returns the
+/// report line, hugemem's stderr and the wall time. `None` when the daemon
+/// has no hugetlbfs mount for a `--hugetlbfs` launch (skip recorded).
+fn boot(
+    socket: &Path,
+    ch: &str,
+    elf: &str,
+    launch_args: &[&str],
+    ch_extra: &[&str],
+    min_pages: u64,
+    what: &str,
+) -> Option<(String, String, Duration)> {
+    let started = Instant::now();
+    let mut vmm = vec![
+        ch,
+        "--kernel",
+        elf,
+        "--cpus",
+        "boot=1",
+        "--serial",
+        "tty",
+        "--console",
+        "off",
+    ];
+    vmm.extend_from_slice(ch_extra);
+    let out = launch(socket, launch_args, &vmm);
+    let wall = started.elapsed();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    if launch_args.contains(&"--hugetlbfs") && stderr.contains("hugetlbfs mount") {
+        test_support::skip!("{what}: the daemon has no hugetlbfs mount for these pages: {stderr}");
+        return None;
+    }
+    let line = stdout
+        .lines()
+        .find(|l| l.starts_with("HUGEMEM-GUEST "))
+        .unwrap_or_else(|| {
+            panic!("{what}: no guest report; stdout {stdout:?}; stderr:\n{stderr}");
+        })
+        .to_string();
+    assert!(
+        line.contains(" nonzero=0 "),
+        "{what}: guest saw non-zero memory: {line}"
+    );
+    let pages: u64 = line
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("pages="))
+        .and_then(|n| n.parse().ok())
+        .expect("pages=N");
+    assert!(
+        pages >= min_pages,
+        "{what}: guest touched only {pages} pages of 2M, expected at least {min_pages}: {line}"
+    );
+    assert!(
+        out.status.success(),
+        "{what}: launch exited with {}; stderr:\n{stderr}",
+        out.status
+    );
+    Some((line, stderr, wall))
+}
+
+/// Boots the micro-guest under the real cloud-hypervisor in `CLOUD_HYPERVISOR`
+/// on 2 GiB of daemon memory: fd mode, then `--hugetlbfs` with `--landlock`.
+#[test]
+fn cloud_hypervisor_boots_on_daemon_memory() {
+    let Some((ch, page, _reservation)) = cloud_hypervisor_setup(2 << 30) else {
+        return;
+    };
+    eprintln!("cloud-hypervisor launch test on {page} pages");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let daemon = start_daemon(dir.path());
+    let elf = guest_elf(dir.path());
     for (mode, launch_extra, ch_extra) in [
         ("fd", &[][..], &[][..]),
         ("hugetlbfs", &["--hugetlbfs"][..], &["--landlock"][..]),
     ] {
-        let started = Instant::now();
-        let mut launch_args = vec!["--size", "2G", "--page-size", page.0];
+        let mut launch_args = vec!["--size", "2G", "--page-size", page];
         launch_args.extend_from_slice(launch_extra);
-        let mut vmm = vec![
-            ch.as_str(),
-            "--kernel",
-            elf,
-            "--cpus",
-            "boot=1",
-            "--serial",
-            "tty",
-            "--console",
-            "off",
-        ];
-        vmm.extend_from_slice(ch_extra);
-        let out = launch(daemon.socket_path(), &launch_args, &vmm);
-        let wall = started.elapsed();
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        if mode == "hugetlbfs" && stderr.contains("hugetlbfs mount") {
-            test_support::skip!(
-                "({mode}): the daemon has no hugetlbfs mount of {} pages",
-                page.0
-            );
+        // 2 GiB of 2 MiB pages less the guest's image and the first MiB.
+        let Some((line, _, wall)) = boot(
+            daemon.socket_path(),
+            &ch,
+            &elf,
+            &launch_args,
+            ch_extra,
+            1000,
+            mode,
+        ) else {
             continue;
-        }
-        let line = stdout
-            .lines()
-            .find(|l| l.starts_with("HUGEMEM-GUEST "))
-            .unwrap_or_else(|| {
-                panic!("{mode}: no guest report; stdout {stdout:?}; stderr:\n{stderr}");
-            });
-        assert!(
-            line.contains(" nonzero=0 "),
-            "{mode}: guest saw non-zero memory: {line}"
-        );
-        let pages: u64 = line
-            .split_whitespace()
-            .find_map(|w| w.strip_prefix("pages="))
-            .and_then(|n| n.parse().ok())
-            .expect("pages=N");
-        assert!(
-            pages >= 1000,
-            "{mode}: guest touched only {pages} pages of 2M: {line}"
-        );
-        assert!(
-            out.status.success(),
-            "{mode}: launch exited with {}; stderr:\n{stderr}",
-            out.status
-        );
+        };
         eprintln!(
-            "cloud-hypervisor launch->poweroff ({mode}, 2G on {} pages): {:.1} ms; {line}",
-            page.0,
+            "cloud-hypervisor launch->poweroff ({mode}, 2G on {page} pages): {:.1} ms; {line}",
             wall.as_secs_f64() * 1e3
         );
+        // No wait for the scrub: the hugetlbfs ALLOC right after the fd run
+        // must wait for the freed memfd region itself when pages are short.
         wait_freed(&daemon);
     }
     let stats: Value = daemon.stats();
     eprintln!("pools after: {}", stats["pools"]);
+    daemon.shutdown().expect("shutdown");
+}
+
+/// Two memory zones, two guest NUMA nodes, one host node: `hugemem launch
+/// --nodes 0:1G,0:1G --guest-numa` asks the daemon for two regions on node 0
+/// and gives cloud-hypervisor `--memory-zone id=hugemem0,… id=hugemem1,…
+/// --numa guest_numa_id=0,memory_zones=hugemem0 guest_numa_id=1,…`. The guest
+/// must boot and walk both zones.
+#[test]
+fn cloud_hypervisor_two_zones_on_one_host_node() {
+    let Some((ch, page, _reservation)) = cloud_hypervisor_setup(2 << 30) else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let daemon = start_daemon(dir.path());
+    let elf = guest_elf(dir.path());
+    let launch_args = ["--nodes", "0:1G,0:1G", "--guest-numa", "--page-size", page];
+    // More than the 512 pages of one zone: the walk crossed into the second.
+    let Some((line, stderr, wall)) = boot(
+        daemon.socket_path(),
+        &ch,
+        &elf,
+        &launch_args,
+        &[],
+        1000,
+        "two zones",
+    ) else {
+        return;
+    };
+    for expected in [
+        "id=hugemem0,size=1G,file=/dev/fd/",
+        "id=hugemem1,size=1G,file=/dev/fd/",
+        "guest_numa_id=0,memory_zones=hugemem0",
+        "guest_numa_id=1,memory_zones=hugemem1",
+    ] {
+        assert!(
+            stderr.contains(expected),
+            "the launch log does not show {expected:?}:\n{stderr}"
+        );
+    }
+    eprintln!(
+        "cloud-hypervisor two zones on host node 0 ({page} pages): launch->poweroff {:.1} ms; {line}",
+        wall.as_secs_f64() * 1e3
+    );
+    wait_freed(&daemon);
+    // The daemon made two 1 GiB regions, both on node 0 (now back in its pool).
+    let stats: Value = daemon.stats();
+    let regions: Vec<(u64, u64)> = stats["regions"]
+        .as_array()
+        .expect("regions")
+        .iter()
+        .map(|r| {
+            (
+                r["node"].as_u64().expect("node"),
+                r["bytes"].as_u64().expect("bytes"),
+            )
+        })
+        .collect();
+    assert_eq!(regions, [(0, 1 << 30), (0, 1 << 30)], "{stats}");
     daemon.shutdown().expect("shutdown");
 }

@@ -29,8 +29,12 @@
 //! 4. A **fresh** region: [`Region::allocate`] (create, `mbind`, populate with
 //!    node-pinned workers; the kernel zeroes new pages), then a placement
 //!    check. When the kernel is short of pages and idle pooled regions of the
-//!    same node and page size could cover the shortfall, they are given back
-//!    and the creation is retried once.
+//!    same node and page size (either backing) could cover the shortfall,
+//!    they are given back and the creation is retried once. Regions freed a
+//!    moment ago (still quarantined, or being scrubbed) count too: the ALLOC
+//!    waits up to [`SETTLE_WAIT`] for them to become evictable, and then for
+//!    their pages to be back in the kernel's free pool, instead of refusing a
+//!    VM that starts right after another one's exit.
 //!
 //! With `page_policy = best`, pooled regions of any allowed size are
 //! preferred to fresh pages of a larger size: a pooled 2 MiB region is ready
@@ -547,17 +551,32 @@ fn fresh(shared: &Shared, part: &Part, cancel: &CancelToken) -> Result<Taken, Re
                 ..key
             },
         ];
-        let idle: u64 = idle_keys.iter().map(|k| shared.pool.idle_bytes(*k)).sum();
-        if free >= part.size || free + idle < part.size {
+        if free >= part.size {
             continue;
         }
-        let mut victims = shared.pool.evict(idle_keys[0], part.size - free);
-        let freed: u64 = victims.iter().map(|r| r.len()).sum();
-        if free + freed < part.size {
-            victims.extend(shared.pool.evict(idle_keys[1], part.size - free - freed));
+        // A region freed a moment ago is still quarantined or being scrubbed
+        // and cannot be given back yet; wait for it (bounded) rather than
+        // refuse a VM that starts right after another one's exit.
+        let victims = shared.pool.evict_when_settled(
+            &idle_keys,
+            part.size - free,
+            Instant::now() + SETTLE_WAIT,
+        );
+        if victims.is_empty() {
+            continue;
         }
         info!(node = part.node, page_size = %page_size, regions = victims.len(), "retrying a fresh region after giving idle pooled regions back");
         drop(victims);
+        // The pages go back to the kernel when the last reference to an
+        // evicted region goes, which may be a holder scan or a scrubber
+        // finishing with it: wait (bounded) until they are free.
+        let deadline = Instant::now() + SETTLE_WAIT;
+        while free_bytes(page_size, part.node) < part.size
+            && Instant::now() < deadline
+            && !cancel.is_cancelled()
+        {
+            std::thread::sleep(Duration::from_millis(5));
+        }
         return create(shared, part, RegionPolicy::Strict(page_size), cancel)
             .map_err(|e| region_refusal(&e));
     }
@@ -571,6 +590,10 @@ fn fresh(shared: &Shared, part: &Part, cancel: &CancelToken) -> Result<Taken, Re
         |e| region_refusal(&e),
     ))
 }
+
+/// How long a fresh ALLOC short of huge pages waits for just-freed pooled
+/// regions (quarantined, being scrubbed) to become evictable.
+pub const SETTLE_WAIT: Duration = Duration::from_secs(5);
 
 fn create(
     shared: &Shared,

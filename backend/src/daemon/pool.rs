@@ -872,6 +872,10 @@ impl Pool {
     /// scrubber is working on. Returns the regions to drop.
     pub fn evict(&self, key: PoolKey, bytes: u64) -> Vec<Arc<Region>> {
         let mut g = self.lock();
+        self.evict_locked(&mut g, key, bytes)
+    }
+
+    fn evict_locked(&self, g: &mut Inner, key: PoolKey, bytes: u64) -> Vec<Arc<Region>> {
         let mut victims: Vec<(Instant, RegionId)> = g
             .entries
             .iter()
@@ -898,6 +902,58 @@ impl Pool {
             }
         }
         out
+    }
+
+    /// [`Pool::evict`] over `keys` (in order) for `bytes`, once the regions
+    /// it could give back hold that much. While regions of `keys` are on
+    /// their way there (quarantined after FREE, or dirty with a scrubber
+    /// working on them) and could make up the difference, waits (blocking)
+    /// for them, at most until `deadline`. Checking and evicting happen
+    /// under one lock hold, so a scrubber cannot take a region in between.
+    /// Returns the regions to drop: none when `bytes` cannot be reached.
+    pub fn evict_when_settled(
+        &self,
+        keys: &[PoolKey],
+        bytes: u64,
+        deadline: Instant,
+    ) -> Vec<Arc<Region>> {
+        let mut g = self.lock();
+        loop {
+            let (mut evictable, mut settling) = (0, 0);
+            for e in g.entries.values().filter(|e| keys.contains(&e.key)) {
+                match e.state {
+                    EntryState::Clean => evictable += e.region.len(),
+                    EntryState::Dirty if e.region.states().counts().clearing == 0 => {
+                        evictable += e.region.len();
+                    }
+                    EntryState::Dirty | EntryState::Quarantined => settling += e.region.len(),
+                    EntryState::Reserved | EntryState::InUse(_) => {}
+                }
+            }
+            if evictable >= bytes {
+                let mut out = Vec::new();
+                let mut freed = 0;
+                for &key in keys {
+                    if freed >= bytes {
+                        break;
+                    }
+                    let victims = self.evict_locked(&mut g, key, bytes - freed);
+                    freed += victims.iter().map(|r| r.len()).sum::<u64>();
+                    out.extend(victims);
+                }
+                return out;
+            }
+            let now = Instant::now();
+            if evictable + settling < bytes || now >= deadline || g.stopping {
+                return Vec::new();
+            }
+            // Scrub progress is not always signalled page by page: poll too.
+            let wait = (deadline - now).min(Duration::from_millis(10));
+            g = self
+                .changed
+                .wait_timeout(g, wait)
+                .map_or_else(|e| e.into_inner().0, |(g, _)| g);
+        }
     }
 
     /// Bytes of idle (clean or dirty) pooled regions of `key`.

@@ -1,8 +1,9 @@
 //! cloud-hypervisor command lines: `--memory size=0` and one shared file
 //! zone per region.
 //!
-//! Facts this relies on (cloud-hypervisor v53, read from its source and run
-//! with a tiny PVH guest; docs/platform.md#cloud-hypervisor):
+//! Facts this relies on, written down with their sources in
+//! docs/platform.md#cloud-hypervisor and `docs/operations.md`; checked with cloud-hypervisor
+//! v53.0-246-gae44c2971 built from source (`docs/benchmarks.md`):
 //!
 //! * `--memory size=0 --memory-zone id=Z,size=S,file=PATH,shared=on` maps an
 //!   existing file; PATH may be a hugetlbfs file or `/dev/fd/N` of an
@@ -12,18 +13,19 @@
 //!   the daemon placed each region on its node already.
 //! * `--memory …,file=` is accepted and silently ignored, one more reason to
 //!   refuse a user `--memory` instead of merging with it.
-//! * `/dev/fd/N` cannot be opened under `--landlock`; hugetlbfs paths can.
+//! * Under `--landlock`, cloud-hypervisor's landlock rule for a memfd's
+//!   `/dev/fd/N` fails (EBADFD: the memfd lives on the kernel's internal
+//!   hugetlbfs mount); hugetlbfs paths work.
 //!
 //! hugemem's options come first, right after the program: cloud-hypervisor's
 //! multi-value options (`--memory-zone a b`, `--disk a b`) take values up to
 //! the next option, so appending ours after a user's `--disk …` would be
 //! parsed as more disks. All zones go after one `--memory-zone`, the
-//! documented form.
+//! documented form, and all guest NUMA nodes after one `--numa`.
 //!
-//! Not run here against a real cloud-hypervisor (none is installed): the
-//! `launch_ch` test does that when `CLOUD_HYPERVISOR` names a binary. The
-//! `--numa …,memory_zones=` form of `--guest-numa` is taken from
-//! cloud-hypervisor's documentation and not yet run.
+//! The `launch_ch` test boots the project's PVH guest under a real
+//! cloud-hypervisor (when `CLOUD_HYPERVISOR` names one): fd mode,
+//! `--hugetlbfs` with `--landlock`, and two zones with `--guest-numa`.
 
 use std::ffi::OsString;
 

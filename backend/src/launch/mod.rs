@@ -34,9 +34,10 @@
 //!   exactly these fds (see [`run_vmm`] for why not `dup2` to fixed numbers).
 //! * **hugetlbfs mode** (`--hugetlbfs`): the daemon creates each region as a
 //!   file on a hugetlbfs mount and sends its path (ALLOC flag `PATHS`). Needed
-//!   where `/dev/fd/N` cannot be opened: cloud-hypervisor `--landlock`
-//!   restricts path lookups to the files in its configuration, and
-//!   `/dev/fd/N` is a magic link into `/proc` that landlock does not allow.
+//!   where a memfd will not do: cloud-hypervisor `--landlock` adds a landlock
+//!   rule for each file in its configuration, and adding one for a memfd
+//!   (`/dev/fd/N`, a file of the kernel's internal hugetlbfs mount) fails with
+//!   EBADFD, so the VM is not created (`docs/operations.md`).
 //!
 //! # What hugemem does instead of the VMM
 //!
@@ -182,8 +183,8 @@ pub enum BuildError {
     MicrovmRegions(usize),
     /// `/dev/fd/N` paths cannot be opened under cloud-hypervisor's landlock.
     #[error(
-        "cloud-hypervisor --landlock cannot open /dev/fd/N memory files; run hugemem launch with --hugetlbfs \
-         so the VMM gets hugetlbfs paths"
+        "cloud-hypervisor --landlock cannot add a landlock rule for a memfd (/dev/fd/N fails with EBADFD); \
+         run hugemem launch with --hugetlbfs so the VMM gets hugetlbfs paths"
     )]
     LandlockNeedsPaths,
     /// The region table does not match `--hugetlbfs` (fds where paths were
@@ -258,7 +259,8 @@ pub fn parse_page_policy(text: &str) -> Option<PagePolicy> {
 }
 
 /// `--nodes` syntax.
-pub const NODES_SYNTAX: &str = "NODE:SIZE[,NODE:SIZE…], e.g. 0:2G,1:2G (one region per node)";
+pub const NODES_SYNTAX: &str =
+    "NODE:SIZE[,NODE:SIZE…], e.g. 0:2G,1:2G (one region per item; a node may appear more than once)";
 
 /// A `--nodes` value that does not parse.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -272,7 +274,10 @@ pub struct NodesError {
 ///
 /// # Errors
 ///
-/// [`NodesError`] for bad syntax, a zero size, or a node given twice.
+/// [`NodesError`] for bad syntax or a zero size. A node may be given more
+/// than once: each item is its own region (for cloud-hypervisor one memory
+/// zone, and with `--guest-numa` one guest NUMA node), so `0:1G,0:1G` gives a
+/// guest two NUMA nodes on a host with one.
 pub fn parse_nodes(text: &str) -> Result<Vec<AllocPart>, NodesError> {
     let err = |why: String| NodesError {
         text: text.to_string(),
@@ -293,9 +298,6 @@ pub fn parse_nodes(text: &str) -> Result<Vec<AllocPart>, NodesError> {
         let size = parse_size(size).map_err(|e| err(e.to_string()))?;
         if size == 0 {
             return Err(err(format!("node {node} has size 0")));
-        }
-        if parts.iter().any(|p: &AllocPart| p.node == node) {
-            return Err(err(format!("node {node} appears twice")));
         }
         parts.push(AllocPart { node, size });
     }
@@ -611,15 +613,16 @@ mod tests {
             "0:",
             "x:1G",
             "0:0",
-            "0:1G,0:1G",
             "0:1X",
             "4294967295:1G",
             "0:1G,",
         ] {
             assert!(parse_nodes(bad).is_err(), "{bad:?}");
         }
-        let e = parse_nodes("0:1G,0:1G").expect_err("dup");
-        assert!(e.to_string().contains("appears twice"), "{e}");
+        // Two regions on one node.
+        let two = parse_nodes("0:1G,0:1G").expect("one node twice");
+        assert_eq!(two.len(), 2);
+        assert!(two.iter().all(|p| p.node == 0 && p.size == 1 << 30));
     }
 
     fn cfg() -> LaunchConfig {

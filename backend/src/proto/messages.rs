@@ -1,6 +1,6 @@
 //! Request and reply payloads: encoding and checked decoding.
 
-use super::{Code, ProtoError, Status, ANY_NODE, MAX_MESSAGE, MAX_PATH, MAX_PAYLOAD, MAX_REGIONS};
+use super::{Code, ProtoError, Status, MAX_MESSAGE, MAX_PATH, MAX_PAYLOAD, MAX_REGIONS};
 
 /// ALLOC request flag (byte 11, bit 0): create each region as a file on a
 /// hugetlbfs mount and send its path (for VMMs that must open a path, e.g.
@@ -35,7 +35,7 @@ pub enum ClearMode {
 /// One per-node part of an allocation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct AllocPart {
-    /// NUMA node, or [`ANY_NODE`].
+    /// NUMA node, or [`ANY_NODE`](super::ANY_NODE).
     pub node: u32,
     /// Bytes.
     pub size: u64,
@@ -141,7 +141,7 @@ pub struct RegionInfo {
     pub size: u64,
     /// Page size in bytes actually used.
     pub page_size: u64,
-    /// NUMA node, or [`ANY_NODE`].
+    /// NUMA node, or [`ANY_NODE`](super::ANY_NODE).
     pub node: u32,
     /// [`RegionInfo::FLAG_CLEAN`] | [`RegionInfo::FLAG_LAZY`] | [`RegionInfo::FLAG_LOCKED`].
     pub flags: u32,
@@ -495,15 +495,9 @@ fn decode_alloc(r: &mut Reader<'_>) -> Result<AllocRequest, ProtoError> {
             "parts add up to {sum} bytes, total_size is {total_size}"
         )));
     }
-    let mut nodes: Vec<u32> = parts
-        .iter()
-        .map(|p| p.node)
-        .filter(|n| *n != ANY_NODE)
-        .collect();
-    nodes.sort_unstable();
-    if nodes.windows(2).any(|w| w[0] == w[1]) {
-        return Err(bad("a node appears in more than one part"));
-    }
+    // A node may appear in several parts: several regions on one node are
+    // what a VMM needs for several memory zones (guest NUMA nodes) on a host
+    // with fewer nodes. Each part is obtained on its own.
     Ok(AllocRequest {
         total_size,
         page_policy,
@@ -892,10 +886,15 @@ mod tests {
         let mut a = alloc();
         a.total_size += 1;
         assert!(Request::decode(Code::Alloc, &Request::Alloc(a).encode()).is_err());
-        // Duplicate nodes, zero sizes, bad enums.
+        // A node in two parts is fine (two regions on one node).
         let mut a = alloc();
-        a.parts[1].node = 0;
-        assert!(Request::decode(Code::Alloc, &Request::Alloc(a).encode()).is_err());
+        a.parts[1].node = a.parts[0].node;
+        let same = Request::Alloc(a.clone());
+        assert_eq!(
+            Request::decode(Code::Alloc, &same.encode()).expect("one node twice"),
+            same
+        );
+        // Zero sizes, bad enums.
         let mut bytes = good.clone();
         bytes[8] = 9;
         assert!(Request::decode(Code::Alloc, &bytes).is_err());
