@@ -26,6 +26,16 @@ use serde_json::Value;
 
 const HUGEMEM: &str = env!("CARGO_BIN_EXE_hugemem");
 
+/// The tests share the host's huge-page pools (each reserves, allocates and
+/// frees them): one at a time.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 fn start_daemon(dir: &Path) -> DaemonHandle {
     let defaults = Config::default();
     let cfg = Config {
@@ -92,6 +102,7 @@ fn read(dir: &Path, name: &str) -> String {
 
 #[test]
 fn fd_mode_command_line_and_memory_file() {
+    let _serial = serial();
     let dir = tempfile::tempdir().expect("tempdir");
     let daemon = start_daemon(dir.path());
     let ch = fake_ch(dir.path());
@@ -158,6 +169,7 @@ fn fd_mode_command_line_and_memory_file() {
 
 #[test]
 fn hugetlbfs_mode_hands_out_paths() {
+    let _serial = serial();
     let dir = tempfile::tempdir().expect("tempdir");
     let daemon = start_daemon(dir.path());
     let ch = fake_ch(dir.path());
@@ -207,6 +219,7 @@ fn hugetlbfs_mode_hands_out_paths() {
 /// failing with NoMemory.
 #[test]
 fn hugetlbfs_launch_right_after_an_fd_launch_reuses_its_pages() {
+    let _serial = serial();
     let dir = tempfile::tempdir().expect("tempdir");
     let daemon = start_daemon(dir.path());
     let ch = fake_ch(dir.path());
@@ -375,6 +388,7 @@ fn boot(
 /// on 2 GiB of daemon memory: fd mode, then `--hugetlbfs` with `--landlock`.
 #[test]
 fn cloud_hypervisor_boots_on_daemon_memory() {
+    let _serial = serial();
     let Some((ch, page, _reservation)) = cloud_hypervisor_setup(2 << 30) else {
         return;
     };
@@ -420,6 +434,7 @@ fn cloud_hypervisor_boots_on_daemon_memory() {
 /// must boot and walk both zones.
 #[test]
 fn cloud_hypervisor_two_zones_on_one_host_node() {
+    let _serial = serial();
     let Some((ch, page, _reservation)) = cloud_hypervisor_setup(2 << 30) else {
         return;
     };
