@@ -390,7 +390,7 @@ impl PageStates {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::atomic::AtomicU64;
+    use std::sync::atomic::{AtomicI64, AtomicU64};
     use std::sync::Barrier;
 
     use proptest::prelude::*;
@@ -498,38 +498,104 @@ mod tests {
     }
 
     /// Test-side shadow of one page, to check the invariants from outside.
+    ///
+    /// # Why a count of open epochs, not a generation number
+    ///
+    /// A "dirty epoch" starts with each move into `Dirty` (and, for
+    /// `Unpopulated`, at creation) and ends with the one `Dirty → Clearing`
+    /// (`Unpopulated → Clearing`) exchange that claims it. The machine
+    /// guarantees one claim per epoch because that exchange consumes the
+    /// state it starts from: a second claimer's `compare_exchange` finds
+    /// `Clearing` (or a later state) and fails.
+    ///
+    /// An earlier model bumped a per-page `dirty_gen` *before* each attempt to
+    /// move the page to `Dirty` and had the clearer assert that the
+    /// generation it read was newer than the one of its previous clear. For
+    /// the owner's moves (`Mapped → Dirty`, `Clearing → Dirty`) that is
+    /// exact: nobody else can claim the page between the bump and the
+    /// exchange. The pool's taint (`Clean → Dirty`) owns nothing, so its bump
+    /// can be consumed by a clear of the *previous* epoch:
+    ///
+    /// ```text
+    /// tainter T                 clearer A                clearer B
+    /// dirty_gen 1 → 2           (page Dirty, epoch 1)
+    ///                           Dirty → Clearing, reads 2
+    ///                           Clearing → Clean
+    /// Clean → Dirty  (epoch 2, dirty_gen still 2)
+    ///                                                    Dirty → Clearing, reads 2
+    ///                                                    "cleared twice in epoch 2"
+    /// ```
+    ///
+    /// Every exchange there is legal and each epoch is cleared once; only the
+    /// model's bookkeeping is wrong (the `cc 116a9db7…` failure, issue 10).
+    /// Moving the bump after the exchange opens the opposite window (B
+    /// claims before the bump and reads the old generation).
+    ///
+    /// This model counts instead: `open_epochs` is raised *before* every
+    /// attempt to open an epoch and lowered again when that attempt fails,
+    /// and every claim lowers it. It therefore never falls below the true
+    /// number of unclaimed epochs (no false alarms), every claim of an epoch
+    /// that was already claimed takes it below zero unless a tainter's
+    /// pending raise hides it for that instant, the tainter's own lowering
+    /// then checks it again, and after the threads are joined it must equal
+    /// exactly 1 for a `Dirty`/`Unpopulated` page and 0 for any other, which
+    /// catches every extra claim.
     struct Shadow {
-        /// Bumped *before* every attempt to move the page to `Dirty`, so a
-        /// clearer that won `Dirty → Clearing` always sees a newer value than
-        /// at its previous clear.
-        dirty_gen: AtomicU64,
-        /// `dirty_gen` seen at the last clear; written only by the clearer.
-        cleared_gen: AtomicU64,
+        /// Epochs opened (or being opened) and not yet claimed by a clearer.
+        open_epochs: AtomicI64,
         /// Model of the page contents: 0 = zero, else who wrote.
         content: AtomicU64,
         /// Thread id + 1 of the thread holding the page in `Clearing`/`Mapped`.
         owner: AtomicU64,
     }
 
+    impl Shadow {
+        fn new(open_epochs: i64, content: u64) -> Self {
+            Self {
+                open_epochs: AtomicI64::new(open_epochs),
+                content: AtomicU64::new(content),
+                owner: AtomicU64::new(0),
+            }
+        }
+
+        /// Before an exchange that moves the page to `Dirty`.
+        fn opening_epoch(&self) {
+            self.open_epochs.fetch_add(1, Ordering::AcqRel);
+        }
+
+        /// That exchange failed: take back what [`Shadow::opening_epoch`] added.
+        fn epoch_not_opened(&self, page: usize) {
+            let before = self.open_epochs.fetch_sub(1, Ordering::AcqRel);
+            assert!(before >= 1, "page {page} cleared twice in one dirty epoch");
+        }
+
+        /// Thread `me` won `Dirty → Clearing` or `Unpopulated → Clearing`:
+        /// claims the epoch and zeroes the page.
+        fn cleared(&self, page: usize, me: u64) {
+            assert_eq!(
+                self.owner.swap(me, Ordering::AcqRel),
+                0,
+                "page {page} claimed twice"
+            );
+            let before = self.open_epochs.fetch_sub(1, Ordering::AcqRel);
+            assert!(before >= 1, "page {page} cleared twice in one dirty epoch");
+            self.content.store(0, Ordering::Relaxed);
+            self.owner.store(0, Ordering::Release);
+        }
+    }
+
     fn hammer(initial: &[u8], threads: usize, ops: &[Vec<u8>]) {
         let states = PageStates::new(initial.len(), PageState::Unpopulated);
-        let shadows: Vec<Shadow> = initial
-            .iter()
-            .map(|_| Shadow {
-                dirty_gen: AtomicU64::new(1),
-                cleared_gen: AtomicU64::new(0),
-                content: AtomicU64::new(0),
-                owner: AtomicU64::new(0),
-            })
-            .collect();
+        let mut shadows = Vec::with_capacity(initial.len());
         for (page, &kind) in initial.iter().enumerate() {
-            match kind % 3 {
-                0 => {}
+            shadows.push(match kind % 3 {
+                // Unpopulated: one epoch, claimed by whoever populates it.
+                0 => Shadow::new(1, 0),
                 1 => {
                     states
                         .try_transition(page, PageState::Unpopulated, PageState::Dirty)
                         .expect("setup");
-                    shadows[page].content.store(u64::MAX, Ordering::Relaxed);
+                    Shadow::new(1, u64::MAX)
                 }
                 _ => {
                     states
@@ -538,9 +604,9 @@ mod tests {
                     states
                         .try_transition(page, PageState::Clearing, PageState::Clean)
                         .expect("setup");
-                    shadows[page].cleared_gen.store(1, Ordering::Relaxed);
+                    Shadow::new(0, 0)
                 }
-            }
+            });
         }
         let pages = initial.len();
         let barrier = Barrier::new(threads + 1);
@@ -567,22 +633,10 @@ mod tests {
                                 };
                                 let Some(page) = claimed else { continue };
                                 let sh = &shadows[page];
-                                assert_eq!(
-                                    sh.owner.swap(me, Ordering::AcqRel),
-                                    0,
-                                    "page {page} claimed twice"
-                                );
-                                let gen = sh.dirty_gen.load(Ordering::Acquire);
-                                let last = sh.cleared_gen.swap(gen, Ordering::AcqRel);
-                                assert!(
-                                    gen > last,
-                                    "page {page} cleared twice in dirty epoch {gen}"
-                                );
-                                sh.content.store(0, Ordering::Relaxed);
-                                sh.owner.store(0, Ordering::Release);
+                                sh.cleared(page, me);
                                 if i % 5 == 4 {
                                     // Abandon: must be cleared again.
-                                    sh.dirty_gen.fetch_add(1, Ordering::AcqRel);
+                                    sh.opening_epoch();
                                     states
                                         .try_transition(page, PageState::Clearing, PageState::Dirty)
                                         .expect("owner aborts");
@@ -619,17 +673,13 @@ mod tests {
                                 let Some(page) = mapped.pop() else { continue };
                                 let sh = &shadows[page];
                                 assert_eq!(sh.owner.swap(0, Ordering::AcqRel), me);
-                                sh.dirty_gen.fetch_add(1, Ordering::AcqRel);
+                                sh.opening_epoch();
                                 states
                                     .try_transition(page, PageState::Mapped, PageState::Dirty)
                                     .expect("owner releases");
                             }
                             // Pool taints a clean page.
-                            4 => {
-                                shadows[hint].dirty_gen.fetch_add(1, Ordering::AcqRel);
-                                let _ =
-                                    states.try_transition(hint, PageState::Clean, PageState::Dirty);
-                            }
+                            4 => taint(states, &shadows[hint], hint),
                             // Forbidden changes are refused whatever the page's state.
                             _ => {
                                 for (from, to) in [
@@ -650,7 +700,7 @@ mod tests {
                     // Give back what this thread still holds.
                     for page in mapped {
                         assert_eq!(shadows[page].owner.swap(0, Ordering::AcqRel), me);
-                        shadows[page].dirty_gen.fetch_add(1, Ordering::AcqRel);
+                        shadows[page].opening_epoch();
                         states
                             .try_transition(page, PageState::Mapped, PageState::Dirty)
                             .expect("owner releases");
@@ -685,6 +735,77 @@ mod tests {
                 "clean page {page} has contents"
             );
         }
+        // Exact once nothing is in flight: one unclaimed epoch per page
+        // waiting to be cleared, none for the others.
+        for (page, sh) in shadows.iter().enumerate() {
+            let state = states.get(page).expect("in range");
+            let open = i64::from(matches!(state, PageState::Dirty | PageState::Unpopulated));
+            assert_eq!(
+                sh.open_epochs.load(Ordering::Acquire),
+                open,
+                "page {page} ({state}): epochs opened and claimed do not match"
+            );
+        }
+    }
+
+    /// The pool taints a page: `Clean → Dirty` if it is clean, else nothing.
+    fn taint(states: &PageStates, sh: &Shadow, page: usize) {
+        sh.opening_epoch();
+        if states
+            .try_transition(page, PageState::Clean, PageState::Dirty)
+            .is_err()
+        {
+            sh.epoch_not_opened(page);
+        }
+    }
+
+    /// The interleaving behind issue 10's `cc 116a9db7…` failure, replayed
+    /// step by step: a taint whose bookkeeping starts before a clear of the
+    /// previous epoch and whose exchange lands after it. Both clears are
+    /// legal (one per epoch) and the model must accept them.
+    #[test]
+    fn taint_racing_a_clear_is_a_new_epoch() {
+        let states = PageStates::new(1, PageState::Unpopulated);
+        states
+            .try_transition(0, PageState::Unpopulated, PageState::Dirty)
+            .expect("dirty");
+        let sh = Shadow::new(1, u64::MAX);
+        // Tainter, first half: announces an epoch while the page is Dirty.
+        sh.opening_epoch();
+        // Clearer A claims and finishes the current epoch.
+        assert_eq!(states.claim_dirty(0), Some(0));
+        sh.cleared(0, 1);
+        states
+            .try_transition(0, PageState::Clearing, PageState::Clean)
+            .expect("done");
+        // Tainter, second half: its exchange now succeeds, a new epoch.
+        states
+            .try_transition(0, PageState::Clean, PageState::Dirty)
+            .expect("taint");
+        // Clearer B claims the new epoch: legal, the model must not object.
+        assert_eq!(states.claim_dirty(0), Some(0));
+        sh.cleared(0, 2);
+        states
+            .try_transition(0, PageState::Clearing, PageState::Clean)
+            .expect("done");
+        assert_eq!(sh.open_epochs.load(Ordering::Acquire), 0);
+        // And a taint that finds the page mapped changes nothing.
+        states
+            .try_transition(0, PageState::Clean, PageState::Mapped)
+            .expect("map");
+        taint(&states, &sh, 0);
+        assert_eq!(states.get(0), Ok(PageState::Mapped));
+        assert_eq!(sh.open_epochs.load(Ordering::Acquire), 0);
+    }
+
+    /// The model is not vacuous: a second clear in one epoch (what a machine
+    /// that let two clearers claim one `Dirty` page would produce) fails.
+    #[test]
+    #[should_panic(expected = "cleared twice in one dirty epoch")]
+    fn the_model_catches_two_clears_in_one_epoch() {
+        let sh = Shadow::new(1, u64::MAX);
+        sh.cleared(0, 1);
+        sh.cleared(0, 2);
     }
 
     proptest! {
