@@ -103,8 +103,20 @@ fn json(out: &Output) -> Value {
     })
 }
 
+/// Both tests read and change the host's 2 MiB pool: one at a time (in
+/// parallel, the other's grow could already cover the unprivileged request,
+/// which then needs no write and succeeds).
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 #[test]
 fn installed_binary_reserves_and_gives_back_2m_pages() {
+    let _serial = serial();
     if !Path::new(POOL_2M).is_dir() {
         test_support::skip!("no 2 MiB huge-page pool on this kernel");
         return;
@@ -193,6 +205,7 @@ fn installed_binary_reserves_and_gives_back_2m_pages() {
 
 #[test]
 fn installed_binary_names_the_problem() {
+    let _serial = serial();
     let installed = install();
     // A node that does not exist: usage error, exit 2, the nodes listed.
     let out = run(
