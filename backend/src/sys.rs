@@ -105,6 +105,40 @@ pub fn recv_with_fds(
     })
 }
 
+/// The size of the file behind `fd` (`fstat`).
+///
+/// # Errors
+///
+/// The `fstat` error.
+pub fn file_size(fd: BorrowedFd<'_>) -> io::Result<u64> {
+    let st = nix::sys::stat::fstat(fd).map_err(io::Error::from)?;
+    u64::try_from(st.st_size).map_err(|_| io::Error::from(io::ErrorKind::InvalidData))
+}
+
+/// `madvise(MADV_POPULATE_WRITE)` over `len` bytes at `addr`: faults every
+/// page in writable, allocating pages for holes, without writing any data.
+/// Where a store would raise `SIGBUS` (the file was truncated below the
+/// range, or a hole cannot get a page because the huge-page pool is empty)
+/// it returns an error instead (`EFAULT`, `ENOMEM`, ...), which is what
+/// makes the scrubber SIGBUS-proof: populate first, clear only on success.
+///
+/// Memory-safe for any range: the kernel validates it and changes no byte.
+///
+/// # Errors
+///
+/// The `madvise` error.
+pub fn populate_write(addr: *const u8, len: usize) -> io::Result<()> {
+    // SAFETY: MADV_POPULATE_WRITE only faults pages in (allocating zeroed
+    // ones for holes); it writes no data and unmaps nothing, so no Rust
+    // object can be affected; an invalid range is an error from the kernel.
+    let r = unsafe { libc::madvise(addr.cast_mut().cast(), len, libc::MADV_POPULATE_WRITE) };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

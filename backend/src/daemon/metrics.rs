@@ -50,6 +50,9 @@ pub struct Metrics {
     pub regions_recleared: AtomicU64,
     /// Regions handed out after growing a smaller clean pooled region.
     pub regions_grown: AtomicU64,
+    /// Released regions found damaged by their tenant (file size changed,
+    /// holes that cannot be filled) and given back to the kernel unscrubbed.
+    pub regions_discarded: AtomicU64,
     /// Regions created fresh from the kernel.
     pub regions_fresh: AtomicU64,
     /// FREE requests that succeeded.

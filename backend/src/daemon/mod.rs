@@ -326,6 +326,7 @@ impl Shared {
                 "regions_pooled": g(&m.regions_pooled),
                 "regions_recleared": g(&m.regions_recleared),
                 "regions_grown": g(&m.regions_grown),
+                "regions_discarded": g(&m.regions_discarded),
                 "regions_fresh": g(&m.regions_fresh),
                 "frees": g(&m.frees),
                 "bytes_created": g(&m.bytes_created),
@@ -577,11 +578,41 @@ async fn quarantine_loop(shared: Arc<Shared>) {
         }
         let quarantined = shared.pool.quarantined();
         if !quarantined.is_empty() {
-            let (ids, owned): (Vec<_>, Vec<_>) = quarantined.into_iter().unzip();
-            match tokio::task::spawn_blocking(move || alloc::scan_holders(&owned)).await {
-                Ok(holders) => {
-                    let results: Vec<_> = ids.into_iter().zip(holders).collect();
+            let scan = tokio::task::spawn_blocking(move || {
+                let owned: Vec<_> = quarantined.iter().map(|(_, o, _)| o.clone()).collect();
+                let holders = alloc::scan_holders(&owned);
+                // Nobody holds it any more: prove it whole before it may
+                // leave quarantine (size, holes) — see `pool::check_released`.
+                quarantined
+                    .into_iter()
+                    .zip(holders)
+                    .map(|((id, _, region), holder)| {
+                        let broken = match holder {
+                            None => pool::check_released(&region).err(),
+                            Some(_) => None,
+                        };
+                        (id, holder, broken)
+                    })
+                    .collect::<Vec<_>>()
+            });
+            match scan.await {
+                Ok(checked) => {
+                    let mut results = Vec::with_capacity(checked.len());
+                    let mut dropped = Vec::new();
+                    for (id, holder, broken) in checked {
+                        match broken {
+                            Some(reason) => dropped.extend(shared.pool.discard(
+                                id,
+                                pool::EntryState::Quarantined,
+                                &reason,
+                            )),
+                            None => results.push((id, holder)),
+                        }
+                    }
                     shared.pool.apply_scan(&results);
+                    if !dropped.is_empty() {
+                        drop(tokio::task::spawn_blocking(move || drop(dropped)));
+                    }
                 }
                 Err(e) => error!(error = %e, "holder scan failed"),
             }

@@ -50,6 +50,14 @@
 //! size are given back first (only when that can cover the shortfall) and
 //! the creation is retried once.
 //!
+//! **Damaged files.** A tenant can change its file behind the daemon's
+//! back: grow a memfd (the seals allow it), truncate a hugetlbfs file, punch
+//! holes. Before a released region leaves quarantine, [`check_released`]
+//! checks its size and populates every page (`MADV_POPULATE_WRITE`, which
+//! errors where a store would `SIGBUS`); scrubbers populate each batch the
+//! same way. A region that fails either is discarded ([`Pool::discard`]):
+//! given back to the kernel, never scrubbed, never served.
+//!
 //! **Limits.** Per node, pooled bytes (clean + dirty + quarantined) never
 //! exceed the limit: a released region that would is given back to the
 //! kernel at once (no scrub needed: closing our fd and unmapping is enough,
@@ -707,14 +715,40 @@ impl Pool {
         out
     }
 
-    /// The quarantined regions, for a holder scan.
-    pub fn quarantined(&self) -> Vec<(RegionId, Owned)> {
+    /// The quarantined regions, for a holder scan and [`check_released`].
+    pub fn quarantined(&self) -> Vec<(RegionId, Owned, Arc<Region>)> {
         self.lock()
             .entries
             .iter()
             .filter(|(_, e)| e.state == EntryState::Quarantined)
-            .map(|(id, e)| (*id, e.owned.clone()))
+            .map(|(id, e)| (*id, e.owned.clone(), Arc::clone(&e.region)))
             .collect()
+    }
+
+    /// Takes a region that a tenant damaged ([`check_released`] failed, or a
+    /// scrub batch could not be populated) out of the pool if it is still in
+    /// `state`, counts it as given back to the kernel, and returns it to be
+    /// dropped off the lock (unmapped, closed, unlinked: its pages go back
+    /// to the kernel, which zeroes them before their next user). It is never
+    /// scrubbed or served again.
+    pub fn discard(&self, id: RegionId, state: EntryState, reason: &str) -> Option<Arc<Region>> {
+        let mut g = self.lock();
+        if g.entries.get(&id).map(|e| e.state) != Some(state) {
+            return None;
+        }
+        let e = g.entries.remove(&id)?;
+        drop(g);
+        Metrics::add(&self.metrics.bytes_released, e.region.len());
+        Metrics::add(&self.metrics.regions_discarded, 1);
+        warn!(
+            region = id,
+            node = e.key.node,
+            bytes = e.region.len(),
+            reason,
+            "a released region was damaged by its tenant; it goes back to the kernel unscrubbed"
+        );
+        self.changed.notify_all();
+        Some(e.region)
     }
 
     /// Applies a scan: regions nobody else holds become `Dirty` (scrubbers
@@ -1157,6 +1191,31 @@ fn reclaim_path(region: &Region) -> std::io::Result<()> {
     std::os::unix::fs::fchown(region.fd(), Some(uid), Some(gid))?;
     nix::sys::stat::fchmod(region.fd(), nix::sys::stat::Mode::from_bits_truncate(0o600))
         .map_err(std::io::Error::from)
+}
+
+/// Proves a released region is whole before any page of it is touched: its
+/// file has exactly the region's size (a tenant can grow a memfd, whose seals
+/// allow growing, or truncate a hugetlbfs file), and every page is present or
+/// can be allocated (`MADV_POPULATE_WRITE` fills holes a tenant punched with
+/// fresh zeroed pages, and fails where a store would raise `SIGBUS`).
+/// Blocking (it may fault in a whole region): call it off the executor.
+///
+/// # Errors
+///
+/// A message saying what is wrong; the region must then be discarded
+/// ([`Pool::discard`]), never scrubbed.
+pub fn check_released(region: &Region) -> Result<(), String> {
+    let size = crate::sys::file_size(region.fd()).map_err(|e| format!("fstat: {e}"))?;
+    if size != region.len() {
+        return Err(format!(
+            "file size is {size} bytes, the region has {}",
+            region.len()
+        ));
+    }
+    let len = usize::try_from(region.len()).map_err(|_| "region too large".to_string())?;
+    crate::sys::populate_write(region.as_ptr(), len).map_err(|e| {
+        format!("pages cannot be populated (a hole the host cannot fill, or a truncation): {e}")
+    })
 }
 
 /// Pooled (not in use) bytes on `node`: clean, dirty and quarantined.
