@@ -139,6 +139,52 @@ pub fn populate_write(addr: *const u8, len: usize) -> io::Result<()> {
     }
 }
 
+/// A new open file description of the file behind `fd`, read-write
+/// (`open("/proc/self/fd/N", O_RDWR | O_CLOEXEC)`), not a `dup`: the kernel
+/// counts it as one more opener of the inode, which is what makes
+/// [`write_lease_free`] see it. A memfd's original `memfd_create`
+/// description is not counted that way, so the daemon never hands it out.
+///
+/// # Errors
+///
+/// The `open` error.
+pub fn reopen(fd: BorrowedFd<'_>) -> io::Result<OwnedFd> {
+    let path = format!("/proc/self/fd/{}", fd.as_raw_fd());
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(path)?;
+    Ok(OwnedFd::from(file))
+}
+
+/// True when a write lease (`F_SETLEASE`, `F_WRLCK`) on `fd` is granted,
+/// i.e. the kernel counts no open description of the inode but `fd`'s own
+/// (other fds, fds in flight in unreceived `SCM_RIGHTS` messages, and the
+/// descriptions behind shared mappings all count; `dup`s of `fd` do not).
+/// The lease is released again at once (`F_UNLCK`). False on `EAGAIN`/`EBUSY`.
+///
+/// # Errors
+///
+/// Other `fcntl` errors (`EINVAL` where leases are unsupported or disabled).
+pub fn write_lease_free(fd: BorrowedFd<'_>) -> io::Result<bool> {
+    // SAFETY: F_SETLEASE on a valid fd takes an integer argument and touches
+    // no memory of ours.
+    let r = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETLEASE, libc::F_WRLCK) };
+    if r != 0 {
+        let e = io::Error::last_os_error();
+        return match e.raw_os_error() {
+            Some(libc::EAGAIN | libc::EBUSY) => Ok(false),
+            _ => Err(e),
+        };
+    }
+    // SAFETY: as above.
+    let r = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETLEASE, libc::F_UNLCK) };
+    if r != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(true)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

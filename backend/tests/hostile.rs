@@ -73,6 +73,10 @@ fn in_child(uid: Option<u32>, child: impl FnOnce() -> i32) -> i32 {
     // returning into the test harness or running destructors.
     match unsafe { fork() }.expect("fork") {
         ForkResult::Child => {
+            // A child stuck on a pipe its failed parent never writes ends
+            // with SIGALRM instead of lingering.
+            // SAFETY: alarm is async-signal-safe and takes an integer.
+            unsafe { libc::alarm(60) };
             let code = match uid {
                 Some(uid) => {
                     // SAFETY: setgid is a plain syscall on an integer.
@@ -483,4 +487,262 @@ fn a_punched_hole_is_refilled_or_discarded() {
     hog.join().expect("hog thread");
     tenant_b_sees_nothing(&d, size, false);
     assert_hugepages_balanced(d, free_before);
+}
+
+fn memfd_2m() -> Option<OwnedFd> {
+    let name = CString::new("hostile-lease").expect("name");
+    // SAFETY: memfd_create with a valid C string; returns a new fd or -1.
+    let fd = unsafe {
+        libc::memfd_create(
+            name.as_ptr(),
+            libc::MFD_CLOEXEC | libc::MFD_HUGETLB | libc::MFD_HUGE_2MB,
+        )
+    };
+    if fd < 0 {
+        return None;
+    }
+    // SAFETY: `fd` was just returned by memfd_create and is owned by nobody else.
+    let fd = unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+    // SAFETY: ftruncate on our own fd.
+    if unsafe { libc::ftruncate(fd.as_raw_fd(), (2 * MIB) as libc::off_t) } != 0 {
+        return None;
+    }
+    Some(fd)
+}
+
+/// The kernel facts the reuse proof rests on, on this kernel: a write lease
+/// on the daemon's own reopened description of a hugetlb memfd is refused
+/// while any other description is open, in flight in an unreceived
+/// `SCM_RIGHTS` message, or only behind a shared mapping, and granted once
+/// all are gone; a `dup` of the daemon's own does not count; the original
+/// `memfd_create` description is not counted at all.
+#[test]
+fn write_lease_sees_every_other_description() {
+    use backend::sys::{reopen, write_lease_free};
+    let _g = serial();
+    if !reserve_2m(2) {
+        return;
+    }
+    let Some(original) = memfd_2m() else {
+        test_support::skip!(
+            "no 2 MiB hugetlb memfd: {}",
+            std::io::Error::last_os_error()
+        );
+        return;
+    };
+    assert!(
+        !write_lease_free(original.as_fd()).expect("lease"),
+        "a lease on the original memfd description is refused even alone (it is not counted)"
+    );
+    let own = reopen(original.as_fd()).expect("reopen");
+    assert!(
+        write_lease_free(own.as_fd()).expect("lease"),
+        "alone: granted"
+    );
+    let dup = own.try_clone().expect("dup");
+    assert!(
+        write_lease_free(own.as_fd()).expect("lease"),
+        "a dup does not count"
+    );
+    drop(dup);
+
+    let tenant = reopen(original.as_fd()).expect("reopen");
+    assert!(
+        !write_lease_free(own.as_fd()).expect("lease"),
+        "open: refused"
+    );
+    // In flight: sent to a socket nobody reads, every other copy closed.
+    let (a, b) = UnixStream::pair().expect("pair");
+    let raw = [tenant.as_raw_fd()];
+    let iov = [IoSlice::new(b"x")];
+    sendmsg::<()>(
+        a.as_raw_fd(),
+        &iov,
+        &[ControlMessage::ScmRights(&raw)],
+        MsgFlags::empty(),
+        None,
+    )
+    .expect("send");
+    drop(tenant);
+    assert!(
+        !write_lease_free(own.as_fd()).expect("lease"),
+        "in flight: refused"
+    );
+    let mut fds = Vec::new();
+    let mut buf = [0u8; 1];
+    backend::sys::recv_with_fds(b.as_fd(), &mut buf, &mut fds, 1, false).expect("recv");
+    assert_eq!(fds.len(), 1);
+    let p = map(fds[0].as_raw_fd(), 2 * MIB);
+    assert!(!p.is_null());
+    drop(fds);
+    assert!(
+        !write_lease_free(own.as_fd()).expect("lease"),
+        "mapped only: refused"
+    );
+    unmap(p, 2 * MIB);
+    assert!(
+        write_lease_free(own.as_fd()).expect("lease"),
+        "all gone: granted"
+    );
+    // A copy of the original in flight is invisible: why it is never sent.
+    let raw = [original.as_raw_fd()];
+    sendmsg::<()>(
+        a.as_raw_fd(),
+        &iov,
+        &[ControlMessage::ScmRights(&raw)],
+        MsgFlags::empty(),
+        None,
+    )
+    .expect("send");
+    assert!(
+        write_lease_free(own.as_fd()).expect("lease"),
+        "the original description in flight goes unseen (so it must never be sent)"
+    );
+}
+
+/// Tenant B's secret.
+const B_SECRET: u8 = 0x5B;
+
+fn read_u64(fd: &OwnedFd) -> u64 {
+    let mut b = [0u8; 8];
+    let mut got = 0;
+    while got < 8 {
+        match nix::unistd::read(fd, &mut b[got..]) {
+            Ok(0) | Err(_) => panic!("pipe closed after {got} bytes"),
+            Ok(n) => got += n,
+        }
+    }
+    u64::from_le_bytes(b)
+}
+
+/// The fd-in-flight attack: A sends its region's fd to itself over a
+/// socketpair and leaves it unreceived (no process shows it in `/proc`),
+/// closes every other copy and the mapping, FREEs. B allocates and writes
+/// its secret. A then receives the fd: it must not be B's file, and must
+/// not hold one byte of B's.
+fn fd_in_flight(paths: bool) {
+    let _g = serial();
+    if !reserve_2m(8) {
+        return;
+    }
+    let free_before = hugepages_2m("free_hugepages");
+    let d = TestDaemon::start(|_| {});
+    let size = 4 * MIB;
+    let (freed_r, freed_w) = nix::unistd::pipe().expect("pipe");
+    let (go_r, go_w) = nix::unistd::pipe().expect("pipe");
+    let socket = d.socket();
+    let parent = std::thread::spawn(move || {
+        in_child(None, move || {
+            let Ok(mut c) = Client::connect(&socket) else {
+                return 10;
+            };
+            let Ok(a) = c.alloc(alloc_2m(size, paths)) else {
+                return 11;
+            };
+            let p = map(a.fds[0].as_raw_fd(), size);
+            if p.is_null() {
+                return 12;
+            }
+            fill_secret(p, size);
+            unmap(p, size);
+            let Ok(st) = nix::sys::stat::fstat(a.fds[0].as_fd()) else {
+                return 13;
+            };
+            let Ok((s1, s2)) = UnixStream::pair() else {
+                return 14;
+            };
+            let raw = [a.fds[0].as_raw_fd()];
+            let iov = [IoSlice::new(b"x")];
+            if sendmsg::<()>(
+                s1.as_raw_fd(),
+                &iov,
+                &[ControlMessage::ScmRights(&raw)],
+                MsgFlags::empty(),
+                None,
+            )
+            .is_err()
+            {
+                return 15;
+            }
+            let id = a.id;
+            drop(a);
+            if c.free(id).is_err() {
+                return 16;
+            }
+            let _ = nix::unistd::write(&freed_w, &st.st_ino.to_le_bytes());
+            let mut b = [0u8; 1];
+            let _ = nix::unistd::read(&go_r, &mut b);
+            let mut fds = Vec::new();
+            let mut buf = [0u8; 1];
+            if backend::sys::recv_with_fds(s2.as_fd(), &mut buf, &mut fds, 1, false).is_err()
+                || fds.len() != 1
+            {
+                return 17;
+            }
+            let p = map(fds[0].as_raw_fd(), size);
+            if p.is_null() {
+                return 18;
+            }
+            // SAFETY: our live mapping of `size` bytes.
+            let bytes = unsafe { std::slice::from_raw_parts(p, size as usize) };
+            let stolen = bytes.iter().filter(|&&b| b == B_SECRET).count();
+            unmap(p, size);
+            if stolen > 0 {
+                return 30;
+            }
+            0
+        })
+    });
+    let a_inode = read_u64(&freed_r);
+    wait_until(
+        "A's region left quarantine",
+        Duration::from_secs(10),
+        || {
+            d.stats()["pools"]
+                .as_array()
+                .is_none_or(|p| p.iter().all(|k| k["quarantined_bytes"].as_u64() == Some(0)))
+        },
+    );
+    // B allocates, checks it got a clean file that is not A's, writes.
+    let mut b = d.client();
+    let alloc = b.alloc(alloc_2m(size, paths)).expect("B allocates");
+    let fd = &alloc.fds[0];
+    assert_ne!(
+        nix::sys::stat::fstat(fd.as_fd()).expect("fstat").st_ino,
+        a_inode,
+        "B got the inode A still reaches through its fd in flight"
+    );
+    let p = map(fd.as_raw_fd(), size);
+    assert!(!p.is_null());
+    // SAFETY: B's live mapping of `size` bytes.
+    let bytes = unsafe { std::slice::from_raw_parts_mut(p, size as usize) };
+    assert!(bytes.iter().all(|&x| x == 0), "B's memory is not clean");
+    bytes.fill(B_SECRET);
+    let _ = nix::unistd::write(&go_w, b"g");
+    let code = parent.join().expect("tenant A thread");
+    assert_eq!(code, 0, "tenant A (30: it read B's secret)");
+    assert_eq!(
+        counter(&d.stats(), "regions_discarded"),
+        1,
+        "A's unprovable region was given back to the kernel"
+    );
+    unmap(p, size);
+    let id = alloc.id;
+    drop(alloc);
+    b.free(id).expect("B frees");
+    drop(b);
+    // The daemon still serves, and B's region is recycled as usual.
+    tenant_b_sees_nothing(&d, size, paths);
+    assert_eq!(counter(&d.stats(), "regions_discarded"), 1);
+    assert_hugepages_balanced(d, free_before);
+}
+
+#[test]
+fn an_fd_in_flight_never_reaches_the_next_tenant_memfd() {
+    fd_in_flight(false);
+}
+
+#[test]
+fn an_fd_in_flight_never_reaches_the_next_tenant_path() {
+    fd_in_flight(true);
 }

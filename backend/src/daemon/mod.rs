@@ -581,14 +581,18 @@ async fn quarantine_loop(shared: Arc<Shared>) {
             let scan = tokio::task::spawn_blocking(move || {
                 let owned: Vec<_> = quarantined.iter().map(|(_, o, _)| o.clone()).collect();
                 let holders = alloc::scan_holders(&owned);
-                // Nobody holds it any more: prove it whole before it may
-                // leave quarantine (size, holes) — see `pool::check_released`.
+                // No process shows it any more: prove that no reference the
+                // scan cannot see exists (`pool::prove_unreachable`: fds in
+                // flight), then that the file is whole (`pool::check_released`:
+                // size, holes). A region that fails is never reused.
                 quarantined
                     .into_iter()
                     .zip(holders)
                     .map(|((id, _, region), holder)| {
                         let broken = match holder {
-                            None => pool::check_released(&region).err(),
+                            None => pool::prove_unreachable(&region)
+                                .and_then(|()| pool::check_released(&region))
+                                .err(),
                             Some(_) => None,
                         };
                         (id, holder, broken)

@@ -1218,6 +1218,40 @@ pub fn check_released(region: &Region) -> Result<(), String> {
     })
 }
 
+/// Proves that no open file description of a released region's file exists
+/// but the daemon's own: a write lease (`F_SETLEASE`) on the daemon's
+/// description is granted only then, and it counts what the `/proc` holder
+/// scan cannot see: descriptions in flight in unreceived `SCM_RIGHTS`
+/// messages, and those behind mappings. For a memfd the lease is taken on a
+/// fresh reopen (the original `memfd_create` description, which the daemon
+/// maps and keeps, is not counted by the kernel and is never handed out);
+/// for a hugetlbfs file on the daemon's own description. Every tenant got
+/// its own description ([`crate::sys::reopen`]), so a tenant's copy always
+/// counts. Blocking; call it off the executor.
+///
+/// # Errors
+///
+/// A message when the proof fails (refused, or leases unavailable): the
+/// region must then never be reused.
+pub fn prove_unreachable(region: &Region) -> Result<(), String> {
+    let granted = match region.path() {
+        Some(_) => crate::sys::write_lease_free(region.fd()),
+        None => crate::sys::reopen(region.fd())
+            .and_then(|own| crate::sys::write_lease_free(std::os::fd::AsFd::as_fd(&own))),
+    };
+    match granted {
+        Ok(true) => Ok(()),
+        Ok(false) => Err(
+            "another open file description exists that no process shows (in flight in an \
+             unreceived SCM_RIGHTS message, or behind a mapping): it can never be proved free"
+                .into(),
+        ),
+        Err(e) => Err(format!(
+            "write lease unavailable ({e}): cannot prove it free"
+        )),
+    }
+}
+
 /// Pooled (not in use) bytes on `node`: clean, dirty and quarantined.
 fn pooled_bytes(g: &Inner, node: NodeId) -> u64 {
     g.entries

@@ -25,6 +25,7 @@
 //! to their first request, then the connection closes; they reach no
 //! session code at all.
 
+use std::os::fd::AsFd;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -226,7 +227,7 @@ impl Handler {
                 drop(frame.fds);
                 self.session.handle(request).await
             };
-            let fds: Vec<_> = out.fds.iter().map(|r| r.fd()).collect();
+            let fds: Vec<_> = out.fds.iter().map(AsFd::as_fd).collect();
             if let Err(e) = self
                 .send(&frame.header, &out.reply, &fds, write_timeout)
                 .await

@@ -35,8 +35,10 @@ pub const DAEMON_FEATURES: u64 = crate::proto::FEATURE_REBALANCE | crate::proto:
 pub struct Outcome {
     /// The reply.
     pub reply: Reply,
-    /// Regions whose fds go with the reply, in order.
-    pub fds: Vec<Arc<Region>>,
+    /// The fds that go with the reply, in order: one new open file
+    /// description per region for this tenant ([`crate::sys::reopen`]),
+    /// never the daemon's own (see `docs/security.md`, hostile tenants).
+    pub fds: Vec<std::os::fd::OwnedFd>,
     /// The allocation the reply hands out (released again if it cannot be sent).
     pub alloc: Option<AllocId>,
 }
@@ -195,6 +197,24 @@ impl Session {
             }
         };
         let ids: Vec<u64> = taken.iter().map(|(t, _)| t.id).collect();
+        // This tenant's own open file descriptions: the write-lease proof at
+        // release counts them (and any copy in flight or behind a mapping);
+        // the daemon's own description, and a memfd's original one (which
+        // the kernel does not count), never leave the daemon.
+        let mut fds = Vec::with_capacity(taken.len());
+        for (t, _) in &taken {
+            match crate::sys::reopen(t.region.fd()) {
+                Ok(fd) => fds.push(fd),
+                Err(e) => {
+                    self.shared.pool.unreserve(&ids);
+                    Metrics::add(&self.shared.metrics.allocs_failed, 1);
+                    return Outcome::error(
+                        Status::Internal,
+                        format!("cannot open region {} for the client: {e}", t.id),
+                    );
+                }
+            }
+        }
         let lazy_mode = req.clear_mode == crate::proto::ClearMode::Lazy;
         let committed = if lazy_mode {
             self.shared.pool.commit_lazy(self.id, &ids, lock)
@@ -212,7 +232,6 @@ impl Session {
         };
         let mut guest_phys = 0;
         let mut regions = Vec::with_capacity(taken.len());
-        let mut fds = Vec::with_capacity(taken.len());
         let mut paths = Vec::new();
         for (t, source) in &taken {
             if req.want_paths {
@@ -243,7 +262,6 @@ impl Session {
                 flags,
             });
             guest_phys += t.region.len();
-            fds.push(Arc::clone(&t.region));
         }
         Metrics::add(&self.shared.metrics.allocs_ok, 1);
         let sources: Vec<&str> = taken
