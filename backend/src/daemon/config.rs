@@ -88,6 +88,14 @@ pub struct PoolConfig {
     /// 5-25 ms on a busy host, several times a pooled ALLOC. Path-backed
     /// (hugetlbfs) regions are always re-scanned: a path can be opened.
     pub recheck_on_reuse: bool,
+    /// Before a released region is reused, punch every page out of its file
+    /// (`FALLOC_FL_PUNCH_HOLE`) and fault fresh, kernel-zeroed ones in. Pins
+    /// (io_uring fixed buffers, VFIO, RDMA, pages held by a pipe after
+    /// `vmsplice`) outlive every fd and mapping and no check can see them;
+    /// punched, a pinned page stays with the tenant that pinned it and the
+    /// file gets a new one. On by default; turning it off trusts tenants
+    /// not to pin (see `docs/security.md` for what it costs).
+    pub detach_pages: bool,
 }
 
 impl Default for PoolConfig {
@@ -99,6 +107,7 @@ impl Default for PoolConfig {
             node: Vec::new(),
             recheck_ms: 500,
             recheck_on_reuse: false,
+            detach_pages: true,
         }
     }
 }

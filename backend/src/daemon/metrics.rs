@@ -53,6 +53,9 @@ pub struct Metrics {
     /// Released regions found damaged by their tenant (file size changed,
     /// holes that cannot be filled) and given back to the kernel unscrubbed.
     pub regions_discarded: AtomicU64,
+    /// Pages punched out of released regions and refaulted fresh before
+    /// reuse (`pool.detach_pages`), so that no pin keeps a reused page.
+    pub pages_detached: AtomicU64,
     /// Regions created fresh from the kernel.
     pub regions_fresh: AtomicU64,
     /// FREE requests that succeeded.

@@ -327,6 +327,7 @@ impl Shared {
                 "regions_recleared": g(&m.regions_recleared),
                 "regions_grown": g(&m.regions_grown),
                 "regions_discarded": g(&m.regions_discarded),
+                "pages_detached": g(&m.pages_detached),
                 "regions_fresh": g(&m.regions_fresh),
                 "frees": g(&m.frees),
                 "bytes_created": g(&m.bytes_created),
@@ -578,6 +579,8 @@ async fn quarantine_loop(shared: Arc<Shared>) {
         }
         let quarantined = shared.pool.quarantined();
         if !quarantined.is_empty() {
+            let detach = shared.pool.config().detach_pages;
+            let metrics = Arc::clone(&shared.metrics);
             let scan = tokio::task::spawn_blocking(move || {
                 let owned: Vec<_> = quarantined.iter().map(|(_, o, _)| o.clone()).collect();
                 let holders = alloc::scan_holders(&owned);
@@ -592,6 +595,13 @@ async fn quarantine_loop(shared: Arc<Shared>) {
                         let broken = match holder {
                             None => pool::prove_unreachable(&region)
                                 .and_then(|()| pool::check_released(&region))
+                                .and_then(|()| {
+                                    if detach {
+                                        let pages = pool::detach_pages(&region)?;
+                                        Metrics::add(&metrics.pages_detached, pages);
+                                    }
+                                    Ok(())
+                                })
                                 .err(),
                             Some(_) => None,
                         };

@@ -1252,6 +1252,24 @@ pub fn prove_unreachable(region: &Region) -> Result<(), String> {
     }
 }
 
+/// Detaches every page of a released region from any pin: punches the
+/// whole file (`FALLOC_FL_PUNCH_HOLE`) and faults fresh kernel-zeroed pages
+/// in through the daemon's own mapping (`MADV_POPULATE_WRITE`, so the
+/// region's NUMA policy applies). A pinned page stays with its pinner; the
+/// file never sees it again. Returns the pages detached. Blocking.
+///
+/// # Errors
+///
+/// A message when the punch or the refault fails (the host has no page to
+/// give: a pinner still holds the old ones); the region must be discarded.
+pub fn detach_pages(region: &Region) -> Result<u64, String> {
+    crate::sys::punch_hole(region.fd(), 0, region.len()).map_err(|e| format!("punch: {e}"))?;
+    let len = usize::try_from(region.len()).map_err(|_| "region too large".to_string())?;
+    crate::sys::populate_write(region.as_ptr(), len)
+        .map_err(|e| format!("refault after punch: {e}"))?;
+    Ok(region.len() / region.page_size().bytes())
+}
+
 /// Pooled (not in use) bytes on `node`: clean, dirty and quarantined.
 fn pooled_bytes(g: &Inner, node: NodeId) -> u64 {
     g.entries
