@@ -907,3 +907,66 @@ fn detach_cost_against_a_plain_scrub() {
     let _ = std::io::Write::write_all(&mut std::io::stderr(), line.as_bytes());
     assert!(s > 0.0 && dt > 0.0);
 }
+
+/// One tenant (uid 65534) opens 100 connections, handshakes and goes
+/// silent. Its uid gets `max_connections_per_uid` of them, the rest are
+/// closed at once; root is still served promptly; the silent ones are
+/// closed after `idle_timeout_secs`. Then with a per-uid cap above the
+/// general pool, the flood fills every general slot and root still gets
+/// one of the operators' reserved slots.
+#[test]
+fn idle_connection_floods_starve_nobody() {
+    let _g = serial();
+    for (per_uid, expect_held) in [(8usize, 8u64), (100, 12)] {
+        let d = TestDaemon::start(|c| {
+            c.allowed_uids = vec![0, NOBODY];
+            c.limits.max_connections = 16;
+            c.limits.reserved_connections = 4;
+            c.limits.max_connections_per_uid = per_uid;
+            c.limits.idle_timeout_secs = 2;
+        });
+        open_socket_to_everyone(&d);
+        let (held_r, held_w) = nix::unistd::pipe().expect("pipe");
+        let (go_r, go_w) = nix::unistd::pipe().expect("pipe");
+        let socket = d.socket();
+        let flood = std::thread::spawn(move || {
+            in_child(Some(NOBODY), move || {
+                let mut conns = Vec::new();
+                for _ in 0..100 {
+                    let Ok(s) = UnixStream::connect(&socket) else {
+                        continue;
+                    };
+                    let _ = s.set_read_timeout(Some(Duration::from_secs(1)));
+                    if let Ok(c) = Client::from_stream(s) {
+                        conns.push(c);
+                    }
+                }
+                let _ = nix::unistd::write(&held_w, &(conns.len() as u64).to_le_bytes());
+                let mut b = [0u8; 1];
+                let _ = nix::unistd::read(&go_r, &mut b);
+                0
+            })
+        });
+        let held = read_u64(&held_r);
+        assert_eq!(held, expect_held, "connections the flooding uid got");
+        // Root is served promptly while the flood holds its connections.
+        let t = std::time::Instant::now();
+        let mut root = d.client();
+        root.stats().expect("root is served");
+        assert!(
+            t.elapsed() < Duration::from_secs(2),
+            "root waited {:?}",
+            t.elapsed()
+        );
+        drop(root);
+        // The silent connections are closed after the idle timeout.
+        wait_until(
+            "the idle connections are closed",
+            Duration::from_secs(10),
+            || d.stats()["sessions"]["active"].as_u64() == Some(0),
+        );
+        let _ = nix::unistd::write(&go_w, b"g");
+        assert_eq!(flood.join().expect("flood thread"), 0);
+        d.shutdown();
+    }
+}

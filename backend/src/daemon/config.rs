@@ -169,8 +169,21 @@ pub struct MetricsConfig {
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct LimitsConfig {
-    /// Most live connections; more wait in the kernel's accept queue.
+    /// Most live connections, `reserved_connections` of them kept for
+    /// operators (root, `[rebalance] operator_uids`); a connection beyond
+    /// what its uid may have is closed at once.
     pub max_connections: usize,
+    /// Of `max_connections`, slots only operators may take, so that a flood
+    /// from one tenant never locks the operator out. Must be below
+    /// `max_connections`.
+    pub reserved_connections: usize,
+    /// Most live connections of one uid (operators included; refused uids
+    /// count too). One uid cannot starve another.
+    pub max_connections_per_uid: usize,
+    /// Seconds a handshaken connection that holds no allocation may stay
+    /// silent before it is closed. A connection that holds memory is never
+    /// timed out (closing it would free its guest RAM).
+    pub idle_timeout_secs: u64,
     /// Largest single ALLOC (0 = the host's RAM).
     pub max_alloc: ByteSize,
     /// Seconds a new connection has to complete its handshake.
@@ -183,6 +196,9 @@ impl Default for LimitsConfig {
     fn default() -> Self {
         Self {
             max_connections: 64,
+            reserved_connections: 4,
+            max_connections_per_uid: 16,
+            idle_timeout_secs: 60,
             max_alloc: ByteSize(0),
             handshake_timeout_secs: 10,
             write_timeout_secs: 30,
@@ -435,6 +451,17 @@ impl Config {
         }
         if self.control_threads == 0 {
             return Err(ValidationError::Zero("control_threads"));
+        }
+        if self.limits.max_connections <= self.limits.reserved_connections {
+            return Err(ValidationError::Zero(
+                "limits.max_connections - limits.reserved_connections",
+            ));
+        }
+        if self.limits.max_connections_per_uid == 0 {
+            return Err(ValidationError::Zero("limits.max_connections_per_uid"));
+        }
+        if self.limits.idle_timeout_secs == 0 {
+            return Err(ValidationError::Zero("limits.idle_timeout_secs"));
         }
         if self.limits.max_connections == 0 {
             return Err(ValidationError::Zero("limits.max_connections"));

@@ -1009,6 +1009,15 @@ impl Pool {
         self.changed.notify_all();
     }
 
+    /// Number of live allocations of `session`.
+    pub fn allocations_of(&self, session: SessionId) -> usize {
+        self.lock()
+            .allocs
+            .values()
+            .filter(|a| a.session == session)
+            .count()
+    }
+
     /// Number of live allocations.
     pub fn allocations(&self) -> usize {
         self.lock().allocs.len()

@@ -91,6 +91,12 @@ impl Session {
         self.id
     }
 
+    /// True while the session holds an allocation (then it is never timed
+    /// out for being idle: closing it would free its guest RAM).
+    pub fn holds_memory(&self) -> bool {
+        self.shared.pool.allocations_of(self.id) > 0
+    }
+
     /// True once HANDSHAKE succeeded.
     pub fn handshaken(&self) -> bool {
         self.handshaken
