@@ -970,3 +970,77 @@ fn idle_connection_floods_starve_nobody() {
         d.shutdown();
     }
 }
+
+/// Lazy ALLOC right after another tenant's FREE, no UFFD ever sent, the fd
+/// mapped and read: a uid not in `pool.lazy_dirty_uids` (the default: none)
+/// never gets the dirty region, so it reads no byte of A's. Page detaching
+/// is off here so that dirty really means A's bytes. With the uid listed,
+/// the same sequence does get dirty memory (the control).
+#[test]
+fn lazy_on_dirty_memory_only_for_named_uids() {
+    use backend::proto::RegionInfo;
+    let _g = serial();
+    if !reserve_2m(72) {
+        return;
+    }
+    // Large enough that the scrubbers do not always win the race.
+    let size = 128 * MIB;
+    for trusted in [false, true] {
+        let d = TestDaemon::start(|c| {
+            c.pool.detach_pages = false;
+            c.pool.recheck_ms = 10;
+            if trusted {
+                c.pool.lazy_dirty_uids = vec![0];
+            }
+        });
+        let mut got_dirty = false;
+        for _ in 0..5 {
+            let code = tenant_a(&d, None, size, false, |a| {
+                let p = map(a.fds[0].as_raw_fd(), size);
+                if p.is_null() {
+                    return 20;
+                }
+                fill_secret(p, size);
+                unmap(p, size);
+                0
+            });
+            assert_eq!(code, 0, "tenant A");
+            wait_until(
+                "A's region left quarantine",
+                Duration::from_secs(10),
+                || {
+                    d.stats()["pools"].as_array().is_some_and(|p| {
+                        p.iter().all(|k| k["quarantined_bytes"].as_u64() == Some(0))
+                    })
+                },
+            );
+            let mut b = d.client();
+            let mut req = alloc_2m(size, false);
+            req.clear_mode = ClearMode::Lazy;
+            let alloc = b.alloc(req).expect("lazy alloc");
+            let lazy = alloc.regions[0].flags & RegionInfo::FLAG_LAZY != 0;
+            let p = map(alloc.fds[0].as_raw_fd(), size);
+            assert!(!p.is_null());
+            // SAFETY: B's live mapping of `size` bytes.
+            let bytes = unsafe { std::slice::from_raw_parts(p, size as usize) };
+            let leaked = bytes.iter().filter(|&&x| x == SECRET).count();
+            unmap(p, size);
+            if !trusted {
+                assert!(!lazy, "an untrusted uid got a dirty lazy region");
+                assert_eq!(leaked, 0, "an untrusted lazy client read A's bytes");
+            } else if lazy && leaked > 0 {
+                got_dirty = true;
+            }
+            let id = alloc.id;
+            drop(alloc);
+            b.free(id).expect("free");
+            if got_dirty {
+                break;
+            }
+        }
+        if trusted && !got_dirty {
+            test_support::skip!("control: the scrubbers cleaned the region first in 5 tries");
+        }
+        d.shutdown();
+    }
+}

@@ -96,6 +96,13 @@ pub struct PoolConfig {
     /// file gets a new one. On by default; turning it off trusts tenants
     /// not to pin (see `docs/security.md` for what it costs).
     pub detach_pages: bool,
+    /// Uids that may be handed a previous tenant's dirty (uncleared) pooled
+    /// memory in lazy mode, cleared page by page at first touch. Empty by
+    /// default: such a VMM could read the uncleared pages through a second
+    /// mapping, so only VMMs the operator trusts with other tenants' data
+    /// belong here. Every other lazy ALLOC gets clean pooled or fresh
+    /// (kernel-zeroed on first touch) memory.
+    pub lazy_dirty_uids: Vec<u32>,
 }
 
 impl Default for PoolConfig {
@@ -108,6 +115,7 @@ impl Default for PoolConfig {
             recheck_ms: 500,
             recheck_on_reuse: false,
             detach_pages: true,
+            lazy_dirty_uids: Vec::new(),
         }
     }
 }

@@ -162,7 +162,7 @@ impl Session {
     }
 
     async fn alloc(&mut self, req: &crate::proto::AllocRequest) -> Outcome {
-        let parts = match alloc::plan(&self.shared, req) {
+        let mut parts = match alloc::plan(&self.shared, req) {
             Ok(p) => p,
             Err((status, msg)) => {
                 Metrics::add(&self.shared.metrics.allocs_failed, 1);
@@ -170,6 +170,16 @@ impl Session {
                 return Outcome::error(status, msg);
             }
         };
+        // Dirty memory in lazy mode only for uids the operator named.
+        let dirty_ok = self
+            .shared
+            .cfg
+            .pool
+            .lazy_dirty_uids
+            .contains(&self.peer.uid);
+        for p in &mut parts {
+            p.dirty_ok = dirty_ok;
+        }
         let cancel = clearing::CancelToken::new();
         let (shared, job_cancel, job_parts, lock) = (
             Arc::clone(&self.shared),
