@@ -1044,3 +1044,84 @@ fn lazy_on_dirty_memory_only_for_named_uids() {
         d.shutdown();
     }
 }
+
+/// Access works as documented: an allowed non-root uid can reach the socket
+/// through `socket_group`; a list of allowed uids never locks root out; a
+/// FREE of another tenant's allocation id reads exactly like one of an id
+/// that does not exist.
+#[test]
+fn access_allowed_uid_connects_root_stays_and_ids_do_not_leak() {
+    use backend::client::ClientError;
+    let _g = serial();
+    let d = TestDaemon::start(|c| {
+        c.allowed_uids = vec![NOBODY];
+        c.socket_group = Some(NOBODY);
+    });
+    // The test's own temporary directory is 0700; a real deployment's
+    // runtime directory is created by the daemon (0710, the socket group)
+    // or by systemd.
+    std::fs::set_permissions(d.dir(), std::fs::Permissions::from_mode(0o711)).expect("chmod");
+    let mode = std::fs::metadata(d.socket())
+        .expect("socket")
+        .permissions()
+        .mode()
+        & 0o777;
+    assert_eq!(mode, 0o660, "socket mode with socket_group");
+    // Root is still allowed, and owns an allocation (4 KiB pages: no huge
+    // pages needed).
+    let mut root = d.client();
+    let mine = root
+        .alloc(AllocRequest {
+            page_policy: PagePolicy::Base4K,
+            ..alloc_2m(2 * MIB, false)
+        })
+        .expect("root allocates");
+    let (id_r, id_w) = nix::unistd::pipe().expect("pipe");
+    nix::unistd::write(&id_w, &mine.id.to_le_bytes()).expect("write id");
+    nix::unistd::write(&id_w, &mine.regions[0].region_id.to_le_bytes()).expect("write id");
+    assert!(
+        root.stats().expect("root stats")["regions"]
+            .as_array()
+            .is_some_and(|r| r
+                .iter()
+                .any(|r| r["id"].as_u64() == Some(mine.regions[0].region_id))),
+        "root (an operator) sees every region"
+    );
+    let socket = d.socket();
+    let code = in_child(Some(NOBODY), move || {
+        let foreign = read_u64(&id_r);
+        let foreign_region = read_u64(&id_r);
+        let Ok(mut c) = Client::connect(&socket) else {
+            return 40;
+        };
+        let Ok(stats) = c.stats() else {
+            return 41;
+        };
+        let sees_foreign = stats["regions"]
+            .as_array()
+            .is_none_or(|r| r.iter().any(|r| r["id"].as_u64() == Some(foreign_region)));
+        if sees_foreign || !stats["quarantine"].is_null() || !stats["rebalance"].is_null() {
+            return 43;
+        }
+        let missing = foreign + 1_000_000;
+        let norm = |r: Result<(), ClientError>, id: u64| match r {
+            Err(ClientError::Refused { status, message }) => {
+                Some((status, message.replace(&id.to_string(), "ID")))
+            }
+            _ => None,
+        };
+        let a = norm(c.free(foreign), foreign);
+        let b = norm(c.free(missing), missing);
+        if a.is_none() || a != b {
+            return 42;
+        }
+        0
+    });
+    assert_eq!(
+        code, 0,
+        "uid 65534 (40: cannot connect, 41: not served, 42: a foreign id reads unlike a missing one, 43: STATS shows another tenant)"
+    );
+    // Root's allocation is untouched by the attempt.
+    root.free(mine.id).expect("root frees its own allocation");
+    d.shutdown();
+}

@@ -255,7 +255,7 @@ impl Default for RebalanceConfig {
 }
 
 impl RebalanceConfig {
-    /// The uids that act as operators: the list, or root and the daemon's uid.
+    /// The uids that act as operators: root plus the list, or root and the daemon's uid.
     pub fn effective_operators(&self) -> Vec<u32> {
         if self.operator_uids.is_empty() {
             // SAFETY: geteuid has no preconditions and cannot fail.
@@ -264,7 +264,12 @@ impl RebalanceConfig {
             v.dedup();
             v
         } else {
-            self.operator_uids.clone()
+            // Root is always an operator.
+            let mut v = vec![0];
+            v.extend(self.operator_uids.iter().copied());
+            v.sort_unstable();
+            v.dedup();
+            v
         }
     }
 
@@ -278,10 +283,18 @@ impl RebalanceConfig {
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Config {
-    /// The UNIX socket clients connect to (created mode 0600).
+    /// The UNIX socket clients connect to (created mode 0600, or 0660 with
+    /// `socket_group`).
     pub socket: PathBuf,
-    /// uids allowed to connect (`SO_PEERCRED`); empty = the daemon's own uid and root.
+    /// uids allowed to connect (`SO_PEERCRED`) besides root and the
+    /// daemon's own uid, which always are.
     pub allowed_uids: Vec<u32>,
+    /// A group whose members may reach the socket: the socket is made
+    /// `root:<gid>` 0660, and a parent directory the daemon creates 0710
+    /// with that group. Allowed non-root uids need this (or their own way
+    /// through the file permissions) to connect at all; the uid check still
+    /// applies to every connection.
+    pub socket_group: Option<u32>,
     /// Tokio worker threads of the control plane.
     pub control_threads: usize,
     /// The pool.
@@ -303,6 +316,7 @@ impl Default for Config {
         Self {
             socket: PathBuf::from(DEFAULT_SOCKET),
             allowed_uids: Vec::new(),
+            socket_group: None,
             control_threads: 2,
             pool: PoolConfig::default(),
             scrub: ScrubConfig::default(),
@@ -508,17 +522,17 @@ impl Config {
         Ok(())
     }
 
-    /// The uids allowed to connect: the list, or the daemon's uid and root.
+    /// The uids allowed to connect: root, the daemon's uid, and the list.
     pub fn effective_uids(&self) -> Vec<u32> {
-        if self.allowed_uids.is_empty() {
-            // SAFETY: getuid has no preconditions and cannot fail.
-            let me = unsafe { libc::getuid() };
-            let mut v = vec![me, 0];
-            v.dedup();
-            v
-        } else {
-            self.allowed_uids.clone()
-        }
+        // SAFETY: getuid has no preconditions and cannot fail.
+        let me = unsafe { libc::getuid() };
+        // Root and the daemon's own uid are always allowed: a list
+        // (`--allow-uid`) adds tenants, it never locks the operator out.
+        let mut v = vec![me, 0];
+        v.extend(self.allowed_uids.iter().copied());
+        v.sort_unstable();
+        v.dedup();
+        v
     }
 
     /// The quarantine recheck period.
@@ -603,7 +617,9 @@ mod tests {
         assert_eq!(c.socket, PathBuf::from("/b.sock"));
         assert_eq!(c.pool.limit, ByteSize(4 << 30));
         assert_eq!(c.pool.target, ByteSize(1 << 30));
-        assert_eq!(c.effective_uids(), vec![7]);
+        // The list adds uid 7; root and the daemon's uid stay allowed.
+        let uids = c.effective_uids();
+        assert!(uids.contains(&7) && uids.contains(&0), "{uids:?}");
         c.validate().expect("valid");
     }
 

@@ -380,7 +380,7 @@ impl Daemon {
             .map_err(DaemonError::Threads)?;
         let (listener, socket_id) = {
             let _guard = runtime.enter();
-            bind_socket(&config.socket)?
+            bind_socket(&config.socket, config.socket_group)?
         };
         let metrics_listener = match config.metrics.listen {
             Some(addr) => {
@@ -645,7 +645,7 @@ async fn quarantine_loop(shared: Arc<Shared>) {
 /// or a non-socket, and sets mode 0600 before anyone is told it exists.
 /// Returns the listener and the socket file's (dev, inode), so shutdown
 /// removes only its own file.
-fn bind_socket(path: &Path) -> Result<(tokio::net::UnixListener, (u64, u64))> {
+fn bind_socket(path: &Path, group: Option<u32>) -> Result<(tokio::net::UnixListener, (u64, u64))> {
     let bind_err = |source: io::Error| DaemonError::Bind {
         path: path.to_path_buf(),
         source,
@@ -657,6 +657,14 @@ fn bind_socket(path: &Path) -> Result<(tokio::net::UnixListener, (u64, u64))> {
                 .mode(0o700)
                 .create(dir)
                 .map_err(bind_err)?;
+            if let Some(gid) = group {
+                // Members of the socket group may traverse it, not list it.
+                std::os::unix::fs::chown(dir, None, Some(gid))
+                    .and_then(|()| {
+                        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o710))
+                    })
+                    .map_err(bind_err)?;
+            }
         }
     }
     match std::fs::symlink_metadata(path) {
@@ -676,7 +684,12 @@ fn bind_socket(path: &Path) -> Result<(tokio::net::UnixListener, (u64, u64))> {
     let std_listener = std::os::unix::net::UnixListener::bind(path).map_err(bind_err)?;
     // The parent directory is 0700 (systemd RuntimeDirectoryMode, or created
     // above), so the moment between bind and chmod exposes nothing.
-    let secured = std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
+    let mode = if group.is_some() { 0o660 } else { 0o600 };
+    let secured = group
+        .map_or(Ok(()), |gid| {
+            std::os::unix::fs::chown(path, None, Some(gid))
+        })
+        .and_then(|()| std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)))
         .and_then(|()| std_listener.set_nonblocking(true))
         .and_then(|()| std::fs::metadata(path));
     let meta = match secured {
@@ -730,11 +743,11 @@ mod tests {
             .build()
             .expect("rt");
         let _g = rt.enter();
-        let (l, id) = bind_socket(&path).expect("stale socket replaced");
+        let (l, id) = bind_socket(&path, None).expect("stale socket replaced");
         let mode = std::fs::metadata(&path).expect("meta").permissions().mode() & 0o777;
         assert_eq!(mode, 0o600);
         assert!(matches!(
-            bind_socket(&path),
+            bind_socket(&path, None),
             Err(DaemonError::AlreadyRunning(_))
         ));
         drop(l);
@@ -742,7 +755,7 @@ mod tests {
         assert!(!path.exists());
         std::fs::write(&path, b"x").expect("file");
         assert!(matches!(
-            bind_socket(&path),
+            bind_socket(&path, None),
             Err(DaemonError::NotASocket(_))
         ));
     }

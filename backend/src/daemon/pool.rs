@@ -202,10 +202,12 @@ pub struct Released {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum OwnershipError {
     /// Unknown id.
-    #[error("allocation {0} does not exist")]
+    // The same text as `NotYours`: a client must not learn whether another
+    // tenant's id exists.
+    #[error("allocation {0} does not exist or does not belong to this connection")]
     Unknown(AllocId),
     /// Another connection's id.
-    #[error("allocation {0} does not belong to this connection")]
+    #[error("allocation {0} does not exist or does not belong to this connection")]
     NotYours(AllocId),
 }
 
@@ -1007,6 +1009,16 @@ impl Pool {
     pub fn stop(&self) {
         self.lock().stopping = true;
         self.changed.notify_all();
+    }
+
+    /// The region ids of `session`'s live allocations.
+    pub fn region_ids_of(&self, session: SessionId) -> Vec<RegionId> {
+        self.lock()
+            .allocs
+            .values()
+            .filter(|a| a.session == session)
+            .flat_map(|a| a.regions.iter().copied())
+            .collect()
     }
 
     /// Number of live allocations of `session`.

@@ -1540,7 +1540,11 @@ mod tests {
             operator_uids: vec![7],
             ..RebalanceConfig::default()
         };
-        assert_eq!(c.effective_operators(), vec![7]);
+        assert_eq!(
+            c.effective_operators(),
+            vec![0, 7],
+            "root is always an operator"
+        );
         assert_eq!(c.rate_limit_bytes_per_s(), None);
         let c = RebalanceConfig {
             rate_limit_mib_s: 100,

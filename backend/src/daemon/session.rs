@@ -447,6 +447,31 @@ impl Session {
         if let Some(o) = v.as_object_mut() {
             o.insert("lazy".into(), self.lazy.stats_json());
         }
+        // A tenant that is not an operator sees aggregates and its own
+        // regions only: no other tenant's regions, inodes, paths, holder
+        // pids, sessions or placement.
+        if !self.shared.rebalance.operators().contains(&self.peer.uid) && self.peer.uid != 0 {
+            let own = self.shared.pool.region_ids_of(self.id);
+            if let Some(o) = v.as_object_mut() {
+                const TENANT_KEYS: [&str; 11] = [
+                    "version",
+                    "uptime_s",
+                    "pools",
+                    "scrub",
+                    "counters",
+                    "sessions",
+                    "allocations",
+                    "totals",
+                    "lazy",
+                    "regions",
+                    "pid",
+                ];
+                o.retain(|k, _| TENANT_KEYS.contains(&k.as_str()));
+                if let Some(serde_json::Value::Array(regions)) = o.get_mut("regions") {
+                    regions.retain(|r| r["id"].as_u64().is_some_and(|id| own.contains(&id)));
+                }
+            }
+        }
         let mut json = v.to_string();
         // The reply must fit one frame: status (8) + length (4) + JSON. The
         // per-region list is the only part that grows with use; drop it first.
