@@ -1125,3 +1125,66 @@ fn access_allowed_uid_connects_root_stays_and_ids_do_not_leak() {
     root.free(mine.id).expect("root frees its own allocation");
     d.shutdown();
 }
+
+/// A daemon that died (SIGKILL, or a crash) leaves its path-mode region
+/// files on the hugetlbfs mount, with their pages and a tenant's data. The
+/// next daemon releases them at start (never reuses them), says so in
+/// STATS, and the pages come back.
+#[test]
+fn restart_releases_files_of_a_dead_instance() {
+    let _g = serial();
+    if !reserve_2m(4) {
+        return;
+    }
+    let d = TestDaemon::start(|_| {});
+    let Some(dir) = d.stats()["hugetlbfs"]["2M"]
+        .as_str()
+        .map(std::path::PathBuf::from)
+    else {
+        test_support::skip!("no 2 MiB hugetlbfs mount");
+        d.shutdown();
+        return;
+    };
+    d.shutdown();
+    // A pid that is certainly dead: a child that has exited and been reaped.
+    let dead = std::process::Command::new("true")
+        .spawn()
+        .expect("spawn true");
+    let pid = dead.id();
+    let mut dead = dead;
+    dead.wait().expect("wait");
+    let free_before = hugepages_2m("free_hugepages");
+    let path = dir.join(format!("hugemem-r1.{pid}.0"));
+    {
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .open(&path)
+            .expect("create leftover");
+        file.set_len(2 * MIB).expect("size");
+        let p = map(file.as_raw_fd(), 2 * MIB);
+        assert!(!p.is_null());
+        fill_secret(p, 2 * MIB);
+        unmap(p, 2 * MIB);
+    }
+    assert_eq!(
+        hugepages_2m("free_hugepages"),
+        free_before - 1,
+        "the leftover holds a page"
+    );
+    let d = TestDaemon::start(|_| {});
+    assert!(!path.exists(), "the leftover file was not released");
+    let stats = d.stats();
+    // At least ours (a crashed run elsewhere may have left more).
+    assert!(counter(&stats, "leftover_files_released") >= 1, "{stats}");
+    assert!(
+        counter(&stats, "leftover_bytes_released") >= 2 * MIB,
+        "{stats}"
+    );
+    assert!(
+        hugepages_2m("free_hugepages") >= free_before,
+        "its page came back"
+    );
+    d.shutdown();
+}

@@ -56,6 +56,10 @@ pub struct Metrics {
     /// Pages punched out of released regions and refaulted fresh before
     /// reuse (`pool.detach_pages`), so that no pin keeps a reused page.
     pub pages_detached: AtomicU64,
+    /// Region files of an earlier daemon instance found at start and unlinked.
+    pub leftover_files_released: AtomicU64,
+    /// Bytes those files held.
+    pub leftover_bytes_released: AtomicU64,
     /// Regions created fresh from the kernel.
     pub regions_fresh: AtomicU64,
     /// FREE requests that succeeded.

@@ -140,6 +140,59 @@ fn hugetlbfs_page_size(dir: &Path) -> Option<guest_mem::PageSize> {
     guest_mem::PageSize::from_bytes(bytes).filter(|p| p.is_huge())
 }
 
+/// Releases hugetlbfs files an earlier daemon instance left behind (it was
+/// killed, or died: a tenant could crash it before issue 11's fixes). Region
+/// files are named `hugemem-r<ID>.<PID>.<N>` (see `guest_mem`'s
+/// `create_hugetlbfs_file`); a file whose `<PID>` is not a live process is
+/// unlinked, never reused: its pages may hold a tenant's data and go back to
+/// the kernel (which zeroes them) once no process still has the file open or
+/// mapped. Files of a live pid (another daemon sharing the mount) are left
+/// alone. Counted in STATS (`leftover_files_released`, `leftover_bytes_released`).
+fn recover_leftovers(dirs: &[(guest_mem::PageSize, PathBuf)], metrics: &Metrics) {
+    for (_, dir) in dirs {
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            let name = entry.file_name();
+            let Some(pid) = leftover_pid(&name.to_string_lossy()) else {
+                continue;
+            };
+            if pid == std::process::id() || Path::new(&format!("/proc/{pid}")).exists() {
+                continue;
+            }
+            let path = entry.path();
+            let bytes = std::fs::symlink_metadata(&path).map_or(0, |m| m.blocks() * 512);
+            match std::fs::remove_file(&path) {
+                Ok(()) => {
+                    Metrics::add(&metrics.leftover_files_released, 1);
+                    Metrics::add(&metrics.leftover_bytes_released, bytes);
+                    warn!(path = %path.display(), pid, bytes, "released a region file left by an earlier daemon instance");
+                }
+                Err(e) => {
+                    warn!(path = %path.display(), error = %e, "cannot release a region file left by an earlier daemon instance");
+                }
+            }
+        }
+    }
+}
+
+/// The pid in a region file name `hugemem-r<ID>.<PID>.<N>`, or `None`.
+fn leftover_pid(name: &str) -> Option<u32> {
+    let rest = name.strip_prefix("hugemem-r")?;
+    let mut parts = rest.split('.');
+    let (id, pid, n) = (parts.next()?, parts.next()?, parts.next()?);
+    if parts.next().is_some()
+        || id.is_empty()
+        || n.is_empty()
+        || !id.bytes().all(|b| b.is_ascii_digit())
+        || !n.bytes().all(|b| b.is_ascii_digit())
+    {
+        return None;
+    }
+    pid.parse().ok()
+}
+
 /// The hugetlbfs directory per page size: configured (checked) or the first
 /// mount of that size in `/proc/mounts`.
 fn hugetlbfs_dirs(cfg: &config::HugetlbfsConfig) -> Result<Vec<(guest_mem::PageSize, PathBuf)>> {
@@ -328,6 +381,8 @@ impl Shared {
                 "regions_grown": g(&m.regions_grown),
                 "regions_discarded": g(&m.regions_discarded),
                 "pages_detached": g(&m.pages_detached),
+                "leftover_files_released": g(&m.leftover_files_released),
+                "leftover_bytes_released": g(&m.leftover_bytes_released),
                 "regions_fresh": g(&m.regions_fresh),
                 "frees": g(&m.frees),
                 "bytes_created": g(&m.bytes_created),
@@ -366,6 +421,7 @@ impl Daemon {
         let topology = Arc::new(Topology::detect().map_err(DaemonError::Topology)?);
         let hugetlbfs = hugetlbfs_dirs(&config.hugetlbfs)?;
         let metrics = Arc::new(Metrics::default());
+        recover_leftovers(&hugetlbfs, &metrics);
         let pool = Arc::new(Pool::new(config.pool.clone(), Arc::clone(&metrics)));
         let max_alloc = if config.limits.max_alloc.0 == 0 {
             topology.nodes().iter().map(|n| n.mem_total).sum()
@@ -721,6 +777,15 @@ fn remove_socket(path: &Path, id: (u64, u64)) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn leftover_names_carry_the_pid() {
+        assert_eq!(leftover_pid("hugemem-r12.4242.0"), Some(4242));
+        assert_eq!(leftover_pid("hugemem-r12.4242"), None);
+        assert_eq!(leftover_pid("hugemem-r12.4242.0.1"), None);
+        assert_eq!(leftover_pid("other-r12.4242.0"), None);
+        assert_eq!(leftover_pid("hugemem-rx.4242.0"), None);
+    }
 
     #[test]
     fn rate_limit_suppresses_and_counts() {
