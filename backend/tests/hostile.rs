@@ -1115,11 +1115,23 @@ fn access_allowed_uid_connects_root_stays_and_ids_do_not_leak() {
         if a.is_none() || a != b {
             return 42;
         }
+        let norm_rb = |r: Result<(u64, u64), ClientError>, id: u64| match r {
+            Err(ClientError::Refused { status, message }) => {
+                Some((status, message.replace(&id.to_string(), "ID")))
+            }
+            _ => None,
+        };
+        let missing_region = foreign_region + 1_000_000;
+        let a = norm_rb(c.rebalance(foreign_region, 0, 0, 0), foreign_region);
+        let b = norm_rb(c.rebalance(missing_region, 0, 0, 0), missing_region);
+        if a.is_none() || a != b {
+            return 44;
+        }
         0
     });
     assert_eq!(
         code, 0,
-        "uid 65534 (40: cannot connect, 41: not served, 42: a foreign id reads unlike a missing one, 43: STATS shows another tenant)"
+        "uid 65534 (40: cannot connect, 41: not served, 42: a foreign id reads unlike a missing one, 43: STATS shows another tenant, 44: REBALANCE tells a foreign region from a missing one)"
     );
     // Root's allocation is untouched by the attempt.
     root.free(mine.id).expect("root frees its own allocation");

@@ -496,6 +496,16 @@ fn check(
     who: Initiator,
 ) -> Result<(InUseRegion, ByteRange), RebalanceError> {
     let Some(region) = shared.pool.in_use(req.region_id) else {
+        // A non-operator learns nothing about regions that are not its own:
+        // a missing or pooled id reads exactly like another tenant's.
+        if let Initiator::Client { uid, .. } = who {
+            if !shared.rebalance.operators().contains(&uid) {
+                return Err(RebalanceError::NotYours {
+                    region: req.region_id,
+                    uid,
+                });
+            }
+        }
         return Err(if shared.pool.owned(req.region_id).is_some() {
             RebalanceError::NotInUse(req.region_id)
         } else {
@@ -1718,12 +1728,16 @@ mod tests {
     fn samples_this_process_and_its_children() {
         // A thread named like a cloud-hypervisor vCPU, in this process.
         let (tx, rx) = std::sync::mpsc::channel::<()>();
+        let (started_tx, started_rx) = std::sync::mpsc::channel::<()>();
         let t = std::thread::Builder::new()
             .name("vcpu0".into())
             .spawn(move || {
+                // The name is set as the thread starts: sample only after.
+                let _ = started_tx.send(());
                 let _ = rx.recv();
             })
             .expect("thread");
+        started_rx.recv().expect("vcpu0 started");
         let topology = numa::Topology::detect().expect("topology");
         let cpus = CpuNodes::new(&topology);
         let pid = i32::try_from(std::process::id()).expect("pid");
