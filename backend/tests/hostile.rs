@@ -102,6 +102,18 @@ fn in_child(uid: Option<u32>, child: impl FnOnce() -> i32) -> i32 {
     }
 }
 
+/// True when running as root: the tests that act as another uid (`setuid`)
+/// and read other processes' fds need it; they skip otherwise.
+fn root_or_skip() -> bool {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    if unsafe { libc::geteuid() } == 0 {
+        true
+    } else {
+        test_support::skip!("needs root (setuid to tenant uids, /proc of other processes)");
+        false
+    }
+}
+
 fn connect_raw(path: &Path) -> UnixStream {
     UnixStream::connect(path).expect("connect")
 }
@@ -113,6 +125,9 @@ fn connect_raw(path: &Path) -> UnixStream {
 #[test]
 fn fds_beyond_the_frame_limit_never_leak() {
     let _g = serial();
+    if !root_or_skip() {
+        return;
+    }
     let d = TestDaemon::start(|_| {});
     open_socket_to_everyone(&d);
     // A warm-up client, so lazily created daemon fds exist before the baseline.
@@ -917,6 +932,9 @@ fn detach_cost_against_a_plain_scrub() {
 #[test]
 fn idle_connection_floods_starve_nobody() {
     let _g = serial();
+    if !root_or_skip() {
+        return;
+    }
     for (per_uid, expect_held) in [(8usize, 8u64), (100, 12)] {
         let d = TestDaemon::start(|c| {
             c.allowed_uids = vec![0, NOBODY];
@@ -1053,6 +1071,9 @@ fn lazy_on_dirty_memory_only_for_named_uids() {
 fn access_allowed_uid_connects_root_stays_and_ids_do_not_leak() {
     use backend::client::ClientError;
     let _g = serial();
+    if !root_or_skip() {
+        return;
+    }
     let d = TestDaemon::start(|c| {
         c.allowed_uids = vec![NOBODY];
         c.socket_group = Some(NOBODY);
