@@ -36,5 +36,7 @@ mod private_dir;
 pub mod proto;
 /// Byte sizes on the command line.
 pub mod size;
+/// Raw syscalls behind small safe wrappers (fd-owning `recvmsg`, `fstat` size, populate).
+pub mod sys;
 /// userfaultfd: kernel ABI and safe wrappers (no bindgen).
 pub mod uffd;

@@ -367,7 +367,7 @@ struct ServeArgs {
     /// Scrubber threads per NUMA node.
     #[arg(long)]
     scrub_threads: Option<usize>,
-    /// Allow this uid to connect (repeatable; default: the daemon's uid and root).
+    /// Also allow this uid to connect (repeatable; root and the daemon's uid always are).
     #[arg(long = "allow-uid")]
     allow_uids: Vec<u32>,
 }

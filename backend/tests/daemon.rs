@@ -637,18 +637,14 @@ fn another_clients_allocation_is_not_found() {
 #[test]
 fn peer_with_a_uid_not_allowed_is_refused() {
     let _s = serial();
+    // A list of allowed uids adds tenants; it never locks root (this test)
+    // out. Refusals of uids not allowed run as uid 65534 in hostile.rs.
     let d = TestDaemon::start(|c| c.allowed_uids = vec![4242]);
-    let (status, msg) = match Client::connect(&d.socket()) {
-        Err(ClientError::Refused { status, message }) => (status, message),
-        other => panic!("expected a refusal, got {other:?}"),
-    };
-    assert_eq!(status, Status::Invalid);
-    // SAFETY: getuid cannot fail.
-    let uid = unsafe { libc::getuid() };
-    assert!(msg.contains(&format!("uid {uid} is not allowed")), "{msg}");
+    let mut c = Client::connect(&d.socket()).expect("root is always allowed");
+    c.stats().expect("root is served");
+    drop(c);
     let s = d.stats();
-    assert_eq!(s["sessions"]["refused"], 1, "{s}");
-    assert_eq!(s["sessions"]["total"], 0, "{s}");
+    assert_eq!(s["sessions"]["refused"], 0, "{s}");
     d.shutdown();
 }
 

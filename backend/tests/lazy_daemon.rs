@@ -137,6 +137,9 @@ fn in_process_daemon() -> (backend::daemon::DaemonHandle, tempfile::TempDir) {
         ..Config::default()
     };
     cfg.pool.recheck_ms = 20;
+    // These tests exercise lazy mode on dirty memory: this uid is trusted with it.
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    cfg.pool.lazy_dirty_uids = vec![unsafe { libc::geteuid() }];
     (Daemon::start(cfg).expect("daemon"), dir)
 }
 
@@ -320,7 +323,13 @@ fn kill9_of_hugemem_serve_while_a_lazy_guest_runs() {
     let dir = tempfile::tempdir().expect("tempdir");
     let socket = dir.path().join("hugemem.sock");
     let config = dir.path().join("hugemem.toml");
-    std::fs::write(&config, "[pool]\nrecheck_ms = 20\n").expect("config");
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let uid = unsafe { libc::geteuid() };
+    std::fs::write(
+        &config,
+        format!("[pool]\nrecheck_ms = 20\nlazy_dirty_uids = [{uid}]\n"),
+    )
+    .expect("config");
     let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_hugemem"))
         .args(["serve", "--config"])
         .arg(&config)

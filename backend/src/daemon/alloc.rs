@@ -82,8 +82,13 @@ pub struct Part {
     /// Create hugetlbfs files with paths instead of memfds.
     pub paths: bool,
     /// Lazy mode asked for: a dirty pooled region is handed out uncleared
-    /// (`backend::fault` clears on demand), else fresh unpopulated memory.
+    /// (`backend::fault` clears on demand) when `dirty_ok`, else clean
+    /// pooled or fresh unpopulated memory.
     pub lazy: bool,
+    /// The client's uid is in `pool.lazy_dirty_uids`: it may be handed a
+    /// previous tenant's uncleared pages in lazy mode (it could read them
+    /// through any second mapping before the fault service clears them).
+    pub dirty_ok: bool,
 }
 
 /// Where a region came from (for counters and logs).
@@ -211,6 +216,7 @@ pub fn plan(shared: &Shared, req: &AllocRequest) -> Result<Vec<Part>, Refusal> {
             candidates,
             paths: req.want_paths,
             lazy: req.clear_mode == ClearMode::Lazy,
+            dirty_ok: false,
         });
     }
     Ok(parts)
@@ -314,7 +320,7 @@ pub fn obtain_all(
 
 fn obtain(shared: &Shared, part: &Part, cancel: &CancelToken) -> Result<(Taken, Source), Refusal> {
     let pool = &shared.pool;
-    if part.lazy {
+    if part.lazy && part.dirty_ok {
         if let Some(t) = crate::fault::daemon::take_lazy_dirty(
             pool,
             part.node,

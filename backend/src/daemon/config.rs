@@ -88,6 +88,21 @@ pub struct PoolConfig {
     /// 5-25 ms on a busy host, several times a pooled ALLOC. Path-backed
     /// (hugetlbfs) regions are always re-scanned: a path can be opened.
     pub recheck_on_reuse: bool,
+    /// Before a released region is reused, punch every page out of its file
+    /// (`FALLOC_FL_PUNCH_HOLE`) and fault fresh, kernel-zeroed ones in. Pins
+    /// (io_uring fixed buffers, VFIO, RDMA, pages held by a pipe after
+    /// `vmsplice`) outlive every fd and mapping and no check can see them;
+    /// punched, a pinned page stays with the tenant that pinned it and the
+    /// file gets a new one. On by default; turning it off trusts tenants
+    /// not to pin (see `docs/security.md` for what it costs).
+    pub detach_pages: bool,
+    /// Uids that may be handed a previous tenant's dirty (uncleared) pooled
+    /// memory in lazy mode, cleared page by page at first touch. Empty by
+    /// default: such a VMM could read the uncleared pages through a second
+    /// mapping, so only VMMs the operator trusts with other tenants' data
+    /// belong here. Every other lazy ALLOC gets clean pooled or fresh
+    /// (kernel-zeroed on first touch) memory.
+    pub lazy_dirty_uids: Vec<u32>,
 }
 
 impl Default for PoolConfig {
@@ -99,6 +114,8 @@ impl Default for PoolConfig {
             node: Vec::new(),
             recheck_ms: 500,
             recheck_on_reuse: false,
+            detach_pages: true,
+            lazy_dirty_uids: Vec::new(),
         }
     }
 }
@@ -160,8 +177,21 @@ pub struct MetricsConfig {
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct LimitsConfig {
-    /// Most live connections; more wait in the kernel's accept queue.
+    /// Most live connections, `reserved_connections` of them kept for
+    /// operators (root, `[rebalance] operator_uids`); a connection beyond
+    /// what its uid may have is closed at once.
     pub max_connections: usize,
+    /// Of `max_connections`, slots only operators may take, so that a flood
+    /// from one tenant never locks the operator out. Must be below
+    /// `max_connections`.
+    pub reserved_connections: usize,
+    /// Most live connections of one uid (operators included; refused uids
+    /// count too). One uid cannot starve another.
+    pub max_connections_per_uid: usize,
+    /// Seconds a handshaken connection that holds no allocation may stay
+    /// silent before it is closed. A connection that holds memory is never
+    /// timed out (closing it would free its guest RAM).
+    pub idle_timeout_secs: u64,
     /// Largest single ALLOC (0 = the host's RAM).
     pub max_alloc: ByteSize,
     /// Seconds a new connection has to complete its handshake.
@@ -174,6 +204,9 @@ impl Default for LimitsConfig {
     fn default() -> Self {
         Self {
             max_connections: 64,
+            reserved_connections: 4,
+            max_connections_per_uid: 16,
+            idle_timeout_secs: 60,
             max_alloc: ByteSize(0),
             handshake_timeout_secs: 10,
             write_timeout_secs: 30,
@@ -222,7 +255,7 @@ impl Default for RebalanceConfig {
 }
 
 impl RebalanceConfig {
-    /// The uids that act as operators: the list, or root and the daemon's uid.
+    /// The uids that act as operators: root plus the list, or root and the daemon's uid.
     pub fn effective_operators(&self) -> Vec<u32> {
         if self.operator_uids.is_empty() {
             // SAFETY: geteuid has no preconditions and cannot fail.
@@ -231,7 +264,12 @@ impl RebalanceConfig {
             v.dedup();
             v
         } else {
-            self.operator_uids.clone()
+            // Root is always an operator.
+            let mut v = vec![0];
+            v.extend(self.operator_uids.iter().copied());
+            v.sort_unstable();
+            v.dedup();
+            v
         }
     }
 
@@ -245,10 +283,18 @@ impl RebalanceConfig {
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Config {
-    /// The UNIX socket clients connect to (created mode 0600).
+    /// The UNIX socket clients connect to (created mode 0600, or 0660 with
+    /// `socket_group`).
     pub socket: PathBuf,
-    /// uids allowed to connect (`SO_PEERCRED`); empty = the daemon's own uid and root.
+    /// uids allowed to connect (`SO_PEERCRED`) besides root and the
+    /// daemon's own uid, which always are.
     pub allowed_uids: Vec<u32>,
+    /// A group whose members may reach the socket: the socket is made
+    /// `root:<gid>` 0660, and a parent directory the daemon creates 0710
+    /// with that group. Allowed non-root uids need this (or their own way
+    /// through the file permissions) to connect at all; the uid check still
+    /// applies to every connection.
+    pub socket_group: Option<u32>,
     /// Tokio worker threads of the control plane.
     pub control_threads: usize,
     /// The pool.
@@ -270,6 +316,7 @@ impl Default for Config {
         Self {
             socket: PathBuf::from(DEFAULT_SOCKET),
             allowed_uids: Vec::new(),
+            socket_group: None,
             control_threads: 2,
             pool: PoolConfig::default(),
             scrub: ScrubConfig::default(),
@@ -427,6 +474,17 @@ impl Config {
         if self.control_threads == 0 {
             return Err(ValidationError::Zero("control_threads"));
         }
+        if self.limits.max_connections <= self.limits.reserved_connections {
+            return Err(ValidationError::Zero(
+                "limits.max_connections - limits.reserved_connections",
+            ));
+        }
+        if self.limits.max_connections_per_uid == 0 {
+            return Err(ValidationError::Zero("limits.max_connections_per_uid"));
+        }
+        if self.limits.idle_timeout_secs == 0 {
+            return Err(ValidationError::Zero("limits.idle_timeout_secs"));
+        }
         if self.limits.max_connections == 0 {
             return Err(ValidationError::Zero("limits.max_connections"));
         }
@@ -464,17 +522,17 @@ impl Config {
         Ok(())
     }
 
-    /// The uids allowed to connect: the list, or the daemon's uid and root.
+    /// The uids allowed to connect: root, the daemon's uid, and the list.
     pub fn effective_uids(&self) -> Vec<u32> {
-        if self.allowed_uids.is_empty() {
-            // SAFETY: getuid has no preconditions and cannot fail.
-            let me = unsafe { libc::getuid() };
-            let mut v = vec![me, 0];
-            v.dedup();
-            v
-        } else {
-            self.allowed_uids.clone()
-        }
+        // SAFETY: getuid has no preconditions and cannot fail.
+        let me = unsafe { libc::getuid() };
+        // Root and the daemon's own uid are always allowed: a list
+        // (`--allow-uid`) adds tenants, it never locks the operator out.
+        let mut v = vec![me, 0];
+        v.extend(self.allowed_uids.iter().copied());
+        v.sort_unstable();
+        v.dedup();
+        v
     }
 
     /// The quarantine recheck period.
@@ -559,7 +617,9 @@ mod tests {
         assert_eq!(c.socket, PathBuf::from("/b.sock"));
         assert_eq!(c.pool.limit, ByteSize(4 << 30));
         assert_eq!(c.pool.target, ByteSize(1 << 30));
-        assert_eq!(c.effective_uids(), vec![7]);
+        // The list adds uid 7; root and the daemon's uid stay allowed.
+        let uids = c.effective_uids();
+        assert!(uids.contains(&7) && uids.contains(&0), "{uids:?}");
         c.validate().expect("valid");
     }
 

@@ -50,6 +50,16 @@ pub struct Metrics {
     pub regions_recleared: AtomicU64,
     /// Regions handed out after growing a smaller clean pooled region.
     pub regions_grown: AtomicU64,
+    /// Released regions found damaged by their tenant (file size changed,
+    /// holes that cannot be filled) and given back to the kernel unscrubbed.
+    pub regions_discarded: AtomicU64,
+    /// Pages punched out of released regions and refaulted fresh before
+    /// reuse (`pool.detach_pages`), so that no pin keeps a reused page.
+    pub pages_detached: AtomicU64,
+    /// Region files of an earlier daemon instance found at start and unlinked.
+    pub leftover_files_released: AtomicU64,
+    /// Bytes those files held.
+    pub leftover_bytes_released: AtomicU64,
     /// Regions created fresh from the kernel.
     pub regions_fresh: AtomicU64,
     /// FREE requests that succeeded.

@@ -140,6 +140,59 @@ fn hugetlbfs_page_size(dir: &Path) -> Option<guest_mem::PageSize> {
     guest_mem::PageSize::from_bytes(bytes).filter(|p| p.is_huge())
 }
 
+/// Releases hugetlbfs files an earlier daemon instance left behind (it was
+/// killed, or died: a tenant could crash it before issue 11's fixes). Region
+/// files are named `hugemem-r<ID>.<PID>.<N>` (see `guest_mem`'s
+/// `create_hugetlbfs_file`); a file whose `<PID>` is not a live process is
+/// unlinked, never reused: its pages may hold a tenant's data and go back to
+/// the kernel (which zeroes them) once no process still has the file open or
+/// mapped. Files of a live pid (another daemon sharing the mount) are left
+/// alone. Counted in STATS (`leftover_files_released`, `leftover_bytes_released`).
+fn recover_leftovers(dirs: &[(guest_mem::PageSize, PathBuf)], metrics: &Metrics) {
+    for (_, dir) in dirs {
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            let name = entry.file_name();
+            let Some(pid) = leftover_pid(&name.to_string_lossy()) else {
+                continue;
+            };
+            if pid == std::process::id() || Path::new(&format!("/proc/{pid}")).exists() {
+                continue;
+            }
+            let path = entry.path();
+            let bytes = std::fs::symlink_metadata(&path).map_or(0, |m| m.blocks() * 512);
+            match std::fs::remove_file(&path) {
+                Ok(()) => {
+                    Metrics::add(&metrics.leftover_files_released, 1);
+                    Metrics::add(&metrics.leftover_bytes_released, bytes);
+                    warn!(path = %path.display(), pid, bytes, "released a region file left by an earlier daemon instance");
+                }
+                Err(e) => {
+                    warn!(path = %path.display(), error = %e, "cannot release a region file left by an earlier daemon instance");
+                }
+            }
+        }
+    }
+}
+
+/// The pid in a region file name `hugemem-r<ID>.<PID>.<N>`, or `None`.
+fn leftover_pid(name: &str) -> Option<u32> {
+    let rest = name.strip_prefix("hugemem-r")?;
+    let mut parts = rest.split('.');
+    let (id, pid, n) = (parts.next()?, parts.next()?, parts.next()?);
+    if parts.next().is_some()
+        || id.is_empty()
+        || n.is_empty()
+        || !id.bytes().all(|b| b.is_ascii_digit())
+        || !n.bytes().all(|b| b.is_ascii_digit())
+    {
+        return None;
+    }
+    pid.parse().ok()
+}
+
 /// The hugetlbfs directory per page size: configured (checked) or the first
 /// mount of that size in `/proc/mounts`.
 fn hugetlbfs_dirs(cfg: &config::HugetlbfsConfig) -> Result<Vec<(guest_mem::PageSize, PathBuf)>> {
@@ -326,6 +379,10 @@ impl Shared {
                 "regions_pooled": g(&m.regions_pooled),
                 "regions_recleared": g(&m.regions_recleared),
                 "regions_grown": g(&m.regions_grown),
+                "regions_discarded": g(&m.regions_discarded),
+                "pages_detached": g(&m.pages_detached),
+                "leftover_files_released": g(&m.leftover_files_released),
+                "leftover_bytes_released": g(&m.leftover_bytes_released),
                 "regions_fresh": g(&m.regions_fresh),
                 "frees": g(&m.frees),
                 "bytes_created": g(&m.bytes_created),
@@ -364,6 +421,7 @@ impl Daemon {
         let topology = Arc::new(Topology::detect().map_err(DaemonError::Topology)?);
         let hugetlbfs = hugetlbfs_dirs(&config.hugetlbfs)?;
         let metrics = Arc::new(Metrics::default());
+        recover_leftovers(&hugetlbfs, &metrics);
         let pool = Arc::new(Pool::new(config.pool.clone(), Arc::clone(&metrics)));
         let max_alloc = if config.limits.max_alloc.0 == 0 {
             topology.nodes().iter().map(|n| n.mem_total).sum()
@@ -378,7 +436,7 @@ impl Daemon {
             .map_err(DaemonError::Threads)?;
         let (listener, socket_id) = {
             let _guard = runtime.enter();
-            bind_socket(&config.socket)?
+            bind_socket(&config.socket, config.socket_group)?
         };
         let metrics_listener = match config.metrics.listen {
             Some(addr) => {
@@ -577,11 +635,54 @@ async fn quarantine_loop(shared: Arc<Shared>) {
         }
         let quarantined = shared.pool.quarantined();
         if !quarantined.is_empty() {
-            let (ids, owned): (Vec<_>, Vec<_>) = quarantined.into_iter().unzip();
-            match tokio::task::spawn_blocking(move || alloc::scan_holders(&owned)).await {
-                Ok(holders) => {
-                    let results: Vec<_> = ids.into_iter().zip(holders).collect();
+            let detach = shared.pool.config().detach_pages;
+            let metrics = Arc::clone(&shared.metrics);
+            let scan = tokio::task::spawn_blocking(move || {
+                let owned: Vec<_> = quarantined.iter().map(|(_, o, _)| o.clone()).collect();
+                let holders = alloc::scan_holders(&owned);
+                // No process shows it any more: prove that no reference the
+                // scan cannot see exists (`pool::prove_unreachable`: fds in
+                // flight), then that the file is whole (`pool::check_released`:
+                // size, holes). A region that fails is never reused.
+                quarantined
+                    .into_iter()
+                    .zip(holders)
+                    .map(|((id, _, region), holder)| {
+                        let broken = match holder {
+                            None => pool::prove_unreachable(&region)
+                                .and_then(|()| pool::check_released(&region))
+                                .and_then(|()| {
+                                    if detach {
+                                        let pages = pool::detach_pages(&region)?;
+                                        Metrics::add(&metrics.pages_detached, pages);
+                                    }
+                                    Ok(())
+                                })
+                                .err(),
+                            Some(_) => None,
+                        };
+                        (id, holder, broken)
+                    })
+                    .collect::<Vec<_>>()
+            });
+            match scan.await {
+                Ok(checked) => {
+                    let mut results = Vec::with_capacity(checked.len());
+                    let mut dropped = Vec::new();
+                    for (id, holder, broken) in checked {
+                        match broken {
+                            Some(reason) => dropped.extend(shared.pool.discard(
+                                id,
+                                pool::EntryState::Quarantined,
+                                &reason,
+                            )),
+                            None => results.push((id, holder)),
+                        }
+                    }
                     shared.pool.apply_scan(&results);
+                    if !dropped.is_empty() {
+                        drop(tokio::task::spawn_blocking(move || drop(dropped)));
+                    }
                 }
                 Err(e) => error!(error = %e, "holder scan failed"),
             }
@@ -600,7 +701,7 @@ async fn quarantine_loop(shared: Arc<Shared>) {
 /// or a non-socket, and sets mode 0600 before anyone is told it exists.
 /// Returns the listener and the socket file's (dev, inode), so shutdown
 /// removes only its own file.
-fn bind_socket(path: &Path) -> Result<(tokio::net::UnixListener, (u64, u64))> {
+fn bind_socket(path: &Path, group: Option<u32>) -> Result<(tokio::net::UnixListener, (u64, u64))> {
     let bind_err = |source: io::Error| DaemonError::Bind {
         path: path.to_path_buf(),
         source,
@@ -612,6 +713,14 @@ fn bind_socket(path: &Path) -> Result<(tokio::net::UnixListener, (u64, u64))> {
                 .mode(0o700)
                 .create(dir)
                 .map_err(bind_err)?;
+            if let Some(gid) = group {
+                // Members of the socket group may traverse it, not list it.
+                std::os::unix::fs::chown(dir, None, Some(gid))
+                    .and_then(|()| {
+                        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o710))
+                    })
+                    .map_err(bind_err)?;
+            }
         }
     }
     match std::fs::symlink_metadata(path) {
@@ -631,7 +740,12 @@ fn bind_socket(path: &Path) -> Result<(tokio::net::UnixListener, (u64, u64))> {
     let std_listener = std::os::unix::net::UnixListener::bind(path).map_err(bind_err)?;
     // The parent directory is 0700 (systemd RuntimeDirectoryMode, or created
     // above), so the moment between bind and chmod exposes nothing.
-    let secured = std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
+    let mode = if group.is_some() { 0o660 } else { 0o600 };
+    let secured = group
+        .map_or(Ok(()), |gid| {
+            std::os::unix::fs::chown(path, None, Some(gid))
+        })
+        .and_then(|()| std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)))
         .and_then(|()| std_listener.set_nonblocking(true))
         .and_then(|()| std::fs::metadata(path));
     let meta = match secured {
@@ -665,6 +779,15 @@ mod tests {
     use super::*;
 
     #[test]
+    fn leftover_names_carry_the_pid() {
+        assert_eq!(leftover_pid("hugemem-r12.4242.0"), Some(4242));
+        assert_eq!(leftover_pid("hugemem-r12.4242"), None);
+        assert_eq!(leftover_pid("hugemem-r12.4242.0.1"), None);
+        assert_eq!(leftover_pid("other-r12.4242.0"), None);
+        assert_eq!(leftover_pid("hugemem-rx.4242.0"), None);
+    }
+
+    #[test]
     fn rate_limit_suppresses_and_counts() {
         let r = RateLimit::new(Duration::from_secs(3600));
         assert_eq!(r.check(), Some(0));
@@ -685,11 +808,11 @@ mod tests {
             .build()
             .expect("rt");
         let _g = rt.enter();
-        let (l, id) = bind_socket(&path).expect("stale socket replaced");
+        let (l, id) = bind_socket(&path, None).expect("stale socket replaced");
         let mode = std::fs::metadata(&path).expect("meta").permissions().mode() & 0o777;
         assert_eq!(mode, 0o600);
         assert!(matches!(
-            bind_socket(&path),
+            bind_socket(&path, None),
             Err(DaemonError::AlreadyRunning(_))
         ));
         drop(l);
@@ -697,7 +820,7 @@ mod tests {
         assert!(!path.exists());
         std::fs::write(&path, b"x").expect("file");
         assert!(matches!(
-            bind_socket(&path),
+            bind_socket(&path, None),
             Err(DaemonError::NotASocket(_))
         ));
     }

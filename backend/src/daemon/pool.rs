@@ -50,6 +50,14 @@
 //! size are given back first (only when that can cover the shortfall) and
 //! the creation is retried once.
 //!
+//! **Damaged files.** A tenant can change its file behind the daemon's
+//! back: grow a memfd (the seals allow it), truncate a hugetlbfs file, punch
+//! holes. Before a released region leaves quarantine, [`check_released`]
+//! checks its size and populates every page (`MADV_POPULATE_WRITE`, which
+//! errors where a store would `SIGBUS`); scrubbers populate each batch the
+//! same way. A region that fails either is discarded ([`Pool::discard`]):
+//! given back to the kernel, never scrubbed, never served.
+//!
 //! **Limits.** Per node, pooled bytes (clean + dirty + quarantined) never
 //! exceed the limit: a released region that would is given back to the
 //! kernel at once (no scrub needed: closing our fd and unmapping is enough,
@@ -194,10 +202,12 @@ pub struct Released {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum OwnershipError {
     /// Unknown id.
-    #[error("allocation {0} does not exist")]
+    // The same text as `NotYours`: a client must not learn whether another
+    // tenant's id exists.
+    #[error("allocation {0} does not exist or does not belong to this connection")]
     Unknown(AllocId),
     /// Another connection's id.
-    #[error("allocation {0} does not belong to this connection")]
+    #[error("allocation {0} does not exist or does not belong to this connection")]
     NotYours(AllocId),
 }
 
@@ -707,14 +717,40 @@ impl Pool {
         out
     }
 
-    /// The quarantined regions, for a holder scan.
-    pub fn quarantined(&self) -> Vec<(RegionId, Owned)> {
+    /// The quarantined regions, for a holder scan and [`check_released`].
+    pub fn quarantined(&self) -> Vec<(RegionId, Owned, Arc<Region>)> {
         self.lock()
             .entries
             .iter()
             .filter(|(_, e)| e.state == EntryState::Quarantined)
-            .map(|(id, e)| (*id, e.owned.clone()))
+            .map(|(id, e)| (*id, e.owned.clone(), Arc::clone(&e.region)))
             .collect()
+    }
+
+    /// Takes a region that a tenant damaged ([`check_released`] failed, or a
+    /// scrub batch could not be populated) out of the pool if it is still in
+    /// `state`, counts it as given back to the kernel, and returns it to be
+    /// dropped off the lock (unmapped, closed, unlinked: its pages go back
+    /// to the kernel, which zeroes them before their next user). It is never
+    /// scrubbed or served again.
+    pub fn discard(&self, id: RegionId, state: EntryState, reason: &str) -> Option<Arc<Region>> {
+        let mut g = self.lock();
+        if g.entries.get(&id).map(|e| e.state) != Some(state) {
+            return None;
+        }
+        let e = g.entries.remove(&id)?;
+        drop(g);
+        Metrics::add(&self.metrics.bytes_released, e.region.len());
+        Metrics::add(&self.metrics.regions_discarded, 1);
+        warn!(
+            region = id,
+            node = e.key.node,
+            bytes = e.region.len(),
+            reason,
+            "a released region was damaged by its tenant; it goes back to the kernel unscrubbed"
+        );
+        self.changed.notify_all();
+        Some(e.region)
     }
 
     /// Applies a scan: regions nobody else holds become `Dirty` (scrubbers
@@ -1031,6 +1067,25 @@ impl Pool {
         self.changed.notify_all();
     }
 
+    /// The region ids of `session`'s live allocations.
+    pub fn region_ids_of(&self, session: SessionId) -> Vec<RegionId> {
+        self.lock()
+            .allocs
+            .values()
+            .filter(|a| a.session == session)
+            .flat_map(|a| a.regions.iter().copied())
+            .collect()
+    }
+
+    /// Number of live allocations of `session`.
+    pub fn allocations_of(&self, session: SessionId) -> usize {
+        self.lock()
+            .allocs
+            .values()
+            .filter(|a| a.session == session)
+            .count()
+    }
+
     /// Number of live allocations.
     pub fn allocations(&self) -> usize {
         self.lock().allocs.len()
@@ -1213,6 +1268,83 @@ fn reclaim_path(region: &Region) -> std::io::Result<()> {
     std::os::unix::fs::fchown(region.fd(), Some(uid), Some(gid))?;
     nix::sys::stat::fchmod(region.fd(), nix::sys::stat::Mode::from_bits_truncate(0o600))
         .map_err(std::io::Error::from)
+}
+
+/// Proves a released region is whole before any page of it is touched: its
+/// file has exactly the region's size (a tenant can grow a memfd, whose seals
+/// allow growing, or truncate a hugetlbfs file), and every page is present or
+/// can be allocated (`MADV_POPULATE_WRITE` fills holes a tenant punched with
+/// fresh zeroed pages, and fails where a store would raise `SIGBUS`).
+/// Blocking (it may fault in a whole region): call it off the executor.
+///
+/// # Errors
+///
+/// A message saying what is wrong; the region must then be discarded
+/// ([`Pool::discard`]), never scrubbed.
+pub fn check_released(region: &Region) -> Result<(), String> {
+    let size = crate::sys::file_size(region.fd()).map_err(|e| format!("fstat: {e}"))?;
+    if size != region.len() {
+        return Err(format!(
+            "file size is {size} bytes, the region has {}",
+            region.len()
+        ));
+    }
+    let len = usize::try_from(region.len()).map_err(|_| "region too large".to_string())?;
+    crate::sys::populate_write(region.as_ptr(), len).map_err(|e| {
+        format!("pages cannot be populated (a hole the host cannot fill, or a truncation): {e}")
+    })
+}
+
+/// Proves that no open file description of a released region's file exists
+/// but the daemon's own: a write lease (`F_SETLEASE`) on the daemon's
+/// description is granted only then, and it counts what the `/proc` holder
+/// scan cannot see: descriptions in flight in unreceived `SCM_RIGHTS`
+/// messages, and those behind mappings. For a memfd the lease is taken on a
+/// fresh reopen (the original `memfd_create` description, which the daemon
+/// maps and keeps, is not counted by the kernel and is never handed out);
+/// for a hugetlbfs file on the daemon's own description. Every tenant got
+/// its own description ([`crate::sys::reopen`]), so a tenant's copy always
+/// counts. Blocking; call it off the executor.
+///
+/// # Errors
+///
+/// A message when the proof fails (refused, or leases unavailable): the
+/// region must then never be reused.
+pub fn prove_unreachable(region: &Region) -> Result<(), String> {
+    let granted = match region.path() {
+        Some(_) => crate::sys::write_lease_free(region.fd()),
+        None => crate::sys::reopen(region.fd())
+            .and_then(|own| crate::sys::write_lease_free(std::os::fd::AsFd::as_fd(&own))),
+    };
+    match granted {
+        Ok(true) => Ok(()),
+        Ok(false) => Err(
+            "another open file description exists that no process shows (in flight in an \
+             unreceived SCM_RIGHTS message, or behind a mapping): it can never be proved free"
+                .into(),
+        ),
+        Err(e) => Err(format!(
+            "write lease unavailable ({e}): cannot prove it free"
+        )),
+    }
+}
+
+/// Detaches every page of a released region from any pin: punches the
+/// whole file (`FALLOC_FL_PUNCH_HOLE`) and faults fresh kernel-zeroed pages
+/// in through the daemon's own mapping (`MADV_POPULATE_WRITE`, so the
+/// region's NUMA policy applies). A pinned page stays with its pinner; the
+/// file never sees it again. Returns the pages detached. Blocking.
+///
+/// # Errors
+///
+/// A message when the punch or the refault fails (the host has no page to
+/// give: a pinner still holds the old ones); the region must be discarded.
+pub fn detach_pages(region: &Region) -> Result<u64, String> {
+    crate::sys::punch_hole(region.fd(), 0, region.len()).map_err(|e| format!("punch: {e}"))?;
+    let len = usize::try_from(region.len()).map_err(|_| "region too large".to_string())?;
+    crate::sys::populate_write(region.as_ptr(), len)
+        .map_err(|e| format!("refault after punch: {e}"))?;
+    Ok(region.len() / region.page_size().bytes())
 }
 
 /// Pooled (not in use) bytes on `node`: clean, dirty and quarantined.

@@ -496,6 +496,16 @@ fn check(
     who: Initiator,
 ) -> Result<(InUseRegion, ByteRange), RebalanceError> {
     let Some(region) = shared.pool.in_use(req.region_id) else {
+        // A non-operator learns nothing about regions that are not its own:
+        // a missing or pooled id reads exactly like another tenant's.
+        if let Initiator::Client { uid, .. } = who {
+            if !shared.rebalance.operators().contains(&uid) {
+                return Err(RebalanceError::NotYours {
+                    region: req.region_id,
+                    uid,
+                });
+            }
+        }
         return Err(if shared.pool.owned(req.region_id).is_some() {
             RebalanceError::NotInUse(req.region_id)
         } else {
@@ -1547,7 +1557,11 @@ mod tests {
             operator_uids: vec![7],
             ..RebalanceConfig::default()
         };
-        assert_eq!(c.effective_operators(), vec![7]);
+        assert_eq!(
+            c.effective_operators(),
+            vec![0, 7],
+            "root is always an operator"
+        );
         assert_eq!(c.rate_limit_bytes_per_s(), None);
         let c = RebalanceConfig {
             rate_limit_mib_s: 100,

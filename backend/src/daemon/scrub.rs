@@ -38,7 +38,7 @@ use numa::{NodeId, PinError, Topology};
 use tracing::{debug, error, info};
 
 use super::metrics::{Metrics, ScrubCounters};
-use super::pool::{Pool, ScrubWork};
+use super::pool::{EntryState, Pool, ScrubWork};
 
 /// The scrubber threads of all nodes.
 #[derive(Debug)]
@@ -136,7 +136,17 @@ fn scrub_loop(
         };
         hint = work.first + work.count;
         let started = Instant::now();
-        let cleared = clear(&work, kernel, batch, stop);
+        let cleared = match clear(&work, kernel, batch, stop) {
+            Ok(cleared) => cleared,
+            Err(reason) => {
+                // The tenant damaged the file (truncated it, punched a hole
+                // the host cannot fill): never touch it, give it back.
+                let dropped = pool.discard(work.id, EntryState::Dirty, &reason);
+                drop(work);
+                drop(dropped);
+                continue;
+            }
+        };
         let nanos = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
         if cleared {
             let (offset, _) = work.region.page_range(work.first);
@@ -149,16 +159,24 @@ fn scrub_loop(
     }
 }
 
-/// Clears the claimed pages in runs of at most `batch` bytes; false when the
-/// stop flag cut it short (the pages go back to `Dirty`).
-fn clear(work: &ScrubWork, kernel: ClearKernel, batch: u64, stop: &AtomicBool) -> bool {
+/// Clears the claimed pages in runs of at most `batch` bytes; `Ok(false)`
+/// when the stop flag cut it short (the pages go back to `Dirty`). Each run
+/// is populated (`MADV_POPULATE_WRITE`) before a byte of it is stored, so a
+/// file a tenant truncated or punched beyond what the host can refill is an
+/// `Err` with the reason, never a `SIGBUS` that kills the daemon.
+fn clear(
+    work: &ScrubWork,
+    kernel: ClearKernel,
+    batch: u64,
+    stop: &AtomicBool,
+) -> Result<bool, String> {
     let (start, _) = work.region.page_range(work.first);
     let (last_off, last_len) = work.region.page_range(work.first + work.count - 1);
     let end = last_off + last_len;
     let mut at = start;
     while at < end {
         if stop.load(Ordering::Relaxed) {
-            return false;
+            return Ok(false);
         }
         let len = (end - at).min(batch);
         // Offsets are inside the region, whose length fits usize (checked at creation).
@@ -166,10 +184,14 @@ fn clear(work: &ScrubWork, kernel: ClearKernel, batch: u64, stop: &AtomicBool) -
         // SAFETY: `off` is below the region's length, so the pointer stays
         // inside the region's own mapping.
         let ptr = unsafe { work.region.as_ptr().add(off) };
+        if let Err(e) = crate::sys::populate_write(ptr, n) {
+            return Err(format!("bytes {off}..{} cannot be populated: {e}", off + n));
+        }
         // SAFETY: off..off+n lies inside the region's own live mapping (the
         // Arc in `work` keeps it mapped; page_range clips to the length),
-        // which is MAP_SHARED read-write over a sized, sealed memfd, so every
-        // byte is backed. Every page in the range is in `Clearing`, owned by
+        // which is MAP_SHARED read-write over the region's file, and every page
+        // of the run was just populated (the populate above failed instead
+        // where a store would SIGBUS). Every page in the range is in `Clearing`, owned by
         // this thread: no other clearer can claim it, no ALLOC hands it out
         // (only `Clean` pages can become `Mapped`), and the region reached
         // `Dirty` only after a holder scan found no process but the daemon
@@ -179,5 +201,5 @@ fn clear(work: &ScrubWork, kernel: ClearKernel, batch: u64, stop: &AtomicBool) -
         unsafe { clearing::clear_raw(kernel, ptr, n) };
         at += len;
     }
-    true
+    Ok(true)
 }

@@ -1,10 +1,14 @@
 //! The accept loop and the per-connection handlers (mini-redis style).
 //!
 //! [`Listener`] accepts connections, checks the peer's uid, and spawns one
-//! task per connection that owns a [`Handler`]. A `Semaphore` permit moved
-//! into each task caps live connections; the accept loop waits for a permit
-//! before it accepts, so excess clients queue in the kernel's backlog rather
-//! than costing the daemon memory. All tasks are spawned on a `TaskTracker`
+//! task per connection that owns a [`Handler`]. A [`Slot`] moved into each
+//! task caps live connections: at most `max_connections_per_uid` per uid
+//! (refused uids included), at most `max_connections` in all, of which
+//! `reserved_connections` only operators (root, `[rebalance]
+//! operator_uids`) may take. A connection beyond its uid's share is closed
+//! right after `accept`, so one tenant's flood never keeps another tenant,
+//! or the operator, waiting. A handshaken connection that holds no
+//! allocation and stays silent for `idle_timeout_secs` is closed. All tasks are spawned on a `TaskTracker`
 //! and watch a `CancellationToken`: shutdown cancels, then waits for the
 //! tracker to drain.
 //!
@@ -25,8 +29,12 @@
 //! to their first request, then the connection closes; they reach no
 //! session code at all.
 
+use std::os::fd::AsFd;
 use std::sync::Arc;
 use std::time::Duration;
+
+use std::collections::HashMap;
+use std::sync::Mutex;
 
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
@@ -44,24 +52,97 @@ static MALFORMED_LOG: RateLimit = RateLimit::new(Duration::from_secs(1));
 static REFUSED_LOG: RateLimit = RateLimit::new(Duration::from_secs(1));
 static FDS_LOG: RateLimit = RateLimit::new(Duration::from_secs(1));
 static ACCEPT_LOG: RateLimit = RateLimit::new(Duration::from_secs(1));
+static FULL_LOG: RateLimit = RateLimit::new(Duration::from_secs(1));
+
+/// Connection slots: the general pool, the operators' reserve, per-uid counts.
+#[derive(Debug)]
+struct Slots {
+    general: Arc<Semaphore>,
+    reserved: Arc<Semaphore>,
+    per_uid: Mutex<HashMap<u32, usize>>,
+    max_per_uid: usize,
+    operators: Vec<u32>,
+}
+
+/// One live connection's slot; given back on drop.
+#[derive(Debug)]
+struct Slot {
+    slots: Arc<Slots>,
+    uid: u32,
+    _permit: OwnedSemaphorePermit,
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        let mut g = self
+            .slots
+            .per_uid
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(n) = g.get_mut(&self.uid) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                g.remove(&self.uid);
+            }
+        }
+    }
+}
+
+impl Slots {
+    /// A slot for `uid`, or the reason there is none.
+    fn take(self: &Arc<Self>, uid: u32) -> Result<Slot, &'static str> {
+        let mut g = self
+            .per_uid
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let n = g.get(&uid).copied().unwrap_or(0);
+        if n >= self.max_per_uid {
+            return Err("the uid has max_connections_per_uid connections");
+        }
+        let permit = match Arc::clone(&self.general).try_acquire_owned() {
+            Ok(p) => p,
+            Err(_) if self.operators.contains(&uid) => Arc::clone(&self.reserved)
+                .try_acquire_owned()
+                .map_err(|_| "every connection slot, the operators' reserve included, is taken")?,
+            Err(_) => return Err("every general connection slot is taken"),
+        };
+        g.insert(uid, n + 1);
+        Ok(Slot {
+            slots: Arc::clone(self),
+            uid,
+            _permit: permit,
+        })
+    }
+}
 
 /// The accept loop.
 #[derive(Debug)]
 pub struct Listener {
     listener: UnixListener,
     shared: Arc<Shared>,
-    limit: Arc<Semaphore>,
+    slots: Arc<Slots>,
     next_session: u64,
 }
 
 impl Listener {
     /// A listener over a bound socket.
     pub fn new(listener: UnixListener, shared: Arc<Shared>) -> Self {
-        let limit = Arc::new(Semaphore::new(shared.cfg.limits.max_connections));
+        let limits = &shared.cfg.limits;
+        let reserved = limits.reserved_connections.min(limits.max_connections);
+        let mut operators = shared.rebalance.operators().to_vec();
+        // Root is always an operator.
+        operators.push(0);
+        let slots = Arc::new(Slots {
+            general: Arc::new(Semaphore::new(limits.max_connections - reserved)),
+            reserved: Arc::new(Semaphore::new(reserved)),
+            per_uid: Mutex::new(HashMap::new()),
+            max_per_uid: limits.max_connections_per_uid,
+            operators,
+        });
         Self {
             listener,
             shared,
-            limit,
+            slots,
             next_session: 1,
         }
     }
@@ -70,11 +151,6 @@ impl Listener {
     pub async fn run(&mut self) {
         let cancel = self.shared.cancel.clone();
         loop {
-            let permit = tokio::select! {
-                () = cancel.cancelled() => break,
-                // The semaphore is never closed, so acquire cannot fail.
-                p = Arc::clone(&self.limit).acquire_owned() => p.expect("connection semaphore is never closed"),
-            };
             let stream = tokio::select! {
                 () = cancel.cancelled() => break,
                 r = self.listener.accept() => match r {
@@ -89,16 +165,26 @@ impl Listener {
                     }
                 },
             };
-            self.spawn_connection(stream, permit);
+            self.spawn_connection(stream);
         }
         info!("listener stopped accepting");
     }
 
-    fn spawn_connection(&mut self, stream: UnixStream, permit: OwnedSemaphorePermit) {
+    fn spawn_connection(&mut self, stream: UnixStream) {
         let peer = match PeerCred::of(&stream) {
             Ok(p) => p,
             Err(e) => {
                 warn!(error = %e, "cannot read peer credentials; closing");
+                return;
+            }
+        };
+        let permit = match self.slots.take(peer.uid) {
+            Ok(slot) => slot,
+            Err(why) => {
+                Metrics::add(&self.shared.metrics.connection_errors, 1);
+                if let Some(n) = FULL_LOG.check() {
+                    warn!(uid = peer.uid, pid = ?peer.pid, reason = why, suppressed = n, "no connection slot; closing");
+                }
                 return;
             }
         };
@@ -128,7 +214,7 @@ impl Listener {
 }
 
 /// Answers a refused peer's first request with `INVALID`, then closes.
-async fn refuse(stream: UnixStream, peer: PeerCred, _permit: OwnedSemaphorePermit) {
+async fn refuse(stream: UnixStream, peer: PeerCred, _permit: Slot) {
     let Ok(Ok(frame)) = tokio::time::timeout(Duration::from_secs(2), read_frame(&stream)).await
     else {
         return;
@@ -153,7 +239,7 @@ struct Handler {
     stream: UnixStream,
     session: Session,
     shared: Arc<Shared>,
-    _permit: OwnedSemaphorePermit,
+    _permit: Slot,
 }
 
 impl Handler {
@@ -164,11 +250,19 @@ impl Handler {
         let handshake_deadline =
             tokio::time::Instant::now() + Duration::from_secs(limits.handshake_timeout_secs);
         let write_timeout = Duration::from_secs(limits.write_timeout_secs);
+        let idle_timeout = Duration::from_secs(limits.idle_timeout_secs);
         let cancel = self.shared.cancel.clone();
         loop {
             let read = async {
-                if self.session.handshaken() {
+                if self.session.handshaken() && self.session.holds_memory() {
                     read_frame(&self.stream).await
+                } else if self.session.handshaken() {
+                    match tokio::time::timeout(idle_timeout, read_frame(&self.stream)).await {
+                        Ok(r) => r,
+                        Err(_) => Err(ProtoError::OutOfBounds(
+                            "idle without an allocation for limits.idle_timeout_secs".into(),
+                        )),
+                    }
                 } else {
                     match tokio::time::timeout_at(handshake_deadline, read_frame(&self.stream))
                         .await
@@ -226,7 +320,7 @@ impl Handler {
                 drop(frame.fds);
                 self.session.handle(request).await
             };
-            let fds: Vec<_> = out.fds.iter().map(|r| r.fd()).collect();
+            let fds: Vec<_> = out.fds.iter().map(AsFd::as_fd).collect();
             if let Err(e) = self
                 .send(&frame.header, &out.reply, &fds, write_timeout)
                 .await

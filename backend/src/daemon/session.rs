@@ -35,8 +35,10 @@ pub const DAEMON_FEATURES: u64 = crate::proto::FEATURE_REBALANCE | crate::proto:
 pub struct Outcome {
     /// The reply.
     pub reply: Reply,
-    /// Regions whose fds go with the reply, in order.
-    pub fds: Vec<Arc<Region>>,
+    /// The fds that go with the reply, in order: one new open file
+    /// description per region for this tenant ([`crate::sys::reopen`]),
+    /// never the daemon's own (see `docs/security.md`, hostile tenants).
+    pub fds: Vec<std::os::fd::OwnedFd>,
     /// The allocation the reply hands out (released again if it cannot be sent).
     pub alloc: Option<AllocId>,
 }
@@ -87,6 +89,12 @@ impl Session {
     /// The session id.
     pub fn id(&self) -> SessionId {
         self.id
+    }
+
+    /// True while the session holds an allocation (then it is never timed
+    /// out for being idle: closing it would free its guest RAM).
+    pub fn holds_memory(&self) -> bool {
+        self.shared.pool.allocations_of(self.id) > 0
     }
 
     /// True once HANDSHAKE succeeded.
@@ -154,7 +162,7 @@ impl Session {
     }
 
     async fn alloc(&mut self, req: &crate::proto::AllocRequest) -> Outcome {
-        let parts = match alloc::plan(&self.shared, req) {
+        let mut parts = match alloc::plan(&self.shared, req) {
             Ok(p) => p,
             Err((status, msg)) => {
                 Metrics::add(&self.shared.metrics.allocs_failed, 1);
@@ -162,6 +170,16 @@ impl Session {
                 return Outcome::error(status, msg);
             }
         };
+        // Dirty memory in lazy mode only for uids the operator named.
+        let dirty_ok = self
+            .shared
+            .cfg
+            .pool
+            .lazy_dirty_uids
+            .contains(&self.peer.uid);
+        for p in &mut parts {
+            p.dirty_ok = dirty_ok;
+        }
         let cancel = clearing::CancelToken::new();
         let (shared, job_cancel, job_parts, lock) = (
             Arc::clone(&self.shared),
@@ -195,6 +213,24 @@ impl Session {
             }
         };
         let ids: Vec<u64> = taken.iter().map(|(t, _)| t.id).collect();
+        // This tenant's own open file descriptions: the write-lease proof at
+        // release counts them (and any copy in flight or behind a mapping);
+        // the daemon's own description, and a memfd's original one (which
+        // the kernel does not count), never leave the daemon.
+        let mut fds = Vec::with_capacity(taken.len());
+        for (t, _) in &taken {
+            match crate::sys::reopen(t.region.fd()) {
+                Ok(fd) => fds.push(fd),
+                Err(e) => {
+                    self.shared.pool.unreserve(&ids);
+                    Metrics::add(&self.shared.metrics.allocs_failed, 1);
+                    return Outcome::error(
+                        Status::Internal,
+                        format!("cannot open region {} for the client: {e}", t.id),
+                    );
+                }
+            }
+        }
         let lazy_mode = req.clear_mode == crate::proto::ClearMode::Lazy;
         let committed = if lazy_mode {
             self.shared.pool.commit_lazy(self.id, &ids, lock)
@@ -212,7 +248,6 @@ impl Session {
         };
         let mut guest_phys = 0;
         let mut regions = Vec::with_capacity(taken.len());
-        let mut fds = Vec::with_capacity(taken.len());
         let mut paths = Vec::new();
         for (t, source) in &taken {
             if req.want_paths {
@@ -243,7 +278,6 @@ impl Session {
                 flags,
             });
             guest_phys += t.region.len();
-            fds.push(Arc::clone(&t.region));
         }
         Metrics::add(&self.shared.metrics.allocs_ok, 1);
         let sources: Vec<&str> = taken
@@ -412,6 +446,31 @@ impl Session {
         // This connection's lazy allocations and their fault counters.
         if let Some(o) = v.as_object_mut() {
             o.insert("lazy".into(), self.lazy.stats_json());
+        }
+        // A tenant that is not an operator sees aggregates and its own
+        // regions only: no other tenant's regions, inodes, paths, holder
+        // pids, sessions or placement.
+        if !self.shared.rebalance.operators().contains(&self.peer.uid) && self.peer.uid != 0 {
+            let own = self.shared.pool.region_ids_of(self.id);
+            if let Some(o) = v.as_object_mut() {
+                const TENANT_KEYS: [&str; 11] = [
+                    "version",
+                    "uptime_s",
+                    "pools",
+                    "scrub",
+                    "counters",
+                    "sessions",
+                    "allocations",
+                    "totals",
+                    "lazy",
+                    "regions",
+                    "pid",
+                ];
+                o.retain(|k, _| TENANT_KEYS.contains(&k.as_str()));
+                if let Some(serde_json::Value::Array(regions)) = o.get_mut("regions") {
+                    regions.retain(|r| r["id"].as_u64().is_some_and(|id| own.contains(&id)));
+                }
+            }
         }
         let mut json = v.to_string();
         // The reply must fit one frame: status (8) + length (4) + JSON. The

@@ -4,12 +4,13 @@
 //! into `OwnedFd` the moment they arrive, so a malformed message that is
 //! refused closes them instead of leaking them. `MSG_CMSG_CLOEXEC` keeps them
 //! out of processes the receiver spawns. A truncated control message
-//! (`MSG_CTRUNC`: more fds than [`MAX_FDS`]) is an error.
+//! (`MSG_CTRUNC`: more fds than [`MAX_FDS`]) is an error, after the fds that
+//! did arrive were taken and closed (see [`crate::sys::recv_with_fds`]).
 
-use std::io::{IoSlice, IoSliceMut};
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::io::IoSlice;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 
-use nix::sys::socket::{recvmsg, sendmsg, ControlMessage, ControlMessageOwned, MsgFlags};
+use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags};
 
 use super::{Header, ProtoError, HEADER_SIZE, MAX_FDS};
 
@@ -55,44 +56,30 @@ pub fn send_all(
     Ok(())
 }
 
-/// One `recvmsg` into `buf`; received fds are appended to `fds` as `OwnedFd`.
-/// Returns the byte count (0 = the peer closed). `nonblocking` adds `MSG_DONTWAIT`.
+/// One `recvmsg` into `buf`; received fds are appended to `fds` as `OwnedFd`
+/// on every path, errors included ([`crate::sys::recv_with_fds`] takes them
+/// even from a truncated control buffer). Returns the byte count (0 = the
+/// peer closed). `nonblocking` adds `MSG_DONTWAIT`.
+///
+/// # Errors
+///
+/// Socket errors; [`ProtoError::TooManyFds`] when the message carried more
+/// than [`MAX_FDS`] fds (`MSG_CTRUNC`) or the frame has collected more than
+/// that so far. The fds in `fds` are then closed with the `Vec`.
 pub fn recv_some(
     sock: BorrowedFd<'_>,
     buf: &mut [u8],
     fds: &mut Vec<OwnedFd>,
     nonblocking: bool,
 ) -> Result<usize, ProtoError> {
-    let mut cmsg = nix::cmsg_space!([RawFd; MAX_FDS]);
-    let mut flags = MsgFlags::MSG_CMSG_CLOEXEC;
-    if nonblocking {
-        flags |= MsgFlags::MSG_DONTWAIT;
+    let got = crate::sys::recv_with_fds(sock, buf, fds, MAX_FDS, nonblocking)?;
+    if got.truncated || fds.len() > MAX_FDS {
+        let got = fds.len().max(MAX_FDS + 1);
+        // Close them now, not whenever the caller drops the frame's Vec.
+        fds.clear();
+        return Err(ProtoError::TooManyFds { got, max: MAX_FDS });
     }
-    let mut iov = [IoSliceMut::new(buf)];
-    let msg = loop {
-        match recvmsg::<()>(sock.as_raw_fd(), &mut iov, Some(&mut cmsg), flags) {
-            Err(nix::errno::Errno::EINTR) => continue,
-            other => break other.map_err(|e| ProtoError::Io(e.into()))?,
-        }
-    };
-    let truncated = msg.flags.contains(MsgFlags::MSG_CTRUNC);
-    let bytes = msg.bytes;
-    for c in msg.cmsgs().map_err(|e| ProtoError::Io(e.into()))? {
-        if let ControlMessageOwned::ScmRights(received) = c {
-            for fd in received {
-                // SAFETY: the kernel just installed `fd` in our table for this
-                // message; nothing else knows it, so taking ownership is sound.
-                fds.push(unsafe { OwnedFd::from_raw_fd(fd) });
-            }
-        }
-    }
-    if truncated || fds.len() > MAX_FDS {
-        return Err(ProtoError::TooManyFds {
-            got: fds.len().max(MAX_FDS + 1),
-            max: MAX_FDS,
-        });
-    }
-    Ok(bytes)
+    Ok(got.bytes)
 }
 
 /// Sends one message (blocking socket).

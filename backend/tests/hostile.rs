@@ -1,0 +1,1223 @@
+//! Hostile tenants (issue 11): each attack a compromised VMM can mount with
+//! ordinary syscalls, run against a live in-process daemon with real child
+//! processes (`fork`, `setuid` where the uid matters), real memory and real
+//! `SCM_RIGHTS`. Each test asserts what the attack must not achieve: no byte
+//! of one tenant visible to another, the daemon alive and serving, its fd
+//! table and pool counts balanced afterwards.
+//!
+//! The daemon runs in this process, so its fd table is `/proc/self/fd`; the
+//! tests of this binary are serialized (`serial`) because they compare that
+//! table and the host's huge-page counts before and after.
+
+mod common;
+use common::{serial, wait_until, TestDaemon};
+
+use std::ffi::CString;
+use std::io::IoSlice;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::UnixStream;
+use std::path::Path;
+use std::time::Duration;
+
+use backend::client::Client;
+use backend::proto::{AllocRequest, ClearMode, Code, Header, PagePolicy, HEADER_SIZE, MAX_FDS};
+use guest_mem::PageSize;
+use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags};
+use nix::sys::wait::{waitpid, WaitStatus};
+use nix::unistd::{fork, ForkResult};
+use serde_json::Value;
+
+/// The uid the unprivileged tenants run as.
+const NOBODY: u32 = 65534;
+
+fn open_fds() -> usize {
+    std::fs::read_dir("/proc/self/fd")
+        .expect("/proc/self/fd")
+        .count()
+}
+
+/// Waits until the daemon's (this process's) fd table is back at `baseline`.
+fn assert_fds_back_to(baseline: usize, what: &str) {
+    wait_until(
+        &format!("the daemon's fd count returns to {baseline} after {what}"),
+        Duration::from_secs(10),
+        || open_fds() <= baseline,
+    );
+}
+
+/// A handshake header with `n` copies of `fd` attached (`SCM_RIGHTS`).
+fn send_header_with_fds(sock: &UnixStream, fd: RawFd, n: usize) -> nix::Result<usize> {
+    let header = Header::request(Code::Handshake, 1, 0)
+        .expect("header")
+        .encode();
+    let raw = vec![fd; n];
+    let iov = [IoSlice::new(&header)];
+    let cmsg = [ControlMessage::ScmRights(&raw)];
+    sendmsg::<()>(sock.as_raw_fd(), &iov, &cmsg, MsgFlags::MSG_NOSIGNAL, None)
+}
+
+/// Lets `uid` reach the daemon's socket (the test's temporary directory and
+/// the socket itself are root-only).
+fn open_socket_to_everyone(d: &TestDaemon) {
+    for (path, mode) in [(d.dir(), 0o755), (d.socket().as_path(), 0o777)] {
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).expect("chmod");
+    }
+}
+
+/// Runs `child` in a forked process as `uid` (when given) and returns its
+/// exit code. The child only makes syscalls and exits with `_exit`.
+fn in_child(uid: Option<u32>, child: impl FnOnce() -> i32) -> i32 {
+    // SAFETY: the child only runs `child` (plain syscalls through nix/libc on
+    // data prepared before the fork) and leaves with `_exit`, never
+    // returning into the test harness or running destructors.
+    match unsafe { fork() }.expect("fork") {
+        ForkResult::Child => {
+            // A child stuck on a pipe its failed parent never writes ends
+            // with SIGALRM instead of lingering.
+            // SAFETY: alarm is async-signal-safe and takes an integer.
+            unsafe { libc::alarm(60) };
+            let code = match uid {
+                Some(uid) => {
+                    // SAFETY: setgid is a plain syscall on an integer.
+                    let gid_ok = unsafe { libc::setgid(uid) } == 0;
+                    // SAFETY: setuid is a plain syscall on an integer.
+                    let ok = gid_ok && unsafe { libc::setuid(uid) } == 0;
+                    if ok {
+                        child()
+                    } else {
+                        90
+                    }
+                }
+                None => child(),
+            };
+            // SAFETY: ends the forked child without unwinding into the
+            // parent's copy of the test harness.
+            unsafe { libc::_exit(code) }
+        }
+        ForkResult::Parent { child } => match waitpid(child, None).expect("waitpid") {
+            WaitStatus::Exited(_, code) => code,
+            other => panic!("tenant child ended with {other:?}"),
+        },
+    }
+}
+
+/// True when running as root: the tests that act as another uid (`setuid`)
+/// and read other processes' fds need it; they skip otherwise.
+fn root_or_skip() -> bool {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    if unsafe { libc::geteuid() } == 0 {
+        true
+    } else {
+        test_support::skip!("needs root (setuid to tenant uids, /proc of other processes)");
+        false
+    }
+}
+
+fn connect_raw(path: &Path) -> UnixStream {
+    UnixStream::connect(path).expect("connect")
+}
+
+/// More than `MAX_FDS` fds on one frame, from an allowed peer and from a
+/// refused uid: the kernel installs the fds that fit and truncates
+/// (`MSG_CTRUNC`); the daemon must close every one it got, refuse the frame
+/// and keep serving. Before the fix each frame leaked 64 fds for good.
+#[test]
+fn fds_beyond_the_frame_limit_never_leak() {
+    let _g = serial();
+    if !root_or_skip() {
+        return;
+    }
+    let d = TestDaemon::start(|_| {});
+    open_socket_to_everyone(&d);
+    // A warm-up client, so lazily created daemon fds exist before the baseline.
+    let mut c = d.client();
+    c.stats().expect("stats");
+    drop(c);
+    let payload: OwnedFd = UnixStream::pair().expect("pair").0.into();
+    std::thread::sleep(Duration::from_millis(100));
+    let baseline = open_fds();
+
+    // Allowed peer (this uid): 30 connections, one frame each of 200 fds.
+    for _ in 0..30 {
+        let s = connect_raw(&d.socket());
+        send_header_with_fds(&s, payload.as_raw_fd(), 200).expect("sendmsg 200 fds");
+        // The daemon closes the connection on the refused frame.
+        let mut byte = [0u8; HEADER_SIZE];
+        let _ = nix::sys::socket::recv(s.as_raw_fd(), &mut byte, MsgFlags::empty());
+    }
+    // Exactly MAX_FDS + 1 fds: no truncation, refused by the frame limit.
+    let s = connect_raw(&d.socket());
+    send_header_with_fds(&s, payload.as_raw_fd(), MAX_FDS + 1).expect("sendmsg 65 fds");
+    let mut byte = [0u8; HEADER_SIZE];
+    let _ = nix::sys::socket::recv(s.as_raw_fd(), &mut byte, MsgFlags::empty());
+    drop(s);
+    assert_fds_back_to(baseline, "frames of 200 and 65 fds from an allowed peer");
+
+    // A refused uid: 20 connections of 200 fds each.
+    let socket = CString::new(d.socket().as_os_str().as_encoded_bytes()).expect("path");
+    let fd = payload.as_raw_fd();
+    let code = in_child(Some(NOBODY), || {
+        for _ in 0..20 {
+            let path = Path::new(socket.to_str().unwrap_or_default());
+            let Ok(s) = UnixStream::connect(path) else {
+                return 2;
+            };
+            if send_header_with_fds(&s, fd, 200).is_err() {
+                return 3;
+            }
+            let mut byte = [0u8; HEADER_SIZE];
+            let _ = nix::sys::socket::recv(s.as_raw_fd(), &mut byte, MsgFlags::empty());
+        }
+        0
+    });
+    assert_eq!(code, 0, "the refused tenant could not run its attack");
+    assert_fds_back_to(baseline, "frames of 200 fds from a refused uid");
+
+    // Still serving, and nothing counted as an allocation.
+    let mut c = d.client();
+    let stats = c.stats().expect("stats after the attack");
+    assert_eq!(stats["allocations"]["active"].as_u64(), Some(0), "{stats}");
+    assert!(
+        d.stats()["counters"]["peers_refused"].as_u64() >= Some(20),
+        "{}",
+        d.stats()
+    );
+    drop(c);
+    let _ = payload.as_fd();
+    d.shutdown();
+}
+
+const MIB: u64 = 1 << 20;
+/// What tenant A writes everywhere it can; B must never read it.
+const SECRET: u8 = 0xA5;
+
+fn hugepages_2m(what: &str) -> u64 {
+    let path = format!("/sys/kernel/mm/hugepages/hugepages-2048kB/{what}");
+    std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("{path}: {e}"))
+        .trim()
+        .parse()
+        .expect("page count")
+}
+
+/// Reserves `n` free 2 MiB pages; false (after a recorded skip) when the
+/// host cannot give them.
+fn reserve_2m(n: u64) -> bool {
+    match guest_mem::ensure_free(PageSize::Huge2M, n, None) {
+        Ok(r) if r.met => true,
+        Ok(r) => {
+            test_support::skip!("only {} free 2 MiB pages, {n} needed", r.free);
+            false
+        }
+        Err(e) => {
+            test_support::skip!("cannot reserve 2 MiB pages: {e}");
+            false
+        }
+    }
+}
+
+fn alloc_2m(size: u64, paths: bool) -> AllocRequest {
+    AllocRequest {
+        total_size: size,
+        page_policy: PagePolicy::Huge2M,
+        clear_mode: ClearMode::Eager,
+        lock: false,
+        parts: Vec::new(),
+        want_paths: paths,
+    }
+}
+
+fn counter(stats: &Value, name: &str) -> u64 {
+    stats["counters"][name]
+        .as_u64()
+        .unwrap_or_else(|| panic!("counter {name} missing: {stats}"))
+}
+
+/// `mmap(MAP_SHARED)` of `len` bytes of `fd`, or null.
+fn map(fd: RawFd, len: u64) -> *mut u8 {
+    // SAFETY: a fresh shared mapping chosen by the kernel; aliases nothing.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            usize::try_from(len).expect("len"),
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            fd,
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        std::ptr::null_mut()
+    } else {
+        p.cast()
+    }
+}
+
+fn unmap(p: *mut u8, len: u64) {
+    // SAFETY: `p` is a mapping of `len` bytes this test made with `map`.
+    unsafe { libc::munmap(p.cast(), usize::try_from(len).expect("len")) };
+}
+
+/// Fills `len` bytes at `p` (a live mapping of at least that) with SECRET.
+fn fill_secret(p: *mut u8, len: u64) {
+    // SAFETY: the caller's live read-write mapping of at least `len` bytes.
+    unsafe { std::ptr::write_bytes(p, SECRET, usize::try_from(len).expect("len")) };
+}
+
+/// Tenant B: allocates `size` bytes like A did and checks that its file has
+/// exactly that size and that not one byte of A's is in it.
+fn tenant_b_sees_nothing(d: &TestDaemon, size: u64, paths: bool) {
+    let mut b = d.client();
+    let a = b.alloc(alloc_2m(size, paths)).expect("tenant B allocates");
+    for (fd, info) in a.fds.iter().zip(&a.regions) {
+        let st = nix::sys::stat::fstat(fd.as_fd()).expect("fstat");
+        assert_eq!(
+            u64::try_from(st.st_size).expect("size"),
+            info.size,
+            "B's file is not the size of its region"
+        );
+        let p = map(fd.as_raw_fd(), info.size);
+        assert!(!p.is_null(), "B maps its region");
+        // SAFETY: B's live mapping of info.size bytes; nobody writes it now.
+        let bytes = unsafe { std::slice::from_raw_parts(p, info.size as usize) };
+        let leaked = bytes.iter().filter(|&&b| b != 0).count();
+        unmap(p, info.size);
+        assert_eq!(leaked, 0, "B's fresh region holds {leaked} non-zero bytes");
+    }
+    b.free(a.id).expect("B frees");
+}
+
+/// Shuts the daemon down and waits until the host's free 2 MiB pages are
+/// back where they were before the test started it.
+fn assert_hugepages_balanced(d: TestDaemon, free_before: u64) {
+    d.shutdown();
+    wait_until(
+        &format!("HugePages_Free (2 MiB) returns to {free_before}"),
+        Duration::from_secs(10),
+        || hugepages_2m("free_hugepages") >= free_before,
+    );
+}
+
+/// Runs tenant A in a forked child (root, or `uid`): connects, allocates
+/// `size` bytes, hands the allocation to `attack` (which returns its exit
+/// code), then the child FREEs and exits.
+fn tenant_a(
+    d: &TestDaemon,
+    uid: Option<u32>,
+    size: u64,
+    paths: bool,
+    attack: impl FnOnce(&backend::client::Allocation) -> i32,
+) -> i32 {
+    let socket = d.socket();
+    in_child(uid, move || {
+        let Ok(mut c) = Client::connect(&socket) else {
+            return 10;
+        };
+        let Ok(a) = c.alloc(alloc_2m(size, paths)) else {
+            return 11;
+        };
+        let code = attack(&a);
+        if code != 0 {
+            return code;
+        }
+        let id = a.id;
+        drop(a);
+        if c.free(id).is_err() {
+            return 12;
+        }
+        0
+    })
+}
+
+fn wait_discarded(d: &TestDaemon, n: u64) {
+    wait_until(
+        &format!("{n} damaged region(s) discarded"),
+        Duration::from_secs(10),
+        || counter(&d.stats(), "regions_discarded") >= n,
+    );
+    wait_until("the quarantine is empty", Duration::from_secs(10), || {
+        d.stats()["pools"]
+            .as_array()
+            .is_none_or(|p| p.iter().all(|k| k["quarantined_bytes"].as_u64() == Some(0)))
+    });
+}
+
+/// A grows its memfd past the region (the seals allow growing), writes past
+/// the end, FREEs. The region must be discarded, not pooled: B gets a file
+/// of exactly its size with none of A's bytes, and every page comes back.
+#[test]
+fn a_grown_file_is_discarded_not_served() {
+    let _g = serial();
+    if !reserve_2m(8) {
+        return;
+    }
+    let free_before = hugepages_2m("free_hugepages");
+    let d = TestDaemon::start(|_| {});
+    let size = 4 * MIB;
+    let code = tenant_a(&d, None, size, false, |a| {
+        let fd = a.fds[0].as_raw_fd();
+        // SAFETY: ftruncate on the tenant's own fd.
+        if unsafe { libc::ftruncate(fd, (2 * size) as libc::off_t) } != 0 {
+            return 20;
+        }
+        let p = map(fd, 2 * size);
+        if p.is_null() {
+            return 21;
+        }
+        fill_secret(p, 2 * size);
+        unmap(p, 2 * size);
+        0
+    });
+    assert_eq!(code, 0, "tenant A's attack did not run");
+    wait_discarded(&d, 1);
+    tenant_b_sees_nothing(&d, size, false);
+    tenant_b_sees_nothing(&d, size, false);
+    assert_hugepages_balanced(d, free_before);
+}
+
+/// A truncates its hugetlbfs file to 0 (path mode) and FREEs: the scrubber
+/// would SIGBUS on the first store. The daemon must live on, discard the
+/// region and serve B clean memory.
+#[test]
+fn a_truncated_path_file_does_not_kill_the_daemon() {
+    let _g = serial();
+    if !reserve_2m(8) {
+        return;
+    }
+    let free_before = hugepages_2m("free_hugepages");
+    let d = TestDaemon::start(|_| {});
+    let size = 4 * MIB;
+    let code = tenant_a(&d, None, size, true, |a| {
+        let fd = a.fds[0].as_raw_fd();
+        let p = map(fd, size);
+        if p.is_null() {
+            return 20;
+        }
+        fill_secret(p, size);
+        unmap(p, size);
+        // SAFETY: ftruncate on the tenant's own fd.
+        if unsafe { libc::ftruncate(fd, 0) } != 0 {
+            return 21;
+        }
+        0
+    });
+    assert_eq!(code, 0, "tenant A's attack did not run");
+    wait_discarded(&d, 1);
+    tenant_b_sees_nothing(&d, size, true);
+    tenant_b_sees_nothing(&d, size, false);
+    assert_hugepages_balanced(d, free_before);
+}
+
+/// A punches a hole in its memfd (`F_SEAL_SHRINK` does not cover it). With
+/// pages to spare the hole is refilled with fresh zeroed pages and the
+/// region is scrubbed as usual; with the host's pool exhausted (the
+/// issue's SIGBUS) it is discarded. Either way the daemon lives and B
+/// reads zeros.
+#[test]
+fn a_punched_hole_is_refilled_or_discarded() {
+    let _g = serial();
+    if !reserve_2m(12) {
+        return;
+    }
+    let free_before = hugepages_2m("free_hugepages");
+    let d = TestDaemon::start(|_| {});
+    let size = 4 * MIB;
+    let punch = |a: &backend::client::Allocation| {
+        let fd = a.fds[0].as_raw_fd();
+        let p = map(fd, size);
+        if p.is_null() {
+            return 20;
+        }
+        fill_secret(p, size);
+        unmap(p, size);
+        // SAFETY: fallocate on the tenant's own fd.
+        let r = unsafe {
+            libc::fallocate(
+                fd,
+                libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+                0,
+                (2 * MIB) as libc::off_t,
+            )
+        };
+        if r != 0 {
+            return 21;
+        }
+        0
+    };
+    // Pages to spare: refilled, scrubbed, pooled.
+    assert_eq!(tenant_a(&d, None, size, false, punch), 0, "attack 1");
+    wait_until(
+        "the region is clean in the pool",
+        Duration::from_secs(10),
+        || {
+            d.stats()["pools"]
+                .as_array()
+                .is_some_and(|p| p.iter().any(|k| k["clean_bytes"].as_u64() == Some(size)))
+        },
+    );
+    assert_eq!(counter(&d.stats(), "regions_discarded"), 0);
+    tenant_b_sees_nothing(&d, size, false);
+
+    // No page to spare when the daemon checks the region: A punches, then
+    // the host's free 2 MiB pages are taken (by this test) before A FREEs.
+    let (tx, rx) = std::sync::mpsc::channel::<()>();
+    let (ready_r, ready_w) = nix::unistd::pipe().expect("pipe");
+    let (go_r, go_w) = nix::unistd::pipe().expect("pipe");
+    let hog = std::thread::spawn(move || {
+        let mut b = [0u8; 1];
+        let _ = nix::unistd::read(&ready_r, &mut b);
+        let spare = hugepages_2m("free_hugepages") - hugepages_2m("resv_hugepages");
+        let len = spare * 2 * MIB;
+        // SAFETY: a fresh anonymous hugetlb mapping; aliases nothing.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len as usize,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_HUGETLB | libc::MAP_POPULATE,
+                -1,
+                0,
+            )
+        };
+        let _ = nix::unistd::write(&go_w, b"g");
+        let _ = rx.recv();
+        if p != libc::MAP_FAILED {
+            unmap(p.cast(), len);
+        }
+    });
+    let code = tenant_a(&d, None, size, false, |a| {
+        let r = punch(a);
+        if r != 0 {
+            return r;
+        }
+        let _ = nix::unistd::write(&ready_w, b"r");
+        let mut b = [0u8; 1];
+        let _ = nix::unistd::read(&go_r, &mut b);
+        0
+    });
+    assert_eq!(code, 0, "attack 2");
+    wait_discarded(&d, 1);
+    let _ = tx.send(());
+    hog.join().expect("hog thread");
+    tenant_b_sees_nothing(&d, size, false);
+    assert_hugepages_balanced(d, free_before);
+}
+
+fn memfd_2m() -> Option<OwnedFd> {
+    let name = CString::new("hostile-lease").expect("name");
+    // SAFETY: memfd_create with a valid C string; returns a new fd or -1.
+    let fd = unsafe {
+        libc::memfd_create(
+            name.as_ptr(),
+            libc::MFD_CLOEXEC | libc::MFD_HUGETLB | libc::MFD_HUGE_2MB,
+        )
+    };
+    if fd < 0 {
+        return None;
+    }
+    // SAFETY: `fd` was just returned by memfd_create and is owned by nobody else.
+    let fd = unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+    // SAFETY: ftruncate on our own fd.
+    if unsafe { libc::ftruncate(fd.as_raw_fd(), (2 * MIB) as libc::off_t) } != 0 {
+        return None;
+    }
+    Some(fd)
+}
+
+/// The kernel facts the reuse proof rests on, on this kernel: a write lease
+/// on the daemon's own reopened description of a hugetlb memfd is refused
+/// while any other description is open, in flight in an unreceived
+/// `SCM_RIGHTS` message, or only behind a shared mapping, and granted once
+/// all are gone; a `dup` of the daemon's own does not count; the original
+/// `memfd_create` description is not counted at all.
+#[test]
+fn write_lease_sees_every_other_description() {
+    use backend::sys::{reopen, write_lease_free};
+    let _g = serial();
+    if !reserve_2m(2) {
+        return;
+    }
+    let Some(original) = memfd_2m() else {
+        test_support::skip!(
+            "no 2 MiB hugetlb memfd: {}",
+            std::io::Error::last_os_error()
+        );
+        return;
+    };
+    assert!(
+        !write_lease_free(original.as_fd()).expect("lease"),
+        "a lease on the original memfd description is refused even alone (it is not counted)"
+    );
+    let own = reopen(original.as_fd()).expect("reopen");
+    assert!(
+        write_lease_free(own.as_fd()).expect("lease"),
+        "alone: granted"
+    );
+    let dup = own.try_clone().expect("dup");
+    assert!(
+        write_lease_free(own.as_fd()).expect("lease"),
+        "a dup does not count"
+    );
+    drop(dup);
+
+    let tenant = reopen(original.as_fd()).expect("reopen");
+    assert!(
+        !write_lease_free(own.as_fd()).expect("lease"),
+        "open: refused"
+    );
+    // In flight: sent to a socket nobody reads, every other copy closed.
+    let (a, b) = UnixStream::pair().expect("pair");
+    let raw = [tenant.as_raw_fd()];
+    let iov = [IoSlice::new(b"x")];
+    sendmsg::<()>(
+        a.as_raw_fd(),
+        &iov,
+        &[ControlMessage::ScmRights(&raw)],
+        MsgFlags::empty(),
+        None,
+    )
+    .expect("send");
+    drop(tenant);
+    assert!(
+        !write_lease_free(own.as_fd()).expect("lease"),
+        "in flight: refused"
+    );
+    let mut fds = Vec::new();
+    let mut buf = [0u8; 1];
+    backend::sys::recv_with_fds(b.as_fd(), &mut buf, &mut fds, 1, false).expect("recv");
+    assert_eq!(fds.len(), 1);
+    let p = map(fds[0].as_raw_fd(), 2 * MIB);
+    assert!(!p.is_null());
+    drop(fds);
+    assert!(
+        !write_lease_free(own.as_fd()).expect("lease"),
+        "mapped only: refused"
+    );
+    unmap(p, 2 * MIB);
+    assert!(
+        write_lease_free(own.as_fd()).expect("lease"),
+        "all gone: granted"
+    );
+    // A copy of the original in flight is invisible: why it is never sent.
+    let raw = [original.as_raw_fd()];
+    sendmsg::<()>(
+        a.as_raw_fd(),
+        &iov,
+        &[ControlMessage::ScmRights(&raw)],
+        MsgFlags::empty(),
+        None,
+    )
+    .expect("send");
+    assert!(
+        write_lease_free(own.as_fd()).expect("lease"),
+        "the original description in flight goes unseen (so it must never be sent)"
+    );
+}
+
+/// Tenant B's secret.
+const B_SECRET: u8 = 0x5B;
+
+fn read_u64(fd: &OwnedFd) -> u64 {
+    let mut b = [0u8; 8];
+    let mut got = 0;
+    while got < 8 {
+        match nix::unistd::read(fd, &mut b[got..]) {
+            Ok(0) | Err(_) => panic!("pipe closed after {got} bytes"),
+            Ok(n) => got += n,
+        }
+    }
+    u64::from_le_bytes(b)
+}
+
+/// The fd-in-flight attack: A sends its region's fd to itself over a
+/// socketpair and leaves it unreceived (no process shows it in `/proc`),
+/// closes every other copy and the mapping, FREEs. B allocates and writes
+/// its secret. A then receives the fd: it must not be B's file, and must
+/// not hold one byte of B's.
+fn fd_in_flight(paths: bool) {
+    let _g = serial();
+    if !reserve_2m(8) {
+        return;
+    }
+    let free_before = hugepages_2m("free_hugepages");
+    let d = TestDaemon::start(|_| {});
+    let size = 4 * MIB;
+    let (freed_r, freed_w) = nix::unistd::pipe().expect("pipe");
+    let (go_r, go_w) = nix::unistd::pipe().expect("pipe");
+    let socket = d.socket();
+    let parent = std::thread::spawn(move || {
+        in_child(None, move || {
+            let Ok(mut c) = Client::connect(&socket) else {
+                return 10;
+            };
+            let Ok(a) = c.alloc(alloc_2m(size, paths)) else {
+                return 11;
+            };
+            let p = map(a.fds[0].as_raw_fd(), size);
+            if p.is_null() {
+                return 12;
+            }
+            fill_secret(p, size);
+            unmap(p, size);
+            let Ok(st) = nix::sys::stat::fstat(a.fds[0].as_fd()) else {
+                return 13;
+            };
+            let Ok((s1, s2)) = UnixStream::pair() else {
+                return 14;
+            };
+            let raw = [a.fds[0].as_raw_fd()];
+            let iov = [IoSlice::new(b"x")];
+            if sendmsg::<()>(
+                s1.as_raw_fd(),
+                &iov,
+                &[ControlMessage::ScmRights(&raw)],
+                MsgFlags::empty(),
+                None,
+            )
+            .is_err()
+            {
+                return 15;
+            }
+            let id = a.id;
+            drop(a);
+            if c.free(id).is_err() {
+                return 16;
+            }
+            let _ = nix::unistd::write(&freed_w, &st.st_ino.to_le_bytes());
+            let mut b = [0u8; 1];
+            let _ = nix::unistd::read(&go_r, &mut b);
+            let mut fds = Vec::new();
+            let mut buf = [0u8; 1];
+            if backend::sys::recv_with_fds(s2.as_fd(), &mut buf, &mut fds, 1, false).is_err()
+                || fds.len() != 1
+            {
+                return 17;
+            }
+            let p = map(fds[0].as_raw_fd(), size);
+            if p.is_null() {
+                return 18;
+            }
+            // SAFETY: our live mapping of `size` bytes.
+            let bytes = unsafe { std::slice::from_raw_parts(p, size as usize) };
+            let stolen = bytes.iter().filter(|&&b| b == B_SECRET).count();
+            unmap(p, size);
+            if stolen > 0 {
+                return 30;
+            }
+            0
+        })
+    });
+    let a_inode = read_u64(&freed_r);
+    wait_until(
+        "A's region left quarantine",
+        Duration::from_secs(10),
+        || {
+            d.stats()["pools"]
+                .as_array()
+                .is_none_or(|p| p.iter().all(|k| k["quarantined_bytes"].as_u64() == Some(0)))
+        },
+    );
+    // B allocates, checks it got a clean file that is not A's, writes.
+    let mut b = d.client();
+    let alloc = b.alloc(alloc_2m(size, paths)).expect("B allocates");
+    let fd = &alloc.fds[0];
+    assert_ne!(
+        nix::sys::stat::fstat(fd.as_fd()).expect("fstat").st_ino,
+        a_inode,
+        "B got the inode A still reaches through its fd in flight"
+    );
+    let p = map(fd.as_raw_fd(), size);
+    assert!(!p.is_null());
+    // SAFETY: B's live mapping of `size` bytes.
+    let bytes = unsafe { std::slice::from_raw_parts_mut(p, size as usize) };
+    assert!(bytes.iter().all(|&x| x == 0), "B's memory is not clean");
+    bytes.fill(B_SECRET);
+    let _ = nix::unistd::write(&go_w, b"g");
+    let code = parent.join().expect("tenant A thread");
+    assert_eq!(code, 0, "tenant A (30: it read B's secret)");
+    assert_eq!(
+        counter(&d.stats(), "regions_discarded"),
+        1,
+        "A's unprovable region was given back to the kernel"
+    );
+    unmap(p, size);
+    let id = alloc.id;
+    drop(alloc);
+    b.free(id).expect("B frees");
+    drop(b);
+    // The daemon still serves, and B's region is recycled as usual.
+    tenant_b_sees_nothing(&d, size, paths);
+    assert_eq!(counter(&d.stats(), "regions_discarded"), 1);
+    assert_hugepages_balanced(d, free_before);
+}
+
+#[test]
+fn an_fd_in_flight_never_reaches_the_next_tenant_memfd() {
+    fd_in_flight(false);
+}
+
+#[test]
+fn an_fd_in_flight_never_reaches_the_next_tenant_path() {
+    fd_in_flight(true);
+}
+
+/// A pin outlives every fd and mapping: A `vmsplice`s the first 64 KiB of
+/// its region into a pipe (the pipe holds references to the pages, like an
+/// io_uring fixed buffer or a VFIO/RDMA pin: no /proc scan, lease or
+/// kpagecount sees it), closes and unmaps everything, FREEs. B gets the
+/// region (the lease is granted: no description is left) and writes its
+/// secret. A then reads the pipe: it must see its own old bytes, never B's
+/// — the daemon punched and refaulted every page before reuse.
+#[test]
+fn a_pinned_page_never_holds_the_next_tenants_data() {
+    let _g = serial();
+    if !reserve_2m(8) {
+        return;
+    }
+    let free_before = hugepages_2m("free_hugepages");
+    let d = TestDaemon::start(|_| {});
+    let size = 4 * MIB;
+    let (freed_r, freed_w) = nix::unistd::pipe().expect("pipe");
+    let (go_r, go_w) = nix::unistd::pipe().expect("pipe");
+    let socket = d.socket();
+    let tenant = std::thread::spawn(move || {
+        in_child(None, move || {
+            let Ok(mut c) = Client::connect(&socket) else {
+                return 10;
+            };
+            let Ok(a) = c.alloc(alloc_2m(size, false)) else {
+                return 11;
+            };
+            let p = map(a.fds[0].as_raw_fd(), size);
+            if p.is_null() {
+                return 12;
+            }
+            fill_secret(p, size);
+            let Ok((pin_r, pin_w)) = nix::unistd::pipe() else {
+                return 13;
+            };
+            let iov = libc::iovec {
+                iov_base: p.cast(),
+                iov_len: 64 * 1024,
+            };
+            // SAFETY: vmsplice reads the iovec (our live mapping) and makes
+            // the pipe reference those pages; no memory of ours is written.
+            let n = unsafe { libc::vmsplice(pin_w.as_raw_fd(), &iov, 1, 0) };
+            if n != 64 * 1024 {
+                return 14;
+            }
+            unmap(p, size);
+            let id = a.id;
+            drop(a);
+            if c.free(id).is_err() {
+                return 15;
+            }
+            let _ = nix::unistd::write(&freed_w, &0u64.to_le_bytes());
+            let mut b = [0u8; 1];
+            let _ = nix::unistd::read(&go_r, &mut b);
+            let mut pinned = vec![0u8; 64 * 1024];
+            let mut got = 0;
+            while got < pinned.len() {
+                match nix::unistd::read(&pin_r, &mut pinned[got..]) {
+                    Ok(0) | Err(_) => return 16,
+                    Ok(n) => got += n,
+                }
+            }
+            if pinned.contains(&B_SECRET) {
+                return 30;
+            }
+            if pinned.iter().any(|&x| x != SECRET) {
+                // The daemon cleared a page A still pinned: not a leak of B,
+                // but it means the page stayed in the file.
+                return 31;
+            }
+            0
+        })
+    });
+    read_u64(&freed_r);
+    wait_until(
+        "A's region is clean in the pool",
+        Duration::from_secs(10),
+        || {
+            d.stats()["pools"]
+                .as_array()
+                .is_some_and(|p| p.iter().any(|k| k["clean_bytes"].as_u64() == Some(size)))
+        },
+    );
+    assert!(counter(&d.stats(), "pages_detached") >= 2, "{}", d.stats());
+    let mut b = d.client();
+    let alloc = b.alloc(alloc_2m(size, false)).expect("B allocates");
+    let p = map(alloc.fds[0].as_raw_fd(), size);
+    assert!(!p.is_null());
+    // SAFETY: B's live mapping of `size` bytes.
+    let bytes = unsafe { std::slice::from_raw_parts_mut(p, size as usize) };
+    assert!(bytes.iter().all(|&x| x == 0), "B's memory is not clean");
+    bytes.fill(B_SECRET);
+    let _ = nix::unistd::write(&go_w, b"g");
+    let code = tenant.join().expect("tenant A thread");
+    assert_eq!(code, 0, "tenant A (30: it read B's secret through its pin; 31: its pinned page was cleared in place)");
+    unmap(p, size);
+    let id = alloc.id;
+    drop(alloc);
+    b.free(id).expect("B frees");
+    drop(b);
+    assert_hugepages_balanced(d, free_before);
+}
+
+/// What detaching costs the pool: punch + refault of a region (the kernel
+/// zeroes the new pages) against the scrubber's clear of the same mapping,
+/// in the same run. Reports the ratio; asserts both leave zeros.
+#[test]
+fn detach_cost_against_a_plain_scrub() {
+    let _g = serial();
+    let pages = 64u64;
+    if !reserve_2m(pages + 2) {
+        return;
+    }
+    let Some(fd) = memfd_2m() else {
+        test_support::skip!("no 2 MiB hugetlb memfd");
+        return;
+    };
+    let len = pages * 2 * MIB;
+    assert_eq!(
+        // SAFETY: ftruncate on our own memfd.
+        unsafe { libc::ftruncate(fd.as_raw_fd(), len as libc::off_t) },
+        0
+    );
+    let p = map(fd.as_raw_fd(), len);
+    assert!(!p.is_null());
+    let n = usize::try_from(len).expect("len");
+    let mut scrub = Vec::new();
+    let mut detach = Vec::new();
+    for _ in 0..5 {
+        fill_secret(p, len);
+        let t = std::time::Instant::now();
+        // SAFETY: our own live mapping of `n` bytes, nobody else uses it.
+        unsafe { clearing::clear_raw(clearing::ClearKernel::default_kernel(), p, n) };
+        scrub.push(t.elapsed().as_secs_f64());
+        fill_secret(p, len);
+        let t = std::time::Instant::now();
+        backend::sys::punch_hole(fd.as_fd(), 0, len).expect("punch");
+        backend::sys::populate_write(p, n).expect("refault");
+        detach.push(t.elapsed().as_secs_f64());
+        // SAFETY: our own live mapping of `n` bytes.
+        let bytes = unsafe { std::slice::from_raw_parts(p, n) };
+        assert!(bytes.iter().all(|&x| x == 0), "refaulted pages are zero");
+    }
+    unmap(p, len);
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let (s, dt) = (median(&mut scrub), median(&mut detach));
+    let gib = len as f64 / f64::from(1u32 << 30);
+    // Straight to fd 2 (libtest captures eprintln! in test threads).
+    let line = format!(
+        "detach cost, {pages} x 2 MiB, median of 5: scrub {:.3} s/GiB, punch+refault {:.3} s/GiB, ratio {:.2}\n",
+        s / gib,
+        dt / gib,
+        dt / s
+    );
+    let _ = std::io::Write::write_all(&mut std::io::stderr(), line.as_bytes());
+    assert!(s > 0.0 && dt > 0.0);
+}
+
+/// One tenant (uid 65534) opens 100 connections, handshakes and goes
+/// silent. Its uid gets `max_connections_per_uid` of them, the rest are
+/// closed at once; root is still served promptly; the silent ones are
+/// closed after `idle_timeout_secs`. Then with a per-uid cap above the
+/// general pool, the flood fills every general slot and root still gets
+/// one of the operators' reserved slots.
+#[test]
+fn idle_connection_floods_starve_nobody() {
+    let _g = serial();
+    if !root_or_skip() {
+        return;
+    }
+    for (per_uid, expect_held) in [(8usize, 8u64), (100, 12)] {
+        let d = TestDaemon::start(|c| {
+            c.allowed_uids = vec![0, NOBODY];
+            c.limits.max_connections = 16;
+            c.limits.reserved_connections = 4;
+            c.limits.max_connections_per_uid = per_uid;
+            c.limits.idle_timeout_secs = 2;
+        });
+        open_socket_to_everyone(&d);
+        let (held_r, held_w) = nix::unistd::pipe().expect("pipe");
+        let (go_r, go_w) = nix::unistd::pipe().expect("pipe");
+        let socket = d.socket();
+        let flood = std::thread::spawn(move || {
+            in_child(Some(NOBODY), move || {
+                let mut conns = Vec::new();
+                for _ in 0..100 {
+                    let Ok(s) = UnixStream::connect(&socket) else {
+                        continue;
+                    };
+                    let _ = s.set_read_timeout(Some(Duration::from_secs(1)));
+                    if let Ok(c) = Client::from_stream(s) {
+                        conns.push(c);
+                    }
+                }
+                let _ = nix::unistd::write(&held_w, &(conns.len() as u64).to_le_bytes());
+                let mut b = [0u8; 1];
+                let _ = nix::unistd::read(&go_r, &mut b);
+                0
+            })
+        });
+        let held = read_u64(&held_r);
+        assert_eq!(held, expect_held, "connections the flooding uid got");
+        // Root is served promptly while the flood holds its connections.
+        let t = std::time::Instant::now();
+        let mut root = d.client();
+        root.stats().expect("root is served");
+        assert!(
+            t.elapsed() < Duration::from_secs(2),
+            "root waited {:?}",
+            t.elapsed()
+        );
+        drop(root);
+        // The silent connections are closed after the idle timeout.
+        wait_until(
+            "the idle connections are closed",
+            Duration::from_secs(10),
+            || d.stats()["sessions"]["active"].as_u64() == Some(0),
+        );
+        let _ = nix::unistd::write(&go_w, b"g");
+        assert_eq!(flood.join().expect("flood thread"), 0);
+        d.shutdown();
+    }
+}
+
+/// Lazy ALLOC right after another tenant's FREE, no UFFD ever sent, the fd
+/// mapped and read: a uid not in `pool.lazy_dirty_uids` (the default: none)
+/// never gets the dirty region, so it reads no byte of A's. Page detaching
+/// is off here so that dirty really means A's bytes. With the uid listed,
+/// the same sequence does get dirty memory (the control).
+#[test]
+fn lazy_on_dirty_memory_only_for_named_uids() {
+    use backend::proto::RegionInfo;
+    let _g = serial();
+    if !reserve_2m(72) {
+        return;
+    }
+    // Large enough that the scrubbers do not always win the race.
+    let size = 128 * MIB;
+    for trusted in [false, true] {
+        let d = TestDaemon::start(|c| {
+            c.pool.detach_pages = false;
+            c.pool.recheck_ms = 10;
+            if trusted {
+                c.pool.lazy_dirty_uids = vec![0];
+            }
+        });
+        let mut got_dirty = false;
+        for _ in 0..5 {
+            let code = tenant_a(&d, None, size, false, |a| {
+                let p = map(a.fds[0].as_raw_fd(), size);
+                if p.is_null() {
+                    return 20;
+                }
+                fill_secret(p, size);
+                unmap(p, size);
+                0
+            });
+            assert_eq!(code, 0, "tenant A");
+            wait_until(
+                "A's region left quarantine",
+                Duration::from_secs(10),
+                || {
+                    d.stats()["pools"].as_array().is_some_and(|p| {
+                        p.iter().all(|k| k["quarantined_bytes"].as_u64() == Some(0))
+                    })
+                },
+            );
+            let mut b = d.client();
+            let mut req = alloc_2m(size, false);
+            req.clear_mode = ClearMode::Lazy;
+            let alloc = b.alloc(req).expect("lazy alloc");
+            let lazy = alloc.regions[0].flags & RegionInfo::FLAG_LAZY != 0;
+            let p = map(alloc.fds[0].as_raw_fd(), size);
+            assert!(!p.is_null());
+            // SAFETY: B's live mapping of `size` bytes.
+            let bytes = unsafe { std::slice::from_raw_parts(p, size as usize) };
+            let leaked = bytes.iter().filter(|&&x| x == SECRET).count();
+            unmap(p, size);
+            if !trusted {
+                assert!(!lazy, "an untrusted uid got a dirty lazy region");
+                assert_eq!(leaked, 0, "an untrusted lazy client read A's bytes");
+            } else if lazy && leaked > 0 {
+                got_dirty = true;
+            }
+            let id = alloc.id;
+            drop(alloc);
+            b.free(id).expect("free");
+            if got_dirty {
+                break;
+            }
+        }
+        if trusted && !got_dirty {
+            test_support::skip!("control: the scrubbers cleaned the region first in 5 tries");
+        }
+        d.shutdown();
+    }
+}
+
+/// Access works as documented: an allowed non-root uid can reach the socket
+/// through `socket_group`; a list of allowed uids never locks root out; a
+/// FREE of another tenant's allocation id reads exactly like one of an id
+/// that does not exist.
+#[test]
+fn access_allowed_uid_connects_root_stays_and_ids_do_not_leak() {
+    use backend::client::ClientError;
+    let _g = serial();
+    if !root_or_skip() {
+        return;
+    }
+    let d = TestDaemon::start(|c| {
+        c.allowed_uids = vec![NOBODY];
+        c.socket_group = Some(NOBODY);
+    });
+    // The test's own temporary directory is 0700; a real deployment's
+    // runtime directory is created by the daemon (0710, the socket group)
+    // or by systemd.
+    std::fs::set_permissions(d.dir(), std::fs::Permissions::from_mode(0o711)).expect("chmod");
+    let mode = std::fs::metadata(d.socket())
+        .expect("socket")
+        .permissions()
+        .mode()
+        & 0o777;
+    assert_eq!(mode, 0o660, "socket mode with socket_group");
+    // Root is still allowed, and owns an allocation (4 KiB pages: no huge
+    // pages needed).
+    let mut root = d.client();
+    let mine = root
+        .alloc(AllocRequest {
+            page_policy: PagePolicy::Base4K,
+            ..alloc_2m(2 * MIB, false)
+        })
+        .expect("root allocates");
+    let (id_r, id_w) = nix::unistd::pipe().expect("pipe");
+    nix::unistd::write(&id_w, &mine.id.to_le_bytes()).expect("write id");
+    nix::unistd::write(&id_w, &mine.regions[0].region_id.to_le_bytes()).expect("write id");
+    assert!(
+        root.stats().expect("root stats")["regions"]
+            .as_array()
+            .is_some_and(|r| r
+                .iter()
+                .any(|r| r["id"].as_u64() == Some(mine.regions[0].region_id))),
+        "root (an operator) sees every region"
+    );
+    let socket = d.socket();
+    let code = in_child(Some(NOBODY), move || {
+        let foreign = read_u64(&id_r);
+        let foreign_region = read_u64(&id_r);
+        let Ok(mut c) = Client::connect(&socket) else {
+            return 40;
+        };
+        let Ok(stats) = c.stats() else {
+            return 41;
+        };
+        let sees_foreign = stats["regions"]
+            .as_array()
+            .is_none_or(|r| r.iter().any(|r| r["id"].as_u64() == Some(foreign_region)));
+        if sees_foreign || !stats["quarantine"].is_null() || !stats["rebalance"].is_null() {
+            return 43;
+        }
+        let missing = foreign + 1_000_000;
+        let norm = |r: Result<(), ClientError>, id: u64| match r {
+            Err(ClientError::Refused { status, message }) => {
+                Some((status, message.replace(&id.to_string(), "ID")))
+            }
+            _ => None,
+        };
+        let a = norm(c.free(foreign), foreign);
+        let b = norm(c.free(missing), missing);
+        if a.is_none() || a != b {
+            return 42;
+        }
+        let norm_rb = |r: Result<(u64, u64), ClientError>, id: u64| match r {
+            Err(ClientError::Refused { status, message }) => {
+                Some((status, message.replace(&id.to_string(), "ID")))
+            }
+            _ => None,
+        };
+        let missing_region = foreign_region + 1_000_000;
+        let a = norm_rb(c.rebalance(foreign_region, 0, 0, 0), foreign_region);
+        let b = norm_rb(c.rebalance(missing_region, 0, 0, 0), missing_region);
+        if a.is_none() || a != b {
+            return 44;
+        }
+        0
+    });
+    assert_eq!(
+        code, 0,
+        "uid 65534 (40: cannot connect, 41: not served, 42: a foreign id reads unlike a missing one, 43: STATS shows another tenant, 44: REBALANCE tells a foreign region from a missing one)"
+    );
+    // Root's allocation is untouched by the attempt.
+    root.free(mine.id).expect("root frees its own allocation");
+    d.shutdown();
+}
+
+/// A daemon that died (SIGKILL, or a crash) leaves its path-mode region
+/// files on the hugetlbfs mount, with their pages and a tenant's data. The
+/// next daemon releases them at start (never reuses them), says so in
+/// STATS, and the pages come back.
+#[test]
+fn restart_releases_files_of_a_dead_instance() {
+    let _g = serial();
+    if !reserve_2m(4) {
+        return;
+    }
+    let d = TestDaemon::start(|_| {});
+    let Some(dir) = d.stats()["hugetlbfs"]["2M"]
+        .as_str()
+        .map(std::path::PathBuf::from)
+    else {
+        test_support::skip!("no 2 MiB hugetlbfs mount");
+        d.shutdown();
+        return;
+    };
+    d.shutdown();
+    // A pid that is certainly dead: a child that has exited and been reaped.
+    let dead = std::process::Command::new("true")
+        .spawn()
+        .expect("spawn true");
+    let pid = dead.id();
+    let mut dead = dead;
+    dead.wait().expect("wait");
+    let free_before = hugepages_2m("free_hugepages");
+    let path = dir.join(format!("hugemem-r1.{pid}.0"));
+    {
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .open(&path)
+            .expect("create leftover");
+        file.set_len(2 * MIB).expect("size");
+        let p = map(file.as_raw_fd(), 2 * MIB);
+        assert!(!p.is_null());
+        fill_secret(p, 2 * MIB);
+        unmap(p, 2 * MIB);
+    }
+    assert_eq!(
+        hugepages_2m("free_hugepages"),
+        free_before - 1,
+        "the leftover holds a page"
+    );
+    let d = TestDaemon::start(|_| {});
+    assert!(!path.exists(), "the leftover file was not released");
+    let stats = d.stats();
+    // At least ours (a crashed run elsewhere may have left more).
+    assert!(counter(&stats, "leftover_files_released") >= 1, "{stats}");
+    assert!(
+        counter(&stats, "leftover_bytes_released") >= 2 * MIB,
+        "{stats}"
+    );
+    assert!(
+        hugepages_2m("free_hugepages") >= free_before,
+        "its page came back"
+    );
+    d.shutdown();
+}
