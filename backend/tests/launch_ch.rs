@@ -167,19 +167,27 @@ fn fd_mode_command_line_and_memory_file() {
     daemon.shutdown().expect("shutdown");
 }
 
+/// The 32 free 2 MiB pages the stand-in tests allocate, held for the test's
+/// lifetime; `None` after a recorded skip when the host cannot give them.
+fn stand_in_pages() -> Option<Reservation> {
+    match Reservation::for_run(PageSize::Huge2M, 32) {
+        Ok(r) if r.report().met => Some(r),
+        other => {
+            test_support::skip!("32 free 2M pages are needed: {other:?}");
+            None
+        }
+    }
+}
+
 #[test]
 fn hugetlbfs_mode_hands_out_paths() {
     let _serial = serial();
     let dir = tempfile::tempdir().expect("tempdir");
     let daemon = start_daemon(dir.path());
     let ch = fake_ch(dir.path());
-    match Reservation::for_run(PageSize::Huge2M, 32) {
-        Ok(r) if r.report().met => {}
-        other => {
-            test_support::skip!("32 free 2M pages are needed: {other:?}");
-            return;
-        }
-    }
+    let Some(_reservation) = stand_in_pages() else {
+        return;
+    };
     let out = launch(
         daemon.socket_path(),
         &["--size", "64M", "--page-size", "2M", "--hugetlbfs"],
@@ -223,13 +231,9 @@ fn hugetlbfs_launch_right_after_an_fd_launch_reuses_its_pages() {
     let dir = tempfile::tempdir().expect("tempdir");
     let daemon = start_daemon(dir.path());
     let ch = fake_ch(dir.path());
-    match Reservation::for_run(PageSize::Huge2M, 32) {
-        Ok(r) if r.report().met => {}
-        other => {
-            test_support::skip!("32 free 2M pages are needed: {other:?}");
-            return;
-        }
-    }
+    let Some(_reservation) = stand_in_pages() else {
+        return;
+    };
     let count = |node| {
         PoolCounts::read(PageSize::Huge2M, node)
             .ok()
