@@ -1,0 +1,941 @@
+//! The randomized soak of issue 11: several hostile tenant processes run
+//! seeded random sequences of operations (ALLOC eager/lazy, with and without
+//! paths, FREE, LOCK/UNLOCK, REBALANCE, disconnect without FREE, fds kept
+//! after FREE or left in flight, grown, punched and truncated files,
+//! malformed frames) against one live in-process daemon for a bounded time.
+//!
+//! Invariants, in each tenant after every step: a fresh ALLOC reads zero in
+//! every byte; a live region still holds exactly the tenant's own marker;
+//! memory reached through a kept or in-flight fd holds only zeros or the
+//! tenant's own marker (never another tenant's). In the parent, while the
+//! tenants run: the daemon answers STATS (in process and over its socket).
+//! At the end: no active allocation, the quarantine and the pool drain to
+//! empty, the daemon's fd table is back at its baseline, and after shutdown
+//! the host's free 2 MiB pages are back where they were.
+//!
+//! `HUGEMEM_SOAK_SECS` (default 15) bounds the run; `HUGEMEM_SOAK_SEED`
+//! replays one (the seed is always printed).
+
+mod common;
+use common::{reserve_2m, serial, wait_until, TestDaemon};
+
+use std::io::{IoSlice, Read, Write};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::UnixStream;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use backend::client::{Client, ClientError};
+use backend::proto::{AllocRequest, ClearMode, PagePolicy};
+use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags};
+use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
+use nix::unistd::{fork, ForkResult, Pid};
+use serde_json::Value;
+
+const MIB: u64 = 1 << 20;
+const PAGE: u64 = 2 * MIB;
+/// The uid the unprivileged tenants run as.
+const NOBODY: u32 = 65534;
+/// Tenant processes.
+const TENANTS: usize = 4;
+/// 2 MiB pages reserved for the run: per tenant at most 2 live allocations
+/// of up to 4 pages (+1 when grown) and 2 kept or in-flight files of up to
+/// 5 pages, plus the pool's limit.
+const PAGES: u64 = 4 * (2 * 5 + 2 * 5) + 16 + 8;
+
+/// Tenant `i`'s marker byte: distinct, non-zero.
+fn marker(i: usize) -> u8 {
+    0xA1 + i as u8
+}
+
+/// The operations (and outcomes) counted in the summary.
+#[derive(Clone, Copy)]
+#[repr(usize)]
+enum Op {
+    Alloc,
+    AllocRefused,
+    Free,
+    FreeKeepFd,
+    KeptFdChecked,
+    Lock,
+    LockRefused,
+    Rebalance,
+    RebalanceRefused,
+    RebalanceForeignRefused,
+    Disconnect,
+    FdInFlight,
+    InFlightReceived,
+    InFlightDropped,
+    Grow,
+    Punch,
+    Truncate0,
+    Truncate0Refused,
+    Malformed,
+    BadAllocRefused,
+    Verify,
+    Stats,
+    PopulateFailed,
+    /// Regions scanned for the zero / own-marker invariants.
+    Checks,
+}
+
+const OP_NAMES: [&str; 24] = [
+    "alloc",
+    "alloc_refused",
+    "free",
+    "free_keep_fd",
+    "kept_fd_checked",
+    "lock_unlock",
+    "lock_refused",
+    "rebalance",
+    "rebalance_refused",
+    "rebalance_foreign_refused",
+    "disconnect",
+    "fd_in_flight",
+    "in_flight_received",
+    "in_flight_dropped",
+    "grow",
+    "punch",
+    "truncate0",
+    "truncate0_refused",
+    "malformed",
+    "bad_alloc_refused",
+    "verify",
+    "stats",
+    "populate_failed",
+    "region_checks",
+];
+
+/// xorshift64*: a small seeded generator, so that a seed replays a run.
+struct Rng(u64);
+
+impl Rng {
+    fn new(seed: u64) -> Self {
+        Self(seed | 1)
+    }
+    fn next(&mut self) -> u64 {
+        let mut x = self.0;
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        self.0 = x;
+        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+    fn chance(&mut self, pct: u64) -> bool {
+        self.below(100) < pct
+    }
+}
+
+fn open_fds() -> usize {
+    std::fs::read_dir("/proc/self/fd")
+        .expect("/proc/self/fd")
+        .count()
+}
+
+/// What each open fd of this process (the daemon's) points at.
+fn fd_targets() -> Vec<String> {
+    std::fs::read_dir("/proc/self/fd")
+        .expect("/proc/self/fd")
+        .filter_map(|e| e.ok())
+        .map(|e| {
+            let target = std::fs::read_link(e.path()).unwrap_or_default();
+            format!(
+                "{} -> {}",
+                e.file_name().to_string_lossy(),
+                target.display()
+            )
+        })
+        .collect()
+}
+
+fn hugepages_2m(what: &str) -> u64 {
+    let path = format!("/sys/kernel/mm/hugepages/hugepages-2048kB/{what}");
+    std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("{path}: {e}"))
+        .trim()
+        .parse()
+        .expect("page count")
+}
+
+/// Straight to fd 2: libtest captures `eprintln!`, and the children share it.
+fn say(line: &str) {
+    let _ = std::io::stderr().write_all(line.as_bytes());
+}
+
+/// `mmap(MAP_SHARED)` of `len` bytes of `fd`, or null.
+fn map(fd: RawFd, len: u64) -> *mut u8 {
+    let Ok(n) = usize::try_from(len) else {
+        return std::ptr::null_mut();
+    };
+    // SAFETY: a fresh shared mapping chosen by the kernel; aliases nothing.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            n,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            fd,
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        std::ptr::null_mut()
+    } else {
+        p.cast()
+    }
+}
+
+fn unmap(p: *mut u8, len: u64) {
+    // SAFETY: `p` is a mapping of `len` bytes made by `map`, unmapped once.
+    unsafe { libc::munmap(p.cast(), len as usize) };
+}
+
+/// What a scan of a tenant's view of memory found.
+enum Scan {
+    /// Every byte allowed.
+    Ok,
+    /// The pages could not be faulted in (no free huge page): not read.
+    NoMemory,
+    /// Could not map.
+    MapFailed,
+    /// The first byte that is not allowed, and its offset.
+    Bad { offset: usize, byte: u8 },
+}
+
+/// Maps `len` bytes of `fd`, faults every page in with
+/// `MADV_POPULATE_WRITE` (an error, not SIGBUS, when no page is left),
+/// checks that every byte is `a` or `b`, then (when `fill`) writes `fill`
+/// over all of it.
+fn scan(fd: RawFd, len: u64, a: u8, b: u8, fill: Option<u8>) -> Scan {
+    let p = map(fd, len);
+    if p.is_null() {
+        return Scan::MapFailed;
+    }
+    let n = len as usize;
+    if backend::sys::populate_write(p, n).is_err() {
+        unmap(p, len);
+        return Scan::NoMemory;
+    }
+    // SAFETY: our live mapping of `n` bytes, every page faulted in above;
+    // only this process touches it while the slice lives.
+    let bytes = unsafe { std::slice::from_raw_parts(p, n) };
+    let wa = u64::from_ne_bytes([a; 8]);
+    let wb = u64::from_ne_bytes([b; 8]);
+    let mut result = Scan::Ok;
+    for (i, w) in bytes.chunks_exact(8).enumerate() {
+        let v = u64::from_ne_bytes(w.try_into().unwrap_or([0xFF; 8]));
+        if v != wa && v != wb {
+            if let Some((j, &byte)) = w.iter().enumerate().find(|(_, &x)| x != a && x != b) {
+                result = Scan::Bad {
+                    offset: i * 8 + j,
+                    byte,
+                };
+                break;
+            }
+        }
+    }
+    if let (Scan::Ok, Some(f)) = (&result, fill) {
+        // SAFETY: the same live read-write mapping of `n` bytes; the shared
+        // slice above is no longer used.
+        unsafe { std::ptr::write_bytes(p, f, n) };
+    }
+    unmap(p, len);
+    result
+}
+
+/// One allocation a tenant holds.
+struct Live {
+    id: u64,
+    fd: OwnedFd,
+    region_id: u64,
+    size: u64,
+    paths: bool,
+    /// Grown, punched or truncated: its contents are no longer checked.
+    damaged: bool,
+}
+
+/// A file kept after FREE or disconnect, or sent to itself and in flight.
+enum Held {
+    Kept {
+        fd: OwnedFd,
+        size: u64,
+    },
+    InFlight {
+        tx: UnixStream,
+        rx: UnixStream,
+        size: u64,
+    },
+}
+
+struct Tenant {
+    index: usize,
+    own: u8,
+    unprivileged: bool,
+    socket: std::path::PathBuf,
+    rng: Rng,
+    counts: [u64; OP_NAMES.len()],
+    client: Option<Client>,
+    live: Vec<Live>,
+    held: Vec<Held>,
+}
+
+/// A broken invariant or an unexpected answer: ends the tenant.
+type Step = Result<(), String>;
+
+fn refused<T>(r: &Result<T, ClientError>) -> bool {
+    matches!(r, Err(ClientError::Refused { .. }))
+}
+
+impl Tenant {
+    fn count(&mut self, op: Op) {
+        self.counts[op as usize] += 1;
+    }
+
+    fn client(&mut self) -> Result<&mut Client, String> {
+        if self.client.is_none() {
+            // A dropped connection may not be accounted yet (per-uid caps).
+            let deadline = Instant::now() + Duration::from_secs(10);
+            let c = loop {
+                match Client::connect(&self.socket) {
+                    Ok(c) => break c,
+                    Err(e) if Instant::now() > deadline => {
+                        return Err(format!("cannot connect: {e}"))
+                    }
+                    Err(_) => std::thread::sleep(Duration::from_millis(20)),
+                }
+            };
+            let _ = c.set_timeout(Some(Duration::from_secs(60)));
+            self.client = Some(c);
+        }
+        self.client.as_mut().ok_or_else(|| "no client".to_string())
+    }
+
+    /// Checks a scan of memory from the daemon; `what` names the step.
+    fn checked(&mut self, s: Scan, what: &str) -> Step {
+        match s {
+            Scan::Ok => {
+                self.count(Op::Checks);
+                Ok(())
+            }
+            Scan::NoMemory => {
+                self.count(Op::PopulateFailed);
+                Ok(())
+            }
+            Scan::MapFailed => Err(format!("{what}: mmap failed")),
+            Scan::Bad { offset, byte } => {
+                let whose = (0..TENANTS)
+                    .find(|&t| marker(t) == byte)
+                    .map_or("nobody's".to_string(), |t| format!("tenant {t}'s marker"));
+                Err(format!(
+                    "{what}: byte {byte:#04x} ({whose}) at offset {offset:#x}"
+                ))
+            }
+        }
+    }
+
+    fn alloc(&mut self) -> Step {
+        if self.live.len() >= 2 {
+            return self.free(false);
+        }
+        let size = (2 + self.rng.below(3)) * PAGE;
+        let lazy = self.rng.chance(30);
+        let paths = self.rng.chance(30);
+        let lock = !lazy && self.rng.chance(20);
+        let req = AllocRequest {
+            total_size: size,
+            page_policy: PagePolicy::Huge2M,
+            clear_mode: if lazy {
+                ClearMode::Lazy
+            } else {
+                ClearMode::Eager
+            },
+            lock,
+            parts: Vec::new(),
+            want_paths: paths,
+        };
+        let r = self.client()?.alloc(req);
+        let a = match r {
+            Ok(a) => a,
+            Err(ClientError::Refused { .. }) => {
+                self.count(Op::AllocRefused);
+                return Ok(());
+            }
+            Err(e) => return Err(format!("ALLOC {size} lazy={lazy} paths={paths}: {e}")),
+        };
+        self.count(Op::Alloc);
+        let id = a.id;
+        let (Some(info), Some(fd)) = (a.regions.first().copied(), a.fds.into_iter().next()) else {
+            return Err("ALLOC reply without a region".into());
+        };
+        let st = nix::sys::stat::fstat(fd.as_fd()).map_err(|e| format!("fstat: {e}"))?;
+        if u64::try_from(st.st_size).ok() != Some(info.size) || info.size != size {
+            return Err(format!(
+                "fresh region: file size {} region {} asked {size}",
+                st.st_size, info.size
+            ));
+        }
+        // Every fresh byte reads zero; then the tenant's marker goes everywhere.
+        let own = self.own;
+        let s = scan(fd.as_raw_fd(), size, 0, 0, Some(own));
+        let nomem = matches!(s, Scan::NoMemory);
+        self.checked(s, &format!("fresh ALLOC lazy={lazy} paths={paths}"))?;
+        self.live.push(Live {
+            id,
+            fd,
+            region_id: info.region_id,
+            size,
+            paths,
+            // Not filled: its contents are not known to be the marker.
+            damaged: nomem,
+        });
+        Ok(())
+    }
+
+    fn pick_live(&mut self, undamaged: bool) -> Option<usize> {
+        let idx: Vec<usize> = (0..self.live.len())
+            .filter(|&i| !undamaged || !self.live[i].damaged)
+            .collect();
+        if idx.is_empty() {
+            None
+        } else {
+            Some(idx[self.rng.below(idx.len() as u64) as usize])
+        }
+    }
+
+    /// FREE; with `keep`, the fd of an undamaged region stays open after it.
+    fn free(&mut self, keep: bool) -> Step {
+        let Some(i) = self.pick_live(keep) else {
+            return Ok(());
+        };
+        let l = self.live.swap_remove(i);
+        self.client()?
+            .free(l.id)
+            .map_err(|e| format!("FREE {}: {e}", l.id))?;
+        if keep && self.held.len() < 2 {
+            self.count(Op::FreeKeepFd);
+            self.held.push(Held::Kept {
+                fd: l.fd,
+                size: l.size,
+            });
+        } else {
+            self.count(Op::Free);
+        }
+        Ok(())
+    }
+
+    /// Reads (and writes) a file kept after FREE, or receives one in flight.
+    fn use_held(&mut self) -> Step {
+        if self.held.is_empty() {
+            return Ok(());
+        }
+        let i = self.rng.below(self.held.len() as u64) as usize;
+        let own = self.own;
+        match self.held.swap_remove(i) {
+            Held::Kept { fd, size } => {
+                self.count(Op::KeptFdChecked);
+                let s = scan(fd.as_raw_fd(), size, own, 0, Some(own));
+                self.checked(s, "fd kept after FREE")
+            }
+            Held::InFlight { tx, rx, size } => {
+                if self.rng.chance(30) {
+                    // Both ends closed with the fd still queued.
+                    drop((tx, rx));
+                    self.count(Op::InFlightDropped);
+                    return Ok(());
+                }
+                let mut fds = Vec::new();
+                let mut buf = [0u8; 1];
+                backend::sys::recv_with_fds(rx.as_fd(), &mut buf, &mut fds, 1, false)
+                    .map_err(|e| format!("receive the fd in flight: {e}"))?;
+                let Some(fd) = fds.pop() else {
+                    return Err("no fd was in flight".into());
+                };
+                self.count(Op::InFlightReceived);
+                let s = scan(fd.as_raw_fd(), size, own, 0, Some(own));
+                self.checked(s, "fd received from flight after FREE")
+            }
+        }
+    }
+
+    /// Sends a live region's fd to itself, leaves it unreceived, FREEs.
+    fn fd_in_flight(&mut self) -> Step {
+        if self.held.len() >= 2 {
+            return self.use_held();
+        }
+        let Some(i) = self.pick_live(true) else {
+            return Ok(());
+        };
+        let l = self.live.swap_remove(i);
+        let (tx, rx) = UnixStream::pair().map_err(|e| format!("socketpair: {e}"))?;
+        let raw = [l.fd.as_raw_fd()];
+        let iov = [IoSlice::new(b"x")];
+        sendmsg::<()>(
+            tx.as_raw_fd(),
+            &iov,
+            &[ControlMessage::ScmRights(&raw)],
+            MsgFlags::empty(),
+            None,
+        )
+        .map_err(|e| format!("sendmsg: {e}"))?;
+        drop(l.fd);
+        self.client()?
+            .free(l.id)
+            .map_err(|e| format!("FREE {} (fd in flight): {e}", l.id))?;
+        self.count(Op::FdInFlight);
+        self.held.push(Held::InFlight {
+            tx,
+            rx,
+            size: l.size,
+        });
+        Ok(())
+    }
+
+    fn verify(&mut self) -> Step {
+        let Some(i) = self.pick_live(true) else {
+            return Ok(());
+        };
+        let (fd, size, own) = (self.live[i].fd.as_raw_fd(), self.live[i].size, self.own);
+        self.count(Op::Verify);
+        let s = scan(fd, size, own, own, None);
+        if matches!(s, Scan::NoMemory) {
+            // A page of a live region was missing: no longer known.
+            self.live[i].damaged = true;
+        }
+        self.checked(s, "live region")
+    }
+
+    fn lock(&mut self) -> Step {
+        let Some(i) = self.pick_live(false) else {
+            return Ok(());
+        };
+        let id = self.live[i].id;
+        let c = self.client()?;
+        let r = c.lock(id, 0);
+        let u = if r.is_ok() {
+            Some(c.unlock(id, 0))
+        } else {
+            None
+        };
+        match (&r, &u) {
+            (Ok(_), Some(Ok(_))) => self.count(Op::Lock),
+            _ if refused(&r) || u.as_ref().is_some_and(refused) => self.count(Op::LockRefused),
+            _ => return Err(format!("LOCK/UNLOCK {id}: {r:?} {u:?}")),
+        }
+        Ok(())
+    }
+
+    fn rebalance(&mut self) -> Step {
+        let Some(i) = self.pick_live(false) else {
+            return Ok(());
+        };
+        let rid = self.live[i].region_id;
+        let r = self.client()?.rebalance(rid, 0, 0, 0);
+        match &r {
+            Ok(_) => self.count(Op::Rebalance),
+            _ if refused(&r) => self.count(Op::RebalanceRefused),
+            Err(e) => return Err(format!("REBALANCE own region {rid}: {e}")),
+        }
+        if self.unprivileged {
+            // Someone else's (or nobody's) region: always refused.
+            let mine: Vec<u64> = self.live.iter().map(|l| l.region_id).collect();
+            let other = (1..=16)
+                .map(|k| rid + k)
+                .find(|x| !mine.contains(x))
+                .unwrap_or(u64::MAX);
+            let r = self.client()?.rebalance(other, 0, 0, 0);
+            if !refused(&r) {
+                return Err(format!(
+                    "REBALANCE of foreign region {other} by uid {NOBODY}: {r:?}"
+                ));
+            }
+            self.count(Op::RebalanceForeignRefused);
+        }
+        Ok(())
+    }
+
+    /// Drops the connection without FREE; some fds stay open after it.
+    fn disconnect(&mut self) -> Step {
+        self.client = None;
+        for l in std::mem::take(&mut self.live) {
+            if !l.damaged && self.held.len() < 2 && self.rng.chance(50) {
+                self.held.push(Held::Kept {
+                    fd: l.fd,
+                    size: l.size,
+                });
+            }
+        }
+        self.count(Op::Disconnect);
+        Ok(())
+    }
+
+    /// Grows a live file past its region, punches a hole in it, or (path
+    /// mode) truncates it to 0; the memfd's seals refuse the truncate.
+    fn damage(&mut self) -> Step {
+        let Some(i) = self.pick_live(false) else {
+            return Ok(());
+        };
+        let (fd, size, paths) = (
+            self.live[i].fd.as_raw_fd(),
+            self.live[i].size,
+            self.live[i].paths,
+        );
+        let own = self.own;
+        match self.rng.below(3) {
+            0 if !self.live[i].damaged => {
+                let grown = size + PAGE;
+                // SAFETY: ftruncate on the tenant's own fd.
+                if unsafe { libc::ftruncate(fd, grown as libc::off_t) } != 0 {
+                    return Err(format!("grow: {}", std::io::Error::last_os_error()));
+                }
+                self.live[i].damaged = true;
+                self.count(Op::Grow);
+                let s = scan(fd, grown, own, 0, Some(own));
+                self.checked(s, "grown file")
+            }
+            1 => {
+                let off = self.rng.below(size / PAGE) * PAGE;
+                // SAFETY: fallocate on the tenant's own fd.
+                let r = unsafe {
+                    libc::fallocate(
+                        fd,
+                        libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+                        off as libc::off_t,
+                        PAGE as libc::off_t,
+                    )
+                };
+                if r != 0 {
+                    return Err(format!("punch: {}", std::io::Error::last_os_error()));
+                }
+                self.live[i].damaged = true;
+                self.count(Op::Punch);
+                Ok(())
+            }
+            _ => {
+                // SAFETY: ftruncate on the tenant's own fd.
+                let r = unsafe { libc::ftruncate(fd, 0) };
+                if r == 0 {
+                    self.live[i].damaged = true;
+                    self.count(Op::Truncate0);
+                } else if paths {
+                    return Err(format!(
+                        "truncate a path-mode file: {}",
+                        std::io::Error::last_os_error()
+                    ));
+                } else {
+                    // F_SEAL_SHRINK on the memfd.
+                    self.count(Op::Truncate0Refused);
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// Garbage on a fresh connection, or an ALLOC of nothing on another.
+    fn malformed(&mut self) -> Step {
+        if self.rng.chance(50) {
+            let s = UnixStream::connect(&self.socket).map_err(|e| format!("connect: {e}"))?;
+            let n = 1 + self.rng.below(96) as usize;
+            let junk: Vec<u8> = (0..n).map(|_| self.rng.next() as u8).collect();
+            let _ = s.set_read_timeout(Some(Duration::from_millis(200)));
+            let _ = (&s).write_all(&junk);
+            let mut sink = [0u8; 256];
+            while let Ok(1..) = (&s).read(&mut sink) {}
+            self.count(Op::Malformed);
+        } else {
+            // A malformed request closes its connection (after a clear
+            // error): sent on a connection of its own.
+            let mut c = Client::connect(&self.socket).map_err(|e| format!("connect: {e}"))?;
+            let _ = c.set_timeout(Some(Duration::from_secs(60)));
+            let r = c.alloc(AllocRequest {
+                total_size: 0,
+                page_policy: PagePolicy::Huge2M,
+                clear_mode: ClearMode::Eager,
+                lock: false,
+                parts: Vec::new(),
+                want_paths: false,
+            });
+            if !refused(&r) {
+                return Err(format!("ALLOC of 0 bytes: {r:?}"));
+            }
+            self.count(Op::BadAllocRefused);
+        }
+        Ok(())
+    }
+
+    fn stats(&mut self) -> Step {
+        let mine: Vec<u64> = self.live.iter().map(|l| l.region_id).collect();
+        let unprivileged = self.unprivileged;
+        let s = self.client()?.stats().map_err(|e| format!("STATS: {e}"))?;
+        if unprivileged {
+            // A non-operator sees its own regions only.
+            let foreign: Vec<u64> = s["regions"]
+                .as_array()
+                .map(|r| {
+                    r.iter()
+                        .filter_map(|r| r["id"].as_u64())
+                        .filter(|id| !mine.contains(id))
+                        .collect()
+                })
+                .unwrap_or_default();
+            if !foreign.is_empty() {
+                return Err(format!("STATS shows foreign regions {foreign:?}"));
+            }
+        }
+        self.count(Op::Stats);
+        Ok(())
+    }
+
+    fn step(&mut self) -> Step {
+        match self.rng.below(100) {
+            0..=24 => self.alloc(),
+            25..=36 => self.free(false),
+            37..=42 => self.free(true),
+            43..=50 => self.use_held(),
+            51..=56 => self.lock(),
+            57..=62 => self.rebalance(),
+            63..=66 => self.disconnect(),
+            67..=72 => self.fd_in_flight(),
+            73..=78 => self.damage(),
+            79..=82 => self.malformed(),
+            83..=94 => self.verify(),
+            _ => self.stats(),
+        }
+    }
+
+    /// Runs until `deadline`; the report goes to `out`. Returns the exit code.
+    fn run(&mut self, deadline: Instant, out: &OwnedFd) -> i32 {
+        let mut err = None;
+        let mut steps = 0u64;
+        while Instant::now() < deadline {
+            steps += 1;
+            if let Err(e) = self.step() {
+                err = Some(e);
+                break;
+            }
+        }
+        let mut report = format!("tenant {} steps {steps}", self.index);
+        for (n, c) in OP_NAMES.iter().zip(self.counts) {
+            report.push_str(&format!(" {n}={c}"));
+        }
+        if let Some(e) = &err {
+            report.push_str(&format!(
+                "\nVIOLATION tenant {} step {steps}: {e}",
+                self.index
+            ));
+        }
+        report.push('\n');
+        let _ = nix::unistd::write(out, report.as_bytes());
+        i32::from(err.is_some())
+    }
+}
+
+/// Forks tenant `index` (as `uid` when given); it runs until `deadline`.
+fn spawn_tenant(
+    index: usize,
+    uid: Option<u32>,
+    seed: u64,
+    socket: &Path,
+    secs: u64,
+    out: OwnedFd,
+) -> Pid {
+    let mut t = Tenant {
+        index,
+        own: marker(index),
+        unprivileged: uid.is_some(),
+        socket: socket.to_path_buf(),
+        rng: Rng::new(seed ^ (index as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15)),
+        counts: [0; OP_NAMES.len()],
+        client: None,
+        live: Vec::new(),
+        held: Vec::new(),
+    };
+    // SAFETY: the child runs the tenant (syscalls, the blocking client) on
+    // data prepared before the fork and leaves with `_exit`, never returning
+    // into the test harness or running its destructors.
+    match unsafe { fork() }.expect("fork") {
+        ForkResult::Child => {
+            // A wedged tenant ends with SIGALRM instead of lingering.
+            let alarm = u32::try_from(secs + 120).unwrap_or(u32::MAX);
+            // SAFETY: alarm takes an integer and cannot fail.
+            unsafe { libc::alarm(alarm) };
+            let deadline = Instant::now() + Duration::from_secs(secs);
+            let code = match uid {
+                Some(uid) => {
+                    // SAFETY: setgid is a plain syscall on an integer.
+                    let gid_ok = unsafe { libc::setgid(uid) } == 0;
+                    // SAFETY: setuid is a plain syscall on an integer.
+                    if gid_ok && unsafe { libc::setuid(uid) } == 0 {
+                        t.run(deadline, &out)
+                    } else {
+                        90
+                    }
+                }
+                None => t.run(deadline, &out),
+            };
+            // SAFETY: ends the forked child without unwinding into the
+            // parent's copy of the test harness.
+            unsafe { libc::_exit(code) }
+        }
+        ForkResult::Parent { child } => child,
+    }
+}
+
+fn env_u64(name: &str) -> Option<u64> {
+    std::env::var(name).ok().and_then(|v| v.trim().parse().ok())
+}
+
+fn pools_total(stats: &Value, key: &str) -> u64 {
+    stats["pools"]
+        .as_array()
+        .map_or(0, |p| p.iter().filter_map(|k| k[key].as_u64()).sum())
+}
+
+#[test]
+fn hostile_tenants_soak() {
+    let _g = serial();
+    let secs = env_u64("HUGEMEM_SOAK_SECS").unwrap_or(15);
+    let seed = env_u64("HUGEMEM_SOAK_SEED").unwrap_or_else(|| {
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64);
+        t ^ u64::from(std::process::id()).rotate_left(32)
+    });
+    say(&format!(
+        "hostile soak: seed {seed} ({secs} s, {TENANTS} tenants); replay with HUGEMEM_SOAK_SEED={seed} HUGEMEM_SOAK_SECS={secs}\n"
+    ));
+    if !reserve_2m(PAGES, "hostile_tenants_soak") {
+        return;
+    }
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let root = unsafe { libc::geteuid() } == 0;
+    if !root {
+        say("hostile soak: not root, every tenant runs as this uid (no setuid)\n");
+    }
+    let free_before = hugepages_2m("free_hugepages");
+    let d = TestDaemon::start(|c| {
+        c.allowed_uids = vec![0, NOBODY];
+        // A small pool that trims to empty: the end state is checkable.
+        c.pool.limit = backend::daemon::ByteSize(16 * PAGE);
+        c.pool.target = backend::daemon::ByteSize(0);
+        c.pool.trim_after_secs = 1;
+    });
+    for (path, mode) in [(d.dir(), 0o755), (d.socket().as_path(), 0o777)] {
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).expect("chmod");
+    }
+    // Warm-up, so that lazily created daemon fds exist before the baseline.
+    d.client().stats().expect("stats");
+    std::thread::sleep(Duration::from_millis(200));
+    let fds_baseline = open_fds();
+
+    let started = Instant::now();
+    let mut tenants = Vec::new();
+    for i in 0..TENANTS {
+        let (r, w) = nix::unistd::pipe().expect("pipe");
+        let uid = (root && i % 2 == 1).then_some(NOBODY);
+        let pid = spawn_tenant(i, uid, seed, &d.socket(), secs, w);
+        tenants.push((i, uid, pid, r, None::<WaitStatus>));
+    }
+
+    // While they run: the daemon answers, in process and over its socket.
+    let mut parent_checks = 0u64;
+    let hard_deadline = started + Duration::from_secs(secs + 150);
+    while tenants.iter().any(|t| t.4.is_none()) {
+        for t in tenants.iter_mut().filter(|t| t.4.is_none()) {
+            match waitpid(t.2, Some(WaitPidFlag::WNOHANG)).expect("waitpid") {
+                WaitStatus::StillAlive => {}
+                s => t.4 = Some(s),
+            }
+        }
+        let s = d.stats();
+        assert!(s["counters"].is_object(), "in-process STATS: {s}");
+        let mut c = d.client();
+        c.stats().expect("the daemon answers STATS over its socket");
+        drop(c);
+        parent_checks += 1;
+        if Instant::now() > hard_deadline {
+            for t in tenants.iter().filter(|t| t.4.is_none()) {
+                let _ = nix::sys::signal::kill(t.2, nix::sys::signal::Signal::SIGKILL);
+            }
+            panic!("tenants still running {secs} + 150 s after the start");
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+
+    // Reports, and the sum of every tenant's counts.
+    let mut totals = [0u64; OP_NAMES.len()];
+    let mut failures = Vec::new();
+    // (Consumed: the report pipes close, for the fd count below.)
+    for (i, uid, _, r, status) in tenants {
+        let mut text = String::new();
+        let _ = std::fs::File::from(r).read_to_string(&mut text);
+        say(&format!("hostile soak: uid {uid:?} {text}"));
+        for line in text.lines().filter(|l| l.starts_with("tenant ")) {
+            for kv in line.split(' ') {
+                if let Some((k, v)) = kv.split_once('=') {
+                    if let (Some(pos), Ok(v)) =
+                        (OP_NAMES.iter().position(|n| *n == k), v.parse::<u64>())
+                    {
+                        totals[pos] += v;
+                    }
+                }
+            }
+        }
+        if !matches!(status, Some(WaitStatus::Exited(_, 0))) {
+            failures.push(format!("tenant {i} (uid {uid:?}) ended with {status:?}"));
+        }
+    }
+    let mut summary = format!(
+        "hostile soak: seed {seed}, {secs} s, {TENANTS} tenants, {parent_checks} parent liveness checks, totals:"
+    );
+    for (n, c) in OP_NAMES.iter().zip(totals) {
+        summary.push_str(&format!(" {n}={c}"));
+    }
+    say(&format!("{summary}\n"));
+    assert!(
+        failures.is_empty(),
+        "seed {seed}: {failures:?} (reports above)"
+    );
+    assert!(
+        totals[Op::Alloc as usize] >= TENANTS as u64 && totals[Op::Checks as usize] > 0,
+        "seed {seed}: the soak did too little to prove anything: {summary}"
+    );
+
+    // The end state: nothing allocated, quarantine and pool drained, the
+    // daemon's fd table back at its baseline, the host's pages back.
+    wait_until("no active allocation", Duration::from_secs(30), || {
+        d.stats()["allocations"]["active"].as_u64() == Some(0)
+    });
+    wait_until("the quarantine drains", Duration::from_secs(30), || {
+        pools_total(&d.stats(), "quarantined_bytes") == 0
+    });
+    wait_until("the pool trims to empty", Duration::from_secs(30), || {
+        let s = d.stats();
+        pools_total(&s, "clean_bytes") == 0 && pools_total(&s, "dirty_bytes") == 0
+    });
+    let fds_deadline = Instant::now() + Duration::from_secs(30);
+    while open_fds() > fds_baseline {
+        assert!(
+            Instant::now() < fds_deadline,
+            "seed {seed}: the daemon's fd count stays above its baseline {fds_baseline}: {:?}",
+            fd_targets()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let mut c = d.client();
+    let end = c.stats().expect("STATS after the soak");
+    drop(c);
+    say(&format!("hostile soak: end counters {}\n", end["counters"]));
+    d.shutdown();
+    wait_until(
+        &format!("HugePages_Free (2 MiB) returns to {free_before}"),
+        Duration::from_secs(30),
+        || hugepages_2m("free_hugepages") >= free_before,
+    );
+    say(&format!(
+        "hostile soak: seed {seed} passed all invariants\n"
+    ));
+}
