@@ -87,16 +87,30 @@ fn touch(map: &Arc<Map>, off: usize) -> mpsc::Receiver<u8> {
 }
 
 fn dirty_bytes(stats: &Value) -> u64 {
-    stats["pools"].as_array().map_or(0, |p| {
-        p.iter().filter_map(|e| e["dirty_bytes"].as_u64()).sum()
-    })
+    pool_bytes(stats, "dirty_bytes")
 }
+
+/// `field` summed over every pool in a STATS document.
+fn pool_bytes(stats: &Value, field: &str) -> u64 {
+    stats["pools"]
+        .as_array()
+        .map_or(0, |p| p.iter().filter_map(|e| e[field].as_u64()).sum())
+}
+
+/// A daemon counter from STATS (0 when absent).
+fn counter(stats: &Value, name: &str) -> u64 {
+    stats["counters"][name].as_u64().unwrap_or(0)
+}
+
+/// Tries at a dirty region before a lazy test gives up: each is lost only
+/// when the scrubbers clean the region between FREE and the lazy ALLOC.
+const TRIES: usize = 10;
 
 /// Makes a dirty pooled region (eager ALLOC, stale pattern, FREE), waits for
 /// it to leave quarantine, and asks for lazy memory at once. Returns the
-/// allocation; its region is LAZY unless the scrubbers won every try.
+/// allocation; it panics if the scrubbers won every one of [`TRIES`] tries.
 fn lazy_alloc_from_dirty_pool(client: &mut Client, stats: &dyn Fn() -> Value) -> Allocation {
-    for attempt in 0..5 {
+    for attempt in 0..TRIES {
         let eager = client.alloc(req(ClearMode::Eager)).expect("eager alloc");
         {
             let m = Map::shared(eager.fds[0].as_fd(), SIZE as usize);
@@ -104,9 +118,18 @@ fn lazy_alloc_from_dirty_pool(client: &mut Client, stats: &dyn Fn() -> Value) ->
         }
         let id = eager.id;
         drop(eager); // close our fds: nothing of ours holds the region now
+        let discarded = counter(&stats(), "regions_discarded");
         client.free(id).expect("free");
+        // Out of quarantine: dirty (the case wanted), or already scrubbed
+        // clean or discarded between two polls (then the ALLOC below is not
+        // LAZY and the loop tries again); waiting for dirty alone hung when
+        // the scrubbers won the race.
         wait_until("the region to leave quarantine", || {
-            dirty_bytes(&stats()) > 0
+            let s = stats();
+            dirty_bytes(&s) > 0
+                || (pool_bytes(&s, "quarantined_bytes") == 0
+                    && (pool_bytes(&s, "clean_bytes") >= SIZE
+                        || counter(&s, "regions_discarded") > discarded))
         });
         let lazy = client.alloc(req(ClearMode::Lazy)).expect("lazy alloc");
         if lazy.regions[0].flags & RegionInfo::FLAG_LAZY != 0 {
@@ -118,7 +141,7 @@ fn lazy_alloc_from_dirty_pool(client: &mut Client, stats: &dyn Fn() -> Value) ->
         );
         client.free(lazy.id).expect("free");
     }
-    panic!("never got a dirty region for a lazy ALLOC in 5 tries");
+    panic!("never got a dirty region for a lazy ALLOC in {TRIES} tries");
 }
 
 fn mapping(alloc: &Allocation, map: &Map) -> GuestMapping {
