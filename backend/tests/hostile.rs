@@ -10,7 +10,10 @@
 //! table and the host's huge-page counts before and after.
 
 mod common;
-use common::{serial, wait_until, TestDaemon};
+use common::{
+    hugepages_2m, map_raw as map, open_fds, reserve_2m, serial, unmap_raw as unmap, wait_until,
+    TestDaemon,
+};
 
 use std::ffi::CString;
 use std::io::IoSlice;
@@ -22,7 +25,6 @@ use std::time::Duration;
 
 use backend::client::Client;
 use backend::proto::{AllocRequest, ClearMode, Code, Header, PagePolicy, HEADER_SIZE, MAX_FDS};
-use guest_mem::PageSize;
 use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags};
 use nix::sys::wait::{waitpid, WaitStatus};
 use nix::unistd::{fork, ForkResult};
@@ -30,12 +32,6 @@ use serde_json::Value;
 
 /// The uid the unprivileged tenants run as.
 const NOBODY: u32 = 65534;
-
-fn open_fds() -> usize {
-    std::fs::read_dir("/proc/self/fd")
-        .expect("/proc/self/fd")
-        .count()
-}
 
 /// Waits until the daemon's (this process's) fd table is back at `baseline`.
 fn assert_fds_back_to(baseline: usize, what: &str) {
@@ -192,31 +188,6 @@ const MIB: u64 = 1 << 20;
 /// What tenant A writes everywhere it can; B must never read it.
 const SECRET: u8 = 0xA5;
 
-fn hugepages_2m(what: &str) -> u64 {
-    let path = format!("/sys/kernel/mm/hugepages/hugepages-2048kB/{what}");
-    std::fs::read_to_string(&path)
-        .unwrap_or_else(|e| panic!("{path}: {e}"))
-        .trim()
-        .parse()
-        .expect("page count")
-}
-
-/// Reserves `n` free 2 MiB pages; false (after a recorded skip) when the
-/// host cannot give them.
-fn reserve_2m(n: u64) -> bool {
-    match guest_mem::ensure_free(PageSize::Huge2M, n, None) {
-        Ok(r) if r.met => true,
-        Ok(r) => {
-            test_support::skip!("only {} free 2 MiB pages, {n} needed", r.free);
-            false
-        }
-        Err(e) => {
-            test_support::skip!("cannot reserve 2 MiB pages: {e}");
-            false
-        }
-    }
-}
-
 fn alloc_2m(size: u64, paths: bool) -> AllocRequest {
     AllocRequest {
         total_size: size,
@@ -232,31 +203,6 @@ fn counter(stats: &Value, name: &str) -> u64 {
     stats["counters"][name]
         .as_u64()
         .unwrap_or_else(|| panic!("counter {name} missing: {stats}"))
-}
-
-/// `mmap(MAP_SHARED)` of `len` bytes of `fd`, or null.
-fn map(fd: RawFd, len: u64) -> *mut u8 {
-    // SAFETY: a fresh shared mapping chosen by the kernel; aliases nothing.
-    let p = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            usize::try_from(len).expect("len"),
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_SHARED,
-            fd,
-            0,
-        )
-    };
-    if p == libc::MAP_FAILED {
-        std::ptr::null_mut()
-    } else {
-        p.cast()
-    }
-}
-
-fn unmap(p: *mut u8, len: u64) {
-    // SAFETY: `p` is a mapping of `len` bytes this test made with `map`.
-    unsafe { libc::munmap(p.cast(), usize::try_from(len).expect("len")) };
 }
 
 /// Fills `len` bytes at `p` (a live mapping of at least that) with SECRET.
@@ -349,7 +295,7 @@ fn wait_discarded(d: &TestDaemon, n: u64) {
 #[test]
 fn a_grown_file_is_discarded_not_served() {
     let _g = serial();
-    if !reserve_2m(8) {
+    if !reserve_2m(8, "a_grown_file_is_discarded_not_served") {
         return;
     }
     let free_before = hugepages_2m("free_hugepages");
@@ -382,7 +328,7 @@ fn a_grown_file_is_discarded_not_served() {
 #[test]
 fn a_truncated_path_file_does_not_kill_the_daemon() {
     let _g = serial();
-    if !reserve_2m(8) {
+    if !reserve_2m(8, "a_truncated_path_file_does_not_kill_the_daemon") {
         return;
     }
     let free_before = hugepages_2m("free_hugepages");
@@ -417,7 +363,7 @@ fn a_truncated_path_file_does_not_kill_the_daemon() {
 #[test]
 fn a_punched_hole_is_refilled_or_discarded() {
     let _g = serial();
-    if !reserve_2m(12) {
+    if !reserve_2m(12, "a_punched_hole_is_refilled_or_discarded") {
         return;
     }
     let free_before = hugepages_2m("free_hugepages");
@@ -535,7 +481,7 @@ fn memfd_2m() -> Option<OwnedFd> {
 fn write_lease_sees_every_other_description() {
     use backend::sys::{reopen, write_lease_free};
     let _g = serial();
-    if !reserve_2m(2) {
+    if !reserve_2m(2, "write_lease_sees_every_other_description") {
         return;
     }
     let Some(original) = memfd_2m() else {
@@ -637,7 +583,7 @@ fn read_u64(fd: &OwnedFd) -> u64 {
 /// not hold one byte of B's.
 fn fd_in_flight(paths: bool) {
     let _g = serial();
-    if !reserve_2m(8) {
+    if !reserve_2m(8, "fd_in_flight") {
         return;
     }
     let free_before = hugepages_2m("free_hugepages");
@@ -772,7 +718,7 @@ fn an_fd_in_flight_never_reaches_the_next_tenant_path() {
 #[test]
 fn a_pinned_page_never_holds_the_next_tenants_data() {
     let _g = serial();
-    if !reserve_2m(8) {
+    if !reserve_2m(8, "a_pinned_page_never_holds_the_next_tenants_data") {
         return;
     }
     let free_before = hugepages_2m("free_hugepages");
@@ -872,7 +818,7 @@ fn a_pinned_page_never_holds_the_next_tenants_data() {
 fn detach_cost_against_a_plain_scrub() {
     let _g = serial();
     let pages = 64u64;
-    if !reserve_2m(pages + 2) {
+    if !reserve_2m(pages + 2, "detach_cost_against_a_plain_scrub") {
         return;
     }
     let Some(fd) = memfd_2m() else {
@@ -998,7 +944,7 @@ fn idle_connection_floods_starve_nobody() {
 fn lazy_on_dirty_memory_only_for_named_uids() {
     use backend::proto::RegionInfo;
     let _g = serial();
-    if !reserve_2m(72) {
+    if !reserve_2m(72, "lazy_on_dirty_memory_only_for_named_uids") {
         return;
     }
     // Large enough that the scrubbers do not always win the race.
@@ -1169,7 +1115,7 @@ fn access_allowed_uid_connects_root_stays_and_ids_do_not_leak() {
 #[test]
 fn restart_releases_files_of_a_dead_instance() {
     let _g = serial();
-    if !reserve_2m(4) {
+    if !reserve_2m(4, "restart_releases_files_of_a_dead_instance") {
         return;
     }
     let d = TestDaemon::start(|_| {});

@@ -17,7 +17,10 @@
 //! replays one (the seed is always printed).
 
 mod common;
-use common::{reserve_2m, serial, wait_until, TestDaemon};
+use common::{
+    hugepages_2m, map_raw as map, open_fds, pool_bytes, reserve_2m, serial, unmap_raw as unmap,
+    wait_until, TestDaemon,
+};
 
 use std::io::{IoSlice, Read, Write};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
@@ -31,7 +34,6 @@ use backend::proto::{AllocRequest, ClearMode, PagePolicy};
 use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags};
 use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::{fork, ForkResult, Pid};
-use serde_json::Value;
 
 const MIB: u64 = 1 << 20;
 const PAGE: u64 = 2 * MIB;
@@ -130,12 +132,6 @@ impl Rng {
     }
 }
 
-fn open_fds() -> usize {
-    std::fs::read_dir("/proc/self/fd")
-        .expect("/proc/self/fd")
-        .count()
-}
-
 /// What each open fd of this process (the daemon's) points at.
 fn fd_targets() -> Vec<String> {
     std::fs::read_dir("/proc/self/fd")
@@ -152,46 +148,9 @@ fn fd_targets() -> Vec<String> {
         .collect()
 }
 
-fn hugepages_2m(what: &str) -> u64 {
-    let path = format!("/sys/kernel/mm/hugepages/hugepages-2048kB/{what}");
-    std::fs::read_to_string(&path)
-        .unwrap_or_else(|e| panic!("{path}: {e}"))
-        .trim()
-        .parse()
-        .expect("page count")
-}
-
 /// Straight to fd 2: libtest captures `eprintln!`, and the children share it.
 fn say(line: &str) {
     let _ = std::io::stderr().write_all(line.as_bytes());
-}
-
-/// `mmap(MAP_SHARED)` of `len` bytes of `fd`, or null.
-fn map(fd: RawFd, len: u64) -> *mut u8 {
-    let Ok(n) = usize::try_from(len) else {
-        return std::ptr::null_mut();
-    };
-    // SAFETY: a fresh shared mapping chosen by the kernel; aliases nothing.
-    let p = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            n,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_SHARED,
-            fd,
-            0,
-        )
-    };
-    if p == libc::MAP_FAILED {
-        std::ptr::null_mut()
-    } else {
-        p.cast()
-    }
-}
-
-fn unmap(p: *mut u8, len: u64) {
-    // SAFETY: `p` is a mapping of `len` bytes made by `map`, unmapped once.
-    unsafe { libc::munmap(p.cast(), len as usize) };
 }
 
 /// What a scan of a tenant's view of memory found.
@@ -788,12 +747,6 @@ fn env_u64(name: &str) -> Option<u64> {
     std::env::var(name).ok().and_then(|v| v.trim().parse().ok())
 }
 
-fn pools_total(stats: &Value, key: &str) -> u64 {
-    stats["pools"]
-        .as_array()
-        .map_or(0, |p| p.iter().filter_map(|k| k[key].as_u64()).sum())
-}
-
 #[test]
 fn hostile_tenants_soak() {
     let _g = serial();
@@ -910,11 +863,11 @@ fn hostile_tenants_soak() {
         d.stats()["allocations"]["active"].as_u64() == Some(0)
     });
     wait_until("the quarantine drains", Duration::from_secs(30), || {
-        pools_total(&d.stats(), "quarantined_bytes") == 0
+        pool_bytes(&d.stats(), "quarantined_bytes") == 0
     });
     wait_until("the pool trims to empty", Duration::from_secs(30), || {
         let s = d.stats();
-        pools_total(&s, "clean_bytes") == 0 && pools_total(&s, "dirty_bytes") == 0
+        pool_bytes(&s, "clean_bytes") == 0 && pool_bytes(&s, "dirty_bytes") == 0
     });
     let fds_deadline = Instant::now() + Duration::from_secs(30);
     while open_fds() > fds_baseline {

@@ -10,7 +10,7 @@
 //! repeated a few times. Waits have deadlines; tests are serialised.
 
 mod common;
-use common::Map;
+use common::{pool_bytes, Map};
 
 use std::os::fd::AsFd;
 use std::os::unix::net::UnixStream;
@@ -88,13 +88,6 @@ fn touch(map: &Arc<Map>, off: usize) -> mpsc::Receiver<u8> {
 
 fn dirty_bytes(stats: &Value) -> u64 {
     pool_bytes(stats, "dirty_bytes")
-}
-
-/// `field` summed over every pool in a STATS document.
-fn pool_bytes(stats: &Value, field: &str) -> u64 {
-    stats["pools"]
-        .as_array()
-        .map_or(0, |p| p.iter().filter_map(|e| e[field].as_u64()).sum())
 }
 
 /// A daemon counter from STATS (0 when absent).

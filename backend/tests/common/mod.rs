@@ -2,6 +2,7 @@
 //! this module and uses a subset of it, hence the `dead_code` allowance).
 #![allow(dead_code)]
 
+use std::os::fd::RawFd;
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -33,6 +34,64 @@ pub fn reserve_2m(n: u64, test: &str) -> bool {
             false
         }
     }
+}
+
+/// This process's open fds: the fd table of a daemon running in it.
+pub fn open_fds() -> usize {
+    std::fs::read_dir("/proc/self/fd")
+        .expect("/proc/self/fd")
+        .count()
+}
+
+/// A host-wide count of the 2 MiB pool from sysfs (`free_hugepages`, ...).
+pub fn hugepages_2m(what: &str) -> u64 {
+    let path = format!("/sys/kernel/mm/hugepages/hugepages-2048kB/{what}");
+    std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("{path}: {e}"))
+        .trim()
+        .parse()
+        .expect("page count")
+}
+
+/// `field` summed over every pool in a STATS document.
+pub fn pool_bytes(stats: &Value, field: &str) -> u64 {
+    stats["pools"]
+        .as_array()
+        .map_or(0, |p| p.iter().filter_map(|e| e[field].as_u64()).sum())
+}
+
+/// `mmap(MAP_SHARED)` of `len` bytes of `fd`, or null. Raw rather than a
+/// [`Map`]: forked tenant children use it, and they report a failure through
+/// their exit code instead of panicking.
+pub fn map_raw(fd: RawFd, len: u64) -> *mut u8 {
+    let Ok(n) = usize::try_from(len) else {
+        return std::ptr::null_mut();
+    };
+    // SAFETY: a fresh shared mapping chosen by the kernel; aliases nothing.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            n,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            fd,
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        std::ptr::null_mut()
+    } else {
+        p.cast()
+    }
+}
+
+/// Unmaps what [`map_raw`] mapped.
+pub fn unmap_raw(p: *mut u8, len: u64) {
+    let Ok(n) = usize::try_from(len) else {
+        return;
+    };
+    // SAFETY: `p` is a mapping of `len` bytes made by `map_raw`, unmapped once.
+    unsafe { libc::munmap(p.cast(), n) };
 }
 
 /// Polls `cond` until it holds, failing the test after `timeout`.
