@@ -12,7 +12,7 @@
 #![allow(clippy::undocumented_unsafe_blocks)] // test-only mmap/munmap of fds we just received
 
 mod common;
-use common::{reserve_2m, serial, wait_until, TestDaemon};
+use common::{counter, reserve_2m, serial, wait_until, TestDaemon};
 
 use std::io::{Read, Write};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
@@ -52,12 +52,6 @@ fn region_state(stats: &Value, region: u64) -> Option<String> {
         .iter()
         .find(|r| r["id"].as_u64() == Some(region))
         .and_then(|r| r["state"].as_str().map(str::to_string))
-}
-
-fn counter(stats: &Value, name: &str) -> u64 {
-    stats["counters"][name]
-        .as_u64()
-        .unwrap_or_else(|| panic!("counter {name} missing: {stats}"))
 }
 
 fn inode(fd: &OwnedFd) -> u64 {

@@ -11,8 +11,8 @@
 
 mod common;
 use common::{
-    hugepages_2m, map_raw as map, open_fds, reserve_2m, serial, unmap_raw as unmap, wait_until,
-    TestDaemon,
+    counter, hugepages_2m, map_raw as map, open_fds, reserve_2m, serial, unmap_raw as unmap,
+    wait_until, TestDaemon,
 };
 
 use std::ffi::CString;
@@ -28,7 +28,6 @@ use backend::proto::{AllocRequest, ClearMode, Code, Header, PagePolicy, HEADER_S
 use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags};
 use nix::sys::wait::{waitpid, WaitStatus};
 use nix::unistd::{fork, ForkResult};
-use serde_json::Value;
 
 /// The uid the unprivileged tenants run as.
 const NOBODY: u32 = 65534;
@@ -197,12 +196,6 @@ fn alloc_2m(size: u64, paths: bool) -> AllocRequest {
         parts: Vec::new(),
         want_paths: paths,
     }
-}
-
-fn counter(stats: &Value, name: &str) -> u64 {
-    stats["counters"][name]
-        .as_u64()
-        .unwrap_or_else(|| panic!("counter {name} missing: {stats}"))
 }
 
 /// Fills `len` bytes at `p` (a live mapping of at least that) with SECRET.

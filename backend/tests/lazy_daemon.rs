@@ -10,7 +10,7 @@
 //! repeated a few times. Waits have deadlines; tests are serialised.
 
 mod common;
-use common::{pool_bytes, Map};
+use common::{counter, pool_bytes, Map};
 
 use std::os::fd::AsFd;
 use std::os::unix::net::UnixStream;
@@ -88,11 +88,6 @@ fn touch(map: &Arc<Map>, off: usize) -> mpsc::Receiver<u8> {
 
 fn dirty_bytes(stats: &Value) -> u64 {
     pool_bytes(stats, "dirty_bytes")
-}
-
-/// A daemon counter from STATS (0 when absent).
-fn counter(stats: &Value, name: &str) -> u64 {
-    stats["counters"][name].as_u64().unwrap_or(0)
 }
 
 /// Tries at a dirty region before a lazy test gives up: each is lost only

@@ -53,6 +53,13 @@ pub fn hugepages_2m(what: &str) -> u64 {
         .expect("page count")
 }
 
+/// A daemon counter from a STATS document; a missing one fails the test.
+pub fn counter(stats: &Value, name: &str) -> u64 {
+    stats["counters"][name]
+        .as_u64()
+        .unwrap_or_else(|| panic!("counter {name} missing: {stats}"))
+}
+
 /// `field` summed over every pool in a STATS document.
 pub fn pool_bytes(stats: &Value, field: &str) -> u64 {
     stats["pools"]
