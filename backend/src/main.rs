@@ -225,6 +225,20 @@ fn launch(args: LaunchArgs) -> Result<i32> {
 
 #[derive(Debug, Subcommand)]
 enum Bench {
+    /// Regenerate the tables and quoted figures of docs/benchmarks.md from
+    /// the runs' --json kept under docs/results/ (marker comments; see
+    /// backend/src/bench/report). With --check, only say whether they differ.
+    Report {
+        /// The document.
+        #[arg(long, default_value = "docs/benchmarks.md")]
+        doc: std::path::PathBuf,
+        /// The directory of the runs' JSON files (NAME.json).
+        #[arg(long, default_value = "docs/results")]
+        results: std::path::PathBuf,
+        /// Change nothing; exit 1 when the document is not what the JSON gives.
+        #[arg(long)]
+        check: bool,
+    },
     /// ALLOC to the micro-guest's first instruction and to every huge page
     /// touched: eager (fresh, clean pool, dirty pool cleared by the ALLOC), lazy (dirty pool, fresh with
     /// kernel demand faults) and cloud-hypervisor-style prefault; lazy fault
@@ -434,7 +448,9 @@ fn main() {
 }
 
 fn run(cli: Cli) -> Result<i32> {
-    if matches!(cli.command, Command::Bench(_) | Command::Demo { .. }) {
+    if matches!(cli.command, Command::Bench(_) | Command::Demo { .. })
+        && !matches!(cli.command, Command::Bench(Bench::Report { .. }))
+    {
         // Date and load average as the run starts, not as it ends.
         let _ = RUN_INFO.set(backend::bench::run_info::RunInfo::current());
     }
@@ -588,6 +604,28 @@ fn run(cli: Cli) -> Result<i32> {
                 print_bench_json("vmstart", &report.to_json())?;
             } else {
                 print!("{}", report.to_table());
+            }
+        }
+        Command::Bench(Bench::Report {
+            doc,
+            results,
+            check,
+        }) => {
+            let up_to_date = backend::bench::report::update(&doc, &results, !check)
+                .with_context(|| format!("cannot generate {}", doc.display()))?;
+            match (up_to_date, check) {
+                (true, _) => println!("{} is up to date with {}", doc.display(), results.display()),
+                (false, false) => {
+                    println!("{} rewritten from {}", doc.display(), results.display())
+                }
+                (false, true) => {
+                    eprintln!(
+                        "{} differs from what {} gives; run `hugemem bench report`",
+                        doc.display(),
+                        results.display()
+                    );
+                    return Ok(1);
+                }
             }
         }
         Command::Bench(Bench::Mlock {
