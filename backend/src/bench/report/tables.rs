@@ -1,5 +1,5 @@
 //! The tables `hugemem bench report` generates for one results file, by its
-//! `"bench"`: `clear`, `alloc`, `mlock`, `vmstart`, `compare`; any other
+//! `"bench"`: `clear`, `alloc`, `mlock`, `vmstart`, `compare`, `demo`; any other
 //! kind (or none) gets its top-level figures as a key/value table. The
 //! tables read the JSON as `--json` prints it; a missing figure shows as `-`.
 
@@ -18,6 +18,7 @@ pub fn block(name: &str, v: &Value) -> String {
         Some("mlock") => mlock(v),
         Some("vmstart") => vmstart(v),
         Some("compare") => compare(v),
+        Some("demo") => demo(v),
         _ => generic(v),
     };
     out += &body;
@@ -152,12 +153,16 @@ fn alloc(v: &Value) -> String {
     out += "| variant (clock stops with the memory mapped and ready for the VMM) | best s | median s | GB/s (best) |\n|---|---|---|---|\n";
     let mut row = |label: String, key: &str| {
         let best = num(v, key);
-        out += &format!(
-            "| {label} | {} | {} | {} |\n",
-            f(v, key, 5),
-            f(v, &format!("medians.{key}"), 5),
+        let rate = if key == "pooled_eager_s" {
+            "(a hand-out)".to_string()
+        } else {
             best.filter(|b| *b > 0.0)
                 .map_or_else(|| "-".into(), |b| fixed(gb / b, 1))
+        };
+        out += &format!(
+            "| {label} | {} | {} | {rate} |\n",
+            f(v, key, 5),
+            f(v, &format!("medians.{key}"), 5),
         );
     };
     row(
@@ -178,7 +183,7 @@ fn alloc(v: &Value) -> String {
     );
     row(
         format!(
-            "cloud-hypervisor-style prefault ({} threads)",
+            "cloud-hypervisor-style prefault (threads: {})",
             f(v, "cloud_hypervisor_style_threads", 0)
         ),
         "cloud_hypervisor_style_s",
@@ -372,10 +377,11 @@ fn compare(v: &Value) -> String {
         .flatten()
     {
         let key = s(var, "key");
-        let label = if key == baseline {
-            format!("{} (**baseline**)", s(var, "label"))
+        let label = s(var, "label");
+        let label = if key == baseline && !label.contains("baseline") {
+            format!("{label} (baseline)")
         } else {
-            s(var, "label")
+            label
         };
         if var["skipped"] == true {
             out += &format!("| {label} | skipped: {} | | | |\n", s(var, "note"));
@@ -421,16 +427,7 @@ fn generic(v: &Value) -> String {
     if let Some(m) = v.as_object() {
         for (k, x) in m {
             let shown = match x {
-                Value::Number(n) => n.as_f64().map_or_else(
-                    || n.to_string(),
-                    |x| {
-                        if x.fract() == 0.0 {
-                            fixed(x, 0)
-                        } else {
-                            fixed(x, 3)
-                        }
-                    },
-                ),
+                Value::Number(n) => n.as_f64().map_or_else(|| n.to_string(), significant),
                 Value::String(t) => t.replace('|', "\\|").replace('\n', " "),
                 Value::Bool(b) => b.to_string(),
                 _ => continue,
@@ -438,6 +435,75 @@ fn generic(v: &Value) -> String {
             out += &format!("| `{k}` | {shown} |\n");
         }
     }
+    out
+}
+
+/// `x` as an integer when it is one, else with 4 significant digits.
+fn significant(x: f64) -> String {
+    if x.fract() == 0.0 || !x.is_finite() {
+        return fixed(x, 0);
+    }
+    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)] // small, clamped
+    let decimals = (3.0 - x.abs().log10().floor()).clamp(0.0, 12.0) as usize;
+    fixed(x, decimals)
+}
+
+fn demo(v: &Value) -> String {
+    let notes: String = v
+        .get("notes")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+        .map(|x| format!(" Note: {x}."))
+        .collect();
+    let mut out = format!(
+        "{} on {} pages.{notes}\n\n",
+        size(v, "size_bytes"),
+        s(v, "page_size"),
+    );
+    out += "| step | figure |\n|---|---|\n";
+    out += &format!("| daemon start | {} s |\n", f(v, "daemon_start_s", 4));
+    out += &format!(
+        "| ALLOC, fresh pages | {} s ({} GB/s populated and zeroed by the kernel) |\n",
+        f(v, "alloc_fresh_s", 4),
+        f(v, "alloc_fresh_gbps", 1)
+    );
+    let guest = |out: &mut String, key: &str, which: &str| {
+        let Some(g) = v.get(key).filter(|g| !g.is_null()) else {
+            return;
+        };
+        *out += &format!(
+            "| guest {which}: ALLOC sent → first instruction | {} ms (VM setup {} ms; vCPU start → first instruction {} ms) |\n",
+            f(g, "alloc_to_first_instruction_ms", 2),
+            f(g, "vm_setup_ms", 2),
+            f(g, "first_instruction_ms", 2),
+        );
+        *out += &format!(
+            "| guest {which}: pages touched | {} in {} ms after vCPU start; read non-zero: {} |\n",
+            f(g, "pages_touched", 0),
+            f(g, "all_touched_ms", 2),
+            s(g, "saw_nonzero"),
+        );
+    };
+    guest(&mut out, "guest_fresh", "#1 (fresh)");
+    out += &format!(
+        "| FREE → pool clean | {} s ({} scrubbed at {} GB/s) |\n",
+        f(v, "free_to_clean_s", 4),
+        size(v, "scrubbed_bytes"),
+        f(v, "scrub_gbps", 1)
+    );
+    out += &format!(
+        "| ALLOC from the clean pool | {} s (from the pool: {}; {}x faster than fresh) |\n",
+        num(v, "alloc_pooled_s").map_or_else(|| "-".into(), significant),
+        s(v, "alloc_pooled_from_pool"),
+        f(v, "pooled_speedup", 0)
+    );
+    guest(&mut out, "guest_pooled", "#2 (pool)");
+    if let Some(why) = v.get("guest_skipped").and_then(Value::as_str) {
+        out += &format!("| guests | skipped: {why} |\n");
+    }
+    out += &format!("| whole demo | {} s |\n", f(v, "total_s", 2));
     out
 }
 

@@ -130,7 +130,9 @@ fn bad_markers_are_errors_with_their_line() {
 fn every_kind_renders_without_its_optional_parts() {
     // Files of each kind with nothing but the kind: every figure shows as `-`
     // and nothing panics; an unknown kind gets its top-level figures.
-    for kind in ["clear", "alloc", "mlock", "vmstart", "compare", "migrate"] {
+    for kind in [
+        "clear", "alloc", "mlock", "vmstart", "compare", "demo", "migrate",
+    ] {
         let out = tables::block(
             "x",
             &json!({"bench": kind, "stale_reads": 0, "p50_ms": 41.25}),
@@ -146,7 +148,15 @@ fn every_kind_renders_without_its_optional_parts() {
         &json!({"bench": "churn", "stale_reads": 0, "p50_ms": 41.25}),
     );
     assert!(
-        out.contains("| `stale_reads` | 0 |") && out.contains("| `p50_ms` | 41.250 |"),
+        out.contains("| `stale_reads` | 0 |") && out.contains("| `p50_ms` | 41.25 |"),
+        "{out}"
+    );
+    let out = tables::block(
+        "x",
+        &json!({"bench": "churn", "a": 0.000_187_26, "b": 1676.89}),
+    );
+    assert!(
+        out.contains("| `a` | 0.0001873 |") && out.contains("| `b` | 1677 |"),
         "{out}"
     );
 }
