@@ -164,6 +164,9 @@ pub struct DemoReport {
     pub scrubbed_bytes: u64,
     /// The scrubbers' rate (bytes over time inside clearing kernels), GB/s.
     pub scrub_gbps: f64,
+    /// Bytes punched out of the file after FREE (`pool.detach_pages`) and
+    /// faulted in fresh by the scrubbers (the kernel zeroed them).
+    pub refaulted_bytes: u64,
     /// Second ALLOC (from the clean pool), seconds.
     pub alloc_pooled_s: f64,
     /// Whether the second ALLOC was served from the pool (the daemon's counters).
@@ -490,6 +493,8 @@ fn drive(
         "/scrub/nodes",
         "bytes",
     ));
+    let refaulted_bytes = sum_field(&after, "/scrub/nodes", "refaulted_bytes")
+        .saturating_sub(sum_field(&before, "/scrub/nodes", "refaulted_bytes"));
     let scrub_seconds = sum_field_f64(&after, "/scrub/nodes", "seconds")
         - sum_field_f64(&before, "/scrub/nodes", "seconds");
     let scrub_gbps = if scrub_seconds > 0.0 {
@@ -498,10 +503,11 @@ fn drive(
         0.0
     };
     progress(&format!(
-        "pool clean after {:.3} s: {} scrubbed at {:.2} GB/s",
+        "pool clean after {:.3} s: {} scrubbed at {:.2} GB/s, {} detached and faulted in fresh",
         free_to_clean.as_secs_f64(),
         format_size(scrubbed_bytes),
-        scrub_gbps
+        scrub_gbps,
+        format_size(refaulted_bytes)
     ));
 
     // 6. From the pool.
@@ -556,6 +562,7 @@ fn drive(
         free_to_clean_s: free_to_clean.as_secs_f64(),
         scrubbed_bytes,
         scrub_gbps,
+        refaulted_bytes,
         alloc_pooled_s: alloc_pooled.as_secs_f64(),
         alloc_pooled_from_pool: from_pool,
         pooled_speedup,
@@ -637,10 +644,11 @@ impl DemoReport {
             &mut s,
             "FREE -> pool clean",
             format!(
-                "{:>10.1} ms   {} scrubbed at {:.2} GB/s",
+                "{:>10.1} ms   {} scrubbed at {:.2} GB/s, {} detached and refaulted",
                 self.free_to_clean_s * 1e3,
                 format_size(self.scrubbed_bytes),
-                self.scrub_gbps
+                self.scrub_gbps,
+                format_size(self.refaulted_bytes)
             ),
         );
         row(

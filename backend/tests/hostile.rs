@@ -10,9 +10,13 @@
 //! table and the host's huge-page counts before and after.
 
 mod common;
+use common::tenant::{
+    alloc_2m, assert_hugepages_balanced, fill_secret, in_child, memfd_2m, read_u64, root_or_skip,
+    tenant_a, tenant_b_sees_nothing, B_SECRET, MIB, NOBODY, SECRET,
+};
 use common::{
-    counter, hugepages_2m, map_raw as map, open_fds, reserve_2m, serial, unmap_raw as unmap,
-    wait_until, TestDaemon,
+    counter, hugepages_2m, map_raw as map, open_fds, pool_bytes, reserve_2m, serial,
+    unmap_raw as unmap, wait_until, TestDaemon,
 };
 
 use std::ffi::CString;
@@ -26,11 +30,6 @@ use std::time::Duration;
 use backend::client::Client;
 use backend::proto::{AllocRequest, ClearMode, Code, Header, PagePolicy, HEADER_SIZE, MAX_FDS};
 use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags};
-use nix::sys::wait::{waitpid, WaitStatus};
-use nix::unistd::{fork, ForkResult};
-
-/// The uid the unprivileged tenants run as.
-const NOBODY: u32 = 65534;
 
 /// Waits until the daemon's (this process's) fd table is back at `baseline`.
 fn assert_fds_back_to(baseline: usize, what: &str) {
@@ -57,55 +56,6 @@ fn send_header_with_fds(sock: &UnixStream, fd: RawFd, n: usize) -> nix::Result<u
 fn open_socket_to_everyone(d: &TestDaemon) {
     for (path, mode) in [(d.dir(), 0o755), (d.socket().as_path(), 0o777)] {
         std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).expect("chmod");
-    }
-}
-
-/// Runs `child` in a forked process as `uid` (when given) and returns its
-/// exit code. The child only makes syscalls and exits with `_exit`.
-fn in_child(uid: Option<u32>, child: impl FnOnce() -> i32) -> i32 {
-    // SAFETY: the child only runs `child` (plain syscalls through nix/libc on
-    // data prepared before the fork) and leaves with `_exit`, never
-    // returning into the test harness or running destructors.
-    match unsafe { fork() }.expect("fork") {
-        ForkResult::Child => {
-            // A child stuck on a pipe its failed parent never writes ends
-            // with SIGALRM instead of lingering.
-            // SAFETY: alarm is async-signal-safe and takes an integer.
-            unsafe { libc::alarm(60) };
-            let code = match uid {
-                Some(uid) => {
-                    // SAFETY: setgid is a plain syscall on an integer.
-                    let gid_ok = unsafe { libc::setgid(uid) } == 0;
-                    // SAFETY: setuid is a plain syscall on an integer.
-                    let ok = gid_ok && unsafe { libc::setuid(uid) } == 0;
-                    if ok {
-                        child()
-                    } else {
-                        90
-                    }
-                }
-                None => child(),
-            };
-            // SAFETY: ends the forked child without unwinding into the
-            // parent's copy of the test harness.
-            unsafe { libc::_exit(code) }
-        }
-        ForkResult::Parent { child } => match waitpid(child, None).expect("waitpid") {
-            WaitStatus::Exited(_, code) => code,
-            other => panic!("tenant child ended with {other:?}"),
-        },
-    }
-}
-
-/// True when running as root: the tests that act as another uid (`setuid`)
-/// and read other processes' fds need it; they skip otherwise.
-fn root_or_skip() -> bool {
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    if unsafe { libc::geteuid() } == 0 {
-        true
-    } else {
-        test_support::skip!("needs root (setuid to tenant uids, /proc of other processes)");
-        false
     }
 }
 
@@ -181,92 +131,6 @@ fn fds_beyond_the_frame_limit_never_leak() {
     drop(c);
     let _ = payload.as_fd();
     d.shutdown();
-}
-
-const MIB: u64 = 1 << 20;
-/// What tenant A writes everywhere it can; B must never read it.
-const SECRET: u8 = 0xA5;
-
-fn alloc_2m(size: u64, paths: bool) -> AllocRequest {
-    AllocRequest {
-        total_size: size,
-        page_policy: PagePolicy::Huge2M,
-        clear_mode: ClearMode::Eager,
-        lock: false,
-        parts: Vec::new(),
-        want_paths: paths,
-    }
-}
-
-/// Fills `len` bytes at `p` (a live mapping of at least that) with SECRET.
-fn fill_secret(p: *mut u8, len: u64) {
-    // SAFETY: the caller's live read-write mapping of at least `len` bytes.
-    unsafe { std::ptr::write_bytes(p, SECRET, usize::try_from(len).expect("len")) };
-}
-
-/// Tenant B: allocates `size` bytes like A did and checks that its file has
-/// exactly that size and that not one byte of A's is in it.
-fn tenant_b_sees_nothing(d: &TestDaemon, size: u64, paths: bool) {
-    let mut b = d.client();
-    let a = b.alloc(alloc_2m(size, paths)).expect("tenant B allocates");
-    for (fd, info) in a.fds.iter().zip(&a.regions) {
-        let st = nix::sys::stat::fstat(fd.as_fd()).expect("fstat");
-        assert_eq!(
-            u64::try_from(st.st_size).expect("size"),
-            info.size,
-            "B's file is not the size of its region"
-        );
-        let p = map(fd.as_raw_fd(), info.size);
-        assert!(!p.is_null(), "B maps its region");
-        // SAFETY: B's live mapping of info.size bytes; nobody writes it now.
-        let bytes = unsafe { std::slice::from_raw_parts(p, info.size as usize) };
-        let leaked = bytes.iter().filter(|&&b| b != 0).count();
-        unmap(p, info.size);
-        assert_eq!(leaked, 0, "B's fresh region holds {leaked} non-zero bytes");
-    }
-    b.free(a.id).expect("B frees");
-}
-
-/// Shuts the daemon down and waits until the host's free 2 MiB pages are
-/// back where they were before the test started it.
-fn assert_hugepages_balanced(d: TestDaemon, free_before: u64) {
-    d.shutdown();
-    wait_until(
-        &format!("HugePages_Free (2 MiB) returns to {free_before}"),
-        Duration::from_secs(10),
-        || hugepages_2m("free_hugepages") >= free_before,
-    );
-}
-
-/// Runs tenant A in a forked child (root, or `uid`): connects, allocates
-/// `size` bytes, hands the allocation to `attack` (which returns its exit
-/// code), then the child FREEs and exits.
-fn tenant_a(
-    d: &TestDaemon,
-    uid: Option<u32>,
-    size: u64,
-    paths: bool,
-    attack: impl FnOnce(&backend::client::Allocation) -> i32,
-) -> i32 {
-    let socket = d.socket();
-    in_child(uid, move || {
-        let Ok(mut c) = Client::connect(&socket) else {
-            return 10;
-        };
-        let Ok(a) = c.alloc(alloc_2m(size, paths)) else {
-            return 11;
-        };
-        let code = attack(&a);
-        if code != 0 {
-            return code;
-        }
-        let id = a.id;
-        drop(a);
-        if c.free(id).is_err() {
-            return 12;
-        }
-        0
-    })
 }
 
 fn wait_discarded(d: &TestDaemon, n: u64) {
@@ -443,27 +307,6 @@ fn a_punched_hole_is_refilled_or_discarded() {
     assert_hugepages_balanced(d, free_before);
 }
 
-fn memfd_2m() -> Option<OwnedFd> {
-    let name = CString::new("hostile-lease").expect("name");
-    // SAFETY: memfd_create with a valid C string; returns a new fd or -1.
-    let fd = unsafe {
-        libc::memfd_create(
-            name.as_ptr(),
-            libc::MFD_CLOEXEC | libc::MFD_HUGETLB | libc::MFD_HUGE_2MB,
-        )
-    };
-    if fd < 0 {
-        return None;
-    }
-    // SAFETY: `fd` was just returned by memfd_create and is owned by nobody else.
-    let fd = unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) };
-    // SAFETY: ftruncate on our own fd.
-    if unsafe { libc::ftruncate(fd.as_raw_fd(), (2 * MIB) as libc::off_t) } != 0 {
-        return None;
-    }
-    Some(fd)
-}
-
 /// The kernel facts the reuse proof rests on, on this kernel: a write lease
 /// on the daemon's own reopened description of a hugetlb memfd is refused
 /// while any other description is open, in flight in an unreceived
@@ -554,21 +397,6 @@ fn write_lease_sees_every_other_description() {
     );
 }
 
-/// Tenant B's secret.
-const B_SECRET: u8 = 0x5B;
-
-fn read_u64(fd: &OwnedFd) -> u64 {
-    let mut b = [0u8; 8];
-    let mut got = 0;
-    while got < 8 {
-        match nix::unistd::read(fd, &mut b[got..]) {
-            Ok(0) | Err(_) => panic!("pipe closed after {got} bytes"),
-            Ok(n) => got += n,
-        }
-    }
-    u64::from_le_bytes(b)
-}
-
 /// The fd-in-flight attack: A sends its region's fd to itself over a
 /// socketpair and leaves it unreceived (no process shows it in `/proc`),
 /// closes every other copy and the mapping, FREEs. B allocates and writes
@@ -648,15 +476,13 @@ fn fd_in_flight(paths: bool) {
         })
     });
     let a_inode = read_u64(&freed_r);
-    wait_until(
-        "A's region left quarantine",
-        Duration::from_secs(10),
-        || {
-            d.stats()["pools"]
-                .as_array()
-                .is_none_or(|p| p.iter().all(|k| k["quarantined_bytes"].as_u64() == Some(0)))
-        },
-    );
+    // No process shows A's region, but its fd is in flight: the lease is
+    // refused and the region stays quarantined, withheld, counted.
+    wait_until("A's region is withheld", Duration::from_secs(10), || {
+        counter(&d.stats(), "regions_withheld") == 1
+    });
+    let withheld = |d: &TestDaemon| pool_bytes(&d.stats(), "withheld_bytes");
+    assert_eq!(withheld(&d), size, "{}", d.stats());
     // B allocates, checks it got a clean file that is not A's, writes.
     let mut b = d.client();
     let alloc = b.alloc(alloc_2m(size, paths)).expect("B allocates");
@@ -675,19 +501,29 @@ fn fd_in_flight(paths: bool) {
     let _ = nix::unistd::write(&go_w, b"g");
     let code = parent.join().expect("tenant A thread");
     assert_eq!(code, 0, "tenant A (30: it read B's secret)");
-    assert_eq!(
-        counter(&d.stats(), "regions_discarded"),
-        1,
-        "A's unprovable region was given back to the kernel"
+    // A received its fd, read, and exited: nothing references the file any
+    // more, so the re-check proves it free and it is reused after detaching.
+    wait_until(
+        "A's region is proved free once its fd is gone",
+        Duration::from_secs(10),
+        || withheld(&d) == 0 && pool_bytes(&d.stats(), "quarantined_bytes") == 0,
     );
+    assert_eq!(
+        pool_bytes(&d.stats(), "clean_bytes"),
+        size,
+        "A's region is clean in the pool: {}",
+        d.stats()
+    );
+    assert_eq!(counter(&d.stats(), "regions_discarded"), 0);
     unmap(p, size);
     let id = alloc.id;
     drop(alloc);
     b.free(id).expect("B frees");
     drop(b);
-    // The daemon still serves, and B's region is recycled as usual.
+    // The daemon still serves, and both regions are recycled as usual.
     tenant_b_sees_nothing(&d, size, paths);
-    assert_eq!(counter(&d.stats(), "regions_discarded"), 1);
+    tenant_b_sees_nothing(&d, size, paths);
+    assert_eq!(counter(&d.stats(), "regions_discarded"), 0);
     assert_hugepages_balanced(d, free_before);
 }
 
@@ -699,167 +535,6 @@ fn an_fd_in_flight_never_reaches_the_next_tenant_memfd() {
 #[test]
 fn an_fd_in_flight_never_reaches_the_next_tenant_path() {
     fd_in_flight(true);
-}
-
-/// A pin outlives every fd and mapping: A `vmsplice`s the first 64 KiB of
-/// its region into a pipe (the pipe holds references to the pages, like an
-/// io_uring fixed buffer or a VFIO/RDMA pin: no /proc scan, lease or
-/// kpagecount sees it), closes and unmaps everything, FREEs. B gets the
-/// region (the lease is granted: no description is left) and writes its
-/// secret. A then reads the pipe: it must see its own old bytes, never B's
-/// — the daemon punched and refaulted every page before reuse.
-#[test]
-fn a_pinned_page_never_holds_the_next_tenants_data() {
-    let _g = serial();
-    if !reserve_2m(8, "a_pinned_page_never_holds_the_next_tenants_data") {
-        return;
-    }
-    let free_before = hugepages_2m("free_hugepages");
-    let d = TestDaemon::start(|_| {});
-    let size = 4 * MIB;
-    let (freed_r, freed_w) = nix::unistd::pipe().expect("pipe");
-    let (go_r, go_w) = nix::unistd::pipe().expect("pipe");
-    let socket = d.socket();
-    let tenant = std::thread::spawn(move || {
-        in_child(None, move || {
-            let Ok(mut c) = Client::connect(&socket) else {
-                return 10;
-            };
-            let Ok(a) = c.alloc(alloc_2m(size, false)) else {
-                return 11;
-            };
-            let p = map(a.fds[0].as_raw_fd(), size);
-            if p.is_null() {
-                return 12;
-            }
-            fill_secret(p, size);
-            let Ok((pin_r, pin_w)) = nix::unistd::pipe() else {
-                return 13;
-            };
-            let iov = libc::iovec {
-                iov_base: p.cast(),
-                iov_len: 64 * 1024,
-            };
-            // SAFETY: vmsplice reads the iovec (our live mapping) and makes
-            // the pipe reference those pages; no memory of ours is written.
-            let n = unsafe { libc::vmsplice(pin_w.as_raw_fd(), &iov, 1, 0) };
-            if n != 64 * 1024 {
-                return 14;
-            }
-            unmap(p, size);
-            let id = a.id;
-            drop(a);
-            if c.free(id).is_err() {
-                return 15;
-            }
-            let _ = nix::unistd::write(&freed_w, &0u64.to_le_bytes());
-            let mut b = [0u8; 1];
-            let _ = nix::unistd::read(&go_r, &mut b);
-            let mut pinned = vec![0u8; 64 * 1024];
-            let mut got = 0;
-            while got < pinned.len() {
-                match nix::unistd::read(&pin_r, &mut pinned[got..]) {
-                    Ok(0) | Err(_) => return 16,
-                    Ok(n) => got += n,
-                }
-            }
-            if pinned.contains(&B_SECRET) {
-                return 30;
-            }
-            if pinned.iter().any(|&x| x != SECRET) {
-                // The daemon cleared a page A still pinned: not a leak of B,
-                // but it means the page stayed in the file.
-                return 31;
-            }
-            0
-        })
-    });
-    read_u64(&freed_r);
-    wait_until(
-        "A's region is clean in the pool",
-        Duration::from_secs(10),
-        || {
-            d.stats()["pools"]
-                .as_array()
-                .is_some_and(|p| p.iter().any(|k| k["clean_bytes"].as_u64() == Some(size)))
-        },
-    );
-    assert!(counter(&d.stats(), "pages_detached") >= 2, "{}", d.stats());
-    let mut b = d.client();
-    let alloc = b.alloc(alloc_2m(size, false)).expect("B allocates");
-    let p = map(alloc.fds[0].as_raw_fd(), size);
-    assert!(!p.is_null());
-    // SAFETY: B's live mapping of `size` bytes.
-    let bytes = unsafe { std::slice::from_raw_parts_mut(p, size as usize) };
-    assert!(bytes.iter().all(|&x| x == 0), "B's memory is not clean");
-    bytes.fill(B_SECRET);
-    let _ = nix::unistd::write(&go_w, b"g");
-    let code = tenant.join().expect("tenant A thread");
-    assert_eq!(code, 0, "tenant A (30: it read B's secret through its pin; 31: its pinned page was cleared in place)");
-    unmap(p, size);
-    let id = alloc.id;
-    drop(alloc);
-    b.free(id).expect("B frees");
-    drop(b);
-    assert_hugepages_balanced(d, free_before);
-}
-
-/// What detaching costs the pool: punch + refault of a region (the kernel
-/// zeroes the new pages) against the scrubber's clear of the same mapping,
-/// in the same run. Reports the ratio; asserts both leave zeros.
-#[test]
-fn detach_cost_against_a_plain_scrub() {
-    let _g = serial();
-    let pages = 64u64;
-    if !reserve_2m(pages + 2, "detach_cost_against_a_plain_scrub") {
-        return;
-    }
-    let Some(fd) = memfd_2m() else {
-        test_support::skip!("no 2 MiB hugetlb memfd");
-        return;
-    };
-    let len = pages * 2 * MIB;
-    assert_eq!(
-        // SAFETY: ftruncate on our own memfd.
-        unsafe { libc::ftruncate(fd.as_raw_fd(), len as libc::off_t) },
-        0
-    );
-    let p = map(fd.as_raw_fd(), len);
-    assert!(!p.is_null());
-    let n = usize::try_from(len).expect("len");
-    let mut scrub = Vec::new();
-    let mut detach = Vec::new();
-    for _ in 0..5 {
-        fill_secret(p, len);
-        let t = std::time::Instant::now();
-        // SAFETY: our own live mapping of `n` bytes, nobody else uses it.
-        unsafe { clearing::clear_raw(clearing::ClearKernel::default_kernel(), p, n) };
-        scrub.push(t.elapsed().as_secs_f64());
-        fill_secret(p, len);
-        let t = std::time::Instant::now();
-        backend::sys::punch_hole(fd.as_fd(), 0, len).expect("punch");
-        backend::sys::populate_write(p, n).expect("refault");
-        detach.push(t.elapsed().as_secs_f64());
-        // SAFETY: our own live mapping of `n` bytes.
-        let bytes = unsafe { std::slice::from_raw_parts(p, n) };
-        assert!(bytes.iter().all(|&x| x == 0), "refaulted pages are zero");
-    }
-    unmap(p, len);
-    let median = |v: &mut Vec<f64>| {
-        v.sort_by(f64::total_cmp);
-        v[v.len() / 2]
-    };
-    let (s, dt) = (median(&mut scrub), median(&mut detach));
-    let gib = len as f64 / f64::from(1u32 << 30);
-    // Straight to fd 2 (libtest captures eprintln! in test threads).
-    let line = format!(
-        "detach cost, {pages} x 2 MiB, median of 5: scrub {:.3} s/GiB, punch+refault {:.3} s/GiB, ratio {:.2}\n",
-        s / gib,
-        dt / gib,
-        dt / s
-    );
-    let _ = std::io::Write::write_all(&mut std::io::stderr(), line.as_bytes());
-    assert!(s > 0.0 && dt > 0.0);
 }
 
 /// One tenant (uid 65534) opens 100 connections, handshakes and goes
@@ -1162,4 +837,164 @@ fn restart_releases_files_of_a_dead_instance() {
         "its page came back"
     );
     d.shutdown();
+}
+
+/// Path mode: a tenant (uid 65534) owns its hugetlbfs file while it uses it
+/// and may even `chmod 0666` it. At FREE, before quarantine, the daemon takes
+/// the file back (owner root, mode 0600; hugetlbfs has no ACLs), so after
+/// FREE the tenant cannot open the path again — not before the reuse proof
+/// runs, not after the region went to the next tenant.
+#[test]
+fn a_released_path_is_unreachable_to_its_tenant() {
+    let _g = serial();
+    if !root_or_skip() || !reserve_2m(4, "a_released_path_is_unreachable_to_its_tenant") {
+        return;
+    }
+    // A hugetlbfs mount of its own that uid 65534 may traverse (the host's
+    // mounts are root-only, mode 1770), as an operator who serves path mode
+    // to non-root uids sets one up (docs/operations.md).
+    let Some(mount) = SearchableHugetlbfs::mount() else {
+        return;
+    };
+    let dir = mount.path().to_path_buf();
+    let d = TestDaemon::start(move |c| {
+        c.allowed_uids = vec![NOBODY];
+        c.socket_group = Some(NOBODY);
+        c.hugetlbfs.dir_2m = Some(dir);
+    });
+    std::fs::set_permissions(d.dir(), std::fs::Permissions::from_mode(0o711)).expect("chmod");
+    let size = 4 * MIB;
+    let (freed_r, freed_w) = nix::unistd::pipe().expect("pipe");
+    let (go_r, go_w) = nix::unistd::pipe().expect("pipe");
+    let socket = d.socket();
+    let tenant = std::thread::spawn(move || {
+        in_child(Some(NOBODY), move || {
+            // An early failure is reported through the pipe the parent waits on.
+            let fail = |code: u64| {
+                let _ = nix::unistd::write(&freed_w, &code.to_le_bytes());
+                i32::try_from(code).unwrap_or(99)
+            };
+            let Ok(mut c) = Client::connect(&socket) else {
+                return fail(10);
+            };
+            let Ok(a) = c.alloc(alloc_2m(size, true)) else {
+                return fail(11);
+            };
+            let Some(path) = a.paths.first().cloned() else {
+                return fail(12);
+            };
+            // The tenant's own file while it uses it: it opens it by path and
+            // opens it up to everyone.
+            let Ok(f) = std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open(&path)
+            else {
+                return fail(13);
+            };
+            if std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o666)).is_err() {
+                return fail(14);
+            }
+            drop(f);
+            let id = a.id;
+            drop(a);
+            if c.free(id).is_err() {
+                return fail(15);
+            }
+            let tries = |code| match std::fs::OpenOptions::new().read(true).open(&path) {
+                Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => 0,
+                _ => code,
+            };
+            let first = tries(30);
+            let _ = fail(0);
+            let mut b = [0u8; 1];
+            let _ = nix::unistd::read(&go_r, &mut b);
+            if first != 0 {
+                return first;
+            }
+            tries(31)
+        })
+    });
+    let early = read_u64(&freed_r);
+    if early != 0 {
+        panic!(
+            "tenant A failed with code {}",
+            tenant.join().expect("tenant A thread")
+        );
+    }
+    wait_until(
+        "A's region is clean in the pool",
+        Duration::from_secs(10),
+        || pool_bytes(&d.stats(), "clean_bytes") == size,
+    );
+    let mut b = d.client();
+    let alloc = b.alloc(alloc_2m(size, true)).expect("B allocates");
+    assert_eq!(counter(&d.stats(), "regions_pooled"), 1, "B got A's file");
+    let path = alloc.paths.first().cloned().expect("a path");
+    let meta = std::fs::metadata(&path).expect("stat");
+    assert_eq!(
+        (
+            std::os::unix::fs::MetadataExt::uid(&meta),
+            meta.permissions().mode() & 0o777
+        ),
+        (0, 0o600),
+        "the daemon took the file back and reset its mode"
+    );
+    let _ = nix::unistd::write(&go_w, b"g");
+    let code = tenant.join().expect("tenant A thread");
+    assert_eq!(
+        code, 0,
+        "tenant A (30: it opened its path after FREE, 31: after B got the file)"
+    );
+    b.free(alloc.id).expect("B frees");
+    d.shutdown();
+    drop(mount);
+}
+
+/// A 2 MiB hugetlbfs mounted on a temporary directory, mode 0711; unmounted
+/// (lazily) on drop.
+struct SearchableHugetlbfs {
+    dir: tempfile::TempDir,
+}
+
+impl SearchableHugetlbfs {
+    fn mount() -> Option<Self> {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let target = CString::new(dir.path().as_os_str().as_encoded_bytes()).expect("path");
+        let fstype = CString::new("hugetlbfs").expect("fstype");
+        let opts = CString::new("pagesize=2M,mode=0711").expect("options");
+        // SAFETY: mount(2) with valid C strings that live across the call.
+        let r = unsafe {
+            libc::mount(
+                fstype.as_ptr(),
+                target.as_ptr(),
+                fstype.as_ptr(),
+                0,
+                opts.as_ptr().cast(),
+            )
+        };
+        if r != 0 {
+            test_support::skip!(
+                "cannot mount a hugetlbfs of 2 MiB pages: {}",
+                std::io::Error::last_os_error()
+            );
+            return None;
+        }
+        // The temporary directory's parent must be traversable too.
+        let _ = std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o711));
+        Some(Self { dir })
+    }
+
+    fn path(&self) -> &Path {
+        self.dir.path()
+    }
+}
+
+impl Drop for SearchableHugetlbfs {
+    fn drop(&mut self) {
+        if let Ok(target) = CString::new(self.dir.path().as_os_str().as_encoded_bytes()) {
+            // SAFETY: umount2 with a valid C string.
+            unsafe { libc::umount2(target.as_ptr(), libc::MNT_DETACH) };
+        }
+    }
 }

@@ -1,8 +1,10 @@
 //! The randomized soak of issue 11: several hostile tenant processes run
 //! seeded random sequences of operations (ALLOC eager/lazy, with and without
-//! paths, FREE, LOCK/UNLOCK, REBALANCE, disconnect without FREE, fds kept
-//! after FREE or left in flight, grown, punched and truncated files,
-//! malformed frames) against one live in-process daemon for a bounded time.
+//! paths, FREE, LOCK/UNLOCK, REBALANCE, UFFD (root tenants attach the dirty
+//! regions they are handed lazily; every tenant sends UFFD requests that
+//! must be refused), disconnect without FREE, fds kept after FREE or left in
+//! flight, grown, punched and truncated files, malformed frames) against one
+//! live in-process daemon for a bounded time.
 //!
 //! Invariants, in each tenant after every step: a fresh ALLOC reads zero in
 //! every byte; a live region still holds exactly the tenant's own marker;
@@ -30,7 +32,8 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use backend::client::{Client, ClientError};
-use backend::proto::{AllocRequest, ClearMode, PagePolicy};
+use backend::lazy::{GuestMapping, LazyGuest, LazyOptions};
+use backend::proto::{AllocRequest, ClearMode, PagePolicy, RegionInfo};
 use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags};
 use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::{fork, ForkResult, Pid};
@@ -80,9 +83,15 @@ enum Op {
     PopulateFailed,
     /// Regions scanned for the zero / own-marker invariants.
     Checks,
+    /// Lazy ALLOCs handed a dirty region, attached with UFFD, every page
+    /// faulted in through the registered mapping (root tenants only).
+    LazyServed,
+    /// UFFD requests that must fail: for an eager allocation, with an fd
+    /// that is not a userfaultfd, for an allocation id not the tenant's.
+    UffdRefused,
 }
 
-const OP_NAMES: [&str; 24] = [
+const OP_NAMES: [&str; 26] = [
     "alloc",
     "alloc_refused",
     "free",
@@ -107,6 +116,8 @@ const OP_NAMES: [&str; 24] = [
     "stats",
     "populate_failed",
     "region_checks",
+    "lazy_uffd_served",
+    "uffd_refused",
 ];
 
 /// xorshift64*: a small seeded generator, so that a seed replays a run.
@@ -174,9 +185,15 @@ fn scan(fd: RawFd, len: u64, a: u8, b: u8, fill: Option<u8>) -> Scan {
     if p.is_null() {
         return Scan::MapFailed;
     }
+    let result = scan_at(p, len, a, b, fill);
+    unmap(p, len);
+    result
+}
+
+/// [`scan`] of a mapping the caller owns (`len` bytes at `p`).
+fn scan_at(p: *mut u8, len: u64, a: u8, b: u8, fill: Option<u8>) -> Scan {
     let n = len as usize;
     if backend::sys::populate_write(p, n).is_err() {
-        unmap(p, len);
         return Scan::NoMemory;
     }
     // SAFETY: our live mapping of `n` bytes, every page faulted in above;
@@ -202,8 +219,21 @@ fn scan(fd: RawFd, len: u64, a: u8, b: u8, fill: Option<u8>) -> Scan {
         // slice above is no longer used.
         unsafe { std::ptr::write_bytes(p, f, n) };
     }
-    unmap(p, len);
     result
+}
+
+/// A lazy allocation's guest view: the mapping registered with the uffd the
+/// daemon serves. Unmapped before the uffd is closed (a VMM's order).
+struct LazyView {
+    addr: *mut u8,
+    len: u64,
+    _guest: LazyGuest,
+}
+
+impl Drop for LazyView {
+    fn drop(&mut self) {
+        unmap(self.addr, self.len);
+    }
 }
 
 /// One allocation a tenant holds.
@@ -215,6 +245,8 @@ struct Live {
     paths: bool,
     /// Grown, punched or truncated: its contents are no longer checked.
     damaged: bool,
+    /// Lazy on dirty memory: the uffd-registered mapping.
+    _lazy: Option<LazyView>,
 }
 
 /// A file kept after FREE or disconnect, or sent to itself and in flight.
@@ -326,6 +358,20 @@ impl Tenant {
             Err(e) => return Err(format!("ALLOC {size} lazy={lazy} paths={paths}: {e}")),
         };
         self.count(Op::Alloc);
+        let handed_dirty = a
+            .regions
+            .first()
+            .is_some_and(|r| r.flags & RegionInfo::FLAG_LAZY != 0);
+        if handed_dirty && self.unprivileged {
+            return Err(format!(
+                "uid {NOBODY} (not in lazy_dirty_uids) was handed dirty memory lazily"
+            ));
+        }
+        let lazy_view = if handed_dirty {
+            Some(self.attach(&a, size)?)
+        } else {
+            None
+        };
         let id = a.id;
         let (Some(info), Some(fd)) = (a.regions.first().copied(), a.fds.into_iter().next()) else {
             return Err("ALLOC reply without a region".into());
@@ -337,9 +383,16 @@ impl Tenant {
                 st.st_size, info.size
             ));
         }
-        // Every fresh byte reads zero; then the tenant's marker goes everywhere.
+        // Every fresh byte reads zero; then the tenant's marker goes
+        // everywhere. Dirty lazy memory is read only through the registered
+        // mapping (each first touch a fault the daemon serves by clearing):
+        // a second mapping would see the previous tenant's bytes, which is
+        // why only uids the operator trusts get it.
         let own = self.own;
-        let s = scan(fd.as_raw_fd(), size, 0, 0, Some(own));
+        let s = match &lazy_view {
+            Some(v) => scan_at(v.addr, size, 0, 0, Some(own)),
+            None => scan(fd.as_raw_fd(), size, 0, 0, Some(own)),
+        };
         let nomem = matches!(s, Scan::NoMemory);
         self.checked(s, &format!("fresh ALLOC lazy={lazy} paths={paths}"))?;
         self.live.push(Live {
@@ -350,7 +403,84 @@ impl Tenant {
             paths,
             // Not filled: its contents are not known to be the marker.
             damaged: nomem,
+            _lazy: lazy_view,
         });
+        Ok(())
+    }
+
+    /// Maps a lazy allocation's region and hands its uffd to the daemon.
+    fn attach(&mut self, a: &backend::client::Allocation, size: u64) -> Result<LazyView, String> {
+        let (Some(info), Some(fd)) = (a.regions.first(), a.fds.first()) else {
+            return Err("lazy ALLOC reply without a region".into());
+        };
+        let addr = map(fd.as_raw_fd(), size);
+        if addr.is_null() {
+            return Err("mmap of a lazy region failed".into());
+        }
+        let mapping = GuestMapping {
+            region_id: info.region_id,
+            region_offset: 0,
+            addr: addr as u64,
+            len: size,
+        };
+        let opts = LazyOptions {
+            fallback: false,
+            ..LazyOptions::default()
+        };
+        match LazyGuest::attach(self.client()?, a, &[mapping], opts) {
+            Ok(guest) => {
+                self.count(Op::LazyServed);
+                Ok(LazyView {
+                    addr,
+                    len: size,
+                    _guest: guest,
+                })
+            }
+            Err(e) => {
+                unmap(addr, size);
+                Err(format!("UFFD for a dirty lazy region: {e}"))
+            }
+        }
+    }
+
+    /// UFFD requests a hostile VMM might send; each must be refused and
+    /// leave the connection and the daemon serving.
+    fn uffd_tricks(&mut self) -> Step {
+        let Some(i) = self.pick_live(false) else {
+            return Ok(());
+        };
+        let (id, region_id, size) = (self.live[i].id, self.live[i].region_id, self.live[i].size);
+        let addr = map(self.live[i].fd.as_raw_fd(), size);
+        if addr.is_null() {
+            return Err("mmap for UFFD tricks failed".into());
+        }
+        let range = backend::proto::UffdRange {
+            region_id,
+            offset: 0,
+            vmm_addr: addr as u64,
+            len: size,
+        };
+        let (pipe_r, _pipe_w) = nix::unistd::pipe().map_err(|e| format!("pipe: {e}"))?;
+        let trick = self.rng.below(2);
+        let mine: Vec<u64> = self.live.iter().map(|l| l.id).collect();
+        let foreign = (1..=64)
+            .map(|k| id + k)
+            .find(|x| !mine.contains(x))
+            .unwrap_or(u64::MAX);
+        let (alloc_id, what) = match trick {
+            0 => (id, "with a pipe for a uffd"),
+            _ => (foreign, "for an allocation not its own"),
+        };
+        let req = backend::proto::Request::Uffd {
+            alloc_id,
+            ranges: vec![range],
+        };
+        let r = self.client()?.call_with_fds(&req, &[pipe_r.as_fd()]);
+        unmap(addr, size);
+        if !refused(&r) {
+            return Err(format!("UFFD {what} (alloc {alloc_id}): {r:?}"));
+        }
+        self.count(Op::UffdRefused);
         Ok(())
     }
 
@@ -659,8 +789,9 @@ impl Tenant {
             63..=66 => self.disconnect(),
             67..=72 => self.fd_in_flight(),
             73..=78 => self.damage(),
-            79..=82 => self.malformed(),
-            83..=94 => self.verify(),
+            79..=81 => self.malformed(),
+            82..=83 => self.uffd_tricks(),
+            84..=94 => self.verify(),
             _ => self.stats(),
         }
     }
@@ -749,6 +880,7 @@ fn env_u64(name: &str) -> Option<u64> {
 
 #[test]
 fn hostile_tenants_soak() {
+    let test = "hostile_tenants_soak";
     let _g = serial();
     let secs = env_u64("HUGEMEM_SOAK_SECS").unwrap_or(15);
     let seed = env_u64("HUGEMEM_SOAK_SEED").unwrap_or_else(|| {
@@ -760,7 +892,7 @@ fn hostile_tenants_soak() {
     say(&format!(
         "hostile soak: seed {seed} ({secs} s, {TENANTS} tenants); replay with HUGEMEM_SOAK_SEED={seed} HUGEMEM_SOAK_SECS={secs}\n"
     ));
-    if !reserve_2m(PAGES, "hostile_tenants_soak") {
+    if !reserve_2m(PAGES, test) {
         return;
     }
     // SAFETY: geteuid has no preconditions and cannot fail.
@@ -775,6 +907,8 @@ fn hostile_tenants_soak() {
         c.pool.limit = backend::daemon::ByteSize(16 * PAGE);
         c.pool.target = backend::daemon::ByteSize(0);
         c.pool.trim_after_secs = 1;
+        // Root tenants may get dirty memory lazily (and must attach a uffd).
+        c.pool.lazy_dirty_uids = vec![0];
     });
     for (path, mode) in [(d.dir(), 0o755), (d.socket().as_path(), 0o777)] {
         std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).expect("chmod");

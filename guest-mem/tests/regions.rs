@@ -796,3 +796,50 @@ fn clean_region_grows_in_place_on_its_node() {
     assert!(all_zero(unsafe { region.as_slice() }));
     assert_on_node0(&region, test);
 }
+
+/// `Region::detach_pages` punches every page out of the file and leaves
+/// them `Unpopulated`: the pages go back to the host pool, the next fault
+/// gets a fresh zeroed page, and `prepare_eager` (populate only) makes the
+/// region clean again. A region with a page that is not `Dirty` is refused
+/// and left as it was.
+#[test]
+fn detached_pages_leave_the_file_and_come_back_zeroed() {
+    let _g = huge_lock();
+    let test = "detach 2M region";
+    if !reserve(PageSize::Huge2M, 4, test) {
+        return;
+    }
+    let topo = topology();
+    let spec = RegionSpec::new("gm-test-detach", 8 * MIB, Some(0))
+        .with_policy(PagePolicy::Strict(PageSize::Huge2M));
+    let Some(region) = allocate(&topo, &spec, test) else {
+        return;
+    };
+    // SAFETY: this test is the region's only user; no guest maps it.
+    unsafe { region.as_mut_slice() }.fill(0xA5);
+    // Clean pages are not the caller's to punch: refused, nothing changed.
+    assert!(matches!(
+        region.detach_pages(),
+        Err(guest_mem::RegionError::Detach { .. })
+    ));
+    assert_eq!(region.states().counts().clean, 4);
+    region.mark_all_dirty();
+    let free_before = pool(PageSize::Huge2M).expect("2M pool").1;
+    assert_eq!(region.detach_pages().expect("detach"), 4);
+    assert_eq!(region.states().counts().unpopulated, 4);
+    let free_after = pool(PageSize::Huge2M).expect("2M pool").1;
+    assert!(
+        free_after >= free_before + 4,
+        "the punched pages went back to the host pool ({free_before} -> {free_after} free)"
+    );
+    let report = region
+        .prepare_eager(&topo, &RunOptions::default())
+        .expect("populate again");
+    assert_eq!((report.populated, report.cleared), (4, 0));
+    assert_eq!(region.states().counts().clean, 4);
+    // SAFETY: as above.
+    assert!(
+        all_zero(unsafe { region.as_slice() }),
+        "fresh pages are zero"
+    );
+}

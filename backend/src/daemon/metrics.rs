@@ -53,9 +53,14 @@ pub struct Metrics {
     /// Released regions found damaged by their tenant (file size changed,
     /// holes that cannot be filled) and given back to the kernel unscrubbed.
     pub regions_discarded: AtomicU64,
-    /// Pages punched out of released regions and refaulted fresh before
-    /// reuse (`pool.detach_pages`), so that no pin keeps a reused page.
+    /// Pages punched out of released regions before reuse
+    /// (`pool.detach_pages`), so that no pin keeps a reused page; the
+    /// scrubbers fault fresh ones in.
     pub pages_detached: AtomicU64,
+    /// Released regions found withheld: no process holds them, yet another
+    /// open description of the file exists (an fd in flight). They stay
+    /// quarantined and are re-checked; counted once per release.
+    pub regions_withheld: AtomicU64,
     /// Region files of an earlier daemon instance found at start and unlinked.
     pub leftover_files_released: AtomicU64,
     /// Bytes those files held.
@@ -97,6 +102,10 @@ pub struct ScrubCounters {
     pub nanos: AtomicU64,
     /// Kernel calls (batches).
     pub batches: AtomicU64,
+    /// Bytes of detached pages faulted in fresh (the kernel zeroed them).
+    pub refaulted_bytes: AtomicU64,
+    /// Nanoseconds spent faulting those in, summed over threads.
+    pub refault_nanos: AtomicU64,
 }
 
 impl ScrubCounters {
@@ -108,6 +117,8 @@ impl ScrubCounters {
             bytes: AtomicU64::new(0),
             nanos: AtomicU64::new(0),
             batches: AtomicU64::new(0),
+            refaulted_bytes: AtomicU64::new(0),
+            refault_nanos: AtomicU64::new(0),
         }
     }
 

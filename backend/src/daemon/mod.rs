@@ -20,6 +20,7 @@
 //! * [`pool`]: region table and state machine; the clean-before-map check.
 //! * [`scrub`]: pinned scrubber threads.
 //! * [`holders`]: `/proc` scan for other processes holding a region.
+//! * [`reuse`]: the proofs a released region passes before it is reused.
 //! * [`peer`]: peer credentials and pidfds.
 //! * [`metrics`]: counters and the Prometheus text endpoint.
 //! * [`rebalance`]: REBALANCE, per-region placement, the vCPU-affinity policy loop.
@@ -52,6 +53,7 @@ pub mod metrics;
 pub mod peer;
 pub mod pool;
 pub mod rebalance;
+pub mod reuse;
 pub mod scrub;
 pub mod server;
 pub mod session;
@@ -303,6 +305,7 @@ impl Shared {
         let g = Metrics::get;
         let mut total_bytes = 0;
         let mut total_nanos = 0;
+        let (mut refaulted, mut refault_nanos) = (0, 0);
         let nodes: Vec<Value> = self
             .scrub
             .iter()
@@ -310,6 +313,8 @@ impl Shared {
                 let (b, n) = (g(&c.bytes), g(&c.nanos));
                 total_bytes += b;
                 total_nanos += n;
+                refaulted += g(&c.refaulted_bytes);
+                refault_nanos += g(&c.refault_nanos);
                 json!({
                     "node": c.node,
                     "threads": c.threads,
@@ -318,6 +323,7 @@ impl Shared {
                     "seconds": Duration::from_nanos(n).as_secs_f64(),
                     "gb_per_s": c.gb_per_s(),
                     "batches": g(&c.batches),
+                    "refaulted_bytes": g(&c.refaulted_bytes),
                     "pending_bytes": pending.get(&c.node).copied().unwrap_or(0),
                 })
             })
@@ -362,6 +368,8 @@ impl Shared {
                 "seconds": Duration::from_nanos(total_nanos).as_secs_f64(),
                 "gb_per_s": metrics::gb_per_s(total_bytes, total_nanos),
                 "pending_bytes": pending.values().sum::<u64>(),
+                "refaulted_bytes": refaulted,
+                "refault_seconds": Duration::from_nanos(refault_nanos).as_secs_f64(),
                 "nodes": nodes,
             },
             "totals": {
@@ -381,6 +389,7 @@ impl Shared {
                 "regions_grown": g(&m.regions_grown),
                 "regions_discarded": g(&m.regions_discarded),
                 "pages_detached": g(&m.pages_detached),
+                "regions_withheld": g(&m.regions_withheld),
                 "leftover_files_released": g(&m.leftover_files_released),
                 "leftover_bytes_released": g(&m.leftover_bytes_released),
                 "regions_fresh": g(&m.regions_fresh),
@@ -636,50 +645,18 @@ async fn quarantine_loop(shared: Arc<Shared>) {
         let quarantined = shared.pool.quarantined();
         if !quarantined.is_empty() {
             let detach = shared.pool.config().detach_pages;
-            let metrics = Arc::clone(&shared.metrics);
             let scan = tokio::task::spawn_blocking(move || {
                 let owned: Vec<_> = quarantined.iter().map(|(_, o, _)| o.clone()).collect();
                 let holders = alloc::scan_holders(&owned);
-                // No process shows it any more: prove that no reference the
-                // scan cannot see exists (`pool::prove_unreachable`: fds in
-                // flight), then that the file is whole (`pool::check_released`:
-                // size, holes). A region that fails is never reused.
                 quarantined
                     .into_iter()
                     .zip(holders)
-                    .map(|((id, _, region), holder)| {
-                        let broken = match holder {
-                            None => pool::prove_unreachable(&region)
-                                .and_then(|()| pool::check_released(&region))
-                                .and_then(|()| {
-                                    if detach {
-                                        let pages = pool::detach_pages(&region)?;
-                                        Metrics::add(&metrics.pages_detached, pages);
-                                    }
-                                    Ok(())
-                                })
-                                .err(),
-                            Some(_) => None,
-                        };
-                        (id, holder, broken)
-                    })
+                    .map(|((id, _, region), holder)| (id, reuse::judge(&region, holder, detach)))
                     .collect::<Vec<_>>()
             });
             match scan.await {
-                Ok(checked) => {
-                    let mut results = Vec::with_capacity(checked.len());
-                    let mut dropped = Vec::new();
-                    for (id, holder, broken) in checked {
-                        match broken {
-                            Some(reason) => dropped.extend(shared.pool.discard(
-                                id,
-                                pool::EntryState::Quarantined,
-                                &reason,
-                            )),
-                            None => results.push((id, holder)),
-                        }
-                    }
-                    shared.pool.apply_scan(&results);
+                Ok(verdicts) => {
+                    let (_, dropped) = shared.pool.apply_scan(verdicts);
                     if !dropped.is_empty() {
                         drop(tokio::task::spawn_blocking(move || drop(dropped)));
                     }

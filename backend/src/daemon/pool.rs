@@ -52,11 +52,14 @@
 //!
 //! **Damaged files.** A tenant can change its file behind the daemon's
 //! back: grow a memfd (the seals allow it), truncate a hugetlbfs file, punch
-//! holes. Before a released region leaves quarantine, [`check_released`]
-//! checks its size and populates every page (`MADV_POPULATE_WRITE`, which
-//! errors where a store would `SIGBUS`); scrubbers populate each batch the
-//! same way. A region that fails either is discarded ([`Pool::discard`]):
-//! given back to the kernel, never scrubbed, never served.
+//! holes. Before a released region leaves quarantine, [`super::reuse`] checks
+//! that no reference it cannot see exists (a write lease; refused, the region
+//! stays quarantined as *withheld* and is re-checked), its size, and
+//! populates every page (`MADV_POPULATE_WRITE`, which errors where a store
+//! would `SIGBUS`); scrubbers populate each batch the same way. A region
+//! that fails a check of the file is discarded ([`Pool::discard`]): given
+//! back to the kernel, never scrubbed, never served. A region whose pages
+//! were detached (punched and refaulted) is clean at once.
 //!
 //! **Limits.** Per node, pooled bytes (clean + dirty + quarantined) never
 //! exceed the limit: a released region that would is given back to the
@@ -77,6 +80,7 @@ use tracing::{info, warn};
 use super::config::PoolConfig;
 use super::holders::{Holder, Owned};
 use super::metrics::Metrics;
+use super::reuse::Verdict;
 
 /// A region's id (in ALLOC replies, for REBALANCE).
 pub type RegionId = u64;
@@ -130,6 +134,11 @@ struct Entry {
     state: EntryState,
     since: Instant,
     holder: Option<Holder>,
+    /// Quarantined, no process holds it, but a reference no process shows
+    /// exists (see [`super::reuse`]): why, and when it was first seen.
+    withheld: Option<(String, Instant)>,
+    /// The uid of the last client that held it (for a withheld region).
+    tenant: Option<u32>,
     warned: bool,
     /// Pages may be on several nodes (a move is running, or a range was
     /// moved): released, such a region goes back to the kernel, never into
@@ -174,7 +183,8 @@ pub struct Detached {
     old_len: u64,
 }
 
-/// Pages a scrubber claimed: `pages` of region `id`, all in `Clearing`.
+/// Pages a scrubber claimed: `count` pages of region `id` from `first`, all
+/// in `Clearing`.
 #[derive(Debug)]
 pub struct ScrubWork {
     /// Region id.
@@ -185,6 +195,9 @@ pub struct ScrubWork {
     pub first: usize,
     /// Number of contiguous pages.
     pub count: usize,
+    /// The pages were detached (`Unpopulated`, holes in the file): faulting
+    /// them in gives fresh pages the kernel zeroes; no clear on top.
+    pub populate_only: bool,
 }
 
 /// An allocation being given back: its regions and whether they were locked.
@@ -283,6 +296,8 @@ impl Pool {
                 state: EntryState::Reserved,
                 since: Instant::now(),
                 holder: None,
+                withheld: None,
+                tenant: None,
                 warned: false,
                 split: false,
             },
@@ -405,6 +420,8 @@ impl Pool {
                     since
                 },
                 holder: None,
+                withheld: None,
+                tenant: None,
                 warned: false,
                 split: false,
             },
@@ -485,6 +502,7 @@ impl Pool {
     pub fn commit(
         &self,
         session: SessionId,
+        tenant: u32,
         ids: &[RegionId],
         locked: bool,
     ) -> Result<AllocId, String> {
@@ -513,6 +531,7 @@ impl Pool {
                     warn!(region = id, error = %err, "page changed state while committing");
                 }
                 e.state = EntryState::InUse(alloc);
+                e.tenant = Some(tenant);
                 e.since = Instant::now();
             }
         }
@@ -540,6 +559,7 @@ impl Pool {
     pub fn commit_lazy(
         &self,
         session: SessionId,
+        tenant: u32,
         ids: &[RegionId],
         locked: bool,
     ) -> Result<AllocId, String> {
@@ -566,6 +586,7 @@ impl Pool {
                     }
                 }
                 e.state = EntryState::InUse(alloc);
+                e.tenant = Some(tenant);
                 e.since = Instant::now();
             }
         }
@@ -704,6 +725,7 @@ impl Pool {
                 e.state = EntryState::Quarantined;
                 e.since = Instant::now();
                 e.holder = None;
+                e.withheld = None;
                 e.warned = false;
                 out.quarantined.push(Arc::clone(&e.region));
             }
@@ -717,7 +739,7 @@ impl Pool {
         out
     }
 
-    /// The quarantined regions, for a holder scan and [`check_released`].
+    /// The quarantined regions, for a holder scan and [`super::reuse::judge`].
     pub fn quarantined(&self) -> Vec<(RegionId, Owned, Arc<Region>)> {
         self.lock()
             .entries
@@ -727,7 +749,7 @@ impl Pool {
             .collect()
     }
 
-    /// Takes a region that a tenant damaged ([`check_released`] failed, or a
+    /// Takes a region that a tenant damaged ([`super::reuse::check_released`] failed, or a
     /// scrub batch could not be populated) out of the pool if it is still in
     /// `state`, counts it as given back to the kernel, and returns it to be
     /// dropped off the lock (unmapped, closed, unlinked: its pages go back
@@ -753,47 +775,85 @@ impl Pool {
         Some(e.region)
     }
 
-    /// Applies a scan: regions nobody else holds become `Dirty` (scrubbers
-    /// woken); the others stay, with the holder noted. Returns how many left.
-    pub fn apply_scan(&self, results: &[(RegionId, Option<Holder>)]) -> usize {
+    /// Applies the quarantine checks ([`super::reuse::judge`]): a region
+    /// proved free becomes `Dirty` (scrubbers woken: they clear its dirty
+    /// pages, or fault in fresh ones where its pages were detached); a held
+    /// or withheld one stays, with the reason noted; a broken one is
+    /// discarded. Returns how many left quarantine, and the discarded
+    /// regions, to drop off the lock.
+    pub fn apply_scan(&self, results: Vec<(RegionId, Verdict)>) -> (usize, Vec<Arc<Region>>) {
         Metrics::add(&self.metrics.quarantine_scans, 1);
         let mut left = 0;
+        let mut dropped = Vec::new();
         let mut g = self.lock();
-        for (id, holder) in results {
-            let Some(e) = g.entries.get_mut(id) else {
+        for (id, verdict) in results {
+            let Some(e) = g.entries.get_mut(&id) else {
                 continue;
             };
             if e.state != EntryState::Quarantined {
                 continue;
             }
-            match holder {
-                None => {
-                    e.region.mark_all_dirty();
+            match verdict {
+                Verdict::Free { detached } => {
+                    if detached == 0 {
+                        e.region.mark_all_dirty();
+                    }
+                    Metrics::add(&self.metrics.pages_detached, detached);
                     e.state = EntryState::Dirty;
                     e.holder = None;
+                    e.withheld = None;
                     e.since = Instant::now();
                     left += 1;
                     info!(
                         region = id,
                         node = e.key.node,
                         bytes = e.region.len(),
+                        detached,
                         "region left quarantine; scrubbing"
                     );
                 }
-                Some(h) => {
+                Verdict::Held(h) => {
                     if !e.warned && e.since.elapsed() > Duration::from_secs(60) {
                         e.warned = true;
                         warn!(region = id, pid = h.pid, hold = ?h.hold, "a released region is still held after 60 s");
                     }
-                    e.holder = Some(h.clone());
+                    e.holder = Some(h);
+                }
+                Verdict::Withheld(reason) => {
+                    e.holder = None;
+                    if e.withheld.is_none() {
+                        Metrics::add(&self.metrics.regions_withheld, 1);
+                        warn!(
+                            region = id,
+                            uid = ?e.tenant,
+                            bytes = e.region.len(),
+                            reason,
+                            "a released region is withheld: a reference no process shows exists; re-checking"
+                        );
+                        e.withheld = Some((reason, Instant::now()));
+                    }
+                }
+                Verdict::Broken(reason) => {
+                    if let Some(e) = g.entries.remove(&id) {
+                        Metrics::add(&self.metrics.bytes_released, e.region.len());
+                        Metrics::add(&self.metrics.regions_discarded, 1);
+                        warn!(
+                            region = id,
+                            node = e.key.node,
+                            bytes = e.region.len(),
+                            reason,
+                            "a released region was damaged by its tenant; it goes back to the kernel unscrubbed"
+                        );
+                        dropped.push(e.region);
+                    }
                 }
             }
         }
         drop(g);
-        if left > 0 {
+        if left > 0 || !dropped.is_empty() {
             self.changed.notify_all();
         }
-        left
+        (left, dropped)
     }
 
     /// Blocks until a dirty page of a region on `node` can be claimed, or the
@@ -811,7 +871,7 @@ impl Pool {
                     continue;
                 }
                 let states = e.region.states();
-                let Some(first) = states.claim_dirty(hint % states.len().max(1)) else {
+                let Some((first, was)) = states.claim_pending(hint % states.len().max(1)) else {
                     if states.counts().clean == states.len() {
                         finished.push(*id);
                     }
@@ -822,7 +882,7 @@ impl Pool {
                 while (count as u64 + 1) * unit <= max_bytes
                     && first + count < states.len()
                     && states
-                        .try_transition(first + count, PageState::Dirty, PageState::Clearing)
+                        .try_transition(first + count, was, PageState::Clearing)
                         .is_ok()
                 {
                     count += 1;
@@ -832,6 +892,7 @@ impl Pool {
                     region: Arc::clone(&e.region),
                     first,
                     count,
+                    populate_only: was == PageState::Unpopulated,
                 });
                 break;
             }
@@ -856,10 +917,12 @@ impl Pool {
     /// A scrubber finished (or gave up on) its pages.
     pub fn scrub_done(&self, work: &ScrubWork, cleared: bool) {
         let states = work.region.states();
-        let to = if cleared {
-            PageState::Clean
-        } else {
-            PageState::Dirty
+        let to = match (cleared, work.populate_only) {
+            (true, _) => PageState::Clean,
+            // Still a hole (or a fresh zeroed page nobody wrote): populating
+            // it later is enough, and nothing clears a hole with stores.
+            (false, true) => PageState::Unpopulated,
+            (false, false) => PageState::Dirty,
         };
         for page in work.first..work.first + work.count {
             if let Err(e) = states.try_transition(page, PageState::Clearing, to) {
@@ -962,6 +1025,8 @@ impl Pool {
                     EntryState::Dirty if e.region.states().counts().clearing == 0 => {
                         evictable += e.region.len();
                     }
+                    // A withheld region waits for its tenant, not for time.
+                    EntryState::Quarantined if e.withheld.is_some() => {}
                     EntryState::Dirty | EntryState::Quarantined => settling += e.region.len(),
                     EntryState::Reserved | EntryState::InUse(_) => {}
                 }
@@ -1097,8 +1162,12 @@ impl Pool {
         let g = self.lock();
         let mut by_key: BTreeMap<PoolKey, [(u64, u64); 4]> = BTreeMap::new();
         let mut pending: HashMap<NodeId, u64> = HashMap::new();
+        let mut withheld: BTreeMap<PoolKey, u64> = BTreeMap::new();
         let mut allocs_bytes = 0;
         for e in g.entries.values() {
+            if e.state == EntryState::Quarantined && e.withheld.is_some() {
+                *withheld.entry(e.key).or_default() += e.region.len();
+            }
             let slot = match e.state.name() {
                 "clean" => 0,
                 "dirty" => 1,
@@ -1114,7 +1183,8 @@ impl Pool {
             if e.state == EntryState::Dirty {
                 let c = e.region.states().counts();
                 let unit = e.region.state_unit();
-                *pending.entry(e.key.node).or_default() += (c.dirty + c.clearing) as u64 * unit;
+                *pending.entry(e.key.node).or_default() +=
+                    (c.dirty + c.clearing + c.unpopulated) as u64 * unit;
             }
         }
         let pools: Vec<Value> = by_key
@@ -1128,6 +1198,7 @@ impl Pool {
                     "clean_bytes": v[0].0,
                     "dirty_bytes": v[1].0,
                     "quarantined_bytes": v[2].0,
+                    "withheld_bytes": withheld.get(k).copied().unwrap_or(0),
                     "in_use_bytes": v[3].0,
                     "regions": {"clean": v[0].1, "dirty": v[1].1, "quarantined": v[2].1, "in_use": v[3].1},
                     "target_bytes": target,
@@ -1145,6 +1216,11 @@ impl Pool {
                     "bytes": e.region.len(),
                     "seconds": e.since.elapsed().as_secs_f64(),
                     "holder_pid": e.holder.as_ref().map(|h| h.pid),
+                    "withheld": e.withheld.as_ref().map(|(reason, since)| json!({
+                        "reason": reason,
+                        "seconds": since.elapsed().as_secs_f64(),
+                        "uid": e.tenant,
+                    })),
                 })
             })
             .collect();
@@ -1268,83 +1344,6 @@ fn reclaim_path(region: &Region) -> std::io::Result<()> {
     std::os::unix::fs::fchown(region.fd(), Some(uid), Some(gid))?;
     nix::sys::stat::fchmod(region.fd(), nix::sys::stat::Mode::from_bits_truncate(0o600))
         .map_err(std::io::Error::from)
-}
-
-/// Proves a released region is whole before any page of it is touched: its
-/// file has exactly the region's size (a tenant can grow a memfd, whose seals
-/// allow growing, or truncate a hugetlbfs file), and every page is present or
-/// can be allocated (`MADV_POPULATE_WRITE` fills holes a tenant punched with
-/// fresh zeroed pages, and fails where a store would raise `SIGBUS`).
-/// Blocking (it may fault in a whole region): call it off the executor.
-///
-/// # Errors
-///
-/// A message saying what is wrong; the region must then be discarded
-/// ([`Pool::discard`]), never scrubbed.
-pub fn check_released(region: &Region) -> Result<(), String> {
-    let size = crate::sys::file_size(region.fd()).map_err(|e| format!("fstat: {e}"))?;
-    if size != region.len() {
-        return Err(format!(
-            "file size is {size} bytes, the region has {}",
-            region.len()
-        ));
-    }
-    let len = usize::try_from(region.len()).map_err(|_| "region too large".to_string())?;
-    crate::sys::populate_write(region.as_ptr(), len).map_err(|e| {
-        format!("pages cannot be populated (a hole the host cannot fill, or a truncation): {e}")
-    })
-}
-
-/// Proves that no open file description of a released region's file exists
-/// but the daemon's own: a write lease (`F_SETLEASE`) on the daemon's
-/// description is granted only then, and it counts what the `/proc` holder
-/// scan cannot see: descriptions in flight in unreceived `SCM_RIGHTS`
-/// messages, and those behind mappings. For a memfd the lease is taken on a
-/// fresh reopen (the original `memfd_create` description, which the daemon
-/// maps and keeps, is not counted by the kernel and is never handed out);
-/// for a hugetlbfs file on the daemon's own description. Every tenant got
-/// its own description ([`crate::sys::reopen`]), so a tenant's copy always
-/// counts. Blocking; call it off the executor.
-///
-/// # Errors
-///
-/// A message when the proof fails (refused, or leases unavailable): the
-/// region must then never be reused.
-pub fn prove_unreachable(region: &Region) -> Result<(), String> {
-    let granted = match region.path() {
-        Some(_) => crate::sys::write_lease_free(region.fd()),
-        None => crate::sys::reopen(region.fd())
-            .and_then(|own| crate::sys::write_lease_free(std::os::fd::AsFd::as_fd(&own))),
-    };
-    match granted {
-        Ok(true) => Ok(()),
-        Ok(false) => Err(
-            "another open file description exists that no process shows (in flight in an \
-             unreceived SCM_RIGHTS message, or behind a mapping): it can never be proved free"
-                .into(),
-        ),
-        Err(e) => Err(format!(
-            "write lease unavailable ({e}): cannot prove it free"
-        )),
-    }
-}
-
-/// Detaches every page of a released region from any pin: punches the
-/// whole file (`FALLOC_FL_PUNCH_HOLE`) and faults fresh kernel-zeroed pages
-/// in through the daemon's own mapping (`MADV_POPULATE_WRITE`, so the
-/// region's NUMA policy applies). A pinned page stays with its pinner; the
-/// file never sees it again. Returns the pages detached. Blocking.
-///
-/// # Errors
-///
-/// A message when the punch or the refault fails (the host has no page to
-/// give: a pinner still holds the old ones); the region must be discarded.
-pub fn detach_pages(region: &Region) -> Result<u64, String> {
-    crate::sys::punch_hole(region.fd(), 0, region.len()).map_err(|e| format!("punch: {e}"))?;
-    let len = usize::try_from(region.len()).map_err(|_| "region too large".to_string())?;
-    crate::sys::populate_write(region.as_ptr(), len)
-        .map_err(|e| format!("refault after punch: {e}"))?;
-    Ok(region.len() / region.page_size().bytes())
 }
 
 /// Pooled (not in use) bytes on `node`: clean, dirty and quarantined.

@@ -233,9 +233,11 @@ impl Session {
         }
         let lazy_mode = req.clear_mode == crate::proto::ClearMode::Lazy;
         let committed = if lazy_mode {
-            self.shared.pool.commit_lazy(self.id, &ids, lock)
+            self.shared
+                .pool
+                .commit_lazy(self.id, self.peer.uid, &ids, lock)
         } else {
-            self.shared.pool.commit(self.id, &ids, lock)
+            self.shared.pool.commit(self.id, self.peer.uid, &ids, lock)
         };
         let alloc_id = match committed {
             Ok(a) => a,

@@ -282,3 +282,4 @@ impl Drop for Map {
         unsafe { libc::munmap(self.ptr.cast(), self.len) };
     }
 }
+pub mod tenant;
