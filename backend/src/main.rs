@@ -225,8 +225,22 @@ fn launch(args: LaunchArgs) -> Result<i32> {
 
 #[derive(Debug, Subcommand)]
 enum Bench {
+    /// Regenerate the tables and quoted figures of docs/benchmarks.md from
+    /// the runs' --json kept under docs/results/ (marker comments; see
+    /// backend/src/bench/report). With --check, only say whether they differ.
+    Report {
+        /// The document.
+        #[arg(long, default_value = "docs/benchmarks.md")]
+        doc: std::path::PathBuf,
+        /// The directory of the runs' JSON files (NAME.json).
+        #[arg(long, default_value = "docs/results")]
+        results: std::path::PathBuf,
+        /// Change nothing; exit 1 when the document is not what the JSON gives.
+        #[arg(long)]
+        check: bool,
+    },
     /// ALLOC to the micro-guest's first instruction and to every huge page
-    /// touched: eager (fresh, clean pool), lazy (dirty pool, fresh with
+    /// touched: eager (fresh, clean pool, dirty pool cleared by the ALLOC), lazy (dirty pool, fresh with
     /// kernel demand faults) and cloud-hypervisor-style prefault; lazy fault
     /// counts and latency percentiles.
     Vmstart {
@@ -434,6 +448,12 @@ fn main() {
 }
 
 fn run(cli: Cli) -> Result<i32> {
+    if matches!(cli.command, Command::Bench(_) | Command::Demo { .. })
+        && !matches!(cli.command, Command::Bench(Bench::Report { .. }))
+    {
+        // Date and load average as the run starts, not as it ends.
+        let _ = RUN_INFO.set(backend::bench::run_info::RunInfo::current());
+    }
     match cli.command {
         Command::Launch(args) => return launch(args),
         Command::Hugepages(args) => return hugepages(args),
@@ -451,7 +471,7 @@ fn run(cli: Cli) -> Result<i32> {
             let report = backend::demo::run(&cfg, &mut |line| eprintln!("hugemem demo: {line}"))
                 .context("hugemem demo failed")?;
             if json {
-                println!("{}", serde_json::to_string(&report)?);
+                print_bench_json("demo", &report)?;
             } else {
                 print!("{}", report.to_table());
             }
@@ -472,7 +492,7 @@ fn run(cli: Cli) -> Result<i32> {
             let report = alloc_bench::run(&cfg, &mut |line| tracing::info!("{line}"))
                 .context("bench alloc failed")?;
             if json {
-                println!("{}", serde_json::to_string(&report)?);
+                print_bench_json("alloc", &report)?;
             } else {
                 print!("{}", report.to_table());
             }
@@ -498,7 +518,7 @@ fn run(cli: Cli) -> Result<i32> {
             let report = compare::run(&cfg, &mut |line| tracing::info!("{line}"))
                 .context("bench compare failed")?;
             if json {
-                println!("{}", serde_json::to_string(&report)?);
+                print_bench_json("compare", &report)?;
             } else {
                 print!("{}", report.to_table());
             }
@@ -526,7 +546,7 @@ fn run(cli: Cli) -> Result<i32> {
             let topology = numa::Topology::detect().context("cannot detect the NUMA topology")?;
             let report = migrate::run_bench(&topology, &migrate::BenchOptions::new(size));
             if json {
-                println!("{}", serde_json::to_string(&report)?);
+                print_bench_json("migrate", &report)?;
             } else {
                 for line in report.lines("") {
                     println!("{line}");
@@ -562,7 +582,7 @@ fn run(cli: Cli) -> Result<i32> {
             let report = clear::run(&cfg, &mut |line| tracing::info!("{line}"))
                 .context("bench clear failed")?;
             if json {
-                println!("{}", serde_json::to_string(&report)?);
+                print_bench_json("clear", &report)?;
             } else {
                 print!("{}", report.to_table());
             }
@@ -581,9 +601,31 @@ fn run(cli: Cli) -> Result<i32> {
             let report = vmstart::run(&cfg, &mut |line| tracing::info!("{line}"))
                 .context("bench vmstart failed")?;
             if json {
-                println!("{}", report.to_json());
+                print_bench_json("vmstart", &report.to_json())?;
             } else {
                 print!("{}", report.to_table());
+            }
+        }
+        Command::Bench(Bench::Report {
+            doc,
+            results,
+            check,
+        }) => {
+            let up_to_date = backend::bench::report::update(&doc, &results, !check)
+                .with_context(|| format!("cannot generate {}", doc.display()))?;
+            match (up_to_date, check) {
+                (true, _) => println!("{} is up to date with {}", doc.display(), results.display()),
+                (false, false) => {
+                    println!("{} rewritten from {}", doc.display(), results.display())
+                }
+                (false, true) => {
+                    eprintln!(
+                        "{} differs from what {} gives; run `hugemem bench report`",
+                        doc.display(),
+                        results.display()
+                    );
+                    return Ok(1);
+                }
             }
         }
         Command::Bench(Bench::Mlock {
@@ -610,7 +652,7 @@ fn run(cli: Cli) -> Result<i32> {
             let report = mlock::run(&cfg, &mut |line| tracing::info!("{line}"))
                 .context("bench mlock failed")?;
             if json {
-                println!("{}", serde_json::to_string(&report)?);
+                print_bench_json("mlock", &report)?;
             } else {
                 print!("{}", report.to_table());
             }
@@ -618,3 +660,21 @@ fn run(cli: Cli) -> Result<i32> {
     }
     Ok(0)
 }
+
+/// Prints a bench's `--json` object with its name (`"bench"`) and the run's
+/// command, date, build and machine summary (`"run"`), so that a file kept
+/// under docs/results/ says what produced it.
+fn print_bench_json<T: serde::Serialize>(bench: &str, report: &T) -> Result<()> {
+    use backend::bench::run_info::{with_run_info, RunInfo};
+    let value = with_run_info(
+        bench,
+        serde_json::to_value(report)?,
+        RUN_INFO.get_or_init(RunInfo::current),
+    );
+    println!("{}", serde_json::to_string_pretty(&value)?);
+    Ok(())
+}
+
+/// The run's command, date, build and machine, taken when a bench starts.
+static RUN_INFO: std::sync::OnceLock<backend::bench::run_info::RunInfo> =
+    std::sync::OnceLock::new();

@@ -185,6 +185,12 @@ pub fn write_lease_free(fd: BorrowedFd<'_>) -> io::Result<bool> {
     Ok(true)
 }
 
+/// This process's effective uid.
+pub fn euid() -> u32 {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    unsafe { libc::geteuid() }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -40,6 +40,9 @@ const TOP_KEYS: &[&str] = &[
     "variants",
     "ratios",
     "pool_scrub_s",
+    // Every bench's --json: its name and the run (command, date, machine).
+    "bench",
+    "run",
 ];
 
 const VARIANT_KEYS: &[&str] = &[
@@ -106,6 +109,15 @@ fn check_shape(report: &Value) {
     }
     assert_eq!(report["page_size"], "2M");
     assert_eq!(report["baseline"], "qemu_prealloc");
+    assert_eq!(report["bench"], "compare");
+    assert!(
+        report["run"]["command"]
+            .as_str()
+            .is_some_and(|c| c.starts_with("hugemem bench compare ")),
+        "{}",
+        report["run"]
+    );
+    assert!(report["run"]["machine"]["cores"].as_u64().unwrap_or(0) >= 1);
     let keys: Vec<&str> = report["variants"]
         .as_array()
         .expect("variants")

@@ -441,6 +441,11 @@ fn bench_migrate_reports_skipped_moves_and_locality() {
     let stdout = text(&out.stdout);
     assert!(out.status.success(), "{stdout}{}", text(&out.stderr));
     let report: Value = serde_json::from_str(&stdout).expect("one JSON object");
+    assert_eq!(report["bench"], "migrate", "{report}");
+    assert_eq!(
+        report["run"]["command"], "hugemem bench migrate --size 8M --json",
+        "{report}"
+    );
     let results = report["results"].as_array().expect("results");
     let sizes: Vec<&str> = results
         .iter()

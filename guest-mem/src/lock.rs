@@ -26,8 +26,10 @@
 //! part, so the VMA count stays small), plus a lock hand-over per chunk when
 //! another thread is waiting. On 2 MiB hugetlb a chunk is ~4x less work per
 //! byte than on 4 KiB shmem, and with a thread mapping in a tight loop 8 MiB
-//! chunks made the hugetlb lock 73% slower (32 MiB: no slower).
-//! `docs/benchmarks.md` (`hugemem bench mlock`) has the figures.
+//! chunks made the hugetlb lock much slower in an earlier, loaded run (not
+//! kept) while 32 MiB chunks did not. `docs/benchmarks.md` (`hugemem bench
+//! mlock`, with the default chunks and with `--chunk 8M`) has the figures of
+//! the runs kept there.
 //!
 //! Chunks come from the `clearing` job runner ([`clearing::run_jobs`]): one
 //! job per range, each range usually the part of guest RAM on one node, with
@@ -75,9 +77,10 @@ use crate::sys;
 pub const DEFAULT_LOCK_CHUNK: usize = 8 << 20;
 
 /// Default bytes per system call on huge pages: 32 MiB. 8 MiB of 2 MiB hugetlb
-/// is only ~1 ms of work, and handing `mmap_lock` over 256 times per 2 GiB to a
-/// thread that wants it cost +73% total time (docs/benchmarks.md); 32 MiB kept
-/// the worst stall 10x shorter at no extra time.
+/// is little work, and handing `mmap_lock` over 256 times per 2 GiB to a
+/// thread that wants it cost much extra total time in an earlier, loaded run;
+/// 32 MiB met both of the bench's expectations there (worst stall at least
+/// 10x shorter, at most +10 % time). `docs/benchmarks.md` has the kept runs.
 pub const DEFAULT_HUGE_LOCK_CHUNK: usize = 32 << 20;
 
 /// Base page size: chunk sizes must be multiples of it.

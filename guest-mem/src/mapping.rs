@@ -122,6 +122,17 @@ pub enum MappingError {
         #[source]
         source: io::Error,
     },
+    /// `madvise(MADV_DONTNEED)` failed.
+    #[error("cannot discard {len} bytes at offset {offset}")]
+    Discard {
+        /// Offset into the mapping.
+        offset: usize,
+        /// Length of the range.
+        len: usize,
+        /// The cause.
+        #[source]
+        source: io::Error,
+    },
     /// A range outside the mapping.
     #[error("range {offset}+{len} is outside the {mapping_len}-byte mapping")]
     OutOfRange {
@@ -181,6 +192,25 @@ impl AnonMapping {
         // this value owns; populating only faults pages in.
         unsafe { sys::madvise(start, len, sys::MADV_POPULATE_WRITE) }.map_err(|source| {
             MappingError::Populate {
+                offset,
+                len,
+                source,
+            }
+        })
+    }
+
+    /// Gives the pages of `offset..offset+len` back (`MADV_DONTNEED`; hugetlb
+    /// since Linux 5.18): the mapping stays, and the next touch or
+    /// [`populate_write`](Self::populate_write) faults in fresh pages the
+    /// kernel zeroes. `offset` and `len` must be page aligned.
+    pub fn discard(&mut self, offset: usize, len: usize) -> Result<(), MappingError> {
+        self.check_range(offset, len)?;
+        let start = self.addr.wrapping_add(offset);
+        // SAFETY: the range was checked to lie inside this live mapping, which
+        // this value owns, and the unique borrow means no reference into its
+        // bytes is live; dropping the pages only makes them read as zero.
+        unsafe { sys::madvise(start, len, libc::MADV_DONTNEED) }.map_err(|source| {
+            MappingError::Discard {
                 offset,
                 len,
                 source,
@@ -392,6 +422,20 @@ mod tests {
         assert!(m.as_slice().iter().all(|&b| b == 0));
         m.as_mut_slice()[4096] = 7;
         assert_eq!(m.as_slice()[4096], 7);
+    }
+
+    #[test]
+    fn discarded_pages_read_zero_again() {
+        let mut m = AnonMapping::new(1 << 20, PageSize::Base4K).expect("map 1 MiB");
+        m.as_mut_slice().fill(0xAB);
+        m.discard(0, 8192).expect("discard two pages");
+        m.populate_write(0, 8192).expect("repopulate");
+        assert!(m.as_slice()[..8192].iter().all(|&b| b == 0));
+        assert!(m.as_slice()[8192..].iter().all(|&b| b == 0xAB));
+        assert!(matches!(
+            m.discard(1 << 20, 4096),
+            Err(MappingError::OutOfRange { .. })
+        ));
     }
 
     #[test]

@@ -7,6 +7,24 @@
 //! memory is populated and freed once: on this project's machines the outer
 //! host backs never-touched memory lazily and a first touch runs several times
 //! slower than any later one (see docs/benchmarks.md).
+//!
+//! What each figure times, exactly:
+//!
+//! * the user-space kernels (`memset`, `rep stosb` per run and per 4 KiB,
+//!   non-temporal stores): clearing one buffer that is already populated
+//!   (the same buffer every time), on the calling thread, call to return;
+//! * `kernel_refault`: the kernel zeroing that same populated buffer, its
+//!   only way to: `MADV_DONTNEED` (the pages go back to the huge-page pool)
+//!   and `MADV_POPULATE_WRITE` (fresh pages, zeroed at fault), both timed.
+//!   Same input, same output, same thread as the user-space kernels;
+//! * `kernel_fault`: `MADV_POPULATE_WRITE` of a mapping created just before
+//!   the clock starts (the `mmap` is outside it), as a VMM prefaults fresh
+//!   guest RAM: page allocation, zeroing and page tables of pages no mapping
+//!   had;
+//! * the parallel runner: `gbps` is timed around the whole `clear_jobs` call
+//!   (worker spawn, pinning, clearing, join), the span of the single-thread
+//!   figures; `runner_gbps` is the runner's own clock, which starts at the
+//!   first worker's first chunk, after spawn and pinning.
 
 use std::time::Instant;
 
@@ -35,10 +53,17 @@ pub struct ClearBenchConfig {
 pub struct ParallelPoint {
     /// Workers.
     pub threads: usize,
-    /// Throughput, GB/s (10^9 bytes per second).
+    /// Throughput, GB/s (10^9 bytes per second), timed around the whole
+    /// `clear_jobs` call on the calling thread: worker spawn, pinning,
+    /// clearing and join, the same span as the single-thread kernels' figures.
     pub gbps: f64,
-    /// Throughput relative to one worker.
+    /// Throughput relative to one worker (`gbps`).
     pub speedup: f64,
+    /// The runner's own clock: first worker's first chunk to the last
+    /// worker's last, after spawn and pinning.
+    pub runner_gbps: f64,
+    /// `runner_gbps` relative to one worker's.
+    pub runner_speedup: f64,
 }
 
 /// Ratios between figures of the same run.
@@ -46,8 +71,12 @@ pub struct ParallelPoint {
 pub struct ClearRatios {
     /// Multi-page `rep stosb` over the per-4 KiB loop.
     pub multipage_vs_per4k: f64,
-    /// Default kernel over kernel fault-time clearing.
+    /// Default kernel over kernel fault-time clearing (fresh mapping).
     pub default_vs_kernel_fault: f64,
+    /// Default kernel over the kernel re-zeroing the same populated buffer
+    /// (`MADV_DONTNEED` + `MADV_POPULATE_WRITE`): the same work, input and
+    /// output as the user-space kernels'.
+    pub default_vs_kernel_refault: f64,
     /// Non-temporal over multi-page, when available.
     pub nt_vs_multipage: Option<f64>,
     /// glibc memset over kernel fault-time clearing.
@@ -69,8 +98,14 @@ pub struct ClearBenchReport {
     pub cpus: usize,
     /// NUMA nodes with memory.
     pub nodes: usize,
-    /// Fresh hugetlb pages populated by the kernel (`MADV_POPULATE_WRITE`).
+    /// Fresh hugetlb pages populated by the kernel (`MADV_POPULATE_WRITE` on a
+    /// mapping created just before, outside the clock): allocation, zeroing
+    /// and page-table setup of pages no mapping had.
     pub kernel_fault_gbps: f64,
+    /// The kernel re-zeroing the populated buffer the user-space kernels
+    /// clear: `MADV_DONTNEED` (the pages go back to the huge-page pool) then
+    /// `MADV_POPULATE_WRITE` (fresh zeroed pages), both inside the clock.
+    pub kernel_refault_gbps: f64,
     /// glibc `memset` over populated memory.
     pub memset_gbps: f64,
     /// One `rep stosb` per run.
@@ -203,10 +238,11 @@ pub fn run(
         .collect();
     let mut fault = Vec::new();
     let mut memset = Vec::new();
+    let mut refault = Vec::new();
     let mut per_kernel: Vec<Vec<f64>> = vec![Vec::new(); kernels.len()];
     for rep in 0..cfg.reps {
         progress(&format!(
-            "repetition {}/{}: kernel fault, memset, {} kernels",
+            "repetition {}/{}: kernel fault, memset, {} kernels, kernel re-zero",
             rep + 1,
             cfg.reps,
             kernels.len()
@@ -229,6 +265,12 @@ pub fn run(
                 Ok(())
             })?);
         }
+        // The kernel's way to zero the same populated buffer: drop its pages
+        // and fault in fresh ones, which the kernel zeroes.
+        refault.push(time(|| {
+            map.discard(0, len)?;
+            Ok(map.populate_write(0, len)?)
+        })?);
     }
     let figure = |k: ClearKernel| {
         kernels
@@ -263,7 +305,9 @@ pub fn run(
             })
             .collect();
         let mut samples = Vec::new();
+        let mut runner_samples = Vec::new();
         for _ in 0..cfg.reps {
+            let start = Instant::now();
             // SAFETY: every job range lies inside `map`, a live read-write
             // mapping owned here, and no Rust reference to it exists while the
             // jobs run.
@@ -271,25 +315,32 @@ pub fn run(
                 clearing::clear_jobs(&topology, &jobs, default_kernel, &RunOptions::default())
             }
             .map_err(|e| BenchError::Runner(e.to_string()))?;
-            samples.push(report.seconds);
+            samples.push(start.elapsed().as_secs_f64());
+            runner_samples.push(report.seconds);
         }
         let g = gbps(cfg.size, best(&samples));
+        let runner_gbps = gbps(cfg.size, best(&runner_samples));
         progress(&format!(
-            "parallel runner, {threads} worker(s): {g:.2} GB/s"
+            "parallel runner, {threads} worker(s): {g:.2} GB/s (runner's own clock {runner_gbps:.2})"
         ));
         parallel.push(ParallelPoint {
             threads,
             gbps: g,
             speedup: 0.0,
+            runner_gbps,
+            runner_speedup: 0.0,
         });
     }
-    let base = parallel.first().map(|p| p.gbps).unwrap_or(0.0);
+    let base = parallel.first().map_or(0.0, |p| p.gbps);
+    let runner_base = parallel.first().map_or(0.0, |p| p.runner_gbps);
     for p in &mut parallel {
-        p.speedup = if base > 0.0 { p.gbps / base } else { 0.0 };
+        p.speedup = super::ratio(p.gbps, base);
+        p.runner_speedup = super::ratio(p.runner_gbps, runner_base);
     }
 
     let kernel_fault_gbps = gbps(cfg.size, best(&fault));
     let memset_gbps = gbps(cfg.size, best(&memset));
+    let kernel_refault_gbps = gbps(cfg.size, best(&refault));
     let multipage_gbps = figure(ClearKernel::MultiPage).unwrap_or(0.0);
     let per4k_gbps = figure(ClearKernel::PerPage4K).unwrap_or(0.0);
     let nt_gbps = figure(ClearKernel::NonTemporal);
@@ -306,6 +357,7 @@ pub fn run(
             .filter(|n| !n.is_memoryless())
             .count(),
         kernel_fault_gbps,
+        kernel_refault_gbps,
         memset_gbps,
         multipage_gbps,
         per4k_gbps,
@@ -315,6 +367,7 @@ pub fn run(
         ratios: ClearRatios {
             multipage_vs_per4k: multipage_gbps / per4k_gbps,
             default_vs_kernel_fault: default_gbps / kernel_fault_gbps,
+            default_vs_kernel_refault: super::ratio(default_gbps, kernel_refault_gbps),
             nt_vs_multipage: nt_gbps.map(|nt| nt / multipage_gbps),
             memset_vs_kernel_fault: memset_gbps / kernel_fault_gbps,
         },
@@ -343,7 +396,8 @@ impl ClearBenchReport {
                 v / self.kernel_fault_gbps
             )
         };
-        row("kernel fault (POPULATE_WRITE)", self.kernel_fault_gbps);
+        row("kernel fault (fresh mapping)", self.kernel_fault_gbps);
+        row("kernel re-zero (same buffer)", self.kernel_refault_gbps);
         row("glibc memset", self.memset_gbps);
         row("multipage rep stosb", self.multipage_gbps);
         row("per-4K rep stosb", self.per4k_gbps);
@@ -358,11 +412,11 @@ impl ClearBenchReport {
             "multipage vs per-4K: {:.2}x\n",
             self.ratios.multipage_vs_per4k
         );
-        out += "parallel runner  workers  GB/s   speedup\n";
+        out += "parallel runner  workers  GB/s   speedup  (runner's own clock: GB/s, speedup)\n";
         for p in &self.parallel {
             out += &format!(
-                "                 {:>7}  {:>5.2}  {:>5.2}x\n",
-                p.threads, p.gbps, p.speedup
+                "                 {:>7}  {:>5.2}  {:>5.2}x  ({:>5.2}, {:>5.2}x)\n",
+                p.threads, p.gbps, p.speedup, p.runner_gbps, p.runner_speedup
             );
         }
         out

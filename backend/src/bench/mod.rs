@@ -5,6 +5,8 @@ pub mod alloc;
 pub mod clear;
 pub mod compare;
 pub mod mlock;
+pub mod report;
+pub mod run_info;
 /// `hugemem bench vmstart`: ALLOC to the guest's first instruction and to all pages touched, eager and lazy.
 pub mod vmstart;
 
