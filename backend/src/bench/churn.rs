@@ -50,9 +50,8 @@
 
 use std::collections::BTreeMap;
 use std::ffi::OsString;
-use std::io::Read;
 use std::path::PathBuf;
-use std::process::{Command, ExitStatus, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{mpsc, Mutex};
 use std::time::{Duration, Instant};
@@ -67,7 +66,13 @@ use crate::client::{Client, ClientError};
 use crate::daemon::{ByteSize, Config, Daemon, DaemonError, DaemonHandle};
 use crate::private_dir::PrivateDir;
 use crate::proto::{AllocRequest, ClearMode, PagePolicy};
-use crate::size::{format_size, parse_size};
+use crate::size::format_size;
+
+mod process;
+mod report;
+use process::{chain, parse_launch_summary, run_process, GuestLine};
+use report::page_key;
+pub use report::{ChurnReport, LaunchSample, Spread};
 
 /// Distance between the guest's probes: every 2 MiB page of either size.
 const STRIDE: u64 = 2 << 20;
@@ -78,8 +83,6 @@ const MARKER: u64 = 0x4855_4743_4855_524e; // "HUGCHURN"
 /// Where RAM above 3 GiB continues (hugemem's and the VMMs' PCI hole).
 const HOLE_START: u64 = 3 << 30;
 const HOLE_END: u64 = 4 << 30;
-/// Extra time a launch gets after SIGTERM before SIGKILL.
-const KILL_GRACE: Duration = Duration::from_secs(5);
 
 /// Which VMM runs the guests.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -179,161 +182,6 @@ pub enum ChurnError {
 fn io_err(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> ChurnError {
     let what = what.into();
     move |source| ChurnError::Io { what, source }
-}
-
-/// One launch.
-#[derive(Debug, Clone, Serialize)]
-pub struct LaunchSample {
-    /// Launch start to its end after the guest's power-off, ms.
-    pub ms: f64,
-    /// connect + ALLOC, ms (hugemem side only).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub alloc_ms: Option<f64>,
-    /// Page size of each region served, bytes (hugemem side; the baseline's
-    /// is `baseline_page_size`).
-    pub page_sizes: Vec<u64>,
-    /// 2 MiB strides the guest probed and wrote.
-    pub guest_pages: u64,
-    /// The guest read an earlier guest's marker.
-    pub stale: bool,
-    /// How it ended.
-    pub exit: String,
-}
-
-/// Median, nearest-rank p99 and max of one side, ms.
-#[derive(Debug, Clone, Copy, Serialize, Default)]
-pub struct Spread {
-    /// p50.
-    pub p50: f64,
-    /// p99 (nearest rank: the max below 100 samples).
-    pub p99: f64,
-    /// Max.
-    pub max: f64,
-}
-
-impl Spread {
-    fn of(samples: &[LaunchSample]) -> Self {
-        let mut v: Vec<f64> = samples.iter().map(|s| s.ms).collect();
-        v.sort_by(f64::total_cmp);
-        let rank = |q: f64| -> f64 {
-            if v.is_empty() {
-                return 0.0;
-            }
-            let i = ((q * v.len() as f64).ceil() as usize).clamp(1, v.len()) - 1;
-            v[i]
-        };
-        Self {
-            p50: super::median(&v),
-            p99: rank(0.99),
-            max: v.last().copied().unwrap_or(0.0),
-        }
-    }
-}
-
-/// The result.
-#[derive(Debug, Clone, Serialize)]
-pub struct ChurnReport {
-    /// The VMM.
-    pub vmm: ChurnVmm,
-    /// Timed launches per side.
-    pub vms: usize,
-    /// Launches at once.
-    pub parallel: usize,
-    /// Guest RAM per launch, bytes.
-    pub size_bytes: u64,
-    /// `best`, `1G`, `2M` or `4K`.
-    pub page_policy: String,
-    /// The daemon: `private` or its socket.
-    pub daemon: String,
-    /// See the module docs.
-    pub expected_page_size: String,
-    /// Timed hugemem launches per page size served (`"1G"`, `"2M+4K"`, …).
-    pub page_sizes: BTreeMap<String, usize>,
-    /// See the module docs.
-    pub downgrades: u64,
-    /// `daemon` or `replies`.
-    pub downgrades_source: &'static str,
-    /// Timed hugemem launches whose guest read an earlier guest's marker.
-    pub stale_reads: usize,
-    /// The same on the baseline side.
-    pub baseline_stale_reads: usize,
-    /// hugemem side, ms.
-    pub p50_ms: f64,
-    /// hugemem side, ms.
-    pub p99_ms: f64,
-    /// hugemem side, ms.
-    pub max_ms: f64,
-    /// Median connect + ALLOC, ms.
-    pub alloc_p50_ms: f64,
-    /// Baseline side, ms.
-    pub baseline_p50_ms: f64,
-    /// Baseline side, ms.
-    pub baseline_p99_ms: f64,
-    /// Baseline side, ms.
-    pub baseline_max_ms: f64,
-    /// Page size of the baseline's preallocation.
-    pub baseline_page_size: String,
-    /// `baseline_p50_ms / p50_ms`: above 1 = hugemem faster.
-    pub speedup_p50: f64,
-    /// `baseline_p99_ms / p99_ms`.
-    pub speedup_p99: f64,
-    /// `p99_ms / p50_ms`.
-    pub p99_over_p50: f64,
-    /// The untimed first hugemem launch, ms, and its page sizes.
-    pub warmup_ms: f64,
-    /// Page sizes of the warm-up launch.
-    pub warmup_page_sizes: Vec<u64>,
-    /// The untimed first baseline launch, ms.
-    pub baseline_warmup_ms: f64,
-    /// Every timed hugemem launch, in start order.
-    pub launches: Vec<LaunchSample>,
-    /// Every timed baseline launch, in start order.
-    pub baseline: Vec<LaunchSample>,
-}
-
-impl ChurnReport {
-    /// A human-readable summary.
-    pub fn to_table(&self) -> String {
-        let sizes: Vec<String> = self
-            .page_sizes
-            .iter()
-            .map(|(k, v)| format!("{v} x {k}"))
-            .collect();
-        format!(
-            "churn: {} VMs x {} on {} ({} at once), daemon {}\n\
-             {:<22} {:>9} {:>9} {:>9}\n\
-             {:<22} {:>9.1} {:>9.1} {:>9.1}\n\
-             {:<22} {:>9.1} {:>9.1} {:>9.1}\n\
-             speedup p50 {:.2}x, p99 {:.2}x; p99/p50 {:.2}\n\
-             pages served: {} (expected {}); downgrades {} ({}); stale reads {} (baseline {})\n",
-            self.vms,
-            format_size(self.size_bytes),
-            self.vmm.name(),
-            self.parallel,
-            self.daemon,
-            "ms",
-            "p50",
-            "p99",
-            "max",
-            "hugemem",
-            self.p50_ms,
-            self.p99_ms,
-            self.max_ms,
-            format!("baseline ({} prealloc)", self.baseline_page_size),
-            self.baseline_p50_ms,
-            self.baseline_p99_ms,
-            self.baseline_max_ms,
-            self.speedup_p50,
-            self.speedup_p99,
-            self.p99_over_p50,
-            sizes.join(", "),
-            self.expected_page_size,
-            self.downgrades,
-            self.downgrades_source,
-            self.stale_reads,
-            self.baseline_stale_reads,
-        )
-    }
 }
 
 /// Which side a launch is on.
@@ -555,18 +403,6 @@ impl Plan {
     }
 }
 
-/// An error and its causes on one line.
-fn chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut cause = e.source();
-    while let Some(c) = cause {
-        s.push_str(": ");
-        s.push_str(&c.to_string());
-        cause = c.source();
-    }
-    s
-}
-
 fn policy_text(p: PagePolicy) -> &'static str {
     match p {
         PagePolicy::Best => "best",
@@ -574,145 +410,6 @@ fn policy_text(p: PagePolicy) -> &'static str {
         PagePolicy::Huge2M => "2M",
         PagePolicy::Base4K => "4K",
     }
-}
-
-/// `HUGEMEM-GUEST pages=N nonzero=B status=S`.
-#[derive(Debug, PartialEq, Eq)]
-struct GuestLine {
-    pages: u64,
-    nonzero: bool,
-    status: u64,
-}
-
-impl GuestLine {
-    fn parse(line: &str) -> Option<Self> {
-        let field = |name: &str| -> Option<u64> {
-            line.split_whitespace()
-                .find_map(|w| w.strip_prefix(name)?.strip_prefix('='))
-                .and_then(|v| v.parse().ok())
-        };
-        Some(Self {
-            pages: field("pages")?,
-            nonzero: field("nonzero")? != 0,
-            status: field("status")?,
-        })
-    }
-}
-
-/// From `hugemem launch`'s summary line (`hugemem launch: 2G on 1G pages
-/// allocated in 3.1 ms; …`): the ALLOC time and the page sizes.
-fn parse_launch_summary(stderr: &str) -> Option<(f64, Vec<u64>)> {
-    let line = stderr
-        .lines()
-        .rev()
-        .find_map(|l| l.strip_prefix("hugemem launch: "))?;
-    let (_, rest) = line.split_once(" on ")?;
-    let (pages, rest) = rest.split_once(" pages allocated in ")?;
-    let (ms, _) = rest.split_once(" ms")?;
-    let sizes = pages
-        .split('+')
-        .map(|p| parse_size(p).ok())
-        .collect::<Option<Vec<u64>>>()?;
-    Some((ms.parse().ok()?, sizes))
-}
-
-/// A finished process.
-struct ProcessRun {
-    status: ExitStatus,
-    elapsed: Duration,
-    stdout: String,
-    stderr: String,
-}
-
-impl ProcessRun {
-    fn describe(&self) -> String {
-        let tail = |s: &str| -> String {
-            let t = s.trim();
-            let start = t.len().saturating_sub(1500);
-            let start = (start..t.len())
-                .find(|&i| t.is_char_boundary(i))
-                .unwrap_or(t.len());
-            t[start..].to_string()
-        };
-        format!(
-            "{}; stdout {:?}; stderr tail:\n{}",
-            self.status,
-            tail(&self.stdout),
-            tail(&self.stderr)
-        )
-    }
-}
-
-/// Runs `argv` to its end with stdout and stderr captured: SIGTERM after
-/// `timeout` (`hugemem launch` forwards it to the VMM), SIGKILL after
-/// [`KILL_GRACE`] more. The end is seen at once: EOF on stdout, then a
-/// blocking wait (no polling interval in the figure).
-fn run_process(argv: &[OsString], timeout: Duration) -> Result<ProcessRun, String> {
-    let Some((program, args)) = argv.split_first() else {
-        return Err("empty command".into());
-    };
-    let t0 = Instant::now();
-    let mut child = Command::new(program)
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(|e| format!("cannot start {}: {e}", program.to_string_lossy()))?;
-    let (Some(mut stdout), Some(mut stderr)) = (child.stdout.take(), child.stderr.take()) else {
-        let _ = child.kill();
-        let _ = child.wait();
-        return Err("the child's pipes are missing".into());
-    };
-    let pid = i32::try_from(child.id())
-        .map(nix::unistd::Pid::from_raw)
-        .map_err(|_| "child pid out of range".to_string())?;
-    // The watchdog signals by pid, which is safe only while the child is not
-    // reaped: it is joined before the wait below.
-    let (stop, stopped) = mpsc::channel::<()>();
-    let watchdog = std::thread::spawn(move || {
-        use nix::sys::signal::{kill, Signal};
-        if stopped.recv_timeout(timeout) != Err(mpsc::RecvTimeoutError::Timeout) {
-            return false;
-        }
-        let _ = kill(pid, Signal::SIGTERM);
-        if stopped.recv_timeout(KILL_GRACE) == Err(mpsc::RecvTimeoutError::Timeout) {
-            let _ = kill(pid, Signal::SIGKILL);
-        }
-        true
-    });
-    let err_reader = std::thread::spawn(move || {
-        let mut v = Vec::new();
-        let _ = stderr.read_to_end(&mut v);
-        v
-    });
-    let mut out = Vec::new();
-    let read = stdout.read_to_end(&mut out);
-    if read.is_err() {
-        let _ = child.kill();
-    }
-    // A send error means the watchdog has finished already.
-    let _ = stop.send(());
-    let killed = watchdog.join().unwrap_or(false);
-    let status = child.wait().map_err(|e| format!("wait: {e}"))?;
-    let elapsed = t0.elapsed();
-    let stderr = err_reader.join().unwrap_or_default();
-    let run = ProcessRun {
-        status,
-        elapsed,
-        stdout: String::from_utf8_lossy(&out).into_owned(),
-        stderr: String::from_utf8_lossy(&stderr).into_owned(),
-    };
-    if let Err(e) = read {
-        return Err(format!("reading its output: {e}; {}", run.describe()));
-    }
-    if killed {
-        return Err(format!(
-            "ran longer than {timeout:?} and was stopped; {}",
-            run.describe()
-        ));
-    }
-    Ok(run)
 }
 
 fn launch_error(side: Side, index: String) -> impl FnOnce(String) -> ChurnError {
@@ -815,14 +512,6 @@ fn pages_text(sizes: &[u64]) -> String {
     } else {
         format!(" on {} pages", page_key(sizes))
     }
-}
-
-fn page_key(sizes: &[u64]) -> String {
-    sizes
-        .iter()
-        .map(|p| format_size(*p))
-        .collect::<Vec<_>>()
-        .join("+")
 }
 
 /// Pages of `page` the host has for new allocations: free in the kernel,
