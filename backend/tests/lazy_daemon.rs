@@ -252,7 +252,13 @@ fn lazy_alloc_without_dirty_memory_falls_back_to_kernel_demand_faults() {
         1,
     );
     let started = Instant::now();
-    let (reply, fds) = call(&Request::Alloc(req(ClearMode::Lazy)), 2);
+    let (reply, fds) = call(
+        &Request::Alloc {
+            req: req(ClearMode::Lazy),
+            wait_ms: None,
+        },
+        2,
+    );
     let took = started.elapsed();
     assert_eq!(reply.status, Status::Ok);
     println!(

@@ -50,6 +50,10 @@ pub struct Metrics {
     pub regions_recleared: AtomicU64,
     /// Regions handed out after growing a smaller clean pooled region.
     pub regions_grown: AtomicU64,
+    /// ALLOC parts that `best` served on a smaller page size than the
+    /// largest allowed because the larger pages did not exist (neither free
+    /// nor pooled).
+    pub downgrades: AtomicU64,
     /// Released regions found damaged by their tenant (file size changed,
     /// holes that cannot be filled) and given back to the kernel unscrubbed.
     pub regions_discarded: AtomicU64,
@@ -320,6 +324,59 @@ pub fn render_status(stats: &Value) -> String {
                 .and_then(Value::as_i64)
                 .map_or_else(|| "-".to_string(), |p| p.to_string()),
         ));
+    }
+    for r in stats
+        .get("regions")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter(|r| r.get("state").and_then(Value::as_str) != Some("in_use"))
+    {
+        out.push_str(&format!(
+            "region {} ({}, {} pages, node {}): {}\n",
+            u(r, "id"),
+            format_size(u(r, "bytes")),
+            r.get("page_size").and_then(Value::as_str).unwrap_or("?"),
+            u(r, "node"),
+            r.get("why").and_then(Value::as_str).unwrap_or("?"),
+        ));
+    }
+    for r in stats
+        .get("given_back")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .take(5)
+    {
+        out.push_str(&format!(
+            "region {} ({}, {} pages, node {}), {:.0} s ago: {}\n",
+            u(r, "region"),
+            format_size(u(r, "bytes")),
+            r.get("page_size").and_then(Value::as_str).unwrap_or("?"),
+            u(r, "node"),
+            f(r, "seconds_ago"),
+            r.get("why").and_then(Value::as_str).unwrap_or("?"),
+        ));
+    }
+    if let Some(refill) = stats
+        .get("refill")
+        .filter(|r| r["enabled"] == Value::Bool(true))
+    {
+        match refill.get("current").filter(|c| !c.is_null()) {
+            Some(c) => out.push_str(&format!(
+                "refill: making {} on {} pages for node {}: {} done\n",
+                format_size(u(c, "bytes")),
+                c.get("page_size").and_then(Value::as_str).unwrap_or("?"),
+                u(c, "node"),
+                format_size(u(c, "done_bytes")),
+            )),
+            None => out.push_str(&format!(
+                "refill: idle; {} regions ({}) made ahead of demand, yielded to an ALLOC {} times\n",
+                u(refill, "regions"),
+                format_size(u(refill, "bytes")),
+                u(refill, "yielded"),
+            )),
+        }
     }
     out.push_str(&super::rebalance::render_regions(stats));
     out

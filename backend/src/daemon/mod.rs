@@ -16,12 +16,14 @@
 //! * [`config`]: TOML configuration with small-machine defaults.
 //! * [`server`]: accept loop, per-connection handlers, connection cap.
 //! * [`session`]: what each request means for one client.
-//! * [`alloc`]: the ALLOC path (pooled, re-cleared, or fresh regions).
+//! * [`alloc`]: the ALLOC path and the one rule for which region serves a request.
+//! * [`supply`]: how a region is got from each source (pooled, grown, re-cleared, fresh).
 //! * [`pool`]: region table and state machine; the clean-before-map check.
 //! * [`scrub`]: pinned scrubber threads.
 //! * [`holders`]: `/proc` scan for other processes holding a region.
 //! * [`peer`]: peer credentials and pidfds.
 //! * [`metrics`]: counters and the Prometheus text endpoint.
+//! * [`refill`]: refilling the pool to its targets while idle (`pool.refill`).
 //! * [`rebalance`]: REBALANCE, per-region placement, the vCPU-affinity policy loop.
 //!
 //! # Threads
@@ -51,10 +53,13 @@ pub mod holders;
 pub mod metrics;
 pub mod peer;
 pub mod pool;
+pub mod quarantine;
 pub mod rebalance;
+pub mod refill;
 pub mod scrub;
 pub mod server;
 pub mod session;
+pub mod supply;
 
 use std::io;
 use std::net::SocketAddr;
@@ -70,7 +75,7 @@ use serde_json::{json, Value};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
-use tracing::{debug, error, info, warn};
+use tracing::{error, info, warn};
 
 pub use config::{ByteSize, Config, ConfigError, Overrides, ValidationError};
 
@@ -285,6 +290,7 @@ pub struct Shared {
     tracker: TaskTracker,
     quarantine_kick: Notify,
     rebalance: rebalance::Rebalancer,
+    refill: refill::Refill,
 }
 
 impl Shared {
@@ -355,6 +361,8 @@ impl Shared {
             "pools": pool_stats["pools"],
             "quarantine": pool_stats["quarantine"],
             "regions": pool_stats["regions"],
+            "given_back": pool_stats["given_back"],
+            "refill": self.refill.stats_json(self.cfg.pool.refill),
             "rebalance": self.rebalance.stats_json(),
             "scrub": {
                 "kernel": clearing::ClearKernel::default_kernel().name(),
@@ -379,6 +387,7 @@ impl Shared {
                 "regions_pooled": g(&m.regions_pooled),
                 "regions_recleared": g(&m.regions_recleared),
                 "regions_grown": g(&m.regions_grown),
+                "downgrades": g(&m.downgrades),
                 "regions_discarded": g(&m.regions_discarded),
                 "pages_detached": g(&m.pages_detached),
                 "leftover_files_released": g(&m.leftover_files_released),
@@ -465,6 +474,7 @@ impl Daemon {
             hugetlbfs,
             socket: config.socket.clone(),
             rebalance: rebalance::Rebalancer::new(&config.rebalance),
+            refill: refill::Refill::default(),
             cfg: config,
             topology,
             pool: Arc::clone(&pool),
@@ -599,10 +609,17 @@ async fn run(
     metrics_listener: Option<tokio::net::TcpListener>,
     socket_id: (u64, u64),
 ) {
-    shared.tracker.spawn(quarantine_loop(Arc::clone(&shared)));
+    shared
+        .tracker
+        .spawn(quarantine::quarantine_loop(Arc::clone(&shared)));
     shared
         .tracker
         .spawn(rebalance::policy_loop(Arc::clone(&shared)));
+    if shared.cfg.pool.refill {
+        shared
+            .tracker
+            .spawn(refill::refill_loop(Arc::clone(&shared)));
+    }
     if let Some(l) = metrics_listener {
         let s = Arc::clone(&shared);
         let stats: Arc<dyn Fn() -> Value + Send + Sync> = Arc::new(move || s.stats_json());
@@ -620,79 +637,6 @@ async fn run(
         .is_err()
     {
         warn!("some daemon tasks did not finish within 30 s of shutdown");
-    }
-}
-
-/// Re-checks quarantined regions every `pool.recheck_ms`, on every kick (FREE,
-/// disconnect, client exit), and trims the pool.
-async fn quarantine_loop(shared: Arc<Shared>) {
-    let period = shared.cfg.recheck_period();
-    loop {
-        tokio::select! {
-            () = shared.cancel.cancelled() => break,
-            () = shared.quarantine_kick.notified() => {}
-            () = tokio::time::sleep(period) => {}
-        }
-        let quarantined = shared.pool.quarantined();
-        if !quarantined.is_empty() {
-            let detach = shared.pool.config().detach_pages;
-            let metrics = Arc::clone(&shared.metrics);
-            let scan = tokio::task::spawn_blocking(move || {
-                let owned: Vec<_> = quarantined.iter().map(|(_, o, _)| o.clone()).collect();
-                let holders = alloc::scan_holders(&owned);
-                // No process shows it any more: prove that no reference the
-                // scan cannot see exists (`pool::prove_unreachable`: fds in
-                // flight), then that the file is whole (`pool::check_released`:
-                // size, holes). A region that fails is never reused.
-                quarantined
-                    .into_iter()
-                    .zip(holders)
-                    .map(|((id, _, region), holder)| {
-                        let broken = match holder {
-                            None => pool::prove_unreachable(&region)
-                                .and_then(|()| pool::check_released(&region))
-                                .and_then(|()| {
-                                    if detach {
-                                        let pages = pool::detach_pages(&region)?;
-                                        Metrics::add(&metrics.pages_detached, pages);
-                                    }
-                                    Ok(())
-                                })
-                                .err(),
-                            Some(_) => None,
-                        };
-                        (id, holder, broken)
-                    })
-                    .collect::<Vec<_>>()
-            });
-            match scan.await {
-                Ok(checked) => {
-                    let mut results = Vec::with_capacity(checked.len());
-                    let mut dropped = Vec::new();
-                    for (id, holder, broken) in checked {
-                        match broken {
-                            Some(reason) => dropped.extend(shared.pool.discard(
-                                id,
-                                pool::EntryState::Quarantined,
-                                &reason,
-                            )),
-                            None => results.push((id, holder)),
-                        }
-                    }
-                    shared.pool.apply_scan(&results);
-                    if !dropped.is_empty() {
-                        drop(tokio::task::spawn_blocking(move || drop(dropped)));
-                    }
-                }
-                Err(e) => error!(error = %e, "holder scan failed"),
-            }
-        }
-        let trimmed = shared.pool.trim(Instant::now());
-        if !trimmed.is_empty() {
-            debug!(regions = trimmed.len(), "dropping trimmed regions");
-            // munmap of large hugetlb mappings frees pages: off the executor.
-            drop(tokio::task::spawn_blocking(move || drop(trimmed)));
-        }
     }
 }
 

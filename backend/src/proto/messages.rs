@@ -6,6 +6,14 @@ use super::{Code, ProtoError, Status, MAX_MESSAGE, MAX_PATH, MAX_PAYLOAD, MAX_RE
 /// hugetlbfs mount and send its path (for VMMs that must open a path, e.g.
 /// cloud-hypervisor under `--landlock`).
 pub const ALLOC_FLAG_PATHS: u8 = 1;
+/// ALLOC request flag (byte 11, bit 1): an 8-byte trailer follows the parts,
+/// `wait_ms` (u32) and a reserved u32 (0): how long the ALLOC may wait for
+/// pages the daemon holds but cannot hand out yet (quarantined, being
+/// scrubbed, on their way back to the kernel). Without it the daemon's
+/// default (`pool.alloc_wait_ms`) applies.
+pub const ALLOC_FLAG_WAIT: u8 = 2;
+/// Every ALLOC flag bit defined.
+const ALLOC_FLAGS_KNOWN: u8 = ALLOC_FLAG_PATHS | ALLOC_FLAG_WAIT;
 /// ALLOC reply flag (`u32` at body offset 12, bit 0): one path per region
 /// follows the region table.
 pub const ALLOC_REPLY_FLAG_PATHS: u32 = 1;
@@ -72,7 +80,14 @@ pub enum Request {
         features: u64,
     },
     /// Allocate guest RAM.
-    Alloc(AllocRequest),
+    Alloc {
+        /// What to allocate.
+        req: AllocRequest,
+        /// How long the daemon may wait for pages it holds but cannot hand
+        /// out yet, in ms ([`ALLOC_FLAG_WAIT`]); `None`: the daemon's
+        /// default. 0: do not wait at all.
+        wait_ms: Option<u32>,
+    },
     /// Give an allocation back.
     Free {
         /// Allocation id from the ALLOC reply.
@@ -334,7 +349,7 @@ impl Request {
     pub fn code(&self) -> Code {
         match self {
             Request::Handshake { .. } => Code::Handshake,
-            Request::Alloc(_) => Code::Alloc,
+            Request::Alloc { .. } => Code::Alloc,
             Request::Free { .. } => Code::Free,
             Request::Lock { .. } => Code::Lock,
             Request::Unlock { .. } => Code::Unlock,
@@ -360,15 +375,22 @@ impl Request {
             } => {
                 w.u32(*min_version).u32(*max_version).u64(*features);
             }
-            Request::Alloc(a) => {
+            Request::Alloc { req: a, wait_ms } => {
+                let mut flags = if a.want_paths { ALLOC_FLAG_PATHS } else { 0 };
+                if wait_ms.is_some() {
+                    flags |= ALLOC_FLAG_WAIT;
+                }
                 w.u64(a.total_size)
                     .u8(a.page_policy as u8)
                     .u8(a.clear_mode as u8)
                     .u8(u8::from(a.lock))
-                    .u8(if a.want_paths { ALLOC_FLAG_PATHS } else { 0 })
+                    .u8(flags)
                     .u32(u32::try_from(a.parts.len()).unwrap_or(u32::MAX));
                 for p in &a.parts {
                     w.u32(p.node).u32(0).u64(p.size);
+                }
+                if let Some(ms) = wait_ms {
+                    w.u32(*ms).u32(0);
                 }
             }
             Request::Free { alloc_id } => {
@@ -410,7 +432,10 @@ impl Request {
                 max_version: r.u32("max_version")?,
                 features: r.u64("features")?,
             },
-            Code::Alloc => Request::Alloc(decode_alloc(&mut r)?),
+            Code::Alloc => {
+                let (req, wait_ms) = decode_alloc(&mut r)?;
+                Request::Alloc { req, wait_ms }
+            }
             Code::Free => Request::Free {
                 alloc_id: r.u64("alloc_id")?,
             },
@@ -442,7 +467,7 @@ impl Request {
     }
 }
 
-fn decode_alloc(r: &mut Reader<'_>) -> Result<AllocRequest, ProtoError> {
+fn decode_alloc(r: &mut Reader<'_>) -> Result<(AllocRequest, Option<u32>), ProtoError> {
     let total_size = r.u64("total_size")?;
     let page_policy = match r.u8("page_policy")? {
         0 => PagePolicy::Best,
@@ -462,10 +487,10 @@ fn decode_alloc(r: &mut Reader<'_>) -> Result<AllocRequest, ProtoError> {
         v => return Err(bad(format!("lock must be 0 or 1, got {v}"))),
     };
     let flags = r.u8("flags")?;
-    if flags & !ALLOC_FLAG_PATHS != 0 {
+    if flags & !ALLOC_FLAGS_KNOWN != 0 {
         return Err(bad(format!(
             "undefined ALLOC flag bits {:#x}",
-            flags & !ALLOC_FLAG_PATHS
+            flags & !ALLOC_FLAGS_KNOWN
         )));
     }
     let want_paths = flags & ALLOC_FLAG_PATHS != 0;
@@ -495,17 +520,29 @@ fn decode_alloc(r: &mut Reader<'_>) -> Result<AllocRequest, ProtoError> {
             "parts add up to {sum} bytes, total_size is {total_size}"
         )));
     }
+    let wait_ms = if flags & ALLOC_FLAG_WAIT != 0 {
+        let ms = r.u32("wait_ms")?;
+        if r.u32("wait.reserved")? != 0 {
+            return Err(bad("reserved field must be zero"));
+        }
+        Some(ms)
+    } else {
+        None
+    };
     // A node may appear in several parts: several regions on one node are
     // what a VMM needs for several memory zones (guest NUMA nodes) on a host
     // with fewer nodes. Each part is obtained on its own.
-    Ok(AllocRequest {
-        total_size,
-        page_policy,
-        clear_mode,
-        lock,
-        parts,
-        want_paths,
-    })
+    Ok((
+        AllocRequest {
+            total_size,
+            page_policy,
+            clear_mode,
+            lock,
+            parts,
+            want_paths,
+        },
+        wait_ms,
+    ))
 }
 
 fn decode_uffd(r: &mut Reader<'_>) -> Result<Request, ProtoError> {
@@ -748,6 +785,10 @@ mod tests {
         }
     }
 
+    fn alloc_req(req: AllocRequest) -> Request {
+        Request::Alloc { req, wait_ms: None }
+    }
+
     #[test]
     fn requests_round_trip() {
         let all = [
@@ -756,11 +797,21 @@ mod tests {
                 max_version: 1,
                 features: 3,
             },
-            Request::Alloc(alloc()),
-            Request::Alloc(AllocRequest {
-                want_paths: true,
-                ..alloc()
-            }),
+            Request::Alloc {
+                req: alloc(),
+                wait_ms: None,
+            },
+            Request::Alloc {
+                req: AllocRequest {
+                    want_paths: true,
+                    ..alloc()
+                },
+                wait_ms: Some(250),
+            },
+            Request::Alloc {
+                req: alloc(),
+                wait_ms: Some(0),
+            },
             Request::Free { alloc_id: 9 },
             Request::Lock {
                 alloc_id: 9,
@@ -860,7 +911,7 @@ mod tests {
 
     #[test]
     fn malformed_alloc_is_refused_before_allocation() {
-        let good = Request::Alloc(alloc()).encode();
+        let good = alloc_req(alloc()).encode();
         // Truncated anywhere: an error, never a panic.
         for cut in 0..good.len() {
             assert!(
@@ -885,11 +936,11 @@ mod tests {
         // Parts that do not add up.
         let mut a = alloc();
         a.total_size += 1;
-        assert!(Request::decode(Code::Alloc, &Request::Alloc(a).encode()).is_err());
+        assert!(Request::decode(Code::Alloc, &alloc_req(a).encode()).is_err());
         // A node in two parts is fine (two regions on one node).
         let mut a = alloc();
         a.parts[1].node = a.parts[0].node;
-        let same = Request::Alloc(a.clone());
+        let same = alloc_req(a.clone());
         assert_eq!(
             Request::decode(Code::Alloc, &same.encode()).expect("one node twice"),
             same
@@ -905,16 +956,38 @@ mod tests {
 
     #[test]
     fn alloc_flags_are_checked() {
-        let mut bytes = Request::Alloc(alloc()).encode();
+        let mut bytes = alloc_req(alloc()).encode();
         bytes[11] = ALLOC_FLAG_PATHS;
         assert!(
-            matches!(Request::decode(Code::Alloc, &bytes), Ok(Request::Alloc(a)) if a.want_paths)
+            matches!(Request::decode(Code::Alloc, &bytes), Ok(Request::Alloc { req, .. }) if req.want_paths)
         );
-        bytes[11] = 2;
+        bytes[11] = 4;
         assert!(matches!(
             Request::decode(Code::Alloc, &bytes),
             Err(ProtoError::OutOfBounds(_))
         ));
+        // The old layout (no WAIT flag, no trailer) still decodes: the
+        // daemon's default wait applies.
+        bytes[11] = 0;
+        assert!(matches!(
+            Request::decode(Code::Alloc, &bytes),
+            Ok(Request::Alloc { wait_ms: None, .. })
+        ));
+        // WAIT without its trailer, or with a non-zero reserved word: refused.
+        bytes[11] = ALLOC_FLAG_WAIT;
+        assert!(Request::decode(Code::Alloc, &bytes).is_err());
+        bytes.extend_from_slice(&1500u32.to_le_bytes());
+        bytes.extend_from_slice(&0u32.to_le_bytes());
+        assert!(matches!(
+            Request::decode(Code::Alloc, &bytes),
+            Ok(Request::Alloc {
+                wait_ms: Some(1500),
+                ..
+            })
+        ));
+        let n = bytes.len();
+        bytes[n - 4] = 1;
+        assert!(Request::decode(Code::Alloc, &bytes).is_err());
     }
 
     fn paths_reply(paths: Vec<String>) -> Vec<u8> {
