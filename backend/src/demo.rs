@@ -395,12 +395,16 @@ pub fn run(cfg: &DemoConfig, progress: &mut dyn FnMut(&str)) -> Result<DemoRepor
         source,
     })?;
     let defaults = Config::default();
-    // Keep the freed VM in the pool, and look for other holders often.
+    // Keep the freed VM in the pool, and look for other holders often. The
+    // demo shows the pool's round trip on every page size, 4K included,
+    // which a daemon does not pool by default (`pool.limit_4k` = 0: shmem
+    // costs nothing to recreate): lift that limit here.
     let config = Config {
         socket: dir.path().join("hugemem.sock"),
         pool: PoolConfig {
             target: defaults.pool.target.max(ByteSize(size)),
             limit: defaults.pool.limit.max(ByteSize(size)),
+            limit_4k: None,
             recheck_ms: 20,
             ..defaults.pool.clone()
         },

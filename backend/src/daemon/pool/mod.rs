@@ -36,19 +36,17 @@
 //! ALLOC-path waiters when a scrubber finishes a page they need.
 //!
 //! **Sizes.** Memfds are sealed against shrinking (`F_SEAL_SHRINK`, see
-//! `guest_mem::region`) but not against growing, so an ALLOC takes, in this
-//! order (see [`super::alloc`]): a clean region of exactly the size; else the
-//! largest clean region of the same node, page size and backing that is
-//! *smaller*, grown in place to the size ([`Pool::detach_smaller_clean`],
-//! `Region::grow`; only its new pages are populated); else a fresh one. A
-//! pooled region *larger* than the request is never used: it cannot be
-//! truncated (the seal protects the daemon's own mapping from a VMM), and
-//! handing out a larger file would give the VMM more memory than it asked
-//! for. Such regions wait for a request of their size, and the per-node
-//! target and limit below give unneeded ones back to the kernel. When the
-//! kernel is short of pages, idle pooled regions of the same node and page
-//! size are given back first (only when that can cover the shortfall) and
-//! the creation is retried once.
+//! `guest_mem::region`) but not against growing. Which region serves an
+//! ALLOC is decided in one place, [`super::alloc`]; the pool offers the
+//! pieces: an exact-size clean or dirty region ([`Pool::take_clean`],
+//! [`Pool::take_dirty`]), the largest smaller clean one to grow
+//! ([`Pool::detach_smaller_clean`]), what it holds of a page size and why
+//! ([`Pool::held`]), idle regions of a page size given back for fresh
+//! pages ([`Pool::evict_idle`]), and a wait for the next change
+//! ([`Pool::wait_change`]). A pooled region *larger* than the request is
+//! never used: it cannot be truncated (the seal protects the daemon's own
+//! mapping from a VMM), and handing out a larger file would give the VMM
+//! more memory than it asked for.
 //!
 //! **Damaged files.** A tenant can change its file behind the daemon's
 //! back: grow a memfd (the seals allow it), truncate a hugetlbfs file, punch
@@ -59,10 +57,13 @@
 //! given back to the kernel, never scrubbed, never served.
 //!
 //! **Limits.** Per node, pooled bytes (clean + dirty + quarantined) never
-//! exceed the limit: a released region that would is given back to the
-//! kernel at once (no scrub needed: closing our fd and unmapping is enough,
-//! the kernel zeroes pages before their next user). Above the target, clean
-//! regions idle for `trim_after_secs` are given back, oldest first.
+//! exceed the limit, nor those of one page size its own limit
+//! (`pool.limit_1g`, `limit_2m`, `limit_4k`; 4 KiB is 0 by default): a
+//! released region that would is given back to the kernel at once (no scrub
+//! needed: closing our fd and unmapping is enough, the kernel zeroes pages
+//! before their next user). Above the target, clean regions idle for
+//! `trim_after_secs` are given back, oldest first. The last regions given
+//! back and why are kept for STATS (`given_back`).
 
 use std::collections::{BTreeMap, HashMap};
 
