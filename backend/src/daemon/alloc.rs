@@ -653,3 +653,43 @@ pub fn scan_holders(owned: &[Owned]) -> Vec<Option<holders::Holder>> {
 pub fn join_error(e: &tokio::task::JoinError) -> io::Error {
     io::Error::other(format!("blocking task failed: {e}"))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_shortage_names_the_missing_pages_per_size_and_node() {
+        let m = |page_size, pages, free, pooled| Missing {
+            page_size,
+            node: 0,
+            pages,
+            free,
+            pooled,
+        };
+        assert_eq!(
+            shortage_note(
+                2 << 30,
+                Some(PageSize::Huge2M),
+                &[m(PageSize::Huge1G, 2, 0, 0)]
+            ),
+            "2G on 2M pages: 2 x 1G pages missing on node 0 (0 free, 0 in the pool)"
+        );
+        assert_eq!(
+            shortage_note(
+                3 << 30,
+                Some(PageSize::Base4K),
+                &[
+                    m(PageSize::Huge1G, 1, 1, 1),
+                    m(PageSize::Huge2M, 1472, 64, 0)
+                ]
+            ),
+            "3G on 4K pages: 1 x 1G pages missing on node 0 (1 free, 1 in the pool); \
+             1472 x 2M pages missing on node 0 (64 free, 0 in the pool)"
+        );
+        assert_eq!(
+            shortage_note(8 << 30, None, &[m(PageSize::Huge1G, 5, 3, 0)]),
+            "cannot serve 8G: 5 x 1G pages missing on node 0 (3 free, 0 in the pool)"
+        );
+    }
+}

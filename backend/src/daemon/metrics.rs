@@ -488,4 +488,40 @@ mod tests {
         assert!(table.contains("2M"), "{table}");
         assert!(table.contains("4M"), "{table}");
     }
+
+    #[test]
+    fn status_says_why_each_region_is_where_it_is() {
+        let stats = serde_json::json!({
+            "regions": [
+                {"id": 3, "node": 0, "page_size": "1G", "bytes": 2147483648u64, "state": "quarantined",
+                 "why": "quarantined: pid 1234 maps it (at 0x7f0000000000)"},
+                {"id": 4, "node": 0, "page_size": "2M", "bytes": 4194304, "state": "in_use",
+                 "why": "in use: allocation 9"}
+            ],
+            "given_back": [{"region": 2, "node": 0, "page_size": "4K", "bytes": 1048576,
+                            "why": "given back: over the 4K limit (0 bytes)", "seconds_ago": 1.0}],
+            "refill": {"enabled": true, "current": {"node": 0, "page_size": "1G",
+                       "bytes": 2147483648u64, "done_bytes": 1073741824u64},
+                       "regions": 0, "bytes": 0, "yielded": 0}
+        });
+        let table = render_status(&stats);
+        assert!(
+            table.contains("region 3 (2G, 1G pages, node 0): quarantined: pid 1234 maps it"),
+            "{table}"
+        );
+        assert!(
+            !table.contains("in use: allocation 9"),
+            "in-use regions have their own table: {table}"
+        );
+        assert!(
+            table.contains(
+                "region 2 (1M, 4K pages, node 0), 1 s ago: given back: over the 4K limit"
+            ),
+            "{table}"
+        );
+        assert!(
+            table.contains("refill: making 2G on 1G pages for node 0: 1G done"),
+            "{table}"
+        );
+    }
 }
