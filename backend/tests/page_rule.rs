@@ -207,7 +207,13 @@ fn a_quarantined_region_is_waited_for_and_the_holders_exit_wakes_the_alloc() {
     );
     let s = d.stats();
     assert_eq!(counter(&s, "downgrades"), 0, "{s}");
-    assert_eq!(counter(&s, "regions_recleared"), 1, "{s}");
+    // Detached (kernel-zeroed, clean at once) or cleared on the ALLOC path.
+    assert_eq!(
+        counter(&s, "regions_recleared") + counter(&s, "regions_pooled"),
+        1,
+        "{s}"
+    );
+    assert_eq!(counter(&s, "regions_fresh"), 1, "only the first ALLOC: {s}");
     assert!(since_fork >= hold, "served only after the holder exited");
     assert!(
         took < Duration::from_secs(3),

@@ -42,6 +42,7 @@ pub async fn quarantine_loop(shared: Arc<Shared>) {
         if !quarantined.is_empty() {
             let detach = shared.pool.config().detach_pages;
             let metrics = Arc::clone(&shared.metrics);
+            let topology = Arc::clone(&shared.topology);
             let scan = tokio::task::spawn_blocking(move || {
                 let owned: Vec<_> = quarantined.iter().map(|(_, o, _)| o.clone()).collect();
                 let holders = holders::scan(&owned).holders;
@@ -58,7 +59,7 @@ pub async fn quarantine_loop(shared: Arc<Shared>) {
                                 .and_then(|()| pool::check_released(&region))
                                 .and_then(|()| {
                                     if detach {
-                                        let pages = pool::detach_pages(&region)?;
+                                        let pages = pool::detach_pages(&region, &topology)?;
                                         Metrics::add(&metrics.pages_detached, pages);
                                     }
                                     Ok(())
@@ -75,18 +76,20 @@ pub async fn quarantine_loop(shared: Arc<Shared>) {
                     let mut results = Vec::with_capacity(checked.len());
                     let mut dropped = Vec::new();
                     for (id, holder, broken) in checked {
+                        // Detached: every page is fresh and kernel-zeroed.
+                        let zeroed = detach && holder.is_none();
                         match broken {
                             Some(reason) => dropped.extend(shared.pool.discard(
                                 id,
                                 pool::EntryState::Quarantined,
                                 &reason,
                             )),
-                            None => results.push((id, holder)),
+                            None => results.push((id, holder, zeroed)),
                         }
                     }
                     for pid in results
                         .iter()
-                        .filter_map(|(_, h)| h.as_ref().map(|h| h.pid))
+                        .filter_map(|(_, h, _)| h.as_ref().map(|h| h.pid))
                     {
                         watch_holder(&shared, &watched, pid);
                     }

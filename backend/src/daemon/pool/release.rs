@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use guest_mem::Region;
+use guest_mem::{PageState, Region};
 use numa::NodeId;
 use tracing::{info, warn};
 
@@ -173,12 +173,18 @@ impl Pool {
     }
 
     /// Applies a scan: regions nobody else holds become `Dirty` (scrubbers
-    /// woken); the others stay, with the holder noted. Returns how many left.
-    pub fn apply_scan(&self, results: &[(RegionId, Option<Holder>)]) -> usize {
+    /// woken); the others stay, with the holder noted. A region whose pages
+    /// were detached (`zeroed`: punched and refaulted, so every page is a
+    /// fresh kernel-zeroed one) becomes `Clean` at once instead, and no
+    /// scrub runs — unless `pool.lazy_dirty_uids` names someone, for whom
+    /// dirty regions are kept (lazy mode hands them out uncleared). Returns
+    /// how many left.
+    pub fn apply_scan(&self, results: &[(RegionId, Option<Holder>, bool)]) -> usize {
         Metrics::add(&self.metrics.quarantine_scans, 1);
+        let skip_scrub = self.cfg.lazy_dirty_uids.is_empty();
         let mut left = 0;
         let mut g = self.lock();
-        for (id, holder) in results {
+        for (id, holder, zeroed) in results {
             let Some(e) = g.entries.get_mut(id) else {
                 continue;
             };
@@ -188,16 +194,26 @@ impl Pool {
             match holder {
                 None => {
                     e.region.mark_all_dirty();
-                    e.state = EntryState::Dirty;
                     e.holder = None;
                     e.since = Instant::now();
                     left += 1;
-                    info!(
-                        region = id,
-                        node = e.key.node,
-                        bytes = e.region.len(),
-                        "region left quarantine; scrubbing"
-                    );
+                    if *zeroed && skip_scrub && mark_zeroed_clean(&e.region) {
+                        e.state = EntryState::Clean;
+                        info!(
+                            region = id,
+                            node = e.key.node,
+                            bytes = e.region.len(),
+                            "region left quarantine; its pages were detached and are kernel-zeroed: clean"
+                        );
+                    } else {
+                        e.state = EntryState::Dirty;
+                        info!(
+                            region = id,
+                            node = e.key.node,
+                            bytes = e.region.len(),
+                            "region left quarantine; scrubbing"
+                        );
+                    }
                 }
                 Some(h) => {
                     if !e.warned && e.since.elapsed() > Duration::from_secs(60) {
@@ -282,4 +298,27 @@ impl Pool {
         }
         out
     }
+}
+
+/// Moves every page of a region just marked `Dirty`, whose contents are
+/// known to be zero, to `Clean` (`Dirty → Clearing → Clean`, the scrubbers'
+/// own path). Under the pool lock, so no scrubber claims a page meanwhile;
+/// false (pages left `Dirty` for the scrubbers) if any page was not `Dirty`.
+fn mark_zeroed_clean(region: &Region) -> bool {
+    let states = region.states();
+    for page in 0..states.len() {
+        if states
+            .try_transition(page, PageState::Dirty, PageState::Clearing)
+            .is_err()
+        {
+            return false;
+        }
+        if states
+            .try_transition(page, PageState::Clearing, PageState::Clean)
+            .is_err()
+        {
+            return false;
+        }
+    }
+    true
 }
