@@ -45,7 +45,13 @@ pub async fn quarantine_loop(shared: Arc<Shared>) {
             let topology = Arc::clone(&shared.topology);
             let scan = tokio::task::spawn_blocking(move || {
                 let owned: Vec<_> = quarantined.iter().map(|(_, o, _)| o.clone()).collect();
+                let t = Instant::now();
                 let holders = holders::scan(&owned).holders;
+                debug!(
+                    regions = owned.len(),
+                    ms = t.elapsed().as_secs_f64() * 1e3,
+                    "holder scan"
+                );
                 // No process shows it any more: prove that no reference the
                 // scan cannot see exists (`pool::prove_unreachable`: fds in
                 // flight), then that the file is whole (`pool::check_released`:
@@ -54,13 +60,20 @@ pub async fn quarantine_loop(shared: Arc<Shared>) {
                     .into_iter()
                     .zip(holders)
                     .map(|((id, _, region), holder)| {
+                        let t = Instant::now();
+                        let ms = |t: Instant| t.elapsed().as_secs_f64() * 1e3;
                         let broken = match holder {
                             None => pool::prove_unreachable(&region)
-                                .and_then(|()| pool::check_released(&region))
                                 .and_then(|()| {
+                                    debug!(region = id, ms = ms(t), "lease proof");
+                                    pool::check_released(&region)
+                                })
+                                .and_then(|()| {
+                                    debug!(region = id, ms = ms(t), "whole-file check");
                                     if detach {
                                         let pages = pool::detach_pages(&region, &topology)?;
                                         Metrics::add(&metrics.pages_detached, pages);
+                                        debug!(region = id, ms = ms(t), "pages detached");
                                     }
                                     Ok(())
                                 })
