@@ -55,6 +55,10 @@ pub struct Allocation {
     /// Empty, or (for an ALLOC with `want_paths`) each region's hugetlbfs
     /// file path, same order.
     pub paths: Vec<String>,
+    /// The daemon's note on success (the reply's message): empty, or why
+    /// the memory is not what was hoped for, e.g. a `best` ALLOC served on
+    /// a smaller page size and which pages were missing.
+    pub note: String,
 }
 
 impl Allocation {
@@ -90,6 +94,7 @@ pub struct Client {
     sock: UnixStream,
     next_id: u32,
     features: u64,
+    alloc_wait: Option<u32>,
 }
 
 impl Client {
@@ -108,6 +113,7 @@ impl Client {
             sock,
             next_id: 1,
             features: 0,
+            alloc_wait: None,
         };
         let wanted = FEATURE_LAZY | FEATURE_REBALANCE;
         match c.call(&Request::Handshake {
@@ -140,6 +146,15 @@ impl Client {
         Ok(())
     }
 
+    /// How long each later ALLOC of [`Client::alloc`] lets the daemon wait
+    /// for pages it holds but cannot hand out yet (quarantined, being
+    /// scrubbed, on their way back to the kernel); `None`: the daemon's
+    /// default (`pool.alloc_wait_ms`). Saturates at `u32::MAX` ms. The
+    /// caller's own reply timeout ([`Client::set_timeout`]) must be longer.
+    pub fn set_alloc_wait(&mut self, wait: Option<Duration>) {
+        self.alloc_wait = wait.map(|d| u32::try_from(d.as_millis()).unwrap_or(u32::MAX));
+    }
+
     /// Sends one request and waits for its reply; fds that came with it are returned.
     pub fn call(&mut self, req: &Request) -> Result<(ReplyBody, Vec<OwnedFd>), ClientError> {
         self.call_with_fds(req, &[])
@@ -151,6 +166,16 @@ impl Client {
         req: &Request,
         fds: &[std::os::fd::BorrowedFd<'_>],
     ) -> Result<(ReplyBody, Vec<OwnedFd>), ClientError> {
+        self.exchange(req, fds)
+            .map(|(reply, fds)| (reply.body, fds))
+    }
+
+    /// One request, its whole reply (status Ok) and fds.
+    fn exchange(
+        &mut self,
+        req: &Request,
+        fds: &[std::os::fd::BorrowedFd<'_>],
+    ) -> Result<(Reply, Vec<OwnedFd>), ClientError> {
         let id = self.next_id;
         self.next_id = self.next_id.wrapping_add(1);
         let payload = req.encode();
@@ -170,13 +195,21 @@ impl Client {
                 message: reply.message,
             });
         }
-        Ok((reply.body, frame.fds))
+        Ok((reply, frame.fds))
     }
 
     /// ALLOC: the region table and one fd per region.
     pub fn alloc(&mut self, req: AllocRequest) -> Result<Allocation, ClientError> {
         let req_paths = req.want_paths;
-        match self.call(&Request::Alloc(req))? {
+        let (reply, fds) = self.exchange(
+            &Request::Alloc {
+                req,
+                wait_ms: self.alloc_wait,
+            },
+            &[],
+        )?;
+        let note = reply.message;
+        match (reply.body, fds) {
             (ReplyBody::Alloc { regions, paths, .. }, _)
                 if req_paths && paths.len() != regions.len() =>
             {
@@ -198,6 +231,7 @@ impl Client {
                 regions,
                 fds,
                 paths,
+                note,
             }),
             (ReplyBody::Alloc { regions, .. }, fds) => Err(ClientError::Unexpected(format!(
                 "{} regions but {} fds",

@@ -7,6 +7,9 @@
 //! use guest_mem::vm_memory::{Bytes, GuestAddress};
 //!
 //! let mut client = Client::connect("/run/hugemem/hugemem.sock".as_ref())?;
+//! // Let the daemon wait up to 2 s for pages still quarantined after the
+//! // previous VM (default: its `pool.alloc_wait_ms`).
+//! client.set_alloc_wait(Some(std::time::Duration::from_secs(2)));
 //! let alloc = client.alloc(AllocRequest {
 //!     total_size: 2 << 30,
 //!     page_policy: PagePolicy::Best,
@@ -15,6 +18,10 @@
 //!     parts: vec![],
 //!     want_paths: false,
 //! })?;
+//! if !alloc.note.is_empty() {
+//!     // e.g. "2G on 2M pages: 2 x 1G pages missing on node 0 (0 free, 0 in the pool)"
+//!     eprintln!("{}", alloc.note);
+//! }
 //! let mem = alloc.guest_memory()?;
 //! mem.write_obj(0xdead_beef_u64, GuestAddress(0x1000))?;
 //! # Ok::<(), Box<dyn std::error::Error>>(())

@@ -169,6 +169,11 @@ struct LaunchArgs {
     /// Have the daemon mlock the memory before the VMM starts.
     #[arg(long)]
     lock: bool,
+    /// How long the daemon may wait for pages it holds but cannot hand out
+    /// yet (a region still in quarantine or being scrubbed), in ms; default:
+    /// the daemon's pool.alloc_wait_ms. 0: fail at once instead of waiting.
+    #[arg(long, value_name = "MS")]
+    wait_ms: Option<u32>,
     /// cloud-hypervisor: one guest NUMA node per region.
     #[arg(long)]
     guest_numa: bool,
@@ -213,11 +218,17 @@ fn launch(args: LaunchArgs) -> Result<i32> {
         page_policy: args.page_size,
         hugetlbfs: args.hugetlbfs,
         lock: args.lock,
+        alloc_wait: args
+            .wait_ms
+            .map(|ms| std::time::Duration::from_millis(ms.into())),
         guest_numa: args.guest_numa,
         vmm: args.vmm,
         command: args.command,
     };
     let report = launch::run(&cfg).context("hugemem launch failed")?;
+    if !report.note.is_empty() {
+        eprintln!("hugemem launch: note from the daemon: {}", report.note);
+    }
     eprintln!(
         "hugemem launch: {} on {} pages allocated in {:.1} ms; the VMM ran {:.1} ms and ended with {}",
         backend::size::format_size(report.size),

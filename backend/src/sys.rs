@@ -139,6 +139,35 @@ pub fn populate_write(addr: *const u8, len: usize) -> io::Result<()> {
     }
 }
 
+/// `fallocate(FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE)` over `len` bytes
+/// at `offset` of `fd`: the pages leave the file (a pinned page stays with
+/// its pinner, holding only what it held); the next fault gets a fresh
+/// kernel-zeroed page.
+///
+/// # Errors
+///
+/// The `fallocate` error.
+pub fn punch_hole(fd: BorrowedFd<'_>, offset: u64, len: u64) -> io::Result<()> {
+    let off =
+        libc::off_t::try_from(offset).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+    let n = libc::off_t::try_from(len).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+    // SAFETY: fallocate on a valid fd with integer arguments; no memory of
+    // ours is touched (mappings of the range fault fresh pages afterwards).
+    let r = unsafe {
+        libc::fallocate(
+            fd.as_raw_fd(),
+            libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+            off,
+            n,
+        )
+    };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
 /// A new open file description of the file behind `fd`, read-write
 /// (`open("/proc/self/fd/N", O_RDWR | O_CLOEXEC)`), not a `dup`: the kernel
 /// counts it as one more opener of the inode, which is what makes

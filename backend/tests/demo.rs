@@ -52,10 +52,11 @@ fn check(report: &Value) {
         Value::Bool(true),
         "second ALLOC not from the pool: {report}"
     );
-    // Cleared by the scrubbers, or detached (punched) and faulted in fresh.
+    // Zeroed by the scrubbers, or detached (punched and refaulted
+    // kernel-zeroed, `pool.detach_pages`, the default).
     assert!(
         report["scrubbed_bytes"].as_u64().expect("scrubbed_bytes")
-            + report["refaulted_bytes"].as_u64().expect("refaulted_bytes")
+            + report["detached_bytes"].as_u64().expect("detached_bytes")
             >= size,
         "{report}"
     );

@@ -892,6 +892,10 @@ fn hostile_tenants_soak() {
     say(&format!(
         "hostile soak: seed {seed} ({secs} s, {TENANTS} tenants); replay with HUGEMEM_SOAK_SEED={seed} HUGEMEM_SOAK_SECS={secs}\n"
     ));
+    let detach = seed.is_multiple_of(2);
+    say(&format!(
+        "hostile soak: pool.detach_pages = {detach} (even seeds detach)\n"
+    ));
     if !reserve_2m(PAGES, test) {
         return;
     }
@@ -909,6 +913,10 @@ fn hostile_tenants_soak() {
         c.pool.trim_after_secs = 1;
         // Root tenants may get dirty memory lazily (and must attach a uffd).
         c.pool.lazy_dirty_uids = vec![0];
+        // Dirty pooled memory exists only without detaching (a detached
+        // region is refaulted kernel-zeroed and goes straight to clean):
+        // odd seeds run without it, so lazy dirty handouts and UFFD happen.
+        c.pool.detach_pages = detach;
     });
     for (path, mode) in [(d.dir(), 0o755), (d.socket().as_path(), 0o777)] {
         std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).expect("chmod");

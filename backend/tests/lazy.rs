@@ -768,7 +768,7 @@ fn mini_daemon(swallow: bool) {
                 version: 1,
                 features: FEATURE_LAZY,
             }),
-            Request::Alloc(_) => {
+            Request::Alloc { .. } => {
                 fds.push(region.fd());
                 Reply::ok(ReplyBody::Alloc {
                     alloc_id: 1,

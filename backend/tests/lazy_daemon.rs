@@ -151,6 +151,9 @@ fn in_process_daemon() -> (backend::daemon::DaemonHandle, tempfile::TempDir) {
     // These tests exercise lazy mode on dirty memory: this uid is trusted with it.
     // SAFETY: geteuid has no preconditions and cannot fail.
     cfg.pool.lazy_dirty_uids = vec![unsafe { libc::geteuid() }];
+    // Dirty pooled memory exists only without detaching (a detached region
+    // is refaulted kernel-zeroed and goes straight to clean).
+    cfg.pool.detach_pages = false;
     (Daemon::start(cfg).expect("daemon"), dir)
 }
 
@@ -252,7 +255,13 @@ fn lazy_alloc_without_dirty_memory_falls_back_to_kernel_demand_faults() {
         1,
     );
     let started = Instant::now();
-    let (reply, fds) = call(&Request::Alloc(req(ClearMode::Lazy)), 2);
+    let (reply, fds) = call(
+        &Request::Alloc {
+            req: req(ClearMode::Lazy),
+            wait_ms: None,
+        },
+        2,
+    );
     let took = started.elapsed();
     assert_eq!(reply.status, Status::Ok);
     println!(
@@ -338,7 +347,7 @@ fn kill9_of_hugemem_serve_while_a_lazy_guest_runs() {
     let uid = unsafe { libc::geteuid() };
     std::fs::write(
         &config,
-        format!("[pool]\nrecheck_ms = 20\nlazy_dirty_uids = [{uid}]\n"),
+        format!("[pool]\nrecheck_ms = 20\nlazy_dirty_uids = [{uid}]\ndetach_pages = false\n"),
     )
     .expect("config");
     let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_hugemem"))

@@ -291,14 +291,6 @@ pub enum RegionError {
         #[source]
         source: PolicyError,
     },
-    /// Detaching the pages of a released region failed.
-    #[error("cannot detach the pages of region {name}: {reason}")]
-    Detach {
-        /// Region name.
-        name: String,
-        /// What went wrong.
-        reason: String,
-    },
     /// A [`Region::grow`] request that can never succeed; nothing changed.
     #[error("cannot grow region {name} from {len} to {new_len} bytes: {why}")]
     BadGrow {
@@ -972,60 +964,6 @@ impl Region {
     /// region back from a VM); returns (pages changed, pages busy in `Clearing`).
     pub fn mark_all_dirty(&self) -> (usize, usize) {
         self.states.mark_all_dirty()
-    }
-
-    /// Punches every page out of the region's file and marks them
-    /// `Unpopulated`, so the next fault of each gets a fresh page the kernel
-    /// zeroes and a page someone else still references (a pin: io_uring
-    /// fixed buffer, VFIO, a pipe after `vmsplice`) never comes back into the
-    /// file. Every page must be `Dirty` (a released region nobody else can
-    /// reach); each is claimed (`Dirty → Clearing`) before the punch and
-    /// leaves as `Clearing → Unpopulated`. Returns the pages detached.
-    ///
-    /// # Errors
-    ///
-    /// [`RegionError::Detach`] when a page was not `Dirty` or the punch
-    /// failed; claimed pages go back to `Dirty` (never to `Unpopulated`
-    /// without a punch).
-    pub fn detach_pages(&self) -> Result<usize, RegionError> {
-        let n = self.states.len();
-        for page in 0..n {
-            if let Err(e) = self
-                .states
-                .try_transition(page, PageState::Dirty, PageState::Clearing)
-            {
-                self.unclaim(0..page);
-                return Err(RegionError::Detach {
-                    name: self.name.clone(),
-                    reason: e.to_string(),
-                });
-            }
-        }
-        if let Err(e) = sys::punch_hole(self.fd.as_fd(), 0, self.len) {
-            self.unclaim(0..n);
-            return Err(RegionError::Detach {
-                name: self.name.clone(),
-                reason: format!("punch: {e}"),
-            });
-        }
-        for page in 0..n {
-            // This thread owns every page through `Clearing`.
-            if let Err(e) =
-                self.states
-                    .try_transition(page, PageState::Clearing, PageState::Unpopulated)
-            {
-                debug!(error = %e, "page left Clearing under its owner");
-            }
-        }
-        Ok(n)
-    }
-
-    fn unclaim(&self, pages: std::ops::Range<usize>) {
-        for page in pages {
-            let _ = self
-                .states
-                .try_transition(page, PageState::Clearing, PageState::Dirty);
-        }
     }
 
     /// Moves every page `Clean → Mapped` before the region is handed to a

@@ -24,11 +24,6 @@
 //!   one dirty epoch.
 //! * `Clearing → Clean` when the clear finished, `Clearing → Dirty` when it was
 //!   abandoned (cancelled, failed): the page must be cleared again.
-//! * `Clearing → Unpopulated` ("detach"): the owner punched the page out of
-//!   the file (`FALLOC_FL_PUNCH_HOLE`), so the file has no page there and the
-//!   next fault gives a fresh one the kernel zeroes — the same as a page
-//!   never faulted in. The pool detaches released regions this way so that
-//!   a page a previous tenant pinned never comes back.
 //! * `Clean → Mapped`: the only way into `Mapped`, so no page reaches a guest
 //!   without having gone through `Clean`.
 //! * `Mapped → Dirty` when the guest is gone; `Clean → Dirty` and
@@ -36,8 +31,8 @@
 //!   contents. Tainting only ever causes extra clearing, never less.
 //!
 //! Not allowed: skipping the clear (`Dirty → Clean`, `Dirty → Mapped`),
-//! going back to `Unpopulated` other than by the owner of a `Clearing` page
-//! who punched it out, and `Mapped → Clean` (a guest may have written).
+//! going back to `Unpopulated` (we never punch holes), and `Mapped → Clean`
+//! (a guest may have written).
 //!
 //! # Design
 //!
@@ -102,7 +97,6 @@ impl PageState {
                 | (Dirty, Clearing)
                 | (Clearing, Clean)
                 | (Clearing, Dirty)
-                | (Clearing, Unpopulated)
                 | (Clean, Mapped)
                 | (Clean, Dirty)
                 | (Mapped, Dirty)
@@ -344,21 +338,6 @@ impl PageStates {
             .find(|&from| self.try_transition(page, from, PageState::Clearing).is_ok())
     }
 
-    /// Claims the first page at or after `hint` (wrapping) that needs work
-    /// before it is clean — `Unpopulated` or `Dirty` — moving it to
-    /// `Clearing`; returns the page and the state it was in (populate it, or
-    /// clear it). `None` when every page is clean, mapped or claimed.
-    pub fn claim_pending(&self, hint: usize) -> Option<(usize, PageState)> {
-        let pages = self.states.len();
-        if pages == 0 {
-            return None;
-        }
-        let start = hint % pages;
-        (start..pages)
-            .chain(0..start)
-            .find_map(|page| self.claim_for_prepare(page).map(|was| (page, was)))
-    }
-
     /// Number of pages in each state (one pass; see [`StateCounts`]).
     pub fn counts(&self) -> StateCounts {
         let mut counts = StateCounts::default();
@@ -425,7 +404,6 @@ mod tests {
             (Dirty, Clearing),
             (Clearing, Clean),
             (Clearing, Dirty),
-            (Clearing, Unpopulated),
             (Clean, Mapped),
             (Clean, Dirty),
             (Mapped, Dirty),

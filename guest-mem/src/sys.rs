@@ -1,5 +1,5 @@
 //! Raw memory syscalls of this crate (`mmap`, `munmap`, `madvise`, `mlock`,
-//! `munlock`, `mlock2`, `memfd_create`, `ftruncate`, `fstat`, `fallocate`); the only
+//! `munlock`, `mlock2`, `memfd_create`, `ftruncate`, `fstat`); the only
 //! place in `guest-mem` that calls into libc for them.
 
 use std::io;
@@ -168,33 +168,4 @@ pub(crate) fn file_size(fd: std::os::fd::BorrowedFd<'_>) -> io::Result<u64> {
     // zero-initialised before in any case).
     let st = unsafe { buf.assume_init() };
     u64::try_from(st.st_size).map_err(|_| io::Error::from_raw_os_error(libc::EOVERFLOW))
-}
-
-/// `fallocate(FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE)` over `len` bytes
-/// at `offset` of `fd`: the pages leave the file (a pinned page stays with
-/// its pinner, holding only what it held); the next fault gets a fresh
-/// kernel-zeroed page.
-///
-/// # Errors
-///
-/// The `fallocate` error.
-pub(crate) fn punch_hole(fd: std::os::fd::BorrowedFd<'_>, offset: u64, len: u64) -> io::Result<()> {
-    let off =
-        libc::off_t::try_from(offset).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
-    let n = libc::off_t::try_from(len).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
-    // SAFETY: fallocate on a valid fd with integer arguments; no memory of
-    // ours is touched (mappings of the range fault fresh pages afterwards).
-    let r = unsafe {
-        libc::fallocate(
-            std::os::fd::AsRawFd::as_raw_fd(&fd),
-            libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
-            off,
-            n,
-        )
-    };
-    if r == 0 {
-        Ok(())
-    } else {
-        Err(io::Error::last_os_error())
-    }
 }

@@ -328,6 +328,10 @@ impl Bench {
         // The lazy-dirty scenario measures dirty memory served lazily, which
         // the daemon grants only to uids it trusts with other tenants' data.
         dcfg.pool.lazy_dirty_uids = vec![crate::sys::euid()];
+        // Dirty pooled memory exists only without detaching: a detached
+        // region is refaulted kernel-zeroed and goes straight to clean. The
+        // eager-dirty and lazy-dirty scenarios measure dirty memory.
+        dcfg.pool.detach_pages = false;
         let daemon = Daemon::start(dcfg)?;
         let client = Client::connect(daemon.socket_path())?;
         client.set_timeout(Some(POOL_DEADLINE))?;

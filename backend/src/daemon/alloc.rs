@@ -1,45 +1,54 @@
 //! The ALLOC path: validate a request into per-node parts, then obtain one
-//! clean region per part — pooled if possible, fresh otherwise.
+//! clean region per part. **This module is the one place that decides which
+//! region serves a request**; [`super::supply`] only knows how to get one
+//! from each source, and [`super::pool`] only keeps the table.
 //!
-//! # Order of preference, per part
+//! # The rule, per part
 //!
-//! 1. A **clean pooled** region of exactly the size, node and a page size the
-//!    policy allows (largest first): no memory is touched at all. For
-//!    hugetlbfs files (which can be opened by path) and with
-//!    `pool.recheck_on_reuse`, the `/proc` holder scan runs once more first.
-//! 2. A **smaller clean pooled** region, grown: the largest clean region of
-//!    the same node, page size and backing that is smaller than the request
-//!    is taken out of the pool, grown in place with `Region::grow` (new pages
-//!    reserved and bound to the node, the file extended; memfds are sealed
-//!    against shrinking only), then [`Region::prepare_eager`] populates just
-//!    the new pages with node-pinned workers; the old ones are clean already.
-//!    The same id and memfd are handed out. Any error puts the region back
-//!    into the pool unchanged (or, if its new pages were half populated,
-//!    dirty for the scrubbers) and the ALLOC goes on with the steps below.
-//!    A pooled region *larger* than the request is never taken: the seal
-//!    forbids truncating it and a larger file would give the VMM memory it
-//!    did not ask for; the pool's per-node target and limit give such
-//!    regions back to the kernel when they stay unused. Not in lazy mode,
-//!    where fresh demand-faulted memory is faster than populating.
+//! Page size first: for each page size the policy allows, largest first
+//! (`best`: 1G, 2M, 4K; a strict policy: its own size only), the part is
+//! served in that size if the pages exist anywhere — free in the kernel or
+//! in the daemon's hands in any state — and only when they truly do not is
+//! the next size tried. Within one page size, the cheapest source first:
+//!
+//! 1. A **clean pooled** region of exactly the size, node and backing: no
+//!    memory is touched. Hugetlbfs files (which can be opened by path) and,
+//!    with `pool.recheck_on_reuse`, memfds are scanned for holders once more.
+//! 2. A **smaller clean pooled** region, grown in place (`Region::grow`, only
+//!    the new pages populated; see `supply::grow_pooled`). A pooled region
+//!    *larger* than the request is never taken: the seal forbids truncating
+//!    it and a larger file would give the VMM memory it did not ask for. Not
+//!    in lazy mode, where fresh demand-faulted memory is faster.
 //! 3. A **dirty pooled** region of exactly the size: cleared right here with
-//!    [`Region::prepare_eager`] (all CPUs of the node, in parallel), waiting
-//!    for any page a scrubber already holds. Reusing it beats taking fresh
-//!    pages from the kernel, which would grow the daemon's footprint while
-//!    the dirty region sits idle.
-//! 4. A **fresh** region: [`Region::allocate`] (create, `mbind`, populate with
-//!    node-pinned workers; the kernel zeroes new pages), then a placement
-//!    check. When the kernel is short of pages and idle pooled regions of the
-//!    same node and page size (either backing) could cover the shortfall,
-//!    they are given back and the creation is retried once. Regions freed a
-//!    moment ago (still quarantined, or being scrubbed) count too: the ALLOC
-//!    waits up to [`SETTLE_WAIT`] for them to become evictable, and then for
-//!    their pages to be back in the kernel's free pool, instead of refusing a
-//!    VM that starts right after another one's exit.
+//!    [`guest_mem::Region::prepare_eager`] on all of the node's CPUs.
+//! 4. A **fresh** region, when the kernel has the pages free.
+//! 5. **Pages the daemon holds under another pool key** (the other backing,
+//!    memfd vs hugetlbfs path, or another region size), idle: given back to
+//!    the kernel, and the ALLOC waits for them to be free, then creates a
+//!    fresh region of the preferred size (4).
+//! 6. **Pages on their way** (a region in quarantine, one a scrubber is
+//!    clearing): the ALLOC kicks the holder scan and waits on the pool. The
+//!    quarantine watches each holder's pidfd, so a holder's exit re-scans at
+//!    once and the region's leaving quarantine wakes the ALLOC, which then
+//!    starts over at 1.
 //!
-//! With `page_policy = best`, pooled regions of any allowed size are
-//! preferred to fresh pages of a larger size: a pooled 2 MiB region is ready
-//! now, fresh 1 GiB pages must still be populated. Strict policies only ever
-//! look at their own size.
+//! Every wait ends at the ALLOC's deadline (its `wait_ms`, else
+//! `pool.alloc_wait_ms`, capped at `pool.max_alloc_wait_ms`): the ALLOC then
+//! fails with `NoMemory` and a message naming what it waited for (which
+//! region, quarantined by which pid, being scrubbed, pages not back in the
+//! kernel); it never downgrades on a timeout, and loses nothing (every
+//! region taken goes back to the pool).
+//!
+//! A page size is **missing** only when the kernel's free pages and every
+//! page of that size the daemon holds outside allocations together fall
+//! short. `best` then moves to the next size and the reply's message and the
+//! log say which pages were missing (e.g. `2G on 2M pages: 2 x 1G pages
+//! missing on node 0 (0 free, 0 in the pool)`), and STATS counts a
+//! `downgrades`. A strict policy fails with that message instead.
+//!
+//! Lazy mode first tries a previous tenant's dirty pooled region (for uids
+//! in `pool.lazy_dirty_uids`), a clean pooled one, and fresh unpopulated
+//! memfd memory; then the rule above.
 //!
 //! Everything here blocks (clearing, populating, `/proc` scans, `mmap`): the
 //! session calls it through `spawn_blocking`, whose thread only waits for the
@@ -49,23 +58,20 @@
 use std::io;
 use std::time::{Duration, Instant};
 
-use clearing::{CancelToken, RunError, RunOptions};
-use guest_mem::{
-    Backing, LockOptions, LockRange, PagePolicy as RegionPolicy, PageSize, PoolCounts,
-    PrepareError, Region, RegionError, RegionSpec,
-};
+use clearing::{CancelToken, RunOptions};
+use guest_mem::{LockOptions, LockRange, PagePolicy as RegionPolicy, PageSize, PoolCounts, Region};
 use numa::{NodeId, Topology};
-use tracing::{debug, info, warn};
+use tracing::{info, warn};
 
 use super::holders::{self, Owned};
 use super::metrics::Metrics;
-use super::pool::{PoolKey, Taken};
+use super::pool::{Held, PoolKey, Taken};
+use super::supply::{self, human};
 use super::Shared;
 use crate::proto::messages::{AllocRequest, ClearMode, PagePolicy};
 use crate::proto::{Status, ANY_NODE};
 
-/// A refusal: status and the message for the client.
-pub type Refusal = (Status, String);
+pub use super::supply::{chain, Refusal};
 
 /// One validated part: where, how much, which page sizes.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -263,8 +269,58 @@ fn choose_node(
         .unwrap_or(first)
 }
 
-/// Obtains every part (blocking). On error every region taken so far goes
-/// back to the pool; on success all are `Reserved` for the caller to commit.
+/// What one part got.
+#[derive(Debug)]
+pub struct Obtained {
+    /// The region, `Reserved`.
+    pub taken: Taken,
+    /// Where it came from.
+    pub source: Source,
+    /// Set when `best` served a smaller page size than the largest allowed:
+    /// which pages were missing (for the reply's message).
+    pub downgrade: Option<String>,
+}
+
+/// Pages of one size that do not exist for a part: neither free in the
+/// kernel nor in the daemon's hands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Missing {
+    /// The page size.
+    pub page_size: PageSize,
+    /// The node.
+    pub node: NodeId,
+    /// Pages short.
+    pub pages: u64,
+    /// Free pages of that size on the node.
+    pub free: u64,
+    /// Pages of that size pooled on the node (idle, quarantined, being
+    /// scrubbed).
+    pub pooled: u64,
+}
+
+impl std::fmt::Display for Missing {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} x {} pages missing on node {} ({} free, {} in the pool)",
+            self.pages, self.page_size, self.node, self.free, self.pooled
+        )
+    }
+}
+
+/// `2G on 2M pages: 2 x 1G pages missing on node 0 (0 free, 0 in the pool)`.
+pub fn shortage_note(size: u64, served: Option<PageSize>, missing: &[Missing]) -> String {
+    let what: Vec<String> = missing.iter().map(ToString::to_string).collect();
+    match served {
+        Some(p) => format!("{} on {p} pages: {}", human(size), what.join("; ")),
+        None => format!("cannot serve {}: {}", human(size), what.join("; ")),
+    }
+}
+
+/// Obtains every part (blocking), each by the rule of the module docs,
+/// waiting at most until `deadline`. On error every region taken so far
+/// goes back to the pool; on success all are `Reserved` for the caller to
+/// commit.
 ///
 /// # Errors
 ///
@@ -274,16 +330,16 @@ pub fn obtain_all(
     parts: &[Part],
     lock: bool,
     owner: (u32, u32),
+    deadline: Instant,
     cancel: &CancelToken,
-) -> Result<Vec<(Taken, Source)>, Refusal> {
-    let mut taken: Vec<(Taken, Source)> = Vec::with_capacity(parts.len());
+) -> Result<Vec<Obtained>, Refusal> {
+    let mut taken: Vec<Obtained> = Vec::with_capacity(parts.len());
+    let ids = |taken: &[Obtained]| taken.iter().map(|o| o.taken.id).collect::<Vec<_>>();
     for part in parts {
-        match obtain(shared, part, cancel) {
+        match obtain(shared, part, deadline, cancel) {
             Ok(t) => taken.push(t),
             Err(e) => {
-                shared
-                    .pool
-                    .unreserve(&taken.iter().map(|(t, _)| t.id).collect::<Vec<_>>());
+                shared.pool.unreserve(&ids(&taken));
                 return Err(e);
             }
         }
@@ -291,12 +347,11 @@ pub fn obtain_all(
     // Path-backed files belong to the client while it uses them, so that a
     // VMM running as an allowed non-root uid can open them; the pool takes
     // them back on release, before quarantine.
-    for (t, _) in &taken {
+    for o in &taken {
+        let t = &o.taken;
         if t.region.path().is_some() {
             if let Err(e) = std::os::unix::fs::fchown(t.region.fd(), Some(owner.0), Some(owner.1)) {
-                shared
-                    .pool
-                    .unreserve(&taken.iter().map(|(t, _)| t.id).collect::<Vec<_>>());
+                shared.pool.unreserve(&ids(&taken));
                 return Err((
                     Status::Internal,
                     format!("cannot hand region {} to uid {}: {e}", t.id, owner.0),
@@ -305,22 +360,63 @@ pub fn obtain_all(
         }
     }
     if lock {
-        let regions: Vec<&Region> = taken.iter().map(|(t, _)| &*t.region).collect();
+        let regions: Vec<&Region> = taken.iter().map(|o| &*o.taken.region).collect();
         if let Err(e) = lock_regions(&shared.topology, &regions, true, 0, Some(cancel)) {
             // Undo what was locked; unlocking memory that is not locked is fine.
             let _ = lock_regions(&shared.topology, &regions, false, 0, None);
-            shared
-                .pool
-                .unreserve(&taken.iter().map(|(t, _)| t.id).collect::<Vec<_>>());
+            shared.pool.unreserve(&ids(&taken));
             return Err(e);
         }
     }
     Ok(taken)
 }
 
-fn obtain(shared: &Shared, part: &Part, cancel: &CancelToken) -> Result<(Taken, Source), Refusal> {
+fn obtain(
+    shared: &Shared,
+    part: &Part,
+    deadline: Instant,
+    cancel: &CancelToken,
+) -> Result<Obtained, Refusal> {
+    let got = |taken, source| Obtained {
+        taken,
+        source,
+        downgrade: None,
+    };
+    if part.lazy {
+        if let Some((t, s)) = obtain_lazy(shared, part) {
+            return Ok(got(t, s));
+        }
+    }
+    let mut missing = Vec::new();
+    for &page_size in &part.candidates {
+        match obtain_size(shared, part, page_size, deadline, cancel)? {
+            Ok((taken, source)) => {
+                let downgrade = (!missing.is_empty())
+                    .then(|| shortage_note(part.size, Some(page_size), &missing));
+                if let Some(note) = &downgrade {
+                    Metrics::add(&shared.metrics.downgrades, 1);
+                    warn!(region = taken.id, node = part.node, %note, "ALLOC served on a smaller page size");
+                }
+                return Ok(Obtained {
+                    taken,
+                    source,
+                    downgrade,
+                });
+            }
+            Err(m) => missing.push(m),
+        }
+    }
+    let mut msg = shortage_note(part.size, None, &missing);
+    if part.policy != RegionPolicy::Best {
+        msg.push_str(" (a strict page policy never falls back to another size)");
+    }
+    Err((Status::NoMemory, msg))
+}
+
+/// Lazy mode's own sources (module docs), before the rule.
+fn obtain_lazy(shared: &Shared, part: &Part) -> Option<(Taken, Source)> {
     let pool = &shared.pool;
-    if part.lazy && part.dirty_ok {
+    if part.dirty_ok {
         if let Some(t) = crate::fault::daemon::take_lazy_dirty(
             pool,
             part.node,
@@ -328,7 +424,7 @@ fn obtain(shared: &Shared, part: &Part, cancel: &CancelToken) -> Result<(Taken, 
             &part.candidates,
             part.paths,
         ) {
-            return Ok((t, Source::Lazy));
+            return Some((t, Source::Lazy));
         }
     }
     for &page_size in &part.candidates {
@@ -337,384 +433,151 @@ fn obtain(shared: &Shared, part: &Part, cancel: &CancelToken) -> Result<(Taken, 
             page_size,
             paths: part.paths,
         };
-        while let Some(t) = pool.take_clean(key, part.size) {
-            if pool.config().recheck_on_reuse || part.paths {
-                if let Some(owned) = pool.owned(t.id) {
-                    if let Some(holder) = holders::scan(std::slice::from_ref(&owned))
-                        .holders
-                        .into_iter()
-                        .next()
-                        .flatten()
-                    {
-                        pool.requarantine(t.id, holder);
-                        continue;
-                    }
-                }
-            }
-            debug!(
-                region = t.id,
-                node = part.node,
-                size = part.size,
-                "ALLOC served from the clean pool"
-            );
-            Metrics::add(&shared.metrics.regions_pooled, 1);
-            return Ok((t, Source::Pooled));
+        if let Some(t) = supply::take_clean(shared, key, part.size) {
+            return Some((t, Source::Pooled));
         }
     }
-    if !part.lazy {
-        for &page_size in &part.candidates {
-            let key = PoolKey {
-                node: part.node,
-                page_size,
-                paths: part.paths,
-            };
-            if let Some(t) = grow_pooled(shared, part, key, cancel) {
-                return Ok((t, Source::Grown));
-            }
-        }
-    }
-    if part.lazy && !part.paths {
-        let new_id = || pool.next_region_id();
-        if let Some(t) = crate::fault::daemon::fresh_demand(
-            pool,
-            &shared.topology,
-            part.node,
-            part.size,
-            &part.candidates,
-            new_id,
-        ) {
-            Metrics::add(&shared.metrics.regions_fresh, 1);
-            return Ok((t, Source::Demand));
-        }
-    }
-    for &page_size in &part.candidates {
-        let key = PoolKey {
-            node: part.node,
-            page_size,
-            paths: part.paths,
-        };
-        if let Some(t) = pool.take_dirty(key, part.size) {
-            let opts = RunOptions {
-                cancel: Some(cancel),
-                ..RunOptions::default()
-            };
-            let cleared = t.region.prepare_eager(&shared.topology, &opts);
-            let clean = cleared.is_ok()
-                && pool.wait_clean(&t.region, Instant::now() + Duration::from_secs(60));
-            if !clean {
-                pool.unreserve(&[t.id]);
-                return Err(match cleared {
-                    Err(e) => prepare_refusal(&e),
-                    Ok(_) => (
-                        Status::Internal,
-                        format!("region {} did not become clean within 60 s", t.id),
-                    ),
-                });
-            }
-            info!(
-                region = t.id,
-                node = part.node,
-                size = part.size,
-                "ALLOC cleared a dirty pooled region"
-            );
-            Metrics::add(&shared.metrics.regions_recleared, 1);
-            return Ok((t, Source::Recleared));
-        }
-    }
-    fresh(shared, part, cancel).map(|t| (t, Source::Fresh))
-}
-
-/// Step 2 of the module docs: the largest clean pooled region of `key`
-/// smaller than the part, grown and prepared. `None` (the region, if any, is
-/// back in the pool) when there is none or anything fails.
-fn grow_pooled(shared: &Shared, part: &Part, key: PoolKey, cancel: &CancelToken) -> Option<Taken> {
-    let pool = &shared.pool;
-    let mut d = pool.detach_smaller_clean(key, part.size)?;
-    let old_len = d.region.len();
-    if pool.config().recheck_on_reuse || part.paths {
-        if let Ok(owned) = Owned::region(
-            d.region.fd(),
-            d.region.as_ptr() as usize,
-            usize::try_from(old_len).unwrap_or(usize::MAX),
-        ) {
-            if let Some(holder) = holders::scan(std::slice::from_ref(&owned))
-                .holders
-                .into_iter()
-                .next()
-                .flatten()
-            {
-                let id = d.id;
-                pool.restore(d);
-                pool.requarantine(id, holder);
-                return None;
-            }
-        }
-    }
-    if let Err(e) = d.region.grow(&shared.topology, part.size) {
-        info!(
-            region = d.id,
-            node = part.node,
-            from = old_len,
-            to = part.size,
-            error = %chain(&e),
-            "cannot grow a pooled region; it stays pooled"
-        );
-        pool.restore(d);
+    if part.paths {
         return None;
     }
-    let opts = RunOptions {
-        cancel: Some(cancel),
-        ..RunOptions::default()
-    };
-    let prepared = d.region.prepare_eager(&shared.topology, &opts);
-    let clean = d.region.states().counts().clean == d.region.states().len();
-    if let Err(e) = &prepared {
-        warn!(region = d.id, error = %chain(e), "cannot populate the new pages of a grown pooled region");
-    }
-    if prepared.is_err() || !clean {
-        // Half-populated new pages: dirty, for the scrubbers.
-        pool.restore(d);
-        return None;
-    }
-    match d.region.verify_placement() {
-        Ok(p) if !p.misplaced.is_empty() => warn!(
-            region = d.id,
-            node = part.node,
-            misplaced = p.misplaced.len(),
-            pages = p.pages,
-            "grown region has pages off its node"
-        ),
-        Ok(_) => {}
-        Err(e) => warn!(region = d.id, error = %e, "cannot verify the placement of a grown region"),
-    }
-    let id = d.id;
-    match pool.insert_grown(d) {
-        Ok(t) => {
-            info!(
-                region = id,
-                node = part.node,
-                page_size = %key.page_size,
-                "grown pooled region {} -> {}",
-                human(old_len),
-                human(part.size)
-            );
-            Metrics::add(&shared.metrics.regions_grown, 1);
-            Some(t)
-        }
-        Err(e) => {
-            warn!(region = id, error = %e, "cannot keep a grown region; it went back to the kernel");
-            None
-        }
-    }
+    let new_id = || pool.next_region_id();
+    let t = crate::fault::daemon::fresh_demand(
+        pool,
+        &shared.topology,
+        part.node,
+        part.size,
+        &part.candidates,
+        new_id,
+    )?;
+    Metrics::add(&shared.metrics.regions_fresh, 1);
+    Some((t, Source::Demand))
 }
 
-/// `2G`, `512M`, `4K` or bytes, for logs.
-fn human(bytes: u64) -> String {
-    const UNITS: [(u64, &str); 3] = [(1 << 30, "G"), (1 << 20, "M"), (1 << 10, "K")];
-    UNITS
-        .iter()
-        .find(|(unit, _)| bytes >= *unit && bytes.is_multiple_of(*unit))
-        .map_or_else(
-            || bytes.to_string(),
-            |(unit, s)| format!("{}{s}", bytes / unit),
-        )
-}
-
-fn fresh(shared: &Shared, part: &Part, cancel: &CancelToken) -> Result<Taken, Refusal> {
-    // Memfds: one try with the part's policy (guest_mem picks the size and
-    // says why it fell back). Files: one try per mounted size, since a
-    // mount fixes its page size.
-    let attempts: Vec<RegionPolicy> = if part.paths {
-        part.candidates
-            .iter()
-            .map(|p| RegionPolicy::Strict(*p))
-            .collect()
-    } else {
-        vec![part.policy]
-    };
-    let mut first_err = None;
-    for policy in attempts {
-        match create(shared, part, policy, cancel) {
-            Ok(t) => return Ok(t),
-            Err(e) if is_shortage(&e) => {
-                first_err.get_or_insert(e);
-            }
-            Err(e) => return Err(region_refusal(&e)),
-        }
-    }
-    for &page_size in part.candidates.iter().filter(|p| p.is_huge()) {
-        let key = PoolKey {
-            node: part.node,
-            page_size,
-            paths: part.paths,
-        };
-        let free = free_bytes(page_size, part.node);
-        // Idle regions of either backing hold pages of this size.
-        let idle_keys = [
-            key,
-            PoolKey {
-                paths: !part.paths,
-                ..key
-            },
-        ];
-        if free >= part.size {
-            continue;
-        }
-        // A region freed a moment ago is still quarantined or being scrubbed
-        // and cannot be given back yet; wait for it (bounded) rather than
-        // refuse a VM that starts right after another one's exit.
-        let victims = shared.pool.evict_when_settled(
-            &idle_keys,
-            part.size - free,
-            Instant::now() + SETTLE_WAIT,
-        );
-        if victims.is_empty() {
-            continue;
-        }
-        info!(node = part.node, page_size = %page_size, regions = victims.len(), "retrying a fresh region after giving idle pooled regions back");
-        drop(victims);
-        // The pages go back to the kernel when the last reference to an
-        // evicted region goes, which may be a holder scan or a scrubber
-        // finishing with it: wait (bounded) until they are free.
-        let deadline = Instant::now() + SETTLE_WAIT;
-        while free_bytes(page_size, part.node) < part.size
-            && Instant::now() < deadline
-            && !cancel.is_cancelled()
-        {
-            std::thread::sleep(Duration::from_millis(5));
-        }
-        return create(shared, part, RegionPolicy::Strict(page_size), cancel)
-            .map_err(|e| region_refusal(&e));
-    }
-    Err(first_err.map_or_else(
-        || {
-            (
-                Status::NoMemory,
-                "no page size could serve the request".into(),
-            )
-        },
-        |e| region_refusal(&e),
-    ))
-}
-
-/// How long a fresh ALLOC short of huge pages waits for just-freed pooled
-/// regions (quarantined, being scrubbed) to become evictable.
-pub const SETTLE_WAIT: Duration = Duration::from_secs(5);
-
-fn create(
+/// The rule (module docs) for one page size: `Ok(Ok(_))` served,
+/// `Ok(Err(_))` the pages do not exist, `Err` a refusal (a deadline passed,
+/// an error that is not a shortage).
+fn obtain_size(
     shared: &Shared,
     part: &Part,
-    policy: RegionPolicy,
+    page_size: PageSize,
+    deadline: Instant,
     cancel: &CancelToken,
-) -> Result<Taken, RegionError> {
-    let id = shared.pool.next_region_id();
-    let mut spec =
-        RegionSpec::new(format!("hugemem-r{id}"), part.size, Some(part.node)).with_policy(policy);
-    if part.paths {
-        if let Some(dir) = match policy {
-            RegionPolicy::Strict(p) => shared.hugetlbfs_dir(p),
-            RegionPolicy::Best => None,
-        } {
-            spec = spec.with_backing(Backing::HugetlbfsDir(dir.to_path_buf()));
-        }
-    }
-    let opts = RunOptions {
-        cancel: Some(cancel),
-        ..RunOptions::default()
+) -> Result<Result<(Taken, Source), Missing>, Refusal> {
+    let pool = &shared.pool;
+    let key = PoolKey {
+        node: part.node,
+        page_size,
+        paths: part.paths,
     };
-    let (region, report) = Region::allocate(&shared.topology, &spec, &opts)?;
-    match region.verify_placement() {
-        Ok(p) if !p.misplaced.is_empty() => {
-            warn!(
-                region = id,
-                node = part.node,
-                misplaced = p.misplaced.len(),
-                pages = p.pages,
-                "fresh region has pages off its node"
-            );
+    let pages = part.size / page_size.bytes();
+    let started = Instant::now();
+    let mut kicked = false;
+    let mut raced = 0;
+    loop {
+        if cancel.is_cancelled() {
+            return Err((Status::Internal, "the daemon is shutting down".into()));
         }
-        Ok(_) => {}
-        Err(e) => warn!(region = id, error = %e, "cannot verify the placement of a fresh region"),
-    }
-    debug!(
-        region = id,
-        gb_per_s = report.gb_per_s(),
-        seconds = report.seconds,
-        "fresh region populated"
-    );
-    let taken = shared
-        .pool
-        .insert_fresh(id, region)
-        .map_err(|source| RegionError::Create {
-            name: spec.name.clone(),
-            source,
-        })?;
-    Metrics::add(&shared.metrics.regions_fresh, 1);
-    Ok(taken)
-}
-
-/// Free bytes of `page_size` on `node` a new region could get now.
-fn free_bytes(page_size: PageSize, node: NodeId) -> u64 {
-    let node_free = PoolCounts::read(page_size, Some(node))
-        .ok()
-        .flatten()
-        .map_or(0, |c| c.free);
-    let host = PoolCounts::read(page_size, None)
-        .ok()
-        .flatten()
-        .map_or(0, |c| c.available());
-    node_free.min(host) * page_size.bytes()
-}
-
-fn is_shortage(e: &RegionError) -> bool {
-    match e {
-        RegionError::Unavailable { .. } => true,
-        RegionError::Map { source, .. } => source.raw_os_error() == Some(libc::ENOMEM),
-        RegionError::Prepare { source, .. } => {
-            !matches!(source, PrepareError::Run(RunError::Cancelled { .. }))
+        if let Some(t) = supply::take_clean(shared, key, part.size) {
+            return Ok(Ok((t, Source::Pooled)));
         }
-        _ => false,
-    }
-}
-
-/// The error and its sources, `: `-joined.
-pub fn chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        s.push_str(": ");
-        s.push_str(&c.to_string());
-        cur = c.source();
-    }
-    s
-}
-
-fn region_refusal(e: &RegionError) -> Refusal {
-    let status = match e {
-        RegionError::BadSize(_) => Status::Invalid,
-        RegionError::UnknownNode { .. } | RegionError::MemorylessNode(_) => Status::BadNode,
-        RegionError::Unavailable { .. } => Status::NoMemory,
-        RegionError::Create { source, .. }
-        | RegionError::Size { source, .. }
-        | RegionError::Map { source, .. }
-            if matches!(source.raw_os_error(), Some(libc::ENOMEM | libc::ENOSPC)) =>
-        {
-            Status::NoMemory
+        if !part.lazy {
+            if let Some(t) = supply::grow_pooled(shared, key, part.size, cancel) {
+                return Ok(Ok((t, Source::Grown)));
+            }
         }
-        RegionError::Prepare { source, .. } => return prepare_refusal(source),
-        _ => Status::Internal,
-    };
-    (status, chain(e))
+        if let Some(t) = supply::reclear_dirty(shared, key, part.size, cancel)? {
+            return Ok(Ok((t, Source::Recleared)));
+        }
+        let free = supply::free_pages(page_size, part.node);
+        if free >= pages {
+            let policy = RegionPolicy::Strict(page_size);
+            match supply::create(shared, part.node, part.size, part.paths, policy, cancel) {
+                Ok(t) => return Ok(Ok((t, Source::Fresh))),
+                // Another ALLOC (or process) took the pages between the
+                // count and the creation: look again, twice at most.
+                Err(e) if supply::is_shortage(&e) && page_size.is_huge() && raced < 2 => {
+                    raced += 1;
+                    info!(node = part.node, page_size = %page_size, error = %chain(&e), "fresh region failed although the pages looked free; looking again");
+                    continue;
+                }
+                Err(e) if supply::is_shortage(&e) && page_size.is_huge() => {
+                    return Ok(Err(Missing {
+                        page_size,
+                        node: part.node,
+                        pages,
+                        free,
+                        pooled: pool.held(part.node, page_size).total() / page_size.bytes(),
+                    }));
+                }
+                Err(e) => return Err(supply::region_refusal(&e)),
+            }
+        }
+        let held = pool.held(part.node, page_size);
+        let short = (pages - free) * page_size.bytes();
+        if held.total() < short {
+            return Ok(Err(Missing {
+                page_size,
+                node: part.node,
+                pages: (short - held.total()).div_ceil(page_size.bytes()),
+                free,
+                pooled: held.total() / page_size.bytes(),
+            }));
+        }
+        if held.idle >= short {
+            let victims = pool.evict_idle(part.node, page_size, short);
+            drop(victims);
+            // The pages go back to the kernel when the last reference to an
+            // evicted region goes (a holder scan or a scrubber may hold one
+            // for a moment): wait until they are free.
+            while supply::free_pages(page_size, part.node) < pages {
+                if Instant::now() >= deadline || cancel.is_cancelled() {
+                    return Err((
+                        Status::NoMemory,
+                        format!(
+                            "waited {:.1} s for {} x {page_size} pages on node {} that the pool gave back to reach the kernel; {} free",
+                            started.elapsed().as_secs_f64(),
+                            pages,
+                            part.node,
+                            supply::free_pages(page_size, part.node)
+                        ),
+                    ));
+                }
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            continue;
+        }
+        // Pages on their way: wake the holder scan now, then wait for the
+        // pool to change (a holder's exit re-scans at once: pidfd).
+        if !kicked {
+            kicked = true;
+            shared.quarantine_kick.notify_one();
+            info!(node = part.node, page_size = %page_size, size = part.size, "ALLOC waits for pooled pages to settle");
+        }
+        if Instant::now() >= deadline {
+            return Err((
+                Status::NoMemory,
+                waited_message(part, page_size, started, &held),
+            ));
+        }
+        pool.wait_change(deadline);
+    }
 }
 
-fn prepare_refusal(e: &PrepareError) -> Refusal {
-    match e {
-        PrepareError::Run(RunError::Cancelled { .. }) => {
-            (Status::Internal, "the daemon is shutting down".into())
-        }
-        PrepareError::Run(RunError::Work { .. }) => (Status::NoMemory, chain(e)),
-        _ => (Status::Internal, chain(e)),
-    }
+/// The message of an ALLOC whose deadline passed while pages were settling.
+fn waited_message(part: &Part, page_size: PageSize, started: Instant, held: &Held) -> String {
+    let what: Vec<String> = held
+        .settling
+        .iter()
+        .map(|r| format!("region {} ({}) {}", r.id, human(r.bytes), r.why))
+        .collect();
+    format!(
+        "waited {:.1} s for {} on {page_size} pages on node {}, which the daemon holds but cannot hand out yet: {}; \
+         nothing was allocated (give the ALLOC a longer wait, or free the holder)",
+        started.elapsed().as_secs_f64(),
+        human(part.size),
+        part.node,
+        what.join(", ")
+    )
 }
 
 /// Locks (`lock`) or unlocks regions through the daemon's own mappings, in
@@ -789,4 +652,44 @@ pub fn scan_holders(owned: &[Owned]) -> Vec<Option<holders::Holder>> {
 /// `io::Error` for a join failure of a blocking task.
 pub fn join_error(e: &tokio::task::JoinError) -> io::Error {
     io::Error::other(format!("blocking task failed: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_shortage_names_the_missing_pages_per_size_and_node() {
+        let m = |page_size, pages, free, pooled| Missing {
+            page_size,
+            node: 0,
+            pages,
+            free,
+            pooled,
+        };
+        assert_eq!(
+            shortage_note(
+                2 << 30,
+                Some(PageSize::Huge2M),
+                &[m(PageSize::Huge1G, 2, 0, 0)]
+            ),
+            "2G on 2M pages: 2 x 1G pages missing on node 0 (0 free, 0 in the pool)"
+        );
+        assert_eq!(
+            shortage_note(
+                3 << 30,
+                Some(PageSize::Base4K),
+                &[
+                    m(PageSize::Huge1G, 1, 1, 1),
+                    m(PageSize::Huge2M, 1472, 64, 0)
+                ]
+            ),
+            "3G on 4K pages: 1 x 1G pages missing on node 0 (1 free, 1 in the pool); \
+             1472 x 2M pages missing on node 0 (64 free, 0 in the pool)"
+        );
+        assert_eq!(
+            shortage_note(8 << 30, None, &[m(PageSize::Huge1G, 5, 3, 0)]),
+            "cannot serve 8G: 5 x 1G pages missing on node 0 (3 free, 0 in the pool)"
+        );
+    }
 }

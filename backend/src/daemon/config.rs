@@ -103,6 +103,28 @@ pub struct PoolConfig {
     /// belong here. Every other lazy ALLOC gets clean pooled or fresh
     /// (kernel-zeroed on first touch) memory.
     pub lazy_dirty_uids: Vec<u32>,
+    /// How long an ALLOC that names no wait of its own may wait for pages
+    /// the daemon holds but cannot hand out yet (a region in quarantine, one
+    /// being scrubbed, pages on their way back to the kernel), in ms.
+    pub alloc_wait_ms: u64,
+    /// The longest wait an ALLOC may ask for, in ms: a client cannot keep a
+    /// daemon thread longer than this.
+    pub max_alloc_wait_ms: u64,
+    /// Most pooled (idle: clean, dirty, quarantined) bytes of 1 GiB pages
+    /// per node; absent: only `limit`. A released region above it goes back
+    /// to the kernel at once.
+    pub limit_1g: Option<ByteSize>,
+    /// The same for 2 MiB pages.
+    pub limit_2m: Option<ByteSize>,
+    /// The same for 4 KiB (shmem) pages. Default 0: a 4 KiB region costs
+    /// nothing to create again (the kernel zeroes shmem pages at first
+    /// touch), so a pooled one only keeps memory from everyone else.
+    pub limit_4k: Option<ByteSize>,
+    /// Refill each node's pool to its `target` with fresh, pre-zeroed
+    /// regions while the daemon is idle, in the largest page size the
+    /// kernel has free, at low priority (one region at a time, never while
+    /// an ALLOC is running). Off by default.
+    pub refill: bool,
 }
 
 impl Default for PoolConfig {
@@ -116,6 +138,12 @@ impl Default for PoolConfig {
             recheck_on_reuse: false,
             detach_pages: true,
             lazy_dirty_uids: Vec::new(),
+            alloc_wait_ms: 5000,
+            max_alloc_wait_ms: 60_000,
+            limit_1g: None,
+            limit_2m: None,
+            limit_4k: Some(ByteSize(0)),
+            refill: false,
         }
     }
 }
@@ -128,6 +156,24 @@ impl PoolConfig {
             o.and_then(|n| n.target).unwrap_or(self.target).0,
             o.and_then(|n| n.limit).unwrap_or(self.limit).0,
         )
+    }
+
+    /// Most pooled bytes of `page_size` per node (`u64::MAX`: no limit of
+    /// its own).
+    pub fn size_limit(&self, page_size: guest_mem::PageSize) -> u64 {
+        match page_size {
+            guest_mem::PageSize::Huge1G => self.limit_1g,
+            guest_mem::PageSize::Huge2M => self.limit_2m,
+            guest_mem::PageSize::Base4K => self.limit_4k,
+        }
+        .map_or(u64::MAX, |b| b.0)
+    }
+
+    /// The wait of an ALLOC that asked for `wait_ms` (`None`: the default),
+    /// capped at `max_alloc_wait_ms`.
+    pub fn alloc_wait(&self, wait_ms: Option<u32>) -> Duration {
+        let ms = wait_ms.map_or(self.alloc_wait_ms, u64::from);
+        Duration::from_millis(ms.min(self.max_alloc_wait_ms))
     }
 }
 
@@ -417,6 +463,19 @@ pub enum ValidationError {
     /// The scrub batch is not a multiple of 2 MiB.
     #[error("scrub.batch must be a non-zero multiple of 2M, got {0}")]
     BadBatch(ByteSize),
+    /// A per-page-size pool limit that is not a whole number of pages.
+    #[error("pool.{key} = {value} is not a multiple of the {page} page size")]
+    SizeLimit {
+        /// The key.
+        key: &'static str,
+        /// Its value.
+        value: ByteSize,
+        /// The page size.
+        page: &'static str,
+    },
+    /// The default ALLOC wait is longer than the longest allowed.
+    #[error("pool.alloc_wait_ms = {0} is above pool.max_alloc_wait_ms = {1}")]
+    AllocWait(u64, u64),
     /// The socket path is empty or relative.
     #[error("socket path {0:?} must be absolute")]
     RelativeSocket(PathBuf),
@@ -501,6 +560,27 @@ impl Config {
         }
         if self.scrub.batch.0 == 0 || !self.scrub.batch.0.is_multiple_of(2 << 20) {
             return Err(ValidationError::BadBatch(self.scrub.batch));
+        }
+        for (key, page, bytes, value) in [
+            ("limit_1g", "1G", 1u64 << 30, self.pool.limit_1g),
+            ("limit_2m", "2M", 2 << 20, self.pool.limit_2m),
+            ("limit_4k", "4K", 4 << 10, self.pool.limit_4k),
+        ] {
+            if let Some(v) = value {
+                if !v.0.is_multiple_of(bytes) {
+                    return Err(ValidationError::SizeLimit {
+                        key,
+                        value: v,
+                        page,
+                    });
+                }
+            }
+        }
+        if self.pool.alloc_wait_ms > self.pool.max_alloc_wait_ms {
+            return Err(ValidationError::AllocWait(
+                self.pool.alloc_wait_ms,
+                self.pool.max_alloc_wait_ms,
+            ));
         }
         let mut seen = Vec::new();
         for n in &self.pool.node {
@@ -593,6 +673,31 @@ mod tests {
         assert_eq!(c.pool.limits(1), (256 << 20, 512 << 20));
         assert_eq!(c.scrub.batch, ByteSize(32 << 20));
         assert_eq!(c.effective_uids(), vec![0, 1000]);
+    }
+
+    #[test]
+    fn per_size_limits_and_waits_are_checked() {
+        let c = Config::from_toml_str("[pool]\nlimit_1g = \"2G\"\nlimit_2m = \"64M\"\n")
+            .expect("parse");
+        c.validate().expect("valid");
+        assert_eq!(c.pool.size_limit(guest_mem::PageSize::Huge1G), 2 << 30);
+        assert_eq!(c.pool.size_limit(guest_mem::PageSize::Huge2M), 64 << 20);
+        assert_eq!(c.pool.size_limit(guest_mem::PageSize::Base4K), 0);
+        let c = Config::from_toml_str("[pool]\nlimit_1g = \"3M\"\n").expect("parse");
+        let e = c.validate().expect_err("3M is not whole 1G pages");
+        assert_eq!(
+            e.to_string(),
+            "pool.limit_1g = 3M is not a multiple of the 1G page size"
+        );
+        let c = Config::from_toml_str("[pool]\nalloc_wait_ms = 70000\n").expect("parse");
+        assert!(matches!(
+            c.validate(),
+            Err(ValidationError::AllocWait(70_000, 60_000))
+        ));
+        let d = PoolConfig::default();
+        assert_eq!(d.alloc_wait(None), Duration::from_secs(5));
+        assert_eq!(d.alloc_wait(Some(250)), Duration::from_millis(250));
+        assert_eq!(d.alloc_wait(Some(u32::MAX)), Duration::from_secs(60));
     }
 
     #[test]

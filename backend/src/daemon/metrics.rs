@@ -50,12 +50,15 @@ pub struct Metrics {
     pub regions_recleared: AtomicU64,
     /// Regions handed out after growing a smaller clean pooled region.
     pub regions_grown: AtomicU64,
+    /// ALLOC parts that `best` served on a smaller page size than the
+    /// largest allowed because the larger pages did not exist (neither free
+    /// nor pooled).
+    pub downgrades: AtomicU64,
     /// Released regions found damaged by their tenant (file size changed,
     /// holes that cannot be filled) and given back to the kernel unscrubbed.
     pub regions_discarded: AtomicU64,
-    /// Pages punched out of released regions before reuse
-    /// (`pool.detach_pages`), so that no pin keeps a reused page; the
-    /// scrubbers fault fresh ones in.
+    /// Pages punched out of released regions and refaulted fresh before
+    /// reuse (`pool.detach_pages`), so that no pin keeps a reused page.
     pub pages_detached: AtomicU64,
     /// Released regions found withheld: no process holds them, yet another
     /// open description of the file exists (an fd in flight). They stay
@@ -102,10 +105,6 @@ pub struct ScrubCounters {
     pub nanos: AtomicU64,
     /// Kernel calls (batches).
     pub batches: AtomicU64,
-    /// Bytes of detached pages faulted in fresh (the kernel zeroed them).
-    pub refaulted_bytes: AtomicU64,
-    /// Nanoseconds spent faulting those in, summed over threads.
-    pub refault_nanos: AtomicU64,
 }
 
 impl ScrubCounters {
@@ -117,8 +116,6 @@ impl ScrubCounters {
             bytes: AtomicU64::new(0),
             nanos: AtomicU64::new(0),
             batches: AtomicU64::new(0),
-            refaulted_bytes: AtomicU64::new(0),
-            refault_nanos: AtomicU64::new(0),
         }
     }
 
@@ -332,6 +329,59 @@ pub fn render_status(stats: &Value) -> String {
                 .map_or_else(|| "-".to_string(), |p| p.to_string()),
         ));
     }
+    for r in stats
+        .get("regions")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter(|r| r.get("state").and_then(Value::as_str) != Some("in_use"))
+    {
+        out.push_str(&format!(
+            "region {} ({}, {} pages, node {}): {}\n",
+            u(r, "id"),
+            format_size(u(r, "bytes")),
+            r.get("page_size").and_then(Value::as_str).unwrap_or("?"),
+            u(r, "node"),
+            r.get("why").and_then(Value::as_str).unwrap_or("?"),
+        ));
+    }
+    for r in stats
+        .get("given_back")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .take(5)
+    {
+        out.push_str(&format!(
+            "region {} ({}, {} pages, node {}), {:.0} s ago: {}\n",
+            u(r, "region"),
+            format_size(u(r, "bytes")),
+            r.get("page_size").and_then(Value::as_str).unwrap_or("?"),
+            u(r, "node"),
+            f(r, "seconds_ago"),
+            r.get("why").and_then(Value::as_str).unwrap_or("?"),
+        ));
+    }
+    if let Some(refill) = stats
+        .get("refill")
+        .filter(|r| r["enabled"] == Value::Bool(true))
+    {
+        match refill.get("current").filter(|c| !c.is_null()) {
+            Some(c) => out.push_str(&format!(
+                "refill: making {} on {} pages for node {}: {} done\n",
+                format_size(u(c, "bytes")),
+                c.get("page_size").and_then(Value::as_str).unwrap_or("?"),
+                u(c, "node"),
+                format_size(u(c, "done_bytes")),
+            )),
+            None => out.push_str(&format!(
+                "refill: idle; {} regions ({}) made ahead of demand, yielded to an ALLOC {} times\n",
+                u(refill, "regions"),
+                format_size(u(refill, "bytes")),
+                u(refill, "yielded"),
+            )),
+        }
+    }
     out.push_str(&super::rebalance::render_regions(stats));
     out
 }
@@ -441,5 +491,41 @@ mod tests {
         let table = render_status(&stats);
         assert!(table.contains("2M"), "{table}");
         assert!(table.contains("4M"), "{table}");
+    }
+
+    #[test]
+    fn status_says_why_each_region_is_where_it_is() {
+        let stats = serde_json::json!({
+            "regions": [
+                {"id": 3, "node": 0, "page_size": "1G", "bytes": 2147483648u64, "state": "quarantined",
+                 "why": "quarantined: pid 1234 maps it (at 0x7f0000000000)"},
+                {"id": 4, "node": 0, "page_size": "2M", "bytes": 4194304, "state": "in_use",
+                 "why": "in use: allocation 9"}
+            ],
+            "given_back": [{"region": 2, "node": 0, "page_size": "4K", "bytes": 1048576,
+                            "why": "given back: over the 4K limit (0 bytes)", "seconds_ago": 1.0}],
+            "refill": {"enabled": true, "current": {"node": 0, "page_size": "1G",
+                       "bytes": 2147483648u64, "done_bytes": 1073741824u64},
+                       "regions": 0, "bytes": 0, "yielded": 0}
+        });
+        let table = render_status(&stats);
+        assert!(
+            table.contains("region 3 (2G, 1G pages, node 0): quarantined: pid 1234 maps it"),
+            "{table}"
+        );
+        assert!(
+            !table.contains("in use: allocation 9"),
+            "in-use regions have their own table: {table}"
+        );
+        assert!(
+            table.contains(
+                "region 2 (1M, 4K pages, node 0), 1 s ago: given back: over the 4K limit"
+            ),
+            "{table}"
+        );
+        assert!(
+            table.contains("refill: making 2G on 1G pages for node 0: 1G done"),
+            "{table}"
+        );
     }
 }

@@ -16,13 +16,15 @@
 //! * [`config`]: TOML configuration with small-machine defaults.
 //! * [`server`]: accept loop, per-connection handlers, connection cap.
 //! * [`session`]: what each request means for one client.
-//! * [`alloc`]: the ALLOC path (pooled, re-cleared, or fresh regions).
+//! * [`alloc`]: the ALLOC path and the one rule for which region serves a request.
+//! * [`supply`]: how a region is got from each source (pooled, grown, re-cleared, fresh).
 //! * [`pool`]: region table and state machine; the clean-before-map check.
 //! * [`scrub`]: pinned scrubber threads.
 //! * [`holders`]: `/proc` scan for other processes holding a region.
 //! * [`reuse`]: the proofs a released region passes before it is reused.
 //! * [`peer`]: peer credentials and pidfds.
 //! * [`metrics`]: counters and the Prometheus text endpoint.
+//! * [`refill`]: refilling the pool to its targets while idle (`pool.refill`).
 //! * [`rebalance`]: REBALANCE, per-region placement, the vCPU-affinity policy loop.
 //!
 //! # Threads
@@ -52,11 +54,14 @@ pub mod holders;
 pub mod metrics;
 pub mod peer;
 pub mod pool;
+pub mod quarantine;
 pub mod rebalance;
+pub mod refill;
 pub mod reuse;
 pub mod scrub;
 pub mod server;
 pub mod session;
+pub mod supply;
 
 use std::io;
 use std::net::SocketAddr;
@@ -72,7 +77,7 @@ use serde_json::{json, Value};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
-use tracing::{debug, error, info, warn};
+use tracing::{error, info, warn};
 
 pub use config::{ByteSize, Config, ConfigError, Overrides, ValidationError};
 
@@ -287,6 +292,7 @@ pub struct Shared {
     tracker: TaskTracker,
     quarantine_kick: Notify,
     rebalance: rebalance::Rebalancer,
+    refill: refill::Refill,
 }
 
 impl Shared {
@@ -305,7 +311,6 @@ impl Shared {
         let g = Metrics::get;
         let mut total_bytes = 0;
         let mut total_nanos = 0;
-        let (mut refaulted, mut refault_nanos) = (0, 0);
         let nodes: Vec<Value> = self
             .scrub
             .iter()
@@ -313,8 +318,6 @@ impl Shared {
                 let (b, n) = (g(&c.bytes), g(&c.nanos));
                 total_bytes += b;
                 total_nanos += n;
-                refaulted += g(&c.refaulted_bytes);
-                refault_nanos += g(&c.refault_nanos);
                 json!({
                     "node": c.node,
                     "threads": c.threads,
@@ -323,7 +326,6 @@ impl Shared {
                     "seconds": Duration::from_nanos(n).as_secs_f64(),
                     "gb_per_s": c.gb_per_s(),
                     "batches": g(&c.batches),
-                    "refaulted_bytes": g(&c.refaulted_bytes),
                     "pending_bytes": pending.get(&c.node).copied().unwrap_or(0),
                 })
             })
@@ -361,6 +363,8 @@ impl Shared {
             "pools": pool_stats["pools"],
             "quarantine": pool_stats["quarantine"],
             "regions": pool_stats["regions"],
+            "given_back": pool_stats["given_back"],
+            "refill": self.refill.stats_json(self.cfg.pool.refill),
             "rebalance": self.rebalance.stats_json(),
             "scrub": {
                 "kernel": clearing::ClearKernel::default_kernel().name(),
@@ -368,8 +372,6 @@ impl Shared {
                 "seconds": Duration::from_nanos(total_nanos).as_secs_f64(),
                 "gb_per_s": metrics::gb_per_s(total_bytes, total_nanos),
                 "pending_bytes": pending.values().sum::<u64>(),
-                "refaulted_bytes": refaulted,
-                "refault_seconds": Duration::from_nanos(refault_nanos).as_secs_f64(),
                 "nodes": nodes,
             },
             "totals": {
@@ -387,6 +389,7 @@ impl Shared {
                 "regions_pooled": g(&m.regions_pooled),
                 "regions_recleared": g(&m.regions_recleared),
                 "regions_grown": g(&m.regions_grown),
+                "downgrades": g(&m.downgrades),
                 "regions_discarded": g(&m.regions_discarded),
                 "pages_detached": g(&m.pages_detached),
                 "regions_withheld": g(&m.regions_withheld),
@@ -474,6 +477,7 @@ impl Daemon {
             hugetlbfs,
             socket: config.socket.clone(),
             rebalance: rebalance::Rebalancer::new(&config.rebalance),
+            refill: refill::Refill::default(),
             cfg: config,
             topology,
             pool: Arc::clone(&pool),
@@ -608,10 +612,17 @@ async fn run(
     metrics_listener: Option<tokio::net::TcpListener>,
     socket_id: (u64, u64),
 ) {
-    shared.tracker.spawn(quarantine_loop(Arc::clone(&shared)));
+    shared
+        .tracker
+        .spawn(quarantine::quarantine_loop(Arc::clone(&shared)));
     shared
         .tracker
         .spawn(rebalance::policy_loop(Arc::clone(&shared)));
+    if shared.cfg.pool.refill {
+        shared
+            .tracker
+            .spawn(refill::refill_loop(Arc::clone(&shared)));
+    }
     if let Some(l) = metrics_listener {
         let s = Arc::clone(&shared);
         let stats: Arc<dyn Fn() -> Value + Send + Sync> = Arc::new(move || s.stats_json());
@@ -629,47 +640,6 @@ async fn run(
         .is_err()
     {
         warn!("some daemon tasks did not finish within 30 s of shutdown");
-    }
-}
-
-/// Re-checks quarantined regions every `pool.recheck_ms`, on every kick (FREE,
-/// disconnect, client exit), and trims the pool.
-async fn quarantine_loop(shared: Arc<Shared>) {
-    let period = shared.cfg.recheck_period();
-    loop {
-        tokio::select! {
-            () = shared.cancel.cancelled() => break,
-            () = shared.quarantine_kick.notified() => {}
-            () = tokio::time::sleep(period) => {}
-        }
-        let quarantined = shared.pool.quarantined();
-        if !quarantined.is_empty() {
-            let detach = shared.pool.config().detach_pages;
-            let scan = tokio::task::spawn_blocking(move || {
-                let owned: Vec<_> = quarantined.iter().map(|(_, o, _)| o.clone()).collect();
-                let holders = alloc::scan_holders(&owned);
-                quarantined
-                    .into_iter()
-                    .zip(holders)
-                    .map(|((id, _, region), holder)| (id, reuse::judge(&region, holder, detach)))
-                    .collect::<Vec<_>>()
-            });
-            match scan.await {
-                Ok(verdicts) => {
-                    let (_, dropped) = shared.pool.apply_scan(verdicts);
-                    if !dropped.is_empty() {
-                        drop(tokio::task::spawn_blocking(move || drop(dropped)));
-                    }
-                }
-                Err(e) => error!(error = %e, "holder scan failed"),
-            }
-        }
-        let trimmed = shared.pool.trim(Instant::now());
-        if !trimmed.is_empty() {
-            debug!(regions = trimmed.len(), "dropping trimmed regions");
-            // munmap of large hugetlb mappings frees pages: off the executor.
-            drop(tokio::task::spawn_blocking(move || drop(trimmed)));
-        }
     }
 }
 

@@ -13,15 +13,14 @@
 //!    page can be populated; else the region is discarded (back to the
 //!    kernel, never scrubbed).
 //! 3. With `pool.detach_pages` (the default), the size is checked and
-//!    every page is punched out of the file ([`Region::detach_pages`]): a
-//!    page a tenant pinned (io_uring fixed buffer, VFIO, RDMA, `vmsplice`)
-//!    stays with it, and the file has no page left. The pages become
-//!    `Unpopulated`; the node-pinned scrubbers (or an ALLOC that takes the
-//!    region) fault fresh ones in, which the kernel zeroes — no user-space
-//!    clear on top, and the refault runs on the node's own CPUs, in
-//!    parallel. Holes a tenant punched need no check: everything is punched.
-//!    Without detaching, [`check_released`] populates every page, so a hole
-//!    the host cannot fill is found before a scrubber would `SIGBUS`.
+//!    [`detach_pages`] punches every page out of the file — a page a tenant
+//!    pinned (io_uring fixed buffer, VFIO, RDMA, `vmsplice`) stays with it —
+//!    and faults fresh ones in on the region's node's CPUs in parallel; the
+//!    kernel zeroes each, so the region is clean without a user-space scrub.
+//!    Holes a tenant punched need no check: everything is punched. Without
+//!    detaching, [`check_released`] populates every page, so a hole the
+//!    host cannot fill is found before a scrubber would `SIGBUS`, and the
+//!    scrubbers clear the region.
 //!
 //! Everything here blocks (`/proc`, leases, faulting whole regions): the
 //! quarantine loop calls [`judge`] on a blocking thread.
@@ -43,10 +42,11 @@ pub enum Verdict {
     /// The tenant damaged the file (size, holes) or a detach failed: back to
     /// the kernel, never scrubbed or served.
     Broken(String),
-    /// Proved unreachable and whole; `detached` pages were punched out (they
-    /// are `Unpopulated` now), else every page is to be scrubbed.
+    /// Proved unreachable and whole. `detached` pages were punched out and
+    /// refaulted: every page is a fresh one the kernel zeroed. 0: detaching
+    /// is off, every page is to be scrubbed.
     Free {
-        /// Pages punched out of the file; 0 when detaching is off.
+        /// Pages punched and refaulted; 0 when detaching is off.
         detached: u64,
     },
 }
@@ -54,7 +54,12 @@ pub enum Verdict {
 /// Runs the checks of the module docs on one quarantined region, given the
 /// holder scan's finding for it. The region's entry is `Quarantined`, so
 /// nothing else changes its page states meanwhile.
-pub fn judge(region: &Region, holder: Option<Holder>, detach: bool) -> Verdict {
+pub fn judge(
+    region: &Region,
+    holder: Option<Holder>,
+    detach: bool,
+    topology: &numa::Topology,
+) -> Verdict {
     if let Some(h) = holder {
         return Verdict::Held(h);
     }
@@ -70,12 +75,9 @@ pub fn judge(region: &Region, holder: Option<Holder>, detach: bool) -> Verdict {
     if let Err(reason) = check_size(region) {
         return Verdict::Broken(reason);
     }
-    region.mark_all_dirty();
-    match region.detach_pages() {
-        Ok(pages) => Verdict::Free {
-            detached: pages as u64,
-        },
-        Err(e) => Verdict::Broken(e.to_string()),
+    match detach_pages(region, topology) {
+        Ok(detached) => Verdict::Free { detached },
+        Err(reason) => Verdict::Broken(reason),
     }
 }
 
@@ -144,4 +146,42 @@ pub fn prove_unreachable(region: &Region) -> Result<(), String> {
             "write lease unavailable ({e}): cannot prove it free"
         )),
     }
+}
+
+/// Detaches every page of a released region from any pin: punches the
+/// whole file (`FALLOC_FL_PUNCH_HOLE`) and faults fresh kernel-zeroed pages
+/// in through the daemon's own mapping (`MADV_POPULATE_WRITE`, so the
+/// region's NUMA policy applies), in parallel on the region's node's CPUs
+/// (pinned workers of `clearing::run_jobs`: the kernel zeroes each new page
+/// in the faulting thread, so one thread zeroes at one core's speed). A
+/// pinned page stays with its pinner; the file never sees it again. Every
+/// page is zero afterwards. Returns the pages detached. Blocking.
+///
+/// # Errors
+///
+/// A message when the punch or the refault fails (the host has no page to
+/// give: a pinner still holds the old ones); the region must be discarded.
+pub fn detach_pages(region: &Region, topology: &numa::Topology) -> Result<u64, String> {
+    crate::sys::punch_hole(region.fd(), 0, region.len()).map_err(|e| format!("punch: {e}"))?;
+    let len = usize::try_from(region.len()).map_err(|_| "region too large".to_string())?;
+    let page = usize::try_from(region.page_size().bytes()).unwrap_or(usize::MAX);
+    let job = clearing::Job {
+        start: 0,
+        len,
+        align: page,
+        min_chunk: page,
+        max_threads: usize::MAX,
+        node: region.node(),
+    };
+    clearing::run_jobs(
+        topology,
+        &[job],
+        &clearing::RunOptions::default(),
+        |c: &clearing::Chunk| {
+            // In bounds: chunks lie inside the job, which is the region.
+            crate::sys::populate_write(region.as_ptr().wrapping_add(c.start), c.len)
+        },
+    )
+    .map_err(|e| format!("refault after punch: {e}"))?;
+    Ok(region.len() / region.page_size().bytes())
 }

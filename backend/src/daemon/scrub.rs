@@ -21,11 +21,6 @@
 //!   (`rep stosb` over the whole run), not one call per 4 KiB page: 32 pages of
 //!   2 MiB are one string instruction, a 1 GiB page is cleared in batch-sized
 //!   runs so the stop flag is looked at every ~10 ms.
-//! * **Detached pages** (`pool.detach_pages`: punched out of the file after
-//!   release, `Unpopulated`) are only faulted in (`MADV_POPULATE_WRITE`): the
-//!   kernel zeroes each new page, so a clear on top would write it twice.
-//!   Counted apart (`refaulted_bytes`), so `gb_per_s` stays the clearing
-//!   kernel's rate.
 //! * **Wake-ups** come from the pool's condition variable: new dirty work
 //!   (quarantine exits) and shutdown both notify it.
 //!
@@ -156,15 +151,9 @@ fn scrub_loop(
         if cleared {
             let (offset, _) = work.region.page_range(work.first);
             let (last_off, last_len) = work.region.page_range(work.first + work.count - 1);
-            let bytes = last_off + last_len - offset;
-            if work.populate_only {
-                Metrics::add(&counters.refaulted_bytes, bytes);
-                Metrics::add(&counters.refault_nanos, nanos);
-            } else {
-                Metrics::add(&counters.bytes, bytes);
-                Metrics::add(&counters.nanos, nanos);
-                Metrics::add(&counters.batches, 1);
-            }
+            Metrics::add(&counters.bytes, last_off + last_len - offset);
+            Metrics::add(&counters.nanos, nanos);
+            Metrics::add(&counters.batches, 1);
         }
         pool.scrub_done(&work, cleared);
     }
@@ -197,12 +186,6 @@ fn clear(
         let ptr = unsafe { work.region.as_ptr().add(off) };
         if let Err(e) = crate::sys::populate_write(ptr, n) {
             return Err(format!("bytes {off}..{} cannot be populated: {e}", off + n));
-        }
-        if work.populate_only {
-            // Detached pages: the file had none, the kernel just faulted in
-            // fresh zeroed ones under the region's policy.
-            at += len;
-            continue;
         }
         // SAFETY: off..off+n lies inside the region's own live mapping (the
         // Arc in `work` keeps it mapped; page_range clips to the length),

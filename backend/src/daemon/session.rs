@@ -114,7 +114,7 @@ impl Session {
                 Status::Version,
                 "HANDSHAKE must be the first request on a connection",
             ),
-            Request::Alloc(a) => self.alloc(&a).await,
+            Request::Alloc { req, wait_ms } => self.alloc(&req, wait_ms).await,
             Request::Free { alloc_id } => self.free(alloc_id).await,
             Request::Lock { alloc_id, chunk } => self.lock(alloc_id, chunk, true).await,
             Request::Unlock { alloc_id, chunk } => self.lock(alloc_id, chunk, false).await,
@@ -161,7 +161,7 @@ impl Session {
         }))
     }
 
-    async fn alloc(&mut self, req: &crate::proto::AllocRequest) -> Outcome {
+    async fn alloc(&mut self, req: &crate::proto::AllocRequest, wait_ms: Option<u32>) -> Outcome {
         let mut parts = match alloc::plan(&self.shared, req) {
             Ok(p) => p,
             Err((status, msg)) => {
@@ -188,10 +188,15 @@ impl Session {
             req.lock,
         );
         let owner = (self.peer.uid, self.peer.gid);
+        let deadline = std::time::Instant::now() + self.shared.cfg.pool.alloc_wait(wait_ms);
         // The blocking thread only waits for the runner's pinned workers (or
         // scans /proc); no clearing runs on it or on the executor.
         let mut job = tokio::task::spawn_blocking(move || {
-            alloc::obtain_all(&shared, &job_parts, lock, owner, &job_cancel)
+            // A pool refill in progress yields: its pages are given back
+            // before this ALLOC counts what exists.
+            let _refill = shared.refill.alloc_started();
+            shared.refill.wait_yielded(deadline);
+            alloc::obtain_all(&shared, &job_parts, lock, owner, deadline, &job_cancel)
         });
         let joined = tokio::select! {
             r = &mut job => r,
@@ -212,13 +217,13 @@ impl Session {
                 return Outcome::error(Status::Internal, alloc::join_error(&e).to_string());
             }
         };
-        let ids: Vec<u64> = taken.iter().map(|(t, _)| t.id).collect();
+        let ids: Vec<u64> = taken.iter().map(|o| o.taken.id).collect();
         // This tenant's own open file descriptions: the write-lease proof at
         // release counts them (and any copy in flight or behind a mapping);
         // the daemon's own description, and a memfd's original one (which
         // the kernel does not count), never leave the daemon.
         let mut fds = Vec::with_capacity(taken.len());
-        for (t, _) in &taken {
+        for t in taken.iter().map(|o| &o.taken) {
             match crate::sys::reopen(t.region.fd()) {
                 Ok(fd) => fds.push(fd),
                 Err(e) => {
@@ -251,7 +256,7 @@ impl Session {
         let mut guest_phys = 0;
         let mut regions = Vec::with_capacity(taken.len());
         let mut paths = Vec::new();
-        for (t, source) in &taken {
+        for (t, source) in taken.iter().map(|o| (&o.taken, &o.source)) {
             if req.want_paths {
                 match t.region.path() {
                     Some(p) => paths.push(p.display().to_string()),
@@ -284,7 +289,7 @@ impl Session {
         Metrics::add(&self.shared.metrics.allocs_ok, 1);
         let sources: Vec<&str> = taken
             .iter()
-            .map(|(_, s)| match s {
+            .map(|o| match o.source {
                 Source::Pooled => "pooled",
                 Source::Recleared => "recleared",
                 Source::Grown => "grown",
@@ -293,21 +298,29 @@ impl Session {
                 Source::Demand => "demand",
             })
             .collect();
-        let demand = taken.iter().filter(|(_, s)| *s == Source::Demand).count();
-        // A lazy request that got no dirty pooled memory says so (the reply's
-        // message, on success, is a note).
-        let note = if lazy_mode && demand > 0 {
-            format!(
+        let demand = taken.iter().filter(|o| o.source == Source::Demand).count();
+        // A lazy request that got no dirty pooled memory, and a `best` one
+        // served on a smaller page size, say so (the reply's message, on
+        // success, is a note).
+        let mut notes: Vec<String> = taken.iter().filter_map(|o| o.downgrade.clone()).collect();
+        if lazy_mode && demand > 0 {
+            notes.push(format!(
                 "lazy: {demand} of {} regions had no dirty pooled memory of their size and node; they are fresh, \
                  zeroed by the kernel at first touch (kernel demand faults, no uffd needed)",
                 taken.len()
-            )
-        } else {
-            String::new()
-        };
+            ));
+        }
+        let mut note = notes.join("; ");
+        if note.len() > crate::proto::MAX_MESSAGE {
+            let mut cut = crate::proto::MAX_MESSAGE;
+            while !note.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            note.truncate(cut);
+        }
         if lazy_mode {
             let infos = regions.clone();
-            let arcs = taken.iter().map(|(t, _)| Arc::clone(&t.region)).collect();
+            let arcs = taken.iter().map(|o| Arc::clone(&o.taken.region)).collect();
             self.lazy.record(alloc_id, infos, arcs);
         }
         info!(
@@ -324,7 +337,7 @@ impl Session {
             paths,
         });
         if !note.is_empty() {
-            info!(session = self.id, alloc = alloc_id, %note, "lazy ALLOC fell back");
+            info!(session = self.id, alloc = alloc_id, %note, "ALLOC served with a note");
             reply.message = note;
         }
         Outcome {

@@ -353,6 +353,9 @@ pub struct LaunchConfig {
     pub hugetlbfs: bool,
     /// Ask the daemon to `mlock` the memory.
     pub lock: bool,
+    /// How long the daemon may wait for pages it holds but cannot hand out
+    /// yet; `None`: the daemon's default (see [`Client::set_alloc_wait`]).
+    pub alloc_wait: Option<Duration>,
     /// See [`BuildOptions::guest_numa`].
     pub guest_numa: bool,
     /// The VMM kind, when its program name does not tell.
@@ -427,6 +430,9 @@ pub struct LaunchReport {
     pub size: u64,
     /// Page size per region, bytes.
     pub page_sizes: Vec<u64>,
+    /// The daemon's note on the ALLOC (empty, or e.g. which larger pages
+    /// were missing when `best` served a smaller size).
+    pub note: String,
 }
 
 /// Allocates, runs the VMM, waits, frees. Returns how the VMM ended; the
@@ -462,8 +468,13 @@ pub fn run(cfg: &LaunchConfig) -> Result<LaunchReport, LaunchError> {
     );
     let started = Instant::now();
     let mut client = Client::connect(&cfg.socket)?;
+    client.set_alloc_wait(cfg.alloc_wait);
     let alloc = client.alloc(request)?;
     let alloc_time = started.elapsed();
+    let note = alloc.note.clone();
+    if !note.is_empty() {
+        warn!(%note, "the daemon's note on this allocation");
+    }
     let page_sizes: Vec<u64> = alloc.regions.iter().map(|r| r.page_size).collect();
     info!(
         id = alloc.id,
@@ -502,6 +513,7 @@ pub fn run(cfg: &LaunchConfig) -> Result<LaunchReport, LaunchError> {
         vmm: vmm_time,
         size,
         page_sizes,
+        note,
     })
 }
 
@@ -633,6 +645,7 @@ mod tests {
             nodes: Vec::new(),
             page_policy: PagePolicy::Best,
             hugetlbfs: false,
+            alloc_wait: None,
             lock: false,
             guest_numa: false,
             vmm: None,

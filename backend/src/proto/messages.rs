@@ -6,6 +6,14 @@ use super::{Code, ProtoError, Status, MAX_MESSAGE, MAX_PATH, MAX_PAYLOAD, MAX_RE
 /// hugetlbfs mount and send its path (for VMMs that must open a path, e.g.
 /// cloud-hypervisor under `--landlock`).
 pub const ALLOC_FLAG_PATHS: u8 = 1;
+/// ALLOC request flag (byte 11, bit 1): an 8-byte trailer follows the parts,
+/// `wait_ms` (u32) and a reserved u32 (0): how long the ALLOC may wait for
+/// pages the daemon holds but cannot hand out yet (quarantined, being
+/// scrubbed, on their way back to the kernel). Without it the daemon's
+/// default (`pool.alloc_wait_ms`) applies.
+pub const ALLOC_FLAG_WAIT: u8 = 2;
+/// Every ALLOC flag bit defined.
+const ALLOC_FLAGS_KNOWN: u8 = ALLOC_FLAG_PATHS | ALLOC_FLAG_WAIT;
 /// ALLOC reply flag (`u32` at body offset 12, bit 0): one path per region
 /// follows the region table.
 pub const ALLOC_REPLY_FLAG_PATHS: u32 = 1;
@@ -72,7 +80,14 @@ pub enum Request {
         features: u64,
     },
     /// Allocate guest RAM.
-    Alloc(AllocRequest),
+    Alloc {
+        /// What to allocate.
+        req: AllocRequest,
+        /// How long the daemon may wait for pages it holds but cannot hand
+        /// out yet, in ms ([`ALLOC_FLAG_WAIT`]); `None`: the daemon's
+        /// default. 0: do not wait at all.
+        wait_ms: Option<u32>,
+    },
     /// Give an allocation back.
     Free {
         /// Allocation id from the ALLOC reply.
@@ -334,7 +349,7 @@ impl Request {
     pub fn code(&self) -> Code {
         match self {
             Request::Handshake { .. } => Code::Handshake,
-            Request::Alloc(_) => Code::Alloc,
+            Request::Alloc { .. } => Code::Alloc,
             Request::Free { .. } => Code::Free,
             Request::Lock { .. } => Code::Lock,
             Request::Unlock { .. } => Code::Unlock,
@@ -360,15 +375,22 @@ impl Request {
             } => {
                 w.u32(*min_version).u32(*max_version).u64(*features);
             }
-            Request::Alloc(a) => {
+            Request::Alloc { req: a, wait_ms } => {
+                let mut flags = if a.want_paths { ALLOC_FLAG_PATHS } else { 0 };
+                if wait_ms.is_some() {
+                    flags |= ALLOC_FLAG_WAIT;
+                }
                 w.u64(a.total_size)
                     .u8(a.page_policy as u8)
                     .u8(a.clear_mode as u8)
                     .u8(u8::from(a.lock))
-                    .u8(if a.want_paths { ALLOC_FLAG_PATHS } else { 0 })
+                    .u8(flags)
                     .u32(u32::try_from(a.parts.len()).unwrap_or(u32::MAX));
                 for p in &a.parts {
                     w.u32(p.node).u32(0).u64(p.size);
+                }
+                if let Some(ms) = wait_ms {
+                    w.u32(*ms).u32(0);
                 }
             }
             Request::Free { alloc_id } => {
@@ -410,7 +432,10 @@ impl Request {
                 max_version: r.u32("max_version")?,
                 features: r.u64("features")?,
             },
-            Code::Alloc => Request::Alloc(decode_alloc(&mut r)?),
+            Code::Alloc => {
+                let (req, wait_ms) = decode_alloc(&mut r)?;
+                Request::Alloc { req, wait_ms }
+            }
             Code::Free => Request::Free {
                 alloc_id: r.u64("alloc_id")?,
             },
@@ -442,7 +467,7 @@ impl Request {
     }
 }
 
-fn decode_alloc(r: &mut Reader<'_>) -> Result<AllocRequest, ProtoError> {
+fn decode_alloc(r: &mut Reader<'_>) -> Result<(AllocRequest, Option<u32>), ProtoError> {
     let total_size = r.u64("total_size")?;
     let page_policy = match r.u8("page_policy")? {
         0 => PagePolicy::Best,
@@ -462,10 +487,10 @@ fn decode_alloc(r: &mut Reader<'_>) -> Result<AllocRequest, ProtoError> {
         v => return Err(bad(format!("lock must be 0 or 1, got {v}"))),
     };
     let flags = r.u8("flags")?;
-    if flags & !ALLOC_FLAG_PATHS != 0 {
+    if flags & !ALLOC_FLAGS_KNOWN != 0 {
         return Err(bad(format!(
             "undefined ALLOC flag bits {:#x}",
-            flags & !ALLOC_FLAG_PATHS
+            flags & !ALLOC_FLAGS_KNOWN
         )));
     }
     let want_paths = flags & ALLOC_FLAG_PATHS != 0;
@@ -495,17 +520,29 @@ fn decode_alloc(r: &mut Reader<'_>) -> Result<AllocRequest, ProtoError> {
             "parts add up to {sum} bytes, total_size is {total_size}"
         )));
     }
+    let wait_ms = if flags & ALLOC_FLAG_WAIT != 0 {
+        let ms = r.u32("wait_ms")?;
+        if r.u32("wait.reserved")? != 0 {
+            return Err(bad("reserved field must be zero"));
+        }
+        Some(ms)
+    } else {
+        None
+    };
     // A node may appear in several parts: several regions on one node are
     // what a VMM needs for several memory zones (guest NUMA nodes) on a host
     // with fewer nodes. Each part is obtained on its own.
-    Ok(AllocRequest {
-        total_size,
-        page_policy,
-        clear_mode,
-        lock,
-        parts,
-        want_paths,
-    })
+    Ok((
+        AllocRequest {
+            total_size,
+            page_policy,
+            clear_mode,
+            lock,
+            parts,
+            want_paths,
+        },
+        wait_ms,
+    ))
 }
 
 fn decode_uffd(r: &mut Reader<'_>) -> Result<Request, ProtoError> {
@@ -724,375 +761,5 @@ impl Reply {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::proto::MAX_PATH;
-
-    fn alloc() -> AllocRequest {
-        AllocRequest {
-            total_size: 4 << 30,
-            page_policy: PagePolicy::Best,
-            clear_mode: ClearMode::Eager,
-            lock: true,
-            parts: vec![
-                AllocPart {
-                    node: 0,
-                    size: 2 << 30,
-                },
-                AllocPart {
-                    node: 1,
-                    size: 2 << 30,
-                },
-            ],
-            want_paths: false,
-        }
-    }
-
-    #[test]
-    fn requests_round_trip() {
-        let all = [
-            Request::Handshake {
-                min_version: 1,
-                max_version: 1,
-                features: 3,
-            },
-            Request::Alloc(alloc()),
-            Request::Alloc(AllocRequest {
-                want_paths: true,
-                ..alloc()
-            }),
-            Request::Free { alloc_id: 9 },
-            Request::Lock {
-                alloc_id: 9,
-                chunk: 8 << 20,
-            },
-            Request::Unlock {
-                alloc_id: 9,
-                chunk: 0,
-            },
-            Request::Rebalance {
-                region_id: 2,
-                offset: 0,
-                len: 1 << 30,
-                node: 1,
-            },
-            Request::Stats,
-            uffd_request(),
-        ];
-        for req in all {
-            let bytes = req.encode();
-            assert_eq!(Request::decode(req.code(), &bytes).expect("decode"), req);
-        }
-    }
-
-    #[test]
-    fn replies_round_trip() {
-        let region = RegionInfo {
-            region_id: 1,
-            guest_phys: 0,
-            size: 1 << 30,
-            page_size: 1 << 30,
-            node: 0,
-            flags: RegionInfo::FLAG_CLEAN,
-        };
-        let all = [
-            (
-                Code::Handshake,
-                Reply::ok(ReplyBody::Handshake {
-                    version: 1,
-                    features: 1,
-                }),
-            ),
-            (
-                Code::Alloc,
-                Reply::ok(ReplyBody::Alloc {
-                    alloc_id: 5,
-                    regions: vec![region, region],
-                    paths: vec![],
-                }),
-            ),
-            (
-                Code::Alloc,
-                Reply::ok(ReplyBody::Alloc {
-                    alloc_id: 5,
-                    regions: vec![region, region],
-                    paths: vec![
-                        "/dev/hugepages-1G/vm.1.0".into(),
-                        "/dev/hugepages-1G/vm.1.1".into(),
-                    ],
-                }),
-            ),
-            (Code::Free, Reply::ok(ReplyBody::Empty)),
-            (
-                Code::Lock,
-                Reply::ok(ReplyBody::Lock {
-                    bytes: 10,
-                    micros: 20,
-                }),
-            ),
-            (
-                Code::Rebalance,
-                Reply::ok(ReplyBody::Rebalance {
-                    pages_moved: 3,
-                    pages_failed: 1,
-                }),
-            ),
-            (
-                Code::Stats,
-                Reply::ok(ReplyBody::Stats {
-                    json: "{\"a\":1}".into(),
-                }),
-            ),
-            (Code::Uffd, Reply::ok(ReplyBody::Empty)),
-            (
-                Code::Uffd,
-                Reply::error(Status::Invalid, "range 1 runs past region 12"),
-            ),
-            (
-                Code::Alloc,
-                Reply::error(Status::NoMemory, "node 0 has 1 free 1G page, 4 needed"),
-            ),
-        ];
-        for (code, reply) in all {
-            assert_eq!(Reply::decode(code, &reply.encode()).expect("decode"), reply);
-        }
-    }
-
-    #[test]
-    fn malformed_alloc_is_refused_before_allocation() {
-        let good = Request::Alloc(alloc()).encode();
-        // Truncated anywhere: an error, never a panic.
-        for cut in 0..good.len() {
-            assert!(
-                Request::decode(Code::Alloc, &good[..cut]).is_err(),
-                "cut at {cut}"
-            );
-        }
-        // Trailing bytes.
-        let mut long = good.clone();
-        long.push(0);
-        assert!(matches!(
-            Request::decode(Code::Alloc, &long),
-            Err(ProtoError::TrailingBytes(1))
-        ));
-        // A huge part count is refused from the count alone.
-        let mut huge = good.clone();
-        huge[12..16].copy_from_slice(&u32::MAX.to_le_bytes());
-        assert!(matches!(
-            Request::decode(Code::Alloc, &huge),
-            Err(ProtoError::OutOfBounds(_))
-        ));
-        // Parts that do not add up.
-        let mut a = alloc();
-        a.total_size += 1;
-        assert!(Request::decode(Code::Alloc, &Request::Alloc(a).encode()).is_err());
-        // A node in two parts is fine (two regions on one node).
-        let mut a = alloc();
-        a.parts[1].node = a.parts[0].node;
-        let same = Request::Alloc(a.clone());
-        assert_eq!(
-            Request::decode(Code::Alloc, &same.encode()).expect("one node twice"),
-            same
-        );
-        // Zero sizes, bad enums.
-        let mut bytes = good.clone();
-        bytes[8] = 9;
-        assert!(Request::decode(Code::Alloc, &bytes).is_err());
-        let mut bytes = good;
-        bytes[10] = 2;
-        assert!(Request::decode(Code::Alloc, &bytes).is_err());
-    }
-
-    #[test]
-    fn alloc_flags_are_checked() {
-        let mut bytes = Request::Alloc(alloc()).encode();
-        bytes[11] = ALLOC_FLAG_PATHS;
-        assert!(
-            matches!(Request::decode(Code::Alloc, &bytes), Ok(Request::Alloc(a)) if a.want_paths)
-        );
-        bytes[11] = 2;
-        assert!(matches!(
-            Request::decode(Code::Alloc, &bytes),
-            Err(ProtoError::OutOfBounds(_))
-        ));
-    }
-
-    fn paths_reply(paths: Vec<String>) -> Vec<u8> {
-        let region = RegionInfo {
-            region_id: 1,
-            guest_phys: 0,
-            size: 1 << 30,
-            page_size: 1 << 30,
-            node: 0,
-            flags: 1,
-        };
-        Reply::ok(ReplyBody::Alloc {
-            alloc_id: 1,
-            regions: vec![region],
-            paths,
-        })
-        .encode()
-    }
-
-    #[test]
-    fn alloc_reply_paths_are_checked() {
-        let good = paths_reply(vec!["/dev/hugepages-1G/a".into()]);
-        assert!(Reply::decode(Code::Alloc, &good).is_ok());
-        // Truncated anywhere in the path records: an error, never a panic.
-        for cut in 0..good.len() {
-            assert!(
-                Reply::decode(Code::Alloc, &good[..cut]).is_err(),
-                "cut at {cut}"
-            );
-        }
-        let mut long = good.clone();
-        long.push(b'x');
-        assert!(matches!(
-            Reply::decode(Code::Alloc, &long),
-            Err(ProtoError::TrailingBytes(1))
-        ));
-        // Undefined reply flag bits.
-        let mut bytes = good.clone();
-        bytes[8 + 12] = 2;
-        assert!(Reply::decode(Code::Alloc, &bytes).is_err());
-        // Relative, NUL, too long, empty, not UTF-8.
-        for bad_path in [
-            "dev/x".to_string(),
-            "/a\0b".to_string(),
-            format!("/{}", "a".repeat(MAX_PATH)),
-            String::new(),
-        ] {
-            assert!(
-                Reply::decode(Code::Alloc, &paths_reply(vec![bad_path.clone()])).is_err(),
-                "{bad_path:?}"
-            );
-        }
-        let mut bytes = good;
-        let last = bytes.len() - 1;
-        bytes[last] = 0xff;
-        assert!(Reply::decode(Code::Alloc, &bytes).is_err());
-        // A huge path length is refused from the length alone.
-        let mut bytes = paths_reply(vec!["/x".into()]);
-        let at = bytes.len() - 2 - 4;
-        bytes[at..at + 4].copy_from_slice(&u32::MAX.to_le_bytes());
-        assert!(matches!(
-            Reply::decode(Code::Alloc, &bytes),
-            Err(ProtoError::OutOfBounds(_))
-        ));
-    }
-
-    #[test]
-    fn long_error_messages_are_cut_on_a_char_boundary() {
-        let r = Reply::error(Status::Internal, "é".repeat(MAX_MESSAGE));
-        assert!(r.message.len() <= MAX_MESSAGE);
-        assert_eq!(
-            Reply::decode(Code::Free, &r.encode())
-                .expect("decode")
-                .message,
-            r.message
-        );
-    }
-
-    fn uffd_request() -> Request {
-        Request::Uffd {
-            alloc_id: 7,
-            ranges: vec![
-                UffdRange {
-                    region_id: 11,
-                    offset: 0,
-                    vmm_addr: 0x7f00_0000_0000,
-                    len: 3 << 30,
-                },
-                UffdRange {
-                    region_id: 11,
-                    offset: 3 << 30,
-                    vmm_addr: 0x7f01_0000_0000,
-                    len: 1 << 30,
-                },
-                UffdRange {
-                    region_id: 12,
-                    offset: 0,
-                    vmm_addr: 0x7e00_0000_0000,
-                    len: 2 << 20,
-                },
-            ],
-        }
-    }
-
-    #[test]
-    fn uffd_request_layout_and_fd_count() {
-        let req = uffd_request();
-        let bytes = req.encode();
-        assert_eq!(bytes.len(), 16 + 3 * 32);
-        assert_eq!(&bytes[0..8], &7u64.to_le_bytes());
-        assert_eq!(&bytes[8..12], &3u32.to_le_bytes());
-        assert_eq!(&bytes[16..24], &11u64.to_le_bytes());
-        assert_eq!(&bytes[32..40], &0x7f00_0000_0000u64.to_le_bytes());
-        assert_eq!(req.code(), Code::Uffd);
-        assert_eq!(req.expected_fds(), 1);
-        assert_eq!(Request::Stats.expected_fds(), 0);
-        assert_eq!(Request::Free { alloc_id: 1 }.expected_fds(), 0);
-    }
-
-    #[test]
-    fn malformed_uffd_is_refused() {
-        let good = uffd_request().encode();
-        for cut in 0..good.len() {
-            assert!(
-                Request::decode(Code::Uffd, &good[..cut]).is_err(),
-                "cut at {cut}"
-            );
-        }
-        let mut long = good.clone();
-        long.push(0);
-        assert!(matches!(
-            Request::decode(Code::Uffd, &long),
-            Err(ProtoError::TrailingBytes(1))
-        ));
-        // A huge count is refused from the count alone, before allocating.
-        let mut huge = good.clone();
-        huge[8..12].copy_from_slice(&u32::MAX.to_le_bytes());
-        assert!(matches!(
-            Request::decode(Code::Uffd, &huge),
-            Err(ProtoError::OutOfBounds(_))
-        ));
-        let mut over = good.clone();
-        over[8..12].copy_from_slice(&(MAX_REGIONS as u32 + 1).to_le_bytes());
-        assert!(matches!(
-            Request::decode(Code::Uffd, &over),
-            Err(ProtoError::OutOfBounds(_))
-        ));
-        // No ranges, reserved bits, zero length, wrapping, overlap.
-        let none = Request::Uffd {
-            alloc_id: 1,
-            ranges: vec![],
-        }
-        .encode();
-        assert!(Request::decode(Code::Uffd, &none).is_err());
-        let mut reserved = good.clone();
-        reserved[12] = 1;
-        assert!(Request::decode(Code::Uffd, &reserved).is_err());
-        let with = |f: &dyn Fn(&mut UffdRange)| {
-            let Request::Uffd {
-                alloc_id,
-                mut ranges,
-            } = uffd_request()
-            else {
-                unreachable!()
-            };
-            f(&mut ranges[1]);
-            Request::decode(Code::Uffd, &Request::Uffd { alloc_id, ranges }.encode())
-        };
-        assert!(with(&|r| r.len = 0).is_err());
-        assert!(with(&|r| r.vmm_addr = u64::MAX - 4096).is_err());
-        assert!(with(&|r| r.offset = u64::MAX).is_err());
-        assert!(
-            with(&|r| r.vmm_addr = 0x7f00_0000_0000 + (1 << 30)).is_err(),
-            "overlaps range 0"
-        );
-        assert!(
-            with(&|r| r.vmm_addr = 0x7f00_0000_0000 + (3 << 30)).is_ok(),
-            "adjacent is fine"
-        );
-    }
-}
+#[path = "messages_tests.rs"]
+mod tests;

@@ -18,7 +18,7 @@ pub mod socket;
 
 pub use messages::{
     AllocPart, AllocRequest, ClearMode, PagePolicy, RegionInfo, Reply, ReplyBody, Request,
-    UffdRange, ALLOC_FLAG_PATHS, ALLOC_REPLY_FLAG_PATHS,
+    UffdRange, ALLOC_FLAG_PATHS, ALLOC_FLAG_WAIT, ALLOC_REPLY_FLAG_PATHS,
 };
 pub use socket::{recv_message, send_message, Frame};
 

@@ -82,12 +82,18 @@ fn seeds() -> Vec<Vec<u8>> {
             max_version: 1,
             features: 3,
         },
-        Request::Alloc(alloc.clone()),
-        Request::Alloc(AllocRequest {
-            want_paths: true,
-            parts: vec![],
-            ..alloc
-        }),
+        Request::Alloc {
+            req: alloc.clone(),
+            wait_ms: None,
+        },
+        Request::Alloc {
+            req: AllocRequest {
+                want_paths: true,
+                parts: vec![],
+                ..alloc
+            },
+            wait_ms: Some(2500),
+        },
         Request::Free { alloc_id: 9 },
         Request::Lock {
             alloc_id: 9,

@@ -1,0 +1,65 @@
+//! The last regions the pool gave back to the kernel and why, for STATS
+//! (`given_back`): a region leaves the table the moment it is given back,
+//! so without this `status` could not say where it went.
+
+use std::collections::VecDeque;
+use std::time::Instant;
+
+use serde_json::{json, Value};
+
+use super::{Entry, RegionId};
+
+/// How many are kept.
+const KEEP: usize = 32;
+
+/// One region given back.
+#[derive(Debug, Clone)]
+pub(super) struct GivenBack {
+    id: RegionId,
+    node: u32,
+    page_size: guest_mem::PageSize,
+    bytes: u64,
+    why: String,
+    at: Instant,
+}
+
+/// The most recent [`KEEP`] regions given back.
+#[derive(Debug, Default)]
+pub(super) struct Recent(VecDeque<GivenBack>);
+
+impl Recent {
+    /// Records that region `id` (entry `e`) goes back to the kernel.
+    pub(super) fn push(&mut self, id: RegionId, e: &Entry, why: impl Into<String>) {
+        if self.0.len() == KEEP {
+            self.0.pop_front();
+        }
+        self.0.push_back(GivenBack {
+            id,
+            node: e.key.node,
+            page_size: e.key.page_size,
+            bytes: e.region.len(),
+            why: why.into(),
+            at: Instant::now(),
+        });
+    }
+
+    /// The STATS list, newest first.
+    pub(super) fn json(&self) -> Value {
+        Value::Array(
+            self.0
+                .iter()
+                .rev()
+                .map(|g| {
+                    json!({
+                        "region": g.id,
+                        "node": g.node,
+                        "page_size": g.page_size.to_string(),
+                        "bytes": g.bytes,
+                        "why": format!("given back: {}", g.why),
+                        "seconds_ago": g.at.elapsed().as_secs_f64(),
+                    })
+                })
+                .collect(),
+        )
+    }
+}

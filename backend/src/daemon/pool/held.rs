@@ -1,0 +1,179 @@
+//! What the daemon holds of one page size on one node outside any
+//! allocation, for the ALLOC rule of `super::super::alloc`: pages it can
+//! give back to the kernel now (idle regions of any size and backing), and
+//! pages on their way there (quarantined, being scrubbed), with the reason.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use guest_mem::{PageSize, Region};
+use numa::NodeId;
+use tracing::info;
+
+use super::{Entry, EntryState, Pool, RegionId};
+use crate::daemon::holders::{Hold, Holder};
+use crate::daemon::metrics::Metrics;
+
+/// Why a pooled region cannot be handed out or given back right now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Why {
+    /// Released, and not yet proved free of other holders: the holder the
+    /// last scan found, if any (none yet: not scanned since the release).
+    Quarantined(Option<Holder>),
+    /// A scrubber is clearing pages of it.
+    Scrubbing,
+}
+
+impl std::fmt::Display for Why {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Why::Quarantined(Some(h)) => {
+                write!(f, "quarantined: pid {} ", h.pid)?;
+                match &h.hold {
+                    Hold::Fd(fd) => write!(f, "has it open (fd {fd})"),
+                    Hold::Map(r) => write!(f, "maps it (at {:#x})", r.start),
+                    Hold::Unknown => f.write_str("could not be inspected"),
+                }
+            }
+            Why::Quarantined(None) => f.write_str("quarantined, holder scan pending"),
+            Why::Scrubbing => f.write_str("being scrubbed"),
+        }
+    }
+}
+
+/// A pooled region on its way to being usable.
+#[derive(Debug, Clone)]
+pub struct HeldRegion {
+    /// Its id.
+    pub id: RegionId,
+    /// Its size.
+    pub bytes: u64,
+    /// Why it is not usable yet.
+    pub why: Why,
+}
+
+/// Pooled regions of one page size on one node (any size, either backing).
+#[derive(Debug, Clone, Default)]
+pub struct Held {
+    /// Bytes of idle regions (clean, or dirty with no scrubber on them):
+    /// they can go back to the kernel at once.
+    pub idle: u64,
+    /// Regions that will be idle once their holder goes or their scrub
+    /// batch ends.
+    pub settling: Vec<HeldRegion>,
+}
+
+impl Held {
+    /// Bytes of [`Held::settling`].
+    pub fn settling_bytes(&self) -> u64 {
+        self.settling.iter().map(|r| r.bytes).sum()
+    }
+
+    /// Every byte the daemon holds outside allocations.
+    pub fn total(&self) -> u64 {
+        self.idle + self.settling_bytes()
+    }
+}
+
+fn idle(e: &Entry) -> bool {
+    e.state == EntryState::Clean
+        || (e.state == EntryState::Dirty && e.region.states().counts().clearing == 0)
+}
+
+impl Pool {
+    /// What is pooled of `page_size` on `node` (see [`Held`]).
+    pub fn held(&self, node: NodeId, page_size: PageSize) -> Held {
+        let g = self.lock();
+        let mut out = Held::default();
+        for (id, e) in &g.entries {
+            if e.key.node != node || e.key.page_size != page_size {
+                continue;
+            }
+            let why = match e.state {
+                _ if idle(e) => {
+                    out.idle += e.region.len();
+                    continue;
+                }
+                EntryState::Dirty => Why::Scrubbing,
+                // Withheld: the tenant still reaches the file (an fd in
+                // flight); its pages are the tenant's until it lets go, not
+                // pages on their way back. The ALLOC rule counts them as
+                // missing rather than waiting for them.
+                EntryState::Quarantined if e.withheld.is_some() => continue,
+                EntryState::Quarantined => Why::Quarantined(e.holder.clone()),
+                _ => continue,
+            };
+            out.settling.push(HeldRegion {
+                id: *id,
+                bytes: e.region.len(),
+                why,
+            });
+        }
+        out
+    }
+
+    /// Pooled (clean, dirty, quarantined) bytes on `node`, of one page size
+    /// or of all.
+    pub fn pooled(&self, node: NodeId, page_size: Option<PageSize>) -> u64 {
+        super::pooled_bytes_of(&self.lock(), node, page_size)
+    }
+
+    /// Gives idle regions of `page_size` on `node` (any size, either
+    /// backing; the oldest first) back to the kernel until `bytes` are
+    /// freed, so that a fresh region of that page size can be created.
+    /// Returns the regions to drop (off the lock: the pages go back when the
+    /// last reference goes).
+    pub fn evict_idle(&self, node: NodeId, page_size: PageSize, bytes: u64) -> Vec<Arc<Region>> {
+        let mut g = self.lock();
+        let mut victims: Vec<(Instant, RegionId)> = g
+            .entries
+            .iter()
+            .filter(|(_, e)| e.key.node == node && e.key.page_size == page_size && idle(e))
+            .map(|(id, e)| (e.since, *id))
+            .collect();
+        victims.sort();
+        let mut freed = 0;
+        let mut out = Vec::new();
+        for (_, id) in victims {
+            if freed >= bytes {
+                break;
+            }
+            if let Some(e) = g.entries.remove(&id) {
+                freed += e.region.len();
+                Metrics::add(&self.metrics.bytes_released, e.region.len());
+                info!(
+                    region = id,
+                    node,
+                    page_size = %page_size,
+                    backing = if e.key.paths { "hugetlbfs" } else { "memfd" },
+                    bytes = e.region.len(),
+                    "giving an idle pooled region back to the kernel for a fresh one of the preferred page size"
+                );
+                g.given_back.push(
+                    id,
+                    &e,
+                    format!("its {page_size} pages were wanted for a fresh region of another size or backing"),
+                );
+                out.push(e.region);
+            }
+        }
+        out
+    }
+
+    /// Blocks until the pool changes (a region left quarantine, a scrub
+    /// batch ended, a region came back) or `deadline`, at most 20 ms (a
+    /// change signalled just before the wait is seen on the next look).
+    pub fn wait_change(&self, deadline: Instant) {
+        let g = self.lock();
+        let now = Instant::now();
+        if now >= deadline || g.stopping {
+            return;
+        }
+        let wait = (deadline - now).min(Duration::from_millis(20));
+        drop(
+            self.changed
+                .wait_timeout(g, wait)
+                .map_or_else(|e| e.into_inner().0, |(g, _)| g),
+        );
+    }
+}

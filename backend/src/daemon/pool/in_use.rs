@@ -1,0 +1,91 @@
+//! In-use regions as NUMA rebalancing (`super::super::rebalance`) sees them.
+
+use std::sync::Arc;
+
+use guest_mem::Region;
+use numa::NodeId;
+
+use super::{AllocId, Entry, EntryState, Inner, Pool, RegionId, SessionId};
+
+/// An in-use region, as REBALANCE, the placement report and the policy see it.
+#[derive(Debug, Clone)]
+pub struct InUseRegion {
+    /// Its id.
+    pub id: RegionId,
+    /// The region.
+    pub region: Arc<Region>,
+    /// The allocation it belongs to.
+    pub alloc: AllocId,
+    /// The session that owns the allocation.
+    pub session: SessionId,
+    /// The node it is pooled by (where its pages are when not split).
+    pub node: NodeId,
+    /// Pages may be on several nodes.
+    pub split: bool,
+}
+
+// NUMA rebalancing (`super::rebalance`).
+impl Pool {
+    fn in_use_entry(g: &Inner, id: RegionId, e: &Entry) -> Option<InUseRegion> {
+        let EntryState::InUse(alloc) = e.state else {
+            return None;
+        };
+        let session = g.allocs.get(&alloc)?.session;
+        Some(InUseRegion {
+            id,
+            region: Arc::clone(&e.region),
+            alloc,
+            session,
+            node: e.key.node,
+            split: e.split,
+        })
+    }
+
+    /// Region `id` if it is in use by a client.
+    pub fn in_use(&self, id: RegionId) -> Option<InUseRegion> {
+        let g = self.lock();
+        let e = g.entries.get(&id)?;
+        Self::in_use_entry(&g, id, e)
+    }
+
+    /// Every region in use by a client.
+    pub fn in_use_regions(&self) -> Vec<InUseRegion> {
+        let g = self.lock();
+        g.entries
+            .iter()
+            .filter_map(|(id, e)| Self::in_use_entry(&g, *id, e))
+            .collect()
+    }
+
+    /// Marks region `id`, still in use by `alloc`, as having pages on
+    /// several nodes (from the start of a move). Returns false (nothing
+    /// changed) when the region left that allocation. Under the same lock as
+    /// release, so a released region was either marked first (and goes back
+    /// to the kernel) or is refused here.
+    pub fn mark_split(&self, id: RegionId, alloc: AllocId) -> bool {
+        match self.lock().entries.get_mut(&id) {
+            Some(e) if e.state == EntryState::InUse(alloc) => {
+                e.split = true;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Records that every page of region `id`, still in use by `alloc`, is
+    /// on `node`: the pool key and the region's node follow, and it is no
+    /// longer split. Returns false (nothing changed) when the region left
+    /// that allocation.
+    pub fn set_whole_node(&self, id: RegionId, alloc: AllocId, node: NodeId) -> bool {
+        let mut g = self.lock();
+        match g.entries.get_mut(&id) {
+            Some(e) if e.state == EntryState::InUse(alloc) => {
+                e.key.node = node;
+                e.split = false;
+                e.region.set_node(Some(node));
+                true
+            }
+            _ => false,
+        }
+    }
+}

@@ -1,0 +1,358 @@
+//! The way out of use and out of the pool: release into quarantine (or
+//! straight back to the kernel over a limit), the quarantine scan's
+//! verdicts, discarding damaged regions, and trimming above the target.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use guest_mem::{PageState, Region};
+use numa::NodeId;
+use tracing::{info, warn};
+
+use super::{
+    pooled_bytes, pooled_bytes_of, reclaim_path, AllocId, Allocation, EntryState, Inner,
+    OwnershipError, Pool, RegionId, Released, SessionId,
+};
+use crate::daemon::holders::Owned;
+use crate::daemon::metrics::Metrics;
+use crate::daemon::reuse::Verdict;
+
+impl Pool {
+    /// Releases `alloc` (FREE): its regions go to quarantine, or back to the
+    /// kernel when the node's pool is at its limit.
+    ///
+    /// # Errors
+    ///
+    /// [`OwnershipError`]; nothing changes then.
+    pub fn release(&self, alloc: AllocId, session: SessionId) -> Result<Released, OwnershipError> {
+        let mut g = self.lock();
+        let a = g.allocs.get(&alloc).ok_or(OwnershipError::Unknown(alloc))?;
+        if a.session != session {
+            return Err(OwnershipError::NotYours(alloc));
+        }
+        let a = g
+            .allocs
+            .remove(&alloc)
+            .ok_or(OwnershipError::Unknown(alloc))?;
+        Ok(self.release_locked(&mut g, alloc, a))
+    }
+
+    /// Releases every allocation of a session (disconnect, shutdown).
+    pub fn release_session(&self, session: SessionId) -> Vec<Released> {
+        let mut g = self.lock();
+        let ids: Vec<AllocId> = g
+            .allocs
+            .iter()
+            .filter(|(_, a)| a.session == session)
+            .map(|(id, _)| *id)
+            .collect();
+        ids.into_iter()
+            .filter_map(|id| {
+                g.allocs
+                    .remove(&id)
+                    .map(|a| self.release_locked(&mut g, id, a))
+            })
+            .collect()
+    }
+
+    fn release_locked(&self, g: &mut Inner, alloc: AllocId, a: Allocation) -> Released {
+        let mut out = Released {
+            quarantined: Vec::new(),
+            dropped: Vec::new(),
+            locked: a.locked,
+        };
+        for id in &a.regions {
+            let Some(e) = g.entries.get(id) else { continue };
+            let node = e.key.node;
+            let len = e.region.len();
+            let region = Arc::clone(&e.region);
+            let (_, limit) = self.cfg.limits(node);
+            let pooled = pooled_bytes(g, node);
+            if e.split {
+                if let Some(e) = g.entries.remove(id) {
+                    info!(
+                        region = id,
+                        alloc,
+                        bytes = len,
+                        "region has pages on several nodes (moving, or moved in part); it goes back to the kernel"
+                    );
+                    g.given_back.push(*id, &e, "its pages are on several nodes");
+                    Metrics::add(&self.metrics.bytes_released, len);
+                    out.dropped.push(e.region);
+                }
+                continue;
+            }
+            let page_size = e.key.page_size;
+            let size_limit = self.cfg.size_limit(page_size);
+            if pooled + len > limit || pooled_bytes_of(g, node, Some(page_size)) + len > size_limit
+            {
+                if let Some(e) = g.entries.remove(id) {
+                    let which = if pooled + len > limit {
+                        format!("node {node}'s limit ({} bytes)", limit)
+                    } else {
+                        format!("the {page_size} limit ({size_limit} bytes)")
+                    };
+                    g.given_back.push(*id, &e, format!("over {which}"));
+                    info!(
+                        region = id,
+                        alloc,
+                        node,
+                        bytes = len,
+                        "pool at {which}; region goes back to the kernel"
+                    );
+                    Metrics::add(&self.metrics.bytes_released, len);
+                    out.dropped.push(e.region);
+                }
+                continue;
+            }
+            // A path-backed file was handed to the client's uid so it could
+            // open it; take it back before quarantine starts, so the client
+            // cannot open the file again once the scan has cleared it.
+            if let Err(err) = reclaim_path(&region) {
+                if let Some(e) = g.entries.remove(id) {
+                    warn!(region = id, error = %err, "cannot take a hugetlbfs file back; region goes back to the kernel");
+                    g.given_back
+                        .push(*id, &e, format!("its file could not be taken back: {err}"));
+                    Metrics::add(&self.metrics.bytes_released, len);
+                    out.dropped.push(e.region);
+                }
+                continue;
+            }
+            if let Some(e) = g.entries.get_mut(id) {
+                e.state = EntryState::Quarantined;
+                e.since = Instant::now();
+                e.holder = None;
+                e.withheld = None;
+                e.warned = false;
+                out.quarantined.push(Arc::clone(&e.region));
+            }
+        }
+        info!(
+            alloc,
+            session = a.session,
+            regions = a.regions.len(),
+            "allocation released into quarantine"
+        );
+        out
+    }
+
+    /// The quarantined regions, for a holder scan and the proofs of
+    /// [`crate::daemon::reuse`].
+    pub fn quarantined(&self) -> Vec<(RegionId, Owned, Arc<Region>)> {
+        self.lock()
+            .entries
+            .iter()
+            .filter(|(_, e)| e.state == EntryState::Quarantined)
+            .map(|(id, e)| (*id, e.owned.clone(), Arc::clone(&e.region)))
+            .collect()
+    }
+
+    /// Takes a region that a tenant damaged (a scrub batch could not be
+    /// populated: the tenant truncated its file or punched a hole the host
+    /// cannot fill) out of the pool if it is still in `state`, counts it as given back to the kernel, and returns it to be
+    /// dropped off the lock (unmapped, closed, unlinked: its pages go back
+    /// to the kernel, which zeroes them before their next user). It is never
+    /// scrubbed or served again.
+    pub fn discard(&self, id: RegionId, state: EntryState, reason: &str) -> Option<Arc<Region>> {
+        let mut g = self.lock();
+        if g.entries.get(&id).map(|e| e.state) != Some(state) {
+            return None;
+        }
+        let e = g.entries.remove(&id)?;
+        g.given_back
+            .push(id, &e, format!("damaged by its tenant: {reason}"));
+        drop(g);
+        Metrics::add(&self.metrics.bytes_released, e.region.len());
+        Metrics::add(&self.metrics.regions_discarded, 1);
+        warn!(
+            region = id,
+            node = e.key.node,
+            bytes = e.region.len(),
+            reason,
+            "a released region was damaged by its tenant; it goes back to the kernel unscrubbed"
+        );
+        self.changed.notify_all();
+        Some(e.region)
+    }
+
+    /// Applies the quarantine checks ([`crate::daemon::reuse::judge`]): a
+    /// region proved free becomes `Dirty` (scrubbers woken), or `Clean` at
+    /// once when its pages were detached (punched and refaulted: fresh pages
+    /// the kernel zeroed); a held or withheld one stays, with the reason
+    /// noted; a broken one is discarded. Returns how many left quarantine,
+    /// and the discarded regions, to drop off the lock.
+    pub fn apply_scan(&self, results: Vec<(RegionId, Verdict)>) -> (usize, Vec<Arc<Region>>) {
+        Metrics::add(&self.metrics.quarantine_scans, 1);
+        let mut left = 0;
+        let mut dropped = Vec::new();
+        let mut g = self.lock();
+        for (id, verdict) in results {
+            let Some(e) = g.entries.get_mut(&id) else {
+                continue;
+            };
+            if e.state != EntryState::Quarantined {
+                continue;
+            }
+            match verdict {
+                Verdict::Free { detached } => {
+                    e.region.mark_all_dirty();
+                    e.holder = None;
+                    e.withheld = None;
+                    e.since = Instant::now();
+                    left += 1;
+                    Metrics::add(&self.metrics.pages_detached, detached);
+                    if detached > 0 && mark_zeroed_clean(&e.region) {
+                        e.state = EntryState::Clean;
+                        info!(
+                            region = id,
+                            node = e.key.node,
+                            bytes = e.region.len(),
+                            "region left quarantine; its pages were detached and are kernel-zeroed: clean"
+                        );
+                    } else {
+                        e.state = EntryState::Dirty;
+                        info!(
+                            region = id,
+                            node = e.key.node,
+                            bytes = e.region.len(),
+                            "region left quarantine; scrubbing"
+                        );
+                    }
+                }
+                Verdict::Held(h) => {
+                    if !e.warned && e.since.elapsed() > Duration::from_secs(60) {
+                        e.warned = true;
+                        warn!(region = id, pid = h.pid, hold = ?h.hold, "a released region is still held after 60 s");
+                    }
+                    e.holder = Some(h);
+                }
+                Verdict::Withheld(reason) => {
+                    e.holder = None;
+                    if e.withheld.is_none() {
+                        Metrics::add(&self.metrics.regions_withheld, 1);
+                        warn!(
+                            region = id,
+                            uid = ?e.tenant,
+                            bytes = e.region.len(),
+                            reason,
+                            "a released region is withheld: a reference no process shows exists; re-checking"
+                        );
+                        e.withheld = Some((reason, Instant::now()));
+                    }
+                }
+                Verdict::Broken(reason) => {
+                    if let Some(e) = g.entries.remove(&id) {
+                        Metrics::add(&self.metrics.bytes_released, e.region.len());
+                        Metrics::add(&self.metrics.regions_discarded, 1);
+                        warn!(
+                            region = id,
+                            node = e.key.node,
+                            bytes = e.region.len(),
+                            reason,
+                            "a released region was damaged by its tenant; it goes back to the kernel unscrubbed"
+                        );
+                        g.given_back
+                            .push(id, &e, format!("damaged by its tenant: {reason}"));
+                        dropped.push(e.region);
+                    }
+                }
+            }
+        }
+        drop(g);
+        if left > 0 || !dropped.is_empty() {
+            self.changed.notify_all();
+        }
+        (left, dropped)
+    }
+
+    /// Gives back clean regions on nodes that stayed above their target for
+    /// `trim_after_secs` (and anything above the limit). Returns regions to drop.
+    pub fn trim(&self, now: Instant) -> Vec<Arc<Region>> {
+        let mut g = self.lock();
+        let nodes: Vec<NodeId> = {
+            let mut n: Vec<NodeId> = g.entries.values().map(|e| e.key.node).collect();
+            n.sort_unstable();
+            n.dedup();
+            n
+        };
+        let mut out = Vec::new();
+        for node in nodes {
+            let (target, limit) = self.cfg.limits(node);
+            let pooled = pooled_bytes(&g, node);
+            let since = if pooled > target {
+                *g.above_target_since.entry(node).or_insert(now)
+            } else {
+                g.above_target_since.remove(&node);
+                continue;
+            };
+            let goal = if pooled > limit {
+                limit
+            } else if now.duration_since(since) >= Duration::from_secs(self.cfg.trim_after_secs) {
+                target
+            } else {
+                continue;
+            };
+            let mut clean: Vec<(Instant, RegionId)> = g
+                .entries
+                .iter()
+                .filter(|(_, e)| e.key.node == node && e.state == EntryState::Clean)
+                .map(|(id, e)| (e.since, *id))
+                .collect();
+            clean.sort();
+            let mut pooled = pooled;
+            for (_, id) in clean {
+                if pooled <= goal {
+                    break;
+                }
+                if let Some(e) = g.entries.remove(&id) {
+                    pooled -= e.region.len();
+                    Metrics::add(&self.metrics.bytes_released, e.region.len());
+                    info!(
+                        region = id,
+                        node,
+                        bytes = e.region.len(),
+                        target = goal,
+                        "trimming the pool; region goes back to the kernel"
+                    );
+                    let why = if goal == target {
+                        format!(
+                            "trimmed, node {node} above its target for {} s",
+                            self.cfg.trim_after_secs
+                        )
+                    } else {
+                        format!("trimmed, node {node} above its limit")
+                    };
+                    g.given_back.push(id, &e, why);
+                    out.push(e.region);
+                }
+            }
+            if pooled <= target {
+                g.above_target_since.remove(&node);
+            }
+        }
+        out
+    }
+}
+
+/// Moves every page of a region just marked `Dirty`, whose contents are
+/// known to be zero, to `Clean` (`Dirty → Clearing → Clean`, the scrubbers'
+/// own path). Under the pool lock, so no scrubber claims a page meanwhile;
+/// false (pages left `Dirty` for the scrubbers) if any page was not `Dirty`.
+fn mark_zeroed_clean(region: &Region) -> bool {
+    let states = region.states();
+    for page in 0..states.len() {
+        if states
+            .try_transition(page, PageState::Dirty, PageState::Clearing)
+            .is_err()
+        {
+            return false;
+        }
+        if states
+            .try_transition(page, PageState::Clearing, PageState::Clean)
+            .is_err()
+        {
+            return false;
+        }
+    }
+    true
+}

@@ -1,0 +1,120 @@
+//! The scrubbers' side of the pool: claiming dirty pages, reporting them
+//! clean, and waiting for a region's pages to be clean.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use guest_mem::{PageState, Region};
+use numa::NodeId;
+use tracing::{info, warn};
+
+use super::{EntryState, Pool, ScrubWork};
+
+impl Pool {
+    /// Blocks until a dirty page of a region on `node` can be claimed, or the
+    /// pool stops (`None`). Claims up to `max_bytes` of contiguous dirty pages.
+    pub fn next_scrub(&self, node: NodeId, max_bytes: u64, hint: usize) -> Option<ScrubWork> {
+        let mut g = self.lock();
+        loop {
+            if g.stopping {
+                return None;
+            }
+            let mut finished = Vec::new();
+            let mut found = None;
+            for (id, e) in &g.entries {
+                if e.key.node != node || e.state != EntryState::Dirty {
+                    continue;
+                }
+                let states = e.region.states();
+                let Some(first) = states.claim_dirty(hint % states.len().max(1)) else {
+                    if states.counts().clean == states.len() {
+                        finished.push(*id);
+                    }
+                    continue;
+                };
+                let unit = e.region.state_unit();
+                let mut count = 1;
+                while (count as u64 + 1) * unit <= max_bytes
+                    && first + count < states.len()
+                    && states
+                        .try_transition(first + count, PageState::Dirty, PageState::Clearing)
+                        .is_ok()
+                {
+                    count += 1;
+                }
+                found = Some(ScrubWork {
+                    id: *id,
+                    region: Arc::clone(&e.region),
+                    first,
+                    count,
+                });
+                break;
+            }
+            for id in finished {
+                if let Some(e) = g.entries.get_mut(&id) {
+                    e.state = EntryState::Clean;
+                    e.since = Instant::now();
+                }
+            }
+            if found.is_some() {
+                return found;
+            }
+            // The timeout is a safety net only; every change that creates
+            // work notifies.
+            g = self
+                .changed
+                .wait_timeout(g, Duration::from_secs(1))
+                .map_or_else(|e| e.into_inner().0, |(g, _)| g);
+        }
+    }
+
+    /// A scrubber finished (or gave up on) its pages.
+    pub fn scrub_done(&self, work: &ScrubWork, cleared: bool) {
+        let states = work.region.states();
+        let to = if cleared {
+            PageState::Clean
+        } else {
+            PageState::Dirty
+        };
+        for page in work.first..work.first + work.count {
+            if let Err(e) = states.try_transition(page, PageState::Clearing, to) {
+                warn!(region = work.id, page, error = %e, "scrubbed page left Clearing under its owner");
+            }
+        }
+        let mut g = self.lock();
+        if let Some(e) = g.entries.get_mut(&work.id) {
+            if e.state == EntryState::Dirty && states.counts().clean == states.len() {
+                e.state = EntryState::Clean;
+                e.since = Instant::now();
+                info!(
+                    region = work.id,
+                    node = e.key.node,
+                    bytes = e.region.len(),
+                    "region scrubbed; clean in the pool"
+                );
+            }
+        }
+        drop(g);
+        self.changed.notify_all();
+    }
+
+    /// Waits (blocking) until every page of `region` is `Clean`, or until
+    /// `deadline`; returns whether it is.
+    pub fn wait_clean(&self, region: &Region, deadline: Instant) -> bool {
+        let mut g = self.lock();
+        loop {
+            let states = region.states();
+            if states.counts().clean == states.len() {
+                return true;
+            }
+            let now = Instant::now();
+            if now >= deadline || g.stopping {
+                return false;
+            }
+            g = self
+                .changed
+                .wait_timeout(g, deadline - now)
+                .map_or_else(|e| e.into_inner().0, |(g, _)| g);
+        }
+    }
+}

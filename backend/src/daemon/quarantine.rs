@@ -1,0 +1,139 @@
+//! The quarantine loop: released regions leave quarantine only after a
+//! `/proc` holder scan found nobody else holding them and the proofs of
+//! [`super::reuse`] passed (the write lease, the file's size, and with
+//! `pool.detach_pages` the punch of every page); the same loop trims the
+//! pool.
+//!
+//! It runs every `pool.recheck_ms`, and at once on every kick: a FREE or
+//! disconnect, the exit of a client process (its pidfd, see
+//! `super::session`), an ALLOC that waits for a quarantined region, and the
+//! exit of any **holder** a scan found. For each holder pid the loop opens
+//! a pidfd and watches it (at most [`MAX_HOLDER_WATCHES`] at once), so a
+//! region whose last holder exits leaves quarantine within one scan of the
+//! exit, not one period later, and an ALLOC waiting for it (see
+//! `super::alloc`) is woken by the pool as soon as it is dirty.
+
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use tracing::{debug, error};
+
+use super::peer::PidWatch;
+use super::{holders, reuse, Shared};
+
+/// Most holder pids watched at once (a tenant that forks many holders gets
+/// the periodic scan for the rest).
+pub const MAX_HOLDER_WATCHES: usize = 256;
+
+/// Re-checks quarantined regions every `pool.recheck_ms`, on every kick (FREE,
+/// disconnect, client exit), and trims the pool.
+pub async fn quarantine_loop(shared: Arc<Shared>) {
+    let period = shared.cfg.recheck_period();
+    let watched: Arc<Mutex<HashSet<i32>>> = Arc::default();
+    loop {
+        tokio::select! {
+            () = shared.cancel.cancelled() => break,
+            () = shared.quarantine_kick.notified() => {}
+            () = tokio::time::sleep(period) => {}
+        }
+        let quarantined = shared.pool.quarantined();
+        if !quarantined.is_empty() {
+            let detach = shared.pool.config().detach_pages;
+            let topology = Arc::clone(&shared.topology);
+            let started = Instant::now();
+            let scan = tokio::task::spawn_blocking(move || {
+                let owned: Vec<_> = quarantined.iter().map(|(_, o, _)| o.clone()).collect();
+                let holders = holders::scan(&owned).holders;
+                // No process shows it any more: the proofs before reuse
+                // (`super::reuse`): no reference the scan cannot see, the
+                // file whole, its pages detached from any pin.
+                quarantined
+                    .into_iter()
+                    .zip(holders)
+                    .map(|((id, _, region), holder)| {
+                        (id, reuse::judge(&region, holder, detach, &topology))
+                    })
+                    .collect::<Vec<_>>()
+            });
+            match scan.await {
+                Ok(verdicts) => {
+                    for pid in verdicts.iter().filter_map(|(_, v)| match v {
+                        reuse::Verdict::Held(h) => Some(h.pid),
+                        _ => None,
+                    }) {
+                        watch_holder(&shared, &watched, pid);
+                    }
+                    let (left, dropped) = shared.pool.apply_scan(verdicts);
+                    debug!(
+                        left,
+                        discarded = dropped.len(),
+                        ms = started.elapsed().as_secs_f64() * 1e3,
+                        "quarantine checked"
+                    );
+                    if !dropped.is_empty() {
+                        drop(tokio::task::spawn_blocking(move || drop(dropped)));
+                    }
+                }
+                Err(e) => error!(error = %e, "holder scan failed"),
+            }
+        }
+        let trimmed = shared.pool.trim(Instant::now());
+        if !trimmed.is_empty() {
+            debug!(regions = trimmed.len(), "dropping trimmed regions");
+            // munmap of large hugetlb mappings frees pages: off the executor.
+            drop(tokio::task::spawn_blocking(move || drop(trimmed)));
+        }
+    }
+}
+
+/// Watches `pid`'s pidfd (once per pid) and kicks the quarantine when it
+/// exits.
+fn watch_holder(shared: &Arc<Shared>, watched: &Arc<Mutex<HashSet<i32>>>, pid: i32) {
+    if u32::try_from(pid).is_ok_and(|p| p == std::process::id()) {
+        return;
+    }
+    {
+        let mut w = watched
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if w.len() >= MAX_HOLDER_WATCHES || !w.insert(pid) {
+            return;
+        }
+    }
+    let forget = {
+        let watched = Arc::clone(watched);
+        move || {
+            watched
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .remove(&pid);
+        }
+    };
+    match PidWatch::new(pid) {
+        Ok(watch) => {
+            let shared = Arc::clone(shared);
+            shared.tracker.clone().spawn(async move {
+                tokio::select! {
+                    r = watch.exited() => {
+                        if r.is_ok() {
+                            debug!(pid, "a holder of a quarantined region exited; re-checking quarantine");
+                            shared.quarantine_kick.notify_one();
+                        }
+                    }
+                    () = shared.cancel.cancelled() => {}
+                }
+                forget();
+            });
+        }
+        Err(e) => {
+            debug!(pid, error = %e, "cannot watch a holder of a quarantined region");
+            forget();
+            // Gone already: scan again now. Any other error: the periodic
+            // scan covers it.
+            if e.raw_os_error() == Some(libc::ESRCH) {
+                shared.quarantine_kick.notify_one();
+            }
+        }
+    }
+}

@@ -1,0 +1,360 @@
+//! How a region is obtained from each source the ALLOC rule
+//! (`super::alloc`, the one place that decides which source serves a
+//! request) can pick: a clean pooled region (re-scanned when it can be
+//! opened by path), a smaller clean pooled region grown in place, a dirty
+//! pooled region cleared now, a fresh region from the kernel; and how their
+//! errors become refusals. Nothing here chooses between sources.
+
+use std::time::Instant;
+
+use clearing::{CancelToken, RunError, RunOptions};
+use guest_mem::{
+    Backing, PagePolicy as RegionPolicy, PageSize, PoolCounts, PrepareError, Region, RegionError,
+    RegionSpec,
+};
+use numa::NodeId;
+use tracing::{debug, info, warn};
+
+use super::holders::{self, Owned};
+use super::metrics::Metrics;
+use super::pool::{PoolKey, Taken};
+use super::Shared;
+use crate::proto::Status;
+
+/// A refusal: status and the message for the client.
+pub type Refusal = (Status, String);
+
+/// A clean pooled region of `key` and exactly `size` bytes. Path-backed
+/// ones (a path can be opened) and, with `pool.recheck_on_reuse`, memfds
+/// too are scanned for holders once more; a held one goes back to
+/// quarantine and the next is tried.
+pub fn take_clean(shared: &Shared, key: PoolKey, size: u64) -> Option<Taken> {
+    let pool = &shared.pool;
+    while let Some(t) = pool.take_clean(key, size) {
+        if pool.config().recheck_on_reuse || key.paths {
+            if let Some(owned) = pool.owned(t.id) {
+                if let Some(holder) = holders::scan(std::slice::from_ref(&owned))
+                    .holders
+                    .into_iter()
+                    .next()
+                    .flatten()
+                {
+                    pool.requarantine(t.id, holder);
+                    continue;
+                }
+            }
+        }
+        debug!(
+            region = t.id,
+            node = key.node,
+            size,
+            "ALLOC served from the clean pool"
+        );
+        Metrics::add(&shared.metrics.regions_pooled, 1);
+        return Some(t);
+    }
+    None
+}
+
+/// A dirty pooled region of `key` and exactly `size` bytes, cleared here
+/// with [`Region::prepare_eager`] (all CPUs of the node), waiting (at most
+/// 60 s) for pages a scrubber already holds. `Ok(None)` when there is none.
+///
+/// # Errors
+///
+/// The clear failed or did not finish in time; the region is back in the
+/// pool (dirty, for the scrubbers).
+pub fn reclear_dirty(
+    shared: &Shared,
+    key: PoolKey,
+    size: u64,
+    cancel: &CancelToken,
+) -> Result<Option<Taken>, Refusal> {
+    let pool = &shared.pool;
+    let Some(t) = pool.take_dirty(key, size) else {
+        return Ok(None);
+    };
+    let opts = RunOptions {
+        cancel: Some(cancel),
+        ..RunOptions::default()
+    };
+    let cleared = t.region.prepare_eager(&shared.topology, &opts);
+    // A scrubber finishing its batch takes at most one batch's time.
+    let clean = cleared.is_ok()
+        && pool.wait_clean(
+            &t.region,
+            Instant::now() + std::time::Duration::from_secs(60),
+        );
+    if !clean {
+        pool.unreserve(&[t.id]);
+        return Err(match cleared {
+            Err(e) => prepare_refusal(&e),
+            Ok(_) => (
+                Status::Internal,
+                format!(
+                    "region {} ({} on {} pages, node {}) did not become clean in time",
+                    t.id,
+                    human(size),
+                    key.page_size,
+                    key.node
+                ),
+            ),
+        });
+    }
+    info!(
+        region = t.id,
+        node = key.node,
+        size,
+        "ALLOC cleared a dirty pooled region"
+    );
+    Metrics::add(&shared.metrics.regions_recleared, 1);
+    Ok(Some(t))
+}
+
+/// The largest clean pooled region of `key` smaller than `size`, grown to
+/// it and its new pages prepared. `None` (the region, if any, is back in
+/// the pool) when there is none or anything fails.
+pub fn grow_pooled(
+    shared: &Shared,
+    key: PoolKey,
+    size: u64,
+    cancel: &CancelToken,
+) -> Option<Taken> {
+    let pool = &shared.pool;
+    let mut d = pool.detach_smaller_clean(key, size)?;
+    let old_len = d.region.len();
+    if pool.config().recheck_on_reuse || key.paths {
+        if let Ok(owned) = Owned::region(
+            d.region.fd(),
+            d.region.as_ptr() as usize,
+            usize::try_from(old_len).unwrap_or(usize::MAX),
+        ) {
+            if let Some(holder) = holders::scan(std::slice::from_ref(&owned))
+                .holders
+                .into_iter()
+                .next()
+                .flatten()
+            {
+                let id = d.id;
+                pool.restore(d);
+                pool.requarantine(id, holder);
+                return None;
+            }
+        }
+    }
+    if let Err(e) = d.region.grow(&shared.topology, size) {
+        info!(
+            region = d.id,
+            node = key.node,
+            from = old_len,
+            to = size,
+            error = %chain(&e),
+            "cannot grow a pooled region; it stays pooled"
+        );
+        pool.restore(d);
+        return None;
+    }
+    let opts = RunOptions {
+        cancel: Some(cancel),
+        ..RunOptions::default()
+    };
+    let prepared = d.region.prepare_eager(&shared.topology, &opts);
+    let clean = d.region.states().counts().clean == d.region.states().len();
+    if let Err(e) = &prepared {
+        warn!(region = d.id, error = %chain(e), "cannot populate the new pages of a grown pooled region");
+    }
+    if prepared.is_err() || !clean {
+        // Half-populated new pages: dirty, for the scrubbers.
+        pool.restore(d);
+        return None;
+    }
+    match d.region.verify_placement() {
+        Ok(p) if !p.misplaced.is_empty() => warn!(
+            region = d.id,
+            node = key.node,
+            misplaced = p.misplaced.len(),
+            pages = p.pages,
+            "grown region has pages off its node"
+        ),
+        Ok(_) => {}
+        Err(e) => warn!(region = d.id, error = %e, "cannot verify the placement of a grown region"),
+    }
+    let id = d.id;
+    match pool.insert_grown(d) {
+        Ok(t) => {
+            info!(
+                region = id,
+                node = key.node,
+                page_size = %key.page_size,
+                "grown pooled region {} -> {}",
+                human(old_len),
+                human(size)
+            );
+            Metrics::add(&shared.metrics.regions_grown, 1);
+            Some(t)
+        }
+        Err(e) => {
+            warn!(region = id, error = %e, "cannot keep a grown region; it went back to the kernel");
+            None
+        }
+    }
+}
+
+/// `2G`, `512M`, `4K` or bytes, for logs and messages.
+pub fn human(bytes: u64) -> String {
+    const UNITS: [(u64, &str); 3] = [(1 << 30, "G"), (1 << 20, "M"), (1 << 10, "K")];
+    UNITS
+        .iter()
+        .find(|(unit, _)| bytes >= *unit && bytes.is_multiple_of(*unit))
+        .map_or_else(
+            || bytes.to_string(),
+            |(unit, s)| format!("{}{s}", bytes / unit),
+        )
+}
+
+/// A fresh region of `size` bytes on `node` from the kernel (`policy`
+/// decides the page size; a path-backed one needs a strict size with a
+/// mount), populated by node-pinned workers and inserted `Reserved`.
+///
+/// # Errors
+///
+/// As [`Region::allocate`].
+pub fn create(
+    shared: &Shared,
+    node: NodeId,
+    size: u64,
+    paths: bool,
+    policy: RegionPolicy,
+    cancel: &CancelToken,
+) -> Result<Taken, RegionError> {
+    let opts = RunOptions {
+        cancel: Some(cancel),
+        ..RunOptions::default()
+    };
+    create_with(shared, node, size, paths, policy, &opts)
+}
+
+/// [`create`] with the populating run's own options (progress, cancel).
+///
+/// # Errors
+///
+/// As [`Region::allocate`].
+pub fn create_with(
+    shared: &Shared,
+    node: NodeId,
+    size: u64,
+    paths: bool,
+    policy: RegionPolicy,
+    opts: &RunOptions<'_>,
+) -> Result<Taken, RegionError> {
+    let id = shared.pool.next_region_id();
+    let mut spec = RegionSpec::new(format!("hugemem-r{id}"), size, Some(node)).with_policy(policy);
+    if paths {
+        if let Some(dir) = match policy {
+            RegionPolicy::Strict(p) => shared.hugetlbfs_dir(p),
+            RegionPolicy::Best => None,
+        } {
+            spec = spec.with_backing(Backing::HugetlbfsDir(dir.to_path_buf()));
+        }
+    }
+    let (region, report) = Region::allocate(&shared.topology, &spec, opts)?;
+    match region.verify_placement() {
+        Ok(p) if !p.misplaced.is_empty() => {
+            warn!(
+                region = id,
+                node,
+                misplaced = p.misplaced.len(),
+                pages = p.pages,
+                "fresh region has pages off its node"
+            );
+        }
+        Ok(_) => {}
+        Err(e) => warn!(region = id, error = %e, "cannot verify the placement of a fresh region"),
+    }
+    debug!(
+        region = id,
+        gb_per_s = report.gb_per_s(),
+        seconds = report.seconds,
+        "fresh region populated"
+    );
+    let taken = shared
+        .pool
+        .insert_fresh(id, region)
+        .map_err(|source| RegionError::Create {
+            name: spec.name.clone(),
+            source,
+        })?;
+    Metrics::add(&shared.metrics.regions_fresh, 1);
+    Ok(taken)
+}
+
+/// Free pages of `page_size` on `node` a new region could get now (4 KiB:
+/// unbounded here; the kernel says at creation).
+pub fn free_pages(page_size: PageSize, node: NodeId) -> u64 {
+    if !page_size.is_huge() {
+        return u64::MAX / page_size.bytes();
+    }
+    let node_free = PoolCounts::read(page_size, Some(node))
+        .ok()
+        .flatten()
+        .map_or(0, |c| c.free);
+    let host = PoolCounts::read(page_size, None)
+        .ok()
+        .flatten()
+        .map_or(0, |c| c.available());
+    node_free.min(host)
+}
+
+/// The kernel had no pages (or memory) for the region.
+pub fn is_shortage(e: &RegionError) -> bool {
+    match e {
+        RegionError::Unavailable { .. } => true,
+        RegionError::Map { source, .. } => source.raw_os_error() == Some(libc::ENOMEM),
+        RegionError::Prepare { source, .. } => {
+            !matches!(source, PrepareError::Run(RunError::Cancelled { .. }))
+        }
+        _ => false,
+    }
+}
+
+/// The error and its sources, `: `-joined.
+pub fn chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cur = c.source();
+    }
+    s
+}
+
+/// The refusal for a creation error.
+pub fn region_refusal(e: &RegionError) -> Refusal {
+    let status = match e {
+        RegionError::BadSize(_) => Status::Invalid,
+        RegionError::UnknownNode { .. } | RegionError::MemorylessNode(_) => Status::BadNode,
+        RegionError::Unavailable { .. } => Status::NoMemory,
+        RegionError::Create { source, .. }
+        | RegionError::Size { source, .. }
+        | RegionError::Map { source, .. }
+            if matches!(source.raw_os_error(), Some(libc::ENOMEM | libc::ENOSPC)) =>
+        {
+            Status::NoMemory
+        }
+        RegionError::Prepare { source, .. } => return prepare_refusal(source),
+        _ => Status::Internal,
+    };
+    (status, chain(e))
+}
+
+/// The refusal for a clearing or populating error.
+pub fn prepare_refusal(e: &PrepareError) -> Refusal {
+    match e {
+        PrepareError::Run(RunError::Cancelled { .. }) => {
+            (Status::Internal, "the daemon is shutting down".into())
+        }
+        PrepareError::Run(RunError::Work { .. }) => (Status::NoMemory, chain(e)),
+        _ => (Status::Internal, chain(e)),
+    }
+}
