@@ -65,7 +65,7 @@ use tracing::{info, warn};
 
 use super::holders::{self, Owned};
 use super::metrics::Metrics;
-use super::pool::{Held, PoolKey, Taken};
+use super::pool::{Held, PoolKey, Taken, Why};
 use super::supply::{self, human};
 use super::Shared;
 use crate::proto::messages::{AllocRequest, ClearMode, PagePolicy};
@@ -564,19 +564,38 @@ fn obtain_size(
 }
 
 /// The message of an ALLOC whose deadline passed while pages were settling.
+/// The regions it waited for may be other tenants' (released, quarantined
+/// because their VMM still maps them): the client is told how much it
+/// waited for and why in general, the log names regions and holder pids for
+/// the operator.
 fn waited_message(part: &Part, page_size: PageSize, started: Instant, held: &Held) -> String {
     let what: Vec<String> = held
         .settling
         .iter()
         .map(|r| format!("region {} ({}) {}", r.id, human(r.bytes), r.why))
         .collect();
+    warn!(
+        node = part.node,
+        page_size = %page_size,
+        size = part.size,
+        waited_s = started.elapsed().as_secs_f64(),
+        regions = %what.join(", "),
+        "ALLOC deadline passed while pooled pages were settling"
+    );
+    let quarantined = held
+        .settling
+        .iter()
+        .filter(|r| matches!(r.why, Why::Quarantined(_)))
+        .count();
     format!(
-        "waited {:.1} s for {} on {page_size} pages on node {}, which the daemon holds but cannot hand out yet: {}; \
-         nothing was allocated (give the ALLOC a longer wait, or free the holder)",
+        "waited {:.1} s for {} on {page_size} pages on node {}, which the daemon holds but cannot hand out yet: \
+         {} region(s), {} in all ({quarantined} still held by the process that had them, the others being scrubbed; \
+         the daemon's log names them); nothing was allocated (give the ALLOC a longer wait, or end the holder)",
         started.elapsed().as_secs_f64(),
         human(part.size),
         part.node,
-        what.join(", ")
+        held.settling.len(),
+        human(held.settling_bytes()),
     )
 }
 
