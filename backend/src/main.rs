@@ -240,9 +240,10 @@ enum Bench {
         check: bool,
     },
     /// ALLOC to the micro-guest's first instruction and to every huge page
-    /// touched: eager (fresh, clean pool, dirty pool cleared by the ALLOC), lazy (dirty pool, fresh with
-    /// kernel demand faults) and cloud-hypervisor-style prefault; lazy fault
-    /// counts and latency percentiles.
+    /// touched: eager (fresh, clean pool, dirty pool cleared by the ALLOC),
+    /// lazy (dirty pool, fresh with kernel demand faults) and
+    /// cloud-hypervisor-style prefault; lazy fault counts and latency
+    /// percentiles.
     Vmstart {
         /// Guest RAM (K/M/G suffixes).
         #[arg(long, default_value = "8G", value_parser = parse_size_arg)]
