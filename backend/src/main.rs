@@ -2,6 +2,7 @@
 
 use anyhow::{Context, Result};
 use backend::bench::alloc::{self as alloc_bench, AllocBenchConfig};
+use backend::bench::churn::{self, ChurnConfig, ChurnVmm};
 use backend::bench::clear::{self, ClearBenchConfig};
 use backend::bench::compare::{self, CompareConfig};
 use backend::bench::mlock::{self, MlockBenchConfig};
@@ -194,6 +195,11 @@ fn parse_policy_arg(s: &str) -> Result<PagePolicy, String> {
         .ok_or_else(|| format!("invalid page size {s:?}: expected best, 1G, 2M or 4K"))
 }
 
+fn parse_churn_vmm_arg(s: &str) -> Result<ChurnVmm, String> {
+    ChurnVmm::parse(s)
+        .ok_or_else(|| format!("unknown VMM {s:?}: expected cloud-hypervisor, qemu or micro"))
+}
+
 fn parse_vmm_arg(s: &str) -> Result<Vmm, String> {
     Vmm::parse(s).ok_or_else(|| format!("unknown VMM {s:?}: expected cloud-hypervisor or qemu"))
 }
@@ -332,6 +338,39 @@ enum Bench {
         #[arg(long)]
         json: bool,
     },
+    /// N launches back to back (K at once) of the micro-guest against one
+    /// daemon, each probing what the earlier guests wrote; the same churn on
+    /// the VMM's own preallocated memory is the baseline.
+    Churn {
+        /// Timed launches per side (each side also runs one untimed warm-up launch).
+        #[arg(long, default_value_t = 10)]
+        vms: usize,
+        /// Guest RAM per launch (K/M/G suffixes, a multiple of 2M).
+        #[arg(long, default_value = "2G", value_parser = parse_size_arg)]
+        size: u64,
+        /// Launches at once.
+        #[arg(long, default_value_t = 1)]
+        parallel: usize,
+        /// cloud-hypervisor (needs CLOUD_HYPERVISOR), qemu or micro (hugemem's own KVM runner);
+        /// default: cloud-hypervisor when CLOUD_HYPERVISOR is set, else qemu when it runs, else micro.
+        #[arg(long, value_parser = parse_churn_vmm_arg)]
+        vmm: Option<ChurnVmm>,
+        /// Page size policy of the ALLOCs: best, 1G, 2M or 4K.
+        #[arg(long, default_value = "best", value_parser = parse_policy_arg)]
+        page_size: PagePolicy,
+        /// A live daemon's socket (default: a private daemon for the run, started after the baseline).
+        #[arg(long)]
+        socket: Option<std::path::PathBuf>,
+        /// The QEMU binary.
+        #[arg(long, default_value = "qemu-system-x86_64")]
+        qemu: std::ffi::OsString,
+        /// Limit for one launch, seconds.
+        #[arg(long, default_value_t = 120)]
+        launch_timeout: u64,
+        /// Print one JSON object instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
     /// Launch to guest power-off of the micro-guest: QEMU with prealloc (the
     /// baseline) and without, QEMU and cloud-hypervisor on hugemem memory
     /// (fresh and from the clean pool), cloud-hypervisor's prefault, and
@@ -421,6 +460,9 @@ fn main() {
         Command::Demo { .. } => "warn",
         // bench compare starts private daemons; its own progress lines stay.
         Command::Bench(Bench::Compare { .. }) => "info,backend::daemon=warn,guest_mem=warn",
+        // bench churn may start a private daemon; its warnings (page-size
+        // fallbacks) stay.
+        Command::Bench(Bench::Churn { .. }) => "info,backend::daemon=warn,guest_mem=warn",
         // bench vmstart starts private daemons too.
         Command::Bench(Bench::Vmstart { .. }) => {
             "info,backend::daemon=warn,guest_mem=warn,backend::fault=warn,backend::lazy=warn"
@@ -527,6 +569,38 @@ fn run(cli: Cli) -> Result<i32> {
                 compare::plot(&report, &png)
                     .with_context(|| format!("cannot plot to {}", png.display()))?;
                 tracing::info!("plot written to {}", png.display());
+            }
+        }
+        Command::Bench(Bench::Churn {
+            vms,
+            size,
+            parallel,
+            vmm,
+            page_size,
+            socket,
+            qemu,
+            launch_timeout,
+            json,
+        }) => {
+            let cfg = ChurnConfig {
+                vms,
+                size,
+                parallel,
+                vmm,
+                page_policy: page_size,
+                socket,
+                launcher: std::env::current_exe()
+                    .context("cannot find the hugemem binary for `hugemem launch`")?,
+                cloud_hypervisor: std::env::var_os("CLOUD_HYPERVISOR").filter(|v| !v.is_empty()),
+                qemu,
+                timeout: std::time::Duration::from_secs(launch_timeout),
+            };
+            let report = churn::run(&cfg, &mut |line| tracing::info!("{line}"))
+                .context("bench churn failed")?;
+            if json {
+                println!("{}", serde_json::to_string(&report)?);
+            } else {
+                print!("{}", report.to_table());
             }
         }
         Command::Serve(args) => serve(args)?,

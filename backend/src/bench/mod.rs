@@ -2,6 +2,8 @@
 //! measured in the same run: absolute times on shared machines are noise.
 
 pub mod alloc;
+/// `hugemem bench churn`: back-to-back launches against one daemon, stale reads, downgrades.
+pub mod churn;
 pub mod clear;
 pub mod compare;
 pub mod mlock;
