@@ -598,7 +598,7 @@ fn run(cli: Cli) -> Result<i32> {
             let report = churn::run(&cfg, &mut |line| tracing::info!("{line}"))
                 .context("bench churn failed")?;
             if json {
-                println!("{}", serde_json::to_string(&report)?);
+                print_bench_json("churn", &report)?;
             } else {
                 print!("{}", report.to_table());
             }
