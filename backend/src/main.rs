@@ -257,9 +257,10 @@ enum Bench {
         check: bool,
     },
     /// ALLOC to the micro-guest's first instruction and to every huge page
-    /// touched: eager (fresh, clean pool, dirty pool cleared by the ALLOC), lazy (dirty pool, fresh with
-    /// kernel demand faults) and cloud-hypervisor-style prefault; lazy fault
-    /// counts and latency percentiles.
+    /// touched: eager (fresh, clean pool, dirty pool cleared by the ALLOC),
+    /// lazy (dirty pool, fresh with kernel demand faults) and
+    /// cloud-hypervisor-style prefault; lazy fault counts and latency
+    /// percentiles.
     Vmstart {
         /// Guest RAM (K/M/G suffixes).
         #[arg(long, default_value = "8G", value_parser = parse_size_arg)]
@@ -608,7 +609,7 @@ fn run(cli: Cli) -> Result<i32> {
             let report = churn::run(&cfg, &mut |line| tracing::info!("{line}"))
                 .context("bench churn failed")?;
             if json {
-                println!("{}", serde_json::to_string(&report)?);
+                print_bench_json("churn", &report)?;
             } else {
                 print!("{}", report.to_table());
             }

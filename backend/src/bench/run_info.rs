@@ -29,7 +29,8 @@ pub struct MachineSummary {
 /// The command and its circumstances.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RunInfo {
-    /// The command line as run (`hugemem bench …`), arguments joined by spaces.
+    /// The command line as run (`hugemem bench …`), arguments joined by
+    /// spaces, each quoted for a POSIX shell where it needs it.
     pub command: String,
     /// UTC date and time the run started, `YYYY-MM-DDTHH:MM:SSZ`.
     pub date: String,
@@ -50,7 +51,11 @@ impl RunInfo {
             *first = "hugemem".into();
         }
         Self {
-            command: args.join(" "),
+            command: args
+                .iter()
+                .map(|a| shell_quote(a))
+                .collect::<Vec<_>>()
+                .join(" "),
             date: utc_date(std::time::SystemTime::now()),
             build: if cfg!(debug_assertions) {
                 "debug"
@@ -89,6 +94,20 @@ impl MachineSummary {
                 .and_then(|s| s.parse().ok())
                 .unwrap_or(0.0),
         }
+    }
+}
+
+/// `arg` as a POSIX shell word: as it is when it has only characters that
+/// need no quoting, else in single quotes.
+fn shell_quote(arg: &str) -> String {
+    let plain = !arg.is_empty()
+        && arg
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "_./=:,@%+-".contains(c));
+    if plain {
+        arg.to_string()
+    } else {
+        format!("'{}'", arg.replace('\'', r"'\''"))
     }
 }
 
@@ -170,6 +189,16 @@ mod tests {
             utc_date(UNIX_EPOCH + Duration::from_secs(1_795_392_000)),
             "2026-11-23T00:00:00Z"
         );
+    }
+
+    #[test]
+    fn arguments_are_quoted_where_a_shell_needs_it() {
+        assert_eq!(shell_quote("--size"), "--size");
+        assert_eq!(shell_quote("2G"), "2G");
+        assert_eq!(shell_quote("/a/b.png"), "/a/b.png");
+        assert_eq!(shell_quote(""), "''");
+        assert_eq!(shell_quote("a b"), "'a b'");
+        assert_eq!(shell_quote("it's"), r"'it'\''s'");
     }
 
     #[test]

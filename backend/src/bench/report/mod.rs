@@ -9,7 +9,9 @@
 //!   replaced by the tables of `docs/results/NAME.json`, headed by the run's
 //!   command, date, build and machine (from its `"run"`). The file's
 //!   `"bench"` picks the tables (see [`tables`]); a file of another kind
-//!   gets a plain table of its top-level figures.
+//!   gets a plain table of its top-level figures. `NAME` may list several
+//!   files, comma-separated: runs of a kind with one row per run (`churn`)
+//!   share one table, others follow each other.
 //! * `<!-- v:NAME:PATH:FORMAT -->` … `<!-- /v -->`: one value quoted in prose.
 //!   `PATH` walks the JSON: object keys, array indexes, and `field=value` to
 //!   pick the element of an array whose `field` is `value` (e.g.
@@ -134,9 +136,12 @@ pub fn render(doc: &str, results_dir: &Path) -> Result<String, ReportError> {
                     why: "results markers cannot nest".into(),
                 });
             }
-            let value = results.get(name, i + 1)?;
+            let mut files = Vec::new();
+            for n in name.split(',').map(str::trim) {
+                files.push((n.to_string(), results.get(n, i + 1)?.clone()));
+            }
             out.push_str(line);
-            out.push_str(&tables::block(name, value));
+            out.push_str(&tables::blocks(&files));
             out.push_str(lines[end]);
             i = end + 1;
             continue;
@@ -257,9 +262,11 @@ pub fn update(doc: &Path, results_dir: &Path, write: bool) -> Result<bool, Repor
 /// each once.
 pub fn names_in(doc: &str) -> Vec<String> {
     let mut names: Vec<String> = Vec::new();
-    let mut push = |n: &str| {
-        if !names.iter().any(|x| x == n) {
-            names.push(n.to_string());
+    let mut push = |list: &str| {
+        for n in list.split(',').map(str::trim) {
+            if !names.iter().any(|x| x == n) {
+                names.push(n.to_string());
+            }
         }
     };
     for line in doc.lines() {

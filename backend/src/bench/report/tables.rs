@@ -7,6 +7,65 @@ use serde_json::Value;
 
 use super::fixed;
 
+/// The generated lines between `<!-- results:NAME,… -->` and
+/// `<!-- /results -->` for the files named: one table of rows for runs of a
+/// kind that has rows (`churn`), else each file's block in turn.
+pub fn blocks(files: &[(String, Value)]) -> String {
+    let all_churn = !files.is_empty()
+        && files
+            .iter()
+            .all(|(_, v)| v.get("bench").and_then(Value::as_str) == Some("churn"));
+    if !all_churn {
+        return files.iter().map(|(n, v)| block(n, v)).collect();
+    }
+    let mut out = String::from("\n");
+    for (n, v) in files {
+        out += &run_line(n, v);
+        out += "\n";
+    }
+    out += "| run | VMM | pages asked (expected) | launches x size (at once) | pages served | downgrades (counted from) | stale reads (baseline) | p50 / p99 / max ms | ALLOC p50 ms | baseline p50 / p99 ms | speedup p50 | p99 / p50 |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n";
+    for (n, v) in files {
+        out += &churn_row(n, v);
+    }
+    out += "\n";
+    out
+}
+
+/// One churn run as a table row.
+fn churn_row(name: &str, v: &Value) -> String {
+    let served = v
+        .get("page_sizes")
+        .and_then(Value::as_object)
+        .map(|m| {
+            m.iter()
+                .map(|(page, n)| format!("{n} x {page}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        })
+        .unwrap_or_else(|| "-".into());
+    format!(
+        "| `{name}` | {} | {} ({}) | {} x {} ({}) | {served} | {} ({}) | {} ({}) | {} / {} / {} | {} | {} / {} | {}x | {} |\n",
+        s(v, "vmm"),
+        s(v, "page_policy"),
+        s(v, "expected_page_size"),
+        f(v, "vms", 0),
+        size(v, "size_bytes"),
+        f(v, "parallel", 0),
+        f(v, "downgrades", 0),
+        s(v, "downgrades_source"),
+        f(v, "stale_reads", 0),
+        f(v, "baseline_stale_reads", 0),
+        f(v, "p50_ms", 1),
+        f(v, "p99_ms", 1),
+        f(v, "max_ms", 1),
+        f(v, "alloc_p50_ms", 1),
+        f(v, "baseline_p50_ms", 1),
+        f(v, "baseline_p99_ms", 1),
+        f(v, "speedup_p50", 2),
+        f(v, "p99_over_p50", 2),
+    )
+}
+
 /// The generated lines between `<!-- results:NAME -->` and `<!-- /results -->`.
 pub fn block(name: &str, v: &Value) -> String {
     let mut out = String::from("\n");

@@ -160,3 +160,31 @@ fn every_kind_renders_without_its_optional_parts() {
         "{out}"
     );
 }
+
+#[test]
+fn churn_runs_share_one_table_and_other_lists_follow_each_other() {
+    let churn = |vmm: &str, p50: f64| {
+        json!({"bench": "churn", "vmm": vmm, "vms": 10, "parallel": 1, "size_bytes": 2u64 << 30,
+               "page_policy": "best", "expected_page_size": "1G", "page_sizes": {"1G": 9, "4K": 1},
+               "downgrades": 1, "downgrades_source": "daemon", "stale_reads": 0, "baseline_stale_reads": 0,
+               "p50_ms": p50, "p99_ms": 80.0, "max_ms": 80.0, "alloc_p50_ms": 10.0,
+               "baseline_p50_ms": 200.0, "baseline_p99_ms": 210.0, "speedup_p50": 200.0 / p50,
+               "p99_over_p50": 80.0 / p50})
+    };
+    let dir = dir_with(&[
+        ("a", churn("qemu", 40.0)),
+        ("b", churn("micro", 50.0)),
+        ("c", clear_run()),
+    ]);
+    let doc = "<!-- results:a, b -->\n<!-- /results -->\n<!-- results:a,c -->\n<!-- /results -->\n";
+    let out = render(doc, dir.path()).expect("render");
+    assert!(out.contains("| `a` | qemu | best (1G) | 10 x 2G (1) | 9 x 1G, 1 x 4K | 1 (daemon) | 0 (0) | 40.0 / 80.0 / 80.0 | 10.0 | 200.0 / 210.0 | 5.00x | 2.00 |"), "{out}");
+    assert!(out.contains("| `b` | micro |"), "{out}");
+    assert_eq!(out.matches("| run | VMM |").count(), 1, "{out}");
+    // churn and clear mixed: each file's own block.
+    assert!(
+        out.contains("| `vms` | 10 |") && out.contains("| **default** (`nt`)"),
+        "{out}"
+    );
+    assert_eq!(names_in(doc), ["a", "b", "c"]);
+}
