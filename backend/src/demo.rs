@@ -33,7 +33,7 @@ use crate::daemon::{ByteSize, Config, Daemon, DaemonError, DaemonHandle};
 use crate::guest_memory::GuestMemoryError;
 use crate::private_dir::PrivateDir;
 use crate::proto::{AllocRequest, ClearMode, PagePolicy};
-use crate::size::format_size;
+use guest_mem::size::format_size;
 
 /// Default VM size.
 pub const DEFAULT_SIZE: u64 = 2 << 30;
@@ -461,7 +461,7 @@ fn drive(
     let t = Instant::now();
     let alloc = client.alloc(request.clone())?;
     let alloc_fresh = t.elapsed();
-    let alloc_fresh_gbps = size as f64 / alloc_fresh.as_secs_f64() / 1e9;
+    let alloc_fresh_gbps = guest_mem::size::gb_per_s(size, alloc_fresh.as_secs_f64());
     progress(&format!(
         "ALLOC fresh: {:.3} s, {:.2} GB/s",
         alloc_fresh.as_secs_f64(),
@@ -503,11 +503,7 @@ fn drive(
         .saturating_mul(page.bytes());
     let scrub_seconds = sum_field_f64(&after, "/scrub/nodes", "seconds")
         - sum_field_f64(&before, "/scrub/nodes", "seconds");
-    let scrub_gbps = if scrub_seconds > 0.0 {
-        scrubbed_bytes as f64 / scrub_seconds / 1e9
-    } else {
-        0.0
-    };
+    let scrub_gbps = guest_mem::size::gb_per_s(scrubbed_bytes, scrub_seconds);
     progress(&format!(
         "pool clean after {:.3} s: {} detached (kernel-zeroed), {} scrubbed at {:.2} GB/s",
         free_to_clean.as_secs_f64(),

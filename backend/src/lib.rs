@@ -34,8 +34,6 @@ pub mod lazy;
 mod private_dir;
 /// The wire protocol: framing, messages, fd passing.
 pub mod proto;
-/// Byte sizes on the command line.
-pub mod size;
 /// Raw syscalls behind small safe wrappers (fd-owning `recvmsg`, `fstat` size, populate).
 pub mod sys;
 /// userfaultfd: kernel ABI and safe wrappers (no bindgen).

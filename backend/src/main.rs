@@ -9,8 +9,8 @@ use backend::bench::mlock::{self, MlockBenchConfig};
 use backend::bench::vmstart::{self, VmstartConfig};
 use backend::launch::{self, LaunchConfig, Vmm};
 use backend::proto::{AllocPart, PagePolicy};
-use backend::size::parse_size;
 use clap::{Parser, Subcommand};
+use guest_mem::size::parse_size;
 use guest_mem::PageSize;
 use tracing_subscriber::EnvFilter;
 
@@ -231,8 +231,8 @@ fn launch(args: LaunchArgs) -> Result<i32> {
     }
     eprintln!(
         "hugemem launch: {} on {} pages allocated in {:.1} ms; the VMM ran {:.1} ms and ended with {}",
-        backend::size::format_size(report.size),
-        report.page_sizes.iter().map(|p| backend::size::format_size(*p)).collect::<Vec<_>>().join("+"),
+        guest_mem::size::format_size(report.size),
+        report.page_sizes.iter().map(|p| guest_mem::size::format_size(*p)).collect::<Vec<_>>().join("+"),
         report.alloc.as_secs_f64() * 1e3,
         report.vmm.as_secs_f64() * 1e3,
         report.exit

@@ -19,6 +19,7 @@ pub mod mapping;
 pub mod pools;
 /// Guest RAM regions: page-size policy, node binding, eager preparation, placement checks.
 pub mod region;
+pub mod size;
 /// Per-page state (dirty, clearing, clean, mapped) shared by preparer, scrubber and fault handler.
 pub mod state;
 mod sys;

@@ -379,14 +379,7 @@ pub struct PrepareReport {
 impl PrepareReport {
     /// Bytes populated or cleared per second, in GB/s (10^9).
     pub fn gb_per_s(&self) -> f64 {
-        if self.seconds > 0.0 {
-            // Precision loss above 2^53 bytes is irrelevant for a rate.
-            #[allow(clippy::cast_precision_loss)]
-            let b = self.bytes as f64;
-            b / 1e9 / self.seconds
-        } else {
-            0.0
-        }
+        crate::size::gb_per_s(self.bytes, self.seconds)
     }
 }
 

@@ -506,16 +506,14 @@ fn locality(topology: &Topology, node: NodeId, reserve: bool) -> NodeLocality {
     out
 }
 
-/// `error: cause: cause`, the whole chain on one line.
 /// GB/s (10^9) of both legs together: total bytes over total time.
 fn combined_gb_per_s(there: &Leg, back: &Leg) -> Option<f64> {
     let seconds = there.seconds + back.seconds;
-    // Bytes are far below 2^53: the conversion is exact.
-    #[allow(clippy::cast_precision_loss)]
-    let bytes = (there.bytes_moved + back.bytes_moved) as f64;
-    (seconds > 0.0).then(|| bytes / seconds / 1e9)
+    (seconds > 0.0)
+        .then(|| guest_mem::size::gb_per_s(there.bytes_moved + back.bytes_moved, seconds))
 }
 
+/// `error: cause: cause`, the whole chain on one line.
 pub(crate) fn error_chain(e: &dyn std::error::Error) -> String {
     let mut s = e.to_string();
     let mut source = e.source();

@@ -76,8 +76,8 @@ pub use mover::{
     AUTO_BATCH_BYTES,
 };
 pub use plan::{
-    memory_nodes, parse_size, validate_range, validate_target, ByteRange, Capacity, MovePlan,
-    PageSpan, PlanError,
+    memory_nodes, validate_range, validate_target, ByteRange, Capacity, MovePlan, PageSpan,
+    PlanError,
 };
 pub use policy::{
     is_vcpu_name, parse_stat, read_threads, sample, CpuNodes, Decision, PolicyConfig, Sample,

@@ -179,17 +179,7 @@ impl MoveReport {
     }
 }
 
-/// GB/s (10^9) of `bytes` in `seconds`; 0 for no time.
-pub(crate) fn gb_per_s(bytes: u64, seconds: f64) -> f64 {
-    if seconds > 0.0 {
-        // Precision loss above 2^53 bytes is irrelevant for a rate.
-        #[allow(clippy::cast_precision_loss)]
-        let b = bytes as f64;
-        b / 1e9 / seconds
-    } else {
-        0.0
-    }
-}
+pub(crate) use guest_mem::size::gb_per_s;
 
 impl fmt::Display for MoveReport {
     /// `node 1: 30 moved, 2 already there, 0 not present, 2 failed (2 no free

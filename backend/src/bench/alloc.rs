@@ -59,7 +59,7 @@ use crate::client::{Client, ClientError};
 use crate::daemon::config::PoolConfig;
 use crate::daemon::{ByteSize, Config, Daemon, DaemonError, DaemonHandle};
 use crate::proto::{AllocPart, AllocRequest, ClearMode, PagePolicy};
-use crate::size::format_size;
+use guest_mem::size::format_size;
 
 /// cloud-hypervisor's cap on prefault threads.
 const CH_MAX_PREFAULT_THREADS: usize = 16;

@@ -66,7 +66,7 @@ use crate::client::{Client, ClientError};
 use crate::daemon::{ByteSize, Config, Daemon, DaemonError, DaemonHandle};
 use crate::private_dir::PrivateDir;
 use crate::proto::{AllocRequest, ClearMode, PagePolicy};
-use crate::size::format_size;
+use guest_mem::size::format_size;
 
 mod process;
 mod report;

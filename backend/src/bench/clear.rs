@@ -137,7 +137,7 @@ fn reserve(
         if !cfg.size.is_multiple_of(page.bytes()) {
             note.push(format!(
                 "{} is not a multiple of {page} pages",
-                crate::size::format_size(cfg.size)
+                guest_mem::size::format_size(cfg.size)
             ));
             continue;
         }
@@ -217,7 +217,7 @@ pub fn run(
     let (page, _reservation) = reserve(cfg, &mut notes)?;
     progress(&format!(
         "{} on {page} pages{}",
-        crate::size::format_size(cfg.size),
+        guest_mem::size::format_size(cfg.size),
         if notes.is_empty() {
             String::new()
         } else {
@@ -380,7 +380,7 @@ impl ClearBenchReport {
     pub fn to_table(&self) -> String {
         let mut out = format!(
             "hugemem bench clear: {} on {} pages, best of {} ({} CPUs, {} node(s))\n",
-            crate::size::format_size(self.size_bytes),
+            guest_mem::size::format_size(self.size_bytes),
             self.page_size,
             self.reps,
             self.cpus,

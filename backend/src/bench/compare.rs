@@ -96,7 +96,7 @@ use crate::guest_memory::GuestMemoryError;
 use crate::launch::{build_args, BuildError, BuildOptions, MemoryFile, MemoryRegion, Vmm};
 use crate::private_dir::PrivateDir;
 use crate::proto::{AllocRequest, ClearMode, PagePolicy, ANY_NODE};
-use crate::size::format_size;
+use guest_mem::size::format_size;
 
 /// Default VM size.
 pub const DEFAULT_SIZE: u64 = 4 << 30;

@@ -47,7 +47,7 @@ use numa::{MbindFlags, MemPolicyMode, NodeMask, Topology};
 use serde::Serialize;
 
 use super::{best, median, BenchError};
-use crate::size::format_size;
+use guest_mem::size::format_size;
 
 /// How long the probe runs alone to measure the noise floor.
 const IDLE_PROBE: Duration = Duration::from_millis(300);

@@ -63,14 +63,7 @@ pub(crate) fn ratio(a: f64, b: f64) -> f64 {
     }
 }
 
-/// GB/s (10^9 bytes per second) for `bytes` in `seconds`.
-pub(crate) fn gbps(bytes: u64, seconds: f64) -> f64 {
-    if seconds > 0.0 {
-        bytes as f64 / seconds / 1e9
-    } else {
-        0.0
-    }
-}
+pub(crate) use guest_mem::size::gb_per_s as gbps;
 
 #[cfg(test)]
 mod tests {

@@ -621,7 +621,7 @@ impl VmstartReport {
     pub fn to_table(&self) -> String {
         let mut out = format!(
             "vmstart: {} of {} pages; clearing kernel {} ({:.0} µs per page, {:.1} GB/s); prefault threads {}\n",
-            crate::size::format_size(self.size),
+            guest_mem::size::format_size(self.size),
             self.page_size,
             self.kernel,
             self.one_page_clear_us,

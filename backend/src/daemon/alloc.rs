@@ -66,10 +66,11 @@ use tracing::{info, warn};
 use super::holders::{self, Owned};
 use super::metrics::Metrics;
 use super::pool::{Held, PoolKey, Taken, Why};
-use super::supply::{self, human};
+use super::supply;
 use super::Shared;
 use crate::proto::messages::{AllocRequest, ClearMode, PagePolicy};
 use crate::proto::{Status, ANY_NODE};
+use guest_mem::size::format_size;
 
 pub use super::supply::{chain, Refusal};
 
@@ -312,8 +313,8 @@ impl std::fmt::Display for Missing {
 pub fn shortage_note(size: u64, served: Option<PageSize>, missing: &[Missing]) -> String {
     let what: Vec<String> = missing.iter().map(ToString::to_string).collect();
     match served {
-        Some(p) => format!("{} on {p} pages: {}", human(size), what.join("; ")),
-        None => format!("cannot serve {}: {}", human(size), what.join("; ")),
+        Some(p) => format!("{} on {p} pages: {}", format_size(size), what.join("; ")),
+        None => format!("cannot serve {}: {}", format_size(size), what.join("; ")),
     }
 }
 
@@ -572,7 +573,7 @@ fn waited_message(part: &Part, page_size: PageSize, started: Instant, held: &Hel
     let what: Vec<String> = held
         .settling
         .iter()
-        .map(|r| format!("region {} ({}) {}", r.id, human(r.bytes), r.why))
+        .map(|r| format!("region {} ({}) {}", r.id, format_size(r.bytes), r.why))
         .collect();
     warn!(
         node = part.node,
@@ -592,10 +593,10 @@ fn waited_message(part: &Part, page_size: PageSize, started: Instant, held: &Hel
          {} region(s), {} in all ({quarantined} still held by the process that had them, the others being scrubbed; \
          the daemon's log names them); nothing was allocated (give the ALLOC a longer wait, or end the holder)",
         started.elapsed().as_secs_f64(),
-        human(part.size),
+        format_size(part.size),
         part.node,
         held.settling.len(),
-        human(held.settling_bytes()),
+        format_size(held.settling_bytes()),
     )
 }
 

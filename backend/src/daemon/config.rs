@@ -5,7 +5,7 @@
 //! Unknown keys are an error (`deny_unknown_fields`): a misspelt `limit`
 //! silently ignored would let the pool grow without bound. Sizes are either
 //! integers (bytes) or strings with a binary suffix (`"2G"`, `"512M"`), the
-//! same syntax as the CLI ([`crate::size::parse_size`]).
+//! same syntax as the CLI ([`guest_mem::size::parse_size`]).
 //!
 //! `scripts/hugemem.toml` documents every key with its default.
 //!
@@ -20,7 +20,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Deserializer};
 
-use crate::size::{format_size, parse_size};
+use guest_mem::size::{format_size, parse_size};
 
 /// Default socket path.
 pub const DEFAULT_SOCKET: &str = "/run/hugemem/hugemem.sock";

@@ -127,13 +127,7 @@ impl ScrubCounters {
 
 /// GB/s (10^9) from bytes and nanoseconds; 0 without time.
 pub fn gb_per_s(bytes: u64, nanos: u64) -> f64 {
-    if nanos == 0 {
-        return 0.0;
-    }
-    // Rates: precision loss above 2^53 is irrelevant.
-    #[allow(clippy::cast_precision_loss)]
-    let r = bytes as f64 / nanos as f64;
-    r
+    guest_mem::size::gb_per_s(bytes, std::time::Duration::from_nanos(nanos).as_secs_f64())
 }
 
 /// Renders the STATS JSON as Prometheus text exposition format (0.0.4).
@@ -243,7 +237,7 @@ pub fn render_prometheus(stats: &Value) -> String {
 
 /// `hugemem status` without `--json`: the STATS document as a short report.
 pub fn render_status(stats: &Value) -> String {
-    use crate::size::format_size;
+    use guest_mem::size::format_size;
     let u = |v: &Value, k: &str| v.get(k).and_then(Value::as_u64).unwrap_or(0);
     let f = |v: &Value, k: &str| v.get(k).and_then(Value::as_f64).unwrap_or(0.0);
     let null = Value::Null;

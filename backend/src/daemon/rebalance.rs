@@ -878,7 +878,7 @@ pub async fn add_placement(shared: &Arc<Shared>, stats: &mut Value) {
 /// The in-use part of `hugemem status`: one line per region with its
 /// placement (from the STATS `regions` list).
 pub fn render_regions(stats: &Value) -> String {
-    use crate::size::format_size;
+    use guest_mem::size::format_size;
     let regions: Vec<&Value> = stats
         .get("regions")
         .and_then(Value::as_array)

@@ -27,8 +27,9 @@ use numa::NodeId;
 use serde_json::{json, Value};
 use tracing::{debug, info};
 
-use super::supply::{self, chain, human};
+use super::supply::{self, chain};
 use super::Shared;
+use guest_mem::size::format_size;
 
 #[derive(Debug, Default)]
 struct State {
@@ -221,7 +222,7 @@ fn step(shared: &Shared) -> bool {
                 node,
                 page_size = %page_size,
                 "refilled the pool with {} (pre-zeroed, ahead of demand)",
-                human(bytes)
+                format_size(bytes)
             );
             true
         }

@@ -5,6 +5,7 @@
 //! pooled region cleared now, a fresh region from the kernel; and how their
 //! errors become refusals. Nothing here chooses between sources.
 
+use guest_mem::size::format_size;
 use std::time::Instant;
 
 use clearing::{CancelToken, RunError, RunOptions};
@@ -94,7 +95,7 @@ pub fn reclear_dirty(
                 format!(
                     "region {} ({} on {} pages, node {}) did not become clean in time",
                     t.id,
-                    human(size),
+                    format_size(size),
                     key.page_size,
                     key.node
                 ),
@@ -187,8 +188,8 @@ pub fn grow_pooled(
                 node = key.node,
                 page_size = %key.page_size,
                 "grown pooled region {} -> {}",
-                human(old_len),
-                human(size)
+                format_size(old_len),
+                format_size(size)
             );
             Metrics::add(&shared.metrics.regions_grown, 1);
             Some(t)
@@ -198,18 +199,6 @@ pub fn grow_pooled(
             None
         }
     }
-}
-
-/// `2G`, `512M`, `4K` or bytes, for logs and messages.
-pub fn human(bytes: u64) -> String {
-    const UNITS: [(u64, &str); 3] = [(1 << 30, "G"), (1 << 20, "M"), (1 << 10, "K")];
-    UNITS
-        .iter()
-        .find(|(unit, _)| bytes >= *unit && bytes.is_multiple_of(*unit))
-        .map_or_else(
-            || bytes.to_string(),
-            |(unit, s)| format!("{}{s}", bytes / unit),
-        )
 }
 
 /// A fresh region of `size` bytes on `node` from the kernel (`policy`

@@ -30,7 +30,7 @@
 use std::ffi::OsString;
 
 use super::{option_name, text, BuildError, BuildOptions, MemoryRegion, Vmm};
-use crate::size::format_size;
+use guest_mem::size::format_size;
 
 /// Zone id of region `i`.
 pub fn zone_id(i: usize) -> String {

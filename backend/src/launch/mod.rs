@@ -64,7 +64,7 @@ pub use process::{run_vmm, VmmExit};
 
 use crate::client::{Client, ClientError};
 use crate::proto::{AllocPart, AllocRequest, ClearMode, PagePolicy, ANY_NODE};
-use crate::size::{format_size, parse_size};
+use guest_mem::size::{format_size, parse_size};
 
 /// A VMM that `hugemem launch` knows how to give memory to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

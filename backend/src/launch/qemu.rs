@@ -26,7 +26,7 @@
 use std::ffi::OsString;
 
 use super::{option_name, text, BuildError, MemoryRegion, Vmm};
-use crate::size::format_size;
+use guest_mem::size::format_size;
 
 /// The `-cpu` value for QEMU under KVM on every host this project runs on.
 ///

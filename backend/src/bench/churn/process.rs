@@ -7,7 +7,7 @@ use std::process::{Command, ExitStatus, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use crate::size::parse_size;
+use guest_mem::size::parse_size;
 
 /// Extra time a launch gets after SIGTERM before SIGKILL.
 const KILL_GRACE: Duration = Duration::from_secs(5);

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 
 use super::ChurnVmm;
-use crate::size::format_size;
+use guest_mem::size::format_size;
 
 /// One launch.
 #[derive(Debug, Clone, Serialize)]

@@ -108,7 +108,7 @@ fn s(v: &Value, path: &str) -> String {
 fn size(v: &Value, path: &str) -> String {
     super::lookup(v, path)
         .and_then(Value::as_u64)
-        .map_or_else(|| "-".into(), crate::size::format_size)
+        .map_or_else(|| "-".into(), guest_mem::size::format_size)
 }
 
 /// The header line: which file, the command, date, build and machine.

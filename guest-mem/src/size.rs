@@ -1,10 +1,13 @@
-//! Byte sizes on the command line: `1G`, `512M`, `4K`, `2GiB`, `1073741824`.
+//! Byte sizes and rates, one syntax and one format for the whole project:
+//! the CLI, the daemon's configuration and messages, byte ranges of
+//! REBALANCE, benchmark reports. Sizes: `1G`, `512M`, `4K`, `2GiB`,
+//! `1073741824`, `0x200000`; suffixes are binary (K = 1024).
 
 /// Errors parsing a size.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum SizeError {
-    /// Not a number with an optional K/M/G/T suffix.
-    #[error("invalid size {0:?}: expected a number with an optional K, M, G or T suffix (powers of 1024)")]
+    /// Not a number (decimal, or hex with `0x`) with an optional K/M/G/T suffix.
+    #[error("invalid size {0:?}: expected a number (decimal or 0x hex) with an optional K, M, G or T suffix (powers of 1024)")]
     Invalid(String),
     /// Larger than 2^64 bytes.
     #[error("size {0:?} does not fit in 64 bits")]
@@ -27,12 +30,18 @@ pub fn parse_size(text: &str) -> Result<u64, SizeError> {
         Some('t' | 'T') => (&t[..t.len() - 1], 40),
         _ => (t, 0),
     };
-    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+    let (digits, radix) = match digits
+        .strip_prefix("0x")
+        .or_else(|| digits.strip_prefix("0X"))
+    {
+        Some(hex) => (hex, 16),
+        None => (digits, 10),
+    };
+    if digits.is_empty() || !digits.chars().all(|c| c.is_digit(radix)) {
         return Err(invalid());
     }
-    let value: u64 = digits
-        .parse()
-        .map_err(|_| SizeError::Overflow(text.to_string()))?;
+    let value =
+        u64::from_str_radix(digits, radix).map_err(|_| SizeError::Overflow(text.to_string()))?;
     value
         .checked_mul(1u64 << shift)
         .ok_or_else(|| SizeError::Overflow(text.to_string()))
@@ -48,6 +57,18 @@ pub fn format_size(bytes: u64) -> String {
     bytes.to_string()
 }
 
+/// GB/s (10^9 bytes per second) of `bytes` in `seconds`; 0 for no time.
+pub fn gb_per_s(bytes: u64, seconds: f64) -> f64 {
+    if seconds > 0.0 {
+        // Precision loss above 2^53 bytes is irrelevant for a rate.
+        #[allow(clippy::cast_precision_loss)]
+        let b = bytes as f64;
+        b / 1e9 / seconds
+    } else {
+        0.0
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -61,11 +82,19 @@ mod tests {
         assert_eq!(parse_size("1T"), Ok(1 << 40));
         assert_eq!(parse_size("12345"), Ok(12345));
         assert_eq!(parse_size(" 8G "), Ok(8 << 30));
+        assert_eq!(parse_size("0x200000"), Ok(2 << 20));
+        assert_eq!(parse_size("0x2M"), Ok(2 << 20));
+    }
+
+    #[test]
+    fn rates() {
+        assert_eq!(gb_per_s(2_000_000_000, 2.0), 1.0);
+        assert_eq!(gb_per_s(1, 0.0), 0.0);
     }
 
     #[test]
     fn rejects_bad_sizes() {
-        for bad in ["", "G", "1.5G", "-1G", "1X", "one"] {
+        for bad in ["", "G", "1.5G", "-1G", "1X", "one", "0x", "0xZ"] {
             assert!(
                 matches!(parse_size(bad), Err(SizeError::Invalid(_))),
                 "{bad}"
