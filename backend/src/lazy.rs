@@ -79,7 +79,7 @@ use nix::sys::eventfd::{EfdFlags, EventFd};
 use tracing::{debug, info, warn};
 
 use crate::client::{Allocation, Client, ClientError};
-use crate::daemon::RateLimit;
+use crate::diag::RateLimit;
 use crate::fault::pagemap::Pagemap;
 use crate::fault::table::{Range, RangeTable};
 use crate::proto::{RegionInfo, ReplyBody, Request, UffdRange};

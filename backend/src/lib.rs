@@ -21,6 +21,8 @@ pub mod client;
 pub mod daemon;
 /// `hugemem demo`: daemon, 1 GiB pages, micro-guest, scrub and pool reuse, as a timeline.
 pub mod demo;
+/// Diagnostics helpers: error chains, rate-limited log lines.
+pub mod diag;
 /// Lazy mode, daemon side: the userfaultfd fault service that clears pages on first touch.
 pub mod fault;
 /// An allocation's fds as a rust-vmm `GuestMemoryMmap` (client side of the vm-memory adapter).
@@ -34,6 +36,8 @@ pub mod lazy;
 mod private_dir;
 /// The wire protocol: framing, messages, fd passing.
 pub mod proto;
+/// `hugemem status`: STATS rendered as text for operators.
+pub mod status;
 /// Raw syscalls behind small safe wrappers (fd-owning `recvmsg`, `fstat` size, populate).
 pub mod sys;
 /// userfaultfd: kernel ABI and safe wrappers (no bindgen).

@@ -649,7 +649,7 @@ fn run(cli: Cli) -> Result<i32> {
             if json {
                 println!("{}", serde_json::to_string_pretty(&stats)?);
             } else {
-                print!("{}", backend::daemon::metrics::render_status(&stats));
+                print!("{}", backend::status::render_status(&stats));
             }
         }
         Command::Bench(Bench::Clear {

@@ -699,7 +699,7 @@ fn stats_json_has_the_documented_shape() {
     assert_eq!(s["sessions"]["active"], 1);
     // The handle's view is the same document.
     assert_eq!(d.stats()["allocations"], s["allocations"]);
-    let table = backend::daemon::metrics::render_status(&s);
+    let table = backend::status::render_status(&s);
     assert!(table.contains("2M") && table.contains("scrub"), "{table}");
     c.free(a.id).expect("free");
     d.shutdown();

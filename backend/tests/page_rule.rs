@@ -413,7 +413,7 @@ fn per_size_limits_hold_and_refill_reaches_the_target() {
     assert_eq!(s["refill"]["enabled"], true, "{s}");
     assert!(s["refill"]["regions"].as_u64() >= Some(1), "{s}");
     assert_eq!(s["refill"]["bytes"].as_u64(), Some(target), "{s}");
-    let status = backend::daemon::metrics::render_status(&s);
+    let status = backend::status::render_status(&s);
     assert!(status.contains("refill: "), "{status}");
     let mut c = d.client();
     let a = c

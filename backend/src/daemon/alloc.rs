@@ -72,7 +72,8 @@ use crate::proto::messages::{AllocRequest, ClearMode, PagePolicy};
 use crate::proto::{Status, ANY_NODE};
 use guest_mem::size::format_size;
 
-pub use super::supply::{chain, Refusal};
+pub use super::supply::Refusal;
+use crate::diag::chain;
 
 /// One validated part: where, how much, which page sizes.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -418,7 +419,7 @@ fn obtain(
 fn obtain_lazy(shared: &Shared, part: &Part) -> Option<(Taken, Source)> {
     let pool = &shared.pool;
     if part.dirty_ok {
-        if let Some(t) = crate::fault::daemon::take_lazy_dirty(
+        if let Some(t) = super::lazy_allocs::take_lazy_dirty(
             pool,
             part.node,
             part.size,
@@ -442,7 +443,7 @@ fn obtain_lazy(shared: &Shared, part: &Part) -> Option<(Taken, Source)> {
         return None;
     }
     let new_id = || pool.next_region_id();
-    let t = crate::fault::daemon::fresh_demand(
+    let t = super::lazy_allocs::fresh_demand(
         pool,
         &shared.topology,
         part.node,

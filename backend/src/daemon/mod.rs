@@ -51,6 +51,7 @@
 pub mod alloc;
 pub mod config;
 pub mod holders;
+pub mod lazy_allocs;
 pub mod metrics;
 pub mod peer;
 pub mod pool;
@@ -67,8 +68,7 @@ use std::io;
 use std::net::SocketAddr;
 use std::os::unix::fs::{DirBuilderExt, FileTypeExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -239,41 +239,6 @@ fn hugetlbfs_dirs(cfg: &config::HugetlbfsConfig) -> Result<Vec<(guest_mem::PageS
 
 /// Result alias of this module.
 pub type Result<T> = std::result::Result<T, DaemonError>;
-
-/// Rate limiter for log lines a peer can trigger in a loop: at most one line
-/// per period; `check` says how many were suppressed since the last one.
-#[derive(Debug)]
-pub struct RateLimit {
-    last: Mutex<Option<Instant>>,
-    suppressed: AtomicU64,
-    every: Duration,
-}
-
-impl RateLimit {
-    /// At most one line per `every`.
-    pub const fn new(every: Duration) -> Self {
-        Self {
-            last: Mutex::new(None),
-            suppressed: AtomicU64::new(0),
-            every,
-        }
-    }
-
-    /// `Some(suppressed)` when a line may be logged now.
-    pub fn check(&self) -> Option<u64> {
-        let mut last = self
-            .last
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let now = Instant::now();
-        if last.is_some_and(|t| now.duration_since(t) < self.every) {
-            self.suppressed.fetch_add(1, Ordering::Relaxed);
-            return None;
-        }
-        *last = Some(now);
-        Some(self.suppressed.swap(0, Ordering::Relaxed))
-    }
-}
 
 /// State shared by the control plane, the blocking jobs and the handle.
 #[derive(Debug)]
@@ -732,17 +697,6 @@ mod tests {
         assert_eq!(leftover_pid("hugemem-r12.4242.0.1"), None);
         assert_eq!(leftover_pid("other-r12.4242.0"), None);
         assert_eq!(leftover_pid("hugemem-rx.4242.0"), None);
-    }
-
-    #[test]
-    fn rate_limit_suppresses_and_counts() {
-        let r = RateLimit::new(Duration::from_secs(3600));
-        assert_eq!(r.check(), Some(0));
-        assert_eq!(r.check(), None);
-        assert_eq!(r.check(), None);
-        let r2 = RateLimit::new(Duration::ZERO);
-        assert_eq!(r2.check(), Some(0));
-        assert_eq!(r2.check(), Some(0));
     }
 
     #[test]

@@ -629,7 +629,7 @@ fn run_move(
     let placement = match migrate::placement(&span) {
         Ok(p) => Some(p),
         Err(e) => {
-            warn!(region = target.id, error = %super::alloc::chain(&e), "cannot tell where a moved region's pages are");
+            warn!(region = target.id, error = %crate::diag::chain(&e), "cannot tell where a moved region's pages are");
             None
         }
     };
@@ -799,7 +799,7 @@ pub async fn serve(shared: &Arc<Shared>, session: SessionId, uid: u32, req: Move
             })
         }
         Err(e) => {
-            let msg = super::alloc::chain(&e);
+            let msg = crate::diag::chain(&e);
             info!(session, region = req.region_id, status = ?e.status(), reason = %msg, "REBALANCE refused or failed");
             Reply::error(e.status(), msg)
         }
@@ -823,7 +823,7 @@ pub async fn add_placement(shared: &Arc<Shared>, stats: &mut Value) {
             .into_iter()
             .map(|r| {
                 let p = migrate::placement(&MoveSpan::of_region(&r.region))
-                    .map_err(|e| super::alloc::chain(&e));
+                    .map_err(|e| crate::diag::chain(&e));
                 (r, p)
             })
             .collect::<Vec<_>>()
@@ -873,61 +873,6 @@ pub async fn add_placement(shared: &Arc<Shared>, stats: &mut Value) {
             .collect();
         obj.insert("rebalanced".into(), ranges.into());
     }
-}
-
-/// The in-use part of `hugemem status`: one line per region with its
-/// placement (from the STATS `regions` list).
-pub fn render_regions(stats: &Value) -> String {
-    use guest_mem::size::format_size;
-    let regions: Vec<&Value> = stats
-        .get("regions")
-        .and_then(Value::as_array)
-        .map(|a| a.iter().filter(|r| r.get("alloc_id").is_some()).collect())
-        .unwrap_or_default();
-    if regions.is_empty() {
-        return String::new();
-    }
-    let u = |v: &Value, k: &str| v.get(k).and_then(Value::as_u64).unwrap_or(0);
-    let mut out = format!(
-        "\n{:<7} {:<6} {:>9} {:<5} {:<5} placement\n",
-        "region", "alloc", "size", "page", "node"
-    );
-    for r in regions {
-        let placement = match r.get("placement").and_then(Value::as_object) {
-            Some(p) if !p.is_empty() => p
-                .iter()
-                .map(|(n, c)| format!("node {n}: {}", c.as_u64().unwrap_or(0)))
-                .collect::<Vec<_>>()
-                .join(", "),
-            Some(_) => "no page present".to_string(),
-            None => r
-                .get("placement_error")
-                .and_then(Value::as_str)
-                .map_or_else(|| "?".to_string(), |e| format!("unknown: {e}")),
-        };
-        let mut extra = String::new();
-        let np = u(r, "not_present");
-        if np > 0 {
-            extra.push_str(&format!(", {np} not present"));
-        }
-        if r.get("split").and_then(Value::as_bool) == Some(true) {
-            extra.push_str(" (split)");
-        }
-        if r.get("moving").and_then(Value::as_bool) == Some(true) {
-            extra.push_str(" (moving)");
-        }
-        out.push_str(&format!(
-            "{:<7} {:<6} {:>9} {:<5} {:<5} {placement}{extra}\n",
-            u(r, "id"),
-            u(r, "alloc_id"),
-            format_size(u(r, "bytes")),
-            r.get("page_size").and_then(Value::as_str).unwrap_or("?"),
-            r.get("bound_node")
-                .and_then(Value::as_u64)
-                .map_or_else(|| "-".to_string(), |n| n.to_string()),
-        ));
-    }
-    out
 }
 
 // ---------------------------------------------------------------------------
@@ -1054,7 +999,7 @@ fn sample_clients(
                     // The client itself must be readable; a descendant may
                     // have exited since the scan.
                     Err(e) if i == 0 => {
-                        return (session, Err(super::alloc::chain(&e)));
+                        return (session, Err(crate::diag::chain(&e)));
                     }
                     Err(_) => {}
                 }
@@ -1179,7 +1124,7 @@ async fn policy_tick(shared: &Arc<Shared>, cpus: &Arc<CpuNodes>) {
             shared.tracker.clone().spawn(async move {
                 match rebalance(&shared, req, Initiator::Policy).await {
                     Ok(out) => info!(region = req.region_id, to, report = %out.report, "policy move done"),
-                    Err(e) => warn!(region = req.region_id, to, error = %super::alloc::chain(&e), "policy move failed"),
+                    Err(e) => warn!(region = req.region_id, to, error = %crate::diag::chain(&e), "policy move failed"),
                 }
             });
         }
@@ -1366,9 +1311,7 @@ pub mod testing {
         (i ^ seed).wrapping_mul(0x9e37_79b9_7f4a_7c15)
     }
 
-    fn chain(e: &dyn std::error::Error) -> String {
-        crate::daemon::alloc::chain(e)
-    }
+    use crate::diag::chain;
 
     /// Starts a daemon on a temporary socket, ALLOCs 16 MiB of 2 MiB pages
     /// on the first node with memory through a client, writes a pattern
@@ -1922,23 +1865,5 @@ mod tests {
             Err(e) if e.contains("free 2M pages") => test_support::skip!("{e}"),
             Err(e) => panic!("{e}"),
         }
-    }
-
-    #[test]
-    fn status_lines_show_placement() {
-        let stats = json!({
-            "regions": [
-                {"id": 3, "alloc_id": 1, "bytes": 16u64 << 20, "page_size": "2M", "bound_node": 0,
-                 "placement": {"0": 4, "1": 4}, "not_present": 0, "split": true, "moving": false},
-                {"id": 4, "bytes": 2u64 << 20, "page_size": "2M", "state": "clean"},
-            ]
-        });
-        let text = render_regions(&stats);
-        assert!(text.contains("node 0: 4, node 1: 4 (split)"), "{text}");
-        assert!(
-            !text.contains("\n4 "),
-            "pooled regions are not listed: {text}"
-        );
-        assert_eq!(render_regions(&json!({})), "");
     }
 }

@@ -27,8 +27,9 @@ use numa::NodeId;
 use serde_json::{json, Value};
 use tracing::{debug, info};
 
-use super::supply::{self, chain};
+use super::supply;
 use super::Shared;
+use crate::diag::chain;
 use guest_mem::size::format_size;
 
 #[derive(Debug, Default)]

@@ -43,7 +43,8 @@ use tracing::{debug, info, warn};
 use super::metrics::Metrics;
 use super::peer::PeerCred;
 use super::session::Session;
-use super::{RateLimit, Shared};
+use super::Shared;
+use crate::diag::RateLimit;
 use crate::proto::async_io::{read_frame, write_frame};
 use crate::proto::messages::{Reply, Request};
 use crate::proto::{Header, ProtoError, Status};
@@ -205,7 +206,7 @@ impl Listener {
             if let Err(e) = handler.run().await {
                 Metrics::add(&handler.shared.metrics.connection_errors, 1);
                 if let Some(n) = MALFORMED_LOG.check() {
-                    warn!(session = id, error = %super::alloc::chain(&e), suppressed = n, "closing connection");
+                    warn!(session = id, error = %crate::diag::chain(&e), suppressed = n, "closing connection");
                 }
             }
             handler.session.close();

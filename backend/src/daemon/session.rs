@@ -66,7 +66,7 @@ pub struct Session {
     handshaken: bool,
     watching: bool,
     /// Lazy allocations and their fault services (`backend::fault`).
-    lazy: crate::fault::daemon::LazyAllocs,
+    lazy: super::lazy_allocs::LazyAllocs,
 }
 
 impl Session {
@@ -82,7 +82,7 @@ impl Session {
             shared,
             handshaken: false,
             watching: false,
-            lazy: crate::fault::daemon::LazyAllocs::new(),
+            lazy: super::lazy_allocs::LazyAllocs::new(),
         }
     }
 

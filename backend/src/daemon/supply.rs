@@ -5,6 +5,7 @@
 //! pooled region cleared now, a fresh region from the kernel; and how their
 //! errors become refusals. Nothing here chooses between sources.
 
+use crate::diag::chain;
 use guest_mem::size::format_size;
 use std::time::Instant;
 
@@ -304,18 +305,6 @@ pub fn is_shortage(e: &RegionError) -> bool {
         }
         _ => false,
     }
-}
-
-/// The error and its sources, `: `-joined.
-pub fn chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        s.push_str(": ");
-        s.push_str(&c.to_string());
-        cur = c.source();
-    }
-    s
 }
 
 /// The refusal for a creation error.

@@ -59,7 +59,6 @@
 //! concurrently, but UNMAP/REMAP would race with faults read by another
 //! thread; one reader keeps events in order.
 
-pub mod daemon;
 pub mod metrics;
 pub mod pagemap;
 pub mod policy;
@@ -67,6 +66,7 @@ pub mod service;
 pub mod table;
 
 pub use metrics::{FaultMetrics, FaultStats, Histogram, LatencySummary};
+pub use pagemap::dirty_pages_resident;
 pub use service::{
     live_services, FaultMapping, FaultReport, FaultService, FaultServiceConfig, FaultServiceHandle,
     StopReason,

@@ -33,7 +33,7 @@ use super::metrics::{FaultMetrics, FaultStats};
 use super::policy::{self, PageOps, PolicyError, Served};
 use super::table::{Range, RangeTable};
 use super::{FaultError, Result};
-use crate::daemon::RateLimit;
+use crate::diag::RateLimit;
 use crate::uffd::{FaultKind, Fill, Uffd, UffdError, UffdEvent};
 
 /// How long a fill that keeps answering `EAGAIN` is retried before the fault
@@ -663,7 +663,7 @@ fn check_mappings(mappings: &[FaultMapping]) -> Result<(Vec<Unit>, Vec<Range<Tar
 
 fn check_resident(units: &[Unit]) -> Result<()> {
     for u in units {
-        if let Err(page) = super::daemon::dirty_pages_resident(&u.region) {
+        if let Err(page) = super::pagemap::dirty_pages_resident(&u.region) {
             return Err(FaultError::NotResident {
                 region: u.region.name().to_string(),
                 page,

@@ -12,17 +12,7 @@ use guest_mem::size::parse_size;
 /// Extra time a launch gets after SIGTERM before SIGKILL.
 const KILL_GRACE: Duration = Duration::from_secs(5);
 
-/// An error and its causes on one line.
-pub(super) fn chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut cause = e.source();
-    while let Some(c) = cause {
-        s.push_str(": ");
-        s.push_str(&c.to_string());
-        cause = c.source();
-    }
-    s
-}
+pub(super) use crate::diag::chain;
 
 /// `HUGEMEM-GUEST pages=N nonzero=B status=S`.
 #[derive(Debug, PartialEq, Eq)]

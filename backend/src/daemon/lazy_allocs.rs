@@ -1,29 +1,30 @@
 //! Lazy mode in the daemon: which of a session's allocations are lazy, the
 //! fault service serving each, and the ALLOC-side choice of a region.
 //!
-//! Kept here rather than in `daemon/` so the daemon's own files only gain a
-//! few calls: `alloc` asks [`obtain_lazy`] first for a lazy part, the session
-//! records lazy allocations in its [`LazyAllocs`], hands UFFD requests to
-//! [`LazyAllocs::attach`], and stops the service ([`LazyAllocs::stop`])
-//! before FREE releases the regions and before a closing connection's
-//! socket is closed (the VMM's fallback may serve faults once it sees the
-//! connection close, so the daemon must have stopped by then).
+//! `alloc` asks [`take_lazy_dirty`] and [`fresh_demand`] for a lazy part, the
+//! session records lazy allocations in its [`LazyAllocs`], hands UFFD
+//! requests to [`LazyAllocs::attach`], and stops the service
+//! ([`LazyAllocs::stop`]) before FREE releases the regions and before a
+//! closing connection's socket is closed (the VMM's fallback may serve faults
+//! once it sees the connection close, so the daemon must have stopped by
+//! then). The fault service itself (`crate::fault`) knows nothing of the
+//! daemon.
 
 use std::collections::HashMap;
 use std::os::fd::OwnedFd;
 use std::sync::Arc;
 
-use guest_mem::{PageSize, PageState, Region, RegionSpec};
+use guest_mem::{PageSize, Region, RegionSpec};
 use numa::{NodeId, Topology};
 use serde_json::{json, Value};
 use tokio::sync::Notify;
 use tracing::{info, warn};
 
-use super::{
-    check_uffd_ranges, FaultMapping, FaultReport, FaultService, FaultServiceConfig,
-    FaultServiceHandle,
+use super::pool::{Pool, PoolKey, Taken};
+use crate::fault::{
+    check_uffd_ranges, dirty_pages_resident, FaultMapping, FaultReport, FaultService,
+    FaultServiceConfig, FaultServiceHandle,
 };
-use crate::daemon::pool::{Pool, PoolKey, Taken};
 use crate::proto::{RegionInfo, Status, UffdRange};
 use crate::uffd::Uffd;
 
@@ -35,7 +36,7 @@ use crate::uffd::Uffd;
 /// The pool's scrubbers may still be clearing some of its pages: the fault
 /// service defers faults on those until they are clean, and its own
 /// scrubbers install them. A dirty page out of the page cache would not raise
-/// a MINOR fault (see [`super::FaultService::start`]): such a region is put
+/// a MINOR fault (see [`crate::fault::FaultService::start`]): such a region is put
 /// back.
 pub fn take_lazy_dirty(
     pool: &Pool,
@@ -94,35 +95,6 @@ pub fn fresh_demand(
         }
     }
     None
-}
-
-/// `Ok` when every `Dirty` page of the region is mapped in the daemon's own
-/// mapping (so in the page cache); else the first page that is not (0 when
-/// the check itself failed).
-pub fn dirty_pages_resident(region: &Region) -> Result<(), usize> {
-    let dirty = region.states().pages_in(PageState::Dirty);
-    if dirty.is_empty() {
-        return Ok(());
-    }
-    let (Ok(len), Ok(unit)) = (
-        usize::try_from(region.len()),
-        usize::try_from(region.state_unit()),
-    ) else {
-        return Err(0);
-    };
-    // SAFETY: the region's own mapping, `len` bytes from its 4 KiB-aligned
-    // start, alive for the call (we hold the region); only inspected.
-    let Ok(present) = (unsafe { super::pagemap::resident_pages(region.as_ptr(), len, unit) })
-    else {
-        return Err(0);
-    };
-    match dirty
-        .into_iter()
-        .find(|&p| !present.get(p).copied().unwrap_or(false))
-    {
-        Some(page) => Err(page),
-        None => Ok(()),
-    }
 }
 
 #[derive(Debug)]
@@ -214,10 +186,12 @@ impl LazyAllocs {
         cfg.label = format!("alloc {alloc_id}");
         let service = FaultService::start(cfg, uffd, mappings, peer).map_err(|e| {
             let status = match e {
-                super::FaultError::Setup(_) | super::FaultError::Threads(_) => Status::Internal,
+                crate::fault::FaultError::Setup(_) | crate::fault::FaultError::Threads(_) => {
+                    Status::Internal
+                }
                 _ => Status::Invalid,
             };
-            (status, crate::daemon::alloc::chain(&e))
+            (status, crate::diag::chain(&e))
         })?;
         alloc.service = Some(service);
         info!(
