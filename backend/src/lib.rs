@@ -36,6 +36,8 @@ pub mod lazy;
 mod private_dir;
 /// The wire protocol: framing, messages, fd passing.
 pub mod proto;
+/// `hugemem rebalance`: the operator's REBALANCE client.
+pub mod rebalance_cli;
 /// `hugemem status`: STATS rendered as text for operators.
 pub mod status;
 /// Raw syscalls behind small safe wrappers (fd-owning `recvmsg`, `fstat` size, populate).

@@ -622,7 +622,7 @@ fn run(cli: Cli) -> Result<i32> {
             range,
         } => {
             let report =
-                backend::daemon::rebalance::run_cli(&socket, region, to_node, range.as_deref())
+                backend::rebalance_cli::run_cli(&socket, region, to_node, range.as_deref())
                     .with_context(|| {
                         format!("hugemem rebalance of region {region} to node {to_node} failed")
                     })?;
