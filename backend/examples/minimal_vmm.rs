@@ -87,7 +87,8 @@ pub fn run_vmm(socket: &Path, size: u64, clear_mode: ClearMode) -> Result<Report
         (mem, Some(guard))
     };
     let page_size = alloc.regions.iter().map(|r| r.page_size).min();
-    let serial = boot_and_check(&mem, page_size.context("no regions")?)?;
+    let page_size = page_size.context("no regions")?;
+    let serial = boot_and_check(&mem, page_size)?;
     // The vCPU has stopped: unmap, drop the uffd copy, close the fds, FREE.
     // The daemon reuses a region only once nothing of ours maps or holds it.
     drop(mem);
@@ -98,7 +99,7 @@ pub fn run_vmm(socket: &Path, size: u64, clear_mode: ClearMode) -> Result<Report
     Ok(Report {
         regions,
         lazy_regions,
-        page_size: page_size.unwrap_or_default(),
+        page_size,
         serial,
     })
 }
@@ -106,15 +107,22 @@ pub fn run_vmm(socket: &Path, size: u64, clear_mode: ClearMode) -> Result<Report
 /// Maps every region `MAP_SHARED` read-write at its guest address, split
 /// around the MMIO hole, as `Allocation::guest_memory` does (which refuses
 /// LAZY regions), and lists the mappings of the regions `register` picks.
-fn map_regions(
+pub fn map_regions(
     alloc: &Allocation,
     register: impl Fn(&RegionInfo) -> bool,
 ) -> Result<(GuestMemoryMmap, Vec<GuestMapping>)> {
     let (mut regions, mut mappings) = (Vec::new(), Vec::new());
     for (info, fd) in alloc.regions.iter().zip(&alloc.fds) {
+        let file = File::from(fd.try_clone()?);
+        // Never map past the end: an access there would be a SIGBUS.
+        ensure!(
+            file.metadata()?.len() >= info.size,
+            "region {} is short",
+            info.region_id
+        );
         for (region_offset, len, gpa) in guest_layout(info.guest_phys, info.size) {
             let map = MmapRegionBuilder::new(usize::try_from(len)?)
-                .with_file_offset(FileOffset::new(File::from(fd.try_clone()?), region_offset))
+                .with_file_offset(FileOffset::new(file.try_clone()?, region_offset))
                 .with_mmap_prot(libc::PROT_READ | libc::PROT_WRITE)
                 .with_mmap_flags(libc::MAP_SHARED) // never MAP_NORESERVE, never private
                 .with_hugetlbfs(info.page_size > 4096)
@@ -128,7 +136,8 @@ fn map_regions(
                     len,
                 });
             }
-            regions.push(GuestRegionMmap::new(map, GuestAddress(gpa)).context("address")?);
+            let region = GuestRegionMmap::new(map, GuestAddress(gpa));
+            regions.push(region.context("guest address overflow")?);
         }
     }
     Ok((GuestMemoryMmap::from_regions(regions)?, mappings))

@@ -18,13 +18,14 @@ use std::os::fd::AsFd;
 use std::time::Duration;
 
 use backend::client::Client;
-use backend::proto::{AllocRequest, ClearMode, PagePolicy};
+use backend::proto::{AllocRequest, ClearMode, PagePolicy, RegionInfo};
 use common::{counter, pool_bytes, reserve_2m, serial, wait_until, Map, TestDaemon};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
 const HUGE: u64 = 2 << 20;
-/// 32 huge pages of guest RAM.
-const SIZE: u64 = 32 * HUGE;
+/// 64 huge pages of guest RAM: enough that a scrubber takes a while over a
+/// freed region, which is what leaves dirty pages for the lazy tests.
+const SIZE: u64 = 64 * HUGE;
 const STALE: u8 = 0xEE;
 const DEADLINE: Duration = Duration::from_secs(30);
 
@@ -85,7 +86,7 @@ fn eager_and_lazy_on_clean_memory_boot_the_micro_guest() {
 
 /// Tries at a dirty region: one is lost only when the scrubbers clean the
 /// region between its FREE and the example's lazy ALLOC.
-const TRIES: usize = 10;
+const TRIES: usize = 20;
 
 #[test]
 fn lazy_on_dirty_pooled_memory_boots_a_guest_that_sees_only_zeros() {
@@ -100,6 +101,11 @@ fn lazy_on_dirty_pooled_memory_boots_a_guest_that_sees_only_zeros() {
         // SAFETY: geteuid has no preconditions and cannot fail.
         cfg.pool.lazy_dirty_uids = vec![unsafe { libc::geteuid() }];
         cfg.pool.detach_pages = false;
+        // A scrubber claims one page at a time: a region handed out lazily
+        // has at most one page per scrubber being cleared, the rest is the
+        // previous tenant's until the fault service clears it (with the
+        // default 64 MiB batch the whole region could be claimed at once).
+        cfg.scrub.batch = backend::daemon::ByteSize(HUGE);
     });
     let mut tenant = daemon.client();
     for attempt in 0..TRIES {
@@ -113,11 +119,55 @@ fn lazy_on_dirty_pooled_memory_boots_a_guest_that_sees_only_zeros() {
         assert_eq!(active_allocations(&daemon), 0, "the example FREEd");
         if report.lazy_regions > 0 {
             assert_eq!(report.lazy_regions, report.regions);
+            lazy_without_hand_off_shows_stale_bytes(&daemon, &mut tenant);
             daemon.shutdown();
             return;
         }
     }
     panic!("the example never got a LAZY region in {TRIES} tries");
+}
+
+/// The control: the same boot on a LAZY region mapped without the hand-off
+/// sees the previous tenant's bytes, so the setup above does hand out
+/// regions a guest would read stale data from. A try counts only when the
+/// region still held them: a region whose every page a scrubber cleared
+/// between its FREE and the ALLOC can still be handed out flagged LAZY.
+fn lazy_without_hand_off_shows_stale_bytes(daemon: &TestDaemon, tenant: &mut Client) {
+    for attempt in 0..TRIES {
+        leave_dirty_region(daemon, tenant);
+        let alloc = tenant.alloc(request(ClearMode::Lazy)).expect("lazy ALLOC");
+        let lazy = alloc.regions[0].flags & RegionInfo::FLAG_LAZY != 0;
+        let seen = lazy.then(|| {
+            let (mem, _) = minimal_vmm::map_regions(&alloc, |_| false).expect("map");
+            minimal_vmm::boot_and_check(&mem, HUGE)
+        });
+        let id = alloc.id;
+        drop(alloc);
+        tenant.free(id).expect("FREE");
+        match seen {
+            Some(Err(e)) => {
+                println!("OBSERVED: without the hand-off (attempt {attempt}): {e:#}");
+                assert!(e.to_string().contains("nonzero=1"), "{e:#}");
+                return;
+            }
+            Some(Ok(line)) => {
+                println!("OBSERVED: control attempt {attempt}: LAZY but already scrubbed ({line})")
+            }
+            None => println!("OBSERVED: control attempt {attempt}: the scrubbers were first"),
+        }
+    }
+    panic!("the control never saw a previous tenant's bytes in {TRIES} tries");
+}
+
+fn request(clear_mode: ClearMode) -> AllocRequest {
+    AllocRequest {
+        total_size: SIZE,
+        page_policy: PagePolicy::Huge2M,
+        clear_mode,
+        lock: false,
+        parts: vec![],
+        want_paths: false,
+    }
 }
 
 /// The example's check is real: the same boot on memory that is not clean
@@ -148,14 +198,7 @@ fn the_check_fails_on_memory_that_is_not_clean() {
 /// region left quarantine (dirty, or already scrubbed or discarded).
 fn leave_dirty_region(daemon: &TestDaemon, tenant: &mut Client) {
     let alloc = tenant
-        .alloc(AllocRequest {
-            total_size: SIZE,
-            page_policy: PagePolicy::Huge2M,
-            clear_mode: ClearMode::Eager,
-            lock: false,
-            parts: vec![],
-            want_paths: false,
-        })
+        .alloc(request(ClearMode::Eager))
         .expect("eager ALLOC");
     {
         let map = Map::shared(alloc.fds[0].as_fd(), SIZE as usize);
