@@ -1,0 +1,218 @@
+//! Runs the example VMM (`backend/examples/minimal_vmm.rs`) against a real
+//! daemon: real 2 MiB huge pages, a real KVM guest, eager and lazy.
+//!
+//! The example's source file is compiled into this test as a module
+//! (`#[path]` below) and its [`minimal_vmm::run_vmm`] is called: the test
+//! runs the example's own code, not a copy. Cargo builds examples during
+//! `cargo test` but tells integration tests only where `[[bin]]` targets are
+//! (`CARGO_BIN_EXE_<name>`), and building the example from inside the test
+//! (`cargo build --example`) would run cargo inside cargo on a locked target
+//! directory. The example's `main` only parses arguments and calls `run_vmm`.
+
+mod common;
+#[allow(dead_code)] // its `main` is the example binary's entry point, unused here
+#[path = "../examples/minimal_vmm.rs"]
+mod minimal_vmm;
+
+use std::os::fd::AsFd;
+use std::time::Duration;
+
+use backend::client::Client;
+use backend::proto::{AllocRequest, ClearMode, PagePolicy, RegionInfo};
+use common::{counter, pool_bytes, reserve_2m, serial, wait_until, Map, TestDaemon};
+use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+
+const HUGE: u64 = 2 << 20;
+/// 64 huge pages of guest RAM: enough that a scrubber takes a while over a
+/// freed region, which is what leaves dirty pages for the lazy tests.
+const SIZE: u64 = 64 * HUGE;
+const STALE: u8 = 0xEE;
+const DEADLINE: Duration = Duration::from_secs(30);
+
+/// KVM and 2 MiB pages for two guests' RAM; `false` after a skip.
+fn prerequisites(test: &str) -> bool {
+    if let Err(reason) = microguest::kvm_available() {
+        test_support::skip!("{test}: {reason}");
+        return false;
+    }
+    reserve_2m(2 * SIZE / HUGE, test)
+}
+
+/// What a clean guest reports over all of `SIZE` (its image at 1 MiB covers
+/// no 2 MiB boundary).
+fn clean_line() -> String {
+    format!("HUGEMEM-GUEST pages={} nonzero=0 status=0", SIZE / HUGE)
+}
+
+fn active_allocations(daemon: &TestDaemon) -> u64 {
+    daemon.stats()["allocations"]["active"]
+        .as_u64()
+        .expect("allocations.active in STATS")
+}
+
+#[test]
+fn the_default_socket_is_the_daemons() {
+    assert_eq!(
+        minimal_vmm::DEFAULT_SOCKET,
+        backend::daemon::config::DEFAULT_SOCKET
+    );
+}
+
+#[test]
+fn eager_and_lazy_on_clean_memory_boot_the_micro_guest() {
+    const TEST: &str = "eager_and_lazy_on_clean_memory_boot_the_micro_guest";
+    let _s = serial();
+    if !prerequisites(TEST) {
+        return;
+    }
+    let daemon = TestDaemon::start(|_| {});
+    for mode in [ClearMode::Eager, ClearMode::Lazy] {
+        let report = minimal_vmm::run_vmm(&daemon.socket(), SIZE, mode)
+            .unwrap_or_else(|e| panic!("example VMM, {mode:?}: {e:?}"));
+        println!("OBSERVED: {mode:?}: {report:?}");
+        assert_eq!(report.page_size, HUGE, "64 MiB on `best` is 2 MiB pages");
+        assert_eq!(report.serial, clean_line());
+        // No dirty memory is handed out lazily to a uid not listed in
+        // `lazy_dirty_uids`: a lazy ALLOC here gets CLEAN regions and runs as is.
+        assert_eq!(report.lazy_regions, 0, "{mode:?}");
+        assert_eq!(
+            active_allocations(&daemon),
+            0,
+            "the example FREEd its memory"
+        );
+    }
+    daemon.shutdown();
+}
+
+/// Tries at a dirty region: one is lost only when the scrubbers clean the
+/// region between its FREE and the example's lazy ALLOC.
+const TRIES: usize = 20;
+
+#[test]
+fn lazy_on_dirty_pooled_memory_boots_a_guest_that_sees_only_zeros() {
+    const TEST: &str = "lazy_on_dirty_pooled_memory_boots_a_guest_that_sees_only_zeros";
+    let _s = serial();
+    if !prerequisites(TEST) {
+        return;
+    }
+    let daemon = TestDaemon::start(|cfg| {
+        // This uid may get dirty memory lazily; without detaching, a freed
+        // region stays dirty (a previous tenant's bytes) until scrubbed.
+        // SAFETY: geteuid has no preconditions and cannot fail.
+        cfg.pool.lazy_dirty_uids = vec![unsafe { libc::geteuid() }];
+        cfg.pool.detach_pages = false;
+        // A scrubber claims one page at a time: a region handed out lazily
+        // has at most one page per scrubber being cleared, the rest is the
+        // previous tenant's until the fault service clears it (with the
+        // default 64 MiB batch the whole region could be claimed at once).
+        cfg.scrub.batch = backend::daemon::ByteSize(HUGE);
+    });
+    let mut tenant = daemon.client();
+    for attempt in 0..TRIES {
+        leave_dirty_region(&daemon, &mut tenant);
+        let report = minimal_vmm::run_vmm(&daemon.socket(), SIZE, ClearMode::Lazy)
+            .unwrap_or_else(|e| panic!("example VMM, lazy: {e:?}"));
+        println!("OBSERVED: attempt {attempt}: {report:?}");
+        // The region held STALE in every byte: a guest that read any of it
+        // would have reported nonzero=1 and `run_vmm` would have failed.
+        assert_eq!(report.serial, clean_line());
+        assert_eq!(active_allocations(&daemon), 0, "the example FREEd");
+        if report.lazy_regions > 0 {
+            assert_eq!(report.lazy_regions, report.regions);
+            lazy_without_hand_off_shows_stale_bytes(&daemon, &mut tenant);
+            daemon.shutdown();
+            return;
+        }
+    }
+    panic!("the example never got a LAZY region in {TRIES} tries");
+}
+
+/// The control: the same boot on a LAZY region mapped without the hand-off
+/// sees the previous tenant's bytes, so the setup above does hand out
+/// regions a guest would read stale data from. A try counts only when the
+/// region still held them: a region whose every page a scrubber cleared
+/// between its FREE and the ALLOC can still be handed out flagged LAZY.
+fn lazy_without_hand_off_shows_stale_bytes(daemon: &TestDaemon, tenant: &mut Client) {
+    for attempt in 0..TRIES {
+        leave_dirty_region(daemon, tenant);
+        let alloc = tenant.alloc(request(ClearMode::Lazy)).expect("lazy ALLOC");
+        let lazy = alloc.regions[0].flags & RegionInfo::FLAG_LAZY != 0;
+        let seen = lazy.then(|| {
+            let (mem, _) = minimal_vmm::map_regions(&alloc, |_| false).expect("map");
+            minimal_vmm::boot_and_check(&mem, HUGE)
+        });
+        let id = alloc.id;
+        drop(alloc);
+        tenant.free(id).expect("FREE");
+        match seen {
+            Some(Err(e)) => {
+                println!("OBSERVED: without the hand-off (attempt {attempt}): {e:#}");
+                assert!(e.to_string().contains("nonzero=1"), "{e:#}");
+                return;
+            }
+            Some(Ok(line)) => {
+                println!("OBSERVED: control attempt {attempt}: LAZY but already scrubbed ({line})")
+            }
+            None => println!("OBSERVED: control attempt {attempt}: the scrubbers were first"),
+        }
+    }
+    panic!("the control never saw a previous tenant's bytes in {TRIES} tries");
+}
+
+fn request(clear_mode: ClearMode) -> AllocRequest {
+    AllocRequest {
+        total_size: SIZE,
+        page_policy: PagePolicy::Huge2M,
+        clear_mode,
+        lock: false,
+        parts: vec![],
+        want_paths: false,
+    }
+}
+
+/// The example's check is real: the same boot on memory that is not clean
+/// (one nonzero word at a 2 MiB boundary, anonymous memory, no daemon) fails
+/// with the guest's own report.
+#[test]
+fn the_check_fails_on_memory_that_is_not_clean() {
+    const TEST: &str = "the_check_fails_on_memory_that_is_not_clean";
+    if let Err(reason) = microguest::kvm_available() {
+        test_support::skip!("{TEST}: {reason}");
+        return;
+    }
+    let fresh = || {
+        GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), SIZE as usize)])
+            .expect("anonymous guest memory")
+    };
+    // The control: zeroed anonymous memory is clean.
+    minimal_vmm::boot_and_check(&fresh(), HUGE).expect("clean memory");
+    let mem = fresh();
+    mem.write_obj(0x5eed_u64, GuestAddress(3 * HUGE))
+        .expect("write");
+    let err = minimal_vmm::boot_and_check(&mem, HUGE).expect_err("memory was not clean");
+    println!("OBSERVED: {err:#}");
+    assert!(err.to_string().contains("nonzero=1"), "{err:#}");
+}
+
+/// A previous tenant: eager ALLOC, every byte STALE, FREE; returns once the
+/// region left quarantine (dirty, or already scrubbed or discarded).
+fn leave_dirty_region(daemon: &TestDaemon, tenant: &mut Client) {
+    let alloc = tenant
+        .alloc(request(ClearMode::Eager))
+        .expect("eager ALLOC");
+    {
+        let map = Map::shared(alloc.fds[0].as_fd(), SIZE as usize);
+        map.fill(0, map.len(), STALE);
+    }
+    let id = alloc.id;
+    drop(alloc); // nothing of the tenant holds the region now
+    let discarded = counter(&daemon.stats(), "regions_discarded");
+    tenant.free(id).expect("FREE");
+    wait_until("the region to leave quarantine", DEADLINE, || {
+        let s = daemon.stats();
+        pool_bytes(&s, "dirty_bytes") > 0
+            || (pool_bytes(&s, "quarantined_bytes") == 0
+                && (pool_bytes(&s, "clean_bytes") >= SIZE
+                    || counter(&s, "regions_discarded") > discarded))
+    });
+}
