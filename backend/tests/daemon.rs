@@ -873,27 +873,225 @@ fn a_killed_daemon_leaves_a_stale_socket_that_the_next_start_replaces() {
     d.shutdown().expect("shutdown");
 }
 
-#[test]
-fn metrics_endpoint_serves_prometheus_text_on_loopback() {
-    let _s = serial();
-    let d = TestDaemon::start(|c| c.metrics.listen = Some("127.0.0.1:0".parse().expect("addr")));
-    let addr = d.handle().metrics_addr().expect("metrics on");
+/// One HTTP/1.1 exchange with the metrics endpoint: (status line, headers, body).
+fn http_get(addr: std::net::SocketAddr, method: &str, path: &str) -> (String, String, String) {
     let mut s = std::net::TcpStream::connect(addr).expect("connect");
     s.set_read_timeout(Some(Duration::from_secs(10)))
         .expect("timeout");
-    s.write_all(b"GET /metrics HTTP/1.0\r\n\r\n")
-        .expect("request");
-    let mut body = String::new();
-    s.read_to_string(&mut body).expect("response");
-    assert!(body.starts_with("HTTP/1.0 200 OK"), "{body}");
-    assert!(body.contains("# TYPE hugemem_pool_bytes gauge"), "{body}");
-    assert!(body.contains("hugemem_sessions 0"), "{body}");
-    let mut s = std::net::TcpStream::connect(addr).expect("connect");
-    s.write_all(b"GET /other HTTP/1.0\r\n\r\n")
-        .expect("request");
-    let mut body = String::new();
-    s.read_to_string(&mut body).expect("response");
-    assert!(body.starts_with("HTTP/1.0 404"), "{body}");
+    write!(
+        s,
+        "{method} {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
+    )
+    .expect("request");
+    let mut text = String::new();
+    s.read_to_string(&mut text).expect("response");
+    let (head, body) = text.split_once("\r\n\r\n").expect("a head and a body");
+    let (status, headers) = head.split_once("\r\n").unwrap_or((head, ""));
+    (
+        status.to_string(),
+        headers.to_ascii_lowercase(),
+        body.to_string(),
+    )
+}
+
+/// Parses OpenMetrics text strictly: every line is `# HELP`, `# TYPE`,
+/// `# UNIT`, the final `# EOF`, or a sample `name{labels} value` of the
+/// family most recently typed (a counter's samples end in `_total`); names
+/// and label syntax as the format says; no family typed twice; no sample
+/// twice. Returns `name{labels}` -> value, labels as written.
+fn parse_openmetrics(text: &str) -> std::collections::BTreeMap<String, f64> {
+    use std::collections::{BTreeMap, BTreeSet};
+    let name_ok = |n: &str| {
+        let mut c = n.chars();
+        c.next()
+            .is_some_and(|f| f.is_ascii_alphabetic() || f == '_' || f == ':')
+            && c.all(|x| x.is_ascii_alphanumeric() || x == '_' || x == ':')
+    };
+    let labels_ok = |l: &str| -> bool {
+        // k="v",k="v" with \\, \" and \n escapes inside values.
+        let mut rest = l;
+        loop {
+            let Some((k, after)) = rest.split_once("=\"") else {
+                return false;
+            };
+            if !name_ok(k) {
+                return false;
+            }
+            let mut chars = after.char_indices();
+            let mut end = None;
+            while let Some((i, ch)) = chars.next() {
+                match ch {
+                    '\\' if !matches!(chars.next(), Some((_, '\\' | '"' | 'n'))) => {
+                        return false;
+                    }
+                    '"' => {
+                        end = Some(i);
+                        break;
+                    }
+                    '\n' => return false,
+                    _ => {}
+                }
+            }
+            let Some(end) = end else { return false };
+            rest = &after[end + 1..];
+            if rest.is_empty() {
+                return true;
+            }
+            let Some(r) = rest.strip_prefix(',') else {
+                return false;
+            };
+            rest = r;
+        }
+    };
+    let lines: Vec<&str> = text.split_terminator('\n').collect();
+    assert_eq!(lines.last(), Some(&"# EOF"), "ends with # EOF:\n{text}");
+    let mut families = BTreeSet::new();
+    let mut current: Option<(String, String)> = None;
+    let mut samples = BTreeMap::new();
+    for line in &lines[..lines.len() - 1] {
+        if let Some(rest) = line.strip_prefix("# ") {
+            let mut f = rest.splitn(3, ' ');
+            let (kw, name, arg) = (f.next(), f.next(), f.next());
+            let name = name.unwrap_or_else(|| panic!("bad line {line:?}"));
+            assert!(name_ok(name), "bad name in {line:?}");
+            let arg = arg.unwrap_or_else(|| panic!("bad line {line:?}"));
+            match kw {
+                Some("HELP") => {}
+                Some("UNIT") => assert!(name.ends_with(&format!("_{arg}")), "{line:?}"),
+                Some("TYPE") => {
+                    assert!(
+                        [
+                            "counter",
+                            "gauge",
+                            "histogram",
+                            "summary",
+                            "info",
+                            "stateset",
+                            "unknown",
+                            "gaugehistogram"
+                        ]
+                        .contains(&arg),
+                        "{line:?}"
+                    );
+                    assert!(families.insert(name.to_string()), "{name} typed twice");
+                    current = Some((name.to_string(), arg.to_string()));
+                }
+                _ => panic!("bad line {line:?}"),
+            }
+            continue;
+        }
+        let (series, value) = line
+            .rsplit_once(' ')
+            .unwrap_or_else(|| panic!("bad sample {line:?}"));
+        let value: f64 = value
+            .parse()
+            .unwrap_or_else(|_| panic!("bad value in {line:?}"));
+        let name = match series.split_once('{') {
+            Some((n, l)) => {
+                let l = l
+                    .strip_suffix('}')
+                    .unwrap_or_else(|| panic!("bad labels in {line:?}"));
+                assert!(labels_ok(l), "bad labels in {line:?}");
+                n
+            }
+            None => series,
+        };
+        assert!(name_ok(name), "bad name in {line:?}");
+        let (family, kind) = current
+            .as_ref()
+            .unwrap_or_else(|| panic!("sample before any TYPE: {line:?}"));
+        let want = match kind.as_str() {
+            "counter" => format!("{family}_total"),
+            _ => family.clone(),
+        };
+        assert_eq!(name, want, "sample of another family: {line:?}");
+        assert!(
+            samples.insert(series.to_string(), value).is_none(),
+            "{series} twice"
+        );
+    }
+    samples
+}
+
+#[test]
+fn metrics_endpoint_serves_prometheus_text_on_loopback() {
+    let _s = serial();
+    if !reserve_2m(2, "metrics_endpoint_serves_prometheus_text_on_loopback") {
+        return;
+    }
+    let d = TestDaemon::start(|c| c.metrics.listen = Some("127.0.0.1:0".parse().expect("addr")));
+    let addr = d.handle().metrics_addr().expect("metrics on");
+    let mut c = d.client();
+    let a = c
+        .alloc(alloc_req(4 * MIB, PagePolicy::Huge2M, Some(0)))
+        .expect("alloc");
+    let (status, headers, body) = http_get(addr, "GET", "/metrics");
+    assert_eq!(status, "HTTP/1.1 200 OK", "{body}");
+    assert!(
+        headers.contains("content-type: application/openmetrics-text"),
+        "{headers}"
+    );
+    let m = parse_openmetrics(&body);
+    let stats = d.stats();
+    let get = |k: &str| *m.get(k).unwrap_or_else(|| panic!("{k} missing:\n{body}"));
+    assert_eq!(get("hugemem_sessions"), 1.0);
+    assert_eq!(get("hugemem_allocs_ok_total"), 1.0);
+    assert_eq!(get("hugemem_allocations"), 1.0);
+    assert_eq!(get("hugemem_allocations_bytes"), (4 * MIB) as f64);
+    let pool = "{node=\"0\",page_size=\"2M\",backing=\"memfd\"";
+    assert_eq!(
+        get(&format!("hugemem_pool_bytes{pool},state=\"in_use\"}}")),
+        (4 * MIB) as f64
+    );
+    assert_eq!(
+        get(&format!("hugemem_pool_regions{pool},state=\"in_use\"}}")),
+        1.0
+    );
+    assert_eq!(
+        get(&format!("hugemem_pool_withheld_bytes{pool}}}")),
+        stats["pools"][0]["withheld_bytes"]
+            .as_u64()
+            .expect("withheld") as f64
+    );
+    // Every counter of STATS is exported (sessions_total under the name
+    // sessions_accepted: a gauge `hugemem_sessions` exists).
+    for (k, v) in stats["counters"].as_object().expect("counters") {
+        let name = match k.as_str() {
+            "sessions_active" => "hugemem_sessions_active".to_string(),
+            "sessions_total" => "hugemem_sessions_accepted_total".to_string(),
+            _ => format!("hugemem_{k}_total"),
+        };
+        assert_eq!(get(&name), v.as_f64().expect("number"), "{name}");
+    }
+    // The fault services' counters, one per STATS lazy `faults` key
+    // (`fault_bytes_cleared` exported as hugemem_fault_bytes_cleared_total).
+    for (k, _, _) in backend::fault::FaultStats::default().counters() {
+        let k = k.trim_start_matches("fault_");
+        assert_eq!(get(&format!("hugemem_fault_{k}_total")), 0.0, "{k}");
+    }
+    assert_eq!(get("hugemem_fault_services"), 0.0);
+    assert!(get("hugemem_scrub_bytes_total{node=\"0\"}") >= 0.0);
+    c.free(a.id).expect("free");
+    let (status, _, body) = http_get(addr, "HEAD", "/metrics");
+    assert_eq!(status, "HTTP/1.1 200 OK", "{body}");
+    assert!(body.is_empty(), "HEAD has no body: {body}");
+    let (status, _, _) = http_get(addr, "GET", "/other");
+    assert_eq!(status, "HTTP/1.1 404 Not Found");
+    let (status, _, _) = http_get(addr, "POST", "/metrics");
+    assert_eq!(status, "HTTP/1.1 405 Method Not Allowed");
+    // A client that never sends its request head is dropped.
+    let mut idle = std::net::TcpStream::connect(addr).expect("connect");
+    idle.set_read_timeout(Some(Duration::from_secs(30)))
+        .expect("timeout");
+    let t = Instant::now();
+    let mut buf = [0u8; 64];
+    let n = idle.read(&mut buf).unwrap_or(0);
+    assert!(
+        t.elapsed() < Duration::from_secs(15),
+        "idle metrics client dropped after {:?} ({n} bytes)",
+        t.elapsed()
+    );
+    drop(c);
     d.shutdown();
     let mut cfg = Config::default();
     cfg.metrics.listen = Some("0.0.0.0:9464".parse().expect("addr"));

@@ -1,4 +1,4 @@
-//! Counters, the STATS JSON's counter part, and the Prometheus text endpoint.
+//! Counters, the STATS JSON's counter part, and `hugemem status`'s report.
 //!
 //! # Design
 //!
@@ -9,22 +9,11 @@
 //! are computed from the pool's entries when asked, so they cannot drift
 //! from the truth.
 //!
-//! The endpoint is a tiny HTTP/1.0 responder on a tokio `TcpListener`: one
-//! request line, `GET /metrics`, one response, close. It is off by default,
-//! refuses non-loopback addresses (config validation), and bounds what it
-//! reads (8 KiB, 5 s). A full HTTP server crate would be the alternative; for
-//! one read-only text page it is not worth the dependency.
+//! The Prometheus endpoint that exports them is [`super::exporter`].
 
-use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
-use std::time::Duration;
 
 use serde_json::Value;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpListener;
-use tokio_util::sync::CancellationToken;
-use tracing::{debug, info};
 
 use numa::NodeId;
 
@@ -134,111 +123,6 @@ pub fn gb_per_s(bytes: u64, nanos: u64) -> f64 {
     #[allow(clippy::cast_precision_loss)]
     let r = bytes as f64 / nanos as f64;
     r
-}
-
-/// Renders the STATS JSON as Prometheus text exposition format (0.0.4).
-pub fn render_prometheus(stats: &Value) -> String {
-    let mut out = String::new();
-    let num = |v: &Value, k: &str| v.get(k).and_then(Value::as_f64).unwrap_or(0.0);
-    let mut metric = |name: &str, kind: &str, help: &str, samples: Vec<(String, f64)>| {
-        out.push_str(&format!("# HELP {name} {help}\n# TYPE {name} {kind}\n"));
-        for (labels, v) in samples {
-            out.push_str(&format!("{name}{labels} {v}\n"));
-        }
-    };
-    let pools = stats
-        .get("pools")
-        .and_then(Value::as_array)
-        .cloned()
-        .unwrap_or_default();
-    let mut bytes = Vec::new();
-    let mut regions = Vec::new();
-    for p in &pools {
-        let node = p.get("node").map_or_else(String::new, |n| n.to_string());
-        let size = p.get("page_size").and_then(Value::as_str).unwrap_or("?");
-        for state in ["clean", "dirty", "quarantined", "in_use"] {
-            let labels = format!("{{node=\"{node}\",page_size=\"{size}\",state=\"{state}\"}}");
-            bytes.push((labels.clone(), num(p, &format!("{state}_bytes"))));
-            regions.push((labels, p.get("regions").map_or(0.0, |r| num(r, state))));
-        }
-    }
-    metric(
-        "hugemem_pool_bytes",
-        "gauge",
-        "Pooled and in-use bytes by node, page size and state.",
-        bytes,
-    );
-    metric(
-        "hugemem_pool_regions",
-        "gauge",
-        "Regions by node, page size and state.",
-        regions,
-    );
-    let counters = stats.get("counters").cloned().unwrap_or(Value::Null);
-    if let Some(map) = counters.as_object() {
-        for (k, v) in map {
-            let kind = if k.ends_with("_active") {
-                "gauge"
-            } else {
-                "counter"
-            };
-            let name = format!("hugemem_{k}");
-            metric(
-                &name,
-                kind,
-                &format!("Daemon counter {k}."),
-                vec![(String::new(), v.as_f64().unwrap_or(0.0))],
-            );
-        }
-    }
-    let scrub = stats
-        .get("scrub")
-        .and_then(|s| s.get("nodes"))
-        .and_then(Value::as_array)
-        .cloned()
-        .unwrap_or_default();
-    let per_node = |field: &str| {
-        scrub
-            .iter()
-            .map(|n| {
-                (
-                    format!(
-                        "{{node=\"{}\"}}",
-                        n.get("node").map_or_else(String::new, Value::to_string)
-                    ),
-                    num(n, field),
-                )
-            })
-            .collect()
-    };
-    metric(
-        "hugemem_scrub_bytes_total",
-        "counter",
-        "Bytes cleared by the scrubbers.",
-        per_node("bytes"),
-    );
-    metric(
-        "hugemem_scrub_seconds_total",
-        "counter",
-        "Seconds spent clearing, summed over scrubber threads.",
-        per_node("seconds"),
-    );
-    metric(
-        "hugemem_scrub_pending_bytes",
-        "gauge",
-        "Dirty bytes waiting for a scrubber.",
-        per_node("pending_bytes"),
-    );
-    metric(
-        "hugemem_sessions",
-        "gauge",
-        "Live client sessions.",
-        vec![(
-            String::new(),
-            stats.get("sessions").map_or(0.0, |s| num(s, "active")),
-        )],
-    );
-    out
 }
 
 /// `hugemem status` without `--json`: the STATS document as a short report.
@@ -386,84 +270,12 @@ pub fn render_status(stats: &Value) -> String {
     out
 }
 
-/// Serves `GET /metrics` on `listener` until `cancel` fires.
-pub async fn serve(
-    listener: TcpListener,
-    stats: Arc<dyn Fn() -> Value + Send + Sync>,
-    cancel: CancellationToken,
-) {
-    let addr = listener.local_addr().ok();
-    info!(?addr, "metrics endpoint listening");
-    loop {
-        let (mut sock, peer) = tokio::select! {
-            () = cancel.cancelled() => break,
-            r = listener.accept() => match r {
-                Ok(x) => x,
-                Err(e) => {
-                    debug!(error = %e, "metrics accept failed");
-                    continue;
-                }
-            },
-        };
-        let stats = Arc::clone(&stats);
-        tokio::spawn(async move {
-            let mut buf = vec![0u8; 8192];
-            let mut got = 0;
-            let read = tokio::time::timeout(Duration::from_secs(5), async {
-                while got < buf.len() {
-                    let n = sock.read(&mut buf[got..]).await?;
-                    if n == 0 {
-                        break;
-                    }
-                    got += n;
-                    if buf[..got].windows(4).any(|w| w == b"\r\n\r\n")
-                        || buf[..got].windows(2).any(|w| w == b"\n\n")
-                    {
-                        break;
-                    }
-                }
-                Ok::<(), std::io::Error>(())
-            })
-            .await;
-            if !matches!(read, Ok(Ok(()))) {
-                return;
-            }
-            let request = String::from_utf8_lossy(&buf[..got]);
-            let line = request.lines().next().unwrap_or("");
-            let mut parts = line.split_whitespace();
-            let (method, path) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
-            let response = if method == "GET" && (path == "/metrics" || path == "/") {
-                let body = render_prometheus(&stats());
-                format!(
-                    "HTTP/1.0 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-                    body.len()
-                )
-            } else {
-                "HTTP/1.0 404 Not Found\r\nContent-Type: text/plain\r\nContent-Length: 10\r\nConnection: close\r\n\r\nnot found\n".to_string()
-            };
-            let _ =
-                tokio::time::timeout(Duration::from_secs(5), sock.write_all(response.as_bytes()))
-                    .await;
-            debug!(%peer, "metrics served");
-        });
-    }
-}
-
-/// Binds the endpoint (loopback was checked by config validation).
-///
-/// # Errors
-///
-/// The bind error.
-pub async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
-    TcpListener::bind(addr).await
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn renders_pool_gauges_and_counters() {
+    fn status_renders_pool_figures() {
         let stats = serde_json::json!({
             "pools": [{"node": 0, "page_size": "2M", "clean_bytes": 4194304, "dirty_bytes": 0,
                        "quarantined_bytes": 0, "in_use_bytes": 2097152,
@@ -472,22 +284,6 @@ mod tests {
             "scrub": {"nodes": [{"node": 0, "bytes": 10, "seconds": 0.5, "pending_bytes": 0}]},
             "sessions": {"active": 1, "total": 2}
         });
-        let text = render_prometheus(&stats);
-        assert!(
-            text.contains(
-                "hugemem_pool_bytes{node=\"0\",page_size=\"2M\",state=\"clean\"} 4194304"
-            ),
-            "{text}"
-        );
-        assert!(text.contains("hugemem_allocs_ok 3"), "{text}");
-        assert!(
-            text.contains("# TYPE hugemem_sessions_active gauge"),
-            "{text}"
-        );
-        assert!(
-            text.contains("hugemem_scrub_bytes_total{node=\"0\"} 10"),
-            "{text}"
-        );
         let table = render_status(&stats);
         assert!(table.contains("2M"), "{table}");
         assert!(table.contains("4M"), "{table}");

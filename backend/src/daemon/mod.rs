@@ -23,7 +23,9 @@
 //! * [`holders`]: `/proc` scan for other processes holding a region.
 //! * [`reuse`]: the proofs a released region passes before it is reused.
 //! * [`peer`]: peer credentials and pidfds.
-//! * [`metrics`]: counters and the Prometheus text endpoint.
+//! * [`metrics`]: counters and `hugemem status`'s report.
+//! * [`exporter`]: the Prometheus endpoint (`prometheus-client` + `hyper`).
+//! * [`systemd`]: readiness notification and socket activation.
 //! * [`refill`]: refilling the pool to its targets while idle (`pool.refill`).
 //! * [`rebalance`]: REBALANCE, per-region placement, the vCPU-affinity policy loop.
 //!
@@ -50,6 +52,7 @@
 
 pub mod alloc;
 pub mod config;
+pub mod exporter;
 pub mod holders;
 pub mod metrics;
 pub mod peer;
@@ -62,6 +65,7 @@ pub mod scrub;
 pub mod server;
 pub mod session;
 pub mod supply;
+pub mod systemd;
 
 use std::io;
 use std::net::SocketAddr;
@@ -282,6 +286,7 @@ pub struct Shared {
     topology: Arc<Topology>,
     pool: Arc<Pool>,
     metrics: Arc<Metrics>,
+    fault_totals: Arc<crate::fault::FaultTotals>,
     scrub: Vec<Arc<ScrubCounters>>,
     allowed_uids: Vec<u32>,
     hugetlbfs: Vec<(guest_mem::PageSize, PathBuf)>,
@@ -453,7 +458,7 @@ impl Daemon {
         let metrics_listener = match config.metrics.listen {
             Some(addr) => {
                 let l = runtime
-                    .block_on(metrics::bind(addr))
+                    .block_on(tokio::net::TcpListener::bind(addr))
                     .map_err(|source| DaemonError::Metrics { addr, source })?;
                 Some(l)
             }
@@ -482,6 +487,7 @@ impl Daemon {
             topology,
             pool: Arc::clone(&pool),
             metrics,
+            fault_totals: Arc::default(),
             scrub: scrubbers.counters().to_vec(),
             max_alloc,
             started: Instant::now(),
@@ -624,11 +630,10 @@ async fn run(
             .spawn(refill::refill_loop(Arc::clone(&shared)));
     }
     if let Some(l) = metrics_listener {
-        let s = Arc::clone(&shared);
-        let stats: Arc<dyn Fn() -> Value + Send + Sync> = Arc::new(move || s.stats_json());
+        let registry = exporter::registry(Arc::clone(&shared));
         shared
             .tracker
-            .spawn(metrics::serve(l, stats, shared.cancel.clone()));
+            .spawn(exporter::serve(l, registry, shared.cancel.clone()));
     }
     server::Listener::new(listener, Arc::clone(&shared))
         .run()

@@ -66,7 +66,7 @@ pub mod policy;
 pub mod service;
 pub mod table;
 
-pub use metrics::{FaultMetrics, FaultStats, Histogram, LatencySummary};
+pub use metrics::{FaultMetrics, FaultStats, FaultSums, FaultTotals, Histogram, LatencySummary};
 pub use service::{
     live_services, FaultMapping, FaultReport, FaultService, FaultServiceConfig, FaultServiceHandle,
     StopReason,
