@@ -337,3 +337,255 @@ fn hugepages_reserves_what_the_config_section_says() {
     assert_eq!(code, Some(2), "{err}");
     assert!(err.contains("pages_3m"), "{err}");
 }
+
+/// The shipped units under a real systemd (252 on the development host),
+/// booted as PID 1 of a private PID + mount namespace (`unshare`), with
+/// `/run` a fresh tmpfs there so nothing of the host's `/run` is touched.
+/// A drop-in points the units at the built binary and a test config and
+/// turns off the default dependencies (sysinit.target would start udev,
+/// journald and the host's mounts); everything else — `Type=notify`, the
+/// sandbox, `ExecStartPre=-+… hugepages --config`, `RuntimeDirectory=`, the
+/// socket unit — is the file in `scripts/`. An extra sandboxed
+/// `ExecStartPre=` (no `+`) rewrites a sysfs file with its own value and
+/// reports whether /sys was writable.
+///
+/// Skipped where PID 1 is systemd (a second manager on the same cgroup tree
+/// would fight the host's; use `systemd-run` there) or where systemd,
+/// `unshare` or root are missing. The cgroups the nested manager creates
+/// (`init.scope`, `system.slice`) are removed again when empty.
+#[test]
+fn shipped_units_start_notify_and_stop_under_a_real_systemd() {
+    let _s = serial();
+    const SYSTEMD: &str = "/lib/systemd/systemd";
+    if std::fs::metadata("/proc/self").map(|m| m.uid()).ok() != Some(0) {
+        test_support::skip!("booting a systemd in a namespace needs root");
+        return;
+    }
+    if Path::new("/run/systemd/system").exists() {
+        test_support::skip!("the host runs systemd: a nested manager would share its cgroup tree");
+        return;
+    }
+    for p in [SYSTEMD, "/usr/bin/unshare", "/usr/bin/nsenter"] {
+        if !Path::new(p).exists() {
+            test_support::skip!("{p} is missing");
+            return;
+        }
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let d = dir.path();
+    let bin = env!("CARGO_BIN_EXE_hugemem");
+    let scripts = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts");
+    let nr = nr_2m();
+    std::fs::write(
+        d.join("hugemem.toml"),
+        format!("[pool]\ntarget = \"0\"\n\n[hugepages]\npages_2m = {nr}\nmount = false\n"),
+    )
+    .expect("config");
+    let probe = "f=/sys/kernel/mm/hugepages/hugepages-2048kB/nr_overcommit_hugepages; \
+                 v=$(cat $f); (echo $v > $f) 2>/dev/null && echo sysfs-writable || echo sysfs-readonly";
+    let inner = format!(
+        r#"set -e
+mount -t proc proc /proc
+mount -t tmpfs -o mode=755 tmpfs /run
+mkdir -p /run/hugemem-test /run/systemd/system/hugemem.service.d /run/systemd/system/hugemem.socket.d
+cp {d}/hugemem.toml /run/hugemem-test/
+cp {scripts}/hugemem.service {scripts}/hugemem.socket /run/systemd/system/
+cat > /run/systemd/system/hugemem.service.d/test.conf <<'X'
+[Unit]
+DefaultDependencies=no
+[Service]
+ExecStartPre=
+ExecStartPre=-+{bin} hugepages --config /run/hugemem-test/hugemem.toml
+ExecStartPre=/bin/sh -c '{probe}'
+ExecStart=
+ExecStart={bin} serve --config /run/hugemem-test/hugemem.toml
+StandardOutput=append:{d}/service.log
+StandardError=append:{d}/service.log
+X
+printf '[Unit]\nDefaultDependencies=no\n' > /run/systemd/system/hugemem.socket.d/test.conf
+printf '[Unit]\nDefaultDependencies=no\nWants=hugemem.socket\n' > /run/systemd/system/hugemem-test.target
+export container=hugemem-test
+exec {SYSTEMD} --system --unit=hugemem-test.target --log-target=console
+"#,
+        d = d.display(),
+        scripts = scripts.display(),
+    );
+    std::fs::write(d.join("inner.sh"), inner).expect("script");
+    let cgroups_before: Vec<PathBuf> = cgroup_dirs();
+    let mut ns = Command::new("/usr/bin/unshare")
+        .args([
+            "--pid",
+            "--fork",
+            "--mount",
+            "--propagation",
+            "private",
+            "/bin/sh",
+        ])
+        .arg(d.join("inner.sh"))
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("unshare");
+    let result = std::panic::catch_unwind(|| drive_units(ns.id(), bin, d));
+    // Stop the manager (and with it the namespace) whatever happened.
+    if let Some(pid) = child_of(ns.id()) {
+        let _ = Command::new("/usr/bin/nsenter")
+            .args(["-t", &pid.to_string(), "-m", "-p", "systemctl", "exit"])
+            .output();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Path::new(&format!("/proc/{pid}")).exists() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+    }
+    let _ = ns.wait();
+    for c in cgroup_dirs() {
+        if !cgroups_before.contains(&c) {
+            remove_empty_cgroup(&c);
+        }
+    }
+    if let Err(p) = result {
+        std::panic::resume_unwind(p);
+    }
+}
+
+/// `init.scope` and `system.slice` under every mounted cgroup hierarchy.
+fn cgroup_dirs() -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let Ok(hier) = std::fs::read_dir("/sys/fs/cgroup") else {
+        return out;
+    };
+    for h in hier.flatten() {
+        for name in ["init.scope", "system.slice"] {
+            let p = h.path().join(name);
+            if p.is_dir() {
+                out.push(p);
+            }
+        }
+    }
+    out
+}
+
+/// Removes `dir` and its sub-cgroups, deepest first, where they are empty.
+fn remove_empty_cgroup(dir: &Path) {
+    if let Ok(entries) = std::fs::read_dir(dir) {
+        for e in entries.flatten() {
+            if e.file_type().is_ok_and(|t| t.is_dir()) {
+                remove_empty_cgroup(&e.path());
+            }
+        }
+    }
+    let _ = std::fs::remove_dir(dir);
+}
+
+/// The first child process of `pid` (the namespace's PID 1 under unshare).
+fn child_of(pid: u32) -> Option<i32> {
+    std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
+        .ok()?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
+}
+
+/// The steps of [`shipped_units_start_notify_and_stop_under_a_real_systemd`].
+fn drive_units(unshare: u32, bin: &str, d: &Path) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let pid = loop {
+        if let Some(p) = child_of(unshare) {
+            break p;
+        }
+        assert!(Instant::now() < deadline, "no systemd under unshare");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let ns = |args: &[&str]| -> String {
+        let out = Command::new("/usr/bin/nsenter")
+            .args(["-t", &pid.to_string(), "-m", "-p"])
+            .args(args)
+            .output()
+            .expect("nsenter");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let show = |unit: &str, props: &str| -> std::collections::HashMap<String, String> {
+        ns(&["systemctl", "show", unit, "-p", props])
+            .lines()
+            .filter_map(|l| l.split_once('='))
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    };
+    let sock = "/run/hugemem/hugemem.sock";
+    let served_by = || -> u64 {
+        let out = ns(&["timeout", "30", bin, "status", "--json", "--socket", sock]);
+        let v: Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("STATS ({e}): {out}"));
+        v["pid"].as_u64().expect("pid")
+    };
+    common::wait_until("hugemem.socket listens", Duration::from_secs(30), || {
+        ns(&["systemctl", "is-active", "hugemem.socket"]).trim() == "active"
+    });
+    assert_eq!(
+        ns(&["systemctl", "is-active", "hugemem.service"]).trim(),
+        "inactive"
+    );
+    let inode = ns(&["stat", "-c", "%i %a", sock]);
+    assert!(inode.trim().ends_with(" 600"), "SocketMode=0600: {inode}");
+
+    // The first connection starts the service; READY=1 makes it active.
+    let first = served_by();
+    let s = show(
+        "hugemem.service",
+        "Type,ActiveState,SubState,StatusText,MainPID,NRestarts",
+    );
+    assert_eq!(s["Type"], "notify");
+    assert_eq!(
+        (s["ActiveState"].as_str(), s["SubState"].as_str()),
+        ("active", "running")
+    );
+    assert_eq!(
+        s["StatusText"],
+        format!("serving {sock} (socket-activated)")
+    );
+    assert_eq!(s["MainPID"], first.to_string());
+    assert_eq!(s["NRestarts"], "0");
+
+    // Stop: STOPPING=1, clean exit, the socket stays with systemd.
+    ns(&["systemctl", "stop", "hugemem.service"]);
+    let s = show(
+        "hugemem.service",
+        "ActiveState,Result,ExecMainStatus,StatusText",
+    );
+    assert_eq!(s["ActiveState"], "inactive");
+    assert_eq!(s["Result"], "success");
+    assert_eq!(s["ExecMainStatus"], "0");
+    assert_eq!(s["StatusText"], "stopping on SIGTERM");
+    assert_eq!(
+        ns(&["stat", "-c", "%i %a", sock]),
+        inode,
+        "socket file untouched"
+    );
+    assert_eq!(
+        ns(&["systemctl", "is-active", "hugemem.socket"]).trim(),
+        "active"
+    );
+
+    // A client while no daemon runs activates a new one; restart works.
+    let second = served_by();
+    assert_ne!(second, first);
+    ns(&["systemctl", "restart", "hugemem.service"]);
+    let third = served_by();
+    assert_ne!(third, second);
+    ns(&["systemctl", "stop", "hugemem.service", "hugemem.socket"]);
+    assert_eq!(show("hugemem.service", "Result")["Result"], "success");
+
+    let log = std::fs::read_to_string(d.join("service.log")).expect("service log");
+    // ExecStartPre=+ read the config's [hugepages] section (a floor equal
+    // to the pool: nothing to do) ...
+    assert!(log.contains("met (unchanged)"), "{log}");
+    // ... and the sandbox (ProtectKernelTunables=yes) made /sys read-only
+    // for the rest of the unit: the reason that line needs "+".
+    assert_eq!(log.matches("sysfs-readonly").count(), 3, "{log}");
+    assert!(!log.contains("sysfs-writable"), "{log}");
+}
