@@ -240,8 +240,10 @@ impl DaemonCollector {
         ]
     }
 
-    fn encode_pools(&self, enc: &mut DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        let (stats, _) = self.shared.pool.stats();
+    fn encode_pools(
+        stats: &serde_json::Value,
+        enc: &mut DescriptorEncoder,
+    ) -> Result<(), std::fmt::Error> {
         let rows: Vec<PoolRow> = match serde_json::from_value(stats["pools"].clone()) {
             Ok(r) => r,
             Err(e) => {
@@ -337,8 +339,11 @@ impl DaemonCollector {
         Ok(())
     }
 
-    fn encode_scrub(&self, enc: &mut DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        let (_, pending) = self.shared.pool.stats();
+    fn encode_scrub(
+        &self,
+        pending: &std::collections::HashMap<numa::NodeId, u64>,
+        enc: &mut DescriptorEncoder,
+    ) -> Result<(), std::fmt::Error> {
         let scrub = &self.shared.scrub;
         let c = ConstCounter::new(0u64);
         let node = |n: numa::NodeId| [("node", n.to_string())];
@@ -457,8 +462,10 @@ impl Collector for DaemonCollector {
             Some(&Unit::Seconds),
             g64(self.shared.started.elapsed().as_secs()),
         )?;
-        self.encode_pools(&mut enc)?;
-        self.encode_scrub(&mut enc)?;
+        // One look at the pool (one lock) per scrape.
+        let (pool, pending) = self.shared.pool.stats();
+        Self::encode_pools(&pool, &mut enc)?;
+        self.encode_scrub(&pending, &mut enc)?;
         self.encode_faults(&mut enc)
     }
 }
