@@ -6,7 +6,9 @@
 //!   with a `STATUS=` line to `$NOTIFY_SOCKET`. Without that variable (not
 //!   started by systemd, or `Type=simple`) they do nothing. `READY=1` is sent
 //!   once [`super::Daemon::start`] has returned: the socket listens, the
-//!   scrubbers run, the metrics endpoint (if any) is bound.
+//!   scrubbers run, the metrics endpoint (if any) is bound. `sd-notify` 0.5
+//!   connects to a path only: an abstract `@name` fails, is logged, and the
+//!   daemon serves anyway.
 //! * [`inherited_listener`] takes the listening socket systemd passes under
 //!   `hugemem.socket` (`LISTEN_FDS=1`, `LISTEN_PID` = this process, fd 3;
 //!   `sd_listen_fds(3)`). It must be a listening `AF_UNIX` stream socket
