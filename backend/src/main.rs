@@ -83,6 +83,10 @@ enum Command {
 /// `hugemem hugepages` flags.
 #[derive(Debug, clap::Args)]
 struct HugepagesArgs {
+    /// Take the counts, node, mode and mount from the `[hugepages]` section
+    /// of this daemon configuration file (the flags below override it).
+    #[arg(long, value_name = "FILE")]
+    config: Option<std::path::PathBuf>,
     /// 1 GiB pages wanted.
     #[arg(long = "1g", value_name = "N")]
     one_g: Option<u64>,
@@ -98,9 +102,9 @@ struct HugepagesArgs {
     /// Set the pools to exactly these counts, shrinking them (pages in use stay).
     #[arg(long)]
     exact: bool,
-    /// Mount hugetlbfs at DIR/hugepages-1G and DIR/hugepages-2M.
-    #[arg(long, value_name = "DIR", default_value = "/dev")]
-    mount_root: std::path::PathBuf,
+    /// Mount hugetlbfs at DIR/hugepages-1G and DIR/hugepages-2M (default: /dev).
+    #[arg(long, value_name = "DIR")]
+    mount_root: Option<std::path::PathBuf>,
     /// Do not mount hugetlbfs.
     #[arg(long)]
     no_mount: bool,
@@ -112,18 +116,31 @@ struct HugepagesArgs {
 /// Runs `hugemem hugepages`; returns the exit status (see the command's help).
 fn hugepages(args: HugepagesArgs) -> Result<i32> {
     use backend::hugepages::{self as hp, HugepagesConfig};
+    let section = match &args.config {
+        Some(path) => match backend::daemon::Config::from_toml_file(path) {
+            Ok(c) => c.hugepages,
+            Err(e) => {
+                eprintln!("hugemem hugepages: error: {:#}", anyhow::Error::from(e));
+                return Ok(2);
+            }
+        },
+        None => backend::daemon::config::HugepagesSection::default(),
+    };
     let cfg = HugepagesConfig {
-        one_g: args.one_g,
-        two_m: args.two_m,
-        node: args.node,
+        one_g: args.one_g.or(section.pages_1g),
+        two_m: args.two_m.or(section.pages_2m),
+        node: args.node.or(section.node),
         mode: if args.free {
             numa::ReserveMode::Free
         } else if args.exact {
             numa::ReserveMode::Exact
+        } else if args.config.is_some() {
+            section.mode.into()
         } else {
             numa::ReserveMode::Total
         },
-        mount_root: (!args.no_mount).then_some(args.mount_root),
+        mount_root: (!args.no_mount && (section.mount || args.mount_root.is_some()))
+            .then(|| args.mount_root.unwrap_or(section.mount_root)),
     };
     let report = match hp::run(&cfg) {
         Ok(report) => report,

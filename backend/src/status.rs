@@ -263,4 +263,19 @@ mod tests {
         );
         assert_eq!(render_regions(&json!({})), "");
     }
+
+    #[test]
+    fn status_renders_pool_figures() {
+        let stats = serde_json::json!({
+            "pools": [{"node": 0, "page_size": "2M", "clean_bytes": 4194304, "dirty_bytes": 0,
+                       "quarantined_bytes": 0, "in_use_bytes": 2097152,
+                       "regions": {"clean": 1, "dirty": 0, "quarantined": 0, "in_use": 1}}],
+            "counters": {"allocs_ok": 3, "sessions_active": 1},
+            "scrub": {"nodes": [{"node": 0, "bytes": 10, "seconds": 0.5, "pending_bytes": 0}]},
+            "sessions": {"active": 1, "total": 2}
+        });
+        let table = render_status(&stats);
+        assert!(table.contains("2M"), "{table}");
+        assert!(table.contains("4M"), "{table}");
+    }
 }

@@ -12,7 +12,7 @@
 #![allow(clippy::undocumented_unsafe_blocks)] // test-only mmap/munmap of fds we just received
 
 mod common;
-use common::{counter, reserve_2m, serial, wait_until, TestDaemon};
+use common::{counter, http_get, parse_openmetrics, reserve_2m, serial, wait_until, TestDaemon};
 
 use std::io::{Read, Write};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
@@ -876,24 +876,82 @@ fn a_killed_daemon_leaves_a_stale_socket_that_the_next_start_replaces() {
 #[test]
 fn metrics_endpoint_serves_prometheus_text_on_loopback() {
     let _s = serial();
+    if !reserve_2m(2, "metrics_endpoint_serves_prometheus_text_on_loopback") {
+        return;
+    }
     let d = TestDaemon::start(|c| c.metrics.listen = Some("127.0.0.1:0".parse().expect("addr")));
     let addr = d.handle().metrics_addr().expect("metrics on");
-    let mut s = std::net::TcpStream::connect(addr).expect("connect");
-    s.set_read_timeout(Some(Duration::from_secs(10)))
+    let mut c = d.client();
+    let a = c
+        .alloc(alloc_req(4 * MIB, PagePolicy::Huge2M, Some(0)))
+        .expect("alloc");
+    let (status, headers, body) = http_get(addr, "GET", "/metrics");
+    assert_eq!(status, "HTTP/1.1 200 OK", "{body}");
+    assert!(
+        headers.contains("content-type: application/openmetrics-text"),
+        "{headers}"
+    );
+    let m = parse_openmetrics(&body);
+    let stats = d.stats();
+    let get = |k: &str| *m.get(k).unwrap_or_else(|| panic!("{k} missing:\n{body}"));
+    assert_eq!(get("hugemem_sessions"), 1.0);
+    assert_eq!(get("hugemem_allocs_ok_total"), 1.0);
+    assert_eq!(get("hugemem_allocations"), 1.0);
+    assert_eq!(get("hugemem_allocations_bytes"), (4 * MIB) as f64);
+    let pool = "{node=\"0\",page_size=\"2M\",backing=\"memfd\"";
+    assert_eq!(
+        get(&format!("hugemem_pool_bytes{pool},state=\"in_use\"}}")),
+        (4 * MIB) as f64
+    );
+    assert_eq!(
+        get(&format!("hugemem_pool_regions{pool},state=\"in_use\"}}")),
+        1.0
+    );
+    assert_eq!(
+        get(&format!("hugemem_pool_withheld_bytes{pool}}}")),
+        stats["pools"][0]["withheld_bytes"]
+            .as_u64()
+            .expect("withheld") as f64
+    );
+    // Every counter of STATS is exported (sessions_total under the name
+    // sessions_accepted: a gauge `hugemem_sessions` exists).
+    for (k, v) in stats["counters"].as_object().expect("counters") {
+        let name = match k.as_str() {
+            "sessions_active" => "hugemem_sessions_active".to_string(),
+            "sessions_total" => "hugemem_sessions_accepted_total".to_string(),
+            _ => format!("hugemem_{k}_total"),
+        };
+        assert_eq!(get(&name), v.as_f64().expect("number"), "{name}");
+    }
+    // The fault services' counters, one per STATS lazy `faults` key
+    // (`fault_bytes_cleared` exported as hugemem_fault_bytes_cleared_total).
+    for (k, _, _) in backend::fault::FaultStats::default().counters() {
+        let k = k.trim_start_matches("fault_");
+        assert_eq!(get(&format!("hugemem_fault_{k}_total")), 0.0, "{k}");
+    }
+    assert_eq!(get("hugemem_fault_services"), 0.0);
+    assert!(get("hugemem_scrub_bytes_total{node=\"0\"}") >= 0.0);
+    c.free(a.id).expect("free");
+    let (status, _, body) = http_get(addr, "HEAD", "/metrics");
+    assert_eq!(status, "HTTP/1.1 200 OK", "{body}");
+    assert!(body.is_empty(), "HEAD has no body: {body}");
+    let (status, _, _) = http_get(addr, "GET", "/other");
+    assert_eq!(status, "HTTP/1.1 404 Not Found");
+    let (status, _, _) = http_get(addr, "POST", "/metrics");
+    assert_eq!(status, "HTTP/1.1 405 Method Not Allowed");
+    // A client that never sends its request head is dropped.
+    let mut idle = std::net::TcpStream::connect(addr).expect("connect");
+    idle.set_read_timeout(Some(Duration::from_secs(30)))
         .expect("timeout");
-    s.write_all(b"GET /metrics HTTP/1.0\r\n\r\n")
-        .expect("request");
-    let mut body = String::new();
-    s.read_to_string(&mut body).expect("response");
-    assert!(body.starts_with("HTTP/1.0 200 OK"), "{body}");
-    assert!(body.contains("# TYPE hugemem_pool_bytes gauge"), "{body}");
-    assert!(body.contains("hugemem_sessions 0"), "{body}");
-    let mut s = std::net::TcpStream::connect(addr).expect("connect");
-    s.write_all(b"GET /other HTTP/1.0\r\n\r\n")
-        .expect("request");
-    let mut body = String::new();
-    s.read_to_string(&mut body).expect("response");
-    assert!(body.starts_with("HTTP/1.0 404"), "{body}");
+    let t = Instant::now();
+    let mut buf = [0u8; 64];
+    let n = idle.read(&mut buf).unwrap_or(0);
+    assert!(
+        t.elapsed() < Duration::from_secs(15),
+        "idle metrics client dropped after {:?} ({n} bytes)",
+        t.elapsed()
+    );
+    drop(c);
     d.shutdown();
     let mut cfg = Config::default();
     cfg.metrics.listen = Some("0.0.0.0:9464".parse().expect("addr"));

@@ -154,6 +154,7 @@ fn in_process_daemon() -> (backend::daemon::DaemonHandle, tempfile::TempDir) {
     // Dirty pooled memory exists only without detaching (a detached region
     // is refaulted kernel-zeroed and goes straight to clean).
     cfg.pool.detach_pages = false;
+    cfg.metrics.listen = Some("127.0.0.1:0".parse().expect("addr"));
     (Daemon::start(cfg).expect("daemon"), dir)
 }
 
@@ -200,6 +201,25 @@ fn lazy_alloc_from_the_dirty_pool_is_served_on_fault() {
     assert_eq!(mine["alloc"].as_u64(), Some(alloc.id), "{stats}");
     assert_eq!(mine["attached"], Value::Bool(true));
     assert!(mine["faults"]["faults"].as_u64().is_some(), "{mine}");
+    // The metrics endpoint sums the fault services daemon-wide.
+    let addr = daemon.metrics_addr().expect("metrics on");
+    let scrape = || {
+        let (status, _, body) = common::http_get(addr, "GET", "/metrics");
+        assert_eq!(status, "HTTP/1.1 200 OK", "{body}");
+        common::parse_openmetrics(&body)
+    };
+    let stats = client.stats().expect("stats");
+    let m = scrape();
+    let seen = |k: &str| stats["lazy"][0]["faults"][k].as_f64().expect(k);
+    assert_eq!(m["hugemem_fault_services"], 1.0);
+    for k in ["faults", "minor", "served_cleared", "scrub_pages"] {
+        assert!(
+            m[&format!("hugemem_fault_{k}_total")] >= seen(k),
+            "{k}: endpoint below STATS read before it"
+        );
+    }
+    assert!(m["hugemem_fault_faults_total"] >= 1.0, "{m:?}");
+    let served = m["hugemem_fault_faults_total"];
     // A second UFFD for the same allocation is refused.
     let again = backend::lazy::PreparedLazy::new(
         &[mapping(&alloc, &guest)],
@@ -220,6 +240,10 @@ fn lazy_alloc_from_the_dirty_pool_is_served_on_fault() {
     drop(guest);
     drop(lazy);
     client.free(alloc.id).expect("free");
+    // The stopped service's counts stay in the sums (counters never go down).
+    let m = scrape();
+    assert_eq!(m["hugemem_fault_services"], 0.0);
+    assert!(m["hugemem_fault_faults_total"] >= served, "{m:?}");
     daemon.shutdown().expect("shutdown");
 }
 

@@ -219,6 +219,62 @@ pub struct MetricsConfig {
     pub listen: Option<SocketAddr>,
 }
 
+/// Huge pages `hugemem hugepages --config FILE` reserves (the systemd
+/// unit's privileged `ExecStartPre=`, since the daemon's sandbox makes /sys
+/// read-only). The daemon itself never reads this section.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct HugepagesSection {
+    /// 1 GiB pages wanted (absent: leave that pool alone).
+    pub pages_1g: Option<u64>,
+    /// 2 MiB pages wanted (absent: leave that pool alone).
+    pub pages_2m: Option<u64>,
+    /// Reserve on this NUMA node only (absent: host-wide).
+    pub node: Option<u32>,
+    /// What the counts mean: `total` (a floor on the pool; pools only
+    /// grow), `free` (pages free and unreserved) or `exact`.
+    pub mode: HugepagesMode,
+    /// Mount hugetlbfs at `mount_root`/hugepages-1G and -2M.
+    pub mount: bool,
+    /// Where to mount.
+    pub mount_root: PathBuf,
+}
+
+impl Default for HugepagesSection {
+    fn default() -> Self {
+        Self {
+            pages_1g: None,
+            pages_2m: None,
+            node: None,
+            mode: HugepagesMode::Total,
+            mount: true,
+            mount_root: PathBuf::from("/dev"),
+        }
+    }
+}
+
+/// `[hugepages] mode`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum HugepagesMode {
+    /// A floor on the pool size.
+    Total,
+    /// Pages free and not reserved by any mapping.
+    Free,
+    /// Exactly this many (shrinks the pool).
+    Exact,
+}
+
+impl From<HugepagesMode> for numa::ReserveMode {
+    fn from(m: HugepagesMode) -> Self {
+        match m {
+            HugepagesMode::Total => Self::Total,
+            HugepagesMode::Free => Self::Free,
+            HugepagesMode::Exact => Self::Exact,
+        }
+    }
+}
+
 /// Limits on what clients may ask for.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -355,6 +411,8 @@ pub struct Config {
     pub limits: LimitsConfig,
     /// NUMA rebalancing.
     pub rebalance: RebalanceConfig,
+    /// What `hugemem hugepages --config` reserves (not read by the daemon).
+    pub hugepages: HugepagesSection,
 }
 
 impl Default for Config {
@@ -370,6 +428,7 @@ impl Default for Config {
             hugetlbfs: HugetlbfsConfig::default(),
             limits: LimitsConfig::default(),
             rebalance: RebalanceConfig::default(),
+            hugepages: HugepagesSection::default(),
         }
     }
 }

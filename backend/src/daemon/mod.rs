@@ -23,7 +23,9 @@
 //! * [`holders`]: `/proc` scan for other processes holding a region.
 //! * [`reuse`]: the proofs a released region passes before it is reused.
 //! * [`peer`]: peer credentials and pidfds.
-//! * [`metrics`]: counters and the Prometheus text endpoint.
+//! * [`metrics`]: counters and `hugemem status`'s report.
+//! * [`exporter`]: the Prometheus endpoint (`prometheus-client` + `hyper`).
+//! * [`systemd`]: readiness notification and socket activation.
 //! * [`refill`]: refilling the pool to its targets while idle (`pool.refill`).
 //! * [`rebalance`]: REBALANCE, per-region placement, the vCPU-affinity policy loop.
 //!
@@ -46,10 +48,13 @@
 //! owns (unmapped and closed: regions still mapped by running VMMs stay
 //! theirs; the kernel frees them when they exit). A daemon that is killed
 //! instead leaves a stale socket file, which the next start detects (nothing
-//! answers on it) and replaces.
+//! answers on it) and replaces. A socket passed by systemd (`hugemem.socket`)
+//! is neither created nor removed by the daemon: it stays with systemd, and
+//! connections made while the daemon (re)starts wait in its backlog.
 
 pub mod alloc;
 pub mod config;
+pub mod exporter;
 pub mod holders;
 pub mod lazy_allocs;
 pub mod metrics;
@@ -63,6 +68,7 @@ pub mod scrub;
 pub mod server;
 pub mod session;
 pub mod supply;
+pub mod systemd;
 
 use std::io;
 use std::net::SocketAddr;
@@ -131,6 +137,9 @@ pub enum DaemonError {
         /// The directory.
         path: PathBuf,
     },
+    /// The socket systemd passed (socket activation) cannot be used.
+    #[error("socket activation: {0}")]
+    Activation(String),
     /// The daemon thread panicked.
     #[error("the daemon thread panicked")]
     Panicked,
@@ -247,6 +256,7 @@ pub struct Shared {
     topology: Arc<Topology>,
     pool: Arc<Pool>,
     metrics: Arc<Metrics>,
+    fault_totals: Arc<crate::fault::FaultTotals>,
     scrub: Vec<Arc<ScrubCounters>>,
     allowed_uids: Vec<u32>,
     hugetlbfs: Vec<(guest_mem::PageSize, PathBuf)>,
@@ -394,6 +404,21 @@ impl Daemon {
     /// [`DaemonError::Bind`], [`DaemonError::Metrics`], [`DaemonError::Threads`].
     /// Nothing keeps running after an error.
     pub fn start(config: Config) -> Result<DaemonHandle> {
+        Self::start_on(config, None)
+    }
+
+    /// As [`Daemon::start`], on `listener` when given: a listening socket
+    /// bound to `config.socket` by someone else (systemd's `hugemem.socket`,
+    /// see [`systemd::inherited_listener`]). The daemon then neither creates
+    /// nor removes the socket file; peer checks apply unchanged.
+    ///
+    /// # Errors
+    ///
+    /// As [`Daemon::start`].
+    pub fn start_on(
+        config: Config,
+        listener: Option<std::os::unix::net::UnixListener>,
+    ) -> Result<DaemonHandle> {
         config.validate()?;
         let topology = Arc::new(Topology::detect().map_err(DaemonError::Topology)?);
         let hugetlbfs = hugetlbfs_dirs(&config.hugetlbfs)?;
@@ -413,12 +438,26 @@ impl Daemon {
             .map_err(DaemonError::Threads)?;
         let (listener, socket_id) = {
             let _guard = runtime.enter();
-            bind_socket(&config.socket, config.socket_group)?
+            match listener {
+                Some(l) => {
+                    let bind_err = |source| DaemonError::Bind {
+                        path: config.socket.clone(),
+                        source,
+                    };
+                    l.set_nonblocking(true).map_err(bind_err)?;
+                    let l = tokio::net::UnixListener::from_std(l).map_err(bind_err)?;
+                    (l, None)
+                }
+                None => {
+                    let (l, id) = bind_socket(&config.socket, config.socket_group)?;
+                    (l, Some(id))
+                }
+            }
         };
         let metrics_listener = match config.metrics.listen {
             Some(addr) => {
                 let l = runtime
-                    .block_on(metrics::bind(addr))
+                    .block_on(tokio::net::TcpListener::bind(addr))
                     .map_err(|source| DaemonError::Metrics { addr, source })?;
                 Some(l)
             }
@@ -447,6 +486,7 @@ impl Daemon {
             topology,
             pool: Arc::clone(&pool),
             metrics,
+            fault_totals: Arc::default(),
             scrub: scrubbers.counters().to_vec(),
             max_alloc,
             started: Instant::now(),
@@ -495,7 +535,9 @@ impl Daemon {
 }
 
 /// `hugemem serve`: starts the daemon and runs it until SIGTERM or SIGINT,
-/// then shuts it down cleanly (socket removed, scrubbers joined).
+/// then shuts it down cleanly (socket removed, scrubbers joined). Under
+/// systemd it takes a socket-activated listener when one was passed, and
+/// sends `READY=1` once serving and `STOPPING=1` on the signal ([`systemd`]).
 ///
 /// # Errors
 ///
@@ -516,7 +558,10 @@ pub fn serve(config: Config) -> Result<()> {
             ))
         })
         .map_err(DaemonError::Threads)?;
-    let handle = Daemon::start(config)?;
+    let inherited = systemd::inherited_listener(&config.socket)?;
+    let activated = inherited.is_some();
+    let handle = Daemon::start_on(config, inherited)?;
+    systemd::notify_ready(handle.socket_path(), activated);
     let which = rt.block_on(async {
         tokio::select! {
             _ = term.recv() => "SIGTERM",
@@ -524,6 +569,7 @@ pub fn serve(config: Config) -> Result<()> {
         }
     });
     info!(signal = which, "shutting down");
+    systemd::notify_stopping(which);
     handle.shutdown()
 }
 
@@ -575,7 +621,7 @@ async fn run(
     shared: Arc<Shared>,
     listener: tokio::net::UnixListener,
     metrics_listener: Option<tokio::net::TcpListener>,
-    socket_id: (u64, u64),
+    socket_id: Option<(u64, u64)>,
 ) {
     shared
         .tracker
@@ -589,11 +635,10 @@ async fn run(
             .spawn(refill::refill_loop(Arc::clone(&shared)));
     }
     if let Some(l) = metrics_listener {
-        let s = Arc::clone(&shared);
-        let stats: Arc<dyn Fn() -> Value + Send + Sync> = Arc::new(move || s.stats_json());
+        let registry = exporter::registry(Arc::clone(&shared));
         shared
             .tracker
-            .spawn(metrics::serve(l, stats, shared.cancel.clone()));
+            .spawn(exporter::serve(l, registry, shared.cancel.clone()));
     }
     server::Listener::new(listener, Arc::clone(&shared))
         .run()
@@ -671,8 +716,12 @@ fn bind_socket(path: &Path, group: Option<u32>) -> Result<(tokio::net::UnixListe
     Ok((listener, (meta.dev(), meta.ino())))
 }
 
-/// Removes the socket file if it is still the one this daemon created.
-fn remove_socket(path: &Path, id: (u64, u64)) {
+/// Removes the socket file if it is still the one this daemon created;
+/// `None` (a socket systemd passed) is never removed.
+fn remove_socket(path: &Path, id: Option<(u64, u64)>) {
+    let Some(id) = id else {
+        return;
+    };
     match std::fs::symlink_metadata(path) {
         Ok(m) if (m.dev(), m.ino()) == id => {
             if let Err(e) = std::fs::remove_file(path) {
@@ -717,7 +766,7 @@ mod tests {
             Err(DaemonError::AlreadyRunning(_))
         ));
         drop(l);
-        remove_socket(&path, id);
+        remove_socket(&path, Some(id));
         assert!(!path.exists());
         std::fs::write(&path, b"x").expect("file");
         assert!(matches!(

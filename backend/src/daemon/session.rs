@@ -377,6 +377,7 @@ impl Session {
         }
         let cfg = crate::fault::FaultServiceConfig {
             topology: Some(Arc::clone(&self.shared.topology)),
+            totals: Some(Arc::clone(&self.shared.fault_totals)),
             ..crate::fault::FaultServiceConfig::default()
         };
         match self.lazy.attach(alloc_id, ranges, fds, self.peer.pid, cfg) {

@@ -125,6 +125,11 @@ impl Histogram {
         self.max_ns.load(Ordering::Relaxed)
     }
 
+    /// Sum of all samples, in nanoseconds.
+    pub fn sum_ns(&self) -> u64 {
+        self.sum_ns.load(Ordering::Relaxed)
+    }
+
     /// Summary: count, mean, p50, p90, p99, max (nanoseconds).
     pub fn summary(&self) -> LatencySummary {
         let count = self.count();
@@ -267,6 +272,186 @@ pub struct FaultStats {
     pub latency: LatencySummary,
 }
 
+impl FaultStats {
+    /// Every counter (not the latency summary) with its name and meaning,
+    /// for an exporter: the names are the STATS keys.
+    pub fn counters(&self) -> [(&'static str, &'static str, u64); 19] {
+        [
+            ("faults", "Page-fault events read.", self.faults),
+            (
+                "minor",
+                "MINOR faults (page in the page cache).",
+                self.minor,
+            ),
+            (
+                "missing",
+                "MISSING faults (served with zeros).",
+                self.missing,
+            ),
+            (
+                "served_cleared",
+                "Faults whose page the service cleared first.",
+                self.served_cleared,
+            ),
+            (
+                "served_clean",
+                "Faults on a page already clean (mapped only).",
+                self.served_clean,
+            ),
+            (
+                "served_mapped",
+                "Faults on a page already mapped (re-installed or woken).",
+                self.served_mapped,
+            ),
+            (
+                "served_adopted",
+                "Faults on a page the pool never populated (adopted uncleared).",
+                self.served_adopted,
+            ),
+            (
+                "coalesced",
+                "Faults on a page another thread was clearing.",
+                self.coalesced,
+            ),
+            (
+                "retries",
+                "Fill ioctls that answered EAGAIN and were retried.",
+                self.retries,
+            ),
+            (
+                "unknown_address",
+                "Faults outside every range the service was given.",
+                self.unknown_address,
+            ),
+            ("errors", "Faults that could not be served.", self.errors),
+            (
+                "fault_bytes_cleared",
+                "Bytes cleared on the fault path.",
+                self.fault_bytes_cleared,
+            ),
+            (
+                "scrub_pages",
+                "Pages cleared by the services' background scrubbers.",
+                self.scrub_pages,
+            ),
+            (
+                "scrub_bytes",
+                "Bytes cleared by the services' background scrubbers.",
+                self.scrub_bytes,
+            ),
+            (
+                "precontinued",
+                "Pages installed ahead of any fault.",
+                self.precontinued,
+            ),
+            (
+                "remove_events",
+                "Non-cooperative REMOVE events.",
+                self.remove_events,
+            ),
+            (
+                "unmap_events",
+                "Non-cooperative UNMAP events.",
+                self.unmap_events,
+            ),
+            (
+                "remap_events",
+                "Non-cooperative REMAP events.",
+                self.remap_events,
+            ),
+            (
+                "other_events",
+                "Other userfaultfd events (FORK, unknown).",
+                self.other_events,
+            ),
+        ]
+    }
+}
+
+/// Daemon-wide fault-service counters: the sum over every fault service the
+/// daemon ever ran, so they only grow (as a Prometheus counter must), though
+/// each service's own counters go away with it.
+///
+/// Services are registered when they start ([`FaultTotals::register`]); an
+/// entry nobody else holds any more (the service stopped and its threads
+/// were joined, so its counters are final) is folded into the retired sums
+/// on the next register or read. Folding and reading happen under one lock,
+/// so a read never counts a service twice or misses it.
+#[derive(Debug, Default)]
+pub struct FaultTotals {
+    inner: std::sync::Mutex<TotalsInner>,
+}
+
+#[derive(Debug, Default)]
+struct TotalsInner {
+    retired: FaultSums,
+    live: Vec<std::sync::Arc<FaultMetrics>>,
+}
+
+/// A [`FaultTotals`] reading.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct FaultSums {
+    /// Per-counter sums, in the order of [`FaultStats::counters`].
+    pub counters: [u64; 19],
+    /// Latency samples (served faults).
+    pub latency_count: u64,
+    /// Sum of the latency samples, in nanoseconds.
+    pub latency_sum_ns: u64,
+    /// Fault services running now.
+    pub live: u64,
+}
+
+impl FaultSums {
+    fn add(&mut self, m: &FaultMetrics) {
+        for (sum, (_, _, v)) in self.counters.iter_mut().zip(m.snapshot().counters()) {
+            *sum = sum.saturating_add(v);
+        }
+        self.latency_count = self.latency_count.saturating_add(m.latency.count());
+        self.latency_sum_ns = self.latency_sum_ns.saturating_add(m.latency.sum_ns());
+    }
+}
+
+impl TotalsInner {
+    fn fold(&mut self) {
+        let mut i = 0;
+        while i < self.live.len() {
+            if std::sync::Arc::strong_count(&self.live[i]) == 1 {
+                let m = self.live.swap_remove(i);
+                self.retired.add(&m);
+            } else {
+                i += 1;
+            }
+        }
+    }
+}
+
+impl FaultTotals {
+    fn lock(&self) -> std::sync::MutexGuard<'_, TotalsInner> {
+        self.inner
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Counts a starting service's counters from now on.
+    pub fn register(&self, m: std::sync::Arc<FaultMetrics>) {
+        let mut g = self.lock();
+        g.fold();
+        g.live.push(m);
+    }
+
+    /// The sums over every service, retired and live.
+    pub fn read(&self) -> FaultSums {
+        let mut g = self.lock();
+        g.fold();
+        let mut sums = g.retired;
+        for m in &g.live {
+            sums.add(m);
+        }
+        sums.live = g.live.len() as u64;
+        sums
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -329,5 +514,24 @@ mod tests {
         m.latency.record(Duration::from_micros(50));
         let s = m.snapshot();
         assert_eq!((s.faults, s.scrub_bytes, s.latency.count), (3, 2 << 20, 1));
+    }
+
+    #[test]
+    fn totals_keep_what_stopped_services_counted() {
+        let t = FaultTotals::default();
+        let a = std::sync::Arc::new(FaultMetrics::default());
+        let b = std::sync::Arc::new(FaultMetrics::default());
+        t.register(std::sync::Arc::clone(&a));
+        t.register(std::sync::Arc::clone(&b));
+        FaultMetrics::add(&a.faults, 3);
+        FaultMetrics::add(&b.faults, 4);
+        a.latency.record(Duration::from_micros(10));
+        let r = t.read();
+        assert_eq!((r.counters[0], r.live, r.latency_count), (7, 2, 1));
+        assert_eq!(r.latency_sum_ns, 10_000);
+        drop(a);
+        FaultMetrics::add(&b.faults, 1);
+        let r = t.read();
+        assert_eq!((r.counters[0], r.live), (8, 1), "a's 3 faults stay counted");
     }
 }

@@ -65,7 +65,7 @@ pub mod policy;
 pub mod service;
 pub mod table;
 
-pub use metrics::{FaultMetrics, FaultStats, Histogram, LatencySummary};
+pub use metrics::{FaultMetrics, FaultStats, FaultSums, FaultTotals, Histogram, LatencySummary};
 pub use pagemap::dirty_pages_resident;
 pub use service::{
     live_services, FaultMapping, FaultReport, FaultService, FaultServiceConfig, FaultServiceHandle,

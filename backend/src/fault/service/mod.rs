@@ -95,6 +95,9 @@ pub struct FaultServiceConfig {
     /// [`StopReason::UffdFailed`]): the daemon then closes the connection so
     /// the VMM's fallback takes over.
     pub failure: Option<Arc<tokio::sync::Notify>>,
+    /// Daemon-wide sums this service's counters are added to (the metrics
+    /// endpoint); `None` outside a daemon.
+    pub totals: Option<Arc<super::metrics::FaultTotals>>,
 }
 
 impl Default for FaultServiceConfig {
@@ -107,6 +110,7 @@ impl Default for FaultServiceConfig {
             topology: None,
             label: String::from("lazy"),
             failure: None,
+            totals: None,
         }
     }
 }
@@ -225,6 +229,9 @@ impl FaultService {
             failure: cfg.failure.clone(),
         });
         lock(&LIVE).push((cfg.label.clone(), Arc::downgrade(&shared.metrics)));
+        if let Some(t) = &cfg.totals {
+            t.register(Arc::clone(&shared.metrics));
+        }
         let epoll =
             Epoll::new(EpollCreateFlags::EPOLL_CLOEXEC).map_err(|e| FaultError::Setup(e.into()))?;
         let add = |fd: BorrowedFd<'_>, token| {

@@ -1,0 +1,128 @@
+//! systemd integration: readiness (`Type=notify`) and socket activation.
+//!
+//! Both go through the `sd-notify` crate (libc only, no libsystemd):
+//!
+//! * [`notify_ready`] / [`notify_stopping`] send `READY=1` / `STOPPING=1`
+//!   with a `STATUS=` line to `$NOTIFY_SOCKET`. Without that variable (not
+//!   started by systemd, or `Type=simple`) they do nothing. `READY=1` is sent
+//!   once [`super::Daemon::start`] has returned: the socket listens, the
+//!   scrubbers run, the metrics endpoint (if any) is bound. `sd-notify` 0.5
+//!   connects to a path only: an abstract `@name` fails, is logged, and the
+//!   daemon serves anyway.
+//! * [`inherited_listener`] takes the listening socket systemd passes under
+//!   `hugemem.socket` (`LISTEN_FDS=1`, `LISTEN_PID` = this process, fd 3;
+//!   `sd_listen_fds(3)`). It must be a listening `AF_UNIX` stream socket
+//!   bound to the configured `socket` path, or the daemon refuses to start
+//!   (so a unit that points at another path than the config cannot go
+//!   unnoticed). The daemon then neither unlinks nor re-creates the socket
+//!   file (systemd owns it and its mode: `SocketMode=`, `SocketGroup=`), and
+//!   every connection passes the same `SO_PEERCRED` uid check and slot
+//!   limits as with a socket the daemon bound itself.
+
+use std::os::fd::{FromRawFd, OwnedFd};
+use std::os::unix::net::UnixListener;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use nix::sys::socket::{getsockname, getsockopt, sockopt, SockType, UnixAddr};
+use sd_notify::NotifyState;
+use tracing::{debug, info, warn};
+
+use super::{DaemonError, Result};
+
+/// `sd_listen_fds(3)`: the first passed descriptor.
+const LISTEN_FDS_START: i32 = 3;
+
+/// Set once the passed descriptor has been taken, so it is owned once only.
+static TAKEN: AtomicBool = AtomicBool::new(false);
+
+/// Sends `states` to the service manager; a failure is logged, never fatal
+/// (the unit's start timeout reports a missing READY).
+fn notify(states: &[NotifyState<'_>]) {
+    if std::env::var_os("NOTIFY_SOCKET").is_none() {
+        return;
+    }
+    match sd_notify::notify(states) {
+        Ok(()) => debug!(?states, "notified the service manager"),
+        Err(e) => warn!(error = %e, "cannot notify the service manager"),
+    }
+}
+
+/// `READY=1` and a status line naming the socket.
+pub fn notify_ready(socket: &Path, activated: bool) {
+    let status = format!(
+        "serving {}{}",
+        socket.display(),
+        if activated { " (socket-activated)" } else { "" }
+    );
+    notify(&[NotifyState::Ready, NotifyState::Status(&status)]);
+}
+
+/// `STOPPING=1` and a status line with the signal.
+pub fn notify_stopping(why: &str) {
+    let status = format!("stopping on {why}");
+    notify(&[NotifyState::Stopping, NotifyState::Status(&status)]);
+}
+
+/// The listening socket systemd passed for `expected`, `None` when this
+/// process was not socket-activated.
+///
+/// # Errors
+///
+/// [`DaemonError::Activation`] when the environment names descriptors but
+/// not exactly one listening UNIX stream socket bound to `expected`.
+pub fn inherited_listener(expected: &Path) -> Result<Option<UnixListener>> {
+    let bad = |m: String| DaemonError::Activation(m);
+    let fds = sd_notify::listen_fds().map_err(|e| bad(format!("LISTEN_FDS/LISTEN_PID: {e}")))?;
+    match fds.len() {
+        0 => return Ok(None),
+        1 => {}
+        n => {
+            return Err(bad(format!(
+                "{n} sockets passed; hugemem.socket must have exactly one ListenStream="
+            )))
+        }
+    }
+    if TAKEN.swap(true, Ordering::SeqCst) {
+        return Err(bad("the passed socket was already taken".into()));
+    }
+    // SAFETY: `listen_fds` returned one descriptor, so LISTEN_PID names this
+    // process and LISTEN_FDS=1: by the sd_listen_fds(3) protocol the service
+    // manager left fd 3 open for this process and nothing else in it owns
+    // the descriptor; `TAKEN` makes this the only `OwnedFd` ever made of it.
+    let fd = unsafe { OwnedFd::from_raw_fd(LISTEN_FDS_START) };
+    let kind = getsockopt(&fd, sockopt::SockType)
+        .map_err(|e| bad(format!("fd 3 is not a socket: {e}")))?;
+    if kind != SockType::Stream {
+        return Err(bad(format!(
+            "fd 3 is a {kind:?} socket, not a stream socket"
+        )));
+    }
+    if !getsockopt(&fd, sockopt::AcceptConn).map_err(|e| bad(format!("fd 3: {e}")))? {
+        return Err(bad("fd 3 is not listening".into()));
+    }
+    let addr: UnixAddr = getsockname(std::os::fd::AsRawFd::as_raw_fd(&fd))
+        .map_err(|e| bad(format!("fd 3 is not a UNIX socket: {e}")))?;
+    match addr.path() {
+        Some(p) if p == expected => {}
+        Some(p) => {
+            return Err(bad(format!(
+                "the passed socket is bound to {}, the configuration says socket = {}",
+                p.display(),
+                expected.display()
+            )))
+        }
+        None => {
+            return Err(bad(format!(
+                "the passed socket has no path; the configuration says socket = {}",
+                expected.display()
+            )))
+        }
+    }
+    let listener = UnixListener::from(fd);
+    listener
+        .set_nonblocking(true)
+        .map_err(|e| bad(format!("fd 3: {e}")))?;
+    info!(socket = %expected.display(), "using the socket passed by systemd");
+    Ok(Some(listener))
+}
