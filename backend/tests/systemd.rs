@@ -389,16 +389,19 @@ mount -t proc proc /proc
 mount -t tmpfs -o mode=755 tmpfs /run
 mkdir -p /run/hugemem-test /run/systemd/system/hugemem.service.d /run/systemd/system/hugemem.socket.d
 cp {d}/hugemem.toml /run/hugemem-test/
+# The unit runs with PrivateTmp= and ProtectHome=: a binary built under /tmp
+# or /home (a fresh clone anywhere) is invisible to it; /run is not.
+cp {bin} /run/hugemem-test/hugemem
 cp {scripts}/hugemem.service {scripts}/hugemem.socket /run/systemd/system/
 cat > /run/systemd/system/hugemem.service.d/test.conf <<'X'
 [Unit]
 DefaultDependencies=no
 [Service]
 ExecStartPre=
-ExecStartPre=-+{bin} hugepages --config /run/hugemem-test/hugemem.toml
+ExecStartPre=-+/run/hugemem-test/hugemem hugepages --config /run/hugemem-test/hugemem.toml
 ExecStartPre=/bin/sh -c '{probe}'
 ExecStart=
-ExecStart={bin} serve --config /run/hugemem-test/hugemem.toml
+ExecStart=/run/hugemem-test/hugemem serve --config /run/hugemem-test/hugemem.toml
 StandardOutput=append:{d}/service.log
 StandardError=append:{d}/service.log
 X
