@@ -19,10 +19,10 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{bail, ensure, Context, Result};
-use backend::client::{Allocation, Client};
-use backend::guest_memory::guest_layout;
-use backend::lazy::{GuestMapping, LazyGuest, LazyOptions};
-use backend::proto::{AllocRequest, ClearMode, PagePolicy, RegionInfo, FEATURE_LAZY};
+use hugemem_client::client::{Allocation, Client};
+use hugemem_client::guest_memory::guest_layout;
+use hugemem_client::lazy::{GuestMapping, LazyGuest, LazyOptions};
+use hugemem_client::proto::{AllocRequest, ClearMode, PagePolicy, RegionInfo, FEATURE_LAZY};
 use kvm_bindings::{kvm_regs, kvm_segment, kvm_userspace_memory_region, KVM_MAX_CPUID_ENTRIES};
 use kvm_ioctls::{Kvm, VcpuExit};
 use linux_loader::configurator::{pvh::PvhBootConfigurator, BootConfigurator, BootParams};

@@ -13,28 +13,22 @@
 
 #![deny(missing_docs)]
 
+pub use hugemem_client::{client, diag, guest_memory, lazy, uffd};
+
 /// Benchmarks behind `hugemem bench …`.
 pub mod bench;
-/// Blocking client for the daemon's socket protocol.
-pub mod client;
 /// The daemon: socket server, pool, scrubbers, sessions, metrics.
 pub mod daemon;
 /// `hugemem demo`: daemon, 1 GiB pages, micro-guest, scrub and pool reuse, as a timeline.
 pub mod demo;
-/// Diagnostics helpers: error chains, rate-limited log lines.
-pub mod diag;
 /// Lazy mode, daemon side: the userfaultfd fault service that clears pages on first touch.
 pub mod fault;
-/// An allocation's fds as a rust-vmm `GuestMemoryMmap` (client side of the vm-memory adapter).
-pub mod guest_memory;
 /// `hugemem hugepages`: reserve huge pages and mount hugetlbfs, with a report.
 pub mod hugepages;
 /// `hugemem launch`: cloud-hypervisor and QEMU command lines over daemon memory.
 pub mod launch;
-/// Lazy mode, VMM side: register guest RAM on a userfaultfd, hand it to the daemon, keep a fallback.
-pub mod lazy;
 mod private_dir;
-/// The wire protocol: framing, messages, fd passing.
+/// The wire protocol (`hugemem_client::proto`) and its async framing for the daemon.
 pub mod proto;
 /// `hugemem rebalance`: the operator's REBALANCE client.
 pub mod rebalance_cli;
@@ -42,5 +36,3 @@ pub mod rebalance_cli;
 pub mod status;
 /// Raw syscalls behind small safe wrappers (fd-owning `recvmsg`, `fstat` size, populate).
 pub mod sys;
-/// userfaultfd: kernel ABI and safe wrappers (no bindgen).
-pub mod uffd;

@@ -63,7 +63,7 @@ pub mod metrics;
 pub mod pagemap;
 pub mod policy;
 pub mod service;
-pub mod table;
+pub use hugemem_client::table;
 
 pub use metrics::{FaultMetrics, FaultStats, FaultSums, FaultTotals, Histogram, LatencySummary};
 pub use pagemap::dirty_pages_resident;

@@ -2,8 +2,8 @@
 //! [`GuestMemoryMmap`], for VMMs that got their memory from the daemon.
 //!
 //! ```no_run
-//! use backend::client::Client;
-//! use backend::proto::{AllocRequest, ClearMode, PagePolicy};
+//! use hugemem_client::client::Client;
+//! use hugemem_client::proto::{AllocRequest, ClearMode, PagePolicy};
 //! use guest_mem::vm_memory::{Bytes, GuestAddress};
 //!
 //! let mut client = Client::connect("/run/hugemem/hugemem.sock".as_ref())?;

@@ -80,9 +80,9 @@ use tracing::{debug, info, warn};
 
 use crate::client::{Allocation, Client, ClientError};
 use crate::diag::RateLimit;
-use crate::fault::pagemap::Pagemap;
-use crate::fault::table::{Range, RangeTable};
+use crate::pagemap::Pagemap;
 use crate::proto::{RegionInfo, ReplyBody, Request, UffdRange};
+use crate::table::{Range, RangeTable};
 use crate::uffd::{abi, CreateFlags, Features, Fill, RegisterMode, Uffd, UffdError, UffdEvent};
 
 static FALLBACK_LOG: RateLimit = RateLimit::new(Duration::from_secs(1));
@@ -114,7 +114,7 @@ pub enum LazyError {
     },
     /// Mappings overlap.
     #[error("the mappings overlap")]
-    Overlap(#[source] crate::fault::table::TableError),
+    Overlap(#[source] crate::table::TableError),
     /// The fallback's own mapping of a region could not be made.
     #[error("cannot map region {region_id} for the fallback")]
     Scratch {
