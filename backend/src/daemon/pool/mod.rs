@@ -527,28 +527,9 @@ impl Pool {
                 ));
             }
         }
-        let alloc = self.next_alloc.fetch_add(1, Ordering::Relaxed);
-        for id in ids {
-            if let Some(e) = g.entries.get_mut(id) {
-                // All pages are Clean and we hold the lock that every entry
-                // transition takes; scrubbers never touch Clean pages.
-                if let Err(err) = e.region.mark_mapped() {
-                    warn!(region = id, error = %err, "page changed state while committing");
-                }
-                e.state = EntryState::InUse(alloc);
-                e.tenant = Some(tenant);
-                e.since = Instant::now();
-            }
-        }
-        g.allocs.insert(
-            alloc,
-            Allocation {
-                session,
-                regions: ids.to_vec(),
-                locked,
-            },
-        );
-        Ok(alloc)
+        // Every page is Clean (checked above under the lock every entry
+        // transition takes; scrubbers never touch Clean pages).
+        Ok(self.hand_out(&mut g, session, tenant, ids, locked))
     }
 
     /// [`Pool::commit`] for an ALLOC that asked for lazy mode: regions whose
@@ -581,6 +562,21 @@ impl Pool {
                 ));
             }
         }
+        Ok(self.hand_out(&mut g, session, tenant, ids, locked))
+    }
+
+    /// The part [`Pool::commit`] and [`Pool::commit_lazy`] share, after
+    /// their checks: regions whose pages are all `Clean` move to `Mapped`
+    /// (lazy regions with dirty or unpopulated pages keep their states), every
+    /// region becomes `InUse` of a new allocation of `session`.
+    fn hand_out(
+        &self,
+        g: &mut Inner,
+        session: SessionId,
+        tenant: u32,
+        ids: &[RegionId],
+        locked: bool,
+    ) -> AllocId {
         let alloc = self.next_alloc.fetch_add(1, Ordering::Relaxed);
         for id in ids {
             if let Some(e) = g.entries.get_mut(id) {
@@ -603,7 +599,7 @@ impl Pool {
                 locked,
             },
         );
-        Ok(alloc)
+        alloc
     }
 
     /// The regions of `alloc` if `session` owns it.

@@ -158,10 +158,18 @@ impl Pool {
         if g.entries.get(&id).map(|e| e.state) != Some(state) {
             return None;
         }
+        let region = self.discard_locked(&mut g, id, reason);
+        drop(g);
+        self.changed.notify_all();
+        region
+    }
+
+    /// [`Pool::discard`] under the caller's lock, whatever the entry's state:
+    /// removes it, records and counts it as given back, logs why.
+    fn discard_locked(&self, g: &mut Inner, id: RegionId, reason: &str) -> Option<Arc<Region>> {
         let e = g.entries.remove(&id)?;
         g.given_back
             .push(id, &e, format!("damaged by its tenant: {reason}"));
-        drop(g);
         Metrics::add(&self.metrics.bytes_released, e.region.len());
         Metrics::add(&self.metrics.regions_discarded, 1);
         warn!(
@@ -171,7 +179,6 @@ impl Pool {
             reason,
             "a released region was damaged by its tenant; it goes back to the kernel unscrubbed"
         );
-        self.changed.notify_all();
         Some(e.region)
     }
 
@@ -241,20 +248,7 @@ impl Pool {
                     }
                 }
                 Verdict::Broken(reason) => {
-                    if let Some(e) = g.entries.remove(&id) {
-                        Metrics::add(&self.metrics.bytes_released, e.region.len());
-                        Metrics::add(&self.metrics.regions_discarded, 1);
-                        warn!(
-                            region = id,
-                            node = e.key.node,
-                            bytes = e.region.len(),
-                            reason,
-                            "a released region was damaged by its tenant; it goes back to the kernel unscrubbed"
-                        );
-                        g.given_back
-                            .push(id, &e, format!("damaged by its tenant: {reason}"));
-                        dropped.push(e.region);
-                    }
+                    dropped.extend(self.discard_locked(&mut g, id, &reason));
                 }
             }
         }
