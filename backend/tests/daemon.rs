@@ -12,7 +12,10 @@
 #![allow(clippy::undocumented_unsafe_blocks)] // test-only mmap/munmap of fds we just received
 
 mod common;
-use common::{counter, http_get, parse_openmetrics, reserve_2m, serial, wait_until, TestDaemon};
+use common::{
+    counter, http_get, parse_openmetrics, refused, region_state, reserve_2m, serial, wait_until,
+    TestDaemon,
+};
 
 use std::io::{Read, Write};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
@@ -20,7 +23,7 @@ use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use backend::client::{Allocation, Client, ClientError};
+use backend::client::{Allocation, Client};
 use backend::daemon::{Config, Daemon};
 use backend::proto::socket::{recv_message, send_message};
 use backend::proto::{
@@ -44,14 +47,6 @@ fn alloc_req(size: u64, policy: PagePolicy, node: Option<u32>) -> AllocRequest {
             .unwrap_or_default(),
         want_paths: false,
     }
-}
-
-fn region_state(stats: &Value, region: u64) -> Option<String> {
-    stats["regions"]
-        .as_array()?
-        .iter()
-        .find(|r| r["id"].as_u64() == Some(region))
-        .and_then(|r| r["state"].as_str().map(str::to_string))
 }
 
 fn inode(fd: &OwnedFd) -> u64 {
@@ -121,13 +116,6 @@ impl Drop for Map {
     fn drop(&mut self) {
         // SAFETY: unmapping exactly the mapping we made.
         unsafe { libc::munmap(self.ptr.cast(), self.len) };
-    }
-}
-
-fn refused(r: Result<impl std::fmt::Debug, ClientError>) -> (Status, String) {
-    match r {
-        Err(ClientError::Refused { status, message }) => (status, message),
-        other => panic!("expected a refusal, got {other:?}"),
     }
 }
 

@@ -13,12 +13,14 @@
 //! page, so the larger size can only come from the daemon's own pool.
 
 mod common;
-use common::{counter, hugepages_2m, map_raw, reserve_2m, serial, wait_until, TestDaemon};
+use common::{
+    counter, hugepages_2m, map_raw, refused, region, region_state, reserve_2m, serial, wait_until,
+    TestDaemon,
+};
 
 use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
-use backend::client::ClientError;
 use backend::proto::{AllocPart, AllocRequest, ClearMode, PagePolicy, Status};
 use serde_json::Value;
 
@@ -36,31 +38,12 @@ fn req(size: u64, policy: PagePolicy, paths: bool) -> AllocRequest {
     }
 }
 
-fn region(stats: &Value, id: u64) -> Option<Value> {
-    stats["regions"]
-        .as_array()?
-        .iter()
-        .find(|r| r["id"].as_u64() == Some(id))
-        .cloned()
-}
-
-fn state(stats: &Value, id: u64) -> Option<String> {
-    region(stats, id).and_then(|r| r["state"].as_str().map(str::to_string))
-}
-
 fn given_back(stats: &Value, id: u64) -> Option<String> {
     stats["given_back"]
         .as_array()?
         .iter()
         .find(|r| r["region"].as_u64() == Some(id))
         .and_then(|r| r["why"].as_str().map(str::to_string))
-}
-
-fn refused(r: Result<impl std::fmt::Debug, ClientError>) -> (Status, String) {
-    match r {
-        Err(ClientError::Refused { status, message }) => (status, message),
-        other => panic!("expected a refusal, got {other:?}"),
-    }
 }
 
 /// Every free 2 MiB page, as bytes (at most 256 pages: enough, and quick).
@@ -133,7 +116,7 @@ fn idle_pages_under_the_other_backing_are_given_back_not_downgraded() {
     wait_until(
         "the path region is clean in the pool",
         Duration::from_secs(30),
-        || state(&d.stats(), path_region).as_deref() == Some("clean"),
+        || region_state(&d.stats(), path_region).as_deref() == Some("clean"),
     );
     assert!(hugepages_2m("free_hugepages") * 2 * MIB < size);
     let t = Instant::now();
@@ -287,7 +270,7 @@ fn a_deadline_shorter_than_the_holder_fails_naming_it_and_loses_nothing() {
         0,
         "a timeout never downgrades: {s}"
     );
-    assert_eq!(state(&s, first).as_deref(), Some("quarantined"));
+    assert_eq!(region_state(&s, first).as_deref(), Some("quarantined"));
     let why = region(&s, first).expect("region")["why"]
         .as_str()
         .map(str::to_string)
@@ -306,7 +289,7 @@ fn a_deadline_shorter_than_the_holder_fails_naming_it_and_loses_nothing() {
     wait_until(
         "the region leaves quarantine clean",
         Duration::from_secs(30),
-        || state(&d.stats(), first).as_deref() == Some("clean"),
+        || region_state(&d.stats(), first).as_deref() == Some("clean"),
     );
     c.set_alloc_wait(None);
     let b = c
@@ -389,7 +372,7 @@ fn per_size_limits_hold_and_refill_reaches_the_target() {
     let why = given_back(&s, rb).expect("b given back");
     assert!(why.contains("over the 2M limit"), "{why}");
     wait_until("a is clean", Duration::from_secs(20), || {
-        state(&d.stats(), ra).as_deref() == Some("clean")
+        region_state(&d.stats(), ra).as_deref() == Some("clean")
     });
     let why = region(&d.stats(), ra).expect("a")["why"]
         .as_str()
@@ -465,7 +448,7 @@ fn one_gib_pages_idle_as_files_serve_an_fd_alloc() {
     drop(a);
     c.free(id).expect("free");
     wait_until("clean in the pool", Duration::from_secs(60), || {
-        state(&d.stats(), path_region).as_deref() == Some("clean")
+        region_state(&d.stats(), path_region).as_deref() == Some("clean")
     });
     let t = Instant::now();
     let b = c

@@ -13,14 +13,14 @@
 //! serialized by one lock (shared huge-page pools). Waits are deadline-based.
 
 mod common;
-use common::{reserve_2m, serial, wait_until, TestDaemon};
+use common::{refused, reserve_2m, serial, wait_until, TestDaemon};
 
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::CommandExt;
 use std::process::{Command, Output};
 use std::time::Duration;
 
-use backend::client::{Allocation, Client, ClientError};
+use backend::client::{Allocation, Client};
 use backend::daemon::Config;
 use backend::proto::{AllocPart, AllocRequest, ClearMode, PagePolicy, Status, FEATURE_REBALANCE};
 use guest_mem::vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
@@ -67,13 +67,6 @@ fn write_pattern(mem: &GuestMemoryMmap, len: u64, seed: u64) {
 
 fn pattern_intact(mem: &GuestMemoryMmap, len: u64, seed: u64) -> bool {
     (0..len / 8).all(|i| mem.read_obj::<u64>(GuestAddress(i * 8)).ok() == Some(pattern(seed, i)))
-}
-
-fn refused(r: Result<(u64, u64), ClientError>) -> (Status, String) {
-    match r {
-        Err(ClientError::Refused { status, message }) => (status, message),
-        other => panic!("expected a refusal, got {other:?}"),
-    }
 }
 
 fn region_entry(stats: &Value, region: u64) -> Value {

@@ -8,8 +8,9 @@ use std::path::{Path, PathBuf};
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use backend::client::Client;
+use backend::client::{Client, ClientError};
 use backend::daemon::{Config, Daemon, DaemonHandle};
+use backend::proto::Status;
 use guest_mem::PageSize;
 use serde_json::Value;
 
@@ -283,6 +284,29 @@ impl Drop for Map {
         unsafe { libc::munmap(self.ptr.cast(), self.len) };
     }
 }
+/// The status and message of a request the daemon refused; panics on
+/// anything else.
+pub fn refused<T: std::fmt::Debug>(r: Result<T, ClientError>) -> (Status, String) {
+    match r {
+        Err(ClientError::Refused { status, message }) => (status, message),
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+}
+
+/// Region `id` in STATS's `regions` list.
+pub fn region(stats: &Value, id: u64) -> Option<Value> {
+    stats["regions"]
+        .as_array()?
+        .iter()
+        .find(|r| r["id"].as_u64() == Some(id))
+        .cloned()
+}
+
+/// The `state` of region `id` in STATS.
+pub fn region_state(stats: &Value, id: u64) -> Option<String> {
+    region(stats, id).and_then(|r| r["state"].as_str().map(str::to_string))
+}
+
 pub mod tenant;
 
 /// One HTTP/1.1 exchange with the metrics endpoint: (status line, headers, body).
