@@ -11,8 +11,7 @@
 
 #![allow(clippy::undocumented_unsafe_blocks)] // test-only mmap/munmap of fds we just received
 
-mod common;
-use common::{
+use test_support::prelude::{
     counter, http_get, parse_openmetrics, refused, region_state, reserve_2m, serial, wait_until,
     TestDaemon,
 };
@@ -20,7 +19,7 @@ use common::{
 use std::io::{Read, Write};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use backend::client::{Allocation, Client};
@@ -687,7 +686,7 @@ fn stats_json_has_the_documented_shape() {
     assert_eq!(s["sessions"]["active"], 1);
     // The handle's view is the same document.
     assert_eq!(d.stats()["allocations"], s["allocations"]);
-    let table = backend::status::render_status(&s);
+    let table = hugemem::status::render_status(&s);
     assert!(table.contains("2M") && table.contains("scrub"), "{table}");
     c.free(a.id).expect("free");
     d.shutdown();
@@ -783,82 +782,6 @@ fn shutdown_removes_the_socket_and_stops_the_scrubbers() {
     d.shutdown();
     assert!(!socket.exists(), "socket removed");
     assert_eq!(scrubbers(), 0, "scrubbers joined");
-}
-
-fn wait_for_socket(path: &Path) {
-    wait_until(
-        "the daemon's socket answers",
-        Duration::from_secs(30),
-        || Client::connect(path).is_ok(),
-    );
-}
-
-#[test]
-fn sigterm_stops_hugemem_serve_cleanly() {
-    let _s = serial();
-    let dir = tempfile::tempdir().expect("tempdir");
-    let socket = dir.path().join("run").join("hugemem.sock");
-    let config = dir.path().join("hugemem.toml");
-    std::fs::write(&config, "[pool]\nlimit = \"1G\"\ntarget = \"512M\"\n").expect("config");
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_hugemem"))
-        .args(["serve", "--config"])
-        .arg(&config)
-        .arg("--socket")
-        .arg(&socket)
-        .spawn()
-        .expect("spawn hugemem serve");
-    wait_for_socket(&socket);
-    let mode = std::os::unix::fs::PermissionsExt::mode(
-        &std::fs::metadata(&socket).expect("meta").permissions(),
-    );
-    assert_eq!(mode & 0o777, 0o600, "socket mode");
-    let stats = Client::connect(&socket)
-        .expect("connect")
-        .stats()
-        .expect("stats");
-    assert_eq!(stats["pools"].as_array().map(Vec::len), Some(0));
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_hugemem"))
-        .args(["status", "--socket"])
-        .arg(&socket)
-        .output()
-        .expect("hugemem status");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(String::from_utf8_lossy(&out.stdout).contains("sessions:"));
-    let pid = nix::unistd::Pid::from_raw(i32::try_from(child.id()).expect("pid"));
-    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).expect("SIGTERM");
-    let status = child.wait().expect("wait");
-    assert!(status.success(), "hugemem serve exited with {status}");
-    assert!(!socket.exists(), "socket removed on SIGTERM");
-}
-
-#[test]
-fn a_killed_daemon_leaves_a_stale_socket_that_the_next_start_replaces() {
-    let _s = serial();
-    let dir = tempfile::tempdir().expect("tempdir");
-    let socket = dir.path().join("hugemem.sock");
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_hugemem"))
-        .args(["serve", "--socket"])
-        .arg(&socket)
-        .spawn()
-        .expect("spawn hugemem serve");
-    wait_for_socket(&socket);
-    child.kill().expect("SIGKILL");
-    child.wait().expect("reap");
-    assert!(socket.exists(), "a killed daemon cannot clean up");
-    let d = Daemon::start(Config {
-        socket: socket.clone(),
-        ..Config::default()
-    })
-    .expect("restart over a stale socket");
-    Client::connect(&socket)
-        .expect("connect")
-        .stats()
-        .expect("stats");
-    d.shutdown().expect("shutdown");
 }
 
 #[test]

@@ -9,14 +9,13 @@
 //! tests of this binary are serialized (`serial`) because they compare that
 //! table and the host's huge-page counts before and after.
 
-mod common;
-use common::tenant::{
-    alloc_2m, assert_hugepages_balanced, fill_secret, in_child, memfd_2m, read_u64, root_or_skip,
-    tenant_a, tenant_b_sees_nothing, B_SECRET, MIB, NOBODY, SECRET,
-};
-use common::{
+use test_support::prelude::{
     counter, hugepages_2m, map_raw as map, open_fds, pool_bytes, reserve_2m, serial,
     unmap_raw as unmap, wait_until, TestDaemon,
+};
+use test_support::tenant::{
+    alloc_2m, assert_hugepages_balanced, fill_secret, in_child, memfd_2m, read_u64, root_or_skip,
+    tenant_a, tenant_b_sees_nothing, B_SECRET, MIB, NOBODY, SECRET,
 };
 
 use std::ffi::CString;

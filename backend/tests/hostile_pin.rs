@@ -8,14 +8,13 @@
 //! case also runs with detaching off, where the same tenant does read the
 //! next tenant's secret, so the attack is shown to be real on this kernel.
 
-mod common;
-use common::tenant::{
-    alloc_2m, assert_hugepages_balanced, fill_secret, in_child, memfd_2m, read_u64, B_SECRET, MIB,
-    SECRET,
-};
-use common::{
+use test_support::prelude::{
     counter, hugepages_2m, map_raw as map, pool_bytes, reserve_2m, serial, unmap_raw as unmap,
     wait_until, TestDaemon,
+};
+use test_support::tenant::{
+    alloc_2m, assert_hugepages_balanced, fill_secret, in_child, memfd_2m, read_u64, B_SECRET, MIB,
+    SECRET,
 };
 
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};

@@ -18,8 +18,7 @@
 //! `HUGEMEM_SOAK_SECS` (default 15) bounds the run; `HUGEMEM_SOAK_SEED`
 //! replays one (the seed is always printed).
 
-mod common;
-use common::{
+use test_support::prelude::{
     hugepages_2m, map_raw as map, open_fds, pool_bytes, reserve_2m, serial, unmap_raw as unmap,
     wait_until, TestDaemon,
 };

@@ -14,8 +14,7 @@
 //! protocol and running the real fault service) that is killed with SIGKILL
 //! while a lazy guest runs.
 
-mod common;
-use common::Map;
+use test_support::prelude::Map;
 
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;

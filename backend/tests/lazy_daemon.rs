@@ -1,7 +1,7 @@
 //! Lazy mode through the real daemon: ALLOC(lazy) from the dirty pool, the
 //! UFFD request, faults served zeroed, the fallback to kernel demand faults,
-//! UFFD refusals, and `kill -9` of a real `hugemem serve` while a lazy guest
-//! runs.
+//! and UFFD refusals (`kill -9` of a real `hugemem serve` while a lazy guest
+//! runs is in `cli/tests/serve.rs`). The helpers are `test_support::lazy`.
 //!
 //! A dirty pooled region exists only between quarantine and the scrubbers
 //! finishing it, so the tests make one (eager ALLOC, write a stale pattern,
@@ -9,137 +9,21 @@
 //! scrubbers won the race (the region came back CLEAN), the cycle is
 //! repeated a few times. Waits have deadlines; tests are serialised.
 
-mod common;
-use common::{counter, pool_bytes, Map};
+use test_support::lazy::{
+    lazy_alloc_from_dirty_pool, mapping, req, reserve, touch, DEADLINE, HUGE, PAGES, SIZE, STALE,
+};
+use test_support::prelude::{serial, Map};
 
 use std::os::fd::AsFd;
 use std::os::unix::net::UnixStream;
-use std::path::Path;
-use std::sync::{mpsc, Arc, Mutex, MutexGuard};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use backend::client::{Allocation, Client};
+use backend::client::Client;
 use backend::daemon::{Config, Daemon};
-use backend::lazy::{GuestMapping, LazyGuest, LazyOptions};
+use backend::lazy::{LazyGuest, LazyOptions};
 use backend::proto::socket::{recv_message, send_message};
-use backend::proto::{
-    AllocRequest, ClearMode, Header, PagePolicy, RegionInfo, Reply, ReplyBody, Request, Status,
-    UffdRange,
-};
-use guest_mem::PageSize;
+use backend::proto::{ClearMode, Header, RegionInfo, Reply, ReplyBody, Request, Status, UffdRange};
 use serde_json::Value;
-
-const HUGE: usize = 2 << 20;
-const PAGES: usize = 64;
-const SIZE: u64 = (PAGES * HUGE) as u64;
-const STALE: u8 = 0xEE;
-const DEADLINE: Duration = Duration::from_secs(30);
-
-static SERIAL: Mutex<()> = Mutex::new(());
-
-fn serial() -> MutexGuard<'static, ()> {
-    SERIAL
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-}
-
-fn reserve(test: &str) -> bool {
-    match guest_mem::ensure_free(PageSize::Huge2M, 3 * PAGES as u64, None) {
-        Ok(r) if r.met => true,
-        Ok(r) => {
-            test_support::skip!("{test}: only {} free 2 MiB pages", r.free);
-            false
-        }
-        Err(e) => {
-            test_support::skip!("{test}: {e}");
-            false
-        }
-    }
-}
-
-fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
-    let deadline = Instant::now() + DEADLINE;
-    while !cond() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(1));
-    }
-}
-
-fn req(mode: ClearMode) -> AllocRequest {
-    AllocRequest {
-        total_size: SIZE,
-        page_policy: PagePolicy::Huge2M,
-        clear_mode: mode,
-        lock: false,
-        parts: vec![],
-        want_paths: false,
-    }
-}
-
-/// Reads `map[off]` in a thread (blocking in a fault until served).
-fn touch(map: &Arc<Map>, off: usize) -> mpsc::Receiver<u8> {
-    let (tx, rx) = mpsc::channel();
-    let m = Arc::clone(map);
-    std::thread::spawn(move || {
-        let _ = tx.send(m.read(off));
-    });
-    rx
-}
-
-fn dirty_bytes(stats: &Value) -> u64 {
-    pool_bytes(stats, "dirty_bytes")
-}
-
-/// Tries at a dirty region before a lazy test gives up: each is lost only
-/// when the scrubbers clean the region between FREE and the lazy ALLOC.
-const TRIES: usize = 10;
-
-/// Makes a dirty pooled region (eager ALLOC, stale pattern, FREE), waits for
-/// it to leave quarantine, and asks for lazy memory at once. Returns the
-/// allocation; it panics if the scrubbers won every one of [`TRIES`] tries.
-fn lazy_alloc_from_dirty_pool(client: &mut Client, stats: &dyn Fn() -> Value) -> Allocation {
-    for attempt in 0..TRIES {
-        let eager = client.alloc(req(ClearMode::Eager)).expect("eager alloc");
-        {
-            let m = Map::shared(eager.fds[0].as_fd(), SIZE as usize);
-            m.fill(0, m.len(), STALE);
-        }
-        let id = eager.id;
-        drop(eager); // close our fds: nothing of ours holds the region now
-        let discarded = counter(&stats(), "regions_discarded");
-        client.free(id).expect("free");
-        // Out of quarantine: dirty (the case wanted), or already scrubbed
-        // clean or discarded between two polls (then the ALLOC below is not
-        // LAZY and the loop tries again); waiting for dirty alone hung when
-        // the scrubbers won the race.
-        wait_until("the region to leave quarantine", || {
-            let s = stats();
-            dirty_bytes(&s) > 0
-                || (pool_bytes(&s, "quarantined_bytes") == 0
-                    && (pool_bytes(&s, "clean_bytes") >= SIZE
-                        || counter(&s, "regions_discarded") > discarded))
-        });
-        let lazy = client.alloc(req(ClearMode::Lazy)).expect("lazy alloc");
-        if lazy.regions[0].flags & RegionInfo::FLAG_LAZY != 0 {
-            return lazy;
-        }
-        println!(
-            "OBSERVED: attempt {attempt}: the scrubbers cleaned the region first (flags {:#x})",
-            lazy.regions[0].flags
-        );
-        client.free(lazy.id).expect("free");
-    }
-    panic!("never got a dirty region for a lazy ALLOC in {TRIES} tries");
-}
-
-fn mapping(alloc: &Allocation, map: &Map) -> GuestMapping {
-    GuestMapping {
-        region_id: alloc.regions[0].region_id,
-        region_offset: 0,
-        addr: map.addr(),
-        len: SIZE,
-    }
-}
 
 fn in_process_daemon() -> (backend::daemon::DaemonHandle, tempfile::TempDir) {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -204,9 +88,9 @@ fn lazy_alloc_from_the_dirty_pool_is_served_on_fault() {
     // The metrics endpoint sums the fault services daemon-wide.
     let addr = daemon.metrics_addr().expect("metrics on");
     let scrape = || {
-        let (status, _, body) = common::http_get(addr, "GET", "/metrics");
+        let (status, _, body) = test_support::prelude::http_get(addr, "GET", "/metrics");
         assert_eq!(status, "HTTP/1.1 200 OK", "{body}");
-        common::parse_openmetrics(&body)
+        test_support::prelude::parse_openmetrics(&body)
     };
     let stats = client.stats().expect("stats");
     let m = scrape();
@@ -359,99 +243,4 @@ fn uffd_requests_are_checked() {
     assert!(msg.contains("no lazy region"), "{msg}");
     client.free(eager.id).expect("free");
     daemon.shutdown().expect("shutdown");
-}
-
-/// The acceptance test: a real `hugemem serve` is SIGKILLed while a lazy
-/// guest runs; faults before are served by it, faults after by the VMM's
-/// fallback; nothing hangs, nothing stale is read.
-#[test]
-fn kill9_of_hugemem_serve_while_a_lazy_guest_runs() {
-    let _s = serial();
-    if !reserve("kill9_of_hugemem_serve_while_a_lazy_guest_runs") {
-        return;
-    }
-    let dir = tempfile::tempdir().expect("tempdir");
-    let socket = dir.path().join("hugemem.sock");
-    let config = dir.path().join("hugemem.toml");
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    let uid = unsafe { libc::geteuid() };
-    std::fs::write(
-        &config,
-        format!("[pool]\nrecheck_ms = 20\nlazy_dirty_uids = [{uid}]\ndetach_pages = false\n"),
-    )
-    .expect("config");
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_hugemem"))
-        .args(["serve", "--config"])
-        .arg(&config)
-        .arg("--socket")
-        .arg(&socket)
-        .env("RUST_LOG", "warn")
-        .spawn()
-        .expect("spawn hugemem serve");
-    let guard = KillOnDrop(&mut child);
-    wait_until_socket(&socket);
-    let mut client = Client::connect(&socket).expect("connect");
-    client.set_timeout(Some(DEADLINE)).expect("timeout");
-    let stats_sock = socket.clone();
-    let stats = move || {
-        Client::connect(&stats_sock)
-            .and_then(|mut c| c.stats())
-            .unwrap_or(Value::Null)
-    };
-    let alloc = lazy_alloc_from_dirty_pool(&mut client, &stats);
-    let guest = Map::shared(alloc.fds[0].as_fd(), SIZE as usize);
-    let lazy = LazyGuest::attach(
-        &mut client,
-        &alloc,
-        &[mapping(&alloc, &guest)],
-        LazyOptions::default(),
-    )
-    .expect("attach");
-    for p in 0..4 {
-        assert_eq!(
-            touch(&guest, p * HUGE)
-                .recv_timeout(DEADLINE)
-                .expect("daemon served"),
-            0
-        );
-    }
-    guard.kill9();
-    assert!(
-        lazy.wait_fallback(DEADLINE),
-        "the VMM noticed the daemon died"
-    );
-    let readers: Vec<_> = (4..PAGES).map(|p| touch(&guest, p * HUGE + 123)).collect();
-    for r in readers {
-        assert_eq!(r.recv_timeout(DEADLINE).expect("served after kill -9"), 0);
-    }
-    assert!(
-        guest.none_is(0, guest.len(), STALE),
-        "stale bytes visible after the daemon died"
-    );
-    let s = lazy.stats();
-    println!("OBSERVED: kill -9 of hugemem serve: fallback {s:?}");
-    drop(guest);
-    drop(lazy);
-    drop(alloc);
-    drop(client);
-}
-
-struct KillOnDrop<'a>(&'a mut std::process::Child);
-
-impl KillOnDrop<'_> {
-    fn kill9(&self) {
-        let pid = nix::unistd::Pid::from_raw(i32::try_from(self.0.id()).expect("pid"));
-        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL).expect("SIGKILL");
-    }
-}
-
-impl Drop for KillOnDrop<'_> {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn wait_until_socket(path: &Path) {
-    wait_until("the daemon's socket", || Client::connect(path).is_ok());
 }

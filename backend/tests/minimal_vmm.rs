@@ -1,4 +1,4 @@
-//! Runs the example VMM (`backend/examples/minimal_vmm.rs`) against a real
+//! Runs the example VMM (`client/examples/minimal_vmm.rs`) against a real
 //! daemon: real 2 MiB huge pages, a real KVM guest, eager and lazy.
 //!
 //! The example's source file is compiled into this test as a module
@@ -9,9 +9,8 @@
 //! (`cargo build --example`) would run cargo inside cargo on a locked target
 //! directory. The example's `main` only parses arguments and calls `run_vmm`.
 
-mod common;
 #[allow(dead_code)] // its `main` is the example binary's entry point, unused here
-#[path = "../examples/minimal_vmm.rs"]
+#[path = "../../client/examples/minimal_vmm.rs"]
 mod minimal_vmm;
 
 use std::os::fd::AsFd;
@@ -19,7 +18,7 @@ use std::time::Duration;
 
 use backend::client::Client;
 use backend::proto::{AllocRequest, ClearMode, PagePolicy, RegionInfo};
-use common::{counter, pool_bytes, reserve_2m, serial, wait_until, Map, TestDaemon};
+use test_support::prelude::{counter, pool_bytes, reserve_2m, serial, wait_until, Map, TestDaemon};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
 const HUGE: u64 = 2 << 20;

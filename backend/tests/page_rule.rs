@@ -12,8 +12,7 @@
 //! be reserved. "Exactly the host's pages": a test takes every free 2 MiB
 //! page, so the larger size can only come from the daemon's own pool.
 
-mod common;
-use common::{
+use test_support::prelude::{
     counter, hugepages_2m, map_raw, refused, region, region_state, reserve_2m, serial, wait_until,
     TestDaemon,
 };
@@ -389,14 +388,14 @@ fn per_size_limits_hold_and_refill_reaches_the_target() {
     let t = Instant::now();
     wait_until("refill reaches the target", Duration::from_secs(20), || {
         let s = d.stats();
-        common::pool_bytes(&s, "clean_bytes") >= target
+        test_support::prelude::pool_bytes(&s, "clean_bytes") >= target
     });
     let filled = t.elapsed();
     let s = d.stats();
     assert_eq!(s["refill"]["enabled"], true, "{s}");
     assert!(s["refill"]["regions"].as_u64() >= Some(1), "{s}");
     assert_eq!(s["refill"]["bytes"].as_u64(), Some(target), "{s}");
-    let status = backend::status::render_status(&s);
+    let status = hugemem::status::render_status(&s);
     assert!(status.contains("refill: "), "{status}");
     let mut c = d.client();
     let a = c

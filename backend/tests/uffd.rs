@@ -13,8 +13,7 @@
 //! Two tests re-execute this binary as a child (`HUGEMEM_UFFD_ROLE`): the
 //! cross-process test, and the close test, whose child might die of SIGBUS.
 
-mod common;
-use common::Map;
+use test_support::prelude::Map;
 
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::os::unix::process::CommandExt;

@@ -993,7 +993,8 @@ fn numa_migrate_bench() {
     // The same amount moved as 4 KiB, 2 MiB and 1 GiB pages, node 0 -> 1 -> 0,
     // plus the clearing runner's locality (`hugemem bench migrate`). 1 GiB is
     // rounded up to one whole page; the guest has one free per node.
-    let report = migrate::testing::bench_migrate(256 << 20).unwrap_or_else(|e| panic!("{e}"));
+    let report =
+        hugemem::bench::migrate::bench_migrate(256 << 20).unwrap_or_else(|e| panic!("{e}"));
     for line in report.lines() {
         println!("NUMA-MIGRATE-BENCH {line}");
     }
@@ -1008,7 +1009,7 @@ fn numa_mlock_per_node() {
     // bench splits the region per node, binds each part and locks it from a
     // worker pinned there, against one mlock call over the whole region.
     // 4 KiB shmem only: the guest has no python3 to grow hugetlb pools.
-    let cfg = backend::bench::mlock::MlockBenchConfig {
+    let cfg = hugemem::bench::mlock::MlockBenchConfig {
         size: 256 << 20,
         reps: 1,
         chunk: None,
@@ -1016,7 +1017,7 @@ fn numa_mlock_per_node() {
         hugetlb: false,
         hugetlb_page: None,
     };
-    let report = backend::bench::mlock::run(&cfg, &mut |_| {}).expect("bench mlock in the guest");
+    let report = hugemem::bench::mlock::run(&cfg, &mut |_| {}).expect("bench mlock in the guest");
     let f = &report.shmem_4k;
     println!(
         "NUMA-MLOCK nodes={} single_lock_s={:.3} batched_lock_s={:.3} single_max_stall_ms={:.1} batched_max_stall_ms={:.1} {TCG}",

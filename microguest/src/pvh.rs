@@ -51,7 +51,7 @@
 //! walked in full with `-cpu max` and clipped at 4 GiB with `-cpu qemu64`.
 //! Booted under cloud-hypervisor v53.0-246-gae44c2971 (KVM): fd and
 //! hugetlbfs zones, one or two memory zones and guest NUMA nodes, `--landlock`
-//! (`backend/tests/launch_ch.rs`), and `--debug-console
+//! (`cli/tests/launch_ch.rs`), and `--debug-console
 //! file=/dev/stdout,iobase=0x3f0` (`hugemem bench compare`). Not yet booted
 //! under Firecracker.
 

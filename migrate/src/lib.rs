@@ -26,7 +26,6 @@
 //!   crate makes none itself).
 //! * [`report`]: [`MoveReport`] and [`FailReason`].
 //! * [`policy`]: the vCPU-affinity watcher (off by default).
-//! * [`mod@bench`]: `hugemem bench migrate`.
 //! * [`testing`]: checks to run inside a multi-node guest.
 //!
 //! ```
@@ -51,8 +50,6 @@
 
 #![deny(missing_docs)]
 
-/// `hugemem bench migrate`: throughput per page size and runner locality.
-pub mod bench;
 #[cfg(test)]
 mod fixture;
 mod mm;
@@ -69,12 +66,12 @@ pub mod report;
 /// Checks to run inside a multi-node guest (QEMU-TCG harness).
 pub mod testing;
 
-pub use bench::{run_bench, BenchOptions, BenchReport, Leg, NodeLocality, SizeResult};
 pub use mm::capacity as target_capacity;
 pub use mover::{
     move_range, move_region, placement, plan_move, MigrateError, MoveOptions, MoveSpan, Placement,
     AUTO_BATCH_BYTES,
 };
+pub use pattern::{check_slice as check_stamps, write_slice as write_stamps};
 pub use plan::{
     memory_nodes, validate_range, validate_target, ByteRange, Capacity, MovePlan, PageSpan,
     PlanError,

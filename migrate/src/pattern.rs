@@ -68,8 +68,9 @@ fn at(offset: u64) -> usize {
     usize::try_from(offset).unwrap_or(usize::MAX)
 }
 
-/// Writes the stamps into `buf`.
-pub(crate) fn write_slice(buf: &mut [u8], seed: u64) {
+/// Writes the move-check stamps (32 bytes at the start and at the end of
+/// every 4 KiB, from `seed` and the offset) into `buf`.
+pub fn write_slice(buf: &mut [u8], seed: u64) {
     let r: Result<(), ()> = write(buf.len() as u64, seed, |off, s| {
         buf[at(off)..at(off) + STAMP].copy_from_slice(s);
         Ok(())
@@ -77,8 +78,9 @@ pub(crate) fn write_slice(buf: &mut [u8], seed: u64) {
     debug_assert!(r.is_ok());
 }
 
-/// The first wrong stamp in `buf`, if any.
-pub(crate) fn check_slice(buf: &[u8], seed: u64) -> Option<u64> {
+/// The offset of the first stamp in `buf` that [`write_slice`] with `seed`
+/// would not have written, if any.
+pub fn check_slice(buf: &[u8], seed: u64) -> Option<u64> {
     let r: Result<Option<u64>, ()> = check(buf.len() as u64, seed, |off, out| {
         out.copy_from_slice(&buf[at(off)..at(off) + STAMP]);
         Ok(())

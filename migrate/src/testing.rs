@@ -30,11 +30,22 @@ use guest_mem::vm_memory::{Bytes, GuestAddress, GuestRegionMmap, MemoryRegionAdd
 use guest_mem::{PagePolicy, PageSize, PoolCounts, Region, RegionSpec};
 use numa::{NodeId, Topology};
 
-use crate::bench::{error_chain, run_bench, BenchOptions};
 use crate::mover::{move_region, placement, MigrateError, MoveOptions, MoveSpan};
 use crate::pattern;
 use crate::plan::memory_nodes;
 use crate::report::{FailReason, MoveReport};
+
+/// `error: cause: cause`, the whole chain on one line.
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut source = e.source();
+    while let Some(cause) = source {
+        s.push_str(": ");
+        s.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    s
+}
 
 /// Label for throughput measured in an emulated guest.
 pub const TCG_LABEL: &str = "(TCG emulation)";
@@ -393,31 +404,4 @@ pub fn check_rate_limited_move(page: PageSize, size: u64, bytes_per_s: u64) -> C
         size >> 20,
         bytes_per_s >> 20
     ))
-}
-
-/// The whole `bench migrate` run ([`run_bench`] with reserving and warm-up
-/// on): 4 KiB, 2 MiB and 1 GiB pages, `size` bytes each, first node → second
-/// → first, plus per-node locality of the clearing runner. Returns the
-/// report's lines (throughput labelled `(TCG emulation)`) followed by one
-/// line of JSON. 1 GiB pages need `size` rounded up to whole 1 GiB pages
-/// free on both nodes; when they cannot be had the line says so.
-///
-/// Run inside a multi-node guest, as root.
-///
-/// # Errors
-///
-/// The report's lines when a page size failed or data changed, or fewer
-/// than two nodes with memory.
-pub fn bench_migrate(size: u64) -> Check {
-    let topology = detect()?;
-    two_nodes(&topology)?;
-    let report = run_bench(&topology, &BenchOptions::new(size));
-    let mut lines = report.lines(TCG_LABEL);
-    lines.push(serde_json::to_string(&report).unwrap_or_else(|e| format!("(json: {e})")));
-    let text = lines.join("\n");
-    if report.failures().is_empty() {
-        Ok(text)
-    } else {
-        Err(text)
-    }
 }

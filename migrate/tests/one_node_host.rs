@@ -1,6 +1,7 @@
 //! Real-memory tests that run on a one-node host: moves to the node the pages
 //! are on (nothing is copied, everything else runs), refused moves, the
-//! in-guest checks in their one-node form, and the bench's skip path.
+//! in-guest checks in their one-node form (the bench's skip path is in
+//! `cli/tests/bench_migrate.rs`).
 //!
 //! 2 MiB pages are reserved with `guest_mem::ensure_free`; a test that cannot
 //! get them prints `SKIP:` with the reason and passes.
@@ -12,8 +13,8 @@ use std::path::Path;
 use clearing::{CancelToken, Progress, RunOptions};
 use guest_mem::{PagePolicy, PageSize, Region, RegionSpec};
 use migrate::{
-    move_range, move_region, placement, plan_move, run_bench, testing, BenchOptions, ByteRange,
-    MigrateError, MoveOptions, MoveSpan, PlanError,
+    move_range, move_region, placement, plan_move, testing, ByteRange, MigrateError, MoveOptions,
+    MoveSpan, PlanError,
 };
 use numa::Topology;
 
@@ -337,7 +338,6 @@ fn in_guest_checks_in_their_one_node_form() {
             testing::check_move_region_between_nodes(PageSize::Huge2M, 4 * M2),
             testing::check_move_to_full_node(PageSize::Huge1G, 1 << 30),
             testing::check_rate_limited_move(PageSize::Huge2M, 4 * M2, 64 << 20),
-            testing::bench_migrate(4 * M2),
         ] {
             let err = result.expect_err("one node");
             assert!(
@@ -346,43 +346,4 @@ fn in_guest_checks_in_their_one_node_form() {
             );
         }
     }
-}
-
-#[test]
-fn bench_on_one_node_skips_moves_and_measures_locality() {
-    let topology = Topology::detect().expect("topology");
-    if migrate::memory_nodes(&topology).len() > 1 {
-        test_support::skip!("this host has several nodes; the bench would move memory");
-        return;
-    }
-    let opts = BenchOptions {
-        page_sizes: vec![PageSize::Base4K, PageSize::Huge2M, PageSize::Huge1G],
-        reserve: false,
-        ..BenchOptions::new(3 << 20)
-    };
-    let report = run_bench(&topology, &opts);
-    assert_eq!(report.results.len(), 3);
-    for r in &report.results {
-        assert_eq!(
-            r.skipped.as_deref(),
-            Some("needs two nodes with memory (this host has [0])")
-        );
-    }
-    assert_eq!(
-        report.results[2].bytes,
-        1 << 30,
-        "rounded up to one 1 GiB page"
-    );
-    assert!(report.notes.iter().any(|n| n.contains("rounded up")));
-    assert_eq!(report.locality.len(), 1);
-    let loc = &report.locality[0];
-    assert!(loc.error.is_none(), "{loc:?}");
-    assert_eq!(loc.on_node, loc.pages, "{loc:?}");
-    assert!((loc.share_pct - 100.0).abs() < 1e-9);
-    assert!(report.failures().is_empty());
-    for line in report.lines("") {
-        println!("{line}");
-    }
-    let json = serde_json::to_string(&report).expect("json");
-    assert!(json.contains("\"share_pct\":100.0"));
 }

@@ -11,6 +11,21 @@
 //! turns into a table and checks against its allow-list.
 #![deny(missing_docs)]
 
+#[cfg(feature = "daemon")]
+pub mod daemon;
+#[cfg(feature = "daemon")]
+pub mod hugepages;
+#[cfg(feature = "daemon")]
+pub mod lazy;
+#[cfg(feature = "daemon")]
+pub mod map;
+#[cfg(feature = "daemon")]
+pub mod metrics;
+#[cfg(feature = "daemon")]
+pub mod prelude;
+#[cfg(feature = "daemon")]
+pub mod tenant;
+
 use std::fs::OpenOptions;
 use std::io::Write;
 

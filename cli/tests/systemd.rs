@@ -1,0 +1,613 @@
+//! The systemd protocols of `hugemem serve`, spoken to the real binary by
+//! this test the way systemd speaks them (systemd itself cannot run here:
+//! docs/operations.md, "Testing the unit", says why):
+//!
+//! * readiness: a real `AF_UNIX` datagram socket named by `NOTIFY_SOCKET`
+//!   receives `READY=1` once the daemon serves (a client gets STATS at
+//!   once, with no retry) and `STOPPING=1` on SIGTERM;
+//! * socket activation: a listening socket bound by the test is passed as
+//!   fd 3 with `LISTEN_FDS=1` and `LISTEN_PID` = the daemon's pid (set by
+//!   `sh -c 'LISTEN_PID=$$ exec …'`, so the pid is the exec'd daemon's). A
+//!   client that connected before the daemon started is served; the daemon
+//!   leaves the socket file alone (same inode and mode after a stop), the
+//!   uid check still refuses a stranger, and a second daemon on the same
+//!   descriptor serves a client that connected while none ran;
+//! * `hugemem hugepages --config` (the unit's privileged `ExecStartPre=`)
+//!   reserves what the config's `[hugepages]` section says.
+//!
+//! Each test starts a daemon or changes the 2 MiB pool: run them under the
+//! machine lock.
+
+use test_support::prelude::serial;
+
+use std::os::fd::{AsRawFd, RawFd};
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::os::unix::net::{UnixDatagram, UnixListener};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use backend::client::Client;
+use serde_json::Value;
+
+/// The test's end of `NOTIFY_SOCKET`.
+struct Notify {
+    sock: UnixDatagram,
+    path: PathBuf,
+}
+
+impl Notify {
+    fn new(dir: &Path) -> Self {
+        let path = dir.join("notify.sock");
+        let sock = UnixDatagram::bind(&path).expect("bind the notify socket");
+        Self { sock, path }
+    }
+
+    /// The next datagram, as text; fails the test after `timeout`.
+    fn recv(&self, timeout: Duration) -> String {
+        self.sock.set_read_timeout(Some(timeout)).expect("timeout");
+        let mut buf = vec![0u8; 4096];
+        let n = self
+            .sock
+            .recv(&mut buf)
+            .unwrap_or_else(|e| panic!("no sd_notify message within {timeout:?}: {e}"));
+        String::from_utf8_lossy(&buf[..n]).into_owned()
+    }
+}
+
+/// `hugemem serve --socket SOCKET` with `NOTIFY_SOCKET`; with `fd3`, as
+/// systemd starts a socket-activated service: `fd3` is duplicated onto fd 3
+/// and `LISTEN_FDS=1`, `LISTEN_PID=<the daemon's pid>` are set.
+fn spawn_serve(socket: &Path, notify: &Notify, fd3: Option<RawFd>) -> Child {
+    let bin = env!("CARGO_BIN_EXE_hugemem");
+    let mut cmd = Command::new("/bin/sh");
+    cmd.arg("-c")
+        .arg(if fd3.is_some() {
+            "LISTEN_PID=$$ LISTEN_FDS=1 exec \"$0\" \"$@\""
+        } else {
+            "exec \"$0\" \"$@\""
+        })
+        .arg(bin)
+        .args(["serve", "--socket"])
+        .arg(socket)
+        .env("NOTIFY_SOCKET", &notify.path)
+        .env_remove("LISTEN_PID")
+        .env_remove("LISTEN_FDS")
+        .stdin(Stdio::null());
+    if let Some(fd) = fd3 {
+        // SAFETY: the closure runs in the forked child before exec and only
+        // calls `onto_fd3` (dup2/fcntl, async-signal-safe, no allocation).
+        unsafe {
+            cmd.pre_exec(move || onto_fd3(fd));
+        }
+    }
+    cmd.spawn().expect("spawn hugemem serve")
+}
+
+/// Makes `fd` (the test's open listening socket) the child's fd 3,
+/// inherited across exec. Runs between fork and exec.
+fn onto_fd3(fd: RawFd) -> std::io::Result<()> {
+    let r = if fd == 3 {
+        // dup2(3, 3) would keep FD_CLOEXEC: clear it instead.
+        // SAFETY: fcntl(F_SETFD) on an open descriptor of this process.
+        unsafe { libc::fcntl(3, libc::F_SETFD, 0) }
+    } else {
+        // SAFETY: dup2 of an open descriptor onto 3; whatever 3 was in the
+        // child (nothing the child uses: it execs right after) is replaced.
+        unsafe { libc::dup2(fd, 3) }
+    };
+    if r < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+fn sigterm(child: &Child) {
+    let pid = nix::unistd::Pid::from_raw(i32::try_from(child.id()).expect("pid"));
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).expect("SIGTERM");
+}
+
+/// Waits for `child` to exit (at most `timeout`), returning its status.
+fn wait_exit(child: &mut Child, timeout: Duration) -> std::process::ExitStatus {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(s) = child.try_wait().expect("try_wait") {
+            return s;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("hugemem serve did not exit within {timeout:?}");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// A client on its own thread that connects now and asks STATS; its
+/// connection waits in the listening socket's backlog until a daemon serves.
+fn early_client(socket: &Path) -> std::thread::JoinHandle<Value> {
+    let stream = std::os::unix::net::UnixStream::connect(socket).expect("connect before serve");
+    std::thread::spawn(move || {
+        let mut c = Client::from_stream(stream).expect("handshake once a daemon serves");
+        c.set_timeout(Some(Duration::from_secs(60)))
+            .expect("timeout");
+        c.stats().expect("stats")
+    })
+}
+
+#[test]
+fn serve_notifies_ready_when_serving_and_stopping_on_sigterm() {
+    let _s = serial();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let socket = dir.path().join("run").join("hugemem.sock");
+    let notify = Notify::new(dir.path());
+    let mut child = spawn_serve(&socket, &notify, None);
+    let msg = notify.recv(Duration::from_secs(60));
+    assert!(msg.lines().any(|l| l == "READY=1"), "{msg:?}");
+    assert!(
+        msg.lines()
+            .any(|l| l == format!("STATUS=serving {}", socket.display())),
+        "{msg:?}"
+    );
+    // Ready means serving: no retry, no wait.
+    let stats = Client::connect(&socket)
+        .expect("connect right after READY=1")
+        .stats()
+        .expect("stats");
+    assert_eq!(stats["pid"].as_u64(), Some(u64::from(child.id())));
+    sigterm(&child);
+    let msg = notify.recv(Duration::from_secs(30));
+    assert!(msg.lines().any(|l| l == "STOPPING=1"), "{msg:?}");
+    assert!(
+        msg.lines().any(|l| l == "STATUS=stopping on SIGTERM"),
+        "{msg:?}"
+    );
+    let status = wait_exit(&mut child, Duration::from_secs(60));
+    assert!(status.success(), "hugemem serve exited with {status}");
+    assert!(!socket.exists(), "a socket the daemon bound is removed");
+}
+
+#[test]
+fn serve_takes_the_socket_systemd_passes_and_leaves_it_in_place() {
+    let _s = serial();
+    let dir = tempfile::tempdir().expect("tempdir");
+    // Others may traverse the directory and connect: the uid check, not
+    // the file mode, must be what refuses a stranger below.
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let socket = dir.path().join("hugemem.sock");
+    let listener = UnixListener::bind(&socket).expect("bind, as hugemem.socket does");
+    std::fs::set_permissions(&socket, std::fs::Permissions::from_mode(0o666)).expect("chmod");
+    let before = std::fs::metadata(&socket).expect("meta");
+    let notify = Notify::new(dir.path());
+
+    // A VMM that connects before the daemon runs is served once it does.
+    let early = early_client(&socket);
+    let mut child = spawn_serve(&socket, &notify, Some(listener.as_raw_fd()));
+    let msg = notify.recv(Duration::from_secs(60));
+    assert!(msg.lines().any(|l| l == "READY=1"), "{msg:?}");
+    assert!(
+        msg.lines()
+            .any(|l| l == format!("STATUS=serving {} (socket-activated)", socket.display())),
+        "{msg:?}"
+    );
+    let stats = early.join().expect("early client");
+    assert_eq!(stats["pid"].as_u64(), Some(u64::from(child.id())));
+    let after = std::fs::metadata(&socket).expect("meta");
+    assert_eq!(
+        (after.ino(), after.mode()),
+        (before.ino(), before.mode()),
+        "the daemon neither re-created nor chmod-ed the passed socket"
+    );
+
+    // The peer check applies unchanged: uid 65534 reaches the socket (mode
+    // 0666) but is not allowed.
+    let out = Command::new(env!("CARGO_BIN_EXE_hugemem"))
+        .args(["status", "--socket"])
+        .arg(&socket)
+        .uid(65534)
+        .gid(65534)
+        .output()
+        .expect("hugemem status as uid 65534");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "a stranger got STATS: {err}");
+    assert!(err.contains("uid 65534 is not allowed"), "{err}");
+
+    sigterm(&child);
+    let msg = notify.recv(Duration::from_secs(30));
+    assert!(msg.lines().any(|l| l == "STOPPING=1"), "{msg:?}");
+    let status = wait_exit(&mut child, Duration::from_secs(60));
+    assert!(status.success(), "hugemem serve exited with {status}");
+    let left = std::fs::metadata(&socket).expect("the socket file stays with systemd");
+    assert_eq!(left.ino(), before.ino());
+
+    // Between two daemons (a restart) a VMM still connects; the next daemon
+    // on the same descriptor serves it.
+    let early = early_client(&socket);
+    let mut child = spawn_serve(&socket, &notify, Some(listener.as_raw_fd()));
+    let msg = notify.recv(Duration::from_secs(60));
+    assert!(msg.lines().any(|l| l == "READY=1"), "{msg:?}");
+    let stats = early.join().expect("client of the restart");
+    assert_eq!(stats["pid"].as_u64(), Some(u64::from(child.id())));
+    sigterm(&child);
+    let status = wait_exit(&mut child, Duration::from_secs(60));
+    assert!(status.success(), "hugemem serve exited with {status}");
+    assert!(socket.exists());
+}
+
+#[test]
+fn serve_refuses_a_passed_socket_bound_elsewhere() {
+    let _s = serial();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let other = dir.path().join("other.sock");
+    let listener = UnixListener::bind(&other).expect("bind");
+    let notify = Notify::new(dir.path());
+    let socket = dir.path().join("hugemem.sock");
+    let mut child = spawn_serve(&socket, &notify, Some(listener.as_raw_fd()));
+    let status = wait_exit(&mut child, Duration::from_secs(60));
+    assert!(
+        !status.success(),
+        "a daemon served a socket bound elsewhere"
+    );
+    assert!(!socket.exists(), "nor did it bind its own");
+    notify.sock.set_nonblocking(true).expect("nonblocking");
+    let mut buf = [0u8; 512];
+    assert!(
+        notify.sock.recv(&mut buf).is_err(),
+        "no READY=1 from a daemon that did not start"
+    );
+}
+
+const POOL_2M: &str = "/sys/kernel/mm/hugepages/hugepages-2048kB";
+
+fn nr_2m() -> u64 {
+    std::fs::read_to_string(Path::new(POOL_2M).join("nr_hugepages"))
+        .expect("read the 2 MiB pool")
+        .trim()
+        .parse()
+        .expect("a number")
+}
+
+/// `hugemem hugepages --config FILE --json` with FILE holding `section`.
+fn hugepages_with_config(dir: &Path, section: &str) -> (Option<i32>, Value, String) {
+    let config = dir.join("hugemem.toml");
+    std::fs::write(
+        &config,
+        format!("[pool]\ntarget = \"0\"\n\n[hugepages]\n{section}"),
+    )
+    .expect("config");
+    let out = Command::new(env!("CARGO_BIN_EXE_hugemem"))
+        .args(["hugepages", "--json", "--config"])
+        .arg(&config)
+        .output()
+        .expect("hugemem hugepages");
+    let json = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+    (
+        out.status.code(),
+        json,
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn hugepages_reserves_what_the_config_section_says() {
+    let _s = serial();
+    if !Path::new(POOL_2M).is_dir() {
+        test_support::skip!("no 2 MiB huge-page pool on this kernel");
+        return;
+    }
+    if std::fs::metadata("/proc/self").map(|m| m.uid()).ok() != Some(0) {
+        test_support::skip!("reserving huge pages needs root");
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let before = nr_2m();
+    let (code, report, err) = hugepages_with_config(
+        dir.path(),
+        &format!(
+            "pages_2m = {}\nmode = \"total\"\nmount = false\n",
+            before + 2
+        ),
+    );
+    let pool = &report["pools"][0];
+    if code == Some(3) {
+        hugepages_with_config(
+            dir.path(),
+            &format!("pages_2m = {before}\nmode = \"exact\"\nmount = false\n"),
+        );
+        test_support::skip!("the kernel gave fewer 2 MiB pages than asked: {pool}");
+        return;
+    }
+    assert_eq!(code, Some(0), "{err}");
+    assert_eq!(pool["size"], "2M");
+    assert_eq!(pool["mode"], "total");
+    assert_eq!(pool["requested"], before + 2);
+    assert_eq!(pool["total"], before + 2);
+    assert_eq!(nr_2m(), before + 2);
+    assert_eq!(report["mounts"], Value::Array(vec![]), "mount = false");
+    let (code, report, err) = hugepages_with_config(
+        dir.path(),
+        &format!("pages_2m = {before}\nmode = \"exact\"\nmount = false\n"),
+    );
+    assert_eq!(code, Some(0), "{err}");
+    assert_eq!(report["pools"][0]["mode"], "exact");
+    assert_eq!(nr_2m(), before);
+    // A section the daemon would refuse is refused here too (usage, 2).
+    let (code, _, err) = hugepages_with_config(dir.path(), "pages_3m = 1\n");
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("pages_3m"), "{err}");
+}
+
+/// The shipped units under a real systemd (252 on the development host),
+/// booted as PID 1 of a private PID + mount namespace (`unshare`), with
+/// `/run` a fresh tmpfs there so nothing of the host's `/run` is touched.
+/// A drop-in points the units at the built binary and a test config and
+/// turns off the default dependencies (sysinit.target would start udev,
+/// journald and the host's mounts); everything else — `Type=notify`, the
+/// sandbox, `ExecStartPre=-+… hugepages --config`, `RuntimeDirectory=`, the
+/// socket unit — is the file in `scripts/`. An extra sandboxed
+/// `ExecStartPre=` (no `+`) rewrites a sysfs file with its own value and
+/// reports whether /sys was writable.
+///
+/// Skipped where PID 1 is systemd (a second manager on the same cgroup tree
+/// would fight the host's; use `systemd-run` there) or where systemd,
+/// `unshare` or root are missing. The cgroups the nested manager creates
+/// (`init.scope`, `system.slice`) are removed again when empty.
+#[test]
+fn shipped_units_start_notify_and_stop_under_a_real_systemd() {
+    let _s = serial();
+    const SYSTEMD: &str = "/lib/systemd/systemd";
+    if std::fs::metadata("/proc/self").map(|m| m.uid()).ok() != Some(0) {
+        test_support::skip!("booting a systemd in a namespace needs root");
+        return;
+    }
+    if Path::new("/run/systemd/system").exists() {
+        test_support::skip!("the host runs systemd: a nested manager would share its cgroup tree");
+        return;
+    }
+    for p in [SYSTEMD, "/usr/bin/unshare", "/usr/bin/nsenter"] {
+        if !Path::new(p).exists() {
+            test_support::skip!("{p} is missing");
+            return;
+        }
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let d = dir.path();
+    let bin = env!("CARGO_BIN_EXE_hugemem");
+    let scripts = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts");
+    let nr = nr_2m();
+    std::fs::write(
+        d.join("hugemem.toml"),
+        format!("[pool]\ntarget = \"0\"\n\n[hugepages]\npages_2m = {nr}\nmount = false\n"),
+    )
+    .expect("config");
+    let probe = "f=/sys/kernel/mm/hugepages/hugepages-2048kB/nr_overcommit_hugepages; \
+                 v=$(cat $f); (echo $v > $f) 2>/dev/null && echo sysfs-writable || echo sysfs-readonly";
+    let inner = format!(
+        r#"set -e
+mount -t proc proc /proc
+mount -t tmpfs -o mode=755 tmpfs /run
+mkdir -p /run/hugemem-test /run/systemd/system/hugemem.service.d /run/systemd/system/hugemem.socket.d
+cp {d}/hugemem.toml /run/hugemem-test/
+# The unit runs with PrivateTmp= and ProtectHome=: a binary built under /tmp
+# or /home (a fresh clone anywhere) is invisible to it; /run is not.
+cp {bin} /run/hugemem-test/hugemem
+cp {scripts}/hugemem.service {scripts}/hugemem.socket /run/systemd/system/
+cat > /run/systemd/system/hugemem.service.d/test.conf <<'X'
+[Unit]
+DefaultDependencies=no
+[Service]
+ExecStartPre=
+ExecStartPre=-+/run/hugemem-test/hugemem hugepages --config /run/hugemem-test/hugemem.toml
+ExecStartPre=/bin/sh -c '{probe}'
+ExecStart=
+ExecStart=/run/hugemem-test/hugemem serve --config /run/hugemem-test/hugemem.toml
+StandardOutput=append:{d}/service.log
+StandardError=append:{d}/service.log
+X
+printf '[Unit]\nDefaultDependencies=no\n' > /run/systemd/system/hugemem.socket.d/test.conf
+printf '[Unit]\nDefaultDependencies=no\nWants=hugemem.socket\n' > /run/systemd/system/hugemem-test.target
+export container=hugemem-test
+exec {SYSTEMD} --system --unit=hugemem-test.target --log-target=console
+"#,
+        d = d.display(),
+        scripts = scripts.display(),
+    );
+    std::fs::write(d.join("inner.sh"), inner).expect("script");
+    let cgroups_before: Vec<PathBuf> = cgroup_dirs();
+    let mut ns = Command::new("/usr/bin/unshare")
+        .args([
+            "--pid",
+            "--fork",
+            "--mount",
+            "--propagation",
+            "private",
+            "/bin/sh",
+        ])
+        .arg(d.join("inner.sh"))
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("unshare");
+    // The child handle is only waited on after a panic: nothing of it is
+    // left half-updated.
+    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        drive_units(&mut ns, bin, d)
+    }));
+    // Stop the manager (and with it the namespace) whatever happened.
+    if let Some(pid) = child_of(ns.id()) {
+        let _ = Command::new("/usr/bin/nsenter")
+            .args(["-t", &pid.to_string(), "-m", "-p", "systemctl", "exit"])
+            .output();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Path::new(&format!("/proc/{pid}")).exists() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+    }
+    let _ = ns.wait();
+    for c in cgroup_dirs() {
+        if !cgroups_before.contains(&c) {
+            remove_empty_cgroup(&c);
+        }
+    }
+    match result {
+        Ok(Ok(())) => {}
+        Ok(Err(why)) => test_support::skip!("no systemd could run here: {why}"),
+        Err(p) => std::panic::resume_unwind(p),
+    }
+}
+
+/// `init.scope` and `system.slice` under every mounted cgroup hierarchy.
+fn cgroup_dirs() -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let Ok(hier) = std::fs::read_dir("/sys/fs/cgroup") else {
+        return out;
+    };
+    for h in hier.flatten() {
+        for name in ["init.scope", "system.slice"] {
+            let p = h.path().join(name);
+            if p.is_dir() {
+                out.push(p);
+            }
+        }
+    }
+    out
+}
+
+/// Removes `dir` and its sub-cgroups, deepest first, where they are empty.
+fn remove_empty_cgroup(dir: &Path) {
+    if let Ok(entries) = std::fs::read_dir(dir) {
+        for e in entries.flatten() {
+            if e.file_type().is_ok_and(|t| t.is_dir()) {
+                remove_empty_cgroup(&e.path());
+            }
+        }
+    }
+    let _ = std::fs::remove_dir(dir);
+}
+
+/// The first child process of `pid` (the namespace's PID 1 under unshare).
+fn child_of(pid: u32) -> Option<i32> {
+    std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
+        .ok()?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
+}
+
+/// The steps of [`shipped_units_start_notify_and_stop_under_a_real_systemd`];
+/// `Err` (the test skips) when no systemd comes up: `unshare` cannot make
+/// the namespaces, or the manager exits before its socket unit listens.
+fn drive_units(unshare: &mut Child, bin: &str, d: &Path) -> Result<(), String> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let pid = loop {
+        if let Some(p) = child_of(unshare.id()) {
+            break p;
+        }
+        if let Ok(Some(status)) = unshare.try_wait() {
+            return Err(format!("unshare --pid --fork --mount exited with {status}"));
+        }
+        assert!(Instant::now() < deadline, "no systemd under unshare");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let ns = |args: &[&str]| -> String {
+        let out = Command::new("/usr/bin/nsenter")
+            .args(["-t", &pid.to_string(), "-m", "-p"])
+            .args(args)
+            .output()
+            .expect("nsenter");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let show = |unit: &str, props: &str| -> std::collections::HashMap<String, String> {
+        ns(&["systemctl", "show", unit, "-p", props])
+            .lines()
+            .filter_map(|l| l.split_once('='))
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    };
+    let sock = "/run/hugemem/hugemem.sock";
+    let served_by = || -> u64 {
+        let out = ns(&["timeout", "30", bin, "status", "--json", "--socket", sock]);
+        let v: Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("STATS ({e}): {out}"));
+        v["pid"].as_u64().expect("pid")
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while ns(&["systemctl", "is-active", "hugemem.socket"]).trim() != "active" {
+        if !Path::new(&format!("/proc/{pid}")).exists() {
+            return Err(format!(
+                "{} exited before hugemem.socket listened",
+                "/lib/systemd/systemd"
+            ));
+        }
+        assert!(Instant::now() < deadline, "hugemem.socket never listened");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(
+        ns(&["systemctl", "is-active", "hugemem.service"]).trim(),
+        "inactive"
+    );
+    let inode = ns(&["stat", "-c", "%i %a", sock]);
+    assert!(inode.trim().ends_with(" 600"), "SocketMode=0600: {inode}");
+
+    // The first connection starts the service; READY=1 makes it active.
+    let first = served_by();
+    let s = show(
+        "hugemem.service",
+        "Type,ActiveState,SubState,StatusText,MainPID,NRestarts",
+    );
+    assert_eq!(s["Type"], "notify");
+    assert_eq!(
+        (s["ActiveState"].as_str(), s["SubState"].as_str()),
+        ("active", "running")
+    );
+    assert_eq!(
+        s["StatusText"],
+        format!("serving {sock} (socket-activated)")
+    );
+    assert_eq!(s["MainPID"], first.to_string());
+    assert_eq!(s["NRestarts"], "0");
+
+    // Stop: STOPPING=1, clean exit, the socket stays with systemd.
+    ns(&["systemctl", "stop", "hugemem.service"]);
+    let s = show(
+        "hugemem.service",
+        "ActiveState,Result,ExecMainStatus,StatusText",
+    );
+    assert_eq!(s["ActiveState"], "inactive");
+    assert_eq!(s["Result"], "success");
+    assert_eq!(s["ExecMainStatus"], "0");
+    assert_eq!(s["StatusText"], "stopping on SIGTERM");
+    assert_eq!(
+        ns(&["stat", "-c", "%i %a", sock]),
+        inode,
+        "socket file untouched"
+    );
+    assert_eq!(
+        ns(&["systemctl", "is-active", "hugemem.socket"]).trim(),
+        "active"
+    );
+
+    // A client while no daemon runs activates a new one; restart works.
+    let second = served_by();
+    assert_ne!(second, first);
+    ns(&["systemctl", "restart", "hugemem.service"]);
+    let third = served_by();
+    assert_ne!(third, second);
+    ns(&["systemctl", "stop", "hugemem.service", "hugemem.socket"]);
+    assert_eq!(show("hugemem.service", "Result")["Result"], "success");
+
+    let log = std::fs::read_to_string(d.join("service.log")).expect("service log");
+    // ExecStartPre=+ read the config's [hugepages] section (a floor equal
+    // to the pool: nothing to do) ...
+    assert!(log.contains("met (unchanged)"), "{log}");
+    // ... and the sandbox (ProtectKernelTunables=yes) made /sys read-only
+    // for the rest of the unit: the reason that line needs "+".
+    assert_eq!(log.matches("sysfs-readonly").count(), 3, "{log}");
+    assert!(!log.contains("sysfs-writable"), "{log}");
+    Ok(())
+}
