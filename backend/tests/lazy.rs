@@ -14,14 +14,14 @@
 //! protocol and running the real fault service) that is killed with SIGKILL
 //! while a lazy guest runs.
 
-use test_support::prelude::Map;
+use test_support::lazy::{touch, wait_deadline};
+use test_support::prelude::{serial, Map};
 
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::os::unix::process::CommandExt;
 use std::process::{Child, Command, Stdio};
-use std::sync::mpsc::{self, Receiver};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use backend::client::Client;
@@ -43,13 +43,6 @@ const CHILD_SOCK_FD: i32 = 3;
 
 // ---------------------------------------------------------------------------
 // Helpers.
-
-/// Serialises the tests of this binary (see the module docs).
-fn serial() -> MutexGuard<'static, ()> {
-    static LOCK: Mutex<()> = Mutex::new(());
-    LOCK.lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-}
 
 fn huge_pages() -> Result<(), String> {
     static RESERVED: OnceLock<Result<(), String>> = OnceLock::new();
@@ -124,25 +117,6 @@ fn cfg(handlers: usize, scrubbers: usize) -> FaultServiceConfig {
     }
 }
 
-/// A thread that reads `map[off]` (probably blocking in a fault) and reports
-/// the byte; it holds the mapping.
-fn touch(map: &Arc<Map>, off: usize) -> Receiver<u8> {
-    let map = Arc::clone(map);
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        let _ = tx.send(map.read(off));
-    });
-    rx
-}
-
-fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
-    let deadline = Instant::now() + DEADLINE;
-    while !cond() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(1));
-    }
-}
-
 /// Service threads and uffds alive in this process.
 fn service_threads() -> usize {
     std::fs::read_dir("/proc/self/task")
@@ -214,7 +188,7 @@ fn service_clears_dirty_pages_on_fault() {
         "stale bytes visible to the guest"
     );
     // Counters move just after the wake-up the readers saw.
-    wait_until("the counters", || svc.stats().latency.count == 8);
+    wait_deadline("the counters", || svc.stats().latency.count == 8);
     let s = svc.stats();
     println!("OBSERVED: 8 faults: {s:?}");
     assert_eq!((s.faults, s.minor, s.served_cleared), (8, 8, 8));
@@ -243,7 +217,7 @@ fn concurrent_faults_on_one_page_clear_it_once() {
         assert_eq!(r.recv_timeout(DEADLINE).expect("served"), 0);
     }
     // Events of woken threads may still sit in the queue; let them drain.
-    wait_until("every read event handled", || {
+    wait_deadline("every read event handled", || {
         let s = svc.stats();
         s.served_cleared + s.coalesced + s.served_mapped == s.faults
     });
@@ -275,7 +249,7 @@ fn scrubber_installs_pages_ahead_of_faults() {
     let mut c = cfg(1, 1);
     c.topology = Some(Arc::new(topology()));
     let svc = FaultService::start(c, uffd, mapping(&guest, &region), None).expect("start");
-    wait_until("the scrubber to finish", || {
+    wait_deadline("the scrubber to finish", || {
         region.states().counts().mapped == 8
     });
     assert_eq!(svc.dirty_pages(), 0);
@@ -326,7 +300,7 @@ fn stopped_service_leaves_faults_pending_and_leaks_nothing() {
         "no scrubber ran: page 1 is still dirty"
     );
     let late = touch(&guest, late_page * HUGE + 5);
-    wait_until("the late fault to be raised", || {
+    wait_deadline("the late fault to be raised", || {
         uffd.fdinfo().is_ok_and(|i| i.total == 1)
     });
     assert!(
@@ -372,7 +346,7 @@ fn fault_on_a_page_a_pool_scrubber_holds_is_served_when_it_is_done() {
         .expect("claim");
     let svc = FaultService::start(cfg(1, 0), uffd, mapping(&guest, &region), None).expect("start");
     let reader = touch(&guest, HUGE + 99);
-    wait_until("the fault to be deferred", || svc.stats().coalesced == 1);
+    wait_deadline("the fault to be deferred", || svc.stats().coalesced == 1);
     assert!(
         reader.recv_timeout(Duration::from_millis(20)).is_err(),
         "not served while Clearing"
@@ -387,7 +361,7 @@ fn fault_on_a_page_a_pool_scrubber_holds_is_served_when_it_is_done() {
     assert_eq!(reader.recv_timeout(DEADLINE).expect("served once clean"), 0);
     assert!(guest.none_is(HUGE, HUGE, STALE));
     // Counted once, as coalesced; its wait is in the latency histogram.
-    wait_until("the counters", || svc.stats().latency.count == 1);
+    wait_deadline("the counters", || svc.stats().latency.count == 1);
     assert_eq!((svc.stats().coalesced, svc.stats().served_clean), (1, 0));
     assert_eq!(region.states().get(1), Ok(PageState::Mapped));
     drop(svc);
@@ -513,7 +487,7 @@ fn vmm_killed_mid_faults_ends_the_service() {
     }];
     // One handler, so faults queue up behind each other and the kill lands mid-run.
     let svc = FaultService::start(cfg(1, 0), uffd, maps, Some(pidfd)).expect("start");
-    wait_until("a few faults", || svc.stats().served_cleared >= 3);
+    wait_deadline("a few faults", || svc.stats().served_cleared >= 3);
     child.kill9();
     // The pidfd, or a fill failing with ESRCH if the address space went
     // first (the kernel tears the mm down before it signals the pidfd).
@@ -601,7 +575,7 @@ fn local_fallback_serves_dirty_memory() {
         assert_eq!(r.recv_timeout(DEADLINE).expect("served"), 0);
     }
     assert!(guest.none_is(0, 4 * HUGE, STALE));
-    wait_until("the counters", || lazy.stats().cleared == 4);
+    wait_deadline("the counters", || lazy.stats().cleared == 4);
     let s = lazy.stats();
     assert_eq!((s.cleared, s.stale, s.unknown), (4, 0, 0));
 }
@@ -660,7 +634,7 @@ fn daemon_killed_while_lazy_guest_runs_fallback_serves() {
         assert_eq!(r.recv_timeout(DEADLINE).expect("fallback served"), 0);
     }
     assert!(guest.none_is(0, KILL_PAGES * HUGE, STALE));
-    wait_until("the counters", || {
+    wait_deadline("the counters", || {
         lazy.stats().cleared == (KILL_PAGES / 2) as u64
     });
     let s = lazy.stats();
@@ -687,7 +661,7 @@ fn daemon_killed_holding_an_unanswered_fault() {
         lazy_guest_with_child(KILL_SWALLOW_TEST, SWALLOW_ROLE);
     let blocked = touch(&guest, 3 * HUGE + 0x777);
     // The daemon has read the event (pending 0) and the thread still waits (total 1).
-    wait_until("the daemon to read the fault", || {
+    wait_deadline("the daemon to read the fault", || {
         lazy.uffd()
             .fdinfo()
             .is_ok_and(|i| (i.pending, i.total) == (0, 1))
@@ -704,7 +678,7 @@ fn daemon_killed_holding_an_unanswered_fault() {
         0
     );
     assert!(guest.none_is(3 * HUGE, HUGE, STALE));
-    wait_until("the counters", || lazy.stats().cleared == 1);
+    wait_deadline("the counters", || lazy.stats().cleared == 1);
     let s = lazy.stats();
     println!("OBSERVED: unanswered fault after kill -9: {s:?}");
     assert!(s.active && s.cleared == 1);

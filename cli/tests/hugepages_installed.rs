@@ -13,6 +13,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use serde_json::Value;
+// Both tests read and change the host's 2 MiB pool: one at a time (in
+// parallel, the other's grow could already cover the unprivileged request,
+// which then needs no write and succeeds).
+use test_support::prelude::serial;
 
 const POOL_2M: &str = "/sys/kernel/mm/hugepages/hugepages-2048kB";
 
@@ -101,17 +105,6 @@ fn json(out: &Output) -> Value {
             String::from_utf8_lossy(&out.stderr)
         )
     })
-}
-
-/// Both tests read and change the host's 2 MiB pool: one at a time (in
-/// parallel, the other's grow could already cover the unprivileged request,
-/// which then needs no write and succeeds).
-static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    SERIAL
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 #[test]

@@ -23,18 +23,11 @@ use backend::daemon::{Config, Daemon, DaemonHandle};
 use guest_mem::{PageSize, PoolCounts, Reservation};
 use microguest::{pvh_elf, PvhConfig};
 use serde_json::Value;
+// The tests share the host's huge-page pools (each reserves, allocates and
+// frees them): one at a time.
+use test_support::prelude::serial;
 
 const HUGEMEM: &str = env!("CARGO_BIN_EXE_hugemem");
-
-/// The tests share the host's huge-page pools (each reserves, allocates and
-/// frees them): one at a time.
-static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    SERIAL
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-}
 
 fn start_daemon(dir: &Path) -> DaemonHandle {
     let defaults = Config::default();

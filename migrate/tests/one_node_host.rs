@@ -3,8 +3,8 @@
 //! in-guest checks in their one-node form (the bench's skip path is in
 //! `cli/tests/bench_migrate.rs`).
 //!
-//! 2 MiB pages are reserved with `guest_mem::ensure_free`; a test that cannot
-//! get them prints `SKIP:` with the reason and passes.
+//! 2 MiB pages are reserved with `test_support::hugepages::reserve_2m`; a
+//! test that cannot get them skips with the reason.
 
 use std::cell::RefCell;
 use std::fs;
@@ -17,17 +17,9 @@ use migrate::{
     MoveSpan, PlanError,
 };
 use numa::Topology;
+use test_support::hugepages::reserve_2m;
 
 const M2: u64 = 2 << 20;
-
-/// Makes `pages` 2 MiB pages free host-wide, or says why not.
-fn reserve_2m(pages: u64) -> Result<(), String> {
-    match guest_mem::ensure_free(PageSize::Huge2M, pages, None) {
-        Ok(r) if r.met => Ok(()),
-        Ok(r) => Err(format!("only {} free 2 MiB pages, {pages} needed", r.free)),
-        Err(e) => Err(e.to_string()),
-    }
-}
 
 fn region(topology: &Topology, name: &str, page: PageSize, size: u64) -> Region {
     let spec = RegionSpec::new(name, size, Some(0)).with_policy(PagePolicy::Strict(page));
@@ -57,8 +49,7 @@ fn intact(region: &Region, seed: u8) -> bool {
 
 #[test]
 fn region_already_on_the_target_stays_put_and_intact() {
-    if let Err(why) = reserve_2m(8) {
-        test_support::skip!("{why}");
+    if !reserve_2m(8, "one_node_host") {
         return;
     }
     let topology = Topology::detect().expect("topology");
@@ -96,8 +87,7 @@ fn region_already_on_the_target_stays_put_and_intact() {
 
 #[test]
 fn a_range_of_the_region_and_the_dry_run() {
-    if let Err(why) = reserve_2m(8) {
-        test_support::skip!("{why}");
+    if !reserve_2m(8, "one_node_host") {
         return;
     }
     let topology = Topology::detect().expect("topology");
@@ -134,8 +124,7 @@ fn a_range_of_the_region_and_the_dry_run() {
 
 #[test]
 fn unknown_node_is_refused_naming_the_nodes() {
-    if let Err(why) = reserve_2m(4) {
-        test_support::skip!("{why}");
+    if !reserve_2m(4, "one_node_host") {
         return;
     }
     let topology = Topology::detect().expect("topology");
@@ -168,8 +157,7 @@ fn unknown_node_is_refused_naming_the_nodes() {
 
 #[test]
 fn bad_ranges_are_refused() {
-    if let Err(why) = reserve_2m(4) {
-        test_support::skip!("{why}");
+    if !reserve_2m(4, "one_node_host") {
         return;
     }
     let topology = Topology::detect().expect("topology");
@@ -213,8 +201,7 @@ fn base_page_region_already_there() {
 
 #[test]
 fn pages_never_touched_are_not_present_and_then_land_on_the_target() {
-    if let Err(why) = reserve_2m(4) {
-        test_support::skip!("{why}");
+    if !reserve_2m(4, "one_node_host") {
         return;
     }
     let topology = Topology::detect().expect("topology");
@@ -233,8 +220,7 @@ fn pages_never_touched_are_not_present_and_then_land_on_the_target() {
 
 #[test]
 fn cancelled_token_refuses_before_binding() {
-    if let Err(why) = reserve_2m(2) {
-        test_support::skip!("{why}");
+    if !reserve_2m(2, "one_node_host") {
         return;
     }
     let topology = Topology::detect().expect("topology");
@@ -260,8 +246,7 @@ fn cancelled_token_refuses_before_binding() {
 /// `mbind` with an error, never a panic, with the data untouched.
 #[test]
 fn a_node_the_kernel_lacks_fails_cleanly() {
-    if let Err(why) = reserve_2m(2) {
-        test_support::skip!("{why}");
+    if !reserve_2m(2, "one_node_host") {
         return;
     }
     let real = Topology::detect().expect("topology");
@@ -320,8 +305,7 @@ fn a_node_the_kernel_lacks_fails_cleanly() {
 
 #[test]
 fn in_guest_checks_in_their_one_node_form() {
-    if let Err(why) = reserve_2m(8) {
-        test_support::skip!("{why}");
+    if !reserve_2m(8, "one_node_host") {
         return;
     }
     let line = testing::check_move_region(PageSize::Huge2M, 8 * M2, 0, 0).expect("check on node 0");

@@ -13,7 +13,7 @@
 
 #[cfg(feature = "daemon")]
 pub mod daemon;
-#[cfg(feature = "daemon")]
+#[cfg(feature = "hugepages")]
 pub mod hugepages;
 #[cfg(feature = "daemon")]
 pub mod lazy;
