@@ -53,8 +53,6 @@
 
 /// `hugemem bench migrate`: throughput per page size and runner locality.
 pub mod bench;
-#[cfg(test)]
-mod fixture;
 mod mm;
 /// Moving pages: validation, planning, batches, pacing, verification.
 pub mod mover;

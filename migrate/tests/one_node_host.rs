@@ -6,8 +6,6 @@
 //! get them prints `SKIP:` with the reason and passes.
 
 use std::cell::RefCell;
-use std::fs;
-use std::path::Path;
 
 use clearing::{CancelToken, Progress, RunOptions};
 use guest_mem::{PagePolicy, PageSize, Region, RegionSpec};
@@ -16,6 +14,7 @@ use migrate::{
     MigrateError, MoveOptions, MoveSpan, PlanError,
 };
 use numa::Topology;
+use test_support::fixture::SysTree;
 
 const M2: u64 = 2 << 20;
 
@@ -268,22 +267,11 @@ fn a_node_the_kernel_lacks_fails_cleanly() {
         test_support::skip!("this host has a node 1");
         return;
     }
-    let dir = tempfile::tempdir().expect("tempdir");
-    let write = |rel: &str, text: &str| {
-        let path = dir.path().join(rel);
-        fs::create_dir_all(path.parent().unwrap_or(Path::new("/"))).expect("mkdir");
-        fs::write(path, text).expect("write");
-    };
-    write("cpu/online", "0-1\n");
-    for (id, cpus, row) in [(0, "0", "10 20"), (1, "1", "20 10")] {
-        write(&format!("node/node{id}/cpulist"), &format!("{cpus}\n"));
-        write(
-            &format!("node/node{id}/meminfo"),
-            &format!("Node {id} MemTotal: 1048576 kB\nNode {id} MemFree: 524288 kB\n"),
-        );
-        write(&format!("node/node{id}/distance"), &format!("{row}\n"));
-    }
-    let fake = Topology::from_sysfs(dir.path()).expect("fake topology");
+    let tree = SysTree::new()
+        .cpu_online("0-1")
+        .node(0, "0", 1 << 20, &[10, 20], &[])
+        .node(1, "1", 1 << 20, &[20, 10], &[]);
+    let fake = tree.parse(Topology::from_sysfs);
     let region = region(&real, "mig-fake", PageSize::Huge2M, 2 * M2);
     fill(&region, 42);
 

@@ -11,6 +11,8 @@
 //! turns into a table and checks against its allow-list.
 #![deny(missing_docs)]
 
+pub mod fixture;
+
 use std::fs::OpenOptions;
 use std::io::Write;
 
