@@ -27,7 +27,6 @@
 //! * [`report`]: [`MoveReport`] and [`FailReason`].
 //! * [`policy`]: the vCPU-affinity watcher (off by default).
 //! * [`mod@bench`]: `hugemem bench migrate`.
-//! * [`testing`]: checks to run inside a multi-node guest.
 //!
 //! ```
 //! use migrate::{move_region, MoveOptions, PlanError, MigrateError};
@@ -57,15 +56,13 @@ mod mm;
 /// Moving pages: validation, planning, batches, pacing, verification.
 pub mod mover;
 mod pace;
-mod pattern;
+pub mod pattern;
 /// Request validation and the pure move plan.
 pub mod plan;
 /// The vCPU-affinity policy (off by default).
 pub mod policy;
 /// What a move did, and why pages did not move.
 pub mod report;
-/// Checks to run inside a multi-node guest (QEMU-TCG harness).
-pub mod testing;
 
 pub use bench::{run_bench, BenchOptions, BenchReport, Leg, NodeLocality, SizeResult};
 pub use mm::capacity as target_capacity;

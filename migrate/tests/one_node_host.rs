@@ -1,6 +1,7 @@
 //! Real-memory tests that run on a one-node host: moves to the node the pages
-//! are on (nothing is copied, everything else runs), refused moves, the
-//! in-guest checks in their one-node form, and the bench's skip path.
+//! are on (nothing is copied, everything else runs), refused moves and the
+//! bench's skip path. The in-guest checks' one-node form is
+//! `integration/tests/migrate_checks.rs`.
 //!
 //! 2 MiB pages are reserved with `guest_mem::ensure_free`; a test that cannot
 //! get them prints `SKIP:` with the reason and passes.
@@ -10,7 +11,7 @@ use std::cell::RefCell;
 use clearing::{CancelToken, Progress, RunOptions};
 use guest_mem::{PagePolicy, PageSize, Region, RegionSpec};
 use migrate::{
-    move_range, move_region, placement, plan_move, run_bench, testing, BenchOptions, ByteRange,
+    move_range, move_region, placement, plan_move, run_bench, BenchOptions, ByteRange,
     MigrateError, MoveOptions, MoveSpan, PlanError,
 };
 use numa::Topology;
@@ -303,37 +304,6 @@ fn a_node_the_kernel_lacks_fails_cleanly() {
             .get(&0),
         Some(&2)
     );
-}
-
-#[test]
-fn in_guest_checks_in_their_one_node_form() {
-    if let Err(why) = reserve_2m(8) {
-        test_support::skip!("{why}");
-        return;
-    }
-    let line = testing::check_move_region(PageSize::Huge2M, 8 * M2, 0, 0).expect("check on node 0");
-    assert!(line.contains("(TCG emulation)"), "{line}");
-    assert!(line.contains("8 already there"), "{line}");
-    println!("{line}");
-    let line =
-        testing::check_move_region(PageSize::Base4K, 4 << 20, 0, 0).expect("4K check on node 0");
-    println!("{line}");
-
-    let topology = Topology::detect().expect("topology");
-    if migrate::memory_nodes(&topology).len() < 2 {
-        for result in [
-            testing::check_move_region_between_nodes(PageSize::Huge2M, 4 * M2),
-            testing::check_move_to_full_node(PageSize::Huge1G, 1 << 30),
-            testing::check_rate_limited_move(PageSize::Huge2M, 4 * M2, 64 << 20),
-            testing::bench_migrate(4 * M2),
-        ] {
-            let err = result.expect_err("one node");
-            assert!(
-                err.starts_with("needs two NUMA nodes with memory; this machine has [0]"),
-                "{err}"
-            );
-        }
-    }
 }
 
 #[test]

@@ -1,5 +1,7 @@
-//! End-to-end checks to **run inside a multi-node guest** (the QEMU-TCG
-//! harness in `integration/`), where pages can really move between nodes.
+//! End-to-end checks of `migrate` to **run inside a multi-node guest** (the
+//! QEMU-TCG harness, `tests/numa_guest*.rs`), where pages can really move
+//! between nodes; `tests/migrate_checks.rs` runs their one-node form on the
+//! host.
 //!
 //! Each check allocates real regions, moves them, and returns one report
 //! line (`Ok`) or says what went wrong (`Err`), so a harness test is
@@ -20,7 +22,7 @@
 //! mappings for hugetlb and page-cache pages). No child process is spawned.
 //!
 //! On a one-node host the `*_between_nodes` checks return `Err` naming the
-//! nodes; [`crate::testing::check_move_region`] with `from == to` runs everything except
+//! nodes; [`check_move_region`] with `from == to` runs everything except
 //! the actual copy (every page is already there).
 
 use std::time::Instant;
@@ -30,11 +32,11 @@ use guest_mem::vm_memory::{Bytes, GuestAddress, GuestRegionMmap, MemoryRegionAdd
 use guest_mem::{PagePolicy, PageSize, PoolCounts, Region, RegionSpec};
 use numa::{NodeId, Topology};
 
-use crate::bench::{error_chain, run_bench, BenchOptions};
-use crate::mover::{move_region, placement, MigrateError, MoveOptions, MoveSpan};
-use crate::pattern;
-use crate::plan::memory_nodes;
-use crate::report::{FailReason, MoveReport};
+use hugemem_client::diag::chain as error_chain;
+use migrate::{
+    memory_nodes, move_region, pattern, placement, run_bench, BenchOptions, FailReason,
+    MigrateError, MoveOptions, MoveReport, MoveSpan,
+};
 
 /// Label for throughput measured in an emulated guest.
 pub const TCG_LABEL: &str = "(TCG emulation)";
