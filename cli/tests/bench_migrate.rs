@@ -1,24 +1,11 @@
 //! `hugemem bench migrate` on a one-node host: the moves are skipped with
-//! the reason, the clearing runner's locality is still measured, and the
-//! in-guest form refuses naming the nodes.
+//! the reason and the clearing runner's locality is still measured (the
+//! in-guest form, `integration::checks::bench_migrate`, is checked by
+//! `integration/tests/migrate_checks.rs`).
 
 use guest_mem::PageSize;
-use hugemem::bench::migrate::{bench_migrate, run_bench, BenchOptions};
+use hugemem::bench::migrate::{run_bench, BenchOptions};
 use numa::Topology;
-
-#[test]
-fn in_guest_form_needs_two_nodes() {
-    let topology = Topology::detect().expect("topology");
-    if migrate::memory_nodes(&topology).len() > 1 {
-        test_support::skip!("this host has several nodes; the bench would move memory");
-        return;
-    }
-    let err = bench_migrate(4 << 20).expect_err("one node");
-    assert!(
-        err.starts_with("needs two NUMA nodes with memory; this machine has [0]"),
-        "{err}"
-    );
-}
 
 #[test]
 fn bench_on_one_node_skips_moves_and_measures_locality() {

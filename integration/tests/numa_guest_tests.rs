@@ -993,8 +993,7 @@ fn numa_migrate_bench() {
     // The same amount moved as 4 KiB, 2 MiB and 1 GiB pages, node 0 -> 1 -> 0,
     // plus the clearing runner's locality (`hugemem bench migrate`). 1 GiB is
     // rounded up to one whole page; the guest has one free per node.
-    let report =
-        hugemem::bench::migrate::bench_migrate(256 << 20).unwrap_or_else(|e| panic!("{e}"));
+    let report = integration::checks::bench_migrate(256 << 20).unwrap_or_else(|e| panic!("{e}"));
     for line in report.lines() {
         println!("NUMA-MIGRATE-BENCH {line}");
     }

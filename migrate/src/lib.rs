@@ -26,7 +26,6 @@
 //!   crate makes none itself).
 //! * [`report`]: [`MoveReport`] and [`FailReason`].
 //! * [`policy`]: the vCPU-affinity watcher (off by default).
-//! * [`testing`]: checks to run inside a multi-node guest.
 //!
 //! ```
 //! use migrate::{move_region, MoveOptions, PlanError, MigrateError};
@@ -50,28 +49,23 @@
 
 #![deny(missing_docs)]
 
-#[cfg(test)]
-mod fixture;
 mod mm;
 /// Moving pages: validation, planning, batches, pacing, verification.
 pub mod mover;
 mod pace;
-mod pattern;
+pub mod pattern;
 /// Request validation and the pure move plan.
 pub mod plan;
 /// The vCPU-affinity policy (off by default).
 pub mod policy;
 /// What a move did, and why pages did not move.
 pub mod report;
-/// Checks to run inside a multi-node guest (QEMU-TCG harness).
-pub mod testing;
 
 pub use mm::capacity as target_capacity;
 pub use mover::{
     move_range, move_region, placement, plan_move, MigrateError, MoveOptions, MoveSpan, Placement,
     AUTO_BATCH_BYTES,
 };
-pub use pattern::{check_slice as check_stamps, write_slice as write_stamps};
 pub use plan::{
     memory_nodes, validate_range, validate_target, ByteRange, Capacity, MovePlan, PageSpan,
     PlanError,

@@ -741,7 +741,7 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::fixture::SysTree;
+    use test_support::fixture::SysTree;
 
     const M2: u64 = 2 << 20;
     const BASE: usize = 0x7f00_0000_0000;
@@ -881,13 +881,11 @@ mod tests {
     }
 
     fn two_nodes() -> (SysTree, Topology) {
-        let tree = SysTree::new("0-3").node(0, "0-1", 1 << 22, &[10, 20]).node(
-            1,
-            "2-3",
-            1 << 22,
-            &[20, 10],
-        );
-        let topo = tree.topology();
+        let tree = SysTree::new()
+            .cpu_online("0-3")
+            .node(0, "0-1", 1 << 22, &[10, 20], &[])
+            .node(1, "2-3", 1 << 22, &[20, 10], &[]);
+        let topo = tree.parse(numa::Topology::from_sysfs);
         (tree, topo)
     }
 

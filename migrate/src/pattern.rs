@@ -9,12 +9,12 @@
 //! takes seconds.
 
 /// Bytes in one stamp.
-pub(crate) const STAMP: usize = 32;
+pub const STAMP: usize = 32;
 /// Distance between stamp pairs.
 const STRIDE: u64 = 4096;
 
 /// The stamp for `offset` under `seed`.
-pub(crate) fn stamp(seed: u64, offset: u64) -> [u8; STAMP] {
+pub fn stamp(seed: u64, offset: u64) -> [u8; STAMP] {
     let mix = (seed ^ offset.rotate_left(17)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
     let words = [seed, offset, !offset ^ seed, mix];
     let mut out = [0u8; STAMP];
@@ -26,7 +26,7 @@ pub(crate) fn stamp(seed: u64, offset: u64) -> [u8; STAMP] {
 
 /// Offsets of the stamps in a range of `len` bytes (a multiple of 4 KiB):
 /// the start and the last 32 bytes of every 4 KiB.
-pub(crate) fn offsets(len: u64) -> impl Iterator<Item = u64> {
+pub fn offsets(len: u64) -> impl Iterator<Item = u64> {
     (0..len / STRIDE).flat_map(|i| {
         let base = i * STRIDE;
         [base, base + STRIDE - STAMP as u64]
@@ -34,7 +34,7 @@ pub(crate) fn offsets(len: u64) -> impl Iterator<Item = u64> {
 }
 
 /// Writes every stamp of `len` bytes through `put(offset, stamp)`.
-pub(crate) fn write<E>(
+pub fn write<E>(
     len: u64,
     seed: u64,
     mut put: impl FnMut(u64, &[u8; STAMP]) -> Result<(), E>,
@@ -47,7 +47,7 @@ pub(crate) fn write<E>(
 
 /// Reads every stamp through `get(offset, buf)`; the first offset whose
 /// stamp is wrong, or `None` when all match.
-pub(crate) fn check<E>(
+pub fn check<E>(
     len: u64,
     seed: u64,
     mut get: impl FnMut(u64, &mut [u8; STAMP]) -> Result<(), E>,
@@ -68,8 +68,7 @@ fn at(offset: u64) -> usize {
     usize::try_from(offset).unwrap_or(usize::MAX)
 }
 
-/// Writes the move-check stamps (32 bytes at the start and at the end of
-/// every 4 KiB, from `seed` and the offset) into `buf`.
+/// Writes the stamps into `buf`.
 pub fn write_slice(buf: &mut [u8], seed: u64) {
     let r: Result<(), ()> = write(buf.len() as u64, seed, |off, s| {
         buf[at(off)..at(off) + STAMP].copy_from_slice(s);
@@ -78,8 +77,7 @@ pub fn write_slice(buf: &mut [u8], seed: u64) {
     debug_assert!(r.is_ok());
 }
 
-/// The offset of the first stamp in `buf` that [`write_slice`] with `seed`
-/// would not have written, if any.
+/// The first wrong stamp in `buf`, if any.
 pub fn check_slice(buf: &[u8], seed: u64) -> Option<u64> {
     let r: Result<Option<u64>, ()> = check(buf.len() as u64, seed, |off, out| {
         out.copy_from_slice(&buf[at(off)..at(off) + STAMP]);

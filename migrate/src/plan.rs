@@ -625,8 +625,8 @@ mod tests {
 
     #[test]
     fn target_validation_names_nodes() {
-        let tree = crate::fixture::SysTree::two_nodes_one_memoryless();
-        let topo = tree.topology();
+        let tree = test_support::fixture::SysTree::two_nodes_one_memoryless();
+        let topo = tree.parse(numa::Topology::from_sysfs);
         assert_eq!(validate_target(&topo, 0), Ok(()));
         assert_eq!(
             validate_target(&topo, 7),

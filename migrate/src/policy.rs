@@ -489,7 +489,7 @@ impl Watcher {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::fixture::{stat_line, ProcTree, SysTree};
+    use test_support::fixture::{stat_line, ProcTree, SysTree};
 
     #[test]
     fn parses_stat_with_awkward_names() {
@@ -582,13 +582,11 @@ mod tests {
         assert_eq!(threads.len(), 5);
         assert_eq!(threads[3].comm, "(a) b (c)");
 
-        let sys = SysTree::new("0-3").node(0, "0-1", 1 << 20, &[10, 20]).node(
-            1,
-            "2-3",
-            1 << 20,
-            &[20, 10],
-        );
-        let cpus = CpuNodes::new(&sys.topology());
+        let sys = SysTree::new()
+            .cpu_online("0-3")
+            .node(0, "0-1", 1 << 20, &[10, 20], &[])
+            .node(1, "2-3", 1 << 20, &[20, 10], &[]);
+        let cpus = CpuNodes::new(&sys.parse(numa::Topology::from_sysfs));
         let s = sample(tree.path(), 100, &VcpuFilter::default(), &cpus).expect("sample");
         assert_eq!(s.per_node, BTreeMap::from([(0, 1), (1, 2)]));
         let all = sample(tree.path(), 100, &VcpuFilter::All, &cpus).expect("sample");
@@ -617,12 +615,14 @@ mod tests {
         let err = read_threads(tree.path(), 5).expect_err("malformed");
         assert!(err.to_string().contains("5/task/5/stat"), "{err}");
         // A CPU no node lists is counted as unknown.
-        let sys = SysTree::new("0-1").node(0, "0-1", 1 << 20, &[10]);
+        let sys = SysTree::new()
+            .cpu_online("0-1")
+            .node(0, "0-1", 1 << 20, &[10], &[]);
         let s = sample(
             tree.path(),
             6,
             &VcpuFilter::default(),
-            &CpuNodes::new(&sys.topology()),
+            &CpuNodes::new(&sys.parse(numa::Topology::from_sysfs)),
         )
         .expect("sample");
         assert_eq!((s.vcpus(), s.unknown), (0, 1));
@@ -646,11 +646,12 @@ mod tests {
 
     #[test]
     fn memoryless_cpus_count_for_the_nearest_memory_node() {
-        let sys = SysTree::new("0-5")
-            .node(0, "0-1", 1 << 20, &[10, 20, 30])
-            .node(1, "2-3", 0, &[20, 10, 12])
-            .node(2, "4-5", 1 << 20, &[30, 12, 10]);
-        let cpus = CpuNodes::new(&sys.topology());
+        let sys = SysTree::new()
+            .cpu_online("0-5")
+            .node(0, "0-1", 1 << 20, &[10, 20, 30], &[])
+            .node(1, "2-3", 0, &[20, 10, 12], &[])
+            .node(2, "4-5", 1 << 20, &[30, 12, 10], &[]);
+        let cpus = CpuNodes::new(&sys.parse(numa::Topology::from_sysfs));
         assert_eq!(cpus.node_of(0), Some(0));
         assert_eq!(
             cpus.node_of(2),
@@ -660,7 +661,10 @@ mod tests {
         assert_eq!(cpus.node_of(5), Some(2));
         assert_eq!(cpus.node_of(6), None);
         let only = SysTree::two_nodes_one_memoryless();
-        assert_eq!(CpuNodes::new(&only.topology()).node_of(3), Some(0));
+        assert_eq!(
+            CpuNodes::new(&only.parse(numa::Topology::from_sysfs)).node_of(3),
+            Some(0)
+        );
     }
 
     fn on() -> PolicyConfig {

@@ -1,22 +1,21 @@
 //! Real-memory tests that run on a one-node host: moves to the node the pages
-//! are on (nothing is copied, everything else runs), refused moves, the
-//! in-guest checks in their one-node form (the bench's skip path is in
-//! `cli/tests/bench_migrate.rs`).
+//! are on (nothing is copied, everything else runs) and refused moves. The
+//! in-guest checks' one-node form is `integration/tests/migrate_checks.rs`,
+//! the bench's skip path `cli/tests/bench_migrate.rs`.
 //!
 //! 2 MiB pages are reserved with `test_support::hugepages::reserve_2m`; a
 //! test that cannot get them skips with the reason.
 
 use std::cell::RefCell;
-use std::fs;
-use std::path::Path;
 
 use clearing::{CancelToken, Progress, RunOptions};
 use guest_mem::{PagePolicy, PageSize, Region, RegionSpec};
 use migrate::{
-    move_range, move_region, placement, plan_move, testing, ByteRange, MigrateError, MoveOptions,
-    MoveSpan, PlanError,
+    move_range, move_region, placement, plan_move, ByteRange, MigrateError, MoveOptions, MoveSpan,
+    PlanError,
 };
 use numa::Topology;
+use test_support::fixture::SysTree;
 use test_support::hugepages::reserve_2m;
 
 const M2: u64 = 2 << 20;
@@ -254,22 +253,11 @@ fn a_node_the_kernel_lacks_fails_cleanly() {
         test_support::skip!("this host has a node 1");
         return;
     }
-    let dir = tempfile::tempdir().expect("tempdir");
-    let write = |rel: &str, text: &str| {
-        let path = dir.path().join(rel);
-        fs::create_dir_all(path.parent().unwrap_or(Path::new("/"))).expect("mkdir");
-        fs::write(path, text).expect("write");
-    };
-    write("cpu/online", "0-1\n");
-    for (id, cpus, row) in [(0, "0", "10 20"), (1, "1", "20 10")] {
-        write(&format!("node/node{id}/cpulist"), &format!("{cpus}\n"));
-        write(
-            &format!("node/node{id}/meminfo"),
-            &format!("Node {id} MemTotal: 1048576 kB\nNode {id} MemFree: 524288 kB\n"),
-        );
-        write(&format!("node/node{id}/distance"), &format!("{row}\n"));
-    }
-    let fake = Topology::from_sysfs(dir.path()).expect("fake topology");
+    let tree = SysTree::new()
+        .cpu_online("0-1")
+        .node(0, "0", 1 << 20, &[10, 20], &[])
+        .node(1, "1", 1 << 20, &[20, 10], &[]);
+    let fake = tree.parse(Topology::from_sysfs);
     let region = region(&real, "mig-fake", PageSize::Huge2M, 2 * M2);
     fill(&region, 42);
 
@@ -301,33 +289,4 @@ fn a_node_the_kernel_lacks_fails_cleanly() {
             .get(&0),
         Some(&2)
     );
-}
-
-#[test]
-fn in_guest_checks_in_their_one_node_form() {
-    if !reserve_2m(8, "one_node_host") {
-        return;
-    }
-    let line = testing::check_move_region(PageSize::Huge2M, 8 * M2, 0, 0).expect("check on node 0");
-    assert!(line.contains("(TCG emulation)"), "{line}");
-    assert!(line.contains("8 already there"), "{line}");
-    println!("{line}");
-    let line =
-        testing::check_move_region(PageSize::Base4K, 4 << 20, 0, 0).expect("4K check on node 0");
-    println!("{line}");
-
-    let topology = Topology::detect().expect("topology");
-    if migrate::memory_nodes(&topology).len() < 2 {
-        for result in [
-            testing::check_move_region_between_nodes(PageSize::Huge2M, 4 * M2),
-            testing::check_move_to_full_node(PageSize::Huge1G, 1 << 30),
-            testing::check_rate_limited_move(PageSize::Huge2M, 4 * M2, 64 << 20),
-        ] {
-            let err = result.expect_err("one node");
-            assert!(
-                err.starts_with("needs two NUMA nodes with memory; this machine has [0]"),
-                "{err}"
-            );
-        }
-    }
 }

@@ -28,8 +28,6 @@
 
 #![deny(missing_docs)]
 
-#[cfg(test)]
-mod fixture;
 pub mod hugepages;
 pub mod pin;
 pub mod policy;

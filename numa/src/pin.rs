@@ -167,7 +167,7 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::fixture::Tree;
+    use test_support::fixture::SysTree as Tree;
 
     #[test]
     fn empty_and_out_of_range_rejected_before_syscall() {
@@ -190,7 +190,7 @@ mod tests {
             .node(0, "0-1", 1000, &[10, 20, 28], &[])
             .node(1, "2-3", 1000, &[20, 10, 17], &[])
             .node(2, "", 1000, &[28, 17, 10], &[]);
-        let topo = tree.topology();
+        let topo = tree.parse(Topology::from_sysfs);
         assert_eq!(node_cpus_or_nearest(&topo, 2).expect("nearest").id, 1);
         assert_eq!(node_cpus_or_nearest(&topo, 0).expect("itself").id, 0);
     }
@@ -203,7 +203,7 @@ mod tests {
             .node(1, "", 1000, &[20, 10, 20, 20], &[])
             .node(2, "2", 1000, &[20, 20, 10, 20], &[])
             .node(3, "3", 1000, &[30, 20, 20, 10], &[]);
-        let topo = tree.topology();
+        let topo = tree.parse(Topology::from_sysfs);
         // Node 1 is 20 from nodes 0, 2 and 3 (all with CPUs): node 0 wins.
         assert_eq!(node_cpus_or_nearest(&topo, 1).expect("nearest").id, 0);
     }
@@ -214,7 +214,7 @@ mod tests {
             .cpu_online("0")
             .node(0, "0", 1000, &[10, 21], &[])
             .node(1, "1", 1000, &[21, 10], &[]);
-        let topo = tree.topology();
+        let topo = tree.parse(Topology::from_sysfs);
         assert_eq!(node_cpus_or_nearest(&topo, 1).expect("fallback").id, 0);
     }
 
@@ -224,7 +224,7 @@ mod tests {
             .cpu_online("")
             .node(0, "", 1000, &[10, 20], &[])
             .node(1, "", 1000, &[20, 10], &[]);
-        let topo = tree.topology();
+        let topo = tree.parse(Topology::from_sysfs);
         assert!(matches!(
             pin_current_thread_to_node(&topo, 1),
             Err(PinError::MemoryOnlyNode(1))
@@ -234,7 +234,7 @@ mod tests {
     #[test]
     fn unknown_node_is_topology_error() {
         let tree = Tree::new().cpu_online("0").node(0, "0", 1000, &[10], &[]);
-        let topo = tree.topology();
+        let topo = tree.parse(Topology::from_sysfs);
         let err = pin_current_thread_to_node(&topo, 5).expect_err("no node 5");
         assert!(matches!(err, PinError::Topology(_)));
         assert_eq!(err.to_string(), "no NUMA node 5; this host has nodes [0]");

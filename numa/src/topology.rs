@@ -478,7 +478,7 @@ fn read_count(path: &Path) -> Result<u64, TopologyError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::fixture::Tree;
+    use test_support::fixture::SysTree as Tree;
 
     const KB: u64 = 1024;
 
@@ -540,7 +540,7 @@ mod tests {
             &[10],
             &[(2048, 8, 6, 1), (1_048_576, 4, 3, 0)],
         );
-        let topo = tree.topology();
+        let topo = tree.parse(Topology::from_sysfs);
         assert_eq!(topo.nodes().len(), 1);
         let n = topo.node(0).expect("node 0");
         assert_eq!(n.id, 0);
@@ -583,7 +583,7 @@ mod tests {
             .node_online("0-1")
             .node(0, "0-3", 1000, &[10, 21], &[(2048, 2, 2, 0)])
             .node(1, "4-7", 2000, &[21, 10], &[(2048, 0, 0, 0)]);
-        let topo = tree.topology();
+        let topo = tree.parse(Topology::from_sysfs);
         let ids: Vec<_> = topo.nodes().iter().map(|n| n.id).collect();
         assert_eq!(ids, vec![0, 1]);
         assert_eq!(topo.node(1).expect("node 1").cpus, vec![4, 5, 6, 7]);
@@ -624,7 +624,7 @@ mod tests {
             .node(2, "8-11", 3000, &d(2), &[])
             .node(0, "0-3", 1000, &d(0), &[])
             .node(1, "4-7", 2000, &d(1), &[]);
-        let topo = tree.topology();
+        let topo = tree.parse(Topology::from_sysfs);
         let ids: Vec<_> = topo.nodes().iter().map(|n| n.id).collect();
         assert_eq!(ids, vec![0, 1, 2, 10]);
         assert_eq!(topo.distance(0, 10), Some(23));
@@ -646,7 +646,7 @@ mod tests {
             .cpu_online("0,2-3")
             .node(0, "0-1", 1000, &[10, 20], &[])
             .node(1, "2-3", 1000, &[20, 10], &[]);
-        let topo = tree.topology();
+        let topo = tree.parse(Topology::from_sysfs);
         let n0 = topo.node(0).expect("node 0");
         assert_eq!(n0.cpus, vec![0]);
         assert_eq!(n0.offline_cpus, vec![1]);
@@ -662,7 +662,7 @@ mod tests {
             .cpu_online("0-1")
             .node(0, "0-1", 8000, &[10, 17], &[(2048, 1, 1, 0)])
             .node(1, "", 0, &[17, 10], &[]);
-        let topo = tree.topology();
+        let topo = tree.parse(Topology::from_sysfs);
         let n1 = topo.node(1).expect("node 1");
         assert!(n1.is_memoryless());
         assert_eq!(n1.mem_total, 0);
@@ -680,7 +680,7 @@ mod tests {
             .cpu_online("0-3")
             .node(0, "0-1", 1, &[10, 20], &[])
             .node(1, "2-3", 1, &[20, 10], &[]);
-        let topo = tree.topology();
+        let topo = tree.parse(Topology::from_sysfs);
         let err = topo.node(7).expect_err("no node 7");
         match &err {
             TopologyError::UnknownNode { node, available } => {
@@ -698,7 +698,7 @@ mod tests {
     #[test]
     fn no_numa_kernel_gives_single_node() {
         let tree = Tree::new().cpu_online("0-3");
-        let topo = tree.topology();
+        let topo = tree.parse(Topology::from_sysfs);
         assert_eq!(topo.nodes().len(), 1);
         let n = &topo.nodes()[0];
         assert_eq!(n.id, 0);
@@ -726,7 +726,12 @@ mod tests {
             .node(0, "0-1", 1, &[10], &[])
             .node(2, "", 1, &[10], &[])
             .node_online("0");
-        let ids: Vec<_> = tree.topology().nodes().iter().map(|n| n.id).collect();
+        let ids: Vec<_> = tree
+            .parse(Topology::from_sysfs)
+            .nodes()
+            .iter()
+            .map(|n| n.id)
+            .collect();
         assert_eq!(ids, vec![0]);
     }
 
@@ -802,7 +807,7 @@ mod tests {
             .cpu_online("0")
             .node(0, "0", 1, &[10], &[(2048, 1, 1, 0)]);
         fs::create_dir_all(tree.path().join("node/node0/hugepages/README")).expect("mkdir");
-        let topo = tree.topology();
+        let topo = tree.parse(Topology::from_sysfs);
         assert_eq!(topo.nodes()[0].huge_pages.len(), 1);
     }
 }

@@ -13,6 +13,7 @@
 
 #[cfg(feature = "daemon")]
 pub mod daemon;
+pub mod fixture;
 #[cfg(feature = "hugepages")]
 pub mod hugepages;
 #[cfg(feature = "daemon")]

@@ -1,8 +1,8 @@
-//! Lazy mode in the daemon: which of a session's allocations are lazy, the
-//! fault service serving each, and the ALLOC-side choice of a region.
+//! Lazy mode in the daemon: which of a session's allocations are lazy and
+//! the fault service serving each (the pool chooses a lazy part's region:
+//! `super::pool::take`).
 //!
-//! `alloc` asks [`take_lazy_dirty`] and [`fresh_demand`] for a lazy part, the
-//! session records lazy allocations in its [`LazyAllocs`], hands UFFD
+//! The session records lazy allocations in its [`LazyAllocs`], hands UFFD
 //! requests to [`LazyAllocs::attach`], and stops the service
 //! ([`LazyAllocs::stop`]) before FREE releases the regions and before a
 //! closing connection's socket is closed (the VMM's fallback may serve faults
@@ -14,88 +14,17 @@ use std::collections::HashMap;
 use std::os::fd::OwnedFd;
 use std::sync::Arc;
 
-use guest_mem::{PageSize, Region, RegionSpec};
-use numa::{NodeId, Topology};
+use guest_mem::Region;
 use serde_json::{json, Value};
 use tokio::sync::Notify;
-use tracing::{info, warn};
+use tracing::info;
 
-use super::pool::{Pool, PoolKey, Taken};
 use crate::fault::{
-    check_uffd_ranges, dirty_pages_resident, FaultMapping, FaultReport, FaultService,
-    FaultServiceConfig, FaultServiceHandle,
+    check_uffd_ranges, FaultMapping, FaultReport, FaultService, FaultServiceConfig,
+    FaultServiceHandle,
 };
 use crate::proto::{RegionInfo, Status, UffdRange};
 use crate::uffd::Uffd;
-
-/// Lazy mode's first choice for one part: a dirty pooled region of exactly
-/// `size` on `node` in one of the huge `candidates` (largest first) whose
-/// dirty pages are all resident and none is being scrubbed. It is handed out
-/// uncleared (flag LAZY); `None` when there is none.
-///
-/// The pool's scrubbers may still be clearing some of its pages: the fault
-/// service defers faults on those until they are clean, and its own
-/// scrubbers install them. A dirty page out of the page cache would not raise
-/// a MINOR fault (see [`crate::fault::FaultService::start`]): such a region is put
-/// back.
-pub fn take_lazy_dirty(
-    pool: &Pool,
-    node: NodeId,
-    size: u64,
-    candidates: &[PageSize],
-    paths: bool,
-) -> Option<Taken> {
-    for &page_size in candidates.iter().filter(|p| p.is_huge()) {
-        let key = PoolKey {
-            node,
-            page_size,
-            paths,
-        };
-        let Some(t) = pool.take_dirty(key, size) else {
-            continue;
-        };
-        // Pages a pool scrubber is still clearing are fine: faults on them
-        // are re-checked until the scrubber finishes, then installed.
-        match dirty_pages_resident(&t.region) {
-            Ok(()) => return Some(t),
-            Err(page) => warn!(
-                region = t.id,
-                page, "dirty pooled region has a page out of the page cache; not lazy"
-            ),
-        }
-        pool.unreserve(&[t.id]);
-    }
-    None
-}
-
-/// Lazy mode without dirty pooled memory: a fresh region of the first huge
-/// candidate the kernel can give (largest first), created but **not
-/// populated**; the kernel zeroes each page at
-/// the VMM's first touch (kernel demand faults, flag CLEAN, no uffd needed).
-/// The pages are then placed by the VMM's memory policy at that touch, not
-/// bound to `node`. `None` when it cannot be created (the eager path then
-/// tries, and says why).
-pub fn fresh_demand(
-    pool: &Pool,
-    topology: &Topology,
-    node: NodeId,
-    size: u64,
-    candidates: &[PageSize],
-    new_id: impl FnOnce() -> u64,
-) -> Option<Taken> {
-    let id = new_id();
-    for &page_size in candidates.iter().filter(|p| p.is_huge()) {
-        let spec = RegionSpec::new(format!("hugemem-r{id}"), size, Some(node))
-            .with_policy(guest_mem::PagePolicy::Strict(page_size));
-        match Region::create(topology, &spec) {
-            Ok(region) => return pool.insert_fresh(id, region).ok(),
-            Err(e) => {
-                info!(node, size, %page_size, error = %e, "lazy ALLOC: no fresh region for kernel demand faults")
-            }
-        }
-    }
-    None
-}
 
 #[derive(Debug)]
 struct LazyAlloc {

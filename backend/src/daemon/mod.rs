@@ -16,9 +16,10 @@
 //! * [`config`]: TOML configuration with small-machine defaults.
 //! * [`server`]: accept loop, per-connection handlers, connection cap.
 //! * [`session`]: what each request means for one client.
-//! * [`alloc`]: the ALLOC path and the one rule for which region serves a request.
-//! * [`supply`]: how a region is got from each source (pooled, grown, re-cleared, fresh).
-//! * [`pool`]: region table and state machine; the clean-before-map check.
+//! * [`alloc`]: the ALLOC path: validating a request, locking, handing files to the client.
+//! * [`pool`]: the one owner of region state, with a small API: take regions
+//!   for a request (the one rule for which region serves it), commit, release,
+//!   the scrubbers' and the quarantine's verbs, trim; the clean-before-map check.
 //! * [`scrub`]: pinned scrubber threads.
 //! * [`holders`]: `/proc` scan for other processes holding a region.
 //! * [`reuse`]: the proofs a released region passes before it is reused.
@@ -67,7 +68,6 @@ pub mod reuse;
 pub mod scrub;
 pub mod server;
 pub mod session;
-pub mod supply;
 pub mod systemd;
 
 use std::io;
@@ -265,7 +265,7 @@ pub struct Shared {
     socket: PathBuf,
     cancel: CancellationToken,
     tracker: TaskTracker,
-    quarantine_kick: Notify,
+    quarantine_kick: Arc<Notify>,
     rebalance: rebalance::Rebalancer,
     refill: refill::Refill,
 }
@@ -424,7 +424,16 @@ impl Daemon {
         let hugetlbfs = hugetlbfs_dirs(&config.hugetlbfs)?;
         let metrics = Arc::new(Metrics::default());
         recover_leftovers(&hugetlbfs, &metrics);
-        let pool = Arc::new(Pool::new(config.pool.clone(), Arc::clone(&metrics)));
+        let quarantine_kick = Arc::new(Notify::new());
+        let pool = Arc::new(Pool::new(
+            config.pool.clone(),
+            Arc::clone(&metrics),
+            pool::Sources {
+                topology: Arc::clone(&topology),
+                hugetlbfs: hugetlbfs.clone(),
+                quarantine_kick: Arc::clone(&quarantine_kick),
+            },
+        ));
         let max_alloc = if config.limits.max_alloc.0 == 0 {
             topology.nodes().iter().map(|n| n.mem_total).sum()
         } else {
@@ -492,7 +501,7 @@ impl Daemon {
             started: Instant::now(),
             cancel: CancellationToken::new(),
             tracker: TaskTracker::new(),
-            quarantine_kick: Notify::new(),
+            quarantine_kick,
         });
         let thread_shared = Arc::clone(&shared);
         let thread_pool = Arc::clone(&pool);

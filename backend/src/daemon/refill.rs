@@ -22,12 +22,12 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::Instant;
 
 use clearing::{CancelToken, Progress, RunOptions};
-use guest_mem::{PagePolicy as RegionPolicy, PageSize};
+use guest_mem::PageSize;
 use numa::NodeId;
 use serde_json::{json, Value};
 use tracing::{debug, info};
 
-use super::supply;
+use super::pool::free_pages;
 use super::Shared;
 use crate::diag::chain;
 use guest_mem::size::format_size;
@@ -175,7 +175,7 @@ fn plan(shared: &Shared) -> Option<(NodeId, PageSize, u64)> {
         }
         let room = (target - pooled).min(limit.saturating_sub(pooled));
         for p in [PageSize::Huge1G, PageSize::Huge2M] {
-            let free = supply::free_pages(p, node.id).saturating_mul(p.bytes());
+            let free = free_pages(p, node.id).saturating_mul(p.bytes());
             let own = cfg
                 .size_limit(p)
                 .saturating_sub(shared.pool.pooled(node.id, Some(p)));
@@ -204,22 +204,13 @@ fn step(shared: &Shared) -> bool {
         progress: Some(&progress),
         ..RunOptions::default()
     };
-    let made = supply::create_with(
-        shared,
-        node,
-        bytes,
-        false,
-        RegionPolicy::Strict(page_size),
-        &opts,
-    );
+    let made = shared.pool.add_fresh(node, page_size, bytes, &opts);
     let ok = match made {
-        Ok(t) => {
-            // Fresh and populated: every page is clean; into the pool.
-            shared.pool.unreserve(&[t.id]);
+        Ok(id) => {
             refill.regions.fetch_add(1, Ordering::Relaxed);
             refill.bytes.fetch_add(bytes, Ordering::Relaxed);
             info!(
-                region = t.id,
+                region = id,
                 node,
                 page_size = %page_size,
                 "refilled the pool with {} (pre-zeroed, ahead of demand)",

@@ -105,7 +105,7 @@ fn check_size(region: &Region) -> Result<(), String> {
 /// # Errors
 ///
 /// A message saying what is wrong; the region must then be discarded
-/// ([`super::pool::Pool::discard`]), never scrubbed.
+/// (the pool's quarantine verdict `Broken`), never scrubbed.
 pub fn check_released(region: &Region) -> Result<(), String> {
     check_size(region)?;
     let len = usize::try_from(region.len()).map_err(|_| "region too large".to_string())?;

@@ -38,7 +38,7 @@ use numa::{NodeId, PinError, Topology};
 use tracing::{debug, error, info};
 
 use super::metrics::{Metrics, ScrubCounters};
-use super::pool::{EntryState, Pool, ScrubWork};
+use super::pool::{Pool, ScrubWork, Scrubbed};
 
 /// The scrubber threads of all nodes.
 #[derive(Debug)]
@@ -141,7 +141,7 @@ fn scrub_loop(
             Err(reason) => {
                 // The tenant damaged the file (truncated it, punched a hole
                 // the host cannot fill): never touch it, give it back.
-                let dropped = pool.discard(work.id, EntryState::Dirty, &reason);
+                let dropped = pool.scrub_done(&work, Scrubbed::Damaged(reason));
                 drop(work);
                 drop(dropped);
                 continue;
@@ -155,7 +155,12 @@ fn scrub_loop(
             Metrics::add(&counters.nanos, nanos);
             Metrics::add(&counters.batches, 1);
         }
-        pool.scrub_done(&work, cleared);
+        let outcome = if cleared {
+            Scrubbed::Cleared
+        } else {
+            Scrubbed::Stopped
+        };
+        drop(pool.scrub_done(&work, outcome));
     }
 }
 

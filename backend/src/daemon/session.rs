@@ -227,7 +227,7 @@ impl Session {
             match crate::sys::reopen(t.region.fd()) {
                 Ok(fd) => fds.push(fd),
                 Err(e) => {
-                    self.shared.pool.unreserve(&ids);
+                    self.shared.pool.put_back(&ids);
                     Metrics::add(&self.shared.metrics.allocs_failed, 1);
                     return Outcome::error(
                         Status::Internal,
@@ -237,17 +237,14 @@ impl Session {
             }
         }
         let lazy_mode = req.clear_mode == crate::proto::ClearMode::Lazy;
-        let committed = if lazy_mode {
-            self.shared
-                .pool
-                .commit_lazy(self.id, self.peer.uid, &ids, lock)
-        } else {
-            self.shared.pool.commit(self.id, self.peer.uid, &ids, lock)
-        };
+        let committed = self
+            .shared
+            .pool
+            .commit(self.id, self.peer.uid, &ids, lazy_mode, lock);
         let alloc_id = match committed {
             Ok(a) => a,
             Err(msg) => {
-                self.shared.pool.unreserve(&ids);
+                self.shared.pool.put_back(&ids);
                 Metrics::add(&self.shared.metrics.allocs_failed, 1);
                 tracing::error!(session = self.id, reason = %msg, "clean-before-map invariant refused an ALLOC");
                 return Outcome::error(Status::Internal, msg);

@@ -33,7 +33,7 @@ use serde::Serialize;
 use tracing::info;
 
 use backend::diag::chain as error_chain;
-use migrate::{check_stamps, memory_nodes, move_region, write_stamps, MoveOptions, MoveReport};
+use migrate::{memory_nodes, move_region, pattern, MoveOptions, MoveReport};
 
 /// Bytes of the per-node locality regions.
 pub const LOCALITY_BYTES: u64 = 64 << 20;
@@ -430,7 +430,7 @@ fn measure(
     // SAFETY: the region was just created by this function and is not
     // shared: no guest maps it, no scrubber or preparer runs on it, and no
     // other slice of it exists while this one lives (it ends with the call).
-    write_stamps(unsafe { region.as_mut_slice() }, seed);
+    pattern::write_slice(unsafe { region.as_mut_slice() }, seed);
 
     let round_trip = |timed: bool| -> Result<Option<(Leg, Leg)>, String> {
         let there = move_region(topology, &region, b, &opts.move_opts, None, None)
@@ -456,7 +456,7 @@ fn measure(
     }
     // SAFETY: as above; the moves have returned, and migration never
     // changes contents, so reading through our mapping is plain reading.
-    let bad = check_stamps(unsafe { region.as_slice() }, seed);
+    let bad = pattern::check_slice(unsafe { region.as_slice() }, seed);
     result.data_intact = Some(bad.is_none());
     if let Some(off) = bad {
         result.error = Some(format!("stamp at offset {off:#x} changed"));
@@ -509,37 +509,6 @@ fn combined_gb_per_s(there: &Leg, back: &Leg) -> Option<f64> {
     let seconds = there.seconds + back.seconds;
     (seconds > 0.0)
         .then(|| guest_mem::size::gb_per_s(there.bytes_moved + back.bytes_moved, seconds))
-}
-
-/// The whole `bench migrate` run ([`run_bench`] with reserving and warm-up
-/// on): 4 KiB, 2 MiB and 1 GiB pages, `size` bytes each, first node → second
-/// → first, plus per-node locality of the clearing runner. Returns the
-/// report's lines (throughput labelled `(TCG emulation)`) followed by one
-/// line of JSON. 1 GiB pages need `size` rounded up to whole 1 GiB pages
-/// free on both nodes; when they cannot be had the line says so.
-///
-/// Run inside a multi-node guest, as root.
-///
-/// # Errors
-///
-/// The report's lines when a page size failed or data changed, or fewer
-/// than two nodes with memory.
-pub fn bench_migrate(size: u64) -> Result<String, String> {
-    let topology = Topology::detect().map_err(|e| error_chain(&e))?;
-    if let nodes @ ([] | [_]) = &memory_nodes(&topology)[..] {
-        return Err(format!(
-            "needs two NUMA nodes with memory; this machine has {nodes:?}"
-        ));
-    }
-    let report = run_bench(&topology, &BenchOptions::new(size));
-    let mut lines = report.lines(migrate::testing::TCG_LABEL);
-    lines.push(serde_json::to_string(&report).unwrap_or_else(|e| format!("(json: {e})")));
-    let text = lines.join("\n");
-    if report.failures().is_empty() {
-        Ok(text)
-    } else {
-        Err(text)
-    }
 }
 
 #[cfg(test)]

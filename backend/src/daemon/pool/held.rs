@@ -1,5 +1,5 @@
 //! What the daemon holds of one page size on one node outside any
-//! allocation, for the ALLOC rule of `super::super::alloc`: pages it can
+//! allocation, for the ALLOC rule of [`super::take`]: pages it can
 //! give back to the kernel now (idle regions of any size and backing), and
 //! pages on their way there (quarantined, being scrubbed), with the reason.
 
@@ -82,7 +82,7 @@ fn idle(e: &Entry) -> bool {
 
 impl Pool {
     /// What is pooled of `page_size` on `node` (see [`Held`]).
-    pub fn held(&self, node: NodeId, page_size: PageSize) -> Held {
+    pub(super) fn held(&self, node: NodeId, page_size: PageSize) -> Held {
         let g = self.lock();
         let mut out = Held::default();
         for (id, e) in &g.entries {
@@ -123,7 +123,12 @@ impl Pool {
     /// freed, so that a fresh region of that page size can be created.
     /// Returns the regions to drop (off the lock: the pages go back when the
     /// last reference goes).
-    pub fn evict_idle(&self, node: NodeId, page_size: PageSize, bytes: u64) -> Vec<Arc<Region>> {
+    pub(super) fn evict_idle(
+        &self,
+        node: NodeId,
+        page_size: PageSize,
+        bytes: u64,
+    ) -> Vec<Arc<Region>> {
         let mut g = self.lock();
         let mut victims: Vec<(Instant, RegionId)> = g
             .entries
@@ -163,7 +168,7 @@ impl Pool {
     /// Blocks until the pool changes (a region left quarantine, a scrub
     /// batch ended, a region came back) or `deadline`, at most 20 ms (a
     /// change signalled just before the wait is seen on the next look).
-    pub fn wait_change(&self, deadline: Instant) {
+    pub(super) fn wait_change(&self, deadline: Instant) {
         let g = self.lock();
         let now = Instant::now();
         if now >= deadline || g.stopping {

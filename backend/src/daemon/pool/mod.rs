@@ -35,25 +35,42 @@
 //! it. Scrubbers wait on a `Condvar` of the same mutex, which also wakes
 //! ALLOC-path waiters when a scrubber finishes a page they need.
 //!
+//! **The API.** The pool is the one owner of region state; nothing outside
+//! it moves an entry from one state to another. Its verbs:
+//!
+//! * [`Pool::take`] (`take.rs`): the regions that serve an ALLOC, chosen
+//!   here by the one rule (clean, grown, re-cleared, fresh, evicted for,
+//!   waited for; lazy mode's own sources; per node, per page size, per
+//!   backing), `Reserved`; [`Pool::commit`] hands them to a session (the
+//!   clean-before-map check), [`Pool::put_back`] returns them when the ALLOC
+//!   fails after the take. [`Pool::add_fresh`] is the refill's fresh region.
+//! * [`Pool::release`], [`Pool::release_session`] (`release.rs`): a freed
+//!   allocation's regions enter quarantine, or go back to the kernel over a
+//!   limit.
+//! * [`Pool::quarantined`] and [`Pool::apply_scan`]: what the quarantine
+//!   loop checks and its verdicts (leave, stay held or withheld, discard).
+//! * [`Pool::next_scrub`] and [`Pool::scrub_done`] (`scrubbing.rs`): the
+//!   scrubbers' next dirty pages and how their batch ended (cleared, stopped,
+//!   damaged: discarded).
+//! * [`Pool::trim`]: idle regions given back above the target.
+//! * Reads: [`Pool::stats`], [`Pool::pooled`], the allocations of a session
+//!   ([`Pool::regions_of`] and its kin); for REBALANCE the in-use regions
+//!   and their placement marks (`in_use.rs`).
+//!
 //! **Sizes.** Memfds are sealed against shrinking (`F_SEAL_SHRINK`, see
-//! `guest_mem::region`) but not against growing. Which region serves an
-//! ALLOC is decided in one place, [`super::alloc`]; the pool offers the
-//! pieces: an exact-size clean or dirty region ([`Pool::take_clean`],
-//! [`Pool::take_dirty`]), the largest smaller clean one to grow
-//! ([`Pool::detach_smaller_clean`]), what it holds of a page size and why
-//! ([`Pool::held`]), idle regions of a page size given back for fresh
-//! pages ([`Pool::evict_idle`]), and a wait for the next change
-//! ([`Pool::wait_change`]). A pooled region *larger* than the request is
-//! never used: it cannot be truncated (the seal protects the daemon's own
-//! mapping from a VMM), and handing out a larger file would give the VMM
-//! more memory than it asked for.
+//! `guest_mem::region`) but not against growing. A request is served by an
+//! exact-size clean or dirty region, or the largest smaller clean one grown
+//! (see `take.rs`). A pooled region *larger* than the request is never used:
+//! it cannot be truncated (the seal protects the daemon's own mapping from a
+//! VMM), and handing out a larger file would give the VMM more memory than it
+//! asked for.
 //!
 //! **Damaged files.** A tenant can change its file behind the daemon's
 //! back: grow a memfd (the seals allow it), truncate a hugetlbfs file, punch
 //! holes. Before a released region leaves quarantine, [`check_released`]
 //! checks its size and populates every page (`MADV_POPULATE_WRITE`, which
 //! errors where a store would `SIGBUS`); scrubbers populate each batch the
-//! same way. A region that fails either is discarded ([`Pool::discard`]):
+//! same way. A region that fails either is discarded (`Pool::discard`):
 //! given back to the kernel, never scrubbed, never served.
 //!
 //! **Limits.** Per node, pooled bytes (clean + dirty + quarantined) never
@@ -74,13 +91,18 @@ mod in_use;
 mod release;
 mod scrubbing;
 mod stats;
+mod supply;
+mod take;
 
 use files::reclaim_path;
 pub use held::{Held, HeldRegion, Why};
 pub use in_use::InUseRegion;
+pub use scrubbing::Scrubbed;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Instant;
+pub use supply::{free_pages, Sources};
+pub use take::{shortage_note, Missing, Obtained, Part, Refusal, Source};
 
 use guest_mem::{PageSize, Region};
 use numa::NodeId;
@@ -110,7 +132,7 @@ pub struct PoolKey {
 
 /// Where a region is in its life (see the module docs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum EntryState {
+enum EntryState {
     /// Owned by an ALLOC in progress.
     Reserved,
     /// Handed to a client.
@@ -170,7 +192,7 @@ struct Inner {
     given_back: given_back::Recent,
 }
 
-/// A region an ALLOC holds in `Reserved`.
+/// A region an ALLOC holds in `Reserved` (see [`Pool::take`]).
 #[derive(Debug, Clone)]
 pub struct Taken {
     /// Its id.
@@ -182,11 +204,11 @@ pub struct Taken {
 /// A clean pooled region taken out of the table to be grown (see
 /// [`Pool::detach_smaller_clean`]).
 #[derive(Debug)]
-pub struct Detached {
+struct Detached {
     /// Its id (kept: the region stays the same region).
-    pub id: RegionId,
+    id: RegionId,
     /// The region, owned: nothing else references it.
-    pub region: Region,
+    region: Region,
     key: PoolKey,
     since: Instant,
     old_len: u64,
@@ -235,18 +257,20 @@ pub struct Pool {
     inner: Mutex<Inner>,
     changed: Condvar,
     cfg: PoolConfig,
+    sources: Sources,
     next_region: AtomicU64,
     next_alloc: AtomicU64,
     metrics: Arc<Metrics>,
 }
 
 impl Pool {
-    /// An empty pool.
-    pub fn new(cfg: PoolConfig, metrics: Arc<Metrics>) -> Self {
+    /// An empty pool that creates fresh regions from `sources`.
+    pub fn new(cfg: PoolConfig, metrics: Arc<Metrics>, sources: Sources) -> Self {
         Self {
             inner: Mutex::new(Inner::default()),
             changed: Condvar::new(),
             cfg,
+            sources,
             next_region: AtomicU64::new(1),
             next_alloc: AtomicU64::new(1),
             metrics,
@@ -263,7 +287,7 @@ impl Pool {
     }
 
     /// A fresh region id (for naming a region before it is inserted).
-    pub fn next_region_id(&self) -> RegionId {
+    fn next_region_id(&self) -> RegionId {
         self.next_region.fetch_add(1, Ordering::Relaxed)
     }
 
@@ -277,7 +301,7 @@ impl Pool {
     /// # Errors
     ///
     /// `fstat` of the region's fd.
-    pub fn insert_fresh(&self, id: RegionId, region: Region) -> std::io::Result<Taken> {
+    fn insert_fresh(&self, id: RegionId, region: Region) -> std::io::Result<Taken> {
         let owned = Owned::region(
             region.fd(),
             region.as_ptr() as usize,
@@ -311,7 +335,7 @@ impl Pool {
     }
 
     /// True when a `Clean` region of `key` and exactly `size` bytes is pooled.
-    pub fn has_clean(&self, key: PoolKey, size: u64) -> bool {
+    fn has_clean(&self, key: PoolKey, size: u64) -> bool {
         self.lock()
             .entries
             .values()
@@ -319,8 +343,8 @@ impl Pool {
     }
 
     /// Takes a `Clean` region of `key` and exactly `size` bytes.
-    pub fn take_clean(&self, key: PoolKey, size: u64) -> Option<Taken> {
-        self.take(key, size, EntryState::Clean)
+    fn take_clean(&self, key: PoolKey, size: u64) -> Option<Taken> {
+        self.take_state(key, size, EntryState::Clean)
     }
 
     /// Takes the largest `Clean` region of `key` smaller than `size` out of
@@ -329,7 +353,7 @@ impl Pool {
     /// holds a reference to the largest one (it then stays pooled as it was).
     /// The caller gives it back with [`Pool::insert_grown`] or
     /// [`Pool::restore`]; meanwhile it counts in no pool statistic.
-    pub fn detach_smaller_clean(&self, key: PoolKey, size: u64) -> Option<Detached> {
+    fn detach_smaller_clean(&self, key: PoolKey, size: u64) -> Option<Detached> {
         let mut g = self.lock();
         let id = g
             .entries
@@ -359,7 +383,7 @@ impl Pool {
     /// # Errors
     ///
     /// `fstat` of the region's fd; the region then goes back to the kernel.
-    pub fn insert_grown(&self, d: Detached) -> std::io::Result<Taken> {
+    fn insert_grown(&self, d: Detached) -> std::io::Result<Taken> {
         self.reinsert(d, EntryState::Reserved)
     }
 
@@ -368,7 +392,7 @@ impl Pool {
     /// marked `Dirty` and the scrubbers take it (new pages a failed prepare
     /// left half done). If even that fails (`fstat`), the region goes back
     /// to the kernel.
-    pub fn restore(&self, d: Detached) {
+    fn restore(&self, d: Detached) {
         let all_clean = d.region.states().counts().clean == d.region.states().len();
         if !all_clean {
             d.region.mark_all_dirty();
@@ -436,11 +460,11 @@ impl Pool {
 
     /// Takes a `Dirty` region of `key` and exactly `size` bytes, to clear it on
     /// the ALLOC path; scrubbers finish the pages they already started.
-    pub fn take_dirty(&self, key: PoolKey, size: u64) -> Option<Taken> {
-        self.take(key, size, EntryState::Dirty)
+    fn take_dirty(&self, key: PoolKey, size: u64) -> Option<Taken> {
+        self.take_state(key, size, EntryState::Dirty)
     }
 
-    fn take(&self, key: PoolKey, size: u64, state: EntryState) -> Option<Taken> {
+    fn take_state(&self, key: PoolKey, size: u64, state: EntryState) -> Option<Taken> {
         let mut g = self.lock();
         // The most recently cleaned region first: its pages are the likeliest
         // to be warm in the host's page tables.
@@ -458,13 +482,19 @@ impl Pool {
     }
 
     /// The daemon's own fd and mapping of a region, for a holder scan.
-    pub fn owned(&self, id: RegionId) -> Option<Owned> {
+    fn owned(&self, id: RegionId) -> Option<Owned> {
         self.lock().entries.get(&id).map(|e| e.owned.clone())
     }
 
-    /// Gives `Reserved` regions back after a failed ALLOC: `Clean` when every
-    /// page is, else `Dirty` (scrubbers are woken).
-    pub fn unreserve(&self, ids: &[RegionId]) {
+    /// True while region `id` is the daemon's (in any state).
+    pub fn contains(&self, id: RegionId) -> bool {
+        self.lock().entries.contains_key(&id)
+    }
+
+    /// Puts the `Reserved` regions of an ALLOC that failed after
+    /// [`Pool::take`] back: `Clean` when every page is, else `Dirty`
+    /// (scrubbers are woken).
+    pub fn put_back(&self, ids: &[RegionId]) {
         let mut g = self.lock();
         for id in ids {
             if let Some(e) = g.entries.get_mut(id) {
@@ -488,7 +518,7 @@ impl Pool {
 
     /// Puts a `Reserved` region back into quarantine (a holder turned up
     /// right before reuse).
-    pub fn requarantine(&self, id: RegionId, holder: Holder) {
+    fn requarantine(&self, id: RegionId, holder: Holder) {
         let mut g = self.lock();
         if let Some(e) = g.entries.get_mut(&id) {
             warn!(region = id, pid = holder.pid, hold = ?holder.hold, "a pooled region is held by another process; back to quarantine");
@@ -498,17 +528,26 @@ impl Pool {
         }
     }
 
-    /// Checks the invariant (every page `Clean`), moves every page to
-    /// `Mapped`, and records the allocation. On error nothing changed.
+    /// Hands the `Reserved` regions `ids` of an ALLOC to `session`: records
+    /// the allocation and returns its id. On error nothing changed.
+    ///
+    /// Eager (`lazy` false): checks the invariant (every page `Clean`) and
+    /// moves every page to `Mapped`. Lazy: regions whose pages are all
+    /// `Clean` are committed as in eager mode; the others (dirty pooled
+    /// regions handed out uncleared, with maybe a scrubber batch still in
+    /// `Clearing`; fresh unpopulated ones) keep their page states, which the
+    /// fault service (`backend::fault`) or the kernel's own zeroing then gate.
     ///
     /// # Errors
     ///
-    /// A message naming the first region with pages that are not clean.
+    /// A message naming the first region that is not `Reserved`, or (eager)
+    /// whose pages are not all clean.
     pub fn commit(
         &self,
         session: SessionId,
         tenant: u32,
         ids: &[RegionId],
+        lazy: bool,
         locked: bool,
     ) -> Result<AllocId, String> {
         let mut g = self.lock();
@@ -517,6 +556,15 @@ impl Pool {
                 .entries
                 .get(id)
                 .ok_or_else(|| format!("region {id} vanished from the pool"))?;
+            if lazy {
+                if e.state != EntryState::Reserved {
+                    return Err(format!(
+                        "region {id} cannot be handed out lazily (entry {:?})",
+                        e.state
+                    ));
+                }
+                continue;
+            }
             let counts = e.region.states().counts();
             if e.state != EntryState::Reserved || counts.clean != e.region.states().len() {
                 return Err(format!(
@@ -527,46 +575,12 @@ impl Pool {
                 ));
             }
         }
-        // Every page is Clean (checked above under the lock every entry
-        // transition takes; scrubbers never touch Clean pages).
+        // Eager: every page is Clean (checked above under the lock every
+        // entry transition takes; scrubbers never touch Clean pages).
         Ok(self.hand_out(&mut g, session, tenant, ids, locked))
     }
 
-    /// [`Pool::commit`] for an ALLOC that asked for lazy mode: regions whose
-    /// pages are all `Clean` are committed as in eager mode (moved to
-    /// `Mapped`); the others (dirty pooled regions handed out uncleared, with
-    /// maybe a scrubber batch still in `Clearing`; fresh unpopulated ones)
-    /// keep their page states, which the fault service (`backend::fault`) or
-    /// the kernel's own zeroing then gate. On error nothing changed.
-    ///
-    /// # Errors
-    ///
-    /// A message naming the first region that is not `Reserved`.
-    pub fn commit_lazy(
-        &self,
-        session: SessionId,
-        tenant: u32,
-        ids: &[RegionId],
-        locked: bool,
-    ) -> Result<AllocId, String> {
-        let mut g = self.lock();
-        for id in ids {
-            let e = g
-                .entries
-                .get(id)
-                .ok_or_else(|| format!("region {id} vanished from the pool"))?;
-            if e.state != EntryState::Reserved {
-                return Err(format!(
-                    "region {id} cannot be handed out lazily (entry {:?})",
-                    e.state
-                ));
-            }
-        }
-        Ok(self.hand_out(&mut g, session, tenant, ids, locked))
-    }
-
-    /// The part [`Pool::commit`] and [`Pool::commit_lazy`] share, after
-    /// their checks: regions whose pages are all `Clean` move to `Mapped`
+    /// The part of [`Pool::commit`] after its checks: regions whose pages are all `Clean` move to `Mapped`
     /// (lazy regions with dirty or unpopulated pages keep their states), every
     /// region becomes `InUse` of a new allocation of `session`.
     fn hand_out(
@@ -656,11 +670,6 @@ impl Pool {
             .values()
             .filter(|a| a.session == session)
             .count()
-    }
-
-    /// Number of live allocations.
-    pub fn allocations(&self) -> usize {
-        self.lock().allocs.len()
     }
 }
 

@@ -153,7 +153,12 @@ impl Pool {
     /// dropped off the lock (unmapped, closed, unlinked: its pages go back
     /// to the kernel, which zeroes them before their next user). It is never
     /// scrubbed or served again.
-    pub fn discard(&self, id: RegionId, state: EntryState, reason: &str) -> Option<Arc<Region>> {
+    pub(super) fn discard(
+        &self,
+        id: RegionId,
+        state: EntryState,
+        reason: &str,
+    ) -> Option<Arc<Region>> {
         let mut g = self.lock();
         if g.entries.get(&id).map(|e| e.state) != Some(state) {
             return None;

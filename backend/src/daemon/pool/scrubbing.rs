@@ -10,6 +10,18 @@ use tracing::{info, warn};
 
 use super::{EntryState, Pool, ScrubWork};
 
+/// How a scrubber's batch ended (see [`Pool::scrub_done`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Scrubbed {
+    /// Every claimed page is cleared.
+    Cleared,
+    /// The scrubber stopped before it cleared them: back to `Dirty`.
+    Stopped,
+    /// The tenant damaged the file (truncated it, punched a hole the host
+    /// cannot fill): the region is discarded, never touched again.
+    Damaged(String),
+}
+
 impl Pool {
     /// Blocks until a dirty page of a region on `node` can be claimed, or the
     /// pool stops (`None`). Claims up to `max_bytes` of contiguous dirty pages.
@@ -68,8 +80,18 @@ impl Pool {
         }
     }
 
-    /// A scrubber finished (or gave up on) its pages.
-    pub fn scrub_done(&self, work: &ScrubWork, cleared: bool) {
+    /// A scrubber finished (or gave up on) its pages. A damaged region
+    /// leaves the pool: it is returned, to be dropped off the lock (unmapped,
+    /// closed, unlinked: its pages go back to the kernel, which zeroes them
+    /// before their next user).
+    pub fn scrub_done(&self, work: &ScrubWork, outcome: Scrubbed) -> Option<Arc<Region>> {
+        let cleared = match outcome {
+            Scrubbed::Cleared => true,
+            Scrubbed::Stopped => false,
+            Scrubbed::Damaged(reason) => {
+                return self.discard(work.id, EntryState::Dirty, &reason);
+            }
+        };
         let states = work.region.states();
         let to = if cleared {
             PageState::Clean
@@ -96,11 +118,12 @@ impl Pool {
         }
         drop(g);
         self.changed.notify_all();
+        None
     }
 
     /// Waits (blocking) until every page of `region` is `Clean`, or until
     /// `deadline`; returns whether it is.
-    pub fn wait_clean(&self, region: &Region, deadline: Instant) -> bool {
+    pub(super) fn wait_clean(&self, region: &Region, deadline: Instant) -> bool {
         let mut g = self.lock();
         loop {
             let states = region.states();

@@ -36,7 +36,7 @@ fn check(
                 });
             }
         }
-        return Err(if shared.pool.owned(req.region_id).is_some() {
+        return Err(if shared.pool.contains(req.region_id) {
             RebalanceError::NotInUse(req.region_id)
         } else {
             RebalanceError::Unknown(req.region_id)

@@ -1,37 +1,59 @@
-//! How a region is obtained from each source the ALLOC rule
-//! (`super::alloc`, the one place that decides which source serves a
-//! request) can pick: a clean pooled region (re-scanned when it can be
-//! opened by path), a smaller clean pooled region grown in place, a dirty
-//! pooled region cleared now, a fresh region from the kernel; and how their
-//! errors become refusals. Nothing here chooses between sources.
+//! How the pool gets a region from each source its choice ([`super::take`])
+//! can pick: a clean pooled region (re-scanned when it can be opened by
+//! path), a smaller clean pooled region grown in place, a dirty pooled
+//! region cleared now, a fresh region from the kernel, and lazy mode's
+//! dirty-but-resident and fresh-unpopulated regions; and how their errors
+//! become refusals. Nothing here chooses between sources.
 
-use crate::diag::chain;
-use guest_mem::size::format_size;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Instant;
 
 use clearing::{CancelToken, RunError, RunOptions};
+use guest_mem::size::format_size;
 use guest_mem::{
     Backing, PagePolicy as RegionPolicy, PageSize, PoolCounts, PrepareError, Region, RegionError,
     RegionSpec,
 };
-use numa::NodeId;
+use numa::{NodeId, Topology};
+use tokio::sync::Notify;
 use tracing::{debug, info, warn};
 
-use super::holders::{self, Owned};
-use super::metrics::Metrics;
-use super::pool::{PoolKey, Taken};
-use super::Shared;
+use super::{Pool, PoolKey, Refusal, RegionId, Taken};
+use crate::daemon::holders::{self, Owned};
+use crate::daemon::metrics::Metrics;
+use crate::diag::chain;
+use crate::fault::dirty_pages_resident;
 use crate::proto::Status;
 
-/// A refusal: status and the message for the client.
-pub type Refusal = (Status, String);
+/// What the pool creates fresh regions with and whom it wakes, fixed for
+/// the daemon's life.
+#[derive(Debug)]
+pub struct Sources {
+    /// The host's topology (regions are bound and cleared per node).
+    pub topology: Arc<Topology>,
+    /// The hugetlbfs directory for path-backed regions of each page size.
+    pub hugetlbfs: Vec<(PageSize, PathBuf)>,
+    /// Woken when an ALLOC waits for quarantined pages (the holder scan
+    /// then runs at once, see `crate::daemon::quarantine`).
+    pub quarantine_kick: Arc<Notify>,
+}
+
+impl Sources {
+    /// The hugetlbfs directory for path-backed regions of `page_size`.
+    pub(super) fn hugetlbfs_dir(&self, page_size: PageSize) -> Option<&Path> {
+        self.hugetlbfs
+            .iter()
+            .find(|(p, _)| *p == page_size)
+            .map(|(_, d)| d.as_path())
+    }
+}
 
 /// A clean pooled region of `key` and exactly `size` bytes. Path-backed
 /// ones (a path can be opened) and, with `pool.recheck_on_reuse`, memfds
 /// too are scanned for holders once more; a held one goes back to
 /// quarantine and the next is tried.
-pub fn take_clean(shared: &Shared, key: PoolKey, size: u64) -> Option<Taken> {
-    let pool = &shared.pool;
+pub(super) fn take_clean_checked(pool: &Pool, key: PoolKey, size: u64) -> Option<Taken> {
     while let Some(t) = pool.take_clean(key, size) {
         if pool.config().recheck_on_reuse || key.paths {
             if let Some(owned) = pool.owned(t.id) {
@@ -52,7 +74,7 @@ pub fn take_clean(shared: &Shared, key: PoolKey, size: u64) -> Option<Taken> {
             size,
             "ALLOC served from the clean pool"
         );
-        Metrics::add(&shared.metrics.regions_pooled, 1);
+        Metrics::add(&pool.metrics.regions_pooled, 1);
         return Some(t);
     }
     None
@@ -66,13 +88,12 @@ pub fn take_clean(shared: &Shared, key: PoolKey, size: u64) -> Option<Taken> {
 ///
 /// The clear failed or did not finish in time; the region is back in the
 /// pool (dirty, for the scrubbers).
-pub fn reclear_dirty(
-    shared: &Shared,
+pub(super) fn reclear_dirty(
+    pool: &Pool,
     key: PoolKey,
     size: u64,
     cancel: &CancelToken,
 ) -> Result<Option<Taken>, Refusal> {
-    let pool = &shared.pool;
     let Some(t) = pool.take_dirty(key, size) else {
         return Ok(None);
     };
@@ -80,7 +101,7 @@ pub fn reclear_dirty(
         cancel: Some(cancel),
         ..RunOptions::default()
     };
-    let cleared = t.region.prepare_eager(&shared.topology, &opts);
+    let cleared = t.region.prepare_eager(&pool.sources.topology, &opts);
     // A scrubber finishing its batch takes at most one batch's time.
     let clean = cleared.is_ok()
         && pool.wait_clean(
@@ -88,7 +109,7 @@ pub fn reclear_dirty(
             Instant::now() + std::time::Duration::from_secs(60),
         );
     if !clean {
-        pool.unreserve(&[t.id]);
+        pool.put_back(&[t.id]);
         return Err(match cleared {
             Err(e) => prepare_refusal(&e),
             Ok(_) => (
@@ -109,20 +130,19 @@ pub fn reclear_dirty(
         size,
         "ALLOC cleared a dirty pooled region"
     );
-    Metrics::add(&shared.metrics.regions_recleared, 1);
+    Metrics::add(&pool.metrics.regions_recleared, 1);
     Ok(Some(t))
 }
 
 /// The largest clean pooled region of `key` smaller than `size`, grown to
 /// it and its new pages prepared. `None` (the region, if any, is back in
 /// the pool) when there is none or anything fails.
-pub fn grow_pooled(
-    shared: &Shared,
+pub(super) fn grow_pooled(
+    pool: &Pool,
     key: PoolKey,
     size: u64,
     cancel: &CancelToken,
 ) -> Option<Taken> {
-    let pool = &shared.pool;
     let mut d = pool.detach_smaller_clean(key, size)?;
     let old_len = d.region.len();
     if pool.config().recheck_on_reuse || key.paths {
@@ -144,7 +164,7 @@ pub fn grow_pooled(
             }
         }
     }
-    if let Err(e) = d.region.grow(&shared.topology, size) {
+    if let Err(e) = d.region.grow(&pool.sources.topology, size) {
         info!(
             region = d.id,
             node = key.node,
@@ -160,7 +180,7 @@ pub fn grow_pooled(
         cancel: Some(cancel),
         ..RunOptions::default()
     };
-    let prepared = d.region.prepare_eager(&shared.topology, &opts);
+    let prepared = d.region.prepare_eager(&pool.sources.topology, &opts);
     let clean = d.region.states().counts().clean == d.region.states().len();
     if let Err(e) = &prepared {
         warn!(region = d.id, error = %chain(e), "cannot populate the new pages of a grown pooled region");
@@ -192,7 +212,7 @@ pub fn grow_pooled(
                 format_size(old_len),
                 format_size(size)
             );
-            Metrics::add(&shared.metrics.regions_grown, 1);
+            Metrics::add(&pool.metrics.regions_grown, 1);
             Some(t)
         }
         Err(e) => {
@@ -204,50 +224,31 @@ pub fn grow_pooled(
 
 /// A fresh region of `size` bytes on `node` from the kernel (`policy`
 /// decides the page size; a path-backed one needs a strict size with a
-/// mount), populated by node-pinned workers and inserted `Reserved`.
+/// mount), populated by node-pinned workers (`opts`: progress, cancel) and
+/// inserted `Reserved`.
 ///
 /// # Errors
 ///
 /// As [`Region::allocate`].
-pub fn create(
-    shared: &Shared,
-    node: NodeId,
-    size: u64,
-    paths: bool,
-    policy: RegionPolicy,
-    cancel: &CancelToken,
-) -> Result<Taken, RegionError> {
-    let opts = RunOptions {
-        cancel: Some(cancel),
-        ..RunOptions::default()
-    };
-    create_with(shared, node, size, paths, policy, &opts)
-}
-
-/// [`create`] with the populating run's own options (progress, cancel).
-///
-/// # Errors
-///
-/// As [`Region::allocate`].
-pub fn create_with(
-    shared: &Shared,
+pub(super) fn create(
+    pool: &Pool,
     node: NodeId,
     size: u64,
     paths: bool,
     policy: RegionPolicy,
     opts: &RunOptions<'_>,
 ) -> Result<Taken, RegionError> {
-    let id = shared.pool.next_region_id();
+    let id = pool.next_region_id();
     let mut spec = RegionSpec::new(format!("hugemem-r{id}"), size, Some(node)).with_policy(policy);
     if paths {
         if let Some(dir) = match policy {
-            RegionPolicy::Strict(p) => shared.hugetlbfs_dir(p),
+            RegionPolicy::Strict(p) => pool.sources.hugetlbfs_dir(p),
             RegionPolicy::Best => None,
         } {
             spec = spec.with_backing(Backing::HugetlbfsDir(dir.to_path_buf()));
         }
     }
-    let (region, report) = Region::allocate(&shared.topology, &spec, opts)?;
+    let (region, report) = Region::allocate(&pool.sources.topology, &spec, opts)?;
     match region.verify_placement() {
         Ok(p) if !p.misplaced.is_empty() => {
             warn!(
@@ -267,15 +268,110 @@ pub fn create_with(
         seconds = report.seconds,
         "fresh region populated"
     );
-    let taken = shared
-        .pool
+    let taken = pool
         .insert_fresh(id, region)
         .map_err(|source| RegionError::Create {
             name: spec.name.clone(),
             source,
         })?;
-    Metrics::add(&shared.metrics.regions_fresh, 1);
+    Metrics::add(&pool.metrics.regions_fresh, 1);
     Ok(taken)
+}
+
+impl Pool {
+    /// Refill (`crate::daemon::refill`): a fresh region of `bytes` on `node`
+    /// in `page_size` pages, populated with `opts` (progress, cancel), put
+    /// straight into the clean pool. Returns its id.
+    ///
+    /// # Errors
+    ///
+    /// As [`Region::allocate`]; nothing is pooled then.
+    pub fn add_fresh(
+        &self,
+        node: NodeId,
+        page_size: PageSize,
+        bytes: u64,
+        opts: &RunOptions<'_>,
+    ) -> Result<RegionId, RegionError> {
+        let t = create(
+            self,
+            node,
+            bytes,
+            false,
+            RegionPolicy::Strict(page_size),
+            opts,
+        )?;
+        // Fresh and populated: every page is clean; into the pool.
+        self.put_back(&[t.id]);
+        Ok(t.id)
+    }
+}
+
+/// Lazy mode's first choice for one part: a dirty pooled region of exactly
+/// `size` on `node` in one of the huge `candidates` (largest first) whose
+/// dirty pages are all resident and none is being scrubbed. It is handed out
+/// uncleared (flag LAZY); `None` when there is none.
+///
+/// The pool's scrubbers may still be clearing some of its pages: the fault
+/// service defers faults on those until they are clean, and its own
+/// scrubbers install them. A dirty page out of the page cache would not raise
+/// a MINOR fault (see [`crate::fault::FaultService::start`]): such a region is put
+/// back.
+pub(super) fn take_lazy_dirty(
+    pool: &Pool,
+    node: NodeId,
+    size: u64,
+    candidates: &[PageSize],
+    paths: bool,
+) -> Option<Taken> {
+    for &page_size in candidates.iter().filter(|p| p.is_huge()) {
+        let key = PoolKey {
+            node,
+            page_size,
+            paths,
+        };
+        let Some(t) = pool.take_dirty(key, size) else {
+            continue;
+        };
+        // Pages a pool scrubber is still clearing are fine: faults on them
+        // are re-checked until the scrubber finishes, then installed.
+        match dirty_pages_resident(&t.region) {
+            Ok(()) => return Some(t),
+            Err(page) => warn!(
+                region = t.id,
+                page, "dirty pooled region has a page out of the page cache; not lazy"
+            ),
+        }
+        pool.put_back(&[t.id]);
+    }
+    None
+}
+
+/// Lazy mode without dirty pooled memory: a fresh region of the first huge
+/// candidate the kernel can give (largest first), created but **not
+/// populated**; the kernel zeroes each page at
+/// the VMM's first touch (kernel demand faults, flag CLEAN, no uffd needed).
+/// The pages are then placed by the VMM's memory policy at that touch, not
+/// bound to `node`. `None` when it cannot be created (the eager path then
+/// tries, and says why).
+pub(super) fn fresh_demand(
+    pool: &Pool,
+    node: NodeId,
+    size: u64,
+    candidates: &[PageSize],
+) -> Option<Taken> {
+    let id = pool.next_region_id();
+    for &page_size in candidates.iter().filter(|p| p.is_huge()) {
+        let spec = RegionSpec::new(format!("hugemem-r{id}"), size, Some(node))
+            .with_policy(guest_mem::PagePolicy::Strict(page_size));
+        match Region::create(&pool.sources.topology, &spec) {
+            Ok(region) => return pool.insert_fresh(id, region).ok(),
+            Err(e) => {
+                info!(node, size, %page_size, error = %e, "lazy ALLOC: no fresh region for kernel demand faults")
+            }
+        }
+    }
+    None
 }
 
 /// Free pages of `page_size` on `node` a new region could get now (4 KiB:
@@ -296,7 +392,7 @@ pub fn free_pages(page_size: PageSize, node: NodeId) -> u64 {
 }
 
 /// The kernel had no pages (or memory) for the region.
-pub fn is_shortage(e: &RegionError) -> bool {
+pub(super) fn is_shortage(e: &RegionError) -> bool {
     match e {
         RegionError::Unavailable { .. } => true,
         RegionError::Map { source, .. } => source.raw_os_error() == Some(libc::ENOMEM),
@@ -308,7 +404,7 @@ pub fn is_shortage(e: &RegionError) -> bool {
 }
 
 /// The refusal for a creation error.
-pub fn region_refusal(e: &RegionError) -> Refusal {
+pub(super) fn region_refusal(e: &RegionError) -> Refusal {
     let status = match e {
         RegionError::BadSize(_) => Status::Invalid,
         RegionError::UnknownNode { .. } | RegionError::MemorylessNode(_) => Status::BadNode,
@@ -327,7 +423,7 @@ pub fn region_refusal(e: &RegionError) -> Refusal {
 }
 
 /// The refusal for a clearing or populating error.
-pub fn prepare_refusal(e: &PrepareError) -> Refusal {
+pub(super) fn prepare_refusal(e: &PrepareError) -> Refusal {
     match e {
         PrepareError::Run(RunError::Cancelled { .. }) => {
             (Status::Internal, "the daemon is shutting down".into())

@@ -1,5 +1,7 @@
-//! End-to-end checks to **run inside a multi-node guest** (the QEMU-TCG
-//! harness in `integration/`), where pages can really move between nodes.
+//! End-to-end checks of `migrate` to **run inside a multi-node guest** (the
+//! QEMU-TCG harness, `tests/numa_guest*.rs`), where pages can really move
+//! between nodes; `tests/migrate_checks.rs` runs their one-node form on the
+//! host.
 //!
 //! Each check allocates real regions, moves them, and returns one report
 //! line (`Ok`) or says what went wrong (`Err`), so a harness test is
@@ -20,7 +22,7 @@
 //! mappings for hugetlb and page-cache pages). No child process is spawned.
 //!
 //! On a one-node host the `*_between_nodes` checks return `Err` naming the
-//! nodes; [`crate::testing::check_move_region`] with `from == to` runs everything except
+//! nodes; [`check_move_region`] with `from == to` runs everything except
 //! the actual copy (every page is already there).
 
 use std::time::Instant;
@@ -30,22 +32,12 @@ use guest_mem::vm_memory::{Bytes, GuestAddress, GuestRegionMmap, MemoryRegionAdd
 use guest_mem::{PagePolicy, PageSize, PoolCounts, Region, RegionSpec};
 use numa::{NodeId, Topology};
 
-use crate::mover::{move_region, placement, MigrateError, MoveOptions, MoveSpan};
-use crate::pattern;
-use crate::plan::memory_nodes;
-use crate::report::{FailReason, MoveReport};
-
-/// `error: cause: cause`, the whole chain on one line.
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut source = e.source();
-    while let Some(cause) = source {
-        s.push_str(": ");
-        s.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    s
-}
+use hugemem::bench::migrate::{run_bench, BenchOptions};
+use hugemem_client::diag::chain as error_chain;
+use migrate::{
+    memory_nodes, move_region, pattern, placement, FailReason, MigrateError, MoveOptions,
+    MoveReport, MoveSpan,
+};
 
 /// Label for throughput measured in an emulated guest.
 pub const TCG_LABEL: &str = "(TCG emulation)";
@@ -404,4 +396,31 @@ pub fn check_rate_limited_move(page: PageSize, size: u64, bytes_per_s: u64) -> C
         size >> 20,
         bytes_per_s >> 20
     ))
+}
+
+/// The whole `bench migrate` run ([`run_bench`] with reserving and warm-up
+/// on): 4 KiB, 2 MiB and 1 GiB pages, `size` bytes each, first node → second
+/// → first, plus per-node locality of the clearing runner. Returns the
+/// report's lines (throughput labelled `(TCG emulation)`) followed by one
+/// line of JSON. 1 GiB pages need `size` rounded up to whole 1 GiB pages
+/// free on both nodes; when they cannot be had the line says so.
+///
+/// Run inside a multi-node guest, as root.
+///
+/// # Errors
+///
+/// The report's lines when a page size failed or data changed, or fewer
+/// than two nodes with memory.
+pub fn bench_migrate(size: u64) -> Check {
+    let topology = detect()?;
+    two_nodes(&topology)?;
+    let report = run_bench(&topology, &BenchOptions::new(size));
+    let mut lines = report.lines(TCG_LABEL);
+    lines.push(serde_json::to_string(&report).unwrap_or_else(|e| format!("(json: {e})")));
+    let text = lines.join("\n");
+    if report.failures().is_empty() {
+        Ok(text)
+    } else {
+        Err(text)
+    }
 }
