@@ -7,7 +7,7 @@
 //! For each page size, a region of `size` bytes (rounded up to a whole
 //! number of pages) is allocated on node A by [`guest_mem::Region::allocate`] (bound,
 //! populated by workers pinned to A), stamped (32-byte stamps twice per 4 KiB), moved
-//! A → B and back B → A with [`migrate::move_region`], and checked. The time of each
+//! A → B and back B → A with [`move_region`](::migrate::move_region), and checked. The time of each
 //! leg is the mover's batch time (no planning, binding or verification),
 //! after one untimed round trip that makes both nodes' pages warm: the first
 //! touch of never-used physical memory is several times slower than reuse
