@@ -13,7 +13,7 @@
 
 #![deny(missing_docs)]
 
-pub use hugemem_client::{client, diag, guest_memory, lazy, uffd};
+pub use hugemem_client::{client, diag, guest_memory, lazy, stats, uffd};
 
 /// Benchmarks behind `hugemem bench …`.
 pub mod bench;

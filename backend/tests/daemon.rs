@@ -653,7 +653,7 @@ fn stats_json_has_the_documented_shape() {
     let a = c
         .alloc(alloc_req(2 * MIB, PagePolicy::Huge2M, Some(0)))
         .expect("alloc");
-    let s = c.stats().expect("stats");
+    let s = c.stats_json().expect("stats");
     for key in [
         "version",
         "pid",
@@ -687,7 +687,21 @@ fn stats_json_has_the_documented_shape() {
     assert_eq!(s["sessions"]["active"], 1);
     // The handle's view is the same document.
     assert_eq!(d.stats()["allocations"], s["allocations"]);
-    let table = backend::status::render_status(&s);
+    // The typed STATS holds every field the daemon sent: read into
+    // `Stats` and written back, the document is the same JSON value (an
+    // in-use region with its placement, the lazy list, refill and
+    // rebalance included), so no field is silently dropped.
+    let typed: backend::stats::Stats = serde_json::from_value(s.clone()).expect("typed STATS");
+    assert_eq!(
+        serde_json::to_value(&typed).expect("to JSON"),
+        s,
+        "the typed STATS lost or changed a field"
+    );
+    assert!(typed.regions.as_ref().is_some_and(|r| r
+        .iter()
+        .any(|r| r.alloc_id == Some(a.id) && r.placement.is_some())));
+    assert_eq!(c.stats().expect("typed stats").pools, typed.pools);
+    let table = backend::status::render_status(&typed);
     assert!(table.contains("2M") && table.contains("scrub"), "{table}");
     c.free(a.id).expect("free");
     d.shutdown();
@@ -816,7 +830,7 @@ fn sigterm_stops_hugemem_serve_cleanly() {
         .expect("connect")
         .stats()
         .expect("stats");
-    assert_eq!(stats["pools"].as_array().map(Vec::len), Some(0));
+    assert!(stats.pools.is_empty(), "{stats}");
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_hugemem"))
         .args(["status", "--socket"])
         .arg(&socket)

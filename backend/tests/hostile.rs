@@ -122,7 +122,7 @@ fn fds_beyond_the_frame_limit_never_leak() {
     // Still serving, and nothing counted as an allocation.
     let mut c = d.client();
     let stats = c.stats().expect("stats after the attack");
-    assert_eq!(stats["allocations"]["active"].as_u64(), Some(0), "{stats}");
+    assert_eq!(stats.allocations.active, 0, "{stats}");
     assert!(
         d.stats()["counters"]["peers_refused"].as_u64() >= Some(20),
         "{}",
@@ -718,11 +718,10 @@ fn access_allowed_uid_connects_root_stays_and_ids_do_not_leak() {
     nix::unistd::write(&id_w, &mine.id.to_le_bytes()).expect("write id");
     nix::unistd::write(&id_w, &mine.regions[0].region_id.to_le_bytes()).expect("write id");
     assert!(
-        root.stats().expect("root stats")["regions"]
-            .as_array()
-            .is_some_and(|r| r
-                .iter()
-                .any(|r| r["id"].as_u64() == Some(mine.regions[0].region_id))),
+        root.stats()
+            .expect("root stats")
+            .region(mine.regions[0].region_id)
+            .is_some(),
         "root (an operator) sees every region"
     );
     let socket = d.socket();
@@ -732,13 +731,22 @@ fn access_allowed_uid_connects_root_stays_and_ids_do_not_leak() {
         let Ok(mut c) = Client::connect(&socket) else {
             return 40;
         };
-        let Ok(stats) = c.stats() else {
+        let Ok(sent) = c.stats_json() else {
             return 41;
         };
-        let sees_foreign = stats["regions"]
-            .as_array()
-            .is_none_or(|r| r.iter().any(|r| r["id"].as_u64() == Some(foreign_region)));
-        if sees_foreign || !stats["quarantine"].is_null() || !stats["rebalance"].is_null() {
+        // The tenant's document reads into the typed STATS and back to the
+        // same JSON (the parts it may not see are absent, not null).
+        let Ok(stats) = serde_json::from_value::<backend::stats::Stats>(sent.clone()) else {
+            return 45;
+        };
+        if serde_json::to_value(&stats).ok().as_ref() != Some(&sent) {
+            return 46;
+        }
+        let sees_foreign = stats
+            .regions
+            .as_deref()
+            .is_none_or(|r| r.iter().any(|r| r.id == foreign_region));
+        if sees_foreign || stats.quarantine.is_some() || stats.rebalance.is_some() {
             return 43;
         }
         let missing = foreign + 1_000_000;

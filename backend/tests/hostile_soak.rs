@@ -761,15 +761,13 @@ impl Tenant {
         let s = self.client()?.stats().map_err(|e| format!("STATS: {e}"))?;
         if unprivileged {
             // A non-operator sees its own regions only.
-            let foreign: Vec<u64> = s["regions"]
-                .as_array()
-                .map(|r| {
-                    r.iter()
-                        .filter_map(|r| r["id"].as_u64())
-                        .filter(|id| !mine.contains(id))
-                        .collect()
-                })
-                .unwrap_or_default();
+            let foreign: Vec<u64> = s
+                .regions
+                .iter()
+                .flatten()
+                .map(|r| r.id)
+                .filter(|id| !mine.contains(id))
+                .collect();
             if !foreign.is_empty() {
                 return Err(format!("STATS shows foreign regions {foreign:?}"));
             }
@@ -1023,7 +1021,7 @@ fn hostile_tenants_soak() {
     let mut c = d.client();
     let end = c.stats().expect("STATS after the soak");
     drop(c);
-    say(&format!("hostile soak: end counters {}\n", end["counters"]));
+    say(&format!("hostile soak: end counters {:?}\n", end.counters));
     d.shutdown();
     wait_until(
         &format!("HugePages_Free (2 MiB) returns to {free_before}"),

@@ -172,7 +172,7 @@ fn lazy_alloc_from_the_dirty_pool_is_served_on_fault() {
         "the daemon offers lazy mode"
     );
     let started = Instant::now();
-    let alloc = lazy_alloc_from_dirty_pool(&mut client, &|| daemon.stats());
+    let alloc = lazy_alloc_from_dirty_pool(&mut client, &|| daemon.stats_json());
     let guest = Map::shared(alloc.fds[0].as_fd(), SIZE as usize);
     let lazy = LazyGuest::attach(
         &mut client,
@@ -196,11 +196,15 @@ fn lazy_alloc_from_the_dirty_pool_is_served_on_fault() {
     assert!(guest.none_is(0, guest.len(), STALE), "stale bytes visible");
     assert!(!lazy.stats().active, "the daemon served, not the fallback");
     // STATS shows this connection's lazy allocation and its fault counters.
-    let stats = client.stats().expect("stats");
-    let mine = &stats["lazy"][0];
-    assert_eq!(mine["alloc"].as_u64(), Some(alloc.id), "{stats}");
-    assert_eq!(mine["attached"], Value::Bool(true));
-    assert!(mine["faults"]["faults"].as_u64().is_some(), "{mine}");
+    let sent = client.stats_json().expect("stats");
+    let stats: backend::stats::Stats = serde_json::from_value(sent.clone()).expect("typed STATS");
+    // Read into the typed STATS and written back, the document (fault
+    // counters included) is the JSON the daemon sent.
+    assert_eq!(serde_json::to_value(&stats).expect("to JSON"), sent);
+    let mine = &stats.lazy.as_deref().expect("lazy list")[0];
+    assert_eq!(mine.alloc, alloc.id, "{stats}");
+    assert!(mine.attached, "{stats}");
+    assert!(mine.faults.is_some(), "{stats}");
     // The metrics endpoint sums the fault services daemon-wide.
     let addr = daemon.metrics_addr().expect("metrics on");
     let scrape = || {
@@ -210,7 +214,17 @@ fn lazy_alloc_from_the_dirty_pool_is_served_on_fault() {
     };
     let stats = client.stats().expect("stats");
     let m = scrape();
-    let seen = |k: &str| stats["lazy"][0]["faults"][k].as_f64().expect(k);
+    let faults = stats.lazy.as_deref().expect("lazy list")[0]
+        .faults
+        .expect("fault counters");
+    let seen = |k: &str| {
+        faults
+            .counters()
+            .iter()
+            .find(|(name, _, _)| *name == k)
+            .map(|(_, _, v)| *v as f64)
+            .expect(k)
+    };
     assert_eq!(m["hugemem_fault_services"], 1.0);
     for k in ["faults", "minor", "served_cleared", "scrub_pages"] {
         assert!(
@@ -395,7 +409,7 @@ fn kill9_of_hugemem_serve_while_a_lazy_guest_runs() {
     let stats_sock = socket.clone();
     let stats = move || {
         Client::connect(&stats_sock)
-            .and_then(|mut c| c.stats())
+            .and_then(|mut c| c.stats_json())
             .unwrap_or(Value::Null)
     };
     let alloc = lazy_alloc_from_dirty_pool(&mut client, &stats);

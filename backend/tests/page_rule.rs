@@ -392,10 +392,11 @@ fn per_size_limits_hold_and_refill_reaches_the_target() {
         common::pool_bytes(&s, "clean_bytes") >= target
     });
     let filled = t.elapsed();
-    let s = d.stats();
-    assert_eq!(s["refill"]["enabled"], true, "{s}");
-    assert!(s["refill"]["regions"].as_u64() >= Some(1), "{s}");
-    assert_eq!(s["refill"]["bytes"].as_u64(), Some(target), "{s}");
+    let s = d.handle().stats();
+    let refill = s.refill.clone().expect("the operator's STATS has refill");
+    assert!(refill.enabled, "{s}");
+    assert!(refill.regions >= 1, "{s}");
+    assert_eq!(refill.bytes, target, "{s}");
     let status = backend::status::render_status(&s);
     assert!(status.contains("refill: "), "{status}");
     let mut c = d.client();

@@ -131,12 +131,12 @@ fn rebalance_to_its_own_node_moves_nothing_and_keeps_the_data() {
         (0, 0)
     );
     assert!(pattern_intact(&mem, r.size, 7), "data changed");
-    let e = region_entry(&c.stats().expect("stats"), r.region_id);
+    let e = region_entry(&c.stats_json().expect("stats"), r.region_id);
     assert_eq!(e["placement"]["0"], 4, "{e}");
     assert_eq!(e["bound_node"], 0, "{e}");
     assert_eq!(e["split"], false, "{e}");
     assert_eq!(e["moving"], false, "{e}");
-    let stats = c.stats().expect("stats");
+    let stats = c.stats_json().expect("stats");
     assert_eq!(stats["rebalance"]["counters"]["moves_ok"], 3, "{stats}");
     assert_eq!(stats["rebalance"]["counters"]["pages_moved"], 0, "{stats}");
     c.free(a.id).expect("free");
@@ -164,7 +164,7 @@ fn rebalance_to_a_missing_node_is_bad_node() {
         assert!(msg.contains("this host has nodes [0]"), "{msg}");
     }
     // The connection stays usable, and the region is unchanged.
-    let e = region_entry(&c.stats().expect("stats"), id);
+    let e = region_entry(&c.stats_json().expect("stats"), id);
     assert_eq!(e["placement"]["0"], 2, "{e}");
     assert_eq!(e["split"], false, "{e}");
     c.free(a.id).expect("free");
@@ -336,7 +336,7 @@ fn stats_and_status_show_placement() {
     let mut c = d.client();
     let a = alloc_2m(&mut c, 3);
     let r = a.regions[0];
-    let stats = c.stats().expect("stats");
+    let stats = c.stats_json().expect("stats");
     let e = region_entry(&stats, r.region_id);
     assert_eq!(e["alloc_id"], a.id, "{e}");
     assert_eq!(e["size"], r.size, "{e}");
@@ -495,7 +495,7 @@ fn policy_loop_samples_the_clients_vcpu_threads() {
         "the policy saw the vCPU on node 0",
         Duration::from_secs(20),
         || {
-            last = c.stats().expect("stats");
+            last = c.stats_json().expect("stats");
             last["rebalance"]["clients"]
                 .as_array()
                 .into_iter()

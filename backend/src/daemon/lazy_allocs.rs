@@ -15,8 +15,8 @@ use std::os::fd::OwnedFd;
 use std::sync::Arc;
 
 use guest_mem::{PageSize, Region, RegionSpec};
+use hugemem_client::stats::LazyAlloc as LazyAllocStats;
 use numa::{NodeId, Topology};
-use serde_json::{json, Value};
 use tokio::sync::Notify;
 use tracing::{info, warn};
 
@@ -237,21 +237,20 @@ impl LazyAllocs {
         self.failed.notified().await;
     }
 
-    /// Per-allocation fault counters, for STATS.
-    pub fn stats_json(&self) -> Value {
-        let v: Vec<Value> = self
-            .allocs
+    /// Per-allocation fault counters, for STATS (`lazy`).
+    pub fn stats(&self) -> Vec<LazyAllocStats> {
+        self.allocs
             .iter()
-            .map(|(id, a)| {
-                let s = a.service.as_ref().map(FaultServiceHandle::stats);
-                json!({
-                    "alloc": id,
-                    "attached": a.service.is_some(),
-                    "dirty_pages": a.regions.iter().map(|r| r.states().counts().dirty).sum::<usize>(),
-                    "faults": s,
-                })
+            .map(|(id, a)| LazyAllocStats {
+                alloc: *id,
+                attached: a.service.is_some(),
+                dirty_pages: a
+                    .regions
+                    .iter()
+                    .map(|r| r.states().counts().dirty as u64)
+                    .sum(),
+                faults: a.service.as_ref().map(FaultServiceHandle::stats),
             })
-            .collect();
-        Value::Array(v)
+            .collect()
     }
 }

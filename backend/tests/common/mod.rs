@@ -159,7 +159,7 @@ impl TestDaemon {
     }
 
     pub fn stats(&self) -> Value {
-        self.handle().stats()
+        self.handle().stats_json()
     }
 
     pub fn shutdown(mut self) {

@@ -74,6 +74,7 @@ mod in_use;
 mod release;
 mod scrubbing;
 mod stats;
+pub use stats::PoolPart;
 
 use files::reclaim_path;
 pub use held::{Held, HeldRegion, Why};
