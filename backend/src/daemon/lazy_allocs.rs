@@ -22,10 +22,10 @@ use tracing::{info, warn};
 
 use super::pool::{Pool, PoolKey, Taken};
 use crate::fault::{
-    check_uffd_ranges, dirty_pages_resident, FaultMapping, FaultReport, FaultService,
-    FaultServiceConfig, FaultServiceHandle,
+    dirty_pages_resident, FaultMapping, FaultReport, FaultService, FaultServiceConfig,
+    FaultServiceHandle,
 };
-use crate::proto::{RegionInfo, Status, UffdRange};
+use crate::proto::{check_uffd_ranges, RegionInfo, Status, UffdRange};
 use crate::uffd::Uffd;
 
 /// Lazy mode's first choice for one part: a dirty pooled region of exactly
