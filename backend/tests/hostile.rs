@@ -15,8 +15,8 @@ use common::tenant::{
     tenant_a, tenant_b_sees_nothing, B_SECRET, MIB, NOBODY, SECRET,
 };
 use common::{
-    counter, hugepages_2m, map_raw as map, open_fds, pool_bytes, reserve_2m, serial,
-    unmap_raw as unmap, wait_until, TestDaemon,
+    hugepages_2m, map_raw as map, open_fds, pool_bytes, reserve_2m, serial, unmap_raw as unmap,
+    wait_until, TestDaemon,
 };
 
 use std::ffi::CString;
@@ -123,11 +123,7 @@ fn fds_beyond_the_frame_limit_never_leak() {
     let mut c = d.client();
     let stats = c.stats().expect("stats after the attack");
     assert_eq!(stats.allocations.active, 0, "{stats}");
-    assert!(
-        d.stats()["counters"]["peers_refused"].as_u64() >= Some(20),
-        "{}",
-        d.stats()
-    );
+    assert!(d.stats().counters.peers_refused >= 20, "{}", d.stats());
     drop(c);
     let _ = payload.as_fd();
     d.shutdown();
@@ -137,12 +133,10 @@ fn wait_discarded(d: &TestDaemon, n: u64) {
     wait_until(
         &format!("{n} damaged region(s) discarded"),
         Duration::from_secs(10),
-        || counter(&d.stats(), "regions_discarded") >= n,
+        || d.stats().counters.regions_discarded >= n,
     );
     wait_until("the quarantine is empty", Duration::from_secs(10), || {
-        d.stats()["pools"]
-            .as_array()
-            .is_none_or(|p| p.iter().all(|k| k["quarantined_bytes"].as_u64() == Some(0)))
+        d.stats().pools.iter().all(|k| k.quarantined_bytes == 0)
     });
 }
 
@@ -253,13 +247,9 @@ fn a_punched_hole_is_refilled_or_discarded() {
     wait_until(
         "the region is clean in the pool",
         Duration::from_secs(10),
-        || {
-            d.stats()["pools"]
-                .as_array()
-                .is_some_and(|p| p.iter().any(|k| k["clean_bytes"].as_u64() == Some(size)))
-        },
+        || d.stats().pools.iter().any(|k| k.clean_bytes == size),
     );
-    assert_eq!(counter(&d.stats(), "regions_discarded"), 0);
+    assert_eq!(d.stats().counters.regions_discarded, 0);
     tenant_b_sees_nothing(&d, size, false);
 
     // No page to spare when the daemon checks the region: A punches, then
@@ -479,9 +469,9 @@ fn fd_in_flight(paths: bool) {
     // No process shows A's region, but its fd is in flight: the lease is
     // refused and the region stays quarantined, withheld, counted.
     wait_until("A's region is withheld", Duration::from_secs(10), || {
-        counter(&d.stats(), "regions_withheld") == 1
+        d.stats().counters.regions_withheld == 1
     });
-    let withheld = |d: &TestDaemon| pool_bytes(&d.stats(), "withheld_bytes");
+    let withheld = |d: &TestDaemon| pool_bytes(&d.stats(), |p| p.withheld_bytes);
     assert_eq!(withheld(&d), size, "{}", d.stats());
     // B allocates, checks it got a clean file that is not A's, writes.
     let mut b = d.client();
@@ -506,15 +496,15 @@ fn fd_in_flight(paths: bool) {
     wait_until(
         "A's region is proved free once its fd is gone",
         Duration::from_secs(10),
-        || withheld(&d) == 0 && pool_bytes(&d.stats(), "quarantined_bytes") == 0,
+        || withheld(&d) == 0 && pool_bytes(&d.stats(), |p| p.quarantined_bytes) == 0,
     );
     assert_eq!(
-        pool_bytes(&d.stats(), "clean_bytes"),
+        pool_bytes(&d.stats(), |p| p.clean_bytes),
         size,
         "A's region is clean in the pool: {}",
         d.stats()
     );
-    assert_eq!(counter(&d.stats(), "regions_discarded"), 0);
+    assert_eq!(d.stats().counters.regions_discarded, 0);
     unmap(p, size);
     let id = alloc.id;
     drop(alloc);
@@ -523,7 +513,7 @@ fn fd_in_flight(paths: bool) {
     // The daemon still serves, and both regions are recycled as usual.
     tenant_b_sees_nothing(&d, size, paths);
     tenant_b_sees_nothing(&d, size, paths);
-    assert_eq!(counter(&d.stats(), "regions_discarded"), 0);
+    assert_eq!(d.stats().counters.regions_discarded, 0);
     assert_hugepages_balanced(d, free_before);
 }
 
@@ -595,7 +585,7 @@ fn idle_connection_floods_starve_nobody() {
         wait_until(
             "the idle connections are closed",
             Duration::from_secs(10),
-            || d.stats()["sessions"]["active"].as_u64() == Some(0),
+            || d.stats().sessions.active == 0,
         );
         let _ = nix::unistd::write(&go_w, b"g");
         assert_eq!(flood.join().expect("flood thread"), 0);
@@ -640,11 +630,7 @@ fn lazy_on_dirty_memory_only_for_named_uids() {
             wait_until(
                 "A's region left quarantine",
                 Duration::from_secs(10),
-                || {
-                    d.stats()["pools"].as_array().is_some_and(|p| {
-                        p.iter().all(|k| k["quarantined_bytes"].as_u64() == Some(0))
-                    })
-                },
+                || d.stats().pools.iter().all(|k| k.quarantined_bytes == 0),
             );
             let mut b = d.client();
             let mut req = alloc_2m(size, false);
@@ -795,9 +781,10 @@ fn restart_releases_files_of_a_dead_instance() {
         return;
     }
     let d = TestDaemon::start(|_| {});
-    let Some(dir) = d.stats()["hugetlbfs"]["2M"]
-        .as_str()
-        .map(std::path::PathBuf::from)
+    let Some(dir) = d
+        .stats()
+        .hugetlbfs
+        .and_then(|h| h.get("2M").map(std::path::PathBuf::from))
     else {
         test_support::skip!("no 2 MiB hugetlbfs mount");
         d.shutdown();
@@ -835,11 +822,8 @@ fn restart_releases_files_of_a_dead_instance() {
     assert!(!path.exists(), "the leftover file was not released");
     let stats = d.stats();
     // At least ours (a crashed run elsewhere may have left more).
-    assert!(counter(&stats, "leftover_files_released") >= 1, "{stats}");
-    assert!(
-        counter(&stats, "leftover_bytes_released") >= 2 * MIB,
-        "{stats}"
-    );
+    assert!(stats.counters.leftover_files_released >= 1, "{stats}");
+    assert!(stats.counters.leftover_bytes_released >= 2 * MIB, "{stats}");
     assert!(
         hugepages_2m("free_hugepages") >= free_before,
         "its page came back"
@@ -933,11 +917,11 @@ fn a_released_path_is_unreachable_to_its_tenant() {
     wait_until(
         "A's region is clean in the pool",
         Duration::from_secs(10),
-        || pool_bytes(&d.stats(), "clean_bytes") == size,
+        || pool_bytes(&d.stats(), |p| p.clean_bytes) == size,
     );
     let mut b = d.client();
     let alloc = b.alloc(alloc_2m(size, true)).expect("B allocates");
-    assert_eq!(counter(&d.stats(), "regions_pooled"), 1, "B got A's file");
+    assert_eq!(d.stats().counters.regions_pooled, 1, "B got A's file");
     let path = alloc.paths.first().cloned().expect("a path");
     let meta = std::fs::metadata(&path).expect("stat");
     assert_eq!(

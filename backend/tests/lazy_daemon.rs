@@ -10,7 +10,7 @@
 //! repeated a few times. Waits have deadlines; tests are serialised.
 
 mod common;
-use common::{counter, pool_bytes, Map};
+use common::{pool_bytes, Map};
 
 use std::os::fd::AsFd;
 use std::os::unix::net::UnixStream;
@@ -26,8 +26,8 @@ use backend::proto::{
     AllocRequest, ClearMode, Header, PagePolicy, RegionInfo, Reply, ReplyBody, Request, Status,
     UffdRange,
 };
+use backend::stats::Stats;
 use guest_mem::PageSize;
-use serde_json::Value;
 
 const HUGE: usize = 2 << 20;
 const PAGES: usize = 64;
@@ -86,8 +86,8 @@ fn touch(map: &Arc<Map>, off: usize) -> mpsc::Receiver<u8> {
     rx
 }
 
-fn dirty_bytes(stats: &Value) -> u64 {
-    pool_bytes(stats, "dirty_bytes")
+fn dirty_bytes(stats: &Stats) -> u64 {
+    pool_bytes(stats, |p| p.dirty_bytes)
 }
 
 /// Tries at a dirty region before a lazy test gives up: each is lost only
@@ -97,7 +97,7 @@ const TRIES: usize = 10;
 /// Makes a dirty pooled region (eager ALLOC, stale pattern, FREE), waits for
 /// it to leave quarantine, and asks for lazy memory at once. Returns the
 /// allocation; it panics if the scrubbers won every one of [`TRIES`] tries.
-fn lazy_alloc_from_dirty_pool(client: &mut Client, stats: &dyn Fn() -> Value) -> Allocation {
+fn lazy_alloc_from_dirty_pool(client: &mut Client, stats: &dyn Fn() -> Stats) -> Allocation {
     for attempt in 0..TRIES {
         let eager = client.alloc(req(ClearMode::Eager)).expect("eager alloc");
         {
@@ -106,7 +106,7 @@ fn lazy_alloc_from_dirty_pool(client: &mut Client, stats: &dyn Fn() -> Value) ->
         }
         let id = eager.id;
         drop(eager); // close our fds: nothing of ours holds the region now
-        let discarded = counter(&stats(), "regions_discarded");
+        let discarded = stats().counters.regions_discarded;
         client.free(id).expect("free");
         // Out of quarantine: dirty (the case wanted), or already scrubbed
         // clean or discarded between two polls (then the ALLOC below is not
@@ -115,9 +115,9 @@ fn lazy_alloc_from_dirty_pool(client: &mut Client, stats: &dyn Fn() -> Value) ->
         wait_until("the region to leave quarantine", || {
             let s = stats();
             dirty_bytes(&s) > 0
-                || (pool_bytes(&s, "quarantined_bytes") == 0
-                    && (pool_bytes(&s, "clean_bytes") >= SIZE
-                        || counter(&s, "regions_discarded") > discarded))
+                || (pool_bytes(&s, |p| p.quarantined_bytes) == 0
+                    && (pool_bytes(&s, |p| p.clean_bytes) >= SIZE
+                        || s.counters.regions_discarded > discarded))
         });
         let lazy = client.alloc(req(ClearMode::Lazy)).expect("lazy alloc");
         if lazy.regions[0].flags & RegionInfo::FLAG_LAZY != 0 {
@@ -172,7 +172,7 @@ fn lazy_alloc_from_the_dirty_pool_is_served_on_fault() {
         "the daemon offers lazy mode"
     );
     let started = Instant::now();
-    let alloc = lazy_alloc_from_dirty_pool(&mut client, &|| daemon.stats_json());
+    let alloc = lazy_alloc_from_dirty_pool(&mut client, &|| daemon.stats());
     let guest = Map::shared(alloc.fds[0].as_fd(), SIZE as usize);
     let lazy = LazyGuest::attach(
         &mut client,
@@ -409,8 +409,8 @@ fn kill9_of_hugemem_serve_while_a_lazy_guest_runs() {
     let stats_sock = socket.clone();
     let stats = move || {
         Client::connect(&stats_sock)
-            .and_then(|mut c| c.stats_json())
-            .unwrap_or(Value::Null)
+            .and_then(|mut c| c.stats())
+            .unwrap_or_default()
     };
     let alloc = lazy_alloc_from_dirty_pool(&mut client, &stats);
     let guest = Map::shared(alloc.fds[0].as_fd(), SIZE as usize);

@@ -23,6 +23,7 @@ use std::time::Duration;
 use backend::client::{Allocation, Client};
 use backend::daemon::Config;
 use backend::proto::{AllocPart, AllocRequest, ClearMode, PagePolicy, Status, FEATURE_REBALANCE};
+use backend::stats::{RegionStats, Stats};
 use guest_mem::vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 use serde_json::Value;
 
@@ -69,12 +70,16 @@ fn pattern_intact(mem: &GuestMemoryMmap, len: u64, seed: u64) -> bool {
     (0..len / 8).all(|i| mem.read_obj::<u64>(GuestAddress(i * 8)).ok() == Some(pattern(seed, i)))
 }
 
-fn region_entry(stats: &Value, region: u64) -> Value {
-    stats["regions"]
-        .as_array()
-        .and_then(|a| a.iter().find(|r| r["id"].as_u64() == Some(region)))
+fn region_entry(stats: &Stats, region: u64) -> RegionStats {
+    stats
+        .region(region)
         .cloned()
         .unwrap_or_else(|| panic!("region {region} not in STATS: {stats}"))
+}
+
+/// Present pages on `node` by the entry's placement.
+fn on_node(e: &RegionStats, node: u32) -> Option<u64> {
+    e.placement.clone().flatten()?.get(&node).copied()
 }
 
 fn hugemem(args: &[&str]) -> Output {
@@ -131,14 +136,15 @@ fn rebalance_to_its_own_node_moves_nothing_and_keeps_the_data() {
         (0, 0)
     );
     assert!(pattern_intact(&mem, r.size, 7), "data changed");
-    let e = region_entry(&c.stats_json().expect("stats"), r.region_id);
-    assert_eq!(e["placement"]["0"], 4, "{e}");
-    assert_eq!(e["bound_node"], 0, "{e}");
-    assert_eq!(e["split"], false, "{e}");
-    assert_eq!(e["moving"], false, "{e}");
-    let stats = c.stats_json().expect("stats");
-    assert_eq!(stats["rebalance"]["counters"]["moves_ok"], 3, "{stats}");
-    assert_eq!(stats["rebalance"]["counters"]["pages_moved"], 0, "{stats}");
+    let e = region_entry(&c.stats().expect("stats"), r.region_id);
+    assert_eq!(on_node(&e, 0), Some(4), "{e:?}");
+    assert_eq!(e.bound_node, Some(Some(0)), "{e:?}");
+    assert_eq!(e.split, Some(false), "{e:?}");
+    assert_eq!(e.moving, Some(false), "{e:?}");
+    let stats = c.stats().expect("stats");
+    let counters = stats.rebalance.as_ref().expect("rebalance").counters;
+    assert_eq!(counters.moves_ok, 3, "{stats}");
+    assert_eq!(counters.pages_moved, 0, "{stats}");
     c.free(a.id).expect("free");
     drop(mem);
     d.shutdown();
@@ -164,9 +170,9 @@ fn rebalance_to_a_missing_node_is_bad_node() {
         assert!(msg.contains("this host has nodes [0]"), "{msg}");
     }
     // The connection stays usable, and the region is unchanged.
-    let e = region_entry(&c.stats_json().expect("stats"), id);
-    assert_eq!(e["placement"]["0"], 2, "{e}");
-    assert_eq!(e["split"], false, "{e}");
+    let e = region_entry(&c.stats().expect("stats"), id);
+    assert_eq!(on_node(&e, 0), Some(2), "{e:?}");
+    assert_eq!(e.split, Some(false), "{e:?}");
     c.free(a.id).expect("free");
     d.shutdown();
 }
@@ -336,17 +342,25 @@ fn stats_and_status_show_placement() {
     let mut c = d.client();
     let a = alloc_2m(&mut c, 3);
     let r = a.regions[0];
-    let stats = c.stats_json().expect("stats");
+    let stats = c.stats().expect("stats");
     let e = region_entry(&stats, r.region_id);
-    assert_eq!(e["alloc_id"], a.id, "{e}");
-    assert_eq!(e["size"], r.size, "{e}");
-    assert_eq!(e["page_size"], "2M", "{e}");
-    assert_eq!(e["node"], 0, "{e}");
-    assert_eq!(e["bound_node"], 0, "{e}");
-    assert_eq!(e["placement"], serde_json::json!({"0": 3}), "{e}");
-    assert_eq!(e["not_present"], 0, "{e}");
-    assert_eq!(e["rebalanced"], serde_json::json!([]), "{e}");
-    assert_eq!(stats["rebalance"]["policy"], false, "{stats}");
+    assert_eq!(e.alloc_id, Some(a.id), "{e:?}");
+    assert_eq!(e.size, Some(r.size), "{e:?}");
+    assert_eq!(e.page_size, "2M", "{e:?}");
+    assert_eq!(e.node, 0, "{e:?}");
+    assert_eq!(e.bound_node, Some(Some(0)), "{e:?}");
+    assert_eq!(
+        e.placement,
+        Some(Some([(0, 3)].into_iter().collect())),
+        "{e:?}"
+    );
+    assert_eq!(e.not_present, Some(0), "{e:?}");
+    assert_eq!(e.rebalanced, Some(Vec::new()), "{e:?}");
+    assert_eq!(
+        stats.rebalance.as_ref().map(|r| r.policy),
+        Some(false),
+        "{stats}"
+    );
 
     let socket = d.socket();
     let s = socket.to_str().expect("utf-8");
@@ -361,8 +375,8 @@ fn stats_and_status_show_placement() {
     assert!(line.ends_with("node 0: 3"), "{line}");
     let out = hugemem(&["status", "--socket", s, "--json"]);
     assert!(out.status.success());
-    let json: Value = serde_json::from_slice(&out.stdout).expect("json");
-    assert_eq!(region_entry(&json, r.region_id)["placement"]["0"], 3);
+    let json: Stats = serde_json::from_slice(&out.stdout).expect("json");
+    assert_eq!(on_node(&region_entry(&json, r.region_id), 0), Some(3));
     c.free(a.id).expect("free");
     d.shutdown();
 }
@@ -489,25 +503,25 @@ fn policy_loop_samples_the_clients_vcpu_threads() {
         .expect("vcpu thread");
     let mut c = d.client();
     let a = alloc_2m(&mut c, 2);
-    let pid = u64::from(std::process::id());
-    let mut last = Value::Null;
+    let pid = i64::from(std::process::id());
+    let mut last = Stats::default();
     wait_until(
         "the policy saw the vCPU on node 0",
         Duration::from_secs(20),
         || {
-            last = c.stats_json().expect("stats");
-            last["rebalance"]["clients"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .any(|cl| {
-                    cl["pid"] == pid
-                        && cl["vcpus"]["0"] == 1
-                        && cl["decision"].get("local").is_some()
-                })
+            last = c.stats().expect("stats");
+            last.rebalance.iter().flat_map(|r| &r.clients).any(|cl| {
+                cl.pid.map(i64::from) == Some(pid)
+                    && cl.vcpus.as_ref().and_then(|v| v.get(&0)) == Some(&1)
+                    && cl.decision.as_ref().and_then(|d| d.get("local")).is_some()
+            })
         },
     );
-    assert_eq!(last["rebalance"]["counters"]["policy_moves"], 0, "{last}");
+    assert_eq!(
+        last.rebalance.as_ref().map(|r| r.counters.policy_moves),
+        Some(0),
+        "{last}"
+    );
     drop(tx);
     vcpu.join().expect("join");
     c.free(a.id).expect("free");
