@@ -535,8 +535,8 @@ fn drive_units(unshare: &mut Child, bin: &str, d: &Path) -> Result<(), String> {
     let sock = "/run/hugemem/hugemem.sock";
     let served_by = || -> u64 {
         let out = ns(&["timeout", "30", bin, "status", "--json", "--socket", sock]);
-        let v: Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("STATS ({e}): {out}"));
-        v["pid"].as_u64().expect("pid")
+        let v: Stats = serde_json::from_str(&out).unwrap_or_else(|e| panic!("STATS ({e}): {out}"));
+        u64::from(v.pid)
     };
     let deadline = Instant::now() + Duration::from_secs(30);
     while ns(&["systemctl", "is-active", "hugemem.socket"]).trim() != "active" {
