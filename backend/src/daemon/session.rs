@@ -464,18 +464,28 @@ impl Session {
         // A tenant that is not an operator sees aggregates and its own
         // regions only: no other tenant's regions, inodes, paths, holder
         // pids, sessions or placement (and no socket, hugetlbfs,
-        // quarantine, given_back, refill or rebalance).
+        // quarantine, given_back, refill or rebalance). An allowlist: a
+        // part added to `Stats` later stays at its default for tenants
+        // until it is named here.
         if !self.shared.rebalance.operators().contains(&self.peer.uid) && self.peer.uid != 0 {
             let own = self.shared.pool.region_ids_of(self.id);
-            stats.socket = None;
-            stats.hugetlbfs = None;
-            stats.quarantine = None;
-            stats.given_back = None;
-            stats.refill = None;
-            stats.rebalance = None;
-            if let Some(regions) = stats.regions.as_mut() {
-                regions.retain(|r| own.contains(&r.id));
-            }
+            stats = hugemem_client::stats::Stats {
+                version: stats.version,
+                pid: stats.pid,
+                uptime_s: stats.uptime_s,
+                sessions: stats.sessions,
+                lazy: stats.lazy,
+                allocations: stats.allocations,
+                pools: stats.pools,
+                regions: stats.regions.map(|mut regions| {
+                    regions.retain(|r| own.contains(&r.id));
+                    regions
+                }),
+                scrub: stats.scrub,
+                totals: stats.totals,
+                counters: stats.counters,
+                ..hugemem_client::stats::Stats::default()
+            };
         }
         let to_json = |s: &hugemem_client::stats::Stats| {
             serde_json::to_string(s).map_err(|e| format!("STATS: {e}"))
