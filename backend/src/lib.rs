@@ -15,7 +15,7 @@
 
 #![deny(missing_docs)]
 
-pub use hugemem_client::{client, diag, guest_memory, lazy, uffd};
+pub use hugemem_client::{client, diag, guest_memory, lazy, stats, uffd};
 
 /// The daemon: socket server, pool, scrubbers, sessions, metrics.
 pub mod daemon;

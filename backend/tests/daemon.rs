@@ -12,8 +12,7 @@
 #![allow(clippy::undocumented_unsafe_blocks)] // test-only mmap/munmap of fds we just received
 
 use test_support::prelude::{
-    counter, http_get, parse_openmetrics, refused, region_state, reserve_2m, serial, wait_until,
-    TestDaemon,
+    http_get, parse_openmetrics, refused, region_state, reserve_2m, serial, wait_until, TestDaemon,
 };
 
 use std::io::{Read, Write};
@@ -29,8 +28,8 @@ use backend::proto::{
     AllocPart, AllocRequest, ClearMode, Code, Header, PagePolicy, ProtoError, Reply, Request,
     Status,
 };
+use backend::stats::Stats;
 use guest_mem::PageSize;
-use serde_json::Value;
 
 const MIB: u64 = 1 << 20;
 const GIB: u64 = 1 << 30;
@@ -143,14 +142,11 @@ fn raw_handshake(sock: &UnixStream) {
     assert_eq!(raw_reply(sock).expect("handshake reply").status, Status::Ok);
 }
 
-fn balance(stats: &Value) {
-    let totals = &stats["totals"];
-    let created = totals["created_bytes"].as_u64().expect("created");
-    let released = totals["released_bytes"].as_u64().expect("released");
-    let held = totals["held_bytes"].as_u64().expect("held");
+fn balance(stats: &Stats) {
+    let t = &stats.totals;
     assert_eq!(
-        held,
-        created - released,
+        t.held_bytes,
+        t.created_bytes - t.released_bytes,
         "pool bytes do not balance: {stats}"
     );
 }
@@ -226,8 +222,7 @@ fn poisoned_region_is_scrubbed_and_reused_clean() {
     // Zeroed either by a scrubber or, with `pool.detach_pages` (the
     // default), by the kernel when the punched pages were faulted in again.
     assert!(
-        stats["scrub"]["bytes"].as_u64().expect("scrub bytes") >= size
-            || counter(&stats, "pages_detached") * 2 * MIB >= size,
+        stats.scrub.bytes >= size || stats.counters.pages_detached * 2 * MIB >= size,
         "{stats}"
     );
 
@@ -242,13 +237,13 @@ fn poisoned_region_is_scrubbed_and_reused_clean() {
     );
     assert_eq!(inode(&b.fds[0]), first_inode, "same memfd");
     Map::new(&b.fds[0], size).assert_zero("second tenant's view of the poisoned region");
-    assert_eq!(counter(&d.stats(), "regions_pooled"), 1);
+    assert_eq!(d.stats().counters.regions_pooled, 1);
     eprintln!(
         "MEASURE 8M of 2M pages: fresh ALLOC {:.3} ms, pooled ALLOC {:.3} ms ({:.1}x); scrub {:.2} GB/s",
         fresh.as_secs_f64() * 1e3,
         pooled.as_secs_f64() * 1e3,
         fresh.as_secs_f64() / pooled.as_secs_f64(),
-        stats["scrub"]["gb_per_s"].as_f64().unwrap_or(0.0)
+        stats.scrub.gb_per_s
     );
     c.free(b.id).expect("free");
     d.shutdown();
@@ -295,9 +290,9 @@ fn a_smaller_clean_pooled_region_is_grown_for_a_larger_alloc() {
     );
     Map::new(&b.fds[0], 8 * MIB).assert_zero("the grown region");
     let s = d.stats();
-    assert_eq!(counter(&s, "regions_grown"), 1, "{s}");
-    assert_eq!(counter(&s, "regions_fresh"), 1, "{s}");
-    assert_eq!(counter(&s, "bytes_created"), 8 * MIB, "{s}");
+    assert_eq!(s.counters.regions_grown, 1, "{s}");
+    assert_eq!(s.counters.regions_fresh, 1, "{s}");
+    assert_eq!(s.counters.bytes_created, 8 * MIB, "{s}");
     balance(&s);
     let Allocation { id, fds, .. } = b;
     drop(fds);
@@ -330,9 +325,9 @@ fn a_mapped_region_is_not_scrubbed_until_unmapped() {
     c.free(id).expect("free while mapped and open");
 
     let scans_at_least = |n: u64| {
-        let base = counter(&d.stats(), "quarantine_scans");
+        let base = d.stats().counters.quarantine_scans;
         wait_until("quarantine re-checks", Duration::from_secs(10), || {
-            counter(&d.stats(), "quarantine_scans") >= base + n
+            d.stats().counters.quarantine_scans >= base + n
         });
     };
     scans_at_least(3);
@@ -353,11 +348,11 @@ fn a_mapped_region_is_not_scrubbed_until_unmapped() {
         m.bytes().starts_with(b"STILL-IN-USE"),
         "nobody scrubbed under our mapping"
     );
-    let q = &d.stats()["quarantine"];
+    let q = d.stats().quarantine.unwrap_or_default();
     assert_eq!(
-        q[0]["holder_pid"].as_u64(),
-        Some(u64::from(std::process::id())),
-        "{q}"
+        q.first().and_then(|r| r.holder_pid),
+        Some(std::process::id() as i32),
+        "{q:?}"
     );
     drop(m);
     wait_until(
@@ -386,8 +381,8 @@ fn disconnect_releases_regions_and_pool_bytes_balance() {
         Map::new(&b.fds[0], 4 * MIB).poison(b"GONE");
         drop((a, b));
         let s = d.stats();
-        assert_eq!(s["allocations"]["active"], 2, "{s}");
-        assert_eq!(s["sessions"]["active"], 1, "{s}");
+        assert_eq!(s.allocations.active, 2, "{s}");
+        assert_eq!(s.sessions.active, 1, "{s}");
         balance(&s);
     } // client dropped: disconnect without FREE
     wait_until(
@@ -395,31 +390,22 @@ fn disconnect_releases_regions_and_pool_bytes_balance() {
         Duration::from_secs(20),
         || {
             let s = d.stats();
-            s["allocations"]["active"] == 0
-                && s["sessions"]["active"] == 0
-                && s["pools"].as_array().is_some_and(|p| {
-                    p.iter().all(|p| {
-                        p["in_use_bytes"] == 0
-                            && p["dirty_bytes"] == 0
-                            && p["quarantined_bytes"] == 0
-                    })
-                })
+            s.allocations.active == 0
+                && s.sessions.active == 0
+                && s.pools
+                    .iter()
+                    .all(|p| p.in_use_bytes == 0 && p.dirty_bytes == 0 && p.quarantined_bytes == 0)
         },
     );
     let s = d.stats();
     balance(&s);
-    assert_eq!(s["totals"]["created_bytes"].as_u64(), Some(6 * MIB), "{s}");
-    let clean: u64 = s["pools"]
-        .as_array()
-        .expect("pools")
-        .iter()
-        .map(|p| p["clean_bytes"].as_u64().unwrap_or(0))
-        .sum();
+    assert_eq!(s.totals.created_bytes, 6 * MIB, "{s}");
+    let clean = s.pool_sum(|p| p.clean_bytes);
     assert_eq!(clean, 6 * MIB, "{s}");
 
     // Disconnect in the middle of an ALLOC: the daemon finishes it, cannot
     // deliver the reply, and releases it.
-    let before = counter(&d.stats(), "allocs_ok");
+    let before = d.stats().counters.allocs_ok;
     {
         let sock = UnixStream::connect(d.socket()).expect("connect");
         raw_handshake(&sock);
@@ -437,12 +423,11 @@ fn disconnect_releases_regions_and_pool_bytes_balance() {
         Duration::from_secs(20),
         || {
             let s = d.stats();
-            (counter(&s, "allocs_ok") > before || counter(&s, "allocs_failed") > 0)
-                && s["allocations"]["active"] == 0
-                && s["pools"].as_array().is_some_and(|p| {
-                    p.iter()
-                        .all(|p| p["in_use_bytes"] == 0 && p["quarantined_bytes"] == 0)
-                })
+            (s.counters.allocs_ok > before || s.counters.allocs_failed > 0)
+                && s.allocations.active == 0
+                && s.pools
+                    .iter()
+                    .all(|p| p.in_use_bytes == 0 && p.quarantined_bytes == 0)
         },
     );
     balance(&d.stats());
@@ -469,7 +454,7 @@ fn wrong_node_is_bad_node() {
     let (status, msg) = refused(c.rebalance(1, 0, 0, 0));
     assert_eq!(status, Status::NotFound);
     assert!(msg.contains("region 1 does not exist"), "{msg}");
-    assert_eq!(d.stats()["totals"]["created_bytes"], 0);
+    assert_eq!(d.stats().totals.created_bytes, 0);
     d.shutdown();
 }
 
@@ -522,8 +507,8 @@ fn too_many_pages_is_no_memory_and_leaves_the_host_pool_alone() {
     let (status, msg) = refused(c.alloc(alloc_req(1 << 50, PagePolicy::Best, None)));
     assert_eq!(status, Status::NoMemory, "{msg}");
     let s = d.stats();
-    assert_eq!(s["totals"]["created_bytes"], 0, "{s}");
-    assert_eq!(counter(&s, "allocs_failed"), rounds + 1);
+    assert_eq!(s.totals.created_bytes, 0, "{s}");
+    assert_eq!(s.counters.allocs_failed, rounds + 1);
     d.shutdown();
 }
 
@@ -598,9 +583,9 @@ fn malformed_frames_close_only_their_connection() {
 
     good.stats().expect("the other connection still works");
     wait_until("errors are counted", Duration::from_secs(10), || {
-        counter(&d.stats(), "connection_errors") >= 5
+        d.stats().counters.connection_errors >= 5
     });
-    assert_eq!(d.stats()["sessions"]["active"], 1);
+    assert_eq!(d.stats().sessions.active, 1);
     d.shutdown();
 }
 
@@ -637,7 +622,7 @@ fn peer_with_a_uid_not_allowed_is_refused() {
     c.stats().expect("root is served");
     drop(c);
     let s = d.stats();
-    assert_eq!(s["sessions"]["refused"], 0, "{s}");
+    assert_eq!(s.sessions.refused, 0, "{s}");
     d.shutdown();
 }
 
@@ -652,7 +637,7 @@ fn stats_json_has_the_documented_shape() {
     let a = c
         .alloc(alloc_req(2 * MIB, PagePolicy::Huge2M, Some(0)))
         .expect("alloc");
-    let s = c.stats().expect("stats");
+    let s = c.stats_json().expect("stats");
     for key in [
         "version",
         "pid",
@@ -685,8 +670,22 @@ fn stats_json_has_the_documented_shape() {
     assert!(s["scrub"]["kernel"].is_string());
     assert_eq!(s["sessions"]["active"], 1);
     // The handle's view is the same document.
-    assert_eq!(d.stats()["allocations"], s["allocations"]);
-    let table = hugemem::status::render_status(&s);
+    assert_eq!(d.handle().stats_json()["allocations"], s["allocations"]);
+    // The typed STATS holds every field the daemon sent: read into
+    // `Stats` and written back, the document is the same JSON value (an
+    // in-use region with its placement, the lazy list, refill and
+    // rebalance included), so no field is silently dropped.
+    let typed: backend::stats::Stats = serde_json::from_value(s.clone()).expect("typed STATS");
+    assert_eq!(
+        serde_json::to_value(&typed).expect("to JSON"),
+        s,
+        "the typed STATS lost or changed a field"
+    );
+    assert!(typed.regions.as_ref().is_some_and(|r| r
+        .iter()
+        .any(|r| r.alloc_id == Some(a.id) && r.placement.is_some())));
+    assert_eq!(c.stats().expect("typed stats").pools, typed.pools);
+    let table = hugemem::status::render_status(&typed);
     assert!(table.contains("2M") && table.contains("scrub"), "{table}");
     c.free(a.id).expect("free");
     d.shutdown();
@@ -820,13 +819,12 @@ fn metrics_endpoint_serves_prometheus_text_on_loopback() {
     );
     assert_eq!(
         get(&format!("hugemem_pool_withheld_bytes{pool}}}")),
-        stats["pools"][0]["withheld_bytes"]
-            .as_u64()
-            .expect("withheld") as f64
+        stats.pools[0].withheld_bytes as f64
     );
     // Every counter of STATS is exported (sessions_total under the name
     // sessions_accepted: a gauge `hugemem_sessions` exists).
-    for (k, v) in stats["counters"].as_object().expect("counters") {
+    let counters = serde_json::to_value(stats.counters).expect("counters as JSON");
+    for (k, v) in counters.as_object().expect("counters") {
         let name = match k.as_str() {
             "sessions_active" => "hugemem_sessions_active".to_string(),
             "sessions_total" => "hugemem_sessions_accepted_total".to_string(),
@@ -921,8 +919,8 @@ fn one_gib_pages_pooled_versus_fresh() {
         fresh.as_secs_f64() * 1e3,
         pooled.as_secs_f64() * 1e3,
         fresh.as_secs_f64() / pooled.as_secs_f64(),
-        s["scrub"]["gb_per_s"].as_f64().unwrap_or(0.0),
-        s["scrub"]["bytes"]
+        s.scrub.gb_per_s,
+        s.scrub.bytes
     );
     // FREE and ALLOC at once: served either from a dirty region cleared on
     // the ALLOC path or from the clean pool; zero either way.
@@ -948,8 +946,8 @@ fn one_gib_pages_pooled_versus_fresh() {
     eprintln!(
         "MEASURE 1G ALLOC right after FREE: {:.1} ms (recleared {}, pooled {})",
         immediate.as_secs_f64() * 1e3,
-        counter(&s, "regions_recleared"),
-        counter(&s, "regions_pooled")
+        s.counters.regions_recleared,
+        s.counters.regions_pooled
     );
     c.free(e.id).expect("free");
     d.shutdown();
@@ -962,7 +960,7 @@ fn alloc_with_paths_gives_hugetlbfs_files() {
         return;
     }
     let d = TestDaemon::start(|_| {});
-    if d.stats()["hugetlbfs"].get("2M").is_none() {
+    if d.stats().hugetlbfs.is_none_or(|h| !h.contains_key("2M")) {
         test_support::skip!("no 2 MiB hugetlbfs mount");
         return;
     }
@@ -1038,7 +1036,7 @@ fn pool_limit_and_target_give_memory_back_to_the_kernel() {
     c.free(b_id).expect("free over the limit");
     let s = d.stats();
     assert_eq!(
-        s["totals"]["released_bytes"],
+        s.totals.released_bytes,
         2 * MIB,
         "the region over the limit went back at once: {s}"
     );
@@ -1046,10 +1044,10 @@ fn pool_limit_and_target_give_memory_back_to_the_kernel() {
     wait_until(
         "the idle pool is trimmed to its target",
         Duration::from_secs(20),
-        || d.stats()["totals"]["held_bytes"] == 0,
+        || d.stats().totals.held_bytes == 0,
     );
     let s = d.stats();
-    assert_eq!(s["totals"]["released_bytes"], 4 * MIB, "{s}");
+    assert_eq!(s.totals.released_bytes, 4 * MIB, "{s}");
     balance(&s);
     d.shutdown();
 }

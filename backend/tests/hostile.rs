@@ -10,8 +10,8 @@
 //! table and the host's huge-page counts before and after.
 
 use test_support::prelude::{
-    counter, hugepages_2m, map_raw as map, open_fds, pool_bytes, reserve_2m, serial,
-    unmap_raw as unmap, wait_until, TestDaemon,
+    hugepages_2m, map_raw as map, open_fds, pool_bytes, reserve_2m, serial, unmap_raw as unmap,
+    wait_until, TestDaemon,
 };
 use test_support::tenant::{
     alloc_2m, assert_hugepages_balanced, fill_secret, in_child, memfd_2m, read_u64, root_or_skip,
@@ -121,12 +121,8 @@ fn fds_beyond_the_frame_limit_never_leak() {
     // Still serving, and nothing counted as an allocation.
     let mut c = d.client();
     let stats = c.stats().expect("stats after the attack");
-    assert_eq!(stats["allocations"]["active"].as_u64(), Some(0), "{stats}");
-    assert!(
-        d.stats()["counters"]["peers_refused"].as_u64() >= Some(20),
-        "{}",
-        d.stats()
-    );
+    assert_eq!(stats.allocations.active, 0, "{stats}");
+    assert!(d.stats().counters.peers_refused >= 20, "{}", d.stats());
     drop(c);
     let _ = payload.as_fd();
     d.shutdown();
@@ -136,12 +132,10 @@ fn wait_discarded(d: &TestDaemon, n: u64) {
     wait_until(
         &format!("{n} damaged region(s) discarded"),
         Duration::from_secs(10),
-        || counter(&d.stats(), "regions_discarded") >= n,
+        || d.stats().counters.regions_discarded >= n,
     );
     wait_until("the quarantine is empty", Duration::from_secs(10), || {
-        d.stats()["pools"]
-            .as_array()
-            .is_none_or(|p| p.iter().all(|k| k["quarantined_bytes"].as_u64() == Some(0)))
+        d.stats().pools.iter().all(|k| k.quarantined_bytes == 0)
     });
 }
 
@@ -252,13 +246,9 @@ fn a_punched_hole_is_refilled_or_discarded() {
     wait_until(
         "the region is clean in the pool",
         Duration::from_secs(10),
-        || {
-            d.stats()["pools"]
-                .as_array()
-                .is_some_and(|p| p.iter().any(|k| k["clean_bytes"].as_u64() == Some(size)))
-        },
+        || d.stats().pools.iter().any(|k| k.clean_bytes == size),
     );
-    assert_eq!(counter(&d.stats(), "regions_discarded"), 0);
+    assert_eq!(d.stats().counters.regions_discarded, 0);
     tenant_b_sees_nothing(&d, size, false);
 
     // No page to spare when the daemon checks the region: A punches, then
@@ -478,9 +468,9 @@ fn fd_in_flight(paths: bool) {
     // No process shows A's region, but its fd is in flight: the lease is
     // refused and the region stays quarantined, withheld, counted.
     wait_until("A's region is withheld", Duration::from_secs(10), || {
-        counter(&d.stats(), "regions_withheld") == 1
+        d.stats().counters.regions_withheld == 1
     });
-    let withheld = |d: &TestDaemon| pool_bytes(&d.stats(), "withheld_bytes");
+    let withheld = |d: &TestDaemon| pool_bytes(&d.stats(), |p| p.withheld_bytes);
     assert_eq!(withheld(&d), size, "{}", d.stats());
     // B allocates, checks it got a clean file that is not A's, writes.
     let mut b = d.client();
@@ -505,15 +495,15 @@ fn fd_in_flight(paths: bool) {
     wait_until(
         "A's region is proved free once its fd is gone",
         Duration::from_secs(10),
-        || withheld(&d) == 0 && pool_bytes(&d.stats(), "quarantined_bytes") == 0,
+        || withheld(&d) == 0 && pool_bytes(&d.stats(), |p| p.quarantined_bytes) == 0,
     );
     assert_eq!(
-        pool_bytes(&d.stats(), "clean_bytes"),
+        pool_bytes(&d.stats(), |p| p.clean_bytes),
         size,
         "A's region is clean in the pool: {}",
         d.stats()
     );
-    assert_eq!(counter(&d.stats(), "regions_discarded"), 0);
+    assert_eq!(d.stats().counters.regions_discarded, 0);
     unmap(p, size);
     let id = alloc.id;
     drop(alloc);
@@ -522,7 +512,7 @@ fn fd_in_flight(paths: bool) {
     // The daemon still serves, and both regions are recycled as usual.
     tenant_b_sees_nothing(&d, size, paths);
     tenant_b_sees_nothing(&d, size, paths);
-    assert_eq!(counter(&d.stats(), "regions_discarded"), 0);
+    assert_eq!(d.stats().counters.regions_discarded, 0);
     assert_hugepages_balanced(d, free_before);
 }
 
@@ -594,7 +584,7 @@ fn idle_connection_floods_starve_nobody() {
         wait_until(
             "the idle connections are closed",
             Duration::from_secs(10),
-            || d.stats()["sessions"]["active"].as_u64() == Some(0),
+            || d.stats().sessions.active == 0,
         );
         let _ = nix::unistd::write(&go_w, b"g");
         assert_eq!(flood.join().expect("flood thread"), 0);
@@ -639,11 +629,7 @@ fn lazy_on_dirty_memory_only_for_named_uids() {
             wait_until(
                 "A's region left quarantine",
                 Duration::from_secs(10),
-                || {
-                    d.stats()["pools"].as_array().is_some_and(|p| {
-                        p.iter().all(|k| k["quarantined_bytes"].as_u64() == Some(0))
-                    })
-                },
+                || d.stats().pools.iter().all(|k| k.quarantined_bytes == 0),
             );
             let mut b = d.client();
             let mut req = alloc_2m(size, false);
@@ -717,11 +703,10 @@ fn access_allowed_uid_connects_root_stays_and_ids_do_not_leak() {
     nix::unistd::write(&id_w, &mine.id.to_le_bytes()).expect("write id");
     nix::unistd::write(&id_w, &mine.regions[0].region_id.to_le_bytes()).expect("write id");
     assert!(
-        root.stats().expect("root stats")["regions"]
-            .as_array()
-            .is_some_and(|r| r
-                .iter()
-                .any(|r| r["id"].as_u64() == Some(mine.regions[0].region_id))),
+        root.stats()
+            .expect("root stats")
+            .region(mine.regions[0].region_id)
+            .is_some(),
         "root (an operator) sees every region"
     );
     let socket = d.socket();
@@ -731,13 +716,22 @@ fn access_allowed_uid_connects_root_stays_and_ids_do_not_leak() {
         let Ok(mut c) = Client::connect(&socket) else {
             return 40;
         };
-        let Ok(stats) = c.stats() else {
+        let Ok(sent) = c.stats_json() else {
             return 41;
         };
-        let sees_foreign = stats["regions"]
-            .as_array()
-            .is_none_or(|r| r.iter().any(|r| r["id"].as_u64() == Some(foreign_region)));
-        if sees_foreign || !stats["quarantine"].is_null() || !stats["rebalance"].is_null() {
+        // The tenant's document reads into the typed STATS and back to the
+        // same JSON (the parts it may not see are absent, not null).
+        let Ok(stats) = serde_json::from_value::<backend::stats::Stats>(sent.clone()) else {
+            return 45;
+        };
+        if serde_json::to_value(&stats).ok().as_ref() != Some(&sent) {
+            return 46;
+        }
+        let sees_foreign = stats
+            .regions
+            .as_deref()
+            .is_none_or(|r| r.iter().any(|r| r.id == foreign_region));
+        if sees_foreign || stats.quarantine.is_some() || stats.rebalance.is_some() {
             return 43;
         }
         let missing = foreign + 1_000_000;
@@ -786,9 +780,10 @@ fn restart_releases_files_of_a_dead_instance() {
         return;
     }
     let d = TestDaemon::start(|_| {});
-    let Some(dir) = d.stats()["hugetlbfs"]["2M"]
-        .as_str()
-        .map(std::path::PathBuf::from)
+    let Some(dir) = d
+        .stats()
+        .hugetlbfs
+        .and_then(|h| h.get("2M").map(std::path::PathBuf::from))
     else {
         test_support::skip!("no 2 MiB hugetlbfs mount");
         d.shutdown();
@@ -826,11 +821,8 @@ fn restart_releases_files_of_a_dead_instance() {
     assert!(!path.exists(), "the leftover file was not released");
     let stats = d.stats();
     // At least ours (a crashed run elsewhere may have left more).
-    assert!(counter(&stats, "leftover_files_released") >= 1, "{stats}");
-    assert!(
-        counter(&stats, "leftover_bytes_released") >= 2 * MIB,
-        "{stats}"
-    );
+    assert!(stats.counters.leftover_files_released >= 1, "{stats}");
+    assert!(stats.counters.leftover_bytes_released >= 2 * MIB, "{stats}");
     assert!(
         hugepages_2m("free_hugepages") >= free_before,
         "its page came back"
@@ -924,11 +916,11 @@ fn a_released_path_is_unreachable_to_its_tenant() {
     wait_until(
         "A's region is clean in the pool",
         Duration::from_secs(10),
-        || pool_bytes(&d.stats(), "clean_bytes") == size,
+        || pool_bytes(&d.stats(), |p| p.clean_bytes) == size,
     );
     let mut b = d.client();
     let alloc = b.alloc(alloc_2m(size, true)).expect("B allocates");
-    assert_eq!(counter(&d.stats(), "regions_pooled"), 1, "B got A's file");
+    assert_eq!(d.stats().counters.regions_pooled, 1, "B got A's file");
     let path = alloc.paths.first().cloned().expect("a path");
     let meta = std::fs::metadata(&path).expect("stat");
     assert_eq!(

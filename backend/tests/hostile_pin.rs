@@ -9,8 +9,8 @@
 //! next tenant's secret, so the attack is shown to be real on this kernel.
 
 use test_support::prelude::{
-    counter, hugepages_2m, map_raw as map, pool_bytes, reserve_2m, serial, unmap_raw as unmap,
-    wait_until, TestDaemon,
+    hugepages_2m, map_raw as map, pool_bytes, reserve_2m, serial, unmap_raw as unmap, wait_until,
+    TestDaemon,
 };
 use test_support::tenant::{
     alloc_2m, assert_hugepages_balanced, fill_secret, in_child, memfd_2m, read_u64, B_SECRET, MIB,
@@ -264,9 +264,9 @@ fn pinned_attack(kind: Pin, detach: bool) -> Seen {
     wait_until(
         "A's region is clean in the pool",
         Duration::from_secs(10),
-        || pool_bytes(&d.stats(), "clean_bytes") == size,
+        || pool_bytes(&d.stats(), |p| p.clean_bytes) == size,
     );
-    let detached = counter(&d.stats(), "pages_detached");
+    let detached = d.stats().counters.pages_detached;
     if detach {
         assert!(detached >= 2, "{}", d.stats());
     } else {
@@ -275,7 +275,7 @@ fn pinned_attack(kind: Pin, detach: bool) -> Seen {
     let mut b = d.client();
     let alloc = b.alloc(alloc_2m(size, false)).expect("B allocates");
     assert_eq!(
-        counter(&d.stats(), "regions_pooled"),
+        d.stats().counters.regions_pooled,
         1,
         "B got A's region from the pool"
     );

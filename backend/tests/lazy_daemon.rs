@@ -23,7 +23,6 @@ use backend::daemon::{Config, Daemon};
 use backend::lazy::{LazyGuest, LazyOptions};
 use backend::proto::socket::{recv_message, send_message};
 use backend::proto::{ClearMode, Header, RegionInfo, Reply, ReplyBody, Request, Status, UffdRange};
-use serde_json::Value;
 
 fn in_process_daemon() -> (backend::daemon::DaemonHandle, tempfile::TempDir) {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -80,11 +79,15 @@ fn lazy_alloc_from_the_dirty_pool_is_served_on_fault() {
     assert!(guest.none_is(0, guest.len(), STALE), "stale bytes visible");
     assert!(!lazy.stats().active, "the daemon served, not the fallback");
     // STATS shows this connection's lazy allocation and its fault counters.
-    let stats = client.stats().expect("stats");
-    let mine = &stats["lazy"][0];
-    assert_eq!(mine["alloc"].as_u64(), Some(alloc.id), "{stats}");
-    assert_eq!(mine["attached"], Value::Bool(true));
-    assert!(mine["faults"]["faults"].as_u64().is_some(), "{mine}");
+    let sent = client.stats_json().expect("stats");
+    let stats: backend::stats::Stats = serde_json::from_value(sent.clone()).expect("typed STATS");
+    // Read into the typed STATS and written back, the document (fault
+    // counters included) is the JSON the daemon sent.
+    assert_eq!(serde_json::to_value(&stats).expect("to JSON"), sent);
+    let mine = &stats.lazy.as_deref().expect("lazy list")[0];
+    assert_eq!(mine.alloc, alloc.id, "{stats}");
+    assert!(mine.attached, "{stats}");
+    assert!(mine.faults.is_some(), "{stats}");
     // The metrics endpoint sums the fault services daemon-wide.
     let addr = daemon.metrics_addr().expect("metrics on");
     let scrape = || {
@@ -94,7 +97,17 @@ fn lazy_alloc_from_the_dirty_pool_is_served_on_fault() {
     };
     let stats = client.stats().expect("stats");
     let m = scrape();
-    let seen = |k: &str| stats["lazy"][0]["faults"][k].as_f64().expect(k);
+    let faults = stats.lazy.as_deref().expect("lazy list")[0]
+        .faults
+        .expect("fault counters");
+    let seen = |k: &str| {
+        faults
+            .counters()
+            .iter()
+            .find(|(name, _, _)| *name == k)
+            .map(|(_, _, v)| *v as f64)
+            .expect(k)
+    };
     assert_eq!(m["hugemem_fault_services"], 1.0);
     for k in ["faults", "minor", "served_cleared", "scrub_pages"] {
         assert!(

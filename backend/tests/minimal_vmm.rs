@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use backend::client::Client;
 use backend::proto::{AllocRequest, ClearMode, PagePolicy, RegionInfo};
-use test_support::prelude::{counter, pool_bytes, reserve_2m, serial, wait_until, Map, TestDaemon};
+use test_support::prelude::{pool_bytes, reserve_2m, serial, wait_until, Map, TestDaemon};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
 const HUGE: u64 = 2 << 20;
@@ -44,9 +44,7 @@ fn clean_line() -> String {
 }
 
 fn active_allocations(daemon: &TestDaemon) -> u64 {
-    daemon.stats()["allocations"]["active"]
-        .as_u64()
-        .expect("allocations.active in STATS")
+    daemon.stats().allocations.active
 }
 
 #[test]
@@ -205,13 +203,13 @@ fn leave_dirty_region(daemon: &TestDaemon, tenant: &mut Client) {
     }
     let id = alloc.id;
     drop(alloc); // nothing of the tenant holds the region now
-    let discarded = counter(&daemon.stats(), "regions_discarded");
+    let discarded = daemon.stats().counters.regions_discarded;
     tenant.free(id).expect("FREE");
     wait_until("the region to leave quarantine", DEADLINE, || {
         let s = daemon.stats();
-        pool_bytes(&s, "dirty_bytes") > 0
-            || (pool_bytes(&s, "quarantined_bytes") == 0
-                && (pool_bytes(&s, "clean_bytes") >= SIZE
-                    || counter(&s, "regions_discarded") > discarded))
+        pool_bytes(&s, |p| p.dirty_bytes) > 0
+            || (pool_bytes(&s, |p| p.quarantined_bytes) == 0
+                && (pool_bytes(&s, |p| p.clean_bytes) >= SIZE
+                    || s.counters.regions_discarded > discarded))
     });
 }

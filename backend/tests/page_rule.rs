@@ -13,7 +13,7 @@
 //! page, so the larger size can only come from the daemon's own pool.
 
 use test_support::prelude::{
-    counter, hugepages_2m, map_raw, refused, region, region_state, reserve_2m, serial, wait_until,
+    hugepages_2m, map_raw, refused, region, region_state, reserve_2m, serial, wait_until,
     TestDaemon,
 };
 
@@ -21,7 +21,7 @@ use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
 use backend::proto::{AllocPart, AllocRequest, ClearMode, PagePolicy, Status};
-use serde_json::Value;
+use backend::stats::Stats;
 
 const MIB: u64 = 1 << 20;
 const GIB: u64 = 1 << 30;
@@ -37,12 +37,13 @@ fn req(size: u64, policy: PagePolicy, paths: bool) -> AllocRequest {
     }
 }
 
-fn given_back(stats: &Value, id: u64) -> Option<String> {
-    stats["given_back"]
-        .as_array()?
+fn given_back(stats: &Stats, id: u64) -> Option<String> {
+    stats
+        .given_back
+        .as_deref()?
         .iter()
-        .find(|r| r["region"].as_u64() == Some(id))
-        .and_then(|r| r["why"].as_str().map(str::to_string))
+        .find(|r| r.region == id)
+        .map(|r| r.why.clone())
 }
 
 /// Every free 2 MiB page, as bytes (at most 256 pages: enough, and quick).
@@ -98,7 +99,7 @@ fn idle_pages_under_the_other_backing_are_given_back_not_downgraded() {
         return;
     }
     let d = TestDaemon::start(|_| {});
-    if d.stats()["hugetlbfs"].get("2M").is_none() {
+    if d.stats().hugetlbfs.is_none_or(|h| !h.contains_key("2M")) {
         test_support::skip!("no 2 MiB hugetlbfs mount");
         return;
     }
@@ -132,7 +133,7 @@ fn idle_pages_under_the_other_backing_are_given_back_not_downgraded() {
     assert!(b.note.is_empty(), "no downgrade note: {}", b.note);
     assert!(b.paths.is_empty());
     let s = d.stats();
-    assert_eq!(counter(&s, "downgrades"), 0, "{s}");
+    assert_eq!(s.counters.downgrades, 0, "{s}");
     let why = given_back(&s, path_region).expect("the path region was given back");
     assert!(why.contains("2M pages were wanted"), "{why}");
     eprintln!(
@@ -184,15 +185,15 @@ fn a_quarantined_region_is_waited_for_and_the_holders_exit_wakes_the_alloc() {
     );
     assert!(b.note.is_empty(), "{}", b.note);
     let s = d.stats();
-    assert_eq!(counter(&s, "downgrades"), 0, "{s}");
+    assert_eq!(s.counters.downgrades, 0, "{s}");
     if b.regions[0].region_id == first {
         // Detached (kernel-zeroed, clean at once) or cleared on the ALLOC path.
         assert_eq!(
-            counter(&s, "regions_recleared") + counter(&s, "regions_pooled"),
+            s.counters.regions_recleared + s.counters.regions_pooled,
             1,
             "{s}"
         );
-        assert_eq!(counter(&s, "regions_fresh"), 1, "only the first ALLOC: {s}");
+        assert_eq!(s.counters.regions_fresh, 1, "only the first ALLOC: {s}");
     } else {
         // The region left quarantine but failed a release check (a lease
         // refused while the exiting holder's references were still being
@@ -264,16 +265,9 @@ fn a_deadline_shorter_than_the_holder_fails_naming_it_and_loses_nothing() {
         "{took:?}"
     );
     let s = d.stats();
-    assert_eq!(
-        counter(&s, "downgrades"),
-        0,
-        "a timeout never downgrades: {s}"
-    );
+    assert_eq!(s.counters.downgrades, 0, "a timeout never downgrades: {s}");
     assert_eq!(region_state(&s, first).as_deref(), Some("quarantined"));
-    let why = region(&s, first).expect("region")["why"]
-        .as_str()
-        .map(str::to_string)
-        .unwrap_or_default();
+    let why = region(&s, first).expect("region").why;
     assert!(
         why.starts_with(&format!("quarantined: pid {child} ")),
         "{why}"
@@ -324,7 +318,7 @@ fn a_true_shortage_downgrades_with_the_missing_pages_named_and_strict_refuses() 
     let want = format!("on 4K pages: 2 x 2M pages missing on node 0 ({free} free, 0 in the pool)");
     assert!(a.note.contains(&want), "note {:?} says {want:?}", a.note);
     let s = d.stats();
-    assert_eq!(counter(&s, "downgrades"), 1, "{s}");
+    assert_eq!(s.counters.downgrades, 1, "{s}");
     let r4k = a.regions[0].region_id;
     let id = a.id;
     drop(a);
@@ -336,7 +330,7 @@ fn a_true_shortage_downgrades_with_the_missing_pages_named_and_strict_refuses() 
     );
     let why = given_back(&s, r4k).expect("given back");
     assert!(why.contains("over the 4K limit"), "{why}");
-    assert_eq!(s["totals"]["held_bytes"], 0, "{s}");
+    assert_eq!(s.totals.held_bytes, 0, "{s}");
     eprintln!("MEASURE downgrade note: {want}");
     d.shutdown();
 }
@@ -373,9 +367,7 @@ fn per_size_limits_hold_and_refill_reaches_the_target() {
     wait_until("a is clean", Duration::from_secs(20), || {
         region_state(&d.stats(), ra).as_deref() == Some("clean")
     });
-    let why = region(&d.stats(), ra).expect("a")["why"]
-        .as_str()
-        .map(str::to_string);
+    let why = region(&d.stats(), ra).map(|r| r.why);
     assert_eq!(why.as_deref(), Some("pooled: clean, within target"));
     d.shutdown();
 
@@ -388,13 +380,14 @@ fn per_size_limits_hold_and_refill_reaches_the_target() {
     let t = Instant::now();
     wait_until("refill reaches the target", Duration::from_secs(20), || {
         let s = d.stats();
-        test_support::prelude::pool_bytes(&s, "clean_bytes") >= target
+        test_support::prelude::pool_bytes(&s, |p| p.clean_bytes) >= target
     });
     let filled = t.elapsed();
-    let s = d.stats();
-    assert_eq!(s["refill"]["enabled"], true, "{s}");
-    assert!(s["refill"]["regions"].as_u64() >= Some(1), "{s}");
-    assert_eq!(s["refill"]["bytes"].as_u64(), Some(target), "{s}");
+    let s = d.handle().stats();
+    let refill = s.refill.clone().expect("the operator's STATS has refill");
+    assert!(refill.enabled, "{s}");
+    assert!(refill.regions >= 1, "{s}");
+    assert_eq!(refill.bytes, target, "{s}");
     let status = hugemem::status::render_status(&s);
     assert!(status.contains("refill: "), "{status}");
     let mut c = d.client();
@@ -403,7 +396,7 @@ fn per_size_limits_hold_and_refill_reaches_the_target() {
         .expect("ALLOC");
     assert_eq!(a.regions[0].page_size, 2 * MIB);
     assert_eq!(
-        counter(&d.stats(), "regions_pooled"),
+        d.stats().counters.regions_pooled,
         1,
         "served from the refilled pool"
     );
@@ -433,7 +426,7 @@ fn one_gib_pages_idle_as_files_serve_an_fd_alloc() {
         }
     }
     let d = TestDaemon::start(|_| {});
-    if d.stats()["hugetlbfs"].get("1G").is_none() {
+    if d.stats().hugetlbfs.is_none_or(|h| !h.contains_key("1G")) {
         test_support::skip!("no 1 GiB hugetlbfs mount");
         return;
     }
@@ -456,7 +449,7 @@ fn one_gib_pages_idle_as_files_serve_an_fd_alloc() {
     let took = t.elapsed();
     assert_eq!(b.regions[0].page_size, GIB, "1G pages: {}", b.note);
     assert!(b.note.is_empty(), "{}", b.note);
-    assert_eq!(counter(&d.stats(), "downgrades"), 0);
+    assert_eq!(d.stats().counters.downgrades, 0);
     eprintln!(
         "MEASURE 2G fd ALLOC after a 2G path-mode FREE on 1G pages: {:.1} ms",
         took.as_secs_f64() * 1e3

@@ -13,16 +13,15 @@
 //! serialized by one lock (shared huge-page pools). Waits are deadline-based.
 
 use test_support::prelude::{
-    alloc_2m_pages as alloc_2m, one_node, refused, region, reserve_2m, serial, wait_until,
-    TestDaemon,
+    alloc_2m_pages as alloc_2m, one_node, refused, reserve_2m, serial, wait_until, TestDaemon,
 };
 
 use std::time::Duration;
 
 use backend::daemon::Config;
 use backend::proto::{Status, FEATURE_REBALANCE};
+use backend::stats::{RegionStats, Stats};
 use guest_mem::vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
-use serde_json::Value;
 
 const MIB: u64 = 1 << 20;
 const PAGE: u64 = 2 * MIB;
@@ -39,6 +38,18 @@ fn write_pattern(mem: &GuestMemoryMmap, len: u64, seed: u64) {
 
 fn pattern_intact(mem: &GuestMemoryMmap, len: u64, seed: u64) -> bool {
     (0..len / 8).all(|i| mem.read_obj::<u64>(GuestAddress(i * 8)).ok() == Some(pattern(seed, i)))
+}
+
+fn region_entry(stats: &Stats, region: u64) -> RegionStats {
+    stats
+        .region(region)
+        .cloned()
+        .unwrap_or_else(|| panic!("region {region} not in STATS: {stats}"))
+}
+
+/// Present pages on `node` by the entry's placement.
+fn on_node(e: &RegionStats, node: u32) -> Option<u64> {
+    e.placement.clone().flatten()?.get(&node).copied()
 }
 
 #[test]
@@ -83,14 +94,15 @@ fn rebalance_to_its_own_node_moves_nothing_and_keeps_the_data() {
         (0, 0)
     );
     assert!(pattern_intact(&mem, r.size, 7), "data changed");
-    let e = region(&c.stats().expect("stats"), r.region_id).expect("region in STATS");
-    assert_eq!(e["placement"]["0"], 4, "{e}");
-    assert_eq!(e["bound_node"], 0, "{e}");
-    assert_eq!(e["split"], false, "{e}");
-    assert_eq!(e["moving"], false, "{e}");
+    let e = region_entry(&c.stats().expect("stats"), r.region_id);
+    assert_eq!(on_node(&e, 0), Some(4), "{e:?}");
+    assert_eq!(e.bound_node, Some(Some(0)), "{e:?}");
+    assert_eq!(e.split, Some(false), "{e:?}");
+    assert_eq!(e.moving, Some(false), "{e:?}");
     let stats = c.stats().expect("stats");
-    assert_eq!(stats["rebalance"]["counters"]["moves_ok"], 3, "{stats}");
-    assert_eq!(stats["rebalance"]["counters"]["pages_moved"], 0, "{stats}");
+    let counters = stats.rebalance.as_ref().expect("rebalance").counters;
+    assert_eq!(counters.moves_ok, 3, "{stats}");
+    assert_eq!(counters.pages_moved, 0, "{stats}");
     c.free(a.id).expect("free");
     drop(mem);
     d.shutdown();
@@ -116,9 +128,9 @@ fn rebalance_to_a_missing_node_is_bad_node() {
         assert!(msg.contains("this host has nodes [0]"), "{msg}");
     }
     // The connection stays usable, and the region is unchanged.
-    let e = region(&c.stats().expect("stats"), id).expect("region in STATS");
-    assert_eq!(e["placement"]["0"], 2, "{e}");
-    assert_eq!(e["split"], false, "{e}");
+    let e = region_entry(&c.stats().expect("stats"), id);
+    assert_eq!(on_node(&e, 0), Some(2), "{e:?}");
+    assert_eq!(e.split, Some(false), "{e:?}");
     c.free(a.id).expect("free");
     d.shutdown();
 }
@@ -232,25 +244,25 @@ fn policy_loop_samples_the_clients_vcpu_threads() {
         .expect("vcpu thread");
     let mut c = d.client();
     let a = alloc_2m(&mut c, 2);
-    let pid = u64::from(std::process::id());
-    let mut last = Value::Null;
+    let pid = i64::from(std::process::id());
+    let mut last = Stats::default();
     wait_until(
         "the policy saw the vCPU on node 0",
         Duration::from_secs(20),
         || {
             last = c.stats().expect("stats");
-            last["rebalance"]["clients"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .any(|cl| {
-                    cl["pid"] == pid
-                        && cl["vcpus"]["0"] == 1
-                        && cl["decision"].get("local").is_some()
-                })
+            last.rebalance.iter().flat_map(|r| &r.clients).any(|cl| {
+                cl.pid.map(i64::from) == Some(pid)
+                    && cl.vcpus.as_ref().and_then(|v| v.get(&0)) == Some(&1)
+                    && cl.decision.as_ref().and_then(|d| d.get("local")).is_some()
+            })
         },
     );
-    assert_eq!(last["rebalance"]["counters"]["policy_moves"], 0, "{last}");
+    assert_eq!(
+        last.rebalance.as_ref().map(|r| r.counters.policy_moves),
+        Some(0),
+        "{last}"
+    );
     drop(tx);
     vcpu.join().expect("join");
     c.free(a.id).expect("free");

@@ -23,8 +23,8 @@ use std::time::{Duration, Instant};
 
 use guest_mem::vm_memory::{GuestMemoryBackend, GuestMemoryRegion};
 use guest_mem::{PageSize, Reservation};
+use hugemem_client::stats::Stats;
 use serde::Serialize;
-use serde_json::Value;
 use tracing::{info, warn};
 
 use crate::private_dir::PrivateDir;
@@ -250,68 +250,39 @@ fn policy(page: PageSize) -> PagePolicy {
     }
 }
 
-/// Sum of a numeric field over the entries of an array at `pointer`.
-fn sum_field(stats: &Value, pointer: &str, field: &str) -> u64 {
-    stats
-        .pointer(pointer)
-        .and_then(Value::as_array)
-        .map_or(0, |a| {
-            a.iter()
-                .filter_map(|e| e.get(field).and_then(Value::as_u64))
-                .sum()
-        })
+/// Bytes the pool's scrubbers cleared, over every node.
+fn scrubbed_bytes(stats: &Stats) -> u64 {
+    stats.scrub.nodes.iter().map(|n| n.bytes).sum()
 }
 
-fn sum_field_f64(stats: &Value, pointer: &str, field: &str) -> f64 {
-    stats
-        .pointer(pointer)
-        .and_then(Value::as_array)
-        .map_or(0.0, |a| {
-            a.iter()
-                .filter_map(|e| e.get(field).and_then(Value::as_f64))
-                .sum()
-        })
+/// Seconds the pool's scrubbers spent clearing, over every node.
+fn scrub_seconds(stats: &Stats) -> f64 {
+    stats.scrub.nodes.iter().map(|n| n.seconds).sum()
 }
 
-fn counter(stats: &Value, name: &str) -> u64 {
+fn pools(stats: &Stats) -> Vec<PoolFigures> {
     stats
-        .pointer(&format!("/counters/{name}"))
-        .and_then(Value::as_u64)
-        .unwrap_or(0)
-}
-
-fn pools(stats: &Value) -> Vec<PoolFigures> {
-    let Some(list) = stats.get("pools").and_then(Value::as_array) else {
-        return Vec::new();
-    };
-    list.iter()
-        .map(|p| {
-            let n = |k: &str| p.get(k).and_then(Value::as_u64).unwrap_or(0);
-            PoolFigures {
-                node: n("node"),
-                page_size: p
-                    .get("page_size")
-                    .and_then(Value::as_str)
-                    .unwrap_or("?")
-                    .to_string(),
-                clean_bytes: n("clean_bytes"),
-                dirty_bytes: n("dirty_bytes"),
-                quarantined_bytes: n("quarantined_bytes"),
-                in_use_bytes: n("in_use_bytes"),
-            }
+        .pools
+        .iter()
+        .map(|p| PoolFigures {
+            node: u64::from(p.node),
+            page_size: p.page_size.clone(),
+            clean_bytes: p.clean_bytes,
+            dirty_bytes: p.dirty_bytes,
+            quarantined_bytes: p.quarantined_bytes,
+            in_use_bytes: p.in_use_bytes,
         })
         .collect()
 }
 
 /// Waits until the pool holds at least `bytes` clean and nothing dirty or
 /// quarantined.
-fn wait_clean(daemon: &DaemonHandle, bytes: u64) -> Result<Value, DemoError> {
+fn wait_clean(daemon: &DaemonHandle, bytes: u64) -> Result<Stats, DemoError> {
     let deadline = Instant::now() + CLEAN_DEADLINE;
     loop {
         let stats = daemon.stats();
-        let clean = sum_field(&stats, "/pools", "clean_bytes");
-        let pending = sum_field(&stats, "/pools", "dirty_bytes")
-            + sum_field(&stats, "/pools", "quarantined_bytes");
+        let clean = stats.pool_sum(|p| p.clean_bytes);
+        let pending = stats.pool_sum(|p| p.dirty_bytes + p.quarantined_bytes);
         if clean >= bytes && pending == 0 {
             return Ok(stats);
         }
@@ -493,16 +464,13 @@ fn drive(
     progress("FREE; waiting for the pool to scrub it…");
     let after = wait_clean(daemon, size)?;
     let free_to_clean = t.elapsed();
-    let scrubbed_bytes = sum_field(&after, "/scrub/nodes", "bytes").saturating_sub(sum_field(
-        &before,
-        "/scrub/nodes",
-        "bytes",
-    ));
-    let detached_bytes = counter(&after, "pages_detached")
-        .saturating_sub(counter(&before, "pages_detached"))
+    let scrubbed_bytes = scrubbed_bytes(&after).saturating_sub(scrubbed_bytes(&before));
+    let detached_bytes = after
+        .counters
+        .pages_detached
+        .saturating_sub(before.counters.pages_detached)
         .saturating_mul(page.bytes());
-    let scrub_seconds = sum_field_f64(&after, "/scrub/nodes", "seconds")
-        - sum_field_f64(&before, "/scrub/nodes", "seconds");
+    let scrub_seconds = scrub_seconds(&after) - scrub_seconds(&before);
     let scrub_gbps = guest_mem::size::gb_per_s(scrubbed_bytes, scrub_seconds);
     progress(&format!(
         "pool clean after {:.3} s: {} detached (kernel-zeroed), {} scrubbed at {:.2} GB/s",
@@ -513,12 +481,12 @@ fn drive(
     ));
 
     // 6. From the pool.
-    let pooled_before = counter(&after, "regions_pooled");
+    let pooled_before = after.counters.regions_pooled;
     let t = Instant::now();
     let alloc = client.alloc(request)?;
     let alloc_pooled = t.elapsed();
     let stats = daemon.stats();
-    let from_pool = counter(&stats, "regions_pooled") >= pooled_before + alloc.regions.len() as u64;
+    let from_pool = stats.counters.regions_pooled >= pooled_before + alloc.regions.len() as u64;
     if !from_pool {
         warn!("the second ALLOC was not served from the pool");
     }
@@ -692,22 +660,22 @@ mod tests {
 
     #[test]
     fn reads_the_stats_document() {
-        let stats = serde_json::json!({
+        let stats: Stats = serde_json::from_value(serde_json::json!({
             "pools": [{"node": 0, "page_size": "1G", "clean_bytes": 1u64 << 30, "dirty_bytes": 0,
                        "quarantined_bytes": 0, "in_use_bytes": 1u64 << 30}],
             "counters": {"regions_pooled": 3},
             "scrub": {"nodes": [{"node": 0, "bytes": 10, "seconds": 0.5}, {"node": 1, "bytes": 5, "seconds": 0.25}]},
-        });
-        assert_eq!(sum_field(&stats, "/scrub/nodes", "bytes"), 15);
-        assert!((sum_field_f64(&stats, "/scrub/nodes", "seconds") - 0.75).abs() < 1e-9);
-        assert_eq!(counter(&stats, "regions_pooled"), 3);
-        assert_eq!(counter(&stats, "missing"), 0);
+        }))
+        .expect("a partial STATS document reads");
+        assert_eq!(scrubbed_bytes(&stats), 15);
+        assert!((scrub_seconds(&stats) - 0.75).abs() < 1e-9);
+        assert_eq!(stats.counters.regions_pooled, 3);
         let p = pools(&stats);
         assert_eq!(
             (p.len(), p[0].clean_bytes, p[0].page_size.as_str()),
             (1, 1 << 30, "1G")
         );
-        assert!(pools(&serde_json::json!({})).is_empty());
+        assert!(pools(&Stats::default()).is_empty());
     }
 
     #[test]

@@ -665,10 +665,12 @@ fn run(cli: Cli) -> Result<i32> {
         }
         Command::Status { socket, json } => {
             let mut client = backend::client::Client::connect(&socket)?;
-            let stats = client.stats()?;
             if json {
+                // As the daemon sent it, keys this build does not know included.
+                let stats = client.stats_json()?;
                 println!("{}", serde_json::to_string_pretty(&stats)?);
             } else {
+                let stats = client.stats()?;
                 print!("{}", hugemem::status::render_status(&stats));
             }
         }

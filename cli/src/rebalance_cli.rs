@@ -2,11 +2,11 @@
 //! like any VMM's (a new connection; the daemon's operator model decides
 //! what it may move), so it lives outside the daemon.
 
+use std::collections::BTreeMap;
 use std::path::Path;
 
 use migrate::{ByteRange, PlanError};
 use numa::NodeId;
-use serde_json::Value;
 
 /// A region id, as in ALLOC replies.
 type RegionId = u64;
@@ -54,7 +54,7 @@ pub struct CliReport {
     /// Pages that did not move.
     pub pages_failed: u64,
     /// Pages per node afterwards (from STATS), when the daemon listed the region.
-    pub placement: Option<Value>,
+    pub placement: Option<BTreeMap<u32, u64>>,
 }
 
 impl std::fmt::Display for CliReport {
@@ -64,11 +64,8 @@ impl std::fmt::Display for CliReport {
             "region {} -> node {}: {} pages moved, {} failed",
             self.region, self.node, self.pages_moved, self.pages_failed
         )?;
-        if let Some(p) = self.placement.as_ref().and_then(Value::as_object) {
-            let parts: Vec<String> = p
-                .iter()
-                .map(|(n, c)| format!("node {n}: {}", c.as_u64().unwrap_or(0)))
-                .collect();
+        if let Some(p) = &self.placement {
+            let parts: Vec<String> = p.iter().map(|(n, c)| format!("node {n}: {c}")).collect();
             write!(f, "; placement now {}", parts.join(", "))?;
         }
         Ok(())
@@ -94,14 +91,10 @@ pub fn run_cli(
     };
     let mut client = backend::client::Client::connect(socket)?;
     let (pages_moved, pages_failed) = client.rebalance(region, offset, len, node)?;
-    let placement = client.stats().ok().and_then(|s| {
-        s.get("regions")?
-            .as_array()?
-            .iter()
-            .find(|r| r.get("id").and_then(Value::as_u64) == Some(region))?
-            .get("placement")
-            .cloned()
-    });
+    let placement = client
+        .stats()
+        .ok()
+        .and_then(|s| s.region(region)?.placement.clone().flatten());
     Ok(CliReport {
         region,
         node,

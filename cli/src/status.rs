@@ -3,146 +3,121 @@
 //! refill progress, and one line per in-use region with its placement).
 //! Only reads the JSON: no daemon internals.
 
-use serde_json::Value;
+use hugemem_client::stats::Stats;
 
 /// `hugemem status` without `--json`: the STATS document as a short report.
-pub fn render_status(stats: &Value) -> String {
+pub fn render_status(stats: &Stats) -> String {
     use guest_mem::size::format_size;
-    let u = |v: &Value, k: &str| v.get(k).and_then(Value::as_u64).unwrap_or(0);
-    let f = |v: &Value, k: &str| v.get(k).and_then(Value::as_f64).unwrap_or(0.0);
-    let null = Value::Null;
     let mut out = format!(
         "hugemem {} pid {}, up {:.0} s, socket {}\n",
-        stats.get("version").and_then(Value::as_str).unwrap_or("?"),
-        u(stats, "pid"),
-        f(stats, "uptime_s"),
-        stats.get("socket").and_then(Value::as_str).unwrap_or("?"),
+        stats.version,
+        stats.pid,
+        stats.uptime_s,
+        stats.socket.as_deref().unwrap_or("?"),
     );
-    let sessions = stats.get("sessions").unwrap_or(&null);
-    let allocs = stats.get("allocations").unwrap_or(&null);
+    let sessions = &stats.sessions;
+    let allocs = &stats.allocations;
     out.push_str(&format!(
         "sessions: {} active, {} total, {} refused; allocations: {} active ({})\n\n",
-        u(sessions, "active"),
-        u(sessions, "total"),
-        u(sessions, "refused"),
-        u(allocs, "active"),
-        format_size(u(allocs, "bytes")),
+        sessions.active,
+        sessions.total,
+        sessions.refused,
+        allocs.active,
+        format_size(allocs.bytes),
     ));
     out.push_str(&format!(
         "{:<5} {:<5} {:>9} {:>9} {:>12} {:>9} {:>9} {:>9}\n",
         "node", "size", "clean", "dirty", "quarantined", "in use", "target", "limit"
     ));
-    let pools = stats
-        .get("pools")
-        .and_then(Value::as_array)
-        .cloned()
-        .unwrap_or_default();
-    if pools.is_empty() {
+    if stats.pools.is_empty() {
         out.push_str("(no regions)\n");
     }
-    for p in &pools {
+    for p in &stats.pools {
         out.push_str(&format!(
             "{:<5} {:<5} {:>9} {:>9} {:>12} {:>9} {:>9} {:>9}\n",
-            u(p, "node"),
-            p.get("page_size").and_then(Value::as_str).unwrap_or("?"),
-            format_size(u(p, "clean_bytes")),
-            format_size(u(p, "dirty_bytes")),
-            format_size(u(p, "quarantined_bytes")),
-            format_size(u(p, "in_use_bytes")),
-            format_size(u(p, "target_bytes")),
-            format_size(u(p, "limit_bytes")),
+            p.node,
+            p.page_size,
+            format_size(p.clean_bytes),
+            format_size(p.dirty_bytes),
+            format_size(p.quarantined_bytes),
+            format_size(p.in_use_bytes),
+            format_size(p.target_bytes),
+            format_size(p.limit_bytes),
         ));
     }
-    let scrub = stats.get("scrub").unwrap_or(&null);
+    let scrub = &stats.scrub;
     out.push_str(&format!(
         "\nscrub ({}): {} cleared in {:.3} s of clearing, {:.2} GB/s; {} pending\n",
-        scrub.get("kernel").and_then(Value::as_str).unwrap_or("?"),
-        format_size(u(scrub, "bytes")),
-        f(scrub, "seconds"),
-        f(scrub, "gb_per_s"),
-        format_size(u(scrub, "pending_bytes")),
+        if scrub.kernel.is_empty() {
+            "?"
+        } else {
+            &scrub.kernel
+        },
+        format_size(scrub.bytes),
+        scrub.seconds,
+        scrub.gb_per_s,
+        format_size(scrub.pending_bytes),
     ));
-    for n in scrub
-        .get("nodes")
-        .and_then(Value::as_array)
-        .cloned()
-        .unwrap_or_default()
-    {
+    for n in &scrub.nodes {
         out.push_str(&format!(
             "  node {}: {} thread(s), {} cleared, {:.2} GB/s, {} pending\n",
-            u(&n, "node"),
-            u(&n, "threads"),
-            format_size(u(&n, "bytes")),
-            f(&n, "gb_per_s"),
-            format_size(u(&n, "pending_bytes")),
+            n.node,
+            n.threads,
+            format_size(n.bytes),
+            n.gb_per_s,
+            format_size(n.pending_bytes),
         ));
     }
-    let q = stats
-        .get("quarantine")
-        .and_then(Value::as_array)
-        .cloned()
-        .unwrap_or_default();
-    for r in &q {
+    for r in stats.quarantine.iter().flatten() {
         out.push_str(&format!(
             "quarantined: region {} ({}) for {:.1} s, held by pid {}\n",
-            u(r, "region"),
-            format_size(u(r, "bytes")),
-            f(r, "seconds"),
-            r.get("holder_pid")
-                .and_then(Value::as_i64)
+            r.region,
+            format_size(r.bytes),
+            r.seconds,
+            r.holder_pid
                 .map_or_else(|| "-".to_string(), |p| p.to_string()),
         ));
     }
     for r in stats
-        .get("regions")
-        .and_then(Value::as_array)
-        .into_iter()
+        .regions
+        .iter()
         .flatten()
-        .filter(|r| r.get("state").and_then(Value::as_str) != Some("in_use"))
+        .filter(|r| r.state != "in_use")
     {
         out.push_str(&format!(
             "region {} ({}, {} pages, node {}): {}\n",
-            u(r, "id"),
-            format_size(u(r, "bytes")),
-            r.get("page_size").and_then(Value::as_str).unwrap_or("?"),
-            u(r, "node"),
-            r.get("why").and_then(Value::as_str).unwrap_or("?"),
+            r.id,
+            format_size(r.bytes),
+            r.page_size,
+            r.node,
+            r.why,
         ));
     }
-    for r in stats
-        .get("given_back")
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-        .take(5)
-    {
+    for r in stats.given_back.iter().flatten().take(5) {
         out.push_str(&format!(
             "region {} ({}, {} pages, node {}), {:.0} s ago: {}\n",
-            u(r, "region"),
-            format_size(u(r, "bytes")),
-            r.get("page_size").and_then(Value::as_str).unwrap_or("?"),
-            u(r, "node"),
-            f(r, "seconds_ago"),
-            r.get("why").and_then(Value::as_str).unwrap_or("?"),
+            r.region,
+            format_size(r.bytes),
+            r.page_size,
+            r.node,
+            r.seconds_ago,
+            r.why,
         ));
     }
-    if let Some(refill) = stats
-        .get("refill")
-        .filter(|r| r["enabled"] == Value::Bool(true))
-    {
-        match refill.get("current").filter(|c| !c.is_null()) {
+    if let Some(refill) = stats.refill.as_ref().filter(|r| r.enabled) {
+        match &refill.current {
             Some(c) => out.push_str(&format!(
                 "refill: making {} on {} pages for node {}: {} done\n",
-                format_size(u(c, "bytes")),
-                c.get("page_size").and_then(Value::as_str).unwrap_or("?"),
-                u(c, "node"),
-                format_size(u(c, "done_bytes")),
+                format_size(c.bytes),
+                c.page_size,
+                c.node,
+                format_size(c.done_bytes),
             )),
             None => out.push_str(&format!(
                 "refill: idle; {} regions ({}) made ahead of demand, yielded to an ALLOC {} times\n",
-                u(refill, "regions"),
-                format_size(u(refill, "bytes")),
-                u(refill, "yielded"),
+                refill.regions,
+                format_size(refill.bytes),
+                refill.yielded,
             )),
         }
     }
@@ -152,53 +127,53 @@ pub fn render_status(stats: &Value) -> String {
 
 /// The in-use part of `hugemem status`: one line per region with its
 /// placement (from the STATS `regions` list).
-pub fn render_regions(stats: &Value) -> String {
+pub fn render_regions(stats: &Stats) -> String {
     use guest_mem::size::format_size;
-    let regions: Vec<&Value> = stats
-        .get("regions")
-        .and_then(Value::as_array)
-        .map(|a| a.iter().filter(|r| r.get("alloc_id").is_some()).collect())
-        .unwrap_or_default();
+    let regions: Vec<_> = stats
+        .regions
+        .iter()
+        .flatten()
+        .filter(|r| r.alloc_id.is_some())
+        .collect();
     if regions.is_empty() {
         return String::new();
     }
-    let u = |v: &Value, k: &str| v.get(k).and_then(Value::as_u64).unwrap_or(0);
     let mut out = format!(
         "\n{:<7} {:<6} {:>9} {:<5} {:<5} placement\n",
         "region", "alloc", "size", "page", "node"
     );
     for r in regions {
-        let placement = match r.get("placement").and_then(Value::as_object) {
-            Some(p) if !p.is_empty() => p
+        let placement = match &r.placement {
+            Some(Some(p)) if !p.is_empty() => p
                 .iter()
-                .map(|(n, c)| format!("node {n}: {}", c.as_u64().unwrap_or(0)))
+                .map(|(n, c)| format!("node {n}: {c}"))
                 .collect::<Vec<_>>()
                 .join(", "),
-            Some(_) => "no page present".to_string(),
-            None => r
-                .get("placement_error")
-                .and_then(Value::as_str)
+            Some(Some(_)) => "no page present".to_string(),
+            _ => r
+                .placement_error
+                .as_ref()
                 .map_or_else(|| "?".to_string(), |e| format!("unknown: {e}")),
         };
         let mut extra = String::new();
-        let np = u(r, "not_present");
+        let np = r.not_present.unwrap_or(0);
         if np > 0 {
             extra.push_str(&format!(", {np} not present"));
         }
-        if r.get("split").and_then(Value::as_bool) == Some(true) {
+        if r.split == Some(true) {
             extra.push_str(" (split)");
         }
-        if r.get("moving").and_then(Value::as_bool) == Some(true) {
+        if r.moving == Some(true) {
             extra.push_str(" (moving)");
         }
         out.push_str(&format!(
             "{:<7} {:<6} {:>9} {:<5} {:<5} {placement}{extra}\n",
-            u(r, "id"),
-            u(r, "alloc_id"),
-            format_size(u(r, "bytes")),
-            r.get("page_size").and_then(Value::as_str).unwrap_or("?"),
-            r.get("bound_node")
-                .and_then(Value::as_u64)
+            r.id,
+            r.alloc_id.unwrap_or(0),
+            format_size(r.bytes),
+            r.page_size,
+            r.bound_node
+                .flatten()
                 .map_or_else(|| "-".to_string(), |n| n.to_string()),
         ));
     }
@@ -209,6 +184,10 @@ pub fn render_regions(stats: &Value) -> String {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    fn typed(v: serde_json::Value) -> Stats {
+        serde_json::from_value(v).expect("a partial STATS document reads")
+    }
 
     #[test]
     fn status_says_why_each_region_is_where_it_is() {
@@ -225,7 +204,7 @@ mod tests {
                        "bytes": 2147483648u64, "done_bytes": 1073741824u64},
                        "regions": 0, "bytes": 0, "yielded": 0}
         });
-        let table = render_status(&stats);
+        let table = render_status(&typed(stats));
         assert!(
             table.contains("region 3 (2G, 1G pages, node 0): quarantined: pid 1234 maps it"),
             "{table}"
@@ -255,13 +234,13 @@ mod tests {
                 {"id": 4, "bytes": 2u64 << 20, "page_size": "2M", "state": "clean"},
             ]
         });
-        let text = render_regions(&stats);
+        let text = render_regions(&typed(stats));
         assert!(text.contains("node 0: 4, node 1: 4 (split)"), "{text}");
         assert!(
             !text.contains("\n4 "),
             "pooled regions are not listed: {text}"
         );
-        assert_eq!(render_regions(&json!({})), "");
+        assert_eq!(render_regions(&typed(json!({}))), "");
     }
 
     #[test]
@@ -274,7 +253,7 @@ mod tests {
             "scrub": {"nodes": [{"node": 0, "bytes": 10, "seconds": 0.5, "pending_bytes": 0}]},
             "sessions": {"active": 1, "total": 2}
         });
-        let table = render_status(&stats);
+        let table = render_status(&typed(stats));
         assert!(table.contains("2M"), "{table}");
         assert!(table.contains("4M"), "{table}");
     }

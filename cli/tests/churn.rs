@@ -8,6 +8,7 @@
 
 use std::process::Command;
 
+use backend::stats::Stats;
 use serde_json::Value;
 
 const HUGEMEM: &str = env!("CARGO_BIN_EXE_hugemem");
@@ -97,17 +98,20 @@ fn churn(
     // Every hugemem launch, the warm-up included, went through this daemon
     // and was freed.
     let after = daemon.stats();
-    for c in ["allocs_ok", "frees"] {
+    for (c, count) in [
+        (
+            "allocs_ok",
+            (|s: &Stats| s.counters.allocs_ok) as fn(&Stats) -> u64,
+        ),
+        ("frees", |s: &Stats| s.counters.frees),
+    ] {
         assert_eq!(
-            test_support::prelude::counter(&after, c) - test_support::prelude::counter(&before, c),
+            count(&after) - count(&before),
             VMS + 1,
             "{vmm}: {c}: {after}"
         );
     }
-    assert_eq!(
-        test_support::prelude::counter(&after, "allocs_failed"),
-        test_support::prelude::counter(&before, "allocs_failed")
-    );
+    assert_eq!(after.counters.allocs_failed, before.counters.allocs_failed);
     report
 }
 

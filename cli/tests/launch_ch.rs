@@ -22,7 +22,6 @@ use backend::daemon::config::PoolConfig;
 use backend::daemon::{Config, Daemon, DaemonHandle};
 use guest_mem::{PageSize, PoolCounts, Reservation};
 use microguest::{pvh_elf, PvhConfig};
-use serde_json::Value;
 // The tests share the host's huge-page pools (each reserves, allocates and
 // frees them): one at a time.
 use test_support::prelude::serial;
@@ -46,7 +45,7 @@ fn wait_freed(daemon: &DaemonHandle) {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         let stats = daemon.stats();
-        if stats["allocations"]["active"].as_u64() == Some(0) {
+        if stats.allocations.active == 0 {
             return;
         }
         assert!(Instant::now() < deadline, "allocation not freed: {stats}");
@@ -153,8 +152,8 @@ fn fd_mode_command_line_and_memory_file() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("`--memory` conflicts"), "{stderr}");
     assert_eq!(
-        daemon.stats()["counters"]["allocs_ok"].as_u64(),
-        Some(1),
+        daemon.stats().counters.allocs_ok,
+        1,
         "refused launches must not allocate"
     );
     daemon.shutdown().expect("shutdown");
@@ -419,8 +418,8 @@ fn cloud_hypervisor_boots_on_daemon_memory() {
         // must wait for the freed memfd region itself when pages are short.
         wait_freed(&daemon);
     }
-    let stats: Value = daemon.stats();
-    eprintln!("pools after: {}", stats["pools"]);
+    let stats = daemon.stats();
+    eprintln!("pools after: {:?}", stats.pools);
     daemon.shutdown().expect("shutdown");
 }
 
@@ -468,17 +467,12 @@ fn cloud_hypervisor_two_zones_on_one_host_node() {
     );
     wait_freed(&daemon);
     // The daemon made two 1 GiB regions, both on node 0 (now back in its pool).
-    let stats: Value = daemon.stats();
-    let regions: Vec<(u64, u64)> = stats["regions"]
-        .as_array()
-        .expect("regions")
+    let stats = daemon.stats();
+    let regions: Vec<(u32, u64)> = stats
+        .regions
         .iter()
-        .map(|r| {
-            (
-                r["node"].as_u64().expect("node"),
-                r["bytes"].as_u64().expect("bytes"),
-            )
-        })
+        .flatten()
+        .map(|r| (r.node, r.bytes))
         .collect();
     assert_eq!(regions, [(0, 1 << 30), (0, 1 << 30)], "{stats}");
     daemon.shutdown().expect("shutdown");

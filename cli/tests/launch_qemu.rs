@@ -16,9 +16,9 @@ use std::time::{Duration, Instant};
 
 use backend::daemon::config::PoolConfig;
 use backend::daemon::{Config, Daemon, DaemonHandle};
+use backend::stats::Stats;
 use guest_mem::{PageSize, Reservation};
 use microguest::{pvh_elf, PvhConfig};
-use serde_json::Value;
 
 const HUGEMEM: &str = env!("CARGO_BIN_EXE_hugemem");
 
@@ -40,8 +40,8 @@ fn wait_stats(
     daemon: &DaemonHandle,
     timeout: Duration,
     what: &str,
-    cond: impl Fn(&Value) -> bool,
-) -> Value {
+    cond: impl Fn(&Stats) -> bool,
+) -> Stats {
     let deadline = Instant::now() + timeout;
     loop {
         let stats = daemon.stats();
@@ -54,20 +54,6 @@ fn wait_stats(
         );
         std::thread::sleep(Duration::from_millis(5));
     }
-}
-
-fn active_allocations(stats: &Value) -> u64 {
-    stats["allocations"]["active"].as_u64().unwrap_or(u64::MAX)
-}
-
-fn pool_sum(stats: &Value, key: &str) -> u64 {
-    stats["pools"]
-        .as_array()
-        .map_or(0, |a| a.iter().map(|p| p[key].as_u64().unwrap_or(0)).sum())
-}
-
-fn counter(stats: &Value, name: &str) -> u64 {
-    stats["counters"][name].as_u64().unwrap_or(0)
 }
 
 fn qemu_skip_reason() -> Option<String> {
@@ -198,13 +184,13 @@ fn qemu_microvm_boots_on_daemon_memory_and_reuses_it_clean() {
         );
         // FREE went through: nothing allocated, the region back in the pool and scrubbed.
         let after = wait_stats(&daemon, Duration::from_secs(30), "FREE and scrub", |s| {
-            active_allocations(s) == 0
-                && pool_sum(s, "clean_bytes") >= 2 << 30
-                && pool_sum(s, "dirty_bytes") == 0
+            s.allocations.active == 0
+                && s.pool_sum(|p| p.clean_bytes) >= 2 << 30
+                && s.pool_sum(|p| p.dirty_bytes) == 0
         });
         if run == "pooled" {
             assert!(
-                counter(&after, "regions_pooled") > counter(&before, "regions_pooled"),
+                after.counters.regions_pooled > before.counters.regions_pooled,
                 "second launch not served from the pool: {after}"
             );
         }
@@ -265,7 +251,7 @@ fn sigterm_reaches_the_vmm_and_the_memory_is_freed() {
         assert!(Instant::now() < deadline, "the stand-in VMM did not start");
         std::thread::sleep(Duration::from_millis(5));
     }
-    assert_eq!(active_allocations(&daemon.stats()), 1);
+    assert_eq!(daemon.stats().allocations.active, 1);
     let pid = nix::unistd::Pid::from_raw(i32::try_from(child.id()).expect("pid"));
     nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).expect("SIGTERM to launch");
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -312,7 +298,7 @@ fn sigterm_reaches_the_vmm_and_the_memory_is_freed() {
     );
     assert!(args.ends_with(&["-kernel", "none"]), "{args:?}");
     wait_stats(&daemon, Duration::from_secs(10), "FREE", |s| {
-        active_allocations(s) == 0
+        s.allocations.active == 0
     });
     daemon.shutdown().expect("shutdown");
 }
@@ -352,8 +338,7 @@ fn conflicting_memory_options_are_refused_before_allocating() {
     assert!(stderr.contains("microvm has no NUMA support"), "{stderr}");
     let stats = daemon.stats();
     assert_eq!(
-        counter(&stats, "allocs_ok"),
-        0,
+        stats.counters.allocs_ok, 0,
         "nothing may be allocated for a refused command line: {stats}"
     );
     // An unknown VMM is refused too, naming --vmm.

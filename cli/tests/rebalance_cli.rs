@@ -9,6 +9,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::CommandExt;
 use std::process::{Command, Output};
 
+use backend::stats::Stats;
 use serde_json::Value;
 use test_support::prelude::{
     alloc_2m_pages as alloc_2m, one_node, region, reserve_2m, serial, TestDaemon,
@@ -107,15 +108,23 @@ fn stats_and_status_show_placement() {
     let r = a.regions[0];
     let stats = c.stats().expect("stats");
     let e = region(&stats, r.region_id).expect("region in STATS");
-    assert_eq!(e["alloc_id"], a.id, "{e}");
-    assert_eq!(e["size"], r.size, "{e}");
-    assert_eq!(e["page_size"], "2M", "{e}");
-    assert_eq!(e["node"], 0, "{e}");
-    assert_eq!(e["bound_node"], 0, "{e}");
-    assert_eq!(e["placement"], serde_json::json!({"0": 3}), "{e}");
-    assert_eq!(e["not_present"], 0, "{e}");
-    assert_eq!(e["rebalanced"], serde_json::json!([]), "{e}");
-    assert_eq!(stats["rebalance"]["policy"], false, "{stats}");
+    assert_eq!(e.alloc_id, Some(a.id), "{e:?}");
+    assert_eq!(e.size, Some(r.size), "{e:?}");
+    assert_eq!(e.page_size, "2M", "{e:?}");
+    assert_eq!(e.node, 0, "{e:?}");
+    assert_eq!(e.bound_node, Some(Some(0)), "{e:?}");
+    assert_eq!(
+        e.placement,
+        Some(Some([(0, 3)].into_iter().collect())),
+        "{e:?}"
+    );
+    assert_eq!(e.not_present, Some(0), "{e:?}");
+    assert_eq!(e.rebalanced, Some(Vec::new()), "{e:?}");
+    assert_eq!(
+        stats.rebalance.as_ref().map(|r| r.policy),
+        Some(false),
+        "{stats}"
+    );
 
     let socket = d.socket();
     let s = socket.to_str().expect("utf-8");
@@ -130,11 +139,12 @@ fn stats_and_status_show_placement() {
     assert!(line.ends_with("node 0: 3"), "{line}");
     let out = hugemem(&["status", "--socket", s, "--json"]);
     assert!(out.status.success());
-    let json: Value = serde_json::from_slice(&out.stdout).expect("json");
-    assert_eq!(
-        region(&json, r.region_id).expect("region in STATS")["placement"]["0"],
-        3
-    );
+    let json: Stats = serde_json::from_slice(&out.stdout).expect("json");
+    let placement = region(&json, r.region_id)
+        .expect("region in STATS")
+        .placement
+        .flatten();
+    assert_eq!(placement.and_then(|p| p.get(&0).copied()), Some(3));
     c.free(a.id).expect("free");
     d.shutdown();
 }

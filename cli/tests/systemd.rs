@@ -29,6 +29,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use backend::client::Client;
+use backend::stats::Stats;
 use serde_json::Value;
 
 /// The test's end of `NOTIFY_SOCKET`.
@@ -125,7 +126,7 @@ fn wait_exit(child: &mut Child, timeout: Duration) -> std::process::ExitStatus {
 
 /// A client on its own thread that connects now and asks STATS; its
 /// connection waits in the listening socket's backlog until a daemon serves.
-fn early_client(socket: &Path) -> std::thread::JoinHandle<Value> {
+fn early_client(socket: &Path) -> std::thread::JoinHandle<Stats> {
     let stream = std::os::unix::net::UnixStream::connect(socket).expect("connect before serve");
     std::thread::spawn(move || {
         let mut c = Client::from_stream(stream).expect("handshake once a daemon serves");
@@ -154,7 +155,7 @@ fn serve_notifies_ready_when_serving_and_stopping_on_sigterm() {
         .expect("connect right after READY=1")
         .stats()
         .expect("stats");
-    assert_eq!(stats["pid"].as_u64(), Some(u64::from(child.id())));
+    assert_eq!(stats.pid, child.id());
     sigterm(&child);
     let msg = notify.recv(Duration::from_secs(30));
     assert!(msg.lines().any(|l| l == "STOPPING=1"), "{msg:?}");
@@ -191,7 +192,7 @@ fn serve_takes_the_socket_systemd_passes_and_leaves_it_in_place() {
         "{msg:?}"
     );
     let stats = early.join().expect("early client");
-    assert_eq!(stats["pid"].as_u64(), Some(u64::from(child.id())));
+    assert_eq!(stats.pid, child.id());
     let after = std::fs::metadata(&socket).expect("meta");
     assert_eq!(
         (after.ino(), after.mode()),
@@ -227,7 +228,7 @@ fn serve_takes_the_socket_systemd_passes_and_leaves_it_in_place() {
     let msg = notify.recv(Duration::from_secs(60));
     assert!(msg.lines().any(|l| l == "READY=1"), "{msg:?}");
     let stats = early.join().expect("client of the restart");
-    assert_eq!(stats["pid"].as_u64(), Some(u64::from(child.id())));
+    assert_eq!(stats.pid, child.id());
     sigterm(&child);
     let status = wait_exit(&mut child, Duration::from_secs(60));
     assert!(status.success(), "hugemem serve exited with {status}");
@@ -533,8 +534,8 @@ fn drive_units(unshare: &mut Child, bin: &str, d: &Path) -> Result<(), String> {
     let sock = "/run/hugemem/hugemem.sock";
     let served_by = || -> u64 {
         let out = ns(&["timeout", "30", bin, "status", "--json", "--socket", sock]);
-        let v: Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("STATS ({e}): {out}"));
-        v["pid"].as_u64().expect("pid")
+        let v: Stats = serde_json::from_str(&out).unwrap_or_else(|e| panic!("STATS ({e}): {out}"));
+        u64::from(v.pid)
     };
     let deadline = Instant::now() + Duration::from_secs(30);
     while ns(&["systemctl", "is-active", "hugemem.socket"]).trim() != "active" {

@@ -292,11 +292,23 @@ impl Client {
         }
     }
 
-    /// STATS as a JSON value.
-    pub fn stats(&mut self) -> Result<serde_json::Value, ClientError> {
+    /// STATS, typed ([`crate::stats::Stats`]; fields this build does not
+    /// know are ignored, fields the daemon did not send take their default).
+    pub fn stats(&mut self) -> Result<crate::stats::Stats, ClientError> {
+        let json = self.stats_text()?;
+        serde_json::from_str(&json).map_err(|e| ClientError::Unexpected(format!("STATS json: {e}")))
+    }
+
+    /// STATS as a JSON value, every key the daemon sent (for `hugemem status
+    /// --json` and readers of fields this build does not know).
+    pub fn stats_json(&mut self) -> Result<serde_json::Value, ClientError> {
+        let json = self.stats_text()?;
+        serde_json::from_str(&json).map_err(|e| ClientError::Unexpected(format!("STATS json: {e}")))
+    }
+
+    fn stats_text(&mut self) -> Result<String, ClientError> {
         match self.call(&Request::Stats)? {
-            (ReplyBody::Stats { json }, _) => serde_json::from_str(&json)
-                .map_err(|e| ClientError::Unexpected(format!("STATS json: {e}"))),
+            (ReplyBody::Stats { json }, _) => Ok(json),
             (other, _) => Err(ClientError::Unexpected(format!("{other:?} to STATS"))),
         }
     }

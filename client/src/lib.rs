@@ -26,6 +26,8 @@ pub mod lazy;
 pub mod pagemap;
 /// The wire protocol: framing, messages, fd passing.
 pub mod proto;
+/// The STATS reply as types, shared by the daemon and its readers.
+pub mod stats;
 /// Raw syscalls behind small safe wrappers (fd-owning `recvmsg`).
 pub mod sys;
 /// Address ranges to targets (a VMM's guest-RAM mappings to regions).

@@ -3,11 +3,7 @@
 //!
 //! Each body must never panic on any input: a panic is a finding.
 
-use std::io::Write;
-use std::os::unix::net::UnixStream;
-use std::sync::OnceLock;
-
-use backend::proto::{Code, Header, ProtoError, Reply, Request, HEADER_SIZE};
+use hugemem_client::proto::{Code, FrameReader, Header, Reply, Request, HEADER_SIZE};
 
 /// Every request code, for targets that pick one from the input.
 const CODES: [Code; 8] = [
@@ -49,58 +45,75 @@ pub fn decode(data: &[u8]) {
     }
 }
 
-fn runtime() -> &'static tokio::runtime::Runtime {
-    static RT: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
-    RT.get_or_init(|| {
-        tokio::runtime::Builder::new_current_thread()
-            .enable_io()
-            .build()
-            .expect("runtime")
-    })
+/// What a reader made of a byte stream: the frames (header, payload) in
+/// order, and the error that ended it (EOF included), as text.
+type Reading = (Vec<(Header, Vec<u8>)>, String);
+
+/// Reads `data` as a peer's byte stream through [`FrameReader`], the
+/// decoder the daemon's tokio reader and the blocking reader run: each read
+/// fills at most `piece(room)` bytes of what the reader asks for (at least
+/// one), then EOF.
+fn read_stream(data: &[u8], mut piece: impl FnMut(usize) -> usize) -> Reading {
+    let mut reader = FrameReader::new();
+    let mut frames = Vec::new();
+    let mut at = 0usize;
+    loop {
+        let room = reader.next_read().0.len();
+        assert!(room > 0, "the reader asks for at least one byte");
+        let n = piece(room).clamp(1, room).min(data.len() - at);
+        let (used, result) = reader.feed(&data[at..at + n]);
+        assert_eq!(used, n);
+        at += n;
+        match result {
+            Ok(Some(frame)) => {
+                assert!(frame.fds.is_empty());
+                frames.push((frame.header, frame.payload));
+            }
+            Ok(None) => {}
+            Err(e) => return (frames, e.to_string()),
+        }
+    }
 }
 
-/// The daemon's frame reader (`proto::async_io::read_frame`) over a
-/// socketpair carrying the input bytes, then EOF: frames are read until an
-/// error; each must be a checked header with exactly its payload, and the
-/// reader must end with EOF or a decoding error, never hang or panic.
+/// The daemon's frame decoder ([`FrameReader`], which
+/// `backend::proto::async_io::read_frame` and the blocking reader drive)
+/// over the input as a byte stream, then EOF, frame after frame: once with
+/// reads as large as the reader asks for, once with reads of sizes picked
+/// from the input's length. Both must give the same frames and the same
+/// final error; each frame must be a checked header (that re-decodes from
+/// the bytes where it started) with exactly its payload, and the frames
+/// must account for no more bytes than were sent. Each payload then goes
+/// through `Request::decode`, what the daemon does next.
 pub fn frames(data: &[u8]) {
-    let (mut tx, rx) = UnixStream::pair().expect("socketpair");
-    // The socket buffer (>= 200 KiB) holds any input libFuzzer makes here
-    // (-max_len is set well below it); a larger one is cut, not blocked on.
-    tx.set_nonblocking(true).expect("nonblocking");
-    let n = tx.write(data).unwrap_or(0);
-    drop(tx);
-    rx.set_nonblocking(true).expect("nonblocking");
-    let written = &data[..n];
-    runtime().block_on(async move {
-        let rx = tokio::net::UnixStream::from_std(rx).expect("register");
-        let mut consumed = 0usize;
-        loop {
-            match backend::proto::async_io::read_frame(&rx).await {
-                Ok(frame) => {
-                    assert_eq!(frame.payload.len(), frame.header.size as usize);
-                    assert!(frame.fds.is_empty());
-                    consumed += HEADER_SIZE + frame.payload.len();
-                    assert!(consumed <= written.len());
-                    let at = consumed - HEADER_SIZE - frame.payload.len();
-                    let head: &[u8; HEADER_SIZE] =
-                        written[at..at + HEADER_SIZE].try_into().expect("16 bytes");
-                    assert_eq!(Header::decode(head).expect("re-decodes"), frame.header);
-                    // What the daemon does next with it.
-                    let _ = Request::decode(frame.header.code, &frame.payload);
-                }
-                Err(ProtoError::Closed | ProtoError::UnexpectedEof) => break,
-                Err(_) => break,
-            }
-        }
+    let whole = read_stream(data, |room| room);
+    let mut x = (data.len() as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let split = read_stream(data, |room| {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        1 + (x % room as u64) as usize
     });
+    assert_eq!(
+        whole, split,
+        "the frames depend on how the reads split the bytes"
+    );
+    let mut at = 0usize;
+    for (header, payload) in &whole.0 {
+        assert_eq!(payload.len(), header.size as usize);
+        let head: &[u8; HEADER_SIZE] = data[at..at + HEADER_SIZE].try_into().expect("16 bytes");
+        assert_eq!(&Header::decode(head).expect("re-decodes"), header);
+        at += HEADER_SIZE + payload.len();
+        assert!(at <= data.len());
+        let _ = Request::decode(header.code, payload);
+    }
 }
 
 /// The UFFD request path the daemon runs before touching a uffd: decode the
 /// payload, then check the ranges against a fixed region table
-/// (`backend::fault::check_uffd_ranges`). Accepted ranges must really fit.
+/// (`hugemem_client::proto::check_uffd_ranges`, which the daemon's lazy-mode
+/// handler calls). Accepted ranges must really fit.
 pub fn uffd_request(data: &[u8]) {
-    use backend::proto::RegionInfo;
+    use hugemem_client::proto::RegionInfo;
     const M2: u64 = 2 << 20;
     const G1: u64 = 1 << 30;
     let regions = [
@@ -132,7 +145,7 @@ pub fn uffd_request(data: &[u8]) {
     let Ok(Request::Uffd { ranges, .. }) = Request::decode(Code::Uffd, data) else {
         return;
     };
-    if backend::fault::check_uffd_ranges(&ranges, &regions).is_ok() {
+    if hugemem_client::proto::check_uffd_ranges(&ranges, &regions).is_ok() {
         for r in &ranges {
             let g = regions
                 .iter()

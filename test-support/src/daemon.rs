@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use backend::client::{Allocation, Client, ClientError};
 use backend::daemon::{Config, Daemon, DaemonHandle};
 use backend::proto::{AllocPart, AllocRequest, ClearMode, PagePolicy, Status};
-use serde_json::Value;
+use backend::stats::{PoolStats, RegionStats, Stats};
 
 static SERIAL: Mutex<()> = Mutex::new(());
 
@@ -20,18 +20,9 @@ pub fn serial() -> MutexGuard<'static, ()> {
         .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
-/// A daemon counter from a STATS document; a missing one fails the test.
-pub fn counter(stats: &Value, name: &str) -> u64 {
-    stats["counters"][name]
-        .as_u64()
-        .unwrap_or_else(|| panic!("counter {name} missing: {stats}"))
-}
-
 /// `field` summed over every pool in a STATS document.
-pub fn pool_bytes(stats: &Value, field: &str) -> u64 {
-    stats["pools"]
-        .as_array()
-        .map_or(0, |p| p.iter().filter_map(|e| e[field].as_u64()).sum())
+pub fn pool_bytes(stats: &Stats, field: impl Fn(&PoolStats) -> u64) -> u64 {
+    stats.pool_sum(field)
 }
 
 /// Polls `cond` until it holds, failing the test after `timeout`.
@@ -94,7 +85,7 @@ impl TestDaemon {
     }
 
     /// The daemon's STATS document.
-    pub fn stats(&self) -> Value {
+    pub fn stats(&self) -> Stats {
         self.handle().stats()
     }
 
@@ -118,17 +109,13 @@ pub fn refused<T: std::fmt::Debug>(r: Result<T, ClientError>) -> (Status, String
 }
 
 /// Region `id` in STATS's `regions` list.
-pub fn region(stats: &Value, id: u64) -> Option<Value> {
-    stats["regions"]
-        .as_array()?
-        .iter()
-        .find(|r| r["id"].as_u64() == Some(id))
-        .cloned()
+pub fn region(stats: &Stats, id: u64) -> Option<RegionStats> {
+    stats.region(id).cloned()
 }
 
 /// The `state` of region `id` in STATS.
-pub fn region_state(stats: &Value, id: u64) -> Option<String> {
-    region(stats, id).and_then(|r| r["state"].as_str().map(str::to_string))
+pub fn region_state(stats: &Stats, id: u64) -> Option<String> {
+    stats.region(id).map(|r| r.state.clone())
 }
 
 /// `true` on a host whose only node with memory is node 0; otherwise the

@@ -9,10 +9,10 @@ use std::time::{Duration, Instant};
 use backend::client::{Allocation, Client};
 use backend::lazy::GuestMapping;
 use backend::proto::{AllocRequest, ClearMode, PagePolicy, RegionInfo};
+use backend::stats::Stats;
 use guest_mem::PageSize;
-use serde_json::Value;
 
-use crate::daemon::{counter, pool_bytes};
+use crate::daemon::pool_bytes;
 use crate::map::Map;
 
 /// One 2 MiB page, in bytes.
@@ -78,8 +78,8 @@ pub fn touch(map: &Arc<Map>, off: usize) -> mpsc::Receiver<u8> {
 }
 
 /// Dirty bytes over every pool in a STATS document.
-pub fn dirty_bytes(stats: &Value) -> u64 {
-    pool_bytes(stats, "dirty_bytes")
+pub fn dirty_bytes(stats: &Stats) -> u64 {
+    pool_bytes(stats, |p| p.dirty_bytes)
 }
 
 /// Tries at a dirty region before a lazy test gives up: each is lost only
@@ -89,7 +89,7 @@ pub const TRIES: usize = 10;
 /// Makes a dirty pooled region (eager ALLOC, stale pattern, FREE), waits for
 /// it to leave quarantine, and asks for lazy memory at once. Returns the
 /// allocation; it panics if the scrubbers won every one of [`TRIES`] tries.
-pub fn lazy_alloc_from_dirty_pool(client: &mut Client, stats: &dyn Fn() -> Value) -> Allocation {
+pub fn lazy_alloc_from_dirty_pool(client: &mut Client, stats: &dyn Fn() -> Stats) -> Allocation {
     for attempt in 0..TRIES {
         let eager = client.alloc(req(ClearMode::Eager)).expect("eager alloc");
         {
@@ -98,7 +98,7 @@ pub fn lazy_alloc_from_dirty_pool(client: &mut Client, stats: &dyn Fn() -> Value
         }
         let id = eager.id;
         drop(eager); // close our fds: nothing of ours holds the region now
-        let discarded = counter(&stats(), "regions_discarded");
+        let discarded = stats().counters.regions_discarded;
         client.free(id).expect("free");
         // Out of quarantine: dirty (the case wanted), or already scrubbed
         // clean or discarded between two polls (then the ALLOC below is not
@@ -107,9 +107,9 @@ pub fn lazy_alloc_from_dirty_pool(client: &mut Client, stats: &dyn Fn() -> Value
         wait_deadline("the region to leave quarantine", || {
             let s = stats();
             dirty_bytes(&s) > 0
-                || (pool_bytes(&s, "quarantined_bytes") == 0
-                    && (pool_bytes(&s, "clean_bytes") >= SIZE
-                        || counter(&s, "regions_discarded") > discarded))
+                || (pool_bytes(&s, |p| p.quarantined_bytes) == 0
+                    && (pool_bytes(&s, |p| p.clean_bytes) >= SIZE
+                        || s.counters.regions_discarded > discarded))
         });
         let lazy = client.alloc(req(ClearMode::Lazy)).expect("lazy alloc");
         if lazy.regions[0].flags & RegionInfo::FLAG_LAZY != 0 {

@@ -31,6 +31,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http_body_util::Full;
+use hugemem_client::stats::PoolStats;
 use hyper::body::Incoming;
 use hyper::header::{HeaderValue, CONTENT_TYPE};
 use hyper::{Method, Request, Response, StatusCode};
@@ -40,13 +41,13 @@ use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
 use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::registry::{Registry, Unit};
-use serde::Deserialize;
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use super::metrics::Metrics;
+use super::pool::PoolPart;
 use super::Shared;
 
 /// Connections served at once.
@@ -85,30 +86,6 @@ struct DaemonCollector {
 
 /// Labels of one pool: its key.
 type PoolLabels = [(&'static str, String); 3];
-
-/// One row of the pool's STATS part (`pools[]`), typed.
-#[derive(Debug, Deserialize)]
-struct PoolRow {
-    node: u32,
-    page_size: String,
-    backing: String,
-    clean_bytes: u64,
-    dirty_bytes: u64,
-    quarantined_bytes: u64,
-    withheld_bytes: u64,
-    in_use_bytes: u64,
-    regions: RegionCounts,
-    target_bytes: u64,
-    limit_bytes: u64,
-}
-
-#[derive(Debug, Deserialize)]
-struct RegionCounts {
-    clean: u64,
-    dirty: u64,
-    quarantined: u64,
-    in_use: u64,
-}
 
 /// Encodes one unlabelled counter.
 fn counter(
@@ -240,33 +217,24 @@ impl DaemonCollector {
         ]
     }
 
-    fn encode_pools(
-        stats: &serde_json::Value,
-        enc: &mut DescriptorEncoder,
-    ) -> Result<(), std::fmt::Error> {
-        let rows: Vec<PoolRow> = match serde_json::from_value(stats["pools"].clone()) {
-            Ok(r) => r,
-            Err(e) => {
-                warn!(error = %e, "pool figures do not have the expected shape; not exported");
-                Vec::new()
-            }
-        };
-        let allocs = &stats["allocations"];
+    fn encode_pools(stats: &PoolPart, enc: &mut DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let rows = &stats.pools;
+        let allocs = &stats.allocations;
         gauge(
             enc,
             "allocations",
             "Live allocations.",
             None,
-            g64(allocs["active"].as_u64().unwrap_or(0)),
+            g64(allocs.active),
         )?;
         gauge(
             enc,
             "allocations",
             "Bytes of live allocations.",
             Some(&Unit::Bytes),
-            g64(allocs["bytes"].as_u64().unwrap_or(0)),
+            g64(allocs.bytes),
         )?;
-        let labels = |r: &PoolRow| -> PoolLabels {
+        let labels = |r: &PoolStats| -> PoolLabels {
             [
                 ("node", r.node.to_string()),
                 ("page_size", r.page_size.clone()),
@@ -281,7 +249,7 @@ impl DaemonCollector {
                 Some(&Unit::Bytes),
                 g.metric_type(),
             )?;
-            for r in &rows {
+            for r in rows {
                 for (state, v) in [
                     ("clean", r.clean_bytes),
                     ("dirty", r.dirty_bytes),
@@ -301,7 +269,7 @@ impl DaemonCollector {
                 None,
                 g.metric_type(),
             )?;
-            for r in &rows {
+            for r in rows {
                 for (state, v) in [
                     ("clean", r.regions.clean),
                     ("dirty", r.regions.dirty),
@@ -318,21 +286,21 @@ impl DaemonCollector {
             (
                 "pool_withheld",
                 "Quarantined bytes withheld: no process holds them, yet another open description of the file exists (part of state=\"quarantined\").",
-                (|r: &PoolRow| r.withheld_bytes) as fn(&PoolRow) -> u64,
+                (|r: &PoolStats| r.withheld_bytes) as fn(&PoolStats) -> u64,
             ),
             (
                 "pool_target",
                 "Idle bytes the node's pool keeps (pool.target).",
-                |r: &PoolRow| r.target_bytes,
+                |r: &PoolStats| r.target_bytes,
             ),
             (
                 "pool_limit",
                 "Most pooled bytes of the node (pool.limit).",
-                |r: &PoolRow| r.limit_bytes,
+                |r: &PoolStats| r.limit_bytes,
             ),
         ] {
             let mut family = enc.encode_descriptor(name, help, Some(&Unit::Bytes), g.metric_type())?;
-            for r in &rows {
+            for r in rows {
                 ConstGauge::new(g64(pick(r))).encode(family.encode_family(&labels(r))?)?;
             }
         }

@@ -15,15 +15,14 @@ use std::os::fd::OwnedFd;
 use std::sync::Arc;
 
 use guest_mem::Region;
-use serde_json::{json, Value};
+use hugemem_client::stats::LazyAlloc as LazyAllocStats;
 use tokio::sync::Notify;
 use tracing::info;
 
 use crate::fault::{
-    check_uffd_ranges, FaultMapping, FaultReport, FaultService, FaultServiceConfig,
-    FaultServiceHandle,
+    FaultMapping, FaultReport, FaultService, FaultServiceConfig, FaultServiceHandle,
 };
-use crate::proto::{RegionInfo, Status, UffdRange};
+use crate::proto::{check_uffd_ranges, RegionInfo, Status, UffdRange};
 use crate::uffd::Uffd;
 
 #[derive(Debug)]
@@ -166,21 +165,20 @@ impl LazyAllocs {
         self.failed.notified().await;
     }
 
-    /// Per-allocation fault counters, for STATS.
-    pub fn stats_json(&self) -> Value {
-        let v: Vec<Value> = self
-            .allocs
+    /// Per-allocation fault counters, for STATS (`lazy`).
+    pub fn stats(&self) -> Vec<LazyAllocStats> {
+        self.allocs
             .iter()
-            .map(|(id, a)| {
-                let s = a.service.as_ref().map(FaultServiceHandle::stats);
-                json!({
-                    "alloc": id,
-                    "attached": a.service.is_some(),
-                    "dirty_pages": a.regions.iter().map(|r| r.states().counts().dirty).sum::<usize>(),
-                    "faults": s,
-                })
+            .map(|(id, a)| LazyAllocStats {
+                alloc: *id,
+                attached: a.service.is_some(),
+                dirty_pages: a
+                    .regions
+                    .iter()
+                    .map(|r| r.states().counts().dirty as u64)
+                    .sum(),
+                faults: a.service.as_ref().map(FaultServiceHandle::stats),
             })
-            .collect();
-        Value::Array(v)
+            .collect()
     }
 }

@@ -78,8 +78,8 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use hugemem_client::stats::{Counters, ScrubNode, ScrubStats, Sessions, Stats, Totals};
 use numa::Topology;
-use serde_json::{json, Value};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -279,104 +279,100 @@ impl Shared {
             .map(|(_, d)| d.as_path())
     }
 
-    /// The STATS document (see `docs/protocol.md` and `hugemem status`).
-    pub fn stats_json(&self) -> Value {
-        let (pool_stats, pending) = self.pool.stats();
+    /// The STATS document (see `docs/protocol.md` and `hugemem status`),
+    /// without the per-connection parts (`lazy`, placement), which the
+    /// session adds.
+    pub fn stats(&self) -> Stats {
+        let (pool, pending) = self.pool.stats();
         let m = &self.metrics;
         let g = Metrics::get;
         let mut total_bytes = 0;
         let mut total_nanos = 0;
-        let nodes: Vec<Value> = self
+        let nodes: Vec<ScrubNode> = self
             .scrub
             .iter()
             .map(|c| {
                 let (b, n) = (g(&c.bytes), g(&c.nanos));
                 total_bytes += b;
                 total_nanos += n;
-                json!({
-                    "node": c.node,
-                    "threads": c.threads,
-                    "bytes": b,
+                ScrubNode {
+                    node: c.node,
+                    threads: c.threads as u64,
+                    bytes: b,
                     // Nanoseconds to seconds: precision is irrelevant here.
-                    "seconds": Duration::from_nanos(n).as_secs_f64(),
-                    "gb_per_s": c.gb_per_s(),
-                    "batches": g(&c.batches),
-                    "pending_bytes": pending.get(&c.node).copied().unwrap_or(0),
-                })
+                    seconds: Duration::from_nanos(n).as_secs_f64(),
+                    gb_per_s: c.gb_per_s(),
+                    batches: g(&c.batches),
+                    pending_bytes: pending.get(&c.node).copied().unwrap_or(0),
+                }
             })
             .collect();
-        let held: u64 = pool_stats["pools"]
-            .as_array()
-            .map(|a| {
-                a.iter()
-                    .map(|p| {
-                        [
-                            "clean_bytes",
-                            "dirty_bytes",
-                            "quarantined_bytes",
-                            "in_use_bytes",
-                        ]
-                        .iter()
-                        .map(|k| p[k].as_u64().unwrap_or(0))
-                        .sum::<u64>()
-                    })
-                    .sum()
-            })
-            .unwrap_or(0);
-        json!({
-            "version": env!("CARGO_PKG_VERSION"),
-            "pid": std::process::id(),
-            "uptime_s": self.started.elapsed().as_secs_f64(),
-            "socket": self.socket.display().to_string(),
-            "hugetlbfs": self.hugetlbfs.iter().map(|(p, d)| (p.to_string(), Value::String(d.display().to_string()))).collect::<serde_json::Map<_, _>>(),
-            "sessions": {
-                "active": g(&m.sessions_active),
-                "total": g(&m.sessions_total),
-                "refused": g(&m.peers_refused),
+        let held: u64 = pool
+            .pools
+            .iter()
+            .map(|p| p.clean_bytes + p.dirty_bytes + p.quarantined_bytes + p.in_use_bytes)
+            .sum();
+        Stats {
+            version: env!("CARGO_PKG_VERSION").into(),
+            pid: std::process::id(),
+            uptime_s: self.started.elapsed().as_secs_f64(),
+            socket: Some(self.socket.display().to_string()),
+            hugetlbfs: Some(
+                self.hugetlbfs
+                    .iter()
+                    .map(|(p, d)| (p.to_string(), d.display().to_string()))
+                    .collect(),
+            ),
+            sessions: Sessions {
+                active: g(&m.sessions_active),
+                total: g(&m.sessions_total),
+                refused: g(&m.peers_refused),
             },
-            "allocations": pool_stats["allocations"],
-            "pools": pool_stats["pools"],
-            "quarantine": pool_stats["quarantine"],
-            "regions": pool_stats["regions"],
-            "given_back": pool_stats["given_back"],
-            "refill": self.refill.stats_json(self.cfg.pool.refill),
-            "rebalance": self.rebalance.stats_json(),
-            "scrub": {
-                "kernel": clearing::ClearKernel::default_kernel().name(),
-                "bytes": total_bytes,
-                "seconds": Duration::from_nanos(total_nanos).as_secs_f64(),
-                "gb_per_s": metrics::gb_per_s(total_bytes, total_nanos),
-                "pending_bytes": pending.values().sum::<u64>(),
-                "nodes": nodes,
+            lazy: None,
+            allocations: pool.allocations,
+            pools: pool.pools,
+            quarantine: Some(pool.quarantine),
+            regions: Some(pool.regions),
+            regions_omitted: false,
+            given_back: Some(pool.given_back),
+            refill: Some(self.refill.stats(self.cfg.pool.refill)),
+            rebalance: Some(self.rebalance.stats()),
+            scrub: ScrubStats {
+                kernel: clearing::ClearKernel::default_kernel().name().into(),
+                bytes: total_bytes,
+                seconds: Duration::from_nanos(total_nanos).as_secs_f64(),
+                gb_per_s: metrics::gb_per_s(total_bytes, total_nanos),
+                pending_bytes: pending.values().sum::<u64>(),
+                nodes,
             },
-            "totals": {
-                "created_bytes": g(&m.bytes_created),
-                "released_bytes": g(&m.bytes_released),
-                "held_bytes": held,
+            totals: Totals {
+                created_bytes: g(&m.bytes_created),
+                released_bytes: g(&m.bytes_released),
+                held_bytes: held,
             },
-            "counters": {
-                "sessions_total": g(&m.sessions_total),
-                "sessions_active": g(&m.sessions_active),
-                "peers_refused": g(&m.peers_refused),
-                "connection_errors": g(&m.connection_errors),
-                "allocs_ok": g(&m.allocs_ok),
-                "allocs_failed": g(&m.allocs_failed),
-                "regions_pooled": g(&m.regions_pooled),
-                "regions_recleared": g(&m.regions_recleared),
-                "regions_grown": g(&m.regions_grown),
-                "downgrades": g(&m.downgrades),
-                "regions_discarded": g(&m.regions_discarded),
-                "pages_detached": g(&m.pages_detached),
-                "regions_withheld": g(&m.regions_withheld),
-                "leftover_files_released": g(&m.leftover_files_released),
-                "leftover_bytes_released": g(&m.leftover_bytes_released),
-                "regions_fresh": g(&m.regions_fresh),
-                "frees": g(&m.frees),
-                "bytes_created": g(&m.bytes_created),
-                "bytes_released": g(&m.bytes_released),
-                "quarantine_scans": g(&m.quarantine_scans),
+            counters: Counters {
+                sessions_total: g(&m.sessions_total),
+                sessions_active: g(&m.sessions_active),
+                peers_refused: g(&m.peers_refused),
+                connection_errors: g(&m.connection_errors),
+                allocs_ok: g(&m.allocs_ok),
+                allocs_failed: g(&m.allocs_failed),
+                regions_pooled: g(&m.regions_pooled),
+                regions_recleared: g(&m.regions_recleared),
+                regions_grown: g(&m.regions_grown),
+                downgrades: g(&m.downgrades),
+                regions_discarded: g(&m.regions_discarded),
+                pages_detached: g(&m.pages_detached),
+                regions_withheld: g(&m.regions_withheld),
+                leftover_files_released: g(&m.leftover_files_released),
+                leftover_bytes_released: g(&m.leftover_bytes_released),
+                regions_fresh: g(&m.regions_fresh),
+                frees: g(&m.frees),
+                bytes_created: g(&m.bytes_created),
+                bytes_released: g(&m.bytes_released),
+                quarantine_scans: g(&m.quarantine_scans),
             },
-        })
+        }
     }
 }
 
@@ -588,9 +584,16 @@ impl DaemonHandle {
         &self.shared.socket
     }
 
-    /// The STATS document, as a client would get it.
-    pub fn stats(&self) -> Value {
-        self.shared.stats_json()
+    /// The STATS document, as a client would get it (without the
+    /// per-connection `lazy` list and placement).
+    pub fn stats(&self) -> Stats {
+        self.shared.stats()
+    }
+
+    /// [`DaemonHandle::stats`] as a JSON value, for readers that look up
+    /// keys by name.
+    pub fn stats_json(&self) -> serde_json::Value {
+        serde_json::to_value(self.shared.stats()).unwrap_or(serde_json::Value::Null)
     }
 
     /// Where the metrics endpoint listens, when it is on.

@@ -23,8 +23,8 @@ use std::time::Instant;
 
 use clearing::{CancelToken, Progress, RunOptions};
 use guest_mem::PageSize;
+use hugemem_client::stats::{RefillCurrent, RefillStats};
 use numa::NodeId;
-use serde_json::{json, Value};
 use tracing::{debug, info};
 
 use super::pool::free_pages;
@@ -121,20 +121,20 @@ impl Refill {
     }
 
     /// STATS `refill`.
-    pub fn stats_json(&self, enabled: bool) -> Value {
+    pub fn stats(&self, enabled: bool) -> RefillStats {
         let s = self.lock();
-        json!({
-            "enabled": enabled,
-            "current": s.current.map(|(node, p, bytes)| json!({
-                "node": node,
-                "page_size": p.to_string(),
-                "bytes": bytes,
-                "done_bytes": self.done.load(Ordering::Relaxed),
-            })),
-            "regions": self.regions.load(Ordering::Relaxed),
-            "bytes": self.bytes.load(Ordering::Relaxed),
-            "yielded": self.yielded.load(Ordering::Relaxed),
-        })
+        RefillStats {
+            enabled,
+            current: s.current.map(|(node, p, bytes)| RefillCurrent {
+                node,
+                page_size: p.to_string(),
+                bytes,
+                done_bytes: self.done.load(Ordering::Relaxed),
+            }),
+            regions: self.regions.load(Ordering::Relaxed),
+            bytes: self.bytes.load(Ordering::Relaxed),
+            yielded: self.yielded.load(Ordering::Relaxed),
+        }
     }
 }
 

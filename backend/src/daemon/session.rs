@@ -454,46 +454,52 @@ impl Session {
     }
 
     async fn stats(&self) -> Outcome {
-        let mut v = self.shared.stats_json();
-        super::rebalance::add_placement(&self.shared, &mut v).await;
+        let mut stats = self.shared.stats();
+        super::rebalance::add_placement(&self.shared, &mut stats).await;
         // This connection's lazy allocations and their fault counters.
-        if let Some(o) = v.as_object_mut() {
-            o.insert("lazy".into(), self.lazy.stats_json());
-        }
+        stats.lazy = Some(self.lazy.stats());
         // A tenant that is not an operator sees aggregates and its own
         // regions only: no other tenant's regions, inodes, paths, holder
-        // pids, sessions or placement.
+        // pids, sessions or placement (and no socket, hugetlbfs,
+        // quarantine, given_back, refill or rebalance). An allowlist: a
+        // part added to `Stats` later stays at its default for tenants
+        // until it is named here.
         if !self.shared.rebalance.operators().contains(&self.peer.uid) && self.peer.uid != 0 {
             let own = self.shared.pool.region_ids_of(self.id);
-            if let Some(o) = v.as_object_mut() {
-                const TENANT_KEYS: [&str; 11] = [
-                    "version",
-                    "uptime_s",
-                    "pools",
-                    "scrub",
-                    "counters",
-                    "sessions",
-                    "allocations",
-                    "totals",
-                    "lazy",
-                    "regions",
-                    "pid",
-                ];
-                o.retain(|k, _| TENANT_KEYS.contains(&k.as_str()));
-                if let Some(serde_json::Value::Array(regions)) = o.get_mut("regions") {
-                    regions.retain(|r| r["id"].as_u64().is_some_and(|id| own.contains(&id)));
-                }
-            }
+            stats = hugemem_client::stats::Stats {
+                version: stats.version,
+                pid: stats.pid,
+                uptime_s: stats.uptime_s,
+                sessions: stats.sessions,
+                lazy: stats.lazy,
+                allocations: stats.allocations,
+                pools: stats.pools,
+                regions: stats.regions.map(|mut regions| {
+                    regions.retain(|r| own.contains(&r.id));
+                    regions
+                }),
+                scrub: stats.scrub,
+                totals: stats.totals,
+                counters: stats.counters,
+                ..hugemem_client::stats::Stats::default()
+            };
         }
-        let mut json = v.to_string();
+        let to_json = |s: &hugemem_client::stats::Stats| {
+            serde_json::to_string(s).map_err(|e| format!("STATS: {e}"))
+        };
+        let mut json = match to_json(&stats) {
+            Ok(j) => j,
+            Err(e) => return Outcome::error(Status::Internal, e),
+        };
         // The reply must fit one frame: status (8) + length (4) + JSON. The
         // per-region list is the only part that grows with use; drop it first.
         if json.len() + 12 > MAX_PAYLOAD {
-            if let Some(o) = v.as_object_mut() {
-                o.remove("regions");
-                o.insert("regions_omitted".into(), serde_json::Value::Bool(true));
-            }
-            json = v.to_string();
+            stats.regions = None;
+            stats.regions_omitted = true;
+            json = match to_json(&stats) {
+                Ok(j) => j,
+                Err(e) => return Outcome::error(Status::Internal, e),
+            };
         }
         if json.len() + 12 > MAX_PAYLOAD {
             return Outcome::error(Status::Internal, "STATS does not fit one reply");

@@ -16,7 +16,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use serde::Serialize;
+pub use hugemem_client::stats::{FaultStats, LatencySummary};
 
 /// Sub-buckets per power of two (3 bits of mantissa).
 const SUB_BITS: u32 = 3;
@@ -148,23 +148,6 @@ impl Histogram {
     }
 }
 
-/// Percentiles of a [`Histogram`], in nanoseconds.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
-pub struct LatencySummary {
-    /// Samples.
-    pub count: u64,
-    /// Mean.
-    pub mean_ns: u64,
-    /// Median.
-    pub p50_ns: u64,
-    /// 90th percentile.
-    pub p90_ns: u64,
-    /// 99th percentile.
-    pub p99_ns: u64,
-    /// Largest sample.
-    pub max_ns: u64,
-}
-
 /// Counters of one fault service.
 #[derive(Debug, Default)]
 pub struct FaultMetrics {
@@ -243,128 +226,6 @@ impl FaultMetrics {
             other_events: g(&self.other_events),
             latency: self.latency.summary(),
         }
-    }
-}
-
-/// A snapshot of [`FaultMetrics`] (see there for each field).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
-#[allow(missing_docs)]
-pub struct FaultStats {
-    pub faults: u64,
-    pub minor: u64,
-    pub missing: u64,
-    pub served_cleared: u64,
-    pub served_clean: u64,
-    pub served_mapped: u64,
-    pub served_adopted: u64,
-    pub coalesced: u64,
-    pub retries: u64,
-    pub unknown_address: u64,
-    pub errors: u64,
-    pub fault_bytes_cleared: u64,
-    pub scrub_pages: u64,
-    pub scrub_bytes: u64,
-    pub precontinued: u64,
-    pub remove_events: u64,
-    pub unmap_events: u64,
-    pub remap_events: u64,
-    pub other_events: u64,
-    pub latency: LatencySummary,
-}
-
-impl FaultStats {
-    /// Every counter (not the latency summary) with its name and meaning,
-    /// for an exporter: the names are the STATS keys.
-    pub fn counters(&self) -> [(&'static str, &'static str, u64); 19] {
-        [
-            ("faults", "Page-fault events read.", self.faults),
-            (
-                "minor",
-                "MINOR faults (page in the page cache).",
-                self.minor,
-            ),
-            (
-                "missing",
-                "MISSING faults (served with zeros).",
-                self.missing,
-            ),
-            (
-                "served_cleared",
-                "Faults whose page the service cleared first.",
-                self.served_cleared,
-            ),
-            (
-                "served_clean",
-                "Faults on a page already clean (mapped only).",
-                self.served_clean,
-            ),
-            (
-                "served_mapped",
-                "Faults on a page already mapped (re-installed or woken).",
-                self.served_mapped,
-            ),
-            (
-                "served_adopted",
-                "Faults on a page the pool never populated (adopted uncleared).",
-                self.served_adopted,
-            ),
-            (
-                "coalesced",
-                "Faults on a page another thread was clearing.",
-                self.coalesced,
-            ),
-            (
-                "retries",
-                "Fill ioctls that answered EAGAIN and were retried.",
-                self.retries,
-            ),
-            (
-                "unknown_address",
-                "Faults outside every range the service was given.",
-                self.unknown_address,
-            ),
-            ("errors", "Faults that could not be served.", self.errors),
-            (
-                "fault_bytes_cleared",
-                "Bytes cleared on the fault path.",
-                self.fault_bytes_cleared,
-            ),
-            (
-                "scrub_pages",
-                "Pages cleared by the services' background scrubbers.",
-                self.scrub_pages,
-            ),
-            (
-                "scrub_bytes",
-                "Bytes cleared by the services' background scrubbers.",
-                self.scrub_bytes,
-            ),
-            (
-                "precontinued",
-                "Pages installed ahead of any fault.",
-                self.precontinued,
-            ),
-            (
-                "remove_events",
-                "Non-cooperative REMOVE events.",
-                self.remove_events,
-            ),
-            (
-                "unmap_events",
-                "Non-cooperative UNMAP events.",
-                self.unmap_events,
-            ),
-            (
-                "remap_events",
-                "Non-cooperative REMAP events.",
-                self.remap_events,
-            ),
-            (
-                "other_events",
-                "Other userfaultfd events (FORK, unknown).",
-                self.other_events,
-            ),
-        ]
     }
 }
 

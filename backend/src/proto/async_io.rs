@@ -4,12 +4,13 @@
 //! `recvmsg` runs inside [`UnixStream::try_io`] after `readable()` reported
 //! readiness, with `MSG_DONTWAIT`, so a partial message never blocks an
 //! executor thread and `EAGAIN` simply clears the readiness and waits again.
-//! The same checks as the blocking reader apply, in the same order: the
-//! 16-byte header is read and [`Header::decode`]d (version, code, flags,
-//! payload ≤ [`super::MAX_PAYLOAD`]) before a single payload byte is
-//! allocated, fds are taken into `OwnedFd` as they arrive, and EOF inside a
-//! frame is [`ProtoError::UnexpectedEof`] while EOF between frames is
-//! [`ProtoError::Closed`].
+//! The bytes go through the same sync decoder as the blocking reader's,
+//! `hugemem_client::proto::FrameReader` (which the fuzzer drives with
+//! hostile input): the 16-byte header is read and [`Header::decode`]d
+//! (version, code, flags, payload ≤ [`super::MAX_PAYLOAD`]) before a single
+//! payload byte is allocated, fds are taken into `OwnedFd` as they arrive,
+//! and EOF inside a frame is [`ProtoError::UnexpectedEof`] while EOF between
+//! frames is [`ProtoError::Closed`].
 //!
 //! Writing cannot reuse [`super::socket::send_all`]: it loops until every byte
 //! is out, and on a non-blocking socket a short write followed by `EAGAIN`
@@ -24,7 +25,7 @@ use tokio::io::Interest;
 use tokio::net::UnixStream;
 
 use super::socket::recv_some;
-use super::{Frame, Header, ProtoError, HEADER_SIZE, MAX_FDS};
+use super::{Frame, FrameReader, Header, ProtoError, HEADER_SIZE, MAX_FDS};
 
 /// Reads one `recvmsg` worth into `buf` once the socket is readable.
 async fn read_some(
@@ -65,31 +66,16 @@ fn borrowed(stream: &UnixStream) -> BorrowedFd<'_> {
 /// [`ProtoError::UnknownCode`], [`ProtoError::PayloadTooLarge`], ...),
 /// [`ProtoError::TooManyFds`], and socket errors.
 pub async fn read_frame(stream: &UnixStream) -> Result<Frame, ProtoError> {
-    let mut fds = Vec::new();
-    let mut head = [0u8; HEADER_SIZE];
-    let mut got = 0;
-    while got < HEADER_SIZE {
-        match read_some(stream, &mut head[got..], &mut fds).await? {
-            0 if got == 0 => return Err(ProtoError::Closed),
-            0 => return Err(ProtoError::UnexpectedEof),
-            n => got += n,
+    // The reassembly and every check are the client crate's sync
+    // [`FrameReader`] (the code the fuzzer runs); only the waiting is here.
+    let mut reader = FrameReader::new();
+    loop {
+        let (buf, fds) = reader.next_read();
+        let n = read_some(stream, buf, fds).await?;
+        if let Some(frame) = reader.advance(n)? {
+            return Ok(frame);
         }
     }
-    let header = Header::decode(&head)?;
-    // The size was bounded by `decode`, so this allocation is at most MAX_PAYLOAD.
-    let mut payload = vec![0u8; header.size as usize];
-    let mut got = 0;
-    while got < payload.len() {
-        match read_some(stream, &mut payload[got..], &mut fds).await? {
-            0 => return Err(ProtoError::UnexpectedEof),
-            n => got += n,
-        }
-    }
-    Ok(Frame {
-        header,
-        payload,
-        fds,
-    })
 }
 
 /// One non-blocking `sendmsg` of `bytes`, with `fds` attached when given.

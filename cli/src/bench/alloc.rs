@@ -50,9 +50,9 @@ use clearing::{Chunk, Job, RunError, RunOptions};
 use guest_mem::{
     PagePolicy as RegionPolicy, PageSize, Region, RegionSpec, Reservation, SharedMapping,
 };
+use hugemem_client::stats::Stats;
 use numa::{MbindFlags, MemPolicyMode, NodeMask, Topology};
 use serde::Serialize;
-use serde_json::Value;
 
 use super::{best, median, ratio};
 use backend::client::{Client, ClientError};
@@ -455,17 +455,10 @@ fn cloud_hypervisor_style(
 }
 
 /// (clean bytes, dirty + quarantined bytes) over every pool in a STATS document.
-pub(super) fn pool_state(stats: &Value) -> (u64, u64) {
-    let sum = |field: &str| -> u64 {
-        stats.get("pools").and_then(Value::as_array).map_or(0, |a| {
-            a.iter()
-                .filter_map(|p| p.get(field).and_then(Value::as_u64))
-                .sum()
-        })
-    };
+pub(super) fn pool_state(stats: &Stats) -> (u64, u64) {
     (
-        sum("clean_bytes"),
-        sum("dirty_bytes") + sum("quarantined_bytes"),
+        stats.pool_sum(|p| p.clean_bytes),
+        stats.pool_sum(|p| p.dirty_bytes + p.quarantined_bytes),
     )
 }
 

@@ -58,8 +58,8 @@ use std::time::{Duration, Instant};
 
 use guest_mem::vm_memory::{GuestMemoryBackend, GuestMemoryRegion};
 use guest_mem::{AnonMapping, PageSize, PoolCounts};
+use hugemem_client::stats::Stats;
 use serde::Serialize;
-use serde_json::Value;
 use tracing::warn;
 
 use crate::private_dir::PrivateDir;
@@ -516,29 +516,24 @@ fn pages_text(sizes: &[u64]) -> String {
 
 /// Pages of `page` the host has for new allocations: free in the kernel,
 /// plus idle (not in use) in the daemon's pools per `stats`.
-fn pages_on_hand(page: PageSize, stats: Option<&Value>) -> u64 {
+fn pages_on_hand(page: PageSize, stats: Option<&Stats>) -> u64 {
     let free = PoolCounts::read(page, None)
         .ok()
         .flatten()
         .map_or(0, |c| c.available());
-    let idle: u64 = stats
-        .and_then(|s| s.get("pools")?.as_array().cloned())
-        .unwrap_or_default()
-        .iter()
-        .filter(|p| p.get("page_size").and_then(Value::as_str) == Some(&page.to_string()))
-        .map(|p| {
-            ["clean_bytes", "dirty_bytes", "quarantined_bytes"]
-                .iter()
-                .filter_map(|k| p.get(k).and_then(Value::as_u64))
-                .sum::<u64>()
-        })
-        .sum();
+    let idle: u64 = stats.map_or(0, |s| {
+        s.pools
+            .iter()
+            .filter(|p| p.page_size == page.to_string())
+            .map(|p| p.clean_bytes + p.dirty_bytes + p.quarantined_bytes)
+            .sum()
+    });
     free + idle / page.bytes()
 }
 
 /// The largest page the policy allows (and that divides the size) of which
 /// the host has enough for `parallel` launches; 4K when none.
-fn expected_page(cfg: &ChurnConfig, stats: Option<&Value>) -> PageSize {
+fn expected_page(cfg: &ChurnConfig, stats: Option<&Stats>) -> PageSize {
     let candidates: Vec<PageSize> = match cfg.page_policy {
         PagePolicy::Best => vec![PageSize::Huge1G, PageSize::Huge2M],
         PagePolicy::Huge1G => return PageSize::Huge1G,
@@ -553,7 +548,9 @@ fn expected_page(cfg: &ChurnConfig, stats: Option<&Value>) -> PageSize {
         .unwrap_or(PageSize::Base4K)
 }
 
-fn downgrade_counter(stats: &Value) -> Option<u64> {
+/// The daemon's `downgrades` counter; `None` from a daemon whose STATS has
+/// none (read by key: the typed `Counters` would say 0).
+fn downgrade_counter(stats: &serde_json::Value) -> Option<u64> {
     stats.get("counters")?.get("downgrades")?.as_u64()
 }
 
@@ -672,9 +669,9 @@ pub fn run(cfg: &ChurnConfig, progress: &mut dyn FnMut(&str)) -> Result<ChurnRep
     };
     let mut hugemem_side = || -> Result<_, ChurnError> {
         let warm = warm_up(&plan, Side::Hugemem, progress)?;
-        let before = Client::connect(&plan.socket)?.stats()?;
+        let before = Client::connect(&plan.socket)?.stats_json()?;
         let launches = churn(&plan, Side::Hugemem, cfg.vms, cfg.parallel, progress)?;
-        let after = Client::connect(&plan.socket)?.stats()?;
+        let after = Client::connect(&plan.socket)?.stats_json()?;
         Ok((warm, before, after, launches))
     };
     let result = hugemem_side();

@@ -462,9 +462,7 @@ impl Bench {
 
     /// The daemon's `regions_recleared` counter (dirty regions an ALLOC cleared).
     fn recleared(&self) -> u64 {
-        self.handle().stats()["counters"]["regions_recleared"]
-            .as_u64()
-            .unwrap_or(0)
+        self.handle().stats().counters.regions_recleared
     }
 
     /// Waits until the region just freed is dirty in the pool (quarantine
@@ -474,9 +472,7 @@ impl Bench {
         let deadline = Instant::now() + POOL_DEADLINE;
         loop {
             let stats = self.handle().stats();
-            let dirty: u64 = stats["pools"].as_array().map_or(0, |a| {
-                a.iter().filter_map(|p| p["dirty_bytes"].as_u64()).sum()
-            });
+            let dirty = stats.pool_sum(|p| p.dirty_bytes);
             let (clean, pending) = super::alloc::pool_state(&stats);
             if dirty > 0 || (clean >= self.cfg.size && pending == 0) {
                 return Ok(());

@@ -12,14 +12,18 @@
 //! payloads are checked against the payload length and the protocol limits
 //! before anything is allocated, and trailing bytes are an error.
 
+pub mod framing;
 pub mod messages;
 pub mod socket;
+pub mod validate;
 
+pub use framing::{Frame, FrameReader};
 pub use messages::{
     AllocPart, AllocRequest, ClearMode, PagePolicy, RegionInfo, Reply, ReplyBody, Request,
     UffdRange, ALLOC_FLAG_PATHS, ALLOC_FLAG_WAIT, ALLOC_REPLY_FLAG_PATHS,
 };
-pub use socket::{recv_message, send_message, Frame};
+pub use socket::{recv_message, send_message};
+pub use validate::check_uffd_ranges;
 
 /// The protocol version this build speaks.
 pub const PROTOCOL_VERSION: u32 = 1;

@@ -14,16 +14,8 @@ use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags};
 
 use super::{Header, ProtoError, HEADER_SIZE, MAX_FDS};
 
-/// One message as it travelled: header, payload and the fds that came with it.
-#[derive(Debug)]
-pub struct Frame {
-    /// Checked header.
-    pub header: Header,
-    /// Payload bytes (`header.size` of them).
-    pub payload: Vec<u8>,
-    /// Descriptors received with the header.
-    pub fds: Vec<OwnedFd>,
-}
+pub use super::framing::Frame;
+use super::framing::FrameReader;
 
 /// Sends `bytes` with `fds` attached to the first byte; loops on short writes.
 pub fn send_all(
@@ -96,33 +88,18 @@ pub fn send_message(
 }
 
 /// Receives one message (blocking socket): header first (checked before the
-/// payload is read or allocated), then exactly `header.size` payload bytes.
+/// payload is read or allocated), then exactly `header.size` payload bytes
+/// ([`FrameReader`] does the reassembly).
 pub fn recv_message(sock: &impl AsFd) -> Result<Frame, ProtoError> {
     let fd = sock.as_fd();
-    let mut fds = Vec::new();
-    let mut head = [0u8; HEADER_SIZE];
-    let mut got = 0;
-    while got < HEADER_SIZE {
-        match recv_some(fd, &mut head[got..], &mut fds, false)? {
-            0 if got == 0 => return Err(ProtoError::Closed),
-            0 => return Err(ProtoError::UnexpectedEof),
-            n => got += n,
+    let mut reader = FrameReader::new();
+    loop {
+        let (buf, fds) = reader.next_read();
+        let n = recv_some(fd, buf, fds, false)?;
+        if let Some(frame) = reader.advance(n)? {
+            return Ok(frame);
         }
     }
-    let header = Header::decode(&head)?;
-    let mut payload = vec![0u8; header.size as usize];
-    let mut got = 0;
-    while got < payload.len() {
-        match recv_some(fd, &mut payload[got..], &mut fds, false)? {
-            0 => return Err(ProtoError::UnexpectedEof),
-            n => got += n,
-        }
-    }
-    Ok(Frame {
-        header,
-        payload,
-        fds,
-    })
 }
 
 #[cfg(test)]

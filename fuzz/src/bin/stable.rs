@@ -14,7 +14,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use backend::proto::{
+use hugemem_client::proto::{
     AllocPart, AllocRequest, ClearMode, Code, Header, PagePolicy, RegionInfo, Reply, ReplyBody,
     Request, Status, UffdRange,
 };

@@ -5,7 +5,7 @@
 use std::collections::VecDeque;
 use std::time::Instant;
 
-use serde_json::{json, Value};
+use hugemem_client::stats::GivenBack as StatsEntry;
 
 use super::{Entry, RegionId};
 
@@ -44,22 +44,18 @@ impl Recent {
     }
 
     /// The STATS list, newest first.
-    pub(super) fn json(&self) -> Value {
-        Value::Array(
-            self.0
-                .iter()
-                .rev()
-                .map(|g| {
-                    json!({
-                        "region": g.id,
-                        "node": g.node,
-                        "page_size": g.page_size.to_string(),
-                        "bytes": g.bytes,
-                        "why": format!("given back: {}", g.why),
-                        "seconds_ago": g.at.elapsed().as_secs_f64(),
-                    })
-                })
-                .collect(),
-        )
+    pub(super) fn stats(&self) -> Vec<StatsEntry> {
+        self.0
+            .iter()
+            .rev()
+            .map(|g| StatsEntry {
+                region: g.id,
+                node: g.node,
+                page_size: g.page_size.to_string(),
+                bytes: g.bytes,
+                why: format!("given back: {}", g.why),
+                seconds_ago: g.at.elapsed().as_secs_f64(),
+            })
+            .collect()
     }
 }

@@ -93,6 +93,7 @@ mod scrubbing;
 mod stats;
 mod supply;
 mod take;
+pub use stats::PoolPart;
 
 use files::reclaim_path;
 pub use held::{Held, HeldRegion, Why};

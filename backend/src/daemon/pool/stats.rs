@@ -2,16 +2,33 @@
 
 use std::collections::{BTreeMap, HashMap};
 
+use hugemem_client::stats::{
+    Allocations, GivenBack, PoolStats, QuarantinedRegion, RegionCounts, RegionStats, Withheld,
+};
 use numa::NodeId;
-use serde_json::{json, Value};
 
 use super::{pooled_bytes, Entry, EntryState, Inner, Pool, PoolKey};
 use crate::daemon::pool::Why;
 
+/// The pool's part of STATS, read under one lock.
+#[derive(Debug, Clone, Default)]
+pub struct PoolPart {
+    /// `pools`.
+    pub pools: Vec<PoolStats>,
+    /// `quarantine`.
+    pub quarantine: Vec<QuarantinedRegion>,
+    /// `regions` (without placement).
+    pub regions: Vec<RegionStats>,
+    /// `given_back`.
+    pub given_back: Vec<GivenBack>,
+    /// `allocations`.
+    pub allocations: Allocations,
+}
+
 impl Pool {
-    /// The pool part of STATS: one object per (node, page size) with bytes and
+    /// The pool part of STATS: one entry per (node, page size) with bytes and
     /// region counts per state, plus scrub backlog per node.
-    pub fn stats(&self) -> (Value, HashMap<NodeId, u64>) {
+    pub fn stats(&self) -> (PoolPart, HashMap<NodeId, u64>) {
         let g = self.lock();
         let mut by_key: BTreeMap<PoolKey, [(u64, u64); 4]> = BTreeMap::new();
         let mut pending: HashMap<NodeId, u64> = HashMap::new();
@@ -39,68 +56,73 @@ impl Pool {
                 *pending.entry(e.key.node).or_default() += (c.dirty + c.clearing) as u64 * unit;
             }
         }
-        let pools: Vec<Value> = by_key
+        let pools = by_key
             .iter()
             .map(|(k, v)| {
                 let (target, limit) = self.cfg.limits(k.node);
-                json!({
-                    "node": k.node,
-                    "page_size": k.page_size.to_string(),
-                    "backing": if k.paths { "hugetlbfs" } else { "memfd" },
-                    "clean_bytes": v[0].0,
-                    "dirty_bytes": v[1].0,
-                    "quarantined_bytes": v[2].0,
-                    "withheld_bytes": withheld.get(k).copied().unwrap_or(0),
-                    "in_use_bytes": v[3].0,
-                    "regions": {"clean": v[0].1, "dirty": v[1].1, "quarantined": v[2].1, "in_use": v[3].1},
-                    "target_bytes": target,
-                    "limit_bytes": limit,
-                    "size_limit_bytes": self.cfg.size_limit(k.page_size),
-                })
+                PoolStats {
+                    node: k.node,
+                    page_size: k.page_size.to_string(),
+                    backing: if k.paths { "hugetlbfs" } else { "memfd" }.into(),
+                    clean_bytes: v[0].0,
+                    dirty_bytes: v[1].0,
+                    quarantined_bytes: v[2].0,
+                    withheld_bytes: withheld.get(k).copied().unwrap_or(0),
+                    in_use_bytes: v[3].0,
+                    regions: RegionCounts {
+                        clean: v[0].1,
+                        dirty: v[1].1,
+                        quarantined: v[2].1,
+                        in_use: v[3].1,
+                    },
+                    target_bytes: target,
+                    limit_bytes: limit,
+                    size_limit_bytes: self.cfg.size_limit(k.page_size),
+                }
             })
             .collect();
-        let quarantine: Vec<Value> = g
+        let quarantine = g
             .entries
             .iter()
             .filter(|(_, e)| e.state == EntryState::Quarantined)
-            .map(|(id, e)| {
-                json!({
-                    "region": id,
-                    "bytes": e.region.len(),
-                    "seconds": e.since.elapsed().as_secs_f64(),
-                    "holder_pid": e.holder.as_ref().map(|h| h.pid),
-                    "withheld": e.withheld.as_ref().map(|(reason, since)| json!({
-                        "reason": reason,
-                        "seconds": since.elapsed().as_secs_f64(),
-                        "uid": e.tenant,
-                    })),
-                })
+            .map(|(id, e)| QuarantinedRegion {
+                region: *id,
+                bytes: e.region.len(),
+                seconds: e.since.elapsed().as_secs_f64(),
+                holder_pid: e.holder.as_ref().map(|h| h.pid),
+                withheld: e.withheld.as_ref().map(|(reason, since)| Withheld {
+                    reason: reason.clone(),
+                    seconds: since.elapsed().as_secs_f64(),
+                    uid: e.tenant,
+                }),
             })
             .collect();
-        let regions: Vec<Value> = g
+        let regions = g
             .entries
             .iter()
-            .map(|(id, e)| {
-                json!({
-                    "id": id,
-                    "node": e.key.node,
-                    "page_size": e.key.page_size.to_string(),
-                    "bytes": e.region.len(),
-                    "state": e.state.name(),
-                    "inode": e.owned.id.ino,
-                    "path": e.region.path().map(|p| p.display().to_string()),
-                    "why": self.why(&g, e),
-                })
+            .map(|(id, e)| RegionStats {
+                id: *id,
+                node: e.key.node,
+                page_size: e.key.page_size.to_string(),
+                bytes: e.region.len(),
+                state: e.state.name().into(),
+                inode: e.owned.id.ino,
+                path: e.region.path().map(|p| p.display().to_string()),
+                why: self.why(&g, e),
+                ..RegionStats::default()
             })
             .collect();
-        let v = json!({
-            "pools": pools,
-            "quarantine": quarantine,
-            "regions": regions,
-            "given_back": g.given_back.json(),
-            "allocations": {"active": g.allocs.len(), "bytes": allocs_bytes},
-        });
-        (v, pending)
+        let part = PoolPart {
+            pools,
+            quarantine,
+            regions,
+            given_back: g.given_back.stats(),
+            allocations: Allocations {
+                active: g.allocs.len() as u64,
+                bytes: allocs_bytes,
+            },
+        };
+        (part, pending)
     }
 
     /// Why a region is where it is, in words (STATS `regions[].why`).

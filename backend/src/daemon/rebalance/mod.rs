@@ -82,12 +82,14 @@ use std::sync::{Mutex, MutexGuard};
 use std::time::Instant;
 
 use clearing::CancelToken;
+use hugemem_client::stats::{
+    ActiveMove as ActiveMoveStats, RebalanceClient, RebalanceCounters, RebalanceStats,
+};
 use migrate::{
     ByteRange, Decision, MigrateError, MoveReport, Placement, PlanError, PolicyConfig, Sample,
     Watcher,
 };
 use numa::NodeId;
-use serde_json::{json, Map, Value};
 use tracing::info;
 
 use super::config::RebalanceConfig;
@@ -414,61 +416,59 @@ impl Rebalancer {
 
     /// The `rebalance` object of STATS: settings, counters, moves in
     /// progress, and the policy's last look at every client.
-    pub fn stats_json(&self) -> Value {
+    pub fn stats(&self) -> RebalanceStats {
         let c = &self.counters;
         let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        let active: Vec<Value> = lock(&self.active)
+        let active = lock(&self.active)
             .iter()
-            .map(|(id, m)| {
-                json!({
-                    "region": id,
-                    "alloc_id": m.alloc,
-                    "target": m.target,
-                    "offset": m.range.offset,
-                    "len": m.range.len,
-                    "seconds": m.started.elapsed().as_secs_f64(),
-                    "by": m.initiator.name(),
-                    "cancelled": m.cancel.is_cancelled(),
-                })
+            .map(|(id, m)| ActiveMoveStats {
+                region: *id,
+                alloc_id: m.alloc,
+                target: m.target,
+                offset: m.range.offset,
+                len: m.range.len,
+                seconds: m.started.elapsed().as_secs_f64(),
+                by: m.initiator.name().into(),
+                cancelled: m.cancel.is_cancelled(),
             })
             .collect();
-        let clients: Vec<Value> = if self.cfg.policy {
+        let clients = if self.cfg.policy {
             lock(&self.clients)
                 .iter()
-                .map(|(session, p)| {
-                    json!({
-                        "session": session,
-                        "pid": p.pid,
-                        "watched_pids": p.watched_pids,
-                        "vcpus": p.sample.as_ref().map(|s| node_map(&s.per_node)),
-                        "decision": p.last.map(|d| serde_json::to_value(d).unwrap_or(Value::Null)),
-                        "note": p.note,
-                    })
+                .map(|(session, p)| RebalanceClient {
+                    session: *session,
+                    pid: p.pid,
+                    watched_pids: p.watched_pids as u64,
+                    vcpus: p.sample.as_ref().map(|s| node_map(&s.per_node)),
+                    decision: p
+                        .last
+                        .map(|d| serde_json::to_value(d).unwrap_or(serde_json::Value::Null)),
+                    note: p.note.clone(),
                 })
                 .collect()
         } else {
             Vec::new()
         };
-        json!({
-            "policy": self.cfg.policy,
-            "interval_ms": self.cfg.interval_ms,
-            "threshold_pct": self.cfg.threshold_pct,
-            "persist": self.cfg.persist,
-            "cooldown": self.cfg.cooldown,
-            "rate_limit_mib_s": self.cfg.rate_limit_mib_s,
-            "operator_uids": self.operators,
-            "active": active,
-            "clients": clients,
-            "counters": {
-                "moves_ok": g(&c.moves_ok),
-                "moves_failed": g(&c.moves_failed),
-                "moves_refused": g(&c.moves_refused),
-                "policy_moves": g(&c.policy_moves),
-                "pages_moved": g(&c.pages_moved),
-                "pages_failed": g(&c.pages_failed),
-                "bytes_moved": g(&c.bytes_moved),
+        RebalanceStats {
+            policy: self.cfg.policy,
+            interval_ms: self.cfg.interval_ms,
+            threshold_pct: self.cfg.threshold_pct,
+            persist: self.cfg.persist,
+            cooldown: self.cfg.cooldown,
+            rate_limit_mib_s: self.cfg.rate_limit_mib_s,
+            operator_uids: self.operators.clone(),
+            active,
+            clients,
+            counters: RebalanceCounters {
+                moves_ok: g(&c.moves_ok),
+                moves_failed: g(&c.moves_failed),
+                moves_refused: g(&c.moves_refused),
+                policy_moves: g(&c.policy_moves),
+                pages_moved: g(&c.pages_moved),
+                pages_failed: g(&c.pages_failed),
+                bytes_moved: g(&c.bytes_moved),
             },
-        })
+        }
     }
 
     fn ranges_of(&self, region: RegionId) -> Vec<(u64, u64, NodeId)> {
@@ -484,12 +484,7 @@ impl Rebalancer {
     }
 }
 
-/// `{"0": n, "1": m}`: JSON objects need string keys.
-fn node_map(per_node: &BTreeMap<NodeId, usize>) -> Value {
-    Value::Object(
-        per_node
-            .iter()
-            .map(|(n, c)| (n.to_string(), Value::from(*c)))
-            .collect::<Map<_, _>>(),
-    )
+/// Pages (or vCPUs) per node, as STATS writes them (`{"0": n, "1": m}`).
+fn node_map(per_node: &BTreeMap<NodeId, usize>) -> BTreeMap<u32, u64> {
+    per_node.iter().map(|(n, c)| (*n, *c as u64)).collect()
 }

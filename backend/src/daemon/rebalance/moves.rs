@@ -7,9 +7,9 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use clearing::CancelToken;
+use hugemem_client::stats::{MovedRange, Stats};
 use migrate::{ByteRange, MoveOptions, MoveSpan, Placement};
 use numa::NodeId;
-use serde_json::{json, Value};
 use tracing::{info, warn};
 
 use super::super::pool::{InUseRegion, RegionId, SessionId};
@@ -341,7 +341,7 @@ pub async fn serve(shared: &Arc<Shared>, session: SessionId, uid: u32, req: Move
 /// region), `placement` (pages per node), `not_present`, `unlocated`,
 /// `split`, `moving` and `rebalanced` (ranges asked for, while split). The
 /// queries run on a blocking thread (one address per page).
-pub async fn add_placement(shared: &Arc<Shared>, stats: &mut Value) {
+pub async fn add_placement(shared: &Arc<Shared>, stats: &mut Stats) {
     let regions = shared.pool.in_use_regions();
     let ids: HashSet<RegionId> = regions.iter().map(|r| r.id).collect();
     shared.rebalance.forget_except(&ids);
@@ -365,43 +365,42 @@ pub async fn add_placement(shared: &Arc<Shared>, stats: &mut Value) {
             return;
         }
     };
-    let Some(list) = stats.get_mut("regions").and_then(Value::as_array_mut) else {
+    let Some(list) = stats.regions.as_mut() else {
         return;
     };
     for entry in list.iter_mut() {
-        let Some(id) = entry.get("id").and_then(Value::as_u64) else {
+        let Some((r, p)) = placed.iter().find(|(r, _)| r.id == entry.id) else {
             continue;
         };
-        let Some((r, p)) = placed.iter().find(|(r, _)| r.id == id) else {
-            continue;
-        };
-        let Some(obj) = entry.as_object_mut() else {
-            continue;
-        };
-        obj.insert("alloc_id".into(), r.alloc.into());
-        obj.insert("session".into(), r.session.into());
-        obj.insert("size".into(), r.region.len().into());
-        obj.insert("bound_node".into(), r.region.node().into());
-        obj.insert("split".into(), r.split.into());
-        obj.insert("moving".into(), shared.rebalance.is_moving(id).into());
+        entry.alloc_id = Some(r.alloc);
+        entry.session = Some(r.session);
+        entry.size = Some(r.region.len());
+        entry.bound_node = Some(r.region.node());
+        entry.split = Some(r.split);
+        entry.moving = Some(shared.rebalance.is_moving(entry.id));
         match p {
             Ok(p) => {
-                obj.insert("placement".into(), node_map(&p.per_node));
-                obj.insert("not_present".into(), p.not_present.into());
-                obj.insert("unlocated".into(), p.unlocated.into());
+                entry.placement = Some(Some(node_map(&p.per_node)));
+                entry.not_present = Some(p.not_present as u64);
+                entry.unlocated = Some(p.unlocated as u64);
             }
             Err(e) => {
-                obj.insert("placement".into(), Value::Null);
-                obj.insert("placement_error".into(), e.clone().into());
+                entry.placement = Some(None);
+                entry.placement_error = Some(e.clone());
             }
         }
-        let ranges: Vec<Value> = shared
-            .rebalance
-            .ranges_of(id)
-            .into_iter()
-            .map(|(s, e, n)| json!({"offset": s, "len": e - s, "node": n}))
-            .collect();
-        obj.insert("rebalanced".into(), ranges.into());
+        entry.rebalanced = Some(
+            shared
+                .rebalance
+                .ranges_of(entry.id)
+                .into_iter()
+                .map(|(s, e, n)| MovedRange {
+                    offset: s,
+                    len: e - s,
+                    node: n,
+                })
+                .collect(),
+        );
     }
 }
 

@@ -4,8 +4,8 @@ use std::time::Instant;
 
 use guest_mem::vm_memory::{Bytes, GuestAddress, GuestMemoryBackend};
 use guest_mem::PageSize;
+use hugemem_client::stats::Stats;
 use numa::{PageLocation, Topology};
-use serde_json::Value;
 
 use std::path::PathBuf;
 
@@ -187,19 +187,17 @@ pub(crate) fn check_between(a: u32, b: u32) -> Result<String, String> {
         }
     }
     let stats = client.stats().map_err(|e| chain(&e))?;
-    let entry = |stats: &Value| -> Option<Value> {
-        stats["regions"]
-            .as_array()?
-            .iter()
-            .find(|r| r["id"].as_u64() == Some(region_id))
-            .cloned()
-    };
+    let entry = |stats: &Stats| stats.region(region_id).cloned();
     let e = entry(&stats).ok_or("STATS does not list the region")?;
-    if e["placement"][b.to_string()].as_u64() != Some(PAGES)
-        || e["bound_node"].as_u64() != Some(u64::from(b))
-        || e["node"].as_u64() != Some(u64::from(b))
+    if e.placement
+        .clone()
+        .flatten()
+        .and_then(|p| p.get(&b).copied())
+        != Some(PAGES)
+        || e.bound_node != Some(Some(b))
+        || e.node != b
     {
-        return Err(format!("STATS after the move: {e}"));
+        return Err(format!("STATS after the move: {e:?}"));
     }
     // Half back: the region is split.
     let half = PAGES / 2 * PAGE;
@@ -213,10 +211,10 @@ pub(crate) fn check_between(a: u32, b: u32) -> Result<String, String> {
     if back != want_back
         || back_failed != 0
         || count_on(&split, a) != want_on_a
-        || e["split"].as_bool() != Some(a != b)
+        || e.split != Some(a != b)
     {
         return Err(format!(
-            "range move back: {back} moved, {back_failed} failed; client sees {split:?}; STATS {e}"
+            "range move back: {back} moved, {back_failed} failed; client sees {split:?}; STATS {e:?}"
         ));
     }
     client

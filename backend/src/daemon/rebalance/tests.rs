@@ -290,13 +290,16 @@ fn a_4k_region_rebalances_in_place() {
         (0, 0)
     );
     let stats = client.stats().expect("stats");
-    let e = stats["regions"]
-        .as_array()
-        .and_then(|a| a.iter().find(|r| r["id"] == id))
-        .cloned()
-        .expect("listed");
-    assert_eq!(e["placement"]["0"], 2048, "{e}");
-    assert_eq!(e["split"], false, "{e}");
+    let e = stats.region(id).expect("listed");
+    assert_eq!(
+        e.placement
+            .clone()
+            .flatten()
+            .and_then(|p| p.get(&0).copied()),
+        Some(2048),
+        "{e:?}"
+    );
+    assert_eq!(e.split, Some(false), "{e:?}");
     client.free(alloc.id).expect("free");
     handle.shutdown().expect("shutdown");
 }
@@ -318,7 +321,15 @@ fn free_or_disconnect_during_a_move_cancels_it_and_the_region_is_not_pooled() {
         other => panic!("expected a refusal, got {other:?}"),
     }
     let stats = client.stats().expect("stats");
-    assert_eq!(stats["rebalance"]["active"][0]["region"], id, "{stats}");
+    assert_eq!(
+        stats
+            .rebalance
+            .as_ref()
+            .and_then(|r| r.active.first())
+            .map(|m| m.region),
+        Some(id),
+        "{stats}"
+    );
     let released = shared.metrics.bytes_released.load(Ordering::Relaxed);
 
     // FREE is accepted at once and cancels the move; the region goes

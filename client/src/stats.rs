@@ -1,0 +1,766 @@
+//! The STATS reply as types (`docs/protocol.md`, "STATS").
+//!
+//! The daemon builds one [`Stats`] and sends it as JSON; [`crate::client::Client::stats`]
+//! reads it back into the same structs, so the daemon, `hugemem status`, the
+//! benches and the tests share one definition of every field.
+//!
+//! # Compatibility
+//!
+//! Reading is forgiving in both directions: fields this build does not know
+//! are ignored (no `deny_unknown_fields`), and fields it knows but the
+//! daemon did not send take their default (every struct is
+//! `#[serde(default)]`), so a client one version apart still reads the
+//! figures both know. Parts a tenant that is not an operator does not see
+//! (`socket`, `hugetlbfs`, `quarantine`, `given_back`, `refill`,
+//! `rebalance`), the per-connection `lazy` list and the per-region list
+//! (dropped when the document would not fit one frame) are `Option`s and are
+//! left out of the JSON when `None`; a JSON `null` in the document (for
+//! example `holder_pid` when no holder is known) is an `Option` that is
+//! written as `null`. Which fields are stable is said in `docs/protocol.md`.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use serde::{Deserialize, Deserializer, Serialize};
+
+/// The whole STATS document.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Stats {
+    /// The daemon's version (`CARGO_PKG_VERSION`).
+    pub version: String,
+    /// The daemon's pid.
+    pub pid: u32,
+    /// Seconds since the daemon started.
+    pub uptime_s: f64,
+    /// The daemon's socket path (operators only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub socket: Option<String>,
+    /// Page size (`2M`, `1G`) → hugetlbfs directory for path-backed regions
+    /// (operators only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub hugetlbfs: Option<BTreeMap<String, String>>,
+    /// Connections.
+    pub sessions: Sessions,
+    /// This connection's lazy allocations (STATS over the socket only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lazy: Option<Vec<LazyAlloc>>,
+    /// Live allocations.
+    pub allocations: Allocations,
+    /// One entry per (node, page size, backing) the pool has regions of.
+    pub pools: Vec<PoolStats>,
+    /// Regions waiting for their last holder (operators only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub quarantine: Option<Vec<QuarantinedRegion>>,
+    /// Every region (a tenant sees its own only); `None` when it was
+    /// dropped so the document fits one frame (then `regions_omitted`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub regions: Option<Vec<RegionStats>>,
+    /// True when `regions` was dropped to fit one frame.
+    #[serde(skip_serializing_if = "is_false")]
+    pub regions_omitted: bool,
+    /// The last regions given back to the kernel, newest first (operators only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub given_back: Option<Vec<GivenBack>>,
+    /// Background refill (operators only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub refill: Option<RefillStats>,
+    /// NUMA rebalancing (operators only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rebalance: Option<RebalanceStats>,
+    /// The pool's scrubbers.
+    pub scrub: ScrubStats,
+    /// Bytes made and given back over the daemon's life.
+    pub totals: Totals,
+    /// Monotonic event counts.
+    pub counters: Counters,
+}
+
+impl Stats {
+    /// Sum of one byte figure over every pool entry.
+    pub fn pool_sum(&self, field: impl Fn(&PoolStats) -> u64) -> u64 {
+        self.pools.iter().map(field).sum()
+    }
+
+    /// The region with this id, if the document lists it.
+    pub fn region(&self, id: u64) -> Option<&RegionStats> {
+        self.regions.as_deref()?.iter().find(|r| r.id == id)
+    }
+}
+
+impl fmt::Display for Stats {
+    /// The JSON document (for messages and logs).
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match serde_json::to_string(self) {
+            Ok(s) => f.write_str(&s),
+            Err(_) => f.write_str("<stats>"),
+        }
+    }
+}
+
+// Serde's `skip_serializing_if` passes a reference.
+#[allow(clippy::trivially_copy_pass_by_ref)]
+fn is_false(b: &bool) -> bool {
+    !*b
+}
+
+/// Reads a present field (`null` included) as `Some`, so `Option<Option<T>>`
+/// tells a missing field (`None`) from a `null` one (`Some(None)`).
+fn present<'de, D, T>(d: D) -> Result<Option<T>, D::Error>
+where
+    D: Deserializer<'de>,
+    T: Deserialize<'de>,
+{
+    T::deserialize(d).map(Some)
+}
+
+/// `sessions`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Sessions {
+    /// Connections open now.
+    pub active: u64,
+    /// Connections accepted since the start.
+    pub total: u64,
+    /// Connections refused (peer credentials).
+    pub refused: u64,
+}
+
+/// `allocations`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Allocations {
+    /// Live allocations.
+    pub active: u64,
+    /// Bytes of the regions in use by them.
+    pub bytes: u64,
+}
+
+/// One `lazy[]` entry: a lazy allocation of this connection.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct LazyAlloc {
+    /// Allocation id.
+    pub alloc: u64,
+    /// Whether a fault service runs for it (UFFD was sent).
+    pub attached: bool,
+    /// Pages of its regions still dirty.
+    pub dirty_pages: u64,
+    /// The fault service's counters; `null` before UFFD.
+    pub faults: Option<FaultStats>,
+}
+
+/// One `pools[]` entry: a (node, page size, backing) pool.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct PoolStats {
+    /// NUMA node.
+    pub node: u32,
+    /// `4K`, `2M` or `1G`.
+    pub page_size: String,
+    /// `memfd` or `hugetlbfs`.
+    pub backing: String,
+    /// Bytes pooled clean.
+    pub clean_bytes: u64,
+    /// Bytes pooled dirty (waiting for or being scrubbed).
+    pub dirty_bytes: u64,
+    /// Bytes in quarantine (a holder still maps them or has their fd).
+    pub quarantined_bytes: u64,
+    /// Of the quarantined bytes, those withheld (an open description of the
+    /// file exists that no process shows).
+    pub withheld_bytes: u64,
+    /// Bytes in use by allocations (reserved ones included).
+    pub in_use_bytes: u64,
+    /// Region counts per state.
+    pub regions: RegionCounts,
+    /// The node's pool target (`pool.target`), bytes.
+    pub target_bytes: u64,
+    /// The node's pool limit (`pool.limit`), bytes.
+    pub limit_bytes: u64,
+    /// The page size's own limit (`pool.limit_1g` / `limit_2m` /
+    /// `limit_4k`); 2^64−1 when none.
+    pub size_limit_bytes: u64,
+}
+
+/// `pools[].regions`: regions per state.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct RegionCounts {
+    /// Clean.
+    pub clean: u64,
+    /// Dirty.
+    pub dirty: u64,
+    /// Quarantined.
+    pub quarantined: u64,
+    /// In use (or reserved).
+    pub in_use: u64,
+}
+
+/// One `quarantine[]` entry.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct QuarantinedRegion {
+    /// Region id.
+    pub region: u64,
+    /// Its bytes.
+    pub bytes: u64,
+    /// Seconds in quarantine.
+    pub seconds: f64,
+    /// A process found holding it; `null` when none is known.
+    pub holder_pid: Option<i32>,
+    /// Why it is withheld; `null` when it is not.
+    pub withheld: Option<Withheld>,
+}
+
+/// `quarantine[].withheld`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Withheld {
+    /// Why, in words.
+    pub reason: String,
+    /// Seconds since it was withheld.
+    pub seconds: f64,
+    /// The tenant (uid) that held it.
+    pub uid: Option<u32>,
+}
+
+/// One `regions[]` entry. The fields after `why` are there for regions in
+/// use only (and only in STATS over the socket, which queries placement).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct RegionStats {
+    /// Region id.
+    pub id: u64,
+    /// The node recorded for it.
+    pub node: u32,
+    /// `4K`, `2M` or `1G`.
+    pub page_size: String,
+    /// Its bytes.
+    pub bytes: u64,
+    /// `clean`, `dirty`, `quarantined`, `reserved` or `in_use`.
+    pub state: String,
+    /// The inode of its memfd or hugetlbfs file.
+    pub inode: u64,
+    /// Its hugetlbfs path; `null` for a memfd.
+    pub path: Option<String>,
+    /// Why it is where it is, in words.
+    pub why: String,
+    /// In use: the allocation.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub alloc_id: Option<u64>,
+    /// In use: the session holding it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub session: Option<u64>,
+    /// In use: its size in bytes.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub size: Option<u64>,
+    /// In use: the node recorded for it (`Some(None)`: none, written as
+    /// `null`).
+    #[serde(skip_serializing_if = "Option::is_none", deserialize_with = "present")]
+    pub bound_node: Option<Option<u32>>,
+    /// In use: present pages per node (`Some(None)`: the query failed, see
+    /// `placement_error`).
+    #[serde(skip_serializing_if = "Option::is_none", deserialize_with = "present")]
+    pub placement: Option<Option<BTreeMap<u32, u64>>>,
+    /// In use: pages not present.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub not_present: Option<u64>,
+    /// In use: pages whose node the kernel did not say.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub unlocated: Option<u64>,
+    /// In use: why the placement query failed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub placement_error: Option<String>,
+    /// In use: left on several nodes by a range move.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub split: Option<bool>,
+    /// In use: a move of it is in progress.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub moving: Option<bool>,
+    /// In use: ranges moved while split.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rebalanced: Option<Vec<MovedRange>>,
+}
+
+/// `regions[].rebalanced[]`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct MovedRange {
+    /// Offset in the region, bytes.
+    pub offset: u64,
+    /// Length, bytes.
+    pub len: u64,
+    /// The node asked for.
+    pub node: u32,
+}
+
+/// One `given_back[]` entry.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct GivenBack {
+    /// Region id.
+    pub region: u64,
+    /// Its node.
+    pub node: u32,
+    /// `4K`, `2M` or `1G`.
+    pub page_size: String,
+    /// Its bytes.
+    pub bytes: u64,
+    /// `given back: ` and the reason.
+    pub why: String,
+    /// Seconds since.
+    pub seconds_ago: f64,
+}
+
+/// `refill`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct RefillStats {
+    /// `pool.refill`.
+    pub enabled: bool,
+    /// The region being made; `null` when idle.
+    pub current: Option<RefillCurrent>,
+    /// Regions made ahead of demand.
+    pub regions: u64,
+    /// Their bytes.
+    pub bytes: u64,
+    /// Refills cancelled for an ALLOC.
+    pub yielded: u64,
+}
+
+/// `refill.current`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct RefillCurrent {
+    /// Node.
+    pub node: u32,
+    /// `2M` or `1G`.
+    pub page_size: String,
+    /// Bytes being made.
+    pub bytes: u64,
+    /// Of which done.
+    pub done_bytes: u64,
+}
+
+/// `rebalance`: settings, moves in progress, the policy's view, counters.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct RebalanceStats {
+    /// `rebalance.policy`.
+    pub policy: bool,
+    /// `rebalance.interval_ms`.
+    pub interval_ms: u64,
+    /// `rebalance.threshold_pct`.
+    pub threshold_pct: u32,
+    /// `rebalance.persist`.
+    pub persist: u32,
+    /// `rebalance.cooldown`.
+    pub cooldown: u32,
+    /// `rebalance.rate_limit_mib_s` (0: unlimited).
+    pub rate_limit_mib_s: u64,
+    /// Uids acting as operators.
+    pub operator_uids: Vec<u32>,
+    /// Moves in progress.
+    pub active: Vec<ActiveMove>,
+    /// The policy's last look at every client (empty when the policy is off).
+    pub clients: Vec<RebalanceClient>,
+    /// Monotonic counts.
+    pub counters: RebalanceCounters,
+}
+
+/// `rebalance.active[]`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct ActiveMove {
+    /// Region id.
+    pub region: u64,
+    /// Its allocation.
+    pub alloc_id: u64,
+    /// Target node.
+    pub target: u32,
+    /// Offset of the range moved, bytes.
+    pub offset: u64,
+    /// Length of the range moved, bytes.
+    pub len: u64,
+    /// Seconds since it started.
+    pub seconds: f64,
+    /// `request` (a REBALANCE) or `policy`.
+    pub by: String,
+    /// Whether it was cancelled (and is winding down).
+    pub cancelled: bool,
+}
+
+/// `rebalance.clients[]`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct RebalanceClient {
+    /// Session id.
+    pub session: u64,
+    /// The client's pid; `null` when unknown.
+    pub pid: Option<i32>,
+    /// Threads watched for vCPUs.
+    pub watched_pids: u64,
+    /// vCPUs per node at the last sample; `null` before one.
+    pub vcpus: Option<BTreeMap<u32, u64>>,
+    /// The policy's last decision as the `migrate` crate writes it
+    /// (`{"local": {"share": 0.9}}`, `"no_vcpus"`, ...); `null` before one.
+    pub decision: Option<serde_json::Value>,
+    /// A note (why the client is not sampled); `null` when none.
+    pub note: Option<String>,
+}
+
+/// `rebalance.counters`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct RebalanceCounters {
+    /// Moves that completed.
+    pub moves_ok: u64,
+    /// Moves that failed.
+    pub moves_failed: u64,
+    /// REBALANCE requests refused.
+    pub moves_refused: u64,
+    /// Moves the policy started.
+    pub policy_moves: u64,
+    /// Pages moved.
+    pub pages_moved: u64,
+    /// Pages that did not move.
+    pub pages_failed: u64,
+    /// Bytes moved.
+    pub bytes_moved: u64,
+}
+
+/// `scrub`: the pool's scrubbers, summed and per node.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct ScrubStats {
+    /// The clearing kernel (`clearing::ClearKernel` name).
+    pub kernel: String,
+    /// Bytes cleared.
+    pub bytes: u64,
+    /// Seconds inside clearing kernels, summed over threads.
+    pub seconds: f64,
+    /// GB/s (10^9) per thread-second.
+    pub gb_per_s: f64,
+    /// Dirty bytes waiting.
+    pub pending_bytes: u64,
+    /// Per node.
+    pub nodes: Vec<ScrubNode>,
+}
+
+/// `scrub.nodes[]`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct ScrubNode {
+    /// Node.
+    pub node: u32,
+    /// Scrubber threads.
+    pub threads: u64,
+    /// Bytes cleared.
+    pub bytes: u64,
+    /// Seconds inside clearing kernels, summed over threads.
+    pub seconds: f64,
+    /// GB/s (10^9) per thread-second.
+    pub gb_per_s: f64,
+    /// Kernel calls.
+    pub batches: u64,
+    /// Dirty bytes waiting on this node.
+    pub pending_bytes: u64,
+}
+
+/// `totals`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Totals {
+    /// Bytes of regions created.
+    pub created_bytes: u64,
+    /// Bytes of regions given back to the kernel.
+    pub released_bytes: u64,
+    /// Created − released, always: bytes the daemon holds.
+    pub held_bytes: u64,
+}
+
+/// `counters`: monotonic event counts.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Counters {
+    /// Connections accepted (and allowed).
+    pub sessions_total: u64,
+    /// Live sessions (a gauge, not monotonic).
+    pub sessions_active: u64,
+    /// Connections refused by the uid check.
+    pub peers_refused: u64,
+    /// Connections closed on a protocol or transport error.
+    pub connection_errors: u64,
+    /// ALLOC requests that succeeded.
+    pub allocs_ok: u64,
+    /// ALLOC requests that failed.
+    pub allocs_failed: u64,
+    /// Regions handed out from the clean pool.
+    pub regions_pooled: u64,
+    /// Regions handed out after clearing a dirty pooled region on the ALLOC path.
+    pub regions_recleared: u64,
+    /// Regions handed out after growing a smaller clean pooled region.
+    pub regions_grown: u64,
+    /// ALLOC parts `best` served on a smaller page size because the larger
+    /// pages existed nowhere.
+    pub downgrades: u64,
+    /// Released regions found damaged by their tenant and given back unscrubbed.
+    pub regions_discarded: u64,
+    /// Pages punched out of released regions and refaulted fresh before reuse.
+    pub pages_detached: u64,
+    /// Released regions found withheld (another open description of the
+    /// file exists); counted once per release.
+    pub regions_withheld: u64,
+    /// Region files of an earlier daemon instance found at start and unlinked.
+    pub leftover_files_released: u64,
+    /// Their bytes.
+    pub leftover_bytes_released: u64,
+    /// Regions created fresh from the kernel.
+    pub regions_fresh: u64,
+    /// FREE requests that succeeded.
+    pub frees: u64,
+    /// Bytes of regions created fresh.
+    pub bytes_created: u64,
+    /// Bytes of regions given back to the kernel.
+    pub bytes_released: u64,
+    /// Quarantine scans of `/proc`.
+    pub quarantine_scans: u64,
+}
+
+/// Percentiles of the fault-latency histogram, in nanoseconds.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LatencySummary {
+    /// Samples.
+    pub count: u64,
+    /// Mean.
+    pub mean_ns: u64,
+    /// Median.
+    pub p50_ns: u64,
+    /// 90th percentile.
+    pub p90_ns: u64,
+    /// 99th percentile.
+    pub p99_ns: u64,
+    /// Largest sample.
+    pub max_ns: u64,
+}
+
+/// One fault service's counters (the daemon's `FaultMetrics` snapshot; STATS
+/// `lazy[].faults`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FaultStats {
+    /// Page-fault events read.
+    pub faults: u64,
+    /// Of which MINOR (the page was in the page cache).
+    pub minor: u64,
+    /// Of which MISSING (no page in the page cache; served with zeros).
+    pub missing: u64,
+    /// Faults whose page the service cleared first.
+    pub served_cleared: u64,
+    /// Faults on a page that was already clean (scrubbed ahead): mapped only.
+    pub served_clean: u64,
+    /// Faults on a page already mapped (a racing vCPU, or a zapped PTE): re-installed or woken.
+    pub served_mapped: u64,
+    /// Faults on a page the pool never populated (the guest's own kernel-zeroed page): adopted without clearing.
+    pub served_adopted: u64,
+    /// Faults on a page another thread was clearing: its owner installs the page and wakes the range.
+    pub coalesced: u64,
+    /// Fill ioctls that answered `EAGAIN` and were retried.
+    pub retries: u64,
+    /// Faults outside every range the service was given (never served).
+    pub unknown_address: u64,
+    /// Faults that could not be served (ioctl errors).
+    pub errors: u64,
+    /// Bytes cleared on the fault path.
+    pub fault_bytes_cleared: u64,
+    /// Pages cleared by the background scrubbers.
+    pub scrub_pages: u64,
+    /// Bytes cleared by the background scrubbers.
+    pub scrub_bytes: u64,
+    /// Pages installed ahead of any fault (`UFFDIO_CONTINUE` after a scrub).
+    pub precontinued: u64,
+    /// Non-cooperative events: REMOVE.
+    pub remove_events: u64,
+    /// Non-cooperative events: UNMAP.
+    pub unmap_events: u64,
+    /// Non-cooperative events: REMAP.
+    pub remap_events: u64,
+    /// Other events (FORK, unknown).
+    pub other_events: u64,
+    /// Read-to-wake latency of served faults.
+    pub latency: LatencySummary,
+}
+
+impl FaultStats {
+    /// Every counter (not the latency summary) with its name and meaning,
+    /// for an exporter: the names are the STATS keys.
+    pub fn counters(&self) -> [(&'static str, &'static str, u64); 19] {
+        [
+            ("faults", "Page-fault events read.", self.faults),
+            (
+                "minor",
+                "MINOR faults (page in the page cache).",
+                self.minor,
+            ),
+            (
+                "missing",
+                "MISSING faults (served with zeros).",
+                self.missing,
+            ),
+            (
+                "served_cleared",
+                "Faults whose page the service cleared first.",
+                self.served_cleared,
+            ),
+            (
+                "served_clean",
+                "Faults on a page already clean (mapped only).",
+                self.served_clean,
+            ),
+            (
+                "served_mapped",
+                "Faults on a page already mapped (re-installed or woken).",
+                self.served_mapped,
+            ),
+            (
+                "served_adopted",
+                "Faults on a page the pool never populated (adopted uncleared).",
+                self.served_adopted,
+            ),
+            (
+                "coalesced",
+                "Faults on a page another thread was clearing.",
+                self.coalesced,
+            ),
+            (
+                "retries",
+                "Fill ioctls that answered EAGAIN and were retried.",
+                self.retries,
+            ),
+            (
+                "unknown_address",
+                "Faults outside every range the service was given.",
+                self.unknown_address,
+            ),
+            ("errors", "Faults that could not be served.", self.errors),
+            (
+                "fault_bytes_cleared",
+                "Bytes cleared on the fault path.",
+                self.fault_bytes_cleared,
+            ),
+            (
+                "scrub_pages",
+                "Pages cleared by the services' background scrubbers.",
+                self.scrub_pages,
+            ),
+            (
+                "scrub_bytes",
+                "Bytes cleared by the services' background scrubbers.",
+                self.scrub_bytes,
+            ),
+            (
+                "precontinued",
+                "Pages installed ahead of any fault.",
+                self.precontinued,
+            ),
+            (
+                "remove_events",
+                "Non-cooperative REMOVE events.",
+                self.remove_events,
+            ),
+            (
+                "unmap_events",
+                "Non-cooperative UNMAP events.",
+                self.unmap_events,
+            ),
+            (
+                "remap_events",
+                "Non-cooperative REMAP events.",
+                self.remap_events,
+            ),
+            (
+                "other_events",
+                "Other userfaultfd events (FORK, unknown).",
+                self.other_events,
+            ),
+        ]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn round_trip(v: &serde_json::Value) -> serde_json::Value {
+        let s: Stats = serde_json::from_value(v.clone()).expect("reads");
+        serde_json::to_value(&s).expect("writes")
+    }
+
+    #[test]
+    fn unknown_keys_are_ignored_and_missing_ones_default() {
+        // A newer daemon's document: keys this build does not know, at the
+        // top and inside parts, and a key of a part missing.
+        let s: Stats = serde_json::from_value(json!({
+            "version": "9.9.9",
+            "pid": 7,
+            "a_new_part": {"x": 1},
+            "pools": [{"node": 1, "page_size": "2M", "clean_bytes": 4, "new_figure": 5}],
+            "counters": {"allocs_ok": 3, "new_counter": 1},
+        }))
+        .expect("a newer document reads");
+        assert_eq!((s.pid, s.counters.allocs_ok), (7, 3));
+        assert_eq!(s.pools[0].clean_bytes, 4);
+        assert_eq!(s.pools[0].dirty_bytes, 0);
+        assert_eq!(s.counters.frees, 0);
+        assert!(s.socket.is_none() && s.regions.is_none() && s.lazy.is_none());
+    }
+
+    #[test]
+    fn absent_and_null_survive_a_round_trip() {
+        let doc = serde_json::to_value(Stats::default()).expect("writes");
+        // The operator-only parts and the per-connection parts are absent,
+        // not null, when they are None.
+        for k in [
+            "socket",
+            "hugetlbfs",
+            "quarantine",
+            "regions",
+            "lazy",
+            "refill",
+        ] {
+            assert!(doc.get(k).is_none(), "{k}: {doc}");
+        }
+        assert!(doc.get("regions_omitted").is_none(), "{doc}");
+        let v = json!({
+            "version": "0.1.0", "pid": 1, "uptime_s": 1.5,
+            "sessions": {"active": 1, "total": 1, "refused": 0},
+            "allocations": {"active": 1, "bytes": 2097152},
+            "pools": [],
+            "regions": [
+                {"id": 1, "node": 0, "page_size": "2M", "bytes": 2097152, "state": "in_use",
+                 "inode": 9, "path": null, "why": "in use: allocation 3",
+                 "alloc_id": 3, "session": 2, "size": 2097152, "bound_node": null, "split": false,
+                 "moving": false, "placement": null, "placement_error": "EPERM", "rebalanced": []},
+                {"id": 2, "node": 0, "page_size": "2M", "bytes": 2097152, "state": "clean",
+                 "inode": 10, "path": "/dev/hugepages/r2", "why": "pooled: clean, within target"}
+            ],
+            "regions_omitted": true,
+            "quarantine": [{"region": 4, "bytes": 1, "seconds": 0.5, "holder_pid": null,
+                            "withheld": null}],
+            "refill": {"enabled": false, "current": null, "regions": 0, "bytes": 0, "yielded": 0},
+            "lazy": [{"alloc": 3, "attached": false, "dirty_pages": 0, "faults": null}],
+            "scrub": {"kernel": "rep_stosb", "bytes": 0, "seconds": 0.0, "gb_per_s": 0.0,
+                      "pending_bytes": 0, "nodes": []},
+            "totals": {"created_bytes": 0, "released_bytes": 0, "held_bytes": 0},
+            "counters": serde_json::to_value(Counters::default()).expect("counters"),
+        });
+        assert_eq!(round_trip(&v), v);
+        let s: Stats = serde_json::from_value(v).expect("reads");
+        let r = s.region(1).expect("region 1");
+        assert_eq!(
+            (r.placement.clone(), r.bound_node),
+            (Some(None), Some(None))
+        );
+        assert_eq!(s.region(2).map(|r| r.placement.clone()), Some(None));
+    }
+}
