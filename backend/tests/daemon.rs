@@ -685,8 +685,6 @@ fn stats_json_has_the_documented_shape() {
         .iter()
         .any(|r| r.alloc_id == Some(a.id) && r.placement.is_some())));
     assert_eq!(c.stats().expect("typed stats").pools, typed.pools);
-    let table = hugemem::status::render_status(&typed);
-    assert!(table.contains("2M") && table.contains("scrub"), "{table}");
     c.free(a.id).expect("free");
     d.shutdown();
 }
