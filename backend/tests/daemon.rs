@@ -12,7 +12,8 @@
 #![allow(clippy::undocumented_unsafe_blocks)] // test-only mmap/munmap of fds we just received
 
 use test_support::prelude::{
-    http_get, parse_openmetrics, refused, region_state, reserve_2m, serial, wait_until, TestDaemon,
+    http_get, parse_openmetrics, refused, region_state, reserve, reserve_2m, serial, wait_until,
+    TestDaemon,
 };
 
 use std::io::{Read, Write};
@@ -871,16 +872,13 @@ fn metrics_endpoint_serves_prometheus_text_on_loopback() {
 #[test]
 fn one_gib_pages_pooled_versus_fresh() {
     let _s = serial();
-    match guest_mem::ensure_free(PageSize::Huge1G, 1, None) {
-        Ok(r) if r.met => {}
-        Ok(r) => {
-            test_support::skip!("{} free 1 GiB pages", r.free);
-            return;
-        }
-        Err(e) => {
-            test_support::skip!("{e}");
-            return;
-        }
+    if !reserve(
+        PageSize::Huge1G,
+        1,
+        None,
+        "one_gib_pages_pooled_versus_fresh",
+    ) {
+        return;
     }
     let d = TestDaemon::start(|_| {});
     let mut c = d.client();

@@ -47,16 +47,7 @@ const CHILD_SOCK_FD: i32 = 3;
 fn huge_pages() -> Result<(), String> {
     static RESERVED: OnceLock<Result<(), String>> = OnceLock::new();
     RESERVED
-        .get_or_init(
-            || match guest_mem::ensure_free(PageSize::Huge2M, 24, None) {
-                Ok(r) if r.met => Ok(()),
-                Ok(r) => Err(format!(
-                    "only {} free 2 MiB pages of {} asked",
-                    r.free, r.requested
-                )),
-                Err(e) => Err(format!("cannot reserve 2 MiB pages: {e}")),
-            },
-        )
+        .get_or_init(|| test_support::hugepages::free_pages(PageSize::Huge2M, 24, None))
         .clone()
 }
 

@@ -412,16 +412,13 @@ fn per_size_limits_hold_and_refill_reaches_the_target() {
 #[test]
 fn one_gib_pages_idle_as_files_serve_an_fd_alloc() {
     let _s = serial();
-    match guest_mem::ensure_free(guest_mem::PageSize::Huge1G, 2, None) {
-        Ok(r) if r.met => {}
-        Ok(r) => {
-            test_support::skip!("only {} free 1 GiB pages, 2 needed", r.free);
-            return;
-        }
-        Err(e) => {
-            test_support::skip!("cannot reserve 1 GiB pages: {e}");
-            return;
-        }
+    if !test_support::prelude::reserve(
+        guest_mem::PageSize::Huge1G,
+        2,
+        None,
+        "one_gib_pages_idle_as_files_serve_an_fd_alloc",
+    ) {
+        return;
     }
     let d = TestDaemon::start(|_| {});
     if d.stats().hugetlbfs.is_none_or(|h| !h.contains_key("1G")) {

@@ -42,16 +42,7 @@ const CHILD_SOCK_FD: i32 = 3;
 fn huge_pages() -> Result<(), String> {
     static RESERVED: OnceLock<Result<(), String>> = OnceLock::new();
     RESERVED
-        .get_or_init(
-            || match guest_mem::ensure_free(guest_mem::PageSize::Huge2M, 16, None) {
-                Ok(r) if r.met => Ok(()),
-                Ok(r) => Err(format!(
-                    "only {} free 2 MiB pages of {} asked",
-                    r.free, r.requested
-                )),
-                Err(e) => Err(format!("cannot reserve 2 MiB pages: {e}")),
-            },
-        )
+        .get_or_init(|| test_support::hugepages::free_pages(guest_mem::PageSize::Huge2M, 16, None))
         .clone()
 }
 

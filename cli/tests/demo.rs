@@ -120,11 +120,10 @@ fn demo_with_defaults() {
 #[test]
 fn demo_on_2m_pages() {
     // Forcing a huge page size needs the pages: skip (said out loud) without them.
-    match guest_mem::Reservation::for_run(guest_mem::PageSize::Huge2M, 32) {
-        Ok(r) if r.report().met => {}
-        Ok(r) => return test_support::skip!("only {} free 2M pages", r.report().free),
-        Err(e) => return test_support::skip!("cannot reserve 2M pages: {e}"),
-    }
+    let _pages = match test_support::hugepages::hold(guest_mem::PageSize::Huge2M, 32) {
+        Ok(held) => held,
+        Err(why) => return test_support::skip!("demo_on_2m_pages: {why}"),
+    };
     let report = demo(&["--page-size", "2M", "--size", "64M"]);
     if report["page_size"] != "2M" {
         panic!("asked for 2M pages, got {}", report["page_size"]);

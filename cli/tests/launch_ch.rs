@@ -24,6 +24,7 @@ use guest_mem::{PageSize, PoolCounts, Reservation};
 use microguest::{pvh_elf, PvhConfig};
 // The tests share the host's huge-page pools (each reserves, allocates and
 // frees them): one at a time.
+use test_support::hugepages::hold;
 use test_support::prelude::serial;
 
 const HUGEMEM: &str = env!("CARGO_BIN_EXE_hugemem");
@@ -162,13 +163,9 @@ fn fd_mode_command_line_and_memory_file() {
 /// The 32 free 2 MiB pages the stand-in tests allocate, held for the test's
 /// lifetime; `None` after a recorded skip when the host cannot give them.
 fn stand_in_pages() -> Option<Reservation> {
-    match Reservation::for_run(PageSize::Huge2M, 32) {
-        Ok(r) if r.report().met => Some(r),
-        other => {
-            test_support::skip!("32 free 2M pages are needed: {other:?}");
-            None
-        }
-    }
+    hold(PageSize::Huge2M, 32)
+        .map_err(|why| test_support::skip!("stand-in tests: {why}"))
+        .ok()
 }
 
 #[test]
@@ -287,18 +284,13 @@ fn cloud_hypervisor_setup(bytes: u64) -> Option<(String, &'static str, Reservati
         test_support::skip!("{reason}");
         return None;
     }
-    match Reservation::for_run(PageSize::Huge1G, bytes >> 30) {
-        Ok(r) if r.report().met => return Some((ch, "1G", r)),
-        _ => {}
+    if let Ok(r) = hold(PageSize::Huge1G, bytes >> 30) {
+        return Some((ch, "1G", r));
     }
-    match Reservation::for_run(PageSize::Huge2M, bytes >> 21) {
-        Ok(r) if r.report().met => Some((ch, "2M", r)),
-        other => {
-            test_support::skip!(
-                "neither {} x 1G nor {} x 2M pages: {other:?}",
-                bytes >> 30,
-                bytes >> 21
-            );
+    match hold(PageSize::Huge2M, bytes >> 21) {
+        Ok(r) => Some((ch, "2M", r)),
+        Err(why) => {
+            test_support::skip!("no {} x 1G pages, and {why}", bytes >> 30);
             None
         }
     }

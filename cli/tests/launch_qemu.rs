@@ -19,6 +19,7 @@ use backend::daemon::{Config, Daemon, DaemonHandle};
 use backend::stats::Stats;
 use guest_mem::{PageSize, Reservation};
 use microguest::{pvh_elf, PvhConfig};
+use test_support::hugepages::hold;
 
 const HUGEMEM: &str = env!("CARGO_BIN_EXE_hugemem");
 
@@ -67,25 +68,14 @@ fn qemu_skip_reason() -> Option<String> {
 /// 1 GiB pages when two can be reserved, else 2 MiB; the reservation lives
 /// as long as the returned value.
 fn pages_for_2g() -> Option<(&'static str, Option<Reservation>)> {
-    match Reservation::for_run(PageSize::Huge1G, 2) {
-        Ok(r) if r.report().met => return Some(("1G", Some(r))),
-        Ok(r) => eprintln!(
-            "NOTE: only {} free 1G pages; trying 2M pages",
-            r.report().free
-        ),
-        Err(e) => eprintln!("NOTE: cannot reserve 1G pages ({e}); trying 2M pages"),
+    match hold(PageSize::Huge1G, 2) {
+        Ok(r) => return Some(("1G", Some(r))),
+        Err(why) => eprintln!("NOTE: {why}; trying 2M pages"),
     }
-    match Reservation::for_run(PageSize::Huge2M, 1024) {
-        Ok(r) if r.report().met => Some(("2M", Some(r))),
-        Ok(r) => {
-            test_support::skip!(
-                "neither 2 x 1G nor 1024 x 2M pages could be reserved ({} 2M free)",
-                r.report().free
-            );
-            None
-        }
-        Err(e) => {
-            test_support::skip!("cannot reserve huge pages: {e}");
+    match hold(PageSize::Huge2M, 1024) {
+        Ok(r) => Some(("2M", Some(r))),
+        Err(why) => {
+            test_support::skip!("no 2 x 1G pages, and {why}");
             None
         }
     }

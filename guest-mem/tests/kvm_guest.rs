@@ -14,9 +14,7 @@
 
 use clearing::RunOptions;
 use guest_mem::vm_memory::{Bytes, GuestAddress, GuestMemoryBackend};
-use guest_mem::{
-    ensure_free, guest_memory, PagePolicy, PageSize, Region, RegionError, RegionSpec, ReserveError,
-};
+use guest_mem::{guest_memory, PagePolicy, PageSize, Region, RegionError, RegionSpec};
 use microguest::{pattern, stride_pages, GuestRam, RunConfig};
 use numa::Topology;
 
@@ -29,17 +27,13 @@ fn micro_guest_runs_on_a_1g_region() {
         test_support::skip!("no usable KVM: {reason}");
         return;
     }
-    match ensure_free(PageSize::Huge1G, 1, Some(0)) {
-        Ok(r) if r.met => {}
-        Ok(r) => {
-            test_support::skip!("no free 1 GiB page on node 0: {r:?}");
-            return;
-        }
-        Err(e @ ReserveError::NotRoot { .. }) => {
-            test_support::skip!("{e}");
-            return;
-        }
-        Err(e) => panic!("reserving a 1 GiB page failed: {e}"),
+    if !test_support::hugepages::reserve(
+        PageSize::Huge1G,
+        1,
+        Some(0),
+        "micro_guest_runs_on_a_1g_region",
+    ) {
+        return;
     }
     let topo = Topology::detect().expect("topology");
     let spec = RegionSpec::new("gm-test-kvm", GIB, Some(0))

@@ -19,8 +19,8 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 use clearing::RunOptions;
 use guest_mem::vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryRegion};
 use guest_mem::{
-    ensure_free, guest_memory, AdapterError, Backing, PagePolicy, PageSize, PageState, PoolCounts,
-    PrepareError, Region, RegionError, RegionSpec, ReserveError,
+    guest_memory, AdapterError, Backing, PagePolicy, PageSize, PageState, PoolCounts, PrepareError,
+    Region, RegionError, RegionSpec,
 };
 use numa::{PageLocation, Topology};
 
@@ -37,23 +37,9 @@ fn topology() -> Topology {
     Topology::detect().expect("detect topology")
 }
 
-/// Makes `pages` pages of `size` free on node 0; false (after printing why)
-/// when the kernel or the environment cannot.
+/// Makes `pages` pages of `size` free on node 0, or skips `test`.
 fn reserve(size: PageSize, pages: u64, test: &str) -> bool {
-    match ensure_free(size, pages, Some(0)) {
-        Ok(r) if r.met => true,
-        Ok(r) => {
-            test_support::skip!(
-                "{test}: asked for {pages} free {size} pages on node 0, the kernel gave {r:?}"
-            );
-            false
-        }
-        Err(e @ ReserveError::NotRoot { .. }) => {
-            test_support::skip!("{test}: {e}");
-            false
-        }
-        Err(e) => panic!("{test}: reserving {pages} {size} pages failed: {e}"),
-    }
+    test_support::hugepages::reserve(size, pages, Some(0), test)
 }
 
 /// `/dev/hugepages-2M`, mounted (as `hugemem hugepages` does) when it is

@@ -374,80 +374,25 @@ fn halting_guest_is_a_fault() {
     assert!(matches!(err, Error::GuestFault { .. }), "{err:?}");
 }
 
-/// Reserves 1 GiB huge pages for the test and gives them back on drop.
-struct HugePool {
-    path: &'static str,
-    /// (value before, value this test left), when it raised the pool.
-    raised: Option<(u64, u64)>,
-}
-
-impl HugePool {
-    const PATH: &'static str = "/sys/kernel/mm/hugepages/hugepages-1048576kB";
-
-    fn read(name: &str) -> io::Result<u64> {
-        let text = std::fs::read_to_string(format!("{}/{name}", Self::PATH))?;
-        text.trim().parse().map_err(io::Error::other)
-    }
-
-    /// Makes `want` free 1 GiB pages available, raising `nr_hugepages` if
-    /// needed. Returns how many are free afterwards (maybe fewer than `want`).
-    fn reserve(want: u64) -> io::Result<(Self, u64)> {
-        let free = Self::read("free_hugepages")?;
-        let mut pool = HugePool {
-            path: Self::PATH,
-            raised: None,
-        };
-        if free < want {
-            let nr = Self::read("nr_hugepages")?;
-            let target = nr + want - free;
-            // The kernel may grant fewer than asked; that is checked below.
-            std::fs::write(format!("{}/nr_hugepages", pool.path), format!("{target}"))?;
-            pool.raised = Some((nr, Self::read("nr_hugepages")?));
-        }
-        Ok((pool, Self::read("free_hugepages")?))
-    }
-}
-
-impl Drop for HugePool {
-    fn drop(&mut self) {
-        let Some((before, ours)) = self.raised else {
-            return;
-        };
-        // Other processes on this machine may resize the pool too: restore
-        // only if the size is still the one this test left.
-        match Self::read("nr_hugepages") {
-            Ok(now) if now == ours => {
-                let path = format!("{}/nr_hugepages", self.path);
-                if let Err(e) = std::fs::write(path, format!("{before}")) {
-                    eprintln!("warning: cannot restore nr_hugepages to {before}: {e}");
-                }
-            }
-            Ok(now) => eprintln!(
-                "warning: nr_hugepages changed to {now} by someone else; not restoring {before}"
-            ),
-            Err(e) => eprintln!("warning: cannot read nr_hugepages: {e}"),
-        }
-    }
-}
-
 #[test]
 fn hugetlb_1g_pages_two_slots() {
     if skip_without_kvm() {
         return;
     }
-    let (pool, free) = match HugePool::reserve(2) {
-        Ok(p) => p,
-        Err(e) => {
-            test_support::skip!("cannot reserve 1 GiB huge pages: {e}");
+    // Two 1 GiB slots, the second above 4 GiB, when two pages can be had;
+    // one otherwise. The pool goes back to its size when `pool` drops.
+    use test_support::hugepages::hold;
+    use test_support::hugepages::PageSize::Huge1G;
+    let (pool, slots) = match hold(Huge1G, 2)
+        .map(|p| (p, 2))
+        .or_else(|_| hold(Huge1G, 1).map(|p| (p, 1)))
+    {
+        Ok(held) => held,
+        Err(why) => {
+            test_support::skip!("hugetlb_1g_pages_two_slots: {why}");
             return;
         }
     };
-    if free == 0 {
-        test_support::skip!("no free 1 GiB huge page could be reserved");
-        return;
-    }
-    // Two 1 GiB slots, the second above 4 GiB, when two pages are free.
-    let slots = if free >= 2 { 2 } else { 1 };
     let mut maps = Vec::new();
     for _ in 0..slots {
         match Mapping::hugetlb_1g(GIB as usize) {

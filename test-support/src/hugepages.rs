@@ -1,20 +1,57 @@
-//! The host's 2 MiB huge-page pool: reserving pages for a test (or
-//! skipping it) and reading its sysfs counts.
+//! The host's huge-page pools for a test: making pages free (or skipping
+//! the test, said out loud), holding them for the test's lifetime, and
+//! reading the 2 MiB pool's sysfs counts.
+//!
+//! Every failure to get the pages (not root, the kernel gave fewer, no pool
+//! of that size on this host) is a skip, never a panic: CI fails on any skip
+//! outside its allow-list, so a host that should have the pages and does not
+//! is still caught there.
 
-use guest_mem::PageSize;
+pub use guest_mem::PageSize;
+use guest_mem::Reservation;
 
-/// Reserves `n` free 2 MiB pages; `false` (after printing SKIP) when impossible.
+/// `Ok` when `pages` free pages of `page_size` are there (on `node`, or
+/// anywhere), raising the host pool if needed; otherwise why not. The pool
+/// keeps its new size: for a reservation given back at the end, [`hold`].
+pub fn free_pages(page_size: PageSize, pages: u64, node: Option<u32>) -> Result<(), String> {
+    let on = node.map_or_else(String::new, |n| format!(" on node {n}"));
+    match guest_mem::ensure_free(page_size, pages, node) {
+        Ok(r) if r.met => Ok(()),
+        Ok(r) => Err(format!(
+            "only {} free {page_size} pages{on}, {pages} needed",
+            r.free
+        )),
+        Err(e) => Err(format!("cannot reserve {pages} {page_size} pages{on}: {e}")),
+    }
+}
+
+/// [`free_pages`], or a recorded skip of `test` and `false`.
+pub fn reserve(page_size: PageSize, pages: u64, node: Option<u32>, test: &str) -> bool {
+    match free_pages(page_size, pages, node) {
+        Ok(()) => true,
+        Err(why) => {
+            crate::skip!("{test}: {why}");
+            false
+        }
+    }
+}
+
+/// [`reserve`] of `n` 2 MiB pages anywhere.
 pub fn reserve_2m(n: u64, test: &str) -> bool {
-    match guest_mem::ensure_free(PageSize::Huge2M, n, None) {
-        Ok(r) if r.met => true,
-        Ok(r) => {
-            crate::skip!("{test}: only {} free 2 MiB pages, {n} needed", r.free);
-            false
-        }
-        Err(e) => {
-            crate::skip!("{test}: cannot reserve 2 MiB pages: {e}");
-            false
-        }
+    reserve(PageSize::Huge2M, n, None, test)
+}
+
+/// `pages` free pages of `page_size` host-wide, held until the returned
+/// guard drops (the pool then goes back to its earlier size); otherwise why
+/// not, with the pool already given back.
+pub fn hold(page_size: PageSize, pages: u64) -> Result<Reservation, String> {
+    match Reservation::for_run(page_size, pages) {
+        Ok(r) if r.report().met => Ok(r),
+        Ok(r) => Err(format!(
+            "only {} free {page_size} pages, {pages} needed",
+            r.report().free
+        )),
+        Err(e) => Err(format!("cannot reserve {pages} {page_size} pages: {e}")),
     }
 }
 
