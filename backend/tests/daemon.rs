@@ -13,11 +13,11 @@
 
 use test_support::prelude::{
     http_get, parse_openmetrics, refused, region_state, reserve, reserve_2m, serial, wait_until,
-    TestDaemon,
+    Map, TestDaemon,
 };
 
 use std::io::{Read, Write};
-use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -52,70 +52,9 @@ fn inode(fd: &OwnedFd) -> u64 {
     nix::sys::stat::fstat(fd.as_fd()).expect("fstat").st_ino
 }
 
-/// A test mapping of a received fd.
-struct Map {
-    ptr: *mut u8,
-    len: usize,
-}
-
-impl Map {
-    fn new(fd: &OwnedFd, len: u64) -> Self {
-        let len = usize::try_from(len).expect("len");
-        // SAFETY: a fresh shared mapping of a fd we own; the kernel picks the address.
-        let ptr = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                fd.as_raw_fd(),
-                0,
-            )
-        };
-        assert_ne!(
-            ptr,
-            libc::MAP_FAILED,
-            "mmap: {}",
-            std::io::Error::last_os_error()
-        );
-        Self {
-            ptr: ptr.cast(),
-            len,
-        }
-    }
-
-    fn bytes(&self) -> &[u8] {
-        // SAFETY: our live mapping of len bytes.
-        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
-    }
-
-    fn bytes_mut(&mut self) -> &mut [u8] {
-        // SAFETY: our live mapping of len bytes, borrowed mutably through self.
-        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
-    }
-
-    fn poison(&mut self, marker: &[u8]) {
-        for chunk in self.bytes_mut().chunks_mut(marker.len()) {
-            chunk.copy_from_slice(&marker[..chunk.len()]);
-        }
-    }
-
-    fn assert_zero(&self, what: &str) {
-        if let Some(i) = self.bytes().iter().position(|&b| b != 0) {
-            panic!(
-                "{what}: byte {i} of {} is {:#x}, not zero",
-                self.len,
-                self.bytes()[i]
-            );
-        }
-    }
-}
-
-impl Drop for Map {
-    fn drop(&mut self) {
-        // SAFETY: unmapping exactly the mapping we made.
-        unsafe { libc::munmap(self.ptr.cast(), self.len) };
-    }
+/// `len` bytes of a received fd, mapped shared (`test_support::map::Map`).
+fn map_fd(fd: &OwnedFd, len: u64) -> std::sync::Arc<Map> {
+    Map::shared(fd.as_fd(), usize::try_from(len).expect("len"))
 }
 
 /// Raw frame helpers for malformed input.
@@ -205,7 +144,7 @@ fn poisoned_region_is_scrubbed_and_reused_clean() {
     let region = a.regions[0].region_id;
     let first_inode = inode(&a.fds[0]);
     {
-        let mut m = Map::new(&a.fds[0], size);
+        let m = map_fd(&a.fds[0], size);
         m.assert_zero("fresh region");
         m.poison(b"TENANT-A-SECRET!");
     }
@@ -237,7 +176,7 @@ fn poisoned_region_is_scrubbed_and_reused_clean() {
         "the pooled region is reused"
     );
     assert_eq!(inode(&b.fds[0]), first_inode, "same memfd");
-    Map::new(&b.fds[0], size).assert_zero("second tenant's view of the poisoned region");
+    map_fd(&b.fds[0], size).assert_zero("second tenant's view of the poisoned region");
     assert_eq!(d.stats().counters.regions_pooled, 1);
     eprintln!(
         "MEASURE 8M of 2M pages: fresh ALLOC {:.3} ms, pooled ALLOC {:.3} ms ({:.1}x); scrub {:.2} GB/s",
@@ -267,7 +206,7 @@ fn a_smaller_clean_pooled_region_is_grown_for_a_larger_alloc() {
         .expect("alloc 4 MiB");
     let region = a.regions[0].region_id;
     let first_inode = inode(&a.fds[0]);
-    Map::new(&a.fds[0], 4 * MIB).poison(b"TENANT-A-SECRET!");
+    map_fd(&a.fds[0], 4 * MIB).poison(b"TENANT-A-SECRET!");
     let Allocation { id, fds, .. } = a;
     drop(fds);
     c.free(id).expect("free");
@@ -289,7 +228,7 @@ fn a_smaller_clean_pooled_region_is_grown_for_a_larger_alloc() {
         b.regions[0].flags & backend::proto::RegionInfo::FLAG_CLEAN,
         0
     );
-    Map::new(&b.fds[0], 8 * MIB).assert_zero("the grown region");
+    map_fd(&b.fds[0], 8 * MIB).assert_zero("the grown region");
     let s = d.stats();
     assert_eq!(s.counters.regions_grown, 1, "{s}");
     assert_eq!(s.counters.regions_fresh, 1, "{s}");
@@ -320,7 +259,7 @@ fn a_mapped_region_is_not_scrubbed_until_unmapped() {
         .alloc(alloc_req(size, PagePolicy::Huge2M, Some(0)))
         .expect("alloc");
     let region = a.regions[0].region_id;
-    let mut m = Map::new(&a.fds[0], size);
+    let m = map_fd(&a.fds[0], size);
     m.poison(b"STILL-IN-USE");
     let Allocation { id, mut fds, .. } = a;
     c.free(id).expect("free while mapped and open");
@@ -379,7 +318,7 @@ fn disconnect_releases_regions_and_pool_bytes_balance() {
         let b = c
             .alloc(alloc_req(4 * MIB, PagePolicy::Huge2M, None))
             .expect("alloc any node");
-        Map::new(&b.fds[0], 4 * MIB).poison(b"GONE");
+        map_fd(&b.fds[0], 4 * MIB).poison(b"GONE");
         drop((a, b));
         let s = d.stats();
         assert_eq!(s.allocations.active, 2, "{s}");
@@ -889,12 +828,10 @@ fn one_gib_pages_pooled_versus_fresh() {
     let fresh = t.elapsed();
     let region = a.regions[0].region_id;
     {
-        let mut m = Map::new(&a.fds[0], GIB);
+        let m = map_fd(&a.fds[0], GIB);
         // Poison one marker per 4 KiB page (the whole page would add a
         // second of writing for no extra evidence: the scrubber clears all of it).
-        for page in m.bytes_mut().chunks_mut(4096) {
-            page[..8].copy_from_slice(b"TENANT-1");
-        }
+        m.stamp(4096, b"TENANT-1");
     }
     let Allocation { id, fds, .. } = a;
     drop(fds);
@@ -908,7 +845,7 @@ fn one_gib_pages_pooled_versus_fresh() {
         .expect("alloc 1G again");
     let pooled = t.elapsed();
     assert_eq!(b.regions[0].region_id, region);
-    Map::new(&b.fds[0], GIB).assert_zero("1 GiB region after scrub");
+    map_fd(&b.fds[0], GIB).assert_zero("1 GiB region after scrub");
     let s = d.stats();
     eprintln!(
         "MEASURE 1G page: fresh ALLOC {:.1} ms, pooled ALLOC {:.3} ms ({:.0}x); scrub {:.2} GB/s over {} bytes",
@@ -922,10 +859,8 @@ fn one_gib_pages_pooled_versus_fresh() {
     // the ALLOC path or from the clean pool; zero either way.
     let Allocation { id, fds, .. } = b;
     {
-        let mut m = Map::new(&fds[0], GIB);
-        for page in m.bytes_mut().chunks_mut(4096) {
-            page[..8].copy_from_slice(b"TENANT-2");
-        }
+        let m = map_fd(&fds[0], GIB);
+        m.stamp(4096, b"TENANT-2");
     }
     drop(fds);
     c.free(id).expect("free");
@@ -937,7 +872,7 @@ fn one_gib_pages_pooled_versus_fresh() {
         .alloc(alloc_req(GIB, PagePolicy::Huge1G, Some(0)))
         .expect("alloc right after free");
     let immediate = t.elapsed();
-    Map::new(&e.fds[0], GIB).assert_zero("1 GiB region reused right after FREE");
+    map_fd(&e.fds[0], GIB).assert_zero("1 GiB region reused right after FREE");
     let s = d.stats();
     eprintln!(
         "MEASURE 1G ALLOC right after FREE: {:.1} ms (recleared {}, pooled {})",
@@ -977,7 +912,7 @@ fn alloc_with_paths_gives_hugetlbfs_files() {
         "path and fd are one file"
     );
     {
-        let mut m = Map::new(&OwnedFd::from(file), 4 * MIB);
+        let m = map_fd(&OwnedFd::from(file), 4 * MIB);
         m.assert_zero("fresh hugetlbfs file");
         m.poison(b"PATH-TENANT");
     }
@@ -994,7 +929,7 @@ fn alloc_with_paths_gives_hugetlbfs_files() {
         vec![path.display().to_string()],
         "the pooled file is reused"
     );
-    Map::new(&b.fds[0], 4 * MIB).assert_zero("reused hugetlbfs file");
+    map_fd(&b.fds[0], 4 * MIB).assert_zero("reused hugetlbfs file");
     // A memfd ALLOC of the same size does not take the path-backed region.
     let m = c
         .alloc(alloc_req(4 * MIB, PagePolicy::Huge2M, Some(0)))

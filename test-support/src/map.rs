@@ -138,6 +138,44 @@ impl Map {
         unsafe { self.ptr.wrapping_add(off).write_volatile(byte) }
     }
 
+    /// The whole mapping as bytes, for reading while no one writes it.
+    pub fn bytes(&self) -> &[u8] {
+        // SAFETY: the whole of this live mapping; the slice borrows `self`,
+        // so it cannot outlive the unmap in drop.
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+    }
+
+    /// Writes `marker` repeated over the whole mapping (a tenant's secret).
+    pub fn poison(&self, marker: &[u8]) {
+        self.stamp(marker.len(), marker);
+    }
+
+    /// Writes `marker` at the start of every `stride` bytes: evidence in each
+    /// page without writing all of it.
+    pub fn stamp(&self, stride: usize, marker: &[u8]) {
+        assert!(!marker.is_empty() && marker.len() <= stride);
+        for off in (0..self.len).step_by(stride) {
+            let n = marker.len().min(self.len - off);
+            // SAFETY: `[off, off + n)` lies inside this live read-write
+            // mapping (`off + n <= len`); `marker` is other memory.
+            unsafe {
+                std::ptr::copy_nonoverlapping(marker.as_ptr(), self.ptr.wrapping_add(off), n)
+            };
+        }
+    }
+
+    /// Fails the test, naming `what` and the first non-zero byte, unless the
+    /// whole mapping reads zero.
+    pub fn assert_zero(&self, what: &str) {
+        if let Some(i) = self.bytes().iter().position(|&b| b != 0) {
+            panic!(
+                "{what}: byte {i} of {} is {:#x}, not zero",
+                self.len,
+                self.bytes()[i]
+            );
+        }
+    }
+
     /// True when every byte of `[off, off + len)` is `byte`.
     pub fn all(&self, off: usize, len: usize, byte: u8) -> bool {
         assert!(off + len <= self.len);
@@ -160,5 +198,32 @@ impl Drop for Map {
         // SAFETY: `ptr`/`len` are exactly the mapping this value created, and
         // this is its only unmap.
         unsafe { libc::munmap(self.ptr.cast(), self.len) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Map;
+
+    #[test]
+    fn stamp_marks_each_stride_and_poison_covers_everything() {
+        let m = Map::anon(2 * 4096 + 100);
+        m.stamp(4096, b"AB");
+        for (off, byte) in [(0, b'A'), (1, b'B'), (4096, b'A'), (8193, b'B')] {
+            assert_eq!(m.read(off), byte, "offset {off}");
+        }
+        assert!(m.all(2, 4094, 0) && m.all(8194, 98, 0));
+        m.poison(b"XYZ");
+        assert!(m.bytes().chunks(3).all(|c| b"XYZ".starts_with(c)));
+        m.fill(0, m.len(), 0);
+        m.assert_zero("after fill");
+    }
+
+    #[test]
+    #[should_panic(expected = "byte 5 of 4096 is 0x7")]
+    fn assert_zero_names_the_first_nonzero_byte() {
+        let m = Map::anon(4096);
+        m.write(5, 7);
+        m.assert_zero("a page");
     }
 }
