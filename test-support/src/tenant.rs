@@ -124,7 +124,7 @@ pub fn assert_hugepages_balanced(d: TestDaemon, free_before: u64) {
     d.shutdown();
     wait_until(
         &format!("HugePages_Free (2 MiB) returns to {free_before}"),
-        Duration::from_secs(10),
+        Duration::from_secs(30),
         || hugepages_2m("free_hugepages") >= free_before,
     );
 }
