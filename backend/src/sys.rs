@@ -8,6 +8,9 @@
 //!   many fds as fit into it (`scm_detach_fds`: the rest are dropped), so a
 //!   caller that returns an error there leaks them: 64 per frame, from any
 //!   peer, even a refused one.
+//!
+//! [`recv_with_fds`]: crate::sys::recv_with_fds
+//! [`OwnedFd`]: std::os::fd::OwnedFd
 
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};

@@ -2,7 +2,7 @@
 //! daemon: real 2 MiB huge pages, a real KVM guest, eager and lazy.
 //!
 //! The example's source file is compiled into this test as a module
-//! (`#[path]` below) and its [`minimal_vmm::run_vmm`] is called: the test
+//! (`#[path]` below) and its `minimal_vmm::run_vmm` is called: the test
 //! runs the example's own code, not a copy. Cargo builds examples during
 //! `cargo test` but tells integration tests only where `[[bin]]` targets are
 //! (`CARGO_BIN_EXE_<name>`), and building the example from inside the test

@@ -6,6 +6,8 @@
 //! Exit status: 0 when every request was met, [`EXIT_FEWER`] (3) when the
 //! kernel gave fewer pages than asked, 2 on bad usage (a wrong node id), 1
 //! on any other error (not root, sysfs unreadable).
+//!
+//! [`EXIT_FEWER`]: crate::hugepages::EXIT_FEWER
 
 use std::fmt::Write as _;
 use std::path::PathBuf;

@@ -6,6 +6,8 @@
 //! - [`bench`] and [`demo`]: measurements that report ratios against a
 //!   baseline measured in the same run.
 //! - [`status`], [`rebalance_cli`], [`hugepages`]: the operator's commands.
+//!
+//! [`bench`]: mod@bench
 
 #![deny(missing_docs)]
 

@@ -4,6 +4,9 @@
 //! `Client::connect → alloc →` [`Allocation::guest_memory`] gives a
 //! `vm-memory` `GuestMemoryMmap` (see [`crate::guest_memory`]);
 //! [`Allocation::into_parts`] gives the raw fds to a VMM that maps them itself.
+//!
+//! [`Allocation::guest_memory`]: crate::client::Allocation::guest_memory
+//! [`Allocation::into_parts`]: crate::client::Allocation::into_parts
 
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::net::UnixStream;

@@ -52,6 +52,10 @@
 //! EOF would turn the first guest access there into SIGBUS (Firecracker's
 //! `snapshot_file` check). Lazy regions are refused: they need a userfaultfd
 //! the VMM creates, which this helper does not do.
+//!
+//! [`GuestMemoryMmap`]: guest_mem::vm_memory::GuestMemoryMmap
+//! [`region_from_fd`]: crate::guest_memory::region_from_fd
+//! [`guest_layout`]: crate::guest_memory::guest_layout
 
 use std::fs::File;
 use std::io;

@@ -62,6 +62,13 @@
 //!   is unmapped: dropping it closes the VMM's uffd copy.
 //! * If [`LazyGuest::attach`] fails, the memory is not clean: do not start
 //!   the guest on it (or serve it locally with [`PreparedLazy::start_local`]).
+//!
+//! [`RegionInfo::FLAG_LAZY`]: crate::proto::RegionInfo::FLAG_LAZY
+//! [`CreateFlags::new`]: crate::uffd::CreateFlags::new
+//! [`LazyGuest::attach`]: crate::lazy::LazyGuest::attach
+//! [`Client`]: crate::client::Client
+//! [`LazyGuest`]: crate::lazy::LazyGuest
+//! [`PreparedLazy::start_local`]: crate::lazy::PreparedLazy::start_local
 
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};

@@ -17,6 +17,8 @@
 //! left out of the JSON when `None`; a JSON `null` in the document (for
 //! example `holder_pid` when no holder is known) is an `Option` that is
 //! written as `null`. Which fields are stable is said in `docs/protocol.md`.
+//!
+//! [`Stats`]: crate::stats::Stats
 
 use std::collections::BTreeMap;
 use std::fmt;

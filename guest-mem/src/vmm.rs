@@ -34,6 +34,8 @@
 //! The alternative, `MmapRegionBuilder::with_raw_mmap_pointer` over hugemem's
 //! own mapping, would avoid a second mapping but tie the vm-memory object's
 //! life to the `Region` through a raw pointer the type system cannot follow.
+//!
+//! [`GuestMemoryMmap`]: vm_memory::GuestMemoryMmap
 
 use std::fs::File;
 use std::io;

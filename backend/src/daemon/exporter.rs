@@ -24,6 +24,8 @@
 //! all, at most [`MAX_CONNECTIONS`] are served at once (more wait in the
 //! kernel's accept queue), and keep-alive is off: one scrape, one
 //! connection. Anything but `GET`/`HEAD` of `/metrics` (or `/`) is 404/405.
+//!
+//! [`FaultTotals`]: crate::fault::FaultTotals
 
 use std::convert::Infallible;
 use std::sync::Arc;

@@ -52,6 +52,23 @@
 //! answers on it) and replaces. A socket passed by systemd (`hugemem.socket`)
 //! is neither created nor removed by the daemon: it stays with systemd, and
 //! connections made while the daemon (re)starts wait in its backlog.
+//!
+//! [`config`]: crate::daemon::config
+//! [`server`]: crate::daemon::server
+//! [`session`]: crate::daemon::session
+//! [`alloc`]: crate::daemon::alloc
+//! [`pool`]: crate::daemon::pool
+//! [`scrub`]: crate::daemon::scrub
+//! [`holders`]: crate::daemon::holders
+//! [`reuse`]: crate::daemon::reuse
+//! [`peer`]: crate::daemon::peer
+//! [`metrics`]: crate::daemon::metrics
+//! [`exporter`]: crate::daemon::exporter
+//! [`systemd`]: crate::daemon::systemd
+//! [`refill`]: crate::daemon::refill
+//! [`rebalance`]: crate::daemon::rebalance
+//! [`Daemon::start`]: crate::daemon::Daemon::start
+//! [`DaemonHandle::shutdown`]: crate::daemon::DaemonHandle::shutdown
 
 pub mod alloc;
 pub mod config;

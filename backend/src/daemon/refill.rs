@@ -138,7 +138,7 @@ impl Refill {
     }
 }
 
-/// Runs [`step`] every `pool.recheck_ms` (off the executor) until shutdown.
+/// Runs `step` every `pool.recheck_ms` (off the executor) until shutdown.
 pub async fn refill_loop(shared: Arc<Shared>) {
     let period = shared.cfg.recheck_period();
     loop {

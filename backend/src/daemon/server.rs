@@ -1,7 +1,7 @@
 //! The accept loop and the per-connection handlers (mini-redis style).
 //!
 //! [`Listener`] accepts connections, checks the peer's uid, and spawns one
-//! task per connection that owns a [`Handler`]. A [`Slot`] moved into each
+//! task per connection that owns a `Handler`. A `Slot` moved into each
 //! task caps live connections: at most `max_connections_per_uid` per uid
 //! (refused uids included), at most `max_connections` in all, of which
 //! `reserved_connections` only operators (root, `[rebalance]

@@ -58,6 +58,10 @@
 //! vCPU's fault. N threads each polling the uffd would also serve
 //! concurrently, but UNMAP/REMAP would race with faults read by another
 //! thread; one reader keeps events in order.
+//!
+//! [`FaultService`]: crate::fault::FaultService
+//! [`policy`]: crate::fault::policy
+//! [`FaultService::start`]: crate::fault::FaultService::start
 
 pub mod metrics;
 pub mod pagemap;

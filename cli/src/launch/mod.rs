@@ -47,6 +47,13 @@
 //! maps one zone file at two offsets; that needs nothing from hugemem beyond a
 //! file as large as the zone. Prefault is left off: the daemon hands out
 //! memory that is already populated and clean.
+//!
+//! [`cloud_hypervisor`]: crate::launch::cloud_hypervisor
+//! [`qemu`]: crate::launch::qemu
+//! [`build_args`]: crate::launch::build_args
+//! [`check_args`]: crate::launch::check_args
+//! [`run_vmm`]: crate::launch::run_vmm
+//! [`run`]: crate::launch::run
 
 pub mod cloud_hypervisor;
 mod process;

@@ -11,6 +11,8 @@
 //! payload size ≤ [`MAX_PAYLOAD`]) before the payload is read, counts inside
 //! payloads are checked against the payload length and the protocol limits
 //! before anything is allocated, and trailing bytes are an error.
+//!
+//! [`MAX_PAYLOAD`]: crate::proto::MAX_PAYLOAD
 
 pub mod framing;
 pub mod messages;

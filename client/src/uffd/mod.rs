@@ -49,6 +49,19 @@
 //!   page-cache page as it is, *uncleared* (no SIGBUS). The VMM must keep its
 //!   own copy of the uffd open for as long as the guest runs, so a daemon crash
 //!   leaves faults waiting rather than serving stale memory.
+//!
+//! [`Uffd`]: crate::uffd::Uffd
+//! [`Uffd::new`]: crate::uffd::Uffd::new
+//! [`Uffd::api`]: crate::uffd::Uffd::api
+//! [`Uffd::register`]: crate::uffd::Uffd::register
+//! [`Uffd::from_owned_fd`]: crate::uffd::Uffd::from_owned_fd
+//! [`Uffd::read_event`]: crate::uffd::Uffd::read_event
+//! [`Uffd::continue_range`]: crate::uffd::Uffd::continue_range
+//! [`CreateFlags::new`]: crate::uffd::CreateFlags::new
+//! [`abi`]: crate::uffd::abi
+//! [`PageFault::page_start`]: crate::uffd::PageFault::page_start
+//! [`Fill::AlreadyMapped`]: crate::uffd::Fill::AlreadyMapped
+//! [`Fill::Retry`]: crate::uffd::Fill::Retry
 
 pub mod abi;
 mod error;

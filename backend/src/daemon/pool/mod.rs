@@ -81,6 +81,8 @@
 //! before their next user). Above the target, clean regions idle for
 //! `trim_after_secs` are given back, oldest first. The last regions given
 //! back and why are kept for STATS (`given_back`).
+//!
+//! [`check_released`]: crate::daemon::reuse::check_released
 
 use std::collections::{BTreeMap, HashMap};
 

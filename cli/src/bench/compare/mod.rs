@@ -71,6 +71,8 @@
 //! pages, for **every** variant of the run (QEMU's `hugetlbsize`,
 //! cloud-hypervisor's `hugepage_size` and hugemem's ALLOC): a fallback is
 //! written into `page_size` and `note`, and the size is never changed.
+//!
+//! [`Client::alloc`]: backend::client::Client::alloc
 
 use std::collections::BTreeMap;
 use std::ffi::OsString;
