@@ -18,40 +18,21 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
-use backend::daemon::config::PoolConfig;
-use backend::daemon::{Config, Daemon, DaemonHandle};
 use guest_mem::{PageSize, PoolCounts, Reservation};
 use microguest::{pvh_elf, PvhConfig};
 // The tests share the host's huge-page pools (each reserves, allocates and
 // frees them): one at a time.
 use test_support::hugepages::hold;
-use test_support::prelude::serial;
+use test_support::prelude::{serial, TestDaemon};
 
 const HUGEMEM: &str = env!("CARGO_BIN_EXE_hugemem");
 
-fn start_daemon(dir: &Path) -> DaemonHandle {
-    let defaults = Config::default();
-    let cfg = Config {
-        socket: dir.join("hugemem.sock"),
-        pool: PoolConfig {
-            recheck_ms: 20,
-            ..defaults.pool.clone()
-        },
-        ..defaults
-    };
-    Daemon::start(cfg).expect("daemon starts")
-}
-
-fn wait_freed(daemon: &DaemonHandle) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let stats = daemon.stats();
-        if stats.allocations.active == 0 {
-            return;
-        }
-        assert!(Instant::now() < deadline, "allocation not freed: {stats}");
-        std::thread::sleep(Duration::from_millis(5));
-    }
+/// Waits until every allocation is FREEd (the VMM exited and `hugemem
+/// launch` gave its memory back).
+fn wait_freed(daemon: &TestDaemon) {
+    daemon.wait_stats(Duration::from_secs(30), "allocation freed", |s| {
+        s.allocations.active == 0
+    });
 }
 
 fn launch(socket: &Path, launch_args: &[&str], vmm: &[&str]) -> Output {
@@ -97,10 +78,10 @@ fn read(dir: &Path, name: &str) -> String {
 fn fd_mode_command_line_and_memory_file() {
     let _serial = serial();
     let dir = tempfile::tempdir().expect("tempdir");
-    let daemon = start_daemon(dir.path());
+    let daemon = TestDaemon::start(|c| c.pool.recheck_ms = 20);
     let ch = fake_ch(dir.path());
     let out = launch(
-        daemon.socket_path(),
+        &daemon.socket(),
         &["--size", "64M"],
         &[
             ch.to_str().expect("utf-8"),
@@ -137,7 +118,7 @@ fn fd_mode_command_line_and_memory_file() {
     wait_freed(&daemon);
     // --landlock cannot open /dev/fd/N: refused before anything is allocated.
     let out = launch(
-        daemon.socket_path(),
+        &daemon.socket(),
         &["--size", "64M"],
         &[ch.to_str().expect("utf-8"), "--landlock"],
     );
@@ -146,7 +127,7 @@ fn fd_mode_command_line_and_memory_file() {
     assert!(stderr.contains("--hugetlbfs"), "{stderr}");
     // Memory options of the user's own: refused, naming the option.
     let out = launch(
-        daemon.socket_path(),
+        &daemon.socket(),
         &["--size", "64M"],
         &[ch.to_str().expect("utf-8"), "--memory", "size=1G"],
     );
@@ -157,7 +138,7 @@ fn fd_mode_command_line_and_memory_file() {
         1,
         "refused launches must not allocate"
     );
-    daemon.shutdown().expect("shutdown");
+    daemon.shutdown();
 }
 
 /// The 32 free 2 MiB pages the stand-in tests allocate, held for the test's
@@ -172,13 +153,13 @@ fn stand_in_pages() -> Option<Reservation> {
 fn hugetlbfs_mode_hands_out_paths() {
     let _serial = serial();
     let dir = tempfile::tempdir().expect("tempdir");
-    let daemon = start_daemon(dir.path());
+    let daemon = TestDaemon::start(|c| c.pool.recheck_ms = 20);
     let ch = fake_ch(dir.path());
     let Some(_reservation) = stand_in_pages() else {
         return;
     };
     let out = launch(
-        daemon.socket_path(),
+        &daemon.socket(),
         &["--size", "64M", "--page-size", "2M", "--hugetlbfs"],
         &[ch.to_str().expect("utf-8"), "--landlock", "--kernel", "k"],
     );
@@ -202,7 +183,7 @@ fn hugetlbfs_mode_hands_out_paths() {
         read(dir.path(), "stat-error")
     );
     wait_freed(&daemon);
-    daemon.shutdown().expect("shutdown");
+    daemon.shutdown();
     assert!(
         !Path::new(file).exists(),
         "{file} must be gone once the daemon stopped"
@@ -218,7 +199,7 @@ fn hugetlbfs_mode_hands_out_paths() {
 fn hugetlbfs_launch_right_after_an_fd_launch_reuses_its_pages() {
     let _serial = serial();
     let dir = tempfile::tempdir().expect("tempdir");
-    let daemon = start_daemon(dir.path());
+    let daemon = TestDaemon::start(|c| c.pool.recheck_ms = 20);
     let ch = fake_ch(dir.path());
     let Some(_reservation) = stand_in_pages() else {
         return;
@@ -233,7 +214,7 @@ fn hugetlbfs_launch_right_after_an_fd_launch_reuses_its_pages() {
     let size = format!("{}M", pages * 2);
     let ch = ch.to_str().expect("utf-8");
     let base = ["--node", "0", "--size", size.as_str(), "--page-size", "2M"];
-    let out = launch(daemon.socket_path(), &base, &[ch, "--kernel", "k"]);
+    let out = launch(&daemon.socket(), &base, &[ch, "--kernel", "k"]);
     assert!(
         out.status.success(),
         "fd launch of {size}: {}",
@@ -241,7 +222,7 @@ fn hugetlbfs_launch_right_after_an_fd_launch_reuses_its_pages() {
     );
     let mut hugetlbfs = base.to_vec();
     hugetlbfs.push("--hugetlbfs");
-    let out = launch(daemon.socket_path(), &hugetlbfs, &[ch, "--landlock"]);
+    let out = launch(&daemon.socket(), &hugetlbfs, &[ch, "--landlock"]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     if !out.status.success() && stderr.contains("hugetlbfs mount") {
         test_support::skip!("the daemon has no hugetlbfs mount of 2M pages: {stderr}");
@@ -258,7 +239,7 @@ fn hugetlbfs_launch_right_after_an_fd_launch_reuses_its_pages() {
         read(dir.path(), "stat-error")
     );
     wait_freed(&daemon);
-    daemon.shutdown().expect("shutdown");
+    daemon.shutdown();
 }
 
 /// The cloud-hypervisor binary in `CLOUD_HYPERVISOR`, KVM, and the huge pages
@@ -382,7 +363,7 @@ fn cloud_hypervisor_boots_on_daemon_memory() {
     };
     eprintln!("cloud-hypervisor launch test on {page} pages");
     let dir = tempfile::tempdir().expect("tempdir");
-    let daemon = start_daemon(dir.path());
+    let daemon = TestDaemon::start(|c| c.pool.recheck_ms = 20);
     let elf = guest_elf(dir.path());
     for (mode, launch_extra, ch_extra) in [
         ("fd", &[][..], &[][..]),
@@ -392,7 +373,7 @@ fn cloud_hypervisor_boots_on_daemon_memory() {
         launch_args.extend_from_slice(launch_extra);
         // 2 GiB of 2 MiB pages less the guest's image and the first MiB.
         let Some((line, _, wall)) = boot(
-            daemon.socket_path(),
+            &daemon.socket(),
             &ch,
             &elf,
             &launch_args,
@@ -412,7 +393,7 @@ fn cloud_hypervisor_boots_on_daemon_memory() {
     }
     let stats = daemon.stats();
     eprintln!("pools after: {:?}", stats.pools);
-    daemon.shutdown().expect("shutdown");
+    daemon.shutdown();
 }
 
 /// Two memory zones, two guest NUMA nodes, one host node: `hugemem launch
@@ -427,12 +408,12 @@ fn cloud_hypervisor_two_zones_on_one_host_node() {
         return;
     };
     let dir = tempfile::tempdir().expect("tempdir");
-    let daemon = start_daemon(dir.path());
+    let daemon = TestDaemon::start(|c| c.pool.recheck_ms = 20);
     let elf = guest_elf(dir.path());
     let launch_args = ["--nodes", "0:1G,0:1G", "--guest-numa", "--page-size", page];
     // More than the 512 pages of one zone: the walk crossed into the second.
     let Some((line, stderr, wall)) = boot(
-        daemon.socket_path(),
+        &daemon.socket(),
         &ch,
         &elf,
         &launch_args,
@@ -467,5 +448,5 @@ fn cloud_hypervisor_two_zones_on_one_host_node() {
         .map(|r| (r.node, r.bytes))
         .collect();
     assert_eq!(regions, [(0, 1 << 30), (0, 1 << 30)], "{stats}");
-    daemon.shutdown().expect("shutdown");
+    daemon.shutdown();
 }

@@ -14,48 +14,12 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
-use backend::daemon::config::PoolConfig;
-use backend::daemon::{Config, Daemon, DaemonHandle};
-use backend::stats::Stats;
 use guest_mem::{PageSize, Reservation};
 use microguest::{pvh_elf, PvhConfig};
 use test_support::hugepages::hold;
+use test_support::prelude::TestDaemon;
 
 const HUGEMEM: &str = env!("CARGO_BIN_EXE_hugemem");
-
-fn start_daemon(dir: &Path) -> DaemonHandle {
-    let defaults = Config::default();
-    let cfg = Config {
-        socket: dir.join("hugemem.sock"),
-        pool: PoolConfig {
-            recheck_ms: 20,
-            ..defaults.pool.clone()
-        },
-        ..defaults
-    };
-    Daemon::start(cfg).expect("daemon starts")
-}
-
-/// Polls `cond` on the daemon's stats until it holds or `timeout` passes.
-fn wait_stats(
-    daemon: &DaemonHandle,
-    timeout: Duration,
-    what: &str,
-    cond: impl Fn(&Stats) -> bool,
-) -> Stats {
-    let deadline = Instant::now() + timeout;
-    loop {
-        let stats = daemon.stats();
-        if cond(&stats) {
-            return stats;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{what} did not happen within {timeout:?}; stats: {stats}"
-        );
-        std::thread::sleep(Duration::from_millis(5));
-    }
-}
 
 fn qemu_skip_reason() -> Option<String> {
     match Command::new("qemu-system-x86_64").arg("--version").output() {
@@ -126,7 +90,7 @@ fn qemu_microvm_boots_on_daemon_memory_and_reuses_it_clean() {
     };
     eprintln!("QEMU launch test on {page} pages");
     let dir = tempfile::tempdir().expect("tempdir");
-    let daemon = start_daemon(dir.path());
+    let daemon = TestDaemon::start(|c| c.pool.recheck_ms = 20);
     let elf = guest_elf(dir.path());
     let elf = elf.to_str().expect("utf-8 path");
     let vmm = [
@@ -158,7 +122,7 @@ fn qemu_microvm_boots_on_daemon_memory_and_reuses_it_clean() {
         if run == "hugetlbfs" {
             args.push("--hugetlbfs");
         }
-        let (out, wall) = launch(daemon.socket_path(), &args, &vmm);
+        let (out, wall) = launch(&daemon.socket(), &args, &vmm);
         let stdout = String::from_utf8_lossy(&out.stdout);
         let stderr = String::from_utf8_lossy(&out.stderr);
         // 2 GiB / 2 MiB = 1024 strides, the first below start_gpa. isa-debug-exit:
@@ -173,7 +137,7 @@ fn qemu_microvm_boots_on_daemon_memory_and_reuses_it_clean() {
             "{run}: launch must exit with QEMU's isa-debug-exit status 1; stderr:\n{stderr}"
         );
         // FREE went through: nothing allocated, the region back in the pool and scrubbed.
-        let after = wait_stats(&daemon, Duration::from_secs(30), "FREE and scrub", |s| {
+        let after = daemon.wait_stats(Duration::from_secs(30), "FREE and scrub", |s| {
             s.allocations.active == 0
                 && s.pool_sum(|p| p.clean_bytes) >= 2 << 30
                 && s.pool_sum(|p| p.dirty_bytes) == 0
@@ -197,7 +161,7 @@ fn qemu_microvm_boots_on_daemon_memory_and_reuses_it_clean() {
         times[1].as_secs_f64() * 1e3,
         times[2].as_secs_f64() * 1e3
     );
-    daemon.shutdown().expect("shutdown");
+    daemon.shutdown();
 }
 
 /// A stand-in QEMU: records its arguments and the size of the memory file it
@@ -222,11 +186,11 @@ while :; do sleep 0.01; done
 #[test]
 fn sigterm_reaches_the_vmm_and_the_memory_is_freed() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let daemon = start_daemon(dir.path());
+    let daemon = TestDaemon::start(|c| c.pool.recheck_ms = 20);
     let qemu = fake_qemu(dir.path());
     let mut child = Command::new(HUGEMEM)
         .args(["launch", "--socket"])
-        .arg(daemon.socket_path())
+        .arg(daemon.socket())
         .args(["--size", "64M", "--"])
         .arg(&qemu)
         .args(["-kernel", "none"])
@@ -287,16 +251,16 @@ fn sigterm_reaches_the_vmm_and_the_memory_is_freed() {
         "{args:?}"
     );
     assert!(args.ends_with(&["-kernel", "none"]), "{args:?}");
-    wait_stats(&daemon, Duration::from_secs(10), "FREE", |s| {
+    daemon.wait_stats(Duration::from_secs(10), "FREE", |s| {
         s.allocations.active == 0
     });
-    daemon.shutdown().expect("shutdown");
+    daemon.shutdown();
 }
 
 #[test]
 fn conflicting_memory_options_are_refused_before_allocating() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let daemon = start_daemon(dir.path());
+    let daemon = TestDaemon::start(|c| c.pool.recheck_ms = 20);
     let qemu = fake_qemu(dir.path());
     let qemu = qemu.to_str().expect("utf-8");
     for (vmm_args, option) in [
@@ -308,7 +272,7 @@ fn conflicting_memory_options_are_refused_before_allocating() {
         (vec![qemu, "-M", "microvm", "-numa", "node"], "`-numa`"),
         (vec![qemu, "-mem-path", "/dev/hugepages"], "`-mem-path`"),
     ] {
-        let (out, _) = launch(daemon.socket_path(), &["--size", "64M"], &vmm_args);
+        let (out, _) = launch(&daemon.socket(), &["--size", "64M"], &vmm_args);
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(1), "{stderr}");
         assert!(
@@ -320,7 +284,7 @@ fn conflicting_memory_options_are_refused_before_allocating() {
     }
     // Several regions under microvm (no NUMA there): refused before ALLOC too.
     let (out, _) = launch(
-        daemon.socket_path(),
+        &daemon.socket(),
         &["--nodes", "0:32M,1:32M"],
         &[qemu, "-M", "microvm"],
     );
@@ -332,8 +296,8 @@ fn conflicting_memory_options_are_refused_before_allocating() {
         "nothing may be allocated for a refused command line: {stats}"
     );
     // An unknown VMM is refused too, naming --vmm.
-    let (out, _) = launch(daemon.socket_path(), &["--size", "64M"], &["/bin/true"]);
+    let (out, _) = launch(&daemon.socket(), &["--size", "64M"], &["/bin/true"]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("--vmm"), "{stderr}");
-    daemon.shutdown().expect("shutdown");
+    daemon.shutdown();
 }

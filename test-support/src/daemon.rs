@@ -89,6 +89,28 @@ impl TestDaemon {
         self.handle().stats()
     }
 
+    /// Polls STATS until `cond` holds and returns that document; fails the
+    /// test after `timeout`, naming `what` and showing the last STATS.
+    pub fn wait_stats(
+        &self,
+        timeout: Duration,
+        what: &str,
+        cond: impl Fn(&Stats) -> bool,
+    ) -> Stats {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let stats = self.stats();
+            if cond(&stats) {
+                return stats;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{what} did not happen within {timeout:?}; stats: {stats}"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
     /// Shuts the daemon down and checks that it stopped cleanly.
     pub fn shutdown(mut self) {
         self.handle
