@@ -10,8 +10,8 @@
 //! table and the host's huge-page counts before and after.
 
 use test_support::prelude::{
-    hugepages_2m, map_raw as map, open_fds, pool_bytes, reserve_2m, serial, unmap_raw as unmap,
-    wait_until, TestDaemon,
+    hugepages_2m, map_raw as map, open_fds, reserve_2m, serial, unmap_raw as unmap, wait_until,
+    TestDaemon,
 };
 use test_support::tenant::{
     alloc_2m, assert_hugepages_balanced, fill_secret, in_child, memfd_2m, read_u64, root_or_skip,
@@ -472,7 +472,7 @@ fn fd_in_flight(paths: bool) {
     wait_until("A's region is withheld", SETTLE, || {
         d.stats().counters.regions_withheld == 1
     });
-    let withheld = |d: &TestDaemon| pool_bytes(&d.stats(), |p| p.withheld_bytes);
+    let withheld = |d: &TestDaemon| d.stats().pool_sum(|p| p.withheld_bytes);
     assert_eq!(withheld(&d), size, "{}", d.stats());
     // B allocates, checks it got a clean file that is not A's, writes.
     let mut b = d.client();
@@ -497,10 +497,10 @@ fn fd_in_flight(paths: bool) {
     wait_until(
         "A's region is proved free once its fd is gone",
         SETTLE,
-        || withheld(&d) == 0 && pool_bytes(&d.stats(), |p| p.quarantined_bytes) == 0,
+        || withheld(&d) == 0 && d.stats().pool_sum(|p| p.quarantined_bytes) == 0,
     );
     assert_eq!(
-        pool_bytes(&d.stats(), |p| p.clean_bytes),
+        d.stats().pool_sum(|p| p.clean_bytes),
         size,
         "A's region is clean in the pool: {}",
         d.stats()
@@ -918,7 +918,7 @@ fn a_released_path_is_unreachable_to_its_tenant() {
         );
     }
     wait_until("A's region is clean in the pool", SETTLE, || {
-        pool_bytes(&d.stats(), |p| p.clean_bytes) == size
+        d.stats().pool_sum(|p| p.clean_bytes) == size
     });
     let mut b = d.client();
     let alloc = b.alloc(alloc_2m(size, true)).expect("B allocates");

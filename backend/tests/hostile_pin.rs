@@ -9,8 +9,7 @@
 //! next tenant's secret, so the attack is shown to be real on this kernel.
 
 use test_support::prelude::{
-    hugepages_2m, map_raw as map, pool_bytes, reserve_2m, serial, unmap_raw as unmap, wait_until,
-    TestDaemon,
+    hugepages_2m, map_raw as map, reserve_2m, serial, unmap_raw as unmap, wait_until, TestDaemon,
 };
 use test_support::tenant::{
     alloc_2m, assert_hugepages_balanced, fill_secret, in_child, memfd_2m, read_u64, B_SECRET, MIB,
@@ -264,7 +263,7 @@ fn pinned_attack(kind: Pin, detach: bool) -> Seen {
     wait_until(
         "A's region is clean in the pool",
         Duration::from_secs(10),
-        || pool_bytes(&d.stats(), |p| p.clean_bytes) == size,
+        || d.stats().pool_sum(|p| p.clean_bytes) == size,
     );
     let detached = d.stats().counters.pages_detached;
     if detach {

@@ -19,8 +19,8 @@
 //! replays one (the seed is always printed).
 
 use test_support::prelude::{
-    hugepages_2m, map_raw as map, open_fds, pool_bytes, reserve_2m, serial, unmap_raw as unmap,
-    wait_until, TestDaemon,
+    hugepages_2m, map_raw as map, open_fds, reserve_2m, serial, unmap_raw as unmap, wait_until,
+    TestDaemon,
 };
 
 use std::io::{IoSlice, Read, Write};
@@ -1002,11 +1002,11 @@ fn hostile_tenants_soak() {
         d.stats().allocations.active == 0
     });
     wait_until("the quarantine drains", Duration::from_secs(30), || {
-        pool_bytes(&d.stats(), |p| p.quarantined_bytes) == 0
+        d.stats().pool_sum(|p| p.quarantined_bytes) == 0
     });
     wait_until("the pool trims to empty", Duration::from_secs(30), || {
         let s = d.stats();
-        pool_bytes(&s, |p| p.clean_bytes) == 0 && pool_bytes(&s, |p| p.dirty_bytes) == 0
+        s.pool_sum(|p| p.clean_bytes) == 0 && s.pool_sum(|p| p.dirty_bytes) == 0
     });
     let fds_deadline = Instant::now() + Duration::from_secs(30);
     while open_fds() > fds_baseline {

@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use backend::client::Client;
 use backend::proto::{AllocRequest, ClearMode, PagePolicy, RegionInfo};
-use test_support::prelude::{pool_bytes, reserve_2m, serial, wait_until, Map, TestDaemon};
+use test_support::prelude::{reserve_2m, serial, wait_until, Map, TestDaemon};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
 const HUGE: u64 = 2 << 20;
@@ -207,9 +207,9 @@ fn leave_dirty_region(daemon: &TestDaemon, tenant: &mut Client) {
     tenant.free(id).expect("FREE");
     wait_until("the region to leave quarantine", DEADLINE, || {
         let s = daemon.stats();
-        pool_bytes(&s, |p| p.dirty_bytes) > 0
-            || (pool_bytes(&s, |p| p.quarantined_bytes) == 0
-                && (pool_bytes(&s, |p| p.clean_bytes) >= SIZE
+        s.pool_sum(|p| p.dirty_bytes) > 0
+            || (s.pool_sum(|p| p.quarantined_bytes) == 0
+                && (s.pool_sum(|p| p.clean_bytes) >= SIZE
                     || s.counters.regions_discarded > discarded))
     });
 }

@@ -380,7 +380,7 @@ fn per_size_limits_hold_and_refill_reaches_the_target() {
     let t = Instant::now();
     wait_until("refill reaches the target", Duration::from_secs(20), || {
         let s = d.stats();
-        test_support::prelude::pool_bytes(&s, |p| p.clean_bytes) >= target
+        s.pool_sum(|p| p.clean_bytes) >= target
     });
     let filled = t.elapsed();
     let s = d.handle().stats();

@@ -7,9 +7,7 @@ use std::time::Duration;
 
 use backend::daemon::ByteSize;
 use hugemem::status::render_status;
-use test_support::prelude::{
-    alloc_2m_pages, pool_bytes, reserve_2m, serial, wait_until, TestDaemon,
-};
+use test_support::prelude::{alloc_2m_pages, reserve_2m, serial, wait_until, TestDaemon};
 
 const MIB: u64 = 1 << 20;
 
@@ -26,7 +24,7 @@ fn status_shows_pools_scrub_and_refill() {
         c.pool.recheck_ms = 20;
     });
     wait_until("refill reaches the target", Duration::from_secs(20), || {
-        pool_bytes(&d.stats(), |p| p.clean_bytes) >= target
+        d.stats().pool_sum(|p| p.clean_bytes) >= target
     });
     let mut c = d.client();
     let a = alloc_2m_pages(&mut c, 1);

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use backend::client::{Allocation, Client, ClientError};
 use backend::daemon::{Config, Daemon, DaemonHandle};
 use backend::proto::{AllocPart, AllocRequest, ClearMode, PagePolicy, Status};
-use backend::stats::{PoolStats, RegionStats, Stats};
+use backend::stats::{RegionStats, Stats};
 
 static SERIAL: Mutex<()> = Mutex::new(());
 
@@ -18,11 +18,6 @@ pub fn serial() -> MutexGuard<'static, ()> {
     SERIAL
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
-}
-
-/// `field` summed over every pool in a STATS document.
-pub fn pool_bytes(stats: &Stats, field: impl Fn(&PoolStats) -> u64) -> u64 {
-    stats.pool_sum(field)
 }
 
 /// Polls `cond` until it holds, failing the test after `timeout`.

@@ -12,7 +12,6 @@ use backend::proto::{AllocRequest, ClearMode, PagePolicy, RegionInfo};
 use backend::stats::Stats;
 use guest_mem::PageSize;
 
-use crate::daemon::pool_bytes;
 use crate::map::Map;
 
 /// One 2 MiB page, in bytes.
@@ -79,7 +78,7 @@ pub fn touch(map: &Arc<Map>, off: usize) -> mpsc::Receiver<u8> {
 
 /// Dirty bytes over every pool in a STATS document.
 pub fn dirty_bytes(stats: &Stats) -> u64 {
-    pool_bytes(stats, |p| p.dirty_bytes)
+    stats.pool_sum(|p| p.dirty_bytes)
 }
 
 /// Tries at a dirty region before a lazy test gives up: each is lost only
@@ -107,8 +106,8 @@ pub fn lazy_alloc_from_dirty_pool(client: &mut Client, stats: &dyn Fn() -> Stats
         wait_deadline("the region to leave quarantine", || {
             let s = stats();
             dirty_bytes(&s) > 0
-                || (pool_bytes(&s, |p| p.quarantined_bytes) == 0
-                    && (pool_bytes(&s, |p| p.clean_bytes) >= SIZE
+                || (s.pool_sum(|p| p.quarantined_bytes) == 0
+                    && (s.pool_sum(|p| p.clean_bytes) >= SIZE
                         || s.counters.regions_discarded > discarded))
         });
         let lazy = client.alloc(req(ClearMode::Lazy)).expect("lazy alloc");
