@@ -80,6 +80,54 @@ pub fn punch_hole(fd: BorrowedFd<'_>, offset: u64, len: u64) -> io::Result<()> {
     }
 }
 
+/// Bytes of the file behind `fd` that have pages (`st_blocks` x 512):
+/// hugetlbfs counts each huge page in its file's blocks while it is in the
+/// file, and stops at the punch or truncation that removes it.
+///
+/// # Errors
+///
+/// The `fstat` error.
+pub fn file_allocated_bytes(fd: BorrowedFd<'_>) -> io::Result<u64> {
+    let st = nix::sys::stat::fstat(fd).map_err(io::Error::from)?;
+    u64::try_from(st.st_blocks)
+        .map(|b| b.saturating_mul(512))
+        .map_err(|_| io::Error::from(io::ErrorKind::InvalidData))
+}
+
+/// Reserves huge pages for every hole in the first `len` bytes of the
+/// hugetlb file behind `fd`, as a new shared mapping of it does
+/// (`hugetlb_reserve_pages`), and unmaps again: the reservation of a shared
+/// hugetlb mapping belongs to the file (its `resv_map`), not to the mapping,
+/// so it stays until a punch or truncation removes those offsets, and the
+/// next fault of any mapping of the file takes a reserved page.
+///
+/// # Errors
+///
+/// `ENOMEM` when the host has fewer free, unreserved pages than the file
+/// has holes; other `mmap` errors.
+pub fn reserve_holes(fd: BorrowedFd<'_>, len: usize) -> io::Result<()> {
+    // SAFETY: a NULL hint without MAP_FIXED makes a new mapping that aliases
+    // no Rust object; it is read-only, never touched, and unmapped below.
+    let addr = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ,
+            libc::MAP_SHARED,
+            fd.as_raw_fd(),
+            0,
+        )
+    };
+    if addr == libc::MAP_FAILED {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: the mapping made just above, which nothing else knows of.
+    if unsafe { libc::munmap(addr, len) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 /// A new open file description of the file behind `fd`, read-write
 /// (`open("/proc/self/fd/N", O_RDWR | O_CLOEXEC)`), not a `dup`: the kernel
 /// counts it as one more opener of the inode, which is what makes

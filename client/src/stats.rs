@@ -508,6 +508,13 @@ pub struct Counters {
     pub downgrades: u64,
     /// Released regions found damaged by their tenant and given back unscrubbed.
     pub regions_discarded: u64,
+    /// Of `regions_discarded`: regions whose pages a pin kept at the detach's
+    /// punch, on a host with no page to spare for their holes.
+    pub regions_pinned: u64,
+    /// Released regions given back because the host could not fill their
+    /// holes after the detach's punch though every page came back (taken by
+    /// another process, or the pool shrunk); no tenant is blamed.
+    pub regions_short: u64,
     /// Pages punched out of released regions and refaulted fresh before reuse.
     pub pages_detached: u64,
     /// Released regions found withheld (another open description of the

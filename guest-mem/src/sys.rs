@@ -51,6 +51,20 @@ pub(crate) unsafe fn madvise(addr: *mut u8, len: usize, advice: libc::c_int) -> 
     Ok(())
 }
 
+/// `madvise(addr, len, MADV_DONTFORK)`: a child the process forks does not
+/// inherit the range.
+///
+/// # Safety
+/// `addr..addr+len` must be a mapping owned by the caller.
+pub(crate) unsafe fn dont_fork(addr: *mut u8, len: usize) -> io::Result<()> {
+    // SAFETY: the caller's own mapping; DONTFORK changes only what fork
+    // copies, never the contents or the mapping in this process.
+    if unsafe { libc::madvise(addr.cast(), len, libc::MADV_DONTFORK) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 /// `mlock(addr, len)`: populates the range and pins its pages in RAM.
 ///
 /// # Safety

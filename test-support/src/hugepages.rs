@@ -64,3 +64,24 @@ pub fn hugepages_2m(what: &str) -> u64 {
         .parse()
         .expect("page count")
 }
+
+/// A full host for `test`: exactly `pages` pages of `page_size` available
+/// host-wide (free and unreserved), whatever earlier tests or runs left,
+/// held until the guard drops (the pool then goes back to its earlier
+/// size); `None`, with a recorded skip, when the kernel cannot give that.
+pub fn exactly(page_size: PageSize, pages: u64, test: &str) -> Option<Reservation> {
+    match Reservation::exactly(page_size, pages) {
+        Ok(r) if r.report().met => Some(r),
+        Ok(r) => {
+            crate::skip!(
+                "{test}: exactly {pages} available {page_size} pages needed, the host has {}",
+                r.report().free
+            );
+            None
+        }
+        Err(e) => {
+            crate::skip!("{test}: cannot set the {page_size} pool to {pages} available pages: {e}");
+            None
+        }
+    }
+}

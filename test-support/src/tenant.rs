@@ -20,6 +20,14 @@ pub const NOBODY: u32 = 65534;
 
 /// Runs `child` in a forked process as `uid` (when given) and returns its
 /// exit code. The child only makes syscalls and exits with `_exit`.
+///
+/// The daemon of these tests runs in this process, so a plain fork would
+/// hand the child a copy of every region fd the daemon (and the test) has
+/// open: the holder scan then rightly sees the child holding regions it
+/// never asked for, and an ALLOC of the child can wait on a region it holds
+/// itself (issue 18's CI failure). A real tenant is a process of its own, so
+/// the child first closes every inherited region fd (the daemon's mappings
+/// are `MADV_DONTFORK`); every child here gets its regions after the fork.
 pub fn in_child(uid: Option<u32>, child: impl FnOnce() -> i32) -> i32 {
     // SAFETY: the child only runs `child` (plain syscalls through nix/libc on
     // data prepared before the fork) and leaves with `_exit`, never
@@ -30,6 +38,7 @@ pub fn in_child(uid: Option<u32>, child: impl FnOnce() -> i32) -> i32 {
             // with SIGALRM instead of lingering.
             // SAFETY: alarm is async-signal-safe and takes an integer.
             unsafe { libc::alarm(60) };
+            close_inherited_region_fds();
             let code = match uid {
                 Some(uid) => {
                     // SAFETY: setgid is a plain syscall on an integer.
@@ -52,6 +61,26 @@ pub fn in_child(uid: Option<u32>, child: impl FnOnce() -> i32) -> i32 {
             WaitStatus::Exited(_, code) => code,
             other => panic!("tenant child ended with {other:?}"),
         },
+    }
+}
+
+/// Closes every fd of this (just forked) process that names a daemon
+/// region's file: a memfd or hugetlbfs file called `hugemem-r<id>`.
+fn close_inherited_region_fds() {
+    let Ok(dir) = std::fs::read_dir("/proc/self/fd") else {
+        return;
+    };
+    let fds: Vec<i32> = dir
+        .filter_map(Result::ok)
+        .filter(|e| {
+            std::fs::read_link(e.path()).is_ok_and(|t| t.to_string_lossy().contains("hugemem-r"))
+        })
+        .filter_map(|e| e.file_name().to_str()?.parse().ok())
+        .collect();
+    for fd in fds {
+        // SAFETY: an fd this child inherited and that nothing in the child
+        // uses (every child gets its own regions after the fork).
+        unsafe { libc::close(fd) };
     }
 }
 
@@ -144,8 +173,12 @@ pub fn tenant_a(
         let Ok(mut c) = Client::connect(&socket) else {
             return 10;
         };
-        let Ok(a) = c.alloc(alloc_2m(size, paths)) else {
-            return 11;
+        let a = match c.alloc(alloc_2m(size, paths)) {
+            Ok(a) => a,
+            Err(e) => {
+                say(&format!("tenant A refused: {e}"));
+                return 11;
+            }
         };
         let code = attack(&a);
         if code != 0 {
@@ -158,6 +191,14 @@ pub fn tenant_a(
         }
         0
     })
+}
+
+/// Writes `msg` and a newline to the test's stderr from a forked child:
+/// straight to fd 2, taking no lock a thread of the parent may have held at
+/// the fork.
+pub fn say(msg: &str) {
+    let line = format!("{msg}\n");
+    let _ = nix::unistd::write(std::io::stderr(), line.as_bytes());
 }
 
 /// Tenant B's secret.

@@ -176,6 +176,16 @@ impl DaemonCollector {
                 g(&m.regions_discarded),
             ),
             (
+                "regions_pinned",
+                "Of regions_discarded: regions whose pages a pin kept at the detach's punch, on a host with none to spare.",
+                g(&m.regions_pinned),
+            ),
+            (
+                "regions_short",
+                "Released regions given back because the host could not fill their holes after the detach's punch (no tenant blamed).",
+                g(&m.regions_short),
+            ),
+            (
                 "pages_detached",
                 "Pages punched out of released regions and refaulted fresh before reuse.",
                 g(&m.pages_detached),

@@ -44,6 +44,15 @@ pub struct Metrics {
     /// Released regions found damaged by their tenant (file size changed,
     /// holes that cannot be filled) and given back to the kernel unscrubbed.
     pub regions_discarded: AtomicU64,
+    /// Of `regions_discarded`: released regions whose pages a pin the daemon
+    /// cannot see kept at the detach's punch, on a host with no page to
+    /// spare for their holes.
+    pub regions_pinned: AtomicU64,
+    /// Released regions given back to the kernel because the host had too
+    /// few pages to fill their holes after the detach's punch, though every
+    /// page came back (another process took them, or the pool was shrunk).
+    /// Nobody's tenant is blamed; not in `regions_discarded`.
+    pub regions_short: AtomicU64,
     /// Pages punched out of released regions and refaulted fresh before
     /// reuse (`pool.detach_pages`), so that no pin keeps a reused page.
     pub pages_detached: AtomicU64,

@@ -379,6 +379,8 @@ impl Shared {
                 regions_grown: g(&m.regions_grown),
                 downgrades: g(&m.downgrades),
                 regions_discarded: g(&m.regions_discarded),
+                regions_pinned: g(&m.regions_pinned),
+                regions_short: g(&m.regions_short),
                 pages_detached: g(&m.pages_detached),
                 regions_withheld: g(&m.regions_withheld),
                 leftover_files_released: g(&m.leftover_files_released),

@@ -41,6 +41,7 @@ pub async fn quarantine_loop(shared: Arc<Shared>) {
         if !quarantined.is_empty() {
             let detach = shared.pool.config().detach_pages;
             let topology = Arc::clone(&shared.topology);
+            let pool = Arc::clone(&shared.pool);
             let started = Instant::now();
             let scan = tokio::task::spawn_blocking(move || {
                 let owned: Vec<_> = quarantined.iter().map(|(_, o, _)| o.clone()).collect();
@@ -52,7 +53,10 @@ pub async fn quarantine_loop(shared: Arc<Shared>) {
                     .into_iter()
                     .zip(holders)
                     .map(|((id, _, region), holder)| {
-                        (id, reuse::judge(&region, holder, detach, &topology))
+                        (
+                            id,
+                            reuse::judge(&region, holder, detach, &topology, pool.reserve_gate()),
+                        )
                     })
                     .collect::<Vec<_>>()
             });

@@ -30,6 +30,7 @@ use std::os::fd::AsFd;
 use guest_mem::Region;
 
 use super::holders::Holder;
+use super::pool::ReserveGate;
 
 /// What a quarantine check decided for one region.
 #[derive(Debug)]
@@ -39,9 +40,20 @@ pub enum Verdict {
     /// No process shows it, but another open description exists (in flight,
     /// or a mapping being torn down): stays quarantined, withheld, re-checked.
     Withheld(String),
-    /// The tenant damaged the file (size, holes) or a detach failed: back to
-    /// the kernel, never scrubbed or served.
+    /// The tenant damaged the file (size, holes): back to the kernel, never
+    /// scrubbed or served.
     Broken(String),
+    /// Detaching found pages the punch could not take back: a pin the
+    /// daemon cannot see (io_uring fixed buffer, VFIO, RDMA, `vmsplice`)
+    /// still holds them, and the host has no page to spare for their holes.
+    /// The tenant's doing: back to the kernel, like [`Verdict::Broken`].
+    Pinned(String),
+    /// Every page came back at the punch, but the host had too few pages to
+    /// fill the holes again: another process took them in the moment
+    /// between the punch and the re-reservation, or the operator shrank the
+    /// pool. Not the tenant's doing: the region goes back to the kernel, and
+    /// nobody is blamed.
+    Short(String),
     /// Proved unreachable and whole. `detached` pages were punched out and
     /// refaulted: every page is a fresh one the kernel zeroed. 0: detaching
     /// is off, every page is to be scrubbed.
@@ -59,6 +71,7 @@ pub fn judge(
     holder: Option<Holder>,
     detach: bool,
     topology: &numa::Topology,
+    gate: &ReserveGate,
 ) -> Verdict {
     if let Some(h) = holder {
         return Verdict::Held(h);
@@ -75,9 +88,11 @@ pub fn judge(
     if let Err(reason) = check_size(region) {
         return Verdict::Broken(reason);
     }
-    match detach_pages(region, topology) {
+    match detach_pages(region, topology, gate) {
         Ok(detached) => Verdict::Free { detached },
-        Err(reason) => Verdict::Broken(reason),
+        Err(Detach::Pinned(reason)) => Verdict::Pinned(reason),
+        Err(Detach::Short(reason)) => Verdict::Short(reason),
+        Err(Detach::Failed(reason)) => Verdict::Broken(reason),
     }
 }
 
@@ -148,23 +163,105 @@ pub fn prove_unreachable(region: &Region) -> Result<(), String> {
     }
 }
 
-/// Detaches every page of a released region from any pin: punches the
-/// whole file (`FALLOC_FL_PUNCH_HOLE`) and faults fresh kernel-zeroed pages
-/// in through the daemon's own mapping (`MADV_POPULATE_WRITE`, so the
-/// region's NUMA policy applies), in parallel on the region's node's CPUs
-/// (pinned workers of `clearing::run_jobs`: the kernel zeroes each new page
-/// in the faulting thread, so one thread zeroes at one core's speed). A
-/// pinned page stays with its pinner; the file never sees it again. Every
-/// page is zero afterwards. Returns the pages detached. Blocking.
+/// Why [`detach_pages`] could not give a region fresh pages.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Detach {
+    /// Pages a pin held did not come back at the punch (see [`Verdict::Pinned`]).
+    Pinned(String),
+    /// The holes could not be reserved again though every page came back
+    /// (see [`Verdict::Short`]).
+    Short(String),
+    /// The punch failed, or the refault failed in spite of the reservation.
+    Failed(String),
+}
+
+/// Huge pages of `page_size` on `node` (host-wide for an unbound region)
+/// that the kernel holds free or has just freed to the buddy allocator as
+/// surplus: the punch's returned pages are the growth of this figure.
+fn host_pages(page_size: guest_mem::PageSize, node: Option<numa::NodeId>) -> Option<(u64, u64)> {
+    numa::HugePages::host()
+        .pool(page_size.bytes(), node)
+        .ok()
+        .map(|p| (p.free, p.surplus))
+}
+
+/// Detaches every page of a released region from any pin, in three steps:
+///
+/// 1. **Punch** the whole file (`FALLOC_FL_PUNCH_HOLE`): every page leaves
+///    it; a page a tenant pinned stays with its pinner, and the file never
+///    sees it again.
+/// 2. **Reserve the holes again** at once ([`crate::sys::reserve_holes`]),
+///    under the pool's [`ReserveGate`] together with the punch, so no fresh
+///    region of the daemon takes the punched pages in between. The punch
+///    gave up the file's reservation with its pages; from here on the host
+///    owes the region a page for every hole, whoever else wants pages.
+/// 3. **Refault** fresh kernel-zeroed pages through the daemon's own
+///    mapping (`MADV_POPULATE_WRITE`, so the region's NUMA policy applies),
+///    in parallel on the region's node's CPUs (pinned workers of
+///    `clearing::run_jobs`: the kernel zeroes each new page in the faulting
+///    thread, so one thread zeroes at one core's speed).
+///
+/// Every page is zero afterwards. Returns the pages detached. Blocking.
 ///
 /// # Errors
 ///
-/// A message when the punch or the refault fails (the host has no page to
-/// give: a pinner still holds the old ones); the region must be discarded.
-pub fn detach_pages(region: &Region, topology: &numa::Topology) -> Result<u64, String> {
-    crate::sys::punch_hole(region.fd(), 0, region.len()).map_err(|e| format!("punch: {e}"))?;
-    let len = usize::try_from(region.len()).map_err(|_| "region too large".to_string())?;
-    let page = usize::try_from(region.page_size().bytes()).unwrap_or(usize::MAX);
+/// When the holes cannot be reserved again, the host pool's counts before
+/// and after the punch say why: pages that did not come back
+/// ([`Detach::Pinned`]: the file had them, the host did not get them) or
+/// pages taken since ([`Detach::Short`]). The region must then be given
+/// back; so too on [`Detach::Failed`].
+pub fn detach_pages(
+    region: &Region,
+    topology: &numa::Topology,
+    gate: &ReserveGate,
+) -> Result<u64, Detach> {
+    let len = usize::try_from(region.len())
+        .map_err(|_| Detach::Failed("region too large".to_string()))?;
+    let page_size = region.page_size();
+    let page = page_size.bytes();
+    let pages = region.len() / page;
+    if page_size.is_huge() {
+        let gated = gate.hold();
+        let had = crate::sys::file_allocated_bytes(region.fd()).map_or(pages, |b| b / page);
+        let before = host_pages(page_size, region.node());
+        crate::sys::punch_hole(region.fd(), 0, region.len())
+            .map_err(|e| Detach::Failed(format!("punch: {e}")))?;
+        let after = host_pages(page_size, region.node());
+        let reserved = crate::sys::reserve_holes(region.fd(), len);
+        drop(gated);
+        if let Err(e) = reserved {
+            // Pages that left the file at the punch and reached the host:
+            // free, or freed to the buddy allocator as surplus.
+            let returned = match (before, after) {
+                (Some((free0, surplus0)), Some((free1, surplus1))) => {
+                    (free1 + surplus0).saturating_sub(free0 + surplus1)
+                }
+                _ => had,
+            };
+            let pool = match after {
+                Some((free, _)) => format!("{free} free"),
+                None => "pool unreadable".into(),
+            };
+            return Err(if returned < had {
+                Detach::Pinned(format!(
+                    "{} of the {had} {page_size} pages in its file did not come back to the host at the punch \
+                     (held by a pin the daemon cannot see), and the host has none to spare for their holes \
+                     ({pool}; reserving them again: {e})",
+                    had - returned
+                ))
+            } else {
+                Detach::Short(format!(
+                    "all {had} {page_size} pages in its file came back to the host at the punch, but its \
+                     holes could not be reserved again ({pool}; {e}): another process took the pages, \
+                     or the pool was shrunk"
+                ))
+            });
+        }
+    } else {
+        crate::sys::punch_hole(region.fd(), 0, region.len())
+            .map_err(|e| Detach::Failed(format!("punch: {e}")))?;
+    }
+    let page = usize::try_from(page).unwrap_or(usize::MAX);
     let job = clearing::Job {
         start: 0,
         len,
@@ -182,6 +279,6 @@ pub fn detach_pages(region: &Region, topology: &numa::Topology) -> Result<u64, S
             crate::sys::populate_write(region.as_ptr().wrapping_add(c.start), c.len)
         },
     )
-    .map_err(|e| format!("refault after punch: {e}"))?;
-    Ok(region.len() / region.page_size().bytes())
+    .map_err(|e| Detach::Failed(format!("refault after punch, with its pages reserved: {e}")))?;
+    Ok(pages)
 }

@@ -145,6 +145,11 @@ impl Region {
         if let Err(e) = unsafe { sys::munmap(self.addr, self.len as usize) } {
             tracing::error!(error = %e, region = %self.name, "munmap of a region's old mapping failed");
         }
+        // As at creation: no forked child inherits the new mapping.
+        // SAFETY: `addr..addr+new_len` is the mapping made above.
+        if let Err(e) = unsafe { sys::dont_fork(addr, new_len_usize) } {
+            tracing::warn!(error = %e, region = %self.name, "MADV_DONTFORK failed; a forked child would inherit the mapping");
+        }
         let old_len = self.len;
         let old_pages = self.states.len();
         let new_pages = usize::try_from(new_len.div_ceil(unit)).unwrap_or(usize::MAX);

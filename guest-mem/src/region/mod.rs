@@ -258,6 +258,13 @@ impl Region {
                 .map_or_else(|e| e.to_string(), |s| s.to_string()),
             source,
         })?;
+        // A child this process forks (a daemon's helper, a test's forked
+        // tenant) never inherits guest RAM: it would hold the region for
+        // the holder scan and could read what the next tenant writes.
+        // SAFETY: `addr..addr+len` is the mapping made just above.
+        if let Err(e) = unsafe { sys::dont_fork(addr, len) } {
+            tracing::warn!(error = %e, region = %spec.name, "MADV_DONTFORK failed; a forked child would inherit the mapping");
+        }
         // The region owns the path now and unlinks it when it drops.
         let path = unlink.0.take();
         let unit = state_unit(page_size);

@@ -118,18 +118,27 @@ impl Pool {
         super::pooled_bytes_of(&self.lock(), node, page_size)
     }
 
-    /// Gives idle regions of `page_size` on `node` (any size, either
+    /// Gives idle regions of `key`'s page size on its node (any size, either
     /// backing; the oldest first) back to the kernel until `bytes` are
     /// freed, so that a fresh region of that page size can be created.
     /// Returns the regions to drop (off the lock: the pages go back when the
-    /// last reference goes).
+    /// last reference goes); `None`, evicting nothing, when an idle region
+    /// of exactly `key` and `size` is there (it left quarantine or its scrub
+    /// since the caller looked): the caller takes that one instead.
     pub(super) fn evict_idle(
         &self,
-        node: NodeId,
-        page_size: PageSize,
+        key: super::PoolKey,
+        size: u64,
         bytes: u64,
-    ) -> Vec<Arc<Region>> {
+    ) -> Option<Vec<Arc<Region>>> {
+        let (node, page_size) = (key.node, key.page_size);
         let mut g = self.lock();
+        if g.entries
+            .values()
+            .any(|e| e.key == key && e.region.len() == size && idle(e))
+        {
+            return None;
+        }
         let mut victims: Vec<(Instant, RegionId)> = g
             .entries
             .iter()
@@ -162,7 +171,7 @@ impl Pool {
                 out.push(e.region);
             }
         }
-        out
+        Some(out)
     }
 
     /// Blocks until the pool changes (a region left quarantine, a scrub

@@ -87,6 +87,7 @@
 use std::collections::{BTreeMap, HashMap};
 
 mod files;
+mod gate;
 mod given_back;
 mod held;
 mod in_use;
@@ -98,6 +99,7 @@ mod take;
 pub use stats::PoolPart;
 
 use files::reclaim_path;
+pub use gate::ReserveGate;
 pub use held::{Held, HeldRegion, Why};
 pub use in_use::InUseRegion;
 pub use scrubbing::Scrubbed;
@@ -264,6 +266,7 @@ pub struct Pool {
     next_region: AtomicU64,
     next_alloc: AtomicU64,
     metrics: Arc<Metrics>,
+    gate: ReserveGate,
 }
 
 impl Pool {
@@ -277,7 +280,14 @@ impl Pool {
             next_region: AtomicU64::new(1),
             next_alloc: AtomicU64::new(1),
             metrics,
+            gate: ReserveGate::default(),
         }
+    }
+
+    /// The gate every hugetlb reservation of fresh pages and every punch of
+    /// a released region passes (see [`ReserveGate`]).
+    pub fn reserve_gate(&self) -> &ReserveGate {
+        &self.gate
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {

@@ -172,18 +172,57 @@ impl Pool {
     /// [`Pool::discard`] under the caller's lock, whatever the entry's state:
     /// removes it, records and counts it as given back, logs why.
     fn discard_locked(&self, g: &mut Inner, id: RegionId, reason: &str) -> Option<Arc<Region>> {
+        self.give_back_locked(g, id, Loss::Damaged, reason)
+    }
+
+    /// Removes a released region that cannot be reused, records it in
+    /// `given_back` and the counters of its `loss`, and logs it; returned to
+    /// be dropped off the lock.
+    fn give_back_locked(
+        &self,
+        g: &mut Inner,
+        id: RegionId,
+        loss: Loss,
+        reason: &str,
+    ) -> Option<Arc<Region>> {
         let e = g.entries.remove(&id)?;
-        g.given_back
-            .push(id, &e, format!("damaged by its tenant: {reason}"));
-        Metrics::add(&self.metrics.bytes_released, e.region.len());
-        Metrics::add(&self.metrics.regions_discarded, 1);
-        warn!(
-            region = id,
-            node = e.key.node,
-            bytes = e.region.len(),
-            reason,
-            "a released region was damaged by its tenant; it goes back to the kernel unscrubbed"
-        );
+        let (node, bytes) = (e.key.node, e.region.len());
+        Metrics::add(&self.metrics.bytes_released, bytes);
+        match loss {
+            Loss::Damaged | Loss::Pinned => {
+                Metrics::add(&self.metrics.regions_discarded, 1);
+                let what = if loss == Loss::Pinned {
+                    Metrics::add(&self.metrics.regions_pinned, 1);
+                    "pages held by a pin the daemon cannot see"
+                } else {
+                    "damaged by its tenant"
+                };
+                g.given_back.push(id, &e, format!("{what}: {reason}"));
+                warn!(
+                    region = id,
+                    node,
+                    bytes,
+                    uid = ?e.tenant,
+                    reason,
+                    "a released region was {what}; it goes back to the kernel unscrubbed"
+                );
+            }
+            Loss::Short => {
+                Metrics::add(&self.metrics.regions_short, 1);
+                g.given_back.push(
+                    id,
+                    &e,
+                    format!("the host had no pages for its holes after the detach (no tenant at fault): {reason}"),
+                );
+                warn!(
+                    region = id,
+                    node,
+                    bytes,
+                    reason,
+                    "the host had no pages to refill a released region after its detach; it goes back to the kernel (its tenant did nothing wrong)"
+                );
+            }
+        }
         Some(e.region)
     }
 
@@ -253,7 +292,13 @@ impl Pool {
                     }
                 }
                 Verdict::Broken(reason) => {
-                    dropped.extend(self.discard_locked(&mut g, id, &reason));
+                    dropped.extend(self.give_back_locked(&mut g, id, Loss::Damaged, &reason));
+                }
+                Verdict::Pinned(reason) => {
+                    dropped.extend(self.give_back_locked(&mut g, id, Loss::Pinned, &reason));
+                }
+                Verdict::Short(reason) => {
+                    dropped.extend(self.give_back_locked(&mut g, id, Loss::Short, &reason));
                 }
             }
         }
@@ -331,6 +376,17 @@ impl Pool {
         }
         out
     }
+}
+
+/// Why a released region that cannot be reused goes back to the kernel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Loss {
+    /// Its tenant changed the file (size, holes the host cannot fill).
+    Damaged,
+    /// A pin the daemon cannot see kept pages the host needed back.
+    Pinned,
+    /// The host had no pages for its holes; nobody's fault.
+    Short,
 }
 
 /// Moves every page of a region just marked `Dirty`, whose contents are

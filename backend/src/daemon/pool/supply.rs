@@ -164,7 +164,12 @@ pub(super) fn grow_pooled(
             }
         }
     }
-    if let Err(e) = d.region.grow(&pool.sources.topology, size) {
+    let grown = {
+        // The new pages are reserved at the grow's mmap (see `ReserveGate`).
+        let _gate = pool.gate.hold();
+        d.region.grow(&pool.sources.topology, size)
+    };
+    if let Err(e) = grown {
         info!(
             region = d.id,
             node = key.node,
@@ -248,7 +253,17 @@ pub(super) fn create(
             spec = spec.with_backing(Backing::HugetlbfsDir(dir.to_path_buf()));
         }
     }
-    let (region, report) = Region::allocate(&pool.sources.topology, &spec, opts)?;
+    let region = {
+        // Pages are reserved at the region's mmap (see `ReserveGate`).
+        let _gate = pool.gate.hold();
+        Region::create(&pool.sources.topology, &spec)?
+    };
+    let report = region
+        .prepare_eager(&pool.sources.topology, opts)
+        .map_err(|source| RegionError::Prepare {
+            name: spec.name.clone(),
+            source,
+        })?;
     match region.verify_placement() {
         Ok(p) if !p.misplaced.is_empty() => {
             warn!(
@@ -364,7 +379,12 @@ pub(super) fn fresh_demand(
     for &page_size in candidates.iter().filter(|p| p.is_huge()) {
         let spec = RegionSpec::new(format!("hugemem-r{id}"), size, Some(node))
             .with_policy(guest_mem::PagePolicy::Strict(page_size));
-        match Region::create(&pool.sources.topology, &spec) {
+        // Pages are reserved at the region's mmap (see `ReserveGate`).
+        let created = {
+            let _gate = pool.gate.hold();
+            Region::create(&pool.sources.topology, &spec)
+        };
+        match created {
             Ok(region) => return pool.insert_fresh(id, region).ok(),
             Err(e) => {
                 info!(node, size, %page_size, error = %e, "lazy ALLOC: no fresh region for kernel demand faults")

@@ -385,7 +385,11 @@ impl Pool {
                 }));
             }
             if held.idle >= short {
-                let victims = self.evict_idle(node, page_size, short);
+                // A region of exactly this part may have become idle since
+                // the first look: take it rather than give it back.
+                let Some(victims) = self.evict_idle(key, part.size, short) else {
+                    continue;
+                };
                 drop(victims);
                 // The pages go back to the kernel when the last reference to an
                 // evicted region goes (a holder scan or a scrubber may hold one
