@@ -99,6 +99,36 @@ pub fn ensure_free(
     reserve(page_size, pages, ReserveMode::Free, node)
 }
 
+/// Sets the host pool of `page_size` so that exactly `pages` are available
+/// (free and not reserved by any mapping), shrinking whatever earlier runs
+/// left as well as growing: a full host, where nothing is to spare but what
+/// the caller asked for. The report's `met` is false when the kernel gave
+/// fewer, or when free pages could not be taken out of the pool.
+pub fn set_available(page_size: PageSize, pages: u64) -> Result<ReserveReport, ReserveError> {
+    let grown = ensure_free(page_size, pages, None)?;
+    let bytes = huge_bytes(page_size)?;
+    let hp = HugePages::host();
+    let now = hp.pool(bytes, None)?;
+    let extra = now.available().saturating_sub(pages);
+    let report = if extra > 0 && grown.met {
+        reserve(
+            page_size,
+            now.total.saturating_sub(extra),
+            ReserveMode::Exact,
+            None,
+        )?
+    } else {
+        grown
+    };
+    let available = hp.pool(bytes, None)?.available();
+    Ok(ReserveReport {
+        requested: pages,
+        free: available,
+        met: available == pages,
+        ..report
+    })
+}
+
 /// Host-wide pool size of `page_size` from sysfs.
 fn host_pool_total(page_size: PageSize) -> Option<u64> {
     let bytes = huge_bytes(page_size).ok()?;
@@ -124,37 +154,13 @@ impl Reservation {
         })
     }
 
-    /// Sets the host pool of `page_size` so that exactly `pages` are
-    /// available (free and not reserved by any mapping), shrinking whatever
-    /// earlier runs left as well as growing, for this value's lifetime: a
-    /// full host, where nothing is to spare but what the caller asked for.
-    /// `met` is false when the kernel gave fewer, or when pages could not be
-    /// taken out of the pool (a page in use stays in it as surplus).
+    /// [`set_available`] for this value's lifetime: the pool goes back to
+    /// its earlier size on drop.
     pub fn exactly(page_size: PageSize, pages: u64) -> Result<Self, ReserveError> {
         let previous_total = host_pool_total(page_size);
-        let grown = ensure_free(page_size, pages, None)?;
-        let bytes = huge_bytes(page_size)?;
-        let hp = HugePages::host();
-        let now = hp.pool(bytes, None)?;
-        let extra = now.available().saturating_sub(pages);
-        let report = if extra > 0 && grown.met {
-            reserve(
-                page_size,
-                now.total.saturating_sub(extra),
-                ReserveMode::Exact,
-                None,
-            )?
-        } else {
-            grown
-        };
-        let available = hp.pool(bytes, None)?.available();
+        let report = set_available(page_size, pages)?;
         Ok(Self {
-            report: ReserveReport {
-                requested: pages,
-                free: available,
-                met: available == pages,
-                ..report
-            },
+            report,
             previous_total,
         })
     }

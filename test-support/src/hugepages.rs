@@ -13,9 +13,18 @@ use guest_mem::Reservation;
 /// `Ok` when `pages` free pages of `page_size` are there (on `node`, or
 /// anywhere), raising the host pool if needed; otherwise why not. The pool
 /// keeps its new size: for a reservation given back at the end, [`hold`].
+///
+/// Host-wide (`node` is `None`) the pool is set to **exactly** `pages`
+/// available pages, shrinking what earlier tests or runs left: a test
+/// starts from the pages it asked for, as on a fresh machine, so a leftover
+/// page can never make a test pass that would fail on one (issue 18).
 pub fn free_pages(page_size: PageSize, pages: u64, node: Option<u32>) -> Result<(), String> {
     let on = node.map_or_else(String::new, |n| format!(" on node {n}"));
-    match guest_mem::ensure_free(page_size, pages, node) {
+    let report = match node {
+        None => guest_mem::set_available(page_size, pages),
+        Some(_) => guest_mem::ensure_free(page_size, pages, node),
+    };
+    match report {
         Ok(r) if r.met => Ok(()),
         Ok(r) => Err(format!(
             "only {} free {page_size} pages{on}, {pages} needed",
