@@ -467,6 +467,13 @@ pub struct ScrubNode {
     pub batches: u64,
     /// Dirty bytes waiting on this node.
     pub pending_bytes: u64,
+    /// Bytes of detached regions' holes faulted in ahead of their guests
+    /// (the kernel zeroed them at the fault).
+    pub refault_bytes: u64,
+    /// Seconds spent faulting them in, summed over threads.
+    pub refault_seconds: f64,
+    /// GB/s (10^9) per thread-second of those faults.
+    pub refault_gb_per_s: f64,
 }
 
 /// `totals`.
@@ -508,6 +515,9 @@ pub struct Counters {
     pub downgrades: u64,
     /// Released regions found damaged by their tenant and given back unscrubbed.
     pub regions_discarded: u64,
+    /// Bytes of detached regions handed out while still holes (the kernel
+    /// zeroes each at the guest's first touch).
+    pub hole_bytes_handed_out: u64,
     /// Of `regions_discarded`: regions whose pages a pin kept at the detach's
     /// punch, on a host with no page to spare for their holes.
     pub regions_pinned: u64,

@@ -96,6 +96,13 @@ pub struct PoolConfig {
     /// file gets a new one. On by default; turning it off trusts tenants
     /// not to pin (see `docs/security.md` for what it costs).
     pub detach_pages: bool,
+    /// Fault a detached region's holes in ahead of its guest, on the node's
+    /// scrubber threads, whether it is still pooled or already handed out
+    /// (the region is clean and may be handed out the moment its pages are
+    /// punched: each hole is reserved, and the kernel zeroes whatever page
+    /// fills it). On by default; off, each hole is faulted in (and zeroed
+    /// by the kernel) at the guest's first touch.
+    pub refault_ahead: bool,
     /// Uids that may be handed a previous tenant's dirty (uncleared) pooled
     /// memory in lazy mode, cleared page by page at first touch. Empty by
     /// default: such a VMM could read the uncleared pages through a second
@@ -137,6 +144,7 @@ impl Default for PoolConfig {
             recheck_ms: 500,
             recheck_on_reuse: false,
             detach_pages: true,
+            refault_ahead: true,
             lazy_dirty_uids: Vec::new(),
             alloc_wait_ms: 5000,
             max_alloc_wait_ms: 60_000,

@@ -176,6 +176,11 @@ impl DaemonCollector {
                 g(&m.regions_discarded),
             ),
             (
+                "hole_bytes_handed_out",
+                "Bytes of detached regions handed out while still holes (kernel-zeroed at first touch).",
+                g(&m.hole_bytes_handed_out),
+            ),
+            (
                 "regions_pinned",
                 "Of regions_discarded: regions whose pages a pin kept at the detach's punch, on a host with none to spare.",
                 g(&m.regions_pinned),
@@ -361,6 +366,30 @@ impl DaemonCollector {
             for s in scrub {
                 ConstCounter::new(Metrics::get(&s.batches))
                     .encode(f.encode_family(&node(s.node))?)?;
+            }
+        }
+        {
+            let mut f = enc.encode_descriptor(
+                "refault",
+                "Bytes of detached regions' holes faulted in ahead of their guests (kernel-zeroed).",
+                Some(&Unit::Bytes),
+                c.metric_type(),
+            )?;
+            for s in scrub {
+                ConstCounter::new(Metrics::get(&s.refault_bytes))
+                    .encode(f.encode_family(&node(s.node))?)?;
+            }
+        }
+        {
+            let mut f = enc.encode_descriptor(
+                "refault",
+                "Seconds spent faulting detached regions' holes in, summed over scrubber threads.",
+                Some(&Unit::Seconds),
+                c.metric_type(),
+            )?;
+            for s in scrub {
+                let secs = Duration::from_nanos(Metrics::get(&s.refault_nanos)).as_secs_f64();
+                ConstCounter::new(secs).encode(f.encode_family(&node(s.node))?)?;
             }
         }
         {

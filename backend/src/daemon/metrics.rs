@@ -44,6 +44,9 @@ pub struct Metrics {
     /// Released regions found damaged by their tenant (file size changed,
     /// holes that cannot be filled) and given back to the kernel unscrubbed.
     pub regions_discarded: AtomicU64,
+    /// Bytes of detached regions handed out while still holes (each faults
+    /// in a page the kernel zeroes at the guest's first touch).
+    pub hole_bytes_handed_out: AtomicU64,
     /// Of `regions_discarded`: released regions whose pages a pin the daemon
     /// cannot see kept at the detach's punch, on a host with no page to
     /// spare for their holes.
@@ -101,6 +104,11 @@ pub struct ScrubCounters {
     pub nanos: AtomicU64,
     /// Kernel calls (batches).
     pub batches: AtomicU64,
+    /// Bytes of detached regions' holes faulted in ahead of their guests
+    /// (the kernel zeroes them at the fault).
+    pub refault_bytes: AtomicU64,
+    /// Nanoseconds spent faulting them in, summed over threads.
+    pub refault_nanos: AtomicU64,
 }
 
 impl ScrubCounters {
@@ -112,6 +120,8 @@ impl ScrubCounters {
             bytes: AtomicU64::new(0),
             nanos: AtomicU64::new(0),
             batches: AtomicU64::new(0),
+            refault_bytes: AtomicU64::new(0),
+            refault_nanos: AtomicU64::new(0),
         }
     }
 

@@ -320,6 +320,9 @@ impl Shared {
                     seconds: Duration::from_nanos(n).as_secs_f64(),
                     gb_per_s: c.gb_per_s(),
                     batches: g(&c.batches),
+                    refault_bytes: g(&c.refault_bytes),
+                    refault_seconds: Duration::from_nanos(g(&c.refault_nanos)).as_secs_f64(),
+                    refault_gb_per_s: metrics::gb_per_s(g(&c.refault_bytes), g(&c.refault_nanos)),
                     pending_bytes: pending.get(&c.node).copied().unwrap_or(0),
                 }
             })
@@ -379,6 +382,7 @@ impl Shared {
                 regions_grown: g(&m.regions_grown),
                 downgrades: g(&m.downgrades),
                 regions_discarded: g(&m.regions_discarded),
+                hole_bytes_handed_out: g(&m.hole_bytes_handed_out),
                 regions_pinned: g(&m.regions_pinned),
                 regions_short: g(&m.regions_short),
                 pages_detached: g(&m.pages_detached),

@@ -40,7 +40,6 @@ pub async fn quarantine_loop(shared: Arc<Shared>) {
         let quarantined = shared.pool.quarantined();
         if !quarantined.is_empty() {
             let detach = shared.pool.config().detach_pages;
-            let topology = Arc::clone(&shared.topology);
             let pool = Arc::clone(&shared.pool);
             let started = Instant::now();
             let scan = tokio::task::spawn_blocking(move || {
@@ -55,7 +54,7 @@ pub async fn quarantine_loop(shared: Arc<Shared>) {
                     .map(|((id, _, region), holder)| {
                         (
                             id,
-                            reuse::judge(&region, holder, detach, &topology, pool.reserve_gate()),
+                            reuse::judge(&region, holder, detach, pool.reserve_gate()),
                         )
                     })
                     .collect::<Vec<_>>()

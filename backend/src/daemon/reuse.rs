@@ -15,15 +15,17 @@
 //! 3. With `pool.detach_pages` (the default), the size is checked and
 //!    [`detach_pages`] punches every page out of the file — a page a tenant
 //!    pinned (io_uring fixed buffer, VFIO, RDMA, `vmsplice`) stays with it —
-//!    and faults fresh ones in on the region's node's CPUs in parallel; the
-//!    kernel zeroes each, so the region is clean without a user-space scrub.
-//!    Holes a tenant punched need no check: everything is punched. Without
+//!    and reserves the holes again at once; every page the file gets from
+//!    then on is one the kernel zeroes, so the region is clean without a
+//!    user-space scrub, and may be handed out before its holes are faulted
+//!    in (the node's scrubbers do that ahead of the guest). Holes a tenant
+//!    punched need no check: everything is punched. Without
 //!    detaching, [`check_released`] populates every page, so a hole the
 //!    host cannot fill is found before a scrubber would `SIGBUS`, and the
 //!    scrubbers clear the region.
 //!
-//! Everything here blocks (`/proc`, leases, faulting whole regions): the
-//! quarantine loop calls [`judge`] on a blocking thread.
+//! Everything here blocks (`/proc`, leases, populating whole regions when
+//! not detaching): the quarantine loop calls [`judge`] on a blocking thread.
 
 use std::os::fd::AsFd;
 
@@ -66,13 +68,7 @@ pub enum Verdict {
 /// Runs the checks of the module docs on one quarantined region, given the
 /// holder scan's finding for it. The region's entry is `Quarantined`, so
 /// nothing else changes its page states meanwhile.
-pub fn judge(
-    region: &Region,
-    holder: Option<Holder>,
-    detach: bool,
-    topology: &numa::Topology,
-    gate: &ReserveGate,
-) -> Verdict {
+pub fn judge(region: &Region, holder: Option<Holder>, detach: bool, gate: &ReserveGate) -> Verdict {
     if let Some(h) = holder {
         return Verdict::Held(h);
     }
@@ -88,11 +84,11 @@ pub fn judge(
     if let Err(reason) = check_size(region) {
         return Verdict::Broken(reason);
     }
-    match detach_pages(region, topology, gate) {
+    match detach_pages(region, gate) {
         Ok(detached) => Verdict::Free { detached },
         Err(Detach::Pinned(reason)) => Verdict::Pinned(reason),
         Err(Detach::Short(reason)) => Verdict::Short(reason),
-        Err(Detach::Failed(reason)) => Verdict::Broken(reason),
+        Err(Detach::Failed(reason) | Detach::Damaged(reason)) => Verdict::Broken(reason),
     }
 }
 
@@ -171,21 +167,71 @@ pub enum Detach {
     /// The holes could not be reserved again though every page came back
     /// (see [`Verdict::Short`]).
     Short(String),
-    /// The punch failed, or the refault failed in spite of the reservation.
+    /// The punch failed.
     Failed(String),
+    /// The file lacked pages that were not even reserved: holes its tenant
+    /// punched, whose pages the host has given to someone else.
+    Damaged(String),
 }
 
-/// Huge pages of `page_size` on `node` (host-wide for an unbound region)
-/// that the kernel holds free or has just freed to the buddy allocator as
-/// surplus: the punch's returned pages are the growth of this figure.
-fn host_pages(page_size: guest_mem::PageSize, node: Option<numa::NodeId>) -> Option<(u64, u64)> {
-    numa::HugePages::host()
-        .pool(page_size.bytes(), node)
-        .ok()
-        .map(|p| (p.free, p.surplus))
+/// The host's huge pages of `page_size` on `node` (host-wide for an
+/// unbound region; reservations are only kept host-wide), read around the
+/// punch of a released region to tell why its holes cannot be reserved
+/// again.
+fn host_pages(
+    page_size: guest_mem::PageSize,
+    node: Option<numa::NodeId>,
+) -> Option<numa::PoolState> {
+    numa::HugePages::host().pool(page_size.bytes(), node).ok()
 }
 
-/// Detaches every page of a released region from any pin, in three steps:
+/// Why the holes of a region just punched could not be reserved again,
+/// from the host's counts before and after the punch (`None`: unreadable)
+/// and the pages its file held before it (`had`, of `pages`).
+fn why_short(
+    pages: u64,
+    had: u64,
+    before: Option<numa::PoolState>,
+    after: Option<numa::PoolState>,
+    page_size: guest_mem::PageSize,
+    error: &std::io::Error,
+) -> Detach {
+    let (Some(before), Some(after)) = (before, after) else {
+        return Detach::Short(format!(
+            "its holes could not be reserved again ({error}); the host's pool could not be read"
+        ));
+    };
+    // Pages that left the file and reached the host (free, or freed to the
+    // buddy allocator as surplus), and reservations the punch gave up for
+    // pages the file never faulted in.
+    let returned = (after.free + before.surplus).saturating_sub(before.free + after.surplus);
+    let unreserved = before.reserved.saturating_sub(after.reserved);
+    let pool = format!("{} free, {} reserved", after.free, after.reserved);
+    if had + unreserved < pages {
+        // Offsets neither in the file nor reserved for it: only a punch or
+        // truncation through the tenant's fd removes both.
+        Detach::Damaged(format!(
+            "{} of its {pages} {page_size} pages were holes its tenant punched, whose pages the host \
+             no longer has ({pool}; reserving them again: {error})",
+            pages - had - unreserved
+        ))
+    } else if returned < had {
+        Detach::Pinned(format!(
+            "{} of the {had} {page_size} pages in its file did not come back to the host at the punch \
+             (held by a pin the daemon cannot see), and the host has none to spare for their holes \
+             ({pool}; reserving them again: {error})",
+            had - returned
+        ))
+    } else {
+        Detach::Short(format!(
+            "all {had} {page_size} pages in its file came back to the host at the punch, but its \
+             holes could not be reserved again ({pool}; {error}): another process took the pages, \
+             or the pool was shrunk"
+        ))
+    }
+}
+
+/// Detaches every page of a released region from any pin, in two steps:
 ///
 /// 1. **Punch** the whole file (`FALLOC_FL_PUNCH_HOLE`): every page leaves
 ///    it; a page a tenant pinned stays with its pinner, and the file never
@@ -195,13 +241,12 @@ fn host_pages(page_size: guest_mem::PageSize, node: Option<numa::NodeId>) -> Opt
 ///    region of the daemon takes the punched pages in between. The punch
 ///    gave up the file's reservation with its pages; from here on the host
 ///    owes the region a page for every hole, whoever else wants pages.
-/// 3. **Refault** fresh kernel-zeroed pages through the daemon's own
-///    mapping (`MADV_POPULATE_WRITE`, so the region's NUMA policy applies),
-///    in parallel on the region's node's CPUs (pinned workers of
-///    `clearing::run_jobs`: the kernel zeroes each new page in the faulting
-///    thread, so one thread zeroes at one core's speed).
 ///
-/// Every page is zero afterwards. Returns the pages detached. Blocking.
+/// The region is then clean: every hole faults in a page the kernel zeroes
+/// for it, and the reservation guarantees that page. The node's scrubbers
+/// fault the holes in ahead of the guest (`super::pool`'s fill), or the
+/// guest's own first touch does. Returns the pages detached. Blocking, but
+/// short: no page is faulted or cleared here.
 ///
 /// # Errors
 ///
@@ -209,12 +254,8 @@ fn host_pages(page_size: guest_mem::PageSize, node: Option<numa::NodeId>) -> Opt
 /// and after the punch say why: pages that did not come back
 /// ([`Detach::Pinned`]: the file had them, the host did not get them) or
 /// pages taken since ([`Detach::Short`]). The region must then be given
-/// back; so too on [`Detach::Failed`].
-pub fn detach_pages(
-    region: &Region,
-    topology: &numa::Topology,
-    gate: &ReserveGate,
-) -> Result<u64, Detach> {
+/// back; so too on [`Detach::Failed`] (the punch failed).
+pub fn detach_pages(region: &Region, gate: &ReserveGate) -> Result<u64, Detach> {
     let len = usize::try_from(region.len())
         .map_err(|_| Detach::Failed("region too large".to_string()))?;
     let page_size = region.page_size();
@@ -230,55 +271,11 @@ pub fn detach_pages(
         let reserved = crate::sys::reserve_holes(region.fd(), len);
         drop(gated);
         if let Err(e) = reserved {
-            // Pages that left the file at the punch and reached the host:
-            // free, or freed to the buddy allocator as surplus.
-            let returned = match (before, after) {
-                (Some((free0, surplus0)), Some((free1, surplus1))) => {
-                    (free1 + surplus0).saturating_sub(free0 + surplus1)
-                }
-                _ => had,
-            };
-            let pool = match after {
-                Some((free, _)) => format!("{free} free"),
-                None => "pool unreadable".into(),
-            };
-            return Err(if returned < had {
-                Detach::Pinned(format!(
-                    "{} of the {had} {page_size} pages in its file did not come back to the host at the punch \
-                     (held by a pin the daemon cannot see), and the host has none to spare for their holes \
-                     ({pool}; reserving them again: {e})",
-                    had - returned
-                ))
-            } else {
-                Detach::Short(format!(
-                    "all {had} {page_size} pages in its file came back to the host at the punch, but its \
-                     holes could not be reserved again ({pool}; {e}): another process took the pages, \
-                     or the pool was shrunk"
-                ))
-            });
+            return Err(why_short(pages, had, before, after, page_size, &e));
         }
     } else {
         crate::sys::punch_hole(region.fd(), 0, region.len())
             .map_err(|e| Detach::Failed(format!("punch: {e}")))?;
     }
-    let page = usize::try_from(page).unwrap_or(usize::MAX);
-    let job = clearing::Job {
-        start: 0,
-        len,
-        align: page,
-        min_chunk: page,
-        max_threads: usize::MAX,
-        node: region.node(),
-    };
-    clearing::run_jobs(
-        topology,
-        &[job],
-        &clearing::RunOptions::default(),
-        |c: &clearing::Chunk| {
-            // In bounds: chunks lie inside the job, which is the region.
-            crate::sys::populate_write(region.as_ptr().wrapping_add(c.start), c.len)
-        },
-    )
-    .map_err(|e| Detach::Failed(format!("refault after punch, with its pages reserved: {e}")))?;
     Ok(pages)
 }

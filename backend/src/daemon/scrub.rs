@@ -38,7 +38,7 @@ use numa::{NodeId, PinError, Topology};
 use tracing::{debug, error, info};
 
 use super::metrics::{Metrics, ScrubCounters};
-use super::pool::{Pool, ScrubWork, Scrubbed};
+use super::pool::{FillWork, Pool, ScrubWork, Scrubbed, Work};
 
 /// The scrubber threads of all nodes.
 #[derive(Debug)]
@@ -131,8 +131,13 @@ fn scrub_loop(
     let kernel = ClearKernel::default_kernel();
     let mut hint = index.wrapping_mul(7919);
     while !stop.load(Ordering::Relaxed) {
-        let Some(work) = pool.next_scrub(node, batch, hint) else {
-            break;
+        let work = match pool.next_scrub(node, batch, hint) {
+            None => break,
+            Some(Work::Fill(fill)) => {
+                refault(pool, &fill, counters);
+                continue;
+            }
+            Some(Work::Scrub(work)) => work,
         };
         hint = work.first + work.count;
         let started = Instant::now();
@@ -162,6 +167,23 @@ fn scrub_loop(
         };
         drop(pool.scrub_done(&work, outcome));
     }
+}
+
+/// Faults a chunk of a detached region's holes in ahead of its guest (see
+/// `super::pool::FillWork`): the kernel allocates and zeroes each page in
+/// this thread, on this node's CPUs, under the region's NUMA policy.
+fn refault(pool: &Pool, work: &FillWork, counters: &ScrubCounters) {
+    let started = Instant::now();
+    // Offsets are inside the region, whose length fits usize (checked at creation).
+    let (off, n) = (work.offset as usize, work.len as usize);
+    let result = crate::sys::populate_write(work.region.as_ptr().wrapping_add(off), n)
+        .map_err(|e| format!("bytes {off}..{} cannot be populated: {e}", off + n));
+    if result.is_ok() {
+        let nanos = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        Metrics::add(&counters.refault_bytes, work.len);
+        Metrics::add(&counters.refault_nanos, nanos);
+    }
+    pool.fill_done(work, result);
 }
 
 /// Clears the claimed pages in runs of at most `batch` bytes; `Ok(false)`

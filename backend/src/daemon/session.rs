@@ -273,6 +273,16 @@ impl Session {
             if lock {
                 flags |= RegionInfo::FLAG_LOCKED;
             }
+            if *source == Source::Pooled && t.region.page_size().is_huge() {
+                // A detached region may still have holes (see the pool's
+                // fill): each faults in a page the kernel zeroes.
+                if let Ok(resident) = crate::sys::file_allocated_bytes(t.region.fd()) {
+                    Metrics::add(
+                        &self.shared.metrics.hole_bytes_handed_out,
+                        t.region.len().saturating_sub(resident),
+                    );
+                }
+            }
             regions.push(RegionInfo {
                 region_id: t.id,
                 guest_phys,

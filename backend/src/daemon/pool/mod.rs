@@ -87,6 +87,7 @@
 use std::collections::{BTreeMap, HashMap};
 
 mod files;
+mod fill;
 mod gate;
 mod given_back;
 mod held;
@@ -99,6 +100,7 @@ mod take;
 pub use stats::PoolPart;
 
 use files::reclaim_path;
+pub use fill::FillWork;
 pub use gate::ReserveGate;
 pub use held::{Held, HeldRegion, Why};
 pub use in_use::InUseRegion;
@@ -179,6 +181,9 @@ struct Entry {
     /// moved): released, such a region goes back to the kernel, never into
     /// a per-node pool (see `super::rebalance`).
     split: bool,
+    /// Holes of a detached region still to be faulted in ahead of its
+    /// guest (`fill.rs`), in any entry state.
+    fill: Option<fill::Fill>,
 }
 
 #[derive(Debug)]
@@ -217,6 +222,15 @@ struct Detached {
     key: PoolKey,
     since: Instant,
     old_len: u64,
+}
+
+/// What a scrubber does next (see [`Pool::next_scrub`]).
+#[derive(Debug)]
+pub enum Work {
+    /// Clear dirty pages.
+    Scrub(ScrubWork),
+    /// Fault a detached region's holes in ahead of its guest.
+    Fill(FillWork),
 }
 
 /// Pages a scrubber claimed: `pages` of region `id`, all in `Clearing`.
@@ -342,6 +356,7 @@ impl Pool {
                 tenant: None,
                 warned: false,
                 split: false,
+                fill: None,
             },
         );
         Ok(Taken { id, region })
@@ -466,6 +481,7 @@ impl Pool {
                 tenant: None,
                 warned: false,
                 split: false,
+                fill: None,
             },
         );
         Ok(Taken { id, region })

@@ -228,8 +228,10 @@ impl Pool {
 
     /// Applies the quarantine checks ([`crate::daemon::reuse::judge`]): a
     /// region proved free becomes `Dirty` (scrubbers woken), or `Clean` at
-    /// once when its pages were detached (punched and refaulted: fresh pages
-    /// the kernel zeroed); a held or withheld one stays, with the reason
+    /// once when its pages were detached (punched, holes reserved again:
+    /// every page the kernel hands it is zeroed), its holes then faulted in
+    /// ahead by the node's scrubbers (`fill.rs`) unless `pool.refault_ahead`
+    /// is off; a held or withheld one stays, with the reason
     /// noted; a broken one is discarded. Returns how many left quarantine,
     /// and the discarded regions, to drop off the lock.
     pub fn apply_scan(&self, results: Vec<(RegionId, Verdict)>) -> (usize, Vec<Arc<Region>>) {
@@ -254,11 +256,12 @@ impl Pool {
                     Metrics::add(&self.metrics.pages_detached, detached);
                     if detached > 0 && mark_zeroed_clean(&e.region) {
                         e.state = EntryState::Clean;
+                        e.fill = self.cfg.refault_ahead.then(super::fill::Fill::new);
                         info!(
                             region = id,
                             node = e.key.node,
                             bytes = e.region.len(),
-                            "region left quarantine; its pages were detached and are kernel-zeroed: clean"
+                            "region left quarantine; its pages were detached (holes, reserved): clean"
                         );
                     } else {
                         e.state = EntryState::Dirty;

@@ -8,7 +8,7 @@ use guest_mem::{PageState, Region};
 use numa::NodeId;
 use tracing::{info, warn};
 
-use super::{EntryState, Pool, ScrubWork};
+use super::{EntryState, Pool, ScrubWork, Work};
 
 /// How a scrubber's batch ended (see [`Pool::scrub_done`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -23,13 +23,17 @@ pub enum Scrubbed {
 }
 
 impl Pool {
-    /// Blocks until a dirty page of a region on `node` can be claimed, or the
-    /// pool stops (`None`). Claims up to `max_bytes` of contiguous dirty pages.
-    pub fn next_scrub(&self, node: NodeId, max_bytes: u64, hint: usize) -> Option<ScrubWork> {
+    /// Blocks until there is work on `node`, or the pool stops (`None`):
+    /// holes of a detached region to fault in ahead of its guest first
+    /// (`fill.rs`), then up to `max_bytes` of contiguous dirty pages.
+    pub fn next_scrub(&self, node: NodeId, max_bytes: u64, hint: usize) -> Option<Work> {
         let mut g = self.lock();
         loop {
             if g.stopping {
                 return None;
+            }
+            if let Some(work) = super::fill::claim(&mut g, node, max_bytes) {
+                return Some(Work::Fill(work));
             }
             let mut finished = Vec::new();
             let mut found = None;
@@ -68,8 +72,8 @@ impl Pool {
                     e.since = Instant::now();
                 }
             }
-            if found.is_some() {
-                return found;
+            if let Some(work) = found {
+                return Some(Work::Scrub(work));
             }
             // The timeout is a safety net only; every change that creates
             // work notifies.

@@ -1,0 +1,130 @@
+//! Refaulting detached regions ahead of their guests (issue 19).
+//!
+//! A released region whose pages were detached (`crate::daemon::reuse::
+//! detach_pages`: every page punched out of its file, and the holes
+//! reserved again at once) is clean the moment it leaves quarantine: a
+//! hole can only ever fault in a page the kernel zeroes for it, and the
+//! file's reservation guarantees that page (see `docs/security.md`). So the
+//! region joins the clean pool, and an ALLOC may take it at once, holes and
+//! all. Filling the holes — the kernel allocating and zeroing each page at
+//! fault time — is work done *ahead* of the guest: the node's scrubber
+//! threads (pinned to the node's CPUs) claim the region in chunks and fault
+//! them in through the daemon's own mapping (`MADV_POPULATE_WRITE`, so the
+//! region's NUMA policy places them), whether the region is still pooled
+//! or already handed out (a page the guest faulted first is skipped: the
+//! populate writes no data). A guest touching a hole before the workers
+//! reach it gets its page zeroed by the kernel at that fault, as with any
+//! fresh memory.
+//!
+//! Claims happen under the pool lock, so the bookkeeping here is plain
+//! fields of the entry; a new detach of the same region starts a new fill
+//! (its `generation` tells late reports of the old one apart).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use guest_mem::Region;
+use numa::NodeId;
+use tracing::{info, warn};
+
+use super::{Inner, Pool, RegionId};
+
+static GENERATION: AtomicU64 = AtomicU64::new(1);
+
+/// The holes of one region still to be faulted in (see the module docs).
+#[derive(Debug)]
+pub(super) struct Fill {
+    generation: u64,
+    /// Next offset to claim.
+    next: u64,
+    /// Claims not yet reported back.
+    in_flight: usize,
+}
+
+impl Fill {
+    /// A fill of a whole region.
+    pub(super) fn new() -> Self {
+        Self {
+            generation: GENERATION.fetch_add(1, Ordering::Relaxed),
+            next: 0,
+            in_flight: 0,
+        }
+    }
+}
+
+/// A chunk of holes a scrubber faults in.
+#[derive(Debug)]
+pub struct FillWork {
+    /// The region.
+    pub id: RegionId,
+    /// The region itself (kept alive while the scrubber works).
+    pub region: Arc<Region>,
+    /// First byte.
+    pub offset: u64,
+    /// Bytes.
+    pub len: u64,
+    generation: u64,
+}
+
+/// Claims the next chunk of a region on `node` with holes to fill: up to
+/// `max_bytes`, at least one of its pages.
+pub(super) fn claim(g: &mut Inner, node: NodeId, max_bytes: u64) -> Option<FillWork> {
+    for (id, e) in &mut g.entries {
+        if e.key.node != node {
+            continue;
+        }
+        let len = e.region.len();
+        let Some(f) = e.fill.as_mut() else { continue };
+        if f.next >= len {
+            continue;
+        }
+        let offset = f.next;
+        let page = e.region.page_size().bytes();
+        let n = ((max_bytes / page).max(1) * page).min(len - offset);
+        f.next += n;
+        f.in_flight += 1;
+        return Some(FillWork {
+            id: *id,
+            region: Arc::clone(&e.region),
+            offset,
+            len: n,
+            generation: f.generation,
+        });
+    }
+    None
+}
+
+impl Pool {
+    /// A scrubber faulted `work` in (`Ok`) or could not (`Err`: the file no
+    /// longer has the pages, e.g. a tenant truncated the region it was
+    /// handed; the rest of the region faults at first touch instead).
+    pub fn fill_done(&self, work: &FillWork, result: Result<(), String>) {
+        let mut g = self.lock();
+        let Some(e) = g.entries.get_mut(&work.id) else {
+            return;
+        };
+        let len = e.region.len();
+        let Some(f) = e.fill.as_mut().filter(|f| f.generation == work.generation) else {
+            return;
+        };
+        f.in_flight = f.in_flight.saturating_sub(1);
+        if let Err(reason) = result {
+            warn!(
+                region = work.id,
+                offset = work.offset,
+                reason,
+                "cannot fault a detached region's holes in ahead; the rest fault at first touch"
+            );
+            f.next = len;
+        }
+        if f.next >= len && f.in_flight == 0 {
+            e.fill = None;
+            info!(
+                region = work.id,
+                node = e.key.node,
+                bytes = len,
+                "detached region refaulted: every page resident and zero"
+            );
+        }
+    }
+}
