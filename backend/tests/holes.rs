@@ -244,10 +244,8 @@ fn nobody_can_take_the_pages_a_hole_is_owed() {
 /// hole is `SIGBUS`.
 fn control_without_reservation(fd: &OwnedFd, size: u64) {
     // SAFETY: ftruncate on our own memfd.
-    assert_eq!(
-        unsafe { libc::ftruncate(fd.as_raw_fd(), size as libc::off_t) },
-        0
-    );
+    let sized = unsafe { libc::ftruncate(fd.as_raw_fd(), size as libc::off_t) };
+    assert_eq!(sized, 0);
     let p = map(fd.as_raw_fd(), size);
     assert!(!p.is_null());
     fill_secret(p, size);

@@ -94,6 +94,37 @@ fn churn(
         assert_eq!(l["page_sizes"], serde_json::json!([2 << 20]), "{vmm}: {l}");
         assert!(l["alloc_ms"].as_f64().is_some(), "{vmm}: {l}");
     }
+    // Both spans, on every launch of both sides, in order: the guest's
+    // first instruction, then all of its RAM touched, then the launch's end.
+    for side in ["launches", "baseline"] {
+        for l in report[side].as_array().expect(side) {
+            let span = |k: &str| {
+                l[k].as_f64()
+                    .unwrap_or_else(|| panic!("{vmm}: {side}: no {k}: {l}"))
+            };
+            let (ready, touched, end) = (span("ready_ms"), span("touched_ms"), span("ms"));
+            assert!(
+                0.0 < ready && ready <= touched && touched <= end,
+                "{vmm}: {side}: {l}"
+            );
+        }
+    }
+    for span in ["ready", "touched"] {
+        let s = &report[span];
+        assert!(
+            s["hugemem"]["p50"].as_f64().is_some_and(|x| x > 0.0),
+            "{vmm}: {span}: {s}"
+        );
+        assert!(
+            s["baseline"]["p50"].as_f64().is_some_and(|x| x > 0.0),
+            "{vmm}: {span}: {s}"
+        );
+        assert!(
+            s["speedup_p50"].as_f64().is_some_and(|x| x > 0.0),
+            "{vmm}: {span}: {s}"
+        );
+    }
+    assert!(report["host_vm_fits"].as_u64().is_some(), "{vmm}");
 
     // Every hugemem launch, the warm-up included, went through this daemon
     // and was freed.

@@ -31,6 +31,17 @@
 //!
 //! # What is measured
 //!
+//! Three spans per launch, each from the launch's start: `ready_ms`, to the
+//! guest's first instruction; `touched_ms`, to the guest having read and
+//! written every 2 MiB of its RAM; `ms`, to the launch's end (below). The
+//! guest marks the first two on port 0x3f0 (123, then 124); the VMM's debug
+//! console on that port (QEMU `isa-debugcon`, cloud-hypervisor
+//! `--debug-console`) writes them to its stdout, where they are timed as
+//! they arrive; `micro` takes them from its runner. Each is reported as
+//! p50/p99 against the baseline's (`ready`, `touched`), and the report says
+//! how many VMs of this size the host's pages held at the start
+//! (`host_vm_fits`: 1 is an exact fit, 2 or more leaves pages to spare).
+//!
 //! A launch's time runs from the start of the `hugemem launch` process (for
 //! `micro`: the connect) to its end after the guest powered off and the
 //! memory was freed; a baseline launch's from the VMM's start to its exit.
@@ -72,7 +83,7 @@ mod process;
 mod report;
 use process::{chain, parse_launch_summary, run_process, GuestLine};
 use report::page_key;
-pub use report::{ChurnReport, LaunchSample, Spread};
+pub use report::{ChurnReport, LaunchSample, SpanReport, Spread};
 
 /// Distance between the guest's probes: every 2 MiB page of either size.
 const STRIDE: u64 = 2 << 20;
@@ -232,10 +243,23 @@ impl Plan {
                 "stdio",
                 "-device",
                 "isa-debug-exit",
+                // The guest's marks on port 0x3f0 (first instruction, all
+                // RAM touched) come on stdout, timed as they arrive.
+                "-chardev",
+                "file,id=hmmarks,path=/dev/stdout",
+                "-device",
+                "isa-debugcon,iobase=0x3f0,chardev=hmmarks",
             ],
-            ChurnVmm::CloudHypervisor => {
-                vec!["--cpus", "boot=1", "--serial", "tty", "--console", "off"]
-            }
+            ChurnVmm::CloudHypervisor => vec![
+                "--cpus",
+                "boot=1",
+                "--serial",
+                "tty",
+                "--console",
+                "off",
+                "--debug-console",
+                "file=/dev/stdout,iobase=0x3f0",
+            ],
             ChurnVmm::Micro => vec![],
         };
         let mut v: Vec<OsString> = list.into_iter().map(OsString::from).collect();
@@ -333,8 +357,11 @@ impl Plan {
         } else {
             (None, Vec::new())
         };
+        let ms = |d: Duration| d.as_secs_f64() * 1e3;
         Ok(LaunchSample {
-            ms: run.elapsed.as_secs_f64() * 1e3,
+            ms: ms(run.elapsed),
+            ready_ms: run.ready.map(ms),
+            touched_ms: run.touched.map(ms),
             alloc_ms,
             page_sizes,
             guest_pages: guest.pages,
@@ -353,7 +380,7 @@ impl Plan {
         };
         let len = usize::try_from(self.size).map_err(|_| "size too large".to_string())?;
         let t0 = Instant::now();
-        let (report, alloc_ms, page_sizes) = if side == Side::Baseline {
+        let (report, started, alloc_ms, page_sizes) = if side == Side::Baseline {
             let mut map = AnonMapping::new(len, self.baseline_page).map_err(|e| chain(&e))?;
             map.populate_write(0, len).map_err(|e| chain(&e))?;
             let low = len.min(HOLE_START as usize);
@@ -362,8 +389,9 @@ impl Plan {
             if !hi.is_empty() {
                 ram.push(microguest::GuestRam::new(hi, HOLE_END));
             }
+            let started = t0.elapsed();
             let r = microguest::run(&ram, &cfg).map_err(|e| chain(&e))?;
-            (r, None, Vec::new())
+            (r, started, None, Vec::new())
         } else {
             let mut client = Client::connect(&self.socket).map_err(|e| chain(&e))?;
             let alloc = client.alloc(self.request()).map_err(|e| chain(&e))?;
@@ -381,6 +409,7 @@ impl Plan {
                     microguest::GuestRam::from_raw_parts(r.as_ptr(), n, r.start_addr().0)
                 });
             }
+            let started = t0.elapsed();
             let r = microguest::run(&ram, &cfg);
             drop(ram);
             drop(mem);
@@ -390,10 +419,19 @@ impl Plan {
             client
                 .free(id)
                 .map_err(|e| format!("FREE: {}", chain(&e)))?;
-            (r.map_err(|e| chain(&e))?, Some(alloc_ms), page_sizes)
+            (
+                r.map_err(|e| chain(&e))?,
+                started,
+                Some(alloc_ms),
+                page_sizes,
+            )
         };
+        let ms = |d: Duration| d.as_secs_f64() * 1e3;
+        let run_start = started + report.setup;
         Ok(LaunchSample {
-            ms: t0.elapsed().as_secs_f64() * 1e3,
+            ms: ms(t0.elapsed()),
+            ready_ms: Some(ms(run_start + report.first_instruction)),
+            touched_ms: Some(ms(run_start + report.all_touched)),
             alloc_ms,
             page_sizes,
             guest_pages: report.pages_touched,
@@ -618,6 +656,13 @@ pub fn run(cfg: &ChurnConfig, progress: &mut dyn FnMut(&str)) -> Result<ChurnRep
         None => None,
     };
     let expected = expected_page(cfg, live_stats.as_ref());
+    // How many of these VMs the host's pages hold at the start: 1 is an
+    // exact fit, 2 or more leaves pages to spare.
+    let host_vm_fits = if expected.is_huge() {
+        pages_on_hand(expected, live_stats.as_ref()) / (cfg.size / expected.bytes()).max(1)
+    } else {
+        0
+    };
     let baseline_page = match (expected, cfg.page_policy) {
         (PageSize::Base4K, _) | (_, PagePolicy::Base4K) => {
             return Err(ChurnError::Missing(format!(
@@ -697,6 +742,8 @@ pub fn run(cfg: &ChurnConfig, progress: &mut dyn FnMut(&str)) -> Result<ChurnRep
         *page_sizes.entry(page_key(&l.page_sizes)).or_insert(0) += 1;
     }
     let (h, b) = (Spread::of(&launches), Spread::of(&baseline));
+    let ready = SpanReport::of(&launches, &baseline, |l| l.ready_ms);
+    let touched = SpanReport::of(&launches, &baseline, |l| l.touched_ms);
     let allocs: Vec<f64> = launches.iter().filter_map(|l| l.alloc_ms).collect();
     Ok(ChurnReport {
         vmm,
@@ -725,6 +772,9 @@ pub fn run(cfg: &ChurnConfig, progress: &mut dyn FnMut(&str)) -> Result<ChurnRep
         speedup_p50: super::ratio(b.p50, h.p50),
         speedup_p99: super::ratio(b.p99, h.p99),
         p99_over_p50: super::ratio(h.p99, h.p50),
+        host_vm_fits,
+        ready,
+        touched,
         warmup_ms: warm.ms,
         warmup_page_sizes: warm.page_sizes,
         baseline_warmup_ms: base_warm.ms,

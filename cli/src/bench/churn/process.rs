@@ -61,6 +61,29 @@ pub(super) struct ProcessRun {
     pub elapsed: Duration,
     pub stdout: String,
     pub stderr: String,
+    /// When the first byte 123 (`{`) came on stdout: the micro-guest's first
+    /// instruction, through the VMM's debug console on port 0x3f0.
+    pub ready: Option<Duration>,
+    /// When the first byte 124 (`|`) came after it: the guest has touched
+    /// every page of its RAM.
+    pub touched: Option<Duration>,
+}
+
+/// The guest's port-0x3f0 marks in `chunk`, read `at` since the start:
+/// sets `ready` at the first 123 and `touched` at the first 124 after it.
+fn stamp_marks(
+    chunk: &[u8],
+    at: Duration,
+    ready: &mut Option<Duration>,
+    touched: &mut Option<Duration>,
+) {
+    for &b in chunk {
+        match b {
+            b'{' if ready.is_none() => *ready = Some(at),
+            b'|' if ready.is_some() && touched.is_none() => *touched = Some(at),
+            _ => {}
+        }
+    }
 }
 
 impl ProcessRun {
@@ -125,8 +148,21 @@ pub(super) fn run_process(argv: &[OsString], timeout: Duration) -> Result<Proces
         let _ = stderr.read_to_end(&mut v);
         v
     });
+    // Read as it comes, to time the guest's marks.
     let mut out = Vec::new();
-    let read = stdout.read_to_end(&mut out);
+    let (mut ready, mut touched) = (None, None);
+    let mut buf = [0u8; 4096];
+    let read = loop {
+        match stdout.read(&mut buf) {
+            Ok(0) => break Ok(()),
+            Ok(n) => {
+                stamp_marks(&buf[..n], t0.elapsed(), &mut ready, &mut touched);
+                out.extend_from_slice(&buf[..n]);
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => break Err(e),
+        }
+    };
     if read.is_err() {
         let _ = child.kill();
     }
@@ -141,6 +177,8 @@ pub(super) fn run_process(argv: &[OsString], timeout: Duration) -> Result<Proces
         elapsed,
         stdout: String::from_utf8_lossy(&out).into_owned(),
         stderr: String::from_utf8_lossy(&stderr).into_owned(),
+        ready,
+        touched,
     };
     if let Err(e) = read {
         return Err(format!("reading its output: {e}; {}", run.describe()));
@@ -173,6 +211,22 @@ mod tests {
             GuestLine::parse("HUGEMEM-GUEST pages=x nonzero=0 status=0"),
             None
         );
+    }
+
+    #[test]
+    fn marks_are_stamped_in_order() {
+        let (mut ready, mut touched) = (None, None);
+        let ms = Duration::from_millis;
+        stamp_marks(b"|noise", ms(1), &mut ready, &mut touched);
+        assert_eq!(
+            (ready, touched),
+            (None, None),
+            "124 before 123 is not a mark"
+        );
+        stamp_marks(b"{", ms(2), &mut ready, &mut touched);
+        stamp_marks(b"{HUGEMEM-GUEST|", ms(3), &mut ready, &mut touched);
+        stamp_marks(b"|", ms(4), &mut ready, &mut touched);
+        assert_eq!((ready, touched), (Some(ms(2)), Some(ms(3))));
     }
 
     #[test]

@@ -12,6 +12,12 @@ use guest_mem::size::format_size;
 pub struct LaunchSample {
     /// Launch start to its end after the guest's power-off, ms.
     pub ms: f64,
+    /// Launch start to the guest's first instruction, ms.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ready_ms: Option<f64>,
+    /// Launch start to the guest having touched every 2 MiB of its RAM, ms.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub touched_ms: Option<f64>,
     /// connect + ALLOC, ms (hugemem side only).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub alloc_ms: Option<f64>,
@@ -39,7 +45,19 @@ pub struct Spread {
 
 impl Spread {
     pub(super) fn of(samples: &[LaunchSample]) -> Self {
-        let mut v: Vec<f64> = samples.iter().map(|s| s.ms).collect();
+        Self::of_values(samples.iter().map(|s| s.ms).collect())
+    }
+
+    /// Of one span of every sample; `None` when a sample lacks it.
+    pub(super) fn of_span(
+        samples: &[LaunchSample],
+        span: impl Fn(&LaunchSample) -> Option<f64>,
+    ) -> Option<Self> {
+        let v: Option<Vec<f64>> = samples.iter().map(span).collect();
+        v.filter(|v| !v.is_empty()).map(Self::of_values)
+    }
+
+    fn of_values(mut v: Vec<f64>) -> Self {
         v.sort_by(f64::total_cmp);
         let rank = |q: f64| -> f64 {
             if v.is_empty() {
@@ -53,6 +71,40 @@ impl Spread {
             p99: rank(0.99),
             max: v.last().copied().unwrap_or(0.0),
         }
+    }
+}
+
+/// One span of every launch (see [`ChurnReport::ready`]) on both sides.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct SpanReport {
+    /// hugemem side, ms.
+    pub hugemem: Spread,
+    /// Baseline side (the VMM's own preallocation), ms.
+    pub baseline: Spread,
+    /// `baseline.p50 / hugemem.p50`: above 1 = hugemem sooner.
+    pub speedup_p50: f64,
+    /// `baseline.p99 / hugemem.p99`.
+    pub speedup_p99: f64,
+    /// `hugemem.p99 / hugemem.p50`.
+    pub p99_over_p50: f64,
+}
+
+impl SpanReport {
+    /// The span `span` of each side; `None` when a launch lacks it.
+    pub(super) fn of(
+        hugemem: &[LaunchSample],
+        baseline: &[LaunchSample],
+        span: impl Fn(&LaunchSample) -> Option<f64> + Copy,
+    ) -> Option<Self> {
+        let h = Spread::of_span(hugemem, span)?;
+        let b = Spread::of_span(baseline, span)?;
+        Some(Self {
+            hugemem: h,
+            baseline: b,
+            speedup_p50: crate::bench::ratio(b.p50, h.p50),
+            speedup_p99: crate::bench::ratio(b.p99, h.p99),
+            p99_over_p50: crate::bench::ratio(h.p99, h.p50),
+        })
     }
 }
 
@@ -105,6 +157,17 @@ pub struct ChurnReport {
     pub speedup_p99: f64,
     /// `p99_ms / p50_ms`.
     pub p99_over_p50: f64,
+    /// How many VMs of this size the host's pages of `expected_page_size`
+    /// held at the start (free, plus idle in a live daemon's pool): 1 is
+    /// an exact fit, 2 or more leaves pages to spare.
+    pub host_vm_fits: u64,
+    /// Launch start to the guest's first instruction (its port-0x3f0 mark
+    /// through the VMM's debug console; `micro`: the runner's own timing).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ready: Option<SpanReport>,
+    /// Launch start to the guest having touched every 2 MiB of its RAM.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub touched: Option<SpanReport>,
     /// The untimed first hugemem launch, ms, and its page sizes.
     pub warmup_ms: f64,
     /// Page sizes of the warm-up launch.
@@ -131,7 +194,7 @@ impl ChurnReport {
              {:<22} {:>9.1} {:>9.1} {:>9.1}\n\
              {:<22} {:>9.1} {:>9.1} {:>9.1}\n\
              speedup p50 {:.2}x, p99 {:.2}x; p99/p50 {:.2}\n\
-             pages served: {} (expected {}); downgrades {} ({}); stale reads {} (baseline {})\n",
+             pages served: {} (expected {}); downgrades {} ({}); stale reads {} (baseline {}); host fits {} VM(s)\n{}",
             self.vms,
             format_size(self.size_bytes),
             self.vmm.name(),
@@ -158,7 +221,32 @@ impl ChurnReport {
             self.downgrades_source,
             self.stale_reads,
             self.baseline_stale_reads,
+            self.host_vm_fits,
+            self.spans_table(),
         )
+    }
+
+    fn spans_table(&self) -> String {
+        let mut out = String::new();
+        for (name, span) in [
+            ("launch -> guest ready", self.ready),
+            ("launch -> all RAM touched", self.touched),
+        ] {
+            if let Some(s) = span {
+                out.push_str(&format!(
+                    "{name}: hugemem p50 {:.1} p99 {:.1} ms; baseline p50 {:.1} p99 {:.1} ms; \
+                     speedup p50 {:.2}x, p99 {:.2}x; p99/p50 {:.2}\n",
+                    s.hugemem.p50,
+                    s.hugemem.p99,
+                    s.baseline.p50,
+                    s.baseline.p99,
+                    s.speedup_p50,
+                    s.speedup_p99,
+                    s.p99_over_p50
+                ));
+            }
+        }
+        out
     }
 }
 
@@ -177,6 +265,8 @@ mod tests {
     fn sample(ms: f64) -> LaunchSample {
         LaunchSample {
             ms,
+            ready_ms: None,
+            touched_ms: None,
             alloc_ms: None,
             page_sizes: vec![2 << 20],
             guest_pages: 1,
