@@ -207,7 +207,10 @@ fn another_connections_region_needs_an_operator_uid() {
     );
     // The owner may.
     assert_eq!(owner.rebalance(id, 0, 0, 0).expect("owner"), (0, 0));
-    owner.free(a.id).expect("free");
+    // Its fds go before the FREE: the next daemon needs the same two pages.
+    let alloc = a.id;
+    drop(a);
+    owner.free(alloc).expect("free");
     drop(other);
     d.shutdown();
 

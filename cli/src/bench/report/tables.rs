@@ -28,6 +28,33 @@ pub fn blocks(files: &[(String, Value)]) -> String {
         out += &churn_row(n, v);
     }
     out += "\n";
+    let spans: Vec<&(String, Value)> = files
+        .iter()
+        .filter(|(_, v)| v.get("ready").is_some())
+        .collect();
+    if !spans.is_empty() {
+        out += "| run | host fits (VMs) | ready p50 / p99 ms | baseline ready p50 / p99 ms | ready speedup p50 (p99) | ready p99 / p50 | all RAM touched p50 / p99 ms | baseline touched p50 / p99 ms | touched speedup p50 (p99) |\n|---|---|---|---|---|---|---|---|---|\n";
+        for (n, v) in spans {
+            out += &format!(
+                "| `{n}` | {} | {} / {} | {} / {} | {}x ({}x) | {} | {} / {} | {} / {} | {}x ({}x) |\n",
+                f(v, "host_vm_fits", 0),
+                f(v, "ready.hugemem.p50", 1),
+                f(v, "ready.hugemem.p99", 1),
+                f(v, "ready.baseline.p50", 1),
+                f(v, "ready.baseline.p99", 1),
+                f(v, "ready.speedup_p50", 2),
+                f(v, "ready.speedup_p99", 2),
+                f(v, "ready.p99_over_p50", 2),
+                f(v, "touched.hugemem.p50", 1),
+                f(v, "touched.hugemem.p99", 1),
+                f(v, "touched.baseline.p50", 1),
+                f(v, "touched.baseline.p99", 1),
+                f(v, "touched.speedup_p50", 2),
+                f(v, "touched.speedup_p99", 2),
+            );
+        }
+        out += "\n";
+    }
     out
 }
 
