@@ -50,7 +50,10 @@
 //! of the N launches; one untimed warm-up launch comes first on each side
 //! (`warmup_ms`: the outer host backs never-touched memory lazily, and the
 //! daemon's first ALLOC takes fresh pages). The baseline runs first, before
-//! a private daemon exists, so it finds the huge pages free.
+//! a private daemon exists, so it finds the huge pages free. The private
+//! daemon (no `--socket`) is `hugemem serve` in a process of its own, as a
+//! host runs it: in the bench's process its scrubbers' page faults would
+//! hold the `mmap_lock` the micro runner's mappings need.
 //!
 //! `downgrades`: the daemon's `downgrades` counter over the timed launches
 //! when its STATS has one (`downgrades_source: "daemon"`); else the launches
@@ -75,7 +78,7 @@ use tracing::warn;
 
 use crate::private_dir::PrivateDir;
 use backend::client::{Client, ClientError};
-use backend::daemon::{ByteSize, Config, Daemon, DaemonError, DaemonHandle};
+use backend::daemon::{ByteSize, Config, DaemonError};
 use backend::proto::{AllocRequest, ClearMode, PagePolicy};
 use guest_mem::size::format_size;
 
@@ -441,6 +444,70 @@ impl Plan {
     }
 }
 
+/// The run's private daemon: `hugemem serve` in a process of its own, as a
+/// host runs it. (In this process, its scrubbers' faults and the micro
+/// runner's mappings would share one `mmap_lock`: a client's mmap would wait
+/// for the daemon's refault of a whole 1 GiB page, which no real VMM does.)
+struct ServeChild {
+    child: std::process::Child,
+}
+
+impl ServeChild {
+    /// Starts `launcher serve` on `socket` (default configuration; pool
+    /// target and limit at least `parallel` x `size`) and waits until it
+    /// answers.
+    fn start(
+        launcher: &std::path::Path,
+        socket: &std::path::Path,
+        size: u64,
+        parallel: usize,
+    ) -> Result<Self, ChurnError> {
+        let defaults = Config::default();
+        let hold = ByteSize(size.saturating_mul(parallel as u64));
+        let target = defaults.pool.target.max(hold);
+        let limit = defaults.pool.limit.max(hold);
+        let child = Command::new(launcher)
+            .arg("serve")
+            .arg("--socket")
+            .arg(socket)
+            .args(["--pool-target", &target.0.to_string()])
+            .args(["--pool-limit", &limit.0.to_string()])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(io_err(format!("cannot start {} serve", launcher.display())))?;
+        let me = Self { child };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            match Client::connect(socket) {
+                Ok(_) => return Ok(me),
+                Err(e) if Instant::now() >= deadline => {
+                    me.stop();
+                    return Err(ChurnError::Missing(format!(
+                        "the private daemon did not answer within 30 s: {}",
+                        chain(&e)
+                    )));
+                }
+                Err(_) => std::thread::sleep(Duration::from_millis(20)),
+            }
+        }
+    }
+
+    /// SIGTERM, and waits for it to exit (it gives its pages back).
+    fn stop(mut self) {
+        if let Ok(pid) = i32::try_from(self.child.id()) {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGTERM,
+            );
+        }
+        if let Err(e) = self.child.wait() {
+            warn!(error = %e, "waiting for the private daemon failed");
+        }
+    }
+}
+
 fn policy_text(p: PagePolicy) -> &'static str {
     match p {
         PagePolicy::Best => "best",
@@ -696,19 +763,12 @@ pub fn run(cfg: &ChurnConfig, progress: &mut dyn FnMut(&str)) -> Result<ChurnRep
     let base_warm = warm_up(&plan, Side::Baseline, progress)?;
     let baseline = churn(&plan, Side::Baseline, cfg.vms, cfg.parallel, progress)?;
 
-    let private: Option<DaemonHandle> = match &cfg.socket {
+    let private: Option<ServeChild> = match &cfg.socket {
         Some(_) => None,
         None => {
-            let defaults = Config::default();
-            let hold = ByteSize(cfg.size.saturating_mul(cfg.parallel as u64));
-            let mut config = Config {
-                socket: dir.path().join("hugemem.sock"),
-                ..defaults
-            };
-            config.pool.target = config.pool.target.max(hold);
-            config.pool.limit = config.pool.limit.max(hold);
-            let d = Daemon::start(config)?;
-            plan.socket = d.socket_path().to_path_buf();
+            let socket = dir.path().join("hugemem.sock");
+            let d = ServeChild::start(&cfg.launcher, &socket, cfg.size, cfg.parallel)?;
+            plan.socket = socket;
             Some(d)
         }
     };
@@ -721,9 +781,7 @@ pub fn run(cfg: &ChurnConfig, progress: &mut dyn FnMut(&str)) -> Result<ChurnRep
     };
     let result = hugemem_side();
     if let Some(d) = private {
-        if let Err(e) = d.shutdown() {
-            warn!(error = %e, "private daemon shutdown failed");
-        }
+        d.stop();
     }
     let (warm, before, after, launches) = result?;
 

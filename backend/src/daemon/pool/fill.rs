@@ -42,6 +42,11 @@ pub(super) struct Fill {
 }
 
 impl Fill {
+    /// Bytes of a region of `len` bytes no scrubber has claimed yet.
+    pub(super) fn unclaimed(&self, len: u64) -> u64 {
+        len.saturating_sub(self.next)
+    }
+
     /// A fill of a whole region.
     pub(super) fn new() -> Self {
         Self {

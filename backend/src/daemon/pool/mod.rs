@@ -495,13 +495,19 @@ impl Pool {
 
     fn take_state(&self, key: PoolKey, size: u64, state: EntryState) -> Option<Taken> {
         let mut g = self.lock();
-        // The most recently cleaned region first: its pages are the likeliest
-        // to be warm in the host's page tables.
+        // The region with the fewest holes left first (a detached one has
+        // holes until the scrubbers have faulted them in, each a page the
+        // kernel zeroes at the guest's touch otherwise); then the most
+        // recently cleaned: its pages are the likeliest to be warm in the
+        // host's page tables.
         let (id, e) = g
             .entries
             .iter_mut()
             .filter(|(_, e)| e.key == key && e.state == state && e.region.len() == size)
-            .max_by_key(|(_, e)| e.since)?;
+            .max_by_key(|(_, e)| {
+                let holes = e.fill.as_ref().map_or(0, |f| f.unclaimed(e.region.len()));
+                (std::cmp::Reverse(holes), e.since)
+            })?;
         e.state = EntryState::Reserved;
         e.since = Instant::now();
         Some(Taken {
