@@ -39,12 +39,15 @@ pub(super) struct Fill {
     next: u64,
     /// Claims not yet reported back.
     in_flight: usize,
+    /// Bytes faulted in so far.
+    done: u64,
 }
 
 impl Fill {
-    /// Bytes of a region of `len` bytes no scrubber has claimed yet.
-    pub(super) fn unclaimed(&self, len: u64) -> u64 {
-        len.saturating_sub(self.next)
+    /// Bytes of a region of `len` bytes not faulted in yet (a chunk a
+    /// scrubber is faulting in still counts: a guest touching it waits).
+    pub(super) fn holes(&self, len: u64) -> u64 {
+        len.saturating_sub(self.done)
     }
 
     /// A fill of a whole region.
@@ -53,6 +56,7 @@ impl Fill {
             generation: GENERATION.fetch_add(1, Ordering::Relaxed),
             next: 0,
             in_flight: 0,
+            done: 0,
         }
     }
 }
@@ -113,6 +117,9 @@ impl Pool {
             return;
         };
         f.in_flight = f.in_flight.saturating_sub(1);
+        if result.is_ok() {
+            f.done += work.len;
+        }
         if let Err(reason) = result {
             warn!(
                 region = work.id,

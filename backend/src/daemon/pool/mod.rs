@@ -505,7 +505,7 @@ impl Pool {
             .iter_mut()
             .filter(|(_, e)| e.key == key && e.state == state && e.region.len() == size)
             .max_by_key(|(_, e)| {
-                let holes = e.fill.as_ref().map_or(0, |f| f.unclaimed(e.region.len()));
+                let holes = e.fill.as_ref().map_or(0, |f| f.holes(e.region.len()));
                 (std::cmp::Reverse(holes), e.since)
             })?;
         e.state = EntryState::Reserved;
