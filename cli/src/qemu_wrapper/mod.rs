@@ -14,8 +14,8 @@
 //!
 //! # What it does
 //!
-//! [`plan`] reads QEMU's command line and decides, for each `-object
-//! memory-backend-*` (JSON or key=value, [`objects`]):
+//! [`plan`](crate::qemu_wrapper::plan) reads QEMU's command line and decides, for each `-object
+//! memory-backend-*` (JSON or key=value, [`objects`](crate::qemu_wrapper::objects)):
 //!
 //! * a backend that asked for huge pages (a `memory-backend-file` whose
 //!   `mem-path` is a hugetlbfs directory, as libvirt writes for
@@ -23,7 +23,7 @@
 //!   the daemon allocates its size on its page size and host node
 //!   (`host-nodes` with policy `bind`/`preferred`), and the object is
 //!   rewritten into `memory-backend-file` on `/proc/self/fd/N` of the
-//!   daemon's memfd ([`proc_fd_path`]), `share` on, with the same `id` and size. `prealloc` (and its
+//!   daemon's memfd ([`proc_fd_path`](crate::qemu_wrapper::proc_fd_path)), `share` on, with the same `id` and size. `prealloc` (and its
 //!   threads and context) and the NUMA policy are dropped: the daemon placed,
 //!   populated and zeroed the pages already;
 //! * a backend without huge pages is **left** exactly as written, with a
