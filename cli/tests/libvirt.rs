@@ -19,7 +19,9 @@
 //!   domain running with the same QEMU pid, and the allocation is untouched;
 //! * `virsh destroy` frees the memory (pooled, scrubbed); a second domain gets
 //!   the pooled pages (`regions_pooled`) and reads no byte of the first
-//!   (its report says zeros everywhere);
+//!   (its report says zeros everywhere); it asks for `<source type='memfd'/>`,
+//!   so both of libvirt's huge-page forms (`memory-backend-file` on a
+//!   hugetlbfs directory, `memory-backend-memfd` with `hugetlb`) are covered;
 //! * a domain asking for `<discard/>` (QEMU `discard-data`) is refused with a
 //!   message in libvirt's domain log and nothing is allocated.
 //!
@@ -573,8 +575,16 @@ fn libvirt_domains_run_on_daemon_memory() {
     });
 
     step("A destroyed and scrubbed");
-    // Domain B: the pooled pages, and no byte of A.
-    let b = domain(&guests, "hm-b", &shim, unit, 0x5A5A_0000_0000_0000, "");
+    // Domain B: the pooled pages, and no byte of A. Its memory is libvirt's
+    // other huge-page form, memfd (`memory-backend-memfd` with `hugetlb`).
+    let b = domain(
+        &guests,
+        "hm-b",
+        &shim,
+        unit,
+        0x5A5A_0000_0000_0000,
+        "\n    <source type='memfd'/>",
+    );
     ok(lv.virsh(&["define", b.xml.to_str().expect("utf-8")]));
     ok(lv.virsh(&["start", &b.name]));
     let r = wait_reports(&lv, &b, 1);
@@ -588,6 +598,11 @@ fn libvirt_domains_run_on_daemon_memory() {
         "the second domain was not served from the pool: {after}"
     );
     check_ram_is_the_daemons(&lv, &daemon, &b, page);
+    let log = lv.domain_log(&b.name);
+    assert!(
+        log.contains(r#""qom-type":"memory-backend-memfd""#) && log.contains(r#""hugetlb":true"#),
+        "libvirt did not write a hugetlb memfd backend for <source type='memfd'/>: {log}"
+    );
     ok(lv.virsh(&["destroy", &b.name]));
     daemon.wait_stats(Duration::from_secs(30), "destroy of B frees", |s| {
         s.allocations.active == 0
