@@ -46,6 +46,9 @@ pub(crate) enum Command {
     },
     /// Allocate guest RAM through the daemon and run cloud-hypervisor or QEMU on it.
     Launch(LaunchArgs),
+    /// The emulator of a libvirt domain: take its huge-page memory backends
+    /// from the daemon and exec the real QEMU (docs/operations.md, "libvirt").
+    QemuWrapper(QemuWrapperArgs),
     /// Start a private daemon, run the micro-guest on 1 GiB pages, free, reuse
     /// from the clean pool, and print a timeline.
     Demo {
@@ -145,6 +148,24 @@ pub(crate) struct LaunchArgs {
     /// The VMM and its arguments, after `--`.
     #[arg(last = true, required = true, value_parser = clap::value_parser!(std::ffi::OsString))]
     pub(crate) command: Vec<std::ffi::OsString>,
+}
+
+/// `hugemem qemu-wrapper` flags.
+#[derive(Debug, clap::Args)]
+pub(crate) struct QemuWrapperArgs {
+    /// The real QEMU.
+    #[arg(long, default_value = hugemem::qemu_wrapper::DEFAULT_QEMU)]
+    pub(crate) qemu: std::path::PathBuf,
+    /// The daemon's socket.
+    #[arg(long, default_value = backend::daemon::config::DEFAULT_SOCKET)]
+    pub(crate) socket: std::path::PathBuf,
+    /// How long the daemon may wait for pages it holds but cannot hand out
+    /// yet, in ms; default: the daemon's pool.alloc_wait_ms.
+    #[arg(long, value_name = "MS")]
+    pub(crate) wait_ms: Option<u32>,
+    /// QEMU's arguments as libvirt wrote them, after `--`.
+    #[arg(last = true, value_parser = clap::value_parser!(std::ffi::OsString))]
+    pub(crate) args: Vec<std::ffi::OsString>,
 }
 
 /// A parsed `--nodes` value.

@@ -3,6 +3,7 @@
 //! integration tests can call the benches and the launchers directly.
 //!
 //! - [`launch`]: runs cloud-hypervisor or QEMU on daemon memory.
+//! - [`qemu_wrapper`]: the QEMU a libvirt domain names as its emulator.
 //! - [`bench`] and [`demo`]: measurements that report ratios against a
 //!   baseline measured in the same run.
 //! - [`status`], [`rebalance_cli`], [`hugepages`]: the operator's commands.
@@ -20,6 +21,8 @@ pub mod hugepages;
 /// `hugemem launch`: cloud-hypervisor and QEMU command lines over daemon memory.
 pub mod launch;
 mod private_dir;
+/// `hugemem qemu-wrapper`: the emulator a libvirt domain names, on daemon memory.
+pub mod qemu_wrapper;
 /// `hugemem rebalance`: the operator's REBALANCE client.
 pub mod rebalance_cli;
 /// `hugemem status`: STATS rendered as text for operators.

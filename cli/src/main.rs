@@ -13,7 +13,7 @@ use tracing_subscriber::EnvFilter;
 
 /// The clap definitions.
 mod args;
-use args::{Bench, Cli, Command, HugepagesArgs, LaunchArgs, ServeArgs};
+use args::{Bench, Cli, Command, HugepagesArgs, LaunchArgs, QemuWrapperArgs, ServeArgs};
 
 /// Runs `hugemem hugepages`; returns the exit status (see the command's help).
 fn hugepages(args: HugepagesArgs) -> Result<i32> {
@@ -95,6 +95,21 @@ fn launch(args: LaunchArgs) -> Result<i32> {
     Ok(report.exit.shell_code())
 }
 
+fn qemu_wrapper(args: QemuWrapperArgs) -> Result<i32> {
+    let cfg = hugemem::qemu_wrapper::WrapperConfig {
+        qemu: args.qemu,
+        socket: args.socket,
+        alloc_wait: args
+            .wait_ms
+            .map(|ms| std::time::Duration::from_millis(ms.into())),
+    };
+    // Returns only on error: on success the process is QEMU.
+    match hugemem::qemu_wrapper::run(&cfg, &args.args) {
+        Ok(never) => match never {},
+        Err(e) => Err(e).context("hugemem qemu-wrapper: QEMU not started"),
+    }
+}
+
 fn serve(args: ServeArgs) -> Result<()> {
     use backend::daemon::{Config, Overrides};
     let mut config = match &args.config {
@@ -128,6 +143,8 @@ fn main() {
         Command::Bench(Bench::Vmstart { .. }) => {
             "info,backend::daemon=warn,guest_mem=warn,backend::fault=warn,backend::lazy=warn"
         }
+        // libvirt's domain log gets the wrapper's lines; the client's debug stays out.
+        Command::QemuWrapper(_) => "info,backend=warn",
         _ => "info",
     };
     tracing_subscriber::fmt()
@@ -135,6 +152,8 @@ fn main() {
             EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_filter)),
         )
         .with_writer(std::io::stderr)
+        // The wrapper's stderr is libvirt's domain log file: no colour codes there.
+        .with_ansi(!matches!(cli.command, Command::QemuWrapper(_)))
         .init();
     match run(cli) {
         Ok(0) => {}
@@ -160,6 +179,7 @@ fn run(cli: Cli) -> Result<i32> {
     }
     match cli.command {
         Command::Launch(args) => return launch(args),
+        Command::QemuWrapper(args) => return qemu_wrapper(args),
         Command::Hugepages(args) => return hugepages(args),
         Command::Demo {
             size,

@@ -67,6 +67,7 @@ use std::time::{Duration, Instant};
 
 use tracing::{info, warn};
 
+pub(crate) use process::keep_across_exec;
 pub use process::{run_vmm, VmmExit};
 
 use backend::client::{Client, ClientError};
@@ -525,8 +526,8 @@ pub fn run(cfg: &LaunchConfig) -> Result<LaunchReport, LaunchError> {
 }
 
 /// The region table as the VMM will see it: `/dev/fd/N` of our fds, or the
-/// daemon's hugetlbfs paths.
-fn memory_regions(
+/// daemon's hugetlbfs paths (`hugemem qemu-wrapper` uses it too).
+pub(crate) fn memory_regions(
     alloc: &backend::client::Allocation,
     hugetlbfs: bool,
 ) -> Result<Vec<MemoryRegion>, LaunchError> {

@@ -133,15 +133,9 @@ pub fn run_vmm(
     cmd.args(args);
     let hook = move || -> io::Result<()> {
         for &fd in &fds {
-            // SAFETY: fcntl(F_GETFD/F_SETFD) only reads and writes the
-            // descriptor flags of `fd`, an fd the parent holds open (its
-            // BorrowedFd outlives the spawn), so it is open in the child.
-            let flags = unsafe { libc::fcntl(fd, libc::F_GETFD) };
-            // SAFETY: as above.
-            if flags < 0 || unsafe { libc::fcntl(fd, libc::F_SETFD, flags & !libc::FD_CLOEXEC) } < 0
-            {
-                return Err(io::Error::last_os_error());
-            }
+            // `fd` is open in the child: the parent holds it open (its
+            // BorrowedFd outlives the spawn).
+            keep_across_exec(fd)?;
         }
         // SAFETY: `child_mask` is a valid sigset_t copied from the parent's
         // mask before blocking; the old-mask pointer may be null.
@@ -171,6 +165,25 @@ pub fn run_vmm(
             Err(LaunchError::Wait(e))
         }
     }
+}
+
+/// Clears `FD_CLOEXEC` on `fd`, so that the program this process execs next
+/// inherits it under the same number. Only `fcntl`: async-signal-safe, so
+/// the `pre_exec` hook of [`run_vmm`] calls it between fork and exec, and
+/// `hugemem qemu-wrapper` before it execs QEMU.
+///
+/// # Errors
+///
+/// `fcntl`'s error (`EBADF` when `fd` is not open).
+pub(crate) fn keep_across_exec(fd: RawFd) -> io::Result<()> {
+    // SAFETY: fcntl(F_GETFD/F_SETFD) only reads and writes the descriptor
+    // flags of `fd`; on a number that is not open it fails with EBADF.
+    let flags = unsafe { libc::fcntl(fd, libc::F_GETFD) };
+    // SAFETY: as above.
+    if flags < 0 || unsafe { libc::fcntl(fd, libc::F_SETFD, flags & !libc::FD_CLOEXEC) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 /// How long one `sigtimedwait` waits before the child is polled again. In a
