@@ -20,6 +20,16 @@ use test_support::hugepages::reserve_2m;
 
 const M2: u64 = 2 << 20;
 
+/// Held by every test of this file that uses huge pages: each sets the
+/// host's 2 MiB pool to exactly the pages it needs
+/// (`test_support::hugepages`), so two at once would take each other's.
+static HUGE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn huge_lock() -> std::sync::MutexGuard<'static, ()> {
+    HUGE.lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 fn region(topology: &Topology, name: &str, page: PageSize, size: u64) -> Region {
     let spec = RegionSpec::new(name, size, Some(0)).with_policy(PagePolicy::Strict(page));
     Region::allocate(topology, &spec, &RunOptions::default())
@@ -48,6 +58,8 @@ fn intact(region: &Region, seed: u8) -> bool {
 
 #[test]
 fn region_already_on_the_target_stays_put_and_intact() {
+    let _huge = huge_lock();
+
     if !reserve_2m(8, "one_node_host") {
         return;
     }
@@ -86,6 +98,8 @@ fn region_already_on_the_target_stays_put_and_intact() {
 
 #[test]
 fn a_range_of_the_region_and_the_dry_run() {
+    let _huge = huge_lock();
+
     if !reserve_2m(8, "one_node_host") {
         return;
     }
@@ -123,6 +137,8 @@ fn a_range_of_the_region_and_the_dry_run() {
 
 #[test]
 fn unknown_node_is_refused_naming_the_nodes() {
+    let _huge = huge_lock();
+
     if !reserve_2m(4, "one_node_host") {
         return;
     }
@@ -156,6 +172,8 @@ fn unknown_node_is_refused_naming_the_nodes() {
 
 #[test]
 fn bad_ranges_are_refused() {
+    let _huge = huge_lock();
+
     if !reserve_2m(4, "one_node_host") {
         return;
     }
@@ -200,6 +218,8 @@ fn base_page_region_already_there() {
 
 #[test]
 fn pages_never_touched_are_not_present_and_then_land_on_the_target() {
+    let _huge = huge_lock();
+
     if !reserve_2m(4, "one_node_host") {
         return;
     }
@@ -219,6 +239,8 @@ fn pages_never_touched_are_not_present_and_then_land_on_the_target() {
 
 #[test]
 fn cancelled_token_refuses_before_binding() {
+    let _huge = huge_lock();
+
     if !reserve_2m(2, "one_node_host") {
         return;
     }
@@ -245,6 +267,8 @@ fn cancelled_token_refuses_before_binding() {
 /// `mbind` with an error, never a panic, with the data untouched.
 #[test]
 fn a_node_the_kernel_lacks_fails_cleanly() {
+    let _huge = huge_lock();
+
     if !reserve_2m(2, "one_node_host") {
         return;
     }
