@@ -13,7 +13,7 @@
 //! page, so the larger size can only come from the daemon's own pool.
 
 use test_support::prelude::{
-    hugepages_2m, map_raw, refused, region, region_state, reserve_2m, serial, wait_until,
+    available_2m, map_raw, refused, region, region_state, reserve_2m, serial, wait_until,
     TestDaemon,
 };
 
@@ -46,9 +46,9 @@ fn given_back(stats: &Stats, id: u64) -> Option<String> {
         .map(|r| r.why.clone())
 }
 
-/// Every free 2 MiB page, as bytes (at most 256 pages: enough, and quick).
+/// Every available 2 MiB page, as bytes (at most 256 pages: enough, and quick).
 fn all_free_2m() -> u64 {
-    hugepages_2m("free_hugepages").min(256) * 2 * MIB
+    available_2m().min(256) * 2 * MIB
 }
 
 /// A forked process that maps `len` bytes of `fd` and keeps the mapping
@@ -118,7 +118,7 @@ fn idle_pages_under_the_other_backing_are_given_back_not_downgraded() {
         Duration::from_secs(30),
         || region_state(&d.stats(), path_region).as_deref() == Some("clean"),
     );
-    assert!(hugepages_2m("free_hugepages") * 2 * MIB < size);
+    assert!(available_2m() * 2 * MIB < size);
     let t = Instant::now();
     let b = c
         .alloc(req(size, PagePolicy::Best, false))
@@ -305,7 +305,7 @@ fn a_true_shortage_downgrades_with_the_missing_pages_named_and_strict_refuses() 
     }
     let d = TestDaemon::start(|_| {});
     let mut c = d.client();
-    let free = hugepages_2m("free_hugepages");
+    let free = available_2m();
     let size = (free + 2) * 2 * MIB;
     let (status, msg) = refused(c.alloc(req(size, PagePolicy::Huge2M, false)));
     assert_eq!(status, Status::NoMemory, "{msg}");

@@ -37,6 +37,9 @@ pub enum ReserveError {
     /// pool of that size).
     #[error("huge-page pool in sysfs")]
     Sysfs(#[source] HugePagesError),
+    /// The pages beyond those asked for could not be held back.
+    #[error("cannot hold back the pages beyond those asked for")]
+    Ballast(#[source] std::io::Error),
 }
 
 impl From<HugePagesError> for ReserveError {
@@ -99,34 +102,80 @@ pub fn ensure_free(
     reserve(page_size, pages, ReserveMode::Free, node)
 }
 
-/// Sets the host pool of `page_size` so that exactly `pages` are available
-/// (free and not reserved by any mapping), shrinking whatever earlier runs
-/// left as well as growing: a full host, where nothing is to spare but what
-/// the caller asked for. The report's `met` is false when the kernel gave
-/// fewer, or when free pages could not be taken out of the pool.
-pub fn set_available(page_size: PageSize, pages: u64) -> Result<ReserveReport, ReserveError> {
+/// Huge pages held reserved and never faulted in, by a hugetlb memfd of
+/// that many pages mapped once (`MAP_SHARED`, no `MAP_NORESERVE`): the
+/// reservation of a shared hugetlb mapping belongs to the file, so it lasts
+/// while the fd is open. The pages stay in the host's pool but count
+/// against what anyone else can take (`free - resv_hugepages`), and come
+/// back when this value drops. How [`set_available`] makes a host exactly
+/// as full as asked without shrinking the pool: a 1 GiB page given back to
+/// the kernel may never be had again once memory fragments.
+#[derive(Debug)]
+pub struct Ballast {
+    _fd: std::os::fd::OwnedFd,
+}
+
+impl Ballast {
+    /// Reserves `pages` pages of `page_size`.
+    ///
+    /// # Errors
+    ///
+    /// `ENOMEM` when fewer are available; other `memfd_create`, `ftruncate`
+    /// or `mmap` errors.
+    pub fn new(page_size: PageSize, pages: u64) -> std::io::Result<Self> {
+        use std::os::fd::{AsFd, AsRawFd};
+        let flags = match page_size {
+            PageSize::Huge2M => libc::MFD_HUGETLB | libc::MFD_HUGE_2MB,
+            PageSize::Huge1G => libc::MFD_HUGETLB | libc::MFD_HUGE_1GB,
+            PageSize::Base4K => return Err(std::io::Error::from_raw_os_error(libc::EINVAL)),
+        };
+        let fd = crate::sys::memfd_create(c"hugemem-ballast", flags | libc::MFD_CLOEXEC)?;
+        let len = pages.saturating_mul(page_size.bytes());
+        crate::sys::ftruncate(fd.as_fd(), len)?;
+        let len =
+            usize::try_from(len).map_err(|_| std::io::Error::from_raw_os_error(libc::EFBIG))?;
+        let addr = crate::sys::mmap(len, libc::PROT_READ, libc::MAP_SHARED, fd.as_raw_fd(), 0)?;
+        // SAFETY: the mapping made just above, never touched, known to no
+        // one else.
+        unsafe { crate::sys::munmap(addr, len) }?;
+        Ok(Self { _fd: fd })
+    }
+}
+
+/// Makes exactly `pages` pages of `page_size` available host-wide (free and
+/// not reserved by any mapping), whatever earlier runs left: a full host,
+/// where nothing is to spare but what the caller asked for. The pool grows
+/// when it has too few; pages beyond `pages` are held by the returned
+/// [`Ballast`] (none when nothing is beyond), never given back to the
+/// kernel. The report's `met` is false when the kernel gave fewer.
+///
+/// # Errors
+///
+/// As [`ensure_free`]; [`ReserveError::Ballast`] when the pages beyond
+/// `pages` cannot be held back.
+pub fn set_available(
+    page_size: PageSize,
+    pages: u64,
+) -> Result<(ReserveReport, Option<Ballast>), ReserveError> {
     let grown = ensure_free(page_size, pages, None)?;
     let bytes = huge_bytes(page_size)?;
     let hp = HugePages::host();
-    let now = hp.pool(bytes, None)?;
-    let extra = now.available().saturating_sub(pages);
-    let report = if extra > 0 && grown.met {
-        reserve(
-            page_size,
-            now.total.saturating_sub(extra),
-            ReserveMode::Exact,
-            None,
-        )?
+    let extra = hp.pool(bytes, None)?.available().saturating_sub(pages);
+    let ballast = if extra > 0 && grown.met {
+        Some(Ballast::new(page_size, extra).map_err(ReserveError::Ballast)?)
     } else {
-        grown
+        None
     };
     let available = hp.pool(bytes, None)?.available();
-    Ok(ReserveReport {
-        requested: pages,
-        free: available,
-        met: available == pages,
-        ..report
-    })
+    Ok((
+        ReserveReport {
+            requested: pages,
+            free: available,
+            met: available == pages,
+            ..grown
+        },
+        ballast,
+    ))
 }
 
 /// Host-wide pool size of `page_size` from sysfs.
@@ -141,6 +190,8 @@ fn host_pool_total(page_size: PageSize) -> Option<u64> {
 pub struct Reservation {
     report: ReserveReport,
     previous_total: Option<u64>,
+    /// Pages held back to make the host exactly as full as asked.
+    ballast: Option<Ballast>,
 }
 
 impl Reservation {
@@ -151,17 +202,19 @@ impl Reservation {
         Ok(Self {
             report,
             previous_total,
+            ballast: None,
         })
     }
 
-    /// [`set_available`] for this value's lifetime: the pool goes back to
-    /// its earlier size on drop.
+    /// [`set_available`] for this value's lifetime: the ballast goes and
+    /// the pool goes back to its earlier size on drop.
     pub fn exactly(page_size: PageSize, pages: u64) -> Result<Self, ReserveError> {
         let previous_total = host_pool_total(page_size);
-        let report = set_available(page_size, pages)?;
+        let (report, ballast) = set_available(page_size, pages)?;
         Ok(Self {
             report,
             previous_total,
+            ballast,
         })
     }
 
@@ -173,6 +226,8 @@ impl Reservation {
 
 impl Drop for Reservation {
     fn drop(&mut self) {
+        // The held-back pages first: the pool may then shrink past them.
+        drop(self.ballast.take());
         let Some(previous) = self.previous_total else {
             return;
         };

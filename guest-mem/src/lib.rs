@@ -26,7 +26,9 @@ mod sys;
 /// `vm-memory` adapter: regions as a rust-vmm `GuestMemoryMmap`.
 pub mod vmm;
 
-pub use hugepages::{ensure_free, set_available, Reservation, ReserveError, ReserveReport};
+pub use hugepages::{
+    ensure_free, set_available, Ballast, Reservation, ReserveError, ReserveReport,
+};
 pub use lock::{
     lock_mapping, lock_ranges, unlock_mapping, unlock_ranges, LockError, LockOp, LockOptions,
     LockRange, LockReport, Lockable, DEFAULT_LOCK_CHUNK,

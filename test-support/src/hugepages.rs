@@ -7,21 +7,37 @@
 //! outside its allow-list, so a host that should have the pages and does not
 //! is still caught there.
 
+use std::sync::{Mutex, PoisonError};
+
 pub use guest_mem::PageSize;
-use guest_mem::Reservation;
+use guest_mem::{Ballast, Reservation};
+
+/// The pages [`free_pages`] holds back, per page size (2M, 1G).
+static BALLAST: Mutex<[Option<Ballast>; 2]> = Mutex::new([None, None]);
 
 /// `Ok` when `pages` free pages of `page_size` are there (on `node`, or
 /// anywhere), raising the host pool if needed; otherwise why not. The pool
 /// keeps its new size: for a reservation given back at the end, [`hold`].
 ///
-/// Host-wide (`node` is `None`) the pool is set to **exactly** `pages`
-/// available pages, shrinking what earlier tests or runs left: a test
-/// starts from the pages it asked for, as on a fresh machine, so a leftover
-/// page can never make a test pass that would fail on one (issue 18).
+/// Host-wide (`node` is `None`) **exactly** `pages` pages are left
+/// available: pages beyond them, whatever earlier tests or runs left, are
+/// held back by a [`guest_mem::Ballast`] until the next call for that page
+/// size in this process (or its end). A test starts from the pages it asked
+/// for, as on a fresh machine, so a leftover page can never make a test
+/// pass that would fail on one (issue 18); the pool itself never shrinks
+/// (a 1 GiB page given back may not be had again).
 pub fn free_pages(page_size: PageSize, pages: u64, node: Option<u32>) -> Result<(), String> {
     let on = node.map_or_else(String::new, |n| format!(" on node {n}"));
     let report = match node {
-        None => guest_mem::set_available(page_size, pages),
+        None => {
+            let mut held = BALLAST.lock().unwrap_or_else(PoisonError::into_inner);
+            let slot = usize::from(page_size == PageSize::Huge1G);
+            held[slot] = None;
+            guest_mem::set_available(page_size, pages).map(|(report, ballast)| {
+                held[slot] = ballast;
+                report
+            })
+        }
         Some(_) => guest_mem::ensure_free(page_size, pages, node),
     };
     match report {
@@ -93,4 +109,10 @@ pub fn exactly(page_size: PageSize, pages: u64, test: &str) -> Option<Reservatio
             None
         }
     }
+}
+
+/// 2 MiB pages any new mapping could take now, host-wide: free and not
+/// reserved (the pages [`free_pages`] holds back are reserved).
+pub fn available_2m() -> u64 {
+    hugepages_2m("free_hugepages").saturating_sub(hugepages_2m("resv_hugepages"))
 }
