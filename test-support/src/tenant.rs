@@ -65,7 +65,9 @@ pub fn in_child(uid: Option<u32>, child: impl FnOnce() -> i32) -> i32 {
 }
 
 /// Closes every fd of this (just forked) process that names a daemon
-/// region's file: a memfd or hugetlbfs file called `hugemem-r<id>`.
+/// region's file (a memfd or hugetlbfs file called `hugemem-r<id>`) or the
+/// test's held-back pages (`guest_mem::Ballast`, whose reservation must go
+/// when the test lets it go).
 fn close_inherited_region_fds() {
     let Ok(dir) = std::fs::read_dir("/proc/self/fd") else {
         return;
@@ -73,7 +75,10 @@ fn close_inherited_region_fds() {
     let fds: Vec<i32> = dir
         .filter_map(Result::ok)
         .filter(|e| {
-            std::fs::read_link(e.path()).is_ok_and(|t| t.to_string_lossy().contains("hugemem-r"))
+            std::fs::read_link(e.path()).is_ok_and(|t| {
+                let t = t.to_string_lossy();
+                t.contains("hugemem-r") || t.contains("hugemem-ballast")
+            })
         })
         .filter_map(|e| e.file_name().to_str()?.parse().ok())
         .collect();
