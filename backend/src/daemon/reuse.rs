@@ -57,8 +57,8 @@ pub enum Verdict {
     /// nobody is blamed.
     Short(String),
     /// Proved unreachable and whole. `detached` pages were punched out and
-    /// refaulted: every page is a fresh one the kernel zeroed. 0: detaching
-    /// is off, every page is to be scrubbed.
+    /// their holes reserved again: every page the file gets is a fresh one
+    /// the kernel zeroes. 0: detaching is off, every page is to be scrubbed.
     Free {
         /// Pages punched and refaulted; 0 when detaching is off.
         detached: u64,
@@ -86,9 +86,7 @@ pub fn judge(region: &Region, holder: Option<Holder>, detach: bool, gate: &Reser
     }
     match detach_pages(region, gate) {
         Ok(detached) => Verdict::Free { detached },
-        Err(Detach::Pinned(reason)) => Verdict::Pinned(reason),
-        Err(Detach::Short(reason)) => Verdict::Short(reason),
-        Err(Detach::Failed(reason) | Detach::Damaged(reason)) => Verdict::Broken(reason),
+        Err(verdict) => verdict,
     }
 }
 
@@ -159,21 +157,6 @@ pub fn prove_unreachable(region: &Region) -> Result<(), String> {
     }
 }
 
-/// Why [`detach_pages`] could not give a region fresh pages.
-#[derive(Debug, PartialEq, Eq)]
-pub enum Detach {
-    /// Pages a pin held did not come back at the punch (see [`Verdict::Pinned`]).
-    Pinned(String),
-    /// The holes could not be reserved again though every page came back
-    /// (see [`Verdict::Short`]).
-    Short(String),
-    /// The punch failed.
-    Failed(String),
-    /// The file lacked pages that were not even reserved: holes its tenant
-    /// punched, whose pages the host has given to someone else.
-    Damaged(String),
-}
-
 /// The host's huge pages of `page_size` on `node` (host-wide for an
 /// unbound region; reservations are only kept host-wide), read around the
 /// punch of a released region to tell why its holes cannot be reserved
@@ -195,9 +178,9 @@ fn why_short(
     after: Option<numa::PoolState>,
     page_size: guest_mem::PageSize,
     error: &std::io::Error,
-) -> Detach {
+) -> Verdict {
     let (Some(before), Some(after)) = (before, after) else {
-        return Detach::Short(format!(
+        return Verdict::Short(format!(
             "its holes could not be reserved again ({error}); the host's pool could not be read"
         ));
     };
@@ -210,20 +193,20 @@ fn why_short(
     if had + unreserved < pages {
         // Offsets neither in the file nor reserved for it: only a punch or
         // truncation through the tenant's fd removes both.
-        Detach::Damaged(format!(
+        Verdict::Broken(format!(
             "{} of its {pages} {page_size} pages were holes its tenant punched, whose pages the host \
              no longer has ({pool}; reserving them again: {error})",
             pages - had - unreserved
         ))
     } else if returned < had {
-        Detach::Pinned(format!(
+        Verdict::Pinned(format!(
             "{} of the {had} {page_size} pages in its file did not come back to the host at the punch \
              (held by a pin the daemon cannot see), and the host has none to spare for their holes \
              ({pool}; reserving them again: {error})",
             had - returned
         ))
     } else {
-        Detach::Short(format!(
+        Verdict::Short(format!(
             "all {had} {page_size} pages in its file came back to the host at the punch, but its \
              holes could not be reserved again ({pool}; {error}): another process took the pages, \
              or the pool was shrunk"
@@ -250,32 +233,29 @@ fn why_short(
 ///
 /// # Errors
 ///
-/// When the holes cannot be reserved again, the host pool's counts before
-/// and after the punch say why: pages that did not come back
-/// ([`Detach::Pinned`]: the file had them, the host did not get them) or
-/// pages taken since ([`Detach::Short`]). The region must then be given
-/// back; so too on [`Detach::Failed`] (the punch failed).
-pub fn detach_pages(region: &Region, gate: &ReserveGate) -> Result<u64, Detach> {
-    let len = usize::try_from(region.len())
-        .map_err(|_| Detach::Failed("region too large".to_string()))?;
+/// The verdict that sends the region back to the kernel: when the holes
+/// cannot be reserved again, the host pool's counts before and after the
+/// punch say why — holes its tenant punched ([`Verdict::Broken`]), pages
+/// that did not come back ([`Verdict::Pinned`]: the file had them, the host
+/// did not get them), or pages taken since ([`Verdict::Short`]); a failed
+/// punch is [`Verdict::Broken`] too. (A 4 KiB shmem region has no
+/// reservations: its re-reservation is a mapping that always succeeds.)
+pub fn detach_pages(region: &Region, gate: &ReserveGate) -> Result<u64, Verdict> {
+    let len =
+        usize::try_from(region.len()).map_err(|_| Verdict::Broken("region too large".into()))?;
     let page_size = region.page_size();
     let page = page_size.bytes();
     let pages = region.len() / page;
-    if page_size.is_huge() {
-        let gated = gate.hold();
-        let had = crate::sys::file_allocated_bytes(region.fd()).map_or(pages, |b| b / page);
-        let before = host_pages(page_size, region.node());
-        crate::sys::punch_hole(region.fd(), 0, region.len())
-            .map_err(|e| Detach::Failed(format!("punch: {e}")))?;
-        let after = host_pages(page_size, region.node());
-        let reserved = crate::sys::reserve_holes(region.fd(), len);
-        drop(gated);
-        if let Err(e) = reserved {
-            return Err(why_short(pages, had, before, after, page_size, &e));
-        }
-    } else {
-        crate::sys::punch_hole(region.fd(), 0, region.len())
-            .map_err(|e| Detach::Failed(format!("punch: {e}")))?;
+    let gated = gate.hold();
+    let had = crate::sys::file_allocated_bytes(region.fd()).map_or(pages, |b| b / page);
+    let before = host_pages(page_size, region.node());
+    crate::sys::punch_hole(region.fd(), 0, region.len())
+        .map_err(|e| Verdict::Broken(format!("punch: {e}")))?;
+    let after = host_pages(page_size, region.node());
+    let reserved = crate::sys::reserve_holes(region.fd(), len);
+    drop(gated);
+    if let Err(e) = reserved {
+        return Err(why_short(pages, had, before, after, page_size, &e));
     }
     Ok(pages)
 }

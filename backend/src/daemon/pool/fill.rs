@@ -117,17 +117,17 @@ impl Pool {
             return;
         };
         f.in_flight = f.in_flight.saturating_sub(1);
-        if result.is_ok() {
-            f.done += work.len;
-        }
-        if let Err(reason) = result {
-            warn!(
-                region = work.id,
-                offset = work.offset,
-                reason,
-                "cannot fault a detached region's holes in ahead; the rest fault at first touch"
-            );
-            f.next = len;
+        match result {
+            Ok(()) => f.done += work.len,
+            Err(reason) => {
+                warn!(
+                    region = work.id,
+                    offset = work.offset,
+                    reason,
+                    "cannot fault a detached region's holes in ahead; the rest fault at first touch"
+                );
+                f.next = len;
+            }
         }
         if f.next >= len && f.in_flight == 0 {
             e.fill = None;

@@ -21,6 +21,12 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 pub struct ReserveGate(Mutex<()>);
 
 impl ReserveGate {
+    /// Runs `reserve` (a syscall that reserves fresh pages) under the gate.
+    pub fn run<T>(&self, reserve: impl FnOnce() -> T) -> T {
+        let _held = self.hold();
+        reserve()
+    }
+
     /// Holds the gate until the guard drops.
     pub fn hold(&self) -> MutexGuard<'_, ()> {
         // Nothing is guarded but the order of syscalls: a poisoned gate is

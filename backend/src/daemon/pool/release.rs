@@ -163,21 +163,15 @@ impl Pool {
         if g.entries.get(&id).map(|e| e.state) != Some(state) {
             return None;
         }
-        let region = self.discard_locked(&mut g, id, reason);
+        let region = self.give_back_locked(&mut g, id, Loss::Damaged, reason);
         drop(g);
         self.changed.notify_all();
         region
     }
 
-    /// [`Pool::discard`] under the caller's lock, whatever the entry's state:
-    /// removes it, records and counts it as given back, logs why.
-    fn discard_locked(&self, g: &mut Inner, id: RegionId, reason: &str) -> Option<Arc<Region>> {
-        self.give_back_locked(g, id, Loss::Damaged, reason)
-    }
-
-    /// Removes a released region that cannot be reused, records it in
-    /// `given_back` and the counters of its `loss`, and logs it; returned to
-    /// be dropped off the lock.
+    /// Removes a released region that cannot be reused, whatever its entry
+    /// state, records it in `given_back` and the counters of its `loss`, and
+    /// logs it; returned to be dropped off the lock.
     fn give_back_locked(
         &self,
         g: &mut Inner,

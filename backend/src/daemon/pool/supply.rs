@@ -164,11 +164,10 @@ pub(super) fn grow_pooled(
             }
         }
     }
-    let grown = {
-        // The new pages are reserved at the grow's mmap (see `ReserveGate`).
-        let _gate = pool.gate.hold();
-        d.region.grow(&pool.sources.topology, size)
-    };
+    // The new pages are reserved at the grow's mmap (see `ReserveGate`).
+    let grown = pool
+        .gate
+        .run(|| d.region.grow(&pool.sources.topology, size));
     if let Err(e) = grown {
         info!(
             region = d.id,
@@ -253,11 +252,10 @@ pub(super) fn create(
             spec = spec.with_backing(Backing::HugetlbfsDir(dir.to_path_buf()));
         }
     }
-    let region = {
-        // Pages are reserved at the region's mmap (see `ReserveGate`).
-        let _gate = pool.gate.hold();
-        Region::create(&pool.sources.topology, &spec)?
-    };
+    // Pages are reserved at the region's mmap (see `ReserveGate`).
+    let region = pool
+        .gate
+        .run(|| Region::create(&pool.sources.topology, &spec))?;
     let report = region
         .prepare_eager(&pool.sources.topology, opts)
         .map_err(|source| RegionError::Prepare {
@@ -380,10 +378,9 @@ pub(super) fn fresh_demand(
         let spec = RegionSpec::new(format!("hugemem-r{id}"), size, Some(node))
             .with_policy(guest_mem::PagePolicy::Strict(page_size));
         // Pages are reserved at the region's mmap (see `ReserveGate`).
-        let created = {
-            let _gate = pool.gate.hold();
-            Region::create(&pool.sources.topology, &spec)
-        };
+        let created = pool
+            .gate
+            .run(|| Region::create(&pool.sources.topology, &spec));
         match created {
             Ok(region) => return pool.insert_fresh(id, region).ok(),
             Err(e) => {
