@@ -124,12 +124,13 @@ impl Ballast {
     /// or `mmap` errors.
     pub fn new(page_size: PageSize, pages: u64) -> std::io::Result<Self> {
         use std::os::fd::{AsFd, AsRawFd};
-        let flags = match page_size {
-            PageSize::Huge2M => libc::MFD_HUGETLB | libc::MFD_HUGE_2MB,
-            PageSize::Huge1G => libc::MFD_HUGETLB | libc::MFD_HUGE_1GB,
-            PageSize::Base4K => return Err(std::io::Error::from_raw_os_error(libc::EINVAL)),
-        };
-        let fd = crate::sys::memfd_create(c"hugemem-ballast", flags | libc::MFD_CLOEXEC)?;
+        if !page_size.is_huge() {
+            return Err(std::io::Error::from_raw_os_error(libc::EINVAL));
+        }
+        let fd = crate::sys::memfd_create(
+            c"hugemem-ballast",
+            page_size.memfd_flags() | libc::MFD_CLOEXEC,
+        )?;
         let len = pages.saturating_mul(page_size.bytes());
         crate::sys::ftruncate(fd.as_fd(), len)?;
         let len =

@@ -66,6 +66,16 @@ impl PageSize {
             PageSize::Huge1G => libc::MAP_HUGETLB | libc::MAP_HUGE_1GB,
         }
     }
+
+    /// `MFD_HUGETLB | MFD_HUGE_<size>` for hugetlb sizes, 0 (shmem) for
+    /// base pages.
+    pub(crate) const fn memfd_flags(self) -> libc::c_uint {
+        match self {
+            PageSize::Base4K => 0,
+            PageSize::Huge2M => libc::MFD_HUGETLB | libc::MFD_HUGE_2MB,
+            PageSize::Huge1G => libc::MFD_HUGETLB | libc::MFD_HUGE_1GB,
+        }
+    }
 }
 
 impl fmt::Display for PageSize {
@@ -307,12 +317,8 @@ impl SharedMapping {
             page_size,
             source,
         };
-        let flags = match page_size {
-            PageSize::Base4K => 0,
-            PageSize::Huge2M => libc::MFD_HUGETLB | libc::MFD_HUGE_2MB,
-            PageSize::Huge1G => libc::MFD_HUGETLB | libc::MFD_HUGE_1GB,
-        };
-        let fd = sys::memfd_create(c"hugemem-shared", flags).map_err(memfd_err)?;
+        let fd =
+            sys::memfd_create(c"hugemem-shared", page_size.memfd_flags()).map_err(memfd_err)?;
         sys::ftruncate(fd.as_fd(), len as u64).map_err(memfd_err)?;
         let addr = sys::mmap(
             len,

@@ -510,12 +510,7 @@ fn state_unit(page_size: PageSize) -> u64 {
 }
 
 fn create_memfd(c_name: &CString, name: &str, page_size: PageSize) -> Result<OwnedFd, RegionError> {
-    let flags = libc::MFD_ALLOW_SEALING
-        | match page_size {
-            PageSize::Base4K => 0,
-            PageSize::Huge2M => libc::MFD_HUGETLB | libc::MFD_HUGE_2MB,
-            PageSize::Huge1G => libc::MFD_HUGETLB | libc::MFD_HUGE_1GB,
-        };
+    let flags = libc::MFD_ALLOW_SEALING | page_size.memfd_flags();
     sys::memfd_create(c_name, flags).map_err(|source| RegionError::Create {
         name: name.to_string(),
         source,
