@@ -295,53 +295,7 @@ fn a_pin_on_a_full_host_is_the_tenants_doing() {
         return;
     };
     let d = TestDaemon::start(|_| {});
-    let (freed_r, freed_w) = nix::unistd::pipe().expect("pipe");
-    let (go_r, go_w) = nix::unistd::pipe().expect("pipe");
-    let socket = d.socket();
-    let pinner = std::thread::spawn(move || {
-        in_child(None, move || {
-            let Ok(mut c) = Client::connect(&socket) else {
-                return NO_CONNECT;
-            };
-            let Ok(a) = c.alloc(alloc_2m(size, false)) else {
-                return REFUSED;
-            };
-            let p = map(a.fds[0].as_raw_fd(), size);
-            if p.is_null() {
-                return NO_MAP;
-            }
-            fill_secret(p, size);
-            let Ok((pipe_r, pipe_w)) = nix::unistd::pipe() else {
-                return 13;
-            };
-            let iov = libc::iovec {
-                iov_base: p.cast(),
-                iov_len: 4096,
-            };
-            // SAFETY: vmsplice reads the iovec (our live mapping) and makes
-            // the pipe reference that page; no memory of ours is written.
-            if unsafe { libc::vmsplice(pipe_w.as_raw_fd(), &iov, 1, 0) } != 4096 {
-                return 14;
-            }
-            unmap(p, size);
-            let id = a.id;
-            drop(a);
-            if c.free(id).is_err() {
-                return NOT_FREED;
-            }
-            let _ = nix::unistd::write(&freed_w, b"f");
-            let mut b = [0u8; 1];
-            let _ = nix::unistd::read(&go_r, &mut b);
-            drop(pipe_r);
-            OK
-        })
-    });
-    let mut b = [0u8; 1];
-    assert_eq!(
-        nix::unistd::read(&freed_r, &mut b),
-        Ok(1),
-        "the pinner FREEd"
-    );
+    let tenant = Keeper::start(&d, size, Keep::PinnedPage);
     wait_until("the pinned region is given back", SETTLE, || {
         d.stats().counters.regions_pinned == 1
     });
@@ -363,8 +317,7 @@ fn a_pin_on_a_full_host_is_the_tenants_doing() {
         c.alloc(alloc_2m(size, false)).is_err(),
         "served with a page still pinned"
     );
-    nix::unistd::write(&go_w, b"g").expect("let the pinner go");
-    assert_eq!(pinner.join().expect("pinner"), OK, "the pinner's exit code");
+    tenant.let_go();
     wait_until("the pinned page is back in the host's pool", SETTLE, || {
         available_2m() >= pages
     });
@@ -390,40 +343,7 @@ fn a_pool_shrunk_under_a_released_region_blames_nobody() {
         return;
     };
     let d = TestDaemon::start(|_| {});
-    let (freed_r, freed_w) = nix::unistd::pipe().expect("pipe");
-    let (go_r, go_w) = nix::unistd::pipe().expect("pipe");
-    let socket = d.socket();
-    let holder = std::thread::spawn(move || {
-        in_child(None, move || {
-            let Ok(mut c) = Client::connect(&socket) else {
-                return NO_CONNECT;
-            };
-            let Ok(a) = c.alloc(alloc_2m(size, false)) else {
-                return REFUSED;
-            };
-            let p = map(a.fds[0].as_raw_fd(), size);
-            if p.is_null() {
-                return NO_MAP;
-            }
-            fill_secret(p, size);
-            let id = a.id;
-            drop(a);
-            if c.free(id).is_err() {
-                return NOT_FREED;
-            }
-            let _ = nix::unistd::write(&freed_w, b"f");
-            let mut b = [0u8; 1];
-            let _ = nix::unistd::read(&go_r, &mut b);
-            unmap(p, size);
-            OK
-        })
-    });
-    let mut b = [0u8; 1];
-    assert_eq!(
-        nix::unistd::read(&freed_r, &mut b),
-        Ok(1),
-        "the tenant FREEd"
-    );
+    let tenant = Keeper::start(&d, size, Keep::Mapping);
     // Its pages are in use (mapped): shrinking the pool to nothing makes
     // them surplus, freed to the kernel when the file lets them go. (The
     // pages held back for the full host go first: reserved pages are never
@@ -436,8 +356,7 @@ fn a_pool_shrunk_under_a_released_region_blames_nobody() {
         .expect("shrink the 2 MiB pool");
     let surplus = pool.pool(two_mib, None).expect("2 MiB pool").surplus;
     assert_eq!(surplus, pages, "the tenant's pages are surplus now");
-    nix::unistd::write(&go_w, b"g").expect("let the tenant go");
-    assert_eq!(holder.join().expect("tenant"), OK, "the tenant's exit code");
+    tenant.let_go();
     wait_until("the region is given back as short", SETTLE, || {
         d.stats().counters.regions_short == 1
     });
@@ -475,4 +394,93 @@ fn next_tenant_reads_zeros(d: &TestDaemon, size: u64) {
     let id = a.id;
     drop(a);
     c.free(id).expect("free");
+}
+
+/// What a [`Keeper`] keeps of its region after its FREE.
+#[derive(Clone, Copy)]
+enum Keep {
+    /// One page, pinned by a pipe it was `vmsplice`d into; the mapping and
+    /// the fds go before the FREE.
+    PinnedPage,
+    /// Its whole mapping (the region stays quarantined, held).
+    Mapping,
+}
+
+/// A tenant in a forked child that ALLOCs `size` bytes of 2 MiB pages,
+/// writes its secret, FREEs, and keeps what [`Keep`] says until
+/// [`Keeper::let_go`]. [`Keeper::start`] returns once the FREE is answered.
+struct Keeper {
+    child: std::thread::JoinHandle<i32>,
+    go: OwnedFd,
+}
+
+impl Keeper {
+    fn start(d: &TestDaemon, size: u64, keep: Keep) -> Self {
+        let (freed_r, freed_w) = nix::unistd::pipe().expect("pipe");
+        let (go_r, go_w) = nix::unistd::pipe().expect("pipe");
+        let socket = d.socket();
+        let child = std::thread::spawn(move || {
+            in_child(None, move || {
+                let Ok(mut c) = Client::connect(&socket) else {
+                    return NO_CONNECT;
+                };
+                let Ok(a) = c.alloc(alloc_2m(size, false)) else {
+                    return REFUSED;
+                };
+                let p = map(a.fds[0].as_raw_fd(), size);
+                if p.is_null() {
+                    return NO_MAP;
+                }
+                fill_secret(p, size);
+                let mut pin = None;
+                if matches!(keep, Keep::PinnedPage) {
+                    let Ok((pipe_r, pipe_w)) = nix::unistd::pipe() else {
+                        return 13;
+                    };
+                    let iov = libc::iovec {
+                        iov_base: p.cast(),
+                        iov_len: 4096,
+                    };
+                    // SAFETY: vmsplice reads the iovec (our live mapping) and
+                    // makes the pipe reference that page; no memory of ours
+                    // is written.
+                    if unsafe { libc::vmsplice(pipe_w.as_raw_fd(), &iov, 1, 0) } != 4096 {
+                        return 14;
+                    }
+                    unmap(p, size);
+                    pin = Some(pipe_r);
+                }
+                let id = a.id;
+                drop(a);
+                if c.free(id).is_err() {
+                    return NOT_FREED;
+                }
+                let _ = nix::unistd::write(&freed_w, b"f");
+                let mut b = [0u8; 1];
+                let _ = nix::unistd::read(&go_r, &mut b);
+                match pin {
+                    Some(pipe) => drop(pipe),
+                    None => unmap(p, size),
+                }
+                OK
+            })
+        });
+        let mut b = [0u8; 1];
+        assert_eq!(
+            nix::unistd::read(&freed_r, &mut b),
+            Ok(1),
+            "the tenant FREEd"
+        );
+        Self { child, go: go_w }
+    }
+
+    /// Lets the tenant drop what it kept and exit; checks it ended well.
+    fn let_go(self) {
+        nix::unistd::write(&self.go, b"g").expect("let the tenant go");
+        assert_eq!(
+            self.child.join().expect("tenant"),
+            OK,
+            "the tenant's exit code"
+        );
+    }
 }
