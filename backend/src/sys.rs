@@ -179,3 +179,63 @@ pub fn euid() -> u32 {
     // SAFETY: geteuid has no preconditions and cannot fail.
     unsafe { libc::geteuid() }
 }
+
+/// A new memfd that can be sealed (`MFD_CLOEXEC | MFD_ALLOW_SEALING`).
+///
+/// # Errors
+///
+/// The `memfd_create` error.
+pub fn sealable_memfd(name: &std::ffi::CStr) -> io::Result<OwnedFd> {
+    use std::os::fd::FromRawFd;
+    // SAFETY: `name` is a valid NUL-terminated string for the call.
+    let fd =
+        unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: memfd_create returned a new fd that nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Seals a memfd against every change: writes, size, further seals.
+///
+/// # Errors
+///
+/// The `fcntl` error.
+pub fn seal_all(fd: BorrowedFd<'_>) -> io::Result<()> {
+    let seals = libc::F_SEAL_WRITE | libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
+    // SAFETY: the borrowed fd is open for the call; F_ADD_SEALS takes an int.
+    if unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, seals) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// The seals of a memfd (`F_GET_SEALS`; 0 for a file that cannot be sealed).
+///
+/// # Errors
+///
+/// The `fcntl` error.
+pub fn seals(fd: BorrowedFd<'_>) -> io::Result<libc::c_int> {
+    // SAFETY: the borrowed fd is open for the call; F_GET_SEALS takes no argument.
+    let s = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GET_SEALS) };
+    if s < 0 {
+        let e = io::Error::last_os_error();
+        return if e.raw_os_error() == Some(libc::EINVAL) {
+            Ok(0)
+        } else {
+            Err(e)
+        };
+    }
+    Ok(s)
+}
+
+/// The owner uid and size of an open file (`fstat`).
+///
+/// # Errors
+///
+/// The `fstat` error.
+pub fn owner_and_size(fd: BorrowedFd<'_>) -> io::Result<(u32, u64)> {
+    let st = nix::sys::stat::fstat(fd).map_err(io::Error::from)?;
+    Ok((st.st_uid, u64::try_from(st.st_size).unwrap_or(0)))
+}

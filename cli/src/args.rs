@@ -387,6 +387,12 @@ pub(crate) struct ServeArgs {
     /// Also allow this uid to connect (repeatable; root and the daemon's uid always are).
     #[arg(long = "allow-uid")]
     pub(crate) allow_uids: Vec<u32>,
+    /// Take over from the daemon running on the same socket (an upgrade or
+    /// restart): its listening socket, pool, allocations, connections and
+    /// fault services come over its control socket; it exits once this one
+    /// serves (docs/operations.md, "Upgrading").
+    #[arg(long)]
+    pub(crate) takeover: bool,
 }
 
 pub(crate) fn parse_size_arg(s: &str) -> Result<u64, String> {

@@ -126,7 +126,12 @@ fn serve(args: ServeArgs) -> Result<()> {
     });
     // Sockets and anything else the daemon creates: owner only.
     nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o077));
-    backend::daemon::serve(config).context("hugemem serve failed")
+    let mode = if args.takeover {
+        backend::daemon::Start::Takeover
+    } else {
+        backend::daemon::Start::Fresh
+    };
+    backend::daemon::serve(config, mode).context("hugemem serve failed")
 }
 
 fn main() {

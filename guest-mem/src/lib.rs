@@ -36,8 +36,8 @@ pub use lock::{
 pub use mapping::{AnonMapping, MappingError, PageSize, SharedMapping};
 pub use pools::{Availability, Choice, PoolCounts, PoolError, PoolSnapshot, Skipped};
 pub use region::{
-    Backing, PageFailure, PagePolicy, PlacementReport, PrepareError, PrepareReport, Region,
-    RegionError, RegionSpec,
+    AdoptError, AdoptSpec, Backing, PageFailure, PagePolicy, PlacementReport, PrepareError,
+    PrepareReport, Region, RegionError, RegionSpec,
 };
 pub use state::{PageState, PageStates, StateCounts, StateError};
 /// The `vm-memory` version the adapter builds on, for VMMs that must match it.

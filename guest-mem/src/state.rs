@@ -199,7 +199,7 @@ impl StateCounts {
 /// The states of all pages of a region.
 ///
 /// Invariant: every byte holds the discriminant of a [`PageState`]; only
-/// [`PageStates::new`], [`PageStates::grow`] and successful checked exchanges
+/// [`PageStates::new`], [`PageStates::from_states`], [`PageStates::grow`] and successful checked exchanges
 /// write them.
 #[derive(Debug)]
 pub struct PageStates {
@@ -212,6 +212,23 @@ impl PageStates {
         Self {
             states: (0..pages).map(|_| AtomicU8::new(initial as u8)).collect(),
         }
+    }
+
+    /// Pages in the given states, in order (a region another daemon
+    /// instance handed over, see `Region::adopt`).
+    pub fn from_states(states: &[PageState]) -> Self {
+        Self {
+            states: states.iter().map(|s| AtomicU8::new(*s as u8)).collect(),
+        }
+    }
+
+    /// Every page's state, in order (a snapshot: pages may change while it
+    /// is taken; the caller stops every writer first when it matters).
+    pub fn snapshot(&self) -> Vec<PageState> {
+        self.states
+            .iter()
+            .map(|s| PageState::from_raw(s.load(Ordering::Acquire)))
+            .collect()
     }
 
     /// Appends `pages` pages in `initial` (a region that grew). Needs

@@ -169,6 +169,23 @@ pub(crate) fn add_seals(fd: std::os::fd::BorrowedFd<'_>, seals: libc::c_int) -> 
     Ok(())
 }
 
+/// `fcntl(fd, F_GET_SEALS)`: the seals of a memfd (0 for other files).
+pub(crate) fn seals(fd: std::os::fd::BorrowedFd<'_>) -> io::Result<libc::c_int> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: the borrowed fd is open for the duration of the call;
+    // F_GET_SEALS takes no argument and touches no memory of this process.
+    let seals = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GET_SEALS) };
+    if seals < 0 {
+        let e = io::Error::last_os_error();
+        // Files that cannot be sealed (hugetlbfs files opened by path) have none.
+        if e.raw_os_error() == Some(libc::EINVAL) {
+            return Ok(0);
+        }
+        return Err(e);
+    }
+    Ok(seals)
+}
+
 /// `fstat(fd).st_size`: the size of an open file.
 pub(crate) fn file_size(fd: std::os::fd::BorrowedFd<'_>) -> io::Result<u64> {
     use std::os::fd::AsRawFd;

@@ -123,6 +123,17 @@ pub struct Scan {
     pub processes: usize,
 }
 
+/// The pid of the daemon this one took over from while it still runs
+/// (`super::handover`), 0 for none: it holds every region until it exits,
+/// as the daemon's own, so scans skip it. Cleared when it exits (a pidfd
+/// watch), so a later process with a reused pid is scanned.
+static PREDECESSOR: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
+
+/// Records the predecessor daemon's pid (see [`PREDECESSOR`]), or none.
+pub fn set_predecessor(pid: Option<i32>) {
+    PREDECESSOR.store(pid.unwrap_or(0), std::sync::atomic::Ordering::SeqCst);
+}
+
 /// Scans every process for fds and mappings of `targets` other than the
 /// daemon's own (see the module docs).
 pub fn scan(targets: &[Owned]) -> Scan {
@@ -174,6 +185,10 @@ fn scan_root(proc_root: &Path, self_pid: u32, targets: &[Owned]) -> Scan {
             continue;
         };
         out.processes += 1;
+        let predecessor = PREDECESSOR.load(std::sync::atomic::Ordering::SeqCst);
+        if predecessor != 0 && pid == predecessor {
+            continue;
+        }
         let is_self = u32::try_from(pid).is_ok_and(|p| p == self_pid);
         let base = entry.path();
         scan_fds(&base, pid, is_self, targets, &by_id, &mut out.holders);

@@ -29,7 +29,24 @@ use crate::uffd::Uffd;
 struct LazyAlloc {
     infos: Vec<RegionInfo>,
     regions: Vec<Arc<Region>>,
+    /// The UFFD request's mappings, once one was served.
+    ranges: Vec<UffdRange>,
     service: Option<FaultServiceHandle>,
+}
+
+/// A lazy allocation whose fault service was stopped for a handover, with
+/// what restarts it (here, when the handover is given up, or in the
+/// successor).
+#[derive(Debug)]
+pub struct Suspended {
+    /// Allocation id.
+    pub alloc: u64,
+    /// The ALLOC reply's region table.
+    pub infos: Vec<RegionInfo>,
+    /// The UFFD request's mappings.
+    pub ranges: Vec<UffdRange>,
+    /// The VMM's userfaultfd (a duplicate of the service's), if it had one.
+    pub uffd: Option<OwnedFd>,
 }
 
 /// The lazy allocations of one session and their fault services.
@@ -54,6 +71,7 @@ impl LazyAllocs {
                 LazyAlloc {
                     infos,
                     regions,
+                    ranges: Vec::new(),
                     service: None,
                 },
             );
@@ -112,6 +130,8 @@ impl LazyAllocs {
         let peer = peer_pid.and_then(|p| crate::daemon::peer::pidfd_open(p).ok());
         cfg.failure = Some(Arc::clone(&self.failed));
         cfg.label = format!("alloc {alloc_id}");
+        // A duplicate to wake the ranges with once the service reads.
+        let waker = uffd.try_clone().ok();
         let service = FaultService::start(cfg, uffd, mappings, peer).map_err(|e| {
             let status = match e {
                 crate::fault::FaultError::Setup(_) | crate::fault::FaultError::Threads(_) => {
@@ -122,6 +142,17 @@ impl LazyAllocs {
             (status, crate::diag::chain(&e))
         })?;
         alloc.service = Some(service);
+        alloc.ranges = ranges.to_vec();
+        // Faults raised before this service read (a predecessor read their
+        // events and stopped, or nothing read them yet) are woken so they
+        // fault again and reach it; a page already mapped just resumes.
+        if let Some(w) = waker {
+            for r in ranges {
+                if let Err(e) = w.wake(r.vmm_addr, r.len) {
+                    tracing::warn!(alloc = alloc_id, error = %e, "cannot wake a lazy range");
+                }
+            }
+        }
         info!(
             alloc = alloc_id,
             ranges = ranges.len(),
@@ -156,6 +187,66 @@ impl LazyAllocs {
         for id in ids {
             self.stop(id);
         }
+    }
+
+    /// Stops every fault service for a handover, keeping the VMMs'
+    /// userfaultfds, and forgets the allocations (see [`Suspended`]).
+    /// Blocking: at most one page clear per fault-service thread.
+    pub fn suspend_all(&mut self) -> Vec<Suspended> {
+        self.allocs
+            .drain()
+            .map(|(alloc, a)| {
+                let uffd = a.service.and_then(|s| match s.stop_keeping_uffd() {
+                    (_, Ok(fd)) => Some(fd),
+                    (_, Err(e)) => {
+                        tracing::error!(alloc, error = %e, "cannot keep a lazy allocation's userfaultfd; its VMM's fallback takes over when the connection closes");
+                        None
+                    }
+                });
+                Suspended {
+                    alloc,
+                    infos: a.infos,
+                    ranges: a.ranges,
+                    uffd,
+                }
+            })
+            .collect()
+    }
+
+    /// Restarts suspended allocations (a handover given up, or the
+    /// successor taking them): records each and restarts its fault service
+    /// over its userfaultfd. Returns the allocations whose service could
+    /// not restart, with why (their VMM's fallback serves them once the
+    /// connection closes: the caller closes it).
+    pub fn resume(
+        &mut self,
+        suspended: Vec<Suspended>,
+        regions_of: impl Fn(&[RegionInfo]) -> Option<Vec<Arc<Region>>>,
+        peer_pid: Option<i32>,
+        cfg: &FaultServiceConfig,
+    ) -> Vec<(u64, String)> {
+        let mut failed = Vec::new();
+        for s in suspended {
+            let Some(regions) = regions_of(&s.infos) else {
+                failed.push((s.alloc, "its regions are gone".to_string()));
+                continue;
+            };
+            self.record(s.alloc, s.infos, regions);
+            if let Some(fd) = s.uffd {
+                if let Err((_, why)) =
+                    self.attach(s.alloc, &s.ranges, vec![fd], peer_pid, cfg.clone())
+                {
+                    failed.push((s.alloc, why));
+                }
+            }
+        }
+        failed
+    }
+
+    /// Marks the session's lazy service as failed (the connection closes,
+    /// so the VMM's fallback serves).
+    pub fn fail(&self) {
+        self.failed.notify_one();
     }
 
     /// Resolves when a fault service of this session ended abnormally (a

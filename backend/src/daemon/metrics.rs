@@ -80,6 +80,56 @@ pub struct Metrics {
 }
 
 impl Metrics {
+    /// Every counter by name.
+    fn named(&self) -> [(&'static str, &AtomicU64); 23] {
+        [
+            ("sessions_total", &self.sessions_total),
+            ("sessions_active", &self.sessions_active),
+            ("peers_refused", &self.peers_refused),
+            ("connection_errors", &self.connection_errors),
+            ("allocs_ok", &self.allocs_ok),
+            ("allocs_failed", &self.allocs_failed),
+            ("regions_pooled", &self.regions_pooled),
+            ("regions_recleared", &self.regions_recleared),
+            ("regions_grown", &self.regions_grown),
+            ("downgrades", &self.downgrades),
+            ("regions_discarded", &self.regions_discarded),
+            ("hole_bytes_handed_out", &self.hole_bytes_handed_out),
+            ("regions_pinned", &self.regions_pinned),
+            ("regions_short", &self.regions_short),
+            ("pages_detached", &self.pages_detached),
+            ("regions_withheld", &self.regions_withheld),
+            ("leftover_files_released", &self.leftover_files_released),
+            ("leftover_bytes_released", &self.leftover_bytes_released),
+            ("regions_fresh", &self.regions_fresh),
+            ("frees", &self.frees),
+            ("bytes_created", &self.bytes_created),
+            ("bytes_released", &self.bytes_released),
+            ("quarantine_scans", &self.quarantine_scans),
+        ]
+    }
+
+    /// Every counter by name, for a successor daemon (`super::handover`).
+    pub fn to_map(&self) -> std::collections::BTreeMap<String, u64> {
+        self.named()
+            .iter()
+            .map(|(n, c)| ((*n).to_string(), Self::get(c)))
+            .collect()
+    }
+
+    /// Takes over a predecessor's counters (unknown names are ignored;
+    /// `sessions_active` is the successor's own count of live sessions).
+    pub fn restore_map(&self, map: &std::collections::BTreeMap<String, u64>) {
+        for (name, counter) in self.named() {
+            if name == "sessions_active" {
+                continue;
+            }
+            if let Some(v) = map.get(name) {
+                counter.store(*v, Ordering::Relaxed);
+            }
+        }
+    }
+
     /// Adds `n` to a counter.
     pub fn add(counter: &AtomicU64, n: u64) {
         counter.fetch_add(n, Ordering::Relaxed);

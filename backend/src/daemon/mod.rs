@@ -73,6 +73,7 @@
 pub mod alloc;
 pub mod config;
 pub mod exporter;
+pub mod handover;
 pub mod holders;
 pub mod lazy_allocs;
 pub mod metrics;
@@ -154,6 +155,10 @@ pub enum DaemonError {
         /// The directory.
         path: PathBuf,
     },
+    /// A takeover could not start (nothing was taken; the running daemon
+    /// serves on).
+    #[error("takeover")]
+    Takeover(#[from] handover::TakeoverError),
     /// The socket systemd passed (socket activation) cannot be used.
     #[error("socket activation: {0}")]
     Activation(String),
@@ -285,9 +290,34 @@ pub struct Shared {
     quarantine_kick: Arc<Notify>,
     rebalance: rebalance::Rebalancer,
     refill: refill::Refill,
+    handover: handover::Handover,
+    slots: Arc<server::Slots>,
+    scrubbers: std::sync::Mutex<Scrubbers>,
+    next_session: std::sync::atomic::AtomicU64,
 }
 
 impl Shared {
+    /// Stops the scrubbers and joins them (a handover freezing the daemon).
+    fn stop_scrubbers(&self) {
+        self.scrubbers
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .stop_and_join(&self.pool);
+    }
+
+    /// Starts them again (a handover given up).
+    fn restart_scrubbers(&self) -> io::Result<()> {
+        self.scrubbers
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .restart(&self.topology, &self.pool, self.cfg.scrub.batch.0)
+    }
+
+    /// The next session id.
+    fn next_session_hint(&self) -> u64 {
+        self.next_session.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     /// The hugetlbfs directory for path-backed regions of `page_size`.
     pub fn hugetlbfs_dir(&self, page_size: guest_mem::PageSize) -> Option<&Path> {
         self.hugetlbfs
@@ -438,9 +468,51 @@ impl Daemon {
         config: Config,
         listener: Option<std::os::unix::net::UnixListener>,
     ) -> Result<DaemonHandle> {
-        config.validate()?;
-        let topology = Arc::new(Topology::detect().map_err(DaemonError::Topology)?);
-        let hugetlbfs = hugetlbfs_dirs(&config.hugetlbfs)?;
+        Self::start_with(config, listener, None)
+    }
+
+    /// As [`Daemon::start`], on what a predecessor handed over
+    /// ([`handover::receive`]): its listening sockets, regions,
+    /// allocations and connections, each checked (see [`handover`]). The
+    /// predecessor is answered `OK` once this daemon serves, or told why
+    /// not (it then serves on).
+    ///
+    /// # Errors
+    ///
+    /// As [`Daemon::start`]; a region that fails its checks is no error
+    /// (it is quarantined or given back, and logged).
+    pub fn start_inherited(config: Config, inherited: handover::Inherited) -> Result<DaemonHandle> {
+        Self::start_with(config, None, Some(inherited))
+    }
+
+    fn start_with(
+        config: Config,
+        listener: Option<std::os::unix::net::UnixListener>,
+        mut inherited: Option<handover::Inherited>,
+    ) -> Result<DaemonHandle> {
+        let refuse = |inh: &Option<handover::Inherited>, why: &str| {
+            if let Some(i) = inh {
+                i.refuse(why);
+            }
+        };
+        if let Err(e) = config.validate() {
+            refuse(&inherited, &e.to_string());
+            return Err(e.into());
+        }
+        let topology = match Topology::detect() {
+            Ok(t) => Arc::new(t),
+            Err(e) => {
+                refuse(&inherited, &e.to_string());
+                return Err(DaemonError::Topology(e));
+            }
+        };
+        let hugetlbfs = match hugetlbfs_dirs(&config.hugetlbfs) {
+            Ok(h) => h,
+            Err(e) => {
+                refuse(&inherited, &e.to_string());
+                return Err(e);
+            }
+        };
         let metrics = Arc::new(Metrics::default());
         recover_leftovers(&hugetlbfs, &metrics);
         let quarantine_kick = Arc::new(Notify::new());
@@ -458,41 +530,96 @@ impl Daemon {
         } else {
             config.limits.max_alloc.0
         };
-        let runtime = tokio::runtime::Builder::new_multi_thread()
+        let runtime = match tokio::runtime::Builder::new_multi_thread()
             .worker_threads(config.control_threads)
             .thread_name("hm-ctl")
             .enable_all()
             .build()
-            .map_err(DaemonError::Threads)?;
-        let (listener, socket_id) = {
+        {
+            Ok(r) => r,
+            Err(e) => {
+                refuse(&inherited, &e.to_string());
+                return Err(DaemonError::Threads(e));
+            }
+        };
+        // The listening sockets: the predecessor's, systemd's, or our own.
+        let (inherited_listener, inherited_metrics) = match inherited.as_mut() {
+            Some(inh) => {
+                let l = inh.state.listener.and_then(|i| inh.take(i));
+                let m = inh.state.metrics.and_then(|i| inh.take(i));
+                (
+                    l.map(std::os::unix::net::UnixListener::from),
+                    m.map(std::net::TcpListener::from),
+                )
+            }
+            None => (None, None),
+        };
+        let bound = {
             let _guard = runtime.enter();
-            match listener {
+            match inherited_listener.or(listener) {
                 Some(l) => {
                     let bind_err = |source| DaemonError::Bind {
                         path: config.socket.clone(),
                         source,
                     };
-                    l.set_nonblocking(true).map_err(bind_err)?;
-                    let l = tokio::net::UnixListener::from_std(l).map_err(bind_err)?;
-                    (l, None)
+                    l.set_nonblocking(true)
+                        .map_err(bind_err)
+                        .and_then(|()| tokio::net::UnixListener::from_std(l).map_err(bind_err))
+                        .map(|l| (l, None))
                 }
                 None => {
-                    let (l, id) = bind_socket(&config.socket, config.socket_group)?;
-                    (l, Some(id))
+                    bind_socket(&config.socket, config.socket_group).map(|(l, id)| (l, Some(id)))
                 }
             }
         };
-        let metrics_listener = match config.metrics.listen {
-            Some(addr) => {
-                let l = runtime
-                    .block_on(tokio::net::TcpListener::bind(addr))
-                    .map_err(|source| DaemonError::Metrics { addr, source })?;
-                Some(l)
+        let (listener, socket_id) = match bound {
+            Ok(b) => b,
+            Err(e) => {
+                refuse(&inherited, &e.to_string());
+                return Err(e);
             }
-            None => None,
+        };
+        // A socket the predecessor created stays the successor's to remove:
+        // the same file, so its identity is taken now.
+        let socket_id = socket_id.or_else(|| {
+            inherited.as_ref().filter(|i| i.state.socket_owned)?;
+            std::fs::metadata(&config.socket)
+                .ok()
+                .map(|m| (m.dev(), m.ino()))
+        });
+        let metrics_listener = match (inherited_metrics, config.metrics.listen) {
+            (Some(l), _) => {
+                let _guard = runtime.enter();
+                match l
+                    .set_nonblocking(true)
+                    .and_then(|()| tokio::net::TcpListener::from_std(l))
+                {
+                    Ok(l) => Some(l),
+                    Err(e) => {
+                        warn!(error = %e, "cannot use the metrics socket the predecessor handed over");
+                        None
+                    }
+                }
+            }
+            (None, Some(addr)) => match runtime.block_on(tokio::net::TcpListener::bind(addr)) {
+                Ok(l) => Some(l),
+                Err(source) => {
+                    refuse(&inherited, &source.to_string());
+                    remove_socket(&config.socket, socket_id.filter(|_| inherited.is_none()));
+                    return Err(DaemonError::Metrics { addr, source });
+                }
+            },
+            (None, None) => None,
         };
         let metrics_addr = metrics_listener.as_ref().and_then(|l| l.local_addr().ok());
-        let mut scrubbers = match Scrubbers::start(
+        // Regions first (before any scrubber runs): adopted and checked.
+        let mut adopted_connections = Vec::new();
+        if let Some(inh) = inherited.as_mut() {
+            metrics.restore_map(&inh.state.counters);
+            handover::adopt_into(&topology, &pool, inh);
+            adopted_connections = std::mem::take(&mut inh.state.connections);
+        }
+        let scrubbers = match Scrubbers::start(
             &topology,
             &pool,
             config.scrub.threads_per_node,
@@ -500,15 +627,22 @@ impl Daemon {
         ) {
             Ok(s) => s,
             Err(e) => {
-                remove_socket(&config.socket, socket_id);
+                refuse(&inherited, &e.to_string());
+                remove_socket(&config.socket, socket_id.filter(|_| inherited.is_none()));
                 return Err(DaemonError::Threads(e));
             }
         };
+        let next_session = inherited
+            .as_ref()
+            .map_or(1, |i| i.state.next_session.max(1));
+        let config_limits = config.limits.clone();
+        let rebalance = rebalance::Rebalancer::new(&config.rebalance);
+        let rebalance_operators = rebalance.operators().to_vec();
         let shared = Arc::new(Shared {
             allowed_uids: config.effective_uids(),
             hugetlbfs,
             socket: config.socket.clone(),
-            rebalance: rebalance::Rebalancer::new(&config.rebalance),
+            rebalance,
             refill: refill::Refill::default(),
             cfg: config,
             topology,
@@ -521,9 +655,29 @@ impl Daemon {
             cancel: CancellationToken::new(),
             tracker: TaskTracker::new(),
             quarantine_kick,
+            handover: handover::Handover::default(),
+            slots: server::Slots::new(&config_limits, rebalance_operators),
+            scrubbers: std::sync::Mutex::new(scrubbers),
+            next_session: std::sync::atomic::AtomicU64::new(next_session),
         });
+        {
+            use std::os::fd::AsFd;
+            let dup = |fd: std::os::fd::BorrowedFd<'_>| fd.try_clone_to_owned().ok();
+            shared.handover.set_listeners(
+                dup(listener.as_fd()),
+                metrics_listener.as_ref().and_then(|l| dup(l.as_fd())),
+            );
+        }
+        let control = {
+            let _guard = runtime.enter();
+            handover::bind_control(&shared.socket, inherited.is_some())
+        };
         let thread_shared = Arc::clone(&shared);
         let thread_pool = Arc::clone(&pool);
+        if let Some(inh) = inherited.as_mut() {
+            let _guard = runtime.enter();
+            handover::resume_connections(&shared, inh, adopted_connections);
+        }
         let thread = std::thread::Builder::new()
             .name("hm-daemon".into())
             .spawn(move || {
@@ -533,25 +687,30 @@ impl Daemon {
                     listener,
                     metrics_listener,
                     socket_id,
+                    control,
                 ));
                 runtime.shutdown_timeout(Duration::from_secs(5));
-                scrubbers.stop_and_join(&thread_pool);
+                shared.stop_scrubbers();
+                drop(thread_pool);
                 info!("daemon stopped");
             });
         let thread = match thread {
             Ok(t) => t,
             Err(e) => {
-                // The closure (and with it the listener and scrubbers) was
-                // dropped; the scrubbers stop when the pool says so.
+                refuse(&inherited, &e.to_string());
                 pool.stop();
-                remove_socket(&shared.socket, socket_id);
+                remove_socket(&shared.socket, socket_id.filter(|_| inherited.is_none()));
                 return Err(DaemonError::Threads(e));
             }
         };
+        if let Some(inh) = inherited.as_mut() {
+            handover::finish_takeover(&shared, inh);
+        }
         info!(
             socket = %shared.socket.display(),
             uids = ?shared.allowed_uids,
             hugetlbfs = ?shared.hugetlbfs,
+            inherited = inherited.is_some(),
             "hugemem daemon listening"
         );
         Ok(DaemonHandle {
@@ -560,6 +719,16 @@ impl Daemon {
             thread: Some(thread),
         })
     }
+}
+
+/// How [`serve`] starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Start {
+    /// A daemon of its own (or on systemd's socket).
+    Fresh,
+    /// Taking over from the daemon running on the same socket
+    /// ([`handover`]).
+    Takeover,
 }
 
 /// `hugemem serve`: starts the daemon and runs it until SIGTERM or SIGINT,
@@ -571,7 +740,7 @@ impl Daemon {
 ///
 /// As [`Daemon::start`] and [`DaemonHandle::shutdown`];
 /// [`DaemonError::Threads`] when the signal handlers cannot be installed.
-pub fn serve(config: Config) -> Result<()> {
+pub fn serve(config: Config, start: Start) -> Result<()> {
     use tokio::signal::unix::{signal, SignalKind};
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -586,16 +755,31 @@ pub fn serve(config: Config) -> Result<()> {
             ))
         })
         .map_err(DaemonError::Threads)?;
-    let inherited = systemd::inherited_listener(&config.socket)?;
-    let activated = inherited.is_some();
-    let handle = Daemon::start_on(config, inherited)?;
+    let (handle, activated) = match start {
+        Start::Fresh => {
+            let inherited = systemd::inherited_listener(&config.socket)?;
+            let activated = inherited.is_some();
+            (Daemon::start_on(config, inherited)?, activated)
+        }
+        Start::Takeover => {
+            let inherited = handover::receive(&config.socket)?;
+            let activated = !inherited.state.socket_owned;
+            (Daemon::start_inherited(config, inherited)?, activated)
+        }
+    };
     systemd::notify_ready(handle.socket_path(), activated);
+    let handed_over = handle.shared.cancel.clone();
     let which = rt.block_on(async {
         tokio::select! {
             _ = term.recv() => "SIGTERM",
             _ = int.recv() => "SIGINT",
+            () = handed_over.cancelled() => "handover",
         }
     });
+    if which == "handover" {
+        info!("handed over to a successor; exiting");
+        return handle.shutdown();
+    }
     info!(signal = which, "shutting down");
     systemd::notify_stopping(which);
     handle.shutdown()
@@ -657,7 +841,21 @@ async fn run(
     listener: tokio::net::UnixListener,
     metrics_listener: Option<tokio::net::TcpListener>,
     socket_id: Option<(u64, u64)>,
+    control: Option<tokio::net::UnixListener>,
 ) {
+    shared.handover.set_socket_owned(socket_id.is_some());
+    let control_path = control
+        .as_ref()
+        .map(|_| handover::channel::control_path(&shared.socket));
+    let control_id = control_path
+        .as_ref()
+        .and_then(|p| std::fs::metadata(p).ok())
+        .map(|m| (m.dev(), m.ino()));
+    if let Some(c) = control {
+        shared
+            .tracker
+            .spawn(handover::control_loop(Arc::clone(&shared), c));
+    }
     shared
         .tracker
         .spawn(quarantine::quarantine_loop(Arc::clone(&shared)));
@@ -678,7 +876,16 @@ async fn run(
     server::Listener::new(listener, Arc::clone(&shared))
         .run()
         .await;
-    remove_socket(&shared.socket, socket_id);
+    if shared.handover.phase() == handover::Phase::Gone {
+        // The successor serves on the same socket file.
+        info!("handed over: leaving the socket to the successor");
+    } else {
+        remove_socket(&shared.socket, socket_id);
+    }
+    // The control socket, unless a successor bound its own there.
+    if let (Some(p), Some(id)) = (control_path, control_id) {
+        remove_socket(&p, Some(id));
+    }
     shared.tracker.close();
     if tokio::time::timeout(Duration::from_secs(30), shared.tracker.wait())
         .await

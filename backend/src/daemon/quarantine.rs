@@ -37,6 +37,9 @@ pub async fn quarantine_loop(shared: Arc<Shared>) {
             () = shared.quarantine_kick.notified() => {}
             () = tokio::time::sleep(period) => {}
         }
+        let Some(_work) = shared.handover.work().await else {
+            break;
+        };
         let quarantined = shared.pool.quarantined();
         if !quarantined.is_empty() {
             let detach = shared.pool.config().detach_pages;

@@ -146,6 +146,9 @@ pub async fn refill_loop(shared: Arc<Shared>) {
             () = shared.cancel.cancelled() => break,
             () = tokio::time::sleep(period) => {}
         }
+        let Some(_work) = shared.handover.work().await else {
+            break;
+        };
         // One region per step; several steps back to back while there is
         // work, each one still yielding to ALLOCs.
         loop {

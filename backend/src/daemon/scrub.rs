@@ -99,6 +99,49 @@ impl Scrubbers {
         Ok(me)
     }
 
+    /// Starts the threads again after [`Scrubbers::stop_and_join`] (a
+    /// handover that did not happen), with the same counters.
+    ///
+    /// # Errors
+    ///
+    /// Thread creation errors.
+    pub fn restart(
+        &mut self,
+        topology: &Topology,
+        pool: &Arc<Pool>,
+        batch: u64,
+    ) -> std::io::Result<()> {
+        self.stop.store(false, Ordering::Relaxed);
+        pool.resume();
+        for counters in self.counters.clone() {
+            let Some(node) = topology.nodes().iter().find(|n| n.id == counters.node) else {
+                continue;
+            };
+            let cpus = if node.cpus.is_empty() {
+                numa::current_affinity().unwrap_or_default()
+            } else {
+                node.cpus.clone()
+            };
+            for t in 0..counters.threads {
+                let (worker_pool, stop, c) = (
+                    Arc::clone(pool),
+                    Arc::clone(&self.stop),
+                    Arc::clone(&counters),
+                );
+                let node_id = node.id;
+                let h = numa::spawn_pinned(
+                    format!("hm-scrub-n{node_id}-{t}"),
+                    cpus.clone(),
+                    move || {
+                        scrub_loop(&worker_pool, node_id, t, batch, &stop, &c);
+                    },
+                )?;
+                self.threads.push(h);
+            }
+        }
+        Ok(())
+    }
+
     /// Per-node counters.
     pub fn counters(&self) -> &[Arc<ScrubCounters>] {
         &self.counters

@@ -40,13 +40,15 @@ use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tracing::{debug, info, warn};
 
+use super::handover::{ParkedConnection, Phase};
 use super::metrics::Metrics;
 use super::peer::PeerCred;
 use super::session::Session;
 use super::Shared;
 use crate::diag::RateLimit;
-use crate::proto::async_io::{read_frame, write_frame};
+use crate::proto::async_io::{read_frame, read_frame_with, write_frame};
 use crate::proto::messages::{Reply, Request};
+use crate::proto::FrameReader;
 use crate::proto::{Header, ProtoError, Status};
 
 static MALFORMED_LOG: RateLimit = RateLimit::new(Duration::from_secs(1));
@@ -57,7 +59,7 @@ static FULL_LOG: RateLimit = RateLimit::new(Duration::from_secs(1));
 
 /// Connection slots: the general pool, the operators' reserve, per-uid counts.
 #[derive(Debug)]
-struct Slots {
+pub struct Slots {
     general: Arc<Semaphore>,
     reserved: Arc<Semaphore>,
     per_uid: Mutex<HashMap<u32, usize>>,
@@ -70,7 +72,9 @@ struct Slots {
 struct Slot {
     slots: Arc<Slots>,
     uid: u32,
-    _permit: OwnedSemaphorePermit,
+    /// `None` for an inherited connection over the limits (see
+    /// [`adopt_connection`]).
+    _permit: Option<OwnedSemaphorePermit>,
 }
 
 impl Drop for Slot {
@@ -90,6 +94,35 @@ impl Drop for Slot {
 }
 
 impl Slots {
+    /// Slots under `limits`; root and `operators` may take the reserve.
+    pub fn new(limits: &super::config::LimitsConfig, mut operators: Vec<u32>) -> Arc<Self> {
+        let reserved = limits.reserved_connections.min(limits.max_connections);
+        // Root is always an operator.
+        operators.push(0);
+        Arc::new(Self {
+            general: Arc::new(Semaphore::new(limits.max_connections - reserved)),
+            reserved: Arc::new(Semaphore::new(reserved)),
+            per_uid: Mutex::new(HashMap::new()),
+            max_per_uid: limits.max_connections_per_uid,
+            operators,
+        })
+    }
+
+    /// A slot for `uid` beyond the limits (counted for its uid).
+    fn force(self: &Arc<Self>, uid: u32) -> Slot {
+        *self
+            .per_uid
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .entry(uid)
+            .or_insert(0) += 1;
+        Slot {
+            slots: Arc::clone(self),
+            uid,
+            _permit: None,
+        }
+    }
+
     /// A slot for `uid`, or the reason there is none.
     fn take(self: &Arc<Self>, uid: u32) -> Result<Slot, &'static str> {
         let mut g = self
@@ -111,7 +144,7 @@ impl Slots {
         Ok(Slot {
             slots: Arc::clone(self),
             uid,
-            _permit: permit,
+            _permit: Some(permit),
         })
     }
 }
@@ -122,29 +155,16 @@ pub struct Listener {
     listener: UnixListener,
     shared: Arc<Shared>,
     slots: Arc<Slots>,
-    next_session: u64,
 }
 
 impl Listener {
     /// A listener over a bound socket.
     pub fn new(listener: UnixListener, shared: Arc<Shared>) -> Self {
-        let limits = &shared.cfg.limits;
-        let reserved = limits.reserved_connections.min(limits.max_connections);
-        let mut operators = shared.rebalance.operators().to_vec();
-        // Root is always an operator.
-        operators.push(0);
-        let slots = Arc::new(Slots {
-            general: Arc::new(Semaphore::new(limits.max_connections - reserved)),
-            reserved: Arc::new(Semaphore::new(reserved)),
-            per_uid: Mutex::new(HashMap::new()),
-            max_per_uid: limits.max_connections_per_uid,
-            operators,
-        });
+        let slots = Arc::clone(&shared.slots);
         Self {
             listener,
             shared,
             slots,
-            next_session: 1,
         }
     }
 
@@ -154,6 +174,14 @@ impl Listener {
         loop {
             let stream = tokio::select! {
                 () = cancel.cancelled() => break,
+                // A handover: stop accepting (connections wait in the
+                // backlog) until it is done or given up.
+                () = self.shared.handover.frozen() => {
+                    if self.shared.handover.thawed().await == Phase::Gone {
+                        break;
+                    }
+                    continue;
+                }
                 r = self.listener.accept() => match r {
                     Ok((s, _)) => s,
                     Err(e) => {
@@ -198,20 +226,95 @@ impl Listener {
             self.shared.tracker.spawn(refuse(stream, peer, permit));
             return;
         }
-        let id = self.next_session;
-        self.next_session += 1;
-        self.shared.tracker.spawn(async move {
-            let session = Session::new(id, peer, Arc::clone(&shared));
-            let mut handler = Handler { stream, session, shared, _permit: permit };
-            if let Err(e) = handler.run().await {
-                Metrics::add(&handler.shared.metrics.connection_errors, 1);
-                if let Some(n) = MALFORMED_LOG.check() {
-                    warn!(session = id, error = %crate::diag::chain(&e), suppressed = n, "closing connection");
+        let id = self
+            .shared
+            .next_session
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let session = Session::new(id, peer, Arc::clone(&shared));
+        let handler = Handler {
+            stream,
+            session,
+            shared,
+            reader: FrameReader::new(),
+            _permit: permit,
+        };
+        spawn_handler(handler);
+    }
+}
+
+/// Runs a connection's handler on the tracker until the connection ends,
+/// parking it whenever a handover freezes the daemon.
+fn spawn_handler(mut handler: Handler) {
+    let shared = Arc::clone(&handler.shared);
+    shared.handover.handler_started();
+    let tracker = shared.tracker.clone();
+    tracker.spawn(async move {
+        let id = handler.session.id();
+        loop {
+            match handler.run().await {
+                Ok(End::Park) => {
+                    if handler.park().await {
+                        continue;
+                    }
+                    // Handed over: the successor owns the session now.
+                    // Nothing is released; the socket closes here, the
+                    // successor keeps its own copy.
+                    handler.session.forget();
+                    handler.shared.handover.handler_ended();
+                    return;
+                }
+                Ok(End::Closed) => {}
+                Err(e) => {
+                    Metrics::add(&handler.shared.metrics.connection_errors, 1);
+                    if let Some(n) = MALFORMED_LOG.check() {
+                        warn!(session = id, error = %crate::diag::chain(&e), suppressed = n, "closing connection");
+                    }
                 }
             }
-            handler.session.close();
-        });
-    }
+            break;
+        }
+        handler.session.close();
+        handler.shared.handover.handler_ended();
+    });
+}
+
+/// A connection a predecessor daemon handed over (`super::handover`): its
+/// socket, session id, handshake state, the frame its peer had begun, and
+/// its lazy allocations (their fault services restart here).
+pub fn adopt_connection(
+    shared: &Arc<Shared>,
+    stream: std::os::unix::net::UnixStream,
+    session_id: u64,
+    handshaken: bool,
+    reader: FrameReader,
+    lazy: Vec<super::lazy_allocs::Suspended>,
+) -> std::io::Result<()> {
+    stream.set_nonblocking(true)?;
+    let stream = UnixStream::from_std(stream)?;
+    let peer = PeerCred::of(&stream)?;
+    let permit = match shared.slots.take(peer.uid) {
+        Ok(p) => p,
+        Err(why) => {
+            // More inherited connections than this configuration allows:
+            // served anyway (closing one would free a running VM's memory).
+            warn!(
+                uid = peer.uid,
+                reason = why,
+                "an inherited connection is over the limits; served anyway"
+            );
+            shared.slots.force(peer.uid)
+        }
+    };
+    let mut session = Session::inherited(session_id, peer, Arc::clone(shared), handshaken);
+    session.resume_lazy(lazy);
+    spawn_handler(Handler {
+        stream,
+        session,
+        shared: Arc::clone(shared),
+        reader,
+        _permit: permit,
+    });
+    Ok(())
 }
 
 /// Answers a refused peer's first request with `INVALID`, then closes.
@@ -240,13 +343,78 @@ struct Handler {
     stream: UnixStream,
     session: Session,
     shared: Arc<Shared>,
+    /// Kept across reads: a frame half read when a handover parks the
+    /// handler is still here (see `read_frame_with`).
+    reader: FrameReader,
     _permit: Slot,
 }
 
+/// How a handler's loop ended without a protocol error.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum End {
+    /// EOF or shutdown.
+    Closed,
+    /// A handover froze the daemon: park between requests.
+    Park,
+}
+
 impl Handler {
-    /// Serves requests until EOF, a malformed frame, or shutdown. `Ok` for an
-    /// orderly end, the protocol error otherwise.
-    async fn run(&mut self) -> Result<(), ProtoError> {
+    /// Parks for a handover: stops the session's fault services (keeping
+    /// their userfaultfds), hands duplicates of what travels to the
+    /// handover, and waits. True when the handover was given up and the
+    /// handler goes on; false when the successor took the connection.
+    async fn park(&mut self) -> bool {
+        let suspended = tokio::task::block_in_place(|| self.session.suspend_lazy());
+        let (partial, partial_fds) = self.reader.take_partial();
+        let dup = |fd: std::os::fd::BorrowedFd<'_>| fd.try_clone_to_owned();
+        let parked = (|| -> std::io::Result<ParkedConnection> {
+            Ok(ParkedConnection {
+                session: self.session.id(),
+                stream: dup(self.stream.as_fd())?,
+                handshaken: self.session.handshaken(),
+                partial: partial.clone(),
+                partial_fds: partial_fds
+                    .iter()
+                    .map(|f| dup(f.as_fd()))
+                    .collect::<std::io::Result<_>>()?,
+                lazy: suspended
+                    .iter()
+                    .map(|s| {
+                        Ok(super::lazy_allocs::Suspended {
+                            alloc: s.alloc,
+                            infos: s.infos.clone(),
+                            ranges: s.ranges.clone(),
+                            uffd: s.uffd.as_ref().map(|u| dup(u.as_fd())).transpose()?,
+                        })
+                    })
+                    .collect::<std::io::Result<_>>()?,
+            })
+        })();
+        match parked {
+            Ok(p) => self.shared.handover.park(p),
+            // Not parked: the freeze times out waiting for it and the
+            // handover is given up.
+            Err(e) => {
+                warn!(session = self.session.id(), error = %e, "cannot park a connection for a handover")
+            }
+        }
+        let phase = self.shared.handover.thawed().await;
+        if phase == Phase::Gone {
+            return false;
+        }
+        match FrameReader::resume(&partial, partial_fds) {
+            Ok(r) => self.reader = r,
+            Err(e) => {
+                warn!(session = self.session.id(), error = %e, "cannot resume a half-read frame")
+            }
+        }
+        self.session.resume_lazy(suspended);
+        true
+    }
+
+    /// Serves requests until EOF, a malformed frame, shutdown, or a
+    /// handover. `Ok` for an orderly end, the protocol error otherwise.
+    async fn run(&mut self) -> Result<End, ProtoError> {
         let limits = &self.shared.cfg.limits;
         let handshake_deadline =
             tokio::time::Instant::now() + Duration::from_secs(limits.handshake_timeout_secs);
@@ -254,19 +422,24 @@ impl Handler {
         let idle_timeout = Duration::from_secs(limits.idle_timeout_secs);
         let cancel = self.shared.cancel.clone();
         loop {
+            let (stream, reader, session) = (&self.stream, &mut self.reader, &self.session);
             let read = async {
-                if self.session.handshaken() && self.session.holds_memory() {
-                    read_frame(&self.stream).await
-                } else if self.session.handshaken() {
-                    match tokio::time::timeout(idle_timeout, read_frame(&self.stream)).await {
+                if session.handshaken() && session.holds_memory() {
+                    read_frame_with(stream, reader).await
+                } else if session.handshaken() {
+                    match tokio::time::timeout(idle_timeout, read_frame_with(stream, reader)).await
+                    {
                         Ok(r) => r,
                         Err(_) => Err(ProtoError::OutOfBounds(
                             "idle without an allocation for limits.idle_timeout_secs".into(),
                         )),
                     }
                 } else {
-                    match tokio::time::timeout_at(handshake_deadline, read_frame(&self.stream))
-                        .await
+                    match tokio::time::timeout_at(
+                        handshake_deadline,
+                        read_frame_with(stream, reader),
+                    )
+                    .await
                     {
                         Ok(r) => r,
                         Err(_) => Err(ProtoError::OutOfBounds(
@@ -276,17 +449,20 @@ impl Handler {
                 }
             };
             let frame = tokio::select! {
-                () = cancel.cancelled() => return Ok(()),
+                () = cancel.cancelled() => return Ok(End::Closed),
+                // Between requests only: a request being served finishes
+                // first (with its reply) before the handler parks.
+                () = self.shared.handover.frozen() => return Ok(End::Park),
                 // A lazy allocation's fault service failed: closing the
                 // connection hands its faults to the VMM's fallback.
-                () = self.session.lazy_failed() => {
+                () = session.lazy_failed() => {
                     return Err(ProtoError::OutOfBounds("a lazy-mode fault service failed".into()));
                 }
                 f = read => f,
             };
             let frame = match frame {
                 Ok(f) => f,
-                Err(ProtoError::Closed) => return Ok(()),
+                Err(ProtoError::Closed) => return Ok(End::Closed),
                 Err(e) => return Err(e),
             };
             if frame.header.is_reply() {

@@ -86,6 +86,67 @@ impl Session {
         }
     }
 
+    /// A session a predecessor daemon handed over (`super::handover`):
+    /// same id, same allocations (in the pool already), same handshake.
+    pub fn inherited(id: SessionId, peer: PeerCred, shared: Arc<Shared>, handshaken: bool) -> Self {
+        Metrics::add(&shared.metrics.sessions_active, 1);
+        info!(session = id, uid = peer.uid, pid = ?peer.pid, "session taken over");
+        shared.rebalance.client_started(id, peer.pid);
+        let mut me = Self {
+            id,
+            peer,
+            shared,
+            handshaken,
+            watching: false,
+            lazy: super::lazy_allocs::LazyAllocs::new(),
+        };
+        if me.holds_memory() {
+            me.watch_peer();
+        }
+        me
+    }
+
+    /// Stops this session's fault services for a handover, keeping their
+    /// userfaultfds (blocking: at most one page clear per thread).
+    pub fn suspend_lazy(&mut self) -> Vec<super::lazy_allocs::Suspended> {
+        self.lazy.suspend_all()
+    }
+
+    /// Restarts suspended lazy allocations (a handover given up, or taken
+    /// over here). One whose service cannot restart ends the connection
+    /// (its VMM's fallback then serves it), as a failed service does.
+    pub fn resume_lazy(&mut self, suspended: Vec<super::lazy_allocs::Suspended>) {
+        if suspended.is_empty() {
+            return;
+        }
+        let cfg = crate::fault::FaultServiceConfig {
+            topology: Some(Arc::clone(&self.shared.topology)),
+            totals: Some(Arc::clone(&self.shared.fault_totals)),
+            ..crate::fault::FaultServiceConfig::default()
+        };
+        let pool = Arc::clone(&self.shared.pool);
+        let failed = self.lazy.resume(
+            suspended,
+            |infos| infos.iter().map(|i| pool.region(i.region_id)).collect(),
+            self.peer.pid,
+            &cfg,
+        );
+        for (alloc, why) in failed {
+            warn!(session = self.id, alloc, reason = %why, "a lazy allocation's fault service did not restart; the VMM's fallback serves it");
+            self.lazy.fail();
+        }
+    }
+
+    /// Ends a session that a successor daemon took over: nothing is
+    /// released (the successor owns its allocations now).
+    pub fn forget(self) {
+        self.shared
+            .metrics
+            .sessions_active
+            .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+        debug!(session = self.id, "session handed over");
+    }
+
     /// The session id.
     pub fn id(&self) -> SessionId {
         self.id

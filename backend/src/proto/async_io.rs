@@ -66,9 +66,23 @@ fn borrowed(stream: &UnixStream) -> BorrowedFd<'_> {
 /// [`ProtoError::UnknownCode`], [`ProtoError::PayloadTooLarge`], ...),
 /// [`ProtoError::TooManyFds`], and socket errors.
 pub async fn read_frame(stream: &UnixStream) -> Result<Frame, ProtoError> {
+    read_frame_with(stream, &mut FrameReader::new()).await
+}
+
+/// [`read_frame`] into a reader the caller keeps: cancel-safe, since the
+/// only await is the socket's readiness and every byte received is in
+/// `reader` at once, so a frame half read when the future is dropped (a
+/// handover, `super::super::daemon::handover`) is still there.
+///
+/// # Errors
+///
+/// As [`read_frame`].
+pub async fn read_frame_with(
+    stream: &UnixStream,
+    reader: &mut FrameReader,
+) -> Result<Frame, ProtoError> {
     // The reassembly and every check are the client crate's sync
     // [`FrameReader`] (the code the fuzzer runs); only the waiting is here.
-    let mut reader = FrameReader::new();
     loop {
         let (buf, fds) = reader.next_read();
         let n = read_some(stream, buf, fds).await?;

@@ -114,6 +114,47 @@ impl FrameReader {
         (n, self.advance(n))
     }
 
+    /// The bytes and fds of a frame begun but not complete (empty when
+    /// idle), taken out: for a daemon handing the connection to its
+    /// successor, which goes on with [`FrameReader::resume`]. The reader is
+    /// idle afterwards.
+    pub fn take_partial(&mut self) -> (Vec<u8>, Vec<OwnedFd>) {
+        let mut bytes = Vec::new();
+        match self.header {
+            None => bytes.extend_from_slice(&self.head[..self.got]),
+            Some(_) => {
+                bytes.extend_from_slice(&self.head);
+                bytes.extend_from_slice(&self.payload[..self.got]);
+            }
+        }
+        let fds = std::mem::take(&mut self.fds);
+        *self = Self::default();
+        (bytes, fds)
+    }
+
+    /// A reader that goes on from [`FrameReader::take_partial`]'s bytes and
+    /// fds (they are checked as if they had just arrived).
+    ///
+    /// # Errors
+    ///
+    /// The header's errors; [`ProtoError::OutOfBounds`] when the bytes are
+    /// a whole frame or more (a partial frame never is).
+    pub fn resume(bytes: &[u8], fds: Vec<OwnedFd>) -> Result<Self, ProtoError> {
+        let mut reader = Self::new();
+        reader.fds = fds;
+        let mut rest = bytes;
+        while !rest.is_empty() {
+            let (n, r) = reader.feed(rest);
+            if r?.is_some() || n == 0 {
+                return Err(ProtoError::OutOfBounds(
+                    "a partial frame held a whole frame".into(),
+                ));
+            }
+            rest = &rest[n..];
+        }
+        Ok(reader)
+    }
+
     fn take_if_complete(&mut self) -> Option<Frame> {
         let header = self.header?;
         if self.got < self.payload.len() {
@@ -173,6 +214,46 @@ mod tests {
             assert!(reader.is_idle());
             assert!(matches!(reader.feed(&[]).1, Err(ProtoError::Closed)));
         }
+    }
+
+    #[test]
+    fn a_partial_frame_is_taken_out_and_resumed_at_every_split() {
+        let bytes = bytes_of(
+            &Request::Lock {
+                alloc_id: 3,
+                chunk: 7,
+            },
+            5,
+        );
+        for cut in 0..bytes.len() {
+            let mut reader = FrameReader::new();
+            let mut head = &bytes[..cut];
+            while !head.is_empty() {
+                let (n, r) = reader.feed(head);
+                assert!(matches!(r, Ok(None)));
+                head = &head[n..];
+            }
+            let (partial, fds) = reader.take_partial();
+            assert_eq!(partial, bytes[..cut], "cut at {cut}");
+            assert!(reader.is_idle());
+            let mut resumed = FrameReader::resume(&partial, fds).expect("resume");
+            let mut rest = &bytes[cut..];
+            let frame = loop {
+                let (n, r) = resumed.feed(rest);
+                rest = &rest[n..];
+                if let Some(f) = r.expect("valid") {
+                    break f;
+                }
+            };
+            assert_eq!(
+                Request::decode(frame.header.code, &frame.payload).expect("decode"),
+                Request::Lock {
+                    alloc_id: 3,
+                    chunk: 7
+                }
+            );
+        }
+        assert!(FrameReader::resume(&bytes, Vec::new()).is_err());
     }
 
     #[test]

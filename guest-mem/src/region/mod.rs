@@ -87,11 +87,13 @@
 //! assert!(region.verify_placement()?.misplaced.is_empty());
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
+mod adopt;
 mod error;
 mod grow;
 mod prepare;
 mod spec;
 
+pub use adopt::{AdoptError, AdoptSpec};
 pub use error::*;
 pub use spec::{Backing, PagePolicy, RegionSpec};
 
@@ -135,6 +137,8 @@ pub struct Region {
     states: PageStates,
     /// Path of a hugetlbfs file, unlinked on drop.
     path: Option<PathBuf>,
+    /// The file went to a successor daemon: not unlinked on drop.
+    keep_path: std::sync::atomic::AtomicBool,
     fd: OwnedFd,
 }
 
@@ -278,6 +282,7 @@ impl Region {
             fallback,
             states: PageStates::new(pages, PageState::Unpopulated),
             path,
+            keep_path: std::sync::atomic::AtomicBool::new(false),
             fd,
         };
 
@@ -484,7 +489,11 @@ impl Drop for Region {
         if let Err(e) = unsafe { sys::munmap(self.addr, self.len as usize) } {
             tracing::error!(error = %e, region = %self.name, "munmap of a region failed");
         }
-        if let Some(path) = &self.path {
+        if let Some(path) = self
+            .path
+            .as_ref()
+            .filter(|_| !self.keep_path.load(Ordering::Acquire))
+        {
             if let Err(e) = std::fs::remove_file(path) {
                 warn!(error = %e, path = %path.display(), "cannot unlink a region's hugetlbfs file");
             }

@@ -90,6 +90,7 @@ mod files;
 mod fill;
 mod gate;
 mod given_back;
+mod handover;
 mod held;
 mod in_use;
 mod release;
@@ -102,6 +103,7 @@ pub use stats::PoolPart;
 use files::reclaim_path;
 pub use fill::FillWork;
 pub use gate::ReserveGate;
+pub use handover::{Adopted, AllocSnapshot, Life, RegionSnapshot, Snapshot};
 pub use held::{Held, HeldRegion, Why};
 pub use in_use::InUseRegion;
 pub use scrubbing::Scrubbed;
@@ -686,6 +688,11 @@ impl Pool {
     pub fn stop(&self) {
         self.lock().stopping = true;
         self.changed.notify_all();
+    }
+
+    /// Region `id`, in any state.
+    pub fn region(&self, id: RegionId) -> Option<Arc<Region>> {
+        self.lock().entries.get(&id).map(|e| Arc::clone(&e.region))
     }
 
     /// The region ids of `session`'s live allocations.

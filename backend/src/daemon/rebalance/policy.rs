@@ -170,6 +170,9 @@ pub async fn policy_loop(shared: Arc<Shared>) {
             () = shared.cancel.cancelled() => break,
             () = tokio::time::sleep(period) => {}
         }
+        let Some(_work) = shared.handover.work().await else {
+            break;
+        };
         policy_tick(&shared, &cpus).await;
     }
 }

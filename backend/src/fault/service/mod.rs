@@ -431,6 +431,20 @@ impl FaultServiceHandle {
         }
     }
 
+    /// [`FaultServiceHandle::stop`], keeping a duplicate of the uffd (the
+    /// same open description, so the VMM's registrations stay) for a
+    /// successor daemon. Faults whose events this service read but did not
+    /// answer stay pending; the successor wakes every range once its own
+    /// service runs, so they fault again and reach it.
+    ///
+    /// # Errors
+    ///
+    /// Duplicating the fd (`EMFILE`); the service is stopped anyway.
+    pub fn stop_keeping_uffd(self) -> (FaultReport, std::io::Result<OwnedFd>) {
+        let fd = self.shared.uffd.as_fd().try_clone_to_owned();
+        (self.stop(), fd)
+    }
+
     fn stop_inner(&mut self) {
         self.shared.end(StopReason::Requested);
         for t in self.threads.drain(..) {

@@ -1,0 +1,402 @@
+//! The versioned state document a daemon hands its successor, and the
+//! sealed memfd it travels in.
+//!
+//! The document says what each fd that travels with it is (by its index in
+//! the fd list): the listening socket, every region the pool owns and its
+//! page states, every allocation and the connection that owns it, each
+//! connection's half-read frame, each lazy allocation's userfaultfd and
+//! mappings. It is JSON (`serde_json`): small, versioned by `version`, and
+//! readable by an operator with `jq` when a handover is refused.
+//!
+//! **Trust.** The successor checks that the memfd is one a daemon of its
+//! own uid wrote and can no longer change: its owner is the successor's
+//! euid and it carries every write seal (`F_SEAL_WRITE`, `F_SEAL_SHRINK`,
+//! `F_SEAL_GROW`, `F_SEAL_SEAL`). A document of another `format` or a
+//! `version` this build does not know is refused as a whole with a message
+//! naming both versions: nothing in it is served unverified, and each
+//! region's fd is still checked against what the document says
+//! (`guest_mem::Region::adopt`).
+
+use std::collections::BTreeMap;
+use std::io::{Read, Seek, Write};
+use std::os::fd::{AsFd, OwnedFd};
+
+use serde::{Deserialize, Serialize};
+
+use crate::sys;
+
+/// `format` of a hugemem state document.
+pub const FORMAT: &str = "hugemem-handover";
+/// The one version this build writes and reads.
+pub const VERSION: u32 = 1;
+/// Largest document read (a host with 64 Ki regions of 1 GiB pages fits
+/// easily): a bound, so a bad memfd cannot make the successor allocate
+/// without limit.
+const MAX_BYTES: u64 = 256 << 20;
+
+/// The state document.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct State {
+    /// Always [`FORMAT`].
+    pub format: String,
+    /// [`VERSION`] of the writer.
+    pub version: u32,
+    /// The writer's package version (for the log).
+    pub daemon_version: String,
+    /// The writer's pid.
+    pub pid: u32,
+    /// Index of the listening socket in the fd list.
+    pub listener: Option<usize>,
+    /// Index of the metrics endpoint's listening socket.
+    pub metrics: Option<usize>,
+    /// The socket file was created by the daemon (not systemd's): the
+    /// successor removes it when it stops.
+    pub socket_owned: bool,
+    /// Next region, allocation and session ids.
+    pub next_region: u64,
+    /// See `next_region`.
+    pub next_alloc: u64,
+    /// See `next_region`.
+    pub next_session: u64,
+    /// Every region the pool owned.
+    pub regions: Vec<RegionRecord>,
+    /// Every allocation.
+    pub allocations: Vec<AllocRecord>,
+    /// Every live client connection.
+    pub connections: Vec<ConnectionRecord>,
+    /// The daemon's counters (STATS `counters`), so totals stay balanced.
+    pub counters: BTreeMap<String, u64>,
+}
+
+/// One region.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct RegionRecord {
+    /// Region id.
+    pub id: u64,
+    /// Index of its fd in the fd list.
+    pub fd: usize,
+    /// Its name.
+    pub name: String,
+    /// Bytes.
+    pub len: u64,
+    /// Page size in bytes.
+    pub page_size: u64,
+    /// Node it is pooled by.
+    pub node: u32,
+    /// Bound to its node (else unbound).
+    pub bound: bool,
+    /// Its hugetlbfs path, for a path-backed region.
+    pub path: Option<String>,
+    /// `clean`, `dirty`, `quarantined` or `in_use`.
+    pub life: String,
+    /// The allocation, when in use.
+    pub alloc: Option<u64>,
+    /// Uid of the tenant that last held it.
+    pub tenant: Option<u32>,
+    /// Pages may be on several nodes.
+    pub split: bool,
+    /// Holes still to be faulted in ahead of the guest.
+    pub fill: bool,
+    /// One digit per page state ([`guest_mem::PageState`] discriminants).
+    pub pages: String,
+}
+
+/// One allocation.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct AllocRecord {
+    /// Allocation id.
+    pub id: u64,
+    /// The session that owns it.
+    pub session: u64,
+    /// Its regions, in reply order.
+    pub regions: Vec<u64>,
+    /// Locked.
+    pub locked: bool,
+}
+
+/// One live connection.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ConnectionRecord {
+    /// Its session id.
+    pub session: u64,
+    /// Index of its socket in the fd list.
+    pub fd: usize,
+    /// HANDSHAKE done.
+    pub handshaken: bool,
+    /// A frame the peer had begun to send, as hex (its first bytes).
+    pub partial: String,
+    /// Fds that came with that partial frame (indices in the fd list).
+    pub partial_fds: Vec<usize>,
+    /// Lazy allocations of this connection.
+    pub lazy: Vec<LazyRecord>,
+}
+
+/// One lazy allocation of a connection.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct LazyRecord {
+    /// Allocation id.
+    pub alloc: u64,
+    /// The ALLOC reply's region table: `[region_id, guest_phys, size,
+    /// page_size, node, flags]` per region.
+    pub infos: Vec<[u64; 6]>,
+    /// The UFFD request's mappings, `[region_id, offset, vmm_addr, len]`,
+    /// when the VMM handed one over.
+    pub ranges: Vec<[u64; 4]>,
+    /// Index of the userfaultfd in the fd list.
+    pub uffd: Option<usize>,
+}
+
+/// Why a state document was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum StateError {
+    /// Not a memfd this daemon's uid sealed.
+    #[error("the state memfd cannot be trusted: {0}")]
+    Untrusted(String),
+    /// Another format or a version this build does not read.
+    #[error("state document {format:?} version {version}: this daemon reads {FORMAT:?} version {VERSION} only; refusing the handover (nothing was served from it)")]
+    Version {
+        /// Its format.
+        format: String,
+        /// Its version.
+        version: u32,
+    },
+    /// Malformed.
+    #[error("the state document is malformed: {0}")]
+    Malformed(String),
+    /// Reading or writing the memfd failed.
+    #[error("state memfd: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+impl State {
+    /// Writes the document into a new memfd and seals it against any change.
+    ///
+    /// # Errors
+    ///
+    /// memfd creation, write or sealing.
+    pub fn to_memfd(&self) -> Result<OwnedFd, StateError> {
+        let json = serde_json::to_vec(self).map_err(|e| StateError::Malformed(e.to_string()))?;
+        let fd = sys::sealable_memfd(c"hugemem-state")?;
+        let mut f = std::fs::File::from(fd);
+        f.write_all(&json)?;
+        f.flush()?;
+        let fd = OwnedFd::from(f);
+        sys::seal_all(fd.as_fd())?;
+        Ok(fd)
+    }
+
+    /// Reads a document from a memfd a predecessor wrote, after checking
+    /// that it can be trusted (see the module docs), and checks its format
+    /// and version.
+    ///
+    /// # Errors
+    ///
+    /// [`StateError`].
+    pub fn from_memfd(fd: OwnedFd) -> Result<Self, StateError> {
+        let (owner, size) = sys::owner_and_size(fd.as_fd())?;
+        if owner != sys::euid() {
+            return Err(StateError::Untrusted(format!(
+                "owned by uid {owner}, this daemon runs as {}",
+                sys::euid()
+            )));
+        }
+        let seals = sys::seals(fd.as_fd())?;
+        let want = libc::F_SEAL_WRITE | libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
+        if seals & want != want {
+            return Err(StateError::Untrusted(format!(
+                "seals {seals:#x}, a state memfd has {want:#x}"
+            )));
+        }
+        if size > MAX_BYTES {
+            return Err(StateError::Untrusted(format!("{size} bytes")));
+        }
+        let mut f = std::fs::File::from(fd);
+        f.rewind()?;
+        let mut bytes = Vec::with_capacity(usize::try_from(size).unwrap_or(0));
+        f.take(MAX_BYTES).read_to_end(&mut bytes)?;
+        // Format and version first, so a newer document is refused as such
+        // rather than as malformed.
+        #[derive(Deserialize)]
+        struct Head {
+            format: String,
+            version: u32,
+        }
+        let head: Head =
+            serde_json::from_slice(&bytes).map_err(|e| StateError::Malformed(e.to_string()))?;
+        if head.format != FORMAT || head.version != VERSION {
+            return Err(StateError::Version {
+                format: head.format,
+                version: head.version,
+            });
+        }
+        serde_json::from_slice(&bytes).map_err(|e| StateError::Malformed(e.to_string()))
+    }
+
+    /// Checks that every fd index is in the list and used once, so a
+    /// region can never be handed two roles.
+    ///
+    /// # Errors
+    ///
+    /// [`StateError::Malformed`].
+    pub fn check_fds(&self, fds: usize) -> Result<(), StateError> {
+        let mut used = vec![false; fds];
+        let mut take = |i: usize, what: &str| -> Result<(), StateError> {
+            match used.get_mut(i) {
+                Some(u) if !*u => {
+                    *u = true;
+                    Ok(())
+                }
+                Some(_) => Err(StateError::Malformed(format!("fd {i} ({what}) used twice"))),
+                None => Err(StateError::Malformed(format!(
+                    "fd {i} ({what}) is not among the {fds} fds received"
+                ))),
+            }
+        };
+        if let Some(l) = self.listener {
+            take(l, "listener")?;
+        }
+        if let Some(l) = self.metrics {
+            take(l, "metrics listener")?;
+        }
+        for r in &self.regions {
+            take(r.fd, "region")?;
+        }
+        for c in &self.connections {
+            take(c.fd, "connection")?;
+            for f in &c.partial_fds {
+                take(*f, "frame fd")?;
+            }
+            for l in &c.lazy {
+                if let Some(u) = l.uffd {
+                    take(u, "userfaultfd")?;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Page states as one digit each.
+pub fn encode_pages(states: &[guest_mem::PageState]) -> String {
+    states.iter().map(|s| char::from(b'0' + *s as u8)).collect()
+}
+
+/// The inverse of [`encode_pages`].
+///
+/// # Errors
+///
+/// A character that is not a page state.
+pub fn decode_pages(text: &str) -> Result<Vec<guest_mem::PageState>, StateError> {
+    use guest_mem::PageState;
+    text.bytes()
+        .map(|b| {
+            PageState::ALL
+                .iter()
+                .copied()
+                .find(|s| *s as u8 + b'0' == b)
+                .ok_or_else(|| StateError::Malformed(format!("page state {:?}", char::from(b))))
+        })
+        .collect()
+}
+
+/// Bytes as lowercase hex.
+pub fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The inverse of [`hex`].
+///
+/// # Errors
+///
+/// Odd length or a non-hex digit.
+pub fn unhex(text: &str) -> Result<Vec<u8>, StateError> {
+    if !text.len().is_multiple_of(2) {
+        return Err(StateError::Malformed("odd-length hex".into()));
+    }
+    (0..text.len())
+        .step_by(2)
+        .map(|i| {
+            text.get(i..i + 2)
+                .and_then(|d| u8::from_str_radix(d, 16).ok())
+                .ok_or_else(|| StateError::Malformed("bad hex".into()))
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn doc() -> State {
+        State {
+            format: FORMAT.into(),
+            version: VERSION,
+            daemon_version: "test".into(),
+            pid: 1,
+            listener: Some(0),
+            metrics: None,
+            socket_owned: true,
+            next_region: 2,
+            next_alloc: 1,
+            next_session: 1,
+            regions: vec![RegionRecord {
+                id: 1,
+                fd: 1,
+                name: "r".into(),
+                len: 4096,
+                page_size: 4096,
+                node: 0,
+                bound: true,
+                path: None,
+                life: "clean".into(),
+                alloc: None,
+                tenant: None,
+                split: false,
+                fill: false,
+                pages: "3".into(),
+            }],
+            allocations: Vec::new(),
+            connections: Vec::new(),
+            counters: BTreeMap::new(),
+        }
+    }
+
+    #[test]
+    fn a_sealed_document_reads_back() {
+        let fd = doc().to_memfd().expect("write");
+        let back = State::from_memfd(fd).expect("read");
+        assert_eq!(back.regions[0].pages, "3");
+        back.check_fds(2).expect("fds");
+        assert!(back.check_fds(1).is_err());
+    }
+
+    #[test]
+    fn a_newer_version_is_refused_by_name() {
+        let mut d = doc();
+        d.version = VERSION + 1;
+        let fd = d.to_memfd().expect("write");
+        let e = State::from_memfd(fd).expect_err("refused");
+        assert!(matches!(e, StateError::Version { version, .. } if version == VERSION + 1));
+        assert!(e.to_string().contains("refusing the handover"), "{e}");
+    }
+
+    #[test]
+    fn an_unsealed_memfd_is_refused() {
+        let fd = sys::sealable_memfd(c"hugemem-state").expect("memfd");
+        let mut f = std::fs::File::from(fd);
+        f.write_all(&serde_json::to_vec(&doc()).expect("json"))
+            .expect("write");
+        let e = State::from_memfd(OwnedFd::from(f)).expect_err("refused");
+        assert!(matches!(e, StateError::Untrusted(_)), "{e}");
+    }
+
+    #[test]
+    fn page_states_and_hex_round_trip() {
+        use guest_mem::PageState;
+        let s = [PageState::Clean, PageState::Dirty, PageState::Mapped];
+        assert_eq!(decode_pages(&encode_pages(&s)).expect("pages"), s);
+        assert!(decode_pages("9").is_err());
+        assert_eq!(unhex(&hex(&[0, 255, 16])).expect("hex"), vec![0, 255, 16]);
+        assert!(unhex("abc").is_err());
+    }
+}

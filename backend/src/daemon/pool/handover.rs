@@ -1,0 +1,260 @@
+//! The pool's side of a handover to a successor daemon (issue 20,
+//! `super::super::handover`): a snapshot of every region and allocation
+//! for the state document, and the successor's import of the regions it
+//! adopted and verified.
+
+use std::collections::HashSet;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Instant;
+
+use guest_mem::Region;
+use tracing::warn;
+
+use super::{AllocId, Allocation, Entry, EntryState, Pool, PoolKey, RegionId, SessionId};
+use crate::daemon::holders::Owned;
+use crate::daemon::metrics::Metrics;
+
+/// Where an exported region is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Life {
+    /// Clean, pooled.
+    Clean,
+    /// Pooled, pages to scrub.
+    Dirty,
+    /// Released, not yet proved free of holders.
+    Quarantined,
+    /// Handed to a client as part of this allocation.
+    InUse(AllocId),
+}
+
+/// One region of a snapshot.
+#[derive(Debug, Clone)]
+pub struct RegionSnapshot {
+    /// Its id.
+    pub id: RegionId,
+    /// The region (its fd and page states travel).
+    pub region: Arc<Region>,
+    /// Its pool key.
+    pub key: PoolKey,
+    /// Its state.
+    pub life: Life,
+    /// Uid of the tenant that last held it.
+    pub tenant: Option<u32>,
+    /// Pages may be on several nodes.
+    pub split: bool,
+    /// Holes still to be faulted in ahead of the guest.
+    pub fill: bool,
+}
+
+/// One allocation of a snapshot.
+#[derive(Debug, Clone)]
+pub struct AllocSnapshot {
+    /// Its id.
+    pub id: AllocId,
+    /// The session (connection) that owns it.
+    pub session: SessionId,
+    /// Its regions, in reply order.
+    pub regions: Vec<RegionId>,
+    /// Locked.
+    pub locked: bool,
+}
+
+/// Everything the pool owns, for the state document.
+#[derive(Debug, Clone, Default)]
+pub struct Snapshot {
+    /// Regions.
+    pub regions: Vec<RegionSnapshot>,
+    /// Allocations.
+    pub allocs: Vec<AllocSnapshot>,
+    /// The next region id.
+    pub next_region: RegionId,
+    /// The next allocation id.
+    pub next_alloc: AllocId,
+}
+
+/// A region the successor adopted, with what it found when verifying it.
+#[derive(Debug)]
+pub struct Adopted {
+    /// Its id (kept across the handover).
+    pub id: RegionId,
+    /// The region.
+    pub region: Region,
+    /// Its pool key.
+    pub key: PoolKey,
+    /// The state it enters (a pooled region that failed a check enters
+    /// `Quarantined`: the quarantine's proofs then decide).
+    pub life: Life,
+    /// Uid of the tenant that last held it.
+    pub tenant: Option<u32>,
+    /// Pages may be on several nodes.
+    pub split: bool,
+    /// Holes to fault in ahead of the guest.
+    pub fill: bool,
+}
+
+impl Pool {
+    /// A snapshot of every region and allocation. The caller has stopped
+    /// everything that changes the table (handlers parked, scrubbers
+    /// joined, background loops paused) and keeps it so until the
+    /// successor answers. Marks every region's file as kept, so that this
+    /// process's exit does not unlink the hugetlbfs files it hands over
+    /// ([`Pool::unkeep`] undoes it when the handover fails).
+    ///
+    /// # Errors
+    ///
+    /// A region is `Reserved` (an ALLOC or refill still runs): the
+    /// handover must wait or be given up.
+    pub fn snapshot(&self) -> Result<Snapshot, String> {
+        let g = self.lock();
+        let mut out = Snapshot {
+            next_region: self.next_region.load(Ordering::Relaxed),
+            next_alloc: self.next_alloc.load(Ordering::Relaxed),
+            ..Snapshot::default()
+        };
+        for (id, e) in &g.entries {
+            let life = match e.state {
+                EntryState::Reserved => {
+                    return Err(format!("region {id} is reserved by an ALLOC in progress"))
+                }
+                EntryState::InUse(a) => Life::InUse(a),
+                EntryState::Quarantined => Life::Quarantined,
+                EntryState::Dirty => Life::Dirty,
+                EntryState::Clean => Life::Clean,
+            };
+            out.regions.push(RegionSnapshot {
+                id: *id,
+                region: Arc::clone(&e.region),
+                key: e.key,
+                life,
+                tenant: e.tenant,
+                split: e.split,
+                fill: e.fill.is_some(),
+            });
+        }
+        for (id, a) in &g.allocs {
+            out.allocs.push(AllocSnapshot {
+                id: *id,
+                session: a.session,
+                regions: a.regions.clone(),
+                locked: a.locked,
+            });
+        }
+        for r in &out.regions {
+            r.region.keep_file();
+        }
+        Ok(out)
+    }
+
+    /// Lets the scrubbers and waiters run again after [`Pool::stop`] (a
+    /// handover that did not happen).
+    pub fn resume(&self) {
+        self.lock().stopping = false;
+        self.changed.notify_all();
+    }
+
+    /// Enters the regions and allocations a predecessor handed over (the
+    /// regions adopted and verified by the caller). An allocation whose
+    /// regions are not all here (one failed its checks) is not kept: its
+    /// surviving regions go back to the kernel once its VMM lets go, the
+    /// same as a region the daemon no longer tracks (`given_back` says
+    /// why). Returns how many allocations were kept.
+    pub fn import(
+        &self,
+        regions: Vec<Adopted>,
+        allocs: Vec<AllocSnapshot>,
+        next_region: RegionId,
+        next_alloc: AllocId,
+    ) -> usize {
+        let present: HashSet<RegionId> = regions.iter().map(|r| r.id).collect();
+        let mut kept_allocs = Vec::new();
+        let mut dropped_regions: HashSet<RegionId> = HashSet::new();
+        for a in allocs {
+            if a.regions.iter().all(|r| present.contains(r)) {
+                kept_allocs.push(a);
+            } else {
+                warn!(
+                    alloc = a.id,
+                    "an inherited allocation lost a region that failed its checks; no longer tracked"
+                );
+                dropped_regions.extend(a.regions.iter().copied());
+            }
+        }
+        let kept_ids: HashSet<AllocId> = kept_allocs.iter().map(|a| a.id).collect();
+        let mut g = self.lock();
+        let mut max_region = 0;
+        let mut max_alloc = 0;
+        for r in regions {
+            max_region = max_region.max(r.id);
+            let state = match r.life {
+                Life::InUse(a) if kept_ids.contains(&a) && !dropped_regions.contains(&r.id) => {
+                    EntryState::InUse(a)
+                }
+                Life::InUse(_) => {
+                    Metrics::add(&self.metrics.bytes_released, r.region.len());
+                    continue;
+                }
+                Life::Clean => EntryState::Clean,
+                Life::Dirty => EntryState::Dirty,
+                Life::Quarantined => EntryState::Quarantined,
+            };
+            let owned = match Owned::region(
+                r.region.fd(),
+                r.region.as_ptr() as usize,
+                usize::try_from(r.region.len()).unwrap_or(usize::MAX),
+            ) {
+                Ok(o) => o,
+                Err(e) => {
+                    warn!(region = r.id, error = %e, "cannot track an inherited region; back to the kernel");
+                    Metrics::add(&self.metrics.bytes_released, r.region.len());
+                    continue;
+                }
+            };
+            g.entries.insert(
+                r.id,
+                Entry {
+                    region: Arc::new(r.region),
+                    key: r.key,
+                    owned,
+                    state,
+                    since: Instant::now(),
+                    holder: None,
+                    withheld: None,
+                    tenant: r.tenant,
+                    warned: false,
+                    split: r.split,
+                    fill: r.fill.then(super::fill::Fill::new),
+                },
+            );
+        }
+        for a in kept_allocs {
+            max_alloc = max_alloc.max(a.id);
+            g.allocs.insert(
+                a.id,
+                Allocation {
+                    session: a.session,
+                    regions: a.regions,
+                    locked: a.locked,
+                },
+            );
+        }
+        let n = g.allocs.len();
+        drop(g);
+        self.next_region
+            .fetch_max(next_region.max(max_region + 1), Ordering::Relaxed);
+        self.next_alloc
+            .fetch_max(next_alloc.max(max_alloc + 1), Ordering::Relaxed);
+        self.changed.notify_all();
+        n
+    }
+
+    /// Undoes [`Pool::snapshot`]'s marks: the handover did not happen, this
+    /// process owns its files again.
+    pub fn unkeep(&self) {
+        // Region::keep_file has no inverse on purpose elsewhere; here the
+        // snapshot's regions are simply all regions.
+        for e in self.lock().entries.values() {
+            e.region.keep_file_undo();
+        }
+    }
+}
