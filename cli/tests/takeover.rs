@@ -166,3 +166,258 @@ fn a_takeover_keeps_the_pool_the_allocation_and_the_connection() {
         "socket removed by the new daemon's SIGTERM"
     );
 }
+
+/// Ten takeovers while sixteen tenants ALLOC, write and FREE in a loop on
+/// connections of their own: no request fails, no connection is lost, and
+/// at the end every allocation is gone, the pool's totals balance, and the
+/// host's free huge pages are what they were.
+#[test]
+fn ten_takeovers_under_sixteen_tenants_lose_nothing() {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    use std::sync::Arc;
+    const TENANTS: usize = 16;
+    const TAKEOVERS: usize = 10;
+    let _s = serial();
+    if !root_or_skip() {
+        return;
+    }
+    let size = 8 * MIB;
+    let pages = (TENANTS as u64) * size / (2 * MIB) + 16;
+    let Some(_pages) = exactly(
+        PageSize::Huge2M,
+        pages,
+        "ten_takeovers_under_sixteen_tenants_lose_nothing",
+    ) else {
+        return;
+    };
+    let free_before = test_support::hugepages::hugepages_2m("free_hugepages");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let socket = dir.path().join("hugemem.sock");
+    let config = dir.path().join("hugemem.toml");
+    std::fs::write(&config, "[pool]\nlimit = \"1G\"\ntarget = \"512M\"\n").expect("config");
+    let mut daemon = Daemon(serve(&socket, &config, false));
+    wait_until("the daemon answers", Duration::from_secs(30), || {
+        Client::connect(&socket).is_ok()
+    });
+    let stop = Arc::new(AtomicBool::new(false));
+    let longest_us = Arc::new(AtomicU64::new(0));
+    let tenants: Vec<_> = (0..TENANTS)
+        .map(|t| {
+            let (socket, stop, longest_us) =
+                (socket.clone(), Arc::clone(&stop), Arc::clone(&longest_us));
+            std::thread::spawn(move || -> Result<u64, String> {
+                let mut c = Client::connect(&socket).map_err(|e| format!("connect: {e}"))?;
+                c.set_timeout(Some(Duration::from_secs(60)))
+                    .map_err(|e| e.to_string())?;
+                let mut rounds = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    let t0 = Instant::now();
+                    let a = c
+                        .alloc(alloc_2m(size, false))
+                        .map_err(|e| format!("tenant {t} round {rounds}: ALLOC: {e}"))?;
+                    let alloc_us = t0.elapsed().as_micros() as u64;
+                    let p = map(a.fds[0].as_raw_fd(), size);
+                    // SAFETY: this tenant's live mapping of `size` bytes.
+                    let bytes = unsafe { std::slice::from_raw_parts_mut(p, size as usize) };
+                    let dirty = bytes.iter().step_by(4096).any(|&b| b != 0);
+                    bytes
+                        .iter_mut()
+                        .step_by(4096)
+                        .for_each(|b| *b = t as u8 + 1);
+                    unmap(p, size);
+                    if dirty {
+                        return Err(format!("tenant {t} round {rounds}: memory not zero"));
+                    }
+                    let id = a.id;
+                    drop(a);
+                    let t1 = Instant::now();
+                    c.free(id)
+                        .map_err(|e| format!("tenant {t} round {rounds}: FREE: {e}"))?;
+                    let free_us = t1.elapsed().as_micros() as u64;
+                    longest_us.fetch_max(alloc_us.max(free_us), Ordering::Relaxed);
+                    rounds += 1;
+                }
+                Ok(rounds)
+            })
+        })
+        .collect();
+    let mut stalls = Vec::new();
+    for i in 0..TAKEOVERS {
+        std::thread::sleep(Duration::from_millis(300));
+        let t0 = Instant::now();
+        let next = Daemon(serve(&socket, &config, true));
+        let status = wait_exit(&mut daemon.0, "the old daemon");
+        assert!(
+            status.success(),
+            "takeover {i}: the old daemon exited with {status}"
+        );
+        stalls.push(t0.elapsed().as_secs_f64() * 1e3);
+        // The new daemon is the one the next takeover is from.
+        daemon = next;
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    stop.store(true, Ordering::Relaxed);
+    let mut rounds = 0;
+    for (t, h) in tenants.into_iter().enumerate() {
+        let r = h
+            .join()
+            .expect("tenant thread")
+            .unwrap_or_else(|e| panic!("tenant {t} failed: {e}"));
+        assert!(r > 0, "tenant {t} made no round");
+        rounds += r;
+    }
+    let mut c = Client::connect(&socket).expect("connect");
+    let s = c.stats().expect("stats");
+    assert_eq!(s.allocations.active, 0, "every allocation freed: {s}");
+    assert_eq!(s.counters.allocs_failed, 0, "{s}");
+    assert_eq!(
+        s.totals.created_bytes - s.totals.released_bytes,
+        s.totals.held_bytes,
+        "the pool's totals balance: {s}"
+    );
+    println!(
+        "OBSERVED: {TAKEOVERS} takeovers, {rounds} ALLOC+FREE rounds by {TENANTS} tenants, 0 failed; \
+         takeover to old exit (ms): {stalls:?}; longest ALLOC or FREE: {:.1} ms; \
+         allocs_ok {} regions_fresh {} regions_pooled {}",
+        longest_us.load(Ordering::Relaxed) as f64 / 1e3,
+        s.counters.allocs_ok,
+        s.counters.regions_fresh,
+        s.counters.regions_pooled,
+    );
+    drop(c);
+    let pid = nix::unistd::Pid::from_raw(i32::try_from(daemon.0.id()).expect("pid"));
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).expect("SIGTERM");
+    let status = wait_exit(&mut daemon.0, "the last daemon");
+    assert!(status.success(), "the last daemon exited with {status}");
+    wait_until(
+        "the host's free pages are back",
+        Duration::from_secs(10),
+        || test_support::hugepages::hugepages_2m("free_hugepages") == free_before,
+    );
+}
+
+/// A successor that refuses (here: a stand-in that receives everything and
+/// answers `REFUSED`) leaves the running daemon serving as before: the
+/// tenant's connection, allocation and pool stay, scrubbing goes on.
+#[test]
+fn a_refused_takeover_leaves_the_daemon_serving() {
+    use backend::daemon::handover::channel;
+    let _s = serial();
+    if !root_or_skip() {
+        return;
+    }
+    let size = 16 * MIB;
+    let Some(_pages) = exactly(
+        PageSize::Huge2M,
+        2 * size / (2 * MIB),
+        "a_refused_takeover_leaves_the_daemon_serving",
+    ) else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let socket = dir.path().join("hugemem.sock");
+    let config = dir.path().join("hugemem.toml");
+    std::fs::write(&config, "[pool]\nlimit = \"1G\"\ntarget = \"512M\"\n").expect("config");
+    let mut daemon = Daemon(serve(&socket, &config, false));
+    wait_until("the daemon answers", Duration::from_secs(30), || {
+        Client::connect(&socket).is_ok()
+    });
+    let mut tenant = Client::connect(&socket).expect("connect");
+    let a = tenant.alloc(alloc_2m(size, false)).expect("ALLOC");
+    let before = tenant.stats().expect("stats");
+
+    let control = std::os::unix::net::UnixStream::connect(channel::control_path(&socket))
+        .expect("the control socket");
+    channel::write_line(&control, channel::HELLO).expect("hello");
+    let (state, fds) = channel::recv_all(&control).expect("the state and fds");
+    let doc = backend::daemon::handover::State::from_memfd(state).expect("a trusted document");
+    assert_eq!(doc.allocations.len(), 1, "{doc:?}");
+    assert_eq!(doc.connections.len(), 1, "{doc:?}");
+    drop(fds);
+    channel::write_line(&control, "REFUSED a test says no").expect("refuse");
+    drop(control);
+
+    // Served on by the same daemon, on the same connection.
+    wait_until("the daemon thaws", Duration::from_secs(10), || {
+        tenant.stats().is_ok_and(|s| s.pid == before.pid)
+    });
+    let id = a.id;
+    drop(a);
+    tenant.free(id).expect("FREE after a refused takeover");
+    wait_until(
+        "the freed region is scrubbed clean",
+        Duration::from_secs(30),
+        || {
+            tenant
+                .stats()
+                .is_ok_and(|s| s.pools.iter().any(|p| p.clean_bytes == size))
+        },
+    );
+    let b = tenant
+        .alloc(alloc_2m(size, false))
+        .expect("ALLOC from the pool");
+    let id = b.id;
+    drop(b);
+    tenant.free(id).expect("FREE");
+    assert!(
+        daemon.0.try_wait().expect("try_wait").is_none(),
+        "the daemon still runs"
+    );
+    let pid = nix::unistd::Pid::from_raw(i32::try_from(daemon.0.id()).expect("pid"));
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).expect("SIGTERM");
+    assert!(wait_exit(&mut daemon.0, "the daemon").success());
+}
+
+/// A state document of a newer version is refused whole, with a message
+/// naming both versions, and the predecessor is told (it serves on).
+#[test]
+fn a_newer_state_document_is_refused_with_its_version() {
+    use backend::daemon::handover::{channel, state};
+    let _s = serial();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let socket = dir.path().join("hugemem.sock");
+    let config = dir.path().join("hugemem.toml");
+    std::fs::write(&config, "").expect("config");
+    let control = std::os::unix::net::UnixListener::bind(channel::control_path(&socket))
+        .expect("a stand-in predecessor's control socket");
+    let predecessor = std::thread::spawn(move || {
+        let (s, _) = control.accept().expect("accept");
+        let hello = channel::read_line(&s, Duration::from_secs(30)).expect("hello");
+        assert_eq!(hello, channel::HELLO);
+        let doc = state::State {
+            format: state::FORMAT.into(),
+            version: state::VERSION + 1,
+            daemon_version: "99.0.0".into(),
+            pid: std::process::id(),
+            listener: None,
+            metrics: None,
+            socket_owned: true,
+            next_region: 1,
+            next_alloc: 1,
+            next_session: 1,
+            regions: Vec::new(),
+            allocations: Vec::new(),
+            connections: Vec::new(),
+            counters: Default::default(),
+        };
+        channel::send_all(&s, &doc.to_memfd().expect("memfd"), &[]).expect("send");
+        channel::read_line(&s, Duration::from_secs(30)).expect("answer")
+    });
+    let out = Command::new(env!("CARGO_BIN_EXE_hugemem"))
+        .args(["serve", "--takeover", "--config"])
+        .arg(&config)
+        .arg("--socket")
+        .arg(&socket)
+        .output()
+        .expect("hugemem serve --takeover");
+    let answer = predecessor.join().expect("stand-in");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "refused: {stderr}");
+    assert!(answer.starts_with("REFUSED"), "{answer}");
+    assert!(
+        answer.contains(&format!("version {}", state::VERSION + 1)),
+        "{answer}"
+    );
+    assert!(stderr.contains("version"), "{stderr}");
+    assert!(!socket.exists(), "nothing was served");
+}

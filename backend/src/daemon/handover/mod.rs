@@ -8,14 +8,15 @@
 //!
 //! 1. the listener stops accepting (connections wait in the backlog of the
 //!    listening socket, which the successor inherits);
-//! 2. the background loops (quarantine, refill, rebalance policy) finish
-//!    their current round and pause ([`Handover::work`]);
-//! 3. every connection handler finishes the request it is serving and
-//!    parks between requests: a frame the peer had begun to send stays
+//! 2. every connection handler finishes the request it is serving (an
+//!    ALLOC waiting for pages on their way back still gets them: the
+//!    quarantine and the scrubbers still run) and parks between requests: a frame the peer had begun to send stays
 //!    in its reader and travels as bytes; a lazy allocation's fault
 //!    service stops, finishing the page it clears, and its userfaultfd
 //!    travels (faults wait in the kernel meanwhile: the VMM's own copy of
 //!    the uffd keeps them pending);
+//! 3. the background loops (quarantine, refill, rebalance policy) finish
+//!    their current round and pause ([`Handover::work`]);
 //! 4. the scrubbers finish their batch and are joined;
 //! 5. the pool's table is snapshot ([`super::pool::Pool::snapshot`]).
 //!
@@ -270,9 +271,6 @@ async fn freeze_and_send(
     stream: &std::os::unix::net::UnixStream,
 ) -> Result<(), String> {
     let h = &shared.handover;
-    let _work = tokio::time::timeout(Duration::from_secs(10), h.work.write())
-        .await
-        .map_err(|_| "the background loops did not pause within 10 s".to_string())?;
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let parked = lock(&h.parked).len();
@@ -288,6 +286,11 @@ async fn freeze_and_send(
         }
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
+    // After the handlers: a request being served may wait for the
+    // quarantine or a scrub (an ALLOC waiting for pages on their way).
+    let _work = tokio::time::timeout(Duration::from_secs(10), h.work.write())
+        .await
+        .map_err(|_| "the background loops did not pause within 10 s".to_string())?;
     let s = Arc::clone(shared);
     tokio::task::spawn_blocking(move || s.stop_scrubbers())
         .await

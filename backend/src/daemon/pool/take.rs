@@ -66,7 +66,7 @@ use clearing::{CancelToken, RunOptions};
 use guest_mem::size::format_size;
 use guest_mem::{PagePolicy as RegionPolicy, PageSize, PoolCounts};
 use numa::NodeId;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use super::supply::{self, free_pages};
 use super::{Held, Pool, PoolKey, Taken, Why};
@@ -345,7 +345,7 @@ impl Pool {
             if let Some(t) = supply::reclear_dirty(self, key, part.size, cancel)? {
                 return Ok(Ok((t, Source::Recleared)));
             }
-            let free = free_pages(page_size, node);
+            let mut free = free_pages(page_size, node);
             if free >= pages {
                 let policy = RegionPolicy::Strict(page_size);
                 let opts = RunOptions {
@@ -361,20 +361,19 @@ impl Pool {
                         info!(node, page_size = %page_size, error = %chain(&e), "fresh region failed although the pages looked free; looking again");
                         continue;
                     }
+                    // Raced again: other ALLOCs take the free pages as
+                    // fast as they appear. Count none free and go on with
+                    // the pool: pages on their way are waited for, as
+                    // when none looked free (a busy host's churn).
                     Err(e) if supply::is_shortage(&e) && page_size.is_huge() => {
-                        return Ok(Err(Missing {
-                            page_size,
-                            node,
-                            pages,
-                            free,
-                            pooled: self.held(node, page_size).total() / page_size.bytes(),
-                        }));
+                        debug!(node, page_size = %page_size, error = %chain(&e), "fresh pages keep being taken; waiting on the pool");
+                        free = 0;
                     }
                     Err(e) => return Err(supply::region_refusal(&e)),
                 }
             }
             let held = self.held(node, page_size);
-            let short = (pages - free) * page_size.bytes();
+            let short = pages.saturating_sub(free) * page_size.bytes();
             if held.total() < short {
                 return Ok(Err(Missing {
                     page_size,
