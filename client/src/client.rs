@@ -7,6 +7,10 @@
 //!
 //! [`Allocation::guest_memory`]: crate::client::Allocation::guest_memory
 //! [`Allocation::into_parts`]: crate::client::Allocation::into_parts
+//! [`FEATURE_REATTACH`]: crate::proto::FEATURE_REATTACH
+//! [`Allocation::token`]: crate::client::Allocation::token
+//! [`Client::reconnect`]: crate::client::Client::reconnect
+//! [`Client::reattach`]: crate::client::Client::reattach
 //!
 //! **After a daemon restart.** The ALLOC reply carries a secret token when
 //! the daemon speaks [`FEATURE_REATTACH`] ([`Allocation::token`]). A restarted
@@ -318,7 +322,7 @@ impl Client {
     ) -> Result<Client, ClientError> {
         let mut backoff = Duration::from_millis(10);
         let mut client = loop {
-            match Self::connect(path) {
+            match Self::connect_until(path, deadline) {
                 Ok(c) => break c,
                 Err(e) => {
                     let now = Instant::now();
@@ -333,7 +337,25 @@ impl Client {
         for &(alloc_id, token) in allocs {
             client.reattach(alloc_id, token)?;
         }
+        // Like a fresh connection: no reply timeout unless the caller sets one.
+        client.set_timeout(None)?;
         Ok(client)
+    }
+
+    /// [`Client::connect`] whose replies (handshake and what follows) wait
+    /// at most until `deadline`: a daemon that accepts but is not serving
+    /// yet must not hold a reconnect past it.
+    fn connect_until(path: &Path, deadline: Instant) -> Result<Self, ClientError> {
+        let sock = UnixStream::connect(path).map_err(|source| ClientError::Connect {
+            path: path.display().to_string(),
+            source,
+        })?;
+        // A zero timeout is refused by the socket call: at least 10 ms.
+        let left = deadline
+            .saturating_duration_since(Instant::now())
+            .max(Duration::from_millis(10));
+        sock.set_read_timeout(Some(left)).map_err(ProtoError::Io)?;
+        Self::from_stream(sock)
     }
 
     /// FREE.
