@@ -738,6 +738,7 @@ fn mini_daemon(swallow: bool) {
                     alloc_id: 1,
                     regions: vec![region_info(&region)],
                     paths: vec![],
+                    token: None,
                 })
             }
             Request::Uffd { ranges, .. } if frame.fds.len() == 1 => {

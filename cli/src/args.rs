@@ -142,6 +142,11 @@ pub(crate) struct LaunchArgs {
     /// cloud-hypervisor: one guest NUMA node per region.
     #[arg(long)]
     pub(crate) guest_numa: bool,
+    /// When the daemon connection closes while the VMM runs (a daemon
+    /// restart), how long to try to reconnect and re-attach the allocation,
+    /// in seconds. The VMM keeps running either way.
+    #[arg(long, value_name = "SECS", default_value_t = 30)]
+    pub(crate) reattach_timeout: u64,
     /// The VMM kind when the program name does not say: cloud-hypervisor or qemu.
     #[arg(long, value_parser = parse_vmm_arg)]
     pub(crate) vmm: Option<Vmm>,

@@ -77,6 +77,7 @@ fn launch(args: LaunchArgs) -> Result<i32> {
             .wait_ms
             .map(|ms| std::time::Duration::from_millis(ms.into())),
         guest_numa: args.guest_numa,
+        reattach_timeout: std::time::Duration::from_secs(args.reattach_timeout),
         vmm: args.vmm,
         command: args.command,
     };

@@ -7,15 +7,28 @@
 //!
 //! [`Allocation::guest_memory`]: crate::client::Allocation::guest_memory
 //! [`Allocation::into_parts`]: crate::client::Allocation::into_parts
+//! [`FEATURE_REATTACH`]: crate::proto::FEATURE_REATTACH
+//! [`Allocation::token`]: crate::client::Allocation::token
+//! [`Client::reconnect`]: crate::client::Client::reconnect
+//! [`Client::reattach`]: crate::client::Client::reattach
+//!
+//! **After a daemon restart.** The ALLOC reply carries a secret token when
+//! the daemon speaks [`FEATURE_REATTACH`] ([`Allocation::token`]). A restarted
+//! daemon restores its allocations *orphaned*; the VMM, which keeps its
+//! mappings, takes its allocation back on a new connection with
+//! [`Client::reconnect`] (or [`Client::reattach`] on one it opened itself).
+//! Until then the memory stays the VMM's: the daemon neither scrubs nor reuses
+//! a region some process still maps (quarantine).
 
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::proto::{
     recv_message, send_message, AllocRequest, Code, Header, ProtoError, RegionInfo, Reply,
-    ReplyBody, Request, Status, FEATURE_LAZY, FEATURE_REBALANCE, PROTOCOL_VERSION,
+    ReplyBody, Request, Status, FEATURE_LAZY, FEATURE_REATTACH, FEATURE_REBALANCE,
+    PROTOCOL_VERSION, TOKEN_SIZE,
 };
 
 /// Errors talking to the daemon.
@@ -62,9 +75,19 @@ pub struct Allocation {
     /// the memory is not what was hoped for, e.g. a `best` ALLOC served on
     /// a smaller page size and which pages were missing.
     pub note: String,
+    /// The re-attach token, when the daemon speaks [`FEATURE_REATTACH`].
+    token: Option<[u8; TOKEN_SIZE]>,
 }
 
 impl Allocation {
+    /// The secret that takes this allocation back after a daemon restart
+    /// ([`Client::reattach`], [`Client::reconnect`]); `None` when the daemon
+    /// does not speak [`FEATURE_REATTACH`]. Whoever has it (and the
+    /// allocation's uid) can take the allocation over: keep it like the fds.
+    pub fn token(&self) -> Option<[u8; TOKEN_SIZE]> {
+        self.token
+    }
+
     /// Total bytes.
     pub fn size(&self) -> u64 {
         self.regions.iter().map(|r| r.size).sum()
@@ -118,7 +141,7 @@ impl Client {
             features: 0,
             alloc_wait: None,
         };
-        let wanted = FEATURE_LAZY | FEATURE_REBALANCE;
+        let wanted = FEATURE_LAZY | FEATURE_REBALANCE | FEATURE_REATTACH;
         match c.call(&Request::Handshake {
             min_version: PROTOCOL_VERSION,
             max_version: PROTOCOL_VERSION,
@@ -227,6 +250,7 @@ impl Client {
                     alloc_id,
                     regions,
                     paths,
+                    token,
                 },
                 fds,
             ) if fds.len() == regions.len() => Ok(Allocation {
@@ -235,6 +259,7 @@ impl Client {
                 fds,
                 paths,
                 note,
+                token,
             }),
             (ReplyBody::Alloc { regions, .. }, fds) => Err(ClientError::Unexpected(format!(
                 "{} regions but {} fds",
@@ -243,6 +268,94 @@ impl Client {
             ))),
             (other, _) => Err(ClientError::Unexpected(format!("{other:?} to ALLOC"))),
         }
+    }
+
+    /// REATTACH: takes back allocation `alloc_id`, which a restarted daemon
+    /// restored orphaned, with the token of its ALLOC reply. Returns its
+    /// region table as the daemon has it now (no fds: the caller still has
+    /// them), for the caller to check against what it mapped. From then on
+    /// it belongs to this connection (FREE, LOCK, release on disconnect).
+    ///
+    /// # Errors
+    ///
+    /// [`ClientError::Refused`] with `NotFound` for an id that is unknown,
+    /// live on another connection, another uid's, or a wrong token (one
+    /// message for all; after 8 refusals the daemon closes the connection).
+    pub fn reattach(
+        &mut self,
+        alloc_id: u64,
+        token: [u8; TOKEN_SIZE],
+    ) -> Result<Vec<RegionInfo>, ClientError> {
+        match self.call(&Request::Reattach { alloc_id, token })? {
+            (
+                ReplyBody::Reattach {
+                    alloc_id: id,
+                    regions,
+                },
+                _,
+            ) if id == alloc_id => Ok(regions),
+            (other, _) => Err(ClientError::Unexpected(format!(
+                "{} to REATTACH of allocation {alloc_id}",
+                body_name(&other)
+            ))),
+        }
+    }
+
+    /// Connects to the daemon at `path` again (after the old connection
+    /// closed: a daemon restart) and re-attaches every `(alloc_id, token)`
+    /// of `allocs` in order; returns the new connection.
+    ///
+    /// Connect and handshake are retried with a short backoff (10 ms,
+    /// doubling to 200 ms) until `deadline`, while the socket is missing or
+    /// refuses or the handshake fails (a daemon that is still starting).
+    /// Re-attaching is not retried: a refusal is final.
+    ///
+    /// # Errors
+    ///
+    /// The last connect or handshake error once `deadline` has passed;
+    /// the first REATTACH refusal (the new connection is then closed, which
+    /// releases the allocations re-attached before it).
+    pub fn reconnect(
+        path: &Path,
+        allocs: &[(u64, [u8; TOKEN_SIZE])],
+        deadline: Instant,
+    ) -> Result<Client, ClientError> {
+        let mut backoff = Duration::from_millis(10);
+        let mut client = loop {
+            match Self::connect_until(path, deadline) {
+                Ok(c) => break c,
+                Err(e) => {
+                    let now = Instant::now();
+                    if now >= deadline {
+                        return Err(e);
+                    }
+                    std::thread::sleep(backoff.min(deadline - now));
+                    backoff = (backoff * 2).min(Duration::from_millis(200));
+                }
+            }
+        };
+        for &(alloc_id, token) in allocs {
+            client.reattach(alloc_id, token)?;
+        }
+        // Like a fresh connection: no reply timeout unless the caller sets one.
+        client.set_timeout(None)?;
+        Ok(client)
+    }
+
+    /// [`Client::connect`] whose replies (handshake and what follows) wait
+    /// at most until `deadline`: a daemon that accepts but is not serving
+    /// yet must not hold a reconnect past it.
+    fn connect_until(path: &Path, deadline: Instant) -> Result<Self, ClientError> {
+        let sock = UnixStream::connect(path).map_err(|source| ClientError::Connect {
+            path: path.display().to_string(),
+            source,
+        })?;
+        // A zero timeout is refused by the socket call: at least 10 ms.
+        let left = deadline
+            .saturating_duration_since(Instant::now())
+            .max(Duration::from_millis(10));
+        sock.set_read_timeout(Some(left)).map_err(ProtoError::Io)?;
+        Self::from_stream(sock)
     }
 
     /// FREE.
@@ -328,5 +441,20 @@ pub fn code_name(code: Code) -> &'static str {
         Code::Rebalance => "REBALANCE",
         Code::Stats => "STATS",
         Code::Uffd => "UFFD",
+        Code::Reattach => "REATTACH",
+    }
+}
+
+/// A reply body's kind, for messages (never its content: an ALLOC reply
+/// carries the token).
+fn body_name(body: &ReplyBody) -> &'static str {
+    match body {
+        ReplyBody::Handshake { .. } => "a HANDSHAKE reply",
+        ReplyBody::Alloc { .. } => "an ALLOC reply",
+        ReplyBody::Reattach { .. } => "a REATTACH reply with another id",
+        ReplyBody::Lock { .. } => "a LOCK reply",
+        ReplyBody::Rebalance { .. } => "a REBALANCE reply",
+        ReplyBody::Stats { .. } => "a STATS reply",
+        ReplyBody::Empty => "an empty reply",
     }
 }

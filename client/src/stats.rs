@@ -544,6 +544,12 @@ pub struct Counters {
     pub bytes_released: u64,
     /// Quarantine scans of `/proc`.
     pub quarantine_scans: u64,
+    /// REATTACH requests that took an orphaned allocation back (after a
+    /// daemon restart).
+    pub reattach_ok: u64,
+    /// REATTACH requests refused: unknown id, an allocation that is not
+    /// orphaned, another uid's, a wrong token (one answer for all).
+    pub reattach_refused: u64,
 }
 
 /// Percentiles of the fault-latency histogram, in nanoseconds.

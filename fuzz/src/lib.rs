@@ -6,7 +6,7 @@
 use hugemem_client::proto::{Code, FrameReader, Header, Reply, Request, HEADER_SIZE};
 
 /// Every request code, for targets that pick one from the input.
-const CODES: [Code; 8] = [
+const CODES: [Code; 9] = [
     Code::Handshake,
     Code::Alloc,
     Code::Free,
@@ -15,6 +15,7 @@ const CODES: [Code; 8] = [
     Code::Rebalance,
     Code::Stats,
     Code::Uffd,
+    Code::Reattach,
 ];
 
 /// `Header::decode` on the first 16 bytes, then `Request::decode` and

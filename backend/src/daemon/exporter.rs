@@ -231,6 +231,16 @@ impl DaemonCollector {
                 "Quarantine scans of /proc.",
                 g(&m.quarantine_scans),
             ),
+            (
+                "reattach_ok",
+                "REATTACH requests that took an orphaned allocation back after a daemon restart.",
+                g(&m.reattach_ok),
+            ),
+            (
+                "reattach_refused",
+                "REATTACH requests refused (unknown id, not orphaned, another uid's, wrong token).",
+                g(&m.reattach_refused),
+            ),
         ]
     }
 

@@ -77,6 +77,11 @@ pub struct Metrics {
     pub bytes_released: AtomicU64,
     /// Quarantine scans of `/proc`.
     pub quarantine_scans: AtomicU64,
+    /// REATTACH requests that took an orphaned allocation back.
+    pub reattach_ok: AtomicU64,
+    /// REATTACH requests refused (unknown id, not orphaned, another uid's,
+    /// wrong token: one answer for all).
+    pub reattach_refused: AtomicU64,
 }
 
 impl Metrics {

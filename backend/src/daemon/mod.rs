@@ -424,6 +424,8 @@ impl Shared {
                 bytes_created: g(&m.bytes_created),
                 bytes_released: g(&m.bytes_released),
                 quarantine_scans: g(&m.quarantine_scans),
+                reattach_ok: g(&m.reattach_ok),
+                reattach_refused: g(&m.reattach_refused),
             },
         }
     }
@@ -801,6 +803,16 @@ impl DaemonHandle {
     /// keys by name.
     pub fn stats_json(&self) -> serde_json::Value {
         serde_json::to_value(self.shared.stats()).unwrap_or(serde_json::Value::Null)
+    }
+
+    /// Test hook standing for a daemon restart: orphans allocation `alloc`
+    /// (as the restore code does, [`pool::Pool::orphan`]) and, with
+    /// `tenant`, makes it that uid's. Its old connection no longer owns it;
+    /// a REATTACH with its token can take it back. False for an unknown id.
+    #[doc(hidden)]
+    pub fn orphan_for_tests(&self, alloc: u64, tenant: Option<u32>) -> bool {
+        let pool = &self.shared.pool;
+        pool.orphan(alloc) && tenant.is_none_or(|uid| pool.set_tenant(alloc, uid))
     }
 
     /// Where the metrics endpoint listens, when it is on.

@@ -508,6 +508,12 @@ impl Handler {
                 }
                 return Err(e);
             }
+            if out.close {
+                return Err(ProtoError::OutOfBounds(format!(
+                    "{} refused REATTACH requests on one connection",
+                    super::session::MAX_REATTACH_REFUSALS
+                )));
+            }
         }
     }
 

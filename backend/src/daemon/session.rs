@@ -12,6 +12,13 @@
 //! allocation it still owns is released into quarantine, exactly as FREE
 //! would. The first release starts a pidfd watch on the peer process (when
 //! it is another process), so its exit re-checks the quarantine at once.
+//!
+//! **Re-attach** (issue 20): a session that negotiated `FEATURE_REATTACH`
+//! gets each allocation's token in the ALLOC reply; REATTACH with it takes
+//! an *orphaned* allocation (restored by a restarted daemon) into this
+//! session. Refusals all read like an unknown id, and after
+//! [`MAX_REATTACH_REFUSALS`] of them the connection is closed, so a tenant
+//! cannot guess tokens.
 
 use std::sync::Arc;
 
@@ -24,11 +31,16 @@ use super::peer::{PeerCred, PidWatch};
 use super::pool::{AllocId, Released, SessionId};
 use super::Shared;
 use crate::proto::messages::{RegionInfo, Reply, ReplyBody, Request};
-use crate::proto::{Status, MAX_PAYLOAD, PROTOCOL_VERSION};
+use crate::proto::{Status, FEATURE_REATTACH, MAX_PAYLOAD, PROTOCOL_VERSION, TOKEN_SIZE};
 
-/// Features this daemon implements (REBALANCE; lazy mode comes with its
-/// own issue).
-pub const DAEMON_FEATURES: u64 = crate::proto::FEATURE_REBALANCE | crate::proto::FEATURE_LAZY;
+/// Features this daemon implements: REBALANCE, lazy mode, re-attach tokens.
+pub const DAEMON_FEATURES: u64 =
+    crate::proto::FEATURE_REBALANCE | crate::proto::FEATURE_LAZY | FEATURE_REATTACH;
+
+/// Refused REATTACH requests a connection may make; the reply to the last
+/// one is followed by closing the connection (a tenant must not guess
+/// tokens; a VMM re-attaching its own allocations is never refused).
+pub const MAX_REATTACH_REFUSALS: u32 = 8;
 
 /// What handling a request produced.
 #[derive(Debug)]
@@ -41,6 +53,9 @@ pub struct Outcome {
     pub fds: Vec<std::os::fd::OwnedFd>,
     /// The allocation the reply hands out (released again if it cannot be sent).
     pub alloc: Option<AllocId>,
+    /// Close the connection once the reply is sent (too many refused
+    /// REATTACH).
+    pub close: bool,
 }
 
 impl Outcome {
@@ -49,6 +64,7 @@ impl Outcome {
             reply,
             fds: Vec::new(),
             alloc: None,
+            close: false,
         }
     }
 
@@ -64,6 +80,10 @@ pub struct Session {
     peer: PeerCred,
     shared: Arc<Shared>,
     handshaken: bool,
+    /// Features negotiated in the handshake (the client's ∩ the daemon's).
+    features: u64,
+    /// REATTACH requests refused on this connection.
+    reattach_refused: u32,
     watching: bool,
     /// Lazy allocations and their fault services (`backend::fault`).
     lazy: super::lazy_allocs::LazyAllocs,
@@ -81,6 +101,8 @@ impl Session {
             peer,
             shared,
             handshaken: false,
+            features: 0,
+            reattach_refused: 0,
             watching: false,
             lazy: super::lazy_allocs::LazyAllocs::new(),
         }
@@ -198,6 +220,7 @@ impl Session {
             Request::Stats => self.stats().await,
             // Without its fd (see `handle_with_fds`): refused with the reason.
             Request::Uffd { alloc_id, ranges } => self.uffd(alloc_id, &ranges, Vec::new()),
+            Request::Reattach { alloc_id, token } => self.reattach(alloc_id, &token),
         }
     }
 
@@ -215,10 +238,11 @@ impl Session {
             );
         }
         self.handshaken = true;
+        self.features = features & DAEMON_FEATURES;
         debug!(session = self.id, features, "handshake done");
         Outcome::reply(Reply::ok(ReplyBody::Handshake {
             version: PROTOCOL_VERSION,
-            features: features & DAEMON_FEATURES,
+            features: self.features,
         }))
     }
 
@@ -398,11 +422,18 @@ impl Session {
             ?sources,
             "ALLOC served"
         );
+        // Only to a client that negotiated it: the others see the old bytes.
+        let token = if self.features & FEATURE_REATTACH != 0 {
+            self.shared.pool.token_of(alloc_id)
+        } else {
+            None
+        };
         // `paths`: filled only for ALLOC with want_paths (hugetlbfs mode, see `hugemem launch --hugetlbfs`).
         let mut reply = Reply::ok(ReplyBody::Alloc {
             alloc_id,
             regions,
             paths,
+            token,
         });
         if !note.is_empty() {
             info!(session = self.id, alloc = alloc_id, %note, "ALLOC served with a note");
@@ -412,7 +443,79 @@ impl Session {
             reply,
             fds,
             alloc: Some(alloc_id),
+            close: false,
         }
+    }
+
+    /// REATTACH: take orphaned allocation `alloc_id` into this session with
+    /// its token; reply with its region table as it is now.
+    fn reattach(&mut self, alloc_id: AllocId, token: &[u8; TOKEN_SIZE]) -> Outcome {
+        let (regions, locked) =
+            match self
+                .shared
+                .pool
+                .reattach(alloc_id, token, self.id, self.peer.uid)
+            {
+                Ok(r) => r,
+                Err(e) => {
+                    Metrics::add(&self.shared.metrics.reattach_refused, 1);
+                    self.reattach_refused += 1;
+                    let close = self.reattach_refused >= MAX_REATTACH_REFUSALS;
+                    warn!(
+                        session = self.id,
+                        uid = self.peer.uid,
+                        alloc = alloc_id,
+                        refused = self.reattach_refused,
+                        closing = close,
+                        "REATTACH refused"
+                    );
+                    let mut out = Outcome::error(Status::NotFound, e.to_string());
+                    out.close = close;
+                    return out;
+                }
+            };
+        Metrics::add(&self.shared.metrics.reattach_ok, 1);
+        let lazy_fallback = self.shared.pool.lazy_fallback(alloc_id);
+        let mut guest_phys = 0;
+        let infos: Vec<RegionInfo> = regions
+            .iter()
+            .map(|(id, region)| {
+                // As ALLOC would say now: pages still to clear make it LAZY
+                // (a lazy region served by the VMM's fallback since the
+                // restart stays LAZY to the daemon: it cannot tell).
+                let counts = region.states().counts();
+                let mut flags = if counts.dirty + counts.clearing > 0 {
+                    RegionInfo::FLAG_LAZY
+                } else {
+                    RegionInfo::FLAG_CLEAN
+                };
+                if locked {
+                    flags |= RegionInfo::FLAG_LOCKED;
+                }
+                let info = RegionInfo {
+                    region_id: *id,
+                    guest_phys,
+                    size: region.len(),
+                    page_size: region.page_size().bytes(),
+                    node: region.node().unwrap_or(crate::proto::ANY_NODE),
+                    flags,
+                };
+                guest_phys += region.len();
+                info
+            })
+            .collect();
+        info!(
+            session = self.id,
+            uid = self.peer.uid,
+            alloc = alloc_id,
+            regions = infos.len(),
+            lazy_fallback,
+            "REATTACH: orphaned allocation taken back by its VMM"
+        );
+        Outcome::reply(Reply::ok(ReplyBody::Reattach {
+            alloc_id,
+            regions: infos,
+        }))
     }
 
     /// [`Session::handle`] for a request that came with fds: UFFD takes its
@@ -442,6 +545,14 @@ impl Session {
     ) -> Outcome {
         if let Err(e) = self.shared.pool.regions_of(alloc_id, self.id) {
             return Outcome::error(Status::NotFound, e.to_string());
+        }
+        if self.shared.pool.lazy_fallback(alloc_id) {
+            return Outcome::error(
+                Status::Invalid,
+                format!(
+                    "allocation {alloc_id}: the VMM's fallback serves this allocation since the daemon restarted"
+                ),
+            );
         }
         let cfg = crate::fault::FaultServiceConfig {
             topology: Some(Arc::clone(&self.shared.topology)),

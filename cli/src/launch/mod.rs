@@ -22,6 +22,13 @@
 //!   inherited, forwards SIGTERM/SIGINT/SIGHUP to it, waits, and returns its
 //!   exit status; [`run`] then sends FREE. The daemon releases the allocation
 //!   on disconnect as well, so a `launch` killed with SIGKILL leaks nothing.
+//! * **The daemon connection** is watched on a thread while the VMM runs
+//!   (`reattach.rs`): when the daemon closes it (a crash or a restart, after
+//!   which the new daemon restores the allocation orphaned), launch
+//!   reconnects within [`reattach_timeout`] and re-attaches the
+//!   allocation with the token of its ALLOC reply, so FREE at the end still
+//!   works. If that fails it says so and the VMM keeps running: its memory
+//!   stays mapped, and the daemon never reuses memory a process maps.
 //!
 //! # How the VMM reaches the memory
 //!
@@ -54,10 +61,12 @@
 //! [`check_args`]: crate::launch::check_args
 //! [`run_vmm`]: crate::launch::run_vmm
 //! [`run`]: crate::launch::run
+//! [`reattach_timeout`]: crate::launch::LaunchConfig::reattach_timeout
 
 pub mod cloud_hypervisor;
 mod process;
 pub mod qemu;
+mod reattach;
 
 use std::ffi::{OsStr, OsString};
 use std::fmt;
@@ -344,6 +353,10 @@ pub enum LaunchError {
     Wait(#[source] std::io::Error),
 }
 
+/// Default of [`LaunchConfig::reattach_timeout`]: a `systemctl restart`
+/// of the daemon is well within it.
+pub const DEFAULT_REATTACH_TIMEOUT: Duration = Duration::from_secs(30);
+
 /// What `hugemem launch` runs.
 #[derive(Debug, Clone)]
 pub struct LaunchConfig {
@@ -366,6 +379,10 @@ pub struct LaunchConfig {
     pub alloc_wait: Option<Duration>,
     /// See [`BuildOptions::guest_numa`].
     pub guest_numa: bool,
+    /// How long to try to reach a restarted daemon and re-attach the
+    /// allocation when the daemon connection closes while the VMM runs
+    /// ([`DEFAULT_REATTACH_TIMEOUT`]).
+    pub reattach_timeout: Duration,
     /// The VMM kind, when its program name does not tell.
     pub vmm: Option<Vmm>,
     /// Program and arguments.
@@ -504,14 +521,37 @@ pub fn run(cfg: &LaunchConfig) -> Result<LaunchReport, LaunchError> {
     } else {
         alloc.fds.iter().map(AsFd::as_fd).collect()
     };
-    let outcome = run_vmm(&full, &inherit);
+    let held = reattach::Held {
+        id: alloc.id,
+        token: alloc.token(),
+        regions: alloc.regions.clone(),
+    };
+    let socket = cfg.socket.as_path();
+    let timeout = cfg.reattach_timeout;
+    // The watcher owns the connection while the VMM runs and gives back the
+    // one to FREE on (a new one after a daemon restart), if any.
+    let (outcome, client) = process::run_vmm_watching(
+        &full,
+        &inherit,
+        Some(|stop: &std::sync::atomic::AtomicBool| {
+            reattach::watch(client, socket, &held, timeout, stop)
+        }),
+    );
     drop(inherit);
     let size = alloc.size();
     let id = alloc.id;
     // Close our copies before FREE, so the daemon sees no holder but itself.
     drop(alloc);
-    if let Err(e) = client.free(id) {
-        warn!(error = %e, "FREE failed; the daemon releases the memory when this connection closes");
+    match client.flatten() {
+        Some(mut client) => {
+            if let Err(e) = client.free(id) {
+                warn!(error = %e, "FREE failed; the daemon releases the memory when this connection closes");
+            }
+        }
+        None => warn!(
+            alloc = id,
+            "no daemon connection holds the allocation any more; not freed by launch (the daemon releases it)"
+        ),
     }
     let (exit, vmm_time) = outcome?;
     info!(exit = %exit, vmm_seconds = vmm_time.as_secs_f64(), "{vmm} exited; memory freed");
@@ -656,6 +696,7 @@ mod tests {
             alloc_wait: None,
             lock: false,
             guest_numa: false,
+            reattach_timeout: DEFAULT_REATTACH_TIMEOUT,
             vmm: None,
             command: vec!["qemu-system-x86_64".into()],
         }

@@ -27,6 +27,14 @@
 //! The child's signal mask is restored in `pre_exec` (std keeps the parent's).
 //! Because blocking is per thread, this must run on the main thread before
 //! other threads exist, or another thread could take the signal instead.
+//!
+//! # A watcher beside the VMM
+//!
+//! [`run_vmm_watching`] runs one more function on its own thread while the
+//! VMM runs (`hugemem launch` watches its daemon connection there, to
+//! re-attach after a daemon restart). The thread is started after the
+//! signals are blocked, so it inherits the mask and never takes them; it is
+//! told to stop when the VMM has exited, and joined.
 
 use std::ffi::OsString;
 use std::fmt;
@@ -34,11 +42,12 @@ use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd, RawFd};
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::process::{Child, Command, ExitStatus};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use nix::sys::signal::{SigSet, SigmaskHow, Signal};
 use nix::unistd::Pid;
-use tracing::{debug, info};
+use tracing::{debug, info, warn};
 
 use super::LaunchError;
 
@@ -118,14 +127,53 @@ pub fn run_vmm(
     argv: &[OsString],
     inherit: &[BorrowedFd<'_>],
 ) -> Result<(VmmExit, Duration), LaunchError> {
+    run_vmm_watching(argv, inherit, None::<fn(&AtomicBool)>).0
+}
+
+/// [`run_vmm`], with `watch` running on a thread of its own while the VMM
+/// runs (see the module docs): it gets a flag that turns true once the VMM
+/// has exited and should return soon after. Returns what [`run_vmm`] does
+/// and, when the thread ran and did not panic, what `watch` returned.
+pub(crate) fn run_vmm_watching<R: Send>(
+    argv: &[OsString],
+    inherit: &[BorrowedFd<'_>],
+    watch: Option<impl FnOnce(&AtomicBool) -> R + Send>,
+) -> (Result<(VmmExit, Duration), LaunchError>, Option<R>) {
+    let set = forwarded_signals();
+    let old = match set.thread_swap_mask(SigmaskHow::SIG_BLOCK) {
+        Ok(old) => old,
+        Err(e) => return (Err(LaunchError::Wait(e.into())), None),
+    };
+    let _restore = MaskGuard(old);
+    let stop = AtomicBool::new(false);
+    std::thread::scope(|scope| {
+        // Started with the signals blocked: it inherits the mask.
+        let watcher = watch.and_then(|w| {
+            let stop = &stop;
+            std::thread::Builder::new()
+                .name("hm-launch-watch".into())
+                .spawn_scoped(scope, move || w(stop))
+                .inspect_err(|e| warn!(error = %e, "cannot start the daemon watcher thread"))
+                .ok()
+        });
+        let outcome = spawn_and_wait(argv, inherit, &set, old);
+        stop.store(true, Ordering::Release);
+        let watched = watcher.and_then(|h| h.join().ok());
+        (outcome, watched)
+    })
+}
+
+/// Spawns the VMM and waits for it, forwarding the signals of `set` (which
+/// the caller blocked; `old` is the mask to restore in the child).
+fn spawn_and_wait(
+    argv: &[OsString],
+    inherit: &[BorrowedFd<'_>],
+    set: &SigSet,
+    old: SigSet,
+) -> Result<(VmmExit, Duration), LaunchError> {
     let Some((program, args)) = argv.split_first() else {
         return Err(LaunchError::Options("no VMM command given".into()));
     };
-    let set = forwarded_signals();
-    let old = set
-        .thread_swap_mask(SigmaskHow::SIG_BLOCK)
-        .map_err(|e| LaunchError::Wait(e.into()))?;
-    let _restore = MaskGuard(old);
     let child_mask: libc::sigset_t = *old.as_ref();
     let fds: Vec<RawFd> = inherit.iter().map(AsRawFd::as_raw_fd).collect();
 
@@ -157,7 +205,7 @@ pub fn run_vmm(
         source,
     })?;
     info!(pid = child.id(), inherited_fds = ?inherit.iter().map(AsRawFd::as_raw_fd).collect::<Vec<_>>(), "VMM started");
-    match wait_forwarding(&mut child, &set) {
+    match wait_forwarding(&mut child, set) {
         Ok(status) => Ok((VmmExit::from_status(status), started.elapsed())),
         Err(e) => {
             let _ = child.kill();

@@ -1,6 +1,8 @@
 //! Request and reply payloads: encoding and checked decoding.
 
-use super::{Code, ProtoError, Status, MAX_MESSAGE, MAX_PATH, MAX_PAYLOAD, MAX_REGIONS};
+use super::{
+    Code, ProtoError, Status, MAX_MESSAGE, MAX_PATH, MAX_PAYLOAD, MAX_REGIONS, TOKEN_SIZE,
+};
 
 /// ALLOC request flag (byte 11, bit 0): create each region as a file on a
 /// hugetlbfs mount and send its path (for VMMs that must open a path, e.g.
@@ -17,6 +19,12 @@ const ALLOC_FLAGS_KNOWN: u8 = ALLOC_FLAG_PATHS | ALLOC_FLAG_WAIT;
 /// ALLOC reply flag (`u32` at body offset 12, bit 0): one path per region
 /// follows the region table.
 pub const ALLOC_REPLY_FLAG_PATHS: u32 = 1;
+/// ALLOC reply flag (bit 1): a 16-byte re-attach token follows the region
+/// table and the paths. Set only for a client that negotiated
+/// [`FEATURE_REATTACH`](super::FEATURE_REATTACH).
+pub const ALLOC_REPLY_FLAG_TOKEN: u32 = 2;
+/// Every ALLOC reply flag bit defined.
+const ALLOC_REPLY_FLAGS_KNOWN: u32 = ALLOC_REPLY_FLAG_PATHS | ALLOC_REPLY_FLAG_TOKEN;
 
 /// Page-size policy of an allocation (wire: u8).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -128,6 +136,14 @@ pub enum Request {
         /// The VMM's mappings of the allocation's regions (1..=[`MAX_REGIONS`]).
         ranges: Vec<UffdRange>,
     },
+    /// Take an orphaned allocation back (after a daemon restart) with the
+    /// token its ALLOC reply carried.
+    Reattach {
+        /// Allocation id from the ALLOC reply.
+        alloc_id: u64,
+        /// The token from the ALLOC reply ([`ALLOC_REPLY_FLAG_TOKEN`]).
+        token: [u8; TOKEN_SIZE],
+    },
 }
 
 /// One VMM mapping in a UFFD request (32 bytes on the wire): `len` bytes of
@@ -190,6 +206,18 @@ pub enum ReplyBody {
         /// Empty, or (when the request set [`ALLOC_FLAG_PATHS`]) one absolute
         /// hugetlbfs path per region, same order.
         paths: Vec<String>,
+        /// The re-attach token ([`ALLOC_REPLY_FLAG_TOKEN`]): present when the
+        /// connection negotiated [`FEATURE_REATTACH`](super::FEATURE_REATTACH).
+        token: Option<[u8; TOKEN_SIZE]>,
+    },
+    /// REATTACH: the allocation's region table as it is now (no fds: the
+    /// VMM still has them), so the VMM can check it is what it mapped.
+    Reattach {
+        /// Allocation id.
+        alloc_id: u64,
+        /// Regions, in guest-physical order, as in the ALLOC reply (flags
+        /// as they are now).
+        regions: Vec<RegionInfo>,
     },
     /// LOCK / UNLOCK.
     Lock {
@@ -275,6 +303,18 @@ impl Writer {
         self.0.extend_from_slice(v);
         self
     }
+    /// A region table: 40 bytes per region.
+    fn regions(&mut self, regions: &[RegionInfo]) -> &mut Self {
+        for g in regions {
+            self.u64(g.region_id)
+                .u64(g.guest_phys)
+                .u64(g.size)
+                .u64(g.page_size)
+                .u32(g.node)
+                .u32(g.flags);
+        }
+        self
+    }
 }
 
 /// Little-endian payload reader that never reads past the end.
@@ -306,6 +346,27 @@ impl<'a> Reader<'a> {
         let mut a = [0u8; 8];
         a.copy_from_slice(b);
         Ok(u64::from_le_bytes(a))
+    }
+    fn token(&mut self) -> Result<[u8; TOKEN_SIZE], ProtoError> {
+        let mut t = [0u8; TOKEN_SIZE];
+        t.copy_from_slice(self.take(TOKEN_SIZE, "token")?);
+        Ok(t)
+    }
+    /// `n` region-table entries, the count checked before allocating.
+    fn regions(&mut self, n: usize) -> Result<Vec<RegionInfo>, ProtoError> {
+        self.check_records(n, 40, MAX_REGIONS, "regions")?;
+        let mut regions = Vec::with_capacity(n);
+        for _ in 0..n {
+            regions.push(RegionInfo {
+                region_id: self.u64("region_id")?,
+                guest_phys: self.u64("guest_phys")?,
+                size: self.u64("size")?,
+                page_size: self.u64("page_size")?,
+                node: self.u32("node")?,
+                flags: self.u32("flags")?,
+            });
+        }
+        Ok(regions)
     }
     fn remaining(&self) -> usize {
         self.buf.len()
@@ -356,6 +417,7 @@ impl Request {
             Request::Rebalance { .. } => Code::Rebalance,
             Request::Stats => Code::Stats,
             Request::Uffd { .. } => Code::Uffd,
+            Request::Reattach { .. } => Code::Reattach,
         }
     }
 
@@ -416,6 +478,9 @@ impl Request {
                     w.u64(r.region_id).u64(r.offset).u64(r.vmm_addr).u64(r.len);
                 }
             }
+            Request::Reattach { alloc_id, token } => {
+                w.u64(*alloc_id).bytes(token);
+            }
         }
         w.0
     }
@@ -461,6 +526,10 @@ impl Request {
             }
             Code::Stats => Request::Stats,
             Code::Uffd => decode_uffd(&mut r)?,
+            Code::Reattach => Request::Reattach {
+                alloc_id: r.u64("alloc_id")?,
+                token: r.token()?,
+            },
         };
         r.finish()?;
         Ok(req)
@@ -622,29 +691,35 @@ impl Reply {
                 alloc_id,
                 regions,
                 paths,
+                token,
             } => {
-                let flags = if paths.is_empty() {
+                let mut flags = if paths.is_empty() {
                     0
                 } else {
                     ALLOC_REPLY_FLAG_PATHS
                 };
+                if token.is_some() {
+                    flags |= ALLOC_REPLY_FLAG_TOKEN;
+                }
                 w.u64(*alloc_id)
                     .u32(u32::try_from(regions.len()).unwrap_or(u32::MAX))
                     .u32(flags);
-                for g in regions {
-                    w.u64(g.region_id)
-                        .u64(g.guest_phys)
-                        .u64(g.size)
-                        .u64(g.page_size)
-                        .u32(g.node)
-                        .u32(g.flags);
-                }
+                w.regions(regions);
                 // The decoder insists on one path per region; a mismatch here
                 // is a daemon bug that the client reports as a protocol error.
                 for p in paths {
                     w.u32(u32::try_from(p.len()).unwrap_or(u32::MAX))
                         .bytes(p.as_bytes());
                 }
+                if let Some(t) = token {
+                    w.bytes(t);
+                }
+            }
+            ReplyBody::Reattach { alloc_id, regions } => {
+                w.u64(*alloc_id)
+                    .u32(u32::try_from(regions.len()).unwrap_or(u32::MAX))
+                    .u32(0);
+                w.regions(regions);
             }
             ReplyBody::Lock { bytes, micros } => {
                 w.u64(*bytes).u64(*micros);
@@ -700,24 +775,13 @@ impl Reply {
                 let alloc_id = r.u64("alloc_id")?;
                 let n = r.u32("n_regions")? as usize;
                 let flags = r.u32("flags")?;
-                if flags & !ALLOC_REPLY_FLAG_PATHS != 0 {
+                if flags & !ALLOC_REPLY_FLAGS_KNOWN != 0 {
                     return Err(bad(format!(
                         "undefined ALLOC reply flag bits {:#x}",
-                        flags & !ALLOC_REPLY_FLAG_PATHS
+                        flags & !ALLOC_REPLY_FLAGS_KNOWN
                     )));
                 }
-                r.check_records(n, 40, MAX_REGIONS, "regions")?;
-                let mut regions = Vec::with_capacity(n);
-                for _ in 0..n {
-                    regions.push(RegionInfo {
-                        region_id: r.u64("region_id")?,
-                        guest_phys: r.u64("guest_phys")?,
-                        size: r.u64("size")?,
-                        page_size: r.u64("page_size")?,
-                        node: r.u32("node")?,
-                        flags: r.u32("flags")?,
-                    });
-                }
+                let regions = r.regions(n)?;
                 let mut paths = Vec::new();
                 if flags & ALLOC_REPLY_FLAG_PATHS != 0 {
                     // Each record is at least its 4-byte length.
@@ -727,10 +791,29 @@ impl Reply {
                         paths.push(decode_path(&mut r)?);
                     }
                 }
+                // After the paths: the decoder needs no session state, the
+                // flag says whether the token is there.
+                let token = if flags & ALLOC_REPLY_FLAG_TOKEN != 0 {
+                    Some(r.token()?)
+                } else {
+                    None
+                };
                 ReplyBody::Alloc {
                     alloc_id,
                     regions,
                     paths,
+                    token,
+                }
+            }
+            Code::Reattach => {
+                let alloc_id = r.u64("alloc_id")?;
+                let n = r.u32("n_regions")? as usize;
+                if r.u32("reserved")? != 0 {
+                    return Err(bad("reserved field must be zero"));
+                }
+                ReplyBody::Reattach {
+                    alloc_id,
+                    regions: r.regions(n)?,
                 }
             }
             Code::Lock | Code::Unlock => ReplyBody::Lock {

@@ -1,6 +1,10 @@
 //! Tests of `messages`: round trips and checked decoding.
 use super::*;
-use crate::proto::MAX_PATH;
+use crate::proto::{MAX_PATH, TOKEN_SIZE};
+
+const TOKEN: [u8; TOKEN_SIZE] = [
+    0x10, 0x21, 0x32, 0x43, 0x54, 0x65, 0x76, 0x87, 0x98, 0xa9, 0xba, 0xcb, 0xdc, 0xed, 0xfe, 0x0f,
+];
 
 fn alloc() -> AllocRequest {
     AllocRequest {
@@ -66,6 +70,10 @@ fn requests_round_trip() {
         },
         Request::Stats,
         uffd_request(),
+        Request::Reattach {
+            alloc_id: 7,
+            token: TOKEN,
+        },
     ];
     for req in all {
         let bytes = req.encode();
@@ -97,7 +105,31 @@ fn replies_round_trip() {
                 alloc_id: 5,
                 regions: vec![region, region],
                 paths: vec![],
+                token: None,
             }),
+        ),
+        (
+            Code::Alloc,
+            Reply::ok(ReplyBody::Alloc {
+                alloc_id: 5,
+                regions: vec![region],
+                paths: vec![],
+                token: Some(TOKEN),
+            }),
+        ),
+        (
+            Code::Reattach,
+            Reply::ok(ReplyBody::Reattach {
+                alloc_id: 5,
+                regions: vec![region, region],
+            }),
+        ),
+        (
+            Code::Reattach,
+            Reply::error(
+                Status::NotFound,
+                "allocation 5 does not exist or does not belong to this connection",
+            ),
         ),
         (
             Code::Alloc,
@@ -108,6 +140,7 @@ fn replies_round_trip() {
                     "/dev/hugepages-1G/vm.1.0".into(),
                     "/dev/hugepages-1G/vm.1.1".into(),
                 ],
+                token: Some(TOKEN),
             }),
         ),
         (Code::Free, Reply::ok(ReplyBody::Empty)),
@@ -240,6 +273,7 @@ fn paths_reply(paths: Vec<String>) -> Vec<u8> {
         alloc_id: 1,
         regions: vec![region],
         paths,
+        token: None,
     })
     .encode()
 }
@@ -263,7 +297,7 @@ fn alloc_reply_paths_are_checked() {
     ));
     // Undefined reply flag bits.
     let mut bytes = good.clone();
-    bytes[8 + 12] = 2;
+    bytes[8 + 12] = 4;
     assert!(Reply::decode(Code::Alloc, &bytes).is_err());
     // Relative, NUL, too long, empty, not UTF-8.
     for bad_path in [
@@ -404,4 +438,147 @@ fn malformed_uffd_is_refused() {
         with(&|r| r.vmm_addr = 0x7f00_0000_0000 + (3 << 30)).is_ok(),
         "adjacent is fine"
     );
+}
+
+fn region(id: u64) -> RegionInfo {
+    RegionInfo {
+        region_id: id,
+        guest_phys: (id - 1) << 21,
+        size: 2 << 20,
+        page_size: 2 << 20,
+        node: 0,
+        flags: RegionInfo::FLAG_CLEAN | RegionInfo::FLAG_LOCKED,
+    }
+}
+
+#[test]
+fn alloc_reply_without_a_token_is_the_old_bytes() {
+    // A client that did not negotiate FEATURE_REATTACH sees exactly the
+    // layout it knew: flags word 0, nothing after the table.
+    let bytes = Reply::ok(ReplyBody::Alloc {
+        alloc_id: 7,
+        regions: vec![region(1)],
+        paths: vec![],
+        token: None,
+    })
+    .encode();
+    assert_eq!(bytes.len(), 8 + 16 + 40);
+    assert_eq!(&bytes[8 + 12..8 + 16], &0u32.to_le_bytes());
+}
+
+#[test]
+fn alloc_reply_token_layout() {
+    // Token after the table and after the paths; flag bit 1.
+    let bytes = Reply::ok(ReplyBody::Alloc {
+        alloc_id: 7,
+        regions: vec![region(1)],
+        paths: vec!["/dev/hugepages/a".into()],
+        token: Some(TOKEN),
+    })
+    .encode();
+    let flags = ALLOC_REPLY_FLAG_PATHS | ALLOC_REPLY_FLAG_TOKEN;
+    assert_eq!(&bytes[8 + 12..8 + 16], &flags.to_le_bytes());
+    assert_eq!(bytes.len(), 8 + 16 + 40 + 4 + 16 + TOKEN_SIZE);
+    assert_eq!(&bytes[bytes.len() - TOKEN_SIZE..], &TOKEN);
+    // The token flag alone: the token follows the table directly.
+    let bytes = Reply::ok(ReplyBody::Alloc {
+        alloc_id: 7,
+        regions: vec![region(1)],
+        paths: vec![],
+        token: Some(TOKEN),
+    })
+    .encode();
+    assert_eq!(
+        &bytes[8 + 12..8 + 16],
+        &ALLOC_REPLY_FLAG_TOKEN.to_le_bytes()
+    );
+    assert_eq!(&bytes[8 + 16 + 40..], &TOKEN);
+    // Truncated anywhere (the token included): an error, never a panic.
+    for cut in 0..bytes.len() {
+        assert!(
+            Reply::decode(Code::Alloc, &bytes[..cut]).is_err(),
+            "cut at {cut}"
+        );
+    }
+    let mut long = bytes.clone();
+    long.push(0);
+    assert!(matches!(
+        Reply::decode(Code::Alloc, &long),
+        Err(ProtoError::TrailingBytes(1))
+    ));
+    // The flag without the token bytes is truncation; token bytes without
+    // the flag are trailing bytes.
+    let mut no_flag = bytes;
+    no_flag[8 + 12] = 0;
+    assert!(matches!(
+        Reply::decode(Code::Alloc, &no_flag),
+        Err(ProtoError::TrailingBytes(TOKEN_SIZE))
+    ));
+}
+
+#[test]
+fn reattach_request_layout_and_checks() {
+    let req = Request::Reattach {
+        alloc_id: 0x0102_0304_0506_0708,
+        token: TOKEN,
+    };
+    let bytes = req.encode();
+    assert_eq!(bytes.len(), 8 + TOKEN_SIZE);
+    assert_eq!(&bytes[0..8], &0x0102_0304_0506_0708u64.to_le_bytes());
+    assert_eq!(&bytes[8..], &TOKEN);
+    assert_eq!(req.code(), Code::Reattach);
+    assert_eq!(req.expected_fds(), 0);
+    assert_eq!(Code::from_u32(9), Some(Code::Reattach));
+    for cut in 0..bytes.len() {
+        assert!(
+            matches!(
+                Request::decode(Code::Reattach, &bytes[..cut]),
+                Err(ProtoError::Truncated { .. })
+            ),
+            "cut at {cut}"
+        );
+    }
+    let mut long = bytes;
+    long.push(0);
+    assert!(matches!(
+        Request::decode(Code::Reattach, &long),
+        Err(ProtoError::TrailingBytes(1))
+    ));
+}
+
+#[test]
+fn reattach_reply_layout_and_checks() {
+    let reply = Reply::ok(ReplyBody::Reattach {
+        alloc_id: 7,
+        regions: vec![region(1), region(2)],
+    });
+    let bytes = reply.encode();
+    assert_eq!(bytes.len(), 8 + 16 + 2 * 40);
+    assert_eq!(&bytes[8..16], &7u64.to_le_bytes());
+    assert_eq!(&bytes[16..20], &2u32.to_le_bytes());
+    assert_eq!(&bytes[20..24], &0u32.to_le_bytes());
+    assert_eq!(&bytes[24..32], &1u64.to_le_bytes());
+    for cut in 0..bytes.len() {
+        assert!(
+            Reply::decode(Code::Reattach, &bytes[..cut]).is_err(),
+            "cut at {cut}"
+        );
+    }
+    let mut long = bytes.clone();
+    long.push(0);
+    assert!(matches!(
+        Reply::decode(Code::Reattach, &long),
+        Err(ProtoError::TrailingBytes(1))
+    ));
+    // The reserved word, and a count beyond the limit (refused from the
+    // count alone).
+    let mut reserved = bytes.clone();
+    reserved[20] = 1;
+    assert!(Reply::decode(Code::Reattach, &reserved).is_err());
+    let mut huge = bytes;
+    huge[16..20].copy_from_slice(&u32::MAX.to_le_bytes());
+    assert!(matches!(
+        Reply::decode(Code::Reattach, &huge),
+        Err(ProtoError::OutOfBounds(_))
+    ));
 }

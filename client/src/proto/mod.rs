@@ -22,7 +22,7 @@ pub mod validate;
 pub use framing::{Frame, FrameReader};
 pub use messages::{
     AllocPart, AllocRequest, ClearMode, PagePolicy, RegionInfo, Reply, ReplyBody, Request,
-    UffdRange, ALLOC_FLAG_PATHS, ALLOC_FLAG_WAIT, ALLOC_REPLY_FLAG_PATHS,
+    UffdRange, ALLOC_FLAG_PATHS, ALLOC_FLAG_WAIT, ALLOC_REPLY_FLAG_PATHS, ALLOC_REPLY_FLAG_TOKEN,
 };
 pub use socket::{recv_message, send_message};
 pub use validate::check_uffd_ranges;
@@ -42,7 +42,11 @@ pub const MAX_MESSAGE: usize = 4096;
 /// Longest hugetlbfs path in an ALLOC reply, in bytes: 64 of them plus the
 /// region table and a maximal message still fit in [`MAX_PAYLOAD`].
 pub const MAX_PATH: usize = 512;
-const _: () = assert!(8 + MAX_MESSAGE + 16 + MAX_REGIONS * (40 + 4 + MAX_PATH) <= MAX_PAYLOAD);
+const _: () =
+    assert!(8 + MAX_MESSAGE + 16 + MAX_REGIONS * (40 + 4 + MAX_PATH) + TOKEN_SIZE <= MAX_PAYLOAD);
+/// Length of a re-attach token (ALLOC reply with [`ALLOC_REPLY_FLAG_TOKEN`],
+/// REATTACH request).
+pub const TOKEN_SIZE: usize = 16;
 /// Node id meaning "any node" in an ALLOC part.
 pub const ANY_NODE: u32 = u32::MAX;
 
@@ -59,6 +63,9 @@ const FLAGS_KNOWN: u32 = FLAG_VERSION_MASK | FLAG_REPLY | FLAG_NEED_REPLY;
 pub const FEATURE_LAZY: u64 = 1 << 0;
 /// Feature bit: REBALANCE is implemented.
 pub const FEATURE_REBALANCE: u64 = 1 << 1;
+/// Feature bit: ALLOC replies carry a re-attach token and REATTACH is
+/// implemented (a VMM takes its allocation back after a daemon restart).
+pub const FEATURE_REATTACH: u64 = 1 << 2;
 
 /// Request codes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -81,6 +88,9 @@ pub enum Code {
     /// Lazy mode: hand the daemon a userfaultfd registered over the VMM's
     /// mappings of an allocation (one fd).
     Uffd = 8,
+    /// Take an orphaned allocation (one a restarted daemon restored) back
+    /// with its token.
+    Reattach = 9,
 }
 
 impl Code {
@@ -95,6 +105,7 @@ impl Code {
             6 => Code::Rebalance,
             7 => Code::Stats,
             8 => Code::Uffd,
+            9 => Code::Reattach,
             _ => return None,
         })
     }

@@ -111,6 +111,10 @@ fn seeds() -> Vec<Vec<u8>> {
         },
         Request::Stats,
         uffd,
+        Request::Reattach {
+            alloc_id: 9,
+            token: [0x5a; 16],
+        },
     ];
     let mut out = Vec::new();
     for (i, r) in requests.iter().enumerate() {
@@ -148,6 +152,7 @@ fn seeds() -> Vec<Vec<u8>> {
                 alloc_id: 5,
                 regions: vec![region, region],
                 paths: vec![],
+                token: None,
             }),
         ),
         (
@@ -156,6 +161,14 @@ fn seeds() -> Vec<Vec<u8>> {
                 alloc_id: 5,
                 regions: vec![region],
                 paths: vec!["/dev/hugepages/a".into()],
+                token: Some([0xa5; 16]),
+            }),
+        ),
+        (
+            Code::Reattach,
+            Reply::ok(ReplyBody::Reattach {
+                alloc_id: 5,
+                regions: vec![region, region],
             }),
         ),
         (

@@ -30,7 +30,9 @@ impl Pool {
         let EntryState::InUse(alloc) = e.state else {
             return None;
         };
-        let session = g.allocs.get(&alloc)?.session;
+        // An orphaned allocation is no client's: not moved, not reported
+        // as a client's, until its VMM re-attaches.
+        let session = g.allocs.get(&alloc)?.session?;
         Some(InUseRegion {
             id,
             region: Arc::clone(&e.region),

@@ -56,6 +56,11 @@
 //! * Reads: [`Pool::stats`], [`Pool::pooled`], the allocations of a session
 //!   ([`Pool::regions_of`] and its kin); for REBALANCE the in-use regions
 //!   and their placement marks (`in_use.rs`).
+//! * Owners (`owners.rs`): every allocation has a tenant uid and a secret
+//!   re-attach token. [`Pool::orphan`] detaches an allocation from its
+//!   session (a restarted daemon restores allocations that way);
+//!   [`Pool::reattach`] gives an orphaned one to the session that shows its
+//!   token; [`Pool::allocation_tokens`] is what the restore code saves.
 //!
 //! **Sizes.** Memfds are sealed against shrinking (`F_SEAL_SHRINK`, see
 //! `guest_mem::region`) but not against growing. A request is served by an
@@ -93,6 +98,7 @@ mod given_back;
 mod handover;
 mod held;
 mod in_use;
+mod owners;
 mod release;
 mod scrubbing;
 mod stats;
@@ -106,6 +112,7 @@ pub use gate::ReserveGate;
 pub use handover::{Adopted, AllocSnapshot, Life, RegionSnapshot, Snapshot};
 pub use held::{Held, HeldRegion, Why};
 pub use in_use::InUseRegion;
+pub use owners::{AllocToken, TOKEN_SIZE};
 pub use scrubbing::Scrubbed;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -190,9 +197,23 @@ struct Entry {
 
 #[derive(Debug)]
 struct Allocation {
-    session: SessionId,
+    /// The session that owns it; `None`: **orphaned**, restored after a
+    /// restart and waiting for its VMM to re-attach ([`Pool::reattach`]).
+    /// An orphaned allocation is no session's: FREE, LOCK, UNLOCK and UFFD
+    /// refuse it, and no disconnect releases it.
+    session: Option<SessionId>,
     regions: Vec<RegionId>,
     locked: bool,
+    /// The uid it was handed to; only that uid may re-attach it.
+    tenant: u32,
+    /// The secret that re-attaches it (random, sent once in the ALLOC reply).
+    token: AllocToken,
+    /// Handed out in lazy mode (its regions may have uncleared pages).
+    lazy: bool,
+    /// Its lazy regions are served by the VMM's fallback, not by a fault
+    /// service of this daemon (the uffd went with the old connection, or
+    /// the old daemon): UFFD on it is refused.
+    lazy_fallback: bool,
 }
 
 #[derive(Debug, Default)]
@@ -202,6 +223,14 @@ struct Inner {
     above_target_since: HashMap<NodeId, Instant>,
     stopping: bool,
     given_back: given_back::Recent,
+}
+
+/// How an allocation is handed out (see [`Pool::commit`]).
+#[derive(Debug, Clone, Copy)]
+struct Owner {
+    locked: bool,
+    lazy: bool,
+    token: AllocToken,
 }
 
 /// A region an ALLOC holds in `Reserved` (see [`Pool::take`]).
@@ -587,6 +616,8 @@ impl Pool {
         lazy: bool,
         locked: bool,
     ) -> Result<AllocId, String> {
+        // Before the lock: a syscall.
+        let token = owners::new_token()?;
         let mut g = self.lock();
         for id in ids {
             let e = g
@@ -614,7 +645,17 @@ impl Pool {
         }
         // Eager: every page is Clean (checked above under the lock every
         // entry transition takes; scrubbers never touch Clean pages).
-        Ok(self.hand_out(&mut g, session, tenant, ids, locked))
+        Ok(self.hand_out(
+            &mut g,
+            session,
+            tenant,
+            ids,
+            Owner {
+                locked,
+                lazy,
+                token,
+            },
+        ))
     }
 
     /// The part of [`Pool::commit`] after its checks: regions whose pages are all `Clean` move to `Mapped`
@@ -626,7 +667,7 @@ impl Pool {
         session: SessionId,
         tenant: u32,
         ids: &[RegionId],
-        locked: bool,
+        owner: Owner,
     ) -> AllocId {
         let alloc = self.next_alloc.fetch_add(1, Ordering::Relaxed);
         for id in ids {
@@ -645,9 +686,13 @@ impl Pool {
         g.allocs.insert(
             alloc,
             Allocation {
-                session,
+                session: Some(session),
                 regions: ids.to_vec(),
-                locked,
+                locked: owner.locked,
+                tenant,
+                token: owner.token,
+                lazy: owner.lazy,
+                lazy_fallback: false,
             },
         );
         alloc
@@ -665,7 +710,7 @@ impl Pool {
     ) -> Result<(Vec<Arc<Region>>, bool), OwnershipError> {
         let g = self.lock();
         let a = g.allocs.get(&alloc).ok_or(OwnershipError::Unknown(alloc))?;
-        if a.session != session {
+        if a.session != Some(session) {
             return Err(OwnershipError::NotYours(alloc));
         }
         let regions = a
@@ -700,7 +745,7 @@ impl Pool {
         self.lock()
             .allocs
             .values()
-            .filter(|a| a.session == session)
+            .filter(|a| a.session == Some(session))
             .flat_map(|a| a.regions.iter().copied())
             .collect()
     }
@@ -710,7 +755,7 @@ impl Pool {
         self.lock()
             .allocs
             .values()
-            .filter(|a| a.session == session)
+            .filter(|a| a.session == Some(session))
             .count()
     }
 }

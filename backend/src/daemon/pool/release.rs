@@ -27,7 +27,7 @@ impl Pool {
     pub fn release(&self, alloc: AllocId, session: SessionId) -> Result<Released, OwnershipError> {
         let mut g = self.lock();
         let a = g.allocs.get(&alloc).ok_or(OwnershipError::Unknown(alloc))?;
-        if a.session != session {
+        if a.session != Some(session) {
             return Err(OwnershipError::NotYours(alloc));
         }
         let a = g
@@ -43,7 +43,7 @@ impl Pool {
         let ids: Vec<AllocId> = g
             .allocs
             .iter()
-            .filter(|(_, a)| a.session == session)
+            .filter(|(_, a)| a.session == Some(session))
             .map(|(id, _)| *id)
             .collect();
         ids.into_iter()
