@@ -278,16 +278,28 @@ fn spawn_handler(mut handler: Handler) {
     });
 }
 
+/// What a predecessor daemon said of a connection it handed over.
+#[derive(Debug)]
+pub struct Inherited {
+    /// Its session id.
+    pub session: u64,
+    /// HANDSHAKE done.
+    pub handshaken: bool,
+    /// The features it negotiated.
+    pub features: u64,
+    /// The frame its peer had begun.
+    pub reader: FrameReader,
+    /// Its lazy allocations.
+    pub lazy: Vec<super::lazy_allocs::Suspended>,
+}
+
 /// A connection a predecessor daemon handed over (`super::handover`): its
 /// socket, session id, handshake state, the frame its peer had begun, and
 /// its lazy allocations (their fault services restart here).
 pub fn adopt_connection(
     shared: &Arc<Shared>,
     stream: std::os::unix::net::UnixStream,
-    session_id: u64,
-    handshaken: bool,
-    reader: FrameReader,
-    lazy: Vec<super::lazy_allocs::Suspended>,
+    conn: Inherited,
 ) -> std::io::Result<()> {
     stream.set_nonblocking(true)?;
     let stream = UnixStream::from_std(stream)?;
@@ -305,13 +317,19 @@ pub fn adopt_connection(
             shared.slots.force(peer.uid)
         }
     };
-    let mut session = Session::inherited(session_id, peer, Arc::clone(shared), handshaken);
-    session.resume_lazy(lazy);
+    let mut session = Session::inherited(
+        conn.session,
+        peer,
+        Arc::clone(shared),
+        conn.handshaken,
+        conn.features,
+    );
+    session.resume_lazy(conn.lazy);
     spawn_handler(Handler {
         stream,
         session,
         shared: Arc::clone(shared),
-        reader,
+        reader: conn.reader,
         _permit: permit,
     });
     Ok(())
@@ -372,6 +390,7 @@ impl Handler {
                 session: self.session.id(),
                 stream: dup(self.stream.as_fd())?,
                 handshaken: self.session.handshaken(),
+                features: self.session.features(),
                 partial: partial.clone(),
                 partial_fds: partial_fds
                     .iter()

@@ -110,7 +110,13 @@ impl Session {
 
     /// A session a predecessor daemon handed over (`super::handover`):
     /// same id, same allocations (in the pool already), same handshake.
-    pub fn inherited(id: SessionId, peer: PeerCred, shared: Arc<Shared>, handshaken: bool) -> Self {
+    pub fn inherited(
+        id: SessionId,
+        peer: PeerCred,
+        shared: Arc<Shared>,
+        handshaken: bool,
+        features: u64,
+    ) -> Self {
         Metrics::add(&shared.metrics.sessions_active, 1);
         info!(session = id, uid = peer.uid, pid = ?peer.pid, "session taken over");
         shared.rebalance.client_started(id, peer.pid);
@@ -119,6 +125,8 @@ impl Session {
             peer,
             shared,
             handshaken,
+            features: features & DAEMON_FEATURES,
+            reattach_refused: 0,
             watching: false,
             lazy: super::lazy_allocs::LazyAllocs::new(),
         };
@@ -178,6 +186,11 @@ impl Session {
     /// out for being idle: closing it would free its guest RAM).
     pub fn holds_memory(&self) -> bool {
         self.shared.pool.allocations_of(self.id) > 0
+    }
+
+    /// The features negotiated at HANDSHAKE.
+    pub fn features(&self) -> u64 {
+        self.features
     }
 
     /// True once HANDSHAKE succeeded.

@@ -83,6 +83,8 @@ pub struct ParkedConnection {
     pub stream: OwnedFd,
     /// HANDSHAKE done.
     pub handshaken: bool,
+    /// The features it negotiated.
+    pub features: u64,
     /// A frame begun: its bytes and fds.
     pub partial: Vec<u8>,
     /// See `partial`.
@@ -409,6 +411,7 @@ fn build(shared: &Shared, snap: &Snapshot) -> Result<(State, Vec<OwnedFd>), Stri
             session: c.session,
             fd,
             handshaken: c.handshaken,
+            features: c.features,
             partial: state::hex(&c.partial),
             partial_fds,
             lazy,
@@ -434,6 +437,10 @@ fn build(shared: &Shared, snap: &Snapshot) -> Result<(State, Vec<OwnedFd>), Stri
                 session: a.session,
                 regions: a.regions.clone(),
                 locked: a.locked,
+                tenant: a.tenant,
+                token: state::hex(&a.token),
+                lazy: a.lazy,
+                lazy_fallback: a.lazy_fallback,
             })
             .collect(),
         connections,
@@ -711,11 +718,27 @@ pub fn adopt_into(topology: &numa::Topology, pool: &super::pool::Pool, inh: &mut
     }
     let allocs = std::mem::take(&mut inh.state.allocations)
         .into_iter()
-        .map(|a| AllocSnapshot {
-            id: a.id,
-            session: a.session,
-            regions: a.regions,
-            locked: a.locked,
+        .filter_map(|a| {
+            let token = state::unhex(&a.token)
+                .ok()
+                .and_then(|t| <[u8; 16]>::try_from(t).ok());
+            let Some(token) = token else {
+                warn!(
+                    alloc = a.id,
+                    "an inherited allocation's token is malformed; not tracked"
+                );
+                return None;
+            };
+            Some(AllocSnapshot {
+                id: a.id,
+                session: a.session,
+                regions: a.regions,
+                locked: a.locked,
+                tenant: a.tenant,
+                token,
+                lazy: a.lazy,
+                lazy_fallback: a.lazy_fallback,
+            })
         })
         .collect();
     let regions = adopted.len();
@@ -783,9 +806,14 @@ pub fn resume_connections(
                 uffd: l.uffd.and_then(|i| inh.take(i)),
             })
             .collect();
-        if let Err(e) =
-            super::server::adopt_connection(shared, stream, c.session, c.handshaken, reader, lazy)
-        {
+        let conn = super::server::Inherited {
+            session: c.session,
+            handshaken: c.handshaken,
+            features: c.features,
+            reader,
+            lazy,
+        };
+        if let Err(e) = super::server::adopt_connection(shared, stream, conn) {
             warn!(session = c.session, error = %e, "cannot take an inherited connection over; its allocations stay until its VMM exits");
         }
     }

@@ -106,12 +106,22 @@ pub struct RegionRecord {
 pub struct AllocRecord {
     /// Allocation id.
     pub id: u64,
-    /// The session that owns it.
-    pub session: u64,
+    /// The session that owns it; `None`: orphaned (waiting for its VMM to
+    /// re-attach).
+    pub session: Option<u64>,
     /// Its regions, in reply order.
     pub regions: Vec<u64>,
     /// Locked.
     pub locked: bool,
+    /// The uid it was handed to.
+    pub tenant: u32,
+    /// Its re-attach token, as hex (the state memfd is the daemon uid's
+    /// and sealed; it never reaches a tenant).
+    pub token: String,
+    /// Handed out lazily.
+    pub lazy: bool,
+    /// Its lazy regions are served by the VMM's fallback.
+    pub lazy_fallback: bool,
 }
 
 /// One live connection.
@@ -123,6 +133,8 @@ pub struct ConnectionRecord {
     pub fd: usize,
     /// HANDSHAKE done.
     pub handshaken: bool,
+    /// The features it negotiated.
+    pub features: u64,
     /// A frame the peer had begun to send, as hex (its first bytes).
     pub partial: String,
     /// Fds that came with that partial frame (indices in the fd list).

@@ -52,12 +52,21 @@ pub struct RegionSnapshot {
 pub struct AllocSnapshot {
     /// Its id.
     pub id: AllocId,
-    /// The session (connection) that owns it.
-    pub session: SessionId,
+    /// The session (connection) that owns it; `None`: orphaned, waiting
+    /// for its VMM to re-attach.
+    pub session: Option<SessionId>,
     /// Its regions, in reply order.
     pub regions: Vec<RegionId>,
     /// Locked.
     pub locked: bool,
+    /// The uid it was handed to.
+    pub tenant: u32,
+    /// Its re-attach token.
+    pub token: super::owners::AllocToken,
+    /// Handed out lazily.
+    pub lazy: bool,
+    /// Its lazy regions are served by the VMM's fallback.
+    pub lazy_fallback: bool,
 }
 
 /// Everything the pool owns, for the state document.
@@ -138,6 +147,10 @@ impl Pool {
                 session: a.session,
                 regions: a.regions.clone(),
                 locked: a.locked,
+                tenant: a.tenant,
+                token: a.token,
+                lazy: a.lazy,
+                lazy_fallback: a.lazy_fallback,
             });
         }
         for r in &out.regions {
@@ -235,6 +248,10 @@ impl Pool {
                     session: a.session,
                     regions: a.regions,
                     locked: a.locked,
+                    tenant: a.tenant,
+                    token: a.token,
+                    lazy: a.lazy,
+                    lazy_fallback: a.lazy_fallback,
                 },
             );
         }
