@@ -239,3 +239,25 @@ pub fn owner_and_size(fd: BorrowedFd<'_>) -> io::Result<(u32, u64)> {
     let st = nix::sys::stat::fstat(fd).map_err(io::Error::from)?;
     Ok((st.st_uid, u64::try_from(st.st_size).unwrap_or(0)))
 }
+
+/// True when fd `their_fd` of process `pid` is the very open file
+/// description that this process's `own_fd` is (`kcmp(KCMP_FILE)`): a
+/// duplicate of the daemon's own, held by the service manager's fd store or
+/// in flight to a successor, never a tenant's (tenants get descriptions of
+/// their own, [`reopen`]). False when it is not, or cannot be told
+/// (`kcmp` missing or not permitted): the caller then counts a holder.
+pub fn same_description(pid: i32, their_fd: i32, own_fd: i32) -> bool {
+    const KCMP_FILE: libc::c_long = 0;
+    // SAFETY: kcmp takes integers only and touches no memory of this process.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_kcmp,
+            libc::c_long::from(libc::getpid()),
+            libc::c_long::from(pid),
+            KCMP_FILE,
+            libc::c_long::from(own_fd),
+            libc::c_long::from(their_fd),
+        )
+    };
+    r == 0
+}

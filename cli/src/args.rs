@@ -398,6 +398,12 @@ pub(crate) struct ServeArgs {
     /// serves (docs/operations.md, "Upgrading").
     #[arg(long)]
     pub(crate) takeover: bool,
+    /// Keep the pool, the allocations and the socket in systemd's
+    /// file-descriptor store, so that `systemctl restart` and a crash lose
+    /// none of them (the unit needs FileDescriptorStoreMax=; see
+    /// docs/operations.md, "Upgrading").
+    #[arg(long)]
+    pub(crate) fd_store: bool,
 }
 
 pub(crate) fn parse_size_arg(s: &str) -> Result<u64, String> {

@@ -132,7 +132,7 @@ fn serve(args: ServeArgs) -> Result<()> {
     } else {
         backend::daemon::Start::Fresh
     };
-    backend::daemon::serve(config, mode).context("hugemem serve failed")
+    backend::daemon::serve(config, mode, args.fd_store).context("hugemem serve failed")
 }
 
 fn main() {

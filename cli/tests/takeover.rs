@@ -389,6 +389,8 @@ fn a_newer_state_document_is_refused_with_its_version() {
             version: state::VERSION + 1,
             daemon_version: "99.0.0".into(),
             pid: std::process::id(),
+            seq: 1,
+            last: true,
             listener: None,
             metrics: None,
             socket_owned: true,

@@ -308,6 +308,11 @@ pub struct LimitsConfig {
     pub handshake_timeout_secs: u64,
     /// Seconds a reply write may take before the connection is dropped.
     pub write_timeout_secs: u64,
+    /// Seconds an allocation restored from systemd's fd store (after a
+    /// restart or crash) waits for its VMM to re-attach (REATTACH with its
+    /// token) before it is released into quarantine, where it stays until
+    /// the VMM lets go of it.
+    pub reattach_timeout_secs: u64,
 }
 
 impl Default for LimitsConfig {
@@ -320,6 +325,7 @@ impl Default for LimitsConfig {
             max_alloc: ByteSize(0),
             handshake_timeout_secs: 10,
             write_timeout_secs: 30,
+            reattach_timeout_secs: 60,
         }
     }
 }

@@ -252,6 +252,11 @@ fn scan_fds(
                 if is_self && targets[i].fd == fd {
                     continue;
                 }
+                // The daemon's own description, duplicated into systemd's
+                // fd store or in flight to a successor: not a holder.
+                if crate::sys::same_description(pid, fd, targets[i].fd) {
+                    continue;
+                }
                 mark(
                     holders,
                     i,

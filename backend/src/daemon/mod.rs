@@ -73,6 +73,7 @@
 pub mod alloc;
 pub mod config;
 pub mod exporter;
+pub mod fdstore;
 pub mod handover;
 pub mod holders;
 pub mod lazy_allocs;
@@ -291,6 +292,7 @@ pub struct Shared {
     rebalance: rebalance::Rebalancer,
     refill: refill::Refill,
     handover: handover::Handover,
+    fdstore: fdstore::FdStore,
     slots: Arc<server::Slots>,
     scrubbers: std::sync::Mutex<Scrubbers>,
     next_session: std::sync::atomic::AtomicU64,
@@ -441,6 +443,7 @@ pub struct DaemonHandle {
     shared: Arc<Shared>,
     metrics_addr: Option<SocketAddr>,
     thread: Option<JoinHandle<()>>,
+    rt: tokio::runtime::Handle,
 }
 
 impl Daemon {
@@ -470,7 +473,7 @@ impl Daemon {
         config: Config,
         listener: Option<std::os::unix::net::UnixListener>,
     ) -> Result<DaemonHandle> {
-        Self::start_with(config, listener, None)
+        Self::start_with(config, listener, None, false)
     }
 
     /// As [`Daemon::start`], on what a predecessor handed over
@@ -484,13 +487,21 @@ impl Daemon {
     /// As [`Daemon::start`]; a region that fails its checks is no error
     /// (it is quarantined or given back, and logged).
     pub fn start_inherited(config: Config, inherited: handover::Inherited) -> Result<DaemonHandle> {
-        Self::start_with(config, None, Some(inherited))
+        Self::start_with(config, None, Some(inherited), false)
     }
 
-    fn start_with(
+    /// The general start: on a passed listener (systemd's socket), on what
+    /// a predecessor or systemd's fd store handed over, and keeping state
+    /// in systemd's fd store (`fd_store`, see [`fdstore`]).
+    ///
+    /// # Errors
+    ///
+    /// As [`Daemon::start`].
+    pub fn start_with(
         config: Config,
         listener: Option<std::os::unix::net::UnixListener>,
         mut inherited: Option<handover::Inherited>,
+        fd_store: bool,
     ) -> Result<DaemonHandle> {
         let refuse = |inh: &Option<handover::Inherited>, why: &str| {
             if let Some(i) = inh {
@@ -658,6 +669,7 @@ impl Daemon {
             tracker: TaskTracker::new(),
             quarantine_kick,
             handover: handover::Handover::default(),
+            fdstore: fdstore::FdStore::new(fd_store),
             slots: server::Slots::new(&config_limits, rebalance_operators),
             scrubbers: std::sync::Mutex::new(scrubbers),
             next_session: std::sync::atomic::AtomicU64::new(next_session),
@@ -676,6 +688,7 @@ impl Daemon {
         };
         let thread_shared = Arc::clone(&shared);
         let thread_pool = Arc::clone(&pool);
+        let rt = runtime.handle().clone();
         if let Some(inh) = inherited.as_mut() {
             let _guard = runtime.enter();
             handover::resume_connections(&shared, inh, adopted_connections);
@@ -719,6 +732,7 @@ impl Daemon {
             shared,
             metrics_addr,
             thread: Some(thread),
+            rt,
         })
     }
 }
@@ -742,7 +756,7 @@ pub enum Start {
 ///
 /// As [`Daemon::start`] and [`DaemonHandle::shutdown`];
 /// [`DaemonError::Threads`] when the signal handlers cannot be installed.
-pub fn serve(config: Config, start: Start) -> Result<()> {
+pub fn serve(config: Config, start: Start, fd_store: bool) -> Result<()> {
     use tokio::signal::unix::{signal, SignalKind};
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -759,14 +773,21 @@ pub fn serve(config: Config, start: Start) -> Result<()> {
         .map_err(DaemonError::Threads)?;
     let (handle, activated) = match start {
         Start::Fresh => {
-            let inherited = systemd::inherited_listener(&config.socket)?;
-            let activated = inherited.is_some();
-            (Daemon::start_on(config, inherited)?, activated)
+            let passed = systemd::passed_fds(&config.socket)?;
+            let activated = passed.listener.is_some();
+            let restored = fdstore::restore(passed.named);
+            (
+                Daemon::start_with(config, passed.listener, restored, fd_store)?,
+                activated,
+            )
         }
         Start::Takeover => {
             let inherited = handover::receive(&config.socket)?;
             let activated = !inherited.state.socket_owned;
-            (Daemon::start_inherited(config, inherited)?, activated)
+            (
+                Daemon::start_with(config, None, Some(inherited), fd_store)?,
+                activated,
+            )
         }
     };
     systemd::notify_ready(handle.socket_path(), activated);
@@ -784,7 +805,7 @@ pub fn serve(config: Config, start: Start) -> Result<()> {
     }
     info!(signal = which, "shutting down");
     systemd::notify_stopping(which);
-    handle.shutdown()
+    handle.shutdown_into_store()
 }
 
 impl DaemonHandle {
@@ -818,6 +839,23 @@ impl DaemonHandle {
     /// Where the metrics endpoint listens, when it is on.
     pub fn metrics_addr(&self) -> Option<SocketAddr> {
         self.metrics_addr
+    }
+
+    /// A clean stop that keeps the pool, the allocations and the socket in
+    /// systemd's fd store for the next start ([`fdstore`]); when the store
+    /// is off or keeping fails, the usual [`DaemonHandle::shutdown`].
+    ///
+    /// # Errors
+    ///
+    /// As [`DaemonHandle::shutdown`].
+    pub fn shutdown_into_store(self) -> Result<()> {
+        if self.shared.fdstore.enabled() {
+            let shared = Arc::clone(&self.shared);
+            if let Err(e) = self.rt.block_on(fdstore::stop_into_store(&shared)) {
+                warn!(reason = %e, "cannot keep the daemon's state in systemd's fd store; stopping the usual way");
+            }
+        }
+        self.shutdown()
     }
 
     /// Clean shutdown (see the module docs); returns when every daemon thread
@@ -874,6 +912,10 @@ async fn run(
     shared
         .tracker
         .spawn(rebalance::policy_loop(Arc::clone(&shared)));
+    shared
+        .tracker
+        .spawn(fdstore::sync_loop(Arc::clone(&shared)));
+    shared.tracker.spawn(orphans_loop(Arc::clone(&shared)));
     if shared.cfg.pool.refill {
         shared
             .tracker
@@ -904,6 +946,44 @@ async fn run(
         .is_err()
     {
         warn!("some daemon tasks did not finish within 30 s of shutdown");
+    }
+}
+
+/// Releases allocations restored orphaned (from systemd's fd store) that no
+/// VMM re-attached within `limits.reattach_timeout_secs`: into quarantine,
+/// where they stay until their VMM lets go.
+async fn orphans_loop(shared: Arc<Shared>) {
+    if shared.pool.orphans() == 0 {
+        return;
+    }
+    let wait = Duration::from_secs(shared.cfg.limits.reattach_timeout_secs);
+    tokio::select! {
+        () = shared.cancel.cancelled() => return,
+        () = tokio::time::sleep(wait) => {}
+    }
+    let Some(_work) = shared.handover.work().await else {
+        return;
+    };
+    let released = shared.pool.release_orphans();
+    if !released.is_empty() {
+        warn!(
+            allocations = released.len(),
+            secs = wait.as_secs(),
+            "restored allocations nobody re-attached; released into quarantine"
+        );
+        let topology = Arc::clone(&shared.topology);
+        let kick = Arc::clone(&shared.quarantine_kick);
+        shared.tracker.spawn_blocking(move || {
+            for r in released {
+                if r.locked {
+                    let refs: Vec<&guest_mem::Region> =
+                        r.quarantined.iter().map(|x| &**x).collect();
+                    let _ = alloc::lock_regions(&topology, &refs, false, 0, None);
+                }
+                drop(r.dropped);
+            }
+            kick.notify_one();
+        });
     }
 }
 

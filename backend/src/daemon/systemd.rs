@@ -30,9 +30,6 @@ use tracing::{debug, info, warn};
 
 use super::{DaemonError, Result};
 
-/// `sd_listen_fds(3)`: the first passed descriptor.
-const LISTEN_FDS_START: i32 = 3;
-
 /// Set once the passed descriptor has been taken, so it is owned once only.
 static TAKEN: AtomicBool = AtomicBool::new(false);
 
@@ -64,45 +61,89 @@ pub fn notify_stopping(why: &str) {
     notify(&[NotifyState::Stopping, NotifyState::Status(&status)]);
 }
 
-/// The listening socket systemd passed for `expected`, `None` when this
-/// process was not socket-activated.
+/// What systemd passed this process.
+#[derive(Debug, Default)]
+pub struct Passed {
+    /// The listening socket of `hugemem.socket`.
+    pub listener: Option<UnixListener>,
+    /// Descriptors of the fd store, by `FDNAME` (see [`super::fdstore`]).
+    pub named: std::collections::HashMap<String, OwnedFd>,
+}
+
+/// The descriptors systemd passed (`LISTEN_FDS`, `LISTEN_FDNAMES`): at most
+/// one listening socket of `hugemem.socket`, and what the daemon kept in
+/// the fd store (names starting `hugemem-`). Nothing passed: empty.
 ///
 /// # Errors
 ///
-/// [`DaemonError::Activation`] when the environment names descriptors but
-/// not exactly one listening UNIX stream socket bound to `expected`.
-pub fn inherited_listener(expected: &Path) -> Result<Option<UnixListener>> {
+/// [`DaemonError::Activation`] when a passed descriptor is neither: not
+/// exactly one listening UNIX stream socket bound to `expected`, or more
+/// than one.
+pub fn passed_fds(expected: &Path) -> Result<Passed> {
     let bad = |m: String| DaemonError::Activation(m);
-    let fds = sd_notify::listen_fds().map_err(|e| bad(format!("LISTEN_FDS/LISTEN_PID: {e}")))?;
-    match fds.len() {
-        0 => return Ok(None),
-        1 => {}
-        n => {
-            return Err(bad(format!(
-                "{n} sockets passed; hugemem.socket must have exactly one ListenStream="
-            )))
-        }
+    let fds: Vec<(i32, String)> = sd_notify::listen_fds_with_names()
+        .map_err(|e| bad(format!("LISTEN_FDS/LISTEN_PID: {e}")))?
+        .collect();
+    if fds.is_empty() {
+        return Ok(Passed::default());
     }
     if TAKEN.swap(true, Ordering::SeqCst) {
-        return Err(bad("the passed socket was already taken".into()));
+        return Err(bad("the passed descriptors were already taken".into()));
     }
-    // SAFETY: `listen_fds` returned one descriptor, so LISTEN_PID names this
-    // process and LISTEN_FDS=1: by the sd_listen_fds(3) protocol the service
-    // manager left fd 3 open for this process and nothing else in it owns
-    // the descriptor; `TAKEN` makes this the only `OwnedFd` ever made of it.
-    let fd = unsafe { OwnedFd::from_raw_fd(LISTEN_FDS_START) };
+    let mut out = Passed::default();
+    for (raw, name) in fds {
+        // SAFETY: `listen_fds_with_names` returned this descriptor, so
+        // LISTEN_PID names this process and, by the sd_listen_fds(3)
+        // protocol, the service manager left it open for this process and
+        // nothing else in it owns it; `TAKEN` makes this the only `OwnedFd`
+        // ever made of it.
+        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+        if name.starts_with("hugemem-") && name != super::fdstore::LISTENER {
+            out.named.insert(name, fd);
+            continue;
+        }
+        if out.listener.is_some() {
+            return Err(bad(
+                "more than one socket passed; hugemem.socket must have exactly one ListenStream="
+                    .into(),
+            ));
+        }
+        out.listener = Some(check_listener(fd, expected, raw)?);
+        if name == super::fdstore::LISTENER {
+            info!(socket = %expected.display(), "using the socket kept in systemd's fd store");
+        } else {
+            info!(socket = %expected.display(), "using the socket passed by systemd");
+        }
+    }
+    Ok(out)
+}
+
+/// The listening socket systemd passed for `expected`, `None` when this
+/// process was not socket-activated (the fd store's descriptors are
+/// closed: use [`passed_fds`] to keep them).
+///
+/// # Errors
+///
+/// As [`passed_fds`].
+pub fn inherited_listener(expected: &Path) -> Result<Option<UnixListener>> {
+    Ok(passed_fds(expected)?.listener)
+}
+
+/// Checks that `fd` is a listening UNIX stream socket bound to `expected`.
+fn check_listener(fd: OwnedFd, expected: &Path, raw: i32) -> Result<UnixListener> {
+    let bad = |m: String| DaemonError::Activation(m);
     let kind = getsockopt(&fd, sockopt::SockType)
-        .map_err(|e| bad(format!("fd 3 is not a socket: {e}")))?;
+        .map_err(|e| bad(format!("fd {raw} is not a socket: {e}")))?;
     if kind != SockType::Stream {
         return Err(bad(format!(
-            "fd 3 is a {kind:?} socket, not a stream socket"
+            "fd {raw} is a {kind:?} socket, not a stream socket"
         )));
     }
-    if !getsockopt(&fd, sockopt::AcceptConn).map_err(|e| bad(format!("fd 3: {e}")))? {
-        return Err(bad("fd 3 is not listening".into()));
+    if !getsockopt(&fd, sockopt::AcceptConn).map_err(|e| bad(format!("fd {raw}: {e}")))? {
+        return Err(bad(format!("fd {raw} is not listening")));
     }
     let addr: UnixAddr = getsockname(std::os::fd::AsRawFd::as_raw_fd(&fd))
-        .map_err(|e| bad(format!("fd 3 is not a UNIX socket: {e}")))?;
+        .map_err(|e| bad(format!("fd {raw} is not a UNIX socket: {e}")))?;
     match addr.path() {
         Some(p) if p == expected => {}
         Some(p) => {
@@ -122,7 +163,6 @@ pub fn inherited_listener(expected: &Path) -> Result<Option<UnixListener>> {
     let listener = UnixListener::from(fd);
     listener
         .set_nonblocking(true)
-        .map_err(|e| bad(format!("fd 3: {e}")))?;
-    info!(socket = %expected.display(), "using the socket passed by systemd");
-    Ok(Some(listener))
+        .map_err(|e| bad(format!("fd {raw}: {e}")))?;
+    Ok(listener)
 }

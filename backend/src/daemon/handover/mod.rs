@@ -170,6 +170,17 @@ impl Handover {
         lock(&self.parked).push(conn);
     }
 
+    /// A duplicate of the listening socket when the daemon bound it itself.
+    pub fn owned_listener(&self) -> Option<OwnedFd> {
+        if !self.socket_owned.load(Ordering::SeqCst) {
+            return None;
+        }
+        lock(&self.listeners)
+            .0
+            .as_ref()
+            .and_then(|f| f.try_clone().ok())
+    }
+
     /// Records whether the socket file is this daemon's to remove.
     pub fn set_socket_owned(&self, owned: bool) {
         self.socket_owned.store(owned, Ordering::SeqCst);
@@ -245,7 +256,6 @@ async fn hand_over(
     }
     info!(successor = ?pid, "takeover: freezing");
     let h = &shared.handover;
-    h.phase.send_replace(Phase::Frozen);
     let outcome = freeze_and_send(shared, &stream).await;
     match outcome {
         Ok(()) => {
@@ -257,22 +267,26 @@ async fn hand_over(
         }
         Err(why) => {
             error!(reason = %why, "takeover given up; serving on");
-            shared.pool.unkeep();
-            if let Err(e) = shared.restart_scrubbers() {
-                error!(error = %e, "cannot restart the scrubbers after a takeover that did not happen");
-            }
-            lock(&h.parked).clear();
-            h.phase.send_replace(Phase::Serving);
+            thaw(shared);
             false
         }
     }
 }
 
-async fn freeze_and_send(
+/// Freezes the daemon (see the module docs, steps 2-5): every handler
+/// parked, the loops paused (the returned guard keeps them so), the
+/// scrubbers joined, and the pool's table snapshot. `keep`: mark the
+/// regions' files as kept (a successor process takes them over).
+///
+/// # Errors
+///
+/// A handler or loop that does not stop within 10 s, a region reserved.
+pub(super) async fn freeze(
     shared: &Arc<Shared>,
-    stream: &std::os::unix::net::UnixStream,
-) -> Result<(), String> {
+    keep: bool,
+) -> Result<(tokio::sync::RwLockWriteGuard<'_, ()>, Snapshot), String> {
     let h = &shared.handover;
+    h.phase.send_replace(Phase::Frozen);
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let parked = lock(&h.parked).len();
@@ -290,15 +304,38 @@ async fn freeze_and_send(
     }
     // After the handlers: a request being served may wait for the
     // quarantine or a scrub (an ALLOC waiting for pages on their way).
-    let _work = tokio::time::timeout(Duration::from_secs(10), h.work.write())
+    let work = tokio::time::timeout(Duration::from_secs(10), h.work.write())
         .await
         .map_err(|_| "the background loops did not pause within 10 s".to_string())?;
     let s = Arc::clone(shared);
     tokio::task::spawn_blocking(move || s.stop_scrubbers())
         .await
         .map_err(|e| e.to_string())?;
-    let snapshot = shared.pool.snapshot()?;
-    let (doc, fds) = build(shared, &snapshot)?;
+    let snapshot = shared.pool.snapshot(keep)?;
+    Ok((work, snapshot))
+}
+
+/// Ends a freeze that did not lead anywhere: the daemon serves on.
+pub(super) fn thaw(shared: &Shared) {
+    shared.pool.unkeep();
+    if let Err(e) = shared.restart_scrubbers() {
+        error!(error = %e, "cannot restart the scrubbers after a freeze");
+    }
+    lock(&shared.handover.parked).clear();
+    shared.handover.phase.send_replace(Phase::Serving);
+}
+
+/// Marks the daemon handed over (its loops end at their next round).
+pub(super) fn gone(shared: &Shared) {
+    shared.handover.phase.send_replace(Phase::Gone);
+}
+
+async fn freeze_and_send(
+    shared: &Arc<Shared>,
+    stream: &std::os::unix::net::UnixStream,
+) -> Result<(), String> {
+    let (_work, snapshot) = freeze(shared, true).await?;
+    let (doc, fds) = build(shared, &snapshot, Target::Successor)?;
     let memfd = doc.to_memfd().map_err(|e| e.to_string())?;
     let s = stream.try_clone().map_err(|e| e.to_string())?;
     let answer = tokio::task::spawn_blocking(move || {
@@ -313,15 +350,33 @@ async fn freeze_and_send(
     if answer == "OK" {
         // Still holding the work lock: no loop round starts before it
         // sees the daemon handed over.
-        h.phase.send_replace(Phase::Gone);
+        gone(shared);
         Ok(())
     } else {
         Err(format!("the successor answered {answer:?}"))
     }
 }
 
+/// Who a state document is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Target {
+    /// A successor on the control channel: connections travel.
+    Successor,
+    /// systemd's fd store (`super::fdstore`): no connection survives, so
+    /// every allocation is orphaned until its VMM re-attaches; `last`
+    /// when the daemon is frozen and stopping (the document is then exact).
+    FdStore {
+        /// Written frozen, at a clean stop.
+        last: bool,
+    },
+}
+
 /// The state document and its fds.
-fn build(shared: &Shared, snap: &Snapshot) -> Result<(State, Vec<OwnedFd>), String> {
+pub(super) fn build(
+    shared: &Shared,
+    snap: &Snapshot,
+    target: Target,
+) -> Result<(State, Vec<OwnedFd>), String> {
     let dup = |fd: std::os::fd::BorrowedFd<'_>| fd.try_clone_to_owned().map_err(|e| e.to_string());
     let mut fds: Vec<OwnedFd> = Vec::new();
     let mut push = |fd: OwnedFd| {
@@ -335,8 +390,15 @@ fn build(shared: &Shared, snap: &Snapshot) -> Result<(State, Vec<OwnedFd>), Stri
             l.1.as_ref().map(|f| dup(f.as_fd())).transpose()?,
         )
     };
-    let listener = listener.map(&mut push);
-    let metrics = metrics.map(&mut push);
+    let to_store = matches!(target, Target::FdStore { .. });
+    // systemd keeps a socket it passed; one the daemon bound itself goes
+    // into the store so that clients queue in its backlog meanwhile.
+    let socket_owned = shared.handover.socket_owned.load(Ordering::SeqCst);
+    let listener = listener
+        .filter(|_| !to_store || socket_owned)
+        .map(&mut push);
+    // A new process binds the metrics port again once this one is gone.
+    let metrics = metrics.filter(|_| !to_store).map(&mut push);
     let mut regions = Vec::new();
     for r in &snap.regions {
         let fd = push(dup(r.region.fd())?);
@@ -368,7 +430,9 @@ fn build(shared: &Shared, snap: &Snapshot) -> Result<(State, Vec<OwnedFd>), Stri
     }
     let mut connections = Vec::new();
     let mut max_session = 0;
-    for c in lock(&shared.handover.parked).iter() {
+    let parked = lock(&shared.handover.parked);
+    let travelling = if to_store { &[][..] } else { &parked[..] };
+    for c in travelling {
         max_session = max_session.max(c.session);
         let fd = push(dup(c.stream.as_fd())?);
         let mut partial_fds = Vec::new();
@@ -417,9 +481,12 @@ fn build(shared: &Shared, snap: &Snapshot) -> Result<(State, Vec<OwnedFd>), Stri
             lazy,
         });
     }
+    drop(parked);
     let doc = State {
         format: state::FORMAT.into(),
         version: state::VERSION,
+        seq: 0,
+        last: matches!(target, Target::FdStore { last: true }) || target == Target::Successor,
         daemon_version: env!("CARGO_PKG_VERSION").into(),
         pid: std::process::id(),
         listener,
@@ -434,13 +501,16 @@ fn build(shared: &Shared, snap: &Snapshot) -> Result<(State, Vec<OwnedFd>), Stri
             .iter()
             .map(|a| state::AllocRecord {
                 id: a.id,
-                session: a.session,
+                // Through the store no connection survives: every
+                // allocation waits for its VMM to re-attach, and a lazy
+                // one's faults go to its VMM's fallback meanwhile.
+                session: a.session.filter(|_| !to_store),
                 regions: a.regions.clone(),
                 locked: a.locked,
                 tenant: a.tenant,
                 token: state::hex(&a.token),
                 lazy: a.lazy,
-                lazy_fallback: a.lazy_fallback,
+                lazy_fallback: a.lazy_fallback || (to_store && a.lazy),
             })
             .collect(),
         connections,
@@ -459,8 +529,9 @@ pub struct Inherited {
     pub fds: Vec<Option<OwnedFd>>,
     /// The predecessor's pid.
     pub predecessor: Option<i32>,
-    /// The control channel, answered once the successor serves.
-    pub channel: std::os::unix::net::UnixStream,
+    /// The control channel, answered once the successor serves (none for
+    /// what systemd's fd store kept).
+    pub channel: Option<std::os::unix::net::UnixStream>,
     /// When the takeover started (for the log and the benchmark).
     pub started: Instant,
 }
@@ -473,8 +544,9 @@ impl Inherited {
 
     /// Tells the predecessor the takeover failed: it thaws and serves on.
     pub fn refuse(&self, why: &str) {
+        let Some(ch) = &self.channel else { return };
         let line = format!("REFUSED {}", why.replace('\n', " "));
-        if let Err(e) = channel::write_line(&self.channel, &line) {
+        if let Err(e) = channel::write_line(ch, &line) {
             warn!(error = %e, "cannot tell the predecessor the takeover failed");
         }
     }
@@ -563,7 +635,7 @@ pub fn receive(socket: &std::path::Path) -> Result<Inherited, TakeoverError> {
         predecessor: Some(cred.pid()).filter(|p| *p > 0),
         state,
         fds: fds.into_iter().map(Some).collect(),
-        channel: stream,
+        channel: Some(stream),
         started,
     })
 }
@@ -662,6 +734,15 @@ pub fn adopt_into(topology: &numa::Topology, pool: &super::pool::Pool, inh: &mut
             Err(e) => {
                 warn!(region = r.id, error = %e, "an inherited region failed its checks; back to the kernel");
                 refused += 1;
+            }
+        }
+    }
+    // A document written while its daemon served may be older than the
+    // last hand-out: none of its pooled regions is trusted clean.
+    if !inh.state.last {
+        for a in &mut adopted {
+            if matches!(a.life, Life::Clean | Life::Dirty) {
+                a.life = Life::Quarantined;
             }
         }
     }
@@ -838,7 +919,14 @@ pub fn resume_connections(
 /// Answers the predecessor: this daemon serves.
 pub fn finish_takeover(shared: &Shared, inh: &mut Inherited) {
     let _ = shared;
-    match channel::write_line(&inh.channel, "OK") {
+    let Some(ch) = &inh.channel else {
+        info!(
+            ms = inh.started.elapsed().as_secs_f64() * 1e3,
+            "restored from systemd's fd store; serving"
+        );
+        return;
+    };
+    match channel::write_line(ch, "OK") {
         Ok(()) => info!(
             ms = inh.started.elapsed().as_secs_f64() * 1e3,
             "takeover: serving; the predecessor exits"

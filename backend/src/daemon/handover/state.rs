@@ -45,6 +45,15 @@ pub struct State {
     pub daemon_version: String,
     /// The writer's pid.
     pub pid: u32,
+    /// Sequence number of the document (systemd's fd store keeps two; the
+    /// higher one is the newer).
+    pub seq: u64,
+    /// Written with the daemon frozen (a takeover, a clean stop): the page
+    /// states of pooled regions are exact. A document written while the
+    /// daemon served (kept in systemd's fd store against a crash) may be
+    /// older than the last hand-out, so its pooled regions go through
+    /// quarantine before reuse.
+    pub last: bool,
     /// Index of the listening socket in the fd list.
     pub listener: Option<usize>,
     /// Index of the metrics endpoint's listening socket.
@@ -345,6 +354,8 @@ mod tests {
             version: VERSION,
             daemon_version: "test".into(),
             pid: 1,
+            seq: 1,
+            last: true,
             listener: Some(0),
             metrics: None,
             socket_owned: true,

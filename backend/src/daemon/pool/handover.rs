@@ -103,18 +103,19 @@ pub struct Adopted {
 }
 
 impl Pool {
-    /// A snapshot of every region and allocation. The caller has stopped
-    /// everything that changes the table (handlers parked, scrubbers
-    /// joined, background loops paused) and keeps it so until the
-    /// successor answers. Marks every region's file as kept, so that this
-    /// process's exit does not unlink the hugetlbfs files it hands over
-    /// ([`Pool::unkeep`] undoes it when the handover fails).
+    /// A snapshot of every region and allocation. For a handover the
+    /// caller has stopped everything that changes the table (handlers
+    /// parked, scrubbers joined, background loops paused) and keeps it so
+    /// until the successor answers. `keep` marks every region's file as
+    /// kept, so that this process's exit does not unlink the hugetlbfs
+    /// files it hands over ([`Pool::unkeep`] undoes it when the handover
+    /// fails).
     ///
     /// # Errors
     ///
     /// A region is `Reserved` (an ALLOC or refill still runs): the
     /// handover must wait or be given up.
-    pub fn snapshot(&self) -> Result<Snapshot, String> {
+    pub fn snapshot(&self, keep: bool) -> Result<Snapshot, String> {
         let g = self.lock();
         let mut out = Snapshot {
             next_region: self.next_region.load(Ordering::Relaxed),
@@ -153,10 +154,86 @@ impl Pool {
                 lazy_fallback: a.lazy_fallback,
             });
         }
-        for r in &out.regions {
-            r.region.keep_file();
+        if keep {
+            for r in &out.regions {
+                r.region.keep_file();
+            }
         }
         Ok(out)
+    }
+
+    /// [`Pool::snapshot`] while the daemon serves (systemd's fd store):
+    /// regions an ALLOC holds in the middle of its work are left out (the
+    /// next snapshot has them), nothing is marked kept.
+    pub fn snapshot_partial(&self) -> Snapshot {
+        let g = self.lock();
+        let mut out = Snapshot {
+            next_region: self.next_region.load(Ordering::Relaxed),
+            next_alloc: self.next_alloc.load(Ordering::Relaxed),
+            ..Snapshot::default()
+        };
+        for (id, e) in &g.entries {
+            let life = match e.state {
+                EntryState::Reserved => continue,
+                EntryState::InUse(a) => Life::InUse(a),
+                EntryState::Quarantined => Life::Quarantined,
+                EntryState::Dirty => Life::Dirty,
+                EntryState::Clean => Life::Clean,
+            };
+            out.regions.push(RegionSnapshot {
+                id: *id,
+                region: Arc::clone(&e.region),
+                key: e.key,
+                life,
+                tenant: e.tenant,
+                split: e.split,
+                fill: e.fill.is_some(),
+            });
+        }
+        for (id, a) in &g.allocs {
+            out.allocs.push(AllocSnapshot {
+                id: *id,
+                session: a.session,
+                regions: a.regions.clone(),
+                locked: a.locked,
+                tenant: a.tenant,
+                token: a.token,
+                lazy: a.lazy,
+                lazy_fallback: a.lazy_fallback,
+            });
+        }
+        out
+    }
+
+    /// Allocations waiting for their VMM to re-attach.
+    pub fn orphans(&self) -> usize {
+        self.lock()
+            .allocs
+            .values()
+            .filter(|a| a.session.is_none())
+            .count()
+    }
+
+    /// Releases every orphaned allocation into quarantine.
+    pub fn release_orphans(&self) -> Vec<super::Released> {
+        let mut g = self.lock();
+        let ids: Vec<AllocId> = g
+            .allocs
+            .iter()
+            .filter(|(_, a)| a.session.is_none())
+            .map(|(id, _)| *id)
+            .collect();
+        let out = ids
+            .into_iter()
+            .filter_map(|id| {
+                g.allocs
+                    .remove(&id)
+                    .map(|a| self.release_locked(&mut g, id, a))
+            })
+            .collect();
+        drop(g);
+        self.changed.notify_all();
+        out
     }
 
     /// Lets the scrubbers and waiters run again after [`Pool::stop`] (a

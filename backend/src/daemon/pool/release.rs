@@ -55,7 +55,7 @@ impl Pool {
             .collect()
     }
 
-    fn release_locked(&self, g: &mut Inner, alloc: AllocId, a: Allocation) -> Released {
+    pub(super) fn release_locked(&self, g: &mut Inner, alloc: AllocId, a: Allocation) -> Released {
         let mut out = Released {
             quarantined: Vec::new(),
             dropped: Vec::new(),

@@ -1,0 +1,339 @@
+//! `hugemem serve --fd-store` under systemd's file-descriptor store (issue
+//! 20): `systemctl restart` (SIGTERM, then a new start) and a crash
+//! (`kill -9`) keep the pool, the allocations and the listening socket.
+//!
+//! systemd itself cannot run here (docs/operations.md, "Testing the unit");
+//! as `tests/systemd.rs` does for readiness and socket activation, this test
+//! speaks systemd's side of the protocols to the real binary: a datagram
+//! socket named by `NOTIFY_SOCKET` receives `FDSTORE=1` / `FDSTOREREMOVE=1`
+//! messages with `FDNAME=` and their fds (`SCM_RIGHTS`), keeps them by name
+//! as systemd does, and passes them back to the next start as
+//! `LISTEN_FDS` / `LISTEN_FDNAMES` / `LISTEN_PID` on fds 3 and up.
+
+use std::collections::BTreeMap;
+use std::io::IoSliceMut;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::net::UnixDatagram;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use backend::client::Client;
+use test_support::hugepages::{exactly, PageSize};
+use test_support::prelude::{map_raw as map, serial, unmap_raw as unmap, wait_until};
+use test_support::tenant::{alloc_2m, root_or_skip, MIB};
+
+/// systemd's side: the notify socket and the fd store.
+struct FakeSystemd {
+    path: PathBuf,
+    store: Arc<Mutex<BTreeMap<String, OwnedFd>>>,
+    ready: Arc<Mutex<u32>>,
+}
+
+impl FakeSystemd {
+    fn new(dir: &Path) -> Self {
+        let path = dir.join("notify.sock");
+        let sock = UnixDatagram::bind(&path).expect("notify socket");
+        let store: Arc<Mutex<BTreeMap<String, OwnedFd>>> = Arc::default();
+        let ready: Arc<Mutex<u32>> = Arc::default();
+        let (st, rd) = (Arc::clone(&store), Arc::clone(&ready));
+        std::thread::spawn(move || loop {
+            let mut buf = vec![0u8; 4096];
+            let mut cmsg = nix::cmsg_space!([RawFd; 253]);
+            let mut iov = [IoSliceMut::new(&mut buf)];
+            let Ok(msg) = nix::sys::socket::recvmsg::<()>(
+                sock.as_raw_fd(),
+                &mut iov,
+                Some(&mut cmsg),
+                nix::sys::socket::MsgFlags::MSG_CMSG_CLOEXEC,
+            ) else {
+                return;
+            };
+            let mut fds = Vec::new();
+            if let Ok(cmsgs) = msg.cmsgs() {
+                for c in cmsgs {
+                    if let nix::sys::socket::ControlMessageOwned::ScmRights(r) = c {
+                        // SAFETY: the kernel installed these fds for us.
+                        fds.extend(r.into_iter().map(|f| unsafe { OwnedFd::from_raw_fd(f) }));
+                    }
+                }
+            }
+            let n = msg.bytes;
+            let text = String::from_utf8_lossy(&buf[..n]).into_owned();
+            let lines: Vec<&str> = text.lines().collect();
+            let name = lines
+                .iter()
+                .find_map(|l| l.strip_prefix("FDNAME="))
+                .unwrap_or("stored")
+                .to_string();
+            if lines.contains(&"FDSTORE=1") {
+                if let Some(fd) = fds.pop() {
+                    st.lock().expect("store").insert(name, fd);
+                }
+            } else if lines.contains(&"FDSTOREREMOVE=1") {
+                st.lock().expect("store").remove(&name);
+            }
+            if lines.contains(&"READY=1") {
+                *rd.lock().expect("ready") += 1;
+            }
+        });
+        Self { path, store, ready }
+    }
+
+    fn names(&self) -> Vec<String> {
+        self.store.lock().expect("store").keys().cloned().collect()
+    }
+
+    fn ready_count(&self) -> u32 {
+        *self.ready.lock().expect("ready")
+    }
+
+    /// Starts `hugemem serve --fd-store` as systemd would: the stored fds
+    /// on 3.., `LISTEN_FDS`, `LISTEN_FDNAMES`, `LISTEN_PID`.
+    fn start(&self, socket: &Path, config: &Path) -> Daemon {
+        let store = self.store.lock().expect("store");
+        // Duplicates above anything the child has, so the dup2s onto 3..
+        // never overwrite a source.
+        let sources: Vec<RawFd> = store
+            .values()
+            // SAFETY: F_DUPFD_CLOEXEC of an open fd; the result is ours.
+            .map(|fd| unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_DUPFD_CLOEXEC, 500) })
+            .collect();
+        assert!(sources.iter().all(|f| *f >= 500), "dup");
+        let names: Vec<String> = store.keys().cloned().collect();
+        drop(store);
+        let mut cmd = Command::new("/bin/sh");
+        let script = if sources.is_empty() {
+            "exec \"$0\" \"$@\"".to_string()
+        } else {
+            format!(
+                "LISTEN_PID=$$ LISTEN_FDS={} LISTEN_FDNAMES={} exec \"$0\" \"$@\"",
+                sources.len(),
+                names.join(":")
+            )
+        };
+        cmd.arg("-c")
+            .arg(script)
+            .arg(env!("CARGO_BIN_EXE_hugemem"))
+            .args(["serve", "--fd-store", "--config"])
+            .arg(config)
+            .arg("--socket")
+            .arg(socket)
+            .env("NOTIFY_SOCKET", &self.path)
+            .env_remove("LISTEN_PID")
+            .env_remove("LISTEN_FDS")
+            .env_remove("LISTEN_FDNAMES")
+            .stdin(Stdio::null());
+        let srcs = sources.clone();
+        // SAFETY: runs between fork and exec; only dup2 (async-signal-safe).
+        unsafe {
+            cmd.pre_exec(move || {
+                for (i, src) in srcs.iter().enumerate() {
+                    if libc::dup2(*src, 3 + i as RawFd) < 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                }
+                Ok(())
+            });
+        }
+        let child = cmd.spawn().expect("spawn hugemem serve");
+        for s in sources {
+            // SAFETY: our duplicate, no longer needed once the child has it.
+            unsafe { libc::close(s) };
+        }
+        Daemon(child)
+    }
+}
+
+/// A daemon process, killed if the test fails while it runs.
+struct Daemon(Child);
+
+impl Daemon {
+    fn signal(&self, sig: nix::sys::signal::Signal) {
+        let pid = nix::unistd::Pid::from_raw(i32::try_from(self.0.id()).expect("pid"));
+        nix::sys::signal::kill(pid, sig).expect("signal");
+    }
+
+    fn wait(&mut self) -> std::process::ExitStatus {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            if let Some(s) = self.0.try_wait().expect("try_wait") {
+                return s;
+            }
+            assert!(Instant::now() < deadline, "the daemon did not exit");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        if self.0.try_wait().ok().flatten().is_none() {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+}
+
+fn pattern(i: usize) -> u8 {
+    (i.wrapping_mul(7) % 253) as u8 + 1
+}
+
+/// One restart or crash with a running tenant and a clean pooled region.
+fn restart_keeps_everything(crash: bool, test: &str) {
+    let _s = serial();
+    if !root_or_skip() {
+        return;
+    }
+    let size = 64 * MIB;
+    let Some(_pages) = exactly(PageSize::Huge2M, 2 * size / (2 * MIB), test) else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let socket = dir.path().join("hugemem.sock");
+    let config = dir.path().join("hugemem.toml");
+    std::fs::write(&config, "[pool]\nlimit = \"1G\"\ntarget = \"512M\"\n").expect("config");
+    let systemd = FakeSystemd::new(dir.path());
+    let mut daemon = systemd.start(&socket, &config);
+    wait_until("READY=1", Duration::from_secs(30), || {
+        systemd.ready_count() == 1
+    });
+
+    let mut tenant = Client::connect(&socket).expect("connect");
+    let a = tenant.alloc(alloc_2m(size, false)).expect("tenant ALLOC");
+    let token = a.token().expect("a re-attach token in the ALLOC reply");
+    let p = map(a.fds[0].as_raw_fd(), size);
+    // SAFETY: the tenant's live mapping of `size` bytes.
+    let bytes = unsafe { std::slice::from_raw_parts_mut(p, size as usize) };
+    for (i, b) in bytes.iter_mut().enumerate().step_by(4096) {
+        *b = pattern(i);
+    }
+    let mut other = Client::connect(&socket).expect("connect");
+    let first = other.alloc(alloc_2m(size, false)).expect("second ALLOC");
+    let id = first.id;
+    drop(first);
+    other.free(id).expect("FREE");
+    wait_until(
+        "a clean, present region in the pool",
+        Duration::from_secs(30),
+        || {
+            other.stats().is_ok_and(|s| {
+                s.pools.iter().any(|p| p.clean_bytes == size)
+                    && s.regions
+                        .as_ref()
+                        .is_some_and(|r| r.iter().all(|r| r.not_present.unwrap_or(0) == 0))
+            })
+        },
+    );
+    drop(other);
+    let before = tenant.stats().expect("stats");
+    // Let the store catch up with the last change (a crash loses less
+    // recent ones: the test would then find the region untracked).
+    wait_until(
+        "the fd store holds both regions and a state",
+        Duration::from_secs(10),
+        || {
+            let n = systemd.names();
+            n.iter().filter(|n| n.starts_with("hugemem-r")).count() == 2
+                && n.iter().any(|n| n.starts_with("hugemem-state-"))
+                && n.iter().any(|n| n == "hugemem-listener")
+        },
+    );
+    std::thread::sleep(Duration::from_millis(600));
+
+    if crash {
+        daemon.signal(nix::sys::signal::Signal::SIGKILL);
+        let _ = daemon.wait();
+    } else {
+        daemon.signal(nix::sys::signal::Signal::SIGTERM);
+        assert!(daemon.wait().success(), "a clean stop");
+    }
+    // A client connecting while no daemon runs waits in the kept socket's
+    // backlog (the socket file stays).
+    let waiting = std::os::unix::net::UnixStream::connect(&socket)
+        .expect("the kept socket accepts while the daemon restarts");
+    let started = Instant::now();
+    let mut daemon = systemd.start(&socket, &config);
+    let mut early = Client::from_stream(waiting).expect("served once the daemon is back");
+    assert_eq!(early.stats().expect("stats").allocations.active, 1);
+    wait_until("READY=1", Duration::from_secs(30), || {
+        systemd.ready_count() == 2
+    });
+
+    // The VMM re-attaches with its token; its memory never changed.
+    let mut tenant = Client::reconnect(
+        &socket,
+        &[(a.id, token)],
+        Instant::now() + Duration::from_secs(30),
+    )
+    .expect("re-attach");
+    let back_ms = started.elapsed().as_secs_f64() * 1e3;
+    for (i, b) in bytes.iter().enumerate().step_by(4096) {
+        assert_eq!(*b, pattern(i), "the tenant's byte {i} changed");
+    }
+    let after = tenant.stats().expect("stats");
+    assert_eq!(after.allocations.active, 1, "{after}");
+    assert_eq!(
+        after.counters.bytes_created, before.counters.bytes_created,
+        "no region created anew: {after}"
+    );
+    // The pool is back: a clean stop's exact state serves it warm at once;
+    // after a crash it goes through quarantine (detached, refaulted) first.
+    let mut next = Client::connect(&socket).expect("connect");
+    let warm = Instant::now();
+    let b = next
+        .alloc(alloc_2m(size, false))
+        .expect("ALLOC from the kept pool");
+    let warm_ms = warm.elapsed().as_secs_f64() * 1e3;
+    let s = next.stats().expect("stats");
+    assert_eq!(
+        s.counters.regions_pooled,
+        before.counters.regions_pooled + 1,
+        "served from the kept pool: {s}"
+    );
+    assert_eq!(
+        s.counters.regions_fresh, before.counters.regions_fresh,
+        "{s}"
+    );
+    if !crash {
+        assert_eq!(
+            s.scrub.bytes, 0,
+            "nothing re-zeroed after a clean stop: {s}"
+        );
+        assert_eq!(
+            s.counters.pages_detached, before.counters.pages_detached,
+            "nothing detached after a clean stop: {s}"
+        );
+    }
+    println!(
+        "OBSERVED: {}: back and re-attached after {back_ms:.1} ms; ALLOC from the kept pool {warm_ms:.2} ms; re-zeroed by scrubbers {} B, pages detached +{}",
+        if crash { "kill -9" } else { "SIGTERM restart" },
+        s.scrub.bytes,
+        s.counters.pages_detached - before.counters.pages_detached,
+    );
+    unmap(p, size);
+    let id = a.id;
+    drop(a);
+    tenant.free(id).expect("FREE of the re-attached allocation");
+    let bid = b.id;
+    drop(b);
+    next.free(bid).expect("FREE");
+    drop(early);
+    daemon.signal(nix::sys::signal::Signal::SIGTERM);
+    assert!(daemon.wait().success());
+}
+
+#[test]
+fn systemctl_restart_keeps_the_pool_the_allocations_and_the_socket() {
+    restart_keeps_everything(
+        false,
+        "systemctl_restart_keeps_the_pool_the_allocations_and_the_socket",
+    );
+}
+
+#[test]
+fn kill_9_keeps_the_pool_the_allocations_and_the_socket() {
+    restart_keeps_everything(true, "kill_9_keeps_the_pool_the_allocations_and_the_socket");
+}
