@@ -339,6 +339,33 @@ pub(crate) enum Bench {
         #[arg(long)]
         json: bool,
     },
+    /// `hugemem serve --takeover` against a plain stop and start of the
+    /// daemon (the baseline), under running allocations, a clean pool and
+    /// clients: time to the first ALLOC served, client stalls, refused
+    /// connections, bytes zeroed again, allocations kept.
+    Takeover {
+        /// GiB of clean pool before each switch (fractions allowed: 0.25).
+        #[arg(long, default_value_t = 1.0)]
+        pool_gib: f64,
+        /// Running allocations, each held on a connection of its own.
+        #[arg(long, default_value_t = 4)]
+        allocations: usize,
+        /// MiB per allocation (and per pool region).
+        #[arg(long, default_value_t = 64)]
+        alloc_mib: u64,
+        /// Page size: 2M or 1G.
+        #[arg(long, default_value = "2M", value_parser = parse_page_size_arg)]
+        page_size: PageSize,
+        /// Rounds, each running both modes; median and worst are reported.
+        #[arg(long, default_value_t = 3)]
+        rounds: usize,
+        /// Connections that only send STATS, besides the allocations'.
+        #[arg(long, default_value_t = 2)]
+        idle_clients: usize,
+        /// Print one JSON object instead of the table; with PATH, write it there and print the table.
+        #[arg(long, value_name = "PATH", num_args = 0..=1)]
+        json: Option<Option<std::path::PathBuf>>,
+    },
     /// Launch to guest power-off of the micro-guest: QEMU with prealloc (the
     /// baseline) and without, QEMU and cloud-hypervisor on hugemem memory
     /// (fresh and from the clean pool), cloud-hypervisor's prefault, and

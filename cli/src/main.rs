@@ -142,6 +142,8 @@ fn main() {
         Command::Demo { .. } => "warn",
         // bench compare starts private daemons; its own progress lines stay.
         Command::Bench(Bench::Compare { .. }) => "info,backend::daemon=warn,guest_mem=warn",
+        // bench takeover runs its daemons as processes of their own.
+        Command::Bench(Bench::Takeover { .. }) => "info,backend::daemon=warn,guest_mem=warn",
         // bench churn may start a private daemon; its warnings (page-size
         // fallbacks) stay.
         Command::Bench(Bench::Churn { .. }) => "info,backend::daemon=warn,guest_mem=warn",
@@ -373,6 +375,37 @@ fn run(cli: Cli) -> Result<i32> {
                 print!("{}", report.to_table());
             }
         }
+        Command::Bench(Bench::Takeover {
+            pool_gib,
+            allocations,
+            alloc_mib,
+            page_size,
+            rounds,
+            idle_clients,
+            json,
+        }) => {
+            let cfg = hugemem::bench::takeover::TakeoverConfig {
+                // Whole bytes; `run` checks the size against the page size.
+                pool_bytes: (pool_gib.max(0.0) * f64::from(1u32 << 30)) as u64,
+                allocations,
+                alloc_bytes: alloc_mib.saturating_mul(1 << 20),
+                page_size,
+                rounds,
+                idle_clients,
+                launcher: std::env::current_exe()
+                    .context("cannot find the hugemem binary for `hugemem serve`")?,
+            };
+            let report = hugemem::bench::takeover::run(&cfg, &mut |line| tracing::info!("{line}"))
+                .context("bench takeover failed")?;
+            match json {
+                None => print!("{}", report.to_table()),
+                Some(None) => print_bench_json("takeover", &report)?,
+                Some(Some(path)) => {
+                    write_bench_json("takeover", &report, &path)?;
+                    print!("{}", report.to_table());
+                }
+            }
+        }
         Command::Bench(Bench::Report {
             doc,
             results,
@@ -439,6 +472,24 @@ fn print_bench_json<T: serde::Serialize>(bench: &str, report: &T) -> Result<()> 
         RUN_INFO.get_or_init(RunInfo::current),
     );
     println!("{}", serde_json::to_string_pretty(&value)?);
+    Ok(())
+}
+
+/// [`print_bench_json`] into the file `path`.
+fn write_bench_json<T: serde::Serialize>(
+    bench: &str,
+    report: &T,
+    path: &std::path::Path,
+) -> Result<()> {
+    use hugemem::bench::run_info::{with_run_info, RunInfo};
+    let value = with_run_info(
+        bench,
+        serde_json::to_value(report)?,
+        RUN_INFO.get_or_init(RunInfo::current),
+    );
+    let mut text = serde_json::to_string_pretty(&value)?;
+    text.push('\n');
+    std::fs::write(path, text).with_context(|| format!("cannot write {}", path.display()))?;
     Ok(())
 }
 

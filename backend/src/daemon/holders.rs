@@ -129,7 +129,7 @@ pub struct Scan {
 /// watch), so a later process with a reused pid is scanned.
 static PREDECESSOR: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
 
-/// Records the predecessor daemon's pid (see [`PREDECESSOR`]), or none.
+/// Records the predecessor daemon's pid (scans skip it until it exits), or none.
 pub fn set_predecessor(pid: Option<i32>) {
     PREDECESSOR.store(pid.unwrap_or(0), std::sync::atomic::Ordering::SeqCst);
 }

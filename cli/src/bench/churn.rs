@@ -74,8 +74,8 @@ use guest_mem::vm_memory::{GuestMemoryBackend, GuestMemoryRegion};
 use guest_mem::{AnonMapping, PageSize, PoolCounts};
 use hugemem_client::stats::Stats;
 use serde::Serialize;
-use tracing::warn;
 
+use super::serve_child::{ServeChild, ServeChildError, ServeOptions};
 use crate::private_dir::PrivateDir;
 use backend::client::{Client, ClientError};
 use backend::daemon::{ByteSize, Config, DaemonError};
@@ -169,6 +169,9 @@ pub enum ChurnError {
     /// The private daemon did not start.
     #[error("cannot start a private daemon")]
     Daemon(#[from] DaemonError),
+    /// The private daemon's process did not start or answer.
+    #[error("cannot run a private daemon")]
+    Serve(#[from] ServeChildError),
     /// Talking to the daemon failed.
     #[error("daemon request failed")]
     Client(#[from] ClientError),
@@ -444,68 +447,26 @@ impl Plan {
     }
 }
 
-/// The run's private daemon: `hugemem serve` in a process of its own, as a
-/// host runs it. (In this process, its scrubbers' faults and the micro
-/// runner's mappings would share one `mmap_lock`: a client's mmap would wait
-/// for the daemon's refault of a whole 1 GiB page, which no real VMM does.)
-struct ServeChild {
-    child: std::process::Child,
-}
-
-impl ServeChild {
-    /// Starts `launcher serve` on `socket` (default configuration; pool
-    /// target and limit at least `parallel` x `size`) and waits until it
-    /// answers.
-    fn start(
-        launcher: &std::path::Path,
-        socket: &std::path::Path,
-        size: u64,
-        parallel: usize,
-    ) -> Result<Self, ChurnError> {
-        let defaults = Config::default();
-        let hold = ByteSize(size.saturating_mul(parallel as u64));
-        let target = defaults.pool.target.max(hold);
-        let limit = defaults.pool.limit.max(hold);
-        let child = Command::new(launcher)
-            .arg("serve")
-            .arg("--socket")
-            .arg(socket)
-            .args(["--pool-target", &target.0.to_string()])
-            .args(["--pool-limit", &limit.0.to_string()])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .map_err(io_err(format!("cannot start {} serve", launcher.display())))?;
-        let me = Self { child };
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            match Client::connect(socket) {
-                Ok(_) => return Ok(me),
-                Err(e) if Instant::now() >= deadline => {
-                    me.stop();
-                    return Err(ChurnError::Missing(format!(
-                        "the private daemon did not answer within 30 s: {}",
-                        chain(&e)
-                    )));
-                }
-                Err(_) => std::thread::sleep(Duration::from_millis(20)),
-            }
-        }
-    }
-
-    /// SIGTERM, and waits for it to exit (it gives its pages back).
-    fn stop(mut self) {
-        if let Ok(pid) = i32::try_from(self.child.id()) {
-            let _ = nix::sys::signal::kill(
-                nix::unistd::Pid::from_raw(pid),
-                nix::sys::signal::Signal::SIGTERM,
-            );
-        }
-        if let Err(e) = self.child.wait() {
-            warn!(error = %e, "waiting for the private daemon failed");
-        }
-    }
+/// Starts the run's private daemon on `socket` (default configuration;
+/// pool target and limit at least `parallel` x `size`) and waits until it
+/// answers.
+fn start_daemon(
+    launcher: &std::path::Path,
+    socket: &std::path::Path,
+    size: u64,
+    parallel: usize,
+) -> Result<ServeChild, ChurnError> {
+    let defaults = Config::default();
+    let hold = ByteSize(size.saturating_mul(parallel as u64));
+    let opts = ServeOptions {
+        socket: socket.to_path_buf(),
+        pool: Some((
+            defaults.pool.target.max(hold).0,
+            defaults.pool.limit.max(hold).0,
+        )),
+        ..ServeOptions::default()
+    };
+    Ok(ServeChild::start(launcher, &opts)?)
 }
 
 fn policy_text(p: PagePolicy) -> &'static str {
@@ -767,7 +728,7 @@ pub fn run(cfg: &ChurnConfig, progress: &mut dyn FnMut(&str)) -> Result<ChurnRep
         Some(_) => None,
         None => {
             let socket = dir.path().join("hugemem.sock");
-            let d = ServeChild::start(&cfg.launcher, &socket, cfg.size, cfg.parallel)?;
+            let d = start_daemon(&cfg.launcher, &socket, cfg.size, cfg.parallel)?;
             plan.socket = socket;
             Some(d)
         }

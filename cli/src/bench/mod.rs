@@ -11,6 +11,10 @@ pub mod migrate;
 pub mod mlock;
 pub mod report;
 pub mod run_info;
+/// A bench's private daemon: `hugemem serve` as a child process.
+pub mod serve_child;
+/// `hugemem bench takeover`: `serve --takeover` against a plain stop and start.
+pub mod takeover;
 /// `hugemem bench vmstart`: ALLOC to the guest's first instruction and to all pages touched, eager and lazy.
 pub mod vmstart;
 
