@@ -248,11 +248,12 @@ pub fn owner_and_size(fd: BorrowedFd<'_>) -> io::Result<(u32, u64)> {
 /// (`kcmp` missing or not permitted): the caller then counts a holder.
 pub fn same_description(pid: i32, their_fd: i32, own_fd: i32) -> bool {
     const KCMP_FILE: libc::c_long = 0;
+    let me = libc::c_long::from(std::process::id() as i32);
     // SAFETY: kcmp takes integers only and touches no memory of this process.
     let r = unsafe {
         libc::syscall(
             libc::SYS_kcmp,
-            libc::c_long::from(libc::getpid()),
+            me,
             libc::c_long::from(pid),
             KCMP_FILE,
             libc::c_long::from(own_fd),
