@@ -127,16 +127,10 @@ impl FakeSystemd {
             .env_remove("LISTEN_FDNAMES")
             .stdin(Stdio::null());
         let srcs = sources.clone();
-        // SAFETY: runs between fork and exec; only dup2 (async-signal-safe).
+        // SAFETY: the closure runs between fork and exec and only calls
+        // `onto_fds` (dup2, async-signal-safe, no allocation).
         unsafe {
-            cmd.pre_exec(move || {
-                for (i, src) in srcs.iter().enumerate() {
-                    if libc::dup2(*src, 3 + i as RawFd) < 0 {
-                        return Err(std::io::Error::last_os_error());
-                    }
-                }
-                Ok(())
-            });
+            cmd.pre_exec(move || onto_fds(&srcs));
         }
         let child = cmd.spawn().expect("spawn hugemem serve");
         for s in sources {
@@ -145,6 +139,20 @@ impl FakeSystemd {
         }
         Daemon(child)
     }
+}
+
+/// Puts `sources` on fds 3.. of the child, inherited across exec. Runs
+/// between fork and exec.
+fn onto_fds(sources: &[RawFd]) -> std::io::Result<()> {
+    for (i, src) in sources.iter().enumerate() {
+        // SAFETY: dup2 of an open descriptor (all sources are above any
+        // target: duplicated from 500 up) onto 3 + i; what was there in the
+        // child is nothing it uses (it execs right after).
+        if unsafe { libc::dup2(*src, 3 + i as RawFd) } < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+    }
+    Ok(())
 }
 
 /// A daemon process, killed if the test fails while it runs.
