@@ -51,10 +51,25 @@ pub struct Report {
     pub page_size: u64,
     /// The guest's line on COM1, e.g. `HUGEMEM-GUEST pages=32 nonzero=0 status=0`.
     pub serial: String,
+    /// Faults this VMM served itself (its fallback, when the daemon was gone).
+    pub fallback_faults: u64,
 }
 
 /// Connects, ALLOCs `size` bytes, boots the micro-guest, checks it, FREEs.
 pub fn run_vmm(socket: &Path, size: u64, clear_mode: ClearMode) -> Result<Report> {
+    run_vmm_with(socket, size, clear_mode, || {})
+}
+
+/// [`run_vmm`], calling `before_boot` once guest RAM is mapped (and, lazy,
+/// handed to the daemon) and right before the vCPU starts: a test upgrades
+/// the daemon there (`hugemem serve --takeover`), so that the guest's
+/// faults reach the new daemon.
+pub fn run_vmm_with(
+    socket: &Path,
+    size: u64,
+    clear_mode: ClearMode,
+    before_boot: impl FnOnce(),
+) -> Result<Report> {
     let mut client = Client::connect(socket)?; // and HANDSHAKE
     client.set_timeout(Some(Duration::from_secs(30)))?; // longer than the ALLOC wait
     client.set_alloc_wait(Some(Duration::from_secs(5)));
@@ -88,7 +103,9 @@ pub fn run_vmm(socket: &Path, size: u64, clear_mode: ClearMode) -> Result<Report
     };
     let page_size = alloc.regions.iter().map(|r| r.page_size).min();
     let page_size = page_size.context("no regions")?;
+    before_boot();
     let serial = boot_and_check(&mem, page_size)?;
+    let fallback_faults = lazy_guard.as_ref().map_or(0, |g| g.stats().faults);
     // The vCPU has stopped: unmap, drop the uffd copy, close the fds, FREE.
     // The daemon reuses a region only once nothing of ours maps or holds it.
     drop(mem);
@@ -101,6 +118,7 @@ pub fn run_vmm(socket: &Path, size: u64, clear_mode: ClearMode) -> Result<Report
         lazy_regions,
         page_size,
         serial,
+        fallback_faults,
     })
 }
 

@@ -6,6 +6,8 @@ use std::io;
 
 /// `MADV_POPULATE_WRITE` (Linux 5.14); not in every libc version we build with.
 pub(crate) const MADV_POPULATE_WRITE: libc::c_int = 23;
+/// `MADV_POPULATE_READ` (Linux 5.14): map pages without writing them.
+pub(crate) const MADV_POPULATE_READ: libc::c_int = 22;
 
 /// `mmap(NULL, len, prot, flags, fd, offset)`, returning the address.
 pub(crate) fn mmap(

@@ -836,6 +836,14 @@ impl DaemonHandle {
         pool.orphan(alloc) && tenant.is_none_or(|uid| pool.set_tenant(alloc, uid))
     }
 
+    /// Everything this daemon's lazy fault services counted so far (faults
+    /// read and served, pages cleared and continued ahead of the guest):
+    /// for tests that check which daemon served a lazy guest.
+    #[doc(hidden)]
+    pub fn lazy_work(&self) -> u64 {
+        self.shared.fault_totals.read().counters.iter().sum()
+    }
+
     /// Where the metrics endpoint listens, when it is on.
     pub fn metrics_addr(&self) -> Option<SocketAddr> {
         self.metrics_addr

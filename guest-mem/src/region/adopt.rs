@@ -151,6 +151,32 @@ impl Region {
             keep_path: AtomicBool::new(false),
             fd,
         };
+        // Pages still dirty are the predecessor's work in progress: a lazy
+        // guest's fault service and the scrubbers clear them through this
+        // mapping, and the fault service requires them mapped here (a
+        // dirty page not in this mapping is indistinguishable from a hole).
+        // Reading maps the page-cache page as it is; nothing is written.
+        for page in 0..region.states.len() {
+            if region.states.get(page).ok() == Some(PageState::Dirty) {
+                let (offset, len) = region.page_range(page);
+                // SAFETY: `offset..offset+len` lies inside our own mapping
+                // (page_range clamps to the region's length).
+                let populated = unsafe {
+                    sys::madvise(
+                        region.addr.add(offset as usize),
+                        len as usize,
+                        sys::MADV_POPULATE_READ,
+                    )
+                };
+                if let Err(e) = populated {
+                    return Err(AdoptError::Io {
+                        name: region.name.clone(),
+                        what: "MADV_POPULATE_READ of a dirty page",
+                        source: e,
+                    });
+                }
+            }
+        }
         if let Some(node) = spec.node {
             // The policy of our new VMA: pages faulted in later (holes,
             // growth) land on the node as before.
