@@ -159,15 +159,10 @@ impl Region {
         for page in 0..region.states.len() {
             if region.states.get(page).ok() == Some(PageState::Dirty) {
                 let (offset, len) = region.page_range(page);
-                // SAFETY: `offset..offset+len` lies inside our own mapping
+                let at = region.addr.wrapping_add(offset as usize);
+                // SAFETY: `at..at+len` lies inside our own mapping
                 // (page_range clamps to the region's length).
-                let populated = unsafe {
-                    sys::madvise(
-                        region.addr.add(offset as usize),
-                        len as usize,
-                        sys::MADV_POPULATE_READ,
-                    )
-                };
+                let populated = unsafe { sys::madvise(at, len as usize, sys::MADV_POPULATE_READ) };
                 if let Err(e) = populated {
                     return Err(AdoptError::Io {
                         name: region.name.clone(),
