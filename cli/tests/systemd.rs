@@ -371,6 +371,13 @@ fn shipped_units_start_notify_and_stop_under_a_real_systemd() {
             return;
         }
     }
+    // Two regions of 16 MiB for the restart and crash steps.
+    if !test_support::hugepages::reserve_2m(
+        16,
+        "shipped_units_start_notify_and_stop_under_a_real_systemd",
+    ) {
+        return;
+    }
     let dir = tempfile::tempdir().expect("tempdir");
     let d = dir.path();
     let bin = env!("CARGO_BIN_EXE_hugemem");
@@ -401,7 +408,7 @@ ExecStartPre=
 ExecStartPre=-+/run/hugemem-test/hugemem hugepages --config /run/hugemem-test/hugemem.toml
 ExecStartPre=/bin/sh -c '{probe}'
 ExecStart=
-ExecStart=/run/hugemem-test/hugemem serve --config /run/hugemem-test/hugemem.toml
+ExecStart=/run/hugemem-test/hugemem serve --fd-store --config /run/hugemem-test/hugemem.toml
 StandardOutput=append:{d}/service.log
 StandardError=append:{d}/service.log
 X
@@ -460,6 +467,120 @@ exec {SYSTEMD} --system --unit=hugemem-test.target --log-target=console
         Ok(Err(why)) => test_support::skip!("no systemd could run here: {why}"),
         Err(p) => std::panic::resume_unwind(p),
     }
+}
+
+/// A tenant (this process, on the namespace's socket through
+/// `/proc/<manager>/root`) holds a written allocation and the pool a clean
+/// region; `systemctl restart hugemem` and then `systemctl kill -s KILL
+/// hugemem` (restarted by `Restart=on-failure`) keep both: the tenant
+/// re-attaches with its token and reads its bytes, and after the restart the
+/// pool is served warm with nothing zeroed again.
+fn keeps_across_restart_and_kill(
+    ns: &dyn Fn(&[&str]) -> String,
+    show: &dyn Fn(&str, &str) -> std::collections::HashMap<String, String>,
+    served_by: &dyn Fn() -> u64,
+    manager: i32,
+) {
+    use test_support::tenant::{alloc_2m, MIB};
+    let size = 16 * MIB;
+    let socket = PathBuf::from(format!("/proc/{manager}/root/run/hugemem/hugemem.sock"));
+    let mut tenant = Client::connect(&socket).expect("the tenant connects");
+    let a = tenant.alloc(alloc_2m(size, false)).expect("tenant ALLOC");
+    let token = a.token().expect("a re-attach token");
+    let map =
+        test_support::prelude::Map::shared(std::os::fd::AsFd::as_fd(&a.fds[0]), size as usize);
+    map.fill(0, map.len(), 0x5A);
+    let mut other = Client::connect(&socket).expect("connect");
+    let b = other.alloc(alloc_2m(size, false)).expect("a second ALLOC");
+    let bid = b.id;
+    drop(b);
+    other.free(bid).expect("FREE");
+    test_support::prelude::wait_until(
+        "a clean region in the pool",
+        Duration::from_secs(30),
+        || {
+            other.stats().is_ok_and(|s| {
+                s.pools.iter().any(|p| p.clean_bytes == size)
+                    && s.regions
+                        .as_ref()
+                        .is_some_and(|r| r.iter().all(|r| r.not_present.unwrap_or(0) == 0))
+            })
+        },
+    );
+    drop(other);
+    // The periodic sync has stored the regions and a document.
+    std::thread::sleep(Duration::from_millis(800));
+    let before = tenant.stats().expect("stats");
+
+    ns(&["systemctl", "restart", "hugemem.service"]);
+    let restarted = served_by();
+    let tenant = Client::reconnect(
+        &socket,
+        &[(a.id, token)],
+        Instant::now() + Duration::from_secs(30),
+    )
+    .expect("re-attach after systemctl restart");
+    assert!(
+        map.all(0, map.len(), 0x5A),
+        "the tenant's bytes survived the restart"
+    );
+    let mut next = Client::connect(&socket).expect("connect");
+    let c = next
+        .alloc(alloc_2m(size, false))
+        .expect("ALLOC after the restart");
+    let s = next.stats().expect("stats");
+    assert_eq!(u64::from(s.pid), restarted);
+    assert_eq!(s.allocations.active, 2, "the tenant's and the new one: {s}");
+    assert_eq!(
+        s.counters.regions_pooled,
+        before.counters.regions_pooled + 1,
+        "served warm from the kept pool: {s}"
+    );
+    assert_eq!(s.scrub.bytes, 0, "nothing zeroed again: {s}");
+    assert_eq!(
+        s.counters.bytes_created, before.counters.bytes_created,
+        "{s}"
+    );
+    let cid = c.id;
+    drop(c);
+    next.free(cid).expect("FREE");
+    drop(next);
+    std::thread::sleep(Duration::from_millis(800));
+
+    // A crash: systemd restarts the service (Restart=on-failure) with the
+    // stored fds.
+    ns(&["systemctl", "kill", "-s", "KILL", "hugemem.service"]);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while show("hugemem.service", "NRestarts")["NRestarts"] != "1" {
+        assert!(
+            Instant::now() < deadline,
+            "no automatic restart after kill -9"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let crashed = served_by();
+    assert_ne!(crashed, restarted);
+    let mut tenant2 = Client::reconnect(
+        &socket,
+        &[(a.id, token)],
+        Instant::now() + Duration::from_secs(30),
+    )
+    .expect("re-attach after kill -9");
+    assert!(
+        map.all(0, map.len(), 0x5A),
+        "the tenant's bytes survived the crash"
+    );
+    let s = tenant2.stats().expect("stats");
+    assert_eq!(s.allocations.active, 1, "{s}");
+    drop(map);
+    let id = a.id;
+    drop(a);
+    tenant2.free(id).expect("FREE after the crash");
+    drop(tenant);
+    println!(
+        "OBSERVED: under systemd: restart and kill -9 kept the allocation (re-attached twice) and the pool (served warm after the restart, regions_pooled {} -> {})",
+        before.counters.regions_pooled, before.counters.regions_pooled + 1
+    );
 }
 
 /// `init.scope` and `system.slice` under every mounted cgroup hierarchy.
@@ -599,6 +720,10 @@ fn drive_units(unshare: &mut Child, bin: &str, d: &Path) -> Result<(), String> {
     ns(&["systemctl", "restart", "hugemem.service"]);
     let third = served_by();
     assert_ne!(third, second);
+
+    // Restart and kill -9 keep the pool and a running tenant's allocation
+    // (issue 20): the fd store (FileDescriptorStoreMax=, --fd-store).
+    keeps_across_restart_and_kill(&ns, &show, &served_by, pid);
     ns(&["systemctl", "stop", "hugemem.service", "hugemem.socket"]);
     assert_eq!(show("hugemem.service", "Result")["Result"], "success");
 
