@@ -271,9 +271,13 @@ fn a_reattached_lazy_allocation_is_the_fallbacks() {
     assert!(d.handle().orphan_for_tests(a.id, None));
     drop(c);
     let mut again = d.client();
-    // Ownership only: the region is still LAZY to the daemon.
+    // Ownership only. The region reads LAZY while pages of it are still
+    // dirty, CLEAN once the scrubbers got to all of them first (they race
+    // this test); either way no fault service of this daemon serves it.
     let regions = again.reattach(a.id, token).expect("reattach");
-    assert_ne!(regions[0].flags & RegionInfo::FLAG_LAZY, 0, "{regions:?}");
+    let lazy = regions[0].flags & RegionInfo::FLAG_LAZY != 0;
+    let clean = regions[0].flags & RegionInfo::FLAG_CLEAN != 0;
+    assert!(lazy != clean, "LAZY or CLEAN: {regions:?}");
     // No fault service any more: UFFD is refused, and says why.
     let r = again.call(&Request::Uffd {
         alloc_id: a.id,

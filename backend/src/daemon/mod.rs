@@ -53,6 +53,16 @@
 //! is neither created nor removed by the daemon: it stays with systemd, and
 //! connections made while the daemon (re)starts wait in its backlog.
 //!
+//! # Restart and upgrade
+//!
+//! [`handover`]: a successor (`hugemem serve --takeover`) takes the
+//! listening socket, the pool, the allocations, the connections and the
+//! lazy fault services over a control socket; this daemon freezes, sends a
+//! versioned state document and the fds, and exits releasing nothing.
+//! [`fdstore`]: under systemd (`--fd-store`) the same state and the region
+//! fds live in the service manager's fd store, so a restart or a crash keeps
+//! them; allocations come back orphaned until their VMM re-attaches.
+//!
 //! [`config`]: crate::daemon::config
 //! [`server`]: crate::daemon::server
 //! [`session`]: crate::daemon::session
@@ -187,7 +197,11 @@ fn hugetlbfs_page_size(dir: &Path) -> Option<guest_mem::PageSize> {
 /// the kernel (which zeroes them) once no process still has the file open or
 /// mapped. Files of a live pid (another daemon sharing the mount) are left
 /// alone. Counted in STATS (`leftover_files_released`, `leftover_bytes_released`).
-fn recover_leftovers(dirs: &[(guest_mem::PageSize, PathBuf)], metrics: &Metrics) {
+fn recover_leftovers(
+    dirs: &[(guest_mem::PageSize, PathBuf)],
+    metrics: &Metrics,
+    inherited: &std::collections::HashSet<PathBuf>,
+) {
     for (_, dir) in dirs {
         let Ok(entries) = std::fs::read_dir(dir) else {
             continue;
@@ -197,6 +211,11 @@ fn recover_leftovers(dirs: &[(guest_mem::PageSize, PathBuf)], metrics: &Metrics)
             let Some(pid) = leftover_pid(&name.to_string_lossy()) else {
                 continue;
             };
+            // A region handed over (a takeover, systemd's fd store) keeps
+            // its file, whoever created it.
+            if inherited.contains(&entry.path()) {
+                continue;
+            }
             if pid == std::process::id() || Path::new(&format!("/proc/{pid}")).exists() {
                 continue;
             }
@@ -527,7 +546,12 @@ impl Daemon {
             }
         };
         let metrics = Arc::new(Metrics::default());
-        recover_leftovers(&hugetlbfs, &metrics);
+        let inherited_paths: std::collections::HashSet<PathBuf> = inherited
+            .iter()
+            .flat_map(|i| i.state.regions.iter())
+            .filter_map(|r| r.path.as_ref().map(PathBuf::from))
+            .collect();
+        recover_leftovers(&hugetlbfs, &metrics, &inherited_paths);
         let quarantine_kick = Arc::new(Notify::new());
         let pool = Arc::new(Pool::new(
             config.pool.clone(),
