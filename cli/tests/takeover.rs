@@ -423,3 +423,89 @@ fn a_newer_state_document_is_refused_with_its_version() {
     assert!(stderr.contains("version"), "{stderr}");
     assert!(!socket.exists(), "nothing was served");
 }
+
+/// A tenant that FREEs its allocation while an fd of it sits in flight (sent
+/// over a socket nobody reads) gains nothing from a takeover: the region
+/// comes over quarantined, stays withheld in the new daemon (its write lease
+/// still fails), and is never handed to the next tenant; once the fd in
+/// flight is gone it is proved free and pooled.
+#[test]
+fn an_fd_in_flight_across_a_takeover_gains_nothing() {
+    use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags};
+    let _s = serial();
+    if !root_or_skip() {
+        return;
+    }
+    let size = 16 * MIB;
+    let Some(_pages) = exactly(
+        PageSize::Huge2M,
+        2 * size / (2 * MIB),
+        "an_fd_in_flight_across_a_takeover_gains_nothing",
+    ) else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let socket = dir.path().join("hugemem.sock");
+    let config = dir.path().join("hugemem.toml");
+    std::fs::write(&config, "[pool]\nlimit = \"1G\"\ntarget = \"512M\"\nrecheck_ms = 50\n")
+        .expect("config");
+    let mut old = Daemon(serve(&socket, &config, false));
+    wait_until("the daemon answers", Duration::from_secs(30), || {
+        Client::connect(&socket).is_ok()
+    });
+    let mut tenant = Client::connect(&socket).expect("connect");
+    let a = tenant.alloc(alloc_2m(size, false)).expect("ALLOC");
+    let (tx, rx) = std::os::unix::net::UnixStream::pair().expect("socketpair");
+    let iov = [std::io::IoSlice::new(b"x")];
+    let fds = [a.fds[0].as_raw_fd()];
+    sendmsg::<()>(
+        tx.as_raw_fd(),
+        &iov,
+        &[ControlMessage::ScmRights(&fds)],
+        MsgFlags::empty(),
+        None,
+    )
+    .expect("an fd in flight");
+    let id = a.id;
+    drop(a);
+    tenant.free(id).expect("FREE");
+    let withheld = |c: &mut Client| {
+        c.stats()
+            .map(|s| s.pools.iter().map(|p| p.withheld_bytes).sum::<u64>())
+            .unwrap_or(0)
+    };
+    wait_until("the region is withheld", Duration::from_secs(30), || {
+        withheld(&mut tenant) == size
+    });
+    let mut new = Daemon(serve(&socket, &config, true));
+    assert!(wait_exit(&mut old.0, "the old daemon").success());
+    let s = tenant.stats().expect("stats");
+    assert_eq!(s.pid, new.0.id(), "{s}");
+    // Still withheld in the new daemon, after its own checks.
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(withheld(&mut tenant), size, "withheld after the takeover");
+    let mut next = Client::connect(&socket).expect("connect");
+    let b = next.alloc(alloc_2m(size, false)).expect("the next tenant's ALLOC");
+    let s2 = next.stats().expect("stats");
+    assert_eq!(
+        s2.counters.regions_pooled, s.counters.regions_pooled,
+        "the withheld region was not handed out: {s2}"
+    );
+    assert!(
+        s2.regions
+            .as_ref()
+            .is_some_and(|r| r.iter().all(|r| r.id != id || r.alloc_id.is_none())),
+        "{s2}"
+    );
+    // The fd in flight goes: the region is proved free and pooled.
+    drop((tx, rx));
+    wait_until("the region leaves quarantine", Duration::from_secs(30), || {
+        withheld(&mut next) == 0
+    });
+    let bid = b.id;
+    drop(b);
+    next.free(bid).expect("FREE");
+    let pid = nix::unistd::Pid::from_raw(i32::try_from(new.0.id()).expect("pid"));
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).expect("SIGTERM");
+    assert!(wait_exit(&mut new.0, "the new daemon").success());
+}

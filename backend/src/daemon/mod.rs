@@ -55,11 +55,11 @@
 //!
 //! # Restart and upgrade
 //!
-//! [`handover`]: a successor (`hugemem serve --takeover`) takes the
+//! With [`handover`], a successor (`hugemem serve --takeover`) takes the
 //! listening socket, the pool, the allocations, the connections and the
 //! lazy fault services over a control socket; this daemon freezes, sends a
-//! versioned state document and the fds, and exits releasing nothing.
-//! [`fdstore`]: under systemd (`--fd-store`) the same state and the region
+//! versioned state document and the fds, and exits releasing nothing. With
+//! [`fdstore`], under systemd (`--fd-store`), the same state and the region
 //! fds live in the service manager's fd store, so a restart or a crash keeps
 //! them; allocations come back orphaned until their VMM re-attaches.
 //!
@@ -77,6 +77,8 @@
 //! [`systemd`]: crate::daemon::systemd
 //! [`refill`]: crate::daemon::refill
 //! [`rebalance`]: crate::daemon::rebalance
+//! [`handover`]: crate::daemon::handover
+//! [`fdstore`]: crate::daemon::fdstore
 //! [`Daemon::start`]: crate::daemon::Daemon::start
 //! [`DaemonHandle::shutdown`]: crate::daemon::DaemonHandle::shutdown
 
