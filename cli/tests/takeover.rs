@@ -447,8 +447,11 @@ fn an_fd_in_flight_across_a_takeover_gains_nothing() {
     let dir = tempfile::tempdir().expect("tempdir");
     let socket = dir.path().join("hugemem.sock");
     let config = dir.path().join("hugemem.toml");
-    std::fs::write(&config, "[pool]\nlimit = \"1G\"\ntarget = \"512M\"\nrecheck_ms = 50\n")
-        .expect("config");
+    std::fs::write(
+        &config,
+        "[pool]\nlimit = \"1G\"\ntarget = \"512M\"\nrecheck_ms = 50\n",
+    )
+    .expect("config");
     let mut old = Daemon(serve(&socket, &config, false));
     wait_until("the daemon answers", Duration::from_secs(30), || {
         Client::connect(&socket).is_ok()
@@ -485,7 +488,9 @@ fn an_fd_in_flight_across_a_takeover_gains_nothing() {
     std::thread::sleep(Duration::from_millis(300));
     assert_eq!(withheld(&mut tenant), size, "withheld after the takeover");
     let mut next = Client::connect(&socket).expect("connect");
-    let b = next.alloc(alloc_2m(size, false)).expect("the next tenant's ALLOC");
+    let b = next
+        .alloc(alloc_2m(size, false))
+        .expect("the next tenant's ALLOC");
     let s2 = next.stats().expect("stats");
     assert_eq!(
         s2.counters.regions_pooled, s.counters.regions_pooled,
@@ -499,9 +504,11 @@ fn an_fd_in_flight_across_a_takeover_gains_nothing() {
     );
     // The fd in flight goes: the region is proved free and pooled.
     drop((tx, rx));
-    wait_until("the region leaves quarantine", Duration::from_secs(30), || {
-        withheld(&mut next) == 0
-    });
+    wait_until(
+        "the region leaves quarantine",
+        Duration::from_secs(30),
+        || withheld(&mut next) == 0,
+    );
     let bid = b.id;
     drop(b);
     next.free(bid).expect("FREE");
