@@ -240,6 +240,8 @@ pub struct PreparedLazy {
 #[derive(Debug)]
 pub struct LazyGuest {
     uffd: Uffd,
+    /// The UFFD request's mappings (for [`LazyGuest::hand_back`]).
+    ranges: Vec<UffdRange>,
     fallback: Arc<Fallback>,
     stop: Arc<EventFd>,
     watcher: Option<JoinHandle<()>>,
@@ -381,23 +383,29 @@ impl PreparedLazy {
         let fallback = Arc::new(self.fallback);
         let watcher = match daemon {
             None => None,
-            Some(daemon) => {
-                let (fb, st) = (Arc::clone(&fallback), Arc::clone(&stop));
-                Some(
-                    std::thread::Builder::new()
-                        .name("hm-lazy-fb".into())
-                        .spawn(move || watch(&fb, &st, &daemon))
-                        .map_err(LazyError::Thread)?,
-                )
-            }
+            Some(daemon) => Some(spawn_watcher(&fallback, &stop, daemon)?),
         };
         Ok(LazyGuest {
             uffd: self.uffd,
+            ranges: self.ranges,
             fallback,
             stop,
             watcher,
         })
     }
+}
+
+/// Starts the watcher thread on `daemon` (see [`watch`]).
+fn spawn_watcher(
+    fallback: &Arc<Fallback>,
+    stop: &Arc<EventFd>,
+    daemon: OwnedFd,
+) -> Result<JoinHandle<()>, LazyError> {
+    let (fb, st) = (Arc::clone(fallback), Arc::clone(stop));
+    std::thread::Builder::new()
+        .name("hm-lazy-fb".into())
+        .spawn(move || watch(&fb, &st, &daemon))
+        .map_err(LazyError::Thread)
 }
 
 impl LazyGuest {
@@ -437,6 +445,67 @@ impl LazyGuest {
     /// The VMM's own copy of the uffd.
     pub fn uffd(&self) -> &Uffd {
         &self.uffd
+    }
+
+    /// Hands the faults back to a daemon after a restart (issue 20): once
+    /// the allocation was re-attached on `client` (REATTACH), the fallback
+    /// — which served every fault since the old connection closed — stops
+    /// after the events it read, the uffd goes to the daemon again (UFFD
+    /// request, same mappings), and a new watcher guards the new
+    /// connection. The daemon then clears only pages that fault (each one
+    /// has no page-table entry here, so the guest holds nothing in it): a
+    /// page the fallback installed never faults again and is never cleared
+    /// twice, and the daemon runs no scrubber ahead of the guest, since it
+    /// cannot know which pages the fallback installed.
+    ///
+    /// # Errors
+    ///
+    /// The UFFD request's refusal or a transport error; the fallback then
+    /// serves again at once, as before the call.
+    pub fn hand_back(&mut self, client: &mut Client, alloc_id: u64) -> Result<(), LazyError> {
+        // Stop the fallback: it answers the events it read, then returns.
+        let _ = self.stop.write(1);
+        if let Some(w) = self.watcher.take() {
+            if w.join().is_err() {
+                warn!("the lazy-mode fallback thread panicked");
+            }
+        }
+        let stop = Arc::new(
+            EventFd::from_flags(EfdFlags::EFD_CLOEXEC | EfdFlags::EFD_NONBLOCK)
+                .map_err(|e| LazyError::Setup(e.into()))?,
+        );
+        self.stop = stop;
+        let request = Request::Uffd {
+            alloc_id,
+            ranges: self.ranges.clone(),
+        };
+        let sent = client
+            .socket()
+            .try_clone_to_owned()
+            .map_err(LazyError::Setup)
+            .and_then(
+                |watch| match client.call_with_fds(&request, &[self.uffd.as_fd()])? {
+                    (ReplyBody::Empty, _) => Ok(watch),
+                    (other, _) => Err(ClientError::Unexpected(format!("{other:?} to UFFD")).into()),
+                },
+            );
+        match sent {
+            Ok(watch) => {
+                self.fallback
+                    .counters
+                    .active
+                    .store(false, Ordering::Release);
+                self.watcher = Some(spawn_watcher(&self.fallback, &self.stop, watch)?);
+                info!(alloc = alloc_id, "lazy guest RAM handed back to the daemon");
+                Ok(())
+            }
+            Err(e) => {
+                // Serve on locally: a watcher on a closed peer takes over at once.
+                let (a, _b) = std::os::unix::net::UnixStream::pair().map_err(LazyError::Setup)?;
+                self.watcher = Some(spawn_watcher(&self.fallback, &self.stop, OwnedFd::from(a))?);
+                Err(e)
+            }
+        }
     }
 
     /// The fallback's counters.

@@ -517,6 +517,19 @@ impl Session {
                 info
             })
             .collect();
+        if lazy_fallback {
+            // Its VMM may hand the uffd back (UFFD): the fault service then
+            // resumes on these regions.
+            let lazy_infos: Vec<RegionInfo> = infos
+                .iter()
+                .map(|i| RegionInfo {
+                    flags: i.flags | RegionInfo::FLAG_LAZY,
+                    ..*i
+                })
+                .collect();
+            let arcs = regions.iter().map(|(_, r)| Arc::clone(r)).collect();
+            self.lazy.record(alloc_id, lazy_infos, arcs);
+        }
         info!(
             session = self.id,
             uid = self.peer.uid,
@@ -559,21 +572,34 @@ impl Session {
         if let Err(e) = self.shared.pool.regions_of(alloc_id, self.id) {
             return Outcome::error(Status::NotFound, e.to_string());
         }
-        if self.shared.pool.lazy_fallback(alloc_id) {
-            return Outcome::error(
-                Status::Invalid,
-                format!(
-                    "allocation {alloc_id}: the VMM's fallback serves this allocation since the daemon restarted"
-                ),
-            );
-        }
+        // Served by the VMM's fallback since a restart: the VMM hands the
+        // uffd back. Pages the fallback installed are unknown here, so the
+        // service resumes without scrubbers ahead of the guest: it clears
+        // a page only when it faults (a MINOR fault proves the guest has no
+        // mapping of it), never one the guest may hold.
+        let resumed = self.shared.pool.lazy_fallback(alloc_id);
         let cfg = crate::fault::FaultServiceConfig {
             topology: Some(Arc::clone(&self.shared.topology)),
             totals: Some(Arc::clone(&self.shared.fault_totals)),
+            scrub_threads_per_node: if resumed {
+                0
+            } else {
+                crate::fault::FaultServiceConfig::default().scrub_threads_per_node
+            },
             ..crate::fault::FaultServiceConfig::default()
         };
         match self.lazy.attach(alloc_id, ranges, fds, self.peer.pid, cfg) {
-            Ok(()) => Outcome::reply(Reply::ok(ReplyBody::Empty)),
+            Ok(()) => {
+                if resumed {
+                    self.shared.pool.set_lazy_fallback(alloc_id, false);
+                    info!(
+                        session = self.id,
+                        alloc = alloc_id,
+                        "lazy fault service resumed after the VMM's fallback (faulting pages only)"
+                    );
+                }
+                Outcome::reply(Reply::ok(ReplyBody::Empty))
+            }
             Err((status, msg)) => {
                 info!(session = self.id, alloc = alloc_id, ?status, reason = %msg, "UFFD refused");
                 Outcome::error(status, msg)
