@@ -425,6 +425,11 @@ pub(crate) struct ServeArgs {
     /// serves (docs/operations.md, "Upgrading").
     #[arg(long)]
     pub(crate) takeover: bool,
+    /// With --takeover: fork, and exit once the new daemon serves (0) or
+    /// failed (1), leaving it running; for systemd's ExecReload= (the new
+    /// daemon announces itself as the main process: NotifyAccess=all).
+    #[arg(long, requires = "takeover")]
+    pub(crate) detach: bool,
     /// Keep the pool, the allocations and the socket in systemd's
     /// file-descriptor store, so that `systemctl restart` and a crash lose
     /// none of them (the unit needs FileDescriptorStoreMax=; see

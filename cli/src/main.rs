@@ -132,7 +132,36 @@ fn serve(args: ServeArgs) -> Result<()> {
     } else {
         backend::daemon::Start::Fresh
     };
-    backend::daemon::serve(config, mode, args.fd_store).context("hugemem serve failed")
+    let ready = if args.detach { Some(detach()?) } else { None };
+    backend::daemon::serve(config, mode, args.fd_store, ready).context("hugemem serve failed")
+}
+
+/// `serve --detach`: forks; the parent waits until the child serves (or
+/// fails) and exits with 0 (or 1), the child goes on with the write end of
+/// the pipe it reports on. Called before any thread exists (only the
+/// logger is set up, which starts none), so the fork is safe.
+fn detach() -> Result<std::os::fd::OwnedFd> {
+    use std::io::Read;
+    let (read, write) = nix::unistd::pipe().context("pipe")?;
+    // SAFETY: the process is single-threaded here (see above): the child
+    // may run any code after the fork.
+    match unsafe { nix::unistd::fork() }.context("fork")? {
+        nix::unistd::ForkResult::Child => {
+            drop(read);
+            Ok(write)
+        }
+        nix::unistd::ForkResult::Parent { child } => {
+            drop(write);
+            let mut byte = [0u8; 1];
+            let ok = std::fs::File::from(read).read(&mut byte).unwrap_or(0) == 1 && byte[0] == b'1';
+            if ok {
+                eprintln!("hugemem serve --takeover: pid {child} serves");
+                std::process::exit(0);
+            }
+            eprintln!("hugemem serve --takeover: the new daemon (pid {child}) did not take over");
+            std::process::exit(1);
+        }
+    }
 }
 
 fn main() {

@@ -409,6 +409,8 @@ ExecStartPre=-+/run/hugemem-test/hugemem hugepages --config /run/hugemem-test/hu
 ExecStartPre=/bin/sh -c '{probe}'
 ExecStart=
 ExecStart=/run/hugemem-test/hugemem serve --fd-store --config /run/hugemem-test/hugemem.toml
+ExecReload=
+ExecReload=/run/hugemem-test/hugemem serve --takeover --detach --fd-store --config /run/hugemem-test/hugemem.toml
 StandardOutput=append:{d}/service.log
 StandardError=append:{d}/service.log
 X
@@ -508,6 +510,31 @@ fn keeps_across_restart_and_kill(
         },
     );
     drop(other);
+
+    // systemctl reload: a takeover in place. The tenant's connection goes on
+    // (no reconnect), the unit's main process is the new daemon, nothing
+    // restarted.
+    let main_before = show("hugemem.service", "MainPID")["MainPID"].clone();
+    let reload_started = Instant::now();
+    ns(&["systemctl", "reload", "hugemem.service"]);
+    let reload_ms = reload_started.elapsed().as_secs_f64() * 1e3;
+    let s = show("hugemem.service", "MainPID,ActiveState,SubState,NRestarts");
+    assert_ne!(s["MainPID"], main_before, "a new main process");
+    assert_eq!(
+        (s["ActiveState"].as_str(), s["SubState"].as_str()),
+        ("active", "running"),
+        "{s:?}"
+    );
+    assert_eq!(s["NRestarts"], "0");
+    let after_reload = tenant.stats().expect("the same connection, served on");
+    assert_eq!(after_reload.pid.to_string(), s["MainPID"], "{after_reload}");
+    assert_eq!(after_reload.allocations.active, 1, "{after_reload}");
+    assert!(
+        map.all(0, map.len(), 0x5A),
+        "the tenant's bytes survived the reload"
+    );
+    println!("OBSERVED: systemctl reload (takeover) took {reload_ms:.0} ms; the tenant's connection went on");
+
     // The periodic sync has stored the regions and a document.
     std::thread::sleep(Duration::from_millis(800));
     let before = tenant.stats().expect("stats");

@@ -87,6 +87,25 @@ impl FdStore {
         self.enabled
     }
 
+    /// The sequence number of the last document stored.
+    pub fn seq(&self) -> u64 {
+        self.stored
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .seq
+    }
+
+    /// Goes on from a predecessor's sequence number (a takeover, or a
+    /// restart from the store), so that the next document replaces the
+    /// other of the two names and the newest is always the highest.
+    pub fn continue_from(&self, seq: u64) {
+        let mut st = self
+            .stored
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        st.seq = st.seq.max(seq);
+    }
+
     /// Brings the store up to date with a snapshot of the daemon: new
     /// regions stored, gone ones removed, the listener once, and the state
     /// document when it changed. Blocking (small `sendmsg`s).

@@ -674,6 +674,7 @@ impl Daemon {
         let next_session = inherited
             .as_ref()
             .map_or(1, |i| i.state.next_session.max(1));
+        let store_seq = inherited.as_ref().map_or(0, |i| i.state.seq);
         let config_limits = config.limits.clone();
         let rebalance = rebalance::Rebalancer::new(&config.rebalance);
         let rebalance_operators = rebalance.operators().to_vec();
@@ -695,7 +696,11 @@ impl Daemon {
             tracker: TaskTracker::new(),
             quarantine_kick,
             handover: handover::Handover::default(),
-            fdstore: fdstore::FdStore::new(fd_store),
+            fdstore: {
+                let store = fdstore::FdStore::new(fd_store);
+                store.continue_from(store_seq);
+                store
+            },
             slots: server::Slots::new(&config_limits, rebalance_operators),
             scrubbers: std::sync::Mutex::new(scrubbers),
             next_session: std::sync::atomic::AtomicU64::new(next_session),
@@ -782,7 +787,12 @@ pub enum Start {
 ///
 /// As [`Daemon::start`] and [`DaemonHandle::shutdown`];
 /// [`DaemonError::Threads`] when the signal handlers cannot be installed.
-pub fn serve(config: Config, start: Start, fd_store: bool) -> Result<()> {
+pub fn serve(
+    config: Config,
+    start: Start,
+    fd_store: bool,
+    ready: Option<std::os::fd::OwnedFd>,
+) -> Result<()> {
     use tokio::signal::unix::{signal, SignalKind};
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -817,6 +827,11 @@ pub fn serve(config: Config, start: Start, fd_store: bool) -> Result<()> {
         }
     };
     systemd::notify_ready(handle.socket_path(), activated);
+    // `--detach`: the process that forked this one exits now, successfully.
+    if let Some(fd) = ready {
+        use std::io::Write;
+        let _ = std::fs::File::from(fd).write_all(b"1");
+    }
     let handed_over = handle.shared.cancel.clone();
     let which = rt.block_on(async {
         tokio::select! {

@@ -55,6 +55,12 @@ pub fn notify_ready(socket: &Path, activated: bool) {
     notify(&[NotifyState::Ready, NotifyState::Status(&status)]);
 }
 
+/// `MAINPID=` this process: a successor that took over (see
+/// `super::handover`) is the service's main process from now on.
+pub fn notify_main_pid() {
+    notify(&[NotifyState::MainPid(std::process::id())]);
+}
+
 /// `STOPPING=1` and a status line with the signal.
 pub fn notify_stopping(why: &str) {
     let status = format!("stopping on {why}");

@@ -485,7 +485,8 @@ pub(super) fn build(
     let doc = State {
         format: state::FORMAT.into(),
         version: state::VERSION,
-        seq: 0,
+        // The fd store's sequence, for a successor to go on from.
+        seq: shared.fdstore.seq(),
         last: matches!(target, Target::FdStore { last: true }) || target == Target::Successor,
         daemon_version: env!("CARGO_PKG_VERSION").into(),
         pid: std::process::id(),
@@ -929,6 +930,11 @@ pub fn finish_takeover(shared: &Shared, inh: &mut Inherited) {
         );
         return;
     };
+    // Under systemd (`ExecReload=hugemem serve --takeover --detach`, with
+    // `NotifyAccess=all`) this process becomes the unit's main process
+    // before the predecessor is told to exit: systemd must not see its main
+    // process gone.
+    super::systemd::notify_main_pid();
     match channel::write_line(ch, "OK") {
         Ok(()) => info!(
             ms = inh.started.elapsed().as_secs_f64() * 1e3,
