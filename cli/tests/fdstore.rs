@@ -16,13 +16,14 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixDatagram;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use backend::client::Client;
 use test_support::hugepages::{exactly, PageSize};
 use test_support::prelude::{map_raw as map, serial, unmap_raw as unmap, wait_until};
+use test_support::process::{wait_clean_and_present, ServeProcess as Daemon};
 use test_support::tenant::{alloc_2m, root_or_skip, MIB};
 
 /// systemd's side: the notify socket and the fd store.
@@ -155,36 +156,6 @@ fn onto_fds(sources: &[RawFd]) -> std::io::Result<()> {
     Ok(())
 }
 
-/// A daemon process, killed if the test fails while it runs.
-struct Daemon(Child);
-
-impl Daemon {
-    fn signal(&self, sig: nix::sys::signal::Signal) {
-        let pid = nix::unistd::Pid::from_raw(i32::try_from(self.0.id()).expect("pid"));
-        nix::sys::signal::kill(pid, sig).expect("signal");
-    }
-
-    fn wait(&mut self) -> std::process::ExitStatus {
-        let deadline = Instant::now() + Duration::from_secs(60);
-        loop {
-            if let Some(s) = self.0.try_wait().expect("try_wait") {
-                return s;
-            }
-            assert!(Instant::now() < deadline, "the daemon did not exit");
-            std::thread::sleep(Duration::from_millis(10));
-        }
-    }
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        if self.0.try_wait().ok().flatten().is_none() {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
-    }
-}
-
 fn pattern(i: usize) -> u8 {
     (i.wrapping_mul(7) % 253) as u8 + 1
 }
@@ -223,18 +194,7 @@ fn restart_keeps_everything(crash: bool, test: &str) {
     let id = first.id;
     drop(first);
     other.free(id).expect("FREE");
-    wait_until(
-        "a clean, present region in the pool",
-        Duration::from_secs(30),
-        || {
-            other.stats().is_ok_and(|s| {
-                s.pools.iter().any(|p| p.clean_bytes == size)
-                    && s.regions
-                        .as_ref()
-                        .is_some_and(|r| r.iter().all(|r| r.not_present.unwrap_or(0) == 0))
-            })
-        },
-    );
+    wait_clean_and_present(&mut other, size);
     drop(other);
     let before = tenant.stats().expect("stats");
     // Let the store catch up with the last change (a crash loses less
@@ -253,10 +213,10 @@ fn restart_keeps_everything(crash: bool, test: &str) {
 
     if crash {
         daemon.signal(nix::sys::signal::Signal::SIGKILL);
-        let _ = daemon.wait();
+        let _ = daemon.wait("the daemon");
     } else {
         daemon.signal(nix::sys::signal::Signal::SIGTERM);
-        assert!(daemon.wait().success(), "a clean stop");
+        assert!(daemon.wait("the daemon").success(), "a clean stop");
     }
     // A client connecting while no daemon runs waits in the kept socket's
     // backlog (the socket file stays).
@@ -330,7 +290,7 @@ fn restart_keeps_everything(crash: bool, test: &str) {
     next.free(bid).expect("FREE");
     drop(early);
     daemon.signal(nix::sys::signal::Signal::SIGTERM);
-    assert!(daemon.wait().success());
+    assert!(daemon.wait("the daemon").success());
 }
 
 #[test]

@@ -497,18 +497,7 @@ fn keeps_across_restart_and_kill(
     let bid = b.id;
     drop(b);
     other.free(bid).expect("FREE");
-    test_support::prelude::wait_until(
-        "a clean region in the pool",
-        Duration::from_secs(30),
-        || {
-            other.stats().is_ok_and(|s| {
-                s.pools.iter().any(|p| p.clean_bytes == size)
-                    && s.regions
-                        .as_ref()
-                        .is_some_and(|r| r.iter().all(|r| r.not_present.unwrap_or(0) == 0))
-            })
-        },
-    );
+    test_support::process::wait_clean_and_present(&mut other, size);
     drop(other);
 
     // systemctl reload: a takeover in place. The tenant's connection goes on

@@ -7,13 +7,14 @@
 //! deadline-based.
 
 use std::os::fd::AsRawFd;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 use backend::client::Client;
 use test_support::hugepages::{exactly, PageSize};
 use test_support::prelude::{map_raw as map, serial, unmap_raw as unmap, wait_until};
+use test_support::process::{wait_clean_and_present, ServeProcess as Daemon};
 use test_support::tenant::{alloc_2m, root_or_skip, MIB};
 
 fn serve(socket: &Path, config: &Path, takeover: bool) -> Child {
@@ -28,28 +29,18 @@ fn serve(socket: &Path, config: &Path, takeover: bool) -> Child {
     cmd.spawn().expect("spawn hugemem serve")
 }
 
-/// A daemon process, killed if a test fails while it runs (it would hold
-/// the tests' lock and huge pages otherwise).
-struct Daemon(Child);
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        if self.0.try_wait().ok().flatten().is_none() {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
-    }
-}
-
-fn wait_exit(child: &mut Child, what: &str) -> std::process::ExitStatus {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        if let Some(s) = child.try_wait().expect("try_wait") {
-            return s;
-        }
-        assert!(Instant::now() < deadline, "{what} did not exit");
-        std::thread::sleep(Duration::from_millis(10));
-    }
+/// A running daemon (`hugemem serve`) on a socket in `dir`, with a config
+/// whose `[pool]` section is `pool`; returns the socket, the config and the
+/// process, once the socket answers.
+fn first_daemon(dir: &Path, pool: &str) -> (PathBuf, PathBuf, Daemon) {
+    let socket = dir.join("hugemem.sock");
+    let config = dir.join("hugemem.toml");
+    std::fs::write(&config, format!("[pool]\n{pool}")).expect("config");
+    let daemon = Daemon(serve(&socket, &config, false));
+    wait_until("the daemon answers", Duration::from_secs(30), || {
+        Client::connect(&socket).is_ok()
+    });
+    (socket, config, daemon)
 }
 
 /// A pattern a tenant writes and reads back: byte i of page p.
@@ -73,13 +64,7 @@ fn a_takeover_keeps_the_pool_the_allocation_and_the_connection() {
         return;
     };
     let dir = tempfile::tempdir().expect("tempdir");
-    let socket = dir.path().join("hugemem.sock");
-    let config = dir.path().join("hugemem.toml");
-    std::fs::write(&config, "[pool]\nlimit = \"1G\"\ntarget = \"512M\"\n").expect("config");
-    let mut old = Daemon(serve(&socket, &config, false));
-    wait_until("the daemon answers", Duration::from_secs(30), || {
-        Client::connect(&socket).is_ok()
-    });
+    let (socket, config, mut old) = first_daemon(dir.path(), "limit = \"1G\"\ntarget = \"512M\"\n");
     // The tenant: mapped, written, connection open.
     let mut tenant = Client::connect(&socket).expect("connect");
     let a = tenant.alloc(alloc_2m(size, false)).expect("tenant ALLOC");
@@ -89,18 +74,7 @@ fn a_takeover_keeps_the_pool_the_allocation_and_the_connection() {
     let id = first.id;
     drop(first);
     other.free(id).expect("FREE");
-    wait_until(
-        "a clean region in the pool",
-        Duration::from_secs(30),
-        || {
-            other.stats().is_ok_and(|s| {
-                s.pools.iter().any(|p| p.clean_bytes == size)
-                    && s.regions
-                        .as_ref()
-                        .is_some_and(|r| r.iter().all(|r| r.not_present.unwrap_or(0) == 0))
-            })
-        },
-    );
+    wait_clean_and_present(&mut other, size);
     let p = map(a.fds[0].as_raw_fd(), size);
     assert!(!p.is_null());
     // SAFETY: the tenant's live mapping of `size` bytes.
@@ -112,7 +86,7 @@ fn a_takeover_keeps_the_pool_the_allocation_and_the_connection() {
 
     let started = Instant::now();
     let mut new = Daemon(serve(&socket, &config, true));
-    let status = wait_exit(&mut old.0, "the old daemon");
+    let status = old.wait("the old daemon");
     assert!(status.success(), "the old daemon exited with {status}");
     let handed = started.elapsed();
 
@@ -157,9 +131,8 @@ fn a_takeover_keeps_the_pool_the_allocation_and_the_connection() {
     let bid = b.id;
     drop(b);
     next.free(bid).expect("FREE");
-    let pid = nix::unistd::Pid::from_raw(i32::try_from(new.0.id()).expect("pid"));
-    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).expect("SIGTERM");
-    let status = wait_exit(&mut new.0, "the new daemon");
+    new.signal(nix::sys::signal::Signal::SIGTERM);
+    let status = new.wait("the new daemon");
     assert!(status.success(), "the new daemon exited with {status}");
     assert!(
         !socket.exists(),
@@ -192,13 +165,8 @@ fn ten_takeovers_under_sixteen_tenants_lose_nothing() {
     };
     let free_before = test_support::hugepages::hugepages_2m("free_hugepages");
     let dir = tempfile::tempdir().expect("tempdir");
-    let socket = dir.path().join("hugemem.sock");
-    let config = dir.path().join("hugemem.toml");
-    std::fs::write(&config, "[pool]\nlimit = \"1G\"\ntarget = \"512M\"\n").expect("config");
-    let mut daemon = Daemon(serve(&socket, &config, false));
-    wait_until("the daemon answers", Duration::from_secs(30), || {
-        Client::connect(&socket).is_ok()
-    });
+    let (socket, config, mut daemon) =
+        first_daemon(dir.path(), "limit = \"1G\"\ntarget = \"512M\"\n");
     let stop = Arc::new(AtomicBool::new(false));
     let longest_us = Arc::new(AtomicU64::new(0));
     let tenants: Vec<_> = (0..TENANTS)
@@ -246,7 +214,7 @@ fn ten_takeovers_under_sixteen_tenants_lose_nothing() {
         std::thread::sleep(Duration::from_millis(300));
         let t0 = Instant::now();
         let next = Daemon(serve(&socket, &config, true));
-        let status = wait_exit(&mut daemon.0, "the old daemon");
+        let status = daemon.wait("the old daemon");
         assert!(
             status.success(),
             "takeover {i}: the old daemon exited with {status}"
@@ -285,9 +253,8 @@ fn ten_takeovers_under_sixteen_tenants_lose_nothing() {
         s.counters.regions_pooled,
     );
     drop(c);
-    let pid = nix::unistd::Pid::from_raw(i32::try_from(daemon.0.id()).expect("pid"));
-    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).expect("SIGTERM");
-    let status = wait_exit(&mut daemon.0, "the last daemon");
+    daemon.signal(nix::sys::signal::Signal::SIGTERM);
+    let status = daemon.wait("the last daemon");
     assert!(status.success(), "the last daemon exited with {status}");
     wait_until(
         "the host's free pages are back",
@@ -315,13 +282,8 @@ fn a_refused_takeover_leaves_the_daemon_serving() {
         return;
     };
     let dir = tempfile::tempdir().expect("tempdir");
-    let socket = dir.path().join("hugemem.sock");
-    let config = dir.path().join("hugemem.toml");
-    std::fs::write(&config, "[pool]\nlimit = \"1G\"\ntarget = \"512M\"\n").expect("config");
-    let mut daemon = Daemon(serve(&socket, &config, false));
-    wait_until("the daemon answers", Duration::from_secs(30), || {
-        Client::connect(&socket).is_ok()
-    });
+    let (socket, _config, mut daemon) =
+        first_daemon(dir.path(), "limit = \"1G\"\ntarget = \"512M\"\n");
     let mut tenant = Client::connect(&socket).expect("connect");
     let a = tenant.alloc(alloc_2m(size, false)).expect("ALLOC");
     let before = tenant.stats().expect("stats");
@@ -363,9 +325,8 @@ fn a_refused_takeover_leaves_the_daemon_serving() {
         daemon.0.try_wait().expect("try_wait").is_none(),
         "the daemon still runs"
     );
-    let pid = nix::unistd::Pid::from_raw(i32::try_from(daemon.0.id()).expect("pid"));
-    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).expect("SIGTERM");
-    assert!(wait_exit(&mut daemon.0, "the daemon").success());
+    daemon.signal(nix::sys::signal::Signal::SIGTERM);
+    assert!(daemon.wait("the daemon").success());
 }
 
 /// A state document of a newer version is refused whole, with a message
@@ -445,17 +406,10 @@ fn an_fd_in_flight_across_a_takeover_gains_nothing() {
         return;
     };
     let dir = tempfile::tempdir().expect("tempdir");
-    let socket = dir.path().join("hugemem.sock");
-    let config = dir.path().join("hugemem.toml");
-    std::fs::write(
-        &config,
-        "[pool]\nlimit = \"1G\"\ntarget = \"512M\"\nrecheck_ms = 50\n",
-    )
-    .expect("config");
-    let mut old = Daemon(serve(&socket, &config, false));
-    wait_until("the daemon answers", Duration::from_secs(30), || {
-        Client::connect(&socket).is_ok()
-    });
+    let (socket, config, mut old) = first_daemon(
+        dir.path(),
+        "limit = \"1G\"\ntarget = \"512M\"\nrecheck_ms = 50\n",
+    );
     let mut tenant = Client::connect(&socket).expect("connect");
     let a = tenant.alloc(alloc_2m(size, false)).expect("ALLOC");
     let (tx, rx) = std::os::unix::net::UnixStream::pair().expect("socketpair");
@@ -481,7 +435,7 @@ fn an_fd_in_flight_across_a_takeover_gains_nothing() {
         withheld(&mut tenant) == size
     });
     let mut new = Daemon(serve(&socket, &config, true));
-    assert!(wait_exit(&mut old.0, "the old daemon").success());
+    assert!(old.wait("the old daemon").success());
     let s = tenant.stats().expect("stats");
     assert_eq!(s.pid, new.0.id(), "{s}");
     // Still withheld in the new daemon, after its own checks.
@@ -512,7 +466,6 @@ fn an_fd_in_flight_across_a_takeover_gains_nothing() {
     let bid = b.id;
     drop(b);
     next.free(bid).expect("FREE");
-    let pid = nix::unistd::Pid::from_raw(i32::try_from(new.0.id()).expect("pid"));
-    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).expect("SIGTERM");
-    assert!(wait_exit(&mut new.0, "the new daemon").success());
+    new.signal(nix::sys::signal::Signal::SIGTERM);
+    assert!(new.wait("the new daemon").success());
 }

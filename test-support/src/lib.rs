@@ -25,6 +25,8 @@ pub mod metrics;
 #[cfg(feature = "daemon")]
 pub mod prelude;
 #[cfg(feature = "daemon")]
+pub mod process;
+#[cfg(feature = "daemon")]
 pub mod tenant;
 
 use std::fs::OpenOptions;

@@ -7,7 +7,7 @@ use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU32};
 
-use numa::{MbindFlags, MemPolicyMode, NodeId, NodeMask};
+use numa::NodeId;
 
 use super::{state_unit, Region, UNBOUND};
 use crate::mapping::PageSize;
@@ -175,14 +175,7 @@ impl Region {
         if let Some(node) = spec.node {
             // The policy of our new VMA: pages faulted in later (holes,
             // growth) land on the node as before.
-            numa::mbind(
-                region.addr as usize,
-                len,
-                MemPolicyMode::Bind,
-                &NodeMask::single(node),
-                MbindFlags::default(),
-            )
-            .map_err(|e| AdoptError::Io {
+            region.bind_to(node).map_err(|e| AdoptError::Io {
                 name: region.name.clone(),
                 what: "mbind",
                 source: std::io::Error::other(e.to_string()),

@@ -294,14 +294,7 @@ impl Region {
             // file. Pages are then populated through this mapping, so they
             // are allocated under this policy. On error `region` drops:
             // unmapped, closed, unlinked.
-            numa::mbind(
-                region.addr as usize,
-                len,
-                MemPolicyMode::Bind,
-                &NodeMask::single(node),
-                MbindFlags::default(),
-            )
-            .map_err(|source| RegionError::Bind {
+            region.bind_to(node).map_err(|source| RegionError::Bind {
                 name: spec.name.clone(),
                 node,
                 source,
@@ -339,6 +332,20 @@ impl Region {
                 source,
             }),
         }
+    }
+
+    /// Binds this process's mapping of the region to `node`
+    /// (`mbind(MPOL_BIND)`, no move): pages allocated through it from now on
+    /// come from that node.
+    fn bind_to(&self, node: NodeId) -> Result<(), numa::PolicyError> {
+        // The length was checked to fit usize when the region was made.
+        numa::mbind(
+            self.addr as usize,
+            self.len as usize,
+            MemPolicyMode::Bind,
+            &NodeMask::single(node),
+            MbindFlags::default(),
+        )
     }
 
     /// Marks every page that is not being cleared `Dirty` (a pool taking the

@@ -116,6 +116,25 @@ impl Pool {
     /// A region is `Reserved` (an ALLOC or refill still runs): the
     /// handover must wait or be given up.
     pub fn snapshot(&self, keep: bool) -> Result<Snapshot, String> {
+        let out = self.take_snapshot(false)?;
+        if keep {
+            for r in &out.regions {
+                r.region.keep_file();
+            }
+        }
+        Ok(out)
+    }
+
+    /// [`Pool::snapshot`] while the daemon serves (systemd's fd store):
+    /// regions an ALLOC holds in the middle of its work are left out (the
+    /// next snapshot has them), nothing is marked kept.
+    pub fn snapshot_partial(&self) -> Snapshot {
+        // Never an error when reserved regions are skipped.
+        self.take_snapshot(true).unwrap_or_default()
+    }
+
+    /// The table as it is; a `Reserved` region is an error, or skipped.
+    fn take_snapshot(&self, skip_reserved: bool) -> Result<Snapshot, String> {
         let g = self.lock();
         let mut out = Snapshot {
             next_region: self.next_region.load(Ordering::Relaxed),
@@ -124,6 +143,7 @@ impl Pool {
         };
         for (id, e) in &g.entries {
             let life = match e.state {
+                EntryState::Reserved if skip_reserved => continue,
                 EntryState::Reserved => {
                     return Err(format!("region {id} is reserved by an ALLOC in progress"))
                 }
@@ -154,55 +174,7 @@ impl Pool {
                 lazy_fallback: a.lazy_fallback,
             });
         }
-        if keep {
-            for r in &out.regions {
-                r.region.keep_file();
-            }
-        }
         Ok(out)
-    }
-
-    /// [`Pool::snapshot`] while the daemon serves (systemd's fd store):
-    /// regions an ALLOC holds in the middle of its work are left out (the
-    /// next snapshot has them), nothing is marked kept.
-    pub fn snapshot_partial(&self) -> Snapshot {
-        let g = self.lock();
-        let mut out = Snapshot {
-            next_region: self.next_region.load(Ordering::Relaxed),
-            next_alloc: self.next_alloc.load(Ordering::Relaxed),
-            ..Snapshot::default()
-        };
-        for (id, e) in &g.entries {
-            let life = match e.state {
-                EntryState::Reserved => continue,
-                EntryState::InUse(a) => Life::InUse(a),
-                EntryState::Quarantined => Life::Quarantined,
-                EntryState::Dirty => Life::Dirty,
-                EntryState::Clean => Life::Clean,
-            };
-            out.regions.push(RegionSnapshot {
-                id: *id,
-                region: Arc::clone(&e.region),
-                key: e.key,
-                life,
-                tenant: e.tenant,
-                split: e.split,
-                fill: e.fill.is_some(),
-            });
-        }
-        for (id, a) in &g.allocs {
-            out.allocs.push(AllocSnapshot {
-                id: *id,
-                session: a.session,
-                regions: a.regions.clone(),
-                locked: a.locked,
-                tenant: a.tenant,
-                token: a.token,
-                lazy: a.lazy,
-                lazy_fallback: a.lazy_fallback,
-            });
-        }
-        out
     }
 
     /// Allocations waiting for their VMM to re-attach.
