@@ -749,8 +749,8 @@ impl Daemon {
                 return Err(DaemonError::Threads(e));
             }
         };
-        if let Some(inh) = inherited.as_mut() {
-            handover::finish_takeover(&shared, inh);
+        if let Some(inh) = &inherited {
+            handover::finish_takeover(inh);
         }
         info!(
             socket = %shared.socket.display(),
@@ -1020,19 +1020,7 @@ async fn orphans_loop(shared: Arc<Shared>) {
             secs = wait.as_secs(),
             "restored allocations nobody re-attached; released into quarantine"
         );
-        let topology = Arc::clone(&shared.topology);
-        let kick = Arc::clone(&shared.quarantine_kick);
-        shared.tracker.spawn_blocking(move || {
-            for r in released {
-                if r.locked {
-                    let refs: Vec<&guest_mem::Region> =
-                        r.quarantined.iter().map(|x| &**x).collect();
-                    let _ = alloc::lock_regions(&topology, &refs, false, 0, None);
-                }
-                drop(r.dropped);
-            }
-            kick.notify_one();
-        });
+        session::settle_released(&shared, released);
     }
 }
 

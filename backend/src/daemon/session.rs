@@ -93,19 +93,8 @@ impl Session {
     /// A new session for a peer that passed the uid check.
     pub fn new(id: SessionId, peer: PeerCred, shared: Arc<Shared>) -> Self {
         Metrics::add(&shared.metrics.sessions_total, 1);
-        Metrics::add(&shared.metrics.sessions_active, 1);
         info!(session = id, uid = peer.uid, pid = ?peer.pid, "session started");
-        shared.rebalance.client_started(id, peer.pid);
-        Self {
-            id,
-            peer,
-            shared,
-            handshaken: false,
-            features: 0,
-            reattach_refused: 0,
-            watching: false,
-            lazy: super::lazy_allocs::LazyAllocs::new(),
-        }
+        Self::open(id, peer, shared, false, 0)
     }
 
     /// A session a predecessor daemon handed over (`super::handover`):
@@ -117,23 +106,34 @@ impl Session {
         handshaken: bool,
         features: u64,
     ) -> Self {
-        Metrics::add(&shared.metrics.sessions_active, 1);
         info!(session = id, uid = peer.uid, pid = ?peer.pid, "session taken over");
-        shared.rebalance.client_started(id, peer.pid);
-        let mut me = Self {
-            id,
-            peer,
-            shared,
-            handshaken,
-            features: features & DAEMON_FEATURES,
-            reattach_refused: 0,
-            watching: false,
-            lazy: super::lazy_allocs::LazyAllocs::new(),
-        };
+        let mut me = Self::open(id, peer, shared, handshaken, features & DAEMON_FEATURES);
         if me.holds_memory() {
             me.watch_peer();
         }
         me
+    }
+
+    /// A live session (counted active, known to the rebalancer).
+    fn open(
+        id: SessionId,
+        peer: PeerCred,
+        shared: Arc<Shared>,
+        handshaken: bool,
+        features: u64,
+    ) -> Self {
+        Metrics::add(&shared.metrics.sessions_active, 1);
+        shared.rebalance.client_started(id, peer.pid);
+        Self {
+            id,
+            peer,
+            shared,
+            handshaken,
+            features,
+            reattach_refused: 0,
+            watching: false,
+            lazy: super::lazy_allocs::LazyAllocs::new(),
+        }
     }
 
     /// Stops this session's fault services for a handover, keeping their
@@ -734,21 +734,7 @@ impl Session {
         if released.is_empty() {
             return;
         }
-        let shared = Arc::clone(&self.shared);
-        self.shared.tracker.spawn_blocking(move || {
-            for r in released {
-                if r.locked {
-                    let refs: Vec<&Region> = r.quarantined.iter().map(|x| &**x).collect();
-                    if let Err((_, msg)) =
-                        alloc::lock_regions(&shared.topology, &refs, false, 0, None)
-                    {
-                        warn!(reason = %msg, "cannot unlock a released allocation");
-                    }
-                }
-                drop(r.dropped);
-            }
-            shared.quarantine_kick.notify_one();
-        });
+        settle_released(&self.shared, released);
         self.watch_peer();
     }
 
@@ -803,4 +789,27 @@ impl Session {
             .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
         info!(session = self.id, "session ended");
     }
+}
+
+/// What follows a release, off the executor: released allocations that
+/// were locked are unlocked, regions given back to the kernel are dropped
+/// (unmapped), and the quarantine is woken. FREE, a closing session and the
+/// expiry of orphaned allocations all end this way.
+pub fn settle_released(shared: &Arc<Shared>, released: Vec<Released>) {
+    if released.is_empty() {
+        return;
+    }
+    let s = Arc::clone(shared);
+    shared.tracker.spawn_blocking(move || {
+        for r in released {
+            if r.locked {
+                let refs: Vec<&Region> = r.quarantined.iter().map(|x| &**x).collect();
+                if let Err((_, msg)) = alloc::lock_regions(&s.topology, &refs, false, 0, None) {
+                    warn!(reason = %msg, "cannot unlock a released allocation");
+                }
+            }
+            drop(r.dropped);
+        }
+        s.quarantine_kick.notify_one();
+    });
 }

@@ -521,11 +521,7 @@ pub fn run(cfg: &LaunchConfig) -> Result<LaunchReport, LaunchError> {
     } else {
         alloc.fds.iter().map(AsFd::as_fd).collect()
     };
-    let held = reattach::Held {
-        id: alloc.id,
-        token: alloc.token(),
-        regions: alloc.regions.clone(),
-    };
+    let held = reattach::Held::of(&alloc);
     let socket = cfg.socket.as_path();
     let timeout = cfg.reattach_timeout;
     // The watcher owns the connection while the VMM runs and gives back the

@@ -34,6 +34,17 @@ pub(crate) struct Held {
     pub(crate) regions: Vec<RegionInfo>,
 }
 
+impl Held {
+    /// What the watcher needs of `alloc`.
+    pub(crate) fn of(alloc: &hugemem_client::client::Allocation) -> Self {
+        Self {
+            id: alloc.id,
+            token: alloc.token(),
+            regions: alloc.regions.clone(),
+        }
+    }
+}
+
 /// True when the daemon closed `client`'s connection (or wrote to it,
 /// which it never does between requests: treated the same).
 fn closed(client: &Client, timeout_ms: u16) -> bool {
@@ -194,11 +205,7 @@ mod tests {
         let d = TestDaemon::start(|_| {});
         let mut client = d.client();
         let a = alloc(&mut client);
-        let held = Held {
-            id: a.id,
-            token: a.token(),
-            regions: a.regions.clone(),
-        };
+        let held = Held::of(&a);
         // The restarted daemon's view: the allocation is orphaned.
         assert!(d.handle().orphan_for_tests(a.id, None));
         cut(&client);
@@ -226,11 +233,7 @@ mod tests {
         let a = alloc(&mut client);
         // Not orphaned: the daemon releases it when the connection closes,
         // and the re-attach is refused.
-        let held = Held {
-            id: a.id,
-            token: a.token(),
-            regions: a.regions.clone(),
-        };
+        let held = Held::of(&a);
         cut(&client);
         let stop = AtomicBool::new(false);
         let started = Instant::now();

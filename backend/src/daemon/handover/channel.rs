@@ -12,7 +12,7 @@
 //!  "OK\n" | "REFUSED <why>\n" ─────────────▶  exits | thaws and serves on
 //! ```
 
-use std::io::{self, BufRead, BufReader, IoSlice, Write};
+use std::io::{self, BufRead, BufReader, IoSlice, Read, Write};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
@@ -134,21 +134,8 @@ fn recv_exact(
 pub fn read_line(stream: &UnixStream, timeout: Duration) -> io::Result<String> {
     stream.set_read_timeout(Some(timeout))?;
     let mut line = String::new();
-    BufReader::new(stream.try_clone()?).take_line(&mut line)?;
+    BufReader::new(stream.try_clone()?.take(4096)).read_line(&mut line)?;
     Ok(line.trim_end().to_string())
-}
-
-trait TakeLine {
-    fn take_line(&mut self, line: &mut String) -> io::Result<()>;
-}
-
-impl<R: BufRead> TakeLine for R {
-    fn take_line(&mut self, line: &mut String) -> io::Result<()> {
-        use std::io::Read;
-        let mut limited = self.take(4096);
-        limited.read_line(line)?;
-        Ok(())
-    }
 }
 
 /// Writes one line.

@@ -372,36 +372,56 @@ pub(super) enum Target {
 }
 
 /// The state document and its fds.
+/// The fds a state document names, by index: duplicated for a successor,
+/// only numbered for systemd's fd store (which keeps each fd by name, so
+/// the periodic sync duplicates nothing).
+struct FdList {
+    fds: Option<Vec<OwnedFd>>,
+    next: usize,
+}
+
+impl FdList {
+    /// Index of `fd` in the document (and its duplicate when collecting).
+    fn add(&mut self, fd: std::os::fd::BorrowedFd<'_>) -> Result<usize, String> {
+        if let Some(v) = &mut self.fds {
+            v.push(fd.try_clone_to_owned().map_err(|e| e.to_string())?);
+        }
+        self.next += 1;
+        Ok(self.next - 1)
+    }
+}
+
 pub(super) fn build(
     shared: &Shared,
     snap: &Snapshot,
     target: Target,
 ) -> Result<(State, Vec<OwnedFd>), String> {
-    let dup = |fd: std::os::fd::BorrowedFd<'_>| fd.try_clone_to_owned().map_err(|e| e.to_string());
-    let mut fds: Vec<OwnedFd> = Vec::new();
-    let mut push = |fd: OwnedFd| {
-        fds.push(fd);
-        fds.len() - 1
+    let to_store = matches!(target, Target::FdStore { .. });
+    let mut fds = FdList {
+        fds: (!to_store).then(Vec::new),
+        next: 0,
     };
+    // systemd keeps a socket it passed; one the daemon bound itself goes
+    // into the store (by `fdstore`, as `hugemem-listener`) so that clients
+    // queue in its backlog meanwhile. A new process binds the metrics port
+    // again once this one is gone.
+    let socket_owned = shared.handover.socket_owned.load(Ordering::SeqCst);
     let (listener, metrics) = {
         let l = lock(&shared.handover.listeners);
         (
-            l.0.as_ref().map(|f| dup(f.as_fd())).transpose()?,
-            l.1.as_ref().map(|f| dup(f.as_fd())).transpose()?,
+            l.0.as_ref()
+                .filter(|_| !to_store || socket_owned)
+                .map(|f| fds.add(f.as_fd()))
+                .transpose()?,
+            l.1.as_ref()
+                .filter(|_| !to_store)
+                .map(|f| fds.add(f.as_fd()))
+                .transpose()?,
         )
     };
-    let to_store = matches!(target, Target::FdStore { .. });
-    // systemd keeps a socket it passed; one the daemon bound itself goes
-    // into the store so that clients queue in its backlog meanwhile.
-    let socket_owned = shared.handover.socket_owned.load(Ordering::SeqCst);
-    let listener = listener
-        .filter(|_| !to_store || socket_owned)
-        .map(&mut push);
-    // A new process binds the metrics port again once this one is gone.
-    let metrics = metrics.filter(|_| !to_store).map(&mut push);
     let mut regions = Vec::new();
     for r in &snap.regions {
-        let fd = push(dup(r.region.fd())?);
+        let fd = fds.add(r.region.fd())?;
         regions.push(state::RegionRecord {
             id: r.id,
             fd,
@@ -434,19 +454,14 @@ pub(super) fn build(
     let travelling = if to_store { &[][..] } else { &parked[..] };
     for c in travelling {
         max_session = max_session.max(c.session);
-        let fd = push(dup(c.stream.as_fd())?);
+        let fd = fds.add(c.stream.as_fd())?;
         let mut partial_fds = Vec::new();
         for f in &c.partial_fds {
-            partial_fds.push(push(dup(f.as_fd())?));
+            partial_fds.push(fds.add(f.as_fd())?);
         }
         let mut lazy = Vec::new();
         for l in &c.lazy {
-            let uffd = l
-                .uffd
-                .as_ref()
-                .map(|u| dup(u.as_fd()))
-                .transpose()?
-                .map(&mut push);
+            let uffd = l.uffd.as_ref().map(|u| fds.add(u.as_fd())).transpose()?;
             lazy.push(state::LazyRecord {
                 alloc: l.alloc,
                 infos: l
@@ -517,7 +532,7 @@ pub(super) fn build(
         connections,
         counters: shared.metrics.to_map(),
     };
-    Ok((doc, fds))
+    Ok((doc, fds.fds.unwrap_or_default()))
 }
 
 /// What a successor received: the checked document and its fds (an
@@ -921,8 +936,7 @@ pub fn resume_connections(
 }
 
 /// Answers the predecessor: this daemon serves.
-pub fn finish_takeover(shared: &Shared, inh: &mut Inherited) {
-    let _ = shared;
+pub fn finish_takeover(inh: &Inherited) {
     let Some(ch) = &inh.channel else {
         info!(
             ms = inh.started.elapsed().as_secs_f64() * 1e3,

@@ -230,7 +230,6 @@ impl Pool {
     ) -> usize {
         let present: HashSet<RegionId> = regions.iter().map(|r| r.id).collect();
         let mut kept_allocs = Vec::new();
-        let mut dropped_regions: HashSet<RegionId> = HashSet::new();
         for a in allocs {
             if a.regions.iter().all(|r| present.contains(r)) {
                 kept_allocs.push(a);
@@ -239,7 +238,6 @@ impl Pool {
                     alloc = a.id,
                     "an inherited allocation lost a region that failed its checks; no longer tracked"
                 );
-                dropped_regions.extend(a.regions.iter().copied());
             }
         }
         let kept_ids: HashSet<AllocId> = kept_allocs.iter().map(|a| a.id).collect();
@@ -249,9 +247,7 @@ impl Pool {
         for r in regions {
             max_region = max_region.max(r.id);
             let state = match r.life {
-                Life::InUse(a) if kept_ids.contains(&a) && !dropped_regions.contains(&r.id) => {
-                    EntryState::InUse(a)
-                }
+                Life::InUse(a) if kept_ids.contains(&a) => EntryState::InUse(a),
                 Life::InUse(_) => {
                     Metrics::add(&self.metrics.bytes_released, r.region.len());
                     continue;
