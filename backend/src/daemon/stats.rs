@@ -1,0 +1,115 @@
+//! The STATS document: the pool's table, the scrubbers' and the daemon's
+//! counters, as `hugemem status` and a client's STATS read them.
+
+use std::time::Duration;
+
+use hugemem_client::stats::{Counters, ScrubNode, ScrubStats, Sessions, Stats, Totals};
+
+use super::context::Shared;
+use super::metrics::{self, Metrics};
+
+impl Shared {
+    /// The STATS document (see `docs/protocol.md` and `hugemem status`),
+    /// without the per-connection parts (`lazy`, placement), which the
+    /// session adds.
+    pub fn stats(&self) -> Stats {
+        let (pool, pending) = self.pool.stats();
+        let m = &self.metrics;
+        let g = Metrics::get;
+        let mut total_bytes = 0;
+        let mut total_nanos = 0;
+        let nodes: Vec<ScrubNode> = self
+            .scrub
+            .iter()
+            .map(|c| {
+                let (b, n) = (g(&c.bytes), g(&c.nanos));
+                total_bytes += b;
+                total_nanos += n;
+                ScrubNode {
+                    node: c.node,
+                    threads: c.threads as u64,
+                    bytes: b,
+                    // Nanoseconds to seconds: precision is irrelevant here.
+                    seconds: Duration::from_nanos(n).as_secs_f64(),
+                    gb_per_s: c.gb_per_s(),
+                    batches: g(&c.batches),
+                    refault_bytes: g(&c.refault_bytes),
+                    refault_seconds: Duration::from_nanos(g(&c.refault_nanos)).as_secs_f64(),
+                    refault_gb_per_s: metrics::gb_per_s(g(&c.refault_bytes), g(&c.refault_nanos)),
+                    pending_bytes: pending.get(&c.node).copied().unwrap_or(0),
+                }
+            })
+            .collect();
+        let held: u64 = pool
+            .pools
+            .iter()
+            .map(|p| p.clean_bytes + p.dirty_bytes + p.quarantined_bytes + p.in_use_bytes)
+            .sum();
+        Stats {
+            version: env!("CARGO_PKG_VERSION").into(),
+            pid: std::process::id(),
+            uptime_s: self.started.elapsed().as_secs_f64(),
+            socket: Some(self.socket.display().to_string()),
+            hugetlbfs: Some(
+                self.hugetlbfs
+                    .iter()
+                    .map(|(p, d)| (p.to_string(), d.display().to_string()))
+                    .collect(),
+            ),
+            sessions: Sessions {
+                active: g(&m.sessions_active),
+                total: g(&m.sessions_total),
+                refused: g(&m.peers_refused),
+            },
+            lazy: None,
+            allocations: pool.allocations,
+            pools: pool.pools,
+            quarantine: Some(pool.quarantine),
+            regions: Some(pool.regions),
+            regions_omitted: false,
+            given_back: Some(pool.given_back),
+            refill: Some(self.refill.stats(self.cfg.pool.refill)),
+            rebalance: Some(self.rebalance.stats()),
+            scrub: ScrubStats {
+                kernel: clearing::ClearKernel::default_kernel().name().into(),
+                bytes: total_bytes,
+                seconds: Duration::from_nanos(total_nanos).as_secs_f64(),
+                gb_per_s: metrics::gb_per_s(total_bytes, total_nanos),
+                pending_bytes: pending.values().sum::<u64>(),
+                nodes,
+            },
+            totals: Totals {
+                created_bytes: g(&m.bytes_created),
+                released_bytes: g(&m.bytes_released),
+                held_bytes: held,
+            },
+            counters: Counters {
+                sessions_total: g(&m.sessions_total),
+                sessions_active: g(&m.sessions_active),
+                peers_refused: g(&m.peers_refused),
+                connection_errors: g(&m.connection_errors),
+                allocs_ok: g(&m.allocs_ok),
+                allocs_failed: g(&m.allocs_failed),
+                regions_pooled: g(&m.regions_pooled),
+                regions_recleared: g(&m.regions_recleared),
+                regions_grown: g(&m.regions_grown),
+                downgrades: g(&m.downgrades),
+                regions_discarded: g(&m.regions_discarded),
+                hole_bytes_handed_out: g(&m.hole_bytes_handed_out),
+                regions_pinned: g(&m.regions_pinned),
+                regions_short: g(&m.regions_short),
+                pages_detached: g(&m.pages_detached),
+                regions_withheld: g(&m.regions_withheld),
+                leftover_files_released: g(&m.leftover_files_released),
+                leftover_bytes_released: g(&m.leftover_bytes_released),
+                regions_fresh: g(&m.regions_fresh),
+                frees: g(&m.frees),
+                bytes_created: g(&m.bytes_created),
+                bytes_released: g(&m.bytes_released),
+                quarantine_scans: g(&m.quarantine_scans),
+                reattach_ok: g(&m.reattach_ok),
+                reattach_refused: g(&m.reattach_refused),
+            },
+        }
+    }
+}
