@@ -69,8 +69,8 @@
 //! [`alloc`]: crate::daemon::alloc
 //! [`pool`]: crate::daemon::pool
 //! [`scrub`]: crate::daemon::scrub
-//! [`holders`]: crate::daemon::holders
-//! [`reuse`]: crate::daemon::reuse
+//! [`holders`]: crate::daemon::quarantine::holders
+//! [`reuse`]: crate::daemon::quarantine::reuse
 //! [`peer`]: crate::daemon::peer
 //! [`metrics`]: crate::daemon::metrics
 //! [`exporter`]: crate::daemon::exporter
@@ -90,7 +90,6 @@ pub mod exporter;
 pub mod fdstore;
 mod handle;
 pub mod handover;
-pub mod holders;
 mod hugetlbfs;
 pub mod lazy_allocs;
 pub mod metrics;
@@ -100,7 +99,6 @@ pub mod pool;
 pub mod quarantine;
 pub mod rebalance;
 pub mod refill;
-pub mod reuse;
 pub mod scrub;
 mod serve;
 pub mod server;

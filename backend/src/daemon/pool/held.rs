@@ -11,8 +11,8 @@ use numa::NodeId;
 use tracing::info;
 
 use super::{Entry, EntryState, Pool, RegionId};
-use crate::daemon::holders::{Hold, Holder};
 use crate::daemon::metrics::Metrics;
+use crate::daemon::quarantine::holders::{Hold, Holder};
 
 /// Why a pooled region cannot be handed out or given back right now.
 #[derive(Debug, Clone, PartialEq, Eq)]

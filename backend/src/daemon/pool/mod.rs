@@ -17,7 +17,7 @@
 //!   committed). Scrubbers do not start pages of it.
 //! * **Quarantined**: released by its client but maybe still mapped by it or
 //!   by anyone it passed the fd to. It leaves quarantine only after a
-//!   [`super::holders`] scan found no process but the daemon holding it —
+//!   [`crate::daemon::quarantine::holders`] scan found no process but the daemon holding it —
 //!   this gate is what makes "never scrub memory a live guest maps" true, and
 //!   since the daemon never hands out a fd of a region it does not own in
 //!   `InUse`, no process can gain access afterwards.
@@ -87,18 +87,17 @@
 //! `trim_after_secs` are given back, oldest first. The last regions given
 //! back and why are kept for STATS (`given_back`).
 //!
-//! [`check_released`]: crate::daemon::reuse::check_released
+//! [`check_released`]: crate::daemon::quarantine::reuse::check_released
 
 use std::collections::{BTreeMap, HashMap};
 
 mod files;
-mod fill;
-mod gate;
 mod given_back;
 mod handover;
 mod held;
 mod in_use;
 mod owners;
+mod refault;
 mod release;
 mod scrubbing;
 mod stats;
@@ -107,12 +106,11 @@ mod take;
 pub use stats::PoolPart;
 
 use files::reclaim_path;
-pub use fill::FillWork;
-pub use gate::ReserveGate;
 pub use handover::{Adopted, AllocSnapshot, Life, RegionSnapshot, Snapshot};
 pub use held::{Held, HeldRegion, Why};
 pub use in_use::InUseRegion;
 pub use owners::{AllocToken, TOKEN_SIZE};
+pub use refault::FillWork;
 pub use scrubbing::Scrubbed;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -125,8 +123,9 @@ use numa::NodeId;
 use tracing::warn;
 
 use super::config::PoolConfig;
-use super::holders::{Holder, Owned};
 use super::metrics::Metrics;
+use super::quarantine::gate::ReserveGate;
+use super::quarantine::holders::{Holder, Owned};
 
 /// A region's id (in ALLOC replies, for REBALANCE).
 pub type RegionId = u64;
@@ -191,8 +190,8 @@ struct Entry {
     /// a per-node pool (see `super::rebalance`).
     split: bool,
     /// Holes of a detached region still to be faulted in ahead of its
-    /// guest (`fill.rs`), in any entry state.
-    fill: Option<fill::Fill>,
+    /// guest (`refault.rs`), in any entry state.
+    fill: Option<refault::Fill>,
 }
 
 #[derive(Debug)]

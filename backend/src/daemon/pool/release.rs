@@ -13,9 +13,9 @@ use super::{
     pooled_bytes, pooled_bytes_of, reclaim_path, AllocId, Allocation, EntryState, Inner,
     OwnershipError, Pool, RegionId, Released, SessionId,
 };
-use crate::daemon::holders::Owned;
 use crate::daemon::metrics::Metrics;
-use crate::daemon::reuse::Verdict;
+use crate::daemon::quarantine::holders::Owned;
+use crate::daemon::quarantine::reuse::Verdict;
 
 impl Pool {
     /// Releases `alloc` (FREE): its regions go to quarantine, or back to the
@@ -220,11 +220,11 @@ impl Pool {
         Some(e.region)
     }
 
-    /// Applies the quarantine checks ([`crate::daemon::reuse::judge`]): a
+    /// Applies the quarantine checks ([`crate::daemon::quarantine::reuse::judge`]): a
     /// region proved free becomes `Dirty` (scrubbers woken), or `Clean` at
     /// once when its pages were detached (punched, holes reserved again:
     /// every page the kernel hands it is zeroed), its holes then faulted in
-    /// ahead by the node's scrubbers (`fill.rs`) unless `pool.refault_ahead`
+    /// ahead by the node's scrubbers (`refault.rs`) unless `pool.refault_ahead`
     /// is off; a held or withheld one stays, with the reason
     /// noted; a broken one is discarded. Returns how many left quarantine,
     /// and the discarded regions, to drop off the lock.
@@ -250,7 +250,7 @@ impl Pool {
                     Metrics::add(&self.metrics.pages_detached, detached);
                     if detached > 0 && mark_zeroed_clean(&e.region) {
                         e.state = EntryState::Clean;
-                        e.fill = self.cfg.refault_ahead.then(super::fill::Fill::new);
+                        e.fill = self.cfg.refault_ahead.then(super::refault::Fill::new);
                         info!(
                             region = id,
                             node = e.key.node,

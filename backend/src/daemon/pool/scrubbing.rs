@@ -25,14 +25,14 @@ pub enum Scrubbed {
 impl Pool {
     /// Blocks until there is work on `node`, or the pool stops (`None`):
     /// holes of a detached region to fault in ahead of its guest first
-    /// (`fill.rs`), then up to `max_bytes` of contiguous dirty pages.
+    /// (`refault.rs`), then up to `max_bytes` of contiguous dirty pages.
     pub fn next_scrub(&self, node: NodeId, max_bytes: u64, hint: usize) -> Option<Work> {
         let mut g = self.lock();
         loop {
             if g.stopping {
                 return None;
             }
-            if let Some(work) = super::fill::claim(&mut g, node, max_bytes) {
+            if let Some(work) = super::refault::claim(&mut g, node, max_bytes) {
                 return Some(Work::Fill(work));
             }
             let mut finished = Vec::new();

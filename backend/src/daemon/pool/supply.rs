@@ -20,8 +20,8 @@ use tokio::sync::Notify;
 use tracing::{debug, info, warn};
 
 use super::{Pool, PoolKey, Refusal, RegionId, Taken};
-use crate::daemon::holders::{self, Owned};
 use crate::daemon::metrics::Metrics;
+use crate::daemon::quarantine::holders::{self, Owned};
 use crate::diag::chain;
 use crate::fault::dirty_pages_resident;
 use crate::proto::Status;

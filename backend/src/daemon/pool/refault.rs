@@ -1,6 +1,6 @@
 //! Refaulting detached regions ahead of their guests (issue 19).
 //!
-//! A released region whose pages were detached (`crate::daemon::reuse::
+//! A released region whose pages were detached (`crate::daemon::quarantine::reuse::
 //! detach_pages`: every page punched out of its file, and the holes
 //! reserved again at once) is clean the moment it leaves quarantine: a
 //! hole can only ever fault in a page the kernel zeroes for it, and the

@@ -19,8 +19,9 @@ use std::time::Instant;
 
 use tracing::{debug, error};
 
-use super::peer::PidWatch;
-use super::{holders, reuse, Shared};
+use super::{holders, reuse};
+use crate::daemon::peer::PidWatch;
+use crate::daemon::Shared;
 
 /// Most holder pids watched at once (a tenant that forks many holders gets
 /// the periodic scan for the rest).

@@ -31,8 +31,8 @@ use std::os::fd::AsFd;
 
 use guest_mem::Region;
 
+use super::gate::ReserveGate;
 use super::holders::Holder;
-use super::pool::ReserveGate;
 
 /// What a quarantine check decided for one region.
 #[derive(Debug)]
