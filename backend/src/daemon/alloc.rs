@@ -16,7 +16,6 @@ use clearing::{CancelToken, RunOptions};
 use guest_mem::{LockOptions, LockRange, PagePolicy as RegionPolicy, PageSize, Region};
 use numa::{NodeId, Topology};
 
-use super::quarantine::holders::{self, Owned};
 use super::Shared;
 use crate::diag::chain;
 use crate::proto::messages::{AllocRequest, ClearMode, PagePolicy};
@@ -245,11 +244,6 @@ pub fn lock_regions(
         }
         Err(e) => Err((Status::Internal, chain(&e))),
     }
-}
-
-/// Holder scan over `owned`, for the quarantine (blocking).
-pub fn scan_holders(owned: &[Owned]) -> Vec<Option<holders::Holder>> {
-    holders::scan(owned).holders
 }
 
 /// `io::Error` for a join failure of a blocking task.

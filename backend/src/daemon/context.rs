@@ -8,10 +8,9 @@ use std::time::Instant;
 
 use numa::Topology;
 use tokio::sync::Notify;
-use tokio_util::sync::CancellationToken;
-use tokio_util::task::TaskTracker;
 
 use super::config::Config;
+use super::lifecycle::Lifecycle;
 use super::metrics::{Metrics, ScrubCounters};
 use super::pool::Pool;
 use super::scrub::Scrubbers;
@@ -31,8 +30,7 @@ pub struct Shared {
     pub(super) max_alloc: u64,
     pub(super) started: Instant,
     pub(super) socket: PathBuf,
-    pub(super) cancel: CancellationToken,
-    pub(super) tracker: TaskTracker,
+    pub(super) lifecycle: Arc<Lifecycle>,
     pub(super) quarantine_kick: Arc<Notify>,
     pub(super) rebalance: rebalance::Rebalancer,
     pub(super) refill: refill::Refill,

@@ -190,21 +190,18 @@ pub async fn sync_loop(shared: Arc<Shared>) {
     if !shared.fdstore.enabled() {
         return;
     }
-    loop {
-        tokio::select! {
-            () = shared.cancel.cancelled() => break,
-            () = tokio::time::sleep(SYNC_PERIOD) => {}
-        }
-        let Some(_work) = shared.handover.work().await else {
-            break;
-        };
+    let round = || {
         let s = Arc::clone(&shared);
-        match tokio::task::spawn_blocking(move || s.fdstore.sync(&s, false)).await {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => warn!(error = %e, "cannot bring systemd's fd store up to date"),
-            Err(e) => warn!(error = %e, "fd store sync panicked"),
+        async move {
+            match tokio::task::spawn_blocking(move || s.fdstore.sync(&s, false)).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => warn!(error = %e, "cannot bring systemd's fd store up to date"),
+                Err(e) => warn!(error = %e, "fd store sync panicked"),
+            }
+            true
         }
-    }
+    };
+    shared.lifecycle.periodic(SYNC_PERIOD, None, round).await;
 }
 
 /// A clean stop that keeps everything in the store: freezes, stores the

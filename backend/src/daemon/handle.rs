@@ -91,7 +91,7 @@ impl DaemonHandle {
     }
 
     fn stop(&mut self) -> Result<()> {
-        self.shared.cancel.cancel();
+        self.shared.lifecycle.cancel().cancel();
         match self.thread.take() {
             Some(t) => t.join().map_err(|_| DaemonError::Panicked),
             None => Ok(()),

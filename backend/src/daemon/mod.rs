@@ -92,6 +92,7 @@ mod handle;
 pub mod handover;
 mod hugetlbfs;
 pub mod lazy_allocs;
+pub mod lifecycle;
 pub mod metrics;
 mod orphans;
 pub mod peer;

@@ -17,20 +17,18 @@ pub(super) async fn orphans_loop(shared: Arc<Shared>) {
         return;
     }
     let wait = Duration::from_secs(shared.cfg.limits.reattach_timeout_secs);
-    tokio::select! {
-        () = shared.cancel.cancelled() => return,
-        () = tokio::time::sleep(wait) => {}
-    }
-    let Some(_work) = shared.handover.work().await else {
-        return;
-    };
-    let released = shared.pool.release_orphans();
-    if !released.is_empty() {
-        warn!(
-            allocations = released.len(),
-            secs = wait.as_secs(),
-            "restored allocations nobody re-attached; released into quarantine"
-        );
-        session::settle_released(&shared, released);
-    }
+    shared
+        .lifecycle
+        .after(wait, async {
+            let released = shared.pool.release_orphans();
+            if !released.is_empty() {
+                warn!(
+                    allocations = released.len(),
+                    secs = wait.as_secs(),
+                    "restored allocations nobody re-attached; released into quarantine"
+                );
+                session::settle_released(&shared, released);
+            }
+        })
+        .await;
 }

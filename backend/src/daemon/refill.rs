@@ -141,24 +141,22 @@ impl Refill {
 /// Runs `step` every `pool.recheck_ms` (off the executor) until shutdown.
 pub async fn refill_loop(shared: Arc<Shared>) {
     let period = shared.cfg.recheck_period();
-    loop {
-        tokio::select! {
-            () = shared.cancel.cancelled() => break,
-            () = tokio::time::sleep(period) => {}
-        }
-        let Some(_work) = shared.handover.work().await else {
-            break;
-        };
-        // One region per step; several steps back to back while there is
-        // work, each one still yielding to ALLOCs.
-        loop {
-            let s = Arc::clone(&shared);
-            match tokio::task::spawn_blocking(move || step(&s)).await {
-                Ok(true) if !shared.cancel.is_cancelled() => {}
-                _ => break,
+    let round = || {
+        let shared = Arc::clone(&shared);
+        async move {
+            // One region per step; several steps back to back while there is
+            // work, each one still yielding to ALLOCs.
+            loop {
+                let s = Arc::clone(&shared);
+                match tokio::task::spawn_blocking(move || step(&s)).await {
+                    Ok(true) if !shared.lifecycle.cancel().is_cancelled() => {}
+                    _ => break,
+                }
             }
+            true
         }
-    }
+    };
+    shared.lifecycle.periodic(period, None, round).await;
 }
 
 /// What to make next: the first node below its target, in the largest huge

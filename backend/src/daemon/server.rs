@@ -40,7 +40,7 @@ use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tracing::{debug, info, warn};
 
-use super::handover::{ParkedConnection, Phase};
+use super::lifecycle::{ParkedConnection, Phase};
 use super::metrics::Metrics;
 use super::peer::PeerCred;
 use super::session::Session;
@@ -170,14 +170,14 @@ impl Listener {
 
     /// Accepts until the daemon's token is cancelled.
     pub async fn run(&mut self) {
-        let cancel = self.shared.cancel.clone();
+        let cancel = self.shared.lifecycle.cancel().clone();
         loop {
             let stream = tokio::select! {
                 () = cancel.cancelled() => break,
                 // A handover: stop accepting (connections wait in the
                 // backlog) until it is done or given up.
-                () = self.shared.handover.frozen() => {
-                    if self.shared.handover.thawed().await == Phase::Gone {
+                () = self.shared.lifecycle.frozen() => {
+                    if self.shared.lifecycle.thawed().await == Phase::Gone {
                         break;
                     }
                     continue;
@@ -223,7 +223,10 @@ impl Listener {
             if let Some(n) = REFUSED_LOG.check() {
                 warn!(uid = peer.uid, pid = ?peer.pid, suppressed = n, "peer uid is not allowed; refusing");
             }
-            self.shared.tracker.spawn(refuse(stream, peer, permit));
+            self.shared
+                .lifecycle
+                .tracker()
+                .spawn(refuse(stream, peer, permit));
             return;
         }
         let id = self
@@ -246,8 +249,8 @@ impl Listener {
 /// parking it whenever a handover freezes the daemon.
 fn spawn_handler(mut handler: Handler) {
     let shared = Arc::clone(&handler.shared);
-    shared.handover.handler_started();
-    let tracker = shared.tracker.clone();
+    shared.lifecycle.handler_started();
+    let tracker = shared.lifecycle.tracker().clone();
     tracker.spawn(async move {
         let id = handler.session.id();
         loop {
@@ -260,7 +263,7 @@ fn spawn_handler(mut handler: Handler) {
                     // Nothing is released; the socket closes here, the
                     // successor keeps its own copy.
                     handler.session.forget();
-                    handler.shared.handover.handler_ended();
+                    handler.shared.lifecycle.handler_ended();
                     return;
                 }
                 Ok(End::Closed) => {}
@@ -274,7 +277,7 @@ fn spawn_handler(mut handler: Handler) {
             break;
         }
         handler.session.close();
-        handler.shared.handover.handler_ended();
+        handler.shared.lifecycle.handler_ended();
     });
 }
 
@@ -410,14 +413,14 @@ impl Handler {
             })
         })();
         match parked {
-            Ok(p) => self.shared.handover.park(p),
+            Ok(p) => self.shared.lifecycle.park(p),
             // Not parked: the freeze times out waiting for it and the
             // handover is given up.
             Err(e) => {
                 warn!(session = self.session.id(), error = %e, "cannot park a connection for a handover")
             }
         }
-        let phase = self.shared.handover.thawed().await;
+        let phase = self.shared.lifecycle.thawed().await;
         if phase == Phase::Gone {
             return false;
         }
@@ -439,7 +442,7 @@ impl Handler {
             tokio::time::Instant::now() + Duration::from_secs(limits.handshake_timeout_secs);
         let write_timeout = Duration::from_secs(limits.write_timeout_secs);
         let idle_timeout = Duration::from_secs(limits.idle_timeout_secs);
-        let cancel = self.shared.cancel.clone();
+        let cancel = self.shared.lifecycle.cancel().clone();
         loop {
             let (stream, reader, session) = (&self.stream, &mut self.reader, &self.session);
             let read = async {
@@ -471,7 +474,7 @@ impl Handler {
                 () = cancel.cancelled() => return Ok(End::Closed),
                 // Between requests only: a request being served finishes
                 // first (with its reply) before the handler parks.
-                () = self.shared.handover.frozen() => return Ok(End::Park),
+                () = self.shared.lifecycle.frozen() => return Ok(End::Park),
                 // A lazy allocation's fault service failed: closing the
                 // connection hands its faults to the VMM's fallback.
                 () = session.lazy_failed() => {

@@ -298,7 +298,7 @@ impl Session {
         });
         let joined = tokio::select! {
             r = &mut job => r,
-            () = self.shared.cancel.cancelled() => {
+            () = self.shared.lifecycle.cancel().cancelled() => {
                 cancel.cancel();
                 job.await
             }
@@ -750,7 +750,7 @@ impl Session {
         match PidWatch::new(pid) {
             Ok(watch) => {
                 let shared = Arc::clone(&self.shared);
-                self.shared.tracker.spawn(async move {
+                self.shared.lifecycle.tracker().spawn(async move {
                     tokio::select! {
                         r = watch.exited() => {
                             if r.is_ok() {
@@ -758,7 +758,7 @@ impl Session {
                                 shared.quarantine_kick.notify_one();
                             }
                         }
-                        () = shared.cancel.cancelled() => {}
+                        () = shared.lifecycle.cancel().cancelled() => {}
                     }
                 });
             }
@@ -800,7 +800,7 @@ pub fn settle_released(shared: &Arc<Shared>, released: Vec<Released>) {
         return;
     }
     let s = Arc::clone(shared);
-    shared.tracker.spawn_blocking(move || {
+    shared.lifecycle.tracker().spawn_blocking(move || {
         for r in released {
             if r.locked {
                 let refs: Vec<&Region> = r.quarantined.iter().map(|x| &**x).collect();

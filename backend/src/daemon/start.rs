@@ -10,8 +10,6 @@ use std::time::{Duration, Instant};
 
 use numa::Topology;
 use tokio::sync::Notify;
-use tokio_util::sync::CancellationToken;
-use tokio_util::task::TaskTracker;
 use tracing::{info, warn};
 
 use super::config::Config;
@@ -19,6 +17,7 @@ use super::context::Shared;
 use super::error::{DaemonError, Result};
 use super::handle::DaemonHandle;
 use super::hugetlbfs::{hugetlbfs_dirs, recover_leftovers};
+use super::lifecycle::{Lifecycle, Phase};
 use super::metrics::Metrics;
 use super::orphans::orphans_loop;
 use super::pool::{self, Pool};
@@ -118,6 +117,7 @@ impl Daemon {
             .collect();
         recover_leftovers(&hugetlbfs, &metrics, &inherited_paths);
         let quarantine_kick = Arc::new(Notify::new());
+        let lifecycle = Arc::new(Lifecycle::default());
         let pool = Arc::new(Pool::new(
             config.pool.clone(),
             Arc::clone(&metrics),
@@ -125,6 +125,7 @@ impl Daemon {
                 topology: Arc::clone(&topology),
                 hugetlbfs: hugetlbfs.clone(),
                 quarantine_kick: Arc::clone(&quarantine_kick),
+                predecessor: Arc::clone(lifecycle.predecessor()),
             },
         ));
         let max_alloc = if config.limits.max_alloc.0 == 0 {
@@ -218,7 +219,7 @@ impl Daemon {
         let mut adopted_connections = Vec::new();
         if let Some(inh) = inherited.as_mut() {
             metrics.restore_map(&inh.state.counters);
-            handover::adopt_into(&topology, &pool, inh);
+            handover::adopt_into(&topology, &pool, lifecycle.predecessor(), inh);
             adopted_connections = std::mem::take(&mut inh.state.connections);
         }
         let scrubbers = match Scrubbers::start(
@@ -255,8 +256,7 @@ impl Daemon {
             scrub: scrubbers.counters().to_vec(),
             max_alloc,
             started: Instant::now(),
-            cancel: CancellationToken::new(),
-            tracker: TaskTracker::new(),
+            lifecycle,
             quarantine_kick,
             handover: handover::Handover::default(),
             fdstore: {
@@ -349,34 +349,44 @@ async fn run(
         .map(|m| (m.dev(), m.ino()));
     if let Some(c) = control {
         shared
-            .tracker
+            .lifecycle
+            .tracker()
             .spawn(handover::control_loop(Arc::clone(&shared), c));
     }
     shared
-        .tracker
+        .lifecycle
+        .tracker()
         .spawn(quarantine::quarantine_loop(Arc::clone(&shared)));
     shared
-        .tracker
+        .lifecycle
+        .tracker()
         .spawn(rebalance::policy_loop(Arc::clone(&shared)));
     shared
-        .tracker
+        .lifecycle
+        .tracker()
         .spawn(fdstore::sync_loop(Arc::clone(&shared)));
-    shared.tracker.spawn(orphans_loop(Arc::clone(&shared)));
+    shared
+        .lifecycle
+        .tracker()
+        .spawn(orphans_loop(Arc::clone(&shared)));
     if shared.cfg.pool.refill {
         shared
-            .tracker
+            .lifecycle
+            .tracker()
             .spawn(refill::refill_loop(Arc::clone(&shared)));
     }
     if let Some(l) = metrics_listener {
         let registry = exporter::registry(Arc::clone(&shared));
-        shared
-            .tracker
-            .spawn(exporter::serve(l, registry, shared.cancel.clone()));
+        shared.lifecycle.tracker().spawn(exporter::serve(
+            l,
+            registry,
+            shared.lifecycle.cancel().clone(),
+        ));
     }
     server::Listener::new(listener, Arc::clone(&shared))
         .run()
         .await;
-    if shared.handover.phase() == handover::Phase::Gone {
+    if shared.lifecycle.phase() == Phase::Gone {
         // The successor serves on the same socket file.
         info!("handed over: leaving the socket to the successor");
     } else {
@@ -386,8 +396,8 @@ async fn run(
     if let (Some(p), Some(id)) = (control_path, control_id) {
         remove_socket(&p, Some(id));
     }
-    shared.tracker.close();
-    if tokio::time::timeout(Duration::from_secs(30), shared.tracker.wait())
+    shared.lifecycle.tracker().close();
+    if tokio::time::timeout(Duration::from_secs(30), shared.lifecycle.tracker().wait())
         .await
         .is_err()
     {

@@ -50,11 +50,10 @@ pub mod channel;
 pub mod state;
 
 use std::os::fd::{AsFd, OwnedFd};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use tokio::sync::{watch, RwLock, RwLockReadGuard};
 use tracing::{error, info, warn};
 
 use super::pool::{Life, Snapshot};
@@ -62,61 +61,14 @@ use super::Shared;
 use crate::proto::{RegionInfo, UffdRange};
 pub use state::{State, StateError};
 
-/// Where the daemon is in a handover.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Phase {
-    /// Serving.
-    Serving,
-    /// Frozen for a handover in progress.
-    Frozen,
-    /// Handed over: this daemon exits without releasing anything.
-    Gone,
-}
-
-/// A connection parked for a handover: duplicates of what travels (the
-/// handler keeps the originals, to go on if the handover is given up).
-#[derive(Debug)]
-pub struct ParkedConnection {
-    /// Its session id.
-    pub session: u64,
-    /// The socket.
-    pub stream: OwnedFd,
-    /// HANDSHAKE done.
-    pub handshaken: bool,
-    /// The features it negotiated.
-    pub features: u64,
-    /// A frame begun: its bytes and fds.
-    pub partial: Vec<u8>,
-    /// See `partial`.
-    pub partial_fds: Vec<OwnedFd>,
-    /// Lazy allocations: region table, mappings, uffd.
-    pub lazy: Vec<super::lazy_allocs::Suspended>,
-}
-
-/// The daemon's handover state (in [`Shared`]).
-#[derive(Debug)]
+/// The listening sockets a handover passes on: duplicates of the
+/// clients' and the metrics' (in [`Shared`]).
+#[derive(Debug, Default)]
 pub struct Handover {
-    phase: watch::Sender<Phase>,
-    work: RwLock<()>,
-    live: AtomicUsize,
-    parked: Mutex<Vec<ParkedConnection>>,
     /// Duplicates of the listening sockets: clients' and metrics'.
     listeners: Mutex<(Option<OwnedFd>, Option<OwnedFd>)>,
     /// The socket file is this daemon's to remove (not systemd's).
     socket_owned: std::sync::atomic::AtomicBool,
-}
-
-impl Default for Handover {
-    fn default() -> Self {
-        Self {
-            phase: watch::Sender::new(Phase::Serving),
-            work: RwLock::new(()),
-            live: AtomicUsize::new(0),
-            parked: Mutex::new(Vec::new()),
-            listeners: Mutex::new((None, None)),
-            socket_owned: std::sync::atomic::AtomicBool::new(false),
-        }
-    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -124,52 +76,6 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 impl Handover {
-    /// The current phase.
-    pub fn phase(&self) -> Phase {
-        *self.phase.borrow()
-    }
-
-    /// A permit for one round of a background loop: while a handover
-    /// freezes the daemon, it waits; `None` once the daemon was handed
-    /// over (the loop ends: nothing here may touch a region any more).
-    pub async fn work(&self) -> Option<RwLockReadGuard<'_, ()>> {
-        let guard = self.work.read().await;
-        (self.phase() != Phase::Gone).then_some(guard)
-    }
-
-    /// Resolves once a handover freezes the daemon.
-    pub async fn frozen(&self) {
-        let mut rx = self.phase.subscribe();
-        let _ = rx.wait_for(|p| *p != Phase::Serving).await;
-    }
-
-    /// Waits until the daemon thaws ([`Phase::Serving`]) or is handed over
-    /// ([`Phase::Gone`]), and says which.
-    pub async fn thawed(&self) -> Phase {
-        let mut rx = self.phase.subscribe();
-        let phase = match rx.wait_for(|p| *p != Phase::Frozen).await {
-            Ok(p) => *p,
-            Err(_) => Phase::Gone,
-        };
-        phase
-    }
-
-    /// A connection handler started / ended (the freeze waits for every
-    /// live one to park).
-    pub fn handler_started(&self) {
-        self.live.fetch_add(1, Ordering::SeqCst);
-    }
-
-    /// See [`Handover::handler_started`].
-    pub fn handler_ended(&self) {
-        self.live.fetch_sub(1, Ordering::SeqCst);
-    }
-
-    /// A handler parked (see [`ParkedConnection`]).
-    pub fn park(&self, conn: ParkedConnection) {
-        lock(&self.parked).push(conn);
-    }
-
     /// A duplicate of the listening socket when the daemon bound it itself.
     pub fn owned_listener(&self) -> Option<OwnedFd> {
         if !self.socket_owned.load(Ordering::SeqCst) {
@@ -197,7 +103,7 @@ impl Handover {
 pub async fn control_loop(shared: Arc<Shared>, listener: tokio::net::UnixListener) {
     loop {
         let stream = tokio::select! {
-            () = shared.cancel.cancelled() => break,
+            () = shared.lifecycle.cancel().cancelled() => break,
             r = listener.accept() => match r {
                 Ok((s, _)) => s,
                 Err(e) => {
@@ -255,14 +161,12 @@ async fn hand_over(
         _ => return false,
     }
     info!(successor = ?pid, "takeover: freezing");
-    let h = &shared.handover;
     let outcome = freeze_and_send(shared, &stream).await;
     match outcome {
         Ok(()) => {
-            h.phase.send_replace(Phase::Gone);
-            lock(&h.parked).clear();
+            shared.lifecycle.gone();
             info!(ms = started.elapsed().as_secs_f64() * 1e3, successor = ?pid, "takeover done: the successor serves; exiting");
-            shared.cancel.cancel();
+            shared.lifecycle.cancel().cancel();
             true
         }
         Err(why) => {
@@ -285,28 +189,7 @@ pub(super) async fn freeze(
     shared: &Arc<Shared>,
     keep: bool,
 ) -> Result<(tokio::sync::RwLockWriteGuard<'_, ()>, Snapshot), String> {
-    let h = &shared.handover;
-    h.phase.send_replace(Phase::Frozen);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let parked = lock(&h.parked).len();
-        let live = h.live.load(Ordering::SeqCst);
-        if parked >= live {
-            break;
-        }
-        if Instant::now() >= deadline {
-            return Err(format!(
-                "{} of {live} connections did not park within 10 s (a request still running)",
-                live - parked
-            ));
-        }
-        tokio::time::sleep(Duration::from_millis(2)).await;
-    }
-    // After the handlers: a request being served may wait for the
-    // quarantine or a scrub (an ALLOC waiting for pages on their way).
-    let work = tokio::time::timeout(Duration::from_secs(10), h.work.write())
-        .await
-        .map_err(|_| "the background loops did not pause within 10 s".to_string())?;
+    let work = shared.lifecycle.freeze(Duration::from_secs(10)).await?;
     let s = Arc::clone(shared);
     tokio::task::spawn_blocking(move || s.stop_scrubbers())
         .await
@@ -321,13 +204,12 @@ pub(super) fn thaw(shared: &Shared) {
     if let Err(e) = shared.restart_scrubbers() {
         error!(error = %e, "cannot restart the scrubbers after a freeze");
     }
-    lock(&shared.handover.parked).clear();
-    shared.handover.phase.send_replace(Phase::Serving);
+    shared.lifecycle.thaw();
 }
 
 /// Marks the daemon handed over (its loops end at their next round).
 pub(super) fn gone(shared: &Shared) {
-    shared.handover.phase.send_replace(Phase::Gone);
+    shared.lifecycle.gone();
 }
 
 async fn freeze_and_send(
@@ -450,7 +332,7 @@ pub(super) fn build(
     }
     let mut connections = Vec::new();
     let mut max_session = 0;
-    let parked = lock(&shared.handover.parked);
+    let parked = shared.lifecycle.parked();
     let travelling = if to_store { &[][..] } else { &parked[..] };
     for c in travelling {
         max_session = max_session.max(c.session);
@@ -689,14 +571,19 @@ pub fn bind_control(socket: &std::path::Path, replace: bool) -> Option<tokio::ne
 /// The successor's import (see the module docs): adopts every region of
 /// the document, checks the pooled ones as at FREE, and enters what passed
 /// into `pool`.
-pub fn adopt_into(topology: &numa::Topology, pool: &super::pool::Pool, inh: &mut Inherited) {
+pub fn adopt_into(
+    topology: &numa::Topology,
+    pool: &super::pool::Pool,
+    predecessor: &super::quarantine::holders::Predecessor,
+    inh: &mut Inherited,
+) {
     use super::pool::{Adopted, AllocSnapshot, PoolKey};
     use guest_mem::{AdoptSpec, PageSize, Region};
     let started = Instant::now();
     // (A predecessor in this very process — a test — is never skipped.)
     let own = i32::try_from(std::process::id()).ok();
     inh.predecessor = inh.predecessor.filter(|p| Some(*p) != own);
-    super::quarantine::holders::set_predecessor(inh.predecessor);
+    predecessor.set(inh.predecessor);
     let records = std::mem::take(&mut inh.state.regions);
     let mut adopted = Vec::new();
     let mut refused = 0u64;
@@ -785,7 +672,7 @@ pub fn adopt_into(topology: &numa::Topology, pool: &super::pool::Pool, inh: &mut
         })
         .collect();
     let targets: Vec<super::quarantine::holders::Owned> = owned.iter().flatten().cloned().collect();
-    let scan = super::quarantine::holders::scan(&targets).holders;
+    let scan = super::quarantine::holders::scan(&targets, inh.predecessor).holders;
     let mut found = scan.into_iter();
     let mut quarantined = 0u64;
     for (k, &i) in pooled.iter().enumerate() {
@@ -923,14 +810,14 @@ pub fn resume_connections(
         match super::peer::PidWatch::new(pid) {
             Ok(watch) => {
                 let shared = Arc::clone(shared);
-                shared.tracker.clone().spawn(async move {
+                shared.lifecycle.tracker().clone().spawn(async move {
                     let _ = watch.exited().await;
-                    super::quarantine::holders::set_predecessor(None);
+                    shared.lifecycle.predecessor().set(None);
                     info!(pid, "the predecessor daemon exited");
                     shared.quarantine_kick.notify_one();
                 });
             }
-            Err(_) => super::quarantine::holders::set_predecessor(None),
+            Err(_) => shared.lifecycle.predecessor().set(None),
         }
     }
 }

@@ -21,7 +21,7 @@ use tracing::{debug, info, warn};
 
 use super::{Pool, PoolKey, Refusal, RegionId, Taken};
 use crate::daemon::metrics::Metrics;
-use crate::daemon::quarantine::holders::{self, Owned};
+use crate::daemon::quarantine::holders::{self, Owned, Predecessor};
 use crate::diag::chain;
 use crate::fault::dirty_pages_resident;
 use crate::proto::Status;
@@ -37,6 +37,9 @@ pub struct Sources {
     /// Woken when an ALLOC waits for quarantined pages (the holder scan
     /// then runs at once, see `crate::daemon::quarantine`).
     pub quarantine_kick: Arc<Notify>,
+    /// The daemon this one took over from, while it runs: holder scans
+    /// skip it.
+    pub predecessor: Arc<Predecessor>,
 }
 
 impl Sources {
@@ -57,11 +60,12 @@ pub(super) fn take_clean_checked(pool: &Pool, key: PoolKey, size: u64) -> Option
     while let Some(t) = pool.take_clean(key, size) {
         if pool.config().recheck_on_reuse || key.paths {
             if let Some(owned) = pool.owned(t.id) {
-                if let Some(holder) = holders::scan(std::slice::from_ref(&owned))
-                    .holders
-                    .into_iter()
-                    .next()
-                    .flatten()
+                if let Some(holder) =
+                    holders::scan(std::slice::from_ref(&owned), pool.sources.predecessor.get())
+                        .holders
+                        .into_iter()
+                        .next()
+                        .flatten()
                 {
                     pool.requarantine(t.id, holder);
                     continue;
@@ -151,11 +155,12 @@ pub(super) fn grow_pooled(
             d.region.as_ptr() as usize,
             usize::try_from(old_len).unwrap_or(usize::MAX),
         ) {
-            if let Some(holder) = holders::scan(std::slice::from_ref(&owned))
-                .holders
-                .into_iter()
-                .next()
-                .flatten()
+            if let Some(holder) =
+                holders::scan(std::slice::from_ref(&owned), pool.sources.predecessor.get())
+                    .holders
+                    .into_iter()
+                    .next()
+                    .flatten()
             {
                 let id = d.id;
                 pool.restore(d);

@@ -124,23 +124,34 @@ pub struct Scan {
 }
 
 /// The pid of the daemon this one took over from while it still runs
-/// (`super::handover`), 0 for none: it holds every region until it exits,
-/// as the daemon's own, so scans skip it. Cleared when it exits (a pidfd
-/// watch), so a later process with a reused pid is scanned.
-static PREDECESSOR: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
+/// (`crate::daemon::handover`): it holds every region until it exits, as
+/// the daemon's own, so scans skip it. Cleared when it exits (a pidfd
+/// watch), so a later process with a reused pid is scanned. The start
+/// makes one and hands it to the pool and the lifecycle.
+#[derive(Debug, Default)]
+pub struct Predecessor(std::sync::atomic::AtomicI32);
 
-/// Records the predecessor daemon's pid (scans skip it until it exits), or none.
-pub fn set_predecessor(pid: Option<i32>) {
-    PREDECESSOR.store(pid.unwrap_or(0), std::sync::atomic::Ordering::SeqCst);
+impl Predecessor {
+    /// Records the predecessor daemon's pid (scans skip it until it
+    /// exits), or none.
+    pub fn set(&self, pid: Option<i32>) {
+        self.0
+            .store(pid.unwrap_or(0), std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// The pid scans skip, if any.
+    pub fn get(&self) -> Option<i32> {
+        Some(self.0.load(std::sync::atomic::Ordering::SeqCst)).filter(|p| *p != 0)
+    }
 }
 
 /// Scans every process for fds and mappings of `targets` other than the
-/// daemon's own (see the module docs).
-pub fn scan(targets: &[Owned]) -> Scan {
-    scan_root(Path::new("/proc"), std::process::id(), targets)
+/// daemon's own (see the module docs) and `predecessor`'s.
+pub fn scan(targets: &[Owned], predecessor: Option<i32>) -> Scan {
+    scan_root(Path::new("/proc"), std::process::id(), predecessor, targets)
 }
 
-fn scan_root(proc_root: &Path, self_pid: u32, targets: &[Owned]) -> Scan {
+fn scan_root(proc_root: &Path, self_pid: u32, predecessor: Option<i32>, targets: &[Owned]) -> Scan {
     let mut out = Scan {
         holders: vec![None; targets.len()],
         processes: 0,
@@ -185,8 +196,7 @@ fn scan_root(proc_root: &Path, self_pid: u32, targets: &[Owned]) -> Scan {
             continue;
         };
         out.processes += 1;
-        let predecessor = PREDECESSOR.load(std::sync::atomic::Ordering::SeqCst);
-        if predecessor != 0 && pid == predecessor {
+        if predecessor == Some(pid) {
             continue;
         }
         let is_self = u32::try_from(pid).is_ok_and(|p| p == self_pid);
@@ -351,15 +361,15 @@ mod tests {
     fn own_fd_is_exempt_and_a_second_fd_is_a_holder() {
         let file = tempfile::tempfile().expect("tempfile");
         let own = Owned::region(file.as_fd(), 0, 0).expect("owned");
-        assert!(scan(std::slice::from_ref(&own)).holders[0].is_none());
+        assert!(scan(std::slice::from_ref(&own), None).holders[0].is_none());
         // A duplicate of the daemon's own description (systemd's fd store,
         // a successor in flight) is not a holder (kcmp) ...
         let same = file.try_clone().expect("dup");
-        assert!(scan(std::slice::from_ref(&own)).holders[0].is_none());
+        assert!(scan(std::slice::from_ref(&own), None).holders[0].is_none());
         drop(same);
         // ... another description of the file (what a tenant has) is.
         let dup = crate::sys::reopen(file.as_fd()).expect("reopen");
-        let s = scan(std::slice::from_ref(&own));
+        let s = scan(std::slice::from_ref(&own), None);
         let pid = i32::try_from(std::process::id()).expect("pid");
         assert_eq!(
             s.holders[0],
@@ -369,7 +379,7 @@ mod tests {
             })
         );
         drop(dup);
-        assert!(scan(&[own]).holders[0].is_none());
+        assert!(scan(&[own], None).holders[0].is_none());
     }
 
     #[test]

@@ -32,66 +32,66 @@ pub const MAX_HOLDER_WATCHES: usize = 256;
 pub async fn quarantine_loop(shared: Arc<Shared>) {
     let period = shared.cfg.recheck_period();
     let watched: Arc<Mutex<HashSet<i32>>> = Arc::default();
-    loop {
-        tokio::select! {
-            () = shared.cancel.cancelled() => break,
-            () = shared.quarantine_kick.notified() => {}
-            () = tokio::time::sleep(period) => {}
-        }
-        let Some(_work) = shared.handover.work().await else {
-            break;
-        };
-        let quarantined = shared.pool.quarantined();
-        if !quarantined.is_empty() {
-            let detach = shared.pool.config().detach_pages;
-            let pool = Arc::clone(&shared.pool);
-            let started = Instant::now();
-            let scan = tokio::task::spawn_blocking(move || {
-                let owned: Vec<_> = quarantined.iter().map(|(_, o, _)| o.clone()).collect();
-                let holders = holders::scan(&owned).holders;
-                // No process shows it any more: the proofs before reuse
-                // (`super::reuse`): no reference the scan cannot see, the
-                // file whole, its pages detached from any pin.
-                quarantined
-                    .into_iter()
-                    .zip(holders)
-                    .map(|((id, _, region), holder)| {
-                        (
-                            id,
-                            reuse::judge(&region, holder, detach, pool.reserve_gate()),
-                        )
-                    })
-                    .collect::<Vec<_>>()
-            });
-            match scan.await {
-                Ok(verdicts) => {
-                    for pid in verdicts.iter().filter_map(|(_, v)| match v {
-                        reuse::Verdict::Held(h) => Some(h.pid),
-                        _ => None,
-                    }) {
-                        watch_holder(&shared, &watched, pid);
-                    }
-                    let (left, dropped) = shared.pool.apply_scan(verdicts);
-                    debug!(
-                        left,
-                        discarded = dropped.len(),
-                        ms = started.elapsed().as_secs_f64() * 1e3,
-                        "quarantine checked"
-                    );
-                    if !dropped.is_empty() {
-                        drop(tokio::task::spawn_blocking(move || drop(dropped)));
-                    }
+    let kick = Some(&*shared.quarantine_kick);
+    let round = || recheck(Arc::clone(&shared), Arc::clone(&watched));
+    shared.lifecycle.periodic(period, kick, round).await;
+}
+
+/// One round: scans the holders of quarantined regions, applies the
+/// verdicts, and trims the pool.
+async fn recheck(shared: Arc<Shared>, watched: Arc<Mutex<HashSet<i32>>>) -> bool {
+    let quarantined = shared.pool.quarantined();
+    if !quarantined.is_empty() {
+        let detach = shared.pool.config().detach_pages;
+        let pool = Arc::clone(&shared.pool);
+        let started = Instant::now();
+        let predecessor = shared.lifecycle.predecessor().get();
+        let scan = tokio::task::spawn_blocking(move || {
+            let owned: Vec<_> = quarantined.iter().map(|(_, o, _)| o.clone()).collect();
+            let holders = holders::scan(&owned, predecessor).holders;
+            // No process shows it any more: the proofs before reuse
+            // (`super::reuse`): no reference the scan cannot see, the
+            // file whole, its pages detached from any pin.
+            quarantined
+                .into_iter()
+                .zip(holders)
+                .map(|((id, _, region), holder)| {
+                    (
+                        id,
+                        reuse::judge(&region, holder, detach, pool.reserve_gate()),
+                    )
+                })
+                .collect::<Vec<_>>()
+        });
+        match scan.await {
+            Ok(verdicts) => {
+                for pid in verdicts.iter().filter_map(|(_, v)| match v {
+                    reuse::Verdict::Held(h) => Some(h.pid),
+                    _ => None,
+                }) {
+                    watch_holder(&shared, &watched, pid);
                 }
-                Err(e) => error!(error = %e, "holder scan failed"),
+                let (left, dropped) = shared.pool.apply_scan(verdicts);
+                debug!(
+                    left,
+                    discarded = dropped.len(),
+                    ms = started.elapsed().as_secs_f64() * 1e3,
+                    "quarantine checked"
+                );
+                if !dropped.is_empty() {
+                    drop(tokio::task::spawn_blocking(move || drop(dropped)));
+                }
             }
-        }
-        let trimmed = shared.pool.trim(Instant::now());
-        if !trimmed.is_empty() {
-            debug!(regions = trimmed.len(), "dropping trimmed regions");
-            // munmap of large hugetlb mappings frees pages: off the executor.
-            drop(tokio::task::spawn_blocking(move || drop(trimmed)));
+            Err(e) => error!(error = %e, "holder scan failed"),
         }
     }
+    let trimmed = shared.pool.trim(Instant::now());
+    if !trimmed.is_empty() {
+        debug!(regions = trimmed.len(), "dropping trimmed regions");
+        // munmap of large hugetlb mappings frees pages: off the executor.
+        drop(tokio::task::spawn_blocking(move || drop(trimmed)));
+    }
+    true
 }
 
 /// Watches `pid`'s pidfd (once per pid) and kicks the quarantine when it
@@ -120,7 +120,7 @@ fn watch_holder(shared: &Arc<Shared>, watched: &Arc<Mutex<HashSet<i32>>>, pid: i
     match PidWatch::new(pid) {
         Ok(watch) => {
             let shared = Arc::clone(shared);
-            shared.tracker.clone().spawn(async move {
+            shared.lifecycle.tracker().clone().spawn(async move {
                 tokio::select! {
                     r = watch.exited() => {
                         if r.is_ok() {
@@ -128,7 +128,7 @@ fn watch_holder(shared: &Arc<Shared>, watched: &Arc<Mutex<HashSet<i32>>>, pid: i
                             shared.quarantine_kick.notify_one();
                         }
                     }
-                    () = shared.cancel.cancelled() => {}
+                    () = shared.lifecycle.cancel().cancelled() => {}
                 }
                 forget();
             });

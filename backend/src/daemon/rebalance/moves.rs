@@ -125,7 +125,8 @@ fn start(
     let job_shared = Arc::clone(shared);
     let job_cancel = cancel.clone();
     let handle = shared
-        .tracker
+        .lifecycle
+        .tracker()
         .spawn_blocking(move || run_move(&job_shared, &target, range, req.node, who, &job_cancel));
     Ok((handle, cancel))
 }
@@ -293,7 +294,7 @@ pub async fn rebalance(
     };
     let joined = tokio::select! {
         r = &mut job => r,
-        () = shared.cancel.cancelled() => {
+        () = shared.lifecycle.cancel().cancelled() => {
             cancel.cancel();
             job.await
         }

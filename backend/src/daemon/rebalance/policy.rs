@@ -165,16 +165,14 @@ pub async fn policy_loop(shared: Arc<Shared>) {
         cooldown = shared.rebalance.cfg.cooldown,
         "vCPU-affinity policy on"
     );
-    loop {
-        tokio::select! {
-            () = shared.cancel.cancelled() => break,
-            () = tokio::time::sleep(period) => {}
+    let round = || {
+        let (shared, cpus) = (Arc::clone(&shared), Arc::clone(&cpus));
+        async move {
+            policy_tick(&shared, &cpus).await;
+            true
         }
-        let Some(_work) = shared.handover.work().await else {
-            break;
-        };
-        policy_tick(&shared, &cpus).await;
-    }
+    };
+    shared.lifecycle.periodic(period, None, round).await;
 }
 
 async fn policy_tick(shared: &Arc<Shared>, cpus: &Arc<CpuNodes>) {
@@ -265,7 +263,7 @@ async fn policy_tick(shared: &Arc<Shared>, cpus: &Arc<CpuNodes>) {
                 node: to,
             };
             let shared = Arc::clone(shared);
-            shared.tracker.clone().spawn(async move {
+            shared.lifecycle.tracker().clone().spawn(async move {
                 match rebalance(&shared, req, Initiator::Policy).await {
                     Ok(out) => info!(region = req.region_id, to, report = %out.report, "policy move done"),
                     Err(e) => warn!(region = req.region_id, to, error = %crate::diag::chain(&e), "policy move failed"),

@@ -1,0 +1,252 @@
+//! The daemon's lifecycle: serving, frozen for a handover, handed over, and
+//! shut down.
+//!
+//! A room below the server, the background loops and the handover: each of
+//! them depends on it, it depends on none of them. It owns
+//!
+//! * the shutdown token and the tracker every daemon task is spawned on;
+//! * the [`Phase`], which a handover moves from [`Phase::Serving`] to
+//!   [`Phase::Frozen`] and then to [`Phase::Gone`] (handed over) or back
+//!   (thawed);
+//! * the connection handlers' count and the connections they parked for a
+//!   handover ([`ParkedConnection`]);
+//! * the work lock that pauses the background loops: [`Lifecycle::periodic`]
+//!   runs a loop's rounds under it, so no loop can forget to pause.
+
+use std::future::Future;
+use std::os::fd::OwnedFd;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tokio::sync::{watch, Notify, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use super::lazy_allocs::Suspended;
+use super::quarantine::holders::Predecessor;
+
+/// Where the daemon is in a handover.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    /// Serving.
+    Serving,
+    /// Frozen for a handover in progress.
+    Frozen,
+    /// Handed over: this daemon exits without releasing anything.
+    Gone,
+}
+
+/// A connection parked for a handover: duplicates of what travels (the
+/// handler keeps the originals, to go on if the handover is given up).
+#[derive(Debug)]
+pub struct ParkedConnection {
+    /// Its session id.
+    pub session: u64,
+    /// The socket.
+    pub stream: OwnedFd,
+    /// HANDSHAKE done.
+    pub handshaken: bool,
+    /// The features it negotiated.
+    pub features: u64,
+    /// A frame begun: its bytes and fds.
+    pub partial: Vec<u8>,
+    /// See `partial`.
+    pub partial_fds: Vec<OwnedFd>,
+    /// Lazy allocations: region table, mappings, uffd.
+    pub lazy: Vec<Suspended>,
+}
+
+/// The daemon's lifecycle (see the module docs).
+#[derive(Debug)]
+pub struct Lifecycle {
+    cancel: CancellationToken,
+    tracker: TaskTracker,
+    phase: watch::Sender<Phase>,
+    work: RwLock<()>,
+    live: AtomicUsize,
+    parked: Mutex<Vec<ParkedConnection>>,
+    predecessor: Arc<Predecessor>,
+}
+
+impl Default for Lifecycle {
+    fn default() -> Self {
+        Self {
+            cancel: CancellationToken::new(),
+            tracker: TaskTracker::new(),
+            phase: watch::Sender::new(Phase::Serving),
+            work: RwLock::new(()),
+            live: AtomicUsize::new(0),
+            parked: Mutex::new(Vec::new()),
+            predecessor: Arc::default(),
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Resolves when `kick` is notified; never without one.
+async fn kicked(kick: Option<&Notify>) {
+    match kick {
+        Some(k) => k.notified().await,
+        None => std::future::pending().await,
+    }
+}
+
+impl Lifecycle {
+    /// The shutdown token: cancelled by a shutdown, and once handed over.
+    pub fn cancel(&self) -> &CancellationToken {
+        &self.cancel
+    }
+
+    /// The tracker every daemon task runs on (shutdown drains it).
+    pub fn tracker(&self) -> &TaskTracker {
+        &self.tracker
+    }
+
+    /// The daemon this one took over from, while it runs (the holder
+    /// scans skip it).
+    pub fn predecessor(&self) -> &Arc<Predecessor> {
+        &self.predecessor
+    }
+
+    /// The current phase.
+    pub fn phase(&self) -> Phase {
+        *self.phase.borrow()
+    }
+
+    /// A permit for one round of a background loop: while a handover
+    /// freezes the daemon, it waits; `None` once the daemon was handed
+    /// over (the loop ends: nothing here may touch a region any more).
+    pub async fn work(&self) -> Option<RwLockReadGuard<'_, ()>> {
+        let guard = self.work.read().await;
+        (self.phase() != Phase::Gone).then_some(guard)
+    }
+
+    /// Runs `round` every `period`, and at once whenever `kick` is
+    /// notified, each round under a [`Lifecycle::work`] permit (a handover
+    /// waits for the round to end, and no round starts while it freezes the
+    /// daemon), until shutdown or the handover. `round` says whether to go
+    /// on.
+    pub async fn periodic<F, Fut>(&self, period: Duration, kick: Option<&Notify>, mut round: F)
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = bool>,
+    {
+        loop {
+            tokio::select! {
+                () = self.cancel.cancelled() => break,
+                () = kicked(kick) => {}
+                () = tokio::time::sleep(period) => {}
+            }
+            let Some(_work) = self.work().await else {
+                break;
+            };
+            if !round().await {
+                break;
+            }
+        }
+    }
+
+    /// Awaits `round` once, `delay` from now, under a [`Lifecycle::work`]
+    /// permit; not at all after a shutdown or a handover.
+    pub async fn after<Fut: Future<Output = ()>>(&self, delay: Duration, round: Fut) {
+        tokio::select! {
+            () = self.cancel.cancelled() => return,
+            () = tokio::time::sleep(delay) => {}
+        }
+        let Some(_work) = self.work().await else {
+            return;
+        };
+        round.await;
+    }
+
+    /// Resolves once a handover freezes the daemon.
+    pub async fn frozen(&self) {
+        let mut rx = self.phase.subscribe();
+        let _ = rx.wait_for(|p| *p != Phase::Serving).await;
+    }
+
+    /// Waits until the daemon thaws ([`Phase::Serving`]) or is handed over
+    /// ([`Phase::Gone`]), and says which.
+    pub async fn thawed(&self) -> Phase {
+        let mut rx = self.phase.subscribe();
+        let phase = match rx.wait_for(|p| *p != Phase::Frozen).await {
+            Ok(p) => *p,
+            Err(_) => Phase::Gone,
+        };
+        phase
+    }
+
+    /// A connection handler started / ended (the freeze waits for every
+    /// live one to park).
+    pub fn handler_started(&self) {
+        self.live.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// See [`Lifecycle::handler_started`].
+    pub fn handler_ended(&self) {
+        self.live.fetch_sub(1, Ordering::SeqCst);
+    }
+
+    /// A handler parked (see [`ParkedConnection`]).
+    pub fn park(&self, conn: ParkedConnection) {
+        lock(&self.parked).push(conn);
+    }
+
+    /// Freezes the connections and the loops: every live handler parked
+    /// (each finishes the request it serves first), then every background
+    /// loop paused between rounds (the returned guard keeps them so).
+    ///
+    /// # Errors
+    ///
+    /// A handler or loop that does not stop within `limit`.
+    pub async fn freeze(&self, limit: Duration) -> Result<RwLockWriteGuard<'_, ()>, String> {
+        self.phase.send_replace(Phase::Frozen);
+        let deadline = Instant::now() + limit;
+        loop {
+            let parked = lock(&self.parked).len();
+            let live = self.live.load(Ordering::SeqCst);
+            if parked >= live {
+                break;
+            }
+            if Instant::now() >= deadline {
+                return Err(format!(
+                    "{} of {live} connections did not park within {} s (a request still running)",
+                    live - parked,
+                    limit.as_secs()
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        // After the handlers: a request being served may wait for the
+        // quarantine or a scrub (an ALLOC waiting for pages on their way).
+        tokio::time::timeout(limit, self.work.write())
+            .await
+            .map_err(|_| {
+                format!(
+                    "the background loops did not pause within {} s",
+                    limit.as_secs()
+                )
+            })
+    }
+
+    /// The parked connections, while frozen.
+    pub fn parked(&self) -> std::sync::MutexGuard<'_, Vec<ParkedConnection>> {
+        lock(&self.parked)
+    }
+
+    /// Ends a freeze that did not lead anywhere: the daemon serves on.
+    pub fn thaw(&self) {
+        lock(&self.parked).clear();
+        self.phase.send_replace(Phase::Serving);
+    }
+
+    /// Marks the daemon handed over (its loops end at their next round).
+    pub fn gone(&self) {
+        self.phase.send_replace(Phase::Gone);
+        lock(&self.parked).clear();
+    }
+}
