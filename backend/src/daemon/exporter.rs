@@ -50,7 +50,7 @@ use tracing::{debug, info, warn};
 
 use super::metrics::Metrics;
 use super::pool::PoolPart;
-use super::Shared;
+use super::stats::StatsSource;
 
 /// Connections served at once.
 pub const MAX_CONNECTIONS: usize = 16;
@@ -64,9 +64,9 @@ pub const CONTENT_TYPE_OPENMETRICS: &str =
     "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
 /// The registry with the daemon's collector; encoded once per scrape.
-pub fn registry(shared: Arc<Shared>) -> Registry {
+pub fn registry(source: Arc<StatsSource>) -> Registry {
     let mut registry = Registry::with_prefix("hugemem");
-    registry.register_collector(Box::new(DaemonCollector { shared }));
+    registry.register_collector(Box::new(DaemonCollector { source }));
     registry
 }
 
@@ -83,7 +83,7 @@ pub fn encode(registry: &Registry) -> String {
 /// The daemon's figures, read at each scrape.
 #[derive(Debug)]
 struct DaemonCollector {
-    shared: Arc<Shared>,
+    source: Arc<StatsSource>,
 }
 
 /// Labels of one pool: its key.
@@ -124,7 +124,7 @@ impl DaemonCollector {
     /// The daemon's own counters: name (STATS `counters` key), help, value.
     fn daemon_counters(m: &Metrics) -> Vec<(&'static str, &'static str, u64)> {
         let g = Metrics::get;
-        vec![
+        let mut counters = vec![
             (
                 "sessions_accepted",
                 "Connections accepted (and allowed); STATS counters.sessions_total.",
@@ -195,6 +195,16 @@ impl DaemonCollector {
                 "Pages punched out of released regions and refaulted fresh before reuse.",
                 g(&m.pages_detached),
             ),
+        ];
+        counters.extend(Self::release_counters(m));
+        counters
+    }
+
+    /// The counters of released regions and the pool's life, and of
+    /// REATTACH: name, help, value.
+    fn release_counters(m: &Metrics) -> Vec<(&'static str, &'static str, u64)> {
+        let g = Metrics::get;
+        vec![
             (
                 "regions_withheld",
                 "Released regions found withheld (an open description of the file exists).",
@@ -339,7 +349,7 @@ impl DaemonCollector {
         pending: &std::collections::HashMap<numa::NodeId, u64>,
         enc: &mut DescriptorEncoder,
     ) -> Result<(), std::fmt::Error> {
-        let scrub = &self.shared.scrub;
+        let scrub = &self.source.scrub;
         let c = ConstCounter::new(0u64);
         let node = |n: numa::NodeId| [("node", n.to_string())];
         {
@@ -418,7 +428,7 @@ impl DaemonCollector {
     }
 
     fn encode_faults(&self, enc: &mut DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        let sums = self.shared.fault_totals.read();
+        let sums = self.source.fault_totals.read();
         gauge(
             enc,
             "fault_services",
@@ -456,7 +466,7 @@ impl DaemonCollector {
 
 impl Collector for DaemonCollector {
     fn encode(&self, mut enc: DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        let m = &self.shared.metrics;
+        let m = &self.source.metrics;
         gauge(
             &mut enc,
             "sessions",
@@ -479,10 +489,10 @@ impl Collector for DaemonCollector {
             "uptime",
             "Seconds since the daemon started.",
             Some(&Unit::Seconds),
-            g64(self.shared.started.elapsed().as_secs()),
+            g64(self.source.started.elapsed().as_secs()),
         )?;
         // One look at the pool (one lock) per scrape.
-        let (pool, pending) = self.shared.pool.stats();
+        let (pool, pending) = self.source.pool.stats();
         Self::encode_pools(&pool, &mut enc)?;
         self.encode_scrub(&pending, &mut enc)?;
         self.encode_faults(&mut enc)

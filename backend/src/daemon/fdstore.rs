@@ -38,8 +38,8 @@ use std::time::Duration;
 use sd_notify::NotifyState;
 use tracing::{debug, info, warn};
 
-use super::handover::{self, state::State, Target};
-use super::Shared;
+use super::handover::fds::Fds;
+use super::handover::{self, state::State, Parts, Target};
 
 /// How often a serving daemon brings the store up to date.
 pub const SYNC_PERIOD: Duration = Duration::from_millis(250);
@@ -57,7 +57,7 @@ struct Stored {
     last_doc: Vec<u8>,
 }
 
-/// The daemon's side of the store (in [`Shared`]).
+/// The daemon's side of the store.
 #[derive(Debug, Default)]
 pub struct FdStore {
     enabled: bool,
@@ -109,15 +109,15 @@ impl FdStore {
     /// Brings the store up to date with a snapshot of the daemon: new
     /// regions stored, gone ones removed, the listener once, and the state
     /// document when it changed. Blocking (small `sendmsg`s).
-    fn sync(&self, shared: &Shared, last: bool) -> Result<(), String> {
-        let snapshot = shared.pool.snapshot_partial();
-        let (mut doc, _) = handover::build(shared, &snapshot, Target::FdStore { last })?;
+    fn sync(&self, parts: &Parts, last: bool) -> Result<(), String> {
+        let snapshot = parts.pool.snapshot_partial();
+        let (mut doc, _) = handover::build(parts, &snapshot, Target::FdStore { last }, self.seq())?;
         let mut st = self
             .stored
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         if !st.listener {
-            if let Some(fd) = shared.handover.owned_listener() {
+            if let Some(fd) = parts.listeners.owned_listener() {
                 send(
                     &[NotifyState::FdStore, NotifyState::FdName(LISTENER)],
                     &[fd.as_fd()],
@@ -186,14 +186,14 @@ impl FdStore {
 }
 
 /// Keeps the store up to date while the daemon serves.
-pub async fn sync_loop(shared: Arc<Shared>) {
-    if !shared.fdstore.enabled() {
+pub async fn sync_loop(store: Arc<FdStore>, parts: Arc<Parts>) {
+    if !store.enabled() {
         return;
     }
     let round = || {
-        let s = Arc::clone(&shared);
+        let (store, parts) = (Arc::clone(&store), Arc::clone(&parts));
         async move {
-            match tokio::task::spawn_blocking(move || s.fdstore.sync(&s, false)).await {
+            match tokio::task::spawn_blocking(move || store.sync(&parts, false)).await {
                 Ok(Ok(())) => {}
                 Ok(Err(e)) => warn!(error = %e, "cannot bring systemd's fd store up to date"),
                 Err(e) => warn!(error = %e, "fd store sync panicked"),
@@ -201,7 +201,7 @@ pub async fn sync_loop(shared: Arc<Shared>) {
             true
         }
     };
-    shared.lifecycle.periodic(SYNC_PERIOD, None, round).await;
+    parts.lifecycle.periodic(SYNC_PERIOD, None, round).await;
 }
 
 /// A clean stop that keeps everything in the store: freezes, stores the
@@ -212,20 +212,20 @@ pub async fn sync_loop(shared: Arc<Shared>) {
 /// # Errors
 ///
 /// A freeze that does not complete, a store that fails.
-pub async fn stop_into_store(shared: &Arc<Shared>) -> Result<(), String> {
-    let (_work, _) = handover::freeze(shared, true).await?;
-    let s = Arc::clone(shared);
-    let stored = tokio::task::spawn_blocking(move || s.fdstore.sync(&s, true))
+pub async fn stop_into_store(store: &Arc<FdStore>, parts: &Arc<Parts>) -> Result<(), String> {
+    let (_work, _) = parts.freeze(true).await?;
+    let (s, p) = (Arc::clone(store), Arc::clone(parts));
+    let stored = tokio::task::spawn_blocking(move || s.sync(&p, true))
         .await
         .map_err(|e| e.to_string())?;
     match stored {
         Ok(()) => {
-            handover::gone(shared);
+            parts.lifecycle.gone();
             info!("pool, allocations and socket kept in systemd's fd store for the next start");
             Ok(())
         }
         Err(e) => {
-            handover::thaw(shared);
+            parts.thaw();
             Err(e)
         }
     }
@@ -282,7 +282,7 @@ pub fn restore(mut named: HashMap<String, OwnedFd>) -> Option<handover::Inherite
     Some(handover::Inherited {
         predecessor: None,
         state,
-        fds,
+        fds: Fds(fds),
         channel: None,
         started: std::time::Instant::now(),
     })

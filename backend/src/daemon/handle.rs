@@ -9,14 +9,20 @@ use std::thread::JoinHandle;
 use hugemem_client::stats::Stats;
 use tracing::{error, warn};
 
-use super::context::Shared;
 use super::error::{DaemonError, Result};
-use super::fdstore;
+use super::fdstore::{self, FdStore};
+use super::handover::Parts;
+use super::session::Rooms;
 
 /// A running daemon. Dropping it shuts the daemon down too (errors logged).
 #[derive(Debug)]
 pub struct DaemonHandle {
-    pub(super) shared: Arc<Shared>,
+    /// What the sessions serve from (the pool, the counters, STATS).
+    pub(super) rooms: Arc<Rooms>,
+    /// What a stop into systemd's fd store freezes and saves.
+    pub(super) parts: Arc<Parts>,
+    /// systemd's fd store.
+    pub(super) store: Arc<FdStore>,
     pub(super) metrics_addr: Option<SocketAddr>,
     pub(super) thread: Option<JoinHandle<()>>,
     pub(super) rt: tokio::runtime::Handle,
@@ -25,19 +31,19 @@ pub struct DaemonHandle {
 impl DaemonHandle {
     /// The socket clients connect to.
     pub fn socket_path(&self) -> &Path {
-        &self.shared.socket
+        &self.rooms.stats.socket
     }
 
     /// The STATS document, as a client would get it (without the
     /// per-connection `lazy` list and placement).
     pub fn stats(&self) -> Stats {
-        self.shared.stats()
+        self.rooms.stats.stats()
     }
 
     /// [`DaemonHandle::stats`] as a JSON value, for readers that look up
     /// keys by name.
     pub fn stats_json(&self) -> serde_json::Value {
-        serde_json::to_value(self.shared.stats()).unwrap_or(serde_json::Value::Null)
+        serde_json::to_value(self.rooms.stats.stats()).unwrap_or(serde_json::Value::Null)
     }
 
     /// Test hook standing for a daemon restart: orphans allocation `alloc`
@@ -46,7 +52,7 @@ impl DaemonHandle {
     /// a REATTACH with its token can take it back. False for an unknown id.
     #[doc(hidden)]
     pub fn orphan_for_tests(&self, alloc: u64, tenant: Option<u32>) -> bool {
-        let pool = &self.shared.pool;
+        let pool = &self.rooms.pool;
         pool.orphan(alloc) && tenant.is_none_or(|uid| pool.set_tenant(alloc, uid))
     }
 
@@ -55,7 +61,7 @@ impl DaemonHandle {
     /// for tests that check which daemon served a lazy guest.
     #[doc(hidden)]
     pub fn lazy_work(&self) -> u64 {
-        self.shared.fault_totals.read().counters.iter().sum()
+        self.rooms.fault_totals.read().counters.iter().sum()
     }
 
     /// Where the metrics endpoint listens, when it is on.
@@ -71,9 +77,11 @@ impl DaemonHandle {
     ///
     /// As [`DaemonHandle::shutdown`].
     pub fn shutdown_into_store(self) -> Result<()> {
-        if self.shared.fdstore.enabled() {
-            let shared = Arc::clone(&self.shared);
-            if let Err(e) = self.rt.block_on(fdstore::stop_into_store(&shared)) {
+        if self.store.enabled() {
+            if let Err(e) = self
+                .rt
+                .block_on(fdstore::stop_into_store(&self.store, &self.parts))
+            {
                 warn!(reason = %e, "cannot keep the daemon's state in systemd's fd store; stopping the usual way");
             }
         }
@@ -90,8 +98,14 @@ impl DaemonHandle {
         self.stop()
     }
 
+    /// The lifecycle's shutdown token: cancelled once the daemon was
+    /// handed over (or is stopping).
+    pub(super) fn cancelled(&self) -> tokio_util::sync::CancellationToken {
+        self.rooms.lifecycle.cancel().clone()
+    }
+
     fn stop(&mut self) -> Result<()> {
-        self.shared.lifecycle.cancel().cancel();
+        self.rooms.lifecycle.cancel().cancel();
         match self.thread.take() {
             Some(t) => t.join().map_err(|_| DaemonError::Panicked),
             None => Ok(()),

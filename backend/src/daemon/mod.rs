@@ -84,7 +84,6 @@
 
 pub mod alloc;
 pub mod config;
-mod context;
 mod error;
 pub mod exporter;
 pub mod fdstore;
@@ -93,8 +92,10 @@ pub mod handover;
 mod hugetlbfs;
 pub mod lazy_allocs;
 pub mod lifecycle;
+pub mod listeners;
 pub mod metrics;
 mod orphans;
+pub mod outcome;
 pub mod peer;
 pub mod pool;
 pub mod quarantine;
@@ -110,7 +111,6 @@ mod stats;
 pub mod systemd;
 
 pub use config::{ByteSize, Config, ConfigError, Overrides, ValidationError};
-pub use context::Shared;
 pub use error::{DaemonError, Result};
 pub use handle::DaemonHandle;
 pub use serve::{serve, Start};

@@ -6,28 +6,26 @@ use std::time::Duration;
 
 use tracing::warn;
 
-use super::context::Shared;
-use super::session;
+use super::session::{settle_released, Rooms};
 
 /// Releases allocations restored orphaned (from systemd's fd store) that no
-/// VMM re-attached within `limits.reattach_timeout_secs`: into quarantine,
-/// where they stay until their VMM lets go.
-pub(super) async fn orphans_loop(shared: Arc<Shared>) {
-    if shared.pool.orphans() == 0 {
+/// VMM re-attached within `wait` (`limits.reattach_timeout_secs`): into
+/// quarantine, where they stay until their VMM lets go.
+pub(super) async fn orphans_loop(rooms: Arc<Rooms>, wait: Duration) {
+    if rooms.pool.orphans() == 0 {
         return;
     }
-    let wait = Duration::from_secs(shared.cfg.limits.reattach_timeout_secs);
-    shared
+    rooms
         .lifecycle
         .after(wait, async {
-            let released = shared.pool.release_orphans();
+            let released = rooms.pool.release_orphans();
             if !released.is_empty() {
                 warn!(
                     allocations = released.len(),
                     secs = wait.as_secs(),
                     "restored allocations nobody re-attached; released into quarantine"
                 );
-                session::settle_released(&shared, released);
+                settle_released(&rooms, released);
             }
         })
         .await;

@@ -24,11 +24,12 @@ use std::time::Instant;
 use clearing::{CancelToken, Progress, RunOptions};
 use guest_mem::PageSize;
 use hugemem_client::stats::{RefillCurrent, RefillStats};
-use numa::NodeId;
+use numa::{NodeId, Topology};
 use tracing::{debug, info};
 
+use super::lifecycle::Lifecycle;
 use super::pool::free_pages;
-use super::Shared;
+use super::pool::Pool;
 use crate::diag::chain;
 use guest_mem::size::format_size;
 
@@ -42,8 +43,9 @@ struct State {
     current: Option<(NodeId, PageSize, u64)>,
 }
 
-/// The refill's shared state and counters (see the module docs).
-#[derive(Debug, Default)]
+/// The refill's shared state and counters (see the module docs), with the
+/// pool it fills, the topology and the lifecycle its loop runs under.
+#[derive(Debug)]
 pub struct Refill {
     state: Mutex<State>,
     idle: Condvar,
@@ -51,6 +53,9 @@ pub struct Refill {
     regions: AtomicU64,
     bytes: AtomicU64,
     yielded: AtomicU64,
+    pool: Arc<Pool>,
+    topology: Arc<Topology>,
+    lifecycle: Arc<Lifecycle>,
 }
 
 /// Held by an ALLOC from its start to its end (see [`Refill::alloc_started`]).
@@ -65,6 +70,21 @@ impl Drop for AllocGuard<'_> {
 }
 
 impl Refill {
+    /// A refill of `pool` (idle until [`refill_loop`] runs).
+    pub fn new(pool: Arc<Pool>, topology: Arc<Topology>, lifecycle: Arc<Lifecycle>) -> Self {
+        Self {
+            state: Mutex::default(),
+            idle: Condvar::new(),
+            done: AtomicU64::new(0),
+            regions: AtomicU64::new(0),
+            bytes: AtomicU64::new(0),
+            yielded: AtomicU64::new(0),
+            pool,
+            topology,
+            lifecycle,
+        }
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
         self.state
             .lock()
@@ -138,39 +158,39 @@ impl Refill {
     }
 }
 
-/// Runs `step` every `pool.recheck_ms` (off the executor) until shutdown.
-pub async fn refill_loop(shared: Arc<Shared>) {
-    let period = shared.cfg.recheck_period();
+/// Runs `step` every `period` (`pool.recheck_ms`, off the executor) until
+/// shutdown.
+pub async fn refill_loop(refill: Arc<Refill>, period: std::time::Duration) {
     let round = || {
-        let shared = Arc::clone(&shared);
+        let refill = Arc::clone(&refill);
         async move {
             // One region per step; several steps back to back while there is
             // work, each one still yielding to ALLOCs.
             loop {
-                let s = Arc::clone(&shared);
-                match tokio::task::spawn_blocking(move || step(&s)).await {
-                    Ok(true) if !shared.lifecycle.cancel().is_cancelled() => {}
+                let r = Arc::clone(&refill);
+                match tokio::task::spawn_blocking(move || step(&r)).await {
+                    Ok(true) if !refill.lifecycle.cancel().is_cancelled() => {}
                     _ => break,
                 }
             }
             true
         }
     };
-    shared.lifecycle.periodic(period, None, round).await;
+    refill.lifecycle.periodic(period, None, round).await;
 }
 
 /// What to make next: the first node below its target, in the largest huge
 /// page size with room. `None` when every node is at its target.
-fn plan(shared: &Shared) -> Option<(NodeId, PageSize, u64)> {
-    let cfg = shared.pool.config();
-    for node in shared
+fn plan(refill: &Refill) -> Option<(NodeId, PageSize, u64)> {
+    let cfg = refill.pool.config();
+    for node in refill
         .topology
         .nodes()
         .iter()
         .filter(|n| !n.is_memoryless())
     {
         let (target, limit) = cfg.limits(node.id);
-        let pooled = shared.pool.pooled(node.id, None);
+        let pooled = refill.pool.pooled(node.id, None);
         if pooled >= target {
             continue;
         }
@@ -179,7 +199,7 @@ fn plan(shared: &Shared) -> Option<(NodeId, PageSize, u64)> {
             let free = free_pages(p, node.id).saturating_mul(p.bytes());
             let own = cfg
                 .size_limit(p)
-                .saturating_sub(shared.pool.pooled(node.id, Some(p)));
+                .saturating_sub(refill.pool.pooled(node.id, Some(p)));
             let bytes = room.min(free).min(own) / p.bytes() * p.bytes();
             if bytes > 0 {
                 return Some((node.id, p, bytes));
@@ -191,11 +211,10 @@ fn plan(shared: &Shared) -> Option<(NodeId, PageSize, u64)> {
 
 /// Makes one region if a node is below its target and no ALLOC runs.
 /// Returns whether it made one.
-fn step(shared: &Shared) -> bool {
-    let Some((node, page_size, bytes)) = plan(shared) else {
+fn step(refill: &Refill) -> bool {
+    let Some((node, page_size, bytes)) = plan(refill) else {
         return false;
     };
-    let refill = &shared.refill;
     let Some(token) = refill.start(node, page_size, bytes) else {
         return false;
     };
@@ -205,7 +224,7 @@ fn step(shared: &Shared) -> bool {
         progress: Some(&progress),
         ..RunOptions::default()
     };
-    let made = shared.pool.add_fresh(node, page_size, bytes, &opts);
+    let made = refill.pool.add_fresh(node, page_size, bytes, &opts);
     let ok = match made {
         Ok(id) => {
             refill.regions.fetch_add(1, Ordering::Relaxed);

@@ -74,7 +74,7 @@ pub fn serve(
         use std::io::Write;
         let _ = std::fs::File::from(fd).write_all(b"1");
     }
-    let handed_over = handle.shared.lifecycle.cancel().clone();
+    let handed_over = handle.cancelled();
     let which = rt.block_on(async {
         tokio::select! {
             _ = term.recv() => "SIGTERM",

@@ -30,6 +30,7 @@
 //! session code at all.
 
 use std::os::fd::AsFd;
+use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -40,11 +41,13 @@ use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tracing::{debug, info, warn};
 
+use super::config::LimitsConfig;
+use super::lifecycle::Lifecycle;
 use super::lifecycle::{ParkedConnection, Phase};
 use super::metrics::Metrics;
 use super::peer::PeerCred;
+use super::session::Rooms;
 use super::session::Session;
-use super::Shared;
 use crate::diag::RateLimit;
 use crate::proto::async_io::{read_frame, read_frame_with, write_frame};
 use crate::proto::messages::{Reply, Request};
@@ -149,35 +152,54 @@ impl Slots {
     }
 }
 
+/// What the accept loop and the connection handlers use.
+#[derive(Debug)]
+pub struct Server {
+    /// Shutdown, the task tracker, parking for a handover.
+    pub lifecycle: Arc<Lifecycle>,
+    /// Connection slots.
+    pub slots: Arc<Slots>,
+    /// Uids allowed to connect.
+    pub allowed_uids: Vec<u32>,
+    /// Timeouts.
+    pub limits: LimitsConfig,
+    /// The counters.
+    pub metrics: Arc<Metrics>,
+    /// The next session id.
+    pub next_session: Arc<AtomicU64>,
+    /// What a session serves its requests from.
+    pub rooms: Arc<Rooms>,
+}
+
 /// The accept loop.
 #[derive(Debug)]
 pub struct Listener {
     listener: UnixListener,
-    shared: Arc<Shared>,
+    server: Arc<Server>,
     slots: Arc<Slots>,
 }
 
 impl Listener {
     /// A listener over a bound socket.
-    pub fn new(listener: UnixListener, shared: Arc<Shared>) -> Self {
-        let slots = Arc::clone(&shared.slots);
+    pub fn new(listener: UnixListener, server: Arc<Server>) -> Self {
+        let slots = Arc::clone(&server.slots);
         Self {
             listener,
-            shared,
+            server,
             slots,
         }
     }
 
     /// Accepts until the daemon's token is cancelled.
     pub async fn run(&mut self) {
-        let cancel = self.shared.lifecycle.cancel().clone();
+        let cancel = self.server.lifecycle.cancel().clone();
         loop {
             let stream = tokio::select! {
                 () = cancel.cancelled() => break,
                 // A handover: stop accepting (connections wait in the
                 // backlog) until it is done or given up.
-                () = self.shared.lifecycle.frozen() => {
-                    if self.shared.lifecycle.thawed().await == Phase::Gone {
+                () = self.server.lifecycle.frozen() => {
+                    if self.server.lifecycle.thawed().await == Phase::Gone {
                         break;
                     }
                     continue;
@@ -210,34 +232,34 @@ impl Listener {
         let permit = match self.slots.take(peer.uid) {
             Ok(slot) => slot,
             Err(why) => {
-                Metrics::add(&self.shared.metrics.connection_errors, 1);
+                Metrics::add(&self.server.metrics.connection_errors, 1);
                 if let Some(n) = FULL_LOG.check() {
                     warn!(uid = peer.uid, pid = ?peer.pid, reason = why, suppressed = n, "no connection slot; closing");
                 }
                 return;
             }
         };
-        let shared = Arc::clone(&self.shared);
-        if !shared.allowed_uids.contains(&peer.uid) {
-            Metrics::add(&shared.metrics.peers_refused, 1);
+        let server = Arc::clone(&self.server);
+        if !server.allowed_uids.contains(&peer.uid) {
+            Metrics::add(&server.metrics.peers_refused, 1);
             if let Some(n) = REFUSED_LOG.check() {
                 warn!(uid = peer.uid, pid = ?peer.pid, suppressed = n, "peer uid is not allowed; refusing");
             }
-            self.shared
+            self.server
                 .lifecycle
                 .tracker()
                 .spawn(refuse(stream, peer, permit));
             return;
         }
         let id = self
-            .shared
+            .server
             .next_session
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let session = Session::new(id, peer, Arc::clone(&shared));
+        let session = Session::new(id, peer, Arc::clone(&server.rooms));
         let handler = Handler {
             stream,
             session,
-            shared,
+            server,
             reader: FrameReader::new(),
             _permit: permit,
         };
@@ -248,9 +270,9 @@ impl Listener {
 /// Runs a connection's handler on the tracker until the connection ends,
 /// parking it whenever a handover freezes the daemon.
 fn spawn_handler(mut handler: Handler) {
-    let shared = Arc::clone(&handler.shared);
-    shared.lifecycle.handler_started();
-    let tracker = shared.lifecycle.tracker().clone();
+    let server = Arc::clone(&handler.server);
+    server.lifecycle.handler_started();
+    let tracker = server.lifecycle.tracker().clone();
     tracker.spawn(async move {
         let id = handler.session.id();
         loop {
@@ -263,12 +285,12 @@ fn spawn_handler(mut handler: Handler) {
                     // Nothing is released; the socket closes here, the
                     // successor keeps its own copy.
                     handler.session.forget();
-                    handler.shared.lifecycle.handler_ended();
+                    handler.server.lifecycle.handler_ended();
                     return;
                 }
                 Ok(End::Closed) => {}
                 Err(e) => {
-                    Metrics::add(&handler.shared.metrics.connection_errors, 1);
+                    Metrics::add(&handler.server.metrics.connection_errors, 1);
                     if let Some(n) = MALFORMED_LOG.check() {
                         warn!(session = id, error = %crate::diag::chain(&e), suppressed = n, "closing connection");
                     }
@@ -277,7 +299,7 @@ fn spawn_handler(mut handler: Handler) {
             break;
         }
         handler.session.close();
-        handler.shared.lifecycle.handler_ended();
+        handler.server.lifecycle.handler_ended();
     });
 }
 
@@ -300,14 +322,14 @@ pub struct Inherited {
 /// socket, session id, handshake state, the frame its peer had begun, and
 /// its lazy allocations (their fault services restart here).
 pub fn adopt_connection(
-    shared: &Arc<Shared>,
+    server: &Arc<Server>,
     stream: std::os::unix::net::UnixStream,
     conn: Inherited,
 ) -> std::io::Result<()> {
     stream.set_nonblocking(true)?;
     let stream = UnixStream::from_std(stream)?;
     let peer = PeerCred::of(&stream)?;
-    let permit = match shared.slots.take(peer.uid) {
+    let permit = match server.slots.take(peer.uid) {
         Ok(p) => p,
         Err(why) => {
             // More inherited connections than this configuration allows:
@@ -317,13 +339,13 @@ pub fn adopt_connection(
                 reason = why,
                 "an inherited connection is over the limits; served anyway"
             );
-            shared.slots.force(peer.uid)
+            server.slots.force(peer.uid)
         }
     };
     let mut session = Session::inherited(
         conn.session,
         peer,
-        Arc::clone(shared),
+        Arc::clone(&server.rooms),
         conn.handshaken,
         conn.features,
     );
@@ -331,7 +353,7 @@ pub fn adopt_connection(
     spawn_handler(Handler {
         stream,
         session,
-        shared: Arc::clone(shared),
+        server: Arc::clone(server),
         reader: conn.reader,
         _permit: permit,
     });
@@ -363,7 +385,7 @@ async fn refuse(stream: UnixStream, peer: PeerCred, _permit: Slot) {
 struct Handler {
     stream: UnixStream,
     session: Session,
-    shared: Arc<Shared>,
+    server: Arc<Server>,
     /// Kept across reads: a frame half read when a handover parks the
     /// handler is still here (see `read_frame_with`).
     reader: FrameReader,
@@ -413,14 +435,14 @@ impl Handler {
             })
         })();
         match parked {
-            Ok(p) => self.shared.lifecycle.park(p),
+            Ok(p) => self.server.lifecycle.park(p),
             // Not parked: the freeze times out waiting for it and the
             // handover is given up.
             Err(e) => {
                 warn!(session = self.session.id(), error = %e, "cannot park a connection for a handover")
             }
         }
-        let phase = self.shared.lifecycle.thawed().await;
+        let phase = self.server.lifecycle.thawed().await;
         if phase == Phase::Gone {
             return false;
         }
@@ -437,12 +459,12 @@ impl Handler {
     /// Serves requests until EOF, a malformed frame, shutdown, or a
     /// handover. `Ok` for an orderly end, the protocol error otherwise.
     async fn run(&mut self) -> Result<End, ProtoError> {
-        let limits = &self.shared.cfg.limits;
+        let limits = &self.server.limits;
         let handshake_deadline =
             tokio::time::Instant::now() + Duration::from_secs(limits.handshake_timeout_secs);
         let write_timeout = Duration::from_secs(limits.write_timeout_secs);
         let idle_timeout = Duration::from_secs(limits.idle_timeout_secs);
-        let cancel = self.shared.lifecycle.cancel().clone();
+        let cancel = self.server.lifecycle.cancel().clone();
         loop {
             let (stream, reader, session) = (&self.stream, &mut self.reader, &self.session);
             let read = async {
@@ -474,7 +496,7 @@ impl Handler {
                 () = cancel.cancelled() => return Ok(End::Closed),
                 // Between requests only: a request being served finishes
                 // first (with its reply) before the handler parks.
-                () = self.shared.lifecycle.frozen() => return Ok(End::Park),
+                () = self.server.lifecycle.frozen() => return Ok(End::Park),
                 // A lazy allocation's fault service failed: closing the
                 // connection hands its faults to the VMM's fallback.
                 () = session.lazy_failed() => {

@@ -23,13 +23,18 @@
 use std::sync::Arc;
 
 use guest_mem::Region;
+use numa::Topology;
+use tokio::sync::Notify;
 use tracing::{debug, info, warn};
 
-use super::alloc::{self, Source};
+use super::alloc::{self, Alloc};
+use super::lifecycle::Lifecycle;
 use super::metrics::Metrics;
+use super::outcome::Outcome;
 use super::peer::{PeerCred, PidWatch};
-use super::pool::{AllocId, Released, SessionId};
-use super::Shared;
+use super::pool::{AllocId, Pool, Released, SessionId};
+use super::rebalance::Rebalancer;
+use super::stats::StatsSource;
 use crate::proto::messages::{RegionInfo, Reply, ReplyBody, Request};
 use crate::proto::{Status, FEATURE_REATTACH, MAX_PAYLOAD, PROTOCOL_VERSION, TOKEN_SIZE};
 
@@ -42,35 +47,28 @@ pub const DAEMON_FEATURES: u64 =
 /// tokens; a VMM re-attaching its own allocations is never refused).
 pub const MAX_REATTACH_REFUSALS: u32 = 8;
 
-/// What handling a request produced.
+/// What a session serves its requests from: the rooms it dispatches to
+/// and what the session itself uses (its fault services, its release).
 #[derive(Debug)]
-pub struct Outcome {
-    /// The reply.
-    pub reply: Reply,
-    /// The fds that go with the reply, in order: one new open file
-    /// description per region for this tenant ([`crate::sys::reopen`]),
-    /// never the daemon's own (see `docs/security.md`, hostile tenants).
-    pub fds: Vec<std::os::fd::OwnedFd>,
-    /// The allocation the reply hands out (released again if it cannot be sent).
-    pub alloc: Option<AllocId>,
-    /// Close the connection once the reply is sent (too many refused
-    /// REATTACH).
-    pub close: bool,
-}
-
-impl Outcome {
-    fn reply(reply: Reply) -> Self {
-        Self {
-            reply,
-            fds: Vec::new(),
-            alloc: None,
-            close: false,
-        }
-    }
-
-    fn error(status: Status, message: impl Into<String>) -> Self {
-        Self::reply(Reply::error(status, message))
-    }
+pub struct Rooms {
+    /// Allocations and their regions.
+    pub pool: Arc<Pool>,
+    /// The counters.
+    pub metrics: Arc<Metrics>,
+    /// The host's nodes (fault services, unlocking).
+    pub topology: Arc<Topology>,
+    /// Every lazy fault service's counters.
+    pub fault_totals: Arc<crate::fault::FaultTotals>,
+    /// Shutdown and the task tracker.
+    pub lifecycle: Arc<Lifecycle>,
+    /// Wakes the quarantine (a release, a client's exit).
+    pub quarantine_kick: Arc<Notify>,
+    /// REBALANCE, and the policy's view of the clients.
+    pub rebalance: Arc<Rebalancer>,
+    /// ALLOC.
+    pub alloc: Arc<Alloc>,
+    /// STATS.
+    pub stats: Arc<StatsSource>,
 }
 
 /// A client session.
@@ -78,7 +76,7 @@ impl Outcome {
 pub struct Session {
     id: SessionId,
     peer: PeerCred,
-    shared: Arc<Shared>,
+    rooms: Arc<Rooms>,
     handshaken: bool,
     /// Features negotiated in the handshake (the client's ∩ the daemon's).
     features: u64,
@@ -91,10 +89,10 @@ pub struct Session {
 
 impl Session {
     /// A new session for a peer that passed the uid check.
-    pub fn new(id: SessionId, peer: PeerCred, shared: Arc<Shared>) -> Self {
-        Metrics::add(&shared.metrics.sessions_total, 1);
+    pub fn new(id: SessionId, peer: PeerCred, rooms: Arc<Rooms>) -> Self {
+        Metrics::add(&rooms.metrics.sessions_total, 1);
         info!(session = id, uid = peer.uid, pid = ?peer.pid, "session started");
-        Self::open(id, peer, shared, false, 0)
+        Self::open(id, peer, rooms, false, 0)
     }
 
     /// A session a predecessor daemon handed over (`super::handover`):
@@ -102,12 +100,12 @@ impl Session {
     pub fn inherited(
         id: SessionId,
         peer: PeerCred,
-        shared: Arc<Shared>,
+        rooms: Arc<Rooms>,
         handshaken: bool,
         features: u64,
     ) -> Self {
         info!(session = id, uid = peer.uid, pid = ?peer.pid, "session taken over");
-        let mut me = Self::open(id, peer, shared, handshaken, features & DAEMON_FEATURES);
+        let mut me = Self::open(id, peer, rooms, handshaken, features & DAEMON_FEATURES);
         if me.holds_memory() {
             me.watch_peer();
         }
@@ -118,16 +116,16 @@ impl Session {
     fn open(
         id: SessionId,
         peer: PeerCred,
-        shared: Arc<Shared>,
+        rooms: Arc<Rooms>,
         handshaken: bool,
         features: u64,
     ) -> Self {
-        Metrics::add(&shared.metrics.sessions_active, 1);
-        shared.rebalance.client_started(id, peer.pid);
+        Metrics::add(&rooms.metrics.sessions_active, 1);
+        rooms.rebalance.client_started(id, peer.pid);
         Self {
             id,
             peer,
-            shared,
+            rooms,
             handshaken,
             features,
             reattach_refused: 0,
@@ -150,11 +148,11 @@ impl Session {
             return;
         }
         let cfg = crate::fault::FaultServiceConfig {
-            topology: Some(Arc::clone(&self.shared.topology)),
-            totals: Some(Arc::clone(&self.shared.fault_totals)),
+            topology: Some(Arc::clone(&self.rooms.topology)),
+            totals: Some(Arc::clone(&self.rooms.fault_totals)),
             ..crate::fault::FaultServiceConfig::default()
         };
-        let pool = Arc::clone(&self.shared.pool);
+        let pool = Arc::clone(&self.rooms.pool);
         let failed = self.lazy.resume(
             suspended,
             |infos| infos.iter().map(|i| pool.region(i.region_id)).collect(),
@@ -170,7 +168,7 @@ impl Session {
     /// Ends a session that a successor daemon took over: nothing is
     /// released (the successor owns its allocations now).
     pub fn forget(self) {
-        self.shared
+        self.rooms
             .metrics
             .sessions_active
             .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
@@ -185,7 +183,7 @@ impl Session {
     /// True while the session holds an allocation (then it is never timed
     /// out for being idle: closing it would free its guest RAM).
     pub fn holds_memory(&self) -> bool {
-        self.shared.pool.allocations_of(self.id) > 0
+        self.rooms.pool.allocations_of(self.id) > 0
     }
 
     /// The features negotiated at HANDSHAKE.
@@ -227,7 +225,8 @@ impl Session {
                     node,
                 };
                 Outcome::reply(
-                    super::rebalance::serve(&self.shared, self.id, self.peer.uid, req).await,
+                    super::rebalance::serve(&self.rooms.rebalance, self.id, self.peer.uid, req)
+                        .await,
                 )
             }
             Request::Stats => self.stats().await,
@@ -260,204 +259,17 @@ impl Session {
     }
 
     async fn alloc(&mut self, req: &crate::proto::AllocRequest, wait_ms: Option<u32>) -> Outcome {
-        let mut parts = match alloc::plan(&self.shared, req) {
-            Ok(p) => p,
-            Err((status, msg)) => {
-                Metrics::add(&self.shared.metrics.allocs_failed, 1);
-                info!(session = self.id, ?status, reason = %msg, "ALLOC refused");
-                return Outcome::error(status, msg);
-            }
+        let client = alloc::Client {
+            session: self.id,
+            uid: self.peer.uid,
+            gid: self.peer.gid,
+            reattach: self.features & FEATURE_REATTACH != 0,
         };
-        // Dirty memory in lazy mode only for uids the operator named.
-        let dirty_ok = self
-            .shared
-            .cfg
-            .pool
-            .lazy_dirty_uids
-            .contains(&self.peer.uid);
-        for p in &mut parts {
-            p.dirty_ok = dirty_ok;
+        let served = alloc::serve(&self.rooms.alloc, client, req, wait_ms).await;
+        if let Some(lazy) = served.lazy {
+            self.lazy.record(lazy.alloc, lazy.infos, lazy.regions);
         }
-        let cancel = clearing::CancelToken::new();
-        let (shared, job_cancel, job_parts, lock) = (
-            Arc::clone(&self.shared),
-            cancel.clone(),
-            parts.clone(),
-            req.lock,
-        );
-        let owner = (self.peer.uid, self.peer.gid);
-        let deadline = std::time::Instant::now() + self.shared.cfg.pool.alloc_wait(wait_ms);
-        // The blocking thread only waits for the runner's pinned workers (or
-        // scans /proc); no clearing runs on it or on the executor.
-        let mut job = tokio::task::spawn_blocking(move || {
-            // A pool refill in progress yields: its pages are given back
-            // before this ALLOC counts what exists.
-            let _refill = shared.refill.alloc_started();
-            shared.refill.wait_yielded(deadline);
-            alloc::obtain_all(&shared, &job_parts, lock, owner, deadline, &job_cancel)
-        });
-        let joined = tokio::select! {
-            r = &mut job => r,
-            () = self.shared.lifecycle.cancel().cancelled() => {
-                cancel.cancel();
-                job.await
-            }
-        };
-        let taken = match joined {
-            Ok(Ok(t)) => t,
-            Ok(Err((status, msg))) => {
-                Metrics::add(&self.shared.metrics.allocs_failed, 1);
-                warn!(session = self.id, ?status, reason = %msg, "ALLOC failed");
-                return Outcome::error(status, msg);
-            }
-            Err(e) => {
-                Metrics::add(&self.shared.metrics.allocs_failed, 1);
-                return Outcome::error(Status::Internal, alloc::join_error(&e).to_string());
-            }
-        };
-        let ids: Vec<u64> = taken.iter().map(|o| o.taken.id).collect();
-        // This tenant's own open file descriptions: the write-lease proof at
-        // release counts them (and any copy in flight or behind a mapping);
-        // the daemon's own description, and a memfd's original one (which
-        // the kernel does not count), never leave the daemon.
-        let mut fds = Vec::with_capacity(taken.len());
-        for t in taken.iter().map(|o| &o.taken) {
-            match crate::sys::reopen(t.region.fd()) {
-                Ok(fd) => fds.push(fd),
-                Err(e) => {
-                    self.shared.pool.put_back(&ids);
-                    Metrics::add(&self.shared.metrics.allocs_failed, 1);
-                    return Outcome::error(
-                        Status::Internal,
-                        format!("cannot open region {} for the client: {e}", t.id),
-                    );
-                }
-            }
-        }
-        let lazy_mode = req.clear_mode == crate::proto::ClearMode::Lazy;
-        let committed = self
-            .shared
-            .pool
-            .commit(self.id, self.peer.uid, &ids, lazy_mode, lock);
-        let alloc_id = match committed {
-            Ok(a) => a,
-            Err(msg) => {
-                self.shared.pool.put_back(&ids);
-                Metrics::add(&self.shared.metrics.allocs_failed, 1);
-                tracing::error!(session = self.id, reason = %msg, "clean-before-map invariant refused an ALLOC");
-                return Outcome::error(Status::Internal, msg);
-            }
-        };
-        let mut guest_phys = 0;
-        let mut regions = Vec::with_capacity(taken.len());
-        let mut paths = Vec::new();
-        for (t, source) in taken.iter().map(|o| (&o.taken, &o.source)) {
-            if req.want_paths {
-                match t.region.path() {
-                    Some(p) => paths.push(p.display().to_string()),
-                    None => {
-                        // Cannot happen: path parts only take path-backed regions.
-                        tracing::error!(region = t.id, "a path-backed ALLOC got a memfd region");
-                    }
-                }
-            }
-            // Lazy: uncleared, the VMM must hand over a uffd. Demand: fresh,
-            // the kernel zeroes each page at first touch, so it is clean.
-            let mut flags = if *source == Source::Lazy {
-                RegionInfo::FLAG_LAZY
-            } else {
-                RegionInfo::FLAG_CLEAN
-            };
-            if lock {
-                flags |= RegionInfo::FLAG_LOCKED;
-            }
-            if *source == Source::Pooled && t.region.page_size().is_huge() {
-                // A detached region may still have holes (see the pool's
-                // fill): each faults in a page the kernel zeroes.
-                if let Ok(resident) = crate::sys::file_allocated_bytes(t.region.fd()) {
-                    Metrics::add(
-                        &self.shared.metrics.hole_bytes_handed_out,
-                        t.region.len().saturating_sub(resident),
-                    );
-                }
-            }
-            regions.push(RegionInfo {
-                region_id: t.id,
-                guest_phys,
-                size: t.region.len(),
-                page_size: t.region.page_size().bytes(),
-                node: t.region.node().unwrap_or(crate::proto::ANY_NODE),
-                flags,
-            });
-            guest_phys += t.region.len();
-        }
-        Metrics::add(&self.shared.metrics.allocs_ok, 1);
-        let sources: Vec<&str> = taken
-            .iter()
-            .map(|o| match o.source {
-                Source::Pooled => "pooled",
-                Source::Recleared => "recleared",
-                Source::Grown => "grown",
-                Source::Fresh => "fresh",
-                Source::Lazy => "lazy",
-                Source::Demand => "demand",
-            })
-            .collect();
-        let demand = taken.iter().filter(|o| o.source == Source::Demand).count();
-        // A lazy request that got no dirty pooled memory, and a `best` one
-        // served on a smaller page size, say so (the reply's message, on
-        // success, is a note).
-        let mut notes: Vec<String> = taken.iter().filter_map(|o| o.downgrade.clone()).collect();
-        if lazy_mode && demand > 0 {
-            notes.push(format!(
-                "lazy: {demand} of {} regions had no dirty pooled memory of their size and node; they are fresh, \
-                 zeroed by the kernel at first touch (kernel demand faults, no uffd needed)",
-                taken.len()
-            ));
-        }
-        let mut note = notes.join("; ");
-        if note.len() > crate::proto::MAX_MESSAGE {
-            let mut cut = crate::proto::MAX_MESSAGE;
-            while !note.is_char_boundary(cut) {
-                cut -= 1;
-            }
-            note.truncate(cut);
-        }
-        if lazy_mode {
-            let infos = regions.clone();
-            let arcs = taken.iter().map(|o| Arc::clone(&o.taken.region)).collect();
-            self.lazy.record(alloc_id, infos, arcs);
-        }
-        info!(
-            session = self.id,
-            alloc = alloc_id,
-            bytes = req.total_size,
-            ?sources,
-            "ALLOC served"
-        );
-        // Only to a client that negotiated it: the others see the old bytes.
-        let token = if self.features & FEATURE_REATTACH != 0 {
-            self.shared.pool.token_of(alloc_id)
-        } else {
-            None
-        };
-        // `paths`: filled only for ALLOC with want_paths (hugetlbfs mode, see `hugemem launch --hugetlbfs`).
-        let mut reply = Reply::ok(ReplyBody::Alloc {
-            alloc_id,
-            regions,
-            paths,
-            token,
-        });
-        if !note.is_empty() {
-            info!(session = self.id, alloc = alloc_id, %note, "ALLOC served with a note");
-            reply.message = note;
-        }
-        Outcome {
-            reply,
-            fds,
-            alloc: Some(alloc_id),
-            close: false,
-        }
+        served.outcome
     }
 
     /// REATTACH: take orphaned allocation `alloc_id` into this session with
@@ -465,13 +277,13 @@ impl Session {
     fn reattach(&mut self, alloc_id: AllocId, token: &[u8; TOKEN_SIZE]) -> Outcome {
         let (regions, locked) =
             match self
-                .shared
+                .rooms
                 .pool
                 .reattach(alloc_id, token, self.id, self.peer.uid)
             {
                 Ok(r) => r,
                 Err(e) => {
-                    Metrics::add(&self.shared.metrics.reattach_refused, 1);
+                    Metrics::add(&self.rooms.metrics.reattach_refused, 1);
                     self.reattach_refused += 1;
                     let close = self.reattach_refused >= MAX_REATTACH_REFUSALS;
                     warn!(
@@ -487,8 +299,8 @@ impl Session {
                     return out;
                 }
             };
-        Metrics::add(&self.shared.metrics.reattach_ok, 1);
-        let lazy_fallback = self.shared.pool.lazy_fallback(alloc_id);
+        Metrics::add(&self.rooms.metrics.reattach_ok, 1);
+        let lazy_fallback = self.rooms.pool.lazy_fallback(alloc_id);
         let mut guest_phys = 0;
         let infos: Vec<RegionInfo> = regions
             .iter()
@@ -569,7 +381,7 @@ impl Session {
         ranges: &[crate::proto::UffdRange],
         fds: Vec<std::os::fd::OwnedFd>,
     ) -> Outcome {
-        if let Err(e) = self.shared.pool.regions_of(alloc_id, self.id) {
+        if let Err(e) = self.rooms.pool.regions_of(alloc_id, self.id) {
             return Outcome::error(Status::NotFound, e.to_string());
         }
         // Served by the VMM's fallback since a restart: the VMM hands the
@@ -577,10 +389,10 @@ impl Session {
         // service resumes without scrubbers ahead of the guest: it clears
         // a page only when it faults (a MINOR fault proves the guest has no
         // mapping of it), never one the guest may hold.
-        let resumed = self.shared.pool.lazy_fallback(alloc_id);
+        let resumed = self.rooms.pool.lazy_fallback(alloc_id);
         let cfg = crate::fault::FaultServiceConfig {
-            topology: Some(Arc::clone(&self.shared.topology)),
-            totals: Some(Arc::clone(&self.shared.fault_totals)),
+            topology: Some(Arc::clone(&self.rooms.topology)),
+            totals: Some(Arc::clone(&self.rooms.fault_totals)),
             scrub_threads_per_node: if resumed {
                 0
             } else {
@@ -591,7 +403,7 @@ impl Session {
         match self.lazy.attach(alloc_id, ranges, fds, self.peer.pid, cfg) {
             Ok(()) => {
                 if resumed {
-                    self.shared.pool.set_lazy_fallback(alloc_id, false);
+                    self.rooms.pool.set_lazy_fallback(alloc_id, false);
                     info!(
                         session = self.id,
                         alloc = alloc_id,
@@ -619,10 +431,10 @@ impl Session {
         if let Some(service) = self.lazy.take_service(alloc_id) {
             let _ = tokio::task::spawn_blocking(move || service.stop()).await;
         }
-        match self.shared.pool.release(alloc_id, self.id) {
+        match self.rooms.pool.release(alloc_id, self.id) {
             Ok(released) => {
-                Metrics::add(&self.shared.metrics.frees, 1);
-                self.shared.rebalance.alloc_released(alloc_id);
+                Metrics::add(&self.rooms.metrics.frees, 1);
+                self.rooms.rebalance.alloc_released(alloc_id);
                 self.after_release(vec![released]);
                 Outcome::reply(Reply::ok(ReplyBody::Empty))
             }
@@ -636,7 +448,7 @@ impl Session {
     /// Releases an allocation whose reply could not be delivered.
     pub fn release_undelivered(&mut self, alloc_id: AllocId) {
         self.lazy.stop(alloc_id);
-        if let Ok(r) = self.shared.pool.release(alloc_id, self.id) {
+        if let Ok(r) = self.rooms.pool.release(alloc_id, self.id) {
             warn!(
                 session = self.id,
                 alloc = alloc_id,
@@ -647,18 +459,18 @@ impl Session {
     }
 
     async fn lock(&mut self, alloc_id: AllocId, chunk: u64, lock: bool) -> Outcome {
-        let (regions, _) = match self.shared.pool.regions_of(alloc_id, self.id) {
+        let (regions, _) = match self.rooms.pool.regions_of(alloc_id, self.id) {
             Ok(r) => r,
             Err(e) => return Outcome::error(Status::NotFound, e.to_string()),
         };
-        let topology = Arc::clone(&self.shared.topology);
+        let topology = Arc::clone(&self.rooms.topology);
         let job = tokio::task::spawn_blocking(move || {
             let refs: Vec<&Region> = regions.iter().map(|r| &**r).collect();
             alloc::lock_regions(&topology, &refs, lock, chunk, None)
         });
         match job.await {
             Ok(Ok((bytes, micros))) => {
-                self.shared.pool.set_locked(alloc_id, lock);
+                self.rooms.pool.set_locked(alloc_id, lock);
                 info!(
                     session = self.id,
                     alloc = alloc_id,
@@ -675,8 +487,8 @@ impl Session {
     }
 
     async fn stats(&self) -> Outcome {
-        let mut stats = self.shared.stats();
-        super::rebalance::add_placement(&self.shared, &mut stats).await;
+        let mut stats = self.rooms.stats.stats();
+        super::rebalance::add_placement(&self.rooms.rebalance, &mut stats).await;
         // This connection's lazy allocations and their fault counters.
         stats.lazy = Some(self.lazy.stats());
         // A tenant that is not an operator sees aggregates and its own
@@ -685,8 +497,8 @@ impl Session {
         // quarantine, given_back, refill or rebalance). An allowlist: a
         // part added to `Stats` later stays at its default for tenants
         // until it is named here.
-        if !self.shared.rebalance.operators().contains(&self.peer.uid) && self.peer.uid != 0 {
-            let own = self.shared.pool.region_ids_of(self.id);
+        if !self.rooms.rebalance.operators().contains(&self.peer.uid) && self.peer.uid != 0 {
+            let own = self.rooms.pool.region_ids_of(self.id);
             stats = hugemem_client::stats::Stats {
                 version: stats.version,
                 pid: stats.pid,
@@ -734,7 +546,7 @@ impl Session {
         if released.is_empty() {
             return;
         }
-        settle_released(&self.shared, released);
+        settle_released(&self.rooms, released);
         self.watch_peer();
     }
 
@@ -749,16 +561,16 @@ impl Session {
         self.watching = true;
         match PidWatch::new(pid) {
             Ok(watch) => {
-                let shared = Arc::clone(&self.shared);
-                self.shared.lifecycle.tracker().spawn(async move {
+                let rooms = Arc::clone(&self.rooms);
+                self.rooms.lifecycle.tracker().spawn(async move {
                     tokio::select! {
                         r = watch.exited() => {
                             if r.is_ok() {
                                 debug!(pid = watch.pid(), "client process exited; re-checking quarantine");
-                                shared.quarantine_kick.notify_one();
+                                rooms.quarantine_kick.notify_one();
                             }
                         }
-                        () = shared.lifecycle.cancel().cancelled() => {}
+                        () = rooms.lifecycle.cancel().cancelled() => {}
                     }
                 });
             }
@@ -773,7 +585,7 @@ impl Session {
         // this returns): the VMM's fallback may serve faults once it sees the
         // close. Blocks for at most one page clear per fault-service thread.
         self.lazy.stop_all();
-        let released = self.shared.pool.release_session(self.id);
+        let released = self.rooms.pool.release_session(self.id);
         if !released.is_empty() {
             info!(
                 session = self.id,
@@ -782,8 +594,8 @@ impl Session {
             );
         }
         self.after_release(released);
-        self.shared.rebalance.client_ended(self.id);
-        self.shared
+        self.rooms.rebalance.client_ended(self.id);
+        self.rooms
             .metrics
             .sessions_active
             .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
@@ -795,12 +607,12 @@ impl Session {
 /// were locked are unlocked, regions given back to the kernel are dropped
 /// (unmapped), and the quarantine is woken. FREE, a closing session and the
 /// expiry of orphaned allocations all end this way.
-pub fn settle_released(shared: &Arc<Shared>, released: Vec<Released>) {
+pub fn settle_released(rooms: &Arc<Rooms>, released: Vec<Released>) {
     if released.is_empty() {
         return;
     }
-    let s = Arc::clone(shared);
-    shared.lifecycle.tracker().spawn_blocking(move || {
+    let s = Arc::clone(rooms);
+    rooms.lifecycle.tracker().spawn_blocking(move || {
         for r in released {
             if r.locked {
                 let refs: Vec<&Region> = r.quarantined.iter().map(|x| &**x).collect();

@@ -1,14 +1,46 @@
 //! The STATS document: the pool's table, the scrubbers' and the daemon's
 //! counters, as `hugemem status` and a client's STATS read them.
 
-use std::time::Duration;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use guest_mem::PageSize;
 
 use hugemem_client::stats::{Counters, ScrubNode, ScrubStats, Sessions, Stats, Totals};
 
-use super::context::Shared;
-use super::metrics::{self, Metrics};
+use super::metrics::{self, Metrics, ScrubCounters};
+use super::pool::Pool;
+use super::rebalance::Rebalancer;
+use super::refill::Refill;
 
-impl Shared {
+/// Where the STATS document's figures come from (and the Prometheus
+/// endpoint's, `crate::daemon::exporter`).
+#[derive(Debug)]
+pub struct StatsSource {
+    /// The pool's table.
+    pub pool: Arc<Pool>,
+    /// The counters.
+    pub metrics: Arc<Metrics>,
+    /// Every lazy fault service's counters.
+    pub fault_totals: Arc<crate::fault::FaultTotals>,
+    /// The scrubbers' counters, per node.
+    pub scrub: Vec<Arc<ScrubCounters>>,
+    /// When the daemon started.
+    pub started: Instant,
+    /// The socket clients connect to.
+    pub socket: PathBuf,
+    /// The hugetlbfs directory per page size.
+    pub hugetlbfs: Vec<(PageSize, PathBuf)>,
+    /// The refill's counters.
+    pub refill: Arc<Refill>,
+    /// `pool.refill`.
+    pub refill_enabled: bool,
+    /// The rebalancer's counters.
+    pub rebalance: Arc<Rebalancer>,
+}
+
+impl StatsSource {
     /// The STATS document (see `docs/protocol.md` and `hugemem status`),
     /// without the per-connection parts (`lazy`, placement), which the
     /// session adds.
@@ -68,7 +100,7 @@ impl Shared {
             regions: Some(pool.regions),
             regions_omitted: false,
             given_back: Some(pool.given_back),
-            refill: Some(self.refill.stats(self.cfg.pool.refill)),
+            refill: Some(self.refill.stats(self.refill_enabled)),
             rebalance: Some(self.rebalance.stats()),
             scrub: ScrubStats {
                 kernel: clearing::ClearKernel::default_kernel().name().into(),

@@ -23,6 +23,9 @@ use std::os::fd::{AsFd, OwnedFd};
 
 use serde::{Deserialize, Serialize};
 
+pub use super::encoding::{decode_pages, encode_pages, hex, unhex};
+pub use crate::daemon::lazy_allocs::LazyRecord;
+pub use crate::daemon::pool::{AllocRecord, RegionRecord, SavedLife};
 use crate::sys;
 
 /// `format` of a hugemem state document.
@@ -77,62 +80,6 @@ pub struct State {
     pub counters: BTreeMap<String, u64>,
 }
 
-/// One region.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct RegionRecord {
-    /// Region id.
-    pub id: u64,
-    /// Index of its fd in the fd list.
-    pub fd: usize,
-    /// Its name.
-    pub name: String,
-    /// Bytes.
-    pub len: u64,
-    /// Page size in bytes.
-    pub page_size: u64,
-    /// Node it is pooled by.
-    pub node: u32,
-    /// Bound to its node (else unbound).
-    pub bound: bool,
-    /// Its hugetlbfs path, for a path-backed region.
-    pub path: Option<String>,
-    /// `clean`, `dirty`, `quarantined` or `in_use`.
-    pub life: String,
-    /// The allocation, when in use.
-    pub alloc: Option<u64>,
-    /// Uid of the tenant that last held it.
-    pub tenant: Option<u32>,
-    /// Pages may be on several nodes.
-    pub split: bool,
-    /// Holes still to be faulted in ahead of the guest.
-    pub fill: bool,
-    /// One digit per page state ([`guest_mem::PageState`] discriminants).
-    pub pages: String,
-}
-
-/// One allocation.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct AllocRecord {
-    /// Allocation id.
-    pub id: u64,
-    /// The session that owns it; `None`: orphaned (waiting for its VMM to
-    /// re-attach).
-    pub session: Option<u64>,
-    /// Its regions, in reply order.
-    pub regions: Vec<u64>,
-    /// Locked.
-    pub locked: bool,
-    /// The uid it was handed to.
-    pub tenant: u32,
-    /// Its re-attach token, as hex (the state memfd is the daemon uid's
-    /// and sealed; it never reaches a tenant).
-    pub token: String,
-    /// Handed out lazily.
-    pub lazy: bool,
-    /// Its lazy regions are served by the VMM's fallback.
-    pub lazy_fallback: bool,
-}
-
 /// One live connection.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ConnectionRecord {
@@ -150,21 +97,6 @@ pub struct ConnectionRecord {
     pub partial_fds: Vec<usize>,
     /// Lazy allocations of this connection.
     pub lazy: Vec<LazyRecord>,
-}
-
-/// One lazy allocation of a connection.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct LazyRecord {
-    /// Allocation id.
-    pub alloc: u64,
-    /// The ALLOC reply's region table: `[region_id, guest_phys, size,
-    /// page_size, node, flags]` per region.
-    pub infos: Vec<[u64; 6]>,
-    /// The UFFD request's mappings, `[region_id, offset, vmm_addr, len]`,
-    /// when the VMM handed one over.
-    pub ranges: Vec<[u64; 4]>,
-    /// Index of the userfaultfd in the fd list.
-    pub uffd: Option<usize>,
 }
 
 /// Why a state document was refused.
@@ -297,53 +229,6 @@ impl State {
     }
 }
 
-/// Page states as one digit each.
-pub fn encode_pages(states: &[guest_mem::PageState]) -> String {
-    states.iter().map(|s| char::from(b'0' + *s as u8)).collect()
-}
-
-/// The inverse of [`encode_pages`].
-///
-/// # Errors
-///
-/// A character that is not a page state.
-pub fn decode_pages(text: &str) -> Result<Vec<guest_mem::PageState>, StateError> {
-    use guest_mem::PageState;
-    text.bytes()
-        .map(|b| {
-            PageState::ALL
-                .iter()
-                .copied()
-                .find(|s| *s as u8 + b'0' == b)
-                .ok_or_else(|| StateError::Malformed(format!("page state {:?}", char::from(b))))
-        })
-        .collect()
-}
-
-/// Bytes as lowercase hex.
-pub fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-/// The inverse of [`hex`].
-///
-/// # Errors
-///
-/// Odd length or a non-hex digit.
-pub fn unhex(text: &str) -> Result<Vec<u8>, StateError> {
-    if !text.len().is_multiple_of(2) {
-        return Err(StateError::Malformed("odd-length hex".into()));
-    }
-    (0..text.len())
-        .step_by(2)
-        .map(|i| {
-            text.get(i..i + 2)
-                .and_then(|d| u8::from_str_radix(d, 16).ok())
-                .ok_or_else(|| StateError::Malformed("bad hex".into()))
-        })
-        .collect()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -371,7 +256,7 @@ mod tests {
                 node: 0,
                 bound: true,
                 path: None,
-                life: "clean".into(),
+                life: SavedLife::Clean,
                 alloc: None,
                 tenant: None,
                 split: false,

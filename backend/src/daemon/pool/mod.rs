@@ -93,10 +93,10 @@ use std::collections::{BTreeMap, HashMap};
 
 mod files;
 mod given_back;
-mod handover;
 mod held;
 mod in_use;
 mod owners;
+mod persist;
 mod refault;
 mod release;
 mod scrubbing;
@@ -106,10 +106,12 @@ mod take;
 pub use stats::PoolPart;
 
 use files::reclaim_path;
-pub use handover::{Adopted, AllocSnapshot, Life, RegionSnapshot, Snapshot};
 pub use held::{Held, HeldRegion, Why};
 pub use in_use::InUseRegion;
 pub use owners::{AllocToken, TOKEN_SIZE};
+pub use persist::{
+    Adopted, AllocRecord, AllocSnapshot, Life, RegionRecord, RegionSnapshot, SavedLife, Snapshot,
+};
 pub use refault::FillWork;
 pub use scrubbing::Scrubbed;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -137,7 +137,7 @@ impl Pool {
     }
 
     /// The quarantined regions, for a holder scan and the proofs of
-    /// [`crate::daemon::reuse`].
+    /// [`crate::daemon::quarantine::reuse`].
     pub fn quarantined(&self) -> Vec<(RegionId, Owned, Arc<Region>)> {
         self.lock()
             .entries

@@ -13,4 +13,4 @@ pub mod holders;
 mod recheck;
 pub mod reuse;
 
-pub use recheck::{quarantine_loop, MAX_HOLDER_WATCHES};
+pub use recheck::{quarantine_loop, Recheck, MAX_HOLDER_WATCHES};

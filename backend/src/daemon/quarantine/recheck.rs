@@ -15,37 +15,52 @@
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
+use tokio::sync::Notify;
 use tracing::{debug, error};
 
 use super::{holders, reuse};
+use crate::daemon::lifecycle::Lifecycle;
 use crate::daemon::peer::PidWatch;
-use crate::daemon::Shared;
+use crate::daemon::pool::Pool;
 
 /// Most holder pids watched at once (a tenant that forks many holders gets
 /// the periodic scan for the rest).
 pub const MAX_HOLDER_WATCHES: usize = 256;
 
+/// What the quarantine loop uses.
+#[derive(Debug)]
+pub struct Recheck {
+    /// The pool whose quarantined regions it checks and which it trims.
+    pub pool: Arc<Pool>,
+    /// Rounds pause for a handover; holder watches end at shutdown.
+    pub lifecycle: Arc<Lifecycle>,
+    /// A FREE, a disconnect, a client's or a holder's exit.
+    pub quarantine_kick: Arc<Notify>,
+    /// `pool.recheck_ms`.
+    pub period: Duration,
+}
+
 /// Re-checks quarantined regions every `pool.recheck_ms`, on every kick (FREE,
 /// disconnect, client exit), and trims the pool.
-pub async fn quarantine_loop(shared: Arc<Shared>) {
-    let period = shared.cfg.recheck_period();
+pub async fn quarantine_loop(quarantine: Arc<Recheck>) {
+    let period = quarantine.period;
     let watched: Arc<Mutex<HashSet<i32>>> = Arc::default();
-    let kick = Some(&*shared.quarantine_kick);
-    let round = || recheck(Arc::clone(&shared), Arc::clone(&watched));
-    shared.lifecycle.periodic(period, kick, round).await;
+    let kick = Some(&*quarantine.quarantine_kick);
+    let round = || recheck(Arc::clone(&quarantine), Arc::clone(&watched));
+    quarantine.lifecycle.periodic(period, kick, round).await;
 }
 
 /// One round: scans the holders of quarantined regions, applies the
 /// verdicts, and trims the pool.
-async fn recheck(shared: Arc<Shared>, watched: Arc<Mutex<HashSet<i32>>>) -> bool {
-    let quarantined = shared.pool.quarantined();
+async fn recheck(quarantine: Arc<Recheck>, watched: Arc<Mutex<HashSet<i32>>>) -> bool {
+    let quarantined = quarantine.pool.quarantined();
     if !quarantined.is_empty() {
-        let detach = shared.pool.config().detach_pages;
-        let pool = Arc::clone(&shared.pool);
+        let detach = quarantine.pool.config().detach_pages;
+        let pool = Arc::clone(&quarantine.pool);
         let started = Instant::now();
-        let predecessor = shared.lifecycle.predecessor().get();
+        let predecessor = quarantine.lifecycle.predecessor().get();
         let scan = tokio::task::spawn_blocking(move || {
             let owned: Vec<_> = quarantined.iter().map(|(_, o, _)| o.clone()).collect();
             let holders = holders::scan(&owned, predecessor).holders;
@@ -69,9 +84,9 @@ async fn recheck(shared: Arc<Shared>, watched: Arc<Mutex<HashSet<i32>>>) -> bool
                     reuse::Verdict::Held(h) => Some(h.pid),
                     _ => None,
                 }) {
-                    watch_holder(&shared, &watched, pid);
+                    watch_holder(&quarantine, &watched, pid);
                 }
-                let (left, dropped) = shared.pool.apply_scan(verdicts);
+                let (left, dropped) = quarantine.pool.apply_scan(verdicts);
                 debug!(
                     left,
                     discarded = dropped.len(),
@@ -85,7 +100,7 @@ async fn recheck(shared: Arc<Shared>, watched: Arc<Mutex<HashSet<i32>>>) -> bool
             Err(e) => error!(error = %e, "holder scan failed"),
         }
     }
-    let trimmed = shared.pool.trim(Instant::now());
+    let trimmed = quarantine.pool.trim(Instant::now());
     if !trimmed.is_empty() {
         debug!(regions = trimmed.len(), "dropping trimmed regions");
         // munmap of large hugetlb mappings frees pages: off the executor.
@@ -96,7 +111,7 @@ async fn recheck(shared: Arc<Shared>, watched: Arc<Mutex<HashSet<i32>>>) -> bool
 
 /// Watches `pid`'s pidfd (once per pid) and kicks the quarantine when it
 /// exits.
-fn watch_holder(shared: &Arc<Shared>, watched: &Arc<Mutex<HashSet<i32>>>, pid: i32) {
+fn watch_holder(quarantine: &Arc<Recheck>, watched: &Arc<Mutex<HashSet<i32>>>, pid: i32) {
     if u32::try_from(pid).is_ok_and(|p| p == std::process::id()) {
         return;
     }
@@ -119,16 +134,16 @@ fn watch_holder(shared: &Arc<Shared>, watched: &Arc<Mutex<HashSet<i32>>>, pid: i
     };
     match PidWatch::new(pid) {
         Ok(watch) => {
-            let shared = Arc::clone(shared);
-            shared.lifecycle.tracker().clone().spawn(async move {
+            let quarantine = Arc::clone(quarantine);
+            quarantine.lifecycle.tracker().clone().spawn(async move {
                 tokio::select! {
                     r = watch.exited() => {
                         if r.is_ok() {
                             debug!(pid, "a holder of a quarantined region exited; re-checking quarantine");
-                            shared.quarantine_kick.notify_one();
+                            quarantine.quarantine_kick.notify_one();
                         }
                     }
-                    () = shared.lifecycle.cancel().cancelled() => {}
+                    () = quarantine.lifecycle.cancel().cancelled() => {}
                 }
                 forget();
             });
@@ -139,7 +154,7 @@ fn watch_holder(shared: &Arc<Shared>, watched: &Arc<Mutex<HashSet<i32>>>, pid: i
             // Gone already: scan again now. Any other error: the periodic
             // scan covers it.
             if e.raw_os_error() == Some(libc::ESRCH) {
-                shared.quarantine_kick.notify_one();
+                quarantine.quarantine_kick.notify_one();
             }
         }
     }

@@ -32,7 +32,7 @@ use std::os::fd::AsFd;
 use guest_mem::Region;
 
 use super::gate::ReserveGate;
-use super::holders::Holder;
+use super::holders::{self, Holder, Owned};
 
 /// What a quarantine check decided for one region.
 #[derive(Debug)]
@@ -121,6 +121,63 @@ pub fn check_released(region: &Region) -> Result<(), String> {
     crate::sys::populate_write(region.as_ptr(), len).map_err(|e| {
         format!("pages cannot be populated (a hole the host cannot fill, or a truncation): {e}")
     })
+}
+
+/// A pooled region a predecessor daemon handed over, to check before it is
+/// served as pooled (`crate::daemon::handover`).
+#[derive(Debug, Clone, Copy)]
+pub struct Inherited<'a> {
+    /// The region, adopted.
+    pub region: &'a Region,
+    /// Pooled clean with no holes left to refault: every page must be
+    /// present.
+    pub whole: bool,
+}
+
+/// The checks at FREE, for pooled regions a predecessor handed over: no
+/// other process holds them (one `/proc` scan, which skips `predecessor`
+/// while it runs: it holds every region until it exits), no reference the
+/// scan cannot see (the write lease), and a whole one has every page
+/// present. Per region, in order: `None` when it passed, else why it goes
+/// through quarantine first (where [`judge`] decides as for any release).
+pub fn judge_inherited(regions: &[Inherited<'_>], predecessor: Option<i32>) -> Vec<Option<String>> {
+    let owned: Vec<Option<Owned>> = regions
+        .iter()
+        .map(|i| {
+            let r = i.region;
+            Owned::region(
+                r.fd(),
+                r.as_ptr() as usize,
+                usize::try_from(r.len()).unwrap_or(usize::MAX),
+            )
+            .ok()
+        })
+        .collect();
+    let targets: Vec<Owned> = owned.iter().flatten().cloned().collect();
+    let mut found = holders::scan(&targets, predecessor).holders.into_iter();
+    regions
+        .iter()
+        .zip(&owned)
+        .map(|(i, owned)| {
+            if owned.is_none() {
+                return Some("cannot identify its file".to_string());
+            }
+            if let Some(h) = found.next().flatten() {
+                return Some(format!("held by pid {}", h.pid));
+            }
+            if let Err(w) = prove_unreachable(i.region) {
+                return Some(w);
+            }
+            if !i.whole {
+                return None;
+            }
+            match crate::sys::file_allocated_bytes(i.region.fd()) {
+                Ok(b) if b >= i.region.len() => None,
+                Ok(b) => Some(format!("{b} of {} bytes present", i.region.len())),
+                Err(e) => Some(format!("fstat: {e}")),
+            }
+        })
+        .collect()
 }
 
 /// Proves that no open file description of a released region's file exists

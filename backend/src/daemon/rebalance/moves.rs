@@ -13,37 +13,36 @@ use numa::NodeId;
 use tracing::{info, warn};
 
 use super::super::pool::{InUseRegion, RegionId, SessionId};
-use super::super::Shared;
 use crate::proto::messages::{Reply, ReplyBody};
 
-use super::*;
+use super::rebalancer::*;
 
 /// Looks the region up and applies the operator model and the checks that
 /// need no syscall: ownership, target node, range, not moving already.
 fn check(
-    shared: &Shared,
+    rb: &Rebalancer,
     req: MoveRequest,
     who: Initiator,
 ) -> Result<(InUseRegion, ByteRange), RebalanceError> {
-    let Some(region) = shared.pool.in_use(req.region_id) else {
+    let Some(region) = rb.pool.in_use(req.region_id) else {
         // A non-operator learns nothing about regions that are not its own:
         // a missing or pooled id reads exactly like another tenant's.
         if let Initiator::Client { uid, .. } = who {
-            if !shared.rebalance.operators().contains(&uid) {
+            if !rb.operators().contains(&uid) {
                 return Err(RebalanceError::NotYours {
                     region: req.region_id,
                     uid,
                 });
             }
         }
-        return Err(if shared.pool.contains(req.region_id) {
+        return Err(if rb.pool.contains(req.region_id) {
             RebalanceError::NotInUse(req.region_id)
         } else {
             RebalanceError::Unknown(req.region_id)
         });
     };
     if let Initiator::Client { session, uid } = who {
-        let access = authorize(region.session, session, uid, shared.rebalance.operators());
+        let access = authorize(region.session, session, uid, rb.operators());
         match access {
             Access::Denied => {
                 return Err(RebalanceError::NotYours {
@@ -61,7 +60,7 @@ fn check(
             Access::Owner => {}
         }
     }
-    migrate::validate_target(&shared.topology, req.node)?;
+    migrate::validate_target(&rb.topology, req.node)?;
     let len = region.region.len();
     let range = ByteRange::from_request(req.offset, req.len, len);
     migrate::validate_range(len, region.region.page_size(), range)?;
@@ -78,14 +77,14 @@ type MoveJob = tokio::task::JoinHandle<Result<MoveOutcome, RebalanceError>>;
 ///
 /// The refusals of [`check`] and [`RebalanceError::Busy`].
 fn start(
-    shared: &Arc<Shared>,
+    rb: &Arc<Rebalancer>,
     req: MoveRequest,
     who: Initiator,
 ) -> Result<(MoveJob, CancelToken), RebalanceError> {
-    let (target, range) = check(shared, req, who)?;
+    let (target, range) = check(rb, req, who)?;
     let cancel = CancelToken::new();
     {
-        let mut active = lock(&shared.rebalance.active);
+        let mut active = lock(&rb.active);
         if let Some(m) = active.get(&req.region_id) {
             return Err(RebalanceError::Busy {
                 region: req.region_id,
@@ -108,9 +107,9 @@ fn start(
     }
     // For the whole move the region counts as split: released now, it goes
     // back to the kernel rather than into a per-node pool (module docs).
-    if !shared.pool.mark_split(req.region_id, target.alloc) {
+    if !rb.pool.mark_split(req.region_id, target.alloc) {
         // Released between the lookup and the claim.
-        lock(&shared.rebalance.active).remove(&req.region_id);
+        lock(&rb.active).remove(&req.region_id);
         return Err(RebalanceError::NotInUse(req.region_id));
     }
     info!(
@@ -122,18 +121,18 @@ fn start(
         by = who.name(),
         "moving a region"
     );
-    let job_shared = Arc::clone(shared);
+    let job_rb = Arc::clone(rb);
     let job_cancel = cancel.clone();
-    let handle = shared
+    let handle = rb
         .lifecycle
         .tracker()
-        .spawn_blocking(move || run_move(&job_shared, &target, range, req.node, who, &job_cancel));
+        .spawn_blocking(move || run_move(&job_rb, &target, range, req.node, who, &job_cancel));
     Ok((handle, cancel))
 }
 
 /// The blocking part: move, look where the pages are, record it.
 fn run_move(
-    shared: &Shared,
+    rb: &Rebalancer,
     target: &InUseRegion,
     range: ByteRange,
     node: NodeId,
@@ -141,22 +140,14 @@ fn run_move(
     cancel: &CancelToken,
 ) -> Result<MoveOutcome, RebalanceError> {
     let opts = MoveOptions {
-        rate_limit_bytes_per_s: shared.rebalance.cfg.rate_limit_bytes_per_s(),
+        rate_limit_bytes_per_s: rb.cfg.rate_limit_bytes_per_s(),
         // A request moves what it can and says what did not move; the
         // policy moves a VM only when the target can take all of it.
         allow_partial: who != Initiator::Policy,
         ..MoveOptions::default()
     };
     let span = MoveSpan::of_region(&target.region);
-    let result = migrate::move_range(
-        &shared.topology,
-        &span,
-        range,
-        node,
-        &opts,
-        Some(cancel),
-        None,
-    );
+    let result = migrate::move_range(&rb.topology, &span, range, node, &opts, Some(cancel), None);
     let placement = match migrate::placement(&span) {
         Ok(p) => Some(p),
         Err(e) => {
@@ -171,8 +162,8 @@ fn run_move(
     let whole_on = placement
         .as_ref()
         .and_then(|p| whole_node(p, node, result.is_ok()));
-    record(shared, target, range, node, moved_any, whole_on);
-    let counters = &shared.rebalance.counters;
+    record(rb, target, range, node, moved_any, whole_on);
+    let counters = &rb.counters;
     let report = result.map_err(|source| {
         if let Some(r) = source.report() {
             counters
@@ -229,14 +220,14 @@ pub(super) fn whole_node(p: &Placement, target: NodeId, succeeded: bool) -> Opti
 /// region's node and pool key, the split flag, the range record, the
 /// owner's policy cool-down, and the end of the claim.
 pub(super) fn record(
-    shared: &Shared,
+    rb: &Rebalancer,
     target: &InUseRegion,
     range: ByteRange,
     node: NodeId,
     moved_any: bool,
     whole_on: Option<NodeId>,
 ) {
-    let rb = &shared.rebalance;
+    let rb = &rb;
     {
         let mut ranges = lock(&rb.ranges);
         match whole_on {
@@ -255,12 +246,12 @@ pub(super) fn record(
     // FREE it left the pool table already (it was marked split).
     match whole_on {
         Some(n) => {
-            if shared.pool.set_whole_node(target.id, target.alloc, n) {
+            if rb.pool.set_whole_node(target.id, target.alloc, n) {
                 info!(region = target.id, node = n, "region is whole on its node");
             }
         }
         None => {
-            if shared.pool.mark_split(target.id, target.alloc) {
+            if rb.pool.mark_split(target.id, target.alloc) {
                 info!(region = target.id, "region's pages are on several nodes");
             }
         }
@@ -277,38 +268,34 @@ pub(super) fn record(
 ///
 /// See [`RebalanceError`]; [`RebalanceError::status`] gives the reply status.
 pub async fn rebalance(
-    shared: &Arc<Shared>,
+    rb: &Arc<Rebalancer>,
     req: MoveRequest,
     who: Initiator,
 ) -> Result<MoveOutcome, RebalanceError> {
-    let (mut job, cancel) = match start(shared, req, who) {
+    let (mut job, cancel) = match start(rb, req, who) {
         Ok(x) => x,
         Err(e) => {
-            shared
-                .rebalance
-                .counters
-                .moves_refused
-                .fetch_add(1, Ordering::Relaxed);
+            rb.counters.moves_refused.fetch_add(1, Ordering::Relaxed);
             return Err(e);
         }
     };
     let joined = tokio::select! {
         r = &mut job => r,
-        () = shared.lifecycle.cancel().cancelled() => {
+        () = rb.lifecycle.cancel().cancelled() => {
             cancel.cancel();
             job.await
         }
     };
     joined.map_err(|e| {
         // The move panicked: drop the claim so the region is not stuck.
-        lock(&shared.rebalance.active).remove(&req.region_id);
+        lock(&rb.active).remove(&req.region_id);
         RebalanceError::Join(e.to_string())
     })?
 }
 
 /// Serves REBALANCE for a session: the reply to send.
-pub async fn serve(shared: &Arc<Shared>, session: SessionId, uid: u32, req: MoveRequest) -> Reply {
-    match rebalance(shared, req, Initiator::Client { session, uid }).await {
+pub async fn serve(rb: &Arc<Rebalancer>, session: SessionId, uid: u32, req: MoveRequest) -> Reply {
+    match rebalance(rb, req, Initiator::Client { session, uid }).await {
         Ok(out) => {
             let r = &out.report;
             info!(
@@ -342,10 +329,10 @@ pub async fn serve(shared: &Arc<Shared>, session: SessionId, uid: u32, req: Move
 /// region), `placement` (pages per node), `not_present`, `unlocated`,
 /// `split`, `moving` and `rebalanced` (ranges asked for, while split). The
 /// queries run on a blocking thread (one address per page).
-pub async fn add_placement(shared: &Arc<Shared>, stats: &mut Stats) {
-    let regions = shared.pool.in_use_regions();
+pub async fn add_placement(rb: &Arc<Rebalancer>, stats: &mut Stats) {
+    let regions = rb.pool.in_use_regions();
     let ids: HashSet<RegionId> = regions.iter().map(|r| r.id).collect();
-    shared.rebalance.forget_except(&ids);
+    rb.forget_except(&ids);
     if regions.is_empty() {
         return;
     }
@@ -378,7 +365,7 @@ pub async fn add_placement(shared: &Arc<Shared>, stats: &mut Stats) {
         entry.size = Some(r.region.len());
         entry.bound_node = Some(r.region.node());
         entry.split = Some(r.split);
-        entry.moving = Some(shared.rebalance.is_moving(entry.id));
+        entry.moving = Some(rb.is_moving(entry.id));
         match p {
             Ok(p) => {
                 entry.placement = Some(Some(node_map(&p.per_node)));
@@ -391,9 +378,7 @@ pub async fn add_placement(shared: &Arc<Shared>, stats: &mut Stats) {
             }
         }
         entry.rebalanced = Some(
-            shared
-                .rebalance
-                .ranges_of(entry.id)
+            rb.ranges_of(entry.id)
                 .into_iter()
                 .map(|(s, e, n)| MovedRange {
                     offset: s,

@@ -11,9 +11,9 @@ use numa::NodeId;
 use tracing::{debug, info, warn};
 
 use super::super::pool::{InUseRegion, SessionId};
-use super::super::Shared;
 
-use super::*;
+use super::moves::rebalance;
+use super::rebalancer::*;
 
 /// What the policy makes of one client in one sample.
 #[derive(Debug, Clone, PartialEq)]
@@ -152,36 +152,36 @@ pub(super) fn sample_clients(
 
 /// The policy loop (see the module docs); returns at once when the policy
 /// is off, and at shutdown.
-pub async fn policy_loop(shared: Arc<Shared>) {
-    if !shared.rebalance.cfg.policy {
+pub async fn policy_loop(rb: Arc<Rebalancer>) {
+    if !rb.cfg.policy {
         return;
     }
-    let period = Duration::from_millis(shared.rebalance.cfg.interval_ms);
-    let cpus = Arc::new(CpuNodes::new(&shared.topology));
+    let period = Duration::from_millis(rb.cfg.interval_ms);
+    let cpus = Arc::new(CpuNodes::new(&rb.topology));
     info!(
-        interval_ms = shared.rebalance.cfg.interval_ms,
-        threshold_pct = shared.rebalance.cfg.threshold_pct,
-        persist = shared.rebalance.cfg.persist,
-        cooldown = shared.rebalance.cfg.cooldown,
+        interval_ms = rb.cfg.interval_ms,
+        threshold_pct = rb.cfg.threshold_pct,
+        persist = rb.cfg.persist,
+        cooldown = rb.cfg.cooldown,
         "vCPU-affinity policy on"
     );
     let round = || {
-        let (shared, cpus) = (Arc::clone(&shared), Arc::clone(&cpus));
+        let (rb, cpus) = (Arc::clone(&rb), Arc::clone(&cpus));
         async move {
-            policy_tick(&shared, &cpus).await;
+            policy_tick(&rb, &cpus).await;
             true
         }
     };
-    shared.lifecycle.periodic(period, None, round).await;
+    rb.lifecycle.periodic(period, None, round).await;
 }
 
-async fn policy_tick(shared: &Arc<Shared>, cpus: &Arc<CpuNodes>) {
-    let regions = shared.pool.in_use_regions();
+async fn policy_tick(rb: &Arc<Rebalancer>, cpus: &Arc<CpuNodes>) {
+    let regions = rb.pool.in_use_regions();
     let mut by_session: BTreeMap<SessionId, Vec<InUseRegion>> = BTreeMap::new();
     for r in regions {
         by_session.entry(r.session).or_default().push(r);
     }
-    let clients: Vec<(SessionId, i32)> = lock(&shared.rebalance.clients)
+    let clients: Vec<(SessionId, i32)> = lock(&rb.clients)
         .iter()
         .filter(|(s, _)| by_session.contains_key(s))
         .filter_map(|(s, p)| p.pid.map(|pid| (*s, pid)))
@@ -203,7 +203,7 @@ async fn policy_tick(shared: &Arc<Shared>, cpus: &Arc<CpuNodes>) {
     };
     let mut moves: Vec<(SessionId, NodeId)> = Vec::new();
     {
-        let mut policies = lock(&shared.rebalance.clients);
+        let mut policies = lock(&rb.clients);
         for (session, result) in samples {
             let Some(p) = policies.get_mut(&session) else {
                 continue;
@@ -222,7 +222,7 @@ async fn policy_tick(shared: &Arc<Shared>, cpus: &Arc<CpuNodes>) {
                         .map(|r| RegionView {
                             node: r.node,
                             split: r.split,
-                            moving: shared.rebalance.is_moving(r.id),
+                            moving: rb.is_moving(r.id),
                         })
                         .collect();
                     p.watched_pids = watched;
@@ -250,11 +250,7 @@ async fn policy_tick(shared: &Arc<Shared>, cpus: &Arc<CpuNodes>) {
         }
     }
     for (session, to) in moves {
-        shared
-            .rebalance
-            .counters
-            .policy_moves
-            .fetch_add(1, Ordering::Relaxed);
+        rb.counters.policy_moves.fetch_add(1, Ordering::Relaxed);
         for r in by_session.get(&session).into_iter().flatten() {
             let req = MoveRequest {
                 region_id: r.id,
@@ -262,9 +258,9 @@ async fn policy_tick(shared: &Arc<Shared>, cpus: &Arc<CpuNodes>) {
                 len: 0,
                 node: to,
             };
-            let shared = Arc::clone(shared);
-            shared.lifecycle.tracker().clone().spawn(async move {
-                match rebalance(&shared, req, Initiator::Policy).await {
+            let rb = Arc::clone(rb);
+            rb.lifecycle.tracker().clone().spawn(async move {
+                match rebalance(&rb, req, Initiator::Policy).await {
                     Ok(out) => info!(region = req.region_id, to, report = %out.report, "policy move done"),
                     Err(e) => warn!(region = req.region_id, to, error = %crate::diag::chain(&e), "policy move failed"),
                 }

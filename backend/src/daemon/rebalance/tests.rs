@@ -2,15 +2,25 @@
 
 use std::path::Path;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use migrate::CpuNodes;
 
-use super::super::pool::InUseRegion;
-use super::super::Shared;
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+
+use clearing::CancelToken;
+use migrate::{ByteRange, Decision, Placement, PlanError, PolicyConfig, Sample, Watcher};
+use numa::NodeId;
+
+use super::super::config::RebalanceConfig;
+use super::super::pool::{InUseRegion, RegionId};
+use super::super::session::Rooms;
+use super::guest_check;
 use super::moves::*;
 use super::policy::*;
-use super::*;
+use super::rebalancer::*;
+use crate::proto::Status;
 
 #[test]
 fn operator_model() {
@@ -260,7 +270,7 @@ fn daemon_with_region(
 }
 
 /// What `start` does before the move thread runs: claim and mark split.
-fn pretend_moving(shared: &Shared, id: RegionId) -> (InUseRegion, CancelToken) {
+fn pretend_moving(shared: &Rooms, id: RegionId) -> (InUseRegion, CancelToken) {
     let r = shared.pool.in_use(id).expect("in use");
     let cancel = CancelToken::new();
     lock(&shared.rebalance.active).insert(
@@ -308,7 +318,7 @@ fn a_4k_region_rebalances_in_place() {
 fn free_or_disconnect_during_a_move_cancels_it_and_the_region_is_not_pooled() {
     let dir = tempfile::tempdir().expect("tempdir");
     let (handle, mut client, alloc) = daemon_with_region(dir.path());
-    let shared = Arc::clone(&handle.shared);
+    let shared = Arc::clone(&handle.rooms);
     let id = alloc.regions[0].region_id;
     let (r, cancel) = pretend_moving(&shared, id);
 
@@ -343,7 +353,7 @@ fn free_or_disconnect_during_a_move_cancels_it_and_the_region_is_not_pooled() {
     );
     // The move thread's bookkeeping afterwards changes nothing in the pool.
     record(
-        &shared,
+        &shared.rebalance,
         &r,
         ByteRange::whole(r.region.len()),
         0,

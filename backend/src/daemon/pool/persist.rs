@@ -1,17 +1,21 @@
-//! The pool's side of a handover to a successor daemon (issue 20,
-//! `super::super::handover`): a snapshot of every region and allocation
-//! for the state document, and the successor's import of the regions it
-//! adopted and verified.
+//! The pool's persistence: a snapshot of every region and allocation,
+//! their records in the state document a handover or systemd's fd store
+//! keeps (`crate::daemon::handover`), and the successor's adoption and
+//! import of what it verified.
 
 use std::collections::HashSet;
+use std::os::fd::OwnedFd;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
 
-use guest_mem::Region;
+use guest_mem::{AdoptSpec, PageSize, Region};
+use numa::Topology;
+use serde::{Deserialize, Serialize};
 use tracing::warn;
 
 use super::{AllocId, Allocation, Entry, EntryState, Pool, PoolKey, RegionId, SessionId};
+use crate::daemon::handover::encoding::{decode_pages, encode_pages, hex, unhex};
 use crate::daemon::metrics::Metrics;
 use crate::daemon::quarantine::holders::Owned;
 
@@ -318,5 +322,192 @@ impl Pool {
         for e in self.lock().entries.values() {
             e.region.keep_file_undo();
         }
+    }
+}
+
+/// A region's life as the state document says it (version 1's strings:
+/// `"clean"`, `"dirty"`, `"quarantined"`, `"in_use"`; an in-use region's
+/// allocation is [`RegionRecord::alloc`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SavedLife {
+    /// Clean, pooled.
+    Clean,
+    /// Pooled, pages to scrub.
+    Dirty,
+    /// Released, not yet proved free of holders.
+    Quarantined,
+    /// Handed to a client.
+    InUse,
+}
+
+/// One region in the state document.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct RegionRecord {
+    /// Region id.
+    pub id: u64,
+    /// Index of its fd in the fd list.
+    pub fd: usize,
+    /// Its name.
+    pub name: String,
+    /// Bytes.
+    pub len: u64,
+    /// Page size in bytes.
+    pub page_size: u64,
+    /// Node it is pooled by.
+    pub node: u32,
+    /// Bound to its node (else unbound).
+    pub bound: bool,
+    /// Its hugetlbfs path, for a path-backed region.
+    pub path: Option<String>,
+    /// Where it is in its life.
+    pub life: SavedLife,
+    /// The allocation, when in use.
+    pub alloc: Option<u64>,
+    /// Uid of the tenant that last held it.
+    pub tenant: Option<u32>,
+    /// Pages may be on several nodes.
+    pub split: bool,
+    /// Holes still to be faulted in ahead of the guest.
+    pub fill: bool,
+    /// One digit per page state ([`guest_mem::PageState`] discriminants).
+    pub pages: String,
+}
+
+/// One allocation in the state document.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct AllocRecord {
+    /// Allocation id.
+    pub id: u64,
+    /// The session that owns it; `None`: orphaned (waiting for its VMM to
+    /// re-attach).
+    pub session: Option<u64>,
+    /// Its regions, in reply order.
+    pub regions: Vec<u64>,
+    /// Locked.
+    pub locked: bool,
+    /// The uid it was handed to.
+    pub tenant: u32,
+    /// Its re-attach token, as hex (the state memfd is the daemon uid's
+    /// and sealed; it never reaches a tenant).
+    pub token: String,
+    /// Handed out lazily.
+    pub lazy: bool,
+    /// Its lazy regions are served by the VMM's fallback.
+    pub lazy_fallback: bool,
+}
+
+impl RegionSnapshot {
+    /// Its record in the state document; its fd is `fd` in the fd list.
+    pub fn save(&self, fd: usize) -> RegionRecord {
+        let (life, alloc) = match self.life {
+            Life::Clean => (SavedLife::Clean, None),
+            Life::Dirty => (SavedLife::Dirty, None),
+            Life::Quarantined => (SavedLife::Quarantined, None),
+            Life::InUse(a) => (SavedLife::InUse, Some(a)),
+        };
+        RegionRecord {
+            id: self.id,
+            fd,
+            name: self.region.name().to_string(),
+            len: self.region.len(),
+            page_size: self.region.page_size().bytes(),
+            node: self.key.node,
+            bound: self.region.node().is_some(),
+            path: self.region.path().map(|p| p.display().to_string()),
+            life,
+            alloc,
+            tenant: self.tenant,
+            split: self.split,
+            fill: self.fill,
+            pages: encode_pages(&self.region.states().snapshot()),
+        }
+    }
+}
+
+impl RegionRecord {
+    /// Adopts the region this record describes from its fd
+    /// (`guest_mem::Region::adopt`: size, page size, seals, page states),
+    /// on a node of `topology`.
+    ///
+    /// # Errors
+    ///
+    /// A malformed record or a region that fails its checks (it then goes
+    /// back to the kernel).
+    pub fn adopt(&self, fd: OwnedFd, topology: &Topology) -> Result<Adopted, String> {
+        let life = match (self.life, self.alloc) {
+            (SavedLife::Clean, _) => Life::Clean,
+            (SavedLife::Dirty, _) => Life::Dirty,
+            (SavedLife::Quarantined, _) => Life::Quarantined,
+            (SavedLife::InUse, Some(a)) => Life::InUse(a),
+            (SavedLife::InUse, None) => return Err("in use by no allocation".into()),
+        };
+        let page_size = PageSize::from_bytes(self.page_size)
+            .ok_or_else(|| format!("page size {}", self.page_size))?;
+        let states = decode_pages(&self.pages)?;
+        if topology.nodes().iter().all(|n| n.id != self.node) {
+            return Err(format!("node {} is not on this host", self.node));
+        }
+        let spec = AdoptSpec {
+            name: self.name.clone(),
+            len: self.len,
+            page_size,
+            node: self.bound.then_some(self.node),
+            path: self.path.as_ref().map(std::path::PathBuf::from),
+            states,
+        };
+        let region = Region::adopt(fd, spec).map_err(|e| e.to_string())?;
+        Ok(Adopted {
+            id: self.id,
+            region,
+            key: PoolKey {
+                node: self.node,
+                page_size,
+                paths: self.path.is_some(),
+            },
+            life,
+            tenant: self.tenant,
+            split: self.split,
+            fill: self.fill,
+        })
+    }
+}
+
+impl AllocSnapshot {
+    /// Its record in the state document. `orphaned`: no connection
+    /// survives (systemd's fd store), so the allocation waits for its VMM
+    /// to re-attach, and a lazy one's faults go to its VMM's fallback
+    /// meanwhile.
+    pub fn save(&self, orphaned: bool) -> AllocRecord {
+        AllocRecord {
+            id: self.id,
+            session: self.session.filter(|_| !orphaned),
+            regions: self.regions.clone(),
+            locked: self.locked,
+            tenant: self.tenant,
+            token: hex(&self.token),
+            lazy: self.lazy,
+            lazy_fallback: self.lazy_fallback || (orphaned && self.lazy),
+        }
+    }
+}
+
+impl AllocRecord {
+    /// The allocation this record describes; `None` when its token is
+    /// malformed (it is then not tracked).
+    pub fn restore(self) -> Option<AllocSnapshot> {
+        let token = unhex(&self.token)
+            .ok()
+            .and_then(|t| <[u8; 16]>::try_from(t).ok())?;
+        Some(AllocSnapshot {
+            id: self.id,
+            session: self.session,
+            regions: self.regions,
+            locked: self.locked,
+            tenant: self.tenant,
+            token,
+            lazy: self.lazy,
+            lazy_fallback: self.lazy_fallback,
+        })
     }
 }

@@ -1,13 +1,15 @@
-//! The ALLOC path: validate a request into per-node parts ([`plan`]), have
-//! the pool take one region per part ([`Pool::take`](super::pool::Pool::take),
-//! **the one place that decides which region serves a request**, by the rule
-//! of `super::pool::take`), then hand path-backed files to the client and
-//! lock the memory if asked ([`obtain_all`]).
+//! Planning and obtaining an ALLOC: validate a request into per-node
+//! parts ([`plan`]), have the pool take one region per part
+//! ([`Pool::take`](crate::daemon::pool::Pool::take), **the one place that
+//! decides which region serves a request**, by the rule of
+//! `crate::daemon::pool::take`), then lock the memory if asked
+//! ([`obtain_all`]).
 //!
 //! [`obtain_all`] blocks (clearing, populating, `/proc` scans, `mmap`,
-//! locking): the session calls it through `spawn_blocking`, whose thread
-//! only waits for the pinned workers of [`clearing::run_jobs`]. A cancel
-//! token stops a long prepare at daemon shutdown.
+//! locking): [`crate::daemon::alloc::serve()`] calls it through
+//! `spawn_blocking`, whose thread only waits for the pinned workers of
+//! [`clearing::run_jobs`]. A cancel token stops a long prepare at daemon
+//! shutdown.
 
 use std::io;
 use std::time::Instant;
@@ -16,12 +18,12 @@ use clearing::{CancelToken, RunOptions};
 use guest_mem::{LockOptions, LockRange, PagePolicy as RegionPolicy, PageSize, Region};
 use numa::{NodeId, Topology};
 
-use super::Shared;
+use super::room::Alloc;
 use crate::diag::chain;
 use crate::proto::messages::{AllocRequest, ClearMode, PagePolicy};
 use crate::proto::{Status, ANY_NODE};
 
-pub use super::pool::{shortage_note, Missing, Obtained, Part, Refusal, Source};
+use crate::daemon::pool::{Obtained, Part, Refusal};
 
 /// Checks a request against the host and the limits; nothing is allocated.
 ///
@@ -30,13 +32,13 @@ pub use super::pool::{shortage_note, Missing, Obtained, Part, Refusal, Source};
 /// `BadNode` for nodes that do not exist or have
 /// no memory, `Invalid` for sizes that do not fit the page size, `NoMemory`
 /// above the per-allocation limit.
-pub fn plan(shared: &Shared, req: &AllocRequest) -> Result<Vec<Part>, Refusal> {
-    if req.total_size > shared.max_alloc {
+pub fn plan(room: &Alloc, req: &AllocRequest) -> Result<Vec<Part>, Refusal> {
+    if req.total_size > room.max_alloc {
         return Err((
             Status::NoMemory,
             format!(
                 "{} bytes asked, at most {} per allocation on this host",
-                req.total_size, shared.max_alloc
+                req.total_size, room.max_alloc
             ),
         ));
     }
@@ -60,7 +62,7 @@ pub fn plan(shared: &Shared, req: &AllocRequest) -> Result<Vec<Part>, Refusal> {
     } else {
         req.parts.iter().map(|p| (p.node, p.size)).collect()
     };
-    let available: Vec<NodeId> = shared
+    let available: Vec<NodeId> = room
         .topology
         .nodes()
         .iter()
@@ -93,7 +95,7 @@ pub fn plan(shared: &Shared, req: &AllocRequest) -> Result<Vec<Part>, Refusal> {
             let mounted: Vec<PageSize> = candidates
                 .iter()
                 .copied()
-                .filter(|p| shared.hugetlbfs_dir(*p).is_some())
+                .filter(|p| room.hugetlbfs_dir(*p).is_some())
                 .collect();
             if mounted.is_empty() {
                 let names: Vec<String> = candidates.iter().map(ToString::to_string).collect();
@@ -113,7 +115,7 @@ pub fn plan(shared: &Shared, req: &AllocRequest) -> Result<Vec<Part>, Refusal> {
         let node = if node == ANY_NODE {
             None
         } else {
-            match shared.topology.nodes().iter().find(|n| n.id == node) {
+            match room.topology.nodes().iter().find(|n| n.id == node) {
                 None => {
                     return Err((Status::BadNode, format!("part {i}: NUMA node {node} does not exist (this host has nodes {available:?})")))
                 }
@@ -137,7 +139,7 @@ pub fn plan(shared: &Shared, req: &AllocRequest) -> Result<Vec<Part>, Refusal> {
 }
 
 /// Obtains every part (blocking): the pool takes a region for each
-/// ([`Pool::take`](super::pool::Pool::take)), waiting at most until
+/// ([`Pool::take`](crate::daemon::pool::Pool::take)), waiting at most until
 /// `deadline`; path-backed files are handed to `owner`, and the memory is
 /// locked when `lock`. On error every region taken so far goes back to the
 /// pool; on success all are `Reserved` for the caller to commit.
@@ -146,14 +148,14 @@ pub fn plan(shared: &Shared, req: &AllocRequest) -> Result<Vec<Part>, Refusal> {
 ///
 /// The first part's refusal.
 pub fn obtain_all(
-    shared: &Shared,
+    room: &Alloc,
     parts: &[Part],
     lock: bool,
     owner: (u32, u32),
     deadline: Instant,
     cancel: &CancelToken,
 ) -> Result<Vec<Obtained>, Refusal> {
-    let taken = shared.pool.take(parts, deadline, cancel)?;
+    let taken = room.pool.take(parts, deadline, cancel)?;
     let ids = |taken: &[Obtained]| taken.iter().map(|o| o.taken.id).collect::<Vec<_>>();
     // Path-backed files belong to the client while it uses them, so that a
     // VMM running as an allowed non-root uid can open them; the pool takes
@@ -162,7 +164,7 @@ pub fn obtain_all(
         let t = &o.taken;
         if t.region.path().is_some() {
             if let Err(e) = std::os::unix::fs::fchown(t.region.fd(), Some(owner.0), Some(owner.1)) {
-                shared.pool.put_back(&ids(&taken));
+                room.pool.put_back(&ids(&taken));
                 return Err((
                     Status::Internal,
                     format!("cannot hand region {} to uid {}: {e}", t.id, owner.0),
@@ -172,10 +174,10 @@ pub fn obtain_all(
     }
     if lock {
         let regions: Vec<&Region> = taken.iter().map(|o| &*o.taken.region).collect();
-        if let Err(e) = lock_regions(&shared.topology, &regions, true, 0, Some(cancel)) {
+        if let Err(e) = lock_regions(&room.topology, &regions, true, 0, Some(cancel)) {
             // Undo what was locked; unlocking memory that is not locked is fine.
-            let _ = lock_regions(&shared.topology, &regions, false, 0, None);
-            shared.pool.put_back(&ids(&taken));
+            let _ = lock_regions(&room.topology, &regions, false, 0, None);
+            room.pool.put_back(&ids(&taken));
             return Err(e);
         }
     }

@@ -1,0 +1,174 @@
+//! The successor's import (see [`crate::daemon::handover`]): every region
+//! of the document adopted and checked, the pooled ones as at FREE, then
+//! entered into the pool; every connection resumed by the server.
+
+use std::os::fd::OwnedFd;
+use std::sync::Arc;
+use std::time::Instant;
+
+use tracing::{info, warn};
+
+use super::receive::Inherited;
+use super::state::{self, ConnectionRecord};
+use crate::daemon::lazy_allocs::Suspended;
+use crate::daemon::peer::PidWatch;
+use crate::daemon::pool::{Adopted, AllocSnapshot, Life, Pool};
+use crate::daemon::quarantine::holders::Predecessor;
+use crate::daemon::quarantine::reuse;
+use crate::daemon::server::{self, Server};
+
+/// Adopts every region of the document, checks the pooled ones as at FREE
+/// ([`reuse::judge_inherited`]), and enters what passed into `pool` with
+/// the document's allocations. The predecessor (unless it is this very
+/// process: a test) is recorded in `predecessor`, so holder scans skip it
+/// while it runs.
+pub fn adopt_into(
+    topology: &numa::Topology,
+    pool: &Pool,
+    predecessor: &Predecessor,
+    inh: &mut Inherited,
+) {
+    let started = Instant::now();
+    let own = i32::try_from(std::process::id()).ok();
+    inh.predecessor = inh.predecessor.filter(|p| Some(*p) != own);
+    predecessor.set(inh.predecessor);
+    let (mut adopted, refused) = adopt_regions(topology, inh);
+    // A document written while its daemon served may be older than the
+    // last hand-out: none of its pooled regions is trusted clean.
+    if !inh.state.last {
+        for a in &mut adopted {
+            if matches!(a.life, Life::Clean | Life::Dirty) {
+                a.life = Life::Quarantined;
+            }
+        }
+    }
+    let quarantined = check_pooled(&mut adopted, inh.predecessor);
+    let allocs: Vec<AllocSnapshot> = std::mem::take(&mut inh.state.allocations)
+        .into_iter()
+        .filter_map(|a| {
+            let id = a.id;
+            let restored = a.restore();
+            if restored.is_none() {
+                warn!(
+                    alloc = id,
+                    "an inherited allocation's token is malformed; not tracked"
+                );
+            }
+            restored
+        })
+        .collect();
+    let regions = adopted.len();
+    let kept = pool.import(adopted, allocs, inh.state.next_region, inh.state.next_alloc);
+    info!(
+        regions,
+        refused,
+        quarantined,
+        allocations = kept,
+        ms = started.elapsed().as_secs_f64() * 1e3,
+        "takeover: regions adopted and checked"
+    );
+}
+
+/// Every region record adopted ([`state::RegionRecord::adopt`]); the count
+/// of those that went back to the kernel.
+fn adopt_regions(topology: &numa::Topology, inh: &mut Inherited) -> (Vec<Adopted>, u64) {
+    let mut adopted = Vec::new();
+    let mut refused = 0u64;
+    for r in std::mem::take(&mut inh.state.regions) {
+        let Some(fd) = inh.take(r.fd) else { continue };
+        match r.adopt(fd, topology) {
+            Ok(a) => adopted.push(a),
+            Err(why) => {
+                warn!(region = r.id, reason = %why, "an inherited region failed its checks; back to the kernel");
+                refused += 1;
+            }
+        }
+    }
+    (adopted, refused)
+}
+
+/// The pooled regions' checks; one that fails goes through quarantine.
+/// Returns how many did.
+fn check_pooled(adopted: &mut [Adopted], predecessor: Option<i32>) -> u64 {
+    let pooled: Vec<usize> = adopted
+        .iter()
+        .enumerate()
+        .filter(|(_, a)| matches!(a.life, Life::Clean | Life::Dirty))
+        .map(|(i, _)| i)
+        .collect();
+    let checks: Vec<reuse::Inherited<'_>> = pooled
+        .iter()
+        .map(|&i| reuse::Inherited {
+            region: &adopted[i].region,
+            whole: adopted[i].life == Life::Clean && !adopted[i].fill,
+        })
+        .collect();
+    let verdicts = reuse::judge_inherited(&checks, predecessor);
+    let mut quarantined = 0u64;
+    for (&i, why) in pooled.iter().zip(verdicts) {
+        if let Some(why) = why {
+            let a = &mut adopted[i];
+            warn!(region = a.id, reason = %why, "an inherited pooled region goes through quarantine");
+            a.life = Life::Quarantined;
+            quarantined += 1;
+        }
+    }
+    quarantined
+}
+
+/// Starts a handler for every inherited connection (with its half-read
+/// frame and its lazy allocations' fault services), and watches the
+/// predecessor's exit.
+pub fn resume_connections(server: &Arc<Server>, inh: &mut Inherited, conns: Vec<ConnectionRecord>) {
+    for c in conns {
+        let Some(fd) = inh.take(c.fd) else { continue };
+        let stream = std::os::unix::net::UnixStream::from(fd);
+        let partial_fds: Vec<OwnedFd> = c.partial_fds.iter().filter_map(|i| inh.take(*i)).collect();
+        let reader = match state::unhex(&c.partial)
+            .map_err(|e| e.to_string())
+            .and_then(|b| {
+                crate::proto::FrameReader::resume(&b, partial_fds).map_err(|e| e.to_string())
+            }) {
+            Ok(r) => r,
+            Err(e) => {
+                warn!(session = c.session, error = %e, "an inherited connection's half-read frame is malformed; closing it");
+                continue;
+            }
+        };
+        let lazy: Vec<Suspended> = c
+            .lazy
+            .into_iter()
+            .map(|l| l.restore(&mut inh.fds))
+            .collect();
+        let conn = server::Inherited {
+            session: c.session,
+            handshaken: c.handshaken,
+            features: c.features,
+            reader,
+            lazy,
+        };
+        if let Err(e) = server::adopt_connection(server, stream, conn) {
+            warn!(session = c.session, error = %e, "cannot take an inherited connection over; its allocations stay until its VMM exits");
+        }
+    }
+    watch_predecessor(server, inh.predecessor);
+}
+
+/// The predecessor holds every region until it exits; scans skip it until
+/// then, and look again at once when it is gone.
+fn watch_predecessor(server: &Server, predecessor: Option<i32>) {
+    let Some(pid) = predecessor else { return };
+    let lifecycle = Arc::clone(&server.lifecycle);
+    match PidWatch::new(pid) {
+        Ok(watch) => {
+            let kick = Arc::clone(&server.rooms.quarantine_kick);
+            lifecycle.tracker().clone().spawn(async move {
+                let _ = watch.exited().await;
+                lifecycle.predecessor().set(None);
+                info!(pid, "the predecessor daemon exited");
+                kick.notify_one();
+            });
+        }
+        Err(_) => lifecycle.predecessor().set(None),
+    }
+}

@@ -1,0 +1,126 @@
+//! The running daemon's side of a takeover: the control socket, the
+//! freeze, and sending the state document and its fds (see
+//! [`crate::daemon::handover`]).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tracing::{error, info, warn};
+
+use super::channel;
+use super::document::{build, Target};
+use super::parts::Parts;
+use crate::daemon::fdstore::FdStore;
+use crate::daemon::peer::PeerCred;
+
+/// Serves the control socket: one takeover at a time, from the daemon's
+/// own uid only.
+pub async fn control_loop(
+    parts: Arc<Parts>,
+    store: Arc<FdStore>,
+    listener: tokio::net::UnixListener,
+) {
+    loop {
+        let stream = tokio::select! {
+            () = parts.lifecycle.cancel().cancelled() => break,
+            r = listener.accept() => match r {
+                Ok((s, _)) => s,
+                Err(e) => {
+                    warn!(error = %e, "control socket accept failed");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
+        };
+        let peer = match PeerCred::of(&stream) {
+            Ok(p) => p,
+            Err(_) => continue,
+        };
+        if peer.uid != crate::sys::euid() {
+            warn!(uid = peer.uid, pid = ?peer.pid, "a takeover from another uid; refused");
+            continue;
+        }
+        let Ok(std_stream) = stream.into_std() else {
+            continue;
+        };
+        if std_stream.set_nonblocking(false).is_err() {
+            continue;
+        }
+        if hand_over(&parts, &store, std_stream, peer.pid).await {
+            break;
+        }
+    }
+}
+
+/// One takeover (see the module docs). True when the daemon was handed
+/// over and is to exit.
+async fn hand_over(
+    parts: &Arc<Parts>,
+    store: &FdStore,
+    stream: std::os::unix::net::UnixStream,
+    pid: Option<i32>,
+) -> bool {
+    let started = Instant::now();
+    let hello = {
+        let s = stream.try_clone();
+        tokio::task::spawn_blocking(move || {
+            s.and_then(|s| channel::read_line(&s, Duration::from_secs(5)))
+        })
+        .await
+    };
+    match hello {
+        Ok(Ok(line)) if line == channel::HELLO => {}
+        Ok(Ok(line)) => {
+            warn!(line = %line, "the control socket got something other than a takeover");
+            let _ = channel::write_line(
+                &stream,
+                &format!("REFUSED this daemon speaks {:?}", channel::HELLO),
+            );
+            return false;
+        }
+        _ => return false,
+    }
+    info!(successor = ?pid, "takeover: freezing");
+    let outcome = freeze_and_send(parts, store, &stream).await;
+    match outcome {
+        Ok(()) => {
+            parts.lifecycle.gone();
+            info!(ms = started.elapsed().as_secs_f64() * 1e3, successor = ?pid, "takeover done: the successor serves; exiting");
+            parts.lifecycle.cancel().cancel();
+            true
+        }
+        Err(why) => {
+            error!(reason = %why, "takeover given up; serving on");
+            parts.thaw();
+            false
+        }
+    }
+}
+
+async fn freeze_and_send(
+    parts: &Arc<Parts>,
+    store: &FdStore,
+    stream: &std::os::unix::net::UnixStream,
+) -> Result<(), String> {
+    let (_work, snapshot) = parts.freeze(true).await?;
+    let (doc, fds) = build(parts, &snapshot, Target::Successor, store.seq())?;
+    let memfd = doc.to_memfd().map_err(|e| e.to_string())?;
+    let s = stream.try_clone().map_err(|e| e.to_string())?;
+    let answer = tokio::task::spawn_blocking(move || {
+        channel::send_all(&s, &memfd, &fds)?;
+        // Adopting and verifying every region takes the successor a while
+        // on a big host; the clients wait in their sockets meanwhile.
+        channel::read_line(&s, Duration::from_secs(120))
+    })
+    .await
+    .map_err(|e| e.to_string())?
+    .map_err(|e| format!("control channel: {e}"))?;
+    if answer == "OK" {
+        // Still holding the work lock: no loop round starts before it
+        // sees the daemon handed over.
+        parts.lifecycle.gone();
+        Ok(())
+    } else {
+        Err(format!("the successor answered {answer:?}"))
+    }
+}
