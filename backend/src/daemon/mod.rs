@@ -13,22 +13,36 @@
 //!   hm-scrub-nN-i threads (pinned per node) ◄── Pool (Mutex + Condvar) ──┘
 //! ```
 //!
+//! The rooms, each receiving what it uses (no shared bag):
+//!
+//! * [`start`]: two builders over one core: a fresh start and an
+//!   inherited one (a takeover, or systemd's fd store), then the
+//!   components, their rooms and the control plane.
+//! * [`lifecycle`]: shutdown, the handover's phase (freeze, park, thaw),
+//!   and the helper every background loop runs under.
 //! * [`config`]: TOML configuration with small-machine defaults.
 //! * [`server`]: accept loop, per-connection handlers, connection cap.
-//! * [`session`]: what each request means for one client.
-//! * [`alloc`]: the ALLOC path: validating a request, locking, handing files to the client.
+//! * [`session`]: one client's connection state; dispatches each request
+//!   to its room.
+//! * [`alloc`]: ALLOC served whole: plan, obtain, hand out.
 //! * [`pool`]: the one owner of region state, with a small API: take regions
 //!   for a request (the one rule for which region serves it), commit, release,
 //!   the scrubbers' and the quarantine's verbs, trim; the clean-before-map check.
 //! * [`scrub`]: pinned scrubber threads.
-//! * [`holders`]: `/proc` scan for other processes holding a region.
-//! * [`reuse`]: the proofs a released region passes before it is reused.
+//! * [`quarantine`]: the holder scans ([`holders`]), the proofs before reuse
+//!   ([`reuse`]) and the loop that re-checks released regions.
 //! * [`peer`]: peer credentials and pidfds.
-//! * [`metrics`]: counters and `hugemem status`'s report.
+//! * [`metrics`]: counters; [`stats`]: the STATS document.
 //! * [`exporter`]: the Prometheus endpoint (`prometheus-client` + `hyper`).
 //! * [`systemd`]: readiness notification and socket activation.
 //! * [`refill`]: refilling the pool to its targets while idle (`pool.refill`).
 //! * [`rebalance`]: REBALANCE, per-region placement, the vCPU-affinity policy loop.
+//! * [`handover`], [`fdstore`]: restart and upgrade (below); each component
+//!   saves and restores its own state ([`listeners`], [`lazy_allocs`], the
+//!   pool's `persist`).
+//! * `error`, `socket`, `hugetlbfs`, `orphans`, `handle`, `serve`: the
+//!   daemon's errors, its socket file, the hugetlbfs mounts and leftover
+//!   files, the orphan loop, [`DaemonHandle`] and [`serve`].
 //!
 //! # Threads
 //!
@@ -71,6 +85,14 @@
 //! [`scrub`]: crate::daemon::scrub
 //! [`holders`]: crate::daemon::quarantine::holders
 //! [`reuse`]: crate::daemon::quarantine::reuse
+//! [`quarantine`]: crate::daemon::quarantine
+//! [`start`]: mod@crate::daemon::start
+//! [`lifecycle`]: crate::daemon::lifecycle
+//! [`stats`]: mod@crate::daemon::stats
+//! [`listeners`]: crate::daemon::listeners
+//! [`lazy_allocs`]: crate::daemon::lazy_allocs
+//! [`DaemonHandle`]: crate::daemon::DaemonHandle
+//! [`serve`]: crate::daemon::serve()
 //! [`peer`]: crate::daemon::peer
 //! [`metrics`]: crate::daemon::metrics
 //! [`exporter`]: crate::daemon::exporter
@@ -106,8 +128,8 @@ mod serve;
 pub mod server;
 pub mod session;
 mod socket;
-mod start;
-mod stats;
+pub mod start;
+pub mod stats;
 pub mod systemd;
 
 pub use config::{ByteSize, Config, ConfigError, Overrides, ValidationError};

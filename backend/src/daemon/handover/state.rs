@@ -307,4 +307,39 @@ mod tests {
         assert_eq!(unhex(&hex(&[0, 255, 16])).expect("hex"), vec![0, 255, 16]);
         assert!(unhex("abc").is_err());
     }
+
+    #[test]
+    fn version_1_documents_read_and_write_the_same_json() {
+        // As a daemon before the typed records wrote it: the page life as
+        // a string, a lazy allocation's region table and mappings as arrays.
+        let v1 = serde_json::json!({
+            "format": FORMAT, "version": 1, "daemon_version": "0", "pid": 1, "seq": 0,
+            "last": true, "listener": null, "metrics": null, "socket_owned": false,
+            "next_region": 2, "next_alloc": 2, "next_session": 2,
+            "regions": [{
+                "id": 1, "fd": 0, "name": "r", "len": 4096, "page_size": 4096, "node": 0,
+                "bound": true, "path": null, "life": "in_use", "alloc": 1, "tenant": 7,
+                "split": false, "fill": false, "pages": "3"
+            }],
+            "allocations": [{
+                "id": 1, "session": 1, "regions": [1], "locked": false, "tenant": 7,
+                "token": "00", "lazy": true, "lazy_fallback": false
+            }],
+            "connections": [{
+                "session": 1, "fd": 1, "handshaken": true, "features": 0, "partial": "",
+                "partial_fds": [], "lazy": [{
+                    "alloc": 1, "infos": [[1, 0, 4096, 4096, 0, 2]],
+                    "ranges": [[1, 0, 65536, 4096]], "uffd": 2
+                }]
+            }],
+            "counters": {}
+        });
+        let doc: State = serde_json::from_value(v1.clone()).expect("a version 1 document");
+        assert_eq!(doc.regions[0].life, SavedLife::InUse);
+        let lazy = &doc.connections[0].lazy[0];
+        assert_eq!(lazy.infos[0].flags, 2);
+        assert_eq!(lazy.ranges[0].vmm_addr, 65536);
+        assert_eq!(serde_json::to_value(&doc).expect("json"), v1);
+        doc.check_fds(3).expect("fds");
+    }
 }

@@ -1,21 +1,16 @@
 //! Starting the daemon: two builders over one core, as Firecracker builds
 //! a microVM for boot or from a snapshot.
 //!
-//! * [`fresh`]: a daemon of its own (or on systemd's socket): it binds its
+//! * `fresh.rs`: a daemon of its own (or on systemd's socket): it binds its
 //!   sockets, and its pool starts empty;
-//! * [`inherited`]: a takeover, or systemd's fd store after a restart or a
+//! * `inherited.rs`: a takeover, or systemd's fd store after a restart or a
 //!   crash: the sockets, the regions, the allocations and the connections
 //!   come from the predecessor's state document, each checked; the
 //!   predecessor is answered once this daemon serves, or told why not
 //!   (every error of the start refuses it, in one place);
-//! * [`core`]: what both share: the host (configuration, topology,
+//! * `core.rs`: what both share: the host (configuration, topology,
 //!   hugetlbfs, counters, runtime), then the components and their rooms;
-//! * [`plane`]: the control plane the core runs on the daemon's thread.
-//!
-//! [`fresh`]: crate::daemon::start::fresh
-//! [`inherited`]: crate::daemon::start::inherited
-//! [`core`]: crate::daemon::start::core
-//! [`plane`]: crate::daemon::start::plane
+//! * `plane.rs`: the control plane the core runs on the daemon's thread.
 
 mod core;
 mod fresh;
