@@ -9,22 +9,27 @@
 //!   [`Phase::Frozen`] and then to [`Phase::Gone`] (handed over) or back
 //!   (thawed);
 //! * the connection handlers' count and the connections they parked for a
-//!   handover ([`ParkedConnection`]);
+//!   handover ([`ParkedConnection`]), which saves and restores its own
+//!   part of the state document ([`ConnectionRecord`]);
 //! * the work lock that pauses the background loops: [`Lifecycle::periodic`]
 //!   runs a loop's rounds under it, so no loop can forget to pause.
 
 use std::future::Future;
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsFd, OwnedFd};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use serde::{Deserialize, Serialize};
 use tokio::sync::{watch, Notify, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use super::lazy_allocs::Suspended;
+use super::handover::encoding::{hex, unhex};
+use super::handover::fds::{FdList, Fds};
+use super::lazy_allocs::{LazyRecord, Suspended};
 use super::quarantine::holders::Predecessor;
+use crate::proto::FrameReader;
 
 /// Where the daemon is in a handover.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -55,6 +60,105 @@ pub struct ParkedConnection {
     pub partial_fds: Vec<OwnedFd>,
     /// Lazy allocations: region table, mappings, uffd.
     pub lazy: Vec<Suspended>,
+}
+
+/// A connection in the state document: its socket, handshake, half-read
+/// frame and lazy allocations, the fds by their index in its fd list.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ConnectionRecord {
+    /// Its session id.
+    pub session: u64,
+    /// Index of its socket in the fd list.
+    pub fd: usize,
+    /// HANDSHAKE done.
+    pub handshaken: bool,
+    /// The features it negotiated.
+    pub features: u64,
+    /// A frame the peer had begun to send, as hex (its first bytes).
+    pub partial: String,
+    /// Fds that came with that partial frame (indices in the fd list).
+    pub partial_fds: Vec<usize>,
+    /// Lazy allocations of this connection.
+    pub lazy: Vec<LazyRecord>,
+}
+
+/// A connection a predecessor handed over, restored from its record, for
+/// the server to resume.
+#[derive(Debug)]
+pub struct InheritedConnection {
+    /// Its socket.
+    pub stream: std::os::unix::net::UnixStream,
+    /// Its session id.
+    pub session: u64,
+    /// HANDSHAKE done.
+    pub handshaken: bool,
+    /// The features it negotiated.
+    pub features: u64,
+    /// The frame its peer had begun.
+    pub reader: FrameReader,
+    /// Its lazy allocations.
+    pub lazy: Vec<Suspended>,
+}
+
+impl ParkedConnection {
+    /// Its record in the state document; its fds numbered in `fds`.
+    ///
+    /// # Errors
+    ///
+    /// An fd that cannot be duplicated.
+    pub fn save(&self, fds: &mut FdList) -> Result<ConnectionRecord, String> {
+        let fd = fds.add(self.stream.as_fd())?;
+        let partial_fds = self
+            .partial_fds
+            .iter()
+            .map(|f| fds.add(f.as_fd()))
+            .collect::<Result<_, _>>()?;
+        let lazy = self
+            .lazy
+            .iter()
+            .map(|l| l.save(fds))
+            .collect::<Result<_, _>>()?;
+        Ok(ConnectionRecord {
+            session: self.session,
+            fd,
+            handshaken: self.handshaken,
+            features: self.features,
+            partial: hex(&self.partial),
+            partial_fds,
+            lazy,
+        })
+    }
+}
+
+impl ConnectionRecord {
+    /// The connection this record describes, its fds taken from `fds`;
+    /// `None` without its socket.
+    ///
+    /// # Errors
+    ///
+    /// A malformed half-read frame (the connection is then closed).
+    pub fn restore(self, fds: &mut Fds) -> Result<Option<InheritedConnection>, String> {
+        let Some(fd) = fds.take(self.fd) else {
+            return Ok(None);
+        };
+        let stream = std::os::unix::net::UnixStream::from(fd);
+        let partial_fds: Vec<OwnedFd> = self
+            .partial_fds
+            .iter()
+            .filter_map(|i| fds.take(*i))
+            .collect();
+        let reader = unhex(&self.partial)
+            .and_then(|b| FrameReader::resume(&b, partial_fds).map_err(|e| e.to_string()))?;
+        let lazy = self.lazy.into_iter().map(|l| l.restore(fds)).collect();
+        Ok(Some(InheritedConnection {
+            stream,
+            session: self.session,
+            handshaken: self.handshaken,
+            features: self.features,
+            reader,
+            lazy,
+        }))
+    }
 }
 
 /// The daemon's lifecycle (see the module docs).

@@ -43,7 +43,7 @@ use tracing::{debug, info, warn};
 
 use super::config::LimitsConfig;
 use super::lifecycle::Lifecycle;
-use super::lifecycle::{ParkedConnection, Phase};
+use super::lifecycle::{InheritedConnection, ParkedConnection, Phase};
 use super::metrics::Metrics;
 use super::peer::PeerCred;
 use super::session::Rooms;
@@ -303,31 +303,12 @@ fn spawn_handler(mut handler: Handler) {
     });
 }
 
-/// What a predecessor daemon said of a connection it handed over.
-#[derive(Debug)]
-pub struct Inherited {
-    /// Its session id.
-    pub session: u64,
-    /// HANDSHAKE done.
-    pub handshaken: bool,
-    /// The features it negotiated.
-    pub features: u64,
-    /// The frame its peer had begun.
-    pub reader: FrameReader,
-    /// Its lazy allocations.
-    pub lazy: Vec<super::lazy_allocs::Suspended>,
-}
-
 /// A connection a predecessor daemon handed over (`super::handover`): its
 /// socket, session id, handshake state, the frame its peer had begun, and
 /// its lazy allocations (their fault services restart here).
-pub fn adopt_connection(
-    server: &Arc<Server>,
-    stream: std::os::unix::net::UnixStream,
-    conn: Inherited,
-) -> std::io::Result<()> {
-    stream.set_nonblocking(true)?;
-    let stream = UnixStream::from_std(stream)?;
+pub fn adopt_connection(server: &Arc<Server>, conn: InheritedConnection) -> std::io::Result<()> {
+    conn.stream.set_nonblocking(true)?;
+    let stream = UnixStream::from_std(conn.stream)?;
     let peer = PeerCred::of(&stream)?;
     let permit = match server.slots.take(peer.uid) {
         Ok(p) => p,

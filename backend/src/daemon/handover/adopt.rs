@@ -2,15 +2,13 @@
 //! of the document adopted and checked, the pooled ones as at FREE, then
 //! entered into the pool; every connection resumed by the server.
 
-use std::os::fd::OwnedFd;
 use std::sync::Arc;
 use std::time::Instant;
 
 use tracing::{info, warn};
 
 use super::receive::Inherited;
-use super::state::{self, ConnectionRecord};
-use crate::daemon::lazy_allocs::Suspended;
+use super::state::ConnectionRecord;
 use crate::daemon::peer::PidWatch;
 use crate::daemon::pool::{Adopted, AllocSnapshot, Life, Pool};
 use crate::daemon::quarantine::holders::Predecessor;
@@ -121,34 +119,17 @@ fn check_pooled(adopted: &mut [Adopted], predecessor: Option<i32>) -> u64 {
 /// predecessor's exit.
 pub fn resume_connections(server: &Arc<Server>, inh: &mut Inherited, conns: Vec<ConnectionRecord>) {
     for c in conns {
-        let Some(fd) = inh.take(c.fd) else { continue };
-        let stream = std::os::unix::net::UnixStream::from(fd);
-        let partial_fds: Vec<OwnedFd> = c.partial_fds.iter().filter_map(|i| inh.take(*i)).collect();
-        let reader = match state::unhex(&c.partial)
-            .map_err(|e| e.to_string())
-            .and_then(|b| {
-                crate::proto::FrameReader::resume(&b, partial_fds).map_err(|e| e.to_string())
-            }) {
-            Ok(r) => r,
+        let session = c.session;
+        let conn = match c.restore(&mut inh.fds) {
+            Ok(Some(conn)) => conn,
+            Ok(None) => continue,
             Err(e) => {
-                warn!(session = c.session, error = %e, "an inherited connection's half-read frame is malformed; closing it");
+                warn!(session, error = %e, "an inherited connection's half-read frame is malformed; closing it");
                 continue;
             }
         };
-        let lazy: Vec<Suspended> = c
-            .lazy
-            .into_iter()
-            .map(|l| l.restore(&mut inh.fds))
-            .collect();
-        let conn = server::Inherited {
-            session: c.session,
-            handshaken: c.handshaken,
-            features: c.features,
-            reader,
-            lazy,
-        };
-        if let Err(e) = server::adopt_connection(server, stream, conn) {
-            warn!(session = c.session, error = %e, "cannot take an inherited connection over; its allocations stay until its VMM exits");
+        if let Err(e) = server::adopt_connection(server, conn) {
+            warn!(session, error = %e, "cannot take an inherited connection over; its allocations stay until its VMM exits");
         }
     }
     watch_predecessor(server, inh.predecessor);

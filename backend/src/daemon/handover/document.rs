@@ -2,7 +2,7 @@
 //! orchestration of a handover's and of the fd store's save. Each
 //! component numbers its own fds in the document's [`FdList`].
 
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::OwnedFd;
 
 use super::fds::FdList;
 use super::parts::Parts;
@@ -75,35 +75,16 @@ fn save_regions(snap: &Snapshot, fds: &mut FdList) -> Result<Vec<state::RegionRe
         .collect()
 }
 
-/// The parked connections, each with its socket, its half-read frame and
-/// its lazy allocations; and the highest session id among them.
+/// The parked connections ([`ParkedConnection::save`]); and the highest
+/// session id among them.
 fn save_connections(
     travelling: &[ParkedConnection],
     fds: &mut FdList,
 ) -> Result<(Vec<state::ConnectionRecord>, u64), String> {
-    let mut connections = Vec::new();
-    let mut max_session = 0;
-    for c in travelling {
-        max_session = max_session.max(c.session);
-        let fd = fds.add(c.stream.as_fd())?;
-        let mut partial_fds = Vec::new();
-        for f in &c.partial_fds {
-            partial_fds.push(fds.add(f.as_fd())?);
-        }
-        let lazy = c
-            .lazy
-            .iter()
-            .map(|l| l.save(fds))
-            .collect::<Result<_, _>>()?;
-        connections.push(state::ConnectionRecord {
-            session: c.session,
-            fd,
-            handshaken: c.handshaken,
-            features: c.features,
-            partial: state::hex(&c.partial),
-            partial_fds,
-            lazy,
-        });
-    }
+    let max_session = travelling.iter().map(|c| c.session).max().unwrap_or(0);
+    let connections = travelling
+        .iter()
+        .map(|c| c.save(fds))
+        .collect::<Result<_, _>>()?;
     Ok((connections, max_session))
 }

@@ -25,6 +25,7 @@ use serde::{Deserialize, Serialize};
 
 pub use super::encoding::{decode_pages, encode_pages, hex, unhex};
 pub use crate::daemon::lazy_allocs::LazyRecord;
+pub use crate::daemon::lifecycle::ConnectionRecord;
 pub use crate::daemon::pool::{AllocRecord, RegionRecord, SavedLife};
 use crate::sys;
 
@@ -78,25 +79,6 @@ pub struct State {
     pub connections: Vec<ConnectionRecord>,
     /// The daemon's counters (STATS `counters`), so totals stay balanced.
     pub counters: BTreeMap<String, u64>,
-}
-
-/// One live connection.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct ConnectionRecord {
-    /// Its session id.
-    pub session: u64,
-    /// Index of its socket in the fd list.
-    pub fd: usize,
-    /// HANDSHAKE done.
-    pub handshaken: bool,
-    /// The features it negotiated.
-    pub features: u64,
-    /// A frame the peer had begun to send, as hex (its first bytes).
-    pub partial: String,
-    /// Fds that came with that partial frame (indices in the fd list).
-    pub partial_fds: Vec<usize>,
-    /// Lazy allocations of this connection.
-    pub lazy: Vec<LazyRecord>,
 }
 
 /// Why a state document was refused.
