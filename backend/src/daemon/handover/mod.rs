@@ -53,6 +53,7 @@
 //! The handover only orchestrates; each component saves and restores its
 //! own state ([`crate::daemon::pool::RegionRecord`],
 //! [`crate::daemon::lazy_allocs::LazyRecord`],
+//! [`crate::daemon::lifecycle::ConnectionRecord`],
 //! [`crate::daemon::listeners::Listeners::save`], the counters'
 //! `Metrics::to_map`), and the trust checks of an adopted pooled region
 //! are the quarantine's ([`crate::daemon::quarantine::reuse::judge_inherited`]).
