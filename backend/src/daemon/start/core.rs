@@ -16,7 +16,7 @@ use tokio::net::{TcpListener, UnixListener};
 use tokio::sync::Notify;
 use tracing::{info, warn};
 
-use super::plane::{self, Plane};
+use super::plane::{self, Loops, Plane};
 use crate::daemon::alloc::Alloc;
 use crate::daemon::config::Config;
 use crate::daemon::error::{DaemonError, Result};
@@ -311,13 +311,7 @@ fn spawn(
         ..
     } = host;
     let metrics_addr = sockets.metrics.as_ref().and_then(|l| l.local_addr().ok());
-    let plane = Plane {
-        lifecycle: Arc::clone(&c.lifecycle),
-        socket: config.socket.clone(),
-        socket_id: sockets.socket_id,
-        listener: sockets.listener,
-        metrics_listener: sockets.metrics,
-        control,
+    let loops = Loops {
         parts: Arc::clone(&c.parts),
         store: Arc::clone(&c.store),
         recheck: Arc::new(Recheck {
@@ -333,6 +327,23 @@ fn spawn(
             .then(|| (Arc::clone(&c.refill), config.recheck_period())),
         rooms: Arc::clone(&c.rooms),
         reattach_wait: Duration::from_secs(config.limits.reattach_timeout_secs),
+    };
+    let control = {
+        let _guard = runtime.enter();
+        plane::spawn_loops(
+            loops,
+            &config.socket,
+            sockets.socket_id.is_some(),
+            control,
+            sockets.metrics,
+        )
+    };
+    let plane = Plane {
+        lifecycle: Arc::clone(&c.lifecycle),
+        socket: config.socket.clone(),
+        socket_id: sockets.socket_id,
+        listener: sockets.listener,
+        control,
         server: Arc::clone(&c.server),
     };
     let (thread_parts, thread_pool) = (Arc::clone(&c.parts), Arc::clone(&c.pool));

@@ -1,9 +1,9 @@
-//! The control plane the daemon's thread runs: the background loops, the
-//! metrics endpoint, the control socket and the accept loop; then the
-//! drain.
+//! The control plane: the background loops, the metrics endpoint and the
+//! control socket ([`spawn_loops`]), and the accept loop the daemon's
+//! thread runs, then the drain ([`run`]).
 
 use std::os::unix::fs::MetadataExt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -22,7 +22,8 @@ use crate::daemon::server::{Listener, Server};
 use crate::daemon::session::Rooms;
 use crate::daemon::socket::remove_socket;
 
-/// Everything the control plane runs (see [`run`]).
+/// What the accept loop runs on (see [`run`]); the background loops run
+/// on their own ([`spawn_loops`]).
 #[derive(Debug)]
 pub(super) struct Plane {
     /// Shutdown, the tracker, the handover's phase.
@@ -33,11 +34,16 @@ pub(super) struct Plane {
     pub socket_id: Option<(u64, u64)>,
     /// The clients' listening socket.
     pub listener: UnixListener,
-    /// The metrics endpoint's, when it is on.
-    pub metrics_listener: Option<TcpListener>,
-    /// The control socket (takeovers), when it could be bound.
-    pub control: Option<UnixListener>,
-    /// What a handover freezes and saves.
+    /// The control socket file and its identity, when one was bound.
+    pub control: Option<(PathBuf, (u64, u64))>,
+    /// The accept loop's parts.
+    pub server: Arc<Server>,
+}
+
+/// The background loops' parts.
+#[derive(Debug)]
+pub(super) struct Loops {
+    /// What a handover freezes and saves (the control loop, the fd store).
     pub parts: Arc<Parts>,
     /// systemd's fd store.
     pub store: Arc<FdStore>,
@@ -47,24 +53,24 @@ pub(super) struct Plane {
     pub rebalance: Arc<Rebalancer>,
     /// The refill and its period, when `pool.refill` is on.
     pub refill: Option<(Arc<Refill>, Duration)>,
-    /// The sessions' rooms (the orphan loop releases through them).
+    /// The sessions' rooms (orphans release through them; STATS).
     pub rooms: Arc<Rooms>,
     /// `limits.reattach_timeout_secs`.
     pub reattach_wait: Duration,
-    /// The accept loop's parts.
-    pub server: Arc<Server>,
 }
 
-/// The control plane: loops, metrics, control socket, accept loop; then
-/// the socket files removed (unless handed over) and the tasks drained.
-pub(super) async fn run(plane: Plane) {
-    let Plane {
-        lifecycle,
-        socket,
-        socket_id,
-        listener,
-        metrics_listener,
-        control,
+/// Spawns the background loops on the tracker (inside the runtime): the
+/// control socket's, the quarantine's, the policy's, the fd store's, the
+/// orphans', the refill's and the metrics endpoint. Returns the control
+/// socket file and its identity, for the drain to remove.
+pub(super) fn spawn_loops(
+    loops: Loops,
+    socket: &Path,
+    socket_owned: bool,
+    control: Option<UnixListener>,
+    metrics: Option<TcpListener>,
+) -> Option<(PathBuf, (u64, u64))> {
+    let Loops {
         parts,
         store,
         recheck,
@@ -72,32 +78,46 @@ pub(super) async fn run(plane: Plane) {
         refill,
         rooms,
         reattach_wait,
-        server,
-    } = plane;
-    parts.listeners.set_socket_owned(socket_id.is_some());
+    } = loops;
+    // Before the fd store's first sync: it keeps a listener only of ours.
+    parts.listeners.set_socket_owned(socket_owned);
+    let lifecycle = Arc::clone(&parts.lifecycle);
     let tracker = lifecycle.tracker();
-    let control_path = control
-        .as_ref()
-        .map(|_| handover::channel::control_path(&socket));
-    let control_id = control_path
-        .as_ref()
-        .and_then(|p| std::fs::metadata(p).ok())
-        .map(|m| (m.dev(), m.ino()));
+    let control_file = control.as_ref().and_then(|_| {
+        let path = handover::channel::control_path(socket);
+        let id = std::fs::metadata(&path).ok().map(|m| (m.dev(), m.ino()))?;
+        Some((path, id))
+    });
     if let Some(c) = control {
         let (parts, store) = (Arc::clone(&parts), Arc::clone(&store));
         tracker.spawn(handover::control_loop(parts, store, c));
     }
     tracker.spawn(quarantine_loop(recheck));
     tracker.spawn(policy_loop(rebalance));
-    tracker.spawn(fdstore::sync_loop(store, Arc::clone(&parts)));
+    tracker.spawn(fdstore::sync_loop(store, parts));
     tracker.spawn(orphans_loop(Arc::clone(&rooms), reattach_wait));
     if let Some((refill, period)) = refill {
         tracker.spawn(refill_loop(refill, period));
     }
-    if let Some(l) = metrics_listener {
+    if let Some(l) = metrics {
         let registry = exporter::registry(Arc::clone(&rooms.stats));
         tracker.spawn(exporter::serve(l, registry, lifecycle.cancel().clone()));
     }
+    control_file
+}
+
+/// The accept loop; then the socket files removed (unless handed over)
+/// and the tasks drained.
+pub(super) async fn run(plane: Plane) {
+    let Plane {
+        lifecycle,
+        socket,
+        socket_id,
+        listener,
+        control,
+        server,
+    } = plane;
+    let tracker = lifecycle.tracker();
     Listener::new(listener, server).run().await;
     if lifecycle.phase() == Phase::Gone {
         // The successor serves on the same socket file.
@@ -106,8 +126,8 @@ pub(super) async fn run(plane: Plane) {
         remove_socket(&socket, socket_id);
     }
     // The control socket, unless a successor bound its own there.
-    if let (Some(p), Some(id)) = (control_path, control_id) {
-        remove_socket(&p, Some(id));
+    if let Some((path, id)) = control {
+        remove_socket(&path, Some(id));
     }
     tracker.close();
     if tokio::time::timeout(Duration::from_secs(30), tracker.wait())
