@@ -7,8 +7,9 @@ use hugemem_client::stats::{
 };
 use numa::NodeId;
 
-use super::{pooled_bytes, Entry, EntryState, Inner, Pool, PoolKey};
-use crate::daemon::pool::Why;
+use super::held::Why;
+use super::ids::PoolKey;
+use super::table::{pooled_bytes, Entry, EntryState, Inner, Pool};
 
 /// The pool's part of STATS, read under one lock.
 #[derive(Debug, Clone, Default)]
