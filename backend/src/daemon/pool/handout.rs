@@ -21,6 +21,7 @@ struct Owner {
     token: AllocToken,
 }
 
+// Called by the ALLOC path (`crate::daemon::session`, `crate::daemon::alloc`).
 impl Pool {
     /// Hands the `Reserved` regions `ids` of an ALLOC to `session`: records
     /// the allocation and returns its id. On error nothing changed.

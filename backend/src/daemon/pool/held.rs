@@ -81,6 +81,8 @@ fn idle(e: &Entry) -> bool {
         || (e.state == EntryState::Dirty && e.region.states().counts().clearing == 0)
 }
 
+// For the ALLOC rule of `take.rs`; `pooled` for the refill
+// (`crate::daemon::refill`).
 impl Pool {
     /// What is pooled of `page_size` on `node` (see [`Held`]).
     pub(super) fn held(&self, node: NodeId, page_size: PageSize) -> Held {

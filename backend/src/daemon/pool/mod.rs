@@ -6,10 +6,12 @@
 //! A region lives in exactly one entry state for its whole life in the daemon:
 //!
 //! ```text
-//!  fresh ─► Reserved ─► InUse ─FREE/disconnect─► Quarantined ─no holder─► Dirty ─scrubbed─► Clean
-//!              ▲  │                                   │ (over limit:                │             │
-//!              │  └── failed ALLOC ───────► Clean/Dirty  back to kernel)            │             │
-//!              └──────── ALLOC takes an exact-size (or a smaller, grown) region ◄───┴─────────────┘
+//! fresh ─► Reserved ─► InUse ─FREE/disconnect─► Quarantined ─no holder─► Dirty ─scrubbed─► Clean
+//!             ▲  │                                 │   │                   │                 │
+//!             │  └── failed ALLOC ──► Clean/Dirty  │   └─ pages detached ──┼────────────────►┤
+//!             │                                    ▼      (holes reserved) │                 │
+//!             │                           back to the kernel               │                 │
+//!             └─ ALLOC takes an exact-size (or a smaller, grown) region ──◄┴─────────────────┘
 //! ```
 //!
 //! * **Reserved**: an ALLOC in progress owns it (a pooled region about to be
@@ -17,10 +19,19 @@
 //!   committed). Scrubbers do not start pages of it.
 //! * **Quarantined**: released by its client but maybe still mapped by it or
 //!   by anyone it passed the fd to. It leaves quarantine only after a
-//!   [`crate::daemon::quarantine::holders`] scan found no process but the daemon holding it —
-//!   this gate is what makes "never scrub memory a live guest maps" true, and
-//!   since the daemon never hands out a fd of a region it does not own in
-//!   `InUse`, no process can gain access afterwards.
+//!   [`crate::daemon::quarantine::holders`] scan found no process but the
+//!   daemon holding it and the proofs before reuse
+//!   ([`crate::daemon::quarantine::reuse`]) passed — this gate is what makes
+//!   "never scrub memory a live guest maps" true, and since the daemon never
+//!   hands out a fd of a region it does not own in `InUse`, no process can
+//!   gain access afterwards. With `pool.detach_pages` (the default) its pages
+//!   were punched out and the holes reserved again: it is `Clean` at once,
+//!   its holes zero-filled by the kernel, faulted in ahead by the scrubbers
+//!   (`refault.rs`).
+//! * **Back to the kernel** (`release.rs`): a released region over a limit
+//!   (it never enters quarantine), a verdict that gives it up (broken by its
+//!   tenant, pinned, short of pages after a detach), a scrub batch the tenant
+//!   damaged, an idle clean region trimmed above the target.
 //! * **Dirty** → **Clean**: scrubbers ([`super::scrub`]) claim pages through
 //!   the region's [`guest_mem::PageStates`]; the entry turns Clean when every
 //!   page is.
@@ -36,31 +47,50 @@
 //! ALLOC-path waiters when a scrubber finishes a page they need.
 //!
 //! **The API.** The pool is the one owner of region state; nothing outside
-//! it moves an entry from one state to another. Its verbs:
+//! it moves an entry from one state to another. Its table is `table.rs`
+//! ([`Pool`], the entries, the allocations, the lock); its public methods
+//! are grouped by who calls them, one `impl Pool` block per group, each in
+//! its own file:
 //!
-//! * [`Pool::take`] (`take.rs`): the regions that serve an ALLOC, chosen
-//!   here by the one rule (clean, grown, re-cleared, fresh, evicted for,
-//!   waited for; lazy mode's own sources; per node, per page size, per
-//!   backing), `Reserved`; [`Pool::commit`] hands them to a session (the
-//!   clean-before-map check), [`Pool::put_back`] returns them when the ALLOC
-//!   fails after the take. [`Pool::add_fresh`] is the refill's fresh region.
-//! * [`Pool::release`], [`Pool::release_session`] (`release.rs`): a freed
-//!   allocation's regions enter quarantine, or go back to the kernel over a
-//!   limit.
-//! * [`Pool::quarantined`] and [`Pool::apply_scan`]: what the quarantine
-//!   loop checks and its verdicts (leave, stay held or withheld, discard).
-//! * [`Pool::next_scrub`] and [`Pool::scrub_done`] (`scrubbing.rs`): the
-//!   scrubbers' next dirty pages and how their batch ended (cleared, stopped,
-//!   damaged: discarded).
-//! * [`Pool::trim`]: idle regions given back above the target.
-//! * Reads: [`Pool::stats`], [`Pool::pooled`], the allocations of a session
-//!   ([`Pool::regions_of`] and its kin); for REBALANCE the in-use regions
-//!   and their placement marks (`in_use.rs`).
-//! * Owners (`owners.rs`): every allocation has a tenant uid and a secret
-//!   re-attach token. [`Pool::orphan`] detaches an allocation from its
-//!   session (a restarted daemon restores allocations that way);
-//!   [`Pool::reattach`] gives an orphaned one to the session that shows its
-//!   token; [`Pool::allocation_tokens`] is what the restore code saves.
+//! * **The ALLOC path** (`crate::daemon::alloc`, `crate::daemon::session`):
+//!   [`Pool::take`] (`take.rs`) picks the regions that serve an ALLOC by the
+//!   one rule (clean, grown, re-cleared, fresh, evicted for, waited for; lazy
+//!   mode's own sources; per node, per page size, per backing) and leaves
+//!   them `Reserved` — the only place that picks; `supply.rs` obtains each
+//!   source and `reserve.rs` moves the entries, both private to the pool.
+//!   [`Pool::commit`] hands them to a session (the clean-before-map check),
+//!   [`Pool::put_back`] returns them when the ALLOC fails after the take
+//!   (`handout.rs`).
+//! * **A connection's allocations** (`crate::daemon::session`, `owners.rs`):
+//!   ownership ([`Pool::regions_of`], [`Pool::region_ids_of`],
+//!   [`Pool::allocations_of`], [`Pool::region`]), LOCK ([`Pool::set_locked`]),
+//!   lazy mode's fallback ([`Pool::lazy_fallback`],
+//!   [`Pool::set_lazy_fallback`]), re-attach tokens ([`Pool::token_of`],
+//!   [`Pool::reattach`]) and [`Pool::orphan`], which stands for a restart in
+//!   tests.
+//! * **Release and quarantine**: FREE and disconnect ([`Pool::release`],
+//!   [`Pool::release_session`], `release.rs`) put a freed allocation's
+//!   regions into quarantine, or back to the kernel over a limit; the
+//!   quarantine loop (`crate::daemon::quarantine`) asks for the
+//!   [`Pool::quarantined`] regions, checks them off the lock and hands its
+//!   verdicts to [`Pool::apply_scan`] (`quarantine.rs`), passing the
+//!   detach's gate ([`Pool::reserve_gate`]); it also trims idle regions above
+//!   the target ([`Pool::trim`]).
+//! * **The scrubbers** (`crate::daemon::scrub`, `scrubbing.rs`):
+//!   [`Pool::next_scrub`] (dirty pages, or a detached region's holes),
+//!   [`Pool::scrub_done`], [`Pool::fill_done`]; [`Pool::stop`] stops them.
+//! * **Handover and restart** (`crate::daemon::handover`,
+//!   `crate::daemon::fdstore`, the restore at start, `handover.rs`):
+//!   [`Pool::snapshot`], [`Pool::snapshot_partial`], [`Pool::import`],
+//!   [`Pool::unkeep`], [`Pool::resume`], [`Pool::orphans`],
+//!   [`Pool::release_orphans`].
+//! * **REBALANCE** (`crate::daemon::rebalance`, `in_use.rs`): the in-use
+//!   regions ([`Pool::in_use`], [`Pool::in_use_regions`], [`Pool::contains`])
+//!   and their placement marks ([`Pool::mark_split`],
+//!   [`Pool::set_whole_node`]).
+//! * **STATS and the refill** (`stats.rs`, `held.rs`, `supply.rs`):
+//!   [`Pool::stats`], [`Pool::pooled`], [`Pool::add_fresh`] (the refill's
+//!   fresh region); [`Pool::new`] and [`Pool::config`] (`table.rs`).
 //!
 //! **Sizes.** Memfds are sealed against shrinking (`F_SEAL_SHRINK`, see
 //! `guest_mem::region`) but not against growing. A request is served by an
@@ -75,7 +105,7 @@
 //! holes. Before a released region leaves quarantine, [`check_released`]
 //! checks its size and populates every page (`MADV_POPULATE_WRITE`, which
 //! errors where a store would `SIGBUS`); scrubbers populate each batch the
-//! same way. A region that fails either is discarded (`Pool::discard`):
+//! same way. A region that fails either is discarded (`release.rs`):
 //! given back to the kernel, never scrubbed, never served.
 //!
 //! **Limits.** Per node, pooled bytes (clean + dirty + quarantined) never

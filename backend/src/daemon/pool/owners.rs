@@ -130,30 +130,22 @@ impl Pool {
         Ok((regions, locked))
     }
 
-    /// Orphans `alloc`: it belongs to no session until [`Pool::reattach`].
-    /// Its fault service, if it had one, is gone with its connection, so a
-    /// lazy allocation is marked served by the VMM's fallback
-    /// ([`Pool::lazy_fallback`]). Returns false for an unknown id.
+    /// Orphans `alloc`: it belongs to no session until [`Pool::reattach`],
+    /// and with `tenant` to that uid from now on. Its fault service, if it
+    /// had one, is gone with its connection, so a lazy allocation is marked
+    /// served by the VMM's fallback ([`Pool::lazy_fallback`]). Returns false
+    /// (nothing changed) for an unknown id.
     ///
-    /// The restore code orphans what it restores; tests orphan a live
-    /// allocation to stand for a restart.
-    pub fn orphan(&self, alloc: AllocId) -> bool {
+    /// Tests orphan a live allocation to stand for a restart (the restore
+    /// code imports allocations orphaned, `handover.rs`).
+    pub fn orphan(&self, alloc: AllocId, tenant: Option<u32>) -> bool {
         match self.lock().allocs.get_mut(&alloc) {
             Some(a) => {
                 a.session = None;
                 a.lazy_fallback |= a.lazy;
-                true
-            }
-            None => false,
-        }
-    }
-
-    /// Sets the tenant uid of `alloc` (the restore code's saved value).
-    /// Returns false for an unknown id.
-    pub fn set_tenant(&self, alloc: AllocId, uid: u32) -> bool {
-        match self.lock().allocs.get_mut(&alloc) {
-            Some(a) => {
-                a.tenant = uid;
+                if let Some(uid) = tenant {
+                    a.tenant = uid;
+                }
                 true
             }
             None => false,

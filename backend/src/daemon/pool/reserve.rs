@@ -39,6 +39,7 @@ pub(super) struct Detached {
     pub(super) old_len: u64,
 }
 
+// For the sources of `supply.rs`; private to the pool.
 impl Pool {
     /// Inserts a freshly created, prepared region as `Reserved`.
     ///

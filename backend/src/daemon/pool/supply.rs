@@ -270,6 +270,7 @@ pub(super) fn create(
     Ok(taken)
 }
 
+// Called by the refill (`crate::daemon::refill`).
 impl Pool {
     /// Refill (`crate::daemon::refill`): a fresh region of `bytes` on `node`
     /// in `page_size` pages, populated with `opts` (progress, cancel), put

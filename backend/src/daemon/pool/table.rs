@@ -138,6 +138,7 @@ pub struct Pool {
     pub(super) gate: ReserveGate,
 }
 
+// The daemon's start builds the pool; the lock and ids are the pool's own.
 impl Pool {
     /// An empty pool that creates fresh regions from `sources`.
     pub fn new(cfg: PoolConfig, metrics: Arc<Metrics>, sources: Sources) -> Self {

@@ -167,6 +167,7 @@ pub fn shortage_note(size: u64, served: Option<PageSize>, missing: &[Missing]) -
     }
 }
 
+// Called by the ALLOC path (`crate::daemon::alloc`): the one place that picks.
 impl Pool {
     /// Takes a region for every part (blocking), each by the rule of the
     /// module docs, waiting at most until `deadline`. On success all are

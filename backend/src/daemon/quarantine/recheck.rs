@@ -19,7 +19,7 @@ use std::time::Instant;
 
 use tracing::{debug, error};
 
-use super::{holders, reuse};
+use super::reuse;
 use crate::daemon::peer::PidWatch;
 use crate::daemon::Shared;
 
@@ -46,22 +46,11 @@ pub async fn quarantine_loop(shared: Arc<Shared>) {
             let detach = shared.pool.config().detach_pages;
             let pool = Arc::clone(&shared.pool);
             let started = Instant::now();
+            // The holder scan, then the proofs before reuse (`super::reuse`):
+            // no reference the scan cannot see, the file whole, its pages
+            // detached from any pin.
             let scan = tokio::task::spawn_blocking(move || {
-                let owned: Vec<_> = quarantined.iter().map(|(_, o, _)| o.clone()).collect();
-                let holders = holders::scan(&owned).holders;
-                // No process shows it any more: the proofs before reuse
-                // (`super::reuse`): no reference the scan cannot see, the
-                // file whole, its pages detached from any pin.
-                quarantined
-                    .into_iter()
-                    .zip(holders)
-                    .map(|((id, _, region), holder)| {
-                        (
-                            id,
-                            reuse::judge(&region, holder, detach, pool.reserve_gate()),
-                        )
-                    })
-                    .collect::<Vec<_>>()
+                reuse::check_quarantined(quarantined, detach, pool.reserve_gate())
             });
             match scan.await {
                 Ok(verdicts) => {

@@ -28,11 +28,12 @@
 //! not detaching): the quarantine loop calls [`judge`] on a blocking thread.
 
 use std::os::fd::AsFd;
+use std::sync::Arc;
 
 use guest_mem::Region;
 
 use super::gate::ReserveGate;
-use super::holders::Holder;
+use super::holders::{Holder, Owned};
 
 /// What a quarantine check decided for one region.
 #[derive(Debug)]
@@ -63,6 +64,25 @@ pub enum Verdict {
         /// Pages punched and refaulted; 0 when detaching is off.
         detached: u64,
     },
+}
+
+/// The quarantine's check, one verdict per quarantined region: one `/proc`
+/// holder scan ([`super::holders::scan`]) for all of them, then [`judge`]
+/// on each with what the scan found. Each region comes with its id (kept
+/// as given) and the daemon's own fd and mapping of it (exempt from the
+/// scan). Blocking: the quarantine loop runs it on a blocking thread.
+pub fn check_quarantined<Id>(
+    quarantined: Vec<(Id, Owned, Arc<Region>)>,
+    detach: bool,
+    gate: &ReserveGate,
+) -> Vec<(Id, Verdict)> {
+    let owned: Vec<Owned> = quarantined.iter().map(|(_, o, _)| o.clone()).collect();
+    let holders = super::holders::scan(&owned).holders;
+    quarantined
+        .into_iter()
+        .zip(holders)
+        .map(|((id, _, region), holder)| (id, judge(&region, holder, detach, gate)))
+        .collect()
 }
 
 /// Runs the checks of the module docs on one quarantined region, given the

@@ -92,7 +92,7 @@ pub struct FaultMapping {
 /// Why a service ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum StopReason {
-    /// [`FaultServiceHandle::stop`] (or drop).
+    /// [`FaultServiceHandle::stop`](crate::fault::FaultServiceHandle::stop) (or drop).
     Requested,
     /// The VMM process exited (its pidfd became readable).
     PeerExited,
