@@ -63,19 +63,13 @@ impl Pool {
         let mut g = self.lock();
         g.entries.insert(
             id,
-            Entry {
-                region: Arc::clone(&region),
+            Entry::new(
+                Arc::clone(&region),
                 key,
                 owned,
-                state: EntryState::Reserved,
-                since: Instant::now(),
-                holder: None,
-                withheld: None,
-                tenant: None,
-                warned: false,
-                split: false,
-                fill: None,
-            },
+                EntryState::Reserved,
+                Instant::now(),
+            ),
         );
         Ok(Taken { id, region })
     }
@@ -184,23 +178,17 @@ impl Pool {
         let mut g = self.lock();
         g.entries.insert(
             id,
-            Entry {
-                region: Arc::clone(&region),
+            Entry::new(
+                Arc::clone(&region),
                 key,
                 owned,
                 state,
-                since: if state == EntryState::Reserved {
+                if state == EntryState::Reserved {
                     Instant::now()
                 } else {
                     since
                 },
-                holder: None,
-                withheld: None,
-                tenant: None,
-                warned: false,
-                split: false,
-                fill: None,
-            },
+            ),
         );
         Ok(Taken { id, region })
     }

@@ -95,6 +95,32 @@ pub(super) struct Entry {
     pub(super) fill: Option<Fill>,
 }
 
+impl Entry {
+    /// A new entry of `region` in `state` since `since`: no holder, not
+    /// withheld, no tenant yet, on one node, no holes to fill.
+    pub(super) fn new(
+        region: Arc<Region>,
+        key: PoolKey,
+        owned: Owned,
+        state: EntryState,
+        since: Instant,
+    ) -> Self {
+        Self {
+            region,
+            key,
+            owned,
+            state,
+            since,
+            holder: None,
+            withheld: None,
+            tenant: None,
+            warned: false,
+            split: false,
+            fill: None,
+        }
+    }
+}
+
 #[derive(Debug)]
 pub(super) struct Allocation {
     /// The session that owns it; `None`: **orphaned**, restored after a
