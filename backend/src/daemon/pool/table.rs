@@ -81,14 +81,14 @@ pub(super) struct Entry {
     pub(super) since: Instant,
     pub(super) holder: Option<Holder>,
     /// Quarantined, no process holds it, but a reference no process shows
-    /// exists (see `super::reuse`): why, and when it was first seen.
+    /// exists (see `crate::daemon::quarantine::reuse`): why, and when it was first seen.
     pub(super) withheld: Option<(String, Instant)>,
     /// The uid of the last client that held it (for a withheld region).
     pub(super) tenant: Option<u32>,
     pub(super) warned: bool,
     /// Pages may be on several nodes (a move is running, or a range was
     /// moved): released, such a region goes back to the kernel, never into
-    /// a per-node pool (see `super::rebalance`).
+    /// a per-node pool (see `crate::daemon::rebalance`).
     pub(super) split: bool,
     /// Holes of a detached region still to be faulted in ahead of its
     /// guest (`refault.rs`), in any entry state.

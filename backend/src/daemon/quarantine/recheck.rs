@@ -6,12 +6,12 @@
 //!
 //! It runs every `pool.recheck_ms`, and at once on every kick: a FREE or
 //! disconnect, the exit of a client process (its pidfd, see
-//! `super::session`), an ALLOC that waits for a quarantined region, and the
+//! `crate::daemon::session`), an ALLOC that waits for a quarantined region, and the
 //! exit of any **holder** a scan found. For each holder pid the loop opens
 //! a pidfd and watches it (at most [`MAX_HOLDER_WATCHES`] at once), so a
 //! region whose last holder exits leaves quarantine within one scan of the
 //! exit, not one period later, and an ALLOC waiting for it (see
-//! `super::alloc`) is woken by the pool as soon as it is dirty.
+//! `crate::daemon::alloc`) is woken by the pool as soon as it is dirty.
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};

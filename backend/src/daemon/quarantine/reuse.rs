@@ -247,7 +247,7 @@ fn why_short(
 ///
 /// The region is then clean: every hole faults in a page the kernel zeroes
 /// for it, and the reservation guarantees that page. The node's scrubbers
-/// fault the holes in ahead of the guest (`super::pool`'s fill), or the
+/// fault the holes in ahead of the guest (`crate::daemon::pool`'s refault), or the
 /// guest's own first touch does. Returns the pages detached. Blocking, but
 /// short: no page is faulted or cleared here.
 ///
