@@ -682,8 +682,8 @@ fn wrapper_alloc_ms(log: &str) -> String {
         .rev()
         .find(|l| l.contains("allocated; starting QEMU"))
         .and_then(|l| l.split_whitespace().find_map(|w| w.strip_prefix("ms=")))
-        .unwrap_or("?")
-        .to_string()
+        .and_then(|ms| ms.parse::<f64>().ok())
+        .map_or_else(|| "?".into(), |ms| format!("{ms:.1}"))
 }
 
 /// Where an allocation's regions came from, from the counters before and
