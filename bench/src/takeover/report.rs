@@ -77,7 +77,7 @@ impl Spread {
     fn of(rounds: &[ModeRound], f: impl Fn(&ModeRound) -> f64) -> Self {
         let v: Vec<f64> = rounds.iter().map(f).collect();
         Self {
-            median: crate::bench::median(&v),
+            median: crate::stats::median(&v),
             worst: v.iter().copied().fold(0.0, f64::max),
         }
     }
@@ -217,7 +217,7 @@ impl TakeoverReport {
     ) -> Self {
         let t = ModeSummary::of("takeover", takeover);
         let s = ModeSummary::of("stop-start", stop_start);
-        let ratio = crate::bench::ratio;
+        let ratio = crate::stats::ratio;
         let ratios = Ratios {
             first_alloc_speedup: ratio(s.first_alloc_ms.median, t.first_alloc_ms.median),
             first_alloc_worst_speedup: ratio(s.first_alloc_ms.worst, t.first_alloc_ms.worst),

@@ -1,5 +1,6 @@
 //! `hugemem bench compare`, small: 512M (64M) on 2 MiB pages, one repetition,
-//! through the real binary.
+//! through the real binary
+//! (`hugemem-bench`).
 //!
 //! * Every key of the JSON report is there, for every variant, in order.
 //! * cloud-hypervisor variants say `skipped` with the reason when
@@ -20,7 +21,8 @@ use std::sync::Mutex;
 
 use serde_json::Value;
 
-const HUGEMEM: &str = env!("CARGO_BIN_EXE_hugemem");
+/// `hugemem-bench`, what `hugemem bench` runs.
+const HUGEMEM_BENCH: &str = env!("CARGO_BIN_EXE_hugemem-bench");
 const PLOT_SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/plot-compare");
 
 /// One benchmark run at a time: each reserves and gives back huge pages.
@@ -77,12 +79,12 @@ fn compare(args: &[&str]) -> Option<Value> {
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
     let out = Command::new("timeout")
-        .args(["120", HUGEMEM, "bench", "compare", "--reps", "1", "--json"])
+        .args(["120", HUGEMEM_BENCH, "compare", "--reps", "1", "--json"])
         .args(args)
         .env_remove("CLOUD_HYPERVISOR")
         .env("RUST_LOG", "warn")
         .output()
-        .expect("run hugemem bench compare");
+        .expect("run hugemem-bench compare");
     let stderr = String::from_utf8_lossy(&out.stderr);
     if !out.status.success() && stderr.contains("no huge pages could be had") {
         test_support::skip!("{}", stderr.trim());

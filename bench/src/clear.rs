@@ -33,7 +33,8 @@ use guest_mem::{AnonMapping, PageSize, Reservation};
 use numa::{MbindFlags, MemPolicyMode, NodeMask, Topology};
 use serde::Serialize;
 
-use super::{best, gbps, BenchError};
+use crate::error::BenchError;
+use crate::stats::{best, gbps};
 
 /// What to measure.
 #[derive(Debug, Clone)]
@@ -334,8 +335,8 @@ pub fn run(
     let base = parallel.first().map_or(0.0, |p| p.gbps);
     let runner_base = parallel.first().map_or(0.0, |p| p.runner_gbps);
     for p in &mut parallel {
-        p.speedup = super::ratio(p.gbps, base);
-        p.runner_speedup = super::ratio(p.runner_gbps, runner_base);
+        p.speedup = crate::stats::ratio(p.gbps, base);
+        p.runner_speedup = crate::stats::ratio(p.runner_gbps, runner_base);
     }
 
     let kernel_fault_gbps = gbps(cfg.size, best(&fault));
@@ -367,7 +368,7 @@ pub fn run(
         ratios: ClearRatios {
             multipage_vs_per4k: multipage_gbps / per4k_gbps,
             default_vs_kernel_fault: default_gbps / kernel_fault_gbps,
-            default_vs_kernel_refault: super::ratio(default_gbps, kernel_refault_gbps),
+            default_vs_kernel_refault: crate::stats::ratio(default_gbps, kernel_refault_gbps),
             nt_vs_multipage: nt_gbps.map(|nt| nt / multipage_gbps),
             memset_vs_kernel_fault: memset_gbps / kernel_fault_gbps,
         },

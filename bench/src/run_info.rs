@@ -43,15 +43,14 @@ pub struct RunInfo {
 }
 
 impl RunInfo {
-    /// The current process's run: its arguments (the program as `hugemem`),
-    /// now, this build and this machine.
+    /// The current process's run: its arguments as the documented command
+    /// (`hugemem-bench X …` is `hugemem bench X …`, `hugemem-bench demo …`
+    /// is `hugemem demo …`: the program as `hugemem` either way, as the
+    /// files under docs/results/ record it), now, this build and this
+    /// machine.
     pub fn current() -> Self {
-        let mut args: Vec<String> = std::env::args().collect();
-        if let Some(first) = args.first_mut() {
-            *first = "hugemem".into();
-        }
         Self {
-            command: args
+            command: documented_command(std::env::args().skip(1))
                 .iter()
                 .map(|a| shell_quote(a))
                 .collect::<Vec<_>>()
@@ -95,6 +94,18 @@ impl MachineSummary {
                 .unwrap_or(0.0),
         }
     }
+}
+
+/// `hugemem-bench`'s arguments (without the program) as the documented
+/// command that runs them.
+fn documented_command(args: impl IntoIterator<Item = String>) -> Vec<String> {
+    let mut args = args.into_iter().peekable();
+    let mut command = vec!["hugemem".to_string()];
+    if args.peek().map(String::as_str) != Some("demo") {
+        command.push("bench".into());
+    }
+    command.extend(args);
+    command
 }
 
 /// `arg` as a POSIX shell word: as it is when it has only characters that
@@ -175,6 +186,19 @@ pub fn with_run_info(bench: &str, report: Value, run: &RunInfo) -> Value {
 mod tests {
     use super::*;
     use std::time::{Duration, UNIX_EPOCH};
+
+    #[test]
+    fn the_command_is_the_documented_one() {
+        let args = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(
+            documented_command(args(&["clear", "--size", "64M"])),
+            args(&["hugemem", "bench", "clear", "--size", "64M"])
+        );
+        assert_eq!(
+            documented_command(args(&["demo", "--json"])),
+            args(&["hugemem", "demo", "--json"])
+        );
+    }
 
     #[test]
     fn dates_are_utc_civil_dates() {

@@ -67,7 +67,7 @@ impl Spread {
             v[i]
         };
         Self {
-            p50: crate::bench::median(&v),
+            p50: crate::stats::median(&v),
             p99: rank(0.99),
             max: v.last().copied().unwrap_or(0.0),
         }
@@ -101,9 +101,9 @@ impl SpanReport {
         Some(Self {
             hugemem: h,
             baseline: b,
-            speedup_p50: crate::bench::ratio(b.p50, h.p50),
-            speedup_p99: crate::bench::ratio(b.p99, h.p99),
-            p99_over_p50: crate::bench::ratio(h.p99, h.p50),
+            speedup_p50: crate::stats::ratio(b.p50, h.p50),
+            speedup_p99: crate::stats::ratio(b.p99, h.p99),
+            p99_over_p50: crate::stats::ratio(h.p99, h.p50),
         })
     }
 }

@@ -1,4 +1,5 @@
-//! `hugemem bench takeover`, tiny, through the real binary: its `--json`
+//! `hugemem bench takeover`, tiny, through the real binary
+//! (`hugemem-bench`, which runs `hugemem serve` beside it): its `--json`
 //! carries the bench's name, the run record and both modes' figures, and
 //! the takeover kept every running allocation.
 //!
@@ -10,7 +11,8 @@ use std::process::Command;
 
 use serde_json::Value;
 
-const HUGEMEM: &str = env!("CARGO_BIN_EXE_hugemem");
+/// `hugemem-bench`, what `hugemem bench` runs.
+const HUGEMEM_BENCH: &str = env!("CARGO_BIN_EXE_hugemem-bench");
 
 #[test]
 fn takeover_keeps_every_allocation_and_reports_both_modes() {
@@ -33,12 +35,11 @@ fn takeover_keeps_every_allocation_and_reports_both_modes() {
     ];
     let out = Command::new("timeout")
         .arg("240")
-        .arg(HUGEMEM)
-        .arg("bench")
+        .arg(HUGEMEM_BENCH)
         .args(args)
         .env("RUST_LOG", "warn")
         .output()
-        .expect("run hugemem bench takeover");
+        .expect("run hugemem-bench takeover");
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_ne!(out.status.code(), Some(124), "no result within 240 s");
     assert!(out.status.success(), "bench takeover failed: {stderr}");

@@ -16,7 +16,7 @@ fn benchmarks_md_is_what_the_results_give() {
     let doc_path = Path::new(ROOT).join("docs/benchmarks.md");
     let results = Path::new(ROOT).join("docs/results");
     let doc = std::fs::read_to_string(&doc_path).expect("read docs/benchmarks.md");
-    let want = hugemem::bench::report::render(&doc, &results)
+    let want = hugemem_bench::report::render(&doc, &results)
         .unwrap_or_else(|e| panic!("docs/benchmarks.md: {e}"));
     if want != doc {
         let first = doc
@@ -37,7 +37,7 @@ fn benchmarks_md_is_what_the_results_give() {
 fn every_results_file_the_document_uses_describes_its_run() {
     let doc = std::fs::read_to_string(Path::new(ROOT).join("docs/benchmarks.md"))
         .expect("read docs/benchmarks.md");
-    let names = hugemem::bench::report::names_in(&doc);
+    let names = hugemem_bench::report::names_in(&doc);
     assert!(
         !names.is_empty(),
         "docs/benchmarks.md quotes no results file"

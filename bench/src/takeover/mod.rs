@@ -61,8 +61,8 @@ use guest_mem::vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 use guest_mem::PageSize;
 use hugemem_client::stats::Stats;
 
-use super::serve_child::{ServeChild, ServeChildError, ServeOptions};
 use crate::private_dir::PrivateDir;
+use crate::serve_child::{ServeChild, ServeChildError, ServeOptions};
 pub use clients::ClientRun;
 pub use report::{Expectation, ModeRound, ModeSummary, Ratios, Spread, TakeoverReport};
 

@@ -1,5 +1,5 @@
 //! `hugemem bench clear` and `hugemem bench vmstart`, small, through the real
-//! binary: their `--json` carries the bench's name and the run (command,
+//! binary (`hugemem-bench`): their `--json` carries the bench's name and the run (command,
 //! date, build, machine summary), `bench clear` reports the kernel re-zeroing
 //! the same buffer and both clocks of the parallel runner, and `bench
 //! vmstart` runs the eager-dirty scenario (a dirty pooled region cleared by
@@ -13,19 +13,20 @@ use std::process::Command;
 
 use serde_json::Value;
 
-const HUGEMEM: &str = env!("CARGO_BIN_EXE_hugemem");
+/// `hugemem-bench`, what `hugemem bench` runs.
+const HUGEMEM_BENCH: &str = env!("CARGO_BIN_EXE_hugemem-bench");
 
-/// Runs `hugemem bench <args> --json` under coreutils `timeout`; the report.
+/// Runs `hugemem-bench <args> --json` (`hugemem bench <args> --json`) under
+/// coreutils `timeout`; the report.
 fn bench(args: &[&str]) -> Value {
     let out = Command::new("timeout")
         .arg("240")
-        .arg(HUGEMEM)
-        .arg("bench")
+        .arg(HUGEMEM_BENCH)
         .args(args)
         .arg("--json")
         .env("RUST_LOG", "warn")
         .output()
-        .expect("run hugemem bench");
+        .expect("run hugemem-bench");
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_ne!(out.status.code(), Some(124), "no result within 240 s");
     assert!(out.status.success(), "bench {args:?} failed: {stderr}");

@@ -9,16 +9,16 @@ use std::time::Instant;
 use guest_mem::PageSize;
 use tracing::warn;
 
-use super::super::alloc::pool_state;
-use super::super::ratio;
 use super::vmm::*;
 use super::*;
-use crate::launch::{build_args, BuildOptions, MemoryFile, MemoryRegion, Vmm};
+use crate::alloc::pool_state;
+use crate::stats::ratio;
 use backend::client::Client;
 use backend::daemon::config::PoolConfig;
 use backend::daemon::{ByteSize, Config, Daemon, DaemonHandle};
 use backend::proto::{AllocRequest, ClearMode, PagePolicy, ANY_NODE};
 use guest_mem::size::format_size;
+use hugemem::launch::{build_args, BuildOptions, MemoryFile, MemoryRegion, Vmm};
 
 /// The benchmark's state during a run.
 pub(super) struct Bench<'a> {
@@ -55,7 +55,7 @@ impl Bench<'_> {
             "-accel",
             "kvm",
             "-cpu",
-            crate::launch::qemu::KVM_CPU,
+            hugemem::launch::qemu::KVM_CPU,
             "-nodefaults",
             "-no-user-config",
             "-nographic",

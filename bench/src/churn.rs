@@ -75,8 +75,8 @@ use guest_mem::{AnonMapping, PageSize, PoolCounts};
 use hugemem_client::stats::Stats;
 use serde::Serialize;
 
-use super::serve_child::{ServeChild, ServeChildError, ServeOptions};
 use crate::private_dir::PrivateDir;
+use crate::serve_child::{ServeChild, ServeChildError, ServeOptions};
 use backend::client::{Client, ClientError};
 use backend::daemon::{ByteSize, Config, DaemonError};
 use backend::proto::{AllocRequest, ClearMode, PagePolicy};
@@ -240,7 +240,7 @@ impl Plan {
                 "-accel",
                 "kvm",
                 "-cpu",
-                crate::launch::qemu::KVM_CPU,
+                hugemem::launch::qemu::KVM_CPU,
                 "-nodefaults",
                 "-no-user-config",
                 "-nographic",
@@ -783,14 +783,14 @@ pub fn run(cfg: &ChurnConfig, progress: &mut dyn FnMut(&str)) -> Result<ChurnRep
         p50_ms: h.p50,
         p99_ms: h.p99,
         max_ms: h.max,
-        alloc_p50_ms: super::median(&allocs),
+        alloc_p50_ms: crate::stats::median(&allocs),
         baseline_p50_ms: b.p50,
         baseline_p99_ms: b.p99,
         baseline_max_ms: b.max,
         baseline_page_size: baseline_page.to_string(),
-        speedup_p50: super::ratio(b.p50, h.p50),
-        speedup_p99: super::ratio(b.p99, h.p99),
-        p99_over_p50: super::ratio(h.p99, h.p50),
+        speedup_p50: crate::stats::ratio(b.p50, h.p50),
+        speedup_p99: crate::stats::ratio(b.p99, h.p99),
+        p99_over_p50: crate::stats::ratio(h.p99, h.p50),
         host_vm_fits,
         ready,
         touched,

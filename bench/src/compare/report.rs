@@ -74,7 +74,7 @@ impl CompareReport {
 
 /// `scripts/plot-compare`, compiled into the binary so that `--plot` works
 /// from an installed `hugemem` with no source tree around.
-const PLOT_SCRIPT: &str = include_str!("../../../../scripts/plot-compare");
+const PLOT_SCRIPT: &str = include_str!("../../../scripts/plot-compare");
 
 /// The plot script that runs: `HUGEMEM_PLOT_SCRIPT` when set (a developer's
 /// edited copy), else the copy compiled in (`None`).

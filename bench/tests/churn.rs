@@ -11,7 +11,8 @@ use std::process::Command;
 use backend::stats::Stats;
 use serde_json::Value;
 
-const HUGEMEM: &str = env!("CARGO_BIN_EXE_hugemem");
+/// `hugemem-bench`, what `hugemem bench` runs.
+const HUGEMEM_BENCH: &str = env!("CARGO_BIN_EXE_hugemem-bench");
 const VMS: u64 = 4;
 
 /// Runs the churn on `daemon` and checks the report; returns it.
@@ -24,14 +25,14 @@ fn churn(
     let before = daemon.stats();
     let socket = daemon.socket();
     let out = Command::new("timeout")
-        .args(["300", HUGEMEM, "bench", "churn", "--vms"])
+        .args(["300", HUGEMEM_BENCH, "churn", "--vms"])
         .arg(VMS.to_string())
         .args(["--size", "64M", "--page-size", "2M", "--vmm", vmm, "--json"])
         .args(["--parallel", &parallel.to_string(), "--socket"])
         .arg(&socket)
         .envs(extra_env.iter().copied())
         .output()
-        .expect("run hugemem bench churn");
+        .expect("run hugemem-bench churn");
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
         out.status.success(),

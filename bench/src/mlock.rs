@@ -46,7 +46,8 @@ use guest_mem::{
 use numa::{MbindFlags, MemPolicyMode, NodeMask, Topology};
 use serde::Serialize;
 
-use super::{best, median, BenchError};
+use crate::error::BenchError;
+use crate::stats::{best, median};
 use guest_mem::size::format_size;
 
 /// How long the probe runs alone to measure the noise floor.

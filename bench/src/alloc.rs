@@ -54,7 +54,7 @@ use hugemem_client::stats::Stats;
 use numa::{MbindFlags, MemPolicyMode, NodeMask, Topology};
 use serde::Serialize;
 
-use super::{best, median, ratio};
+use crate::stats::{best, median, ratio};
 use backend::client::{Client, ClientError};
 use backend::daemon::config::PoolConfig;
 use backend::daemon::{ByteSize, Config, Daemon, DaemonError, DaemonHandle};

@@ -213,7 +213,7 @@ pub fn run(
     let kernel = clearing::ClearKernel::default_kernel();
     let (one_page_clear_us, clear_gbps) = one_page_clear(cfg.page_size, kernel);
     let cpus = std::thread::available_parallelism().map_or(1, usize::from);
-    let prefault_threads = super::alloc::cloud_hypervisor_threads(cpus, cfg.size, page);
+    let prefault_threads = crate::alloc::cloud_hypervisor_threads(cpus, cfg.size, page);
     let mut notes = vec![format!(
         "eager-fresh ran twice; the first run (not reported) warmed the host's backing of {} bytes",
         cfg.size
@@ -377,7 +377,7 @@ impl Bench {
     ) -> Result<(), VmstartError> {
         let deadline = Instant::now() + POOL_DEADLINE;
         loop {
-            let (clean, pending) = super::alloc::pool_state(&self.handle().stats());
+            let (clean, pending) = crate::alloc::pool_state(&self.handle().stats());
             if ok(clean, pending) {
                 return Ok(());
             }
@@ -473,7 +473,7 @@ impl Bench {
         loop {
             let stats = self.handle().stats();
             let dirty = stats.pool_sum(|p| p.dirty_bytes);
-            let (clean, pending) = super::alloc::pool_state(&stats);
+            let (clean, pending) = crate::alloc::pool_state(&stats);
             if dirty > 0 || (clean >= self.cfg.size && pending == 0) {
                 return Ok(());
             }
@@ -609,7 +609,7 @@ fn one_page_clear(page: PageSize, kernel: clearing::ClearKernel) -> (f64, f64) {
         clearing::clear_huge_page(kernel, m.as_mut_slice(), 0);
         best = best.min(t.elapsed().as_secs_f64());
     }
-    (best * 1e6, super::gbps(page.bytes(), best))
+    (best * 1e6, crate::stats::gbps(page.bytes(), best))
 }
 
 impl VmstartReport {

@@ -1,4 +1,5 @@
-//! `hugemem demo` end to end, through the built binary: a private daemon, a
+//! `hugemem demo` end to end, through the built binary (`hugemem-bench demo`,
+//! which `hugemem demo` runs): a private daemon, a
 //! fresh ALLOC, the micro-guest under KVM (when there is one), FREE, scrub,
 //! a pooled ALLOC, and the guest again.
 //!
@@ -11,11 +12,11 @@ use std::process::Command;
 
 use serde_json::Value;
 
-/// Runs `hugemem demo --json ARGS` and returns its report.
+/// Runs `hugemem-bench demo --json ARGS` and returns its report.
 fn demo(args: &[&str]) -> Value {
     let out = Command::new("timeout")
         .arg("120")
-        .arg(env!("CARGO_BIN_EXE_hugemem"))
+        .arg(env!("CARGO_BIN_EXE_hugemem-bench"))
         .args(["demo", "--json"])
         .args(args)
         .output()
@@ -142,7 +143,7 @@ fn demo_on_4k_pages() {
 fn demo_timeline_is_printed_and_the_guest_can_be_skipped() {
     let out = Command::new("timeout")
         .arg("120")
-        .arg(env!("CARGO_BIN_EXE_hugemem"))
+        .arg(env!("CARGO_BIN_EXE_hugemem-bench"))
         .args(["demo", "--page-size", "4K", "--size", "16M", "--no-guest"])
         .output()
         .expect("run hugemem demo");

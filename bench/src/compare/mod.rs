@@ -82,13 +82,13 @@ use std::time::Duration;
 use guest_mem::{PageSize, SharedMapping};
 use serde::Serialize;
 
-use super::{best, median};
-use crate::launch::BuildError;
 use crate::private_dir::PrivateDir;
+use crate::stats::{best, median};
 use backend::client::ClientError;
 use backend::daemon::DaemonError;
 use backend::guest_memory::GuestMemoryError;
 use guest_mem::size::format_size;
+use hugemem::launch::BuildError;
 mod bench;
 mod report;
 mod vmm;
