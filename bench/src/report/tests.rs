@@ -1,5 +1,6 @@
 use super::*;
 use serde_json::json;
+use serde_json::Value;
 
 fn dir_with(files: &[(&str, Value)]) -> tempfile::TempDir {
     let dir = tempfile::tempdir().expect("temp dir");
