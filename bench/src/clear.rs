@@ -237,42 +237,12 @@ pub fn run(
         .into_iter()
         .filter(|k| k.is_available())
         .collect();
-    let mut fault = Vec::new();
-    let mut memset = Vec::new();
-    let mut refault = Vec::new();
-    let mut per_kernel: Vec<Vec<f64>> = vec![Vec::new(); kernels.len()];
-    for rep in 0..cfg.reps {
-        progress(&format!(
-            "repetition {}/{}: kernel fault, memset, {} kernels, kernel re-zero",
-            rep + 1,
-            cfg.reps,
-            kernels.len()
-        ));
-        fault.push({
-            let fresh = AnonMapping::new(len, page)?;
-            time(|| Ok(fresh.populate_write(0, len)?))?
-        });
-        let mut map = AnonMapping::new(len, page)?;
-        map.populate_write(0, len)?;
-        let buf = map.as_mut_slice();
-        memset.push(time(|| {
-            // SAFETY: buf is a live, exclusively borrowed slice of len bytes.
-            unsafe { libc::memset(buf.as_mut_ptr().cast(), 0, buf.len()) };
-            Ok(())
-        })?);
-        for (k, samples) in kernels.iter().zip(per_kernel.iter_mut()) {
-            samples.push(time(|| {
-                clearing::clear(*k, buf);
-                Ok(())
-            })?);
-        }
-        // The kernel's way to zero the same populated buffer: drop its pages
-        // and fault in fresh ones, which the kernel zeroes.
-        refault.push(time(|| {
-            map.discard(0, len)?;
-            Ok(map.populate_write(0, len)?)
-        })?);
-    }
+    let SingleThread {
+        fault,
+        memset,
+        refault,
+        per_kernel,
+    } = single_thread(cfg.reps, len, page, &kernels, progress)?;
     let figure = |k: ClearKernel| {
         kernels
             .iter()
@@ -281,63 +251,7 @@ pub fn run(
     };
     let default_kernel = ClearKernel::default_kernel();
 
-    // The parallel runner: one job per memory node, memory bound before populate.
-    let thread_counts: Vec<usize> = if cfg.threads.is_empty() {
-        (1..=cpus.max(1)).collect()
-    } else {
-        cfg.threads.clone()
-    };
-    let map = AnonMapping::new(len, page)?;
-    let parts = bind_per_node(&map, &topology)?;
-    map.populate_write(0, len)?;
-    let align = usize::try_from(page.bytes().min(2 << 20)).map_err(|_| BenchError::Size)?;
-    let mut parallel = Vec::new();
-    for &threads in &thread_counts {
-        let per_node = threads.div_ceil(parts.len()).max(1);
-        let jobs: Vec<Job> = parts
-            .iter()
-            .map(|&(offset, part_len, node)| Job {
-                start: map.addr() as usize + offset,
-                len: part_len,
-                align,
-                min_chunk: 16 << 20,
-                max_threads: per_node,
-                node: Some(node),
-            })
-            .collect();
-        let mut samples = Vec::new();
-        let mut runner_samples = Vec::new();
-        for _ in 0..cfg.reps {
-            let start = Instant::now();
-            // SAFETY: every job range lies inside `map`, a live read-write
-            // mapping owned here, and no Rust reference to it exists while the
-            // jobs run.
-            let report = unsafe {
-                clearing::clear_jobs(&topology, &jobs, default_kernel, &RunOptions::default())
-            }
-            .map_err(|e| BenchError::Runner(e.to_string()))?;
-            samples.push(start.elapsed().as_secs_f64());
-            runner_samples.push(report.seconds);
-        }
-        let g = gbps(cfg.size, best(&samples));
-        let runner_gbps = gbps(cfg.size, best(&runner_samples));
-        progress(&format!(
-            "parallel runner, {threads} worker(s): {g:.2} GB/s (runner's own clock {runner_gbps:.2})"
-        ));
-        parallel.push(ParallelPoint {
-            threads,
-            gbps: g,
-            speedup: 0.0,
-            runner_gbps,
-            runner_speedup: 0.0,
-        });
-    }
-    let base = parallel.first().map_or(0.0, |p| p.gbps);
-    let runner_base = parallel.first().map_or(0.0, |p| p.runner_gbps);
-    for p in &mut parallel {
-        p.speedup = crate::stats::ratio(p.gbps, base);
-        p.runner_speedup = crate::stats::ratio(p.runner_gbps, runner_base);
-    }
+    let parallel = parallel_runner(cfg, len, page, &topology, cpus, default_kernel, progress)?;
 
     let kernel_fault_gbps = gbps(cfg.size, best(&fault));
     let memset_gbps = gbps(cfg.size, best(&memset));
@@ -374,6 +288,141 @@ pub fn run(
         },
         parallel,
     })
+}
+
+/// Samples of one thread's ways to zero `len` bytes, one per repetition.
+struct SingleThread {
+    /// The kernel zeroing at first fault.
+    fault: Vec<f64>,
+    memset: Vec<f64>,
+    /// The kernel zeroing the same buffer again: discard and fault in.
+    refault: Vec<f64>,
+    /// Each of `kernels`.
+    per_kernel: Vec<Vec<f64>>,
+}
+
+/// `reps` repetitions of the kernel's fault, memset, every clearing kernel
+/// and the kernel's re-zeroing, on `len` bytes of `page` pages.
+fn single_thread(
+    reps: usize,
+    len: usize,
+    page: PageSize,
+    kernels: &[ClearKernel],
+    progress: &mut dyn FnMut(&str),
+) -> Result<SingleThread, BenchError> {
+    let mut fault = Vec::new();
+    let mut memset = Vec::new();
+    let mut refault = Vec::new();
+    let mut per_kernel: Vec<Vec<f64>> = vec![Vec::new(); kernels.len()];
+    for rep in 0..reps {
+        progress(&format!(
+            "repetition {}/{}: kernel fault, memset, {} kernels, kernel re-zero",
+            rep + 1,
+            reps,
+            kernels.len()
+        ));
+        fault.push({
+            let fresh = AnonMapping::new(len, page)?;
+            time(|| Ok(fresh.populate_write(0, len)?))?
+        });
+        let mut map = AnonMapping::new(len, page)?;
+        map.populate_write(0, len)?;
+        let buf = map.as_mut_slice();
+        memset.push(time(|| {
+            // SAFETY: buf is a live, exclusively borrowed slice of len bytes.
+            unsafe { libc::memset(buf.as_mut_ptr().cast(), 0, buf.len()) };
+            Ok(())
+        })?);
+        for (k, samples) in kernels.iter().zip(per_kernel.iter_mut()) {
+            samples.push(time(|| {
+                clearing::clear(*k, buf);
+                Ok(())
+            })?);
+        }
+        // The kernel's way to zero the same populated buffer: drop its pages
+        // and fault in fresh ones, which the kernel zeroes.
+        refault.push(time(|| {
+            map.discard(0, len)?;
+            Ok(map.populate_write(0, len)?)
+        })?);
+    }
+    Ok(SingleThread {
+        fault,
+        memset,
+        refault,
+        per_kernel,
+    })
+}
+
+/// The parallel runner with each worker count: one job per memory node,
+/// the memory bound before it is populated; GB/s by the caller's clock and
+/// by the runner's own, and the speedups over the first count.
+fn parallel_runner(
+    cfg: &ClearBenchConfig,
+    len: usize,
+    page: PageSize,
+    topology: &Topology,
+    cpus: usize,
+    default_kernel: ClearKernel,
+    progress: &mut dyn FnMut(&str),
+) -> Result<Vec<ParallelPoint>, BenchError> {
+    let thread_counts: Vec<usize> = if cfg.threads.is_empty() {
+        (1..=cpus.max(1)).collect()
+    } else {
+        cfg.threads.clone()
+    };
+    let map = AnonMapping::new(len, page)?;
+    let parts = bind_per_node(&map, topology)?;
+    map.populate_write(0, len)?;
+    let align = usize::try_from(page.bytes().min(2 << 20)).map_err(|_| BenchError::Size)?;
+    let mut parallel = Vec::new();
+    for &threads in &thread_counts {
+        let per_node = threads.div_ceil(parts.len()).max(1);
+        let jobs: Vec<Job> = parts
+            .iter()
+            .map(|&(offset, part_len, node)| Job {
+                start: map.addr() as usize + offset,
+                len: part_len,
+                align,
+                min_chunk: 16 << 20,
+                max_threads: per_node,
+                node: Some(node),
+            })
+            .collect();
+        let mut samples = Vec::new();
+        let mut runner_samples = Vec::new();
+        for _ in 0..cfg.reps {
+            let start = Instant::now();
+            // SAFETY: every job range lies inside `map`, a live read-write
+            // mapping owned here, and no Rust reference to it exists while the
+            // jobs run.
+            let report = unsafe {
+                clearing::clear_jobs(topology, &jobs, default_kernel, &RunOptions::default())
+            }
+            .map_err(|e| BenchError::Runner(e.to_string()))?;
+            samples.push(start.elapsed().as_secs_f64());
+            runner_samples.push(report.seconds);
+        }
+        let g = gbps(cfg.size, best(&samples));
+        let runner_gbps = gbps(cfg.size, best(&runner_samples));
+        progress(&format!(
+            "parallel runner, {threads} worker(s): {g:.2} GB/s (runner's own clock {runner_gbps:.2})"
+        ));
+        parallel.push(ParallelPoint {
+            threads,
+            gbps: g,
+            speedup: 0.0,
+            runner_gbps,
+            runner_speedup: 0.0,
+        });
+    }
+    let base = parallel.first().map_or(0.0, |p| p.gbps);
+    let runner_base = parallel.first().map_or(0.0, |p| p.runner_gbps);
+    for p in &mut parallel {
+        p.speedup = crate::stats::ratio(p.gbps, base);
+        p.runner_speedup = crate::stats::ratio(p.runner_gbps, runner_base);
+    }
+    Ok(parallel)
 }
 
 impl ClearBenchReport {

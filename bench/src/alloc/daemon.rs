@@ -3,14 +3,14 @@
 
 use std::time::{Duration, Instant};
 
-use guest_mem::PageSize;
-use hugemem_client::stats::Stats;
-
-use super::error::AllocBenchError;
 use backend::client::Client;
 use backend::daemon::config::PoolConfig;
 use backend::daemon::{ByteSize, Config, Daemon, DaemonHandle};
 use backend::proto::{AllocPart, AllocRequest, ClearMode, PagePolicy};
+use guest_mem::PageSize;
+use hugemem_client::stats::Stats;
+
+use super::error::AllocBenchError;
 
 /// Longest wait for a FREE to come back clean.
 const CLEAN_DEADLINE: Duration = Duration::from_secs(120);

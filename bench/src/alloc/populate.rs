@@ -5,7 +5,9 @@
 use std::sync::Barrier;
 use std::time::Instant;
 
+use backend::proto::AllocPart;
 use clearing::{Chunk, Job, RunOptions};
+use guest_mem::size::format_size;
 use guest_mem::{
     PagePolicy as RegionPolicy, PageSize, Region, RegionSpec, Reservation, SharedMapping,
 };
@@ -13,8 +15,6 @@ use numa::{MbindFlags, MemPolicyMode, NodeMask, Topology};
 
 use super::config::AllocBenchConfig;
 use super::error::AllocBenchError;
-use backend::proto::AllocPart;
-use guest_mem::size::format_size;
 
 /// cloud-hypervisor's cap on prefault threads.
 const CH_MAX_PREFAULT_THREADS: usize = 16;

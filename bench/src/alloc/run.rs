@@ -1,6 +1,7 @@
 //! The alloc bench end to end: the pages, the warm-up, the repetitions in
 //! alternating order, the scaling run, and the report.
 
+use backend::proto::AllocPart;
 use guest_mem::size::format_size;
 use guest_mem::PageSize;
 use numa::Topology;
@@ -14,7 +15,6 @@ use super::populate::{
 };
 use super::report::{AllocBenchReport, AllocMedians, AllocRatios, AllocSamples, ScalingPoint};
 use crate::stats::{best, median, ratio};
-use backend::proto::AllocPart;
 
 /// Bytes in a GiB, for per-GiB figures.
 const GIB: f64 = (1u64 << 30) as f64;

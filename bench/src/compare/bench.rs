@@ -6,19 +6,22 @@ use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
 use std::path::PathBuf;
 use std::time::Instant;
 
-use guest_mem::PageSize;
-use tracing::warn;
-
-use super::vmm::*;
-use super::*;
-use crate::alloc::pool_state;
-use crate::stats::ratio;
 use backend::client::Client;
 use backend::daemon::config::PoolConfig;
 use backend::daemon::{ByteSize, Config, Daemon, DaemonHandle};
 use backend::proto::{AllocRequest, ClearMode, PagePolicy, ANY_NODE};
 use guest_mem::size::format_size;
+use guest_mem::PageSize;
 use hugemem::launch::{build_args, BuildOptions, MemoryFile, MemoryRegion, Vmm};
+use tracing::warn;
+
+use super::config::{CLEAN_DEADLINE, CLEAN_POLL, STRIDE};
+use super::error::CompareError;
+use super::results::{CompareReport, Figure, Ratio, VariantReport, VariantSamples};
+use super::variant::{Memory, Runner, Variant, BASELINE};
+use super::vmm::*;
+use crate::alloc::pool_state;
+use crate::stats::ratio;
 
 /// The benchmark's state during a run.
 pub(super) struct Bench<'a> {

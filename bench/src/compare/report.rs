@@ -3,8 +3,10 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-use super::*;
 use guest_mem::size::format_size;
+
+use super::error::CompareError;
+use super::results::{CompareReport, Figure};
 
 impl CompareReport {
     /// A human-readable table.

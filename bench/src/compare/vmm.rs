@@ -9,12 +9,14 @@ use std::process::{Command, ExitStatus, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use guest_mem::{PageSize, Reservation};
-
-use super::*;
 use backend::client::Allocation;
 use guest_mem::size::format_size;
 use guest_mem::vm_memory::{GuestMemoryBackend, GuestMemoryRegion};
+use guest_mem::{PageSize, Reservation};
+
+use super::config::{DONE_BYTE, FIRST_BYTE, MARKER, STRIDE, VMM_DEADLINE};
+use super::error::CompareError;
+use super::variant::{Runner, Variant};
 
 /// One repetition of one variant.
 #[derive(Debug, Clone)]
