@@ -1,6 +1,6 @@
 //! `hugemem bench alloc`: time until a VM's RAM is ready, four ways, in one run.
 //!
-//! * `fresh_eager_s`: hugemem without the daemon: [`Region::allocate`] per
+//! * `fresh_eager_s`: hugemem without the daemon: [`Region::allocate`](guest_mem::Region::allocate) per
 //!   NUMA node (memfd, `mbind`, then `MADV_POPULATE_WRITE` by workers pinned
 //!   to the node; the kernel zeroes each new huge page), all nodes at once.
 //! * `fresh_eager_daemon_s`: the same through the daemon: ALLOC on a daemon
@@ -25,7 +25,7 @@
 //! populate again, with exactly N workers pinned to the nodes (N split over
 //! the nodes with memory and CPUs; each node's memfd `mbind`-ed to it, then
 //! `MADV_POPULATE_WRITE` chunk by chunk through [`clearing::run_jobs`], the
-//! mechanism [`Region::prepare_eager`] uses with all CPUs), best and median
+//! mechanism [`Region::prepare_eager`](guest_mem::Region::prepare_eager) uses with all CPUs), best and median
 //! of `reps` per count, and GB/s relative to the first count.
 //!
 //! Every figure is the best of `reps`; each repetition runs all four, in

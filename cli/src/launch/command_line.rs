@@ -98,7 +98,7 @@ pub struct BuildOptions {
     /// one `-numa node` per region when there is more than one.
     pub guest_numa: bool,
     /// The regions will be hugetlbfs paths, not `/dev/fd/N` (known before
-    /// allocating, so [`check_args`] can judge `--landlock`).
+    /// allocating, so [`check_args`](crate::launch::check_args) can judge `--landlock`).
     pub hugetlbfs: bool,
 }
 

@@ -90,7 +90,7 @@ pub struct LaunchConfig {
     /// Ask the daemon to `mlock` the memory.
     pub lock: bool,
     /// How long the daemon may wait for pages it holds but cannot hand out
-    /// yet; `None`: the daemon's default (see [`Client::set_alloc_wait`]).
+    /// yet; `None`: the daemon's default (see [`Client::set_alloc_wait`](backend::client::Client::set_alloc_wait)).
     pub alloc_wait: Option<Duration>,
     /// See [`BuildOptions::guest_numa`].
     pub guest_numa: bool,

@@ -39,7 +39,7 @@ pub struct LaunchReport {
 /// caller exits with [`VmmExit::shell_code`].
 ///
 /// Call from the main thread of a process that has started no other thread
-/// that could take SIGTERM/SIGINT (see [`run_vmm`]).
+/// that could take SIGTERM/SIGINT (see [`run_vmm`](crate::launch::run_vmm)).
 ///
 /// # Errors
 ///
