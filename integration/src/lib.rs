@@ -6,3 +6,4 @@
 //! and skips rather than passing silently.
 
 pub mod checks;
+pub mod structure;

@@ -1,0 +1,88 @@
+//! Measuring one crate: read its module tree, collect its imports, find
+//! the circles.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+
+use super::circles::circles;
+use super::report::{CrateStructure, StructureError};
+use super::tree::TreeReader;
+
+/// Measures the crate whose package directory is `crate_dir`, naming files
+/// relative to `workspace_root`.
+pub fn measure_crate(
+    workspace_root: &Path,
+    crate_dir: &Path,
+) -> Result<CrateStructure, StructureError> {
+    let mut reader = TreeReader {
+        workspace_root: workspace_root.to_path_buf(),
+        files: Vec::new(),
+        test_files: BTreeSet::new(),
+        modules: Vec::new(),
+        functions: Vec::new(),
+        parsed: Vec::new(),
+        looked_up: Default::default(),
+    };
+    let mut roots = Vec::new();
+    for root in ["src/lib.rs", "src/main.rs"] {
+        let path = crate_dir.join(root);
+        if path.is_file() {
+            roots.push(path);
+        }
+    }
+    if let Ok(entries) = std::fs::read_dir(crate_dir.join("src/bin")) {
+        let mut bins: Vec<PathBuf> = entries
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.extension().is_some_and(|x| x == "rs"))
+            .collect();
+        bins.sort();
+        roots.extend(bins);
+    }
+    // Each root is a crate of its own (a binary names the library by its
+    // crate name, an external path): their graphs are measured together
+    // but never joined.
+    for root in roots {
+        reader.read_root(&root)?;
+    }
+    let mut structure = CrateStructure {
+        test_files: reader.test_files.clone(),
+        functions: std::mem::take(&mut reader.functions),
+        ..CrateStructure::default()
+    };
+    for (path, lines) in &reader.files {
+        structure.files.insert(path.clone(), *lines);
+    }
+    let edges = reader.edges();
+    for (from, tos) in &edges {
+        let from_path = reader.files[*from].0.clone();
+        let set = structure.imports.entry(from_path).or_default();
+        for to in tos {
+            set.insert(reader.files[*to].0.clone());
+        }
+    }
+    structure.circles = circles(reader.files.len(), &edges)
+        .into_iter()
+        .map(|c| c.into_iter().map(|i| reader.files[i].0.clone()).collect())
+        .collect();
+    Ok(structure)
+}
+
+/// The workspace's member crates (directories with a `Cargo.toml` listed
+/// in the root manifest's `members`), read without Cargo.
+pub fn workspace_members(workspace_root: &Path) -> Vec<PathBuf> {
+    let manifest = std::fs::read_to_string(workspace_root.join("Cargo.toml")).unwrap_or_default();
+    let Some(start) = manifest.find("members") else {
+        return Vec::new();
+    };
+    let rest = &manifest[start..];
+    let list = rest
+        .find('[')
+        .zip(rest.find(']'))
+        .map(|(a, b)| &rest[a + 1..b])
+        .unwrap_or("");
+    list.split(',')
+        .map(|s| s.trim().trim_matches('"'))
+        .filter(|s| !s.is_empty())
+        .map(|s| workspace_root.join(s))
+        .collect()
+}

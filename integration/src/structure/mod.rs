@@ -1,0 +1,36 @@
+//! The workspace's structure, measured from its source: import circles
+//! between files, file lengths and function lengths.
+//!
+//! **Import circles.** Each crate's module tree is read from its roots
+//! (`src/lib.rs`, `src/main.rs`, `src/bin/*.rs`) through its `mod`
+//! declarations. File A imports file B when code in A names, through a `use`
+//! or a path, an item *defined* in B; `use` re-export chains are followed to
+//! the file that defines the item, so a `pub use x::Foo` in a `mod.rs` used
+//! by a sibling as `super::Foo` is an import of `x.rs`, not of the `mod.rs`.
+//! `mod child;` is a declaration, not an import. Naming a module itself
+//! (`use super::pool;`) imports nothing; naming an item in it does. A circle
+//! is a strongly connected component of more than one file. Test code
+//! (`#[cfg(test)]` items and modules) is left out.
+//!
+//! Paths inside macro invocations are read where the macro's tokens parse
+//! as comma-separated expressions (`format!`, `assert!`, `matches!` …);
+//! method calls name no path and so import nothing: the measure can miss an
+//! import, never invent one.
+//!
+//! **Lengths.** A file's length is all its lines, inline tests included. A
+//! function's length runs from its `fn` line to its closing brace (doc
+//! comments and attributes left out); test functions are left out.
+//!
+//! Between crates, Cargo itself refuses a circle of normal dependencies.
+
+mod circles;
+mod measure;
+mod report;
+mod resolve;
+mod tree;
+
+pub use measure::{measure_crate, workspace_members};
+pub use report::{CrateStructure, FnLength, StructureError};
+
+#[cfg(test)]
+mod tests;
