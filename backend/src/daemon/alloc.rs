@@ -16,7 +16,7 @@ use clearing::{CancelToken, RunOptions};
 use guest_mem::{LockOptions, LockRange, PagePolicy as RegionPolicy, PageSize, Region};
 use numa::{NodeId, Topology};
 
-use super::holders::{self, Owned};
+use super::quarantine::holders::{self, Owned};
 use super::Shared;
 use crate::diag::chain;
 use crate::proto::messages::{AllocRequest, ClearMode, PagePolicy};

@@ -69,8 +69,8 @@
 //! [`alloc`]: crate::daemon::alloc
 //! [`pool`]: crate::daemon::pool
 //! [`scrub`]: crate::daemon::scrub
-//! [`holders`]: crate::daemon::holders
-//! [`reuse`]: crate::daemon::reuse
+//! [`holders`]: crate::daemon::quarantine::holders
+//! [`reuse`]: crate::daemon::quarantine::reuse
 //! [`peer`]: crate::daemon::peer
 //! [`metrics`]: crate::daemon::metrics
 //! [`exporter`]: crate::daemon::exporter
@@ -87,7 +87,6 @@ pub mod config;
 pub mod exporter;
 pub mod fdstore;
 pub mod handover;
-pub mod holders;
 pub mod lazy_allocs;
 pub mod metrics;
 pub mod peer;
@@ -95,7 +94,6 @@ pub mod pool;
 pub mod quarantine;
 pub mod rebalance;
 pub mod refill;
-pub mod reuse;
 pub mod scrub;
 pub mod server;
 pub mod session;
@@ -873,8 +871,7 @@ impl DaemonHandle {
     /// a REATTACH with its token can take it back. False for an unknown id.
     #[doc(hidden)]
     pub fn orphan_for_tests(&self, alloc: u64, tenant: Option<u32>) -> bool {
-        let pool = &self.shared.pool;
-        pool.orphan(alloc) && tenant.is_none_or(|uid| pool.set_tenant(alloc, uid))
+        self.shared.pool.orphan(alloc, tenant)
     }
 
     /// Everything this daemon's lazy fault services counted so far (faults

@@ -41,9 +41,8 @@ mod generic;
 #[cfg(not(target_arch = "x86_64"))]
 use self::generic as arch;
 
-/// The base page size: the unit of [`ClearKernel::PerPage4K`] and of the
-/// fault neighbourhood.
-pub const PAGE_4K: usize = 4096;
+mod page;
+pub use page::PAGE_4K;
 
 /// The longest run the parallel runner hands to one kernel call by default:
 /// 64 MiB.

@@ -5,7 +5,7 @@ use std::thread;
 
 use numa::{NodeId, Topology};
 
-use super::*;
+use super::job::*;
 
 /// How one job is split; pure arithmetic, computed before anything runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -9,7 +9,8 @@ use std::time::Instant;
 
 use numa::{NodeId, Topology};
 
-use super::*;
+use super::job::*;
+use super::plan::PlannedJob;
 
 /// Start gate: workers wait here until every spawned worker has arrived.
 ///

@@ -649,6 +649,48 @@ impl From<Uffd> for OwnedFd {
     }
 }
 
+/// One event read from a uffd.
+#[derive(Debug)]
+pub enum UffdEvent {
+    /// A thread waits on a fault.
+    PageFault(PageFault),
+    /// The registered process forked (`UFFD_FEATURE_EVENT_FORK`); `uffd` is
+    /// the child's new userfaultfd, installed in our fd table by the read.
+    Fork {
+        /// The child's uffd.
+        uffd: Uffd,
+    },
+    /// `mremap` moved a registered range (`UFFD_FEATURE_EVENT_REMAP`).
+    Remap {
+        /// Old start.
+        from: u64,
+        /// New start.
+        to: u64,
+        /// Length.
+        len: u64,
+    },
+    /// `madvise(DONTNEED/REMOVE)` or hole punch dropped pages of a registered
+    /// range (`UFFD_FEATURE_EVENT_REMOVE`); `end` is exclusive.
+    Remove {
+        /// Start.
+        start: u64,
+        /// End (exclusive).
+        end: u64,
+    },
+    /// `munmap` of a registered range (`UFFD_FEATURE_EVENT_UNMAP`).
+    Unmap {
+        /// Start.
+        start: u64,
+        /// End (exclusive).
+        end: u64,
+    },
+    /// An event code this module does not know.
+    Unknown {
+        /// `uffd_msg.event`.
+        event: u8,
+    },
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -3,7 +3,7 @@
 
 use std::fmt;
 
-use super::*;
+use super::abi::{self, UffdMsg};
 
 /// A set of `UFFD_FEATURE_*` bits that prints as their header names.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -101,7 +101,7 @@ pub struct RegisterMode(pub u64);
 impl RegisterMode {
     /// Faults on pages the backing file or anon VMA does not have.
     pub const MISSING: Self = Self(abi::UFFDIO_REGISTER_MODE_MISSING);
-    /// Writes to pages write-protected with [`Uffd::write_protect`].
+    /// Writes to pages write-protected with [`Uffd::write_protect`](super::Uffd::write_protect).
     pub const WP: Self = Self(abi::UFFDIO_REGISTER_MODE_WP);
     /// Faults on pages in the page cache but not mapped (hugetlbfs, shmem).
     pub const MINOR: Self = Self(abi::UFFDIO_REGISTER_MODE_MINOR);
@@ -247,48 +247,6 @@ impl PageFault {
         debug_assert!(page_size.is_power_of_two());
         self.address & !(page_size - 1)
     }
-}
-
-/// One event read from a uffd.
-#[derive(Debug)]
-pub enum UffdEvent {
-    /// A thread waits on a fault.
-    PageFault(PageFault),
-    /// The registered process forked (`UFFD_FEATURE_EVENT_FORK`); `uffd` is
-    /// the child's new userfaultfd, installed in our fd table by the read.
-    Fork {
-        /// The child's uffd.
-        uffd: Uffd,
-    },
-    /// `mremap` moved a registered range (`UFFD_FEATURE_EVENT_REMAP`).
-    Remap {
-        /// Old start.
-        from: u64,
-        /// New start.
-        to: u64,
-        /// Length.
-        len: u64,
-    },
-    /// `madvise(DONTNEED/REMOVE)` or hole punch dropped pages of a registered
-    /// range (`UFFD_FEATURE_EVENT_REMOVE`); `end` is exclusive.
-    Remove {
-        /// Start.
-        start: u64,
-        /// End (exclusive).
-        end: u64,
-    },
-    /// `munmap` of a registered range (`UFFD_FEATURE_EVENT_UNMAP`).
-    Unmap {
-        /// Start.
-        start: u64,
-        /// End (exclusive).
-        end: u64,
-    },
-    /// An event code this module does not know.
-    Unknown {
-        /// `uffd_msg.event`.
-        event: u8,
-    },
 }
 
 /// A message decoded without touching the fd table.

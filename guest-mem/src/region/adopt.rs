@@ -4,57 +4,11 @@
 //! the file before the region is mapped again.
 
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU32};
 
-use numa::NodeId;
-
-use super::{state_unit, Region, UNBOUND};
-use crate::mapping::PageSize;
+use super::{state_unit, AdoptError, AdoptSpec, Region, UNBOUND};
 use crate::state::{PageState, PageStates};
 use crate::sys;
-
-/// What the predecessor said about a region, to be checked against its fd.
-#[derive(Debug, Clone)]
-pub struct AdoptSpec {
-    /// The region's name.
-    pub name: String,
-    /// Its length in bytes.
-    pub len: u64,
-    /// Its page size.
-    pub page_size: PageSize,
-    /// The node it is bound to.
-    pub node: Option<NodeId>,
-    /// The hugetlbfs path of a path-backed region.
-    pub path: Option<PathBuf>,
-    /// One state per page ([`Region::states`]); `Clearing` is taken as
-    /// `Dirty` (the clearer was stopped before the handover).
-    pub states: Vec<PageState>,
-}
-
-/// Why an inherited region was refused.
-#[derive(Debug, thiserror::Error)]
-pub enum AdoptError {
-    /// The file is not what the predecessor described.
-    #[error("inherited region {name}: {why}")]
-    Mismatch {
-        /// The region.
-        name: String,
-        /// What differs.
-        why: String,
-    },
-    /// A syscall on the fd failed.
-    #[error("inherited region {name}: {what}")]
-    Io {
-        /// The region.
-        name: String,
-        /// The call.
-        what: &'static str,
-        /// The cause.
-        #[source]
-        source: std::io::Error,
-    },
-}
 
 impl Region {
     /// Takes over a region another instance of the daemon created: checks

@@ -210,3 +210,27 @@ pub struct PlacementReport {
     /// Time the `move_pages` queries took.
     pub seconds: f64,
 }
+
+/// Why an inherited region was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum AdoptError {
+    /// The file is not what the predecessor described.
+    #[error("inherited region {name}: {why}")]
+    Mismatch {
+        /// The region.
+        name: String,
+        /// What differs.
+        why: String,
+    },
+    /// A syscall on the fd failed.
+    #[error("inherited region {name}: {what}")]
+    Io {
+        /// The region.
+        name: String,
+        /// The call.
+        what: &'static str,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+}

@@ -93,9 +93,8 @@ mod grow;
 mod prepare;
 mod spec;
 
-pub use adopt::{AdoptError, AdoptSpec};
 pub use error::*;
-pub use spec::{Backing, PagePolicy, RegionSpec};
+pub use spec::{AdoptSpec, Backing, PagePolicy, RegionSpec};
 
 use std::ffi::CString;
 use std::fs::OpenOptions;

@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use numa::NodeId;
 
 use crate::mapping::PageSize;
+use crate::state::PageState;
 
 /// Which page sizes a region may use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -92,4 +93,22 @@ impl RegionSpec {
         self.backing = backing;
         self
     }
+}
+
+/// What the predecessor said about a region, to be checked against its fd.
+#[derive(Debug, Clone)]
+pub struct AdoptSpec {
+    /// The region's name.
+    pub name: String,
+    /// Its length in bytes.
+    pub len: u64,
+    /// Its page size.
+    pub page_size: PageSize,
+    /// The node it is bound to.
+    pub node: Option<NodeId>,
+    /// The hugetlbfs path of a path-backed region.
+    pub path: Option<PathBuf>,
+    /// One state per page ([`Region::states`](crate::Region::states)); `Clearing` is taken as
+    /// `Dirty` (the clearer was stopped before the handover).
+    pub states: Vec<PageState>,
 }

@@ -40,7 +40,7 @@ pub struct FnLength {
     pub line: usize,
 }
 
-/// What [`measure_crate`] found in one crate.
+/// What [`measure_crate`](super::measure_crate) found in one crate.
 #[derive(Debug, Default)]
 pub struct CrateStructure {
     /// Each source file of the crate (relative to the workspace root) and

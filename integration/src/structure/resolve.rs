@@ -20,9 +20,11 @@ impl TreeReader {
             collector.visit_file(syntax);
             for (from_module, path) in collector.found {
                 let from_file = self.modules[from_module].file;
-                if let Some(Target::Item(to_file)) = self.resolve(from_module, &path, 0) {
-                    if to_file != from_file {
-                        edges.entry(from_file).or_default().insert(to_file);
+                for target in self.resolve(from_module, &path) {
+                    if let Target::Item(to_file) = target {
+                        if to_file != from_file {
+                            edges.entry(from_file).or_default().insert(to_file);
+                        }
                     }
                 }
             }
@@ -30,41 +32,37 @@ impl TreeReader {
         edges
     }
 
-    fn resolve(&self, module: usize, path: &[String], depth: usize) -> Option<Target> {
-        if depth > 32 || path.is_empty() {
-            return None;
-        }
-        let mut segments = path.iter().peekable();
-        let mut current = match segments.peek().map(|s| s.as_str()) {
-            Some("crate") => {
-                segments.next();
-                Target::Module(self.root_of(module))
-            }
-            Some("self") => {
-                segments.next();
-                Target::Module(module)
-            }
-            Some("super") => Target::Module(module),
-            Some(first) => {
-                let first = first.to_string();
-                segments.next();
-                self.lookup(module, &first, depth)?
-            }
-            None => return None,
+    /// What `path`, named in `module`, stands for: every alternative, since
+    /// a name can be imported once per `cfg` (`use self::x86_64 as arch`
+    /// beside `use self::generic as arch`).
+    fn resolve(&self, module: usize, path: &[String]) -> Vec<Target> {
+        let Some((first, rest)) = path.split_first() else {
+            return Vec::new();
         };
-        for segment in segments {
-            let Target::Module(m) = current else {
-                break;
-            };
-            current = if segment == "super" {
-                Target::Module(self.modules[m].parent?)
-            } else if segment == "self" {
-                Target::Module(m)
-            } else {
-                self.lookup(m, segment, depth)?
-            };
+        let mut current = match first.as_str() {
+            "crate" => vec![Target::Module(self.root_of(module))],
+            "self" | "super" => vec![Target::Module(module)],
+            _ => self.lookup(module, first),
+        };
+        let rest = if first == "super" { path } else { rest };
+        for segment in rest {
+            current = current
+                .into_iter()
+                .flat_map(|target| match target {
+                    Target::Item(_) => vec![target],
+                    Target::Module(m) => match segment.as_str() {
+                        "super" => self.modules[m]
+                            .parent
+                            .map(Target::Module)
+                            .into_iter()
+                            .collect(),
+                        "self" => vec![target],
+                        _ => self.lookup(m, segment),
+                    },
+                })
+                .collect();
         }
-        Some(current)
+        current
     }
 
     fn root_of(&self, mut module: usize) -> usize {
@@ -74,34 +72,41 @@ impl TreeReader {
         module
     }
 
-    fn lookup(&self, module: usize, name: &str, depth: usize) -> Option<Target> {
+    fn lookup(&self, module: usize, name: &str) -> Vec<Target> {
         let key = (module, name.to_string());
         if let Some(known) = self.looked_up.borrow().get(&key) {
-            return *known;
+            return known.clone();
         }
-        self.looked_up.borrow_mut().insert(key.clone(), None);
-        let found = self.lookup_uncached(module, name, depth);
-        self.looked_up.borrow_mut().insert(key, found);
+        self.looked_up.borrow_mut().insert(key.clone(), Vec::new());
+        let found = self.lookup_uncached(module, name);
+        self.looked_up.borrow_mut().insert(key, found.clone());
         found
     }
 
-    fn lookup_uncached(&self, module: usize, name: &str, depth: usize) -> Option<Target> {
+    fn lookup_uncached(&self, module: usize, name: &str) -> Vec<Target> {
         let m = &self.modules[module];
         if let Some(child) = m.children.get(name) {
-            return Some(Target::Module(*child));
+            return vec![Target::Module(*child)];
         }
         if let Some(file) = m.items.get(name) {
-            return Some(Target::Item(*file));
+            return vec![Target::Item(*file)];
         }
-        if let Some(path) = m.imports.get(name) {
-            return self.resolve(module, path, depth + 1);
+        if let Some(paths) = m.imports.get(name) {
+            return paths.iter().flat_map(|p| self.resolve(module, p)).collect();
         }
-        m.globs
-            .iter()
-            .find_map(|glob| match self.resolve(module, glob, depth + 1)? {
-                Target::Module(g) if g != module => self.lookup(g, name, depth + 1),
-                _ => None,
-            })
+        for glob in &m.globs {
+            for source in self.resolve(module, glob) {
+                if let Target::Module(g) = source {
+                    if g != module {
+                        let found = self.lookup(g, name);
+                        if !found.is_empty() {
+                            return found;
+                        }
+                    }
+                }
+            }
+        }
+        Vec::new()
     }
 }
 

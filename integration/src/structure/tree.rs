@@ -19,7 +19,7 @@ pub(super) struct Module {
     /// Items defined here → the file defining them.
     pub(super) items: HashMap<String, usize>,
     /// `use` names → the path they stand for.
-    pub(super) imports: HashMap<String, Vec<String>>,
+    pub(super) imports: HashMap<String, Vec<Vec<String>>>,
     /// `use path::*` sources.
     pub(super) globs: Vec<Vec<String>>,
 }
@@ -43,7 +43,7 @@ pub(super) struct TreeReader {
     /// Names already looked up, per module: a name is looked up once, and
     /// one met again while it is being looked up (a `use` or glob loop)
     /// resolves to nothing.
-    pub(super) looked_up: RefCell<HashMap<(usize, String), Option<Target>>>,
+    pub(super) looked_up: RefCell<HashMap<(usize, String), Vec<Target>>>,
 }
 
 pub(super) fn is_cfg_test(attrs: &[syn::Attribute]) -> bool {
@@ -175,7 +175,11 @@ impl TreeReader {
                     for (name, path) in leaves {
                         match name {
                             Some(name) => {
-                                self.modules[module].imports.insert(name, path);
+                                self.modules[module]
+                                    .imports
+                                    .entry(name)
+                                    .or_default()
+                                    .push(path);
                             }
                             None => self.modules[module].globs.push(path),
                         }

@@ -696,7 +696,7 @@ pub fn adopt_into(topology: &numa::Topology, pool: &super::pool::Pool, inh: &mut
     // (A predecessor in this very process — a test — is never skipped.)
     let own = i32::try_from(std::process::id()).ok();
     inh.predecessor = inh.predecessor.filter(|p| Some(*p) != own);
-    super::holders::set_predecessor(inh.predecessor);
+    super::quarantine::holders::set_predecessor(inh.predecessor);
     let records = std::mem::take(&mut inh.state.regions);
     let mut adopted = Vec::new();
     let mut refused = 0u64;
@@ -772,11 +772,11 @@ pub fn adopt_into(topology: &numa::Topology, pool: &super::pool::Pool, inh: &mut
         .filter(|(_, a)| matches!(a.life, Life::Clean | Life::Dirty))
         .map(|(i, _)| i)
         .collect();
-    let owned: Vec<Option<super::holders::Owned>> = pooled
+    let owned: Vec<Option<super::quarantine::holders::Owned>> = pooled
         .iter()
         .map(|&i| {
             let r = &adopted[i].region;
-            super::holders::Owned::region(
+            super::quarantine::holders::Owned::region(
                 r.fd(),
                 r.as_ptr() as usize,
                 usize::try_from(r.len()).unwrap_or(usize::MAX),
@@ -784,8 +784,8 @@ pub fn adopt_into(topology: &numa::Topology, pool: &super::pool::Pool, inh: &mut
             .ok()
         })
         .collect();
-    let targets: Vec<super::holders::Owned> = owned.iter().flatten().cloned().collect();
-    let scan = super::holders::scan(&targets).holders;
+    let targets: Vec<super::quarantine::holders::Owned> = owned.iter().flatten().cloned().collect();
+    let scan = super::quarantine::holders::scan(&targets).holders;
     let mut found = scan.into_iter();
     let mut quarantined = 0u64;
     for (k, &i) in pooled.iter().enumerate() {
@@ -799,7 +799,7 @@ pub fn adopt_into(topology: &numa::Topology, pool: &super::pool::Pool, inh: &mut
             Some("cannot identify its file".to_string())
         } else if let Some(h) = holder {
             Some(format!("held by pid {}", h.pid))
-        } else if let Err(w) = super::reuse::prove_unreachable(&a.region) {
+        } else if let Err(w) = super::quarantine::reuse::prove_unreachable(&a.region) {
             Some(w)
         } else if a.life == Life::Clean && !a.fill {
             match crate::sys::file_allocated_bytes(a.region.fd()) {
@@ -925,12 +925,12 @@ pub fn resume_connections(
                 let shared = Arc::clone(shared);
                 shared.tracker.clone().spawn(async move {
                     let _ = watch.exited().await;
-                    super::holders::set_predecessor(None);
+                    super::quarantine::holders::set_predecessor(None);
                     info!(pid, "the predecessor daemon exited");
                     shared.quarantine_kick.notify_one();
                 });
             }
-            Err(_) => super::holders::set_predecessor(None),
+            Err(_) => super::quarantine::holders::set_predecessor(None),
         }
     }
 }

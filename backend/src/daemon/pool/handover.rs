@@ -12,8 +12,8 @@ use guest_mem::Region;
 use tracing::warn;
 
 use super::{AllocId, Allocation, Entry, EntryState, Pool, PoolKey, RegionId, SessionId};
-use crate::daemon::holders::Owned;
 use crate::daemon::metrics::Metrics;
+use crate::daemon::quarantine::holders::Owned;
 
 /// Where an exported region is in its life.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -62,7 +62,7 @@ pub struct AllocSnapshot {
     /// The uid it was handed to.
     pub tenant: u32,
     /// Its re-attach token.
-    pub token: super::owners::AllocToken,
+    pub token: super::AllocToken,
     /// Handed out lazily.
     pub lazy: bool,
     /// Its lazy regions are served by the VMM's fallback.
@@ -281,7 +281,7 @@ impl Pool {
                     tenant: r.tenant,
                     warned: false,
                     split: r.split,
-                    fill: r.fill.then(super::fill::Fill::new),
+                    fill: r.fill.then(super::refault::Fill::new),
                 },
             );
         }

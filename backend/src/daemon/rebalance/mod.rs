@@ -96,9 +96,9 @@ use super::config::RebalanceConfig;
 use super::pool::{AllocId, RegionId, SessionId};
 use crate::proto::Status;
 
+pub mod guest_check;
 mod moves;
 mod policy;
-pub mod testing;
 #[cfg(test)]
 mod tests;
 

@@ -389,7 +389,7 @@ fn the_guest_check_runs_here_without_copying() {
     let Some(&node) = migrate::memory_nodes(&topology).first() else {
         return;
     };
-    match testing::check_between(node, node) {
+    match guest_check::check_between(node, node) {
         Ok(line) => {
             assert!(line.contains("8 2M pages"), "{line}");
             assert!(line.contains(": 0 moved, 0 failed"), "{line}");
