@@ -1,5 +1,7 @@
 //! The command line: clap's definitions of every subcommand and its flags,
-//! and the value parsers they use. `main.rs` dispatches on them.
+//! and the value parsers only they use (those `hugemem-bench` shares are in
+//! `hugemem::arg_values`). `demo` and `bench` take every argument as it is,
+//! for `hugemem-bench`. `main.rs` dispatches on them.
 
 use backend::proto::{AllocPart, PagePolicy};
 use clap::{Parser, Subcommand};
