@@ -1,26 +1,24 @@
 //! The `hugemem` command's library half: what the binary's subcommands run
 //! beside `serve` (which is `backend::daemon::serve`), public so that the
-//! integration tests can call the benches and the launchers directly.
+//! integration tests, and the benches of the `hugemem-bench` crate, can call
+//! the launchers directly.
 //!
 //! - [`launch`]: runs cloud-hypervisor or QEMU on daemon memory.
 //! - [`qemu_wrapper`]: the QEMU a libvirt domain names as its emulator.
-//! - [`bench`] and [`demo`]: measurements that report ratios against a
-//!   baseline measured in the same run.
 //! - [`status`], [`rebalance_cli`], [`hugepages`]: the operator's commands.
-//!
-//! [`bench`]: mod@bench
+//! - [`companion`]: finds a binary installed beside this one (`hugemem demo`
+//!   and `hugemem bench …` run `hugemem-bench`, which is not part of this
+//!   crate, so that the shipped daemon carries no benchmark and no guest).
+//! - [`arg_values`]: the value parsers both command lines share.
 
 #![deny(missing_docs)]
 
-/// Benchmarks behind `hugemem bench …`.
-pub mod bench;
-/// `hugemem demo`: daemon, 1 GiB pages, micro-guest, scrub and pool reuse, as a timeline.
-pub mod demo;
+pub mod arg_values;
+pub mod companion;
 /// `hugemem hugepages`: reserve huge pages and mount hugetlbfs, with a report.
 pub mod hugepages;
 /// `hugemem launch`: cloud-hypervisor and QEMU command lines over daemon memory.
 pub mod launch;
-mod private_dir;
 /// `hugemem qemu-wrapper`: the emulator a libvirt domain names, on daemon memory.
 pub mod qemu_wrapper;
 /// `hugemem rebalance`: the operator's REBALANCE client.

@@ -2,18 +2,12 @@
 
 use anyhow::{Context, Result};
 use clap::Parser;
-use hugemem::bench::alloc::{self as alloc_bench, AllocBenchConfig};
-use hugemem::bench::churn::{self, ChurnConfig};
-use hugemem::bench::clear::{self, ClearBenchConfig};
-use hugemem::bench::compare::{self, CompareConfig};
-use hugemem::bench::mlock::{self, MlockBenchConfig};
-use hugemem::bench::vmstart::{self, VmstartConfig};
 use hugemem::launch::{self, LaunchConfig};
 use tracing_subscriber::EnvFilter;
 
 /// The clap definitions.
 mod args;
-use args::{Bench, Cli, Command, HugepagesArgs, LaunchArgs, QemuWrapperArgs, ServeArgs};
+use args::{Cli, Command, ForwardArgs, HugepagesArgs, LaunchArgs, QemuWrapperArgs, ServeArgs};
 
 /// Runs `hugemem hugepages`; returns the exit status (see the command's help).
 fn hugepages(args: HugepagesArgs) -> Result<i32> {
@@ -64,6 +58,7 @@ fn hugepages(args: HugepagesArgs) -> Result<i32> {
     Ok(report.exit_code())
 }
 
+/// Runs `hugemem launch`; exits with the VMM's status.
 fn launch(args: LaunchArgs) -> Result<i32> {
     let cfg = LaunchConfig {
         socket: args.socket,
@@ -96,6 +91,7 @@ fn launch(args: LaunchArgs) -> Result<i32> {
     Ok(report.exit.shell_code())
 }
 
+/// Runs `hugemem qemu-wrapper`: becomes QEMU, or fails.
 fn qemu_wrapper(args: QemuWrapperArgs) -> Result<i32> {
     let cfg = hugemem::qemu_wrapper::WrapperConfig {
         qemu: args.qemu,
@@ -111,6 +107,7 @@ fn qemu_wrapper(args: QemuWrapperArgs) -> Result<i32> {
     }
 }
 
+/// Runs `hugemem serve` until SIGTERM/SIGINT (or a takeover).
 fn serve(args: ServeArgs) -> Result<()> {
     use backend::daemon::{Config, Overrides};
     let mut config = match &args.config {
@@ -168,18 +165,6 @@ fn main() {
     let cli = Cli::parse();
     // The demo prints its own progress; the daemon's info lines would bury it.
     let default_filter = match cli.command {
-        Command::Demo { .. } => "warn",
-        // bench compare starts private daemons; its own progress lines stay.
-        Command::Bench(Bench::Compare { .. }) => "info,backend::daemon=warn,guest_mem=warn",
-        // bench takeover runs its daemons as processes of their own.
-        Command::Bench(Bench::Takeover { .. }) => "info,backend::daemon=warn,guest_mem=warn",
-        // bench churn may start a private daemon; its warnings (page-size
-        // fallbacks) stay.
-        Command::Bench(Bench::Churn { .. }) => "info,backend::daemon=warn,guest_mem=warn",
-        // bench vmstart starts private daemons too.
-        Command::Bench(Bench::Vmstart { .. }) => {
-            "info,backend::daemon=warn,guest_mem=warn,backend::fault=warn,backend::lazy=warn"
-        }
         // libvirt's domain log gets the wrapper's lines; the client's debug stays out.
         Command::QemuWrapper(_) => "info,backend=warn",
         _ => "info",
@@ -207,321 +192,71 @@ fn main() {
     }
 }
 
+/// Runs the subcommand; the process's exit status.
 fn run(cli: Cli) -> Result<i32> {
-    if matches!(cli.command, Command::Bench(_) | Command::Demo { .. })
-        && !matches!(cli.command, Command::Bench(Bench::Report { .. }))
-    {
-        // Date and load average as the run starts, not as it ends.
-        let _ = RUN_INFO.set(hugemem::bench::run_info::RunInfo::current());
-    }
     match cli.command {
-        Command::Launch(args) => return launch(args),
-        Command::QemuWrapper(args) => return qemu_wrapper(args),
-        Command::Hugepages(args) => return hugepages(args),
-        Command::Demo {
-            size,
-            no_guest,
-            page_size,
-            json,
-        } => {
-            let cfg = hugemem::demo::DemoConfig {
-                size,
-                no_guest,
-                page_size,
-            };
-            let report = hugemem::demo::run(&cfg, &mut |line| eprintln!("hugemem demo: {line}"))
-                .context("hugemem demo failed")?;
-            if json {
-                print_bench_json("demo", &report)?;
-            } else {
-                print!("{}", report.to_table());
-            }
-        }
-        Command::Bench(Bench::Alloc {
-            size,
-            reps,
-            page_size,
-            threads,
-            json,
-        }) => {
-            let cfg = AllocBenchConfig {
-                size,
-                reps,
-                page_size,
-                threads,
-            };
-            let report = alloc_bench::run(&cfg, &mut |line| tracing::info!("{line}"))
-                .context("bench alloc failed")?;
-            if json {
-                print_bench_json("alloc", &report)?;
-            } else {
-                print!("{}", report.to_table());
-            }
-        }
-        Command::Bench(Bench::Compare {
-            size,
-            reps,
-            page_size,
-            qemu,
-            prealloc_threads,
-            plot,
-            json,
-        }) => {
-            let cfg = CompareConfig {
-                size,
-                reps,
-                page_size,
-                qemu,
-                // cloud-hypervisor variants run only when this names a binary.
-                cloud_hypervisor: std::env::var_os("CLOUD_HYPERVISOR").filter(|v| !v.is_empty()),
-                prealloc_threads,
-            };
-            let report = compare::run(&cfg, &mut |line| tracing::info!("{line}"))
-                .context("bench compare failed")?;
-            if json {
-                print_bench_json("compare", &report)?;
-            } else {
-                print!("{}", report.to_table());
-            }
-            if let Some(png) = plot {
-                compare::plot(&report, &png)
-                    .with_context(|| format!("cannot plot to {}", png.display()))?;
-                tracing::info!("plot written to {}", png.display());
-            }
-        }
-        Command::Bench(Bench::Churn {
-            vms,
-            size,
-            parallel,
-            vmm,
-            page_size,
-            socket,
-            qemu,
-            launch_timeout,
-            json,
-        }) => {
-            let cfg = ChurnConfig {
-                vms,
-                size,
-                parallel,
-                vmm,
-                page_policy: page_size,
-                socket,
-                launcher: std::env::current_exe()
-                    .context("cannot find the hugemem binary for `hugemem launch`")?,
-                cloud_hypervisor: std::env::var_os("CLOUD_HYPERVISOR").filter(|v| !v.is_empty()),
-                qemu,
-                timeout: std::time::Duration::from_secs(launch_timeout),
-            };
-            let report = churn::run(&cfg, &mut |line| tracing::info!("{line}"))
-                .context("bench churn failed")?;
-            if json {
-                print_bench_json("churn", &report)?;
-            } else {
-                print!("{}", report.to_table());
-            }
-        }
-        Command::Serve(args) => serve(args)?,
+        Command::Serve(args) => serve(args).map(|()| 0),
+        Command::Status { socket, json } => status(&socket, json),
         Command::Rebalance {
             socket,
             region,
             to_node,
             range,
-        } => {
-            let report =
-                hugemem::rebalance_cli::run_cli(&socket, region, to_node, range.as_deref())
-                    .with_context(|| {
-                        format!("hugemem rebalance of region {region} to node {to_node} failed")
-                    })?;
-            println!("{report}");
-        }
-        Command::Bench(Bench::Migrate { size, json }) => {
-            let topology = numa::Topology::detect().context("cannot detect the NUMA topology")?;
-            let report = hugemem::bench::migrate::run_bench(
-                &topology,
-                &hugemem::bench::migrate::BenchOptions::new(size),
-            );
-            if json {
-                print_bench_json("migrate", &report)?;
-            } else {
-                for line in report.lines("") {
-                    println!("{line}");
-                }
-            }
-            let failures = report.failures();
-            if !failures.is_empty() {
-                anyhow::bail!("bench migrate: {}", failures.join("; "));
-            }
-        }
-        Command::Status { socket, json } => {
-            let mut client = backend::client::Client::connect(&socket)?;
-            if json {
-                // As the daemon sent it, keys this build does not know included.
-                let stats = client.stats_json()?;
-                println!("{}", serde_json::to_string_pretty(&stats)?);
-            } else {
-                let stats = client.stats()?;
-                print!("{}", hugemem::status::render_status(&stats));
-            }
-        }
-        Command::Bench(Bench::Clear {
-            size,
-            reps,
-            threads,
-            page_size,
-            json,
-        }) => {
-            let cfg = ClearBenchConfig {
-                size,
-                reps,
-                threads,
-                page_size,
-            };
-            let report = clear::run(&cfg, &mut |line| tracing::info!("{line}"))
-                .context("bench clear failed")?;
-            if json {
-                print_bench_json("clear", &report)?;
-            } else {
-                print!("{}", report.to_table());
-            }
-        }
-        Command::Bench(Bench::Vmstart {
-            size,
-            page_size,
-            guest_timeout,
-            json,
-        }) => {
-            let cfg = VmstartConfig {
-                size,
-                page_size,
-                guest_timeout: std::time::Duration::from_secs(guest_timeout),
-            };
-            let report = vmstart::run(&cfg, &mut |line| tracing::info!("{line}"))
-                .context("bench vmstart failed")?;
-            if json {
-                print_bench_json("vmstart", &report.to_json())?;
-            } else {
-                print!("{}", report.to_table());
-            }
-        }
-        Command::Bench(Bench::Takeover {
-            pool_gib,
-            allocations,
-            alloc_mib,
-            page_size,
-            rounds,
-            idle_clients,
-            json,
-        }) => {
-            let cfg = hugemem::bench::takeover::TakeoverConfig {
-                // Whole bytes; `run` checks the size against the page size.
-                pool_bytes: (pool_gib.max(0.0) * f64::from(1u32 << 30)) as u64,
-                allocations,
-                alloc_bytes: alloc_mib.saturating_mul(1 << 20),
-                page_size,
-                rounds,
-                idle_clients,
-                launcher: std::env::current_exe()
-                    .context("cannot find the hugemem binary for `hugemem serve`")?,
-            };
-            let report = hugemem::bench::takeover::run(&cfg, &mut |line| tracing::info!("{line}"))
-                .context("bench takeover failed")?;
-            match json {
-                None => print!("{}", report.to_table()),
-                Some(None) => print_bench_json("takeover", &report)?,
-                Some(Some(path)) => {
-                    write_bench_json("takeover", &report, &path)?;
-                    print!("{}", report.to_table());
-                }
-            }
-        }
-        Command::Bench(Bench::Report {
-            doc,
-            results,
-            check,
-        }) => {
-            let up_to_date = hugemem::bench::report::update(&doc, &results, !check)
-                .with_context(|| format!("cannot generate {}", doc.display()))?;
-            match (up_to_date, check) {
-                (true, _) => println!("{} is up to date with {}", doc.display(), results.display()),
-                (false, false) => {
-                    println!("{} rewritten from {}", doc.display(), results.display())
-                }
-                (false, true) => {
-                    eprintln!(
-                        "{} differs from what {} gives; run `hugemem bench report`",
-                        doc.display(),
-                        results.display()
-                    );
-                    return Ok(1);
-                }
-            }
-        }
-        Command::Bench(Bench::Mlock {
-            size,
-            chunk,
-            reps,
-            threads_per_node,
-            hugetlb_page_size,
-            no_hugetlb,
-            json,
-        }) => {
-            let chunk = chunk
-                .map(usize::try_from)
-                .transpose()
-                .context("--chunk does not fit this machine's address space")?;
-            let cfg = MlockBenchConfig {
-                size,
-                reps,
-                chunk,
-                threads_per_node,
-                hugetlb: !no_hugetlb,
-                hugetlb_page: hugetlb_page_size,
-            };
-            let report = mlock::run(&cfg, &mut |line| tracing::info!("{line}"))
-                .context("bench mlock failed")?;
-            if json {
-                print_bench_json("mlock", &report)?;
-            } else {
-                print!("{}", report.to_table());
-            }
-        }
+        } => rebalance(&socket, region, to_node, range.as_deref()),
+        Command::Launch(args) => launch(args),
+        Command::QemuWrapper(args) => qemu_wrapper(args),
+        Command::Demo(args) => run_bench_binary(Some("demo"), args),
+        Command::Bench(args) => run_bench_binary(None, args),
+        Command::Hugepages(args) => hugepages(args),
+    }
+}
+
+/// Runs `hugemem status`: STATS as a table, or as the daemon sent it.
+fn status(socket: &std::path::Path, json: bool) -> Result<i32> {
+    let mut client = backend::client::Client::connect(socket)?;
+    if json {
+        // As the daemon sent it, keys this build does not know included.
+        let stats = client.stats_json()?;
+        println!("{}", serde_json::to_string_pretty(&stats)?);
+    } else {
+        let stats = client.stats()?;
+        print!("{}", hugemem::status::render_status(&stats));
     }
     Ok(0)
 }
 
-/// Prints a bench's `--json` object with its name (`"bench"`) and the run's
-/// command, date, build and machine summary (`"run"`), so that a file kept
-/// under docs/results/ says what produced it.
-fn print_bench_json<T: serde::Serialize>(bench: &str, report: &T) -> Result<()> {
-    use hugemem::bench::run_info::{with_run_info, RunInfo};
-    let value = with_run_info(
-        bench,
-        serde_json::to_value(report)?,
-        RUN_INFO.get_or_init(RunInfo::current),
-    );
-    println!("{}", serde_json::to_string_pretty(&value)?);
-    Ok(())
+/// Runs `hugemem rebalance`: one REBALANCE, its report on stdout.
+fn rebalance(
+    socket: &std::path::Path,
+    region: u64,
+    to_node: u32,
+    range: Option<&str>,
+) -> Result<i32> {
+    let report =
+        hugemem::rebalance_cli::run_cli(socket, region, to_node, range).with_context(|| {
+            format!("hugemem rebalance of region {region} to node {to_node} failed")
+        })?;
+    println!("{report}");
+    Ok(0)
 }
 
-/// [`print_bench_json`] into the file `path`.
-fn write_bench_json<T: serde::Serialize>(
-    bench: &str,
-    report: &T,
-    path: &std::path::Path,
-) -> Result<()> {
-    use hugemem::bench::run_info::{with_run_info, RunInfo};
-    let value = with_run_info(
-        bench,
-        serde_json::to_value(report)?,
-        RUN_INFO.get_or_init(RunInfo::current),
-    );
-    let mut text = serde_json::to_string_pretty(&value)?;
-    text.push('\n');
-    std::fs::write(path, text).with_context(|| format!("cannot write {}", path.display()))?;
-    Ok(())
+/// Runs `hugemem demo …` and `hugemem bench …`: execs `hugemem-bench`
+/// (beside this executable, else on PATH) with `first` and every argument,
+/// so that its exit status, signals and output are the bench's own. Returns
+/// only when it cannot be run.
+fn run_bench_binary(first: Option<&str>, args: ForwardArgs) -> Result<i32> {
+    use std::os::unix::process::CommandExt;
+    const BENCH: &str = "hugemem-bench";
+    let program = hugemem::companion::find(BENCH).with_context(|| {
+        format!(
+            "`hugemem demo` and `hugemem bench` run {BENCH}, which is built and shipped \
+             apart from the daemon: build it with `cargo build --release -p {BENCH}` \
+             (it lands beside target/release/hugemem), or install the package that ships it"
+        )
+    })?;
+    let err = std::process::Command::new(&program)
+        .args(first)
+        .args(&args.args)
+        .exec();
+    Err(err).with_context(|| format!("cannot run {}", program.display()))
 }
-
-/// The run's command, date, build and machine, taken when a bench starts.
-static RUN_INFO: std::sync::OnceLock<hugemem::bench::run_info::RunInfo> =
-    std::sync::OnceLock::new();

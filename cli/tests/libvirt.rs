@@ -25,6 +25,16 @@
 //! * a domain asking for `<discard/>` (QEMU `discard-data`) is refused with a
 //!   message in libvirt's domain log and nothing is allocated.
 //!
+//! A second test takes such a domain through a life beyond boot and exit
+//! (issue 26): `virsh save` then `virsh restore`, `virsh managedsave` then
+//! `virsh start`. Each save releases the allocation (QEMU exits; its regions
+//! come back to the pool, scrubbed); each restore is a new QEMU through the
+//! wrapper on a fresh allocation that QEMU fills from the image, and the
+//! guest's values are at their guest-physical offsets of the new memfds.
+//! After the final destroy nothing is allocated, `created − released ==
+//! held`, and the next domain reads zeros. It prints the save and restore
+//! wall times (`MEASURED …`), without asserting on them.
+//!
 //! # How libvirtd runs here
 //!
 //! There is no systemd as PID 1 here, so the test starts `libvirtd --daemon`
@@ -626,6 +636,255 @@ fn libvirt_domains_run_on_daemon_memory() {
     for d in [&a, &b, &c] {
         ok(lv.virsh(&["undefine", &d.name]));
     }
+    drop(lv);
+    daemon.shutdown();
+}
+
+/// `created − released == held` in STATS's totals.
+fn assert_balanced(stats: &Stats, when: &str) {
+    let t = &stats.totals;
+    assert_eq!(
+        t.created_bytes - t.released_bytes,
+        t.held_bytes,
+        "{when}: created − released ≠ held: {stats}"
+    );
+}
+
+/// The allocation ids of the in-use regions.
+fn alloc_ids(stats: &Stats) -> Vec<u64> {
+    let mut ids: Vec<u64> = in_use(stats).iter().filter_map(|r| r.alloc_id).collect();
+    ids.sort_unstable();
+    ids.dedup();
+    ids
+}
+
+/// Waits until a saved domain's allocation is released: no allocation is
+/// left, and each of its `regions` is back in the pool, scrubbed, or given
+/// back to the kernel (none in use, quarantined or dirty).
+fn wait_released(daemon: &TestDaemon, regions: &[u64], what: &str) -> Stats {
+    let stats = daemon.wait_stats(Duration::from_secs(30), what, |s| {
+        let given_back = s.given_back.clone().unwrap_or_default();
+        s.allocations.active == 0
+            && in_use(s).is_empty()
+            && regions.iter().all(|id| match s.region(*id) {
+                Some(r) => r.state == "clean",
+                None => given_back.iter().any(|g| g.region == *id),
+            })
+    });
+    assert_balanced(&stats, what);
+    stats
+}
+
+/// The wrapper's allocation time (its `ms=`) at the domain's latest start,
+/// from the domain log.
+fn wrapper_alloc_ms(log: &str) -> String {
+    log.lines()
+        .rev()
+        .find(|l| l.contains("allocated; starting QEMU"))
+        .and_then(|l| l.split_whitespace().find_map(|w| w.strip_prefix("ms=")))
+        .and_then(|ms| ms.parse::<f64>().ok())
+        .map_or_else(|| "?".into(), |ms| format!("{ms:.1}"))
+}
+
+/// Where an allocation's regions came from, from the counters before and
+/// after it: `pooled N, fresh M`.
+fn served_from(before: &Stats, after: &Stats) -> String {
+    let (b, a) = (&before.counters, &after.counters);
+    format!(
+        "pooled {}, fresh {}",
+        a.regions_pooled - b.regions_pooled,
+        a.regions_fresh - b.regions_fresh
+    )
+}
+
+/// Seconds `f` took.
+fn timed(f: impl FnOnce()) -> f64 {
+    let t = Instant::now();
+    f();
+    t.elapsed().as_secs_f64()
+}
+
+/// A VM's life beyond boot and exit on pool memory (issue 26): a domain on
+/// daemon memory is `virsh save`d and `virsh restore`d, then
+/// `virsh managedsave`d and `virsh start`ed again. Each save releases its
+/// allocation (QEMU exits); each restore runs on a fresh allocation that
+/// QEMU fills from the image, so the guest's values are at their
+/// guest-physical offsets of the new memfds. After the final destroy
+/// nothing is allocated, the totals balance, and the next domain reads no
+/// byte of this one. The save and restore wall times are printed, not
+/// asserted.
+#[test]
+fn libvirt_save_restore_and_managedsave_on_daemon_memory() {
+    let _serial = test_support::prelude::serial();
+    if let Some(reason) = skip_reason() {
+        test_support::skip!("{reason}");
+        return;
+    }
+    let Some((unit, page, _pages)) = pages_for_2g() else {
+        return;
+    };
+    let qemu_uid = id(&["-u", QEMU_USER]).expect("uid");
+    let qemu_gid = id(&["-g", QEMU_USER]).expect("gid");
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let dir = tmp.path();
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let guests = dir.join("guests");
+    std::fs::create_dir(&guests).expect("guests dir");
+    std::fs::set_permissions(&guests, std::fs::Permissions::from_mode(0o777)).expect("chmod");
+    let socket = dir.join("hugemem/hugemem.sock");
+    let daemon = TestDaemon::start(|c| {
+        c.socket = socket.clone();
+        c.allowed_uids = vec![qemu_uid];
+        c.socket_group = Some(qemu_gid);
+        c.pool.recheck_ms = 20;
+    });
+    let shim = install_shim(dir, &socket);
+    let lv = Libvirt::setup(&dir.join("libvirt"));
+    let t0 = Instant::now();
+    let step = |what: &str| eprintln!("[{:7.1} s] {what}", t0.elapsed().as_secs_f64());
+    let ram = guest_mem::size::format_size(2 << 30);
+    step(&format!("libvirtd up; {ram} of RAM on {page}-byte pages"));
+
+    let d = domain(&guests, "hm-life", &shim, unit, 0xC3C3_0000_0000_0000, "");
+    ok(lv.virsh(&["define", d.xml.to_str().expect("utf-8")]));
+    ok(lv.virsh(&["start", &d.name]));
+    let r = wait_reports(&lv, &d, 1);
+    assert!(r[0].contains("nonzero=0"), "fresh daemon memory: {r:?}");
+    let mut regions = check_ram_is_the_daemons(&lv, &daemon, &d, page);
+    let mut allocs = alloc_ids(&daemon.stats());
+    let mut pid = lv.qemu_pid(&d.name);
+    step("booted on daemon memory");
+
+    // 1. virsh save / virsh restore.
+    let image = guests.join("hm-life.save");
+    let image_arg = image.to_str().expect("utf-8");
+    let save_s = timed(|| {
+        ok(lv.virsh(&["save", &d.name, image_arg]));
+    });
+    assert_eq!(lv.domstate(&d.name), "shut off", "after virsh save");
+    let image_bytes = std::fs::metadata(&image).expect("save image").len();
+    let saved = wait_released(&daemon, &regions, "virsh save releases the allocation");
+    step(&format!(
+        "saved ({save_s:.2} s, image {image_bytes} bytes); allocation released"
+    ));
+    let restore_s = timed(|| {
+        ok(lv.virsh(&["restore", image_arg]));
+    });
+    assert_eq!(lv.domstate(&d.name), "running", "after virsh restore");
+    let restored_pid = lv.qemu_pid(&d.name);
+    assert_ne!(restored_pid, pid, "a restore starts a new QEMU");
+    let log = lv.domain_log(&d.name);
+    assert!(log.contains("memory backend on hugemem memory"), "{log}");
+    // The guest's values are in the new allocation (check_ram_is_the_daemons).
+    regions = check_ram_is_the_daemons(&lv, &daemon, &d, page);
+    let restored_allocs = alloc_ids(&daemon.stats());
+    assert!(
+        restored_allocs.iter().all(|a| !allocs.contains(a)),
+        "the restore must run on a fresh allocation: {allocs:?} before, {restored_allocs:?} after"
+    );
+    let restored = daemon.stats();
+    assert_balanced(&restored, "after virsh restore");
+    (allocs, pid) = (restored_allocs, restored_pid);
+    let restore_alloc_ms = wrapper_alloc_ms(&log);
+    step(&format!(
+        "restored ({restore_s:.2} s; the wrapper's allocation {restore_alloc_ms} ms, regions {}) \
+         on daemon memory, the guest's values in it",
+        served_from(&saved, &restored)
+    ));
+
+    // 2. virsh managedsave / virsh start.
+    let managed_s = timed(|| {
+        ok(lv.virsh(&["managedsave", &d.name]));
+    });
+    assert_eq!(lv.domstate(&d.name), "shut off", "after virsh managedsave");
+    let info = ok(lv.virsh(&["dominfo", &d.name]));
+    assert!(
+        info.lines()
+            .any(|l| l.starts_with("Managed save:") && l.ends_with("yes")),
+        "{info}"
+    );
+    let saved = wait_released(
+        &daemon,
+        &regions,
+        "virsh managedsave releases the allocation",
+    );
+    step(&format!(
+        "managedsaved ({managed_s:.2} s); allocation released"
+    ));
+    let start_s = timed(|| {
+        ok(lv.virsh(&["start", &d.name]));
+    });
+    assert_eq!(lv.domstate(&d.name), "running", "after virsh start");
+    let info = ok(lv.virsh(&["dominfo", &d.name]));
+    assert!(
+        info.lines()
+            .any(|l| l.starts_with("Managed save:") && l.ends_with("no")),
+        "virsh start must have used (and removed) the managed save: {info}"
+    );
+    assert_ne!(
+        lv.qemu_pid(&d.name),
+        pid,
+        "the start restores into a new QEMU"
+    );
+    regions = check_ram_is_the_daemons(&lv, &daemon, &d, page);
+    let started_allocs = alloc_ids(&daemon.stats());
+    assert!(
+        started_allocs.iter().all(|a| !allocs.contains(a)),
+        "the managed restore must run on a fresh allocation: {allocs:?} before, {started_allocs:?} after"
+    );
+    let started = daemon.stats();
+    assert_balanced(&started, "after virsh start from the managed save");
+    let start_alloc_ms = wrapper_alloc_ms(&lv.domain_log(&d.name));
+    step(&format!(
+        "started from the managed save ({start_s:.2} s; the wrapper's allocation {start_alloc_ms} ms, regions {})",
+        served_from(&saved, &started)
+    ));
+
+    // The guest itself sees its pre-save writes: reset, and its next boot's
+    // report says it found nonzero memory.
+    let seen = reports(&d).len();
+    ok(lv.virsh(&["reset", &d.name]));
+    let r = wait_reports(&lv, &d, seen + 1);
+    assert!(
+        r[seen].contains("nonzero=1"),
+        "after the restores the guest must find what it wrote before the saves: {r:?}"
+    );
+    step("reset: the guest found its pre-save writes");
+
+    // 3. destroy: nothing left, totals balance.
+    ok(lv.virsh(&["destroy", &d.name]));
+    wait_released(&daemon, &regions, "virsh destroy releases the allocation");
+    let before = daemon.stats();
+    step("destroyed; nothing allocated");
+
+    // The next allocation reads no stale byte of the saved and restored domain.
+    let next = domain(&guests, "hm-next", &shim, unit, 0x3C3C_0000_0000_0000, "");
+    ok(lv.virsh(&["define", next.xml.to_str().expect("utf-8")]));
+    ok(lv.virsh(&["start", &next.name]));
+    let r = wait_reports(&lv, &next, 1);
+    assert!(
+        r[0].contains("nonzero=0"),
+        "the next domain read memory the restored one wrote: {r:?}"
+    );
+    let after = daemon.stats();
+    assert!(
+        after.counters.regions_pooled >= before.counters.regions_pooled + 2,
+        "the next domain was not served from the pool: {after}"
+    );
+    let next_regions = check_ram_is_the_daemons(&lv, &daemon, &next, page);
+    ok(lv.virsh(&["destroy", &next.name]));
+    wait_released(&daemon, &next_regions, "destroy of the next domain");
+    step("next domain read zeros; destroyed");
+
+    for name in [&d.name, &next.name] {
+        ok(lv.virsh(&["undefine", name]));
+    }
+    eprintln!(
+        "MEASURED libvirt on hugemem memory: RAM {ram} ({page}-byte pages, TCG): \
+         virsh save {save_s:.2} s (image {image_bytes} bytes), virsh restore {restore_s:.2} s \
+         (of which the wrapper's allocation {restore_alloc_ms} ms), virsh managedsave {managed_s:.2} s, \
+         virsh start (managed restore) {start_s:.2} s (allocation {start_alloc_ms} ms)"
+    );
     drop(lv);
     daemon.shutdown();
 }

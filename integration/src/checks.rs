@@ -32,7 +32,7 @@ use guest_mem::vm_memory::{Bytes, GuestAddress, GuestRegionMmap, MemoryRegionAdd
 use guest_mem::{PagePolicy, PageSize, PoolCounts, Region, RegionSpec};
 use numa::{NodeId, Topology};
 
-use hugemem::bench::migrate::{run_bench, BenchOptions};
+use hugemem_bench::migrate::{run_bench, BenchOptions};
 use hugemem_client::diag::chain as error_chain;
 use migrate::{
     memory_nodes, move_region, pattern, placement, FailReason, MigrateError, MoveOptions,

@@ -1008,7 +1008,7 @@ fn numa_mlock_per_node() {
     // bench splits the region per node, binds each part and locks it from a
     // worker pinned there, against one mlock call over the whole region.
     // 4 KiB shmem only: the guest has no python3 to grow hugetlb pools.
-    let cfg = hugemem::bench::mlock::MlockBenchConfig {
+    let cfg = hugemem_bench::mlock::MlockBenchConfig {
         size: 256 << 20,
         reps: 1,
         chunk: None,
@@ -1016,7 +1016,7 @@ fn numa_mlock_per_node() {
         hugetlb: false,
         hugetlb_page: None,
     };
-    let report = hugemem::bench::mlock::run(&cfg, &mut |_| {}).expect("bench mlock in the guest");
+    let report = hugemem_bench::mlock::run(&cfg, &mut |_| {}).expect("bench mlock in the guest");
     let f = &report.shmem_4k;
     println!(
         "NUMA-MLOCK nodes={} single_lock_s={:.3} batched_lock_s={:.3} single_max_stall_ms={:.1} batched_max_stall_ms={:.1} {TCG}",

@@ -52,8 +52,7 @@ impl DaemonHandle {
     /// a REATTACH with its token can take it back. False for an unknown id.
     #[doc(hidden)]
     pub fn orphan_for_tests(&self, alloc: u64, tenant: Option<u32>) -> bool {
-        let pool = &self.rooms.pool;
-        pool.orphan(alloc) && tenant.is_none_or(|uid| pool.set_tenant(alloc, uid))
+        self.rooms.pool.orphan(alloc, tenant)
     }
 
     /// Everything this daemon's lazy fault services counted so far (faults

@@ -29,7 +29,7 @@
 
 use std::ffi::OsString;
 
-use super::{option_name, text, BuildError, BuildOptions, MemoryRegion, Vmm};
+use super::command_line::{option_name, text, BuildError, BuildOptions, MemoryRegion, Vmm};
 use guest_mem::size::format_size;
 
 /// Zone id of region `i`.

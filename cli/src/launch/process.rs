@@ -49,7 +49,7 @@ use nix::sys::signal::{SigSet, SigmaskHow, Signal};
 use nix::unistd::Pid;
 use tracing::{debug, info, warn};
 
-use super::LaunchError;
+use super::error::LaunchError;
 
 /// How the VMM ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -25,7 +25,7 @@
 
 use std::ffi::OsString;
 
-use super::{option_name, text, BuildError, MemoryRegion, Vmm};
+use super::command_line::{option_name, text, BuildError, MemoryRegion, Vmm};
 use guest_mem::size::format_size;
 
 /// The `-cpu` value for QEMU under KVM on every host this project runs on.

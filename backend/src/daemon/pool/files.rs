@@ -1,5 +1,5 @@
 //! Operations on a released region's file done under the pool's own rules
-//! (the proofs before reuse are in `super::super::reuse`).
+//! (the proofs before reuse are in `crate::daemon::quarantine::reuse`).
 
 use guest_mem::Region;
 

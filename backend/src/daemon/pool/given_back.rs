@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use hugemem_client::stats::GivenBack as StatsEntry;
 
-use super::{Entry, RegionId};
+use super::ids::{PoolKey, RegionId};
 
 /// How many are kept.
 const KEEP: usize = 32;
@@ -28,16 +28,17 @@ pub(super) struct GivenBack {
 pub(super) struct Recent(VecDeque<GivenBack>);
 
 impl Recent {
-    /// Records that region `id` (entry `e`) goes back to the kernel.
-    pub(super) fn push(&mut self, id: RegionId, e: &Entry, why: impl Into<String>) {
+    /// Records that region `id` (pooled by `key`, `bytes` long) goes back
+    /// to the kernel.
+    pub(super) fn push(&mut self, id: RegionId, key: PoolKey, bytes: u64, why: impl Into<String>) {
         if self.0.len() == KEEP {
             self.0.pop_front();
         }
         self.0.push_back(GivenBack {
             id,
-            node: e.key.node,
-            page_size: e.key.page_size,
-            bytes: e.region.len(),
+            node: key.node,
+            page_size: key.page_size,
+            bytes,
             why: why.into(),
             at: Instant::now(),
         });

@@ -10,7 +10,8 @@ use guest_mem::{PageSize, Region};
 use numa::NodeId;
 use tracing::info;
 
-use super::{Entry, EntryState, Pool, RegionId};
+use super::ids::{PoolKey, RegionId};
+use super::table::{pooled_bytes_of, Entry, EntryState, Pool};
 use crate::daemon::metrics::Metrics;
 use crate::daemon::quarantine::holders::{Hold, Holder};
 
@@ -80,6 +81,8 @@ fn idle(e: &Entry) -> bool {
         || (e.state == EntryState::Dirty && e.region.states().counts().clearing == 0)
 }
 
+// For the ALLOC rule of `take.rs`; `pooled` for the refill
+// (`crate::daemon::refill`).
 impl Pool {
     /// What is pooled of `page_size` on `node` (see [`Held`]).
     pub(super) fn held(&self, node: NodeId, page_size: PageSize) -> Held {
@@ -115,7 +118,7 @@ impl Pool {
     /// Pooled (clean, dirty, quarantined) bytes on `node`, of one page size
     /// or of all.
     pub fn pooled(&self, node: NodeId, page_size: Option<PageSize>) -> u64 {
-        super::pooled_bytes_of(&self.lock(), node, page_size)
+        pooled_bytes_of(&self.lock(), node, page_size)
     }
 
     /// Gives idle regions of `key`'s page size on its node (any size, either
@@ -127,7 +130,7 @@ impl Pool {
     /// since the caller looked): the caller takes that one instead.
     pub(super) fn evict_idle(
         &self,
-        key: super::PoolKey,
+        key: PoolKey,
         size: u64,
         bytes: u64,
     ) -> Option<Vec<Arc<Region>>> {
@@ -165,7 +168,8 @@ impl Pool {
                 );
                 g.given_back.push(
                     id,
-                    &e,
+                    e.key,
+                    e.region.len(),
                     format!("its {page_size} pages were wanted for a fresh region of another size or backing"),
                 );
                 out.push(e.region);

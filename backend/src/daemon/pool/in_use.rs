@@ -5,7 +5,8 @@ use std::sync::Arc;
 use guest_mem::Region;
 use numa::NodeId;
 
-use super::{AllocId, Entry, EntryState, Inner, Pool, RegionId, SessionId};
+use super::ids::{AllocId, RegionId, SessionId};
+use super::table::{Entry, EntryState, Inner, Pool};
 
 /// An in-use region, as REBALANCE, the placement report and the policy see it.
 #[derive(Debug, Clone)]
@@ -24,7 +25,7 @@ pub struct InUseRegion {
     pub split: bool,
 }
 
-// NUMA rebalancing (`super::rebalance`).
+// Called by NUMA rebalancing (`crate::daemon::rebalance`).
 impl Pool {
     fn in_use_entry(g: &Inner, id: RegionId, e: &Entry) -> Option<InUseRegion> {
         let EntryState::InUse(alloc) = e.state else {
@@ -41,6 +42,11 @@ impl Pool {
             node: e.key.node,
             split: e.split,
         })
+    }
+
+    /// True while region `id` is the daemon's (in any state).
+    pub fn contains(&self, id: RegionId) -> bool {
+        self.lock().entries.contains_key(&id)
     }
 
     /// Region `id` if it is in use by a client.

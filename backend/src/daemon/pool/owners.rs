@@ -1,5 +1,8 @@
-//! Who may hold an allocation across a daemon restart: tenant uids,
-//! re-attach tokens, orphaned allocations (issue 20).
+//! The allocations of a connection, for the session (FREE, LOCK, UFFD,
+//! REATTACH, disconnect) and the test hook standing for a restart: who owns
+//! an allocation, its regions, whether it is locked, and who may hold it
+//! across a daemon restart: tenant uids, re-attach tokens, orphaned
+//! allocations (issue 20).
 //!
 //! Every allocation gets a random 16-byte token when it is committed; a
 //! client that negotiated `FEATURE_REATTACH` receives it in the ALLOC reply.
@@ -15,38 +18,84 @@ use std::sync::Arc;
 
 use guest_mem::Region;
 
-use super::{AllocId, OwnershipError, Pool, RegionId, SessionId};
+use super::ids::{AllocId, RegionId, SessionId};
+use super::table::Pool;
+use super::token::{same_token, AllocToken};
 
-/// Length of a re-attach token.
-pub const TOKEN_SIZE: usize = hugemem_client::proto::TOKEN_SIZE;
-
-/// A re-attach token.
-pub type AllocToken = [u8; TOKEN_SIZE];
-
-/// A fresh random token (the kernel's CSPRNG, `getrandom(2)`).
-///
-/// # Errors
-///
-/// The getrandom error, as text (the ALLOC then fails with INTERNAL).
-pub(super) fn new_token() -> Result<AllocToken, String> {
-    let mut t = [0u8; TOKEN_SIZE];
-    getrandom::fill(&mut t).map_err(|e| format!("cannot make a re-attach token: {e}"))?;
-    Ok(t)
-}
-
-/// `a == b` in time independent of where they differ (a token is a
-/// secret: an early exit would tell a guesser how many bytes it has right).
-fn same_token(a: &AllocToken, b: &AllocToken) -> bool {
-    let diff = a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y));
-    // black_box: keep the compiler from turning the fold into an early exit.
-    std::hint::black_box(diff) == 0
+/// Why an allocation id was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum OwnershipError {
+    /// Unknown id.
+    // The same text as `NotYours`: a client must not learn whether another
+    // tenant's id exists.
+    #[error("allocation {0} does not exist or does not belong to this connection")]
+    Unknown(AllocId),
+    /// Another connection's id.
+    #[error("allocation {0} does not exist or does not belong to this connection")]
+    NotYours(AllocId),
 }
 
 /// What [`Pool::reattach`] hands back: the allocation's regions in order
 /// and whether it is locked.
 pub type Reattached = (Vec<(RegionId, Arc<Region>)>, bool);
 
+// Called by the session (`crate::daemon::session`), for its own allocations.
 impl Pool {
+    /// The regions of `alloc` if `session` owns it.
+    ///
+    /// # Errors
+    ///
+    /// [`OwnershipError`].
+    pub fn regions_of(
+        &self,
+        alloc: AllocId,
+        session: SessionId,
+    ) -> Result<(Vec<Arc<Region>>, bool), OwnershipError> {
+        let g = self.lock();
+        let a = g.allocs.get(&alloc).ok_or(OwnershipError::Unknown(alloc))?;
+        if a.session != Some(session) {
+            return Err(OwnershipError::NotYours(alloc));
+        }
+        let regions = a
+            .regions
+            .iter()
+            .filter_map(|id| g.entries.get(id))
+            .map(|e| Arc::clone(&e.region))
+            .collect();
+        Ok((regions, a.locked))
+    }
+
+    /// Records whether `alloc` is locked.
+    pub fn set_locked(&self, alloc: AllocId, locked: bool) {
+        if let Some(a) = self.lock().allocs.get_mut(&alloc) {
+            a.locked = locked;
+        }
+    }
+
+    /// Region `id`, in any state.
+    pub fn region(&self, id: RegionId) -> Option<Arc<Region>> {
+        self.lock().entries.get(&id).map(|e| Arc::clone(&e.region))
+    }
+
+    /// The region ids of `session`'s live allocations.
+    pub fn region_ids_of(&self, session: SessionId) -> Vec<RegionId> {
+        self.lock()
+            .allocs
+            .values()
+            .filter(|a| a.session == Some(session))
+            .flat_map(|a| a.regions.iter().copied())
+            .collect()
+    }
+
+    /// Number of live allocations of `session`.
+    pub fn allocations_of(&self, session: SessionId) -> usize {
+        self.lock()
+            .allocs
+            .values()
+            .filter(|a| a.session == Some(session))
+            .count()
+    }
+
     /// Gives orphaned allocation `alloc` to `session` when `uid` is its
     /// tenant and `token` its token (compared in constant time). Returns its
     /// regions, in order, and whether it is locked.
@@ -81,30 +130,22 @@ impl Pool {
         Ok((regions, locked))
     }
 
-    /// Orphans `alloc`: it belongs to no session until [`Pool::reattach`].
-    /// Its fault service, if it had one, is gone with its connection, so a
-    /// lazy allocation is marked served by the VMM's fallback
-    /// ([`Pool::lazy_fallback`]). Returns false for an unknown id.
+    /// Orphans `alloc`: it belongs to no session until [`Pool::reattach`],
+    /// and with `tenant` to that uid from now on. Its fault service, if it
+    /// had one, is gone with its connection, so a lazy allocation is marked
+    /// served by the VMM's fallback ([`Pool::lazy_fallback`]). Returns false
+    /// (nothing changed) for an unknown id.
     ///
-    /// The restore code orphans what it restores; tests orphan a live
-    /// allocation to stand for a restart.
-    pub fn orphan(&self, alloc: AllocId) -> bool {
+    /// Tests orphan a live allocation to stand for a restart (the restore
+    /// code imports allocations orphaned, `handover.rs`).
+    pub fn orphan(&self, alloc: AllocId, tenant: Option<u32>) -> bool {
         match self.lock().allocs.get_mut(&alloc) {
             Some(a) => {
                 a.session = None;
                 a.lazy_fallback |= a.lazy;
-                true
-            }
-            None => false,
-        }
-    }
-
-    /// Sets the tenant uid of `alloc` (the restore code's saved value).
-    /// Returns false for an unknown id.
-    pub fn set_tenant(&self, alloc: AllocId, uid: u32) -> bool {
-        match self.lock().allocs.get_mut(&alloc) {
-            Some(a) => {
-                a.tenant = uid;
+                if let Some(uid) = tenant {
+                    a.tenant = uid;
+                }
                 true
             }
             None => false,
@@ -136,37 +177,5 @@ impl Pool {
     /// The token of `alloc` (for the restore code's saved state).
     pub fn token_of(&self, alloc: AllocId) -> Option<AllocToken> {
         self.lock().allocs.get(&alloc).map(|a| a.token)
-    }
-
-    /// Every allocation's id, token and tenant uid, by id: what the restore
-    /// code saves so that a restarted daemon can honour the tokens.
-    pub fn allocation_tokens(&self) -> Vec<(AllocId, AllocToken, u32)> {
-        let g = self.lock();
-        let mut out: Vec<_> = g
-            .allocs
-            .iter()
-            .map(|(id, a)| (*id, a.token, a.tenant))
-            .collect();
-        out.sort_unstable_by_key(|(id, _, _)| *id);
-        out
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn tokens_compare_whole_and_are_random() {
-        let a = [7u8; TOKEN_SIZE];
-        let mut b = a;
-        assert!(same_token(&a, &b));
-        for i in 0..TOKEN_SIZE {
-            b = a;
-            b[i] ^= 0x80;
-            assert!(!same_token(&a, &b), "byte {i}");
-        }
-        let (x, y) = (new_token().expect("token"), new_token().expect("token"));
-        assert_ne!(x, y, "two tokens from the CSPRNG");
     }
 }

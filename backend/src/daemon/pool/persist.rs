@@ -66,7 +66,7 @@ pub struct AllocSnapshot {
     /// The uid it was handed to.
     pub tenant: u32,
     /// Its re-attach token.
-    pub token: super::owners::AllocToken,
+    pub token: super::AllocToken,
     /// Handed out lazily.
     pub lazy: bool,
     /// Its lazy regions are served by the VMM's fallback.

@@ -24,10 +24,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use guest_mem::Region;
-use numa::NodeId;
-use tracing::{info, warn};
+use tracing::warn;
 
-use super::{Inner, Pool, RegionId};
+use super::ids::RegionId;
 
 static GENERATION: AtomicU64 = AtomicU64::new(1);
 
@@ -75,50 +74,52 @@ pub struct FillWork {
     generation: u64,
 }
 
-/// Claims the next chunk of a region on `node` with holes to fill: up to
-/// `max_bytes`, at least one of its pages.
-pub(super) fn claim(g: &mut Inner, node: NodeId, max_bytes: u64) -> Option<FillWork> {
-    for (id, e) in &mut g.entries {
-        if e.key.node != node {
-            continue;
+impl Fill {
+    /// Claims the next chunk of region `id` (`region`) to fault in: up to
+    /// `max_bytes`, at least one of its pages; `None` when every chunk is
+    /// claimed.
+    pub(super) fn claim(
+        &mut self,
+        id: RegionId,
+        region: &Arc<Region>,
+        max_bytes: u64,
+    ) -> Option<FillWork> {
+        let len = region.len();
+        if self.next >= len {
+            return None;
         }
-        let len = e.region.len();
-        let Some(f) = e.fill.as_mut() else { continue };
-        if f.next >= len {
-            continue;
-        }
-        let offset = f.next;
-        let page = e.region.page_size().bytes();
+        let offset = self.next;
+        let page = region.page_size().bytes();
         let n = ((max_bytes / page).max(1) * page).min(len - offset);
-        f.next += n;
-        f.in_flight += 1;
-        return Some(FillWork {
-            id: *id,
-            region: Arc::clone(&e.region),
+        self.next += n;
+        self.in_flight += 1;
+        Some(FillWork {
+            id,
+            region: Arc::clone(region),
             offset,
             len: n,
-            generation: f.generation,
-        });
+            generation: self.generation,
+        })
     }
-    None
-}
 
-impl Pool {
-    /// A scrubber faulted `work` in (`Ok`) or could not (`Err`: the file no
-    /// longer has the pages, e.g. a tenant truncated the region it was
-    /// handed; the rest of the region faults at first touch instead).
-    pub fn fill_done(&self, work: &FillWork, result: Result<(), String>) {
-        let mut g = self.lock();
-        let Some(e) = g.entries.get_mut(&work.id) else {
-            return;
-        };
-        let len = e.region.len();
-        let Some(f) = e.fill.as_mut().filter(|f| f.generation == work.generation) else {
-            return;
-        };
-        f.in_flight = f.in_flight.saturating_sub(1);
+    /// Records how a scrubber's `work` on a region of `len` bytes ended:
+    /// faulted in (`Ok`) or not (`Err`: the file no longer has the pages,
+    /// e.g. a tenant truncated the region it was handed; the rest of the
+    /// region faults at first touch instead). `None` when `work` belongs to
+    /// an older fill of the region (a new detach started over), else
+    /// whether this fill is over.
+    pub(super) fn finish(
+        &mut self,
+        work: &FillWork,
+        len: u64,
+        result: Result<(), String>,
+    ) -> Option<bool> {
+        if work.generation != self.generation {
+            return None;
+        }
+        self.in_flight = self.in_flight.saturating_sub(1);
         match result {
-            Ok(()) => f.done += work.len,
+            Ok(()) => self.done += work.len,
             Err(reason) => {
                 warn!(
                     region = work.id,
@@ -126,17 +127,9 @@ impl Pool {
                     reason,
                     "cannot fault a detached region's holes in ahead; the rest fault at first touch"
                 );
-                f.next = len;
+                self.next = len;
             }
         }
-        if f.next >= len && f.in_flight == 0 {
-            e.fill = None;
-            info!(
-                region = work.id,
-                node = e.key.node,
-                bytes = len,
-                "detached region refaulted: every page resident and zero"
-            );
-        }
+        Some(self.next >= len && self.in_flight == 0)
     }
 }

@@ -1,22 +1,35 @@
-//! The way out of use and out of the pool: release into quarantine (or
-//! straight back to the kernel over a limit), the quarantine scan's
-//! verdicts, discarding damaged regions, and trimming above the target.
+//! The way out of use and out of the pool, for the session (FREE,
+//! disconnect) and the quarantine loop (trim): release into quarantine (or
+//! straight back to the kernel over a limit), discarding damaged regions,
+//! and trimming above the target. What the quarantine's checks decide is
+//! applied in `quarantine.rs`.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use guest_mem::{PageState, Region};
+use guest_mem::Region;
 use numa::NodeId;
 use tracing::{info, warn};
 
-use super::{
-    pooled_bytes, pooled_bytes_of, reclaim_path, AllocId, Allocation, EntryState, Inner,
-    OwnershipError, Pool, RegionId, Released, SessionId,
-};
+use super::files::reclaim_path;
+use super::ids::{AllocId, RegionId, SessionId};
+use super::owners::OwnershipError;
+use super::table::{pooled_bytes, pooled_bytes_of, Allocation, EntryState, Inner, Pool};
 use crate::daemon::metrics::Metrics;
-use crate::daemon::quarantine::holders::Owned;
-use crate::daemon::quarantine::reuse::Verdict;
 
+/// An allocation being given back: its regions and whether they were locked.
+#[derive(Debug)]
+pub struct Released {
+    /// Regions now in quarantine (to unlock, if `locked`).
+    pub quarantined: Vec<Arc<Region>>,
+    /// Regions given back to the kernel (to drop off the executor).
+    pub dropped: Vec<Arc<Region>>,
+    /// The allocation was locked.
+    pub locked: bool,
+}
+
+// FREE and disconnect (`crate::daemon::session`), the quarantine loop
+// (`trim`), and the pool's own discards.
 impl Pool {
     /// Releases `alloc` (FREE): its regions go to quarantine, or back to the
     /// kernel when the node's pool is at its limit.
@@ -76,7 +89,8 @@ impl Pool {
                         bytes = len,
                         "region has pages on several nodes (moving, or moved in part); it goes back to the kernel"
                     );
-                    g.given_back.push(*id, &e, "its pages are on several nodes");
+                    g.given_back
+                        .push(*id, e.key, e.region.len(), "its pages are on several nodes");
                     Metrics::add(&self.metrics.bytes_released, len);
                     out.dropped.push(e.region);
                 }
@@ -92,7 +106,8 @@ impl Pool {
                     } else {
                         format!("the {page_size} limit ({size_limit} bytes)")
                     };
-                    g.given_back.push(*id, &e, format!("over {which}"));
+                    g.given_back
+                        .push(*id, e.key, e.region.len(), format!("over {which}"));
                     info!(
                         region = id,
                         alloc,
@@ -111,8 +126,12 @@ impl Pool {
             if let Err(err) = reclaim_path(&region) {
                 if let Some(e) = g.entries.remove(id) {
                     warn!(region = id, error = %err, "cannot take a hugetlbfs file back; region goes back to the kernel");
-                    g.given_back
-                        .push(*id, &e, format!("its file could not be taken back: {err}"));
+                    g.given_back.push(
+                        *id,
+                        e.key,
+                        e.region.len(),
+                        format!("its file could not be taken back: {err}"),
+                    );
                     Metrics::add(&self.metrics.bytes_released, len);
                     out.dropped.push(e.region);
                 }
@@ -134,17 +153,6 @@ impl Pool {
             "allocation released into quarantine"
         );
         out
-    }
-
-    /// The quarantined regions, for a holder scan and the proofs of
-    /// [`crate::daemon::quarantine::reuse`].
-    pub fn quarantined(&self) -> Vec<(RegionId, Owned, Arc<Region>)> {
-        self.lock()
-            .entries
-            .iter()
-            .filter(|(_, e)| e.state == EntryState::Quarantined)
-            .map(|(id, e)| (*id, e.owned.clone(), Arc::clone(&e.region)))
-            .collect()
     }
 
     /// Takes a region that a tenant damaged (a scrub batch could not be
@@ -172,7 +180,7 @@ impl Pool {
     /// Removes a released region that cannot be reused, whatever its entry
     /// state, records it in `given_back` and the counters of its `loss`, and
     /// logs it; returned to be dropped off the lock.
-    fn give_back_locked(
+    pub(super) fn give_back_locked(
         &self,
         g: &mut Inner,
         id: RegionId,
@@ -191,7 +199,8 @@ impl Pool {
                 } else {
                     "damaged by its tenant"
                 };
-                g.given_back.push(id, &e, format!("{what}: {reason}"));
+                g.given_back
+                    .push(id, e.key, e.region.len(), format!("{what}: {reason}"));
                 warn!(
                     region = id,
                     node,
@@ -205,7 +214,8 @@ impl Pool {
                 Metrics::add(&self.metrics.regions_short, 1);
                 g.given_back.push(
                     id,
-                    &e,
+                    e.key,
+                    e.region.len(),
                     format!("the host had no pages for its holes after the detach (no tenant at fault): {reason}"),
                 );
                 warn!(
@@ -218,92 +228,6 @@ impl Pool {
             }
         }
         Some(e.region)
-    }
-
-    /// Applies the quarantine checks ([`crate::daemon::quarantine::reuse::judge`]): a
-    /// region proved free becomes `Dirty` (scrubbers woken), or `Clean` at
-    /// once when its pages were detached (punched, holes reserved again:
-    /// every page the kernel hands it is zeroed), its holes then faulted in
-    /// ahead by the node's scrubbers (`refault.rs`) unless `pool.refault_ahead`
-    /// is off; a held or withheld one stays, with the reason
-    /// noted; a broken one is discarded. Returns how many left quarantine,
-    /// and the discarded regions, to drop off the lock.
-    pub fn apply_scan(&self, results: Vec<(RegionId, Verdict)>) -> (usize, Vec<Arc<Region>>) {
-        Metrics::add(&self.metrics.quarantine_scans, 1);
-        let mut left = 0;
-        let mut dropped = Vec::new();
-        let mut g = self.lock();
-        for (id, verdict) in results {
-            let Some(e) = g.entries.get_mut(&id) else {
-                continue;
-            };
-            if e.state != EntryState::Quarantined {
-                continue;
-            }
-            match verdict {
-                Verdict::Free { detached } => {
-                    e.region.mark_all_dirty();
-                    e.holder = None;
-                    e.withheld = None;
-                    e.since = Instant::now();
-                    left += 1;
-                    Metrics::add(&self.metrics.pages_detached, detached);
-                    if detached > 0 && mark_zeroed_clean(&e.region) {
-                        e.state = EntryState::Clean;
-                        e.fill = self.cfg.refault_ahead.then(super::refault::Fill::new);
-                        info!(
-                            region = id,
-                            node = e.key.node,
-                            bytes = e.region.len(),
-                            "region left quarantine; its pages were detached (holes, reserved): clean"
-                        );
-                    } else {
-                        e.state = EntryState::Dirty;
-                        info!(
-                            region = id,
-                            node = e.key.node,
-                            bytes = e.region.len(),
-                            "region left quarantine; scrubbing"
-                        );
-                    }
-                }
-                Verdict::Held(h) => {
-                    if !e.warned && e.since.elapsed() > Duration::from_secs(60) {
-                        e.warned = true;
-                        warn!(region = id, pid = h.pid, hold = ?h.hold, "a released region is still held after 60 s");
-                    }
-                    e.holder = Some(h);
-                }
-                Verdict::Withheld(reason) => {
-                    e.holder = None;
-                    if e.withheld.is_none() {
-                        Metrics::add(&self.metrics.regions_withheld, 1);
-                        warn!(
-                            region = id,
-                            uid = ?e.tenant,
-                            bytes = e.region.len(),
-                            reason,
-                            "a released region is withheld: a reference no process shows exists; re-checking"
-                        );
-                        e.withheld = Some((reason, Instant::now()));
-                    }
-                }
-                Verdict::Broken(reason) => {
-                    dropped.extend(self.give_back_locked(&mut g, id, Loss::Damaged, &reason));
-                }
-                Verdict::Pinned(reason) => {
-                    dropped.extend(self.give_back_locked(&mut g, id, Loss::Pinned, &reason));
-                }
-                Verdict::Short(reason) => {
-                    dropped.extend(self.give_back_locked(&mut g, id, Loss::Short, &reason));
-                }
-            }
-        }
-        drop(g);
-        if left > 0 || !dropped.is_empty() {
-            self.changed.notify_all();
-        }
-        (left, dropped)
     }
 
     /// Gives back clean regions on nodes that stayed above their target for
@@ -363,7 +287,7 @@ impl Pool {
                     } else {
                         format!("trimmed, node {node} above its limit")
                     };
-                    g.given_back.push(id, &e, why);
+                    g.given_back.push(id, e.key, e.region.len(), why);
                     out.push(e.region);
                 }
             }
@@ -377,34 +301,11 @@ impl Pool {
 
 /// Why a released region that cannot be reused goes back to the kernel.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Loss {
+pub(super) enum Loss {
     /// Its tenant changed the file (size, holes the host cannot fill).
     Damaged,
     /// A pin the daemon cannot see kept pages the host needed back.
     Pinned,
     /// The host had no pages for its holes; nobody's fault.
     Short,
-}
-
-/// Moves every page of a region just marked `Dirty`, whose contents are
-/// known to be zero, to `Clean` (`Dirty → Clearing → Clean`, the scrubbers'
-/// own path). Under the pool lock, so no scrubber claims a page meanwhile;
-/// false (pages left `Dirty` for the scrubbers) if any page was not `Dirty`.
-fn mark_zeroed_clean(region: &Region) -> bool {
-    let states = region.states();
-    for page in 0..states.len() {
-        if states
-            .try_transition(page, PageState::Dirty, PageState::Clearing)
-            .is_err()
-        {
-            return false;
-        }
-        if states
-            .try_transition(page, PageState::Clearing, PageState::Clean)
-            .is_err()
-        {
-            return false;
-        }
-    }
-    true
 }

@@ -8,7 +8,9 @@ use guest_mem::{PageState, Region};
 use numa::NodeId;
 use tracing::{info, warn};
 
-use super::{EntryState, Pool, ScrubWork, Work};
+use super::ids::RegionId;
+use super::refault::FillWork;
+use super::table::{EntryState, Pool};
 
 /// How a scrubber's batch ended (see [`Pool::scrub_done`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -22,7 +24,36 @@ pub enum Scrubbed {
     Damaged(String),
 }
 
+/// What a scrubber does next (see [`Pool::next_scrub`]).
+#[derive(Debug)]
+pub enum Work {
+    /// Clear dirty pages.
+    Scrub(ScrubWork),
+    /// Fault a detached region's holes in ahead of its guest.
+    Fill(FillWork),
+}
+
+/// Pages a scrubber claimed: `pages` of region `id`, all in `Clearing`.
+#[derive(Debug)]
+pub struct ScrubWork {
+    /// Region id.
+    pub id: RegionId,
+    /// The region (kept alive while the scrubber works).
+    pub region: Arc<Region>,
+    /// First page.
+    pub first: usize,
+    /// Number of contiguous pages.
+    pub count: usize,
+}
+
+// Called by the scrubbers (`crate::daemon::scrub`) and the daemon's stop.
 impl Pool {
+    /// Stops the scrubbers and waiters; the pool keeps its regions until dropped.
+    pub fn stop(&self) {
+        self.lock().stopping = true;
+        self.changed.notify_all();
+    }
+
     /// Blocks until there is work on `node`, or the pool stops (`None`):
     /// holes of a detached region to fault in ahead of its guest first
     /// (`refault.rs`), then up to `max_bytes` of contiguous dirty pages.
@@ -32,7 +63,12 @@ impl Pool {
             if g.stopping {
                 return None;
             }
-            if let Some(work) = super::refault::claim(&mut g, node, max_bytes) {
+            let fill = g
+                .entries
+                .iter_mut()
+                .filter(|(_, e)| e.key.node == node)
+                .find_map(|(id, e)| e.fill.as_mut()?.claim(*id, &e.region, max_bytes));
+            if let Some(work) = fill {
                 return Some(Work::Fill(work));
             }
             let mut finished = Vec::new();
@@ -123,6 +159,27 @@ impl Pool {
         drop(g);
         self.changed.notify_all();
         None
+    }
+
+    /// A scrubber faulted `work` in (`Ok`) or could not (`Err`: the file no
+    /// longer has the pages, e.g. a tenant truncated the region it was
+    /// handed; the rest of the region faults at first touch instead).
+    pub fn fill_done(&self, work: &FillWork, result: Result<(), String>) {
+        let mut g = self.lock();
+        let Some(e) = g.entries.get_mut(&work.id) else {
+            return;
+        };
+        let len = e.region.len();
+        let over = e.fill.as_mut().and_then(|f| f.finish(work, len, result));
+        if over == Some(true) {
+            e.fill = None;
+            info!(
+                region = work.id,
+                node = e.key.node,
+                bytes = len,
+                "detached region refaulted: every page resident and zero"
+            );
+        }
     }
 
     /// Waits (blocking) until every page of `region` is `Clean`, or until

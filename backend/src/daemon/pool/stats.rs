@@ -7,8 +7,9 @@ use hugemem_client::stats::{
 };
 use numa::NodeId;
 
-use super::{pooled_bytes, Entry, EntryState, Inner, Pool, PoolKey};
-use crate::daemon::pool::Why;
+use super::held::Why;
+use super::ids::PoolKey;
+use super::table::{pooled_bytes, Entry, EntryState, Inner, Pool};
 
 /// The pool's part of STATS, read under one lock.
 #[derive(Debug, Clone, Default)]
@@ -25,6 +26,7 @@ pub struct PoolPart {
     pub allocations: Allocations,
 }
 
+// Called by STATS and the metrics endpoint (`crate::daemon`, `crate::daemon::exporter`).
 impl Pool {
     /// The pool part of STATS: one entry per (node, page size) with bytes and
     /// region counts per state, plus scrub backlog per node.

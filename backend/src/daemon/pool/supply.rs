@@ -5,8 +5,6 @@
 //! dirty-but-resident and fresh-unpopulated regions; and how their errors
 //! become refusals. Nothing here chooses between sources.
 
-use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::time::Instant;
 
 use clearing::{CancelToken, RunError, RunOptions};
@@ -15,42 +13,20 @@ use guest_mem::{
     Backing, PagePolicy as RegionPolicy, PageSize, PoolCounts, PrepareError, Region, RegionError,
     RegionSpec,
 };
-use numa::{NodeId, Topology};
-use tokio::sync::Notify;
+use numa::NodeId;
 use tracing::{debug, info, warn};
 
-use super::{Pool, PoolKey, Refusal, RegionId, Taken};
+use super::ids::{PoolKey, RegionId};
+use super::reserve::Taken;
+use super::table::Pool;
 use crate::daemon::metrics::Metrics;
-use crate::daemon::quarantine::holders::{self, Owned, Predecessor};
+use crate::daemon::quarantine::holders::{self, Owned};
 use crate::diag::chain;
 use crate::fault::dirty_pages_resident;
 use crate::proto::Status;
 
-/// What the pool creates fresh regions with and whom it wakes, fixed for
-/// the daemon's life.
-#[derive(Debug)]
-pub struct Sources {
-    /// The host's topology (regions are bound and cleared per node).
-    pub topology: Arc<Topology>,
-    /// The hugetlbfs directory for path-backed regions of each page size.
-    pub hugetlbfs: Vec<(PageSize, PathBuf)>,
-    /// Woken when an ALLOC waits for quarantined pages (the holder scan
-    /// then runs at once, see `crate::daemon::quarantine`).
-    pub quarantine_kick: Arc<Notify>,
-    /// The daemon this one took over from, while it runs: holder scans
-    /// skip it.
-    pub predecessor: Arc<Predecessor>,
-}
-
-impl Sources {
-    /// The hugetlbfs directory for path-backed regions of `page_size`.
-    pub(super) fn hugetlbfs_dir(&self, page_size: PageSize) -> Option<&Path> {
-        self.hugetlbfs
-            .iter()
-            .find(|(p, _)| *p == page_size)
-            .map(|(_, d)| d.as_path())
-    }
-}
+/// A refusal: status and the message for the client.
+pub type Refusal = (Status, String);
 
 /// A clean pooled region of `key` and exactly `size` bytes. Path-backed
 /// ones (a path can be opened) and, with `pool.recheck_on_reuse`, memfds
@@ -296,6 +272,7 @@ pub(super) fn create(
     Ok(taken)
 }
 
+// Called by the refill (`crate::daemon::refill`).
 impl Pool {
     /// Refill (`crate::daemon::refill`): a fresh region of `bytes` on `node`
     /// in `page_size` pages, populated with `opts` (progress, cancel), put

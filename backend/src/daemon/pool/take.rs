@@ -68,14 +68,14 @@ use guest_mem::{PagePolicy as RegionPolicy, PageSize, PoolCounts};
 use numa::NodeId;
 use tracing::{debug, info, warn};
 
-use super::supply::{self, free_pages};
-use super::{Held, Pool, PoolKey, Taken, Why};
+use super::held::{Held, Why};
+use super::ids::PoolKey;
+use super::reserve::Taken;
+use super::supply::{self, free_pages, Refusal};
+use super::table::Pool;
 use crate::daemon::metrics::Metrics;
 use crate::diag::chain;
 use crate::proto::Status;
-
-/// A refusal: status and the message for the client.
-pub type Refusal = (Status, String);
 
 /// One validated part: where, how much, which page sizes.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -167,6 +167,7 @@ pub fn shortage_note(size: u64, served: Option<PageSize>, missing: &[Missing]) -
     }
 }
 
+// Called by the ALLOC path (`crate::daemon::alloc`): the one place that picks.
 impl Pool {
     /// Takes a region for every part (blocking), each by the rule of the
     /// module docs, waiting at most until `deadline`. On success all are

@@ -1,12 +1,50 @@
-//! The quarantine: what a released region goes through before its pages may
-//! be scrubbed and handed to another tenant.
+//! The quarantine: what a released region goes through before its pages
+//! may be scrubbed and handed to another tenant. Nothing leaves it unless a
+//! `/proc` scan finds no other holder and the proofs before reuse pass.
 //!
-//! * `recheck.rs`: the loop that re-checks quarantined regions and watches
-//!   their holders' pidfds.
-//! * [`holders`]: the `/proc` scan for processes still holding a region.
-//! * [`reuse`]: the proof before reuse and its verdicts.
-//! * [`gate`]: the reservation gate between a detach's punch and the
-//!   daemon's fresh reservations.
+//! One entry point per step of a FREE's region, from use to the clean pool:
+//!
+//! 1. **Enter.** FREE or disconnect: [`Pool::release`] /
+//!    [`Pool::release_session`] (`pool/release.rs`) turn the allocation's
+//!    regions `Quarantined` (or give them back to the kernel over a limit);
+//!    the session unlocks them and kicks the loop
+//!    (`crate::daemon::session::settle_released`).
+//! 2. **Wake.** [`quarantine_loop`] (`recheck.rs`) runs on every kick, every
+//!    `pool.recheck_ms`, and when a holder it watches exits (pidfds).
+//! 3. **List.** [`Pool::quarantined`] (`pool/quarantine.rs`): each region
+//!    with the daemon's own fd and mapping, which the scan exempts.
+//! 4. **Check**, on a blocking thread, off the pool's lock:
+//!    [`reuse::check_quarantined`] (`reuse.rs`) runs one [`holders::scan`]
+//!    (`holders.rs`) for all, then [`reuse::judge`] on each: held, else
+//!    [`reuse::prove_unreachable`] (the write lease), else the file's size
+//!    and, with `pool.detach_pages`, [`reuse::detach_pages`] under the
+//!    [`gate::ReserveGate`] (`gate.rs`); a [`reuse::Verdict`] names who is to
+//!    blame.
+//! 5. **Apply.** [`Pool::apply_scan`] (`pool/quarantine.rs`): free regions
+//!    turn `Dirty`, or `Clean` at once when detached; held and withheld ones
+//!    stay; the others go back to the kernel (`pool/release.rs`).
+//! 6. **Clean.** The node's scrubbers (`crate::daemon::scrub`) take dirty
+//!    pages, or a detached region's holes, through [`Pool::next_scrub`] and
+//!    report through [`Pool::scrub_done`] / [`Pool::fill_done`]
+//!    (`pool/scrubbing.rs`); the region is in the clean pool, where
+//!    [`Pool::take`] finds it.
+//!
+//! [`Pool::release`]: crate::daemon::pool::Pool::release
+//! [`Pool::release_session`]: crate::daemon::pool::Pool::release_session
+//! [`Pool::quarantined`]: crate::daemon::pool::Pool::quarantined
+//! [`Pool::apply_scan`]: crate::daemon::pool::Pool::apply_scan
+//! [`Pool::next_scrub`]: crate::daemon::pool::Pool::next_scrub
+//! [`Pool::scrub_done`]: crate::daemon::pool::Pool::scrub_done
+//! [`Pool::fill_done`]: crate::daemon::pool::Pool::fill_done
+//! [`Pool::take`]: crate::daemon::pool::Pool::take
+//! [`quarantine_loop`]: crate::daemon::quarantine::quarantine_loop
+//! [`holders::scan`]: crate::daemon::quarantine::holders::scan
+//! [`reuse::check_quarantined`]: crate::daemon::quarantine::reuse::check_quarantined
+//! [`reuse::judge`]: crate::daemon::quarantine::reuse::judge
+//! [`reuse::prove_unreachable`]: crate::daemon::quarantine::reuse::prove_unreachable
+//! [`reuse::detach_pages`]: crate::daemon::quarantine::reuse::detach_pages
+//! [`reuse::Verdict`]: crate::daemon::quarantine::reuse::Verdict
+//! [`gate::ReserveGate`]: crate::daemon::quarantine::gate::ReserveGate
 
 pub mod gate;
 pub mod holders;

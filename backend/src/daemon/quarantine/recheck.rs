@@ -6,12 +6,12 @@
 //!
 //! It runs every `pool.recheck_ms`, and at once on every kick: a FREE or
 //! disconnect, the exit of a client process (its pidfd, see
-//! `super::session`), an ALLOC that waits for a quarantined region, and the
+//! `crate::daemon::session`), an ALLOC that waits for a quarantined region, and the
 //! exit of any **holder** a scan found. For each holder pid the loop opens
 //! a pidfd and watches it (at most [`MAX_HOLDER_WATCHES`] at once), so a
 //! region whose last holder exits leaves quarantine within one scan of the
 //! exit, not one period later, and an ALLOC waiting for it (see
-//! `super::alloc`) is woken by the pool as soon as it is dirty.
+//! `crate::daemon::alloc`) is woken by the pool as soon as it is dirty.
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::Notify;
 use tracing::{debug, error};
 
-use super::{holders, reuse};
+use super::reuse;
 use crate::daemon::lifecycle::Lifecycle;
 use crate::daemon::peer::PidWatch;
 use crate::daemon::pool::Pool;
@@ -61,22 +61,11 @@ async fn recheck(quarantine: Arc<Recheck>, watched: Arc<Mutex<HashSet<i32>>>) ->
         let pool = Arc::clone(&quarantine.pool);
         let started = Instant::now();
         let predecessor = quarantine.lifecycle.predecessor().get();
+        // The holder scan, then the proofs before reuse (`super::reuse`):
+        // no reference the scan cannot see, the file whole, its pages
+        // detached from any pin.
         let scan = tokio::task::spawn_blocking(move || {
-            let owned: Vec<_> = quarantined.iter().map(|(_, o, _)| o.clone()).collect();
-            let holders = holders::scan(&owned, predecessor).holders;
-            // No process shows it any more: the proofs before reuse
-            // (`super::reuse`): no reference the scan cannot see, the
-            // file whole, its pages detached from any pin.
-            quarantined
-                .into_iter()
-                .zip(holders)
-                .map(|((id, _, region), holder)| {
-                    (
-                        id,
-                        reuse::judge(&region, holder, detach, pool.reserve_gate()),
-                    )
-                })
-                .collect::<Vec<_>>()
+            reuse::check_quarantined(quarantined, detach, pool.reserve_gate(), predecessor)
         });
         match scan.await {
             Ok(verdicts) => {

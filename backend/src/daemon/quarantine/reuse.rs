@@ -28,6 +28,7 @@
 //! not detaching): the quarantine loop calls [`judge`] on a blocking thread.
 
 use std::os::fd::AsFd;
+use std::sync::Arc;
 
 use guest_mem::Region;
 
@@ -63,6 +64,27 @@ pub enum Verdict {
         /// Pages punched and refaulted; 0 when detaching is off.
         detached: u64,
     },
+}
+
+/// The quarantine's check, one verdict per quarantined region: one `/proc`
+/// holder scan ([`super::holders::scan`], which skips `predecessor`) for
+/// all of them, then [`judge`]
+/// on each with what the scan found. Each region comes with its id (kept
+/// as given) and the daemon's own fd and mapping of it (exempt from the
+/// scan). Blocking: the quarantine loop runs it on a blocking thread.
+pub fn check_quarantined<Id>(
+    quarantined: Vec<(Id, Owned, Arc<Region>)>,
+    detach: bool,
+    gate: &ReserveGate,
+    predecessor: Option<i32>,
+) -> Vec<(Id, Verdict)> {
+    let owned: Vec<Owned> = quarantined.iter().map(|(_, o, _)| o.clone()).collect();
+    let holders = holders::scan(&owned, predecessor).holders;
+    quarantined
+        .into_iter()
+        .zip(holders)
+        .map(|((id, _, region), holder)| (id, judge(&region, holder, detach, gate)))
+        .collect()
 }
 
 /// Runs the checks of the module docs on one quarantined region, given the
@@ -284,7 +306,7 @@ fn why_short(
 ///
 /// The region is then clean: every hole faults in a page the kernel zeroes
 /// for it, and the reservation guarantees that page. The node's scrubbers
-/// fault the holes in ahead of the guest (`super::pool`'s fill), or the
+/// fault the holes in ahead of the guest (`crate::daemon::pool`'s refault), or the
 /// guest's own first touch does. Returns the pages detached. Blocking, but
 /// short: no page is faulted or cleared here.
 ///

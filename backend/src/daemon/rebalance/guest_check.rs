@@ -102,8 +102,8 @@ pub fn check_rebalance_through_daemon() -> Result<String, String> {
     }
 }
 
-/// Writes the test pattern over the first `size` bytes of `mem`.
-fn write_pattern(mem: &GuestMemoryMmap, size: u64, seed: u64) -> Result<(), String> {
+/// Writes the pattern of `seed` over the first `size` bytes of `mem`.
+fn write_pattern(mem: &GuestMemoryMmap, seed: u64, size: u64) -> Result<(), String> {
     for i in 0..size / 8 {
         mem.write_obj(pattern(seed, i), GuestAddress(i * 8))
             .map_err(|e| format!("write at {:#x}: {e}", i * 8))?;
@@ -111,8 +111,9 @@ fn write_pattern(mem: &GuestMemoryMmap, size: u64, seed: u64) -> Result<(), Stri
     Ok(())
 }
 
-/// Checks the test pattern is intact after a move.
-fn check_pattern(mem: &GuestMemoryMmap, size: u64, seed: u64) -> Result<(), String> {
+/// Checks that the first `size` bytes of `mem` still hold the pattern of
+/// `seed` after a move.
+fn check_pattern(mem: &GuestMemoryMmap, seed: u64, size: u64) -> Result<(), String> {
     for i in 0..size / 8 {
         let v: u64 = mem
             .read_obj(GuestAddress(i * 8))
@@ -120,6 +121,26 @@ fn check_pattern(mem: &GuestMemoryMmap, size: u64, seed: u64) -> Result<(), Stri
         if v != pattern(seed, i) {
             return Err(format!("pattern differs at {:#x} after the move", i * 8));
         }
+    }
+    Ok(())
+}
+
+/// Checks that STATS places every page of `region_id` on node `b`, and
+/// names `b` as its bound node and its node.
+fn check_stats_on(client: &mut Client, region_id: u64, b: u32) -> Result<(), String> {
+    let stats = client.stats().map_err(|e| chain(&e))?;
+    let e = stats
+        .region(region_id)
+        .ok_or("STATS does not list the region")?;
+    if e.placement
+        .clone()
+        .flatten()
+        .and_then(|p| p.get(&b).copied())
+        != Some(PAGES)
+        || e.bound_node != Some(Some(b))
+        || e.node != b
+    {
+        return Err(format!("STATS after the move: {e:?}"));
     }
     Ok(())
 }
@@ -164,7 +185,7 @@ pub(crate) fn check_between(a: u32, b: u32) -> Result<String, String> {
         .guest_memory()
         .map_err(|e| format!("mapping the allocation: {}", chain(&e)))?;
     let seed = 0x7265_6261_6c61_6e63;
-    write_pattern(&mem, size, seed)?;
+    write_pattern(&mem, seed, size)?;
     let addrs: Vec<usize> = (0..PAGES)
         .map(|p| {
             mem.get_host_address(GuestAddress(p * PAGE))
@@ -197,20 +218,9 @@ pub(crate) fn check_between(a: u32, b: u32) -> Result<String, String> {
             "REBALANCE to node {b}: {moved} moved, {failed} failed; client sees {after:?}"
         ));
     }
-    check_pattern(&mem, size, seed)?;
-    let stats = client.stats().map_err(|e| chain(&e))?;
+    check_pattern(&mem, seed, size)?;
     let entry = |stats: &Stats| stats.region(region_id).cloned();
-    let e = entry(&stats).ok_or("STATS does not list the region")?;
-    if e.placement
-        .clone()
-        .flatten()
-        .and_then(|p| p.get(&b).copied())
-        != Some(PAGES)
-        || e.bound_node != Some(Some(b))
-        || e.node != b
-    {
-        return Err(format!("STATS after the move: {e:?}"));
-    }
+    check_stats_on(&mut client, region_id, b)?;
     // Half back: the region is split.
     let half = PAGES / 2 * PAGE;
     let (back, back_failed) = client

@@ -18,7 +18,7 @@ use super::super::policy::PageOps;
 use super::super::table::RangeTable;
 use crate::uffd::{FaultKind, Fill, Uffd, UffdError};
 
-use super::*;
+use super::config::{StopReason, FAULT_ERROR_LOG, MAX_HINTS, RETRY_FOR};
 
 /// Range target: which region (by index in guest-physical order).
 #[derive(Debug, Clone)]

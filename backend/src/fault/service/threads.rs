@@ -15,8 +15,11 @@ use super::super::table::Range;
 use super::super::{FaultError, Result};
 use crate::uffd::{FaultKind, Uffd, UffdError, UffdEvent};
 
+use super::config::{
+    FaultMapping, StopReason, EVENT_LOG, FAULT_ERROR_LOG, READ_BATCH, RECHECK, TOKEN_KICK,
+    TOKEN_PEER, TOKEN_STOP, UNKNOWN_ADDR_LOG,
+};
 use super::shared::*;
-use super::*;
 
 pub(super) fn check_mappings(mappings: &[FaultMapping]) -> Result<(Vec<Unit>, Vec<Range<Target>>)> {
     if mappings.is_empty() {

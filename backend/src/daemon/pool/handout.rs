@@ -1,0 +1,154 @@
+//! The end of an ALLOC, for the ALLOC path (`crate::daemon::session`,
+//! `crate::daemon::alloc`): [`Pool::commit`] hands the `Reserved` regions
+//! that [`Pool::take`] chose to a session as one allocation (the
+//! clean-before-map check), [`Pool::put_back`] returns them when the ALLOC
+//! fails after the take.
+
+use std::sync::atomic::Ordering;
+use std::time::Instant;
+
+use tracing::warn;
+
+use super::ids::{AllocId, RegionId, SessionId};
+use super::table::{Allocation, EntryState, Inner, Pool};
+use super::token::{new_token, AllocToken};
+
+/// How an allocation is handed out (see [`Pool::commit`]).
+#[derive(Debug, Clone, Copy)]
+struct Owner {
+    locked: bool,
+    lazy: bool,
+    token: AllocToken,
+}
+
+// Called by the ALLOC path (`crate::daemon::session`, `crate::daemon::alloc`).
+impl Pool {
+    /// Hands the `Reserved` regions `ids` of an ALLOC to `session`: records
+    /// the allocation and returns its id. On error nothing changed.
+    ///
+    /// Eager (`lazy` false): checks the invariant (every page `Clean`) and
+    /// moves every page to `Mapped`. Lazy: regions whose pages are all
+    /// `Clean` are committed as in eager mode; the others (dirty pooled
+    /// regions handed out uncleared, with maybe a scrubber batch still in
+    /// `Clearing`; fresh unpopulated ones) keep their page states, which the
+    /// fault service (`backend::fault`) or the kernel's own zeroing then gate.
+    ///
+    /// # Errors
+    ///
+    /// A message naming the first region that is not `Reserved`, or (eager)
+    /// whose pages are not all clean.
+    pub fn commit(
+        &self,
+        session: SessionId,
+        tenant: u32,
+        ids: &[RegionId],
+        lazy: bool,
+        locked: bool,
+    ) -> Result<AllocId, String> {
+        // Before the lock: a syscall.
+        let token = new_token()?;
+        let mut g = self.lock();
+        for id in ids {
+            let e = g
+                .entries
+                .get(id)
+                .ok_or_else(|| format!("region {id} vanished from the pool"))?;
+            if lazy {
+                if e.state != EntryState::Reserved {
+                    return Err(format!(
+                        "region {id} cannot be handed out lazily (entry {:?})",
+                        e.state
+                    ));
+                }
+                continue;
+            }
+            let counts = e.region.states().counts();
+            if e.state != EntryState::Reserved || counts.clean != e.region.states().len() {
+                return Err(format!(
+                    "region {id} is not clean ({} of {} pages clean, entry {:?}); refusing to hand it out",
+                    counts.clean,
+                    e.region.states().len(),
+                    e.state
+                ));
+            }
+        }
+        // Eager: every page is Clean (checked above under the lock every
+        // entry transition takes; scrubbers never touch Clean pages).
+        Ok(self.hand_out(
+            &mut g,
+            session,
+            tenant,
+            ids,
+            Owner {
+                locked,
+                lazy,
+                token,
+            },
+        ))
+    }
+
+    /// The part of [`Pool::commit`] after its checks: regions whose pages are all `Clean` move to `Mapped`
+    /// (lazy regions with dirty or unpopulated pages keep their states), every
+    /// region becomes `InUse` of a new allocation of `session`.
+    fn hand_out(
+        &self,
+        g: &mut Inner,
+        session: SessionId,
+        tenant: u32,
+        ids: &[RegionId],
+        owner: Owner,
+    ) -> AllocId {
+        let alloc = self.next_alloc.fetch_add(1, Ordering::Relaxed);
+        for id in ids {
+            if let Some(e) = g.entries.get_mut(id) {
+                let states = e.region.states();
+                if states.counts().clean == states.len() {
+                    if let Err(err) = e.region.mark_mapped() {
+                        warn!(region = id, error = %err, "page changed state while committing");
+                    }
+                }
+                e.state = EntryState::InUse(alloc);
+                e.tenant = Some(tenant);
+                e.since = Instant::now();
+            }
+        }
+        g.allocs.insert(
+            alloc,
+            Allocation {
+                session: Some(session),
+                regions: ids.to_vec(),
+                locked: owner.locked,
+                tenant,
+                token: owner.token,
+                lazy: owner.lazy,
+                lazy_fallback: false,
+            },
+        );
+        alloc
+    }
+
+    /// Puts the `Reserved` regions of an ALLOC that failed after
+    /// [`Pool::take`] back: `Clean` when every page is, else `Dirty`
+    /// (scrubbers are woken).
+    pub fn put_back(&self, ids: &[RegionId]) {
+        let mut g = self.lock();
+        for id in ids {
+            if let Some(e) = g.entries.get_mut(id) {
+                if e.state == EntryState::Reserved {
+                    let all_clean = e.region.states().counts().clean == e.region.states().len();
+                    if !all_clean {
+                        e.region.mark_all_dirty();
+                    }
+                    e.state = if all_clean {
+                        EntryState::Clean
+                    } else {
+                        EntryState::Dirty
+                    };
+                    e.since = Instant::now();
+                }
+            }
+        }
+        drop(g);
+        self.changed.notify_all();
+    }
+}

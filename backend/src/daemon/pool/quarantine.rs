@@ -1,0 +1,141 @@
+//! The pool's side of the quarantine (`crate::daemon::quarantine`): the
+//! regions it is to check, and its verdicts applied to them. The checks
+//! themselves (holder scan, proof before reuse) run outside the pool, on a
+//! blocking thread, without its lock.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use guest_mem::{PageState, Region};
+use tracing::{info, warn};
+
+use super::ids::RegionId;
+use super::refault::Fill;
+use super::release::Loss;
+use super::table::{EntryState, Pool};
+use crate::daemon::metrics::Metrics;
+use crate::daemon::quarantine::holders::Owned;
+use crate::daemon::quarantine::reuse::Verdict;
+
+// Called by the quarantine loop (`crate::daemon::quarantine`).
+impl Pool {
+    /// The quarantined regions, for a holder scan and the proofs of
+    /// [`crate::daemon::quarantine::reuse`].
+    pub fn quarantined(&self) -> Vec<(RegionId, Owned, Arc<Region>)> {
+        self.lock()
+            .entries
+            .iter()
+            .filter(|(_, e)| e.state == EntryState::Quarantined)
+            .map(|(id, e)| (*id, e.owned.clone(), Arc::clone(&e.region)))
+            .collect()
+    }
+
+    /// Applies the quarantine checks ([`crate::daemon::quarantine::reuse::judge`]): a
+    /// region proved free becomes `Dirty` (scrubbers woken), or `Clean` at
+    /// once when its pages were detached (punched, holes reserved again:
+    /// every page the kernel hands it is zeroed), its holes then faulted in
+    /// ahead by the node's scrubbers (`refault.rs`) unless `pool.refault_ahead`
+    /// is off; a held or withheld one stays, with the reason
+    /// noted; a broken one is discarded. Returns how many left quarantine,
+    /// and the discarded regions, to drop off the lock.
+    pub fn apply_scan(&self, results: Vec<(RegionId, Verdict)>) -> (usize, Vec<Arc<Region>>) {
+        Metrics::add(&self.metrics.quarantine_scans, 1);
+        let mut left = 0;
+        let mut dropped = Vec::new();
+        let mut g = self.lock();
+        for (id, verdict) in results {
+            let Some(e) = g.entries.get_mut(&id) else {
+                continue;
+            };
+            if e.state != EntryState::Quarantined {
+                continue;
+            }
+            match verdict {
+                Verdict::Free { detached } => {
+                    e.region.mark_all_dirty();
+                    e.holder = None;
+                    e.withheld = None;
+                    e.since = Instant::now();
+                    left += 1;
+                    Metrics::add(&self.metrics.pages_detached, detached);
+                    if detached > 0 && mark_zeroed_clean(&e.region) {
+                        e.state = EntryState::Clean;
+                        e.fill = self.cfg.refault_ahead.then(Fill::new);
+                        info!(
+                            region = id,
+                            node = e.key.node,
+                            bytes = e.region.len(),
+                            "region left quarantine; its pages were detached (holes, reserved): clean"
+                        );
+                    } else {
+                        e.state = EntryState::Dirty;
+                        info!(
+                            region = id,
+                            node = e.key.node,
+                            bytes = e.region.len(),
+                            "region left quarantine; scrubbing"
+                        );
+                    }
+                }
+                Verdict::Held(h) => {
+                    if !e.warned && e.since.elapsed() > Duration::from_secs(60) {
+                        e.warned = true;
+                        warn!(region = id, pid = h.pid, hold = ?h.hold, "a released region is still held after 60 s");
+                    }
+                    e.holder = Some(h);
+                }
+                Verdict::Withheld(reason) => {
+                    e.holder = None;
+                    if e.withheld.is_none() {
+                        Metrics::add(&self.metrics.regions_withheld, 1);
+                        warn!(
+                            region = id,
+                            uid = ?e.tenant,
+                            bytes = e.region.len(),
+                            reason,
+                            "a released region is withheld: a reference no process shows exists; re-checking"
+                        );
+                        e.withheld = Some((reason, Instant::now()));
+                    }
+                }
+                Verdict::Broken(reason) => {
+                    dropped.extend(self.give_back_locked(&mut g, id, Loss::Damaged, &reason));
+                }
+                Verdict::Pinned(reason) => {
+                    dropped.extend(self.give_back_locked(&mut g, id, Loss::Pinned, &reason));
+                }
+                Verdict::Short(reason) => {
+                    dropped.extend(self.give_back_locked(&mut g, id, Loss::Short, &reason));
+                }
+            }
+        }
+        drop(g);
+        if left > 0 || !dropped.is_empty() {
+            self.changed.notify_all();
+        }
+        (left, dropped)
+    }
+}
+
+/// Moves every page of a region just marked `Dirty`, whose contents are
+/// known to be zero, to `Clean` (`Dirty → Clearing → Clean`, the scrubbers'
+/// own path). Under the pool lock, so no scrubber claims a page meanwhile;
+/// false (pages left `Dirty` for the scrubbers) if any page was not `Dirty`.
+fn mark_zeroed_clean(region: &Region) -> bool {
+    let states = region.states();
+    for page in 0..states.len() {
+        if states
+            .try_transition(page, PageState::Dirty, PageState::Clearing)
+            .is_err()
+        {
+            return false;
+        }
+        if states
+            .try_transition(page, PageState::Clearing, PageState::Clean)
+            .is_err()
+        {
+            return false;
+        }
+    }
+    true
+}

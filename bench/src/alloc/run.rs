@@ -1,0 +1,235 @@
+//! The alloc bench end to end: the pages, the warm-up, the repetitions in
+//! alternating order, the scaling run, and the report.
+
+use backend::proto::AllocPart;
+use guest_mem::size::format_size;
+use guest_mem::PageSize;
+use numa::Topology;
+
+use super::config::AllocBenchConfig;
+use super::daemon::through_daemon;
+use super::error::AllocBenchError;
+use super::populate::{
+    cloud_hypervisor_style, cloud_hypervisor_threads, fresh_eager, fresh_eager_workers, node_parts,
+    reserve,
+};
+use super::report::{AllocBenchReport, AllocMedians, AllocRatios, AllocSamples, ScalingPoint};
+use crate::stats::{best, median, ratio};
+
+/// Bytes in a GiB, for per-GiB figures.
+const GIB: f64 = (1u64 << 30) as f64;
+
+/// Runs the benchmark. `progress` gets one line per step.
+///
+/// # Errors
+///
+/// See [`AllocBenchError`].
+pub fn run(
+    cfg: &AllocBenchConfig,
+    progress: &mut dyn FnMut(&str),
+) -> Result<AllocBenchReport, AllocBenchError> {
+    if cfg.size == 0 || cfg.reps == 0 || !cfg.size.is_multiple_of(2 << 20) {
+        return Err(AllocBenchError::Size);
+    }
+    if cfg.threads.contains(&0) {
+        return Err(AllocBenchError::Threads);
+    }
+    let topology = Topology::detect()?;
+    let cpus = std::thread::available_parallelism().map_or(1, usize::from);
+    let mut notes = Vec::new();
+    let (page, size, _reservation) = reserve(cfg, &mut notes)?;
+    let note = (!notes.is_empty()).then(|| notes.join("; "));
+    let parts = node_parts(&topology, size, page.bytes());
+    let ch_threads = cloud_hypervisor_threads(cpus, size, page.bytes());
+    progress(&format!(
+        "{} on {page} pages, {} node(s), cloud-hypervisor style with {ch_threads} thread(s){}",
+        format_size(size),
+        parts.len(),
+        note.as_deref()
+            .map(|n| format!(" (note: {n})"))
+            .unwrap_or_default()
+    ));
+
+    progress("warm-up: populating and freeing the pages once");
+    cloud_hypervisor_style(size, page, ch_threads)?;
+
+    let memory = Memory {
+        topology: &topology,
+        parts: &parts,
+        page,
+        size,
+    };
+    let samples = repetitions(&memory, cfg.reps, ch_threads, progress)?;
+    let counts: Vec<usize> = if cfg.threads.is_empty() {
+        (1..=cpus.max(1)).collect()
+    } else {
+        cfg.threads.clone()
+    };
+    let scaling = scaling(&memory, cfg.reps, &counts, progress)?;
+    Ok(report(
+        cfg,
+        &memory,
+        Figures {
+            note,
+            cpus,
+            ch_threads,
+            samples,
+            scaling,
+        },
+    ))
+}
+
+/// The memory every variant gets ready: `size` bytes of `page` pages,
+/// split over the nodes as `parts`.
+struct Memory<'a> {
+    topology: &'a Topology,
+    parts: &'a [AllocPart],
+    page: PageSize,
+    size: u64,
+}
+
+/// `reps` repetitions of all four variants, daemon-less first on even
+/// repetitions and daemon first on odd ones.
+fn repetitions(
+    m: &Memory<'_>,
+    reps: usize,
+    ch_threads: usize,
+    progress: &mut dyn FnMut(&str),
+) -> Result<AllocSamples, AllocBenchError> {
+    let mut s = AllocSamples::default();
+    for rep in 0..reps {
+        progress(&format!("repetition {}/{}", rep + 1, reps));
+        let daemonless = |s: &mut AllocSamples| -> Result<(), AllocBenchError> {
+            s.fresh_eager_s
+                .push(fresh_eager(m.topology, m.parts, m.page)?);
+            s.cloud_hypervisor_style_s
+                .push(cloud_hypervisor_style(m.size, m.page, ch_threads)?);
+            Ok(())
+        };
+        let daemon = |s: &mut AllocSamples| -> Result<(), AllocBenchError> {
+            let (fresh, clean, pooled) = through_daemon(m.size, m.parts, m.page)?;
+            s.fresh_eager_daemon_s.push(fresh);
+            s.free_to_clean_s.push(clean.seconds);
+            s.free_to_clean_cpu_s.push(clean.cpu_seconds);
+            s.pooled_eager_s.push(pooled);
+            Ok(())
+        };
+        if rep % 2 == 0 {
+            daemonless(&mut s)?;
+            daemon(&mut s)?;
+        } else {
+            daemon(&mut s)?;
+            daemonless(&mut s)?;
+        }
+        progress(&format!(
+            "  fresh {:.3} s, fresh via daemon {:.3} s, pooled {:.4} s, cloud-hypervisor style {:.3} s",
+            s.fresh_eager_s[rep], s.fresh_eager_daemon_s[rep], s.pooled_eager_s[rep], s.cloud_hypervisor_style_s[rep]
+        ));
+    }
+    Ok(s)
+}
+
+/// The fresh populate with exactly each of `counts` node-local workers,
+/// `reps` times each (the order of the counts alternating), and GB/s
+/// relative to the first count.
+fn scaling(
+    m: &Memory<'_>,
+    reps: usize,
+    counts: &[usize],
+    progress: &mut dyn FnMut(&str),
+) -> Result<Vec<ScalingPoint>, AllocBenchError> {
+    let mut per_count: Vec<Vec<f64>> = vec![Vec::new(); counts.len()];
+    for rep in 0..reps {
+        // Alternate the order of the worker counts between repetitions.
+        let mut order: Vec<usize> = (0..counts.len()).collect();
+        if rep % 2 == 1 {
+            order.reverse();
+        }
+        for i in order {
+            per_count[i].push(fresh_eager_workers(m.topology, m.parts, m.page, counts[i])?);
+        }
+    }
+    let mut scaling: Vec<ScalingPoint> = counts
+        .iter()
+        .zip(&per_count)
+        .map(|(&threads, samples)| {
+            let best_s = best(samples);
+            ScalingPoint {
+                threads,
+                best_s,
+                median_s: median(samples),
+                gbps: ratio(m.size as f64 / 1e9, best_s),
+                speedup: 0.0,
+            }
+        })
+        .collect();
+    let base = scaling.first().map_or(0.0, |p| p.gbps);
+    for p in &mut scaling {
+        p.speedup = ratio(p.gbps, base);
+        progress(&format!(
+            "fresh populate, {} node-local worker(s): {:.3} s, {:.2} GB/s ({:.2}x)",
+            p.threads, p.best_s, p.gbps, p.speedup
+        ));
+    }
+    Ok(scaling)
+}
+
+/// What a run measured, for [`report`].
+struct Figures {
+    note: Option<String>,
+    cpus: usize,
+    ch_threads: usize,
+    samples: AllocSamples,
+    scaling: Vec<ScalingPoint>,
+}
+
+/// The report: the best of every variant, ratios and medians.
+fn report(cfg: &AllocBenchConfig, m: &Memory<'_>, f: Figures) -> AllocBenchReport {
+    let Figures {
+        note,
+        cpus,
+        ch_threads,
+        samples: s,
+        scaling,
+    } = f;
+    let size = m.size;
+    let fresh = best(&s.fresh_eager_s);
+    let fresh_daemon = best(&s.fresh_eager_daemon_s);
+    let pooled = best(&s.pooled_eager_s);
+    let ch = best(&s.cloud_hypervisor_style_s);
+    #[allow(clippy::cast_precision_loss)] // rates
+    let gb = size as f64 / 1e9;
+    AllocBenchReport {
+        size_bytes: size,
+        requested_size_bytes: cfg.size,
+        page_size: m.page.to_string(),
+        note,
+        reps: cfg.reps,
+        cpus,
+        nodes: m.parts.len(),
+        fresh_eager_s: fresh,
+        fresh_eager_daemon_s: fresh_daemon,
+        pooled_eager_s: pooled,
+        cloud_hypervisor_style_s: ch,
+        cloud_hypervisor_style_threads: ch_threads,
+        fresh_eager_gbps: ratio(gb, fresh),
+        cloud_hypervisor_style_gbps: ratio(gb, ch),
+        free_to_clean_s: best(&s.free_to_clean_s),
+        scrub_cpu_s_per_gib: ratio(median(&s.free_to_clean_cpu_s), size as f64 / GIB),
+        ratios: AllocRatios {
+            cloud_hypervisor_style_over_fresh_eager: ratio(ch, fresh),
+            cloud_hypervisor_style_over_pooled_eager: ratio(ch, pooled),
+            fresh_eager_daemon_over_pooled_eager: ratio(fresh_daemon, pooled),
+            fresh_eager_daemon_over_fresh_eager: ratio(fresh_daemon, fresh),
+        },
+        medians: AllocMedians {
+            fresh_eager_s: median(&s.fresh_eager_s),
+            fresh_eager_daemon_s: median(&s.fresh_eager_daemon_s),
+            pooled_eager_s: median(&s.pooled_eager_s),
+            cloud_hypervisor_style_s: median(&s.cloud_hypervisor_style_s),
+            free_to_clean_s: median(&s.free_to_clean_s),
+        },
+        samples: s,
+        scaling,
+    }
+}

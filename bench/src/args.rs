@@ -1,0 +1,277 @@
+//! The command line of `hugemem-bench`: clap's definitions of the demo and
+//! every bench, with their flags (the same as `hugemem demo …` and `hugemem
+//! bench X …`, which run this binary). `main.rs` dispatches on them.
+
+use backend::proto::PagePolicy;
+use clap::{Parser, Subcommand};
+use guest_mem::PageSize;
+use hugemem::arg_values::{parse_page_size_arg, parse_policy_arg, parse_size_arg};
+use hugemem_bench::churn::ChurnVmm;
+
+/// hugemem-bench: hugemem's demo and benchmarks; each bench reports ratios
+/// against a baseline measured in the same run.
+#[derive(Debug, Parser)]
+#[command(name = "hugemem-bench", version, about)]
+pub(crate) struct Cli {
+    #[command(subcommand)]
+    pub(crate) command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum Command {
+    /// Start a private daemon, run the micro-guest on 1 GiB pages, free, reuse
+    /// from the clean pool, and print a timeline.
+    Demo(DemoArgs),
+    /// Regenerate the tables and quoted figures of docs/benchmarks.md from
+    /// the runs' --json kept under docs/results/ (marker comments; see
+    /// bench/src/report). With --check, only say whether they differ.
+    Report(ReportArgs),
+    /// ALLOC to the micro-guest's first instruction and to every huge page
+    /// touched: eager (fresh, clean pool, dirty pool cleared by the ALLOC),
+    /// lazy (dirty pool, fresh with kernel demand faults) and
+    /// cloud-hypervisor-style prefault; lazy fault counts and latency
+    /// percentiles.
+    Vmstart(VmstartArgs),
+    /// Clearing kernels and the parallel runner against the kernel's fault-time clearing.
+    Clear(ClearArgs),
+    /// One mlock/munlock call over a region against the batched path, with the
+    /// stall another thread's mmap+munmap sees, on 4 KiB shmem and hugetlb.
+    Mlock(MlockArgs),
+    /// Moving memory between NUMA nodes with 4 KiB, 2 MiB and 1 GiB pages (node A -> B -> A),
+    /// and the share of the clearing runner's pages that land on its workers' node.
+    Migrate(MigrateArgs),
+    /// Time until a VM's RAM is ready: fresh (daemon-less and through the
+    /// daemon), from the clean pool, and cloud-hypervisor's prefault.
+    Alloc(AllocArgs),
+    /// N launches back to back (K at once) of the micro-guest against one
+    /// daemon, each probing what the earlier guests wrote; the same churn on
+    /// the VMM's own preallocated memory is the baseline.
+    Churn(ChurnArgs),
+    /// `hugemem serve --takeover` against a plain stop and start of the
+    /// daemon (the baseline), under running allocations, a clean pool and
+    /// clients: time to the first ALLOC served, client stalls, refused
+    /// connections, bytes zeroed again, allocations kept.
+    Takeover(TakeoverArgs),
+    /// Launch to guest power-off of the micro-guest: QEMU with prealloc (the
+    /// baseline) and without, QEMU and cloud-hypervisor on hugemem memory
+    /// (fresh and from the clean pool), cloud-hypervisor's prefault, and
+    /// hugemem's own rust-vmm client.
+    Compare(CompareArgs),
+}
+
+/// `hugemem-bench demo` flags.
+#[derive(Debug, clap::Args)]
+pub(crate) struct DemoArgs {
+    /// VM size (smaller, said out loud, when fewer huge pages can be had).
+    #[arg(long, default_value = "2G", value_parser = parse_size_arg)]
+    pub(crate) size: u64,
+    /// Do not run the micro-guest even when KVM works.
+    #[arg(long)]
+    pub(crate) no_guest: bool,
+    /// Page size: 1G, 2M or 4K (default: 1G, then 2M, then 4K, said out loud).
+    #[arg(long, value_parser = parse_page_size_arg)]
+    pub(crate) page_size: Option<PageSize>,
+    /// Print one JSON object instead of the timeline.
+    #[arg(long)]
+    pub(crate) json: bool,
+}
+
+/// `hugemem-bench report` flags.
+#[derive(Debug, clap::Args)]
+pub(crate) struct ReportArgs {
+    /// The document.
+    #[arg(long, default_value = "docs/benchmarks.md")]
+    pub(crate) doc: std::path::PathBuf,
+    /// The directory of the runs' JSON files (NAME.json).
+    #[arg(long, default_value = "docs/results")]
+    pub(crate) results: std::path::PathBuf,
+    /// Change nothing; exit 1 when the document is not what the JSON gives.
+    #[arg(long)]
+    pub(crate) check: bool,
+}
+
+/// `hugemem-bench vmstart` flags.
+#[derive(Debug, clap::Args)]
+pub(crate) struct VmstartArgs {
+    /// Guest RAM (K/M/G suffixes).
+    #[arg(long, default_value = "8G", value_parser = parse_size_arg)]
+    pub(crate) size: u64,
+    /// Page size: 2M or 1G.
+    #[arg(long, default_value = "2M", value_parser = parse_page_size_arg)]
+    pub(crate) page_size: PageSize,
+    /// Limit for one guest run, seconds.
+    #[arg(long, default_value_t = 300)]
+    pub(crate) guest_timeout: u64,
+    /// Print one JSON object instead of a table.
+    #[arg(long)]
+    pub(crate) json: bool,
+}
+
+/// `hugemem-bench clear` flags.
+#[derive(Debug, clap::Args)]
+pub(crate) struct ClearArgs {
+    /// Bytes to clear (K/M/G suffixes, powers of 1024).
+    #[arg(long, default_value = "1G", value_parser = parse_size_arg)]
+    pub(crate) size: u64,
+    /// Repetitions per figure; the best is reported.
+    #[arg(long, default_value_t = 5)]
+    pub(crate) reps: usize,
+    /// Worker counts for the parallel runner, e.g. `1,2,4` (default: 1..=all CPUs).
+    #[arg(long, value_delimiter = ',')]
+    pub(crate) threads: Vec<usize>,
+    /// Page size: 1G, 2M or 4K (default: 1G, then 2M, then 4K, said out loud).
+    #[arg(long, value_parser = parse_page_size_arg)]
+    pub(crate) page_size: Option<PageSize>,
+    /// Print one JSON object instead of a table.
+    #[arg(long)]
+    pub(crate) json: bool,
+}
+
+/// `hugemem-bench mlock` flags.
+#[derive(Debug, clap::Args)]
+pub(crate) struct MlockArgs {
+    /// Bytes per region (K/M/G suffixes, powers of 1024).
+    #[arg(long, default_value = "2G", value_parser = parse_size_arg)]
+    pub(crate) size: u64,
+    /// Bytes per call of the batched path (a multiple of 4K; default 8M on
+    /// 4 KiB pages, 32M on huge pages).
+    #[arg(long, value_parser = parse_size_arg)]
+    pub(crate) chunk: Option<u64>,
+    /// Repetitions; times are the best, stalls the median of per-rep worst.
+    #[arg(long, default_value_t = 3)]
+    pub(crate) reps: usize,
+    /// Workers per NUMA node on the batched path.
+    #[arg(long, default_value_t = 1)]
+    pub(crate) threads_per_node: usize,
+    /// hugetlb page size, 2M or 1G (default: 2M, then 1G).
+    #[arg(long, value_parser = parse_page_size_arg)]
+    pub(crate) hugetlb_page_size: Option<PageSize>,
+    /// Measure 4 KiB shmem only.
+    #[arg(long)]
+    pub(crate) no_hugetlb: bool,
+    /// Print one JSON object instead of a table.
+    #[arg(long)]
+    pub(crate) json: bool,
+}
+
+/// `hugemem-bench migrate` flags.
+#[derive(Debug, clap::Args)]
+pub(crate) struct MigrateArgs {
+    /// Bytes moved per page size (K/M/G suffixes; rounded up to whole pages).
+    #[arg(long, default_value = "512M", value_parser = parse_size_arg)]
+    pub(crate) size: u64,
+    /// Print one JSON object instead of lines.
+    #[arg(long)]
+    pub(crate) json: bool,
+}
+
+/// `hugemem-bench alloc` flags.
+#[derive(Debug, clap::Args)]
+pub(crate) struct AllocArgs {
+    /// VM size (K/M/G suffixes); smaller, said out loud, when the pages cannot be had.
+    #[arg(long, default_value = "8G", value_parser = parse_size_arg)]
+    pub(crate) size: u64,
+    /// Repetitions; the best and the median of each figure are reported.
+    #[arg(long, default_value_t = 5)]
+    pub(crate) reps: usize,
+    /// Page size: 1G or 2M (default: 1G, then 2M, said out loud).
+    #[arg(long, value_parser = parse_page_size_arg)]
+    pub(crate) page_size: Option<PageSize>,
+    /// Worker counts for the fresh-populate scaling run, e.g. `1,2,4`
+    /// (default: 1..=all CPUs).
+    #[arg(long, value_delimiter = ',')]
+    pub(crate) threads: Vec<usize>,
+    /// Print one JSON object instead of a table.
+    #[arg(long)]
+    pub(crate) json: bool,
+}
+
+/// `hugemem-bench churn` flags.
+#[derive(Debug, clap::Args)]
+pub(crate) struct ChurnArgs {
+    /// Timed launches per side (each side also runs one untimed warm-up launch).
+    #[arg(long, default_value_t = 10)]
+    pub(crate) vms: usize,
+    /// Guest RAM per launch (K/M/G suffixes, a multiple of 2M).
+    #[arg(long, default_value = "2G", value_parser = parse_size_arg)]
+    pub(crate) size: u64,
+    /// Launches at once.
+    #[arg(long, default_value_t = 1)]
+    pub(crate) parallel: usize,
+    /// cloud-hypervisor (needs CLOUD_HYPERVISOR), qemu or micro (hugemem's own KVM runner);
+    /// default: cloud-hypervisor when CLOUD_HYPERVISOR is set, else qemu when it runs, else micro.
+    #[arg(long, value_parser = parse_churn_vmm_arg)]
+    pub(crate) vmm: Option<ChurnVmm>,
+    /// Page size policy of the ALLOCs: best, 1G, 2M or 4K.
+    #[arg(long, default_value = "best", value_parser = parse_policy_arg)]
+    pub(crate) page_size: PagePolicy,
+    /// A live daemon's socket (default: a private daemon for the run, started after the baseline).
+    #[arg(long)]
+    pub(crate) socket: Option<std::path::PathBuf>,
+    /// The QEMU binary.
+    #[arg(long, default_value = "qemu-system-x86_64")]
+    pub(crate) qemu: std::ffi::OsString,
+    /// Limit for one launch, seconds.
+    #[arg(long, default_value_t = 120)]
+    pub(crate) launch_timeout: u64,
+    /// Print one JSON object instead of a table.
+    #[arg(long)]
+    pub(crate) json: bool,
+}
+
+/// `hugemem-bench takeover` flags.
+#[derive(Debug, clap::Args)]
+pub(crate) struct TakeoverArgs {
+    /// GiB of clean pool before each switch (fractions allowed: 0.25).
+    #[arg(long, default_value_t = 1.0)]
+    pub(crate) pool_gib: f64,
+    /// Running allocations, each held on a connection of its own.
+    #[arg(long, default_value_t = 4)]
+    pub(crate) allocations: usize,
+    /// MiB per allocation (and per pool region).
+    #[arg(long, default_value_t = 64)]
+    pub(crate) alloc_mib: u64,
+    /// Page size: 2M or 1G.
+    #[arg(long, default_value = "2M", value_parser = parse_page_size_arg)]
+    pub(crate) page_size: PageSize,
+    /// Rounds, each running both modes; median and worst are reported.
+    #[arg(long, default_value_t = 3)]
+    pub(crate) rounds: usize,
+    /// Connections that only send STATS, besides the allocations'.
+    #[arg(long, default_value_t = 2)]
+    pub(crate) idle_clients: usize,
+    /// Print one JSON object instead of the table; with PATH, write it there and print the table.
+    #[arg(long, value_name = "PATH", num_args = 0..=1)]
+    pub(crate) json: Option<Option<std::path::PathBuf>>,
+}
+
+/// `hugemem-bench compare` flags.
+#[derive(Debug, clap::Args)]
+pub(crate) struct CompareArgs {
+    /// VM size (K/M/G suffixes); never changed, only the page size falls back.
+    #[arg(long, default_value = "4G", value_parser = parse_size_arg)]
+    pub(crate) size: u64,
+    /// Repetitions; the best and the median of each figure are reported.
+    #[arg(long, default_value_t = 3)]
+    pub(crate) reps: usize,
+    /// Page size for every variant: 1G or 2M (default: 1G, then 2M, said out loud).
+    #[arg(long, value_parser = parse_page_size_arg)]
+    pub(crate) page_size: Option<PageSize>,
+    /// The QEMU binary.
+    #[arg(long, default_value = "qemu-system-x86_64")]
+    pub(crate) qemu: std::ffi::OsString,
+    /// QEMU's prealloc-threads (default: online CPUs).
+    #[arg(long)]
+    pub(crate) prealloc_threads: Option<usize>,
+    /// Also render a bar chart to this PNG (scripts/plot-compare; needs python3-matplotlib).
+    #[arg(long)]
+    pub(crate) plot: Option<std::path::PathBuf>,
+    /// Print one JSON object instead of a table.
+    #[arg(long)]
+    pub(crate) json: bool,
+}
+
+fn parse_churn_vmm_arg(s: &str) -> Result<ChurnVmm, String> {
+    ChurnVmm::parse(s)
+        .ok_or_else(|| format!("unknown VMM {s:?}: expected cloud-hypervisor, qemu or micro"))
+}

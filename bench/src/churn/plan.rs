@@ -1,0 +1,283 @@
+//! One launch of a churn, on either side: the guest's layout, the VMM's
+//! command line (through `hugemem launch`, or the VMM's own memory for the
+//! baseline), or hugemem's own KVM runner (`micro`).
+
+use std::ffi::OsString;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use backend::client::Client;
+use backend::proto::{AllocRequest, ClearMode, PagePolicy};
+use guest_mem::size::format_size;
+use guest_mem::vm_memory::{GuestMemoryBackend, GuestMemoryRegion};
+use guest_mem::{AnonMapping, PageSize};
+
+use super::options::ChurnVmm;
+use super::process::{chain, parse_launch_summary, run_process, GuestLine};
+use super::report::LaunchSample;
+
+/// Distance between the guest's probes: every 2 MiB page of either size.
+pub(super) const STRIDE: u64 = 2 << 20;
+/// First probed address (QEMU's firmware writes GPA 0).
+pub(super) const START_GPA: u64 = 1 << 20;
+/// Mixed into what the guest writes.
+pub(super) const MARKER: u64 = 0x4855_4743_4855_524e; // "HUGCHURN"
+/// Where RAM above 3 GiB continues (hugemem's and the VMMs' PCI hole).
+const HOLE_START: u64 = 3 << 30;
+const HOLE_END: u64 = 4 << 30;
+
+/// Which side a launch is on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Side {
+    Hugemem,
+    Baseline,
+}
+
+impl Side {
+    pub(super) fn name(self) -> &'static str {
+        match self {
+            Self::Hugemem => "hugemem",
+            Self::Baseline => "baseline",
+        }
+    }
+}
+
+/// Everything a launch needs, shared by the workers.
+pub(super) struct Plan {
+    pub(super) vmm: ChurnVmm,
+    pub(super) size: u64,
+    pub(super) policy: PagePolicy,
+    pub(super) baseline_page: PageSize,
+    pub(super) socket: PathBuf,
+    pub(super) launcher: PathBuf,
+    pub(super) program: OsString,
+    pub(super) elf: PathBuf,
+    pub(super) cpus: usize,
+    pub(super) timeout: Duration,
+}
+
+impl Plan {
+    /// The VMM's own arguments for the guest (no memory options).
+    fn guest_args(&self) -> Vec<OsString> {
+        let elf = self.elf.clone().into_os_string();
+        let list: Vec<&str> = match self.vmm {
+            ChurnVmm::Qemu => vec![
+                "-accel",
+                "kvm",
+                "-cpu",
+                hugemem::launch::qemu::KVM_CPU,
+                "-nodefaults",
+                "-no-user-config",
+                "-nographic",
+                "-no-reboot",
+                "-serial",
+                "stdio",
+                "-device",
+                "isa-debug-exit",
+                // The guest's marks on port 0x3f0 (first instruction, all
+                // RAM touched) come on stdout, timed as they arrive.
+                "-chardev",
+                "file,id=hmmarks,path=/dev/stdout",
+                "-device",
+                "isa-debugcon,iobase=0x3f0,chardev=hmmarks",
+            ],
+            ChurnVmm::CloudHypervisor => vec![
+                "--cpus",
+                "boot=1",
+                "--serial",
+                "tty",
+                "--console",
+                "off",
+                "--debug-console",
+                "file=/dev/stdout,iobase=0x3f0",
+            ],
+            ChurnVmm::Micro => vec![],
+        };
+        let mut v: Vec<OsString> = list.into_iter().map(OsString::from).collect();
+        v.push(
+            if self.vmm == ChurnVmm::Qemu {
+                "-kernel"
+            } else {
+                "--kernel"
+            }
+            .into(),
+        );
+        v.push(elf);
+        v
+    }
+
+    /// The full command line of one launch.
+    fn argv(&self, side: Side) -> Vec<OsString> {
+        let size = format_size(self.size);
+        let page = self.baseline_page.to_string();
+        let mut a: Vec<OsString> = Vec::new();
+        if side == Side::Hugemem {
+            a.push(self.launcher.clone().into_os_string());
+            a.extend(["launch".into(), "--socket".into()]);
+            a.push(self.socket.clone().into_os_string());
+            a.extend(["--size".into(), size.clone().into(), "--page-size".into()]);
+            a.push(policy_text(self.policy).into());
+            a.push("--".into());
+        }
+        a.push(self.program.clone());
+        match (self.vmm, side) {
+            (ChurnVmm::Qemu, Side::Hugemem) => a.extend(["-M".into(), "microvm".into()]),
+            (ChurnVmm::Qemu, Side::Baseline) => a.extend([
+                "-object".into(),
+                format!(
+                    "memory-backend-memfd,id=ram0,size={size},hugetlb=on,hugetlbsize={page},prealloc=on,prealloc-threads={}",
+                    self.cpus
+                )
+                .into(),
+                "-m".into(),
+                size.clone().into(),
+                "-M".into(),
+                "microvm,memory-backend=ram0".into(),
+            ]),
+            (ChurnVmm::CloudHypervisor, Side::Baseline) => a.extend([
+                "--memory".into(),
+                format!("size={size},hugepages=on,hugepage_size={page},prefault=on").into(),
+            ]),
+            _ => {}
+        }
+        a.extend(self.guest_args());
+        a
+    }
+
+    fn request(&self) -> AllocRequest {
+        AllocRequest {
+            total_size: self.size,
+            page_policy: self.policy,
+            clear_mode: ClearMode::Eager,
+            lock: false,
+            parts: Vec::new(),
+            want_paths: false,
+        }
+    }
+
+    /// One launch on `side`.
+    pub(super) fn launch(&self, side: Side) -> Result<LaunchSample, String> {
+        match self.vmm {
+            ChurnVmm::Micro => self.launch_micro(side),
+            _ => self.launch_process(side),
+        }
+    }
+
+    fn launch_process(&self, side: Side) -> Result<LaunchSample, String> {
+        let argv = self.argv(side);
+        let run = run_process(&argv, self.timeout)?;
+        let line = run
+            .stdout
+            .lines()
+            .find_map(|l| l.find("HUGEMEM-GUEST ").map(|i| l[i..].trim().to_string()))
+            .ok_or_else(|| format!("no guest report; {}", run.describe()))?;
+        let guest = GuestLine::parse(&line).ok_or_else(|| format!("bad guest report {line:?}"))?;
+        // QEMU's isa-debug-exit: (nonzero << 1) | 1; cloud-hypervisor: 0 after
+        // the ACPI power-off. `hugemem launch` exits with the VMM's status.
+        let expected = match self.vmm {
+            ChurnVmm::Qemu => Some(if guest.nonzero { 3 } else { 1 }),
+            _ => Some(0),
+        };
+        if run.status.code() != expected || guest.status != 0 || guest.pages == 0 {
+            return Err(format!("abnormal end: {}", run.describe()));
+        }
+        let (alloc_ms, page_sizes) = if side == Side::Hugemem {
+            let (a, p) = parse_launch_summary(&run.stderr)
+                .ok_or_else(|| format!("no `hugemem launch:` summary; {}", run.describe()))?;
+            (Some(a), p)
+        } else {
+            (None, Vec::new())
+        };
+        let ms = |d: Duration| d.as_secs_f64() * 1e3;
+        Ok(LaunchSample {
+            ms: ms(run.elapsed),
+            ready_ms: run.ready.map(ms),
+            touched_ms: run.touched.map(ms),
+            alloc_ms,
+            page_sizes,
+            guest_pages: guest.pages,
+            stale: guest.nonzero,
+            exit: run.status.to_string(),
+        })
+    }
+
+    fn launch_micro(&self, side: Side) -> Result<LaunchSample, String> {
+        let cfg = microguest::RunConfig {
+            stride: STRIDE,
+            marker: MARKER,
+            start_gpa: START_GPA,
+            timeout: self.timeout,
+            ..Default::default()
+        };
+        let len = usize::try_from(self.size).map_err(|_| "size too large".to_string())?;
+        let t0 = Instant::now();
+        let (report, started, alloc_ms, page_sizes) = if side == Side::Baseline {
+            let mut map = AnonMapping::new(len, self.baseline_page).map_err(|e| chain(&e))?;
+            map.populate_write(0, len).map_err(|e| chain(&e))?;
+            let low = len.min(HOLE_START as usize);
+            let (lo, hi) = map.as_mut_slice().split_at_mut(low);
+            let mut ram = vec![microguest::GuestRam::new(lo, 0)];
+            if !hi.is_empty() {
+                ram.push(microguest::GuestRam::new(hi, HOLE_END));
+            }
+            let started = t0.elapsed();
+            let r = microguest::run(&ram, &cfg).map_err(|e| chain(&e))?;
+            (r, started, None, Vec::new())
+        } else {
+            let mut client = Client::connect(&self.socket).map_err(|e| chain(&e))?;
+            let alloc = client.alloc(self.request()).map_err(|e| chain(&e))?;
+            let alloc_ms = t0.elapsed().as_secs_f64() * 1e3;
+            let page_sizes = alloc.regions.iter().map(|r| r.page_size).collect();
+            let mem = alloc.guest_memory().map_err(|e| chain(&e))?;
+            let mut ram = Vec::with_capacity(mem.num_regions());
+            for r in mem.iter() {
+                let n = usize::try_from(r.len()).map_err(|_| "region too large".to_string())?;
+                // SAFETY: `r.as_ptr() .. + n` is the live read-write shared
+                // mapping vm-memory made for this region; `mem` outlives
+                // `ram` (dropped first below), and no Rust reference to the
+                // memory exists while the guest runs.
+                ram.push(unsafe {
+                    microguest::GuestRam::from_raw_parts(r.as_ptr(), n, r.start_addr().0)
+                });
+            }
+            let started = t0.elapsed();
+            let r = microguest::run(&ram, &cfg);
+            drop(ram);
+            drop(mem);
+            let id = alloc.id;
+            // Our fds go before FREE, so the daemon sees no other holder.
+            drop(alloc);
+            client
+                .free(id)
+                .map_err(|e| format!("FREE: {}", chain(&e)))?;
+            (
+                r.map_err(|e| chain(&e))?,
+                started,
+                Some(alloc_ms),
+                page_sizes,
+            )
+        };
+        let ms = |d: Duration| d.as_secs_f64() * 1e3;
+        let run_start = started + report.setup;
+        Ok(LaunchSample {
+            ms: ms(t0.elapsed()),
+            ready_ms: Some(ms(run_start + report.first_instruction)),
+            touched_ms: Some(ms(run_start + report.all_touched)),
+            alloc_ms,
+            page_sizes,
+            guest_pages: report.pages_touched,
+            stale: report.saw_nonzero,
+            exit: "guest exit port".into(),
+        })
+    }
+}
+
+/// A page-size policy as `hugemem launch --page-size` takes it.
+pub(super) fn policy_text(p: PagePolicy) -> &'static str {
+    match p {
+        PagePolicy::Best => "best",
+        PagePolicy::Huge1G => "1G",
+        PagePolicy::Huge2M => "2M",
+        PagePolicy::Base4K => "4K",
+    }
+}

@@ -1,0 +1,448 @@
+//! The run of every variant against one daemon.
+
+use std::collections::BTreeMap;
+use std::ffi::OsString;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
+use std::path::PathBuf;
+use std::time::Instant;
+
+use backend::client::Client;
+use backend::daemon::config::PoolConfig;
+use backend::daemon::{ByteSize, Config, Daemon, DaemonHandle};
+use backend::proto::{AllocRequest, ClearMode, PagePolicy, ANY_NODE};
+use guest_mem::size::format_size;
+use guest_mem::PageSize;
+use hugemem::launch::{build_args, BuildOptions, MemoryFile, MemoryRegion, Vmm};
+use tracing::warn;
+
+use super::config::{CLEAN_DEADLINE, CLEAN_POLL, STRIDE};
+use super::error::CompareError;
+use super::results::{CompareReport, Figure, Ratio, VariantReport, VariantSamples};
+use super::variant::{Memory, Runner, Variant, BASELINE};
+use super::vmm::*;
+use crate::alloc::pool_state;
+use crate::stats::ratio;
+
+/// The benchmark's state during a run.
+pub(super) struct Bench<'a> {
+    pub(super) size: u64,
+    pub(super) page: PageSize,
+    pub(super) cpus: usize,
+    pub(super) prealloc_threads: usize,
+    pub(super) elf: PathBuf,
+    pub(super) socket: PathBuf,
+    pub(super) qemu: Option<OsString>,
+    pub(super) cloud_hypervisor: Option<OsString>,
+    /// Per variant: why it is skipped.
+    pub(super) skipped: BTreeMap<Variant, String>,
+    pub(super) samples: BTreeMap<Variant, Vec<Sample>>,
+    pub(super) scrub: Vec<f64>,
+    pub(super) progress: &'a mut dyn FnMut(&str),
+}
+
+impl Bench<'_> {
+    pub(super) fn enabled(&self, v: Variant) -> bool {
+        !self.skipped.contains_key(&v)
+    }
+
+    pub(super) fn page_text(&self) -> String {
+        self.page.to_string()
+    }
+
+    /// QEMU arguments shared by every QEMU variant, with `machine` as the
+    /// `-M` value.
+    pub(super) fn qemu_common(&self, machine: &str) -> Vec<OsString> {
+        let mut v: Vec<OsString> = [
+            "-M",
+            machine,
+            "-accel",
+            "kvm",
+            "-cpu",
+            hugemem::launch::qemu::KVM_CPU,
+            "-nodefaults",
+            "-no-user-config",
+            "-nographic",
+            "-no-reboot",
+            "-serial",
+            "stdio",
+            "-chardev",
+            "file,id=hmfirst,path=/dev/stdout",
+            "-device",
+            "isa-debugcon,iobase=0x3f0,chardev=hmfirst",
+            "-device",
+            "isa-debug-exit",
+            "-kernel",
+        ]
+        .iter()
+        .map(OsString::from)
+        .collect();
+        v.push(self.elf.clone().into_os_string());
+        v
+    }
+
+    /// cloud-hypervisor arguments shared by both of its variants.
+    pub(super) fn ch_common(&self) -> Vec<OsString> {
+        let mut v: Vec<OsString> = vec!["--kernel".into(), self.elf.clone().into_os_string()];
+        v.extend(
+            [
+                "--cpus",
+                "boot=1",
+                "--serial",
+                "tty",
+                "--console",
+                "off",
+                "--debug-console",
+                "file=/dev/stdout,iobase=0x3f0",
+            ]
+            .iter()
+            .map(OsString::from),
+        );
+        v
+    }
+
+    /// A VMM-owned-memory variant: spawn, wait, check.
+    pub(super) fn run_own(&mut self, v: Variant) -> Result<Sample, CompareError> {
+        let size = format_size(self.size);
+        let page = self.page_text();
+        let argv: Vec<OsString> = match v.runner() {
+            Runner::Qemu => {
+                let program = self.qemu.clone().unwrap_or_default();
+                let prealloc = if v == Variant::QemuPrealloc {
+                    format!(",prealloc=on,prealloc-threads={}", self.prealloc_threads)
+                } else {
+                    String::new()
+                };
+                let mut a: Vec<OsString> = vec![
+                    program,
+                    "-object".into(),
+                    format!("memory-backend-memfd,id=ram0,size={size},hugetlb=on,hugetlbsize={page}{prealloc}").into(),
+                    "-m".into(),
+                    size.clone().into(),
+                ];
+                a.extend(self.qemu_common("microvm,memory-backend=ram0"));
+                a
+            }
+            Runner::CloudHypervisor => {
+                let mut a: Vec<OsString> = vec![
+                    self.cloud_hypervisor.clone().unwrap_or_default(),
+                    "--memory".into(),
+                    format!("size={size},hugepages=on,hugepage_size={page},prefault=on").into(),
+                ];
+                a.extend(self.ch_common());
+                a
+            }
+            Runner::Client => {
+                return Err(CompareError::Failed {
+                    variant: v.key(),
+                    why: "the client runs on hugemem memory only".into(),
+                })
+            }
+        };
+        let t0 = Instant::now();
+        let run = run_vmm_timed(&argv, &[], t0)?;
+        check_vmm(v, &run, None)
+    }
+
+    pub(super) fn start_daemon(&self) -> Result<DaemonHandle, CompareError> {
+        let defaults = Config::default();
+        // The pool must keep the freed VM, and look for other holders often.
+        let config = Config {
+            socket: self.socket.clone(),
+            pool: PoolConfig {
+                target: defaults.pool.target.max(ByteSize(self.size)),
+                limit: defaults.pool.limit.max(ByteSize(self.size)),
+                recheck_ms: 10,
+                ..defaults.pool.clone()
+            },
+            ..defaults
+        };
+        Ok(Daemon::start(config)?)
+    }
+
+    pub(super) fn request(&self) -> AllocRequest {
+        AllocRequest {
+            total_size: self.size,
+            page_policy: match self.page {
+                PageSize::Huge1G => PagePolicy::Huge1G,
+                PageSize::Huge2M => PagePolicy::Huge2M,
+                PageSize::Base4K => PagePolicy::Base4K,
+            },
+            clear_mode: ClearMode::Eager,
+            lock: false,
+            parts: Vec::new(),
+            want_paths: false,
+        }
+    }
+
+    /// FREE `id` and wait until the pool shows it clean; the time goes into
+    /// `pool_scrub_s`.
+    pub(super) fn free_and_scrub(
+        &mut self,
+        daemon: &DaemonHandle,
+        client: &mut Client,
+        id: u64,
+    ) -> Result<(), CompareError> {
+        let t = Instant::now();
+        client.free(id)?;
+        self.wait_clean(daemon)?;
+        self.scrub.push(t.elapsed().as_secs_f64());
+        Ok(())
+    }
+
+    /// Waits until the pool holds the whole size clean and nothing dirty.
+    pub(super) fn wait_clean(&self, daemon: &DaemonHandle) -> Result<(), CompareError> {
+        let deadline = Instant::now() + CLEAN_DEADLINE;
+        loop {
+            let (clean, pending) = pool_state(&daemon.stats());
+            if clean >= self.size && pending == 0 {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                return Err(CompareError::CleanTimeout(CLEAN_DEADLINE));
+            }
+            std::thread::sleep(CLEAN_POLL);
+        }
+    }
+
+    /// Fills the pool without timing anything (ALLOC, FREE, scrub).
+    pub(super) fn fill_pool(&mut self, daemon: &DaemonHandle) -> Result<(), CompareError> {
+        let mut client = Client::connect(daemon.socket_path())?;
+        let a = client.alloc(self.request())?;
+        let id = a.id;
+        drop(a);
+        client.free(id)?;
+        self.wait_clean(daemon)
+    }
+
+    /// A hugemem variant on `daemon`: ALLOC, run, FREE; `scrub` waits for the
+    /// pool to show the region clean afterwards.
+    pub(super) fn run_hugemem(
+        &mut self,
+        daemon: &DaemonHandle,
+        v: Variant,
+        scrub: bool,
+    ) -> Result<Sample, CompareError> {
+        let t0 = Instant::now();
+        let mut client = Client::connect(daemon.socket_path())?;
+        let alloc = client.alloc(self.request())?;
+        let alloc_s = t0.elapsed().as_secs_f64();
+        let sample = match v.runner() {
+            Runner::Client => run_client(v, &alloc, t0, alloc_s),
+            vmm_kind => {
+                let (vmm, program, user) = if vmm_kind == Runner::Qemu {
+                    (
+                        Vmm::Qemu,
+                        self.qemu.clone().unwrap_or_default(),
+                        self.qemu_common("microvm"),
+                    )
+                } else {
+                    (
+                        Vmm::CloudHypervisor,
+                        self.cloud_hypervisor.clone().unwrap_or_default(),
+                        self.ch_common(),
+                    )
+                };
+                let regions: Vec<MemoryRegion> = alloc
+                    .regions
+                    .iter()
+                    .zip(&alloc.fds)
+                    .map(|(r, fd)| MemoryRegion {
+                        size: r.size,
+                        node: (r.node != ANY_NODE).then_some(r.node),
+                        file: MemoryFile::Fd(fd.as_raw_fd()),
+                    })
+                    .collect();
+                let mut argv = vec![program];
+                argv.extend(build_args(vmm, &user, &regions, &BuildOptions::default())?);
+                let inherit: Vec<BorrowedFd<'_>> = alloc.fds.iter().map(AsFd::as_fd).collect();
+                run_vmm_timed(&argv, &inherit, t0).and_then(|run| check_vmm(v, &run, Some(alloc_s)))
+            }
+        };
+        let id = alloc.id;
+        // Our fds go before FREE, so the daemon sees no other holder.
+        drop(alloc);
+        let sample = sample?;
+        if scrub {
+            self.free_and_scrub(daemon, &mut client, id)?;
+        } else {
+            client.free(id)?;
+        }
+        Ok(sample)
+    }
+
+    pub(super) fn record(&mut self, v: Variant, s: Sample) {
+        (self.progress)(&format!(
+            "  {:<20} ready {:.4} s, first instruction {:.4} s, power-off {:.4} s{}",
+            v.key(),
+            s.ready,
+            s.first_instruction,
+            s.poweroff,
+            s.alloc
+                .map(|a| format!(" (ALLOC {a:.4} s)"))
+                .unwrap_or_default()
+        ));
+        self.samples.entry(v).or_default().push(s);
+    }
+
+    /// QEMU prealloc, QEMU lazy and cloud-hypervisor prefault, in `rep`'s order.
+    pub(super) fn own_group(&mut self, rep: usize) -> Result<(), CompareError> {
+        let mut order: Vec<Variant> = Variant::ALL
+            .into_iter()
+            .filter(|v| v.memory() == Memory::Own)
+            .collect();
+        let n = order.len().max(1);
+        order.rotate_left(rep % n);
+        for v in order {
+            if self.enabled(v) {
+                let s = self.run_own(v)?;
+                self.record(v, s);
+            }
+        }
+        Ok(())
+    }
+
+    /// The hugemem variants: one fresh, the pool ones, then the other fresh
+    /// one on a second daemon (each fresh variant needs an empty pool).
+    pub(super) fn hugemem_group(&mut self, rep: usize) -> Result<(), CompareError> {
+        let of = |kind: Memory| -> Vec<Variant> {
+            let mut list: Vec<Variant> = Variant::ALL
+                .into_iter()
+                .filter(|v| v.memory() == kind)
+                .collect();
+            let n = list.len().max(1);
+            list.rotate_left(rep % n);
+            list.retain(|v| self.enabled(*v));
+            list
+        };
+        let (fresh, pool) = (of(Memory::Fresh), of(Memory::Pool));
+        if fresh.is_empty() && pool.is_empty() {
+            return Ok(());
+        }
+        let daemon = self.start_daemon()?;
+        let result: Result<(), CompareError> = (|| {
+            let mut filled = false;
+            if let Some(&v) = fresh.first() {
+                let s = self.run_hugemem(&daemon, v, !pool.is_empty())?;
+                self.record(v, s);
+                filled = true;
+            }
+            if !pool.is_empty() && !filled {
+                self.fill_pool(&daemon)?;
+            }
+            for &v in &pool {
+                let s = self.run_hugemem(&daemon, v, true)?;
+                self.record(v, s);
+            }
+            Ok(())
+        })();
+        if let Err(e) = daemon.shutdown() {
+            warn!(error = %e, "daemon shutdown failed");
+        }
+        result?;
+        if let Some(&v) = fresh.get(1) {
+            let daemon = self.start_daemon()?;
+            let result = self.run_hugemem(&daemon, v, false);
+            if let Err(e) = daemon.shutdown() {
+                warn!(error = %e, "daemon shutdown failed");
+            }
+            let s = result?;
+            self.record(v, s);
+        }
+        Ok(())
+    }
+}
+
+impl Bench<'_> {
+    pub(super) fn report(
+        self,
+        reps: usize,
+        note: Option<String>,
+        qemu_version: Option<String>,
+        cloud_hypervisor_version: Option<String>,
+    ) -> CompareReport {
+        let gib = self.size as f64 / f64::from(1u32 << 30);
+        let mut variants = Vec::new();
+        for v in Variant::ALL {
+            let list = self.samples.get(&v).map(Vec::as_slice).unwrap_or_default();
+            let s = VariantSamples {
+                ready_s: list.iter().map(|s| s.ready).collect(),
+                first_instruction_s: list.iter().map(|s| s.first_instruction).collect(),
+                poweroff_s: list.iter().map(|s| s.poweroff).collect(),
+                alloc_s: list.iter().filter_map(|s| s.alloc).collect(),
+            };
+            let ready = Figure::of(&s.ready_s);
+            let note = self.skipped.get(&v).cloned().or_else(|| match v {
+                Variant::QemuLazy => Some(
+                    "ready = the guest's all-pages-touched mark: its own touches populate the RAM"
+                        .into(),
+                ),
+                Variant::QemuHugememPool | Variant::ChHugememPool | Variant::ClientPool => Some(
+                    "pages a previous guest used, scrubbed in the background after FREE (pool_scrub_s)"
+                        .into(),
+                ),
+                _ => None,
+            });
+            variants.push(VariantReport {
+                key: v.key(),
+                label: v.label(),
+                skipped: self.skipped.contains_key(&v),
+                note,
+                gib_per_s: ready.map(|r| if r.best > 0.0 { gib / r.best } else { 0.0 }),
+                ready_s: ready,
+                first_instruction_s: Figure::of(&s.first_instruction_s),
+                poweroff_s: Figure::of(&s.poweroff_s),
+                alloc_s: Figure::of(&s.alloc_s),
+                guest_report: list.last().and_then(|s| s.guest.clone()),
+                samples: s,
+            });
+        }
+        // The PVH guest reports status=1 when it could not map all RAM.
+        let clipped = variants.iter().any(|r| {
+            r.guest_report
+                .as_deref()
+                .is_some_and(|g| g.contains("status=1"))
+        });
+        let note = if clipped {
+            let clip = "microvm puts guest RAM beyond 3G above 4G, and without 1G pages in the \
+                        vCPU model (kvm_pvm) the PVH guest maps only [0, 4G): under the VMMs it \
+                        touched 3G of it (status=1 in guest_report); times of memory populated \
+                        before boot are unaffected, qemu_lazy faults in only what the guest touched";
+            Some(note.map_or_else(|| clip.to_string(), |n| format!("{n}; {clip}")))
+        } else {
+            note
+        };
+        let baseline = variants
+            .iter()
+            .find(|r| r.key == BASELINE.key())
+            .and_then(|r| Some((r.ready_s?, r.poweroff_s?)));
+        let mut ratios = BTreeMap::new();
+        if let Some((base_ready, base_off)) = baseline {
+            for r in &variants {
+                if let (Some(ready), Some(off)) = (r.ready_s, r.poweroff_s) {
+                    ratios.insert(
+                        r.key,
+                        Ratio {
+                            ready: ratio(base_ready.best, ready.best),
+                            poweroff: ratio(base_off.best, off.best),
+                        },
+                    );
+                }
+            }
+        }
+        CompareReport {
+            size_bytes: self.size,
+            page_size: self.page.to_string(),
+            note,
+            reps,
+            cpus: self.cpus,
+            prealloc_threads: self.prealloc_threads,
+            stride_bytes: STRIDE,
+            qemu_version,
+            cloud_hypervisor_version,
+            baseline: BASELINE.key(),
+            variants,
+            ratios,
+            pool_scrub_s: Figure::of(&self.scrub),
+        }
+    }
+}

@@ -1,0 +1,108 @@
+//! The comparison's figures: per variant, the ratios against the
+//! baseline, and the report.
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+
+use crate::stats::{best, median};
+
+/// Best and median of the repetitions, seconds.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct Figure {
+    /// The smallest.
+    pub best: f64,
+    /// The median.
+    pub median: f64,
+}
+
+impl Figure {
+    pub(super) fn of(samples: &[f64]) -> Option<Self> {
+        (!samples.is_empty()).then(|| Self {
+            best: best(samples),
+            median: median(samples),
+        })
+    }
+}
+
+/// Every repetition of one variant, seconds, in order.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct VariantSamples {
+    /// Launch to guest RAM ready.
+    pub ready_s: Vec<f64>,
+    /// Launch to the first guest instruction.
+    pub first_instruction_s: Vec<f64>,
+    /// Launch to the VMM's exit after power-off.
+    pub poweroff_s: Vec<f64>,
+    /// The hugemem ALLOC (empty for VMM-owned memory).
+    pub alloc_s: Vec<f64>,
+}
+
+/// One variant's figures.
+#[derive(Debug, Clone, Serialize)]
+pub struct VariantReport {
+    /// JSON key, e.g. `qemu_prealloc`.
+    pub key: &'static str,
+    /// Description.
+    pub label: &'static str,
+    /// Whether it was not run.
+    pub skipped: bool,
+    /// Why it was skipped, or what to know about its figures.
+    pub note: Option<String>,
+    /// Launch to guest RAM ready.
+    pub ready_s: Option<Figure>,
+    /// Launch to the first guest instruction.
+    pub first_instruction_s: Option<Figure>,
+    /// Launch to the VMM's exit after power-off.
+    pub poweroff_s: Option<Figure>,
+    /// The hugemem ALLOC.
+    pub alloc_s: Option<Figure>,
+    /// Size / best ready time, GiB/s.
+    pub gib_per_s: Option<f64>,
+    /// The guest's serial report of the last repetition.
+    pub guest_report: Option<String>,
+    /// Every repetition.
+    pub samples: VariantSamples,
+}
+
+/// A variant against the baseline.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct Ratio {
+    /// Baseline best `ready_s` / this variant's best `ready_s`.
+    pub ready: f64,
+    /// Baseline best `poweroff_s` / this variant's best `poweroff_s`.
+    pub poweroff: f64,
+}
+
+/// The report; `--json` prints it as one object.
+#[derive(Debug, Clone, Serialize)]
+pub struct CompareReport {
+    /// Guest RAM per VM.
+    pub size_bytes: u64,
+    /// Page size every variant used.
+    pub page_size: String,
+    /// Fallbacks and other things to know (`null` when none).
+    pub note: Option<String>,
+    /// Repetitions.
+    pub reps: usize,
+    /// Online CPUs.
+    pub cpus: usize,
+    /// QEMU's `prealloc-threads`.
+    pub prealloc_threads: usize,
+    /// Distance between the guest's touches, bytes.
+    pub stride_bytes: u64,
+    /// `qemu --version`, first line (`null`: not found).
+    pub qemu_version: Option<String>,
+    /// `cloud-hypervisor --version` (`null`: not given or not found).
+    pub cloud_hypervisor_version: Option<String>,
+    /// The baseline's key.
+    pub baseline: &'static str,
+    /// Every variant, skipped ones included, in a fixed order.
+    pub variants: Vec<VariantReport>,
+    /// Each measured variant against the baseline, by key (empty when the
+    /// baseline was skipped).
+    pub ratios: BTreeMap<&'static str, Ratio>,
+    /// FREE to the pool showing the region clean (the background scrub that
+    /// pays for the pool variants).
+    pub pool_scrub_s: Option<Figure>,
+}

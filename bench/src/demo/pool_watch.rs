@@ -1,0 +1,76 @@
+//! What the demo reads of the daemon's pool: the scrub figures, the pools
+//! for the report, and the waits until a freed region is clean (and its
+//! holes faulted back in).
+
+use std::time::{Duration, Instant};
+
+use backend::daemon::DaemonHandle;
+use hugemem_client::stats::Stats;
+
+use super::error::DemoError;
+use super::report::PoolFigures;
+
+/// Longest wait for the pool to show a freed region clean.
+pub(super) const CLEAN_DEADLINE: Duration = Duration::from_secs(60);
+/// How often the pool is looked at while waiting.
+pub(super) const CLEAN_POLL: Duration = Duration::from_millis(2);
+
+/// Bytes the pool's scrubbers cleared, over every node.
+pub(super) fn scrubbed_bytes(stats: &Stats) -> u64 {
+    stats.scrub.nodes.iter().map(|n| n.bytes).sum()
+}
+
+/// Seconds the pool's scrubbers spent clearing, over every node.
+pub(super) fn scrub_seconds(stats: &Stats) -> f64 {
+    stats.scrub.nodes.iter().map(|n| n.seconds).sum()
+}
+
+pub(super) fn pools(stats: &Stats) -> Vec<PoolFigures> {
+    stats
+        .pools
+        .iter()
+        .map(|p| PoolFigures {
+            node: u64::from(p.node),
+            page_size: p.page_size.clone(),
+            clean_bytes: p.clean_bytes,
+            dirty_bytes: p.dirty_bytes,
+            quarantined_bytes: p.quarantined_bytes,
+            in_use_bytes: p.in_use_bytes,
+        })
+        .collect()
+}
+
+/// Waits until the pool holds at least `bytes` clean and nothing dirty or
+/// quarantined.
+pub(super) fn wait_clean(daemon: &DaemonHandle, bytes: u64) -> Result<Stats, DemoError> {
+    let deadline = Instant::now() + CLEAN_DEADLINE;
+    loop {
+        let stats = daemon.stats();
+        let clean = stats.pool_sum(|p| p.clean_bytes);
+        let pending = stats.pool_sum(|p| p.dirty_bytes + p.quarantined_bytes);
+        if clean >= bytes && pending == 0 {
+            return Ok(stats);
+        }
+        if Instant::now() >= deadline {
+            return Err(DemoError::CleanTimeout(CLEAN_DEADLINE, stats.to_string()));
+        }
+        std::thread::sleep(CLEAN_POLL);
+    }
+}
+
+/// Waits until the scrubbers have faulted `bytes` more of detached regions'
+/// holes in than in `before`; `None` after the clean deadline.
+pub(super) fn wait_refaulted(daemon: &DaemonHandle, before: &Stats, bytes: u64) -> Option<Stats> {
+    let refaulted = |s: &Stats| s.scrub.nodes.iter().map(|n| n.refault_bytes).sum::<u64>();
+    let deadline = Instant::now() + CLEAN_DEADLINE;
+    loop {
+        let stats = daemon.stats();
+        if refaulted(&stats).saturating_sub(refaulted(before)) >= bytes {
+            return Some(stats);
+        }
+        if Instant::now() >= deadline {
+            return None;
+        }
+        std::thread::sleep(CLEAN_POLL);
+    }
+}

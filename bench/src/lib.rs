@@ -1,0 +1,40 @@
+//! hugemem's benchmarks and demo: the library half of the `hugemem-bench`
+//! binary (`hugemem-bench X …`, which `hugemem bench X …` and `hugemem demo`
+//! run where it is installed beside `hugemem`). Kept out of the shipped
+//! daemon binary: the micro-guest and the measuring code are here, and this
+//! crate uses `hugemem`'s library (the launchers), never the other way.
+//!
+//! Each bench reports ratios against a baseline measured in the same run:
+//! absolute times on shared machines are noise.
+//!
+//! [`demo`]: daemon, 1 GiB pages, micro-guest, scrub and pool reuse, as a
+//! timeline. The benches: [`alloc`], [`churn`], [`clear`], [`compare`],
+//! [`migrate`], [`mlock`], [`takeover`], [`vmstart`]; [`report`] regenerates
+//! docs/benchmarks.md from their `--json`, which [`run_info`] makes
+//! self-describing.
+
+#![deny(missing_docs)]
+
+pub mod alloc;
+/// `hugemem bench churn`: back-to-back launches against one daemon, stale reads, downgrades.
+pub mod churn;
+pub mod clear;
+pub mod compare;
+/// `hugemem demo`: daemon, 1 GiB pages, micro-guest, scrub and pool reuse, as a timeline.
+pub mod demo;
+pub mod error;
+/// `hugemem bench migrate`: throughput per page size and runner locality.
+pub mod migrate;
+pub mod mlock;
+mod private_dir;
+pub mod report;
+pub mod run_info;
+/// A bench's private daemon: `hugemem serve` as a child process.
+pub mod serve_child;
+mod stats;
+/// `hugemem bench takeover`: `serve --takeover` against a plain stop and start.
+pub mod takeover;
+/// `hugemem bench vmstart`: ALLOC to the guest's first instruction and to all pages touched, eager and lazy.
+pub mod vmstart;
+
+pub use error::BenchError;

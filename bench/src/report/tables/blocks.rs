@@ -1,0 +1,97 @@
+//! What goes between a `<!-- results:… -->` marker and its end: each file's
+//! block, picked by its `"bench"`, or one table of rows for churn runs.
+
+use serde_json::Value;
+
+use super::cells::{f, run_line, significant};
+use super::launches::{churn_row, compare, demo, vmstart};
+use super::memory::{alloc, clear, mlock};
+use super::takeover::takeover;
+
+/// The generated lines between `<!-- results:NAME,… -->` and
+/// `<!-- /results -->` for the files named: one table of rows for runs of a
+/// kind that has rows (`churn`), else each file's block in turn.
+pub fn blocks(files: &[(String, Value)]) -> String {
+    let all_churn = !files.is_empty()
+        && files
+            .iter()
+            .all(|(_, v)| v.get("bench").and_then(Value::as_str) == Some("churn"));
+    if !all_churn {
+        return files.iter().map(|(n, v)| block(n, v)).collect();
+    }
+    let mut out = String::from("\n");
+    for (n, v) in files {
+        out += &run_line(n, v);
+        out += "\n";
+    }
+    out += "| run | VMM | pages asked (expected) | launches x size (at once) | pages served | downgrades (counted from) | stale reads (baseline) | p50 / p99 / max ms | ALLOC p50 ms | baseline p50 / p99 ms | speedup p50 | p99 / p50 |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n";
+    for (n, v) in files {
+        out += &churn_row(n, v);
+    }
+    out += "\n";
+    let spans: Vec<&(String, Value)> = files
+        .iter()
+        .filter(|(_, v)| v.get("ready").is_some())
+        .collect();
+    if !spans.is_empty() {
+        out += "| run | host fits (VMs) | ready p50 / p99 ms | baseline ready p50 / p99 ms | ready speedup p50 (p99) | ready p99 / p50 | all RAM touched p50 / p99 ms | baseline touched p50 / p99 ms | touched speedup p50 (p99) |\n|---|---|---|---|---|---|---|---|---|\n";
+        for (n, v) in spans {
+            out += &format!(
+                "| `{n}` | {} | {} / {} | {} / {} | {}x ({}x) | {} | {} / {} | {} / {} | {}x ({}x) |\n",
+                f(v, "host_vm_fits", 0),
+                f(v, "ready.hugemem.p50", 1),
+                f(v, "ready.hugemem.p99", 1),
+                f(v, "ready.baseline.p50", 1),
+                f(v, "ready.baseline.p99", 1),
+                f(v, "ready.speedup_p50", 2),
+                f(v, "ready.speedup_p99", 2),
+                f(v, "ready.p99_over_p50", 2),
+                f(v, "touched.hugemem.p50", 1),
+                f(v, "touched.hugemem.p99", 1),
+                f(v, "touched.baseline.p50", 1),
+                f(v, "touched.baseline.p99", 1),
+                f(v, "touched.speedup_p50", 2),
+                f(v, "touched.speedup_p99", 2),
+            );
+        }
+        out += "\n";
+    }
+    out
+}
+
+/// The generated lines between `<!-- results:NAME -->` and `<!-- /results -->`.
+pub fn block(name: &str, v: &Value) -> String {
+    let mut out = String::from("\n");
+    out += &run_line(name, v);
+    out += "\n";
+    let body = match v.get("bench").and_then(Value::as_str) {
+        Some("clear") => clear(v),
+        Some("alloc") => alloc(v),
+        Some("mlock") => mlock(v),
+        Some("vmstart") => vmstart(v),
+        Some("compare") => compare(v),
+        Some("demo") => demo(v),
+        Some("takeover") => takeover(v),
+        _ => generic(v),
+    };
+    out += &body;
+    out += "\n";
+    out
+}
+
+/// Top-level numbers, strings and booleans of a file of another kind.
+fn generic(v: &Value) -> String {
+    let mut out = String::from("| figure | value |\n|---|---|\n");
+    if let Some(m) = v.as_object() {
+        for (k, x) in m {
+            let shown = match x {
+                Value::Number(n) => n.as_f64().map_or_else(|| n.to_string(), significant),
+                Value::String(t) => t.replace('|', "\\|").replace('\n', " "),
+                Value::Bool(b) => b.to_string(),
+                _ => continue,
+            };
+            out += &format!("| `{k}` | {shown} |\n");
+        }
+    }
+    out
+}

@@ -1,0 +1,231 @@
+//! The tables of the benches that boot guests: `vmstart`, `compare`,
+//! `demo`, and a churn run's row.
+
+use serde_json::Value;
+
+use super::cells::{f, note, num, s, significant, size};
+
+pub(super) fn vmstart(v: &Value) -> String {
+    let mut out = format!(
+        "{} on {} pages; clearing kernel `{}`, one page cleared in {} µs ({} GB/s); prefault threads {}.\n\n",
+        size(v, "size"),
+        s(v, "page_size"),
+        s(v, "kernel"),
+        f(v, "one_page_clear_us", 0),
+        f(v, "clear_gbps", 1),
+        f(v, "prefault_threads", 0)
+    );
+    out += "| scenario | served | ALLOC ms | ready ms | first instruction ms | all pages touched ms | VM setup ms (in both) |\n|---|---|---|---|---|---|---|\n";
+    let scenarios = v.get("scenarios").and_then(Value::as_array);
+    for sc in scenarios.into_iter().flatten() {
+        let served = match sc.get("recleared") {
+            Some(Value::Bool(true)) => "dirty, cleared by the ALLOC".to_string(),
+            Some(Value::Bool(false)) => "clean (scrubbed before the ALLOC)".to_string(),
+            _ => s(sc, "flags"),
+        };
+        out += &format!(
+            "| `{}` | {served} | {} | {} | {} | {} | {} |\n",
+            s(sc, "name"),
+            f(sc, "alloc_ms", 1),
+            f(sc, "ready_ms", 1),
+            f(sc, "first_instruction_ms", 1),
+            f(sc, "all_touched_ms", 1),
+            f(sc, "vm_setup_ms", 1),
+        );
+    }
+    let lazy: Vec<&Value> = scenarios
+        .into_iter()
+        .flatten()
+        .filter(|sc| sc.get("faults").is_some_and(|x| !x.is_null()))
+        .collect();
+    if !lazy.is_empty() {
+        out += "\n| lazy scenario | faults | cleared by the faulting handler | already clean | waited for another clear | pages scrubbed ahead | fault latency p50 / p99 / max µs |\n|---|---|---|---|---|---|---|\n";
+        for sc in lazy {
+            let fl = &sc["faults"];
+            out += &format!(
+                "| `{}` | {} | {} | {} | {} | {} | {} / {} / {} |\n",
+                s(sc, "name"),
+                f(fl, "faults", 0),
+                f(fl, "cleared_on_fault", 0),
+                f(fl, "already_clean", 0),
+                f(fl, "coalesced", 0),
+                f(fl, "scrubbed_ahead", 0),
+                f(fl, "p50_us", 0),
+                f(fl, "p99_us", 0),
+                f(fl, "max_us", 0),
+            );
+        }
+    }
+    let notes = v.get("notes").and_then(Value::as_array);
+    let notes: Vec<String> = notes
+        .into_iter()
+        .flatten()
+        .filter_map(|n| n.as_str().map(str::to_string))
+        .collect();
+    if !notes.is_empty() {
+        out += "\n";
+        for n in notes {
+            out += &format!("* {n}\n");
+        }
+    }
+    out
+}
+
+pub(super) fn compare(v: &Value) -> String {
+    let mut out = format!(
+        "{} on {} pages, best / median of {} repetitions, {} CPUs, QEMU prealloc-threads {}; QEMU: {}; cloud-hypervisor: {}.{}\n\n",
+        size(v, "size_bytes"),
+        s(v, "page_size"),
+        f(v, "reps", 0),
+        f(v, "cpus", 0),
+        f(v, "prealloc_threads", 0),
+        s(v, "qemu_version"),
+        s(v, "cloud_hypervisor_version"),
+        note(v, "note")
+    );
+    out += "| variant | ready s (best / median) | power-off s (best / median) | ALLOC s (best) | ratio vs the baseline: ready / power-off (best) |\n|---|---|---|---|---|\n";
+    let baseline = s(v, "baseline");
+    for var in v
+        .get("variants")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+    {
+        let key = s(var, "key");
+        let label = s(var, "label");
+        let label = if key == baseline && !label.contains("baseline") {
+            format!("{label} (baseline)")
+        } else {
+            label
+        };
+        if var["skipped"] == true {
+            out += &format!("| {label} | skipped: {} | | | |\n", s(var, "note"));
+            continue;
+        }
+        let pair = |p: &str, d: usize| {
+            format!(
+                "{} / {}",
+                f(var, &format!("{p}.best"), d),
+                f(var, &format!("{p}.median"), d)
+            )
+        };
+        let ratio = v["ratios"].get(key.as_str()).map_or_else(
+            || {
+                if key == baseline {
+                    "1 / 1".to_string()
+                } else {
+                    "-".to_string()
+                }
+            },
+            |r| format!("{} / {}", f(r, "ready", 2), f(r, "poweroff", 2)),
+        );
+        out += &format!(
+            "| {label} | {} | {} | {} | {ratio} |\n",
+            pair("ready_s", 3),
+            pair("poweroff_s", 3),
+            f(var, "alloc_s.best", 4),
+        );
+    }
+    if v.get("pool_scrub_s").is_some_and(|x| !x.is_null()) {
+        out += &format!(
+            "\nFREE → pool clean (the background scrub behind the pool rows): {} / {} s.\n",
+            f(v, "pool_scrub_s.best", 3),
+            f(v, "pool_scrub_s.median", 3)
+        );
+    }
+    out
+}
+
+pub(super) fn demo(v: &Value) -> String {
+    let notes: String = v
+        .get("notes")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+        .map(|x| format!(" Note: {x}."))
+        .collect();
+    let mut out = format!(
+        "{} on {} pages.{notes}\n\n",
+        size(v, "size_bytes"),
+        s(v, "page_size"),
+    );
+    out += "| step | figure |\n|---|---|\n";
+    out += &format!("| daemon start | {} s |\n", f(v, "daemon_start_s", 4));
+    out += &format!(
+        "| ALLOC, fresh pages | {} s ({} GB/s populated and zeroed by the kernel) |\n",
+        f(v, "alloc_fresh_s", 4),
+        f(v, "alloc_fresh_gbps", 1)
+    );
+    let guest = |out: &mut String, key: &str, which: &str| {
+        let Some(g) = v.get(key).filter(|g| !g.is_null()) else {
+            return;
+        };
+        *out += &format!(
+            "| guest {which}: ALLOC sent → first instruction | {} ms (VM setup {} ms; vCPU start → first instruction {} ms) |\n",
+            f(g, "alloc_to_first_instruction_ms", 2),
+            f(g, "vm_setup_ms", 2),
+            f(g, "first_instruction_ms", 2),
+        );
+        *out += &format!(
+            "| guest {which}: pages touched | {} in {} ms after vCPU start; read non-zero: {} |\n",
+            f(g, "pages_touched", 0),
+            f(g, "all_touched_ms", 2),
+            s(g, "saw_nonzero"),
+        );
+    };
+    guest(&mut out, "guest_fresh", "#1 (fresh)");
+    out += &format!(
+        "| FREE → pool clean | {} s ({} scrubbed at {} GB/s) |\n",
+        f(v, "free_to_clean_s", 4),
+        size(v, "scrubbed_bytes"),
+        f(v, "scrub_gbps", 1)
+    );
+    out += &format!(
+        "| ALLOC from the clean pool | {} s (from the pool: {}; {}x faster than fresh) |\n",
+        num(v, "alloc_pooled_s").map_or_else(|| "-".into(), significant),
+        s(v, "alloc_pooled_from_pool"),
+        f(v, "pooled_speedup", 0)
+    );
+    guest(&mut out, "guest_pooled", "#2 (pool)");
+    if let Some(why) = v.get("guest_skipped").and_then(Value::as_str) {
+        out += &format!("| guests | skipped: {why} |\n");
+    }
+    out += &format!("| whole demo | {} s |\n", f(v, "total_s", 2));
+    out
+}
+
+/// One churn run as a table row.
+pub(super) fn churn_row(name: &str, v: &Value) -> String {
+    let served = v
+        .get("page_sizes")
+        .and_then(Value::as_object)
+        .map(|m| {
+            m.iter()
+                .map(|(page, n)| format!("{n} x {page}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        })
+        .unwrap_or_else(|| "-".into());
+    format!(
+        "| `{name}` | {} | {} ({}) | {} x {} ({}) | {served} | {} ({}) | {} ({}) | {} / {} / {} | {} | {} / {} | {}x | {} |\n",
+        s(v, "vmm"),
+        s(v, "page_policy"),
+        s(v, "expected_page_size"),
+        f(v, "vms", 0),
+        size(v, "size_bytes"),
+        f(v, "parallel", 0),
+        f(v, "downgrades", 0),
+        s(v, "downgrades_source"),
+        f(v, "stale_reads", 0),
+        f(v, "baseline_stale_reads", 0),
+        f(v, "p50_ms", 1),
+        f(v, "p99_ms", 1),
+        f(v, "max_ms", 1),
+        f(v, "alloc_p50_ms", 1),
+        f(v, "baseline_p50_ms", 1),
+        f(v, "baseline_p99_ms", 1),
+        f(v, "speedup_p50", 2),
+        f(v, "p99_over_p50", 2),
+    )
+}

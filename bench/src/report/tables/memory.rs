@@ -1,0 +1,220 @@
+//! The tables of the memory benches: `clear`, `alloc` and `mlock`.
+
+use serde_json::Value;
+
+use super::cells::{f, note, num, s, size};
+use crate::report::fixed;
+
+pub(super) fn clear(v: &Value) -> String {
+    let mut out = format!(
+        "{} on {} pages, best of {} repetitions, {} CPUs. GB/s = 10^9 bytes/s.\n\n",
+        size(v, "size_bytes"),
+        s(v, "page_size"),
+        f(v, "reps", 0),
+        f(v, "cpus", 0)
+    );
+    out += "| method | GB/s | vs kernel fault (fresh mapping) | vs kernel re-zero (same buffer) |\n|---|---|---|---|\n";
+    let fault = num(v, "kernel_fault_gbps").unwrap_or(0.0);
+    let refault = num(v, "kernel_refault_gbps").unwrap_or(0.0);
+    let mut row = |label: &str, key: &str| {
+        let x = num(v, key);
+        let r = |base: f64| {
+            x.filter(|_| base > 0.0)
+                .map_or_else(|| "-".into(), |x| format!("{}x", fixed(x / base, 2)))
+        };
+        out += &format!(
+            "| {label} | {} | {} | {} |\n",
+            x.map_or_else(|| "-".into(), |x| fixed(x, 2)),
+            r(fault),
+            r(refault)
+        );
+    };
+    row(
+        "kernel fault-time clear: `MADV_POPULATE_WRITE` of a fresh mapping",
+        "kernel_fault_gbps",
+    );
+    row(
+        "kernel re-zero of the populated buffer: `MADV_DONTNEED` + `MADV_POPULATE_WRITE`",
+        "kernel_refault_gbps",
+    );
+    row("glibc `memset`", "memset_gbps");
+    row("multi-page: one `rep stosb` per run", "multipage_gbps");
+    row("per-4 KiB `rep stosb` loop", "per4k_gbps");
+    if v.get("nt_gbps").is_some_and(|x| !x.is_null()) {
+        row("non-temporal stores", "nt_gbps");
+    }
+    row(
+        &format!("**default** (`{}`)", s(v, "default_kernel")),
+        "default_gbps",
+    );
+    out += &format!(
+        "\nMulti-page over per-4 KiB: {}x.\n",
+        f(v, "ratios.multipage_vs_per4k", 2)
+    );
+    if let Some(points) = v.get("parallel").and_then(Value::as_array) {
+        out += "\n| parallel runner, default kernel: workers | GB/s, call to return | speedup | GB/s, runner's own clock | speedup |\n|---|---|---|---|---|\n";
+        for p in points {
+            out += &format!(
+                "| {} | {} | {}x | {} | {}x |\n",
+                f(p, "threads", 0),
+                f(p, "gbps", 2),
+                f(p, "speedup", 2),
+                f(p, "runner_gbps", 2),
+                f(p, "runner_speedup", 2)
+            );
+        }
+    }
+    out
+}
+
+pub(super) fn alloc(v: &Value) -> String {
+    let mut out = format!(
+        "{} on {} pages ({} asked), best / median of {} repetitions, {} CPUs, {} node(s).{}\n\n",
+        size(v, "size_bytes"),
+        s(v, "page_size"),
+        size(v, "requested_size_bytes"),
+        f(v, "reps", 0),
+        f(v, "cpus", 0),
+        f(v, "nodes", 0),
+        note(v, "note")
+    );
+    let gb = num(v, "size_bytes").unwrap_or(0.0) / 1e9;
+    out += "| variant (clock stops with the memory mapped and ready for the VMM) | best s | median s | GB/s (best) |\n|---|---|---|---|\n";
+    let mut row = |label: String, key: &str| {
+        let best = num(v, key);
+        let rate = if key == "pooled_eager_s" {
+            "(a hand-out)".to_string()
+        } else {
+            best.filter(|b| *b > 0.0)
+                .map_or_else(|| "-".into(), |b| fixed(gb / b, 1))
+        };
+        out += &format!(
+            "| {label} | {} | {} | {rate} |\n",
+            f(v, key, 5),
+            f(v, &format!("medians.{key}"), 5),
+        );
+    };
+    row(
+        "fresh, daemon-less (`Region::allocate`)".into(),
+        "fresh_eager_s",
+    );
+    row("fresh, through the daemon".into(), "fresh_eager_daemon_s");
+    row(
+        "**from the clean pool**, through the daemon".into(),
+        "pooled_eager_s",
+    );
+    row(
+        format!(
+            "the pool's price, after the FREE: FREE → clean (background scrub; {} CPU-s per GiB)",
+            f(v, "scrub_cpu_s_per_gib", 3)
+        ),
+        "free_to_clean_s",
+    );
+    row(
+        format!(
+            "cloud-hypervisor-style prefault (threads: {})",
+            f(v, "cloud_hypervisor_style_threads", 0)
+        ),
+        "cloud_hypervisor_style_s",
+    );
+    out += "\n| ratio of best times (same run) | value |\n|---|---|\n";
+    for (label, key) in [
+        (
+            "cloud-hypervisor style / fresh daemon-less",
+            "cloud_hypervisor_style_over_fresh_eager",
+        ),
+        (
+            "fresh via the daemon / fresh daemon-less",
+            "fresh_eager_daemon_over_fresh_eager",
+        ),
+        (
+            "fresh via the daemon / clean pool",
+            "fresh_eager_daemon_over_pooled_eager",
+        ),
+        (
+            "cloud-hypervisor style / clean pool",
+            "cloud_hypervisor_style_over_pooled_eager",
+        ),
+    ] {
+        out += &format!("| {label} | {} |\n", f(v, &format!("ratios.{key}"), 2));
+    }
+    if let Some(points) = v
+        .get("scaling")
+        .and_then(Value::as_array)
+        .filter(|p| !p.is_empty())
+    {
+        out += "\n| fresh populate, node-local workers | best s | median s | GB/s | speedup |\n|---|---|---|---|---|\n";
+        for p in points {
+            out += &format!(
+                "| {} | {} | {} | {} | {}x |\n",
+                f(p, "threads", 0),
+                f(p, "best_s", 3),
+                f(p, "median_s", 3),
+                f(p, "gbps", 2),
+                f(p, "speedup", 2)
+            );
+        }
+    }
+    out
+}
+
+pub(super) fn mlock(v: &Value) -> String {
+    let mut out = format!(
+        "{} per region, best of {} repetitions (stalls: median / worst over them), {} worker(s) per node.{}\n\n",
+        size(v, "size_bytes"),
+        f(v, "reps", 0),
+        f(v, "threads_per_node", 0),
+        note(v, "hugetlb_note")
+    );
+    out += "| backing | path | calls | lock s | unlock s | max stall ms (median / worst) | lock s, no probe |\n|---|---|---|---|---|---|---|\n";
+    let backings = [("shmem_4k", "4 KiB shmem"), ("hugetlb", "hugetlb")];
+    for (key, label) in backings {
+        let Some(b) = v.get(key).filter(|b| !b.is_null()) else {
+            continue;
+        };
+        let label = if key == "hugetlb" {
+            format!("{label} {}", s(b, "page_size"))
+        } else {
+            label.to_string()
+        };
+        for (path, calls) in [
+            ("single", "1".to_string()),
+            ("batched", f(b, "batched_calls", 0)),
+        ] {
+            let chunk = if path == "batched" {
+                format!(", {}", size(b, "batched_chunk_bytes"))
+            } else {
+                String::new()
+            };
+            out += &format!(
+                "| {label} | {path}{chunk} | {calls} | {} | {} | {} / {} | {} |\n",
+                f(b, &format!("{path}_lock_s"), 3),
+                f(b, &format!("{path}_unlock_s"), 4),
+                f(b, &format!("{path}_max_stall_ms"), 1),
+                f(b, &format!("{path}_max_stall_worst_ms"), 1),
+                f(b, &format!("{path}_lock_quiet_s"), 3),
+            );
+        }
+    }
+    out += "\n| backing | probe alone: max stall ms | stall reduction | total time, batched vs single, with probe | the same, no probe | expectation (≥10x, ≤+10 %) |\n|---|---|---|---|---|---|\n";
+    for (key, label) in backings {
+        let Some(r) = v["ratios"].get(key).filter(|r| !r.is_null()) else {
+            continue;
+        };
+        let pct =
+            |p: &str| num(r, p).map_or_else(|| "-".into(), |x| format!("{:+.1} %", x * 100.0));
+        out += &format!(
+            "| {label} | {} | {}x | {} | {} | {} |\n",
+            f(&v[key], "idle_max_stall_ms", 1),
+            f(r, "stall_reduction", 1),
+            pct("total_time_overhead"),
+            pct("total_time_overhead_quiet"),
+            if r["meets_expectation"] == true {
+                "met"
+            } else {
+                "not met"
+            }
+        );
+    }
+    out
+}

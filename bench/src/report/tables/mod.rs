@@ -1,0 +1,12 @@
+//! The tables `hugemem bench report` generates for one results file, by its
+//! `"bench"`: `clear`, `alloc`, `mlock`, `vmstart`, `compare`, `demo`, `takeover`; any other
+//! kind (or none) gets its top-level figures as a key/value table. The
+//! tables read the JSON as `--json` prints it; a missing figure shows as `-`.
+
+mod blocks;
+mod cells;
+mod launches;
+mod memory;
+mod takeover;
+
+pub use blocks::{block, blocks};

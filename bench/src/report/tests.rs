@@ -1,0 +1,191 @@
+use super::*;
+use serde_json::json;
+use serde_json::Value;
+
+fn dir_with(files: &[(&str, Value)]) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().expect("temp dir");
+    for (name, v) in files {
+        std::fs::write(dir.path().join(format!("{name}.json")), v.to_string()).expect("write");
+    }
+    dir
+}
+
+fn clear_run() -> Value {
+    json!({
+        "bench": "clear",
+        "size_bytes": 1u64 << 30, "page_size": "1G", "reps": 5, "cpus": 2,
+        "kernel_fault_gbps": 8.0, "kernel_refault_gbps": 10.0, "memset_gbps": 11.0,
+        "multipage_gbps": 12.0, "per4k_gbps": 9.0, "nt_gbps": 20.0,
+        "default_kernel": "nt", "default_gbps": 20.0,
+        "parallel": [{"threads": 1, "gbps": 18.0, "speedup": 1.0, "runner_gbps": 19.0, "runner_speedup": 1.0}],
+        "ratios": {"multipage_vs_per4k": 1.3333, "default_vs_kernel_refault": 2.0},
+        "run": {"command": "hugemem bench clear --json", "date": "2026-11-23T22:00:00Z",
+                "build": "release", "version": "0.1.0",
+                "machine": {"cpu_model": "Test CPU", "cores": 2, "numa_nodes": 1,
+                            "memory_bytes": 1u64 << 34, "kernel": "6.18", "virtualized": true,
+                            "load_at_start": 1.5}}
+    })
+}
+
+#[test]
+fn paths_and_formats() {
+    let v = json!({"a": {"b": [1.0, {"name": "x", "y": 2.345}]}, "s": "text"});
+    assert_eq!(lookup(&v, "a.b.0"), Some(&json!(1.0)));
+    assert_eq!(lookup(&v, "a.b.name=x.y"), Some(&json!(2.345)));
+    assert_eq!(lookup(&v, "a.b.name=z.y"), None);
+    assert_eq!(lookup(&v, "a.c"), None);
+    assert_eq!(lookup(&v, "s.t"), None);
+    assert_eq!(format_value(&json!(2.345), ".2x").as_deref(), Some("2.35x"));
+    assert_eq!(
+        format_value(&json!(1234.5), ".0 ms").as_deref(),
+        Some("1234 ms")
+    );
+    assert_eq!(format_value(&json!("text"), "s").as_deref(), Some("text"));
+    assert_eq!(format_value(&json!("text"), ".2"), None);
+    assert_eq!(format_value(&json!(1.0), "x"), None);
+}
+
+#[test]
+fn blocks_and_values_are_generated_and_idempotent() {
+    let dir = dir_with(&[("c", clear_run())]);
+    let doc = "# T\n\nProse says <!-- v:c:ratios.default_vs_kernel_refault:.2x -->9.99x<!-- /v --> and <!-- v:c:run.date:s -->old<!-- /v -->.\n\n<!-- results:c -->\nstale table\n<!-- /results -->\n\nAfter.\n";
+    let out = render(doc, dir.path()).expect("render");
+    assert!(out.contains("Prose says <!-- v:c:ratios.default_vs_kernel_refault:.2x -->2.00x<!-- /v --> and <!-- v:c:run.date:s -->2026-11-23T22:00:00Z<!-- /v -->."), "{out}");
+    assert!(!out.contains("stale table"), "{out}");
+    assert!(out.contains("`hugemem bench clear --json`, 2026-11-23T22:00:00Z, release build; Test CPU, 2 CPUs, 1 NUMA node, 16.0 GiB, Linux 6.18, a virtual machine"), "{out}");
+    assert!(
+        out.contains("| **default** (`nt`) | 20.00 | 2.50x | 2.00x |"),
+        "{out}"
+    );
+    assert!(
+        out.contains("| 1 | 18.00 | 1.00x | 19.00 | 1.00x |"),
+        "{out}"
+    );
+    assert!(out.ends_with("<!-- /results -->\n\nAfter.\n"), "{out}");
+    assert_eq!(render(&out, dir.path()).expect("again"), out, "idempotent");
+    assert_eq!(names_in(doc), ["c"]);
+}
+
+#[test]
+fn drift_is_seen_and_fixed_by_update() {
+    let dir = dir_with(&[("c", clear_run())]);
+    let doc_path = dir.path().join("doc.md");
+    std::fs::write(&doc_path, "x <!-- v:c:memset_gbps:.1 -->1.0<!-- /v -->\n").expect("write doc");
+    assert!(!update(&doc_path, dir.path(), false).expect("check"));
+    assert!(!update(&doc_path, dir.path(), true).expect("write"));
+    assert!(update(&doc_path, dir.path(), false).expect("check again"));
+    assert_eq!(
+        std::fs::read_to_string(&doc_path).expect("read"),
+        "x <!-- v:c:memset_gbps:.1 -->11.0<!-- /v -->\n"
+    );
+}
+
+#[test]
+fn bad_markers_are_errors_with_their_line() {
+    let dir = dir_with(&[("c", clear_run())]);
+    let cases = [
+        ("<!-- results:c -->\nno end\n", 1, "no <!-- /results -->"),
+        ("a\n<!-- /results -->\n", 2, "without its opening"),
+        (
+            "<!-- results:missing -->\n<!-- /results -->\n",
+            0,
+            "cannot read",
+        ),
+        (
+            "<!-- results:../c -->\n<!-- /results -->\n",
+            1,
+            "bad results name",
+        ),
+        (
+            "<!-- results:c -->\n<!-- results:c -->\n<!-- /results -->\n",
+            2,
+            "cannot nest",
+        ),
+        ("<!-- v:c:nope:.1 -->x<!-- /v -->\n", 1, "has no nope"),
+        (
+            "<!-- v:c:memset_gbps -->x<!-- /v -->\n",
+            1,
+            "expected v:NAME:PATH:FORMAT",
+        ),
+        ("<!-- v:c:memset_gbps:.1 -->x\n", 1, "no <!-- /v -->"),
+        (
+            "<!-- v:c:page_size:.1 -->x<!-- /v -->\n",
+            1,
+            "cannot be shown",
+        ),
+    ];
+    for (doc, line, why) in cases {
+        let e = render(doc, dir.path()).expect_err(doc);
+        let text = e.to_string();
+        assert!(text.contains(why), "{doc:?}: {text}");
+        if line > 0 {
+            assert!(
+                text.starts_with(&format!("line {line}:")),
+                "{doc:?}: {text}"
+            );
+        }
+    }
+}
+
+#[test]
+fn every_kind_renders_without_its_optional_parts() {
+    // Files of each kind with nothing but the kind: every figure shows as `-`
+    // and nothing panics; an unknown kind gets its top-level figures.
+    for kind in [
+        "clear", "alloc", "mlock", "vmstart", "compare", "demo", "migrate",
+    ] {
+        let out = tables::block(
+            "x",
+            &json!({"bench": kind, "stale_reads": 0, "p50_ms": 41.25}),
+        );
+        assert!(out.contains("the file has no run record"), "{kind}: {out}");
+        assert!(
+            out.starts_with('\n') && out.ends_with('\n'),
+            "{kind}: {out}"
+        );
+    }
+    let out = tables::block(
+        "x",
+        &json!({"bench": "churn", "stale_reads": 0, "p50_ms": 41.25}),
+    );
+    assert!(
+        out.contains("| `stale_reads` | 0 |") && out.contains("| `p50_ms` | 41.25 |"),
+        "{out}"
+    );
+    let out = tables::block(
+        "x",
+        &json!({"bench": "churn", "a": 0.000_187_26, "b": 1676.89}),
+    );
+    assert!(
+        out.contains("| `a` | 0.0001873 |") && out.contains("| `b` | 1677 |"),
+        "{out}"
+    );
+}
+
+#[test]
+fn churn_runs_share_one_table_and_other_lists_follow_each_other() {
+    let churn = |vmm: &str, p50: f64| {
+        json!({"bench": "churn", "vmm": vmm, "vms": 10, "parallel": 1, "size_bytes": 2u64 << 30,
+               "page_policy": "best", "expected_page_size": "1G", "page_sizes": {"1G": 9, "4K": 1},
+               "downgrades": 1, "downgrades_source": "daemon", "stale_reads": 0, "baseline_stale_reads": 0,
+               "p50_ms": p50, "p99_ms": 80.0, "max_ms": 80.0, "alloc_p50_ms": 10.0,
+               "baseline_p50_ms": 200.0, "baseline_p99_ms": 210.0, "speedup_p50": 200.0 / p50,
+               "p99_over_p50": 80.0 / p50})
+    };
+    let dir = dir_with(&[
+        ("a", churn("qemu", 40.0)),
+        ("b", churn("micro", 50.0)),
+        ("c", clear_run()),
+    ]);
+    let doc = "<!-- results:a, b -->\n<!-- /results -->\n<!-- results:a,c -->\n<!-- /results -->\n";
+    let out = render(doc, dir.path()).expect("render");
+    assert!(out.contains("| `a` | qemu | best (1G) | 10 x 2G (1) | 9 x 1G, 1 x 4K | 1 (daemon) | 0 (0) | 40.0 / 80.0 / 80.0 | 10.0 | 200.0 / 210.0 | 5.00x | 2.00 |"), "{out}");
+    assert!(out.contains("| `b` | micro |"), "{out}");
+    assert_eq!(out.matches("| run | VMM |").count(), 1, "{out}");
+    // churn and clear mixed: each file's own block.
+    assert!(
+        out.contains("| `vms` | 10 |") && out.contains("| **default** (`nt`)"),
+        "{out}"
+    );
+    assert_eq!(names_in(doc), ["a", "b", "c"]);
+}

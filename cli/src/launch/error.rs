@@ -1,0 +1,39 @@
+//! Why a launch failed.
+
+use std::ffi::OsString;
+
+use backend::client::ClientError;
+
+use super::command_line::BuildError;
+
+/// Errors of `hugemem launch`.
+#[derive(Debug, thiserror::Error)]
+pub enum LaunchError {
+    /// The launch options are inconsistent.
+    #[error("{0}")]
+    Options(String),
+    /// The VMM could not be recognised.
+    #[error("cannot tell which VMM {0:?} is (expected cloud-hypervisor or qemu-system-*); name it with --vmm")]
+    UnknownVmm(OsString),
+    /// The VMM command line cannot carry hugemem's memory.
+    #[error("cannot build the VMM command line")]
+    Build(#[from] BuildError),
+    /// Talking to the daemon failed.
+    #[error("the hugemem daemon did not provide the memory")]
+    Client(#[from] ClientError),
+    /// The daemon's reply cannot be used.
+    #[error("unusable allocation from the daemon: {0}")]
+    Reply(String),
+    /// Starting the VMM failed.
+    #[error("cannot start {program:?}")]
+    Spawn {
+        /// The program.
+        program: OsString,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// Waiting for the VMM or handling signals failed.
+    #[error("cannot wait for the VMM")]
+    Wait(#[source] std::io::Error),
+}

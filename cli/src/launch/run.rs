@@ -1,0 +1,171 @@
+//! A launch end to end: allocate through the daemon, run the VMM on the
+//! memory while watching the daemon connection, free.
+
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use backend::client::Client;
+use backend::proto::ANY_NODE;
+use guest_mem::size::format_size;
+use tracing::{info, warn};
+
+use super::build::{build_args, check_args};
+use super::command_line::{MemoryFile, MemoryRegion, Vmm};
+use super::config::LaunchConfig;
+use super::error::LaunchError;
+use super::process::{self, VmmExit};
+use super::reattach;
+
+/// What a launch did.
+#[derive(Debug, Clone)]
+pub struct LaunchReport {
+    /// How the VMM ended.
+    pub exit: VmmExit,
+    /// Connect + ALLOC, wall time.
+    pub alloc: Duration,
+    /// VMM start to VMM exit.
+    pub vmm: Duration,
+    /// Bytes given to the VMM.
+    pub size: u64,
+    /// Page size per region, bytes.
+    pub page_sizes: Vec<u64>,
+    /// The daemon's note on the ALLOC (empty, or e.g. which larger pages
+    /// were missing when `best` served a smaller size).
+    pub note: String,
+}
+
+/// Allocates, runs the VMM, waits, frees. Returns how the VMM ended; the
+/// caller exits with [`VmmExit::shell_code`].
+///
+/// Call from the main thread of a process that has started no other thread
+/// that could take SIGTERM/SIGINT (see [`run_vmm`](crate::launch::run_vmm)).
+///
+/// # Errors
+///
+/// Option, command-line, daemon and process errors; see [`LaunchError`].
+/// Nothing is allocated when the command line is refused.
+pub fn run(cfg: &LaunchConfig) -> Result<LaunchReport, LaunchError> {
+    let program = cfg
+        .command
+        .first()
+        .ok_or_else(|| LaunchError::Options("no VMM command given after --".into()))?;
+    let vmm = match cfg.vmm {
+        Some(v) => v,
+        None => Vmm::detect(program).ok_or_else(|| LaunchError::UnknownVmm(program.clone()))?,
+    };
+    let user_args = &cfg.command[1..];
+    let opts = cfg.build_options();
+    let request = cfg.alloc_request()?;
+    // The daemon makes one region per part (one when no part is given).
+    check_args(vmm, user_args, &opts, request.parts.len().max(1))?;
+
+    info!(
+        size = %format_size(request.total_size),
+        parts = request.parts.len(),
+        socket = %cfg.socket.display(),
+        "asking the daemon for guest RAM (populated and zeroed before the VMM starts)"
+    );
+    let started = Instant::now();
+    let mut client = Client::connect(&cfg.socket)?;
+    client.set_alloc_wait(cfg.alloc_wait);
+    let alloc = client.alloc(request)?;
+    let alloc_time = started.elapsed();
+    let note = alloc.note.clone();
+    if !note.is_empty() {
+        warn!(%note, "the daemon's note on this allocation");
+    }
+    let page_sizes: Vec<u64> = alloc.regions.iter().map(|r| r.page_size).collect();
+    info!(
+        id = alloc.id,
+        size = %format_size(alloc.size()),
+        regions = alloc.regions.len(),
+        page_sizes = ?page_sizes.iter().map(|p| format_size(*p)).collect::<Vec<_>>(),
+        seconds = alloc_time.as_secs_f64(),
+        "memory allocated"
+    );
+    let regions = memory_regions(&alloc, cfg.hugetlbfs)?;
+    let argv = build_args(vmm, user_args, &regions, &opts)?;
+    let mut full = Vec::with_capacity(argv.len() + 1);
+    full.push(program.clone());
+    full.extend(argv);
+    info!(command = ?full, "starting {vmm}");
+
+    let inherit: Vec<BorrowedFd<'_>> = if cfg.hugetlbfs {
+        Vec::new()
+    } else {
+        alloc.fds.iter().map(AsFd::as_fd).collect()
+    };
+    let held = reattach::Held::of(&alloc);
+    let socket = cfg.socket.as_path();
+    let timeout = cfg.reattach_timeout;
+    // The watcher owns the connection while the VMM runs and gives back the
+    // one to FREE on (a new one after a daemon restart), if any.
+    let (outcome, client) = process::run_vmm_watching(
+        &full,
+        &inherit,
+        Some(|stop: &std::sync::atomic::AtomicBool| {
+            reattach::watch(client, socket, &held, timeout, stop)
+        }),
+    );
+    drop(inherit);
+    let size = alloc.size();
+    let id = alloc.id;
+    // Close our copies before FREE, so the daemon sees no holder but itself.
+    drop(alloc);
+    match client.flatten() {
+        Some(mut client) => {
+            if let Err(e) = client.free(id) {
+                warn!(error = %e, "FREE failed; the daemon releases the memory when this connection closes");
+            }
+        }
+        None => warn!(
+            alloc = id,
+            "no daemon connection holds the allocation any more; not freed by launch (the daemon releases it)"
+        ),
+    }
+    let (exit, vmm_time) = outcome?;
+    info!(exit = %exit, vmm_seconds = vmm_time.as_secs_f64(), "{vmm} exited; memory freed");
+    Ok(LaunchReport {
+        exit,
+        alloc: alloc_time,
+        vmm: vmm_time,
+        size,
+        page_sizes,
+        note,
+    })
+}
+
+/// The region table as the VMM will see it: `/dev/fd/N` of our fds, or the
+/// daemon's hugetlbfs paths (`hugemem qemu-wrapper` uses it too).
+pub(crate) fn memory_regions(
+    alloc: &backend::client::Allocation,
+    hugetlbfs: bool,
+) -> Result<Vec<MemoryRegion>, LaunchError> {
+    if hugetlbfs && alloc.paths.len() != alloc.regions.len() {
+        return Err(LaunchError::Reply(format!(
+            "asked for hugetlbfs paths, got {} for {} regions (does the daemon have a hugetlbfs mount?)",
+            alloc.paths.len(),
+            alloc.regions.len()
+        )));
+    }
+    let mut out = Vec::with_capacity(alloc.regions.len());
+    for (i, (r, fd)) in alloc.regions.iter().zip(&alloc.fds).enumerate() {
+        let file = if hugetlbfs {
+            MemoryFile::Path(PathBuf::from(&alloc.paths[i]))
+        } else {
+            MemoryFile::Fd(fd.as_raw_fd())
+        };
+        if r.flags & backend::proto::RegionInfo::FLAG_LAZY != 0 {
+            return Err(LaunchError::Reply(
+                "a lazy region needs a userfaultfd, which VMMs cannot hand over".into(),
+            ));
+        }
+        out.push(MemoryRegion {
+            size: r.size,
+            node: (r.node != ANY_NODE).then_some(r.node),
+            file,
+        });
+    }
+    Ok(out)
+}
