@@ -1046,37 +1046,7 @@ fn libvirt_live_migration_between_two_libvirtds_on_daemon_memory() {
     ));
     let before_migration = daemon.stats();
     let stream = guests.join("migrate.sock");
-    let migrate_uri = format!("unix://{}", stream.display());
-    let dst_uri = dst.uri();
-    // While the migration runs, a watcher looks at where the stream goes:
-    // the destination QEMU's listening socket at `stream`, and no TCP socket
-    // in either QEMU.
-    let migrating = AtomicBool::new(true);
-    let dst_pidfile = dst.base.join(format!("run/libvirt/qemu/{}.pid", d.name));
-    let (migrate_s, watched) = std::thread::scope(|scope| {
-        let watcher = scope.spawn(|| {
-            let mut watched = StreamWatch::default();
-            while migrating.load(Ordering::Relaxed) {
-                watched.look(&stream, &[Some(src_pid), read_pid(&dst_pidfile)]);
-                std::thread::sleep(Duration::from_millis(5));
-            }
-            watched
-        });
-        let migrate_s = timed(|| {
-            ok(src.virsh(&[
-                "migrate",
-                "--live",
-                &d.name,
-                &dst_uri,
-                "--migrateuri",
-                &migrate_uri,
-                "--xml",
-                moved.xml.to_str().expect("utf-8"),
-            ]));
-        });
-        migrating.store(false, Ordering::Relaxed);
-        (migrate_s, watcher.join().expect("watcher"))
-    });
+    let (migrate_s, watched) = migrate_watched(&src, &dst, &d.name, &moved.xml, &stream);
     assert_eq!(
         dst.domstate(&d.name),
         "running",
@@ -1098,20 +1068,10 @@ fn libvirt_live_migration_between_two_libvirtds_on_daemon_memory() {
         "a QEMU held TCP sockets during the migration: {:?}",
         watched.tcp_sockets
     );
-    let jobinfo = ok(dst.virsh(&["domjobinfo", "--completed", &d.name]));
-    let job = |field: &str| {
-        jobinfo
-            .lines()
-            .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
-            .map_or_else(
-                || "?".into(),
-                |v| v.split_whitespace().collect::<Vec<_>>().join(" "),
-            )
-    };
-    let (job_ms, downtime_ms, memory_sent) = (
-        job("Time elapsed"),
-        job("Total downtime"),
-        job("Memory processed"),
+    let [job_ms, downtime_ms, memory_sent] = completed_job(
+        &dst,
+        &d.name,
+        ["Time elapsed", "Total downtime", "Memory processed"],
     );
     step(&format!("migrated ({migrate_s:.2} s)"));
 
@@ -1173,6 +1133,61 @@ fn libvirt_live_migration_between_two_libvirtds_on_daemon_memory() {
     drop(dst);
     drop(src);
     daemon.shutdown();
+}
+
+/// `virsh migrate --live` of `name` from `src` to `dst` (its domain XML there
+/// `dst_xml`), the stream over the UNIX socket `stream`; returns its wall
+/// time and what a watcher saw meanwhile: the destination QEMU's listening
+/// socket at `stream`, and any TCP socket of either QEMU.
+fn migrate_watched(
+    src: &Libvirt,
+    dst: &Libvirt,
+    name: &str,
+    dst_xml: &Path,
+    stream: &Path,
+) -> (f64, StreamWatch) {
+    let migrate_uri = format!("unix://{}", stream.display());
+    let dst_uri = dst.uri();
+    let src_pid = src.qemu_pid(name);
+    let dst_pidfile = dst.base.join(format!("run/libvirt/qemu/{name}.pid"));
+    let migrating = AtomicBool::new(true);
+    std::thread::scope(|scope| {
+        let watcher = scope.spawn(|| {
+            let mut watched = StreamWatch::default();
+            while migrating.load(Ordering::Relaxed) {
+                watched.look(stream, &[Some(src_pid), read_pid(&dst_pidfile)]);
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            watched
+        });
+        let migrate_s = timed(|| {
+            ok(src.virsh(&[
+                "migrate",
+                "--live",
+                name,
+                &dst_uri,
+                "--migrateuri",
+                &migrate_uri,
+                "--xml",
+                dst_xml.to_str().expect("utf-8"),
+            ]));
+        });
+        migrating.store(false, Ordering::Relaxed);
+        (migrate_s, watcher.join().expect("watcher"))
+    })
+}
+
+/// Fields of `virsh domjobinfo --completed` (`?` where libvirt gave none).
+fn completed_job<const N: usize>(lv: &Libvirt, name: &str, fields: [&str; N]) -> [String; N] {
+    let info = ok(lv.virsh(&["domjobinfo", "--completed", name]));
+    fields.map(|field| {
+        info.lines()
+            .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
+            .map_or_else(
+                || "?".into(),
+                |v| v.split_whitespace().collect::<Vec<_>>().join(" "),
+            )
+    })
 }
 
 /// What a watcher saw while a migration ran.
