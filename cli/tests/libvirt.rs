@@ -35,6 +35,20 @@
 //! held`, and the next domain reads zeros. It prints the save and restore
 //! wall times (`MEASURED …`), without asserting on them.
 //!
+//! A third test live-migrates such a domain (`virsh migrate --live`) between
+//! two libvirtds here, each set up as below in its own mount and UTS
+//! namespaces over its own directories, with its own `host_uuid` in
+//! `libvirtd.conf` and its own hostname, both with the wrapper on the same
+//! daemon. The stream goes over a UNIX socket: while it runs, the test sees
+//! the destination listen there and neither QEMU hold a TCP socket. The
+//! destination runs on a fresh allocation with the guest's values in it (and
+//! the guest, reset, finds them); the source's allocation is released once
+//! the source QEMU exits; the totals balance; after the final destroy
+//! nothing is allocated. It prints the migration's wall time, the RAM size
+//! and the destination's `domjobinfo`, without asserting on them. Both
+//! domains' memory is held during the migration: it wants 4 GiB of huge
+//! pages.
+//!
 //! # How libvirtd runs here
 //!
 //! There is no systemd as PID 1 here, so the test starts `libvirtd --daemon`
@@ -56,6 +70,7 @@ use std::borrow::BorrowMut;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use backend::stats::Stats;
@@ -126,14 +141,20 @@ fn accessible_to(user: &str, path: &str) -> bool {
 
 /// 1 GiB pages when two can be reserved, else 2 MiB ones.
 fn pages_for_2g() -> Option<(&'static str, u64, Reservation)> {
-    match hold(PageSize::Huge1G, 2) {
+    pages_for_gib(2)
+}
+
+/// `gib` GiB of huge pages held: 1 GiB pages when they can be reserved, else
+/// 2 MiB ones; `None`, with a recorded skip, when neither can.
+fn pages_for_gib(gib: u64) -> Option<(&'static str, u64, Reservation)> {
+    match hold(PageSize::Huge1G, gib) {
         Ok(r) => return Some(("G", 1 << 30, r)),
         Err(why) => eprintln!("NOTE: {why}; trying 2M pages"),
     }
-    match hold(PageSize::Huge2M, 1024) {
+    match hold(PageSize::Huge2M, gib * 512) {
         Ok(r) => Some(("M", 2 << 20, r)),
         Err(why) => {
-            test_support::skip!("no 2 x 1G pages, and {why}");
+            test_support::skip!("no {gib} x 1G pages, and {why}");
             None
         }
     }
@@ -170,10 +191,25 @@ const LIBVIRT_DIRS: &[&str] = &[
 /// A libvirtd in a private mount namespace over the test's directories.
 struct Libvirt {
     base: PathBuf,
+    /// Its own host identity, for a migration between two libvirtds here.
+    host: Option<Host>,
+}
+
+/// What makes a libvirtd another host: `host_uuid` in its `libvirtd.conf`
+/// (libvirt refuses a migration to the same host UUID) and its own hostname
+/// in a private UTS namespace.
+struct Host {
+    uuid: &'static str,
+    hostname: &'static str,
 }
 
 impl Libvirt {
     fn setup(base: &Path) -> Self {
+        Self::setup_as(base, None)
+    }
+
+    /// [`Libvirt::setup`], as the host `host` when given.
+    fn setup_as(base: &Path, host: Option<Host>) -> Self {
         for d in LIBVIRT_DIRS {
             let private = base.join(d.trim_start_matches('/'));
             std::fs::create_dir_all(&private).expect("private dir");
@@ -190,8 +226,18 @@ impl Libvirt {
         let mut text = std::fs::read_to_string(&conf).expect("qemu.conf");
         text.push_str("\n# hugemem libvirt test: no virtlogd\nstdio_handler = \"file\"\n");
         std::fs::write(&conf, text).expect("write qemu.conf");
+        if let Some(host) = &host {
+            let conf = base.join("etc/libvirt/libvirtd.conf");
+            let mut text = std::fs::read_to_string(&conf).expect("libvirtd.conf");
+            text.push_str(&format!(
+                "\n# hugemem libvirt test: another host\nhost_uuid = \"{}\"\n",
+                host.uuid
+            ));
+            std::fs::write(&conf, text).expect("write libvirtd.conf");
+        }
         let lv = Self {
             base: base.to_path_buf(),
+            host,
         };
         lv.start();
         lv
@@ -220,8 +266,14 @@ impl Libvirt {
                 self.base.join(d.trim_start_matches('/')).display()
             ));
         }
+        let mut unshare = Command::new("unshare");
+        unshare.args(["-m", "--propagation", "private"]);
+        if let Some(host) = &self.host {
+            unshare.arg("-u");
+            script.push_str(&format!("hostname '{}'\n", host.hostname));
+        }
         script.push_str("exec libvirtd --daemon --pid-file /run/libvirt/libvirtd.pid\n");
-        ok(Command::new("unshare").args(["-m", "--propagation", "private", "bash", "-c", &script]));
+        ok(unshare.args(["bash", "-c", &script]));
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
             let out = run(self.virsh(&["version"]));
@@ -259,11 +311,14 @@ impl Libvirt {
         });
     }
 
+    /// The URI virsh connects to this libvirtd by.
+    fn uri(&self) -> String {
+        format!("qemu:///system?socket={}", self.socket().display())
+    }
+
     fn virsh(&self, args: &[&str]) -> Command {
         let mut cmd = Command::new("timeout");
-        cmd.args(["60", "virsh", "-c"])
-            .arg(format!("qemu:///system?socket={}", self.socket().display()))
-            .args(args);
+        cmd.args(["60", "virsh", "-c"]).arg(self.uri()).args(args);
         cmd
     }
 
@@ -887,4 +942,314 @@ fn libvirt_save_restore_and_managedsave_on_daemon_memory() {
     );
     drop(lv);
     daemon.shutdown();
+}
+
+/// `virsh migrate --live` between two libvirtds on this machine (issue 26):
+/// each in its own mount and UTS namespaces over its own state directories,
+/// with its own host UUID, and both with the shipped emulator wrapper on the
+/// same daemon. The migration stream goes over a UNIX socket
+/// (`--migrateuri unix://…`), never an address. The destination QEMU runs on
+/// its own allocation, which the stream fills: the guest's values are at
+/// their guest-physical offsets of its memfds, and after a `virsh reset` the
+/// guest finds what it wrote on the source. The source's allocation is
+/// released once the source QEMU exits, the totals balance at each step, and
+/// after the final destroy nothing is allocated. The migration's wall time is
+/// printed, not asserted.
+#[test]
+fn libvirt_live_migration_between_two_libvirtds_on_daemon_memory() {
+    let _serial = test_support::prelude::serial();
+    if let Some(reason) = skip_reason() {
+        test_support::skip!("{reason}");
+        return;
+    }
+    // The source's and the destination's 2 GiB, both held during the migration.
+    let Some((unit, page, _pages)) = pages_for_gib(4) else {
+        return;
+    };
+    let qemu_uid = id(&["-u", QEMU_USER]).expect("uid");
+    let qemu_gid = id(&["-g", QEMU_USER]).expect("gid");
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let dir = tmp.path();
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let guests = dir.join("guests");
+    std::fs::create_dir(&guests).expect("guests dir");
+    std::fs::set_permissions(&guests, std::fs::Permissions::from_mode(0o777)).expect("chmod");
+    let socket = dir.join("hugemem/hugemem.sock");
+    let daemon = TestDaemon::start(|c| {
+        c.socket = socket.clone();
+        c.allowed_uids = vec![qemu_uid];
+        c.socket_group = Some(qemu_gid);
+        c.pool.recheck_ms = 20;
+    });
+    let shim = install_shim(dir, &socket);
+    let src = Libvirt::setup_as(
+        &dir.join("libvirt-src"),
+        Some(Host {
+            uuid: "6d1c3e0a-6f2b-4c59-9d8e-5a0000000001",
+            hostname: "hugemem-src",
+        }),
+    );
+    let dst = Libvirt::setup_as(
+        &dir.join("libvirt-dst"),
+        Some(Host {
+            uuid: "6d1c3e0a-6f2b-4c59-9d8e-5a0000000002",
+            hostname: "hugemem-dst",
+        }),
+    );
+    let t0 = Instant::now();
+    let step = |what: &str| eprintln!("[{:7.1} s] {what}", t0.elapsed().as_secs_f64());
+    let ram = guest_mem::size::format_size(2 << 30);
+    step(&format!(
+        "two libvirtds up; {ram} of RAM on {page}-byte pages"
+    ));
+
+    let d = domain(&guests, "hm-mig", &shim, unit, 0x7E7E_0000_0000_0000, "");
+    ok(src.virsh(&["define", d.xml.to_str().expect("utf-8")]));
+    ok(src.virsh(&["start", &d.name]));
+    let r = wait_reports(&src, &d, 1);
+    assert!(r[0].contains("nonzero=0"), "fresh daemon memory: {r:?}");
+    let src_regions = check_ram_is_the_daemons(&src, &daemon, &d, page);
+    let src_allocs = alloc_ids(&daemon.stats());
+    let src_pid = src.qemu_pid(&d.name);
+    assert_balanced(&daemon.stats(), "source running");
+    step("source booted on daemon memory");
+
+    // The destination's domain: the source's migratable XML with its serial
+    // in a file of its own (the source QEMU still has its file open).
+    let moved = Domain {
+        name: d.name.clone(),
+        xml: guests.join("hm-mig-dst.xml"),
+        serial: guests.join("hm-mig-dst.serial"),
+        marker: d.marker,
+    };
+    let xml = ok(src.virsh(&["dumpxml", "--migratable", &d.name]));
+    let src_serial = d.serial.to_str().expect("utf-8");
+    assert!(xml.contains(src_serial), "{xml}");
+    let xml = xml.replace(src_serial, moved.serial.to_str().expect("utf-8"));
+    std::fs::write(&moved.xml, xml).expect("write destination xml");
+
+    // The destination libvirtd has not seen the wrapper yet: its first use
+    // of an emulator probes its capabilities (seconds here, then cached in
+    // /var/cache/libvirt), which would count in the migration's time.
+    let shim_arg = shim.to_str().expect("utf-8");
+    let probe_s = timed(|| {
+        ok(dst.virsh(&[
+            "domcapabilities",
+            "--emulatorbin",
+            shim_arg,
+            "--virttype",
+            "qemu",
+        ]));
+    });
+    step(&format!(
+        "destination libvirtd probed the wrapper ({probe_s:.2} s)"
+    ));
+    let before_migration = daemon.stats();
+    let stream = guests.join("migrate.sock");
+    let (migrate_s, watched) = migrate_watched(&src, &dst, &d.name, &moved.xml, &stream);
+    assert_eq!(
+        dst.domstate(&d.name),
+        "running",
+        "destination after the migration"
+    );
+    assert_eq!(
+        src.domstate(&d.name),
+        "shut off",
+        "source after the migration"
+    );
+    assert!(
+        watched.unix_socket_seen,
+        "the destination never listened at {} ({} looks)",
+        stream.display(),
+        watched.looks
+    );
+    assert!(
+        watched.tcp_sockets.is_empty(),
+        "a QEMU held TCP sockets during the migration: {:?}",
+        watched.tcp_sockets
+    );
+    let [job_ms, downtime_ms, memory_sent] = completed_job(
+        &dst,
+        &d.name,
+        ["Time elapsed", "Total downtime", "Memory processed"],
+    );
+    step(&format!("migrated ({migrate_s:.2} s)"));
+
+    // The source QEMU exits and its allocation is released; only the
+    // destination's is held.
+    test_support::prelude::wait_until("source QEMU exited", Duration::from_secs(30), || {
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(src_pid), None).is_err()
+    });
+    let released = daemon.wait_stats(
+        Duration::from_secs(30),
+        "the source's allocation released",
+        |s| {
+            let given_back = s.given_back.clone().unwrap_or_default();
+            s.allocations.active == 2
+                && src_regions.iter().all(|id| match s.region(*id) {
+                    Some(r) => r.state == "clean",
+                    None => given_back.iter().any(|g| g.region == *id),
+                })
+        },
+    );
+    assert_balanced(&released, "after the migration");
+    let dst_alloc_ms = wrapper_alloc_ms(&dst.domain_log(&d.name));
+    let dst_served = served_from(&before_migration, &released);
+    step("source QEMU exited; its allocation released");
+
+    // The destination runs on daemon memory, with the guest's values in it.
+    let dst_regions = check_ram_is_the_daemons(&dst, &daemon, &moved, page);
+    let dst_allocs = alloc_ids(&daemon.stats());
+    assert!(
+        dst_allocs.iter().all(|a| !src_allocs.contains(a)),
+        "the destination runs on its own allocation: {src_allocs:?} source, {dst_allocs:?} destination"
+    );
+    assert!(
+        dst.domain_log(&d.name)
+            .contains("memory backend on hugemem memory"),
+        "{}",
+        dst.domain_log(&d.name)
+    );
+    ok(dst.virsh(&["reset", &d.name]));
+    let r = wait_reports(&dst, &moved, 1);
+    assert!(
+        r[0].contains("nonzero=1"),
+        "after the migration the guest must find what it wrote on the source: {r:?}"
+    );
+    step("destination on daemon memory; the guest found its writes");
+
+    ok(dst.virsh(&["destroy", &d.name]));
+    wait_released(&daemon, &dst_regions, "destroy on the destination");
+    step("destroyed; nothing allocated");
+    ok(src.virsh(&["undefine", &d.name]));
+    eprintln!(
+        "MEASURED libvirt live migration on hugemem memory: RAM {ram} ({page}-byte pages, TCG), \
+         over a UNIX socket between two libvirtds: virsh migrate --live {migrate_s:.2} s; \
+         the destination's domjobinfo: migration {job_ms}, downtime {downtime_ms}, \
+         memory sent {memory_sent} (zero pages go as flags); the destination wrapper's \
+         allocation {dst_alloc_ms} ms (regions {dst_served}); before it, the destination libvirtd's \
+         capabilities probe of the wrapper {probe_s:.2} s"
+    );
+    drop(dst);
+    drop(src);
+    daemon.shutdown();
+}
+
+/// `virsh migrate --live` of `name` from `src` to `dst` (its domain XML there
+/// `dst_xml`), the stream over the UNIX socket `stream`; returns its wall
+/// time and what a watcher saw meanwhile: the destination QEMU's listening
+/// socket at `stream`, and any TCP socket of either QEMU.
+fn migrate_watched(
+    src: &Libvirt,
+    dst: &Libvirt,
+    name: &str,
+    dst_xml: &Path,
+    stream: &Path,
+) -> (f64, StreamWatch) {
+    let migrate_uri = format!("unix://{}", stream.display());
+    let dst_uri = dst.uri();
+    let src_pid = src.qemu_pid(name);
+    let dst_pidfile = dst.base.join(format!("run/libvirt/qemu/{name}.pid"));
+    let migrating = AtomicBool::new(true);
+    std::thread::scope(|scope| {
+        let watcher = scope.spawn(|| {
+            let mut watched = StreamWatch::default();
+            while migrating.load(Ordering::Relaxed) {
+                watched.look(stream, &[Some(src_pid), read_pid(&dst_pidfile)]);
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            watched
+        });
+        let migrate_s = timed(|| {
+            ok(src.virsh(&[
+                "migrate",
+                "--live",
+                name,
+                &dst_uri,
+                "--migrateuri",
+                &migrate_uri,
+                "--xml",
+                dst_xml.to_str().expect("utf-8"),
+            ]));
+        });
+        migrating.store(false, Ordering::Relaxed);
+        (migrate_s, watcher.join().expect("watcher"))
+    })
+}
+
+/// Fields of `virsh domjobinfo --completed` (`?` where libvirt gave none).
+fn completed_job<const N: usize>(lv: &Libvirt, name: &str, fields: [&str; N]) -> [String; N] {
+    let info = ok(lv.virsh(&["domjobinfo", "--completed", name]));
+    fields.map(|field| {
+        info.lines()
+            .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
+            .map_or_else(
+                || "?".into(),
+                |v| v.split_whitespace().collect::<Vec<_>>().join(" "),
+            )
+    })
+}
+
+/// What a watcher saw while a migration ran.
+#[derive(Default)]
+struct StreamWatch {
+    looks: u32,
+    /// The UNIX socket the stream was told to use existed as a socket.
+    unix_socket_seen: bool,
+    /// `pid: socket inode` of each TCP socket a QEMU held.
+    tcp_sockets: Vec<String>,
+}
+
+impl StreamWatch {
+    fn look(&mut self, stream: &Path, pids: &[Option<i32>]) {
+        self.looks += 1;
+        self.unix_socket_seen |= std::fs::symlink_metadata(stream)
+            .is_ok_and(|m| std::os::unix::fs::FileTypeExt::is_socket(&m.file_type()));
+        let tcp = tcp_socket_inodes();
+        for pid in pids.iter().flatten() {
+            for inode in socket_inodes(*pid) {
+                let seen = format!("{pid}: {inode}");
+                if tcp.contains(&inode) && !self.tcp_sockets.contains(&seen) {
+                    self.tcp_sockets.push(seen);
+                }
+            }
+        }
+    }
+}
+
+/// The inodes of this network namespace's TCP sockets (IPv4 and IPv6).
+fn tcp_socket_inodes() -> Vec<u64> {
+    let mut inodes = Vec::new();
+    for table in ["/proc/net/tcp", "/proc/net/tcp6"] {
+        let text = std::fs::read_to_string(table).unwrap_or_default();
+        for line in text.lines().skip(1) {
+            if let Some(inode) = line.split_whitespace().nth(9).and_then(|i| i.parse().ok()) {
+                inodes.push(inode);
+            }
+        }
+    }
+    inodes
+}
+
+/// The inodes of the sockets among a process's open files.
+fn socket_inodes(pid: i32) -> Vec<u64> {
+    let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
+        return Vec::new();
+    };
+    fds.flatten()
+        .filter_map(|fd| std::fs::read_link(fd.path()).ok())
+        .filter_map(|target| {
+            target
+                .to_str()?
+                .strip_prefix("socket:[")?
+                .strip_suffix(']')?
+                .parse()
+                .ok()
+        })
+        .collect()
+}
+
+/// A pid from a pid file, once it is there.
+fn read_pid(path: &Path) -> Option<i32> {
+    std::fs::read_to_string(path).ok()?.trim().parse().ok()
 }
