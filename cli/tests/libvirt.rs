@@ -547,6 +547,55 @@ fn check_ram_is_the_daemons(lv: &Libvirt, daemon: &TestDaemon, d: &Domain, page:
     ids
 }
 
+/// What every test here stands on: a temporary directory libvirt's QEMU
+/// user can reach (guest files, the shim, the socket), a daemon on a socket
+/// that user may use, and the shipped wrapper installed against it.
+struct Stage {
+    tmp: tempfile::TempDir,
+    daemon: TestDaemon,
+    guests: PathBuf,
+    shim: PathBuf,
+    qemu_uid: u32,
+}
+
+impl Stage {
+    fn new() -> Stage {
+        if !accessible_to(QEMU_USER, "/dev/kvm") && Path::new("/dev/kvm").exists() {
+            // libvirt 9 probes QEMU with its capabilities kept (so the probe sees
+            // KVM) but checks /dev/kvm as the QEMU user: on a host where that user
+            // cannot open /dev/kvm it re-probes QEMU on every API call (about 4 s
+            // each; its debug log: "KVM was enabled when probing ..., but it is
+            // not available now"). Correct, only slow; .ci/run gives /dev/kvm
+            // the group and mode Debian's udev rules give it (root:kvm 0660).
+            eprintln!("NOTE: {QEMU_USER} cannot open /dev/kvm: libvirt re-probes QEMU on every call, the test takes minutes");
+        }
+        let qemu_uid = id(&["-u", QEMU_USER]).expect("uid");
+        let qemu_gid = id(&["-g", QEMU_USER]).expect("gid");
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let dir = tmp.path();
+        // libvirt-qemu must reach the guest files, the shim and the socket.
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        let guests = dir.join("guests");
+        std::fs::create_dir(&guests).expect("guests dir");
+        std::fs::set_permissions(&guests, std::fs::Permissions::from_mode(0o777)).expect("chmod");
+        let socket = dir.join("hugemem/hugemem.sock");
+        let daemon = TestDaemon::start(|c| {
+            c.socket = socket.clone();
+            c.allowed_uids = vec![qemu_uid];
+            c.socket_group = Some(qemu_gid);
+            c.pool.recheck_ms = 20;
+        });
+        let shim = install_shim(dir, &socket);
+        Stage {
+            tmp,
+            daemon,
+            guests,
+            shim,
+            qemu_uid,
+        }
+    }
+}
+
 #[test]
 fn libvirt_domains_run_on_daemon_memory() {
     let _serial = test_support::prelude::serial();
@@ -557,32 +606,15 @@ fn libvirt_domains_run_on_daemon_memory() {
     let Some((unit, page, _pages)) = pages_for_2g() else {
         return;
     };
-    if !accessible_to(QEMU_USER, "/dev/kvm") && Path::new("/dev/kvm").exists() {
-        // libvirt 9 probes QEMU with its capabilities kept (so the probe sees
-        // KVM) but checks /dev/kvm as the QEMU user: on a host where that user
-        // cannot open /dev/kvm it re-probes QEMU on every API call (about 4 s
-        // each; its debug log: "KVM was enabled when probing ..., but it is
-        // not available now"). Correct, only slow; .ci/run gives /dev/kvm
-        // the group and mode Debian's udev rules give it (root:kvm 0660).
-        eprintln!("NOTE: {QEMU_USER} cannot open /dev/kvm: libvirt re-probes QEMU on every call, the test takes minutes");
-    }
-    let qemu_uid = id(&["-u", QEMU_USER]).expect("uid");
-    let qemu_gid = id(&["-g", QEMU_USER]).expect("gid");
-    let tmp = tempfile::tempdir().expect("tempdir");
+    // Bound left to right, dropped right to left: the directory goes last.
+    let Stage {
+        tmp,
+        daemon,
+        guests,
+        shim,
+        qemu_uid,
+    } = Stage::new();
     let dir = tmp.path();
-    // libvirt-qemu must reach the guest files, the shim and the socket.
-    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755)).expect("chmod");
-    let guests = dir.join("guests");
-    std::fs::create_dir(&guests).expect("guests dir");
-    std::fs::set_permissions(&guests, std::fs::Permissions::from_mode(0o777)).expect("chmod");
-    let socket = dir.join("hugemem/hugemem.sock");
-    let daemon = TestDaemon::start(|c| {
-        c.socket = socket.clone();
-        c.allowed_uids = vec![qemu_uid];
-        c.socket_group = Some(qemu_gid);
-        c.pool.recheck_ms = 20;
-    });
-    let shim = install_shim(dir, &socket);
     let lv = Libvirt::setup(&dir.join("libvirt"));
     let t0 = Instant::now();
     let step = |what: &str| eprintln!("[{:7.1} s] {what}", t0.elapsed().as_secs_f64());
@@ -778,22 +810,15 @@ fn libvirt_save_restore_and_managedsave_on_daemon_memory() {
     let Some((unit, page, _pages)) = pages_for_2g() else {
         return;
     };
-    let qemu_uid = id(&["-u", QEMU_USER]).expect("uid");
-    let qemu_gid = id(&["-g", QEMU_USER]).expect("gid");
-    let tmp = tempfile::tempdir().expect("tempdir");
+    // Bound left to right, dropped right to left: the directory goes last.
+    let Stage {
+        tmp,
+        daemon,
+        guests,
+        shim,
+        ..
+    } = Stage::new();
     let dir = tmp.path();
-    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755)).expect("chmod");
-    let guests = dir.join("guests");
-    std::fs::create_dir(&guests).expect("guests dir");
-    std::fs::set_permissions(&guests, std::fs::Permissions::from_mode(0o777)).expect("chmod");
-    let socket = dir.join("hugemem/hugemem.sock");
-    let daemon = TestDaemon::start(|c| {
-        c.socket = socket.clone();
-        c.allowed_uids = vec![qemu_uid];
-        c.socket_group = Some(qemu_gid);
-        c.pool.recheck_ms = 20;
-    });
-    let shim = install_shim(dir, &socket);
     let lv = Libvirt::setup(&dir.join("libvirt"));
     let t0 = Instant::now();
     let step = |what: &str| eprintln!("[{:7.1} s] {what}", t0.elapsed().as_secs_f64());
@@ -966,22 +991,15 @@ fn libvirt_live_migration_between_two_libvirtds_on_daemon_memory() {
     let Some((unit, page, _pages)) = pages_for_gib(4) else {
         return;
     };
-    let qemu_uid = id(&["-u", QEMU_USER]).expect("uid");
-    let qemu_gid = id(&["-g", QEMU_USER]).expect("gid");
-    let tmp = tempfile::tempdir().expect("tempdir");
+    // Bound left to right, dropped right to left: the directory goes last.
+    let Stage {
+        tmp,
+        daemon,
+        guests,
+        shim,
+        ..
+    } = Stage::new();
     let dir = tmp.path();
-    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755)).expect("chmod");
-    let guests = dir.join("guests");
-    std::fs::create_dir(&guests).expect("guests dir");
-    std::fs::set_permissions(&guests, std::fs::Permissions::from_mode(0o777)).expect("chmod");
-    let socket = dir.join("hugemem/hugemem.sock");
-    let daemon = TestDaemon::start(|c| {
-        c.socket = socket.clone();
-        c.allowed_uids = vec![qemu_uid];
-        c.socket_group = Some(qemu_gid);
-        c.pool.recheck_ms = 20;
-    });
-    let shim = install_shim(dir, &socket);
     let src = Libvirt::setup_as(
         &dir.join("libvirt-src"),
         Some(Host {
