@@ -139,6 +139,38 @@ impl ServeChild {
         self.exited
     }
 
+    /// Waits for it to exit until `deadline`; `None` if it has not by then.
+    /// Sleeps on a pidfd of it, which turns readable at its exit, so the
+    /// exit is seen at once (a kernel without `pidfd_open`, before 5.3,
+    /// gets a look every millisecond).
+    pub fn wait_until(&mut self, deadline: Instant) -> Option<ExitStatus> {
+        use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+        use std::os::fd::AsFd;
+        // Not reaped yet (`exited` is unset), so its pid is still its own.
+        let exit_event = match self.try_wait() {
+            Some(status) => return Some(status),
+            None => pidfd(self.child.id()),
+        };
+        loop {
+            if let Some(status) = self.try_wait() {
+                return Some(status);
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return None;
+            }
+            match &exit_event {
+                Some(fd) => {
+                    // Rounded up, so the last wait does not end just short.
+                    let millis = u16::try_from(left.as_millis() + 1).unwrap_or(u16::MAX);
+                    let mut fds = [PollFd::new(fd.as_fd(), PollFlags::POLLIN)];
+                    let _ = poll(&mut fds, PollTimeout::from(millis));
+                }
+                None => std::thread::sleep(left.min(Duration::from_millis(1))),
+            }
+        }
+    }
+
     /// Sends SIGTERM (it gives its pages back and exits).
     pub fn terminate(&self) {
         if self.exited.is_some() {
@@ -168,6 +200,21 @@ impl ServeChild {
         self.terminate();
         self.wait();
     }
+}
+
+/// A pidfd of process `pid` (readable once it has exited), or `None` where
+/// the kernel has no `pidfd_open`. `pid` must be an unreaped child of ours,
+/// so that its number cannot have been reused.
+fn pidfd(pid: u32) -> Option<std::os::fd::OwnedFd> {
+    use std::os::fd::{FromRawFd, OwnedFd, RawFd};
+    let pid = libc::pid_t::try_from(pid).ok()?;
+    // SAFETY: pidfd_open takes a pid and flags and returns a new fd or -1;
+    // it touches no memory of ours.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+    let fd = RawFd::try_from(fd).ok().filter(|fd| *fd >= 0)?;
+    // SAFETY: `fd` was just returned by pidfd_open, is open, and nothing
+    // else owns it (pidfds are close-on-exec).
+    Some(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
 impl Drop for ServeChild {

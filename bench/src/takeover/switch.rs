@@ -174,17 +174,10 @@ pub(super) fn switch(
             (new, probe)
         }
     };
-    let deadline = t0 + WAIT;
-    let status = loop {
-        if let Some(s) = old.try_wait() {
-            break s;
-        }
-        if Instant::now() >= deadline {
-            return Err(TakeoverError::Run(format!(
-                "the old daemon did not exit within {WAIT:?} of the takeover"
-            )));
-        }
-        std::thread::sleep(Duration::from_millis(1));
+    let Some(status) = old.wait_until(t0 + WAIT) else {
+        return Err(TakeoverError::Run(format!(
+            "the old daemon did not exit within {WAIT:?} of the takeover"
+        )));
     };
     let old_exit = *old_exit.get_or_insert_with(|| t0.elapsed());
     if new.try_wait().is_some() {

@@ -68,6 +68,7 @@ pub mod cloud_hypervisor;
 mod command_line;
 mod config;
 mod error;
+mod exit_event;
 mod process;
 pub mod qemu;
 mod reattach;

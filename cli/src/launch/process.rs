@@ -18,7 +18,10 @@
 //! # Signals
 //!
 //! SIGTERM, SIGINT and SIGHUP are blocked in this thread before the VMM is
-//! spawned and taken with `sigtimedwait`, together with SIGCHLD; a SIGTERM to
+//! spawned and read from a `signalfd`, polled together with a pidfd of the
+//! VMM (readable when it exits: no SIGCHLD involved, so no wait in slices
+//! for a SIGCHLD that another thread of a test harness may have taken; a
+//! kernel without `pidfd_open`, before 5.3, gets 50 ms polls); a SIGTERM to
 //! `hugemem launch` is sent on to the VMM, which shuts down, and then launch
 //! frees the memory. One exception: a signal the terminal driver sent to the
 //! whole foreground process group (Ctrl-C; `si_code == SI_KERNEL`) has
@@ -33,23 +36,27 @@
 //! [`run_vmm_watching`] runs one more function on its own thread while the
 //! VMM runs (`hugemem launch` watches its daemon connection there, to
 //! re-attach after a daemon restart). The thread is started after the
-//! signals are blocked, so it inherits the mask and never takes them; it is
-//! told to stop when the VMM has exited, and joined.
+//! signals are blocked, so it inherits the mask and never takes them; when
+//! the VMM has exited it is woken by an event (`exit_event.rs`, an eventfd
+//! in its `poll` set), and joined.
 
 use std::ffi::OsString;
 use std::fmt;
 use std::io;
-use std::os::fd::{AsRawFd, BorrowedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::process::{Child, Command, ExitStatus};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+use nix::errno::Errno;
+use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use nix::sys::signal::{SigSet, SigmaskHow, Signal};
+use nix::sys::signalfd::{SfdFlags, SignalFd};
 use nix::unistd::Pid;
 use tracing::{debug, info, warn};
 
 use super::error::LaunchError;
+use super::exit_event::ExitEvent;
 
 /// How the VMM ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -90,12 +97,7 @@ impl fmt::Display for VmmExit {
 
 fn forwarded_signals() -> SigSet {
     let mut set = SigSet::empty();
-    for s in [
-        Signal::SIGTERM,
-        Signal::SIGINT,
-        Signal::SIGHUP,
-        Signal::SIGCHLD,
-    ] {
+    for s in [Signal::SIGTERM, Signal::SIGINT, Signal::SIGHUP] {
         set.add(s);
     }
     set
@@ -127,17 +129,17 @@ pub fn run_vmm(
     argv: &[OsString],
     inherit: &[BorrowedFd<'_>],
 ) -> Result<(VmmExit, Duration), LaunchError> {
-    run_vmm_watching(argv, inherit, None::<fn(&AtomicBool)>).0
+    run_vmm_watching(argv, inherit, None::<fn(&ExitEvent)>).0
 }
 
 /// [`run_vmm`], with `watch` running on a thread of its own while the VMM
-/// runs (see the module docs): it gets a flag that turns true once the VMM
+/// runs (see the module docs): it gets an event that fires once the VMM
 /// has exited and should return soon after. Returns what [`run_vmm`] does
 /// and, when the thread ran and did not panic, what `watch` returned.
 pub(crate) fn run_vmm_watching<R: Send>(
     argv: &[OsString],
     inherit: &[BorrowedFd<'_>],
-    watch: Option<impl FnOnce(&AtomicBool) -> R + Send>,
+    watch: Option<impl FnOnce(&ExitEvent) -> R + Send>,
 ) -> (Result<(VmmExit, Duration), LaunchError>, Option<R>) {
     let set = forwarded_signals();
     let old = match set.thread_swap_mask(SigmaskHow::SIG_BLOCK) {
@@ -145,19 +147,25 @@ pub(crate) fn run_vmm_watching<R: Send>(
         Err(e) => return (Err(LaunchError::Wait(e.into())), None),
     };
     let _restore = MaskGuard(old);
-    let stop = AtomicBool::new(false);
+    // Without the event there is no way to stop the watcher: run without it
+    // (as when its thread cannot start; the daemon then releases the
+    // allocation when the connection the watcher would have held closes).
+    let exit = ExitEvent::new()
+        .inspect_err(|e| warn!(error = %e, "cannot create the VMM-exit eventfd"))
+        .ok();
     std::thread::scope(|scope| {
         // Started with the signals blocked: it inherits the mask.
-        let watcher = watch.and_then(|w| {
-            let stop = &stop;
+        let watcher = watch.zip(exit.as_ref()).and_then(|(w, exit)| {
             std::thread::Builder::new()
                 .name("hm-launch-watch".into())
-                .spawn_scoped(scope, move || w(stop))
+                .spawn_scoped(scope, move || w(exit))
                 .inspect_err(|e| warn!(error = %e, "cannot start the daemon watcher thread"))
                 .ok()
         });
         let outcome = spawn_and_wait(argv, inherit, &set, old);
-        stop.store(true, Ordering::Release);
+        if let Some(exit) = &exit {
+            exit.fire();
+        }
         let watched = watcher.and_then(|h| h.join().ok());
         (outcome, watched)
     })
@@ -234,55 +242,77 @@ pub(crate) fn keep_across_exec(fd: RawFd) -> io::Result<()> {
     Ok(())
 }
 
-/// How long one `sigtimedwait` waits before the child is polled again. In a
-/// process with other threads that do not block SIGCHLD (a test harness), the
-/// kernel may deliver the child's SIGCHLD to one of them, where it is
-/// discarded; the poll bounds the wait for that case. `hugemem launch` itself
-/// has one thread, and there SIGCHLD always arrives.
-const POLL: libc::timespec = libc::timespec {
-    tv_sec: 0,
-    tv_nsec: 50_000_000,
-};
+/// How long one wait lasts where the kernel has no `pidfd_open` (before
+/// 5.3): the child is polled with `try_wait` between waits. With a pidfd the
+/// wait has no timeout.
+const NO_PIDFD_POLL_MS: u16 = 50;
+
+/// A pidfd of `pid`: readable once that process has exited. `pid` must be
+/// our child, not yet reaped (so its number cannot have been reused).
+fn pidfd(pid: Pid) -> io::Result<OwnedFd> {
+    // SAFETY: pidfd_open takes a pid and flags and returns a new fd or -1;
+    // it touches no memory of ours.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid.as_raw(), 0) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let fd = RawFd::try_from(fd).map_err(|_| io::Error::other("pidfd out of range"))?;
+    // SAFETY: `fd` was just returned by pidfd_open, is open, and nothing
+    // else owns it. pidfds are close-on-exec.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
 
 /// Waits for `child`, forwarding signals from `set` (blocked by the caller).
 fn wait_forwarding(child: &mut Child, set: &SigSet) -> io::Result<ExitStatus> {
     let pid = Pid::from_raw(
         i32::try_from(child.id()).map_err(|_| io::Error::other("child pid out of range"))?,
     );
+    // Blocked signals stay pending until read here, so one sent between
+    // the spawn and this is not lost.
+    let signals = SignalFd::with_flags(set, SfdFlags::SFD_CLOEXEC | SfdFlags::SFD_NONBLOCK)?;
+    let exited = pidfd(pid)
+        .inspect_err(|e| debug!(error = %e, "no pidfd; polling the VMM every 50 ms"))
+        .ok();
+    let timeout = if exited.is_some() {
+        PollTimeout::NONE
+    } else {
+        PollTimeout::from(NO_PIDFD_POLL_MS)
+    };
     loop {
-        // SIGCHLD is blocked from before the spawn, so an exit between this
-        // check and sigtimedwait stays pending and wakes the wait below.
         if let Some(status) = child.try_wait()? {
             return Ok(status);
         }
-        // SAFETY: an all-zero siginfo_t is a valid value of this plain C struct.
-        let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
-        // SAFETY: `set` is a valid sigset_t, `info` a writable siginfo_t and
-        // `POLL` a valid timespec, all living across the call.
-        let sig = unsafe { libc::sigtimedwait(set.as_ref(), &mut info, &POLL) };
-        if sig < 0 {
-            let e = io::Error::last_os_error();
-            if matches!(e.raw_os_error(), Some(libc::EINTR | libc::EAGAIN)) {
-                continue;
-            }
-            return Err(e);
+        let mut fds = vec![PollFd::new(signals.as_fd(), PollFlags::POLLIN)];
+        if let Some(fd) = &exited {
+            fds.push(PollFd::new(fd.as_fd(), PollFlags::POLLIN));
         }
-        let Ok(signal) = Signal::try_from(sig) else {
-            continue;
-        };
-        if signal == Signal::SIGCHLD {
-            continue;
+        match poll(&mut fds, timeout) {
+            Ok(_) | Err(Errno::EINTR) => {}
+            Err(e) => return Err(e.into()),
         }
-        if info.si_code == libc::SI_KERNEL {
-            // The terminal sent it to the whole process group, the VMM included.
-            debug!(%signal, "terminal signal; the VMM got it too");
-            continue;
+        while let Some(info) = signals.read_signal()? {
+            forward(pid, &info);
         }
-        info!(%signal, "forwarding to the VMM");
-        if let Err(e) = nix::sys::signal::kill(pid, signal) {
-            // ESRCH: it exited already; the next try_wait collects it.
-            debug!(error = %e, "cannot forward the signal");
-        }
+    }
+}
+
+/// Sends the signal of `info` on to the VMM, unless the terminal sent it to
+/// the whole process group (the VMM included).
+fn forward(pid: Pid, info: &libc::signalfd_siginfo) {
+    let Ok(signal) = i32::try_from(info.ssi_signo).map(Signal::try_from) else {
+        return;
+    };
+    let Ok(signal) = signal else {
+        return;
+    };
+    if info.ssi_code == libc::SI_KERNEL {
+        debug!(%signal, "terminal signal; the VMM got it too");
+        return;
+    }
+    info!(%signal, "forwarding to the VMM");
+    if let Err(e) = nix::sys::signal::kill(pid, signal) {
+        // ESRCH: it exited already; the next try_wait collects it.
+        debug!(error = %e, "cannot forward the signal");
     }
 }
 

@@ -7,21 +7,35 @@
 //! here, and a daemon keeps a region some process maps quarantined, never
 //! scrubbed or reused. What is at stake is only who FREEs the allocation
 //! at the end; without a re-attach the daemon releases it on its own.
+//!
+//! The watcher sleeps in `poll` on the connection and on the VMM's exit
+//! event (`exit_event.rs`), with no timeout: the exit wakes it at once, so
+//! the launch's FREE follows the VMM's exit without a polling delay.
 
 use std::os::fd::AsRawFd;
+use std::os::unix::net::UnixStream;
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use backend::client::Client;
+use backend::client::{Client, ClientError};
 use backend::proto::{RegionInfo, TOKEN_SIZE};
-use tracing::{info, warn};
+use nix::errno::Errno;
+use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+use tracing::{debug, info, warn};
 
-/// How often the watcher looks at the connection and at the stop flag.
-const POLL_MS: u16 = 100;
+use super::exit_event::ExitEvent;
 
-/// Each connect attempt window: the stop flag is checked between windows.
-const SLICE: Duration = Duration::from_millis(250);
+/// First wait between connect attempts while the daemon is not back; it
+/// doubles up to [`LAST_RETRY`] (the backoff of `Client::reconnect`). A
+/// timer, because nothing the launch can wait on says "listening again":
+/// the socket file appears at `bind`, before `listen`, and under socket
+/// activation or a takeover it never goes away. The VMM's exit still ends
+/// the wait at once: the exit event is in the same `poll` set.
+const FIRST_RETRY: Duration = Duration::from_millis(10);
+/// Longest wait between connect attempts.
+const LAST_RETRY: Duration = Duration::from_millis(200);
+/// A reply timeout is refused by the socket call when zero: at least this.
+const MIN_REPLY_WAIT: Duration = Duration::from_millis(10);
 
 /// The allocation a launch holds, as the watcher needs it.
 #[derive(Debug, Clone)]
@@ -45,51 +59,120 @@ impl Held {
     }
 }
 
-/// True when the daemon closed `client`'s connection (or wrote to it,
-/// which it never does between requests: treated the same).
-fn closed(client: &Client, timeout_ms: u16) -> bool {
-    use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
-    // EOF makes the socket readable; POLLHUP and POLLERR come unasked.
-    let mut fds = [PollFd::new(client.socket(), PollFlags::POLLIN)];
-    match poll(&mut fds, PollTimeout::from(timeout_ms)) {
-        Ok(0) => false,
-        Ok(_) => fds[0].revents().is_some_and(|r| !r.is_empty()),
-        // EINTR: look again next round.
-        Err(_) => false,
+/// What woke the watcher.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Woken {
+    /// The VMM exited: time to give the connection back for FREE.
+    VmmExited,
+    /// The daemon closed the connection (or wrote to it, which it never
+    /// does between requests: treated the same).
+    DaemonClosed,
+}
+
+/// Sleeps until the VMM exits or the daemon closes `client`'s connection,
+/// whichever comes first; no timeout.
+fn wait(client: &Client, exit: &ExitEvent) -> Woken {
+    loop {
+        // EOF makes the socket readable; POLLHUP and POLLERR come unasked.
+        let mut fds = [
+            PollFd::new(exit.fd(), PollFlags::POLLIN),
+            PollFd::new(client.socket(), PollFlags::POLLIN),
+        ];
+        match poll(&mut fds, PollTimeout::NONE) {
+            // The exit first: when both happened, FREE is what is left to do.
+            Ok(_) if exit.fired() => return Woken::VmmExited,
+            Ok(_) if fds[1].revents().is_some_and(|r| !r.is_empty()) => return Woken::DaemonClosed,
+            Ok(_) | Err(Errno::EINTR) => {}
+            Err(e) => {
+                // ENOMEM (or a bug): not a reason to lose the FREE; try again
+                // after a pause rather than spin.
+                warn!(error = %e, "cannot poll the daemon connection; trying again");
+                let mut exit_only = [PollFd::new(exit.fd(), PollFlags::POLLIN)];
+                let _ = poll(&mut exit_only, PollTimeout::from(100u16));
+            }
+        }
     }
 }
 
-/// Watches `client` until `stop` (the VMM exited); when the daemon closes
-/// the connection, reconnects within `timeout` and re-attaches `held`.
-/// Returns the connection to FREE the allocation on, or `None` when there
-/// is none (re-attach impossible, refused, or the VMM exited first).
+/// Watches `client` until the VMM exits (`exit` fires); when the daemon
+/// closes the connection, reconnects within `timeout` and re-attaches
+/// `held`. Returns the connection to FREE the allocation on, or `None` when
+/// there is none (re-attach impossible, refused, or the VMM exited first).
 pub(crate) fn watch(
     mut client: Client,
     socket: &Path,
     held: &Held,
     timeout: Duration,
-    stop: &AtomicBool,
+    exit: &ExitEvent,
 ) -> Option<Client> {
     loop {
-        if stop.load(Ordering::Acquire) {
-            return Some(client);
+        match wait(&client, exit) {
+            Woken::VmmExited => {
+                debug!(
+                    alloc = held.id,
+                    "the VMM's exit woke the daemon watcher; handing its connection back for FREE"
+                );
+                return Some(client);
+            }
+            Woken::DaemonClosed => {
+                warn!(
+                    alloc = held.id,
+                    fd = client.socket().as_raw_fd(),
+                    "the daemon closed this launch's connection while the VMM runs (a daemon \
+                     restart?); reconnecting to re-attach the allocation"
+                );
+                drop(client);
+                client = reconnect(socket, held, timeout, exit)?;
+            }
         }
-        if !closed(&client, POLL_MS) {
-            continue;
-        }
-        warn!(
-            alloc = held.id,
-            fd = client.socket().as_raw_fd(),
-            "the daemon closed this launch's connection while the VMM runs (a daemon restart?); \
-             reconnecting to re-attach the allocation"
-        );
-        drop(client);
-        client = reconnect(socket, held, timeout, stop)?;
+    }
+}
+
+/// One attempt at a new daemon connection.
+enum Attempt {
+    Connected(Client),
+    Failed(ClientError),
+    /// The VMM exited before or while connecting.
+    VmmExited,
+}
+
+/// Connects to `socket` and does the handshake, its reply waited for until
+/// `deadline` at most (a daemon that accepts but is not serving yet must not
+/// hold the watcher past it) or until the VMM exits.
+fn connect_once(socket: &Path, deadline: Instant, exit: &ExitEvent) -> Attempt {
+    if exit.fired() {
+        return Attempt::VmmExited;
+    }
+    let connect_error = |source| ClientError::Connect {
+        path: socket.display().to_string(),
+        source,
+    };
+    let sock = match UnixStream::connect(socket) {
+        Ok(sock) => sock,
+        Err(e) => return Attempt::Failed(connect_error(e)),
+    };
+    let left = deadline
+        .saturating_duration_since(Instant::now())
+        .max(MIN_REPLY_WAIT);
+    if let Err(e) = sock.set_read_timeout(Some(left)) {
+        return Attempt::Failed(connect_error(e));
+    }
+    match exit.interruptible(sock, Client::from_stream) {
+        // Shut down under the handshake, or just after it: either way the
+        // VMM is gone.
+        _ if exit.fired() => Attempt::VmmExited,
+        None => Attempt::VmmExited,
+        Some(Err(e)) => Attempt::Failed(e),
+        Some(Ok(client)) => match client.set_timeout(None) {
+            // Like a fresh connection: no reply timeout.
+            Ok(()) => Attempt::Connected(client),
+            Err(e) => Attempt::Failed(e),
+        },
     }
 }
 
 /// One reconnect and re-attach, or `None` with the reason logged.
-fn reconnect(socket: &Path, held: &Held, timeout: Duration, stop: &AtomicBool) -> Option<Client> {
+fn reconnect(socket: &Path, held: &Held, timeout: Duration, exit: &ExitEvent) -> Option<Client> {
     let kept = "the VMM keeps running on its memory (still mapped; the daemon keeps it \
                 quarantined, never scrubbed or reused, until the VMM lets it go)";
     let Some(token) = held.token else {
@@ -102,31 +185,37 @@ fn reconnect(socket: &Path, held: &Held, timeout: Duration, stop: &AtomicBool) -
     };
     let started = Instant::now();
     let deadline = started + timeout;
+    let mut retry = FIRST_RETRY;
     let mut client = loop {
-        if stop.load(Ordering::Acquire) {
-            warn!(
-                alloc = held.id,
-                "the VMM exited before the daemon came back; the allocation stays with \
-                 the daemon, which releases it"
-            );
-            return None;
-        }
-        let window = (Instant::now() + SLICE).min(deadline);
-        match Client::reconnect(socket, &[], window) {
-            Ok(c) => break c,
-            Err(e) if Instant::now() < deadline => {
-                tracing::debug!(error = %e, "daemon not back yet");
-            }
-            Err(e) => {
+        let error = match connect_once(socket, deadline, exit) {
+            Attempt::Connected(c) => break c,
+            Attempt::VmmExited => {
                 warn!(
                     alloc = held.id,
-                    seconds = timeout.as_secs_f64(),
-                    error = %backend::diag::chain(&e),
-                    "the daemon did not come back in time; {kept}"
+                    "the VMM exited before the daemon came back; the allocation stays with \
+                     the daemon, which releases it"
                 );
                 return None;
             }
+            Attempt::Failed(e) => e,
+        };
+        let now = Instant::now();
+        if now >= deadline {
+            warn!(
+                alloc = held.id,
+                seconds = timeout.as_secs_f64(),
+                error = %backend::diag::chain(&error),
+                "the daemon did not come back in time; {kept}"
+            );
+            return None;
         }
+        debug!(error = %error, "daemon not back yet");
+        // Until the next attempt, or the VMM's exit, whichever is first.
+        let pause = retry.min(deadline - now);
+        let mut fds = [PollFd::new(exit.fd(), PollFlags::POLLIN)];
+        let millis = u16::try_from(pause.as_millis()).unwrap_or(u16::MAX);
+        let _ = poll(&mut fds, PollTimeout::from(millis));
+        retry = (retry * 2).min(LAST_RETRY);
     };
     match client.reattach(held.id, token) {
         Ok(regions) => {
@@ -210,13 +299,13 @@ mod tests {
         assert!(d.handle().orphan_for_tests(a.id, None));
         cut(&client);
         let socket = d.socket();
-        let stop = AtomicBool::new(false);
+        let exit = ExitEvent::new().expect("eventfd");
         let again = std::thread::scope(|s| {
-            let w = s.spawn(|| watch(client, &socket, &held, Duration::from_secs(10), &stop));
+            let w = s.spawn(|| watch(client, &socket, &held, Duration::from_secs(10), &exit));
             wait_until("the re-attach", Duration::from_secs(10), || {
                 d.stats().counters.reattach_ok == 1
             });
-            stop.store(true, Ordering::Release);
+            exit.fire();
             w.join().expect("watcher")
         });
         let mut again = again.expect("a connection to free on");
@@ -235,9 +324,9 @@ mod tests {
         // and the re-attach is refused.
         let held = Held::of(&a);
         cut(&client);
-        let stop = AtomicBool::new(false);
+        let exit = ExitEvent::new().expect("eventfd");
         let started = Instant::now();
-        let r = watch(client, &d.socket(), &held, Duration::from_secs(10), &stop);
+        let r = watch(client, &d.socket(), &held, Duration::from_secs(10), &exit);
         assert!(r.is_none());
         assert!(
             started.elapsed() < Duration::from_secs(5),
@@ -245,5 +334,50 @@ mod tests {
         );
         assert_eq!(d.stats().counters.reattach_refused, 1);
         d.shutdown();
+    }
+
+    #[test]
+    fn the_vmms_exit_wakes_the_watcher_of_a_live_connection() {
+        let _s = serial();
+        let d = TestDaemon::start(|_| {});
+        let mut client = d.client();
+        let a = alloc(&mut client);
+        let held = Held::of(&a);
+        let exit = ExitEvent::new().expect("eventfd");
+        // Fired before the watcher starts or while it sleeps in poll: either
+        // way it hands the same, still open connection back.
+        exit.fire();
+        let mut back = watch(client, &d.socket(), &held, Duration::from_secs(10), &exit)
+            .expect("the connection back");
+        drop(a.fds);
+        back.free(a.id).expect("FREE on the watched connection");
+        assert_eq!(d.stats().counters.reattach_ok, 0);
+        d.shutdown();
+    }
+
+    #[test]
+    fn the_vmms_exit_ends_a_reconnect_wait() {
+        // A daemon that never comes back, and a deadline far away: only the
+        // exit ends the wait.
+        let dir = tempfile::tempdir().expect("tempdir");
+        let held = Held {
+            id: 1,
+            token: Some([7; TOKEN_SIZE]),
+            regions: Vec::new(),
+        };
+        let exit = ExitEvent::new().expect("eventfd");
+        let gone = dir.path().join("no-daemon.sock");
+        let deadline = Duration::from_secs(60);
+        let started = Instant::now();
+        let r = std::thread::scope(|s| {
+            let w = s.spawn(|| reconnect(&gone, &held, deadline, &exit));
+            exit.fire();
+            w.join().expect("watcher")
+        });
+        assert!(r.is_none(), "no daemon: nothing to FREE on");
+        assert!(
+            started.elapsed() < deadline,
+            "the wait ended by the exit, not by the reconnect deadline"
+        );
     }
 }

@@ -14,6 +14,7 @@ use super::build::{build_args, check_args};
 use super::command_line::{MemoryFile, MemoryRegion, Vmm};
 use super::config::LaunchConfig;
 use super::error::LaunchError;
+use super::exit_event::ExitEvent;
 use super::process::{self, VmmExit};
 use super::reattach;
 
@@ -104,9 +105,7 @@ pub fn run(cfg: &LaunchConfig) -> Result<LaunchReport, LaunchError> {
     let (outcome, client) = process::run_vmm_watching(
         &full,
         &inherit,
-        Some(|stop: &std::sync::atomic::AtomicBool| {
-            reattach::watch(client, socket, &held, timeout, stop)
-        }),
+        Some(|exit: &ExitEvent| reattach::watch(client, socket, &held, timeout, exit)),
     );
     drop(inherit);
     let size = alloc.size();
