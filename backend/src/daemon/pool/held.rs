@@ -127,7 +127,11 @@ impl Pool {
     /// Returns the regions to drop (off the lock: the pages go back when the
     /// last reference goes); `None`, evicting nothing, when an idle region
     /// of exactly `key` and `size` is there (it left quarantine or its scrub
-    /// since the caller looked): the caller takes that one instead.
+    /// since the caller looked): the caller takes that one instead; `None`
+    /// too when the idle regions no longer add up to `bytes` (other ALLOCs
+    /// took them since the caller's [`Pool::held`]): giving back less would
+    /// leave the caller waiting for pages that never reach the kernel, so it
+    /// looks again instead.
     pub(super) fn evict_idle(
         &self,
         key: PoolKey,
@@ -148,6 +152,21 @@ impl Pool {
             .filter(|(_, e)| e.key.node == node && e.key.page_size == page_size && idle(e))
             .map(|(id, e)| (e.since, *id))
             .collect();
+        let idle_bytes: u64 = victims
+            .iter()
+            .filter_map(|(_, id)| g.entries.get(id))
+            .map(|e| e.region.len())
+            .sum();
+        if idle_bytes < bytes {
+            info!(
+                node,
+                page_size = %page_size,
+                idle_bytes,
+                bytes,
+                "fewer idle pooled pages than a moment ago; the ALLOC looks again"
+            );
+            return None;
+        }
         victims.sort();
         let mut freed = 0;
         let mut out = Vec::new();

@@ -386,7 +386,9 @@ impl Pool {
             }
             if held.idle >= short {
                 // A region of exactly this part may have become idle since
-                // the first look: take it rather than give it back.
+                // the first look: take it rather than give it back. Or the
+                // idle regions went to other ALLOCs meanwhile: look again
+                // rather than wait for pages nobody gave back.
                 let Some(victims) = self.evict_idle(key, part.size, short) else {
                     continue;
                 };
