@@ -68,21 +68,20 @@ pub fn measure_crate(
 }
 
 /// The workspace's member crates (directories with a `Cargo.toml` listed
-/// in the root manifest's `members`), read without Cargo.
+/// in the root manifest's `[workspace] members`), read with `toml`
+/// rather than `cargo metadata`, so the check needs no network or lock.
 pub fn workspace_members(workspace_root: &Path) -> Vec<PathBuf> {
     let manifest = std::fs::read_to_string(workspace_root.join("Cargo.toml")).unwrap_or_default();
-    let Some(start) = manifest.find("members") else {
+    let Ok(manifest) = manifest.parse::<toml::Table>() else {
         return Vec::new();
     };
-    let rest = &manifest[start..];
-    let list = rest
-        .find('[')
-        .zip(rest.find(']'))
-        .map(|(a, b)| &rest[a + 1..b])
-        .unwrap_or("");
-    list.split(',')
-        .map(|s| s.trim().trim_matches('"'))
-        .filter(|s| !s.is_empty())
-        .map(|s| workspace_root.join(s))
+    manifest
+        .get("workspace")
+        .and_then(|w| w.get("members"))
+        .and_then(|m| m.as_array())
+        .into_iter()
+        .flatten()
+        .filter_map(|member| member.as_str())
+        .map(|member| workspace_root.join(member))
         .collect()
 }

@@ -77,3 +77,28 @@ fn test_code_imports_nothing_and_function_lengths_count_fn_to_brace() {
     assert_eq!((three.line, three.lines), (5, 3));
     assert!(s.functions.iter().all(|f| f.name != "t"));
 }
+
+#[test]
+fn only_a_cfg_that_names_test_is_test_code() {
+    let dir = tempfile::tempdir().unwrap();
+    write(
+        dir.path(),
+        &[
+            ("c/src/lib.rs", "mod a;\npub struct Top;\n"),
+            (
+                "c/src/a.rs",
+                "#[cfg(not(test))]\npub fn live(_: crate::Top) {}\n\
+                 #[cfg(feature = \"test-utils\")]\npub fn featured() {}\n\
+                 #[cfg(all(test, target_os = \"linux\"))]\npub fn tested() {}\n",
+            ),
+        ],
+    );
+    let s = measure_crate(dir.path(), &dir.path().join("c")).unwrap();
+    let names: Vec<&str> = s.functions.iter().map(|f| f.name.as_str()).collect();
+    assert_eq!(names, ["live", "featured"]);
+    let a_imports = &s.imports[Path::new("c/src/a.rs")];
+    assert!(
+        a_imports.contains(Path::new("c/src/lib.rs")),
+        "{a_imports:?}"
+    );
+}

@@ -46,23 +46,32 @@ pub(super) struct TreeReader {
     pub(super) looked_up: RefCell<HashMap<(usize, String), Vec<Target>>>,
 }
 
+/// Whether `attrs` hold a `cfg` that names `test` (`cfg(test)`,
+/// `cfg(all(test, …))`), read from its tokens: `cfg(not(test))` does not,
+/// and neither does a feature whose name merely contains "test".
 pub(super) fn is_cfg_test(attrs: &[syn::Attribute]) -> bool {
-    attrs.iter().any(|a| {
-        a.path().is_ident("cfg") && {
-            let text = a.meta.to_token_stream_string();
-            text.contains("test") && !text.contains("not (test")
-        }
+    attrs.iter().any(|a| match &a.meta {
+        syn::Meta::List(list) if list.path.is_ident("cfg") => names_test(list.tokens.clone()),
+        _ => false,
     })
 }
 
-trait MetaText {
-    fn to_token_stream_string(&self) -> String;
-}
-
-impl MetaText for syn::Meta {
-    fn to_token_stream_string(&self) -> String {
-        quote::ToTokens::to_token_stream(self).to_string()
+fn names_test(tokens: proc_macro2::TokenStream) -> bool {
+    let mut after_not = false;
+    for tree in tokens {
+        match tree {
+            proc_macro2::TokenTree::Ident(ident) if ident == "test" => return true,
+            proc_macro2::TokenTree::Ident(ident) => after_not = ident == "not",
+            proc_macro2::TokenTree::Group(group) => {
+                if !after_not && names_test(group.stream()) {
+                    return true;
+                }
+                after_not = false;
+            }
+            _ => after_not = false,
+        }
     }
+    false
 }
 
 fn path_attr(attrs: &[syn::Attribute]) -> Option<String> {
