@@ -46,6 +46,8 @@
 mod config;
 mod daemon;
 mod error;
+mod handout;
+mod limits;
 mod populate;
 mod report;
 mod run;
@@ -57,6 +59,8 @@ mod tests;
 pub use config::AllocBenchConfig;
 pub(crate) use daemon::pool_state;
 pub use error::AllocBenchError;
+pub use handout::HandOut;
+pub use limits::AllocLimits;
 pub use populate::cloud_hypervisor_threads;
 pub use report::{AllocBenchReport, AllocMedians, AllocRatios, AllocSamples, ScalingPoint};
 pub use run::run;
