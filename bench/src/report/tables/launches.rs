@@ -152,8 +152,19 @@ pub(super) fn demo(v: &Value) -> String {
     );
     out += "| step | figure |\n|---|---|\n";
     out += &format!("| daemon start | {} s |\n", f(v, "daemon_start_s", 4));
+    if v.get("host_first_touch_s").is_some() {
+        out += &format!(
+            "| warm-up: the host's first touch (the size populated and freed once before timing; docs/platform.md#first-touch) | {} s |\n",
+            f(v, "host_first_touch_s", 4)
+        );
+    }
     out += &format!(
-        "| ALLOC, fresh pages | {} s ({} GB/s populated and zeroed by the kernel) |\n",
+        "| ALLOC, fresh pages{} | {} s ({} GB/s populated and zeroed by the kernel) |\n",
+        if v.get("host_first_touch_s").is_some() {
+            ", after the warm-up"
+        } else {
+            " (includes the host's first touch)"
+        },
         f(v, "alloc_fresh_s", 4),
         f(v, "alloc_fresh_gbps", 1)
     );
@@ -182,10 +193,26 @@ pub(super) fn demo(v: &Value) -> String {
         f(v, "scrub_gbps", 1)
     );
     out += &format!(
-        "| ALLOC from the clean pool | {} s (from the pool: {}; {}x faster than fresh) |\n",
+        "| ALLOC from the clean pool | {} s (from the pool: {}; {}; {}x the fresh ALLOC's {} s) |\n",
         num(v, "alloc_pooled_s").map_or_else(|| "-".into(), significant),
         s(v, "alloc_pooled_from_pool"),
-        f(v, "pooled_speedup", 0)
+        match (
+            v.get("alloc_pooled_resident_bytes"),
+            num(v, "alloc_pooled_hole_bytes")
+        ) {
+            (Some(_), Some(h)) if h == 0.0 => format!(
+                "resident: {} backed, no holes",
+                size(v, "alloc_pooled_resident_bytes")
+            ),
+            (Some(_), Some(_)) => format!(
+                "with holes: {} backed, {} holes",
+                size(v, "alloc_pooled_resident_bytes"),
+                size(v, "alloc_pooled_hole_bytes")
+            ),
+            _ => "what it held not measured".into(),
+        },
+        f(v, "pooled_speedup", 0),
+        f(v, "alloc_fresh_s", 4)
     );
     guest(&mut out, "guest_pooled", "#2 (pool)");
     if let Some(why) = v.get("guest_skipped").and_then(Value::as_str) {
