@@ -9,15 +9,15 @@ use std::time::Instant;
 use backend::client::Client;
 use backend::daemon::config::PoolConfig;
 use backend::daemon::{ByteSize, Config, Daemon, DaemonHandle};
-use backend::proto::{AllocRequest, ClearMode, PagePolicy, ANY_NODE};
+use backend::proto::{AllocRequest, ClearMode, PagePolicy, RegionInfo, ANY_NODE};
 use guest_mem::size::format_size;
-use guest_mem::PageSize;
+use guest_mem::{PageSize, SharedMapping};
 use hugemem::launch::{build_args, BuildOptions, MemoryFile, MemoryRegion, Vmm};
 use tracing::warn;
 
 use super::config::{CLEAN_DEADLINE, CLEAN_POLL, STRIDE};
 use super::error::CompareError;
-use super::results::{CompareReport, Figure, Ratio, VariantReport, VariantSamples};
+use super::results::{CompareReport, Figure, OverFloor, Ratio, VariantReport, VariantSamples};
 use super::variant::{Memory, Runner, Variant, BASELINE};
 use super::vmm::*;
 use crate::alloc::pool_state;
@@ -226,38 +226,9 @@ impl Bench<'_> {
         let mut client = Client::connect(daemon.socket_path())?;
         let alloc = client.alloc(self.request())?;
         let alloc_s = t0.elapsed().as_secs_f64();
-        let sample = match v.runner() {
-            Runner::Client => run_client(v, &alloc, t0, alloc_s),
-            vmm_kind => {
-                let (vmm, program, user) = if vmm_kind == Runner::Qemu {
-                    (
-                        Vmm::Qemu,
-                        self.qemu.clone().unwrap_or_default(),
-                        self.qemu_common("microvm"),
-                    )
-                } else {
-                    (
-                        Vmm::CloudHypervisor,
-                        self.cloud_hypervisor.clone().unwrap_or_default(),
-                        self.ch_common(),
-                    )
-                };
-                let regions: Vec<MemoryRegion> = alloc
-                    .regions
-                    .iter()
-                    .zip(&alloc.fds)
-                    .map(|(r, fd)| MemoryRegion {
-                        size: r.size,
-                        node: (r.node != ANY_NODE).then_some(r.node),
-                        file: MemoryFile::Fd(fd.as_raw_fd()),
-                    })
-                    .collect();
-                let mut argv = vec![program];
-                argv.extend(build_args(vmm, &user, &regions, &BuildOptions::default())?);
-                let inherit: Vec<BorrowedFd<'_>> = alloc.fds.iter().map(AsFd::as_fd).collect();
-                run_vmm_timed(&argv, &inherit, t0).and_then(|run| check_vmm(v, &run, Some(alloc_s)))
-            }
-        };
+        let fds: Vec<BorrowedFd<'_>> = alloc.fds.iter().map(AsFd::as_fd).collect();
+        let sample = self.run_on_fds(v, &alloc.regions, &fds, t0, Some(alloc_s));
+        drop(fds);
         let id = alloc.id;
         // Our fds go before FREE, so the daemon sees no other holder.
         drop(alloc);
@@ -268,6 +239,78 @@ impl Bench<'_> {
             client.free(id)?;
         }
         Ok(sample)
+    }
+
+    /// `v`'s VMM (or the client) on memory already in `fds`, timed from `t0`.
+    fn run_on_fds(
+        &self,
+        v: Variant,
+        regions: &[RegionInfo],
+        fds: &[BorrowedFd<'_>],
+        t0: Instant,
+        alloc_s: Option<f64>,
+    ) -> Result<Sample, CompareError> {
+        let (vmm, program, user) = match v.runner() {
+            Runner::Client => return run_client(v, regions, fds, t0, alloc_s),
+            Runner::Qemu => (
+                Vmm::Qemu,
+                self.qemu.clone().unwrap_or_default(),
+                self.qemu_common("microvm"),
+            ),
+            Runner::CloudHypervisor => (
+                Vmm::CloudHypervisor,
+                self.cloud_hypervisor.clone().unwrap_or_default(),
+                self.ch_common(),
+            ),
+        };
+        let memory: Vec<MemoryRegion> = regions
+            .iter()
+            .zip(fds)
+            .map(|(r, fd)| MemoryRegion {
+                size: r.size,
+                node: (r.node != ANY_NODE).then_some(r.node),
+                file: MemoryFile::Fd(fd.as_raw_fd()),
+            })
+            .collect();
+        let mut argv = vec![program];
+        argv.extend(build_args(vmm, &user, &memory, &BuildOptions::default())?);
+        run_vmm_timed(&argv, fds, t0).and_then(|run| check_vmm(v, &run, alloc_s))
+    }
+
+    /// A floor variant: a hugetlb memfd of the run's size and page size,
+    /// populated (resident, zeroed by the kernel) before the clock starts,
+    /// handed to the VMM exactly as a hugemem ALLOC's fds are, no daemon.
+    pub(super) fn run_floor(&self, v: Variant) -> Result<Sample, CompareError> {
+        let len = usize::try_from(self.size).map_err(|_| CompareError::Size)?;
+        let memory = SharedMapping::memfd(len, self.page)?;
+        memory.populate_write(0, len)?;
+        let region = RegionInfo {
+            region_id: 0,
+            guest_phys: 0,
+            size: self.size,
+            page_size: self.page.bytes(),
+            node: ANY_NODE,
+            flags: RegionInfo::FLAG_CLEAN,
+        };
+        let t0 = Instant::now();
+        self.run_on_fds(v, &[region], &[memory.fd()], t0, None)
+    }
+
+    /// The floor variants, in `rep`'s order.
+    pub(super) fn floor_group(&mut self, rep: usize) -> Result<(), CompareError> {
+        let mut order: Vec<Variant> = Variant::ALL
+            .into_iter()
+            .filter(|v| v.memory() == Memory::Floor)
+            .collect();
+        let n = order.len().max(1);
+        order.rotate_left(rep % n);
+        for v in order {
+            if self.enabled(v) {
+                let s = self.run_floor(v)?;
+                self.record(v, s);
+            }
+        }
+        Ok(())
     }
 
     pub(super) fn record(&mut self, v: Variant, s: Sample) {
@@ -380,6 +423,10 @@ impl Bench<'_> {
                     "pages a previous guest used, scrubbed in the background after FREE (pool_scrub_s)"
                         .into(),
                 ),
+                Variant::QemuFloor | Variant::ChFloor | Variant::ClientFloor => Some(
+                    "the VMM's floor: the same VMM and guest on a hugetlb memfd populated before the clock starts, no daemon"
+                        .into(),
+                ),
                 _ => None,
             });
             variants.push(VariantReport {
@@ -429,7 +476,9 @@ impl Bench<'_> {
                 }
             }
         }
+        let over_floor = over_floor(&variants);
         CompareReport {
+            over_floor,
             size_bytes: self.size,
             page_size: self.page.to_string(),
             note,
@@ -445,4 +494,29 @@ impl Bench<'_> {
             pool_scrub_s: Figure::of(&self.scrub),
         }
     }
+}
+
+/// Every measured variant against its VMM's floor, where both were measured.
+fn over_floor(variants: &[VariantReport]) -> BTreeMap<&'static str, OverFloor> {
+    let best = |key: &str| {
+        variants
+            .iter()
+            .find(|r| r.key == key)
+            .and_then(|r| Some((r.ready_s?.best, r.poweroff_s?.best)))
+    };
+    Variant::ALL
+        .into_iter()
+        .filter_map(|v| {
+            let floor = v.floor().key();
+            let ((ready, off), (floor_ready, floor_off)) = (best(v.key())?, best(floor)?);
+            Some((
+                v.key(),
+                OverFloor {
+                    floor,
+                    ready_ms: (ready - floor_ready) * 1e3,
+                    poweroff_ms: (off - floor_off) * 1e3,
+                },
+            ))
+        })
+        .collect()
 }

@@ -88,6 +88,6 @@ mod vmm;
 pub use config::{CompareConfig, DEFAULT_SIZE};
 pub use error::CompareError;
 pub use report::{plot, plot_script};
-pub use results::{CompareReport, Figure, Ratio, VariantReport, VariantSamples};
+pub use results::{CompareReport, Figure, OverFloor, Ratio, VariantReport, VariantSamples};
 pub use run::run;
 pub use variant::{Variant, BASELINE};

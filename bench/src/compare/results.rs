@@ -74,6 +74,18 @@ pub struct Ratio {
     pub poweroff: f64,
 }
 
+/// A variant beside its VMM's floor (the same VMM and guest on a resident
+/// memfd, no daemon), same run.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct OverFloor {
+    /// The floor variant's key.
+    pub floor: &'static str,
+    /// This variant's best `ready_s` minus the floor's, milliseconds.
+    pub ready_ms: f64,
+    /// This variant's best `poweroff_s` minus the floor's, milliseconds.
+    pub poweroff_ms: f64,
+}
+
 /// The report; `--json` prints it as one object.
 #[derive(Debug, Clone, Serialize)]
 pub struct CompareReport {
@@ -102,6 +114,9 @@ pub struct CompareReport {
     /// Each measured variant against the baseline, by key (empty when the
     /// baseline was skipped).
     pub ratios: BTreeMap<&'static str, Ratio>,
+    /// Each measured variant against its VMM's floor, by key (absent where
+    /// the floor was not measured).
+    pub over_floor: BTreeMap<&'static str, OverFloor>,
     /// FREE to the pool showing the region clean (the background scrub that
     /// pays for the pool variants).
     pub pool_scrub_s: Option<Figure>,

@@ -94,7 +94,9 @@ pub fn run(
         if rep % 2 == 0 {
             bench.own_group(rep)?;
             bench.hugemem_group(rep)?;
+            bench.floor_group(rep)?;
         } else {
+            bench.floor_group(rep)?;
             bench.hugemem_group(rep)?;
             bench.own_group(rep)?;
         }

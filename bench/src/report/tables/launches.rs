@@ -15,22 +15,33 @@ pub(super) fn vmstart(v: &Value) -> String {
         f(v, "clear_gbps", 1),
         f(v, "prefault_threads", 0)
     );
-    out += "| scenario | served | ALLOC ms | ready ms | first instruction ms | all pages touched ms | VM setup ms (in both) |\n|---|---|---|---|---|---|---|\n";
+    out += "| scenario | served | ALLOC ms | ready ms | first instruction ms | all pages touched ms | VM setup ms (in both) | first instruction / all touched over the floor, ms |\n|---|---|---|---|---|---|---|---|\n";
     let scenarios = v.get("scenarios").and_then(Value::as_array);
+    let floor = scenarios
+        .into_iter()
+        .flatten()
+        .find(|sc| sc.get("name").and_then(Value::as_str) == Some("floor"));
     for sc in scenarios.into_iter().flatten() {
         let served = match sc.get("recleared") {
             Some(Value::Bool(true)) => "dirty, cleared by the ALLOC".to_string(),
             Some(Value::Bool(false)) => "clean (scrubbed before the ALLOC)".to_string(),
+            _ if s(sc, "name") == "floor" => "resident memfd, no daemon (the floor)".to_string(),
             _ => s(sc, "flags"),
         };
+        let over = |key: &str| match (num(sc, key), floor.and_then(|fl| num(fl, key))) {
+            (Some(x), Some(base)) => format!("{:+.1}", x - base),
+            _ => "-".into(),
+        };
         out += &format!(
-            "| `{}` | {served} | {} | {} | {} | {} | {} |\n",
+            "| `{}` | {served} | {} | {} | {} | {} | {} | {} / {} |\n",
             s(sc, "name"),
             f(sc, "alloc_ms", 1),
             f(sc, "ready_ms", 1),
             f(sc, "first_instruction_ms", 1),
             f(sc, "all_touched_ms", 1),
             f(sc, "vm_setup_ms", 1),
+            over("first_instruction_ms"),
+            over("all_touched_ms"),
         );
     }
     let lazy: Vec<&Value> = scenarios
@@ -83,7 +94,8 @@ pub(super) fn compare(v: &Value) -> String {
         s(v, "cloud_hypervisor_version"),
         note(v, "note")
     );
-    out += "| variant | ready s (best / median) | power-off s (best / median) | ALLOC s (best) | ratio vs the baseline: ready / power-off (best) |\n|---|---|---|---|---|\n";
+    let has_floor = v.get("over_floor").is_some();
+    out += "| variant | ready s (best / median) | power-off s (best / median) | ALLOC s (best) | ratio vs the baseline: ready / power-off (best) | over the VMM's floor: ready / power-off ms (best) |\n|---|---|---|---|---|---|\n";
     let baseline = s(v, "baseline");
     for var in v
         .get("variants")
@@ -99,7 +111,7 @@ pub(super) fn compare(v: &Value) -> String {
             label
         };
         if var["skipped"] == true {
-            out += &format!("| {label} | skipped: {} | | | |\n", s(var, "note"));
+            out += &format!("| {label} | skipped: {} | | | | |\n", s(var, "note"));
             continue;
         }
         let pair = |p: &str, d: usize| {
@@ -119,10 +131,19 @@ pub(super) fn compare(v: &Value) -> String {
             },
             |r| format!("{} / {}", f(r, "ready", 2), f(r, "poweroff", 2)),
         );
+        let floor = match v.get("over_floor").and_then(|o| o.get(key.as_str())) {
+            Some(o) if s(o, "floor") == key => "(the floor)".to_string(),
+            Some(o) => {
+                let ms = |k: &str| num(o, k).map_or_else(|| "-".into(), |x| format!("{x:+.1}"));
+                format!("{} / {}", ms("ready_ms"), ms("poweroff_ms"))
+            }
+            None if has_floor => "-".into(),
+            None => "not measured".into(),
+        };
         out += &format!(
-            "| {label} | {} | {} | {} | {ratio} |\n",
-            pair("ready_s", 3),
-            pair("poweroff_s", 3),
+            "| {label} | {} | {} | {} | {ratio} | {floor} |\n",
+            pair("ready_s", 4),
+            pair("poweroff_s", 4),
             f(var, "alloc_s.best", 4),
         );
     }
