@@ -183,25 +183,29 @@ fn fresh_alloc(client: &mut Client, request: &AllocRequest) -> Result<(f64, u64)
     Ok((seconds, id))
 }
 
-/// Through daemons: on one with its defaults, a fresh ALLOC, FREE until
-/// clean, the pooled ALLOC at once, FREE until clean and refaulted, the
-/// resident ALLOC and its touch; on one that does not refault ahead, the
-/// hand-out with holes and its touch.
+/// Through daemons, each on a pool of its own so that no background work of
+/// one hand-out runs into the next: on one with its defaults, a fresh ALLOC,
+/// FREE until clean, and the pooled ALLOC at once; on a second, FREE until
+/// clean and refaulted, then the resident ALLOC and its touch; on one that
+/// does not refault ahead, the hand-out with holes and its touch.
 pub(super) fn through_daemon(
     size: u64,
     parts: &[AllocPart],
     page: PageSize,
 ) -> Result<DaemonFigures, AllocBenchError> {
     let request = request(size, parts, page);
-    let (fresh_s, clean, pooled, resident) = with_daemon(size, true, |daemon, client| {
+    let (fresh_s, clean, pooled) = with_daemon(size, true, |daemon, client| {
         let (fresh_s, id) = fresh_alloc(client, &request)?;
         let clean = free_until_clean(daemon, client, id, size)?;
-        // `hand_out` FREEs; the pool then punches and refaults that region.
-        let before = daemon.stats();
         let pooled = hand_out(client, &request, page.bytes(), false)?;
+        Ok((fresh_s, clean, pooled))
+    })?;
+    let resident = with_daemon(size, true, |daemon, client| {
+        let (_, id) = fresh_alloc(client, &request)?;
+        let before = daemon.stats();
+        client.free(id)?;
         wait_resident(daemon, &before, size, page)?;
-        let resident = hand_out(client, &request, page.bytes(), true)?;
-        Ok((fresh_s, clean, pooled, resident))
+        hand_out(client, &request, page.bytes(), true)
     })?;
     let holes = with_daemon(size, false, |daemon, client| {
         let (_, id) = fresh_alloc(client, &request)?;
