@@ -189,7 +189,7 @@ impl DemoReport {
         guest(&mut s, "guest #1", &self.guest_fresh);
         row(
             &mut s,
-            "FREE -> pool clean",
+            "FREE -> pool clean and resident",
             format!(
                 "{:>10.1} ms   {} detached (kernel-zeroed), {} scrubbed at {:.2} GB/s",
                 self.free_to_clean_s * 1e3,

@@ -208,7 +208,12 @@ pub(super) fn demo(v: &Value) -> String {
     };
     guest(&mut out, "guest_fresh", "#1 (fresh)");
     out += &format!(
-        "| FREE → pool clean | {} s ({} scrubbed at {} GB/s) |\n",
+        "| FREE → pool clean{} | {} s ({} scrubbed at {} GB/s) |\n",
+        if v.get("host_first_touch_s").is_some() {
+            " and resident (punched pages refaulted)"
+        } else {
+            ""
+        },
         f(v, "free_to_clean_s", 4),
         size(v, "scrubbed_bytes"),
         f(v, "scrub_gbps", 1)
