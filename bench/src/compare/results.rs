@@ -84,6 +84,10 @@ pub struct OverFloor {
     pub ready_ms: f64,
     /// This variant's best `poweroff_s` minus the floor's, milliseconds.
     pub poweroff_ms: f64,
+    /// The same of the medians of `ready_s`, milliseconds.
+    pub ready_median_ms: f64,
+    /// The same of the medians of `poweroff_s`, milliseconds.
+    pub poweroff_median_ms: f64,
 }
 
 /// The report; `--json` prints it as one object.
@@ -120,4 +124,7 @@ pub struct CompareReport {
     /// FREE to the pool showing the region clean (the background scrub that
     /// pays for the pool variants).
     pub pool_scrub_s: Option<Figure>,
+    /// FREE to the pool's region refaulted, every page resident again: what
+    /// the pool variants waited for before their ALLOC.
+    pub pool_resident_s: Option<Figure>,
 }

@@ -87,6 +87,7 @@ pub fn run(
         skipped,
         samples: BTreeMap::new(),
         scrub: Vec::new(),
+        resident: Vec::new(),
         progress,
     };
     for rep in 0..cfg.reps {

@@ -95,7 +95,7 @@ pub(super) fn compare(v: &Value) -> String {
         note(v, "note")
     );
     let has_floor = v.get("over_floor").is_some();
-    out += "| variant | ready s (best / median) | power-off s (best / median) | ALLOC s (best) | ratio vs the baseline: ready / power-off (best) | over the VMM's floor: ready / power-off ms (best) |\n|---|---|---|---|---|---|\n";
+    out += "| variant | ready s (best / median) | power-off s (best / median) | ALLOC s (best) | ratio vs the baseline: ready / power-off (best) | ready over the VMM's floor, ms (best / median) | power-off over the floor, ms (best / median) |\n|---|---|---|---|---|---|---|\n";
     let baseline = s(v, "baseline");
     for var in v
         .get("variants")
@@ -111,7 +111,7 @@ pub(super) fn compare(v: &Value) -> String {
             label
         };
         if var["skipped"] == true {
-            out += &format!("| {label} | skipped: {} | | | | |\n", s(var, "note"));
+            out += &format!("| {label} | skipped: {} | | | | | |\n", s(var, "note"));
             continue;
         }
         let pair = |p: &str, d: usize| {
@@ -132,13 +132,19 @@ pub(super) fn compare(v: &Value) -> String {
             |r| format!("{} / {}", f(r, "ready", 2), f(r, "poweroff", 2)),
         );
         let floor = match v.get("over_floor").and_then(|o| o.get(key.as_str())) {
-            Some(o) if s(o, "floor") == key => "(the floor)".to_string(),
+            Some(o) if s(o, "floor") == key => "(the floor) | (the floor)".to_string(),
             Some(o) => {
                 let ms = |k: &str| num(o, k).map_or_else(|| "-".into(), |x| format!("{x:+.1}"));
-                format!("{} / {}", ms("ready_ms"), ms("poweroff_ms"))
+                format!(
+                    "{} / {} | {} / {}",
+                    ms("ready_ms"),
+                    ms("ready_median_ms"),
+                    ms("poweroff_ms"),
+                    ms("poweroff_median_ms")
+                )
             }
-            None if has_floor => "-".into(),
-            None => "not measured".into(),
+            None if has_floor => "- | -".into(),
+            None => "not measured | not measured".into(),
         };
         out += &format!(
             "| {label} | {} | {} | {} | {ratio} | {floor} |\n",
@@ -149,9 +155,18 @@ pub(super) fn compare(v: &Value) -> String {
     }
     if v.get("pool_scrub_s").is_some_and(|x| !x.is_null()) {
         out += &format!(
-            "\nFREE → pool clean (the background scrub behind the pool rows): {} / {} s.\n",
+            "\nFREE → pool clean (the background scrub behind the pool rows): {} / {} s{}.\n",
             f(v, "pool_scrub_s.best", 3),
-            f(v, "pool_scrub_s.median", 3)
+            f(v, "pool_scrub_s.median", 3),
+            if v.get("pool_resident_s").is_some_and(|x| !x.is_null()) {
+                format!(
+                    "; FREE → resident again (punched pages refaulted; the pool rows' ALLOCs came after it): {} / {} s",
+                    f(v, "pool_resident_s.best", 3),
+                    f(v, "pool_resident_s.median", 3)
+                )
+            } else {
+                String::new()
+            }
         );
     }
     out
@@ -224,9 +239,9 @@ pub(super) fn demo(v: &Value) -> String {
         s(v, "alloc_pooled_from_pool"),
         match (
             v.get("alloc_pooled_resident_bytes"),
-            num(v, "alloc_pooled_hole_bytes")
+            v.get("alloc_pooled_hole_bytes").and_then(Value::as_u64)
         ) {
-            (Some(_), Some(h)) if h == 0.0 => format!(
+            (Some(_), Some(0)) => format!(
                 "resident: {} backed, no holes",
                 size(v, "alloc_pooled_resident_bytes")
             ),
