@@ -134,7 +134,8 @@ fn vmstart_runs_eager_dirty_and_reads_only_zeros() {
             "lazy-dirty",
             "eager-dirty",
             "lazy-fresh",
-            "prefault"
+            "prefault",
+            "floor"
         ],
         "{r}"
     );
@@ -142,6 +143,14 @@ fn vmstart_runs_eager_dirty_and_reads_only_zeros() {
         assert_eq!(s["saw_nonzero"], false, "{s}");
         positive(&s["first_instruction_ms"], "first_instruction_ms");
         positive(&s["all_touched_ms"], "all_touched_ms");
+        if s["name"] == "floor" {
+            // The floor: no ALLOC, memory the bench populated itself.
+            assert_eq!(
+                (&s["flags"], &s["alloc_ms"]),
+                (&"RESIDENT".into(), &0.0.into()),
+                "{s}"
+            );
+        }
         let dirty = s["name"] == "eager-dirty";
         assert_eq!(s["recleared"].is_boolean(), dirty, "{s}");
         if dirty {

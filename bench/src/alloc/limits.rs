@@ -9,7 +9,6 @@ use guest_mem::AnonMapping;
 use serde::Serialize;
 
 use super::error::AllocBenchError;
-use super::report::ScalingPoint;
 use crate::stats::{best, ratio};
 
 /// What no way of getting this memory ready can beat on this machine.
@@ -30,6 +29,11 @@ pub struct AllocLimits {
     pub kernel_zeroing_all_cpus_s: f64,
     /// Its rate, GB/s.
     pub kernel_zeroing_all_cpus_gbps: f64,
+    /// The cloud-hypervisor-style prefault's thread count.
+    pub cloud_hypervisor_threads: usize,
+    /// The kernel's fault-time zeroing with that many node-local workers,
+    /// best s: the limit of that prefault.
+    pub kernel_zeroing_cloud_hypervisor_threads_s: f64,
     /// Memory bandwidth: `size` bytes of populated huge pages cleared with
     /// `memory_bandwidth_kernel` by all CPUs (`clearing::clear_parallel`),
     /// best of reps, GB/s.
@@ -39,14 +43,14 @@ pub struct AllocLimits {
 }
 
 /// The worker counts of the scaling run: those asked for, plus 1 (the
-/// touch's thread) and all CPUs, the limits' counts.
-pub(super) fn scaling_counts(asked: &[usize], cpus: usize) -> Vec<usize> {
+/// touch's thread), all CPUs and `ch_threads`, the limits' counts.
+pub(super) fn scaling_counts(asked: &[usize], cpus: usize, ch_threads: usize) -> Vec<usize> {
     let mut counts: Vec<usize> = if asked.is_empty() {
         (1..=cpus.max(1)).collect()
     } else {
         asked.to_vec()
     };
-    for needed in [1, cpus.max(1)] {
+    for needed in [1, cpus.max(1), ch_threads.max(1)] {
         if !counts.contains(&needed) {
             counts.push(needed);
         }
@@ -54,19 +58,15 @@ pub(super) fn scaling_counts(asked: &[usize], cpus: usize) -> Vec<usize> {
     counts
 }
 
-/// The limits from the scaling run's points and a bandwidth measurement.
+/// The limits from the scaling run (`at(threads)`: its best seconds with
+/// that many workers, 0 where not measured) and a bandwidth measurement.
 pub(super) fn limits(
-    scaling: &[ScalingPoint],
+    at: impl Fn(usize) -> f64,
     size: u64,
     cpus: usize,
+    ch_threads: usize,
     bandwidth: (f64, ClearKernel),
 ) -> AllocLimits {
-    let at = |threads: usize| {
-        scaling
-            .iter()
-            .find(|p| p.threads == threads)
-            .map_or(0.0, |p| p.best_s)
-    };
     #[allow(clippy::cast_precision_loss)] // rates
     let gb = size as f64 / 1e9;
     let (touch_s, all_s) = (at(1), at(cpus.max(1)));
@@ -77,6 +77,8 @@ pub(super) fn limits(
         all_cpus: cpus.max(1),
         kernel_zeroing_all_cpus_s: all_s,
         kernel_zeroing_all_cpus_gbps: ratio(gb, all_s),
+        cloud_hypervisor_threads: ch_threads.max(1),
+        kernel_zeroing_cloud_hypervisor_threads_s: at(ch_threads.max(1)),
         memory_bandwidth_gbps: bandwidth.0,
         memory_bandwidth_kernel: bandwidth.1.name().to_string(),
     }

@@ -46,7 +46,9 @@ pub struct AllocRatios {
     pub pooled_holes_touched_over_kernel_zeroing: f64,
     /// `fresh_eager_s / limits.kernel_zeroing_all_cpus_s`.
     pub fresh_eager_over_kernel_zeroing: f64,
-    /// `cloud_hypervisor_style_s / limits.kernel_zeroing_all_cpus_s`.
+    /// `cloud_hypervisor_style_s /
+    /// limits.kernel_zeroing_cloud_hypervisor_threads_s`: against the
+    /// kernel's zeroing with as many threads as it used.
     pub cloud_hypervisor_style_over_kernel_zeroing: f64,
 }
 

@@ -62,11 +62,17 @@ pub fn run(
         size,
     };
     let samples = repetitions(&memory, cfg.reps, ch_threads, progress)?;
-    let counts = scaling_counts(&cfg.threads, cpus);
+    let counts = scaling_counts(&cfg.threads, cpus, ch_threads);
     let scaling = scaling(&memory, cfg.reps, &counts, progress)?;
     progress("memory bandwidth: clearing populated pages with all CPUs");
     let bandwidth = memory_bandwidth(&topology, size, page, cpus, cfg.reps)?;
-    let limits = limits(&scaling, size, cpus, bandwidth);
+    let best_with = |threads: usize| {
+        scaling
+            .iter()
+            .find(|p| p.threads == threads)
+            .map_or(0.0, |p| p.best_s)
+    };
+    let limits = limits(best_with, size, cpus, ch_threads, bandwidth);
     progress(&format!(
         "limits: kernel zeroing {:.2} GB/s on 1 thread, {:.2} GB/s on {} CPUs; memory bandwidth ({}) {:.2} GB/s",
         limits.kernel_zeroing_touch_threads_gbps,
@@ -275,7 +281,10 @@ fn report(cfg: &AllocBenchConfig, m: &Memory<'_>, f: Figures) -> AllocBenchRepor
                 limits.kernel_zeroing_touch_threads_s,
             ),
             fresh_eager_over_kernel_zeroing: ratio(fresh, limits.kernel_zeroing_all_cpus_s),
-            cloud_hypervisor_style_over_kernel_zeroing: ratio(ch, limits.kernel_zeroing_all_cpus_s),
+            cloud_hypervisor_style_over_kernel_zeroing: ratio(
+                ch,
+                limits.kernel_zeroing_cloud_hypervisor_threads_s,
+            ),
         },
         limits,
         medians: AllocMedians {

@@ -104,6 +104,26 @@ impl AllocBenchReport {
             m.cloud_hypervisor_style_s,
             format!("{:.2} GB/s", self.cloud_hypervisor_style_gbps),
         );
+        self.limits_and_ratios(&mut t);
+        if !self.scaling.is_empty() {
+            let _ = writeln!(
+                t,
+                "  fresh eager populate by node-local workers (best / median s, GB/s, vs first):"
+            );
+            for p in &self.scaling {
+                let _ = writeln!(
+                    t,
+                    "    {:>3} worker(s) {:>10.4} {:>10.4}  {:>6.2} GB/s  {:.2}x",
+                    p.threads, p.best_s, p.median_s, p.gbps, p.speedup
+                );
+            }
+        }
+        t
+    }
+
+    /// The limits measured in the same run, and every ratio.
+    fn limits_and_ratios(&self, t: &mut String) {
+        use std::fmt::Write;
         let l = &self.limits;
         let _ = writeln!(
             t,
@@ -151,23 +171,9 @@ impl AllocBenchReport {
         );
         let _ = writeln!(
             t,
-            "          fresh eager / kernel zeroing on all CPUs = {:.2}; cloud-hypervisor style / the same = {:.2}",
+            "          fresh eager / kernel zeroing on all CPUs = {:.2}; cloud-hypervisor style / kernel zeroing with its threads = {:.2}",
             r.fresh_eager_over_kernel_zeroing,
             r.cloud_hypervisor_style_over_kernel_zeroing
         );
-        if !self.scaling.is_empty() {
-            let _ = writeln!(
-                t,
-                "  fresh eager populate by node-local workers (best / median s, GB/s, vs first):"
-            );
-            for p in &self.scaling {
-                let _ = writeln!(
-                    t,
-                    "    {:>3} worker(s) {:>10.4} {:>10.4}  {:>6.2} GB/s  {:.2}x",
-                    p.threads, p.best_s, p.median_s, p.gbps, p.speedup
-                );
-            }
-        }
-        t
     }
 }

@@ -48,10 +48,11 @@ fn prefault_threads_cover_every_page_once() {
 
 #[test]
 fn the_scaling_run_always_measures_the_limits_counts() {
-    assert_eq!(scaling_counts(&[], 2), [1, 2]);
-    assert_eq!(scaling_counts(&[4], 2), [4, 1, 2]);
-    assert_eq!(scaling_counts(&[2, 1], 2), [2, 1]);
-    assert_eq!(scaling_counts(&[], 0), [1]);
+    assert_eq!(scaling_counts(&[], 2, 1), [1, 2]);
+    assert_eq!(scaling_counts(&[4], 2, 1), [4, 1, 2]);
+    assert_eq!(scaling_counts(&[2, 1], 2, 2), [2, 1]);
+    assert_eq!(scaling_counts(&[], 0, 0), [1]);
+    assert_eq!(scaling_counts(&[2], 8, 3), [2, 1, 8, 3]);
 }
 
 #[test]

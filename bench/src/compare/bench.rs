@@ -39,6 +39,8 @@ pub(super) struct Bench<'a> {
     pub(super) scrub: Vec<f64>,
     /// FREE until the pool's region is refaulted (resident), seconds.
     pub(super) resident: Vec<f64>,
+    /// Pool variants do not wait for the refault (`--pool-holes`).
+    pub(super) pool_holes: bool,
     pub(super) progress: &'a mut dyn FnMut(&str),
 }
 
@@ -190,8 +192,10 @@ impl Bench<'_> {
         client.free(id)?;
         self.wait_clean(daemon)?;
         self.scrub.push(t.elapsed().as_secs_f64());
-        self.wait_resident(daemon, &before)?;
-        self.resident.push(t.elapsed().as_secs_f64());
+        if !self.pool_holes {
+            self.wait_resident(daemon, &before)?;
+            self.resident.push(t.elapsed().as_secs_f64());
+        }
         Ok(())
     }
 
@@ -236,6 +240,9 @@ impl Bench<'_> {
         let before = daemon.stats();
         client.free(id)?;
         self.wait_clean(daemon)?;
+        if self.pool_holes {
+            return Ok(());
+        }
         self.wait_resident(daemon, &before)
     }
 
@@ -444,10 +451,14 @@ impl Bench<'_> {
                     "ready = the guest's all-pages-touched mark: its own touches populate the RAM"
                         .into(),
                 ),
-                Variant::QemuHugememPool | Variant::ChHugememPool | Variant::ClientPool => Some(
-                    "a resident hand-out: pages a previous guest used, punched and refaulted (zeroed by the kernel) in the background after FREE (pool_scrub_s to clean, pool_resident_s to resident)"
-                        .into(),
-                ),
+                Variant::QemuHugememPool | Variant::ChHugememPool | Variant::ClientPool => {
+                    Some(if self.pool_holes {
+                        "a hand-out with holes: pages a previous guest used, punched after FREE and taken the moment the pool showed them clean, the refault still running (pool_scrub_s)"
+                    } else {
+                        "a resident hand-out: pages a previous guest used, punched and refaulted (zeroed by the kernel) in the background after FREE (pool_scrub_s to clean, pool_resident_s to resident)"
+                    }
+                    .into())
+                }
                 Variant::QemuFloor | Variant::ChFloor | Variant::ClientFloor => Some(
                     "the VMM's floor: the same VMM and guest on a hugetlb memfd populated before the clock starts, no daemon"
                         .into(),
@@ -518,6 +529,7 @@ impl Bench<'_> {
             ratios,
             pool_scrub_s: Figure::of(&self.scrub),
             pool_resident_s: Figure::of(&self.resident),
+            pool_hand_out: if self.pool_holes { "holes" } else { "resident" },
         }
     }
 }

@@ -124,6 +124,10 @@ pub struct CompareReport {
     /// FREE to the pool showing the region clean (the background scrub that
     /// pays for the pool variants).
     pub pool_scrub_s: Option<Figure>,
+    /// What the pool variants were handed: `resident` (the bench waited
+    /// until the freed region was refaulted) or `holes` (`--pool-holes`:
+    /// the ALLOC the moment the pool showed it clean).
+    pub pool_hand_out: &'static str,
     /// FREE to the pool's region refaulted, every page resident again: what
     /// the pool variants waited for before their ALLOC.
     pub pool_resident_s: Option<Figure>,

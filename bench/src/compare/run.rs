@@ -88,6 +88,7 @@ pub fn run(
         samples: BTreeMap::new(),
         scrub: Vec::new(),
         resident: Vec::new(),
+        pool_holes: cfg.pool_holes,
         progress,
     };
     for rep in 0..cfg.reps {

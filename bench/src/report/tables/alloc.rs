@@ -81,7 +81,7 @@ pub(super) fn alloc(v: &Value) -> String {
     row(
         "… resident, every page touched".into(),
         "pooled_resident_touched_s",
-        rate("pooled_resident_touched_s"),
+        "(nothing zeroed)".into(),
         String::new(),
     );
     row(
@@ -98,55 +98,15 @@ pub(super) fn alloc(v: &Value) -> String {
     );
     row(
         format!(
-            "the pool's price, after the FREE: FREE → clean (background; {} CPU-s per GiB)",
+            "the pool's price, after the FREE: FREE → clean (background; {} CPU-s per GiB; with `pool.detach_pages`, clean = punched holes, refaulted after)",
             f(v, "scrub_cpu_s_per_gib", 3)
         ),
         "free_to_clean_s",
-        rate("free_to_clean_s"),
+        "-".into(),
         String::new(),
     );
     out += &limits(v);
-    out += "\n| ratio of best times (same run) | value |\n|---|---|\n";
-    for (label, key) in [
-        (
-            "cloud-hypervisor style / fresh daemon-less",
-            "cloud_hypervisor_style_over_fresh_eager",
-        ),
-        (
-            "fresh via the daemon / fresh daemon-less",
-            "fresh_eager_daemon_over_fresh_eager",
-        ),
-        (
-            "fresh daemon-less / kernel zeroing, all CPUs (limit 1.00)",
-            "fresh_eager_over_kernel_zeroing",
-        ),
-        (
-            "cloud-hypervisor style / kernel zeroing, all CPUs (limit 1.00)",
-            "cloud_hypervisor_style_over_kernel_zeroing",
-        ),
-        (
-            "fresh via the daemon / pooled resident",
-            "fresh_eager_daemon_over_pooled_resident",
-        ),
-        (
-            "fresh via the daemon / pooled right after clean",
-            "fresh_eager_daemon_over_pooled_eager",
-        ),
-        (
-            "cloud-hypervisor style / pooled resident, touched",
-            "cloud_hypervisor_style_over_pooled_resident_touched",
-        ),
-        (
-            "cloud-hypervisor style / pooled with holes, touched",
-            "cloud_hypervisor_style_over_pooled_holes_touched",
-        ),
-        (
-            "pooled with holes, touched / kernel zeroing, 1 thread (limit 1.00)",
-            "pooled_holes_touched_over_kernel_zeroing",
-        ),
-    ] {
-        out += &format!("| {label} | {} |\n", f(v, &format!("ratios.{key}"), 2));
-    }
+    out += &ratios(v);
     out += &scaling(v);
     out
 }
@@ -191,6 +151,53 @@ fn scaling(v: &Value) -> String {
             f(p, "gbps", 2),
             f(p, "speedup", 2)
         );
+    }
+    out
+}
+
+/// The ratios table.
+fn ratios(v: &Value) -> String {
+    let mut out = String::new();
+    out += "\n| ratio of best times (same run) | value |\n|---|---|\n";
+    for (label, key) in [
+        (
+            "cloud-hypervisor style / fresh daemon-less",
+            "cloud_hypervisor_style_over_fresh_eager",
+        ),
+        (
+            "fresh via the daemon / fresh daemon-less",
+            "fresh_eager_daemon_over_fresh_eager",
+        ),
+        (
+            "fresh daemon-less / kernel zeroing, all CPUs (limit 1.00)",
+            "fresh_eager_over_kernel_zeroing",
+        ),
+        (
+            "cloud-hypervisor style / kernel zeroing with its threads (limit 1.00)",
+            "cloud_hypervisor_style_over_kernel_zeroing",
+        ),
+        (
+            "fresh via the daemon / pooled resident",
+            "fresh_eager_daemon_over_pooled_resident",
+        ),
+        (
+            "fresh via the daemon / pooled right after clean",
+            "fresh_eager_daemon_over_pooled_eager",
+        ),
+        (
+            "cloud-hypervisor style / pooled resident, touched",
+            "cloud_hypervisor_style_over_pooled_resident_touched",
+        ),
+        (
+            "cloud-hypervisor style / pooled with holes, touched",
+            "cloud_hypervisor_style_over_pooled_holes_touched",
+        ),
+        (
+            "pooled with holes, touched / kernel zeroing, 1 thread (limit 1.00)",
+            "pooled_holes_touched_over_kernel_zeroing",
+        ),
+    ] {
+        out += &format!("| {label} | {} |\n", f(v, &format!("ratios.{key}"), 2));
     }
     out
 }

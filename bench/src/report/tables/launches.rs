@@ -94,6 +94,9 @@ pub(super) fn compare(v: &Value) -> String {
         s(v, "cloud_hypervisor_version"),
         note(v, "note")
     );
+    if let Some(kind) = v.get("pool_hand_out").and_then(Value::as_str) {
+        out += &format!("The pool rows' hand-out: **{kind}** (`pool_hand_out`).\n\n");
+    }
     let has_floor = v.get("over_floor").is_some();
     out += "| variant | ready s (best / median) | power-off s (best / median) | ALLOC s (best) | ratio vs the baseline: ready / power-off (best) | ready over the VMM's floor, ms (best / median) | power-off over the floor, ms (best / median) |\n|---|---|---|---|---|---|---|\n";
     let baseline = s(v, "baseline");
