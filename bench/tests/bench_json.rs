@@ -139,6 +139,11 @@ fn vmstart_runs_eager_dirty_and_reads_only_zeros() {
         ],
         "{r}"
     );
+    // The one-thread kernel zeroing limit was measured.
+    positive(
+        &r["kernel_zeroing_1_thread_ms"],
+        "kernel_zeroing_1_thread_ms",
+    );
     for s in r["scenarios"].as_array().expect("scenarios") {
         assert_eq!(s["saw_nonzero"], false, "{s}");
         positive(&s["first_instruction_ms"], "first_instruction_ms");
