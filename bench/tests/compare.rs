@@ -58,6 +58,7 @@ const VARIANT_KEYS: &[&str] = &[
     "ready_s",
     "first_instruction_s",
     "poweroff_s",
+    "touched_s",
     "alloc_s",
     "gib_per_s",
     "guest_report",

@@ -442,6 +442,7 @@ impl Bench<'_> {
             let s = VariantSamples {
                 ready_s: list.iter().map(|s| s.ready).collect(),
                 first_instruction_s: list.iter().map(|s| s.first_instruction).collect(),
+                touched_s: list.iter().filter_map(|s| s.touched).collect(),
                 poweroff_s: list.iter().map(|s| s.poweroff).collect(),
                 alloc_s: list.iter().filter_map(|s| s.alloc).collect(),
             };
@@ -473,6 +474,7 @@ impl Bench<'_> {
                 gib_per_s: ready.map(|r| if r.best > 0.0 { gib / r.best } else { 0.0 }),
                 ready_s: ready,
                 first_instruction_s: Figure::of(&s.first_instruction_s),
+                touched_s: Figure::of(&s.touched_s),
                 poweroff_s: Figure::of(&s.poweroff_s),
                 alloc_s: Figure::of(&s.alloc_s),
                 guest_report: list.last().and_then(|s| s.guest.clone()),
@@ -542,6 +544,12 @@ fn over_floor(variants: &[VariantReport]) -> BTreeMap<&'static str, OverFloor> {
             .find(|r| r.key == key)
             .and_then(|r| Some((r.ready_s?, r.poweroff_s?)))
     };
+    let touched = |key: &str| {
+        variants
+            .iter()
+            .find(|r| r.key == key)
+            .and_then(|r| r.touched_s)
+    };
     Variant::ALL
         .into_iter()
         .filter_map(|v| {
@@ -555,6 +563,12 @@ fn over_floor(variants: &[VariantReport]) -> BTreeMap<&'static str, OverFloor> {
                     poweroff_ms: (off.best - floor_off.best) * 1e3,
                     ready_median_ms: (ready.median - floor_ready.median) * 1e3,
                     poweroff_median_ms: (off.median - floor_off.median) * 1e3,
+                    touched_ms: touched(v.key())
+                        .zip(touched(floor))
+                        .map(|(t, f)| (t.best - f.best) * 1e3),
+                    touched_median_ms: touched(v.key())
+                        .zip(touched(floor))
+                        .map(|(t, f)| (t.median - f.median) * 1e3),
                 },
             ))
         })

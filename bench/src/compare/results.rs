@@ -32,6 +32,8 @@ pub struct VariantSamples {
     pub ready_s: Vec<f64>,
     /// Launch to the first guest instruction.
     pub first_instruction_s: Vec<f64>,
+    /// Launch to the guest's all-pages-touched mark (where seen).
+    pub touched_s: Vec<f64>,
     /// Launch to the VMM's exit after power-off.
     pub poweroff_s: Vec<f64>,
     /// The hugemem ALLOC (empty for VMM-owned memory).
@@ -53,6 +55,9 @@ pub struct VariantReport {
     pub ready_s: Option<Figure>,
     /// Launch to the first guest instruction.
     pub first_instruction_s: Option<Figure>,
+    /// Launch to the guest having touched every page (its `|` mark on port
+    /// 0x3f0; for the client, `microguest::run`'s all-touched time).
+    pub touched_s: Option<Figure>,
     /// Launch to the VMM's exit after power-off.
     pub poweroff_s: Option<Figure>,
     /// The hugemem ALLOC.
@@ -88,6 +93,11 @@ pub struct OverFloor {
     pub ready_median_ms: f64,
     /// The same of the medians of `poweroff_s`, milliseconds.
     pub poweroff_median_ms: f64,
+    /// This variant's best `touched_s` minus the floor's, milliseconds
+    /// (`None` where either mark was not seen).
+    pub touched_ms: Option<f64>,
+    /// The same of the medians of `touched_s`.
+    pub touched_median_ms: Option<f64>,
 }
 
 /// The report; `--json` prints it as one object.

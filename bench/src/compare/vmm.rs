@@ -23,6 +23,8 @@ use super::variant::{Runner, Variant};
 pub(super) struct Sample {
     pub(super) ready: f64,
     pub(super) first_instruction: f64,
+    /// Launch to the guest's all-pages-touched mark (`None`: not seen).
+    pub(super) touched: Option<f64>,
     pub(super) poweroff: f64,
     pub(super) alloc: Option<f64>,
     pub(super) guest: Option<String>,
@@ -293,6 +295,7 @@ pub(super) fn check_vmm(
     Ok(Sample {
         ready: ready.as_secs_f64(),
         first_instruction: first.as_secs_f64(),
+        touched: run.done.map(|d| d.as_secs_f64()),
         poweroff: run.exit.as_secs_f64(),
         alloc,
         guest: Some(line.to_string()),
@@ -342,9 +345,11 @@ pub(super) fn run_client(
         });
     }
     let first = run_started + report.setup + report.first_instruction;
+    let touched = run_started + report.setup + report.all_touched;
     Ok(Sample {
         ready: first.as_secs_f64(),
         first_instruction: first.as_secs_f64(),
+        touched: Some(touched.as_secs_f64()),
         poweroff: poweroff.as_secs_f64(),
         alloc: alloc_s,
         guest: Some(report.serial.trim().to_string()),

@@ -99,7 +99,7 @@ pub(super) fn compare(v: &Value) -> String {
         out += &format!("The pool rows' hand-out: **{kind}** (`pool_hand_out`).\n\n");
     }
     let has_floor = v.get("over_floor").is_some();
-    out += "| variant | ready s (best / median) | power-off s (best / median) | ALLOC s (best) | ratio vs the baseline: ready / power-off (best) | ready over the VMM's floor, ms (best / median) | power-off over the floor, ms (best / median) |\n|---|---|---|---|---|---|---|\n";
+    out += "| variant | ready s (best / median) | power-off s (best / median) | ALLOC s (best) | ratio vs the baseline: ready / power-off (best) | ready over the VMM's floor, ms (best / median) | power-off over the floor, ms (best / median) | all pages touched s (best / median) | touched over the floor, ms (best / median) |\n|---|---|---|---|---|---|---|---|---|\n";
     let baseline = s(v, "baseline");
     for var in v
         .get("variants")
@@ -115,7 +115,7 @@ pub(super) fn compare(v: &Value) -> String {
             label
         };
         if var["skipped"] == true {
-            out += &format!("| {label} | skipped: {} | | | | | |\n", s(var, "note"));
+            out += &format!("| {label} | skipped: {} | | | | | | | |\n", s(var, "note"));
             continue;
         }
         let pair = |p: &str, d: usize| {
@@ -150,11 +150,20 @@ pub(super) fn compare(v: &Value) -> String {
             None if has_floor => "- | -".into(),
             None => "not measured | not measured".into(),
         };
+        let touched = match v.get("over_floor").and_then(|o| o.get(key.as_str())) {
+            Some(o) if s(o, "floor") == key => "(the floor)".to_string(),
+            Some(o) => {
+                let ms = |k: &str| num(o, k).map_or_else(|| "-".into(), |x| format!("{x:+.1}"));
+                format!("{} / {}", ms("touched_ms"), ms("touched_median_ms"))
+            }
+            None => "-".into(),
+        };
         out += &format!(
-            "| {label} | {} | {} | {} | {ratio} | {floor} |\n",
+            "| {label} | {} | {} | {} | {ratio} | {floor} | {} | {touched} |\n",
             pair("ready_s", 4),
             pair("poweroff_s", 4),
             f(var, "alloc_s.best", 4),
+            pair("touched_s", 4),
         );
     }
     if v.get("pool_scrub_s").is_some_and(|x| !x.is_null()) {
