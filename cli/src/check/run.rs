@@ -14,11 +14,11 @@ use super::{daemon, host, libvirt};
 /// An unreadable or invalid file is a FAIL (the daemon would refuse it
 /// too), and the checks go on against the defaults.
 pub fn load_config(named: Option<&Path>) -> (Config, Option<PathBuf>, Item) {
-    let path =
-        match named {
-            Some(p) => p.to_path_buf(),
-            None if Path::new(DEFAULT_CONFIG).exists() => PathBuf::from(DEFAULT_CONFIG),
-            None => return (
+    let path = match named {
+        Some(p) => p.to_path_buf(),
+        None if Path::new(DEFAULT_CONFIG).exists() => PathBuf::from(DEFAULT_CONFIG),
+        None => {
+            return (
                 Config::default(),
                 None,
                 Item::warn(
@@ -28,8 +28,9 @@ pub fn load_config(named: Option<&Path>) -> (Config, Option<PathBuf>, Item) {
                     ),
                     "install the package (it ships that file), or give --config FILE",
                 ),
-            ),
-        };
+            )
+        }
+    };
     match Config::from_toml_file(&path) {
         Ok(c) => (
             c,
