@@ -19,7 +19,9 @@ fn queries(dashboard: &Value) -> Vec<(String, String)> {
         for p in list.as_array().into_iter().flatten() {
             let title = p["title"].as_str().unwrap_or("?").to_string();
             for t in p["targets"].as_array().into_iter().flatten() {
-                let expr = t["expr"].as_str().unwrap_or_else(|| panic!("{title}: a target without expr"));
+                let expr = t["expr"]
+                    .as_str()
+                    .unwrap_or_else(|| panic!("{title}: a target without expr"));
                 out.push((format!("panel {title:?}"), expr.to_string()));
             }
             panels(&p["panels"], out);
@@ -27,9 +29,16 @@ fn queries(dashboard: &Value) -> Vec<(String, String)> {
     }
     let mut out = Vec::new();
     panels(&dashboard["panels"], &mut out);
-    for v in dashboard["templating"]["list"].as_array().into_iter().flatten() {
+    for v in dashboard["templating"]["list"]
+        .as_array()
+        .into_iter()
+        .flatten()
+    {
         if v["type"] == "query" {
-            let q = v["query"]["query"].as_str().or(v["query"].as_str()).expect("a variable's query");
+            let q = v["query"]["query"]
+                .as_str()
+                .or(v["query"].as_str())
+                .expect("a variable's query");
             out.push((format!("variable {}", v["name"]), q.to_string()));
         }
     }
@@ -44,9 +53,12 @@ fn metrics_in(expr: &str) -> Vec<(String, Vec<String>)> {
     let mut i = 0;
     while let Some(at) = expr[i..].find("hugemem_") {
         let start = i + at;
-        let boundary = start == 0 || !(bytes[start - 1].is_ascii_alphanumeric() || bytes[start - 1] == b'_');
+        let boundary =
+            start == 0 || !(bytes[start - 1].is_ascii_alphanumeric() || bytes[start - 1] == b'_');
         let mut end = start;
-        while end < bytes.len() && (bytes[end].is_ascii_alphanumeric() || bytes[end] == b'_' || bytes[end] == b':') {
+        while end < bytes.len()
+            && (bytes[end].is_ascii_alphanumeric() || bytes[end] == b'_' || bytes[end] == b':')
+        {
             end += 1;
         }
         i = end;
@@ -55,9 +67,19 @@ fn metrics_in(expr: &str) -> Vec<(String, Vec<String>)> {
         }
         let mut labels = Vec::new();
         if bytes.get(end) == Some(&b'{') {
-            let close = expr[end..].find('}').map(|c| end + c).expect("a closed selector");
-            for matcher in expr[end + 1..close].split(',').filter(|m| !m.trim().is_empty()) {
-                let name = matcher.split(['=', '!', '~']).next().expect("a label").trim();
+            let close = expr[end..]
+                .find('}')
+                .map(|c| end + c)
+                .expect("a closed selector");
+            for matcher in expr[end + 1..close]
+                .split(',')
+                .filter(|m| !m.trim().is_empty())
+            {
+                let name = matcher
+                    .split(['=', '!', '~'])
+                    .next()
+                    .expect("a label")
+                    .trim();
                 labels.push(name.to_string());
             }
             i = close;
@@ -75,7 +97,12 @@ fn grouping_labels(expr: &str) -> Vec<String> {
         while let Some(at) = rest.find(kw) {
             let after = &rest[at + kw.len()..];
             let close = after.find(')').expect("a closed grouping");
-            out.extend(after[..close].split(',').map(|l| l.trim().to_string()).filter(|l| !l.is_empty()));
+            out.extend(
+                after[..close]
+                    .split(',')
+                    .map(|l| l.trim().to_string())
+                    .filter(|l| !l.is_empty()),
+            );
             rest = &after[close..];
         }
     }
@@ -97,7 +124,10 @@ fn every_dashboard_query_names_a_series_the_daemon_serves() {
         c.pool.target = backend::daemon::config::ByteSize(64 * MIB);
     });
     // One region served and freed: the pool's families get their rows.
-    if test_support::hugepages::reserve_2m(2, "every_dashboard_query_names_a_series_the_daemon_serves") {
+    if test_support::hugepages::reserve_2m(
+        2,
+        "every_dashboard_query_names_a_series_the_daemon_serves",
+    ) {
         let mut c = daemon.client();
         let a = c.alloc(alloc_2m(4 * MIB, false)).expect("ALLOC");
         let id = a.id;
@@ -115,7 +145,11 @@ fn every_dashboard_query_names_a_series_the_daemon_serves() {
     for key in samples.keys() {
         let (name, labels) = key.split_once('{').unwrap_or((key.as_str(), ""));
         let entry = served.entry(name.to_string()).or_default();
-        for pair in labels.trim_end_matches('}').split(',').filter(|p| !p.is_empty()) {
+        for pair in labels
+            .trim_end_matches('}')
+            .split(',')
+            .filter(|p| !p.is_empty())
+        {
             entry.insert(pair.split('=').next().expect("label").to_string());
         }
     }
@@ -144,7 +178,9 @@ fn every_dashboard_query_names_a_series_the_daemon_serves() {
         }
         for l in grouping_labels(expr) {
             if !labels_here.contains(&l) {
-                missing.push(format!("{from}: groups by {l}, which none of its series carries (in {expr:?})"));
+                missing.push(format!(
+                    "{from}: groups by {l}, which none of its series carries (in {expr:?})"
+                ));
             }
         }
     }
@@ -168,10 +204,16 @@ fn the_query_parser_finds_names_selectors_and_groupings() {
     assert_eq!(
         m,
         [
-            ("hugemem_pool_bytes".to_string(), vec!["node".to_string(), "page_size".to_string()]),
+            (
+                "hugemem_pool_bytes".to_string(),
+                vec!["node".to_string(), "page_size".to_string()]
+            ),
             ("hugemem_x_total".to_string(), vec![])
         ]
     );
-    assert_eq!(grouping_labels("sum by (node, state) (x) + max without(a) (y)"), ["node", "state", "a"]);
+    assert_eq!(
+        grouping_labels("sum by (node, state) (x) + max without(a) (y)"),
+        ["node", "state", "a"]
+    );
     assert!(metrics_in("rate(not_hugemem_x[5m])").is_empty());
 }

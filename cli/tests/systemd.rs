@@ -341,11 +341,15 @@ fn hugepages_reserves_what_the_config_section_says() {
 /// The shipped units under a real systemd (252 on the development host),
 /// booted as PID 1 of a private PID + mount namespace (`unshare`), with
 /// `/run` a fresh tmpfs there so nothing of the host's `/run` is touched.
-/// A drop-in points the units at the built binary and a test config and
+/// From the build tree, a drop-in points the units of `scripts/` at the
+/// built binary and a test config; with `HUGEMEM_INSTALLED=1` (CI, after
+/// `apt-get install ./hugemem_*.deb`) the installed units and binary run
+/// with every command line as installed, the test config bind-mounted over
+/// `/etc/hugemem/hugemem.toml` in the namespace. Either way the drop-in
 /// turns off the default dependencies (sysinit.target would start udev,
 /// journald and the host's mounts); everything else — `Type=notify`, the
 /// sandbox, `ExecStartPre=-+… hugepages --config`, `RuntimeDirectory=`, the
-/// socket unit — is the file in `scripts/`. An extra sandboxed
+/// socket unit — is the shipped file. An extra sandboxed
 /// `ExecStartPre=` (no `+`) rewrites a sysfs file with its own value and
 /// reports whether /sys was writable.
 ///
@@ -380,8 +384,8 @@ fn shipped_units_start_notify_and_stop_under_a_real_systemd() {
     }
     let dir = tempfile::tempdir().expect("tempdir");
     let d = dir.path();
-    let bin = env!("CARGO_BIN_EXE_hugemem");
-    let scripts = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts");
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let shipped = test_support::installed::shipped(env!("CARGO_BIN_EXE_hugemem"), &repo);
     let nr = nr_2m();
     std::fs::write(
         d.join("hugemem.toml"),
@@ -390,37 +394,29 @@ fn shipped_units_start_notify_and_stop_under_a_real_systemd() {
     .expect("config");
     let probe = "f=/sys/kernel/mm/hugepages/hugepages-2048kB/nr_overcommit_hugepages; \
                  v=$(cat $f); (echo $v > $f) 2>/dev/null && echo sysfs-writable || echo sysfs-readonly";
+    let (units, bin) = if shipped.installed {
+        (
+            installed_units(d, probe),
+            shipped.hugemem.display().to_string(),
+        )
+    } else {
+        (
+            build_tree_units(d, &shipped, probe),
+            "/run/hugemem-test/hugemem".to_string(),
+        )
+    };
+    let bin = bin.as_str();
     let inner = format!(
         r#"set -e
 mount -t proc proc /proc
 mount -t tmpfs -o mode=755 tmpfs /run
 mkdir -p /run/hugemem-test /run/systemd/system/hugemem.service.d /run/systemd/system/hugemem.socket.d
-cp {d}/hugemem.toml /run/hugemem-test/
-# The unit runs with PrivateTmp= and ProtectHome=: a binary built under /tmp
-# or /home (a fresh clone anywhere) is invisible to it; /run is not.
-cp {bin} /run/hugemem-test/hugemem
-cp {scripts}/hugemem.service {scripts}/hugemem.socket /run/systemd/system/
-cat > /run/systemd/system/hugemem.service.d/test.conf <<'X'
-[Unit]
-DefaultDependencies=no
-[Service]
-ExecStartPre=
-ExecStartPre=-+/run/hugemem-test/hugemem hugepages --config /run/hugemem-test/hugemem.toml
-ExecStartPre=/bin/sh -c '{probe}'
-ExecStart=
-ExecStart=/run/hugemem-test/hugemem serve --fd-store --config /run/hugemem-test/hugemem.toml
-ExecReload=
-ExecReload=/run/hugemem-test/hugemem serve --takeover --detach --fd-store --config /run/hugemem-test/hugemem.toml
-StandardOutput=append:{d}/service.log
-StandardError=append:{d}/service.log
-X
+{units}
 printf '[Unit]\nDefaultDependencies=no\n' > /run/systemd/system/hugemem.socket.d/test.conf
 printf '[Unit]\nDefaultDependencies=no\nWants=hugemem.socket\n' > /run/systemd/system/hugemem-test.target
 export container=hugemem-test
 exec {SYSTEMD} --system --unit=hugemem-test.target --log-target=console
-"#,
-        d = d.display(),
-        scripts = scripts.display(),
+"#
     );
     std::fs::write(d.join("inner.sh"), inner).expect("script");
     let cgroups_before: Vec<PathBuf> = cgroup_dirs();
@@ -469,6 +465,57 @@ exec {SYSTEMD} --system --unit=hugemem-test.target --log-target=console
         Ok(Err(why)) => test_support::skip!("no systemd could run here: {why}"),
         Err(p) => std::panic::resume_unwind(p),
     }
+}
+
+/// The build tree's units (`scripts/`) and binary, copied into the
+/// namespace's `/run` (the unit runs with PrivateTmp= and ProtectHome=: a
+/// binary built under /tmp or /home, a fresh clone anywhere, is invisible to
+/// it; /run is not), with a drop-in pointing every command at them and at
+/// the test's configuration, and a sandboxed probe of /sys.
+fn build_tree_units(d: &Path, shipped: &test_support::installed::Shipped, probe: &str) -> String {
+    format!(
+        r#"cp {d}/hugemem.toml /run/hugemem-test/
+cp {bin} /run/hugemem-test/hugemem
+cp {service} {socket} /run/systemd/system/
+cat > /run/systemd/system/hugemem.service.d/test.conf <<'X'
+[Unit]
+DefaultDependencies=no
+[Service]
+ExecStartPre=
+ExecStartPre=-+/run/hugemem-test/hugemem hugepages --config /run/hugemem-test/hugemem.toml
+ExecStartPre=/bin/sh -c '{probe}'
+ExecStart=
+ExecStart=/run/hugemem-test/hugemem serve --fd-store --config /run/hugemem-test/hugemem.toml
+ExecReload=
+ExecReload=/run/hugemem-test/hugemem serve --takeover --detach --fd-store --config /run/hugemem-test/hugemem.toml
+StandardOutput=append:{d}/service.log
+StandardError=append:{d}/service.log
+X"#,
+        d = d.display(),
+        bin = shipped.hugemem.display(),
+        service = shipped.service.display(),
+        socket = shipped.socket_unit.display(),
+    )
+}
+
+/// The installed package's units and binary as they are: only the test's
+/// configuration is bind-mounted over `/etc/hugemem/hugemem.toml` (in the
+/// namespace's private mount table), and the drop-in adds the sandboxed
+/// probe of /sys and the log file; every command line is the unit's own.
+fn installed_units(d: &Path, probe: &str) -> String {
+    format!(
+        r#"mount --bind {d}/hugemem.toml {config}
+cat > /run/systemd/system/hugemem.service.d/test.conf <<'X'
+[Unit]
+DefaultDependencies=no
+[Service]
+ExecStartPre=/bin/sh -c '{probe}'
+StandardOutput=append:{d}/service.log
+StandardError=append:{d}/service.log
+X"#,
+        d = d.display(),
+        config = test_support::installed::paths::CONFIG,
+    )
 }
 
 /// A tenant (this process, on the namespace's socket through
