@@ -20,7 +20,12 @@ const HUGEMEM: &str = env!("CARGO_BIN_EXE_hugemem");
 
 /// `hugemem check --json ARGS`: exit code and report.
 fn check(args: &[&str]) -> (i32, Value) {
-    let out = Command::new(HUGEMEM)
+    check_with(Path::new(HUGEMEM), args)
+}
+
+/// [`check`] with the binary `hugemem`.
+fn check_with(hugemem: &Path, args: &[&str]) -> (i32, Value) {
+    let out = Command::new(hugemem)
         .arg("check")
         .arg("--json")
         .args(args)
@@ -166,9 +171,11 @@ fn every_item_passes_on_a_host_made_ready_by_hugemem_hugepages() {
     ) {
         return;
     }
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let shipped = test_support::installed::shipped(HUGEMEM, &repo);
     // The operator's step: reserve (a floor: nothing shrinks) and mount.
     let total_2m = test_support::hugepages::hugepages_2m("nr_hugepages");
-    let out = Command::new(HUGEMEM)
+    let out = Command::new(&shipped.hugemem)
         .args(["hugepages", "--2m", &total_2m.to_string()])
         .output()
         .expect("hugemem hugepages");
@@ -193,20 +200,34 @@ fn every_item_passes_on_a_host_made_ready_by_hugemem_hugepages() {
     };
     let (uid, _) = ids(user).expect("the QEMU user");
     let gid = group_id(group).expect("the QEMU group");
-    let socket = dir.path().join("run/hugemem.sock");
+    // Installed (HUGEMEM_INSTALLED=1): the package's binary checks, with its
+    // emulator script as installed, so the daemon serves the socket that
+    // script names; from the build tree, a private socket.
+    let socket = if shipped.installed {
+        test_support::installed::runtime_dir_for(gid)
+    } else {
+        dir.path().join("run/hugemem.sock")
+    };
     let cfg = config(dir.path(), &socket, &[uid], Some(gid), "");
     let _daemon = daemon_on(&cfg);
-    let emulator = emulator_for(dir.path(), &socket);
+    let emulator = if shipped.installed {
+        shipped.emulator.clone()
+    } else {
+        emulator_for(dir.path(), &socket)
+    };
     // Lazy mode for the non-root tenant: the fix the userfaultfd item names.
     let _uffd = Sysctl::set("/proc/sys/vm/unprivileged_userfaultfd", "1");
-    let (code, report) = check(&[
-        "--config",
-        cfg.to_str().expect("utf-8"),
-        "--qemu-conf",
-        conf.to_str().expect("utf-8"),
-        "--emulator",
-        emulator.to_str().expect("utf-8"),
-    ]);
+    let (code, report) = check_with(
+        &shipped.hugemem,
+        &[
+            "--config",
+            cfg.to_str().expect("utf-8"),
+            "--qemu-conf",
+            conf.to_str().expect("utf-8"),
+            "--emulator",
+            emulator.to_str().expect("utf-8"),
+        ],
+    );
     eprintln!("{report:#}");
     let amd_without_svm = item(&report, "cpu-svm")["status"] == "WARN";
     for i in report["items"].as_array().expect("items") {

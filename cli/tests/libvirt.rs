@@ -85,7 +85,7 @@ use test_support::prelude::TestDaemon;
 
 const HUGEMEM: &str = env!("CARGO_BIN_EXE_hugemem");
 /// The socket the installed emulator script names (the package's default).
-const INSTALLED_SOCKET: &str = "/run/hugemem/hugemem.sock";
+const INSTALLED_SOCKET: &str = test_support::installed::paths::SOCKET;
 const QEMU: &str = "/usr/bin/qemu-system-x86_64";
 const QEMU_USER: &str = "libvirt-qemu";
 const STRIDE: u64 = 2 << 20;
@@ -590,8 +590,7 @@ impl Stage {
         // as installed, so the daemon serves the socket it names; from the
         // build tree: the script rewritten to this build and a private socket.
         let socket = if shipped.installed {
-            installed_runtime_dir(qemu_gid);
-            PathBuf::from(INSTALLED_SOCKET)
+            test_support::installed::runtime_dir_for(qemu_gid)
         } else {
             dir.join("hugemem/hugemem.sock")
         };
@@ -613,22 +612,6 @@ impl Stage {
             shim,
             qemu_uid,
         }
-    }
-}
-
-/// The installed socket's directory as the daemon makes it for
-/// `socket_group` (root:<group> 0710), where it already exists (the unit's
-/// RuntimeDirectory= of an earlier run); a daemon already serving there
-/// fails the test (stop it first).
-fn installed_runtime_dir(gid: u32) {
-    assert!(
-        std::os::unix::net::UnixStream::connect(INSTALLED_SOCKET).is_err(),
-        "a daemon already serves {INSTALLED_SOCKET}: stop it (systemctl stop hugemem) for this test"
-    );
-    let dir = Path::new(INSTALLED_SOCKET).parent().expect("a directory");
-    if dir.exists() {
-        std::os::unix::fs::chown(dir, Some(0), Some(gid)).expect("chown the runtime directory");
-        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o710)).expect("chmod");
     }
 }
 

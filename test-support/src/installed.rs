@@ -23,6 +23,8 @@ pub mod paths {
     pub const CONFIG: &str = "/etc/hugemem/hugemem.toml";
     /// The Grafana dashboard.
     pub const DASHBOARD: &str = "/usr/share/hugemem/grafana/hugemem.json";
+    /// The socket the installed configuration and emulator script name.
+    pub const SOCKET: &str = "/run/hugemem/hugemem.sock";
 }
 
 /// The files a test runs, and whether they are the installed ones.
@@ -88,4 +90,31 @@ pub fn shipped(built: &str, repo: &Path) -> Shipped {
         config: scripts.join("hugemem.toml"),
         dashboard: scripts.join("grafana-dashboard.json"),
     }
+}
+
+/// Readies the installed socket's directory (`/run/hugemem`, the unit's
+/// RuntimeDirectory=) for a test daemon with `socket_group = gid`: where it
+/// exists already (an earlier run), root:<gid> 0710 as the daemon makes a
+/// directory it creates for that group; where it does not, the daemon
+/// creates it so.
+///
+/// # Panics
+///
+/// When a daemon already serves the installed socket (stop it first), or
+/// the directory cannot be changed.
+pub fn runtime_dir_for(gid: u32) -> PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let socket = PathBuf::from(paths::SOCKET);
+    assert!(
+        std::os::unix::net::UnixStream::connect(&socket).is_err(),
+        "a daemon already serves {}: stop it (systemctl stop hugemem) for this test",
+        socket.display()
+    );
+    let dir = socket.parent().expect("a directory");
+    if dir.exists() {
+        std::os::unix::fs::chown(dir, Some(0), Some(gid)).expect("chown the runtime directory");
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o710))
+            .expect("chmod the runtime directory");
+    }
+    socket
 }
