@@ -110,6 +110,14 @@ pub fn gid_of(name: &str) -> Option<u32> {
         .map(|g| g.gid.as_raw())
 }
 
+/// The group's name, where the system has one.
+pub fn group_name(gid: u32) -> Option<String> {
+    Group::from_gid(Gid::from_raw(gid))
+        .ok()
+        .flatten()
+        .map(|g| g.name)
+}
+
 /// `name (gid N)` or `gid N`.
 pub fn group_label(gid: u32) -> String {
     match Group::from_gid(Gid::from_raw(gid)).ok().flatten() {

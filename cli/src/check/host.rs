@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use numa::hugepages::size_label;
 use numa::{HugePages, ReserveMode, HUGE_PAGE_1G, HUGE_PAGE_2M};
 
-use super::accounts::{group_label, Account};
+use super::accounts::{group_name, Account};
 use super::inputs::CheckInputs;
 use super::report::Item;
 use super::sys::kvm_api_version;
@@ -311,15 +311,9 @@ pub fn userfaultfd(inputs: &CheckInputs, tenants: &[Account]) -> Item {
         .ok()
         .map(|s| s.trim().to_string());
     let dev = inputs.dev.join("userfaultfd");
-    let dev_mode = std::fs::metadata(&dev).ok().map(|m| {
-        format!(
-            "{} {}:{} {:04o}",
-            dev.display(),
-            m.uid(),
-            m.gid(),
-            m.permissions().mode() & 0o7777
-        )
-    });
+    let dev_mode = std::fs::metadata(&dev)
+        .ok()
+        .map(|m| format!("{} {}", dev.display(), owner_and_mode(&m)));
     let setting = format!(
         "vm.unprivileged_userfaultfd = {}, {}",
         sysctl.as_deref().unwrap_or("absent"),
@@ -360,6 +354,15 @@ pub fn userfaultfd(inputs: &CheckInputs, tenants: &[Account]) -> Item {
     }
 }
 
+/// `user:group mode` of a file, by name where the system has one.
+fn owner_and_mode(meta: &std::fs::Metadata) -> String {
+    let user = Account::of_uid(meta.uid())
+        .name
+        .unwrap_or_else(|| meta.uid().to_string());
+    let group = group_name(meta.gid()).unwrap_or_else(|| meta.gid().to_string());
+    format!("{user}:{group} {:04o}", meta.permissions().mode() & 0o7777)
+}
+
 /// `/dev/kvm` opens and answers `KVM_GET_API_VERSION` (12); each tenant can
 /// open it.
 pub fn kvm(inputs: &CheckInputs, tenants: &[Account]) -> Item {
@@ -374,13 +377,7 @@ pub fn kvm(inputs: &CheckInputs, tenants: &[Account]) -> Item {
             )
         }
     };
-    let owner = format!(
-        "{} {}:{} {:04o}",
-        path.display(),
-        meta.uid(),
-        group_label(meta.gid()),
-        meta.permissions().mode() & 0o7777
-    );
+    let owner = format!("{} {}", path.display(), owner_and_mode(&meta));
     let version = std::fs::OpenOptions::new()
         .read(true)
         .write(true)
