@@ -94,7 +94,7 @@ pub fn shipped(built: &str, repo: &Path) -> Shipped {
 
 /// Readies the installed socket's directory (`/run/hugemem`, the unit's
 /// RuntimeDirectory=) for a test daemon with `socket_group = gid`: where it
-/// exists already (an earlier run), root:<gid> 0710 as the daemon makes a
+/// exists already (an earlier run), `root:<gid>` 0710 as the daemon makes a
 /// directory it creates for that group; where it does not, the daemon
 /// creates it so.
 ///

@@ -6,12 +6,12 @@
 //!
 //! The items: the configuration loads (the daemon's own loader); huge pages
 //! reserved per node and page size, and whether more could be
-//! ([`host`]); hugetlbfs mounted per page size; userfaultfd open to the
+//! ([`host`](crate::check::host)); hugetlbfs mounted per page size; userfaultfd open to the
 //! tenants (lazy mode); KVM usable by them; the socket's group and the
 //! daemon answering HANDSHAKE and STATS as root and as every tenant uid
-//! ([`daemon`]); libvirt's `qemu.conf` user and group against
+//! ([`daemon`](crate::check::daemon)); libvirt's `qemu.conf` user and group against
 //! `allowed_uids`/`socket_group`, the emulator script, the AMD `svm`
-//! CPU-model hint and AppArmor/SELinux confinement ([`libvirt`]).
+//! CPU-model hint and AppArmor/SELinux confinement ([`libvirt`](crate::check::libvirt)).
 
 pub mod accounts;
 pub mod daemon;
