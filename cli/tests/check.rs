@@ -530,3 +530,58 @@ fn the_text_form_says_the_same_and_the_exit_code_follows_the_fails() {
     assert_eq!(code, 1);
     expect(&report, "config", "FAIL", "no_such_key");
 }
+
+#[test]
+fn checks_it_cannot_make_say_why() {
+    let dir = open_tempdir();
+    let cfg = config(
+        dir.path(),
+        &dir.path().join("none.sock"),
+        &[65534],
+        Some(65534),
+        "",
+    );
+    // No libvirt: its items are one SKIP that says so.
+    let missing = dir.path().join("no-libvirt/qemu.conf");
+    let (_, report) = check(&[
+        "--config",
+        cfg.to_str().expect("utf-8"),
+        "--qemu-conf",
+        missing.to_str().expect("utf-8"),
+    ]);
+    expect(&report, "libvirt", "SKIP", "libvirt is not installed");
+    assert!(report["items"]
+        .as_array()
+        .expect("items")
+        .iter()
+        .all(|i| i["name"] != "libvirt-user"));
+    if !is_root() {
+        expect(&report, "privileges", "SKIP", "need root");
+        return;
+    }
+    // Not root: the probes as other uids are not made, and it says so.
+    std::fs::set_permissions(&cfg, std::fs::Permissions::from_mode(0o644)).expect("chmod");
+    let out = Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
+        .arg(HUGEMEM)
+        .args(["check", "--json", "--config"])
+        .arg(&cfg)
+        .args(["--qemu-conf"])
+        .arg(&missing)
+        .output()
+        .expect("hugemem check as nobody");
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "{e}: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    });
+    expect(&report, "privileges", "SKIP", "running as uid 65534");
+    // Whether uid 65534 may open /dev/userfaultfd is a probe as that uid:
+    // skipped, and said so, unless the sysctl opens it to everyone.
+    let uffd = item(&report, "userfaultfd");
+    if uffd["status"] != "PASS" {
+        expect(&report, "userfaultfd", "SKIP", "needs root to test");
+    }
+}

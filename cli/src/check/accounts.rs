@@ -10,6 +10,11 @@ use nix::unistd::{Gid, Group, Uid, User};
 
 /// `setpriv` (util-linux, Essential on Debian).
 const SETPRIV: &str = "setpriv";
+/// The longest a command run as another account may take (coreutils'
+/// `timeout` ends it; its status is then [`TIMED_OUT`]).
+const RUN_AS_LIMIT_SECS: &str = "15";
+/// `timeout`'s exit status when it ended the command.
+pub const TIMED_OUT: i32 = 124;
 
 /// A uid with what the system knows of it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -76,10 +81,13 @@ impl Account {
     }
 
     /// Runs `program args…` as this account (its uid, primary group and
-    /// supplementary groups); `None` when `setpriv` cannot be run at all.
+    /// supplementary groups), for at most 15 s (then the status is
+    /// [`TIMED_OUT`]); `None` when `setpriv` cannot be run at all.
     pub fn run(&self, program: &Path, args: &[&str]) -> Option<Output> {
-        let mut cmd = Command::new(SETPRIV);
-        cmd.arg(format!("--reuid={}", self.uid))
+        let mut cmd = Command::new("timeout");
+        cmd.arg(RUN_AS_LIMIT_SECS)
+            .arg(SETPRIV)
+            .arg(format!("--reuid={}", self.uid))
             .arg(format!("--regid={}", self.gid));
         if self.name.is_some() {
             cmd.arg("--init-groups");
@@ -87,7 +95,10 @@ impl Account {
             cmd.arg("--clear-groups");
         }
         cmd.arg("--").arg(program).args(args);
-        cmd.output().ok()
+        // 125-127: timeout or setpriv could not run at all.
+        cmd.output()
+            .ok()
+            .filter(|o| !matches!(o.status.code(), Some(125..=127)))
     }
 
     /// Whether this account may read and write `path` (`test -r -a -w`).
@@ -128,6 +139,9 @@ pub fn group_label(gid: u32) -> String {
 
 /// The first line of a command's stderr (else stdout), for a `why`.
 pub fn first_line(out: &Output) -> String {
+    if out.status.code() == Some(TIMED_OUT) {
+        return format!("no answer within {RUN_AS_LIMIT_SECS} s");
+    }
     let err = String::from_utf8_lossy(&out.stderr);
     let text = if err.trim().is_empty() {
         String::from_utf8_lossy(&out.stdout).into_owned()
