@@ -15,9 +15,9 @@ use super::report::Item;
 const ANSWER_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// HANDSHAKE and STATS on the configured socket, as this process; then the
-/// same as each tenant (`hugemem status` run as that uid). Returns the
-/// items and whether the daemon answered.
-pub fn answers(inputs: &CheckInputs, tenants: &[Account]) -> (Vec<Item>, bool) {
+/// same as each tenant (`hugemem status` run as that uid), when it answered
+/// this process at all.
+pub fn answers(inputs: &CheckInputs, tenants: &[Account]) -> Vec<Item> {
     let socket = &inputs.config.socket;
     let own = match probe(socket) {
         Ok(summary) => Item::pass(
@@ -30,7 +30,7 @@ pub fn answers(inputs: &CheckInputs, tenants: &[Account]) -> (Vec<Item>, bool) {
                 format!("nothing answers on {}: {why}", socket.display()),
                 "systemctl start hugemem (journalctl -u hugemem says why it stopped), or set socket in the configuration to where it listens",
             );
-            return (vec![item], false);
+            return vec![item];
         }
     };
     let mut items = vec![own];
@@ -67,7 +67,7 @@ pub fn answers(inputs: &CheckInputs, tenants: &[Account]) -> (Vec<Item>, bool) {
             )
         });
     }
-    (items, true)
+    items
 }
 
 /// `pid P, version V, up S s, N sessions`, or why not.

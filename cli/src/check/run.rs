@@ -92,8 +92,7 @@ pub fn run(inputs: &CheckInputs, config_item: Item) -> Report {
     report.push(host::userfaultfd(inputs, &tenants));
     report.push(host::kvm(inputs, &tenants));
     report.push(daemon::socket_access(inputs, &tenants));
-    let (items, _answered) = daemon::answers(inputs, &tenants);
-    report.extend(items);
+    report.extend(daemon::answers(inputs, &tenants));
     match qemu {
         Ok(conf) => {
             report.extend(libvirt::user_and_group(inputs, &conf));
