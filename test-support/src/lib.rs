@@ -16,6 +16,7 @@ pub mod daemon;
 pub mod fixture;
 #[cfg(feature = "hugepages")]
 pub mod hugepages;
+pub mod installed;
 #[cfg(feature = "daemon")]
 pub mod lazy;
 #[cfg(feature = "daemon")]
