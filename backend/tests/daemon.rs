@@ -778,6 +778,14 @@ fn metrics_endpoint_serves_prometheus_text_on_loopback() {
     }
     assert_eq!(get("hugemem_fault_services"), 0.0);
     assert!(get("hugemem_scrub_bytes_total{node=\"0\"}") >= 0.0);
+    // ALLOC latency: the one successful ALLOC is in exactly one bucket,
+    // and the +Inf bucket (cumulative) counts it.
+    assert_eq!(get("hugemem_alloc_duration_seconds_count"), 1.0);
+    assert_eq!(
+        get("hugemem_alloc_duration_seconds_bucket{le=\"+Inf\"}"),
+        1.0
+    );
+    assert!(get("hugemem_alloc_duration_seconds_sum") > 0.0);
     c.free(a.id).expect("free");
     let (status, _, body) = http_get(addr, "HEAD", "/metrics");
     assert_eq!(status, "HTTP/1.1 200 OK", "{body}");

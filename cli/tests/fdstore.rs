@@ -244,6 +244,11 @@ fn restart_keeps_everything(crash: bool, test: &str) {
     let after = tenant.stats().expect("stats");
     assert_eq!(after.allocations.active, 1, "{after}");
     assert_eq!(
+        after.counters.fd_store_restores,
+        before.counters.fd_store_restores + 1,
+        "the restart from the fd store is counted: {after}"
+    );
+    assert_eq!(
         after.counters.bytes_created, before.counters.bytes_created,
         "no region created anew: {after}"
     );

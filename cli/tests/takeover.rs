@@ -239,6 +239,15 @@ fn ten_takeovers_under_sixteen_tenants_lose_nothing() {
     assert_eq!(s.allocations.active, 0, "every allocation freed: {s}");
     assert_eq!(s.counters.allocs_failed, 0, "{s}");
     assert_eq!(
+        s.counters.takeovers, TAKEOVERS as u64,
+        "every takeover counted: {s}"
+    );
+    assert_eq!(
+        s.counters.allocs_ok - s.counters.allocs_released,
+        s.allocations.active,
+        "allocations accounted for: {s}"
+    );
+    assert_eq!(
         s.totals.created_bytes - s.totals.released_bytes,
         s.totals.held_bytes,
         "the pool's totals balance: {s}"

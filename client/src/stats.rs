@@ -555,6 +555,13 @@ pub struct Counters {
     /// equals `allocations.active`.
     #[serde(default)]
     pub allocs_released: u64,
+    /// Starts that took the pool over from a running predecessor
+    /// (`hugemem serve --takeover`).
+    #[serde(default)]
+    pub takeovers: u64,
+    /// Starts that restored the pool from systemd's fd store.
+    #[serde(default)]
+    pub fd_store_restores: u64,
     /// HANDOFF requests that moved a live allocation to its VMM's successor
     /// connection.
     #[serde(default)]

@@ -39,9 +39,10 @@ use hyper::header::{HeaderValue, CONTENT_TYPE};
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use prometheus_client::collector::Collector;
-use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric, NoLabelSet};
 use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::{Registry, Unit};
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
@@ -255,6 +256,16 @@ impl DaemonCollector {
                 "allocs_released",
                 "Allocations released (FREE, a closing connection, an undelivered reply, an orphan nobody re-attached).",
                 g(&m.allocs_released),
+            ),
+            (
+                "takeovers",
+                "Starts that took the pool over from a running predecessor (hugemem serve --takeover).",
+                g(&m.takeovers),
+            ),
+            (
+                "fd_store_restores",
+                "Starts that restored the pool from systemd's fd store (a restart or a crash).",
+                g(&m.fd_store_restores),
             ),
             (
                 "handoff_ok",
@@ -499,6 +510,14 @@ impl Collector for DaemonCollector {
         for (name, help, v) in Self::daemon_counters(m) {
             counter(&mut enc, name, help, None, v)?;
         }
+        let (sum, count, buckets) = m.alloc_latency.snapshot();
+        let mut metric = enc.encode_descriptor(
+            "alloc_duration",
+            "Successful ALLOCs by how long the daemon took, request to reply (pooled hand-outs, fresh populates, waits for pages).",
+            Some(&Unit::Seconds),
+            MetricType::Histogram,
+        )?;
+        metric.encode_histogram::<NoLabelSet>(sum, count, &buckets, None)?;
         gauge(
             &mut enc,
             "uptime",

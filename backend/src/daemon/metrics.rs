@@ -86,6 +86,16 @@ pub struct Metrics {
     /// reply, an orphan nobody re-attached): `allocs_ok − allocs_released`
     /// is the number of live allocations.
     pub allocs_released: AtomicU64,
+    /// Starts that took the pool over from a running predecessor
+    /// (`hugemem serve --takeover`, a package upgrade's reload).
+    pub takeovers: AtomicU64,
+    /// Starts that restored the pool from systemd's fd store (a restart or
+    /// a crash).
+    pub fd_store_restores: AtomicU64,
+    /// Successful ALLOCs, by how long they took (request to reply), for
+    /// latency quantiles; not carried across a takeover (Prometheus sees a
+    /// reset).
+    pub alloc_latency: super::latency::Latency,
     /// HANDOFF requests that moved an allocation to another connection.
     pub handoff_ok: AtomicU64,
     /// HANDOFF requests refused (unknown id, another uid's, wrong token).
@@ -94,7 +104,7 @@ pub struct Metrics {
 
 impl Metrics {
     /// Every counter by name.
-    fn named(&self) -> [(&'static str, &AtomicU64); 28] {
+    fn named(&self) -> [(&'static str, &AtomicU64); 30] {
         [
             ("sessions_total", &self.sessions_total),
             ("sessions_active", &self.sessions_active),
@@ -122,6 +132,8 @@ impl Metrics {
             ("reattach_ok", &self.reattach_ok),
             ("reattach_refused", &self.reattach_refused),
             ("allocs_released", &self.allocs_released),
+            ("takeovers", &self.takeovers),
+            ("fd_store_restores", &self.fd_store_restores),
             ("handoff_ok", &self.handoff_ok),
             ("handoff_refused", &self.handoff_refused),
         ]

@@ -113,6 +113,7 @@ mod handle;
 pub mod handoff;
 pub mod handover;
 mod hugetlbfs;
+pub mod latency;
 pub mod lazy_allocs;
 pub mod lifecycle;
 pub mod listeners;

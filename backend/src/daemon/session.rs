@@ -277,7 +277,11 @@ impl Session {
             gid: self.peer.gid,
             reattach: self.features & FEATURE_REATTACH != 0,
         };
+        let started = std::time::Instant::now();
         let served = alloc::serve(&self.rooms.alloc, client, req, wait_ms).await;
+        if served.outcome.reply.status == Status::Ok {
+            self.rooms.metrics.alloc_latency.record(started.elapsed());
+        }
         if let Some(lazy) = served.lazy {
             self.lazy.record(lazy.alloc, lazy.infos, lazy.regions);
         }

@@ -142,6 +142,8 @@ impl StatsSource {
                 reattach_ok: g(&m.reattach_ok),
                 reattach_refused: g(&m.reattach_refused),
                 allocs_released: g(&m.allocs_released),
+                takeovers: g(&m.takeovers),
+                fd_store_restores: g(&m.fd_store_restores),
                 handoff_ok: g(&m.handoff_ok),
                 handoff_refused: g(&m.handoff_refused),
             },

@@ -160,6 +160,14 @@ pub(super) fn core(
     let mut connections = Vec::new();
     if let Some(inh) = inherited.as_deref_mut() {
         host.metrics.restore_map(&inh.state.counters);
+        // A predecessor that answers on the control channel: a takeover;
+        // none: what systemd's fd store kept (a restart or a crash).
+        let start = if inh.channel.is_some() {
+            &host.metrics.takeovers
+        } else {
+            &host.metrics.fd_store_restores
+        };
+        Metrics::add(start, 1);
         handover::adopt_into(&host.topology, &pool, lifecycle.predecessor(), inh);
         connections = std::mem::take(&mut inh.state.connections);
     }
