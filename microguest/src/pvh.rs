@@ -36,6 +36,10 @@
 //!   isa-debug-exit device, i8042 or a PC-style PM block.
 //! * Then `cli; hlt` forever, if none of the above stopped the VM.
 //!
+//! In spin mode ([`PvhConfig::spin`]) none of the power-off writes happen:
+//! after the report line the guest re-reads its pages and counts forever
+//! ([`crate::spin`]).
+//!
 //! Example (the `pvh_elf` example program writes the file):
 //! `qemu-system-x86_64 -M microvm -cpu max -m 2G -nographic -nodefaults
 //! -serial stdio -device isa-debug-exit -kernel guest.elf`. `-cpu max` gives
@@ -70,6 +74,12 @@ pub struct PvhConfig {
     pub marker: u64,
     /// Guest-physical addresses below this are not touched.
     pub start_gpa: u64,
+    /// Spin mode: after the report, keep re-reading the touched pages and
+    /// counting instead of powering off ([`crate::spin`]).
+    pub spin: bool,
+    /// Spin mode: gaps between iterations of at least this many TSC ticks
+    /// go into the guest's ring of recent gaps (0: every gap).
+    pub gap_min_ticks: u64,
 }
 
 impl Default for PvhConfig {
@@ -79,6 +89,8 @@ impl Default for PvhConfig {
             stride: 2 << 20,
             marker: 0x4855_4745_4d45_4d00,
             start_gpa: 0,
+            spin: false,
+            gap_min_ticks: 0,
         }
     }
 }
@@ -171,6 +183,8 @@ pub fn pvh_elf(cfg: &PvhConfig) -> Result<Vec<u8>, ConfigError> {
     put64(img, p + image::P_MARKER, cfg.marker);
     put64(img, p + image::P_MINGPA, cfg.start_gpa);
     put64(img, p + image::P_FALLBACK, cfg.ram_bytes);
+    put64(img, p + image::P_SPIN, u64::from(cfg.spin));
+    put64(img, p + image::P_GAPMIN, cfg.gap_min_ticks);
     Ok(f)
 }
 
