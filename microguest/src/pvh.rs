@@ -374,6 +374,8 @@ mod tests {
             stride: 1 << 30,
             marker: 0xfeed,
             start_gpa: 1 << 20,
+            spin: true,
+            gap_min_ticks: 99,
         };
         let f = pvh_elf(&cfg).expect("elf");
         let p = LOAD_OFFSET + image::PARAMS;
@@ -381,6 +383,11 @@ mod tests {
         assert_eq!(get_u64(&f, p + image::P_MARKER), 0xfeed);
         assert_eq!(get_u64(&f, p + image::P_MINGPA), 1 << 20);
         assert_eq!(get_u64(&f, p + image::P_FALLBACK), 3 << 30);
+        assert_eq!(get_u64(&f, p + image::P_SPIN), 1);
+        assert_eq!(get_u64(&f, p + image::P_GAPMIN), 99);
+        // The host reads the spin block at its documented address.
+        let block = LOAD_OFFSET + (crate::SPIN_BLOCK_GPA - image::LINK_BASE) as usize;
+        assert_eq!(get_u64(&f, block), 1);
         assert_eq!(get_u64(&f, p + image::P_SKIPLO), 0x10_0000);
         assert_eq!(get_u64(&f, p + image::P_SKIPHI), 0x10_8000);
         assert_eq!(
