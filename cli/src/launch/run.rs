@@ -4,6 +4,7 @@
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use backend::client::Client;
@@ -20,7 +21,7 @@ use super::exit_event::ExitEvent;
 use super::process::{self, VmmExit};
 use super::qmp;
 use super::reattach;
-use super::update::{Memory, QemuCommand, Updater};
+use super::update::{Daemon, Memory, QemuCommand, Updater};
 
 /// What a launch did.
 #[derive(Debug, Clone)]
@@ -107,9 +108,13 @@ pub fn run(cfg: &LaunchConfig) -> Result<LaunchReport, LaunchError> {
     let mut full = Vec::with_capacity(argv.len() + 1);
     full.push(program.clone());
     full.extend(argv);
+    let successor = Arc::new(
+        reattach::Successor::new()
+            .map_err(|e| LaunchError::Options(format!("cannot create an eventfd: {e}")))?,
+    );
     let (mut updater, monitor) = match control {
         Some(control) => {
-            let (u, monitor) = updater(cfg, control, &alloc, &mut full)?;
+            let (u, monitor) = updater(cfg, control, &alloc, &successor, &mut full)?;
             (Some(u), Some(monitor))
         }
         None => (None, None),
@@ -132,7 +137,9 @@ pub fn run(cfg: &LaunchConfig) -> Result<LaunchReport, LaunchError> {
     let (outcome, client) = process::run_vmm_watching(
         &full,
         &inherit,
-        Some(|exit: &ExitEvent| reattach::watch(client, socket, &held, timeout, exit)),
+        Some(|exit: &ExitEvent| {
+            reattach::watch(client, socket, &held, timeout, exit, Some(&successor))
+        }),
         updater.as_mut().map(|u| u as &mut dyn process::Supervisor),
     );
     drop(inherit);
@@ -172,6 +179,7 @@ fn updater(
     cfg: &LaunchConfig,
     control: ControlSocket,
     alloc: &backend::client::Allocation,
+    successor: &Arc<reattach::Successor>,
     full: &mut Vec<std::ffi::OsString>,
 ) -> Result<(Updater, UnixStream), LaunchError> {
     let io = |e: std::io::Error| LaunchError::Options(format!("cannot set up live updates: {e}"));
@@ -192,9 +200,15 @@ fn updater(
         user_args: cfg.command[1..].to_vec(),
         opts: cfg.build_options(),
     };
+    let daemon = Daemon {
+        socket: cfg.socket.clone(),
+        held: reattach::Held::of(alloc),
+        want_paths: cfg.hugetlbfs,
+        successor: Arc::clone(successor),
+    };
     info!(control = %control.path().display(), "listening for `hugemem update`");
     Ok((
-        Updater::new(control, command, memory, ours, cfg.update_timeout),
+        Updater::new(control, command, daemon, memory, ours, cfg.update_timeout),
         theirs,
     ))
 }

@@ -35,7 +35,10 @@ use std::path::PathBuf;
 use std::process::Child;
 use std::time::{Duration, Instant};
 
-use backend::proto::RegionInfo;
+use std::sync::Arc;
+
+use backend::client::{Client, ClientError};
+use backend::proto::{RegionInfo, Status};
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use serde_json::{json, Value};
 use tracing::{info, warn};
@@ -46,6 +49,7 @@ use super::control::{reply, ControlSocket, Reply, Request, UpdateReport};
 use super::error::LaunchError;
 use super::process::{pidfd, Spawner, Supervisor};
 use super::qmp::{is_event, monitor_args, Qmp, QmpError};
+use super::reattach::{Held, Successor};
 
 /// Why an update failed.
 #[derive(Debug, thiserror::Error)]
@@ -165,11 +169,25 @@ impl QemuCommand {
     }
 }
 
+/// Where the successor's memory comes from: the daemon, by HANDOFF.
+pub(crate) struct Daemon {
+    /// The daemon's socket.
+    pub(crate) socket: PathBuf,
+    /// The allocation as the watcher knows it (its token changes with each
+    /// HANDOFF).
+    pub(crate) held: Held,
+    /// Ask for hugetlbfs paths.
+    pub(crate) want_paths: bool,
+    /// Where the new owning connection goes (the daemon watcher).
+    pub(crate) successor: Arc<Successor>,
+}
+
 /// The launcher's side of live updates: the control socket, the running
 /// QEMU's monitor and memory. Served on the thread that waits for the VMM.
 pub(crate) struct Updater {
     control: ControlSocket,
     command: QemuCommand,
+    daemon: Daemon,
     qmp: Option<Qmp>,
     /// The first QEMU's monitor, greeted at the first update.
     monitor: Option<UnixStream>,
@@ -183,6 +201,7 @@ impl Updater {
     pub(crate) fn new(
         control: ControlSocket,
         command: QemuCommand,
+        daemon: Daemon,
         memory: Memory,
         monitor: UnixStream,
         deadline: Duration,
@@ -190,6 +209,7 @@ impl Updater {
         Self {
             control,
             command,
+            daemon,
             qmp: None,
             monitor: Some(monitor),
             memory,
@@ -210,8 +230,7 @@ impl Updater {
             self.qmp = Some(qmp);
         }
         let program = qemu.map_or_else(|| self.command.program.clone(), OsString::from);
-        let memory = self.memory.duplicate()?;
-        let handoff = false;
+        let (memory, handoff) = self.successor_memory()?;
         let (monitor_ours, monitor_theirs) = UnixStream::pair()?;
         let (migrate_old, migrate_new) = UnixStream::pair()?;
         let argv = self
@@ -266,6 +285,38 @@ impl Updater {
         };
         info!(?report, "QEMU updated under the running guest");
         Ok(report)
+    }
+
+    /// Step 1: the allocation on a new daemon connection (HANDOFF), which
+    /// the daemon watcher takes over at once; from a daemon without
+    /// HANDOFF, duplicates of the launcher's descriptors.
+    fn successor_memory(&mut self) -> Result<(Memory, bool), UpdateError> {
+        let Some(token) = self.daemon.held.token else {
+            return Ok((self.memory.duplicate()?, false));
+        };
+        let mut client = Client::connect(&self.daemon.socket).map_err(LaunchError::from)?;
+        let alloc = match client.handoff(self.daemon.held.id, token, self.daemon.want_paths) {
+            Ok(alloc) => alloc,
+            Err(ClientError::Refused {
+                status: Status::Unsupported,
+                message,
+            }) => {
+                warn!(%message, "the daemon cannot hand the allocation over; the new QEMU gets the launcher's descriptors");
+                return Ok((self.memory.duplicate()?, false));
+            }
+            Err(e) => return Err(LaunchError::from(e).into()),
+        };
+        let held = Held::of(&alloc);
+        let memory = Memory {
+            fds: alloc.fds,
+            regions: alloc.regions,
+            paths: alloc.paths,
+        };
+        // The new connection owns the allocation from here on, whatever
+        // happens to the update.
+        self.daemon.held = held.clone();
+        self.daemon.successor.offer(client, held);
+        Ok((memory, true))
     }
 
     /// Steps 3 and 4 up to the new QEMU's RESUME: returns its monitor, the
