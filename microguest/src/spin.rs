@@ -38,6 +38,13 @@ pub const SPIN_BLOCK_GPA: u64 = image::LINK_BASE + (image::PARAMS + image::P_SPI
 pub const SPIN_BLOCK_LEN: usize = image::P_GAPS + 16 * image::GAP_RING - image::P_SPIN;
 /// Guest-physical address of the 64-bit iteration counter.
 pub const COUNTER_GPA: u64 = image::LINK_BASE + (image::PARAMS + image::P_COUNT) as u64;
+/// Guest-physical address of the largest gap ([`SpinState::max_gap`]); a
+/// host may write 0 there to measure the largest gap from then on.
+pub const MAX_GAP_GPA: u64 = image::LINK_BASE + (image::PARAMS + image::P_MAXGAP) as u64;
+/// End of the guest's own image (code, parameter block, page tables,
+/// stack) from [`crate::pvh`]'s load address 1 MiB: the guest neither
+/// touches nor checks pages overlapping `[1 MiB, IMAGE_END_GPA)`.
+pub const IMAGE_END_GPA: u64 = image::LINK_BASE + image::IMAGE_END as u64;
 /// Entries in the ring of recent long gaps.
 pub const GAP_RING: usize = image::GAP_RING;
 

@@ -78,7 +78,7 @@ mod error;
 mod exit_event;
 mod process;
 pub mod qemu;
-mod qmp;
+pub mod qmp;
 mod reattach;
 mod run;
 #[cfg(test)]

@@ -21,10 +21,10 @@ use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags};
 use serde_json::{json, Value};
 
 /// The monitor's chardev id on the QEMU command line.
-pub(crate) const CHARDEV_ID: &str = "hm-qmp";
+pub const CHARDEV_ID: &str = "hm-qmp";
 
 /// The QEMU options that make fd `fd` (a connected socket) its QMP monitor.
-pub(crate) fn monitor_args(fd: i32) -> [String; 4] {
+pub fn monitor_args(fd: i32) -> [String; 4] {
     [
         "-chardev".into(),
         format!("socket,id={CHARDEV_ID},fd={fd}"),
@@ -59,7 +59,7 @@ pub enum QmpError {
 
 /// One QMP connection, capabilities negotiated.
 #[derive(Debug)]
-pub(crate) struct Qmp {
+pub struct Qmp {
     reader: BufReader<UnixStream>,
     events: VecDeque<Value>,
 }
@@ -67,7 +67,11 @@ pub(crate) struct Qmp {
 impl Qmp {
     /// Reads the greeting on `stream` and enters command mode; every read
     /// waits at most `deadline`.
-    pub(crate) fn handshake(stream: UnixStream, deadline: Duration) -> Result<Self, QmpError> {
+    ///
+    /// # Errors
+    ///
+    /// [`QmpError`]: no greeting in time, or not QMP.
+    pub fn handshake(stream: UnixStream, deadline: Duration) -> Result<Self, QmpError> {
         stream.set_read_timeout(Some(deadline))?;
         let mut qmp = Self {
             reader: BufReader::new(stream),
@@ -146,13 +150,21 @@ impl Qmp {
     }
 
     /// Runs `command` and returns its `return` value.
-    pub(crate) fn execute(&mut self, command: &str, arguments: Value) -> Result<Value, QmpError> {
+    ///
+    /// # Errors
+    ///
+    /// [`QmpError::Refused`] with QEMU's text, or the connection's error.
+    pub fn execute(&mut self, command: &str, arguments: Value) -> Result<Value, QmpError> {
         self.send(command, &arguments, None)?;
         self.reply(command)
     }
 
     /// Runs `command` with `fd` passed along (SCM_RIGHTS), as `getfd` needs.
-    pub(crate) fn execute_with_fd(
+    ///
+    /// # Errors
+    ///
+    /// As [`Qmp::execute`].
+    pub fn execute_with_fd(
         &mut self,
         command: &str,
         arguments: Value,
@@ -164,10 +176,11 @@ impl Qmp {
 
     /// Returns the first event (kept or new) for which `wanted` is true;
     /// events before it are dropped.
-    pub(crate) fn wait_event(
-        &mut self,
-        wanted: impl Fn(&Value) -> bool,
-    ) -> Result<Value, QmpError> {
+    ///
+    /// # Errors
+    ///
+    /// The connection's error: closed, or no such event before the deadline.
+    pub fn wait_event(&mut self, wanted: impl Fn(&Value) -> bool) -> Result<Value, QmpError> {
         while let Some(event) = self.events.pop_front() {
             if wanted(&event) {
                 return Ok(event);
@@ -182,14 +195,14 @@ impl Qmp {
     }
 
     /// Forgets the events read so far (those of an earlier update).
-    pub(crate) fn clear_events(&mut self) {
+    pub fn clear_events(&mut self) {
         self.events.clear();
     }
 }
 
 /// True for an event named `name` whose `data.status` (when `status` is
 /// given) is one of `status`.
-pub(crate) fn is_event(event: &Value, name: &str, status: &[&str]) -> bool {
+pub fn is_event(event: &Value, name: &str, status: &[&str]) -> bool {
     event.get("event").and_then(Value::as_str) == Some(name)
         && (status.is_empty()
             || event
