@@ -123,6 +123,14 @@ impl SpinState {
     }
 }
 
+// The counter and the largest gap are inside the block, and the block is in
+// the loaded part of the image (below the page tables the PVH prologue builds).
+const _: () = assert!(COUNTER_GPA > SPIN_BLOCK_GPA);
+const _: () = assert!(MAX_GAP_GPA + 8 <= SPIN_BLOCK_GPA + SPIN_BLOCK_LEN as u64);
+const _: () = assert!(COUNTER_GPA + 8 <= SPIN_BLOCK_GPA + SPIN_BLOCK_LEN as u64);
+const _: () =
+    assert!(SPIN_BLOCK_GPA + (SPIN_BLOCK_LEN as u64) <= image::LINK_BASE + image::FILE_END as u64);
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -163,15 +171,5 @@ mod tests {
             }
         );
         assert!(SpinState::parse(&block[1..]).is_none());
-    }
-
-    #[test]
-    fn the_counter_is_inside_the_block() {
-        assert!(COUNTER_GPA > SPIN_BLOCK_GPA);
-        assert!(COUNTER_GPA + 8 <= SPIN_BLOCK_GPA + SPIN_BLOCK_LEN as u64);
-        // Below the page tables the PVH prologue builds, in the loaded file.
-        assert!(
-            SPIN_BLOCK_GPA + (SPIN_BLOCK_LEN as u64) <= image::LINK_BASE + image::FILE_END as u64
-        );
     }
 }

@@ -14,7 +14,7 @@ use serde_json::{json, Value};
 use super::guest::GuestRam;
 use super::qemu::{guest_args, BenchQemu};
 use super::report::CopyResult;
-use super::run::{idle_gap, reserve, HOST_CHECK_END, MARKER, START_GPA, STRIDE};
+use super::setup::{idle_gap, reserve, HOST_CHECK_END, MARKER, START_GPA, STRIDE};
 use super::{VmmUpdateConfig, VmmUpdateError};
 
 fn argv(cfg: &VmmUpdateConfig, elf: &Path, incoming: bool) -> Vec<OsString> {
@@ -118,11 +118,7 @@ pub(crate) fn run(
         qemu_total_ms: total_ms,
         qemu_downtime_ms: number(&stats, "/downtime"),
         ram_transferred_bytes: transferred,
-        copy_gb_per_s: if total_ms > 0 {
-            transferred as f64 / (total_ms as f64 / 1e3) / 1e9
-        } else {
-            0.0
-        },
+        copy_gb_per_s: transferred as f64 / (update_ms / 1e3) / 1e9,
         stale_guest,
         stale_host,
     })

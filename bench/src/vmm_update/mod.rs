@@ -32,6 +32,7 @@ mod guest;
 mod qemu;
 mod report;
 mod run;
+mod setup;
 
 pub use error::VmmUpdateError;
 pub use report::{CopyResult, UpdateResult, VmmUpdateConfig, VmmUpdateReport};

@@ -75,7 +75,8 @@ pub struct CopyResult {
     pub qemu_downtime_ms: u64,
     /// RAM bytes sent.
     pub ram_transferred_bytes: u64,
-    /// Rate of the copy, GB/s (transferred / total time).
+    /// Rate of the copy, GB/s: RAM bytes sent / `update_ms` (QEMU's own
+    /// `total-time` reads 0 in some runs of QEMU 7.2 here).
     pub copy_gb_per_s: f64,
     /// Pages the guest found changed.
     pub stale_guest: u64,
