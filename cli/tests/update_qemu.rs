@@ -39,19 +39,21 @@ fn skip_reason() -> Option<String> {
     microguest::kvm_available().err()
 }
 
-/// The QEMU child of the launcher `launch`.
-fn qemu_of(launch: u32) -> u32 {
+/// The child of `parent`, once it has exec'd its own program (between fork
+/// and exec it is a copy of the parent).
+fn child_of(parent: u32) -> u32 {
+    let exe = |pid: u32| std::fs::read_link(format!("/proc/{pid}/exe")).ok();
     let mut pid = None;
-    wait_until("the launcher's QEMU", Duration::from_secs(30), || {
-        let children = std::fs::read_to_string(format!("/proc/{launch}/task/{launch}/children"))
+    wait_until("the child's exec", Duration::from_secs(30), || {
+        let children = std::fs::read_to_string(format!("/proc/{parent}/task/{parent}/children"))
             .unwrap_or_default();
         pid = children
             .split_whitespace()
             .next()
-            .and_then(|p| p.parse().ok());
-        pid.is_some()
+            .and_then(|p| p.parse::<u32>().ok());
+        pid.is_some_and(|p| exe(p).is_some() && exe(p) != exe(parent))
     });
-    pid.expect("a QEMU pid")
+    pid.expect("a child pid")
 }
 
 /// Guest RAM as QEMU `pid` maps it: its `/dev/fd/N` memory file, reopened.
@@ -167,8 +169,8 @@ fn twenty_updates_keep_the_guest_counting_on_the_same_memory() {
     let daemon = TestDaemon::start(|c| c.pool.recheck_ms = 20);
     let mut launch = start_launch(&daemon, dir.path(), &elf);
     // `timeout` is the launcher's parent: the launcher is its child.
-    let launcher = qemu_of(launch.id());
-    let mut qemu = qemu_of(launcher);
+    let launcher = child_of(launch.id());
+    let mut qemu = child_of(launcher);
     let first = guest_ram(qemu);
     let mut state = counting_past(&first, 0, "the guest to spin");
     // Held open, it would keep the pages from the kernel at the end.

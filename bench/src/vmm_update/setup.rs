@@ -32,17 +32,19 @@ pub(crate) fn reserve(bytes: u64) -> Result<Reservation, String> {
     }
 }
 
-/// The first child process of `parent` (deadline 30 s).
+/// The first child process of `parent`, once it has exec'd (deadline 30 s).
 pub(crate) fn child_of(parent: u32) -> Result<u32, VmmUpdateError> {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         let children = std::fs::read_to_string(format!("/proc/{parent}/task/{parent}/children"))
             .unwrap_or_default();
-        if let Some(pid) = children
+        // Between fork and exec the child is a copy of its parent.
+        let exe = |pid: u32| std::fs::read_link(format!("/proc/{pid}/exe")).ok();
+        let child: Option<u32> = children
             .split_whitespace()
             .next()
-            .and_then(|p| p.parse().ok())
-        {
+            .and_then(|p| p.parse().ok());
+        if let Some(pid) = child.filter(|&p| exe(p).is_some() && exe(p) != exe(parent)) {
             return Ok(pid);
         }
         if Instant::now() > deadline {
