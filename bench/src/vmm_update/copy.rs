@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use hugemem::launch::qmp::is_event;
 use serde_json::{json, Value};
 
-use super::guest::GuestRam;
+use super::guest::{gap_within, monotonic_ns, GuestRam, HostClock};
 use super::qemu::{guest_args, BenchQemu};
 use super::report::CopyResult;
 use super::setup::{idle_gap, reserve, HOST_CHECK_END, MARKER, START_GPA, STRIDE};
@@ -76,6 +76,7 @@ pub(crate) fn run(
     src_ram.reset_max_gap()?;
     let before = src_ram.spin()?.count;
     let started = Instant::now();
+    let migrate_at = monotonic_ns();
     src.execute("migrate", json!({ "uri": uri }))?;
     let end = src
         .qmp
@@ -90,12 +91,21 @@ pub(crate) fn run(
     dst.qmp
         .wait_event(|e| is_event(e, "RESUME", &[]))
         .map_err(|e| VmmUpdateError::Qemu(format!("waiting for the destination: {e}")))?;
+    let resumed_at = monotonic_ns();
+    let clock = HostClock::now(tsc_hz);
     drop(src_ram);
     src.quit();
     let update_ms = started.elapsed().as_secs_f64() * 1e3;
     let dst_ram = GuestRam::of(dst.pid())?;
     let now = dst_ram.counting_past(before)?;
     let downtime_ms = now.max_gap as f64 / tsc_hz * 1e3;
+    let offset = dst_ram.tsc_offset()?;
+    let switch_gap_ms = gap_within(
+        &now,
+        clock.tsc_at(migrate_at) - offset,
+        clock.tsc_at(resumed_at) - offset,
+    )
+    .map(|t| t as f64 / tsc_hz * 1e3);
     let idle_gap_ms = idle_gap(&dst_ram, Duration::from_secs_f64(update_ms / 1e3), tsc_hz)? * 1e3;
     let stale_host = dst_ram.stale_pages(
         START_GPA.max(microguest::IMAGE_END_GPA),
@@ -114,6 +124,7 @@ pub(crate) fn run(
     Ok(CopyResult {
         downtime_ms,
         idle_gap_ms,
+        switch_gap_ms,
         update_ms,
         qemu_total_ms: total_ms,
         qemu_downtime_ms: number(&stats, "/downtime"),

@@ -29,6 +29,58 @@ pub(crate) fn host_tsc_hz(window: Duration) -> f64 {
     (c1.wrapping_sub(c0)) as f64 / (t1 - t0).as_secs_f64()
 }
 
+/// `CLOCK_MONOTONIC` now, ns: the clock `hugemem update` reports the switch in.
+pub(crate) fn monotonic_ns() -> u64 {
+    nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC)
+        .map(|t| {
+            u64::try_from(t.tv_sec()).unwrap_or(0) * 1_000_000_000
+                + u64::try_from(t.tv_nsec()).unwrap_or(0)
+        })
+        .unwrap_or(0)
+}
+
+/// The host TSC at a `CLOCK_MONOTONIC` time, from one pair read together
+/// and the measured rate.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct HostClock {
+    mono_ns: u64,
+    tsc: u64,
+    hz: f64,
+}
+
+impl HostClock {
+    /// Reads the pair now.
+    pub(crate) fn now(hz: f64) -> Self {
+        let mono_ns = monotonic_ns();
+        Self {
+            mono_ns,
+            tsc: rdtsc(),
+            hz,
+        }
+    }
+
+    /// The host TSC at `ns`.
+    pub(crate) fn tsc_at(&self, ns: u64) -> i128 {
+        let delta_ns = i128::from(ns) - i128::from(self.mono_ns);
+        i128::from(self.tsc) + (delta_ns as f64 * self.hz / 1e9) as i128
+    }
+}
+
+/// The largest gap the guest recorded (in its ring) that overlaps the
+/// guest-TSC interval `[from, to]`: the pause at a switch whose host-clock
+/// window is known.
+pub(crate) fn gap_within(state: &SpinState, from: i128, to: i128) -> Option<u64> {
+    state
+        .recent_gaps
+        .iter()
+        .filter(|g| {
+            let end = i128::from(g.end_tsc);
+            end - i128::from(g.ticks) <= to && end >= from
+        })
+        .map(|g| g.ticks)
+        .max()
+}
+
 /// Guest RAM as one QEMU maps it: a file opened from `/proc/PID/fd/N`,
 /// read with `pread`; the 2 MiB page of the spin block is mapped too (a
 /// hugetlbfs file takes no `write`), for [`GuestRam::reset_max_gap`].
@@ -77,6 +129,18 @@ impl GuestRam {
             .read_exact_at(&mut block, SPIN_BLOCK_GPA)
             .map_err(|e| VmmUpdateError::Guest(format!("cannot read the spin block: {e}")))?;
         SpinState::parse(&block).ok_or_else(|| VmmUpdateError::Guest("short spin block".into()))
+    }
+
+    /// Host TSC minus guest TSC: the least difference over 20 reads of the
+    /// guest's latest tick (each read lags the tick by at most one
+    /// iteration).
+    pub(crate) fn tsc_offset(&self) -> Result<i128, VmmUpdateError> {
+        let mut best = i128::MAX;
+        for _ in 0..20 {
+            let guest = self.spin()?.tsc;
+            best = best.min(i128::from(rdtsc()) - i128::from(guest));
+        }
+        Ok(best)
     }
 
     /// Sets the guest's largest gap to 0, so that it measures from now.

@@ -33,6 +33,12 @@ pub struct UpdateResult {
     pub downtime_median_ms: f64,
     /// Largest gap over an idle window as long as an update, ms: the noise floor.
     pub idle_gap_ms: f64,
+    /// The guest's gap overlapping the switch (`migrate` to RESUME, placed
+    /// on the guest's clock), each update, ms; `None` when none of the
+    /// recorded gaps (at least 0.2 ms) overlaps it.
+    pub switch_gap_ms: Vec<Option<f64>>,
+    /// Median of the `switch_gap_ms` found.
+    pub switch_gap_median_ms: Option<f64>,
     /// Request to the old QEMU gone, each update, ms.
     pub update_ms: Vec<f64>,
     /// Median of `update_ms`.
@@ -65,8 +71,11 @@ pub struct UpdateResult {
 pub struct CopyResult {
     /// Guest-visible pause, ms.
     pub downtime_ms: f64,
-    /// Largest gap over an idle window before, ms.
+    /// Largest gap over an idle window as long, after, ms.
     pub idle_gap_ms: f64,
+    /// The guest's gap overlapping `migrate` to RESUME, ms (see
+    /// [`UpdateResult::switch_gap_ms`]).
+    pub switch_gap_ms: Option<f64>,
     /// `migrate` to the destination's RESUME and the source's exit, ms.
     pub update_ms: f64,
     /// QEMU's `total-time`, ms.
@@ -109,6 +118,8 @@ pub struct VmmUpdateReport {
     pub downtime_ratio: Option<f64>,
     /// Baseline update time / hugemem median update time.
     pub update_time_ratio: Option<f64>,
+    /// Baseline switch gap / hugemem median switch gap.
+    pub switch_gap_ratio: Option<f64>,
 }
 
 /// The median of `v` (0 when empty).
@@ -138,9 +149,18 @@ impl VmmUpdateReport {
         let _ = writeln!(
             t,
             "{:<34} {:>14} {:>14}",
-            "downtime (guest-visible), ms",
+            "largest gap in the window, ms",
             format!("{:.2}", u.downtime_median_ms),
             col(copy.map(|c| format!("{:.2}", c.downtime_ms)))
+        );
+        let _ = writeln!(
+            t,
+            "{:<34} {:>14} {:>14}",
+            "pause at the switch, ms",
+            col(u.switch_gap_median_ms.map(|v| format!("{v:.2}"))),
+            col(copy
+                .and_then(|c| c.switch_gap_ms)
+                .map(|v| format!("{v:.2}")))
         );
         let _ = writeln!(
             t,
@@ -177,8 +197,9 @@ impl VmmUpdateReport {
         );
         let _ = writeln!(
             t,
-            "transferred {:.4}% of RAM (limit < 1%); downtime copy/hugemem {} (limit >= 5x at 8 GiB); update time copy/hugemem {}",
+            "transferred {:.4}% of RAM (limit < 1%); pause at the switch copy/hugemem {}, largest gap copy/hugemem {} (limit >= 5x at 8 GiB); update time copy/hugemem {}",
             u.ram_transferred_max_pct,
+            col(self.switch_gap_ratio.map(|r| format!("{r:.1}x"))),
             col(self.downtime_ratio.map(|r| format!("{r:.1}x"))),
             col(self.update_time_ratio.map(|r| format!("{r:.1}x")))
         );

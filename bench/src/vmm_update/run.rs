@@ -10,7 +10,7 @@ use microguest::{pvh_elf, PvhConfig};
 
 use super::copy;
 use super::error::io;
-use super::guest::{host_tsc_hz, GuestRam};
+use super::guest::{gap_within, host_tsc_hz, GuestRam, HostClock};
 use super::qemu::guest_args;
 use super::report::{median, UpdateResult, VmmUpdateConfig, VmmUpdateReport};
 use super::setup::{child_of, idle_gap, reserve, HOST_CHECK_END, MARKER, START_GPA, STRIDE};
@@ -83,6 +83,8 @@ fn hugemem_side(
         downtime_ms: Vec::new(),
         downtime_median_ms: 0.0,
         idle_gap_ms: 0.0,
+        switch_gap_ms: Vec::new(),
+        switch_gap_median_ms: None,
         update_ms: Vec::new(),
         update_median_ms: 0.0,
         switch_ms: Vec::new(),
@@ -103,7 +105,18 @@ fn hugemem_side(
         drop(old);
         let report = hugemem::launch::request_update(&control, None, Duration::from_secs(600))?;
         qemu = report.new_pid;
-        let now = GuestRam::of(qemu)?.counting_past(before)?;
+        let clock = HostClock::now(tsc_hz);
+        let new_ram = GuestRam::of(qemu)?;
+        let now = new_ram.counting_past(before)?;
+        let offset = new_ram.tsc_offset()?;
+        let switch = gap_within(
+            &now,
+            clock.tsc_at(report.migrate_at_ns) - offset,
+            clock.tsc_at(report.resumed_at_ns) - offset,
+        );
+        r.switch_gap_ms
+            .push(switch.map(|t| t as f64 / tsc_hz * 1e3));
+        drop(new_ram);
         let downtime = now.max_gap as f64 / tsc_hz * 1e3;
         progress(&format!(
             "update {i}: {:.1} ms, guest paused {downtime:.2} ms, {} RAM bytes sent",
@@ -123,6 +136,8 @@ fn hugemem_side(
     }
     r.downtime_median_ms = median(&r.downtime_ms);
     r.update_median_ms = median(&r.update_ms);
+    let found: Vec<f64> = r.switch_gap_ms.iter().flatten().copied().collect();
+    r.switch_gap_median_ms = (!found.is_empty()).then(|| median(&found));
     r.ram_transferred_max_pct = r.ram_transferred_max_bytes as f64 * 100.0 / cfg.size as f64;
     r.cleared_bytes = stats_client.stats()?.scrub.bytes - cleared;
     let ram = GuestRam::of(qemu)?;
@@ -182,16 +197,19 @@ pub fn run(
     microguest::kvm_available().map_err(VmmUpdateError::Setup)?;
     let dir = PrivateDir::create("hugemem-vmm-update").map_err(io("private directory"))?;
     let elf = dir.path().join("spin.elf");
+    let tsc_hz = host_tsc_hz(Duration::from_millis(200));
     let image = pvh_elf(&PvhConfig {
         stride: STRIDE,
         marker: MARKER,
         start_gpa: START_GPA,
         spin: true,
+        // Gaps of 0.2 ms and more go to the guest's ring (its ticks are
+        // ~50 µs apart here).
+        gap_min_ticks: (tsc_hz * 2e-4) as u64,
         ..Default::default()
     })
     .map_err(|e| VmmUpdateError::Setup(e.to_string()))?;
     std::fs::write(&elf, image).map_err(io("write the guest image"))?;
-    let tsc_hz = host_tsc_hz(Duration::from_millis(200));
     progress(&format!("host TSC {:.3} GHz", tsc_hz / 1e9));
     let (update, guest_hz) = hugemem_side(cfg, dir.path(), &elf, tsc_hz, progress)?;
     let (copy, copy_note) = if cfg.no_copy {
@@ -217,6 +235,10 @@ pub fn run(
         update_time_ratio: copy
             .as_ref()
             .and_then(|c| ratio(c.update_ms, update.update_median_ms)),
+        switch_gap_ratio: copy
+            .as_ref()
+            .and_then(|c| c.switch_gap_ms.zip(update.switch_gap_median_ms))
+            .and_then(|(c, u)| ratio(c, u)),
         update,
         copy,
         copy_note,

@@ -54,6 +54,10 @@ pub struct UpdateReport {
     pub update_ms: f64,
     /// From `migrate` to the new QEMU's RESUME event, ms.
     pub switch_ms: f64,
+    /// `CLOCK_MONOTONIC` when `migrate` was sent, ns.
+    pub migrate_at_ns: u64,
+    /// `CLOCK_MONOTONIC` when the new QEMU's RESUME arrived, ns.
+    pub resumed_at_ns: u64,
 }
 
 /// A request on the control socket.
@@ -325,6 +329,8 @@ mod tests {
             qemu_total_ms: 5,
             update_ms: 6.5,
             switch_ms: 7.5,
+            migrate_at_ns: 8,
+            resumed_at_ns: 9,
         };
         std::thread::scope(|s| {
             let client =

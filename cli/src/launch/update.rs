@@ -132,6 +132,17 @@ impl Memory {
     }
 }
 
+/// `CLOCK_MONOTONIC` now, ns (0 if unreadable): comparable across the
+/// processes of one host, so a bench can place the switch on its clock.
+fn monotonic_ns() -> u64 {
+    nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC)
+        .map(|t| {
+            u64::try_from(t.tv_sec()).unwrap_or(0) * 1_000_000_000
+                + u64::try_from(t.tv_nsec()).unwrap_or(0)
+        })
+        .unwrap_or(0)
+}
+
 /// What the updater needs to start a QEMU like the running one.
 #[derive(Debug, Clone)]
 pub(crate) struct QemuCommand {
@@ -247,7 +258,7 @@ impl Updater {
         drop(monitor_theirs);
         drop(migrate_new);
         let switched = self.switch(&mut successor, monitor_ours, migrate_old, incoming);
-        let (new_qmp, switch_time, stats) = match switched {
+        let (new_qmp, switch_time, window, stats) = match switched {
             Ok(done) => done,
             Err(e) => {
                 let _ = successor.kill();
@@ -282,6 +293,8 @@ impl Updater {
             qemu_total_ms: number(&stats, "total-time"),
             update_ms: started.elapsed().as_secs_f64() * 1e3,
             switch_ms: switch_time.as_secs_f64() * 1e3,
+            migrate_at_ns: window.0,
+            resumed_at_ns: window.1,
         };
         info!(?report, "QEMU updated under the running guest");
         Ok(report)
@@ -327,7 +340,7 @@ impl Updater {
         monitor: UnixStream,
         channel: UnixStream,
         incoming: i32,
-    ) -> Result<(Qmp, Duration, Value), UpdateError> {
+    ) -> Result<(Qmp, Duration, (u64, u64), Value), UpdateError> {
         let mut new = Qmp::handshake(monitor, self.deadline)
             .map_err(qmp_err("the new QEMU's monitor (did it start?)"))?;
         let old = self.qmp.as_mut().ok_or_else(|| {
@@ -348,6 +361,7 @@ impl Updater {
             .map_err(qmp_err("getfd on the running QEMU"))?;
         drop(channel);
         let migrate = Instant::now();
+        let migrate_at = monotonic_ns();
         old.execute("migrate", json!({"uri": "fd:hm-migrate"}))
             .map_err(qmp_err("migrate on the running QEMU"))?;
         let end = old
@@ -382,13 +396,14 @@ impl Updater {
                 }
             })?;
         let switch = migrate.elapsed();
+        let resumed_at = monotonic_ns();
         if let Ok(Some(status)) = successor.try_wait() {
             return Err(UpdateError::Migration {
                 status: "with the new QEMU gone".into(),
                 detail: format!("it ended with {status}"),
             });
         }
-        Ok((new, switch, stats))
+        Ok((new, switch, (migrate_at, resumed_at), stats))
     }
 
     /// After a failed update: make sure the running QEMU runs the guest.
