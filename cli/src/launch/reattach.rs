@@ -407,6 +407,49 @@ mod tests {
     }
 
     #[test]
+    fn a_successor_connection_replaces_the_watched_one() {
+        let _s = serial();
+        let d = TestDaemon::start(|_| {});
+        let mut old = d.client();
+        let a = alloc(&mut old);
+        let held = Held::of(&a);
+        // A live update: a second connection takes the allocation over.
+        let mut next = d.client();
+        let moved = next
+            .handoff(a.id, a.token().expect("token"), false)
+            .expect("HANDOFF");
+        let successor = Successor::new().expect("eventfd");
+        let exit = ExitEvent::new().expect("eventfd");
+        let socket = d.socket();
+        let back = std::thread::scope(|s| {
+            let w = s.spawn(|| {
+                watch(
+                    old,
+                    &socket,
+                    &held,
+                    Duration::from_secs(10),
+                    &exit,
+                    Some(&successor),
+                )
+            });
+            successor.offer(next, Held::of(&moved));
+            // The watcher drops the old connection once it takes the new one.
+            wait_until("the old connection closed", Duration::from_secs(10), || {
+                d.stats().sessions.active == 1
+            });
+            exit.fire();
+            w.join().expect("watcher")
+        });
+        let mut back = back.expect("the successor back for FREE");
+        drop(a.fds);
+        drop(moved.fds);
+        back.free(moved.id)
+            .expect("FREE on the successor connection");
+        assert_eq!(d.stats().allocations.active, 0);
+        d.shutdown();
+    }
+
+    #[test]
     fn the_vmms_exit_wakes_the_watcher_of_a_live_connection() {
         let _s = serial();
         let d = TestDaemon::start(|_| {});
