@@ -19,37 +19,17 @@
 use test_support::lazy::{lazy_alloc_from_dirty_pool, reserve as reserve_lazy};
 use test_support::map::Map;
 use test_support::prelude::{refused, serial, TestDaemon};
+use test_support::tokens::{euid, req_4k, without_id};
 
 use std::os::fd::AsFd;
 use std::time::Duration;
 
 use backend::client::ClientError;
 use backend::daemon::session::MAX_REATTACH_REFUSALS;
-use backend::proto::{AllocPart, AllocRequest, ClearMode, PagePolicy, RegionInfo, Status};
+use backend::proto::{RegionInfo, Status};
 use backend::stats::Stats;
 
 const MIB: u64 = 1 << 20;
-
-fn req_4k(size: u64) -> AllocRequest {
-    AllocRequest {
-        total_size: size,
-        page_policy: PagePolicy::Base4K,
-        clear_mode: ClearMode::Eager,
-        lock: false,
-        parts: vec![AllocPart { node: 0, size }],
-        want_paths: false,
-    }
-}
-
-fn uid() -> u32 {
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    unsafe { libc::geteuid() }
-}
-
-/// A refusal's message with the allocation id taken out.
-fn shape(message: &str, id: u64) -> String {
-    message.replace(&id.to_string(), "<id>")
-}
 
 /// Every allocation the daemon made is either live or was released.
 fn accounted(s: &Stats) -> bool {
@@ -99,7 +79,7 @@ fn handoff_moves_a_live_allocation_and_the_predecessor_keeps_nothing() {
     // The predecessor owns nothing now, and its old token is dead.
     let unknown = a.id + 1000;
     let (_, unknown_msg) = refused(old.free(unknown));
-    let expected_msg = shape(&unknown_msg, unknown);
+    let expected_msg = without_id(&unknown_msg, unknown);
     for (what, r) in [
         ("FREE", old.free(a.id).map(|_| ())),
         ("LOCK", old.lock(a.id, 0).map(|_| ())),
@@ -108,7 +88,7 @@ fn handoff_moves_a_live_allocation_and_the_predecessor_keeps_nothing() {
     ] {
         let (status, msg) = refused(r);
         assert_eq!(
-            (status, shape(&msg, a.id)),
+            (status, without_id(&msg, a.id)),
             (Status::NotFound, expected_msg.clone()),
             "{what} by the predecessor"
         );
@@ -161,29 +141,29 @@ fn handoff_refusals_read_alike_and_count_toward_closing() {
     let unknown = a.id + 1000;
     let (status, msg) = refused(thief.handoff(unknown, token, false));
     assert_eq!(status, Status::NotFound);
-    let expected = shape(&msg, unknown);
+    let expected = without_id(&msg, unknown);
 
     // A wrong token.
     let mut wrong = token;
     wrong[3] ^= 0x80;
     let (status, msg) = refused(thief.handoff(a.id, wrong, false));
     assert_eq!(
-        (status, shape(&msg, a.id)),
+        (status, without_id(&msg, a.id)),
         (Status::NotFound, expected.clone())
     );
 
     // Another uid's allocation: the right token does not help (the test
     // hook gives it to uid + 1, standing for another tenant).
-    assert!(d.handle().orphan_for_tests(a.id, Some(uid() + 1)));
+    assert!(d.handle().orphan_for_tests(a.id, Some(euid() + 1)));
     let (status, msg) = refused(thief.handoff(a.id, token, false));
     assert_eq!(
-        (status, shape(&msg, a.id)),
+        (status, without_id(&msg, a.id)),
         (Status::NotFound, expected.clone())
     );
 
     // Ours again (orphaned, as after a restart): PATHS on a memfd
     // allocation is refused for what it is, and nothing moved.
-    assert!(d.handle().orphan_for_tests(a.id, Some(uid())));
+    assert!(d.handle().orphan_for_tests(a.id, Some(euid())));
     let (status, msg) = refused(thief.handoff(a.id, token, true));
     assert_eq!(status, Status::Invalid, "{msg}");
     assert!(msg.contains("no paths"), "{msg}");
@@ -200,7 +180,7 @@ fn handoff_refusals_read_alike_and_count_toward_closing() {
         guess[0] = guess[0].wrapping_add(1 + i as u8);
         let (status, msg) = refused(guesser.handoff(a.id, guess, false));
         assert_eq!(
-            (status, shape(&msg, a.id)),
+            (status, without_id(&msg, a.id)),
             (Status::NotFound, expected.clone()),
             "refusal {i}"
         );
@@ -254,61 +234,45 @@ fn handoff_racing_free_or_close_never_gives_both_or_neither() {
             (h, t.join().expect("predecessor thread"))
         });
         let s = wait_sessions(&d, 1);
-        match (handoff, free) {
-            (Ok(b), Some(Err(e))) => {
-                assert!(
-                    matches!(
-                        e,
-                        ClientError::Refused {
-                            status: Status::NotFound,
-                            ..
-                        }
-                    ),
-                    "{e}"
-                );
-                assert_eq!(s.allocations.active, 1, "round {round}");
+        let not_found = |r: &Result<_, ClientError>| {
+            matches!(
+                r,
+                Err(ClientError::Refused {
+                    status: Status::NotFound,
+                    ..
+                })
+            )
+        };
+        // Exactly one side took it: the handoff, or the predecessor's FREE
+        // or close; the loser was refused like an unknown id.
+        let predecessor_won = match &free {
+            Some(r) => r.is_ok(),
+            None => handoff.is_err(),
+        };
+        assert_ne!(
+            handoff.is_ok(),
+            predecessor_won,
+            "round {round}: both or neither won"
+        );
+        if let Some(r) = &free {
+            assert!(r.is_ok() || not_found(r), "round {round}: FREE {r:?}");
+        }
+        match handoff {
+            Ok(b) => {
+                assert_eq!(s.allocations.active, 1, "round {round}: the successor's");
                 drop(b.fds);
                 new.free(id).expect("the successor owns it");
                 handed += 1;
             }
-            (Ok(b), None) => {
-                assert_eq!(
-                    s.allocations.active, 1,
-                    "round {round}: the close released it"
-                );
-                drop(b.fds);
-                new.free(id).expect("the successor owns it");
-                handed += 1;
-            }
-            (Err(e), Some(Ok(()))) => {
-                assert!(
-                    matches!(
-                        e,
-                        ClientError::Refused {
-                            status: Status::NotFound,
-                            ..
-                        }
-                    ),
-                    "{e}"
-                );
+            Err(e) => {
+                assert!(not_found(&Err::<(), _>(e)), "round {round}");
                 assert_eq!(s.allocations.active, 0, "round {round}");
-                freed += 1;
+                if by_close {
+                    closed += 1;
+                } else {
+                    freed += 1;
+                }
             }
-            (Err(e), None) => {
-                assert!(
-                    matches!(
-                        e,
-                        ClientError::Refused {
-                            status: Status::NotFound,
-                            ..
-                        }
-                    ),
-                    "{e}"
-                );
-                assert_eq!(s.allocations.active, 0, "round {round}");
-                closed += 1;
-            }
-            (h, f) => panic!("round {round}: both or neither won: handoff {h:?}, free {f:?}"),
         }
         let s = d.stats();
         assert_eq!(s.allocations.active, 0, "round {round}");
@@ -325,7 +289,7 @@ fn a_lazy_allocation_still_being_cleared_is_not_handed_off() {
         return;
     }
     let d = TestDaemon::start(|cfg| {
-        cfg.pool.lazy_dirty_uids = vec![uid()];
+        cfg.pool.lazy_dirty_uids = vec![euid()];
         // Dirty pooled memory exists only without detaching.
         cfg.pool.detach_pages = false;
     });

@@ -28,6 +28,8 @@ pub mod prelude;
 pub mod process;
 #[cfg(feature = "daemon")]
 pub mod tenant;
+#[cfg(feature = "daemon")]
+pub mod tokens;
 
 use std::fs::OpenOptions;
 use std::io::Write;
