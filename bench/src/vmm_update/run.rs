@@ -6,7 +6,8 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use backend::client::Client;
-use microguest::{pvh_elf, PvhConfig};
+use hugemem::launch::UpdateReport;
+use microguest::{pvh_elf, PvhConfig, SpinState};
 
 use super::copy;
 use super::error::io;
@@ -39,6 +40,31 @@ fn start_launch(cfg: &VmmUpdateConfig, dir: &Path, elf: &Path) -> Result<Child, 
         .stderr(log)
         .spawn()
         .map_err(io("start hugemem launch"))
+}
+
+/// One `hugemem update` of the guest running under QEMU `qemu`: the
+/// report, the guest's state once it counts on under the new QEMU, and its
+/// recorded gap overlapping the switch (TSC ticks), if any.
+fn one_update(
+    control: &Path,
+    qemu: u32,
+    tsc_hz: f64,
+) -> Result<(UpdateReport, SpinState, Option<u64>), VmmUpdateError> {
+    let old = GuestRam::of(qemu)?;
+    old.reset_max_gap()?;
+    let before = old.spin()?.count;
+    drop(old);
+    let report = hugemem::launch::request_update(control, None, Duration::from_secs(600))?;
+    let clock = HostClock::now(tsc_hz);
+    let new_ram = GuestRam::of(report.new_pid)?;
+    let now = new_ram.counting_past(before)?;
+    let offset = new_ram.tsc_offset()?;
+    let switch = gap_within(
+        &now,
+        clock.tsc_at(report.migrate_at_ns) - offset,
+        clock.tsc_at(report.resumed_at_ns) - offset,
+    );
+    Ok((report, now, switch))
 }
 
 /// The hugemem side, on a private daemon; returns the result and the
@@ -99,24 +125,10 @@ fn hugemem_side(
         released_after_exit: false,
     };
     for i in 1..=cfg.updates {
-        let old = GuestRam::of(qemu)?;
-        old.reset_max_gap()?;
-        let before = old.spin()?.count;
-        drop(old);
-        let report = hugemem::launch::request_update(&control, None, Duration::from_secs(600))?;
+        let (report, now, switch) = one_update(&control, qemu, tsc_hz)?;
         qemu = report.new_pid;
-        let clock = HostClock::now(tsc_hz);
-        let new_ram = GuestRam::of(qemu)?;
-        let now = new_ram.counting_past(before)?;
-        let offset = new_ram.tsc_offset()?;
-        let switch = gap_within(
-            &now,
-            clock.tsc_at(report.migrate_at_ns) - offset,
-            clock.tsc_at(report.resumed_at_ns) - offset,
-        );
         r.switch_gap_ms
             .push(switch.map(|t| t as f64 / tsc_hz * 1e3));
-        drop(new_ram);
         let downtime = now.max_gap as f64 / tsc_hz * 1e3;
         progress(&format!(
             "update {i}: {:.1} ms, guest paused {downtime:.2} ms, {} RAM bytes sent",
