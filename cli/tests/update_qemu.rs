@@ -56,18 +56,37 @@ fn child_of(parent: u32) -> u32 {
     pid.expect("a child pid")
 }
 
-/// Guest RAM as QEMU `pid` maps it: its `/dev/fd/N` memory file, reopened.
+/// Guest RAM as QEMU `pid` maps it: its `/dev/fd/N` memory file, reopened
+/// (waiting until its command line reads as QEMU's: right after the exec
+/// it may still read empty).
 fn guest_ram(pid: u32) -> std::fs::File {
-    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).expect("cmdline");
-    let fd = String::from_utf8_lossy(&cmdline)
-        .split('\0')
-        .find_map(|a| {
+    let mut fd = None;
+    wait_until("QEMU's command line", Duration::from_secs(30), || {
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        fd = String::from_utf8_lossy(&cmdline).split('\0').find_map(|a| {
             a.split(',')
                 .find_map(|kv| kv.strip_prefix("mem-path=/dev/fd/"))
                 .map(str::to_owned)
-        })
-        .expect("mem-path=/dev/fd/N on QEMU's command line");
+        });
+        fd.is_some()
+    });
+    let fd = fd.expect("mem-path=/dev/fd/N on QEMU's command line");
     std::fs::File::open(format!("/proc/{pid}/fd/{fd}")).expect("open QEMU's memory fd")
+}
+
+/// SIGTERM to the launcher when the test ends, passed or not (it forwards
+/// it to QEMU and frees the memory).
+struct StopLauncher(u32);
+
+impl Drop for StopLauncher {
+    fn drop(&mut self) {
+        if let Ok(pid) = i32::try_from(self.0) {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGTERM,
+            );
+        }
+    }
 }
 
 fn spin_state(ram: &std::fs::File) -> SpinState {
@@ -170,6 +189,7 @@ fn twenty_updates_keep_the_guest_counting_on_the_same_memory() {
     let mut launch = start_launch(&daemon, dir.path(), &elf);
     // `timeout` is the launcher's parent: the launcher is its child.
     let launcher = child_of(launch.id());
+    let _stop = StopLauncher(launcher);
     let mut qemu = child_of(launcher);
     let first = guest_ram(qemu);
     let mut state = counting_past(&first, 0, "the guest to spin");
@@ -216,12 +236,39 @@ fn twenty_updates_keep_the_guest_counting_on_the_same_memory() {
             "update {i}: the daemon cleared memory: {stats}"
         );
         assert_eq!(stats.allocations.active, 1, "update {i}: {stats}");
+        assert_eq!(
+            stats.counters.allocs_ok - stats.counters.allocs_released,
+            1,
+            "update {i}: no allocation released or made by the handoffs: {stats}"
+        );
         assert_balanced(&stats, &format!("after update {i}"));
         eprintln!(
             "update {i}: QEMU {} -> {}: {:.1} ms, switch {:.1} ms, QEMU downtime {} ms, {} RAM bytes sent; guest count {}, largest gap {} TSC ticks",
             report.old_pid, report.new_pid, report.update_ms, report.switch_ms,
             report.qemu_downtime_ms, report.ram_transferred_bytes, state.count, state.max_gap
         );
+    }
+    // A new binary that cannot start, and one that starts but is no QEMU:
+    // each update fails, says why, and the running QEMU keeps the guest.
+    for (bad, why) in [
+        ("/nonexistent/qemu", "cannot start"),
+        ("/bin/true", "monitor"),
+    ] {
+        let out = Command::new("timeout")
+            .args(["120", HUGEMEM, "update", "--qemu", bad])
+            .arg(&control)
+            .output()
+            .expect("run hugemem update");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{bad}: {stderr}");
+        assert!(
+            stderr.contains(why) && stderr.contains("the running QEMU keeps the guest"),
+            "{bad}: {stderr}"
+        );
+        let ram = guest_ram(qemu);
+        let before = spin_state(&ram).count;
+        state = counting_past(&ram, before, "the guest to count on under the same QEMU");
+        assert_eq!(state.bad, 0);
     }
     // The host's view of the same pages: every stride holds what the guest wrote.
     let ram = guest_ram(qemu);
@@ -258,6 +305,10 @@ fn twenty_updates_keep_the_guest_counting_on_the_same_memory() {
     assert_eq!(
         stats.counters.allocs_ok, 1,
         "one allocation for all 20 QEMUs: {stats}"
+    );
+    assert_eq!(
+        stats.counters.allocs_released, 1,
+        "released once, when the VM exited: {stats}"
     );
     daemon.shutdown();
     // The last mapping goes with the last QEMU process, asynchronously.

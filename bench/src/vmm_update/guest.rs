@@ -96,8 +96,16 @@ impl GuestRam {
     /// launch`ed QEMU), or else its `memfd:` fd (QEMU's own
     /// `memory-backend-memfd`).
     pub(crate) fn of(pid: u32) -> Result<Self, VmmUpdateError> {
-        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline"))
-            .map_err(|e| VmmUpdateError::Guest(format!("QEMU {pid}: {e}")))?;
+        // Right after the exec the command line may still read empty.
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let cmdline = loop {
+            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline"))
+                .map_err(|e| VmmUpdateError::Guest(format!("QEMU {pid}: {e}")))?;
+            if cmdline.windows(7).any(|w| w == b"-object") || Instant::now() > deadline {
+                break cmdline;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        };
         let by_path = String::from_utf8_lossy(&cmdline).split('\0').find_map(|a| {
             a.split(',')
                 .find_map(|kv| kv.strip_prefix("mem-path=/dev/fd/"))
