@@ -57,6 +57,11 @@ pub(crate) enum Command {
     /// (fresh and from the clean pool), cloud-hypervisor's prefault, and
     /// hugemem's own rust-vmm client.
     Compare(CompareArgs),
+    /// A live update of QEMU under a running guest on hugemem memory
+    /// (`hugemem update`: same pages, no RAM copied) against a plain local
+    /// QEMU migration that copies RAM: guest-visible downtime, update time,
+    /// RAM bytes sent, stale pages, allocation accounting.
+    VmmUpdate(VmmUpdateArgs),
 }
 
 /// `hugemem-bench demo` flags.
@@ -240,6 +245,29 @@ pub(crate) struct TakeoverArgs {
     /// Connections that only send STATS, besides the allocations'.
     #[arg(long, default_value_t = 2)]
     pub(crate) idle_clients: usize,
+    /// Print one JSON object instead of the table; with PATH, write it there and print the table.
+    #[arg(long, value_name = "PATH", num_args = 0..=1)]
+    pub(crate) json: Option<Option<std::path::PathBuf>>,
+}
+
+/// `hugemem-bench vmm-update` flags.
+#[derive(Debug, clap::Args)]
+pub(crate) struct VmmUpdateArgs {
+    /// The VMM: qemu (the only one so far).
+    #[arg(long, default_value = "qemu", value_parser = ["qemu"])]
+    pub(crate) vmm: String,
+    /// Guest RAM (K/M/G suffixes), on 2 MiB pages.
+    #[arg(long, default_value = "1G", value_parser = parse_size_arg)]
+    pub(crate) size: u64,
+    /// Live updates in a row on the hugemem side (median and each reported).
+    #[arg(long, default_value_t = 5)]
+    pub(crate) updates: usize,
+    /// The QEMU binary.
+    #[arg(long, default_value = "qemu-system-x86_64")]
+    pub(crate) qemu: std::ffi::OsString,
+    /// Skip the copying baseline (it holds twice the guest RAM in huge pages).
+    #[arg(long)]
+    pub(crate) no_copy: bool,
     /// Print one JSON object instead of the table; with PATH, write it there and print the table.
     #[arg(long, value_name = "PATH", num_args = 0..=1)]
     pub(crate) json: Option<Option<std::path::PathBuf>>,

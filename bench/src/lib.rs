@@ -34,6 +34,7 @@ pub mod serve_child;
 mod stats;
 /// `hugemem bench takeover`: `serve --takeover` against a plain stop and start.
 pub mod takeover;
+pub mod vmm_update;
 /// `hugemem bench vmstart`: ALLOC to the guest's first instruction and to all pages touched, eager and lazy.
 pub mod vmstart;
 /// `hugemem bench vmstart`'s report as a table and as JSON.

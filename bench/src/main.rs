@@ -18,7 +18,7 @@ use tracing_subscriber::EnvFilter;
 mod args;
 use args::{
     AllocArgs, ChurnArgs, ClearArgs, Cli, Command, CompareArgs, DemoArgs, MigrateArgs, MlockArgs,
-    ReportArgs, TakeoverArgs, VmstartArgs,
+    ReportArgs, TakeoverArgs, VmmUpdateArgs, VmstartArgs,
 };
 
 fn main() {
@@ -29,7 +29,7 @@ fn main() {
         // compare starts private daemons; its own progress lines stay.
         // takeover runs its daemons as processes of their own. churn may
         // start a private daemon; its warnings (page-size fallbacks) stay.
-        Command::Compare(_) | Command::Takeover(_) | Command::Churn(_) => {
+        Command::Compare(_) | Command::Takeover(_) | Command::Churn(_) | Command::VmmUpdate(_) => {
             "info,backend::daemon=warn,guest_mem=warn"
         }
         // vmstart starts private daemons too.
@@ -75,6 +75,7 @@ fn run(cli: Cli) -> Result<i32> {
         Command::Churn(args) => churn(args),
         Command::Takeover(args) => takeover(args),
         Command::Compare(args) => compare(args),
+        Command::VmmUpdate(args) => vmm_update(args),
     }
 }
 
@@ -241,6 +242,30 @@ fn takeover(args: TakeoverArgs) -> Result<i32> {
         Some(None) => print_bench_json("takeover", &report)?,
         Some(Some(path)) => {
             write_bench_json("takeover", &report, &path)?;
+            print!("{}", report.to_table());
+        }
+    }
+    Ok(0)
+}
+
+/// Runs `vmm-update`; its QEMUs run through `hugemem launch`/`update` (and
+/// its private daemon is `hugemem serve`) of the `hugemem` binary beside.
+fn vmm_update(args: VmmUpdateArgs) -> Result<i32> {
+    let cfg = hugemem_bench::vmm_update::VmmUpdateConfig {
+        size: args.size,
+        updates: args.updates.max(1),
+        qemu: args.qemu,
+        launcher: hugemem::companion::find("hugemem")
+            .context("cannot find the hugemem binary for `hugemem launch`")?,
+        no_copy: args.no_copy,
+    };
+    let report = hugemem_bench::vmm_update::run(&cfg, &mut |line| tracing::info!("{line}"))
+        .with_context(|| format!("bench vmm-update --vmm {} failed", args.vmm))?;
+    match args.json {
+        None => print!("{}", report.to_table()),
+        Some(None) => print_bench_json("vmm-update", &report)?,
+        Some(Some(path)) => {
+            write_bench_json("vmm-update", &report, &path)?;
             print!("{}", report.to_table());
         }
     }

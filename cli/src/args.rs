@@ -46,6 +46,10 @@ pub(crate) enum Command {
     },
     /// Allocate guest RAM through the daemon and run cloud-hypervisor or QEMU on it.
     Launch(LaunchArgs),
+    /// Update the QEMU of a running `hugemem launch --name VM` without
+    /// copying guest RAM: a new QEMU on the same memory takes the guest over
+    /// (docs/operations.md, "Updating QEMU under a running VM").
+    Update(UpdateArgs),
     /// The emulator of a libvirt domain: take its huge-page memory backends
     /// from the daemon and exec the real QEMU (docs/operations.md, "libvirt").
     QemuWrapper(QemuWrapperArgs),
@@ -191,12 +195,39 @@ pub(crate) struct LaunchArgs {
     /// in seconds. The VMM keeps running either way.
     #[arg(long, value_name = "SECS", default_value_t = 30)]
     pub(crate) reattach_timeout: u64,
+    /// QEMU: name the VM and listen for `hugemem update NAME` (live update of
+    /// QEMU under the running guest) on $XDG_RUNTIME_DIR/hugemem/vm/NAME.sock
+    /// (/run/hugemem/vm/NAME.sock without XDG_RUNTIME_DIR).
+    #[arg(long, conflicts_with = "control_socket")]
+    pub(crate) name: Option<String>,
+    /// QEMU: listen for `hugemem update` on this socket instead.
+    #[arg(long, value_name = "PATH")]
+    pub(crate) control_socket: Option<std::path::PathBuf>,
+    /// How long each step of a live update may take, in seconds.
+    #[arg(long, value_name = "SECS", default_value_t = 60)]
+    pub(crate) update_timeout: u64,
     /// The VMM kind when the program name does not say: cloud-hypervisor or qemu.
     #[arg(long, value_parser = parse_vmm_arg)]
     pub(crate) vmm: Option<Vmm>,
     /// The VMM and its arguments, after `--`.
     #[arg(last = true, required = true, value_parser = clap::value_parser!(std::ffi::OsString))]
     pub(crate) command: Vec<std::ffi::OsString>,
+}
+
+/// `hugemem update` arguments.
+#[derive(Debug, clap::Args)]
+pub(crate) struct UpdateArgs {
+    /// The VM: the NAME given to `hugemem launch --name`, or the path of its control socket.
+    pub(crate) vm: String,
+    /// The new QEMU binary (default: the one running now).
+    #[arg(long, value_name = "PATH")]
+    pub(crate) qemu: Option<std::path::PathBuf>,
+    /// How long to wait for the launcher's answer, in seconds.
+    #[arg(long, value_name = "SECS", default_value_t = 300)]
+    pub(crate) timeout: u64,
+    /// Print the report as one JSON object.
+    #[arg(long)]
+    pub(crate) json: bool,
 }
 
 /// `hugemem qemu-wrapper` flags.

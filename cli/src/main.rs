@@ -9,6 +9,7 @@ use tracing_subscriber::EnvFilter;
 mod args;
 use args::{
     CheckArgs, Cli, Command, ForwardArgs, HugepagesArgs, LaunchArgs, QemuWrapperArgs, ServeArgs,
+    UpdateArgs,
 };
 
 /// Runs `hugemem hugepages`; returns the exit status (see the command's help).
@@ -62,6 +63,10 @@ fn hugepages(args: HugepagesArgs) -> Result<i32> {
 
 /// Runs `hugemem launch`; exits with the VMM's status.
 fn launch(args: LaunchArgs) -> Result<i32> {
+    let control = match (&args.name, args.control_socket) {
+        (Some(name), _) => Some(launch::control_socket_path(name)?),
+        (None, path) => path,
+    };
     let cfg = LaunchConfig {
         socket: args.socket,
         size: args.size,
@@ -75,6 +80,8 @@ fn launch(args: LaunchArgs) -> Result<i32> {
             .map(|ms| std::time::Duration::from_millis(ms.into())),
         guest_numa: args.guest_numa,
         reattach_timeout: std::time::Duration::from_secs(args.reattach_timeout),
+        control,
+        update_timeout: std::time::Duration::from_secs(args.update_timeout),
         vmm: args.vmm,
         command: args.command,
     };
@@ -91,6 +98,43 @@ fn launch(args: LaunchArgs) -> Result<i32> {
         report.exit
     );
     Ok(report.exit.shell_code())
+}
+
+/// Runs `hugemem update`: one live update, its report on stdout.
+fn update(args: UpdateArgs) -> Result<i32> {
+    let path = if args.vm.contains('/') {
+        std::path::PathBuf::from(&args.vm)
+    } else {
+        launch::control_socket_path(&args.vm)?
+    };
+    let report = launch::request_update(
+        &path,
+        args.qemu.as_deref(),
+        std::time::Duration::from_secs(args.timeout),
+    )
+    .with_context(|| format!("hugemem update {} failed", args.vm))?;
+    if args.json {
+        println!("{}", serde_json::to_string(&report)?);
+    } else {
+        println!(
+            "updated: QEMU pid {} -> {} ({}); {:.1} ms in all, guest switched in {:.1} ms \
+             (QEMU's downtime {} ms); RAM transferred {} bytes of {} guest RAM; memory by {}",
+            report.old_pid,
+            report.new_pid,
+            report.program,
+            report.update_ms,
+            report.switch_ms,
+            report.qemu_downtime_ms,
+            report.ram_transferred_bytes,
+            guest_mem::size::format_size(report.guest_ram_bytes),
+            if report.handoff {
+                "daemon HANDOFF"
+            } else {
+                "the launcher's descriptors"
+            },
+        );
+    }
+    Ok(0)
 }
 
 /// Runs `hugemem qemu-wrapper`: becomes QEMU, or fails.
@@ -206,6 +250,7 @@ fn run(cli: Cli) -> Result<i32> {
             range,
         } => rebalance(&socket, region, to_node, range.as_deref()),
         Command::Launch(args) => launch(args),
+        Command::Update(args) => update(args),
         Command::QemuWrapper(args) => qemu_wrapper(args),
         Command::Demo(args) => run_bench_binary(Some("demo"), args),
         Command::Bench(args) => run_bench_binary(None, args),

@@ -2,13 +2,14 @@
 //! QEMU, cloud-hypervisor or Firecracker.
 //!
 //! ```text
-//! cargo run -p microguest --example pvh_elf -- guest.elf [stride] [marker] [start_gpa]
+//! cargo run -p microguest --example pvh_elf -- guest.elf [stride] [marker] [start_gpa] [spin]
 //! qemu-system-x86_64 -M microvm -cpu max -m 2G -nographic -no-reboot \
 //!     -device isa-debug-exit -kernel guest.elf
 //! ```
 //!
 //! QEMU exits with status 1 when the guest read only zeros, 3 when it saw
-//! non-zero memory (isa-debug-exit's `(value << 1) | 1`).
+//! non-zero memory (isa-debug-exit's `(value << 1) | 1`). With a fifth
+//! argument `spin` the guest keeps running instead (`microguest::spin`).
 
 use std::process::ExitCode;
 
@@ -28,7 +29,7 @@ fn parse(arg: Option<String>, default: u64) -> Result<u64, String> {
 fn main() -> ExitCode {
     let mut args = std::env::args().skip(1);
     let Some(path) = args.next() else {
-        eprintln!("usage: pvh_elf OUT.elf [stride] [marker] [start_gpa]");
+        eprintln!("usage: pvh_elf OUT.elf [stride] [marker] [start_gpa] [spin]");
         return ExitCode::from(2);
     };
     let defaults = microguest::PvhConfig::default();
@@ -41,6 +42,7 @@ fn main() -> ExitCode {
             stride,
             marker,
             start_gpa,
+            spin: args.next().as_deref() == Some("spin"),
             ..defaults
         },
         (Err(e), _, _) | (_, Err(e), _) | (_, _, Err(e)) => {

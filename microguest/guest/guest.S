@@ -38,6 +38,18 @@
         .set P_FALLBACK,0x40
         .set P_STATUS,  0x48
         .set P_RANGES,  0x50
+        # spin mode (after the range table, so the offsets above stay put)
+        .set P_SPIN,    0x250                   # in: non-zero = count forever instead of powering off
+        .set P_GAPMIN,  0x258                   # in: gaps of at least this many TSC ticks go to the ring
+        .set P_COUNT,   0x260                   # out: iterations of the spin loop
+        .set P_TSC,     0x268                   # out: TSC read by the latest iteration
+        .set P_MAXGAP,  0x270                   # out: largest TSC gap between consecutive iterations
+        .set P_BAD,     0x278                   # out: pages whose value was not marker ^ gpa
+        .set P_BADGPA,  0x280                   # out: the latest such page
+        .set P_NGAPS,   0x288                   # out: gaps recorded in the ring so far
+        .set P_SPINTSC, 0x290                   # out: TSC when the spin loop started
+        .set P_GAPS,    0x298                   # out: ring of 16 (end TSC, gap) pairs
+        .set GAP_RING,  16
 
         .text
         .code32
@@ -243,6 +255,8 @@ body64:
         mov     $0x0a, %al
         mov     $PORT_SERIAL, %dx
         out     %al, %dx
+        cmpq    $0, P_SPIN(%rsi)
+        jne     spin
         mov     %ebx, %eax
         mov     $PORT_DEBUG_EXIT, %dx
         out     %al, %dx                        # QEMU isa-debug-exit: status (v << 1) | 1
@@ -254,6 +268,72 @@ body64:
 16:     cli
         hlt
         jmp     16b
+
+# spin: forever re-read every touched page (each must still hold
+# marker ^ gpa; a page that does not is counted in P_BAD) and tick once per
+# page. r8..r11 still hold stride, marker, stride - 1, ~(stride - 1).
+spin:   rdtsc
+        shl     $32, %rdx
+        or      %rdx, %rax
+        mov     %rax, %r14                      # r14 = TSC of the previous tick
+        mov     %rax, P_SPINTSC(%rsi)
+        mov     %rax, P_TSC(%rsi)
+20:     mov     P_NRANGES(%rsi), %rcx
+        lea     P_RANGES(%rsi), %rbx
+21:     test    %rcx, %rcx
+        jnz     22f
+        call    tick                            # no range left (or none at all)
+        jmp     20b
+22:     mov     (%rbx), %rax
+        mov     8(%rbx), %rdx                   # rdx = end
+        add     %r10, %rax
+        and     %r11, %rax
+23:     lea     8(%rax), %rdi
+        cmp     %rdx, %rdi
+        ja      27f
+        cmp     P_SKIPHI(%rsi), %rax
+        jae     24f
+        cmp     P_SKIPLO(%rsi), %rdi
+        ja      26f
+24:     mov     %r9, %rdi
+        xor     %rax, %rdi
+        cmp     (%rax), %rdi
+        je      25f
+        incq    P_BAD(%rsi)
+        mov     %rax, P_BADGPA(%rsi)
+25:     call    tick
+26:     add     %r8, %rax
+        jnc     23b
+27:     add     $16, %rbx
+        dec     %rcx
+        jmp     21b
+
+# tick: one spin iteration: count, read the TSC, keep the largest gap and
+# put gaps of at least P_GAPMIN ticks into the ring. Preserves all but rdi.
+tick:   push    %rax
+        push    %rdx
+        incq    P_COUNT(%rsi)
+        rdtsc
+        shl     $32, %rdx
+        or      %rdx, %rax                      # rax = TSC
+        mov     %rax, %rdx
+        sub     %r14, %rdx                      # rdx = gap since the previous tick
+        mov     %rax, %r14
+        mov     %rax, P_TSC(%rsi)
+        cmp     P_MAXGAP(%rsi), %rdx
+        jbe     1f
+        mov     %rdx, P_MAXGAP(%rsi)
+1:      cmp     P_GAPMIN(%rsi), %rdx
+        jb      2f
+        mov     P_NGAPS(%rsi), %rdi
+        and     $(GAP_RING - 1), %edi
+        shl     $4, %edi
+        mov     %rax, P_GAPS(%rsi,%rdi)
+        mov     %rdx, P_GAPS + 8(%rsi,%rdi)
+        incq    P_NGAPS(%rsi)
+2:      pop     %rdx
+        pop     %rax
+        ret
 
 # puts: rdi = NUL-terminated string; clobbers rax, rdx, rdi
 puts:   mov     $PORT_SERIAL, %dx
@@ -298,6 +378,16 @@ params:
         .quad   0                                # fallback RAM size
         .quad   0                                # status (out)
         .fill   MAX_RANGES * 2, 8, 0             # ranges
+        .quad   0                                # spin
+        .quad   0                                # gap_min
+        .quad   0                                # count (out)
+        .quad   0                                # tsc (out)
+        .quad   0                                # max_gap (out)
+        .quad   0                                # bad (out)
+        .quad   0                                # bad_gpa (out)
+        .quad   0                                # ngaps (out)
+        .quad   0                                # spin_tsc (out)
+        .fill   GAP_RING * 2, 8, 0               # gap ring (out)
 file_end:
 
         .p2align 12

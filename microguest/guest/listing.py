@@ -59,6 +59,17 @@ EXPORT = [
     ("P_FALLBACK", "usize", "Parameter block: RAM size when the loader gives no memmap (PVH path)."),
     ("P_STATUS", "usize", "Parameter block: status bits (bit 0: RAM clipped to the page tables)."),
     ("P_RANGES", "usize", "Parameter block: RAM ranges, `[start, end)` pairs of u64."),
+    ("P_SPIN", "usize", "Parameter block: spin mode on when non-zero."),
+    ("P_GAPMIN", "usize", "Parameter block: smallest TSC gap recorded in the gap ring."),
+    ("P_COUNT", "usize", "Parameter block: spin iterations (written by the guest)."),
+    ("P_TSC", "usize", "Parameter block: TSC of the latest spin iteration (written by the guest)."),
+    ("P_MAXGAP", "usize", "Parameter block: largest TSC gap between spin iterations (written by the guest)."),
+    ("P_BAD", "usize", "Parameter block: re-read pages that lost their value (written by the guest)."),
+    ("P_BADGPA", "usize", "Parameter block: the latest such page's GPA (written by the guest)."),
+    ("P_NGAPS", "usize", "Parameter block: gaps put into the ring so far (written by the guest)."),
+    ("P_SPINTSC", "usize", "Parameter block: TSC when the spin loop started (written by the guest)."),
+    ("P_GAPS", "usize", "Parameter block: ring of (end TSC, gap) pairs (written by the guest)."),
+    ("GAP_RING", "usize", "Entries in the gap ring (a power of two)."),
 ]
 
 

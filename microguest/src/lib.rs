@@ -94,6 +94,11 @@ pub use layout::{pattern, stride_pages, ConfigError, GuestRam, DEFAULT_CONTROL_G
 pub mod pvh;
 pub use pvh::{pvh_elf, PvhConfig};
 
+pub mod spin;
+pub use spin::{
+    SpinState, COUNTER_GPA, IMAGE_END_GPA, MAX_GAP_GPA, SPIN_BLOCK_GPA, SPIN_BLOCK_LEN,
+};
+
 pub mod runner;
 pub use runner::{kvm_available, run, run_pvh, Error, RunConfig, RunReport};
 

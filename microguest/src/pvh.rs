@@ -36,6 +36,10 @@
 //!   isa-debug-exit device, i8042 or a PC-style PM block.
 //! * Then `cli; hlt` forever, if none of the above stopped the VM.
 //!
+//! In spin mode ([`PvhConfig::spin`]) none of the power-off writes happen:
+//! after the report line the guest re-reads its pages and counts forever
+//! ([`crate::spin`]).
+//!
 //! Example (the `pvh_elf` example program writes the file):
 //! `qemu-system-x86_64 -M microvm -cpu max -m 2G -nographic -nodefaults
 //! -serial stdio -device isa-debug-exit -kernel guest.elf`. `-cpu max` gives
@@ -70,6 +74,12 @@ pub struct PvhConfig {
     pub marker: u64,
     /// Guest-physical addresses below this are not touched.
     pub start_gpa: u64,
+    /// Spin mode: after the report, keep re-reading the touched pages and
+    /// counting instead of powering off ([`crate::spin`]).
+    pub spin: bool,
+    /// Spin mode: gaps between iterations of at least this many TSC ticks
+    /// go into the guest's ring of recent gaps (0: every gap).
+    pub gap_min_ticks: u64,
 }
 
 impl Default for PvhConfig {
@@ -79,6 +89,8 @@ impl Default for PvhConfig {
             stride: 2 << 20,
             marker: 0x4855_4745_4d45_4d00,
             start_gpa: 0,
+            spin: false,
+            gap_min_ticks: 0,
         }
     }
 }
@@ -171,6 +183,8 @@ pub fn pvh_elf(cfg: &PvhConfig) -> Result<Vec<u8>, ConfigError> {
     put64(img, p + image::P_MARKER, cfg.marker);
     put64(img, p + image::P_MINGPA, cfg.start_gpa);
     put64(img, p + image::P_FALLBACK, cfg.ram_bytes);
+    put64(img, p + image::P_SPIN, u64::from(cfg.spin));
+    put64(img, p + image::P_GAPMIN, cfg.gap_min_ticks);
     Ok(f)
 }
 
@@ -360,6 +374,8 @@ mod tests {
             stride: 1 << 30,
             marker: 0xfeed,
             start_gpa: 1 << 20,
+            spin: true,
+            gap_min_ticks: 99,
         };
         let f = pvh_elf(&cfg).expect("elf");
         let p = LOAD_OFFSET + image::PARAMS;
@@ -367,6 +383,11 @@ mod tests {
         assert_eq!(get_u64(&f, p + image::P_MARKER), 0xfeed);
         assert_eq!(get_u64(&f, p + image::P_MINGPA), 1 << 20);
         assert_eq!(get_u64(&f, p + image::P_FALLBACK), 3 << 30);
+        assert_eq!(get_u64(&f, p + image::P_SPIN), 1);
+        assert_eq!(get_u64(&f, p + image::P_GAPMIN), 99);
+        // The host reads the spin block at its documented address.
+        let block = LOAD_OFFSET + (crate::SPIN_BLOCK_GPA - image::LINK_BASE) as usize;
+        assert_eq!(get_u64(&f, block), 1);
         assert_eq!(get_u64(&f, p + image::P_SKIPLO), 0x10_0000);
         assert_eq!(get_u64(&f, p + image::P_SKIPHI), 0x10_8000);
         assert_eq!(

@@ -72,6 +72,9 @@ pub fn parse_nodes(text: &str) -> Result<Vec<AllocPart>, NodesError> {
 /// of the daemon is well within it.
 pub const DEFAULT_REATTACH_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// Default of [`LaunchConfig::update_timeout`].
+pub const DEFAULT_UPDATE_TIMEOUT: Duration = Duration::from_secs(60);
+
 /// What `hugemem launch` runs.
 #[derive(Debug, Clone)]
 pub struct LaunchConfig {
@@ -98,6 +101,12 @@ pub struct LaunchConfig {
     /// allocation when the daemon connection closes while the VMM runs
     /// ([`DEFAULT_REATTACH_TIMEOUT`]).
     pub reattach_timeout: Duration,
+    /// QEMU only: listen on this control socket for `hugemem update`
+    /// (live update of QEMU under the running guest; `update.rs`).
+    pub control: Option<PathBuf>,
+    /// How long each step of a live update may take (QMP replies and
+    /// events, the old QEMU's exit).
+    pub update_timeout: Duration,
     /// The VMM kind, when its program name does not tell.
     pub vmm: Option<Vmm>,
     /// Program and arguments.

@@ -30,6 +30,11 @@
 //!   works. If that fails it says so and the VMM keeps running: its memory
 //!   stays mapped, and the daemon never reuses memory a process maps.
 //!
+//! * **Live update** (QEMU, `--name`): a control socket for `hugemem
+//!   update`, and QEMU's monitor on a socket pair; the launcher starts a new
+//!   QEMU on the same memory and migrates the guest to it with
+//!   `x-ignore-shared`, so no RAM is copied ([`update`]).
+//!
 //! # How the VMM reaches the memory
 //!
 //! * **fd mode** (default): the region memfds are inherited by the VMM and
@@ -62,29 +67,36 @@
 //! [`run_vmm`]: crate::launch::run_vmm
 //! [`run`]: crate::launch::run
 //! [`reattach_timeout`]: crate::launch::LaunchConfig::reattach_timeout
+//! [`update`]: crate::launch::update
 
 mod build;
 pub mod cloud_hypervisor;
 mod command_line;
 mod config;
+pub mod control;
 mod error;
 mod exit_event;
 mod process;
 pub mod qemu;
+pub mod qmp;
 mod reattach;
 mod run;
 #[cfg(test)]
 mod tests;
+pub mod update;
 
 pub use build::{build_args, check_args};
 pub(crate) use command_line::{option_name, text};
 pub use command_line::{BuildError, BuildOptions, MemoryFile, MemoryRegion, Vmm};
 pub use config::{
     parse_nodes, parse_page_policy, LaunchConfig, NodesError, DEFAULT_REATTACH_TIMEOUT,
-    NODES_SYNTAX,
+    DEFAULT_UPDATE_TIMEOUT, NODES_SYNTAX,
 };
+pub use control::{control_socket_path, request_update, ControlError, UpdateReport};
 pub use error::LaunchError;
 pub(crate) use process::keep_across_exec;
 pub use process::{run_vmm, VmmExit};
+pub use qmp::QmpError;
 pub(crate) use run::memory_regions;
 pub use run::{run, LaunchReport};
+pub use update::UpdateError;

@@ -129,7 +129,42 @@ pub fn run_vmm(
     argv: &[OsString],
     inherit: &[BorrowedFd<'_>],
 ) -> Result<(VmmExit, Duration), LaunchError> {
-    run_vmm_watching(argv, inherit, None::<fn(&ExitEvent)>).0
+    run_vmm_watching(argv, inherit, None::<fn(&ExitEvent)>, None).0
+}
+
+/// Something the waiting thread serves while the VMM runs: `hugemem
+/// launch`'s control socket (`update.rs`). Its fd is polled beside the
+/// signals and the VMM's exit; when it is readable, [`Supervisor::serve`]
+/// runs on the waiting thread (signals stay pending meanwhile and are
+/// forwarded after).
+pub(crate) trait Supervisor {
+    /// Readable when there is something to serve.
+    fn fd(&self) -> BorrowedFd<'_>;
+    /// Serves it. May replace `vmm` by a successor it started with
+    /// `spawner` (and then reaps the one it replaced).
+    fn serve(&mut self, vmm: &mut Child, spawner: &Spawner);
+}
+
+/// Starts VMM processes the way the launch does (inherited fds under their
+/// numbers, the launcher's signal mask undone in the child).
+#[derive(Clone, Copy)]
+pub(crate) struct Spawner {
+    child_mask: libc::sigset_t,
+}
+
+impl Spawner {
+    /// Starts `argv` with `inherit` open in the child under their numbers.
+    ///
+    /// # Errors
+    ///
+    /// [`LaunchError::Spawn`].
+    pub(crate) fn spawn(
+        &self,
+        argv: &[OsString],
+        inherit: &[BorrowedFd<'_>],
+    ) -> Result<Child, LaunchError> {
+        spawn(argv, inherit, self.child_mask)
+    }
 }
 
 /// [`run_vmm`], with `watch` running on a thread of its own while the VMM
@@ -140,6 +175,7 @@ pub(crate) fn run_vmm_watching<R: Send>(
     argv: &[OsString],
     inherit: &[BorrowedFd<'_>],
     watch: Option<impl FnOnce(&ExitEvent) -> R + Send>,
+    control: Option<&mut dyn Supervisor>,
 ) -> (Result<(VmmExit, Duration), LaunchError>, Option<R>) {
     let set = forwarded_signals();
     let old = match set.thread_swap_mask(SigmaskHow::SIG_BLOCK) {
@@ -162,7 +198,7 @@ pub(crate) fn run_vmm_watching<R: Send>(
                 .inspect_err(|e| warn!(error = %e, "cannot start the daemon watcher thread"))
                 .ok()
         });
-        let outcome = spawn_and_wait(argv, inherit, &set, old);
+        let outcome = spawn_and_wait(argv, inherit, &set, old, control);
         if let Some(exit) = &exit {
             exit.fire();
         }
@@ -172,17 +208,40 @@ pub(crate) fn run_vmm_watching<R: Send>(
 }
 
 /// Spawns the VMM and waits for it, forwarding the signals of `set` (which
-/// the caller blocked; `old` is the mask to restore in the child).
+/// the caller blocked; `old` is the mask to restore in the child) and
+/// serving `control`.
 fn spawn_and_wait(
     argv: &[OsString],
     inherit: &[BorrowedFd<'_>],
     set: &SigSet,
     old: SigSet,
+    control: Option<&mut dyn Supervisor>,
 ) -> Result<(VmmExit, Duration), LaunchError> {
+    let spawner = Spawner {
+        child_mask: *old.as_ref(),
+    };
+    let started = Instant::now();
+    let mut child = spawner.spawn(argv, inherit)?;
+    match wait_forwarding(&mut child, set, control, &spawner) {
+        Ok(status) => Ok((VmmExit::from_status(status), started.elapsed())),
+        Err(e) => {
+            let _ = child.kill();
+            let _ = child.wait();
+            Err(LaunchError::Wait(e))
+        }
+    }
+}
+
+/// Starts `argv` with `inherit` kept open under their numbers and the
+/// signal mask `child_mask`.
+fn spawn(
+    argv: &[OsString],
+    inherit: &[BorrowedFd<'_>],
+    child_mask: libc::sigset_t,
+) -> Result<Child, LaunchError> {
     let Some((program, args)) = argv.split_first() else {
         return Err(LaunchError::Options("no VMM command given".into()));
     };
-    let child_mask: libc::sigset_t = *old.as_ref();
     let fds: Vec<RawFd> = inherit.iter().map(AsRawFd::as_raw_fd).collect();
 
     let mut cmd = Command::new(program);
@@ -207,20 +266,12 @@ fn spawn_and_wait(
     // pthread_sigmask (both async-signal-safe) on values captured before the
     // fork, iterates a Vec without allocating, and touches no lock.
     unsafe { cmd.pre_exec(hook) };
-    let started = Instant::now();
-    let mut child = cmd.spawn().map_err(|source| LaunchError::Spawn {
+    let child = cmd.spawn().map_err(|source| LaunchError::Spawn {
         program: program.clone(),
         source,
     })?;
     info!(pid = child.id(), inherited_fds = ?inherit.iter().map(AsRawFd::as_raw_fd).collect::<Vec<_>>(), "VMM started");
-    match wait_forwarding(&mut child, set) {
-        Ok(status) => Ok((VmmExit::from_status(status), started.elapsed())),
-        Err(e) => {
-            let _ = child.kill();
-            let _ = child.wait();
-            Err(LaunchError::Wait(e))
-        }
-    }
+    Ok(child)
 }
 
 /// Clears `FD_CLOEXEC` on `fd`, so that the program this process execs next
@@ -249,7 +300,7 @@ const NO_PIDFD_POLL_MS: u16 = 50;
 
 /// A pidfd of `pid`: readable once that process has exited. `pid` must be
 /// our child, not yet reaped (so its number cannot have been reused).
-fn pidfd(pid: Pid) -> io::Result<OwnedFd> {
+pub(crate) fn pidfd(pid: Pid) -> io::Result<OwnedFd> {
     // SAFETY: pidfd_open takes a pid and flags and returns a new fd or -1;
     // it touches no memory of ours.
     let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid.as_raw(), 0) };
@@ -262,33 +313,60 @@ fn pidfd(pid: Pid) -> io::Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
-/// Waits for `child`, forwarding signals from `set` (blocked by the caller).
-fn wait_forwarding(child: &mut Child, set: &SigSet) -> io::Result<ExitStatus> {
-    let pid = Pid::from_raw(
+fn pid_of(child: &Child) -> io::Result<Pid> {
+    Ok(Pid::from_raw(
         i32::try_from(child.id()).map_err(|_| io::Error::other("child pid out of range"))?,
-    );
+    ))
+}
+
+/// Waits for `child`, forwarding signals from `set` (blocked by the caller)
+/// and serving `control`, which may replace `child` by a successor.
+fn wait_forwarding(
+    child: &mut Child,
+    set: &SigSet,
+    mut control: Option<&mut dyn Supervisor>,
+    spawner: &Spawner,
+) -> io::Result<ExitStatus> {
     // Blocked signals stay pending until read here, so one sent between
     // the spawn and this is not lost.
     let signals = SignalFd::with_flags(set, SfdFlags::SFD_CLOEXEC | SfdFlags::SFD_NONBLOCK)?;
-    let exited = pidfd(pid)
+    let mut pid = pid_of(child)?;
+    let mut exited = pidfd(pid)
         .inspect_err(|e| debug!(error = %e, "no pidfd; polling the VMM every 50 ms"))
         .ok();
-    let timeout = if exited.is_some() {
-        PollTimeout::NONE
-    } else {
-        PollTimeout::from(NO_PIDFD_POLL_MS)
-    };
     loop {
         if let Some(status) = child.try_wait()? {
             return Ok(status);
         }
+        let timeout = if exited.is_some() {
+            PollTimeout::NONE
+        } else {
+            PollTimeout::from(NO_PIDFD_POLL_MS)
+        };
         let mut fds = vec![PollFd::new(signals.as_fd(), PollFlags::POLLIN)];
+        let control_at = control.as_ref().map(|c| {
+            fds.push(PollFd::new(c.fd(), PollFlags::POLLIN));
+            fds.len() - 1
+        });
         if let Some(fd) = &exited {
             fds.push(PollFd::new(fd.as_fd(), PollFlags::POLLIN));
         }
         match poll(&mut fds, timeout) {
             Ok(_) | Err(Errno::EINTR) => {}
             Err(e) => return Err(e.into()),
+        }
+        let to_serve = control_at.is_some_and(|i| fds[i].revents().is_some_and(|r| !r.is_empty()));
+        drop(fds);
+        if to_serve {
+            if let Some(control) = control.as_deref_mut() {
+                control.serve(child, spawner);
+            }
+            let now = pid_of(child)?;
+            if now != pid {
+                // A successor: wait on its exit from now on.
+                pid = now;
+                exited = pidfd(pid).ok();
+            }
         }
         while let Some(info) = signals.read_signal()? {
             forward(pid, &info);

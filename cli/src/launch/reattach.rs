@@ -12,15 +12,17 @@
 //! event (`exit_event.rs`), with no timeout: the exit wakes it at once, so
 //! the launch's FREE follows the VMM's exit without a polling delay.
 
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsFd, AsRawFd};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
+use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use backend::client::{Client, ClientError};
 use backend::proto::{RegionInfo, TOKEN_SIZE};
 use nix::errno::Errno;
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+use nix::sys::eventfd::{EfdFlags, EventFd};
 use tracing::{debug, info, warn};
 
 use super::exit_event::ExitEvent;
@@ -59,6 +61,42 @@ impl Held {
     }
 }
 
+/// The connection that owns the allocation now, passed to the watcher after
+/// a live update moved the allocation to a new connection (HANDOFF).
+#[derive(Debug)]
+pub(crate) struct Successor {
+    /// Readable while a connection waits to be taken.
+    event: EventFd,
+    next: Mutex<Option<(Client, Held)>>,
+}
+
+impl Successor {
+    /// An empty mailbox.
+    pub(crate) fn new() -> nix::Result<Self> {
+        Ok(Self {
+            event: EventFd::from_flags(EfdFlags::EFD_CLOEXEC | EfdFlags::EFD_NONBLOCK)?,
+            next: Mutex::new(None),
+        })
+    }
+
+    /// Hands `client`, which owns `held` now, to the watcher; the watcher
+    /// closes the connection it had (which owns nothing any more).
+    pub(crate) fn offer(&self, client: Client, held: Held) {
+        *self.next.lock().unwrap_or_else(PoisonError::into_inner) = Some((client, held));
+        if let Err(e) = self.event.write(1) {
+            debug!(error = %e, "cannot write the successor eventfd");
+        }
+    }
+
+    fn take(&self) -> Option<(Client, Held)> {
+        let _ = self.event.read();
+        self.next
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take()
+    }
+}
+
 /// What woke the watcher.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Woken {
@@ -67,21 +105,33 @@ enum Woken {
     /// The daemon closed the connection (or wrote to it, which it never
     /// does between requests: treated the same).
     DaemonClosed,
+    /// A live update handed the allocation to a new connection.
+    Successor,
 }
 
-/// Sleeps until the VMM exits or the daemon closes `client`'s connection,
-/// whichever comes first; no timeout.
-fn wait(client: &Client, exit: &ExitEvent) -> Woken {
+/// Sleeps until the VMM exits, the daemon closes `client`'s connection or
+/// a successor connection arrives, whichever comes first; no timeout.
+fn wait(client: &Client, exit: &ExitEvent, successor: Option<&Successor>) -> Woken {
     loop {
         // EOF makes the socket readable; POLLHUP and POLLERR come unasked.
-        let mut fds = [
+        let mut fds = vec![
             PollFd::new(exit.fd(), PollFlags::POLLIN),
             PollFd::new(client.socket(), PollFlags::POLLIN),
         ];
+        if let Some(s) = successor {
+            fds.push(PollFd::new(s.event.as_fd(), PollFlags::POLLIN));
+        }
+        let ready = |fds: &[PollFd<'_>], i: usize| {
+            fds.get(i)
+                .and_then(PollFd::revents)
+                .is_some_and(|r| !r.is_empty())
+        };
         match poll(&mut fds, PollTimeout::NONE) {
             // The exit first: when both happened, FREE is what is left to do.
             Ok(_) if exit.fired() => return Woken::VmmExited,
-            Ok(_) if fds[1].revents().is_some_and(|r| !r.is_empty()) => return Woken::DaemonClosed,
+            // Before the old connection: it may close once it owns nothing.
+            Ok(_) if ready(&fds, 2) => return Woken::Successor,
+            Ok(_) if ready(&fds, 1) => return Woken::DaemonClosed,
             Ok(_) | Err(Errno::EINTR) => {}
             Err(e) => {
                 // ENOMEM (or a bug): not a reason to lose the FREE; try again
@@ -104,9 +154,22 @@ pub(crate) fn watch(
     held: &Held,
     timeout: Duration,
     exit: &ExitEvent,
+    successor: Option<&Successor>,
 ) -> Option<Client> {
+    let mut held = held.clone();
     loop {
-        match wait(&client, exit) {
+        match wait(&client, exit, successor) {
+            Woken::Successor => {
+                if let Some((next, next_held)) = successor.and_then(Successor::take) {
+                    info!(
+                        alloc = next_held.id,
+                        "a live update moved the allocation to a new daemon connection; \
+                         watching that one (the old one owns nothing now)"
+                    );
+                    client = next;
+                    held = next_held;
+                }
+            }
             Woken::VmmExited => {
                 debug!(
                     alloc = held.id,
@@ -122,7 +185,7 @@ pub(crate) fn watch(
                      restart?); reconnecting to re-attach the allocation"
                 );
                 drop(client);
-                client = reconnect(socket, held, timeout, exit)?;
+                client = reconnect(socket, &held, timeout, exit)?;
             }
         }
     }
@@ -301,7 +364,7 @@ mod tests {
         let socket = d.socket();
         let exit = ExitEvent::new().expect("eventfd");
         let again = std::thread::scope(|s| {
-            let w = s.spawn(|| watch(client, &socket, &held, Duration::from_secs(10), &exit));
+            let w = s.spawn(|| watch(client, &socket, &held, Duration::from_secs(10), &exit, None));
             wait_until("the re-attach", Duration::from_secs(10), || {
                 d.stats().counters.reattach_ok == 1
             });
@@ -326,13 +389,63 @@ mod tests {
         cut(&client);
         let exit = ExitEvent::new().expect("eventfd");
         let started = Instant::now();
-        let r = watch(client, &d.socket(), &held, Duration::from_secs(10), &exit);
+        let r = watch(
+            client,
+            &d.socket(),
+            &held,
+            Duration::from_secs(10),
+            &exit,
+            None,
+        );
         assert!(r.is_none());
         assert!(
             started.elapsed() < Duration::from_secs(5),
             "gave up at once"
         );
         assert_eq!(d.stats().counters.reattach_refused, 1);
+        d.shutdown();
+    }
+
+    #[test]
+    fn a_successor_connection_replaces_the_watched_one() {
+        let _s = serial();
+        let d = TestDaemon::start(|_| {});
+        let mut old = d.client();
+        let a = alloc(&mut old);
+        let held = Held::of(&a);
+        // A live update: a second connection takes the allocation over.
+        let mut next = d.client();
+        let moved = next
+            .handoff(a.id, a.token().expect("token"), false)
+            .expect("HANDOFF");
+        let successor = Successor::new().expect("eventfd");
+        let exit = ExitEvent::new().expect("eventfd");
+        let socket = d.socket();
+        let back = std::thread::scope(|s| {
+            let w = s.spawn(|| {
+                watch(
+                    old,
+                    &socket,
+                    &held,
+                    Duration::from_secs(10),
+                    &exit,
+                    Some(&successor),
+                )
+            });
+            successor.offer(next, Held::of(&moved));
+            // The watcher drops the old connection once it takes the new one.
+            wait_until("the old connection closed", Duration::from_secs(10), || {
+                d.stats().sessions.active == 1
+            });
+            exit.fire();
+            w.join().expect("watcher")
+        });
+        let mut back = back.expect("the successor back for FREE");
+        drop(a.fds);
+        drop(moved.fds);
+        back.free(moved.id)
+            .expect("FREE on the successor connection");
+        assert_eq!(d.stats().allocations.active, 0);
         d.shutdown();
     }
 
@@ -347,8 +460,15 @@ mod tests {
         // Fired before the watcher starts or while it sleeps in poll: either
         // way it hands the same, still open connection back.
         exit.fire();
-        let mut back = watch(client, &d.socket(), &held, Duration::from_secs(10), &exit)
-            .expect("the connection back");
+        let mut back = watch(
+            client,
+            &d.socket(),
+            &held,
+            Duration::from_secs(10),
+            &exit,
+            None,
+        )
+        .expect("the connection back");
         drop(a.fds);
         back.free(a.id).expect("FREE on the watched connection");
         assert_eq!(d.stats().counters.reattach_ok, 0);

@@ -2,7 +2,9 @@
 //! memory while watching the daemon connection, free.
 
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
+use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use backend::client::Client;
@@ -13,10 +15,13 @@ use tracing::{info, warn};
 use super::build::{build_args, check_args};
 use super::command_line::{MemoryFile, MemoryRegion, Vmm};
 use super::config::LaunchConfig;
+use super::control::ControlSocket;
 use super::error::LaunchError;
 use super::exit_event::ExitEvent;
 use super::process::{self, VmmExit};
+use super::qmp;
 use super::reattach;
+use super::update::{Daemon, Memory, QemuCommand, Updater};
 
 /// What a launch did.
 #[derive(Debug, Clone)]
@@ -60,6 +65,8 @@ pub fn run(cfg: &LaunchConfig) -> Result<LaunchReport, LaunchError> {
     let request = cfg.alloc_request()?;
     // The daemon makes one region per part (one when no part is given).
     check_args(vmm, user_args, &opts, request.parts.len().max(1))?;
+    // Bound before anything is allocated: a name in use is refused first.
+    let control = bind_control(cfg, vmm)?;
 
     info!(
         size = %format_size(request.total_size),
@@ -90,13 +97,27 @@ pub fn run(cfg: &LaunchConfig) -> Result<LaunchReport, LaunchError> {
     let mut full = Vec::with_capacity(argv.len() + 1);
     full.push(program.clone());
     full.extend(argv);
+    let successor = Arc::new(
+        reattach::Successor::new()
+            .map_err(|e| LaunchError::Options(format!("cannot create an eventfd: {e}")))?,
+    );
+    let (mut updater, monitor) = match control {
+        Some(control) => {
+            let (u, monitor) = updater(cfg, control, &alloc, &successor, &mut full)?;
+            (Some(u), Some(monitor))
+        }
+        None => (None, None),
+    };
     info!(command = ?full, "starting {vmm}");
 
-    let inherit: Vec<BorrowedFd<'_>> = if cfg.hugetlbfs {
+    let mut inherit: Vec<BorrowedFd<'_>> = if cfg.hugetlbfs {
         Vec::new()
     } else {
         alloc.fds.iter().map(AsFd::as_fd).collect()
     };
+    if let Some(monitor) = &monitor {
+        inherit.push(monitor.as_fd());
+    }
     let held = reattach::Held::of(&alloc);
     let socket = cfg.socket.as_path();
     let timeout = cfg.reattach_timeout;
@@ -105,9 +126,15 @@ pub fn run(cfg: &LaunchConfig) -> Result<LaunchReport, LaunchError> {
     let (outcome, client) = process::run_vmm_watching(
         &full,
         &inherit,
-        Some(|exit: &ExitEvent| reattach::watch(client, socket, &held, timeout, exit)),
+        Some(|exit: &ExitEvent| {
+            reattach::watch(client, socket, &held, timeout, exit, Some(&successor))
+        }),
+        updater.as_mut().map(|u| u as &mut dyn process::Supervisor),
     );
     drop(inherit);
+    drop(monitor);
+    // The launcher's copies of the memory and the monitor go before FREE.
+    drop(updater);
     let size = alloc.size();
     let id = alloc.id;
     // Close our copies before FREE, so the daemon sees no holder but itself.
@@ -133,6 +160,59 @@ pub fn run(cfg: &LaunchConfig) -> Result<LaunchReport, LaunchError> {
         page_sizes,
         note,
     })
+}
+
+/// The control socket for `hugemem update`, when asked for (QEMU only).
+fn bind_control(cfg: &LaunchConfig, vmm: Vmm) -> Result<Option<ControlSocket>, LaunchError> {
+    match (&cfg.control, vmm) {
+        (None, _) => Ok(None),
+        (Some(path), Vmm::Qemu) => ControlSocket::bind(path)
+            .map(Some)
+            .map_err(|e| LaunchError::Options(format!("cannot listen for updates: {e}"))),
+        (Some(_), other) => Err(LaunchError::Options(format!(
+            "live update (--name/--control-socket) is for QEMU; {other} is not supported"
+        ))),
+    }
+}
+
+/// Sets up live updates for the QEMU about to run `full` on `alloc`: adds its
+/// monitor to `full`; returns the updater and the monitor end QEMU inherits.
+fn updater(
+    cfg: &LaunchConfig,
+    control: ControlSocket,
+    alloc: &backend::client::Allocation,
+    successor: &Arc<reattach::Successor>,
+    full: &mut Vec<std::ffi::OsString>,
+) -> Result<(Updater, UnixStream), LaunchError> {
+    let io = |e: std::io::Error| LaunchError::Options(format!("cannot set up live updates: {e}"));
+    let (ours, theirs) = UnixStream::pair().map_err(io)?;
+    full.extend(qmp::monitor_args(theirs.as_raw_fd()).map(Into::into));
+    let memory = Memory {
+        fds: alloc
+            .fds
+            .iter()
+            .map(std::os::fd::OwnedFd::try_clone)
+            .collect::<Result<_, _>>()
+            .map_err(io)?,
+        regions: alloc.regions.clone(),
+        paths: alloc.paths.clone(),
+    };
+    let command = QemuCommand {
+        program: cfg.command[0].clone(),
+        user_args: cfg.command[1..].to_vec(),
+        opts: cfg.build_options(),
+    };
+    let daemon = Daemon {
+        socket: cfg.socket.clone(),
+        held: reattach::Held::of(alloc),
+        want_paths: cfg.hugetlbfs,
+        successor: Arc::clone(successor),
+    };
+    info!(control = %control.path().display(), "listening for `hugemem update`");
+    Ok((
+        Updater::new(control, command, daemon, memory, ours, cfg.update_timeout),
+        theirs,
+    ))
 }
 
 /// The region table as the VMM will see it: `/dev/fd/N` of our fds, or the

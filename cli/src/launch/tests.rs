@@ -82,6 +82,8 @@ fn cfg() -> LaunchConfig {
         lock: false,
         guest_numa: false,
         reattach_timeout: DEFAULT_REATTACH_TIMEOUT,
+        control: None,
+        update_timeout: crate::launch::DEFAULT_UPDATE_TIMEOUT,
         vmm: None,
         command: vec!["qemu-system-x86_64".into()],
     }

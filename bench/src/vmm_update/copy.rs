@@ -1,0 +1,136 @@
+//! The baseline: a plain local QEMU migration that copies RAM. Source and
+//! destination each have their own memory (`memory-backend-memfd` on 2 MiB
+//! pages, as QEMU is run without hugemem), no `x-ignore-shared`, the stream
+//! over a UNIX socket, QEMU's bandwidth limit lifted (its default is
+//! 128 MiB/s), its downtime limit left at the default (300 ms).
+
+use std::ffi::OsString;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use hugemem::launch::qmp::is_event;
+use serde_json::{json, Value};
+
+use super::guest::{gap_within, monotonic_ns, GuestRam, HostClock};
+use super::qemu::{guest_args, BenchQemu};
+use super::report::CopyResult;
+use super::setup::{idle_gap, reserve, HOST_CHECK_END, MARKER, START_GPA, STRIDE};
+use super::{VmmUpdateConfig, VmmUpdateError};
+
+fn argv(cfg: &VmmUpdateConfig, elf: &Path, incoming: bool) -> Vec<OsString> {
+    let mut argv = guest_args(&cfg.qemu, elf);
+    argv.extend(
+        [
+            "-object".to_owned(),
+            format!(
+                "memory-backend-memfd,id=ram0,size={},hugetlb=on,hugetlbsize=2M,share=on",
+                cfg.size
+            ),
+            "-m".to_owned(),
+            format!("{}", cfg.size >> 20),
+            "-machine".to_owned(),
+            "memory-backend=ram0".to_owned(),
+        ]
+        .map(OsString::from),
+    );
+    if incoming {
+        argv.extend(["-incoming", "defer"].map(OsString::from));
+    }
+    argv
+}
+
+fn number(v: &Value, pointer: &str) -> u64 {
+    v.pointer(pointer).and_then(Value::as_u64).unwrap_or(0)
+}
+
+/// One copying migration of the spinning guest.
+///
+/// # Errors
+///
+/// [`VmmUpdateError::Setup`] when twice the guest RAM in 2 MiB pages is not
+/// there; QEMU and guest errors otherwise.
+pub(crate) fn run(
+    cfg: &VmmUpdateConfig,
+    dir: &Path,
+    elf: &Path,
+    tsc_hz: f64,
+    progress: &mut dyn FnMut(&str),
+) -> Result<CopyResult, VmmUpdateError> {
+    let _pages = reserve(2 * cfg.size)
+        .map_err(|why| VmmUpdateError::Setup(format!("source and destination memory: {why}")))?;
+    let mut src = BenchQemu::start(&argv(cfg, elf, false), &dir.join("src.qmp"))?;
+    let src_ram = GuestRam::of(src.pid())?;
+    src_ram.counting_past(0)?;
+    progress("copying side: the guest spins");
+    let mut dst = BenchQemu::start(&argv(cfg, elf, true), &dir.join("dst.qmp"))?;
+    let caps = json!({"capabilities": [{"capability": "events", "state": true}]});
+    src.execute("migrate-set-capabilities", caps.clone())?;
+    dst.execute("migrate-set-capabilities", caps)?;
+    src.execute(
+        "migrate-set-parameters",
+        json!({"max-bandwidth": 1u64 << 40}),
+    )?;
+    let channel = dir.join("migrate.sock");
+    let uri = format!("unix:{}", channel.display());
+    dst.execute("migrate-incoming", json!({ "uri": uri }))?;
+    src_ram.reset_max_gap()?;
+    let before = src_ram.spin()?.count;
+    let started = Instant::now();
+    let migrate_at = monotonic_ns();
+    src.execute("migrate", json!({ "uri": uri }))?;
+    let end = src
+        .qmp
+        .wait_event(|e| is_event(e, "MIGRATION", &["completed", "failed", "cancelled"]))
+        .map_err(|e| VmmUpdateError::Qemu(format!("waiting for the migration: {e}")))?;
+    let stats = src.execute("query-migrate", json!({}))?;
+    if !is_event(&end, "MIGRATION", &["completed"]) {
+        return Err(VmmUpdateError::Qemu(format!(
+            "the copying migration ended: {stats}"
+        )));
+    }
+    dst.qmp
+        .wait_event(|e| is_event(e, "RESUME", &[]))
+        .map_err(|e| VmmUpdateError::Qemu(format!("waiting for the destination: {e}")))?;
+    let resumed_at = monotonic_ns();
+    let clock = HostClock::now(tsc_hz);
+    drop(src_ram);
+    src.quit();
+    let update_ms = started.elapsed().as_secs_f64() * 1e3;
+    let dst_ram = GuestRam::of(dst.pid())?;
+    let now = dst_ram.counting_past(before)?;
+    let downtime_ms = now.max_gap as f64 / tsc_hz * 1e3;
+    let offset = dst_ram.tsc_offset()?;
+    let switch_gap_ms = gap_within(
+        &now,
+        clock.tsc_at(migrate_at) - offset,
+        clock.tsc_at(resumed_at) - offset,
+    )
+    .map(|t| t as f64 / tsc_hz * 1e3);
+    let idle_gap_ms = idle_gap(&dst_ram, Duration::from_secs_f64(update_ms / 1e3), tsc_hz)? * 1e3;
+    let stale_host = dst_ram.stale_pages(
+        START_GPA.max(microguest::IMAGE_END_GPA),
+        cfg.size.min(HOST_CHECK_END),
+        STRIDE,
+        MARKER,
+    )?;
+    let stale_guest = dst_ram.spin()?.bad;
+    drop(dst_ram);
+    dst.quit();
+    let transferred = number(&stats, "/ram/transferred");
+    let total_ms = number(&stats, "/total-time");
+    progress(&format!(
+        "copying migration: {update_ms:.1} ms, guest paused {downtime_ms:.2} ms, {transferred} RAM bytes sent"
+    ));
+    Ok(CopyResult {
+        downtime_ms,
+        idle_gap_ms,
+        switch_gap_ms,
+        update_ms,
+        qemu_total_ms: total_ms,
+        qemu_downtime_ms: number(&stats, "/downtime"),
+        ram_transferred_bytes: transferred,
+        copy_gb_per_s: transferred as f64 / (update_ms / 1e3) / 1e9,
+        stale_guest,
+        stale_host,
+    })
+}

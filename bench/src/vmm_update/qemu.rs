@@ -1,0 +1,112 @@
+//! QEMU processes the bench starts itself (the copying baseline), each with
+//! its QMP monitor connected to a socket the bench listens on: QEMU connects
+//! at start, the bench accepts (no waiting for a socket file to appear).
+
+use std::ffi::OsString;
+use std::os::fd::AsFd;
+use std::os::unix::net::UnixListener;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use hugemem::launch::qmp::Qmp;
+use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+use serde_json::json;
+
+use super::error::io;
+use super::VmmUpdateError;
+
+/// How long a QMP reply or event may take, and QEMU to connect.
+pub(crate) const QMP_DEADLINE: Duration = Duration::from_secs(600);
+
+/// The guest's QEMU arguments, memory options aside.
+pub(crate) fn guest_args(qemu: &OsString, elf: &Path) -> Vec<OsString> {
+    let mut args: Vec<OsString> = vec![qemu.clone()];
+    args.extend(
+        [
+            "-M",
+            "microvm",
+            "-accel",
+            "kvm",
+            "-cpu",
+            hugemem::launch::qemu::KVM_CPU,
+            "-nodefaults",
+            "-no-user-config",
+            "-display",
+            "none",
+            "-serial",
+            "none",
+            "-kernel",
+        ]
+        .map(OsString::from),
+    );
+    args.push(elf.into());
+    args
+}
+
+/// A QEMU the bench started, with its monitor; killed when dropped.
+pub(crate) struct BenchQemu {
+    pub(crate) child: Child,
+    pub(crate) qmp: Qmp,
+}
+
+impl BenchQemu {
+    /// Starts `argv` (program first) with its monitor connecting to a
+    /// socket at `monitor`, and greets it.
+    pub(crate) fn start(argv: &[OsString], monitor: &Path) -> Result<Self, VmmUpdateError> {
+        let listener =
+            UnixListener::bind(monitor).map_err(io(format!("bind {}", monitor.display())))?;
+        let mut child = Command::new(&argv[0])
+            .args(&argv[1..])
+            .arg("-chardev")
+            .arg(format!("socket,id=bench-qmp,path={}", monitor.display()))
+            .args(["-mon", "chardev=bench-qmp,mode=control"])
+            .stdin(Stdio::null())
+            .spawn()
+            .map_err(io("start QEMU"))?;
+        let mut fds = [PollFd::new(listener.as_fd(), PollFlags::POLLIN)];
+        let connected = matches!(poll(&mut fds, PollTimeout::from(30_000u16)), Ok(1));
+        if !connected {
+            let _ = child.kill();
+            let status = child.wait().ok();
+            return Err(VmmUpdateError::Qemu(format!(
+                "QEMU did not connect its monitor within 30 s (exit: {status:?})"
+            )));
+        }
+        let (stream, _) = listener.accept().map_err(io("accept QEMU's monitor"))?;
+        let qmp = Qmp::handshake(stream, QMP_DEADLINE)
+            .map_err(|e| VmmUpdateError::Qemu(format!("monitor: {e}")))?;
+        Ok(Self { child, qmp })
+    }
+
+    /// Runs a QMP command.
+    pub(crate) fn execute(
+        &mut self,
+        command: &str,
+        args: serde_json::Value,
+    ) -> Result<serde_json::Value, VmmUpdateError> {
+        self.qmp
+            .execute(command, args)
+            .map_err(|e| VmmUpdateError::Qemu(format!("{command}: {e}")))
+    }
+
+    /// Its pid.
+    pub(crate) fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// `quit`, then reaps it.
+    pub(crate) fn quit(mut self) {
+        let _ = self.qmp.execute("quit", json!({}));
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for BenchQemu {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}

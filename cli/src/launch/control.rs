@@ -1,0 +1,367 @@
+//! The launcher's control socket, through which `hugemem update` asks a
+//! running `hugemem launch` to update its QEMU (`update.rs` does the work).
+//!
+//! The socket is created by the launcher (mode 0600, in a directory of mode
+//! 0700 when the launcher creates that too) and removed when it exits. A
+//! peer must have the launcher's uid or be root (`SO_PEERCRED`). One request
+//! per connection, one JSON line each way:
+//!
+//! ```text
+//! → {"update":{"qemu":"/usr/local/bin/qemu-system-x86_64"}}   (qemu: null = the same binary)
+//! ← {"ok":{…UpdateReport…}}  or  {"error":"…"}
+//! ```
+//!
+//! The launcher serves requests one at a time from the thread that waits
+//! for the VMM; a request that does not arrive within [`REQUEST_WAIT`] is
+//! dropped, so a peer that connects and says nothing cannot stall it.
+
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use nix::sys::socket::{getsockopt, sockopt::PeerCredentials};
+use serde::{Deserialize, Serialize};
+
+/// How long the launcher waits for a connected peer's request line.
+pub const REQUEST_WAIT: Duration = Duration::from_secs(5);
+
+/// What one live update did, as the launcher measured it and QEMU reported.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct UpdateReport {
+    /// The QEMU that ran the guest before.
+    pub old_pid: u32,
+    /// The QEMU that runs it now.
+    pub new_pid: u32,
+    /// The program started.
+    pub program: String,
+    /// The new QEMU got the memory through a daemon HANDOFF on a connection
+    /// of its own (false: the launcher's own descriptors, duplicated).
+    pub handoff: bool,
+    /// RAM bytes the migration stream carried (QEMU's `ram.transferred`).
+    pub ram_transferred_bytes: u64,
+    /// RAM QEMU counted as migratable (`ram.total`; shared RAM blocks that
+    /// `x-ignore-shared` skips are not in it).
+    pub ram_total_bytes: u64,
+    /// Bytes of guest RAM the VM has (the allocation).
+    pub guest_ram_bytes: u64,
+    /// QEMU's own downtime figure, ms (`query-migrate` `downtime`).
+    pub qemu_downtime_ms: u64,
+    /// QEMU's migration time, ms (`total-time`).
+    pub qemu_total_ms: u64,
+    /// From the request to the old QEMU gone, ms (launcher's clock).
+    pub update_ms: f64,
+    /// From `migrate` to the new QEMU's RESUME event, ms.
+    pub switch_ms: f64,
+    /// `CLOCK_MONOTONIC` when `migrate` was sent, ns.
+    pub migrate_at_ns: u64,
+    /// `CLOCK_MONOTONIC` when the new QEMU's RESUME arrived, ns.
+    pub resumed_at_ns: u64,
+}
+
+/// A request on the control socket.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Request {
+    /// Update QEMU under the running guest.
+    Update {
+        /// The new QEMU binary; `None`: the one running now.
+        qemu: Option<PathBuf>,
+    },
+}
+
+/// The reply to a [`Request`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Reply {
+    /// It worked.
+    Ok(UpdateReport),
+    /// It did not; the old QEMU runs the guest still, unless the text says otherwise.
+    Error(String),
+}
+
+/// Errors of the control socket, both ends.
+#[derive(Debug, thiserror::Error)]
+pub enum ControlError {
+    /// A name that cannot be a file name.
+    #[error(
+        "invalid VM name {0:?}: use letters, digits, '.', '_' and '-' (not starting with '.')"
+    )]
+    Name(String),
+    /// Creating, binding or connecting failed.
+    #[error("control socket {path}: {source}")]
+    Socket {
+        /// The socket.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The exchange failed.
+    #[error("control socket {path}: {what}")]
+    Exchange {
+        /// The socket.
+        path: PathBuf,
+        /// What happened.
+        what: String,
+    },
+    /// The launcher refused or failed the update.
+    #[error("the update failed: {0}")]
+    Failed(String),
+}
+
+/// Where a launch named `name` puts its control socket:
+/// `$XDG_RUNTIME_DIR/hugemem/vm/NAME.sock`, or `/run/hugemem/vm/NAME.sock`
+/// when `XDG_RUNTIME_DIR` is unset.
+///
+/// # Errors
+///
+/// [`ControlError::Name`] for a name that is not a plain file name.
+pub fn control_socket_path(name: &str) -> Result<PathBuf, ControlError> {
+    let ok = !name.is_empty()
+        && !name.starts_with('.')
+        && name.len() <= 64
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'));
+    if !ok {
+        return Err(ControlError::Name(name.to_owned()));
+    }
+    let runtime = std::env::var_os("XDG_RUNTIME_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/run"));
+    Ok(runtime
+        .join("hugemem")
+        .join("vm")
+        .join(format!("{name}.sock")))
+}
+
+/// The listening control socket; removes its file when dropped.
+#[derive(Debug)]
+pub(crate) struct ControlSocket {
+    listener: UnixListener,
+    path: PathBuf,
+}
+
+impl ControlSocket {
+    /// Binds `path` (mode 0600). A stale socket file nobody listens on is
+    /// replaced; one a live launcher listens on is an error.
+    pub(crate) fn bind(path: &Path) -> Result<Self, ControlError> {
+        let err = |source| ControlError::Socket {
+            path: path.to_owned(),
+            source,
+        };
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(dir)
+                .map_err(err)?;
+        }
+        if path.exists() {
+            if UnixStream::connect(path).is_ok() {
+                return Err(err(std::io::Error::new(
+                    std::io::ErrorKind::AddrInUse,
+                    "another launch listens on it (choose another --name)",
+                )));
+            }
+            std::fs::remove_file(path).map_err(err)?;
+        }
+        let listener = UnixListener::bind(path).map_err(err)?;
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).map_err(err)?;
+        listener.set_nonblocking(true).map_err(err)?;
+        Ok(Self {
+            listener,
+            path: path.to_owned(),
+        })
+    }
+
+    /// The listening socket (readable when a peer connects).
+    pub(crate) fn listener(&self) -> &UnixListener {
+        &self.listener
+    }
+
+    /// The socket file.
+    pub(crate) fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Accepts one peer of our uid (or root) and reads its request; `None`
+    /// when there was none, or it was refused or unreadable (logged).
+    pub(crate) fn accept(&self) -> Option<(UnixStream, Request)> {
+        let (stream, _) = self.listener.accept().ok()?;
+        let uid = nix::unistd::geteuid().as_raw();
+        match getsockopt(&stream, PeerCredentials) {
+            Ok(cred) if cred.uid() == uid || cred.uid() == 0 => {}
+            Ok(cred) => {
+                tracing::warn!(
+                    peer_uid = cred.uid(),
+                    "control socket: peer of another uid refused"
+                );
+                let _ = reply(
+                    stream,
+                    &Reply::Error("refused: not the launcher's uid".into()),
+                );
+                return None;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "control socket: no peer credentials");
+                return None;
+            }
+        }
+        let read = stream
+            .set_nonblocking(false)
+            .and_then(|()| stream.set_read_timeout(Some(REQUEST_WAIT)));
+        if let Err(e) = read {
+            tracing::warn!(error = %e, "control socket: cannot set up the connection");
+            return None;
+        }
+        let mut line = String::new();
+        let mut reader = BufReader::new(std::io::Read::take(&stream, 4096));
+        if let Err(e) = reader.read_line(&mut line) {
+            tracing::warn!(error = %e, "control socket: no request");
+            return None;
+        }
+        match serde_json::from_str(&line) {
+            Ok(request) => Some((stream, request)),
+            Err(e) => {
+                let _ = reply(stream, &Reply::Error(format!("bad request: {e}")));
+                None
+            }
+        }
+    }
+}
+
+impl Drop for ControlSocket {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// Writes `answer` as one line on `stream`.
+pub(crate) fn reply(mut stream: UnixStream, answer: &Reply) -> std::io::Result<()> {
+    let mut text = serde_json::to_string(answer).map_err(std::io::Error::other)?;
+    text.push('\n');
+    stream.write_all(text.as_bytes())
+}
+
+/// `hugemem update`: asks the launch listening on `path` to update its QEMU
+/// (to `qemu`, or the same binary) and waits up to `timeout` for the result.
+///
+/// # Errors
+///
+/// [`ControlError`]: no such launch, no answer in time, or the launcher's
+/// error text.
+pub fn request_update(
+    path: &Path,
+    qemu: Option<&Path>,
+    timeout: Duration,
+) -> Result<UpdateReport, ControlError> {
+    let stream = UnixStream::connect(path).map_err(|source| ControlError::Socket {
+        path: path.to_owned(),
+        source,
+    })?;
+    let exchange = |what: String| ControlError::Exchange {
+        path: path.to_owned(),
+        what,
+    };
+    let request = Request::Update {
+        qemu: qemu.map(Path::to_path_buf),
+    };
+    let mut text = serde_json::to_string(&request).map_err(|e| exchange(e.to_string()))?;
+    text.push('\n');
+    (&stream)
+        .write_all(text.as_bytes())
+        .map_err(|e| exchange(format!("cannot send the request: {e}")))?;
+    stream
+        .set_read_timeout(Some(timeout))
+        .map_err(|e| exchange(e.to_string()))?;
+    let mut line = String::new();
+    BufReader::new(&stream)
+        .read_line(&mut line)
+        .map_err(|e| exchange(format!("no answer within {timeout:?}: {e}")))?;
+    if line.is_empty() {
+        return Err(exchange(
+            "the launcher closed the connection without an answer".into(),
+        ));
+    }
+    match serde_json::from_str(&line).map_err(|e| exchange(format!("bad answer {line:?}: {e}")))? {
+        Reply::Ok(report) => Ok(report),
+        Reply::Error(text) => Err(ControlError::Failed(text)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Read;
+
+    #[test]
+    fn names_become_paths_under_the_runtime_dir() {
+        let path = control_socket_path("vm-1.a_b").expect("name");
+        assert!(path.ends_with("hugemem/vm/vm-1.a_b.sock"), "{path:?}");
+        for bad in ["", ".x", "a/b", "a b", "..", &"x".repeat(65)] {
+            assert!(control_socket_path(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn one_request_and_one_reply_per_connection() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("sub").join("vm.sock");
+        let socket = ControlSocket::bind(&path).expect("bind");
+        let mode = std::fs::metadata(&path).expect("stat").permissions().mode();
+        assert_eq!(mode & 0o777, 0o600);
+        assert!(
+            ControlSocket::bind(&path).is_err(),
+            "a live socket is not replaced"
+        );
+        let report = UpdateReport {
+            old_pid: 1,
+            new_pid: 2,
+            program: "qemu".into(),
+            handoff: true,
+            ram_transferred_bytes: 10,
+            ram_total_bytes: 20,
+            guest_ram_bytes: 30,
+            qemu_downtime_ms: 4,
+            qemu_total_ms: 5,
+            update_ms: 6.5,
+            switch_ms: 7.5,
+            migrate_at_ns: 8,
+            resumed_at_ns: 9,
+        };
+        std::thread::scope(|s| {
+            let client =
+                s.spawn(|| request_update(&path, Some(Path::new("/q")), Duration::from_secs(10)));
+            let (stream, request) = loop {
+                if let Some(got) = socket.accept() {
+                    break got;
+                }
+                let mut fds = [nix::poll::PollFd::new(
+                    std::os::fd::AsFd::as_fd(socket.listener()),
+                    nix::poll::PollFlags::POLLIN,
+                )];
+                nix::poll::poll(&mut fds, nix::poll::PollTimeout::NONE).expect("poll");
+            };
+            assert_eq!(
+                request,
+                Request::Update {
+                    qemu: Some("/q".into())
+                }
+            );
+            reply(stream, &Reply::Ok(report.clone())).expect("reply");
+            assert_eq!(client.join().expect("client").expect("report"), report);
+        });
+        // Garbage gets an error line, not a hang.
+        let mut raw = UnixStream::connect(&path).expect("connect");
+        raw.write_all(b"nonsense\n").expect("write");
+        assert!(socket.accept().is_none());
+        let mut answer = String::new();
+        raw.read_to_string(&mut answer).expect("read");
+        assert!(answer.contains("bad request"), "{answer}");
+        drop(socket);
+        assert!(!path.exists(), "the socket file goes with the launcher");
+    }
+}
