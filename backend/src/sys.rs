@@ -262,3 +262,337 @@ pub fn same_description(pid: i32, their_fd: i32, own_fd: i32) -> bool {
     };
     r == 0
 }
+
+/// What one fault helper process needs (see [`spawn_fault_helper`]),
+/// prepared before the fork: the child allocates nothing and takes no lock,
+/// so it may run after a fork of the multi-threaded daemon.
+#[derive(Clone)]
+pub struct FaultHelperSpec {
+    region_fd: i32,
+    len: usize,
+    todo: i32,
+    done: i32,
+    cpus: libc::cpu_set_t,
+    nodemask: Option<[libc::c_ulong; NODEMASK_WORDS]>,
+}
+
+const NODEMASK_WORDS: usize = 16;
+
+impl std::fmt::Debug for FaultHelperSpec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FaultHelperSpec")
+            .field("region_fd", &self.region_fd)
+            .field("len", &self.len)
+            .field("todo", &self.todo)
+            .field("done", &self.done)
+            .finish_non_exhaustive()
+    }
+}
+
+impl FaultHelperSpec {
+    /// A helper that maps the first `len` bytes of `region` (a hugetlb or
+    /// shmem file) shared, reads work records from `todo` and answers each
+    /// on `done` (see [`FAULT_WORK_BYTES`], [`FAULT_DONE_BYTES`]), runs on
+    /// `cpus` (every CPU when empty) under `SCHED_IDLE`, and binds its
+    /// faults to `node` (`MPOL_BIND`) when given.
+    ///
+    /// # Errors
+    ///
+    /// `InvalidInput` for a CPU or node number beyond what the kernel's
+    /// masks hold.
+    pub fn new(
+        region: BorrowedFd<'_>,
+        len: usize,
+        todo: BorrowedFd<'_>,
+        done: BorrowedFd<'_>,
+        cpus: &[usize],
+        node: Option<u32>,
+    ) -> io::Result<Self> {
+        // SAFETY: cpu_set_t is a plain bit array; all zero is the empty set.
+        let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+        let every = (0..libc::CPU_SETSIZE as usize).collect::<Vec<_>>();
+        for &cpu in if cpus.is_empty() { &every } else { cpus } {
+            if cpu >= libc::CPU_SETSIZE as usize {
+                return Err(io::Error::from(io::ErrorKind::InvalidInput));
+            }
+            // SAFETY: `cpu` is below CPU_SETSIZE, inside the set's bits.
+            unsafe { libc::CPU_SET(cpu, &mut set) };
+        }
+        let nodemask = match node {
+            None => None,
+            Some(n) => {
+                let bits = libc::c_ulong::BITS as usize;
+                let n = n as usize;
+                if n >= NODEMASK_WORDS * bits {
+                    return Err(io::Error::from(io::ErrorKind::InvalidInput));
+                }
+                let mut mask = [0; NODEMASK_WORDS];
+                mask[n / bits] |= 1 << (n % bits);
+                Some(mask)
+            }
+        };
+        Ok(Self {
+            region_fd: region.as_raw_fd(),
+            len,
+            todo: todo.as_raw_fd(),
+            done: done.as_raw_fd(),
+            cpus: set,
+            nodemask,
+        })
+    }
+}
+
+/// Bytes of one work record on a helper's `todo` pipe: offset, length (two
+/// native-endian `u64`). Each is written whole (below `PIPE_BUF`, so
+/// atomic), so every read of this size by any helper takes exactly one.
+pub const FAULT_WORK_BYTES: usize = 16;
+/// Bytes of one answer on the `done` pipe: offset, length, errno (0 when
+/// faulted in), nanoseconds the helper spent on it.
+pub const FAULT_DONE_BYTES: usize = 32;
+
+/// Forks one fault helper (see [`FaultHelperSpec::new`]) and returns its
+/// pid. The child, before it touches any work: asks for `SIGKILL` when the
+/// forking thread dies (`PR_SET_PDEATHSIG`), names itself `hm-refault`,
+/// closes every descriptor but the region's and its two pipes (so it holds
+/// no other region and no socket), pins itself, switches to `SCHED_IDLE`,
+/// binds its memory policy, maps the region and closes the region's fd.
+/// Then for each work record it faults the range in
+/// (`MADV_POPULATE_WRITE`: the kernel allocates and zeroes each missing
+/// page, writes no data into a present one) and answers; at the end of
+/// `todo` it exits. A setup step that fails makes every answer carry its
+/// errno. The caller must reap it (`waitpid`).
+///
+/// # Errors
+///
+/// The `fork` error.
+pub fn spawn_fault_helper(spec: &FaultHelperSpec) -> io::Result<libc::pid_t> {
+    // SAFETY: getpid has no preconditions.
+    let parent = unsafe { libc::getpid() };
+    // SAFETY: the child runs only `fault_helper_main`, which makes raw
+    // system calls on data prepared before the fork (no allocation, no
+    // lock, no Rust runtime state) and leaves with `_exit`, as a child of a
+    // multi-threaded process must.
+    match unsafe { libc::fork() } {
+        -1 => Err(io::Error::last_os_error()),
+        // SAFETY: see above; never returns.
+        0 => unsafe { fault_helper_main(spec, parent) },
+        pid => Ok(pid),
+    }
+}
+
+fn errno() -> i32 {
+    io::Error::last_os_error()
+        .raw_os_error()
+        .unwrap_or(libc::EIO)
+}
+
+/// The body of a fault helper process; see [`spawn_fault_helper`].
+///
+/// # Safety
+///
+/// Only in the child of a `fork`, right after it.
+unsafe fn fault_helper_main(spec: &FaultHelperSpec, parent: libc::pid_t) -> ! {
+    // SAFETY (whole function): raw system calls on integers and on buffers
+    // on this stack or in `spec` (the child's copy of the parent's memory);
+    // the only memory they write is those buffers and the new mapping.
+    unsafe {
+        libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+        if libc::getppid() != parent {
+            libc::_exit(1);
+        }
+        libc::prctl(libc::PR_SET_NAME, c"hm-refault".as_ptr());
+        let mut keep = [spec.region_fd, spec.todo, spec.done];
+        keep.sort_unstable();
+        let mut from: libc::c_uint = 3;
+        for k in keep {
+            let k = k as libc::c_uint;
+            if k > from {
+                libc::syscall(libc::SYS_close_range, from, k - 1, 0);
+            }
+            from = from.max(k + 1);
+        }
+        libc::syscall(libc::SYS_close_range, from, libc::c_uint::MAX, 0);
+        let mut setup_error = 0;
+        if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &spec.cpus) != 0 {
+            setup_error = errno();
+        }
+        let idle = libc::sched_param { sched_priority: 0 };
+        if libc::sched_setscheduler(0, libc::SCHED_IDLE, &idle) != 0 && setup_error == 0 {
+            setup_error = errno();
+        }
+        if let Some(mask) = &spec.nodemask {
+            let max_node = (NODEMASK_WORDS * libc::c_ulong::BITS as usize) as libc::c_ulong;
+            if libc::syscall(
+                libc::SYS_set_mempolicy,
+                libc::MPOL_BIND,
+                mask.as_ptr(),
+                max_node,
+            ) != 0
+                && setup_error == 0
+            {
+                setup_error = errno();
+            }
+        }
+        let map = libc::mmap(
+            std::ptr::null_mut(),
+            spec.len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            spec.region_fd,
+            0,
+        );
+        if map == libc::MAP_FAILED && setup_error == 0 {
+            setup_error = errno();
+        }
+        libc::close(spec.region_fd);
+        loop {
+            let mut work = [0u64; 2];
+            let n = libc::read(spec.todo, work.as_mut_ptr().cast(), FAULT_WORK_BYTES);
+            if n < 0 && errno() == libc::EINTR {
+                continue;
+            }
+            if n != FAULT_WORK_BYTES as isize {
+                libc::_exit(0);
+            }
+            let [offset, len] = work;
+            let mut t0: libc::timespec = std::mem::zeroed();
+            libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut t0);
+            let error = if setup_error != 0 {
+                setup_error
+            } else if offset
+                .checked_add(len)
+                .is_none_or(|end| end > spec.len as u64)
+            {
+                libc::EINVAL
+            } else if libc::madvise(
+                map.cast::<u8>().add(offset as usize).cast(),
+                len as usize,
+                libc::MADV_POPULATE_WRITE,
+            ) != 0
+            {
+                errno()
+            } else {
+                0
+            };
+            let mut t1: libc::timespec = std::mem::zeroed();
+            libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut t1);
+            let nanos = (t1.tv_sec - t0.tv_sec) as i64 * 1_000_000_000 + (t1.tv_nsec - t0.tv_nsec);
+            let answer = [offset, len, error as u64, nanos.max(0) as u64];
+            loop {
+                let w = libc::write(spec.done, answer.as_ptr().cast(), FAULT_DONE_BYTES);
+                if w < 0 && errno() == libc::EINTR {
+                    continue;
+                }
+                if w != FAULT_DONE_BYTES as isize {
+                    libc::_exit(1);
+                }
+                break;
+            }
+        }
+    }
+}
+
+/// Sends `SIGKILL` to `pid` (a child of this process not reaped yet, so the
+/// pid is still its own).
+pub fn kill_child(pid: libc::pid_t) {
+    // SAFETY: kill with integer arguments; an unreaped child's pid cannot
+    // name another process.
+    unsafe { libc::kill(pid, libc::SIGKILL) };
+}
+
+/// Waits for child `pid` to exit and reaps it; its exit status.
+///
+/// # Errors
+///
+/// The `waitpid` error.
+pub fn reap_child(pid: libc::pid_t) -> io::Result<libc::c_int> {
+    let mut status = 0;
+    loop {
+        // SAFETY: waitpid writes only `status`.
+        let r = unsafe { libc::waitpid(pid, &mut status, 0) };
+        if r == pid {
+            return Ok(status);
+        }
+        let e = io::Error::last_os_error();
+        if e.raw_os_error() != Some(libc::EINTR) {
+            return Err(e);
+        }
+    }
+}
+
+/// Reads one whole record of `buf.len()` bytes (at most `PIPE_BUF`) from
+/// the pipe `fd`, retrying on `EINTR`; `Ok(false)` at the end of the pipe.
+///
+/// # Errors
+///
+/// The `read` error, or `UnexpectedEof` for a partial record.
+pub fn read_record(fd: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<bool> {
+    loop {
+        // SAFETY: read writes at most buf.len() bytes into buf.
+        let n = unsafe { libc::read(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
+        match n {
+            0 => return Ok(false),
+            n if n == buf.len() as isize => return Ok(true),
+            n if n > 0 => return Err(io::Error::from(io::ErrorKind::UnexpectedEof)),
+            _ => {
+                let e = io::Error::last_os_error();
+                if e.raw_os_error() != Some(libc::EINTR) {
+                    return Err(e);
+                }
+            }
+        }
+    }
+}
+
+/// Writes one whole record (at most `PIPE_BUF` bytes, so atomic on a pipe).
+///
+/// # Errors
+///
+/// The `write` error (`EPIPE` when no reader is left).
+pub fn write_record(fd: BorrowedFd<'_>, buf: &[u8]) -> io::Result<()> {
+    loop {
+        // SAFETY: write reads buf.len() bytes from buf.
+        let n = unsafe { libc::write(fd.as_raw_fd(), buf.as_ptr().cast(), buf.len()) };
+        if n == buf.len() as isize {
+            return Ok(());
+        }
+        let e = io::Error::last_os_error();
+        if n >= 0 {
+            return Err(io::Error::from(io::ErrorKind::WriteZero));
+        }
+        if e.raw_os_error() != Some(libc::EINTR) {
+            return Err(e);
+        }
+    }
+}
+
+/// Waits until `a` or `b` is readable (or hung up); which of them.
+///
+/// # Errors
+///
+/// The `poll` error.
+pub fn wait_readable(a: BorrowedFd<'_>, b: BorrowedFd<'_>) -> io::Result<(bool, bool)> {
+    let mut fds = [
+        libc::pollfd {
+            fd: a.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        },
+        libc::pollfd {
+            fd: b.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        },
+    ];
+    loop {
+        // SAFETY: poll writes only the revents of the two entries.
+        let r = unsafe { libc::poll(fds.as_mut_ptr(), 2, -1) };
+        if r > 0 {
+            return Ok((fds[0].revents != 0, fds[1].revents != 0));
+        }
+        let e = io::Error::last_os_error();
+        if r < 0 && e.raw_os_error() != Some(libc::EINTR) {
+            return Err(e);
+        }
+    }
+}

@@ -40,6 +40,9 @@ pub(super) struct Fill {
     in_flight: usize,
     /// Bytes faulted in so far.
     done: u64,
+    /// Claims given back unfinished (their helpers were stopped), claimed
+    /// again before `next`, lowest first.
+    retry: Vec<(u64, u64)>,
 }
 
 impl Fill {
@@ -56,6 +59,7 @@ impl Fill {
             next: 0,
             in_flight: 0,
             done: 0,
+            retry: Vec::new(),
         }
     }
 }
@@ -85,6 +89,16 @@ impl Fill {
         max_bytes: u64,
     ) -> Option<FillWork> {
         let len = region.len();
+        if let Some((offset, n)) = self.retry.pop() {
+            self.in_flight += 1;
+            return Some(FillWork {
+                id,
+                region: Arc::clone(region),
+                offset,
+                len: n,
+                generation: self.generation,
+            });
+        }
         if self.next >= len {
             return None;
         }
@@ -100,6 +114,18 @@ impl Fill {
             len: n,
             generation: self.generation,
         })
+    }
+
+    /// Takes `work` back unfinished (its helper was stopped): it is claimed
+    /// again, before anything above it.
+    pub(super) fn abandon(&mut self, work: &FillWork) {
+        if work.generation != self.generation {
+            return;
+        }
+        self.in_flight = self.in_flight.saturating_sub(1);
+        self.retry.push((work.offset, work.len));
+        // Highest first, so `pop` gives the lowest.
+        self.retry.sort_unstable_by(|a, b| b.0.cmp(&a.0));
     }
 
     /// Records how a scrubber's `work` on a region of `len` bytes ended:
@@ -128,8 +154,9 @@ impl Fill {
                     "cannot fault a detached region's holes in ahead; the rest fault at first touch"
                 );
                 self.next = len;
+                self.retry.clear();
             }
         }
-        Some(self.next >= len && self.in_flight == 0)
+        Some(self.next >= len && self.in_flight == 0 && self.retry.is_empty())
     }
 }
