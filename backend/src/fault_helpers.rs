@@ -18,30 +18,45 @@
 //! for the whole call, so two threads on one region run one after the
 //! other (measured by `hugemem bench refault`, docs/benchmarks.md).
 //!
-//! The holder scan of the quarantine skips the daemon's own helpers
-//! ([`is_own_helper`]): a helper writes no data, and a pid stays in the
-//! registry only while the process is an unreaped child of this one, so
-//! the pid cannot name anyone else.
+//! A helper counts as a holder of its region for the quarantine's holder
+//! scan (it maps it), so a released region is never detached while a
+//! helper still faults it (its refault would look like pages a pin kept).
+//! The quarantine stops such a helper at once ([`stop_own_helper`]) and
+//! its exit wakes the next scan. The descriptors a helper inherits for the
+//! moment between its fork and its first system call are the daemon's own
+//! descriptions, which the scan does not count.
 
-use std::collections::BTreeSet;
+use std::collections::BTreeMap;
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
-use crate::sys::{FaultHelperSpec, FAULT_DONE_BYTES, FAULT_WORK_BYTES};
+use crate::sys::{FaultHelperSpec, FAULT_DONE_BYTES, FAULT_READY, FAULT_WORK_BYTES};
 
-static HELPERS: Mutex<BTreeSet<libc::pid_t>> = Mutex::new(BTreeSet::new());
+/// Every live helper of this process, and the set it belongs to.
+static HELPERS: Mutex<BTreeMap<libc::pid_t, u64>> = Mutex::new(BTreeMap::new());
+static SETS: AtomicU64 = AtomicU64::new(1);
 
-fn registry() -> MutexGuard<'static, BTreeSet<libc::pid_t>> {
+fn registry() -> MutexGuard<'static, BTreeMap<libc::pid_t, u64>> {
     HELPERS.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-/// Whether `pid` is a fault helper of this process (an unreaped child).
-/// A helper forked at this moment is in the registry before this returns:
-/// the fork happens under the registry's lock.
-pub fn is_own_helper(pid: i32) -> bool {
-    registry().contains(&pid)
+/// Kills `pid` and the other helpers of its set (they all map the same
+/// region) if it is a fault helper of this process; whether it was. Under
+/// the registry's lock, which a helper leaves before it is reaped, so each
+/// pid is still the helper's when the signal goes (and a helper forked at
+/// this moment is in the registry: the fork happens under it).
+pub fn stop_own_helper(pid: i32) -> bool {
+    let reg = registry();
+    let Some(&set) = reg.get(&pid) else {
+        return false;
+    };
+    for (&helper, _) in reg.iter().filter(|(_, &s)| s == set) {
+        crate::sys::kill_child(helper);
+    }
+    true
 }
 
 /// One answer of a helper.
@@ -68,10 +83,24 @@ pub enum Next {
     Gone,
 }
 
+/// What [`FaultHelpers::wait_ready`] saw.
+#[derive(Debug)]
+pub enum Ready {
+    /// Every helper is past its setup and waits for work.
+    Ready,
+    /// A helper's setup failed, or it exited first.
+    Failed(io::Error),
+    /// The stop descriptor became readable.
+    Stopped,
+}
+
 /// A set of fault helpers over one region (see the module docs).
 #[derive(Debug)]
 pub struct FaultHelpers {
     pids: Vec<libc::pid_t>,
+    /// One per helper, readable once it exits: the end of `done` cannot
+    /// say it where another fork of this process holds the pipe too.
+    exits: Vec<OwnedFd>,
     todo: Option<OwnedFd>,
     done: OwnedFd,
 }
@@ -96,20 +125,47 @@ impl FaultHelpers {
         let spec = FaultHelperSpec::new(region, len, todo_r.as_fd(), done_w.as_fd(), cpus, node)?;
         let mut me = Self {
             pids: Vec::with_capacity(count),
+            exits: Vec::with_capacity(count),
             todo: Some(todo_w),
             done: done_r,
         };
+        let set = SETS.fetch_add(1, Ordering::Relaxed);
         for _ in 0..count.max(1) {
             let mut reg = registry();
             let pid = crate::sys::spawn_fault_helper(&spec)?;
-            reg.insert(pid);
+            reg.insert(pid, set);
             drop(reg);
             me.pids.push(pid);
+            me.exits.push(crate::daemon::peer::pidfd_open(pid)?);
         }
         // The helpers hold their own ends; with these closed, the end of
         // `done` means every helper is gone.
         drop((todo_r, done_w));
         Ok(me)
+    }
+
+    /// Waits until every helper is past its setup (pinned, bound, mapped,
+    /// `SCHED_IDLE`), or `stop` becomes readable.
+    ///
+    /// # Errors
+    ///
+    /// `poll` or `read` errors.
+    pub fn wait_ready(&self, stop: BorrowedFd<'_>) -> io::Result<Ready> {
+        for _ in 0..self.pids.len() {
+            match self.next_record(stop)? {
+                Next::Faulted(f) if f.offset == FAULT_READY => {
+                    if let Err(errno) = f.result {
+                        return Ok(Ready::Failed(io::Error::from_raw_os_error(errno)));
+                    }
+                }
+                Next::Faulted(_) => {
+                    return Ok(Ready::Failed(io::Error::other("an answer before ready")));
+                }
+                Next::Stopped => return Ok(Ready::Stopped),
+                Next::Gone => return Ok(Ready::Failed(io::Error::other("a fault helper exited"))),
+            }
+        }
+        Ok(Ready::Ready)
     }
 
     /// The helpers' pids (for `/proc` checks).
@@ -134,17 +190,38 @@ impl FaultHelpers {
         crate::sys::write_record(todo.as_fd(), &rec)
     }
 
-    /// Waits for the next answer, or for `stop` to become readable.
+    /// Waits for the next answer, for `stop` to become readable, or for a
+    /// helper to exit (killed: [`Next::Gone`]; answers already written
+    /// come first).
     ///
     /// # Errors
     ///
     /// `poll` or `read` errors.
     pub fn next(&self, stop: BorrowedFd<'_>) -> io::Result<Next> {
-        let (done, stopped) = crate::sys::wait_readable(self.done.as_fd(), stop)?;
-        if stopped {
+        loop {
+            match self.next_record(stop)? {
+                // Left over when the caller did not wait for them.
+                Next::Faulted(f) if f.offset == FAULT_READY && f.result.is_ok() => {}
+                Next::Faulted(f) if f.offset == FAULT_READY => {
+                    return Err(io::Error::from_raw_os_error(
+                        f.result.err().unwrap_or(libc::EIO),
+                    ));
+                }
+                other => return Ok(other),
+            }
+        }
+    }
+
+    fn next_record(&self, stop: BorrowedFd<'_>) -> io::Result<Next> {
+        let mut fds = vec![self.done.as_fd(), stop];
+        fds.extend(self.exits.iter().map(AsFd::as_fd));
+        let ready = crate::sys::wait_readable(&fds)?;
+        if ready[1] {
             return Ok(Next::Stopped);
         }
-        debug_assert!(done);
+        if !ready[0] {
+            return Ok(Next::Gone);
+        }
         let mut rec = [0u8; FAULT_DONE_BYTES];
         if !crate::sys::read_record(self.done.as_fd(), &mut rec)? {
             return Ok(Next::Gone);
@@ -168,13 +245,10 @@ impl FaultHelpers {
         self.todo = None;
     }
 
-    /// Closes the work pipe and reaps every helper once it has finished
-    /// the work already sent.
-    pub fn finish(mut self) {
-        self.close();
-        for pid in std::mem::take(&mut self.pids) {
-            reap(pid);
-        }
+    /// Ends the helpers once every piece of work sent was answered (they
+    /// wait on an empty pipe then) and reaps them.
+    pub fn finish(self) {
+        drop(self);
     }
 }
 
@@ -188,8 +262,10 @@ fn reap(pid: libc::pid_t) {
 }
 
 impl Drop for FaultHelpers {
-    /// Kills the helpers that are left (work in flight is abandoned: its
-    /// pages are present or still holes, never anything else) and reaps them.
+    /// Kills the helpers (work in flight is abandoned: its pages are
+    /// present or still holes, never anything else) and reaps them. Not by
+    /// closing the work pipe: another fork of this process (a test's
+    /// tenant) may hold its write end.
     fn drop(&mut self) {
         self.todo = None;
         for pid in std::mem::take(&mut self.pids) {

@@ -350,13 +350,17 @@ pub const FAULT_WORK_BYTES: usize = 16;
 /// faulted in), nanoseconds the helper spent on it.
 pub const FAULT_DONE_BYTES: usize = 32;
 
+/// The offset of a helper's first answer, sent once its setup is over:
+/// the pid in the length's place, the setup's errno (0: ready).
+pub const FAULT_READY: u64 = u64::MAX;
+
 /// Forks one fault helper (see [`FaultHelperSpec::new`]) and returns its
 /// pid. The child, before it touches any work: asks for `SIGKILL` when the
 /// forking thread dies (`PR_SET_PDEATHSIG`), names itself `hm-refault`,
 /// closes every descriptor but the region's and its two pipes (so it holds
 /// no other region and no socket), pins itself, switches to `SCHED_IDLE`,
 /// binds its memory policy, maps the region and closes the region's fd.
-/// Then for each work record it faults the range in
+/// Then it answers once with [`FAULT_READY`], and for each work record it faults the range in
 /// (`MADV_POPULATE_WRITE`: the kernel allocates and zeroes each missing
 /// page, writes no data into a present one) and answers; at the end of
 /// `todo` it exits. A setup step that fails makes every answer carry its
@@ -416,10 +420,6 @@ unsafe fn fault_helper_main(spec: &FaultHelperSpec, parent: libc::pid_t) -> ! {
         if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &spec.cpus) != 0 {
             setup_error = errno();
         }
-        let idle = libc::sched_param { sched_priority: 0 };
-        if libc::sched_setscheduler(0, libc::SCHED_IDLE, &idle) != 0 && setup_error == 0 {
-            setup_error = errno();
-        }
         if let Some(mask) = &spec.nodemask {
             let max_node = (NODEMASK_WORDS * libc::c_ulong::BITS as usize) as libc::c_ulong;
             if libc::syscall(
@@ -445,6 +445,16 @@ unsafe fn fault_helper_main(spec: &FaultHelperSpec, parent: libc::pid_t) -> ! {
             setup_error = errno();
         }
         libc::close(spec.region_fd);
+        let idle = libc::sched_param { sched_priority: 0 };
+        if libc::sched_setscheduler(0, libc::SCHED_IDLE, &idle) != 0 && setup_error == 0 {
+            setup_error = errno();
+        }
+        let ready = [FAULT_READY, libc::getpid() as u64, setup_error as u64, 0];
+        if libc::write(spec.done, ready.as_ptr().cast(), FAULT_DONE_BYTES)
+            != FAULT_DONE_BYTES as isize
+        {
+            libc::_exit(1);
+        }
         loop {
             let mut work = [0u64; 2];
             let n = libc::read(spec.todo, work.as_mut_ptr().cast(), FAULT_WORK_BYTES);
@@ -566,29 +576,27 @@ pub fn write_record(fd: BorrowedFd<'_>, buf: &[u8]) -> io::Result<()> {
     }
 }
 
-/// Waits until `a` or `b` is readable (or hung up); which of them.
+/// Waits until one of `fds` is readable (or hung up); which of them are.
 ///
 /// # Errors
 ///
 /// The `poll` error.
-pub fn wait_readable(a: BorrowedFd<'_>, b: BorrowedFd<'_>) -> io::Result<(bool, bool)> {
-    let mut fds = [
-        libc::pollfd {
-            fd: a.as_raw_fd(),
+pub fn wait_readable(fds: &[BorrowedFd<'_>]) -> io::Result<Vec<bool>> {
+    let mut polled: Vec<libc::pollfd> = fds
+        .iter()
+        .map(|fd| libc::pollfd {
+            fd: fd.as_raw_fd(),
             events: libc::POLLIN,
             revents: 0,
-        },
-        libc::pollfd {
-            fd: b.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        },
-    ];
+        })
+        .collect();
+    let n = libc::nfds_t::try_from(polled.len())
+        .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
     loop {
-        // SAFETY: poll writes only the revents of the two entries.
-        let r = unsafe { libc::poll(fds.as_mut_ptr(), 2, -1) };
+        // SAFETY: poll writes only the revents of the `n` entries of `polled`.
+        let r = unsafe { libc::poll(polled.as_mut_ptr(), n, -1) };
         if r > 0 {
-            return Ok((fds[0].revents != 0, fds[1].revents != 0));
+            return Ok(polled.iter().map(|p| p.revents != 0).collect());
         }
         let e = io::Error::last_os_error();
         if r < 0 && e.raw_os_error() != Some(libc::EINTR) {

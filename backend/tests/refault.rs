@@ -8,7 +8,7 @@
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::time::Duration;
 
-use backend::fault_helpers::{FaultHelpers, Faulted, Next};
+use backend::fault_helpers::{FaultHelpers, Faulted, Next, Ready};
 use nix::sys::eventfd::EventFd;
 use test_support::hugepages::{exactly, PageSize};
 use test_support::prelude::{map_raw as map, serial, unmap_raw as unmap, wait_until, TestDaemon};
@@ -78,8 +78,10 @@ fn fault_helpers_run_at_idle_priority_on_the_nodes_cpus() {
     let helpers = FaultHelpers::spawn(fd.as_fd(), len, &cpus, Some(topology.nodes()[0].id), 2)
         .expect("spawn");
     let never = EventFd::new().expect("eventfd");
-    // One answer from each helper: both past their setup. Each takes one
-    // page, and the first to answer blocks on the empty pipe.
+    assert!(matches!(
+        helpers.wait_ready(never.as_fd()),
+        Ok(Ready::Ready)
+    ));
     for i in 0..2 {
         helpers.send(i * PAGE, PAGE).expect("send");
     }

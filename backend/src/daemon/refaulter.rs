@@ -27,7 +27,7 @@ use tracing::{debug, warn};
 
 use super::metrics::{Metrics, ScrubCounters};
 use super::pool::{FillWork, Pool};
-use crate::fault_helpers::{FaultHelpers, Next};
+use crate::fault_helpers::{FaultHelpers, Next, Ready};
 
 /// What one node's refault thread works with.
 #[derive(Debug, Clone)]
@@ -75,10 +75,21 @@ fn refault_region(
             return true;
         }
     };
+    match helpers.wait_ready(stop.as_fd()) {
+        Ok(Ready::Ready) => {}
+        Ok(Ready::Stopped) => {
+            pool.fill_abandoned(&first);
+            return false;
+        }
+        Ok(Ready::Failed(e)) | Err(e) => {
+            pool.fill_done(&first, Err(format!("cannot start fault helpers: {e}")));
+            return true;
+        }
+    }
     debug!(
         region = id,
         helpers = helpers.pids().len(),
-        "fault helpers started"
+        "fault helpers ready"
     );
     let mut in_flight: Vec<FillWork> = Vec::new();
     let mut next = Some(first);
@@ -135,6 +146,12 @@ fn refault_region(
             Ok(Next::Stopped) => {
                 abandon(pool, &mut in_flight);
                 return false;
+            }
+            Ok(Next::Gone) | Err(_) if pool.is_released(id) => {
+                // The quarantine stopped them: the region was released, and
+                // its detach starts a new fill.
+                abandon(pool, &mut in_flight);
+                return true;
             }
             Ok(Next::Gone) | Err(_) => {
                 // Never started again for this fill: a helper that dies

@@ -240,6 +240,14 @@ impl Pool {
         e.fill.as_mut()?.claim(id, &e.region, max_bytes)
     }
 
+    /// Whether region `id` was released (quarantined) or left the pool.
+    pub fn is_released(&self, id: RegionId) -> bool {
+        self.lock()
+            .entries
+            .get(&id)
+            .is_none_or(|e| e.state == EntryState::Quarantined)
+    }
+
     /// A fault helper was stopped before it answered for `work`: the chunk
     /// is claimed again later, before the rest of its region.
     pub fn fill_abandoned(&self, work: &FillWork) {

@@ -196,9 +196,7 @@ fn scan_root(proc_root: &Path, self_pid: u32, predecessor: Option<i32>, targets:
             continue;
         };
         out.processes += 1;
-        // The daemon's own fault helpers map a region to fault its holes
-        // in and write no data (`crate::fault_helpers`).
-        if predecessor == Some(pid) || crate::fault_helpers::is_own_helper(pid) {
+        if predecessor == Some(pid) {
             continue;
         }
         let is_self = u32::try_from(pid).is_ok_and(|p| p == self_pid);
