@@ -2,7 +2,13 @@
 //! its socket, from the FREE of a region until its holes are faulted back
 //! in, with fault helpers (the default) and with the scrubber thread
 //! faulting through the daemon's own mapping (`scrub.refault_helpers =
-//! false`, the way before issue 27), against the same daemon idle.
+//! false`, the way before issue 27), against the same daemon idle. Each
+//! sample is a STATS round trip and an `mmap` + `munmap` of 4 KiB in this
+//! process, which is the daemon's (in-process): the latter waits for the
+//! daemon's `mmap_lock`, which a fault through the daemon's own mapping
+//! holds while the kernel zeroes the page. The sampler pauses 1 ms between
+//! samples, so that it does not itself keep a CPU busy (the helpers run at
+//! idle priority and would yield to it).
 
 use std::time::{Duration, Instant};
 
@@ -10,7 +16,7 @@ use backend::client::Client;
 use backend::daemon::config::{PoolConfig, ScrubConfig};
 use backend::daemon::{ByteSize, Config, Daemon};
 use backend::proto::{AllocRequest, ClearMode, PagePolicy};
-use guest_mem::PageSize;
+use guest_mem::{AnonMapping, PageSize};
 use serde::Serialize;
 
 use super::error::RefaultBenchError;
@@ -26,7 +32,7 @@ pub struct Responsiveness {
     /// Threads that refault (helpers per node, or scrubber threads).
     pub threads: usize,
     /// From the FREE's answer until STATS shows every byte refaulted,
-    /// seconds (median).
+    /// seconds (median; to the first sample that shows it, 1 ms apart).
     pub refault_s: f64,
     /// STATS round trips while refaulting: p50, p99, max, ms.
     pub stats_p50_ms: f64,
@@ -40,7 +46,29 @@ pub struct Responsiveness {
     pub idle_p99_ms: f64,
     /// Round trips measured while refaulting.
     pub samples: usize,
+    /// `mmap` + `munmap` of 4 KiB in the daemon's process while
+    /// refaulting: p50, p99, max, ms.
+    pub mmap_p50_ms: f64,
+    /// p99.
+    pub mmap_p99_ms: f64,
+    /// Max.
+    pub mmap_max_ms: f64,
+    /// The same with the daemon idle: p99, ms.
+    pub idle_mmap_p99_ms: f64,
 }
+
+/// One sample: (STATS ms, mmap + munmap ms, refaulted bytes so far).
+fn sample(client: &mut Client) -> Result<(f64, f64, u64), RefaultBenchError> {
+    let t = Instant::now();
+    let done = refaulted(client)?;
+    let stats_ms = t.elapsed().as_secs_f64() * 1e3;
+    let t = Instant::now();
+    drop(AnonMapping::new(4096, PageSize::Base4K)?);
+    Ok((stats_ms, t.elapsed().as_secs_f64() * 1e3, done))
+}
+
+/// Pause between samples.
+const PACE: Duration = Duration::from_millis(1);
 
 fn percentile(sorted: &[f64], p: f64) -> f64 {
     if sorted.is_empty() {
@@ -106,6 +134,7 @@ pub(super) fn measure(
             want_paths: false,
         };
         let (mut busy, mut idle, mut spans) = (Vec::new(), Vec::new(), Vec::new());
+        let (mut busy_mmap, mut idle_mmap) = (Vec::new(), Vec::new());
         for _ in 0..reps {
             let a = client.alloc(request.clone())?;
             let id = a.id;
@@ -115,26 +144,29 @@ pub(super) fn measure(
             client.free(id)?;
             let mut round = 0;
             loop {
-                let t = Instant::now();
-                let done = refaulted(&mut client)?;
-                busy.push(t.elapsed().as_secs_f64() * 1e3);
-                round += 1;
+                let (stats_ms, mmap_ms, done) = sample(&mut client)?;
                 if done >= before + size {
                     break;
                 }
+                busy.push(stats_ms);
+                busy_mmap.push(mmap_ms);
+                round += 1;
                 if started.elapsed() > REFAULT_DEADLINE {
                     return Err(RefaultBenchError::Timeout(size, REFAULT_DEADLINE));
                 }
+                std::thread::sleep(PACE);
             }
             spans.push(started.elapsed().as_secs_f64());
-            for _ in 0..round {
-                let t = Instant::now();
-                refaulted(&mut client)?;
-                idle.push(t.elapsed().as_secs_f64() * 1e3);
+            for _ in 0..round.max(1) {
+                let (stats_ms, mmap_ms, _) = sample(&mut client)?;
+                idle.push(stats_ms);
+                idle_mmap.push(mmap_ms);
+                std::thread::sleep(PACE);
             }
         }
-        busy.sort_by(f64::total_cmp);
-        idle.sort_by(f64::total_cmp);
+        for v in [&mut busy, &mut idle, &mut busy_mmap, &mut idle_mmap] {
+            v.sort_by(f64::total_cmp);
+        }
         spans.sort_by(f64::total_cmp);
         Ok(Responsiveness {
             mode: if helpers { "helpers" } else { "scrub thread" }.to_string(),
@@ -146,6 +178,10 @@ pub(super) fn measure(
             idle_p50_ms: percentile(&idle, 0.5),
             idle_p99_ms: percentile(&idle, 0.99),
             samples: busy.len(),
+            mmap_p50_ms: percentile(&busy_mmap, 0.5),
+            mmap_p99_ms: percentile(&busy_mmap, 0.99),
+            mmap_max_ms: busy_mmap.last().copied().unwrap_or(0.0),
+            idle_mmap_p99_ms: percentile(&idle_mmap, 0.99),
         })
     })();
     if let Err(e) = daemon.shutdown() {
