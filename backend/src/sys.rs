@@ -401,8 +401,7 @@ pub fn spawn_fault_helper(spec: &FaultHelperSpec) -> io::Result<libc::pid_t> {
     // multi-threaded process must.
     match unsafe { libc::fork() } {
         -1 => Err(io::Error::last_os_error()),
-        // SAFETY: see above; never returns.
-        0 => unsafe { fault_helper_main(spec, parent) },
+        0 => fault_helper_main(spec, parent),
         pid => Ok(pid),
     }
 }
@@ -413,115 +412,154 @@ fn errno() -> i32 {
         .unwrap_or(libc::EIO)
 }
 
-/// The body of a fault helper process; see [`spawn_fault_helper`].
-///
-/// # Safety
-///
-/// Only in the child of a `fork`, right after it.
-unsafe fn fault_helper_main(spec: &FaultHelperSpec, parent: libc::pid_t) -> ! {
-    // SAFETY (whole function): raw system calls on integers and on buffers
-    // on this stack or in `spec` (the child's copy of the parent's memory);
-    // the only memory they write is those buffers and the new mapping.
-    unsafe {
-        libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-        if libc::getppid() != parent {
-            libc::_exit(1);
+/// Leaves a fault helper at once (no destructor of the parent's copy runs).
+fn helper_exit(code: i32) -> ! {
+    // SAFETY: `_exit` ends the process; nothing of it is used afterwards.
+    unsafe { libc::_exit(code) }
+}
+
+/// Monotonic nanoseconds (the vDSO clock: safe after a fork).
+fn monotonic_nanos() -> i128 {
+    // SAFETY: all zero is a valid timespec.
+    let mut t: libc::timespec = unsafe { std::mem::zeroed() };
+    // SAFETY: clock_gettime writes only `t`.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut t) };
+    i128::from(t.tv_sec) * 1_000_000_000 + i128::from(t.tv_nsec)
+}
+
+/// Closes every descriptor from 3 up but those in `keep`.
+fn close_all_but(keep: [i32; 3]) {
+    let mut keep = keep;
+    keep.sort_unstable();
+    let mut from: libc::c_uint = 3;
+    for k in keep {
+        let k = k as libc::c_uint;
+        if k > from {
+            // SAFETY: close_range on integers; no descriptor Rust owns in
+            // this process is used afterwards (the child runs only this).
+            unsafe { libc::syscall(libc::SYS_close_range, from, k - 1, 0) };
         }
-        libc::prctl(libc::PR_SET_NAME, c"hm-refault".as_ptr());
-        let mut keep = [spec.region_fd, spec.todo, spec.done];
-        keep.sort_unstable();
-        let mut from: libc::c_uint = 3;
-        for k in keep {
-            let k = k as libc::c_uint;
-            if k > from {
-                libc::syscall(libc::SYS_close_range, from, k - 1, 0);
-            }
-            from = from.max(k + 1);
-        }
-        libc::syscall(libc::SYS_close_range, from, libc::c_uint::MAX, 0);
-        let mut setup_error = 0;
-        if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &spec.cpus) != 0 {
-            setup_error = errno();
-        }
-        if let Some(mask) = &spec.nodemask {
-            let max_node = (NODEMASK_WORDS * libc::c_ulong::BITS as usize) as libc::c_ulong;
-            if libc::syscall(
+        from = from.max(k + 1);
+    }
+    // SAFETY: as above.
+    unsafe { libc::syscall(libc::SYS_close_range, from, libc::c_uint::MAX, 0) };
+}
+
+/// The setup of a fault helper (see [`spawn_fault_helper`]): the mapping,
+/// or the first errno.
+fn fault_helper_setup(spec: &FaultHelperSpec, parent: libc::pid_t) -> Result<*mut u8, i32> {
+    // SAFETY: prctl with integer arguments.
+    unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) };
+    // SAFETY: getppid has no preconditions.
+    if unsafe { libc::getppid() } != parent {
+        helper_exit(1);
+    }
+    // SAFETY: the name is a NUL-terminated static string the kernel copies.
+    unsafe { libc::prctl(libc::PR_SET_NAME, c"hm-refault".as_ptr()) };
+    close_all_but([spec.region_fd, spec.todo, spec.done]);
+    let mut error = 0;
+    // SAFETY: sched_setaffinity reads the set in `spec`.
+    if unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &spec.cpus) }
+        != 0
+    {
+        error = errno();
+    }
+    if let Some(mask) = &spec.nodemask {
+        let max_node = (NODEMASK_WORDS * libc::c_ulong::BITS as usize) as libc::c_ulong;
+        // SAFETY: set_mempolicy reads `max_node` bits of `mask`, which has them.
+        let r = unsafe {
+            libc::syscall(
                 libc::SYS_set_mempolicy,
                 libc::MPOL_BIND,
                 mask.as_ptr(),
                 max_node,
-            ) != 0
-                && setup_error == 0
-            {
-                setup_error = errno();
-            }
+            )
+        };
+        if r != 0 && error == 0 {
+            error = errno();
         }
-        let map = libc::mmap(
+    }
+    // SAFETY: a new shared mapping of the region's file at an address the
+    // kernel picks; it aliases nothing of this process.
+    let map = unsafe {
+        libc::mmap(
             std::ptr::null_mut(),
             spec.len,
             libc::PROT_READ | libc::PROT_WRITE,
             libc::MAP_SHARED,
             spec.region_fd,
             0,
-        );
-        if map == libc::MAP_FAILED && setup_error == 0 {
-            setup_error = errno();
+        )
+    };
+    if map == libc::MAP_FAILED && error == 0 {
+        error = errno();
+    }
+    // SAFETY: closes the child's copy of the region's fd (the mapping keeps the file).
+    unsafe { libc::close(spec.region_fd) };
+    let idle = libc::sched_param { sched_priority: 0 };
+    // SAFETY: sched_setscheduler reads `idle`.
+    if unsafe { libc::sched_setscheduler(0, libc::SCHED_IDLE, &idle) } != 0 && error == 0 {
+        error = errno();
+    }
+    if error == 0 {
+        Ok(map.cast())
+    } else {
+        Err(error)
+    }
+}
+
+/// Writes one answer whole, or leaves the helper.
+fn helper_answer(done: i32, answer: &[u64; 4]) {
+    loop {
+        // SAFETY: write reads FAULT_DONE_BYTES (the four words) from `answer`.
+        let w = unsafe { libc::write(done, answer.as_ptr().cast(), FAULT_DONE_BYTES) };
+        if w == FAULT_DONE_BYTES as isize {
+            return;
         }
-        libc::close(spec.region_fd);
-        let idle = libc::sched_param { sched_priority: 0 };
-        if libc::sched_setscheduler(0, libc::SCHED_IDLE, &idle) != 0 && setup_error == 0 {
-            setup_error = errno();
+        if w >= 0 || errno() != libc::EINTR {
+            helper_exit(1);
         }
-        let ready = [FAULT_READY, libc::getpid() as u64, setup_error as u64, 0];
-        if libc::write(spec.done, ready.as_ptr().cast(), FAULT_DONE_BYTES)
-            != FAULT_DONE_BYTES as isize
-        {
-            libc::_exit(1);
+    }
+}
+
+/// The body of a fault helper process; see [`spawn_fault_helper`]. Only
+/// raw system calls on integers and on buffers on this stack or in `spec`
+/// (the child's copy of the parent's memory); no allocation, no lock.
+fn fault_helper_main(spec: &FaultHelperSpec, parent: libc::pid_t) -> ! {
+    let setup = fault_helper_setup(spec, parent);
+    // SAFETY: getpid has no preconditions.
+    let pid = unsafe { libc::getpid() };
+    let setup_error = setup.err().unwrap_or(0);
+    helper_answer(spec.done, &[FAULT_READY, pid as u64, setup_error as u64, 0]);
+    loop {
+        let mut work = [0u64; 2];
+        // SAFETY: read writes at most FAULT_WORK_BYTES (two words) into `work`.
+        let n = unsafe { libc::read(spec.todo, work.as_mut_ptr().cast(), FAULT_WORK_BYTES) };
+        if n < 0 && errno() == libc::EINTR {
+            continue;
         }
-        loop {
-            let mut work = [0u64; 2];
-            let n = libc::read(spec.todo, work.as_mut_ptr().cast(), FAULT_WORK_BYTES);
-            if n < 0 && errno() == libc::EINTR {
-                continue;
-            }
-            if n != FAULT_WORK_BYTES as isize {
-                libc::_exit(0);
-            }
-            let [offset, len] = work;
-            let mut t0: libc::timespec = std::mem::zeroed();
-            libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut t0);
-            let error = if setup_error != 0 {
-                setup_error
-            } else if offset
-                .checked_add(len)
-                .is_none_or(|end| end > spec.len as u64)
+        if n != FAULT_WORK_BYTES as isize {
+            helper_exit(0);
+        }
+        let [offset, len] = work;
+        let started = monotonic_nanos();
+        let error = match setup {
+            Err(e) => e,
+            Ok(_)
+                if offset
+                    .checked_add(len)
+                    .is_none_or(|end| end > spec.len as u64) =>
             {
                 libc::EINVAL
-            } else if libc::madvise(
-                map.cast::<u8>().add(offset as usize).cast(),
-                len as usize,
-                libc::MADV_POPULATE_WRITE,
-            ) != 0
-            {
-                errno()
-            } else {
-                0
-            };
-            let mut t1: libc::timespec = std::mem::zeroed();
-            libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut t1);
-            let nanos = (t1.tv_sec - t0.tv_sec) as i64 * 1_000_000_000 + (t1.tv_nsec - t0.tv_nsec);
-            let answer = [offset, len, error as u64, nanos.max(0) as u64];
-            loop {
-                let w = libc::write(spec.done, answer.as_ptr().cast(), FAULT_DONE_BYTES);
-                if w < 0 && errno() == libc::EINTR {
-                    continue;
-                }
-                if w != FAULT_DONE_BYTES as isize {
-                    libc::_exit(1);
-                }
-                break;
             }
-        }
+            // `offset + len` is within the mapping of `spec.len` bytes (checked above).
+            Ok(map) => match populate_write(map.wrapping_add(offset as usize), len as usize) {
+                Ok(()) => 0,
+                Err(e) => e.raw_os_error().unwrap_or(libc::EIO),
+            },
+        };
+        let nanos = u64::try_from(monotonic_nanos() - started).unwrap_or(0);
+        helper_answer(spec.done, &[offset, len, error as u64, nanos]);
     }
 }
 

@@ -74,13 +74,23 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
     if sorted.is_empty() {
         return 0.0;
     }
-    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss, clippy::cast_precision_loss)]
+    #[allow(
+        clippy::cast_possible_truncation,
+        clippy::cast_sign_loss,
+        clippy::cast_precision_loss
+    )]
     let i = ((sorted.len() - 1) as f64 * p).round() as usize;
     sorted[i.min(sorted.len() - 1)]
 }
 
 fn refaulted(client: &mut Client) -> Result<u64, RefaultBenchError> {
-    Ok(client.stats()?.scrub.nodes.iter().map(|n| n.refault_bytes).sum())
+    Ok(client
+        .stats()?
+        .scrub
+        .nodes
+        .iter()
+        .map(|n| n.refault_bytes)
+        .sum())
 }
 
 /// `reps` rounds of ALLOC, FREE and STATS until refaulted, through a

@@ -62,7 +62,9 @@ pub(super) fn helpers_pass(
         match helpers.next(stop.as_fd()).map_err(RefaultBenchError::Io)? {
             Next::Faulted(f) => {
                 if let Err(errno) = f.result {
-                    return Err(RefaultBenchError::Io(std::io::Error::from_raw_os_error(errno)));
+                    return Err(RefaultBenchError::Io(std::io::Error::from_raw_os_error(
+                        errno,
+                    )));
                 }
                 in_flight -= 1;
                 done += f.len;
@@ -107,15 +109,18 @@ pub(super) fn threads_pass(
             .collect();
         workers
             .into_iter()
-            .map(|w| w.join().unwrap_or(Err(RefaultBenchError::Panicked)))
-            .collect::<Result<(), _>>()
+            .try_for_each(|w| w.join().unwrap_or(Err(RefaultBenchError::Panicked)))
     })?;
     Ok(done.into_inner())
 }
 
 /// One pass by `threads` threads calling `fallocate` on the region's file
 /// (no mapping, no `mmap_lock`), chunks claimed in order.
-pub(super) fn fallocate_pass(region: &Region, threads: usize, chunk: u64) -> Result<(), RefaultBenchError> {
+pub(super) fn fallocate_pass(
+    region: &Region,
+    threads: usize,
+    chunk: u64,
+) -> Result<(), RefaultBenchError> {
     let next = AtomicU64::new(0);
     let len = region.len();
     std::thread::scope(|s| {
@@ -135,7 +140,6 @@ pub(super) fn fallocate_pass(region: &Region, threads: usize, chunk: u64) -> Res
             .collect();
         workers
             .into_iter()
-            .map(|w| w.join().unwrap_or(Err(RefaultBenchError::Panicked)))
-            .collect::<Result<(), _>>()
+            .try_for_each(|w| w.join().unwrap_or(Err(RefaultBenchError::Panicked)))
     })
 }

@@ -91,24 +91,36 @@ pub(super) fn measure(
             Ok(t.elapsed().as_secs_f64())
         })?;
         drop(h);
-        rates.helpers.push(RatePoint { threads: n, gbps: helpers_gbps });
+        rates.helpers.push(RatePoint {
+            threads: n,
+            gbps: helpers_gbps,
+        });
         let threads_gbps = best_of(reps, len, || {
             punch(region)?;
             let t = Instant::now();
             threads_pass(region, n, chunk, &|| false)?;
             Ok(t.elapsed().as_secs_f64())
         })?;
-        rates.threads.push(RatePoint { threads: n, gbps: threads_gbps });
+        rates.threads.push(RatePoint {
+            threads: n,
+            gbps: threads_gbps,
+        });
         let fallocate_gbps = best_of(reps, len, || {
             punch(region)?;
             let t = Instant::now();
             fallocate_pass(region, n, chunk)?;
             Ok(t.elapsed().as_secs_f64())
         })?;
-        rates.fallocate.push(RatePoint { threads: n, gbps: fallocate_gbps });
+        rates.fallocate.push(RatePoint {
+            threads: n,
+            gbps: fallocate_gbps,
+        });
         // Populated by the pass above: the clear stores to resident pages.
         let nt_gbps = best_of(reps, len, || nt_clear(region, cpus, n))?;
-        rates.nt_clear.push(RatePoint { threads: n, gbps: nt_gbps });
+        rates.nt_clear.push(RatePoint {
+            threads: n,
+            gbps: nt_gbps,
+        });
     }
     for _ in 0..reps {
         let t = Instant::now();

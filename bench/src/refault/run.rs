@@ -84,8 +84,9 @@ pub fn run(
         node.cpus.clone()
     };
     let pages = cfg.size / page.bytes();
-    let reservation = Reservation::for_run(page, pages)
-        .map_err(|e| RefaultBenchError::NoPages(format!("cannot reserve {pages} {page} pages: {e}")))?;
+    let reservation = Reservation::for_run(page, pages).map_err(|e| {
+        RefaultBenchError::NoPages(format!("cannot reserve {pages} {page} pages: {e}"))
+    })?;
     if !reservation.report().met {
         return Err(RefaultBenchError::NoPages(format!(
             "asked for {pages} free {page} pages, the kernel has {}",
@@ -100,11 +101,25 @@ pub fn run(
         let rates = rates::measure(&region, &cpus, chunk, cfg.reps, progress)?;
         let mut tenant = Vec::new();
         progress("a CPU-bound tenant on every CPU of the node");
-        tenant.push(tenant::measure(&region, &cpus, &cpus, chunk, cfg.tenant_window, cfg.reps)?);
+        tenant.push(tenant::measure(
+            &region,
+            &cpus,
+            &cpus,
+            chunk,
+            cfg.tenant_window,
+            cfg.reps,
+        )?);
         if cpus.len() > 1 {
             progress("a CPU-bound tenant on all CPUs of the node but one");
             let some = &cpus[..cpus.len() - 1];
-            tenant.push(tenant::measure(&region, &cpus, some, chunk, cfg.tenant_window, cfg.reps)?);
+            tenant.push(tenant::measure(
+                &region,
+                &cpus,
+                some,
+                chunk,
+                cfg.tenant_window,
+                cfg.reps,
+            )?);
         }
         (rates, tenant)
     };
@@ -163,7 +178,11 @@ impl RefaultBenchReport {
                 at(&self.rates.nt_clear, p.threads).unwrap_or(0.0),
             );
         }
-        let _ = writeln!(s, "helpers spawn + ready, all CPUs: {:.2} ms", self.rates.spawn_ms);
+        let _ = writeln!(
+            s,
+            "helpers spawn + ready, all CPUs: {:.2} ms",
+            self.rates.spawn_ms
+        );
         if let (Some(h), Some(nt)) = (self.helpers_2_over_1, self.nt_2_over_1) {
             let _ = writeln!(
                 s,

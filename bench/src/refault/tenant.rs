@@ -79,7 +79,9 @@ fn one_window(
                     }
                     Load::Threads => {
                         punch(region)?;
-                        let n = threads_pass(region, cpus.len(), chunk, &|| stop.load(Ordering::Relaxed))?;
+                        let n = threads_pass(region, cpus.len(), chunk, &|| {
+                            stop.load(Ordering::Relaxed)
+                        })?;
                         refaulted.fetch_add(n, Ordering::Relaxed);
                     }
                 }
@@ -94,7 +96,9 @@ fn one_window(
                 let mut n = 0u64;
                 while !stop.load(Ordering::Relaxed) {
                     for _ in 0..4096 {
-                        x = std::hint::black_box(x.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1));
+                        x = std::hint::black_box(
+                            x.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1),
+                        );
                     }
                     n += 4096;
                 }
@@ -104,7 +108,9 @@ fn one_window(
         // The window is the measurement itself: a fixed span of the tenant's run.
         std::thread::sleep(window);
         stop.store(true, Ordering::Relaxed);
-        stop_event.write(1).map_err(|e| RefaultBenchError::Io(e.into()))?;
+        stop_event
+            .write(1)
+            .map_err(|e| RefaultBenchError::Io(e.into()))?;
         loader.join().unwrap_or(Err(RefaultBenchError::Panicked))
     });
     let secs = started.elapsed().as_secs_f64();

@@ -125,7 +125,7 @@ impl Fill {
         self.in_flight = self.in_flight.saturating_sub(1);
         self.retry.push((work.offset, work.len));
         // Highest first, so `pop` gives the lowest.
-        self.retry.sort_unstable_by(|a, b| b.0.cmp(&a.0));
+        self.retry.sort_unstable_by_key(|r| std::cmp::Reverse(r.0));
     }
 
     /// Records how a scrubber's `work` on a region of `len` bytes ended:
