@@ -19,14 +19,13 @@
 //! holes fault at the guest's first touch, zeroed by the kernel then.
 
 use std::os::fd::AsFd;
-use std::sync::Arc;
 
 use nix::sys::eventfd::EventFd;
 use numa::NodeId;
 use tracing::{debug, warn};
 
 use super::metrics::{Metrics, ScrubCounters};
-use super::pool::{FillWork, Pool};
+use super::pool::{FillTicket, FillWork, Pool};
 use crate::fault_helpers::{FaultHelpers, Next, Ready};
 
 /// What one node's refault thread works with.
@@ -60,15 +59,22 @@ fn refault_region(
     stop: &EventFd,
     counters: &ScrubCounters,
 ) -> bool {
-    let region = Arc::clone(&first.region);
     let id = first.id;
-    let helpers = match FaultHelpers::spawn(
-        region.fd(),
-        region.len(),
+    let spawned = FaultHelpers::spawn(
+        first.region.fd(),
+        first.region.len(),
         &at.cpus,
-        region.node(),
+        first.region.node(),
         at.helpers,
-    ) {
+    );
+    // From here on only the helpers' mappings keep the region's file: a
+    // region no one else references can be grown in place meanwhile.
+    let first = {
+        let ticket = first.ticket();
+        drop(first);
+        ticket
+    };
+    let helpers = match spawned {
         Ok(h) => h,
         Err(e) => {
             pool.fill_done(&first, Err(format!("cannot start fault helpers: {e}")));
@@ -91,12 +97,15 @@ fn refault_region(
         helpers = helpers.pids().len(),
         "fault helpers ready"
     );
-    let mut in_flight: Vec<FillWork> = Vec::new();
+    let mut in_flight: Vec<FillTicket> = Vec::new();
     let mut next = Some(first);
     let depth = 2 * helpers.pids().len();
     loop {
         while in_flight.len() < depth {
-            let Some(work) = next.take().or_else(|| pool.claim_fill(id, at.chunk)) else {
+            let Some(work) = next
+                .take()
+                .or_else(|| pool.claim_fill(id, at.chunk).map(|w| w.ticket()))
+            else {
                 break;
             };
             if let Err(e) = helpers.send(work.offset, work.len) {
@@ -168,7 +177,7 @@ fn refault_region(
     }
 }
 
-fn abandon(pool: &Pool, in_flight: &mut Vec<FillWork>) {
+fn abandon(pool: &Pool, in_flight: &mut Vec<FillTicket>) {
     for work in in_flight.drain(..) {
         pool.fill_abandoned(&work);
     }

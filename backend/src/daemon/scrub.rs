@@ -255,7 +255,7 @@ fn refault(pool: &Pool, work: &FillWork, counters: &ScrubCounters) {
         Metrics::add(&counters.refault_bytes, work.len);
         Metrics::add(&counters.refault_nanos, nanos);
     }
-    pool.fill_done(work, result);
+    pool.fill_done(&work.ticket(), result);
 }
 
 /// Clears the claimed pages in runs of at most `batch` bytes; `Ok(false)`

@@ -64,6 +64,20 @@ impl Fill {
     }
 }
 
+/// A chunk of holes claimed, without the region: what the fault helpers'
+/// refault thread keeps while they work (a region with no other reference
+/// can still be grown in place; the helpers keep its file).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FillTicket {
+    /// The region.
+    pub id: RegionId,
+    /// First byte.
+    pub offset: u64,
+    /// Bytes.
+    pub len: u64,
+    generation: u64,
+}
+
 /// A chunk of holes a scrubber faults in.
 #[derive(Debug)]
 pub struct FillWork {
@@ -76,6 +90,18 @@ pub struct FillWork {
     /// Bytes.
     pub len: u64,
     generation: u64,
+}
+
+impl FillWork {
+    /// The claim without the region.
+    pub fn ticket(&self) -> FillTicket {
+        FillTicket {
+            id: self.id,
+            offset: self.offset,
+            len: self.len,
+            generation: self.generation,
+        }
+    }
 }
 
 impl Fill {
@@ -118,7 +144,7 @@ impl Fill {
 
     /// Takes `work` back unfinished (its helper was stopped): it is claimed
     /// again, before anything above it.
-    pub(super) fn abandon(&mut self, work: &FillWork) {
+    pub(super) fn abandon(&mut self, work: &FillTicket) {
         if work.generation != self.generation {
             return;
         }
@@ -136,7 +162,7 @@ impl Fill {
     /// whether this fill is over.
     pub(super) fn finish(
         &mut self,
-        work: &FillWork,
+        work: &FillTicket,
         len: u64,
         result: Result<(), String>,
     ) -> Option<bool> {

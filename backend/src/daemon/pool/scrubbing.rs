@@ -9,7 +9,7 @@ use numa::NodeId;
 use tracing::{info, warn};
 
 use super::ids::RegionId;
-use super::refault::FillWork;
+use super::refault::{FillTicket, FillWork};
 use super::table::{EntryState, Pool};
 
 /// How a scrubber's batch ended (see [`Pool::scrub_done`]).
@@ -172,7 +172,7 @@ impl Pool {
     /// A scrubber faulted `work` in (`Ok`) or could not (`Err`: the file no
     /// longer has the pages, e.g. a tenant truncated the region it was
     /// handed; the rest of the region faults at first touch instead).
-    pub fn fill_done(&self, work: &FillWork, result: Result<(), String>) {
+    pub fn fill_done(&self, work: &FillTicket, result: Result<(), String>) {
         let mut g = self.lock();
         let Some(e) = g.entries.get_mut(&work.id) else {
             return;
@@ -250,7 +250,7 @@ impl Pool {
 
     /// A fault helper was stopped before it answered for `work`: the chunk
     /// is claimed again later, before the rest of its region.
-    pub fn fill_abandoned(&self, work: &FillWork) {
+    pub fn fill_abandoned(&self, work: &FillTicket) {
         let mut g = self.lock();
         if let Some(f) = g.entries.get_mut(&work.id).and_then(|e| e.fill.as_mut()) {
             f.abandon(work);
