@@ -21,7 +21,7 @@
 //! A helper counts as a holder of its region for the quarantine's holder
 //! scan (it maps it), so a released region is never detached while a
 //! helper still faults it (its refault would look like pages a pin kept).
-//! The quarantine stops such a helper at once ([`stop_own_helper`]) and
+//! The quarantine stops such a helper at once ([`stop_own_helper`](crate::fault_helpers::stop_own_helper)) and
 //! its exit wakes the next scan. The descriptors a helper inherits for the
 //! moment between its fork and its first system call are the daemon's own
 //! descriptions, which the scan does not count.
