@@ -26,7 +26,7 @@ use tracing::{debug, warn};
 
 use super::metrics::{Metrics, ScrubCounters};
 use super::pool::{FillTicket, FillWork, Pool};
-use crate::fault_helpers::{FaultHelpers, Next, Ready};
+use crate::fault_helpers::{FaultHelpers, Faulted, Next, Ready};
 
 /// What one node's refault thread works with.
 #[derive(Debug, Clone)]
@@ -110,12 +110,7 @@ fn refault_region(
             };
             if let Err(e) = helpers.send(work.offset, work.len) {
                 pool.fill_done(&work, Err(format!("the fault helpers are gone: {e}")));
-                for work in in_flight.drain(..) {
-                    pool.fill_done(
-                        &work,
-                        Err("the fault helpers exited before they answered".into()),
-                    );
-                }
+                give_up(pool, &mut in_flight);
                 return true;
             }
             in_flight.push(work);
@@ -125,33 +120,7 @@ fn refault_region(
             return true;
         }
         match helpers.next(stop.as_fd()) {
-            Ok(Next::Faulted(f)) => {
-                let Some(i) = in_flight.iter().position(|w| w.offset == f.offset) else {
-                    warn!(
-                        region = id,
-                        offset = f.offset,
-                        "a fault helper answered for work it was not sent"
-                    );
-                    continue;
-                };
-                let work = in_flight.swap_remove(i);
-                let result = f.result.map_err(|errno| {
-                    format!(
-                        "bytes {}..{} cannot be populated: {}",
-                        work.offset,
-                        work.offset + work.len,
-                        std::io::Error::from_raw_os_error(errno)
-                    )
-                });
-                if result.is_ok() {
-                    Metrics::add(&counters.refault_bytes, work.len);
-                    Metrics::add(
-                        &counters.refault_nanos,
-                        u64::try_from(f.spent.as_nanos()).unwrap_or(u64::MAX),
-                    );
-                }
-                pool.fill_done(&work, result);
-            }
+            Ok(Next::Faulted(f)) => record(pool, counters, &mut in_flight, &f),
             Ok(Next::Stopped) => {
                 abandon(pool, &mut in_flight);
                 return false;
@@ -165,15 +134,48 @@ fn refault_region(
             Ok(Next::Gone) | Err(_) => {
                 // Never started again for this fill: a helper that dies
                 // would die again. The rest faults at first touch.
-                for work in in_flight.drain(..) {
-                    pool.fill_done(
-                        &work,
-                        Err("the fault helpers exited before they answered".into()),
-                    );
-                }
+                give_up(pool, &mut in_flight);
                 return true;
             }
         }
+    }
+}
+
+/// Reports one helper's answer `f` for its chunk in `in_flight`.
+fn record(pool: &Pool, counters: &ScrubCounters, in_flight: &mut Vec<FillTicket>, f: &Faulted) {
+    let Some(i) = in_flight.iter().position(|w| w.offset == f.offset) else {
+        warn!(
+            offset = f.offset,
+            "a fault helper answered for work it was not sent"
+        );
+        return;
+    };
+    let work = in_flight.swap_remove(i);
+    let result = f.result.map_err(|errno| {
+        format!(
+            "bytes {}..{} cannot be populated: {}",
+            work.offset,
+            work.offset + work.len,
+            std::io::Error::from_raw_os_error(errno)
+        )
+    });
+    if result.is_ok() {
+        Metrics::add(&counters.refault_bytes, work.len);
+        Metrics::add(
+            &counters.refault_nanos,
+            u64::try_from(f.spent.as_nanos()).unwrap_or(u64::MAX),
+        );
+    }
+    pool.fill_done(&work, result);
+}
+
+/// The helpers died with `in_flight` unanswered: this fill gives up.
+fn give_up(pool: &Pool, in_flight: &mut Vec<FillTicket>) {
+    for work in in_flight.drain(..) {
+        pool.fill_done(
+            &work,
+            Err("the fault helpers exited before they answered".into()),
+        );
     }
 }
 
