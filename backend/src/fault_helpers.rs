@@ -20,7 +20,9 @@
 //!
 //! A helper counts as a holder of its region for the quarantine's holder
 //! scan (it maps it), so a released region is never detached while a
-//! helper still faults it (its refault would look like pages a pin kept).
+//! helper still faults it (its refault would look like pages a pin kept);
+//! not for the re-scan of a clean region before it is handed out again
+//! (`holders::scan_for_reuse`), which a helper may go on faulting.
 //! The quarantine stops such a helper at once ([`stop_own_helper`](crate::fault_helpers::stop_own_helper)) and
 //! its exit wakes the next scan. The descriptors a helper inherits for the
 //! moment between its fork and its first system call are the daemon's own
@@ -41,6 +43,13 @@ static SETS: AtomicU64 = AtomicU64::new(1);
 
 fn registry() -> MutexGuard<'static, BTreeMap<libc::pid_t, u64>> {
     HELPERS.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Whether `pid` is a fault helper of this process (an unreaped child:
+/// the pid is still its own; a helper forked at this moment is in the
+/// registry first, as the fork happens under its lock).
+pub fn is_own_helper(pid: i32) -> bool {
+    registry().contains_key(&pid)
 }
 
 /// Kills `pid` and the other helpers of its set (they all map the same
