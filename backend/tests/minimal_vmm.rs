@@ -295,3 +295,110 @@ fn a_lazy_vm_runs_on_across_a_takeover() {
     }
     panic!("the example never got a LAZY region the new daemon served in {TRIES} tries");
 }
+
+/// Set in the child process of the update test: the fd of the paused
+/// guest's state (`minimal_vmm::Paused::to_memfd`).
+const RESUME_FD_ENV: &str = "MINIMAL_VMM_RESUME_FD";
+
+/// The example VMM updates itself under a running guest (issue 26): the
+/// test is the old VMM (`start_and_pause`: ALLOC, the counting guest runs,
+/// its vCPU is paused and saved), and a child process — this test binary
+/// again, running only this test with the state's memfd inherited — is the
+/// new one (`resume`: HANDOFF on its own connection, its own mappings of
+/// the same memory, a new VM with the saved vCPU). The guest counts on
+/// from where it stopped; the old connection owns nothing afterwards; the
+/// daemon's accounting balances.
+#[test]
+fn the_example_vmm_updates_itself_and_the_guest_counts_on() {
+    const TEST: &str = "the_example_vmm_updates_itself_and_the_guest_counts_on";
+    if let Ok(fd) = std::env::var(RESUME_FD_ENV) {
+        // The child: the new VMM.
+        let raw: i32 = fd.parse().expect("the state fd");
+        // SAFETY: the parent created this memfd without CLOEXEC for this
+        // process, which inherited it; nothing else here owns it.
+        let state = unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(raw) };
+        let paused = minimal_vmm::Paused::from_memfd(state).expect("the paused guest's state");
+        let report = minimal_vmm::resume(&paused, 4 * minimal_vmm::COUNTS_PER_EXIT)
+            .expect("the new VMM resumes the guest");
+        println!(
+            "UPDATED pause={} resume={} end={} takeover_us={}",
+            report.counter_at_pause,
+            report.counter_at_resume,
+            report.counter_at_end,
+            report.takeover.as_micros()
+        );
+        return;
+    }
+    let _s = serial();
+    if !prerequisites(TEST) {
+        return;
+    }
+    let daemon = TestDaemon::start(|_| {});
+    let mut old = daemon.client();
+    let (alloc, paused) = minimal_vmm::start_and_pause(
+        &mut old,
+        &daemon.socket(),
+        SIZE,
+        4 * minimal_vmm::COUNTS_PER_EXIT,
+    )
+    .expect("the old VMM runs the counting guest");
+    assert!(paused.counter >= 4 * minimal_vmm::COUNTS_PER_EXIT);
+    let id = alloc.id;
+    // The old VMM's own mappings and fds go; its connection stays open
+    // (it still owns the allocation) until the successor has taken over.
+    drop(alloc);
+    let state = paused.to_memfd().expect("state memfd");
+    let out = std::process::Command::new(std::env::current_exe().expect("test binary"))
+        .args([TEST, "--exact", "--nocapture", "--test-threads", "1"])
+        .env(
+            RESUME_FD_ENV,
+            std::os::fd::AsRawFd::as_raw_fd(&state).to_string(),
+        )
+        .output()
+        .expect("run the new VMM");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "the new VMM failed: {stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let line = stdout
+        .lines()
+        // The harness may print "test NAME ... " before it on the same line.
+        .find_map(|l| l.find("UPDATED ").map(|at| &l[at..]))
+        .unwrap_or_else(|| panic!("no report from the new VMM: {stdout}"));
+    println!("OBSERVED: {line}");
+    let field = |name: &str| -> u64 {
+        line.split_whitespace()
+            .find_map(|kv| kv.strip_prefix(name)?.strip_prefix('='))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("{name} in {line}"))
+    };
+    // The guest's memory came over as it was, and it counted on.
+    assert_eq!(field("pause"), u64::from(paused.counter));
+    assert_eq!(
+        field("resume"),
+        field("pause"),
+        "the counter went back or jumped"
+    );
+    assert!(field("end") >= field("resume") + 4 * u64::from(minimal_vmm::COUNTS_PER_EXIT));
+    // The old connection owns nothing now: FREE is refused like an unknown
+    // id, and the successor's FREE released the allocation.
+    assert!(matches!(
+        old.free(id),
+        Err(backend::client::ClientError::Refused {
+            status: backend::proto::Status::NotFound,
+            ..
+        })
+    ));
+    let stats = daemon.stats();
+    assert_eq!(stats.allocations.active, 0);
+    assert_eq!(stats.counters.handoff_ok, 1);
+    assert_eq!(
+        stats.counters.allocs_ok - stats.counters.allocs_released,
+        stats.allocations.active,
+        "accounting: {stats}"
+    );
+    drop(old);
+    daemon.shutdown();
+}

@@ -10,6 +10,7 @@
 
 use test_support::lazy::{lazy_alloc_from_dirty_pool, reserve as reserve_lazy};
 use test_support::prelude::{refused, serial, TestDaemon};
+use test_support::tokens::{euid, req_4k, without_id};
 
 use std::os::fd::AsFd;
 use std::os::unix::net::UnixStream;
@@ -19,33 +20,11 @@ use backend::client::{Client, ClientError};
 use backend::daemon::session::MAX_REATTACH_REFUSALS;
 use backend::proto::socket::{recv_message, send_message};
 use backend::proto::{
-    AllocPart, AllocRequest, ClearMode, Code, Header, PagePolicy, RegionInfo, Reply, ReplyBody,
-    Request, Status, FEATURE_LAZY, FEATURE_REATTACH, FEATURE_REBALANCE,
+    Code, Header, RegionInfo, Reply, ReplyBody, Request, Status, FEATURE_LAZY, FEATURE_REATTACH,
+    FEATURE_REBALANCE,
 };
 
 const MIB: u64 = 1 << 20;
-
-fn req_4k(size: u64) -> AllocRequest {
-    AllocRequest {
-        total_size: size,
-        page_policy: PagePolicy::Base4K,
-        clear_mode: ClearMode::Eager,
-        lock: false,
-        parts: vec![AllocPart { node: 0, size }],
-        want_paths: false,
-    }
-}
-
-fn uid() -> u32 {
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    unsafe { libc::geteuid() }
-}
-
-/// A refusal's message with the allocation id taken out, so refusals of
-/// different ids compare.
-fn shape(message: &str, id: u64) -> String {
-    message.replace(&id.to_string(), "<id>")
-}
 
 #[test]
 fn alloc_returns_a_token_only_when_negotiated() {
@@ -131,34 +110,37 @@ fn reattach_refusals_read_alike_and_an_orphan_comes_back() {
     let (status, live_other) = refused(other.reattach(a.id, token));
     assert_eq!(status, Status::NotFound);
     assert_eq!(live_own, live_other);
-    let expected = shape(&live_own, a.id);
+    let expected = without_id(&live_own, a.id);
 
     // An unknown id.
     let unknown = a.id + 1000;
     let (status, msg) = refused(other.reattach(unknown, token));
     assert_eq!(status, Status::NotFound);
-    assert_eq!(shape(&msg, unknown), expected);
+    assert_eq!(without_id(&msg, unknown), expected);
 
     // Orphaned (a restart), but another uid's: the right token does not help.
-    assert!(d.handle().orphan_for_tests(a.id, Some(uid() + 1)));
+    assert!(d.handle().orphan_for_tests(a.id, Some(euid() + 1)));
     let (status, msg) = refused(other.reattach(a.id, token));
     assert_eq!(
-        (status, shape(&msg, a.id)),
+        (status, without_id(&msg, a.id)),
         (Status::NotFound, expected.clone())
     );
 
     // Ours again, orphaned: a wrong token.
-    assert!(d.handle().orphan_for_tests(a.id, Some(uid())));
+    assert!(d.handle().orphan_for_tests(a.id, Some(euid())));
     let (status, msg) = refused(other.reattach(a.id, wrong));
     assert_eq!(
-        (status, shape(&msg, a.id)),
+        (status, without_id(&msg, a.id)),
         (Status::NotFound, expected.clone())
     );
 
     // The old connection no longer owns it: FREE is refused like any
     // other id, and its close releases nothing.
     let (status, msg) = refused(owner.free(a.id));
-    assert_eq!((status, shape(&msg, a.id)), (Status::NotFound, expected));
+    assert_eq!(
+        (status, without_id(&msg, a.id)),
+        (Status::NotFound, expected)
+    );
     drop(owner);
     std::thread::sleep(Duration::from_millis(100));
     assert_eq!(d.stats().allocations.active, 1, "the orphan is kept");
@@ -271,7 +253,7 @@ fn a_reattached_lazy_allocation_resumes_after_the_fallback() {
         return;
     }
     let d = TestDaemon::start(|cfg| {
-        cfg.pool.lazy_dirty_uids = vec![uid()];
+        cfg.pool.lazy_dirty_uids = vec![euid()];
         // Dirty pooled memory exists only without detaching.
         cfg.pool.detach_pages = false;
     });

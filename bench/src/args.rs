@@ -294,6 +294,11 @@ pub(crate) struct CompareArgs {
     /// QEMU's prealloc-threads (default: online CPUs).
     #[arg(long)]
     pub(crate) prealloc_threads: Option<usize>,
+    /// Pool variants take the region the moment the pool shows it clean
+    /// (punched holes, still being refaulted) instead of once it is
+    /// resident again.
+    #[arg(long)]
+    pub(crate) pool_holes: bool,
     /// Also render a bar chart to this PNG (scripts/plot-compare; needs python3-matplotlib).
     #[arg(long)]
     pub(crate) plot: Option<std::path::PathBuf>,

@@ -37,5 +37,7 @@ mod stats;
 pub mod takeover;
 /// `hugemem bench vmstart`: ALLOC to the guest's first instruction and to all pages touched, eager and lazy.
 pub mod vmstart;
+/// `hugemem bench vmstart`'s report as a table and as JSON.
+mod vmstart_table;
 
 pub use error::BenchError;

@@ -125,6 +125,7 @@ fn compare(args: CompareArgs) -> Result<i32> {
         // cloud-hypervisor variants run only when this names a binary.
         cloud_hypervisor: std::env::var_os("CLOUD_HYPERVISOR").filter(|v| !v.is_empty()),
         prealloc_threads: args.prealloc_threads,
+        pool_holes: args.pool_holes,
     };
     let report =
         compare::run(&cfg, &mut |line| tracing::info!("{line}")).context("bench compare failed")?;

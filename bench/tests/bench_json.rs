@@ -134,14 +134,28 @@ fn vmstart_runs_eager_dirty_and_reads_only_zeros() {
             "lazy-dirty",
             "eager-dirty",
             "lazy-fresh",
-            "prefault"
+            "prefault",
+            "floor"
         ],
         "{r}"
+    );
+    // The one-thread kernel zeroing limit was measured.
+    positive(
+        &r["kernel_zeroing_1_thread_ms"],
+        "kernel_zeroing_1_thread_ms",
     );
     for s in r["scenarios"].as_array().expect("scenarios") {
         assert_eq!(s["saw_nonzero"], false, "{s}");
         positive(&s["first_instruction_ms"], "first_instruction_ms");
         positive(&s["all_touched_ms"], "all_touched_ms");
+        if s["name"] == "floor" {
+            // The floor: no ALLOC, memory the bench populated itself.
+            assert_eq!(
+                (&s["flags"], &s["alloc_ms"]),
+                (&"RESIDENT".into(), &0.0.into()),
+                "{s}"
+            );
+        }
         let dirty = s["name"] == "eager-dirty";
         assert_eq!(s["recleared"].is_boolean(), dirty, "{s}");
         if dirty {

@@ -42,6 +42,9 @@ const TOP_KEYS: &[&str] = &[
     "variants",
     "ratios",
     "pool_scrub_s",
+    "pool_resident_s",
+    "pool_hand_out",
+    "over_floor",
     // Every bench's --json: its name and the run (command, date, machine).
     "bench",
     "run",
@@ -55,6 +58,7 @@ const VARIANT_KEYS: &[&str] = &[
     "ready_s",
     "first_instruction_s",
     "poweroff_s",
+    "touched_s",
     "alloc_s",
     "gib_per_s",
     "guest_report",
@@ -70,6 +74,9 @@ const VARIANTS: &[&str] = &[
     "ch_hugemem_pool",
     "client_fresh",
     "client_pool",
+    "qemu_floor",
+    "ch_floor",
+    "client_floor",
 ];
 
 /// Runs `hugemem bench compare --json` with `args`; `None` (after printing
@@ -127,6 +134,19 @@ fn check_shape(report: &Value) {
         .map(|v| v["key"].as_str().expect("key"))
         .collect();
     assert_eq!(keys, VARIANTS);
+    assert_eq!(report["pool_hand_out"], "resident");
+    // Every measured variant stands beside its own VMM's floor.
+    for (key, o) in report["over_floor"].as_object().expect("over_floor") {
+        let floor = o["floor"].as_str().expect("floor key");
+        assert!(floor.ends_with("_floor"), "{key}: {o}");
+        assert_eq!(key.split('_').next(), floor.split('_').next(), "{key}: {o}");
+        if key == floor {
+            assert_eq!(
+                (o["ready_ms"].as_f64(), o["poweroff_ms"].as_f64()),
+                (Some(0.0), Some(0.0))
+            );
+        }
+    }
     for v in report["variants"].as_array().expect("variants") {
         let o = v.as_object().expect("variant object");
         for k in VARIANT_KEYS {

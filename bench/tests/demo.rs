@@ -48,6 +48,23 @@ fn check(report: &Value) {
     assert!(size > 0);
     assert!(f(report, "alloc_fresh_s") > 0.0);
     assert!(f(report, "alloc_pooled_s") > 0.0);
+    // The warm-up (the host's first touch) ran and is reported apart.
+    assert!(f(report, "host_first_touch_s") > 0.0, "{report}");
+    // What the pooled ALLOC handed out adds up to its size; on huge pages
+    // the demo waits for the refault, so it is resident (4 KiB shmem keeps
+    // the holes of pages no guest touched).
+    let (resident, holes) = (
+        report["alloc_pooled_resident_bytes"]
+            .as_u64()
+            .expect("resident bytes"),
+        report["alloc_pooled_hole_bytes"]
+            .as_u64()
+            .expect("hole bytes"),
+    );
+    assert_eq!(resident + holes, size, "{report}");
+    if report["page_size"] != "4K" {
+        assert_eq!(holes, 0, "{report}");
+    }
     assert_eq!(
         report["alloc_pooled_from_pool"],
         Value::Bool(true),

@@ -66,6 +66,50 @@ pub(crate) enum Command {
     /// no such node), 1 = not root or another error. Without --1g/--2m it
     /// only shows both pools (and mounts).
     Hugepages(HugepagesArgs),
+    /// Check whether this host is ready: huge pages, hugetlbfs, userfaultfd,
+    /// KVM, the daemon's socket for every tenant uid, and libvirt.
+    ///
+    /// Each item is PASS, WARN, FAIL or SKIP (could not be checked, and why),
+    /// with one line of why and one of what to do. Exit status: 0 = no FAIL,
+    /// 1 = at least one FAIL.
+    Check(CheckArgs),
+    /// Write the man pages and shell completions (for packaging).
+    #[command(hide = true)]
+    PackageAssets {
+        /// Directory for the man pages (section 1).
+        #[arg(long, value_name = "DIR")]
+        man: std::path::PathBuf,
+        /// Directory for the bash, zsh and fish completions.
+        #[arg(long, value_name = "DIR")]
+        completions: std::path::PathBuf,
+    },
+}
+
+/// `hugemem check` flags.
+#[derive(Debug, clap::Args)]
+pub(crate) struct CheckArgs {
+    /// The daemon's configuration file (default: /etc/hugemem/hugemem.toml
+    /// when it exists, else the built-in defaults).
+    #[arg(long, value_name = "FILE")]
+    pub(crate) config: Option<std::path::PathBuf>,
+    /// Print one JSON object instead of the lines.
+    #[arg(long)]
+    pub(crate) json: bool,
+    /// libvirt's QEMU driver configuration.
+    #[arg(long, value_name = "FILE", default_value = hugemem::check::inputs::DEFAULT_QEMU_CONF)]
+    pub(crate) qemu_conf: std::path::PathBuf,
+    /// The emulator script libvirt domains name.
+    #[arg(long, value_name = "FILE", default_value = hugemem::check::inputs::DEFAULT_EMULATOR)]
+    pub(crate) emulator: std::path::PathBuf,
+    /// The sysfs root to read (another root: a container's, a test's).
+    #[arg(long, value_name = "DIR", default_value = "/sys")]
+    pub(crate) sys: std::path::PathBuf,
+    /// The procfs root to read.
+    #[arg(long, value_name = "DIR", default_value = "/proc")]
+    pub(crate) proc: std::path::PathBuf,
+    /// The device directory (kvm, userfaultfd).
+    #[arg(long, value_name = "DIR", default_value = "/dev")]
+    pub(crate) dev: std::path::PathBuf,
 }
 
 /// The arguments of `hugemem demo` and `hugemem bench`, passed to

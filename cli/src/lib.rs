@@ -5,7 +5,7 @@
 //!
 //! - [`launch`]: runs cloud-hypervisor or QEMU on daemon memory.
 //! - [`qemu_wrapper`]: the QEMU a libvirt domain names as its emulator.
-//! - [`status`], [`rebalance_cli`], [`hugepages`]: the operator's commands.
+//! - [`status`], [`rebalance_cli`], [`hugepages`], [`check`]: the operator's commands.
 //! - [`companion`]: finds a binary installed beside this one (`hugemem demo`
 //!   and `hugemem bench …` run `hugemem-bench`, which is not part of this
 //!   crate, so that the shipped daemon carries no benchmark and no guest).
@@ -14,6 +14,8 @@
 #![deny(missing_docs)]
 
 pub mod arg_values;
+/// `hugemem check`: whether this host is ready for the daemon and its tenants.
+pub mod check;
 pub mod companion;
 /// `hugemem hugepages`: reserve huge pages and mount hugetlbfs, with a report.
 pub mod hugepages;

@@ -7,7 +7,9 @@ use tracing_subscriber::EnvFilter;
 
 /// The clap definitions.
 mod args;
-use args::{Cli, Command, ForwardArgs, HugepagesArgs, LaunchArgs, QemuWrapperArgs, ServeArgs};
+use args::{
+    CheckArgs, Cli, Command, ForwardArgs, HugepagesArgs, LaunchArgs, QemuWrapperArgs, ServeArgs,
+};
 
 /// Runs `hugemem hugepages`; returns the exit status (see the command's help).
 fn hugepages(args: HugepagesArgs) -> Result<i32> {
@@ -208,7 +210,52 @@ fn run(cli: Cli) -> Result<i32> {
         Command::Demo(args) => run_bench_binary(Some("demo"), args),
         Command::Bench(args) => run_bench_binary(None, args),
         Command::Hugepages(args) => hugepages(args),
+        Command::Check(args) => check(args),
+        Command::PackageAssets { man, completions } => package_assets(&man, &completions),
     }
+}
+
+/// Runs `hugemem check`: the report as lines or JSON; 1 on any FAIL.
+fn check(args: CheckArgs) -> Result<i32> {
+    use hugemem::check::{self, CheckInputs};
+    let (config, config_path, config_item) = check::load_config(args.config.as_deref());
+    let inputs = CheckInputs {
+        sys: args.sys,
+        proc: args.proc,
+        dev: args.dev,
+        qemu_conf: args.qemu_conf,
+        emulator: args.emulator,
+        ..CheckInputs::host(config, config_path)
+    };
+    let report = check::run(&inputs, config_item);
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report.to_json())?);
+    } else {
+        print!("{}", report.to_text());
+    }
+    Ok(report.exit_code())
+}
+
+/// Writes the man pages (one per subcommand) and the bash, zsh and fish
+/// completions, from this very command line definition.
+fn package_assets(man: &std::path::Path, completions: &std::path::Path) -> Result<i32> {
+    use clap::CommandFactory;
+    std::fs::create_dir_all(man).with_context(|| format!("create {}", man.display()))?;
+    std::fs::create_dir_all(completions)
+        .with_context(|| format!("create {}", completions.display()))?;
+    let cmd = Cli::command();
+    clap_mangen::generate_to(cmd.clone(), man)
+        .with_context(|| format!("write the man pages to {}", man.display()))?;
+    for shell in [
+        clap_complete::Shell::Bash,
+        clap_complete::Shell::Zsh,
+        clap_complete::Shell::Fish,
+    ] {
+        let mut cmd = cmd.clone();
+        clap_complete::generate_to(shell, &mut cmd, "hugemem", completions)
+            .with_context(|| format!("write the {shell} completion"))?;
+    }
+    Ok(0)
 }
 
 /// Runs `hugemem status`: STATS as a table, or as the daemon sent it.

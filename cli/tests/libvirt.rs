@@ -2,7 +2,11 @@
 //! `.ci/run` installs) starts TCG domains whose `<emulator>` is the shipped
 //! `scripts/hugemem-qemu`, i.e. `hugemem qemu-wrapper`, against a daemon on a
 //! socket that libvirt's unprivileged QEMU user (`libvirt-qemu`) is allowed
-//! to use. The domains boot the micro-guest (PVH ELF as `<kernel>`) on 2 GiB
+//! to use. With `HUGEMEM_INSTALLED=1` (CI, after `apt-get install
+//! ./hugemem_*.deb`) the `<emulator>` is the package's `/usr/bin/hugemem-qemu`
+//! as installed, running `/usr/bin/hugemem`, and the daemon serves the
+//! socket that script names (`/run/hugemem/hugemem.sock`); from the build
+//! tree, the script is rewritten to this build's binary and a private socket. The domains boot the micro-guest (PVH ELF as `<kernel>`) on 2 GiB
 //! in two guest NUMA cells of huge pages, and the test checks:
 //!
 //! * from STATS: two 1 GiB (or 2 MiB) regions in use, on the asked node,
@@ -80,6 +84,8 @@ use test_support::hugepages::hold;
 use test_support::prelude::TestDaemon;
 
 const HUGEMEM: &str = env!("CARGO_BIN_EXE_hugemem");
+/// The socket the installed emulator script names (the package's default).
+const INSTALLED_SOCKET: &str = test_support::installed::paths::SOCKET;
 const QEMU: &str = "/usr/bin/qemu-system-x86_64";
 const QEMU_USER: &str = "libvirt-qemu";
 const STRIDE: u64 = 2 << 20;
@@ -453,10 +459,10 @@ fn wait_reports(lv: &Libvirt, d: &Domain, n: usize) -> Vec<String> {
 fn install_shim(dir: &Path, socket: &Path) -> PathBuf {
     let shipped = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/hugemem-qemu");
     let text = std::fs::read_to_string(&shipped).expect("scripts/hugemem-qemu");
-    assert!(text.contains("/usr/local/bin/hugemem") && text.contains("/run/hugemem/hugemem.sock"));
+    assert!(text.contains("/usr/bin/hugemem}") && text.contains(INSTALLED_SOCKET));
     let text = text
-        .replace("/usr/local/bin/hugemem", HUGEMEM)
-        .replace("/run/hugemem/hugemem.sock", &socket.display().to_string());
+        .replace("/usr/bin/hugemem}", &format!("{HUGEMEM}}}"))
+        .replace(INSTALLED_SOCKET, &socket.display().to_string());
     let path = dir.join("hugemem-qemu");
     std::fs::write(&path, text).expect("write shim");
     std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).expect("chmod");
@@ -578,14 +584,27 @@ impl Stage {
         let guests = dir.join("guests");
         std::fs::create_dir(&guests).expect("guests dir");
         std::fs::set_permissions(&guests, std::fs::Permissions::from_mode(0o777)).expect("chmod");
-        let socket = dir.join("hugemem/hugemem.sock");
+        let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let shipped = test_support::installed::shipped(HUGEMEM, &repo);
+        // Installed (CI, HUGEMEM_INSTALLED=1): the package's emulator script
+        // as installed, so the daemon serves the socket it names; from the
+        // build tree: the script rewritten to this build and a private socket.
+        let socket = if shipped.installed {
+            test_support::installed::runtime_dir_for(qemu_gid)
+        } else {
+            dir.join("hugemem/hugemem.sock")
+        };
         let daemon = TestDaemon::start(|c| {
             c.socket = socket.clone();
             c.allowed_uids = vec![qemu_uid];
             c.socket_group = Some(qemu_gid);
             c.pool.recheck_ms = 20;
         });
-        let shim = install_shim(dir, &socket);
+        let shim = if shipped.installed {
+            shipped.emulator.clone()
+        } else {
+            install_shim(dir, &socket)
+        };
         Stage {
             tmp,
             daemon,

@@ -19,6 +19,13 @@
 //! [`Client::reconnect`] (or [`Client::reattach`] on one it opened itself).
 //! Until then the memory stays the VMM's: the daemon neither scrubs nor reuses
 //! a region some process still maps (quarantine).
+//!
+//! **A VMM's successor.** A new VMM process (an update under a running
+//! guest) takes the allocation over on its own connection with
+//! [`Client::handoff`] and the current token: it gets its own fds of the
+//! same memory and a new token; the old connection owns nothing from then on.
+//!
+//! [`Client::handoff`]: crate::client::Client::handoff
 
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::net::UnixStream;
@@ -27,7 +34,7 @@ use std::time::{Duration, Instant};
 
 use crate::proto::{
     recv_message, send_message, AllocRequest, Code, Header, ProtoError, RegionInfo, Reply,
-    ReplyBody, Request, Status, FEATURE_LAZY, FEATURE_REATTACH, FEATURE_REBALANCE,
+    ReplyBody, Request, Status, FEATURE_HANDOFF, FEATURE_LAZY, FEATURE_REATTACH, FEATURE_REBALANCE,
     PROTOCOL_VERSION, TOKEN_SIZE,
 };
 
@@ -141,7 +148,7 @@ impl Client {
             features: 0,
             alloc_wait: None,
         };
-        let wanted = FEATURE_LAZY | FEATURE_REBALANCE | FEATURE_REATTACH;
+        let wanted = FEATURE_LAZY | FEATURE_REBALANCE | FEATURE_REATTACH | FEATURE_HANDOFF;
         match c.call(&Request::Handshake {
             min_version: PROTOCOL_VERSION,
             max_version: PROTOCOL_VERSION,
@@ -226,7 +233,7 @@ impl Client {
 
     /// ALLOC: the region table and one fd per region.
     pub fn alloc(&mut self, req: AllocRequest) -> Result<Allocation, ClientError> {
-        let req_paths = req.want_paths;
+        let want_paths = req.want_paths;
         let (reply, fds) = self.exchange(
             &Request::Alloc {
                 req,
@@ -234,40 +241,62 @@ impl Client {
             },
             &[],
         )?;
-        let note = reply.message;
-        match (reply.body, fds) {
-            (ReplyBody::Alloc { regions, paths, .. }, _)
-                if req_paths && paths.len() != regions.len() =>
-            {
-                Err(ClientError::Unexpected(format!(
-                    "{} regions but {} paths",
-                    regions.len(),
-                    paths.len()
-                )))
-            }
-            (
-                ReplyBody::Alloc {
-                    alloc_id,
-                    regions,
-                    paths,
-                    token,
-                },
-                fds,
-            ) if fds.len() == regions.len() => Ok(Allocation {
-                id: alloc_id,
-                regions,
-                fds,
-                paths,
-                note,
-                token,
-            }),
-            (ReplyBody::Alloc { regions, .. }, fds) => Err(ClientError::Unexpected(format!(
-                "{} regions but {} fds",
-                regions.len(),
-                fds.len()
-            ))),
-            (other, _) => Err(ClientError::Unexpected(format!("{other:?} to ALLOC"))),
+        allocation_from(reply, fds, want_paths, "ALLOC")
+    }
+
+    /// HANDOFF: takes allocation `alloc_id` over from the connection that
+    /// owns it (this VMM's predecessor process, or an earlier connection of
+    /// this one) with its current `token`. Returns it as ALLOC would: the
+    /// region table, this process's own fds (and the hugetlbfs paths when
+    /// `want_paths` and the regions are files), and a **new** token: the
+    /// one shown stops working. From then on the allocation belongs to this
+    /// connection (FREE, LOCK, release on disconnect); the old connection's
+    /// requests on it are refused and its close releases nothing.
+    ///
+    /// The memory is the guest's as the predecessor left it: nothing is
+    /// cleared (`FLAG_CLEAN` says no other tenant's data is in it).
+    ///
+    /// # Errors
+    ///
+    /// [`ClientError::Refused`]: `NotFound` for an unknown id, another
+    /// uid's allocation or a wrong token (one message for all; they count
+    /// toward the 8 refusals after which the daemon closes the connection);
+    /// `Invalid` for an allocation this connection owns already or one
+    /// whose lazy clearing has not finished; `Unsupported` when the daemon
+    /// does not speak [`FEATURE_HANDOFF`].
+    pub fn handoff(
+        &mut self,
+        alloc_id: u64,
+        token: [u8; TOKEN_SIZE],
+        want_paths: bool,
+    ) -> Result<Allocation, ClientError> {
+        if self.features & FEATURE_HANDOFF == 0 {
+            return Err(ClientError::Refused {
+                status: Status::Unsupported,
+                message: "the daemon does not speak HANDOFF (feature bit 3)".into(),
+            });
         }
+        let (reply, fds) = self.exchange(
+            &Request::Handoff {
+                alloc_id,
+                token,
+                want_paths,
+            },
+            &[],
+        )?;
+        let alloc = allocation_from(reply, fds, want_paths, "HANDOFF")?;
+        if alloc.id != alloc_id {
+            return Err(ClientError::Unexpected(format!(
+                "HANDOFF of allocation {alloc_id} answered for allocation {}",
+                alloc.id
+            )));
+        }
+        if alloc.token.is_none() {
+            return Err(ClientError::Unexpected(
+                "a HANDOFF reply without the allocation's new token".into(),
+            ));
+        }
+        Ok(alloc)
     }
 
     /// REATTACH: takes back allocation `alloc_id`, which a restarted daemon
@@ -430,6 +459,48 @@ impl Client {
     }
 }
 
+/// An [`Allocation`] from an ALLOC or HANDOFF reply and its fds: one fd
+/// per region, and one path per region when they were asked for.
+fn allocation_from(
+    reply: Reply,
+    fds: Vec<OwnedFd>,
+    want_paths: bool,
+    request: &str,
+) -> Result<Allocation, ClientError> {
+    let note = reply.message;
+    match reply.body {
+        ReplyBody::Alloc { regions, paths, .. } if want_paths && paths.len() != regions.len() => {
+            Err(ClientError::Unexpected(format!(
+                "{} regions but {} paths",
+                regions.len(),
+                paths.len()
+            )))
+        }
+        ReplyBody::Alloc {
+            alloc_id,
+            regions,
+            paths,
+            token,
+        } if fds.len() == regions.len() => Ok(Allocation {
+            id: alloc_id,
+            regions,
+            fds,
+            paths,
+            note,
+            token,
+        }),
+        ReplyBody::Alloc { regions, .. } => Err(ClientError::Unexpected(format!(
+            "{} regions but {} fds",
+            regions.len(),
+            fds.len()
+        ))),
+        other => Err(ClientError::Unexpected(format!(
+            "{} to {request}",
+            body_name(&other)
+        ))),
+    }
+}
+
 /// The code of a request, for messages.
 pub fn code_name(code: Code) -> &'static str {
     match code {
@@ -442,6 +513,7 @@ pub fn code_name(code: Code) -> &'static str {
         Code::Stats => "STATS",
         Code::Uffd => "UFFD",
         Code::Reattach => "REATTACH",
+        Code::Handoff => "HANDOFF",
     }
 }
 

@@ -550,6 +550,19 @@ pub struct Counters {
     /// REATTACH requests refused: unknown id, an allocation that is not
     /// orphaned, another uid's, a wrong token (one answer for all).
     pub reattach_refused: u64,
+    /// Allocations released (FREE, a closing connection, an undelivered
+    /// reply, an orphan nobody re-attached): `allocs_ok − allocs_released`
+    /// equals `allocations.active`.
+    #[serde(default)]
+    pub allocs_released: u64,
+    /// HANDOFF requests that moved a live allocation to its VMM's successor
+    /// connection.
+    #[serde(default)]
+    pub handoff_ok: u64,
+    /// HANDOFF requests refused for an unknown id, another uid's allocation
+    /// or a wrong token (one answer for all).
+    #[serde(default)]
+    pub handoff_refused: u64,
 }
 
 /// Percentiles of the fault-latency histogram, in nanoseconds.

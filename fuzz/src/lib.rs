@@ -6,7 +6,7 @@
 use hugemem_client::proto::{Code, FrameReader, Header, Reply, Request, HEADER_SIZE};
 
 /// Every request code, for targets that pick one from the input.
-const CODES: [Code; 9] = [
+const CODES: [Code; 10] = [
     Code::Handshake,
     Code::Alloc,
     Code::Free,
@@ -16,6 +16,7 @@ const CODES: [Code; 9] = [
     Code::Stats,
     Code::Uffd,
     Code::Reattach,
+    Code::Handoff,
 ];
 
 /// `Header::decode` on the first 16 bytes, then `Request::decode` and

@@ -16,6 +16,7 @@ pub mod daemon;
 pub mod fixture;
 #[cfg(feature = "hugepages")]
 pub mod hugepages;
+pub mod installed;
 #[cfg(feature = "daemon")]
 pub mod lazy;
 #[cfg(feature = "daemon")]
@@ -28,6 +29,8 @@ pub mod prelude;
 pub mod process;
 #[cfg(feature = "daemon")]
 pub mod tenant;
+#[cfg(feature = "daemon")]
+pub mod tokens;
 
 use std::fs::OpenOptions;
 use std::io::Write;

@@ -251,6 +251,21 @@ impl DaemonCollector {
                 "REATTACH requests refused (unknown id, not orphaned, another uid's, wrong token).",
                 g(&m.reattach_refused),
             ),
+            (
+                "allocs_released",
+                "Allocations released (FREE, a closing connection, an undelivered reply, an orphan nobody re-attached).",
+                g(&m.allocs_released),
+            ),
+            (
+                "handoff_ok",
+                "HANDOFF requests that moved a live allocation to its VMM's successor connection.",
+                g(&m.handoff_ok),
+            ),
+            (
+                "handoff_refused",
+                "HANDOFF requests refused (unknown id, another uid's, wrong token).",
+                g(&m.handoff_refused),
+            ),
         ]
     }
 

@@ -82,11 +82,19 @@ pub struct Metrics {
     /// REATTACH requests refused (unknown id, not orphaned, another uid's,
     /// wrong token: one answer for all).
     pub reattach_refused: AtomicU64,
+    /// Allocations released (FREE, a closing connection, an undelivered
+    /// reply, an orphan nobody re-attached): `allocs_ok − allocs_released`
+    /// is the number of live allocations.
+    pub allocs_released: AtomicU64,
+    /// HANDOFF requests that moved an allocation to another connection.
+    pub handoff_ok: AtomicU64,
+    /// HANDOFF requests refused (unknown id, another uid's, wrong token).
+    pub handoff_refused: AtomicU64,
 }
 
 impl Metrics {
     /// Every counter by name.
-    fn named(&self) -> [(&'static str, &AtomicU64); 23] {
+    fn named(&self) -> [(&'static str, &AtomicU64); 28] {
         [
             ("sessions_total", &self.sessions_total),
             ("sessions_active", &self.sessions_active),
@@ -111,6 +119,11 @@ impl Metrics {
             ("bytes_created", &self.bytes_created),
             ("bytes_released", &self.bytes_released),
             ("quarantine_scans", &self.quarantine_scans),
+            ("reattach_ok", &self.reattach_ok),
+            ("reattach_refused", &self.reattach_refused),
+            ("allocs_released", &self.allocs_released),
+            ("handoff_ok", &self.handoff_ok),
+            ("handoff_refused", &self.handoff_refused),
         ]
     }
 

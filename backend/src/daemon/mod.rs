@@ -110,6 +110,7 @@ mod error;
 pub mod exporter;
 pub mod fdstore;
 mod handle;
+pub mod handoff;
 pub mod handover;
 mod hugetlbfs;
 pub mod lazy_allocs;

@@ -32,17 +32,19 @@ use super::lifecycle::Lifecycle;
 use super::metrics::Metrics;
 use super::outcome::Outcome;
 use super::peer::{PeerCred, PidWatch};
-use super::pool::{AllocId, Pool, Released, SessionId};
+use super::pool::{AllocId, HandoffError, Pool, Released, SessionId};
 use super::rebalance::Rebalancer;
 use super::stats::StatsSource;
 use crate::proto::messages::{RegionInfo, Reply, ReplyBody, Request};
 use crate::proto::{Status, FEATURE_REATTACH, MAX_PAYLOAD, PROTOCOL_VERSION, TOKEN_SIZE};
 
 /// Features this daemon implements: REBALANCE, lazy mode, re-attach tokens.
-pub const DAEMON_FEATURES: u64 =
-    crate::proto::FEATURE_REBALANCE | crate::proto::FEATURE_LAZY | FEATURE_REATTACH;
+pub const DAEMON_FEATURES: u64 = crate::proto::FEATURE_REBALANCE
+    | crate::proto::FEATURE_LAZY
+    | FEATURE_REATTACH
+    | crate::proto::FEATURE_HANDOFF;
 
-/// Refused REATTACH requests a connection may make; the reply to the last
+/// Refused REATTACH and HANDOFF requests (id, uid or token) a connection may make; the reply to the last
 /// one is followed by closing the connection (a tenant must not guess
 /// tokens; a VMM re-attaching its own allocations is never refused).
 pub const MAX_REATTACH_REFUSALS: u32 = 8;
@@ -80,8 +82,9 @@ pub struct Session {
     handshaken: bool,
     /// Features negotiated in the handshake (the client's ∩ the daemon's).
     features: u64,
-    /// REATTACH requests refused on this connection.
-    reattach_refused: u32,
+    /// REATTACH and HANDOFF requests refused on this connection for their
+    /// id, uid or token.
+    token_refusals: u32,
     watching: bool,
     /// Lazy allocations and their fault services (`backend::fault`).
     lazy: super::lazy_allocs::LazyAllocs,
@@ -128,7 +131,7 @@ impl Session {
             rooms,
             handshaken,
             features,
-            reattach_refused: 0,
+            token_refusals: 0,
             watching: false,
             lazy: super::lazy_allocs::LazyAllocs::new(),
         }
@@ -233,6 +236,15 @@ impl Session {
             // Without its fd (see `handle_with_fds`): refused with the reason.
             Request::Uffd { alloc_id, ranges } => self.uffd(alloc_id, &ranges, Vec::new()),
             Request::Reattach { alloc_id, token } => self.reattach(alloc_id, &token),
+            Request::Handoff {
+                alloc_id,
+                token,
+                want_paths,
+            } => self.handoff(super::handoff::HandoffRequest {
+                alloc_id,
+                token,
+                want_paths,
+            }),
         }
     }
 
@@ -284,51 +296,17 @@ impl Session {
                 Ok(r) => r,
                 Err(e) => {
                     Metrics::add(&self.rooms.metrics.reattach_refused, 1);
-                    self.reattach_refused += 1;
-                    let close = self.reattach_refused >= MAX_REATTACH_REFUSALS;
-                    warn!(
-                        session = self.id,
-                        uid = self.peer.uid,
-                        alloc = alloc_id,
-                        refused = self.reattach_refused,
-                        closing = close,
-                        "REATTACH refused"
+                    return self.token_refused(
+                        "REATTACH",
+                        alloc_id,
+                        Status::NotFound,
+                        e.to_string(),
                     );
-                    let mut out = Outcome::error(Status::NotFound, e.to_string());
-                    out.close = close;
-                    return out;
                 }
             };
         Metrics::add(&self.rooms.metrics.reattach_ok, 1);
         let lazy_fallback = self.rooms.pool.lazy_fallback(alloc_id);
-        let mut guest_phys = 0;
-        let infos: Vec<RegionInfo> = regions
-            .iter()
-            .map(|(id, region)| {
-                // As ALLOC would say now: pages still to clear make it LAZY
-                // (a lazy region served by the VMM's fallback since the
-                // restart stays LAZY to the daemon: it cannot tell).
-                let counts = region.states().counts();
-                let mut flags = if counts.dirty + counts.clearing > 0 {
-                    RegionInfo::FLAG_LAZY
-                } else {
-                    RegionInfo::FLAG_CLEAN
-                };
-                if locked {
-                    flags |= RegionInfo::FLAG_LOCKED;
-                }
-                let info = RegionInfo {
-                    region_id: *id,
-                    guest_phys,
-                    size: region.len(),
-                    page_size: region.page_size().bytes(),
-                    node: region.node().unwrap_or(crate::proto::ANY_NODE),
-                    flags,
-                };
-                guest_phys += region.len();
-                info
-            })
-            .collect();
+        let infos = super::handoff::region_table_now(&regions, locked);
         if lazy_fallback {
             // Its VMM may hand the uffd back (UFFD): the fault service then
             // resumes on these regions.
@@ -354,6 +332,50 @@ impl Session {
             alloc_id,
             regions: infos,
         }))
+    }
+
+    /// HANDOFF: take allocation `alloc_id` over from the connection that
+    /// owns it (`super::handoff`).
+    fn handoff(&mut self, req: super::handoff::HandoffRequest) -> Outcome {
+        match super::handoff::serve(&self.rooms.pool, self.id, self.peer.uid, req) {
+            Ok(out) => {
+                Metrics::add(&self.rooms.metrics.handoff_ok, 1);
+                out
+            }
+            Err(e @ HandoffError::Refused(_)) => {
+                Metrics::add(&self.rooms.metrics.handoff_refused, 1);
+                self.token_refused("HANDOFF", req.alloc_id, Status::NotFound, e.to_string())
+            }
+            Err(e) => {
+                info!(session = self.id, alloc = req.alloc_id, reason = %e, "HANDOFF refused");
+                Outcome::error(super::handoff::refusal_status(&e), e.to_string())
+            }
+        }
+    }
+
+    /// A REATTACH or HANDOFF refused for its id, uid or token: counted, and
+    /// after [`MAX_REATTACH_REFUSALS`] of them the connection closes (a
+    /// tenant must not guess tokens).
+    fn token_refused(
+        &mut self,
+        request: &str,
+        alloc_id: AllocId,
+        status: Status,
+        message: String,
+    ) -> Outcome {
+        self.token_refusals += 1;
+        let close = self.token_refusals >= MAX_REATTACH_REFUSALS;
+        warn!(
+            session = self.id,
+            uid = self.peer.uid,
+            alloc = alloc_id,
+            refused = self.token_refusals,
+            closing = close,
+            "{request} refused"
+        );
+        let mut out = Outcome::error(status, message);
+        out.close = close;
+        out
     }
 
     /// [`Session::handle`] for a request that came with fds: UFFD takes its
@@ -611,6 +633,7 @@ pub fn settle_released(rooms: &Arc<Rooms>, released: Vec<Released>) {
     if released.is_empty() {
         return;
     }
+    Metrics::add(&rooms.metrics.allocs_released, released.len() as u64);
     let s = Arc::clone(rooms);
     rooms.lifecycle.tracker().spawn_blocking(move || {
         for r in released {

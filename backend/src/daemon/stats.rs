@@ -141,6 +141,9 @@ impl StatsSource {
                 quarantine_scans: g(&m.quarantine_scans),
                 reattach_ok: g(&m.reattach_ok),
                 reattach_refused: g(&m.reattach_refused),
+                allocs_released: g(&m.allocs_released),
+                handoff_ok: g(&m.handoff_ok),
+                handoff_refused: g(&m.handoff_refused),
             },
         }
     }

@@ -51,4 +51,13 @@ pub enum AllocBenchError {
     /// Reading the process CPU clock failed.
     #[error("cannot read the process CPU clock")]
     Clock(#[source] std::io::Error),
+    /// Reading what a hand-out's fds hold failed.
+    #[error("cannot fstat a handed-out fd")]
+    Fstat(#[source] std::io::Error),
+    /// Writing a page of a hand-out failed.
+    #[error("cannot touch a handed-out page: {0}")]
+    Touch(String),
+    /// The memory-bandwidth clear failed.
+    #[error("the memory-bandwidth clear failed: {0}")]
+    Bandwidth(String),
 }

@@ -1,4 +1,4 @@
-//! `hugemem bench alloc`: time until a VM's RAM is ready, four ways, in one run.
+//! `hugemem bench alloc`: time until a VM's RAM is ready, every way, in one run, beside its limits.
 //!
 //! * `fresh_eager_s`: hugemem without the daemon: [`Region::allocate`](guest_mem::Region::allocate) per
 //!   NUMA node (memfd, `mbind`, then `MADV_POPULATE_WRITE` by workers pinned
@@ -9,6 +9,20 @@
 //!   and after its scrubbers have cleaned it: the clean-pool hand-out. Its
 //!   price is paid after the FREE: `free_to_clean_s` (wall) and
 //!   `scrub_cpu_s_per_gib` (CPU seconds of the daemon per GiB scrubbed).
+//!   With `pool.detach_pages` "clean" is punched holes that the scrubbers
+//!   refault ahead, so `pooled_eager` gives what it got (resident / hole
+//!   bytes).
+//! * `pooled_resident_s` / `pooled_resident_touched_s`: on a daemon of its
+//!   own, the ALLOC once the freed region is clean and refaulted (resident),
+//!   and until one thread has written every page once through the mapping.
+//! * `pooled_holes_s` / `pooled_holes_touched_s`: the same on a daemon with
+//!   `pool.refault_ahead = false`: a hand-out of punched holes, which the
+//!   kernel zeroes at that touch. Each hand-out's resident and hole bytes
+//!   come from `fstat` of the fds received ([`HandOut`]).
+//! * `limits` ([`AllocLimits`]): the kernel's fault-time zeroing with 1
+//!   thread, with cloud-hypervisor style's threads and with all CPUs (the
+//!   scaling run always measures those counts), and memory bandwidth (the
+//!   non-temporal clear by all CPUs); `ratios` set figures against them.
 //!
 //! Every variant is timed to the same point: the memory mapped in this
 //! process and ready for a VMM. The daemon-less ones end with their own
@@ -28,7 +42,7 @@
 //! mechanism [`Region::prepare_eager`](guest_mem::Region::prepare_eager) uses with all CPUs), best and median
 //! of `reps` per count, and GB/s relative to the first count.
 //!
-//! Every figure is the best of `reps`; each repetition runs all four, in
+//! Every figure is the best of `reps`; each repetition runs all of them, in
 //! alternating order (even repetitions daemon-less first, odd ones daemon
 //! first), so drift hits them alike. Before anything is timed the whole size
 //! is populated and freed once, because the outer host backs never-touched
@@ -46,6 +60,8 @@
 mod config;
 mod daemon;
 mod error;
+mod handout;
+mod limits;
 mod populate;
 mod report;
 mod run;
@@ -57,6 +73,10 @@ mod tests;
 pub use config::AllocBenchConfig;
 pub(crate) use daemon::pool_state;
 pub use error::AllocBenchError;
+pub(crate) use handout::resident_and_holes;
+pub use handout::HandOut;
+pub use limits::AllocLimits;
+pub(crate) use populate::cloud_hypervisor_style;
 pub use populate::cloud_hypervisor_threads;
 pub use report::{AllocBenchReport, AllocMedians, AllocRatios, AllocSamples, ScalingPoint};
 pub use run::run;

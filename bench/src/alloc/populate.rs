@@ -200,7 +200,7 @@ pub(super) fn fresh_eager_workers(
 
 /// cloud-hypervisor's prefault: memfd, shared mapping, `threads` unpinned
 /// threads each populating its share of whole pages.
-pub(super) fn cloud_hypervisor_style(
+pub(crate) fn cloud_hypervisor_style(
     size: u64,
     page: PageSize,
     threads: usize,

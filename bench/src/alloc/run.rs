@@ -9,6 +9,8 @@ use numa::Topology;
 use super::config::AllocBenchConfig;
 use super::daemon::through_daemon;
 use super::error::AllocBenchError;
+use super::handout::HandOut;
+use super::limits::{limits, memory_bandwidth, scaling_counts, AllocLimits};
 use super::populate::{
     cloud_hypervisor_style, cloud_hypervisor_threads, fresh_eager, fresh_eager_workers, node_parts,
     reserve,
@@ -60,12 +62,25 @@ pub fn run(
         size,
     };
     let samples = repetitions(&memory, cfg.reps, ch_threads, progress)?;
-    let counts: Vec<usize> = if cfg.threads.is_empty() {
-        (1..=cpus.max(1)).collect()
-    } else {
-        cfg.threads.clone()
-    };
+    let counts = scaling_counts(&cfg.threads, cpus, ch_threads);
     let scaling = scaling(&memory, cfg.reps, &counts, progress)?;
+    progress("memory bandwidth: clearing populated pages with all CPUs");
+    let bandwidth = memory_bandwidth(&topology, size, page, cpus, cfg.reps)?;
+    let best_with = |threads: usize| {
+        scaling
+            .iter()
+            .find(|p| p.threads == threads)
+            .map_or(0.0, |p| p.best_s)
+    };
+    let limits = limits(best_with, size, cpus, ch_threads, bandwidth);
+    progress(&format!(
+        "limits: kernel zeroing {:.2} GB/s on 1 thread, {:.2} GB/s on {} CPUs; memory bandwidth ({}) {:.2} GB/s",
+        limits.kernel_zeroing_touch_threads_gbps,
+        limits.kernel_zeroing_all_cpus_gbps,
+        limits.all_cpus,
+        limits.memory_bandwidth_kernel,
+        limits.memory_bandwidth_gbps
+    ));
     Ok(report(
         cfg,
         &memory,
@@ -75,6 +90,7 @@ pub fn run(
             ch_threads,
             samples,
             scaling,
+            limits,
         },
     ))
 }
@@ -107,11 +123,14 @@ fn repetitions(
             Ok(())
         };
         let daemon = |s: &mut AllocSamples| -> Result<(), AllocBenchError> {
-            let (fresh, clean, pooled) = through_daemon(m.size, m.parts, m.page)?;
-            s.fresh_eager_daemon_s.push(fresh);
-            s.free_to_clean_s.push(clean.seconds);
-            s.free_to_clean_cpu_s.push(clean.cpu_seconds);
-            s.pooled_eager_s.push(pooled);
+            let d = through_daemon(m.size, m.parts, m.page)?;
+            s.fresh_eager_daemon_s.push(d.fresh_s);
+            s.free_to_clean_s.push(d.clean.seconds);
+            s.free_to_clean_cpu_s.push(d.clean.cpu_seconds);
+            s.pooled_eager_s.push(d.pooled.alloc_s);
+            s.hand_outs.pooled_eager.push(d.pooled);
+            s.hand_outs.pooled_resident.push(d.resident);
+            s.hand_outs.pooled_holes.push(d.holes);
             Ok(())
         };
         if rep % 2 == 0 {
@@ -121,9 +140,13 @@ fn repetitions(
             daemon(&mut s)?;
             daemonless(&mut s)?;
         }
+        let h = &s.hand_outs;
         progress(&format!(
-            "  fresh {:.3} s, fresh via daemon {:.3} s, pooled {:.4} s, cloud-hypervisor style {:.3} s",
-            s.fresh_eager_s[rep], s.fresh_eager_daemon_s[rep], s.pooled_eager_s[rep], s.cloud_hypervisor_style_s[rep]
+            "  fresh {:.3} s, fresh via daemon {:.3} s, cloud-hypervisor style {:.3} s; pooled {:.4} s ({} holes), resident {:.4} s (touched {:.4} s, {} holes), with holes {:.4} s (touched {:.4} s, {} holes)",
+            s.fresh_eager_s[rep], s.fresh_eager_daemon_s[rep], s.cloud_hypervisor_style_s[rep],
+            s.pooled_eager_s[rep], format_size(h.pooled_eager[rep].hole_bytes),
+            h.pooled_resident[rep].alloc_s, h.pooled_resident[rep].touched_s, format_size(h.pooled_resident[rep].hole_bytes),
+            h.pooled_holes[rep].alloc_s, h.pooled_holes[rep].touched_s, format_size(h.pooled_holes[rep].hole_bytes),
         ));
     }
     Ok(s)
@@ -181,6 +204,22 @@ struct Figures {
     ch_threads: usize,
     samples: AllocSamples,
     scaling: Vec<ScalingPoint>,
+    limits: AllocLimits,
+}
+
+/// The hand-out of `samples` with the best ALLOC time (zeros when none).
+fn best_hand_out(samples: &[HandOut]) -> HandOut {
+    samples
+        .iter()
+        .copied()
+        .min_by(|a, b| a.alloc_s.total_cmp(&b.alloc_s))
+        .unwrap_or_default()
+}
+
+/// Best and median of one field over hand-outs.
+fn times(samples: &[HandOut], field: fn(&HandOut) -> f64) -> (f64, f64) {
+    let v: Vec<f64> = samples.iter().map(field).collect();
+    (best(&v), median(&v))
 }
 
 /// The report: the best of every variant, ratios and medians.
@@ -191,7 +230,13 @@ fn report(cfg: &AllocBenchConfig, m: &Memory<'_>, f: Figures) -> AllocBenchRepor
         ch_threads,
         samples: s,
         scaling,
+        limits,
     } = f;
+    let h = &s.hand_outs;
+    let resident = times(&h.pooled_resident, |x| x.alloc_s);
+    let resident_touched = times(&h.pooled_resident, |x| x.touched_s);
+    let holes = times(&h.pooled_holes, |x| x.alloc_s);
+    let holes_touched = times(&h.pooled_holes, |x| x.touched_s);
     let size = m.size;
     let fresh = best(&s.fresh_eager_s);
     let fresh_daemon = best(&s.fresh_eager_daemon_s);
@@ -210,6 +255,13 @@ fn report(cfg: &AllocBenchConfig, m: &Memory<'_>, f: Figures) -> AllocBenchRepor
         fresh_eager_s: fresh,
         fresh_eager_daemon_s: fresh_daemon,
         pooled_eager_s: pooled,
+        pooled_eager: best_hand_out(&h.pooled_eager),
+        pooled_resident_s: resident.0,
+        pooled_resident_touched_s: resident_touched.0,
+        pooled_resident: best_hand_out(&h.pooled_resident),
+        pooled_holes_s: holes.0,
+        pooled_holes_touched_s: holes_touched.0,
+        pooled_holes: best_hand_out(&h.pooled_holes),
         cloud_hypervisor_style_s: ch,
         cloud_hypervisor_style_threads: ch_threads,
         fresh_eager_gbps: ratio(gb, fresh),
@@ -221,11 +273,28 @@ fn report(cfg: &AllocBenchConfig, m: &Memory<'_>, f: Figures) -> AllocBenchRepor
             cloud_hypervisor_style_over_pooled_eager: ratio(ch, pooled),
             fresh_eager_daemon_over_pooled_eager: ratio(fresh_daemon, pooled),
             fresh_eager_daemon_over_fresh_eager: ratio(fresh_daemon, fresh),
+            fresh_eager_daemon_over_pooled_resident: ratio(fresh_daemon, resident.0),
+            cloud_hypervisor_style_over_pooled_resident_touched: ratio(ch, resident_touched.0),
+            cloud_hypervisor_style_over_pooled_holes_touched: ratio(ch, holes_touched.0),
+            pooled_holes_touched_over_kernel_zeroing: ratio(
+                holes_touched.0,
+                limits.kernel_zeroing_touch_threads_s,
+            ),
+            fresh_eager_over_kernel_zeroing: ratio(fresh, limits.kernel_zeroing_all_cpus_s),
+            cloud_hypervisor_style_over_kernel_zeroing: ratio(
+                ch,
+                limits.kernel_zeroing_cloud_hypervisor_threads_s,
+            ),
         },
+        limits,
         medians: AllocMedians {
             fresh_eager_s: median(&s.fresh_eager_s),
             fresh_eager_daemon_s: median(&s.fresh_eager_daemon_s),
             pooled_eager_s: median(&s.pooled_eager_s),
+            pooled_resident_s: resident.1,
+            pooled_resident_touched_s: resident_touched.1,
+            pooled_holes_s: holes.1,
+            pooled_holes_touched_s: holes_touched.1,
             cloud_hypervisor_style_s: median(&s.cloud_hypervisor_style_s),
             free_to_clean_s: median(&s.free_to_clean_s),
         },

@@ -9,15 +9,15 @@ use std::time::Instant;
 use backend::client::Client;
 use backend::daemon::config::PoolConfig;
 use backend::daemon::{ByteSize, Config, Daemon, DaemonHandle};
-use backend::proto::{AllocRequest, ClearMode, PagePolicy, ANY_NODE};
+use backend::proto::{AllocRequest, ClearMode, PagePolicy, RegionInfo, ANY_NODE};
 use guest_mem::size::format_size;
-use guest_mem::PageSize;
+use guest_mem::{PageSize, SharedMapping};
 use hugemem::launch::{build_args, BuildOptions, MemoryFile, MemoryRegion, Vmm};
 use tracing::warn;
 
 use super::config::{CLEAN_DEADLINE, CLEAN_POLL, STRIDE};
 use super::error::CompareError;
-use super::results::{CompareReport, Figure, Ratio, VariantReport, VariantSamples};
+use super::results::{CompareReport, Figure, OverFloor, Ratio, VariantReport, VariantSamples};
 use super::variant::{Memory, Runner, Variant, BASELINE};
 use super::vmm::*;
 use crate::alloc::pool_state;
@@ -37,6 +37,10 @@ pub(super) struct Bench<'a> {
     pub(super) skipped: BTreeMap<Variant, String>,
     pub(super) samples: BTreeMap<Variant, Vec<Sample>>,
     pub(super) scrub: Vec<f64>,
+    /// FREE until the pool's region is refaulted (resident), seconds.
+    pub(super) resident: Vec<f64>,
+    /// Pool variants do not wait for the refault (`--pool-holes`).
+    pub(super) pool_holes: bool,
     pub(super) progress: &'a mut dyn FnMut(&str),
 }
 
@@ -174,19 +178,42 @@ impl Bench<'_> {
         }
     }
 
-    /// FREE `id` and wait until the pool shows it clean; the time goes into
-    /// `pool_scrub_s`.
+    /// FREE `id` and wait until the pool shows it clean (the time goes into
+    /// `pool_scrub_s`) and its punched pages refaulted: the pool variants
+    /// get a resident hand-out (`pool_resident_s`).
     pub(super) fn free_and_scrub(
         &mut self,
         daemon: &DaemonHandle,
         client: &mut Client,
         id: u64,
     ) -> Result<(), CompareError> {
+        let before = daemon.stats();
         let t = Instant::now();
         client.free(id)?;
         self.wait_clean(daemon)?;
         self.scrub.push(t.elapsed().as_secs_f64());
+        if !self.pool_holes {
+            self.wait_resident(daemon, &before)?;
+            self.resident.push(t.elapsed().as_secs_f64());
+        }
         Ok(())
+    }
+
+    /// Waits until every page detached since `before` is faulted back in.
+    fn wait_resident(
+        &self,
+        daemon: &DaemonHandle,
+        before: &hugemem_client::stats::Stats,
+    ) -> Result<(), CompareError> {
+        let detached = daemon
+            .stats()
+            .counters
+            .pages_detached
+            .saturating_sub(before.counters.pages_detached)
+            .saturating_mul(self.page.bytes());
+        crate::demo::wait_refaulted(daemon, before, detached)
+            .map(drop)
+            .ok_or(CompareError::CleanTimeout(CLEAN_DEADLINE))
     }
 
     /// Waits until the pool holds the whole size clean and nothing dirty.
@@ -210,8 +237,13 @@ impl Bench<'_> {
         let a = client.alloc(self.request())?;
         let id = a.id;
         drop(a);
+        let before = daemon.stats();
         client.free(id)?;
-        self.wait_clean(daemon)
+        self.wait_clean(daemon)?;
+        if self.pool_holes {
+            return Ok(());
+        }
+        self.wait_resident(daemon, &before)
     }
 
     /// A hugemem variant on `daemon`: ALLOC, run, FREE; `scrub` waits for the
@@ -226,38 +258,9 @@ impl Bench<'_> {
         let mut client = Client::connect(daemon.socket_path())?;
         let alloc = client.alloc(self.request())?;
         let alloc_s = t0.elapsed().as_secs_f64();
-        let sample = match v.runner() {
-            Runner::Client => run_client(v, &alloc, t0, alloc_s),
-            vmm_kind => {
-                let (vmm, program, user) = if vmm_kind == Runner::Qemu {
-                    (
-                        Vmm::Qemu,
-                        self.qemu.clone().unwrap_or_default(),
-                        self.qemu_common("microvm"),
-                    )
-                } else {
-                    (
-                        Vmm::CloudHypervisor,
-                        self.cloud_hypervisor.clone().unwrap_or_default(),
-                        self.ch_common(),
-                    )
-                };
-                let regions: Vec<MemoryRegion> = alloc
-                    .regions
-                    .iter()
-                    .zip(&alloc.fds)
-                    .map(|(r, fd)| MemoryRegion {
-                        size: r.size,
-                        node: (r.node != ANY_NODE).then_some(r.node),
-                        file: MemoryFile::Fd(fd.as_raw_fd()),
-                    })
-                    .collect();
-                let mut argv = vec![program];
-                argv.extend(build_args(vmm, &user, &regions, &BuildOptions::default())?);
-                let inherit: Vec<BorrowedFd<'_>> = alloc.fds.iter().map(AsFd::as_fd).collect();
-                run_vmm_timed(&argv, &inherit, t0).and_then(|run| check_vmm(v, &run, Some(alloc_s)))
-            }
-        };
+        let fds: Vec<BorrowedFd<'_>> = alloc.fds.iter().map(AsFd::as_fd).collect();
+        let sample = self.run_on_fds(v, &alloc.regions, &fds, t0, Some(alloc_s));
+        drop(fds);
         let id = alloc.id;
         // Our fds go before FREE, so the daemon sees no other holder.
         drop(alloc);
@@ -268,6 +271,78 @@ impl Bench<'_> {
             client.free(id)?;
         }
         Ok(sample)
+    }
+
+    /// `v`'s VMM (or the client) on memory already in `fds`, timed from `t0`.
+    fn run_on_fds(
+        &self,
+        v: Variant,
+        regions: &[RegionInfo],
+        fds: &[BorrowedFd<'_>],
+        t0: Instant,
+        alloc_s: Option<f64>,
+    ) -> Result<Sample, CompareError> {
+        let (vmm, program, user) = match v.runner() {
+            Runner::Client => return run_client(v, regions, fds, t0, alloc_s),
+            Runner::Qemu => (
+                Vmm::Qemu,
+                self.qemu.clone().unwrap_or_default(),
+                self.qemu_common("microvm"),
+            ),
+            Runner::CloudHypervisor => (
+                Vmm::CloudHypervisor,
+                self.cloud_hypervisor.clone().unwrap_or_default(),
+                self.ch_common(),
+            ),
+        };
+        let memory: Vec<MemoryRegion> = regions
+            .iter()
+            .zip(fds)
+            .map(|(r, fd)| MemoryRegion {
+                size: r.size,
+                node: (r.node != ANY_NODE).then_some(r.node),
+                file: MemoryFile::Fd(fd.as_raw_fd()),
+            })
+            .collect();
+        let mut argv = vec![program];
+        argv.extend(build_args(vmm, &user, &memory, &BuildOptions::default())?);
+        run_vmm_timed(&argv, fds, t0).and_then(|run| check_vmm(v, &run, alloc_s))
+    }
+
+    /// A floor variant: a hugetlb memfd of the run's size and page size,
+    /// populated (resident, zeroed by the kernel) before the clock starts,
+    /// handed to the VMM exactly as a hugemem ALLOC's fds are, no daemon.
+    pub(super) fn run_floor(&self, v: Variant) -> Result<Sample, CompareError> {
+        let len = usize::try_from(self.size).map_err(|_| CompareError::Size)?;
+        let memory = SharedMapping::memfd(len, self.page)?;
+        memory.populate_write(0, len)?;
+        let region = RegionInfo {
+            region_id: 0,
+            guest_phys: 0,
+            size: self.size,
+            page_size: self.page.bytes(),
+            node: ANY_NODE,
+            flags: RegionInfo::FLAG_CLEAN,
+        };
+        let t0 = Instant::now();
+        self.run_on_fds(v, &[region], &[memory.fd()], t0, None)
+    }
+
+    /// The floor variants, in `rep`'s order.
+    pub(super) fn floor_group(&mut self, rep: usize) -> Result<(), CompareError> {
+        let mut order: Vec<Variant> = Variant::ALL
+            .into_iter()
+            .filter(|v| v.memory() == Memory::Floor)
+            .collect();
+        let n = order.len().max(1);
+        order.rotate_left(rep % n);
+        for v in order {
+            if self.enabled(v) {
+                let s = self.run_floor(v)?;
+                self.record(v, s);
+            }
+        }
+        Ok(())
     }
 
     pub(super) fn record(&mut self, v: Variant, s: Sample) {
@@ -367,6 +442,7 @@ impl Bench<'_> {
             let s = VariantSamples {
                 ready_s: list.iter().map(|s| s.ready).collect(),
                 first_instruction_s: list.iter().map(|s| s.first_instruction).collect(),
+                touched_s: list.iter().filter_map(|s| s.touched).collect(),
                 poweroff_s: list.iter().map(|s| s.poweroff).collect(),
                 alloc_s: list.iter().filter_map(|s| s.alloc).collect(),
             };
@@ -376,8 +452,16 @@ impl Bench<'_> {
                     "ready = the guest's all-pages-touched mark: its own touches populate the RAM"
                         .into(),
                 ),
-                Variant::QemuHugememPool | Variant::ChHugememPool | Variant::ClientPool => Some(
-                    "pages a previous guest used, scrubbed in the background after FREE (pool_scrub_s)"
+                Variant::QemuHugememPool | Variant::ChHugememPool | Variant::ClientPool => {
+                    Some(if self.pool_holes {
+                        "a hand-out with holes: pages a previous guest used, punched after FREE and taken the moment the pool showed them clean, the refault still running (pool_scrub_s)"
+                    } else {
+                        "a resident hand-out: pages a previous guest used, punched and refaulted (zeroed by the kernel) in the background after FREE (pool_scrub_s to clean, pool_resident_s to resident)"
+                    }
+                    .into())
+                }
+                Variant::QemuFloor | Variant::ChFloor | Variant::ClientFloor => Some(
+                    "the VMM's floor: the same VMM and guest on a hugetlb memfd populated before the clock starts, no daemon"
                         .into(),
                 ),
                 _ => None,
@@ -390,6 +474,7 @@ impl Bench<'_> {
                 gib_per_s: ready.map(|r| if r.best > 0.0 { gib / r.best } else { 0.0 }),
                 ready_s: ready,
                 first_instruction_s: Figure::of(&s.first_instruction_s),
+                touched_s: Figure::of(&s.touched_s),
                 poweroff_s: Figure::of(&s.poweroff_s),
                 alloc_s: Figure::of(&s.alloc_s),
                 guest_report: list.last().and_then(|s| s.guest.clone()),
@@ -429,7 +514,9 @@ impl Bench<'_> {
                 }
             }
         }
+        let over_floor = over_floor(&variants);
         CompareReport {
+            over_floor,
             size_bytes: self.size,
             page_size: self.page.to_string(),
             note,
@@ -443,6 +530,47 @@ impl Bench<'_> {
             variants,
             ratios,
             pool_scrub_s: Figure::of(&self.scrub),
+            pool_resident_s: Figure::of(&self.resident),
+            pool_hand_out: if self.pool_holes { "holes" } else { "resident" },
         }
     }
+}
+
+/// Every measured variant against its VMM's floor, where both were measured.
+fn over_floor(variants: &[VariantReport]) -> BTreeMap<&'static str, OverFloor> {
+    let figures = |key: &str| {
+        variants
+            .iter()
+            .find(|r| r.key == key)
+            .and_then(|r| Some((r.ready_s?, r.poweroff_s?)))
+    };
+    let touched = |key: &str| {
+        variants
+            .iter()
+            .find(|r| r.key == key)
+            .and_then(|r| r.touched_s)
+    };
+    Variant::ALL
+        .into_iter()
+        .filter_map(|v| {
+            let floor = v.floor().key();
+            let ((ready, off), (floor_ready, floor_off)) = (figures(v.key())?, figures(floor)?);
+            Some((
+                v.key(),
+                OverFloor {
+                    floor,
+                    ready_ms: (ready.best - floor_ready.best) * 1e3,
+                    poweroff_ms: (off.best - floor_off.best) * 1e3,
+                    ready_median_ms: (ready.median - floor_ready.median) * 1e3,
+                    poweroff_median_ms: (off.median - floor_off.median) * 1e3,
+                    touched_ms: touched(v.key())
+                        .zip(touched(floor))
+                        .map(|(t, f)| (t.best - f.best) * 1e3),
+                    touched_median_ms: touched(v.key())
+                        .zip(touched(floor))
+                        .map(|(t, f)| (t.median - f.median) * 1e3),
+                },
+            ))
+        })
+        .collect()
 }

@@ -43,6 +43,10 @@ pub struct CompareConfig {
     pub cloud_hypervisor: Option<OsString>,
     /// QEMU's `prealloc-threads` (`None`: online CPUs).
     pub prealloc_threads: Option<usize>,
+    /// Pool variants ALLOC the moment the pool shows the freed region clean
+    /// (punched holes being refaulted behind it) instead of once it is
+    /// resident again.
+    pub pool_holes: bool,
 }
 
 impl Default for CompareConfig {
@@ -54,6 +58,7 @@ impl Default for CompareConfig {
             qemu: "qemu-system-x86_64".into(),
             cloud_hypervisor: None,
             prealloc_threads: None,
+            pool_holes: false,
         }
     }
 }

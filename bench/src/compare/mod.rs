@@ -24,6 +24,17 @@
 //! * `client_fresh`, `client_pool`: hugemem's own rust-vmm path, no VMM
 //!   process: [`Client::alloc`], [`backend::client::Allocation::guest_memory`],
 //!   and [`microguest::run`] on the mapped memory, KVM driven directly.
+//! * `qemu_floor`, `ch_floor`, `client_floor`: each one's **floor**: the
+//!   same VMM (or client) and guest on a hugetlb memfd of the same size and
+//!   page size that the bench populated before the clock started, handed
+//!   over as hugemem's fds are, no daemon: RAM that needs no preparation.
+//!   `over_floor` gives every measured variant's best and median times
+//!   minus its VMM's floor's.
+//!
+//! The pool variants get a **resident** region: after each FREE the bench
+//! waits until the pool shows it clean and its punched pages refaulted
+//! (`pool_resident_s`). `--pool-holes` takes it the moment it is clean
+//! instead, holes and all (`pool_hand_out` says which).
 //!
 //! # What is measured, per variant
 //!
@@ -88,6 +99,6 @@ mod vmm;
 pub use config::{CompareConfig, DEFAULT_SIZE};
 pub use error::CompareError;
 pub use report::{plot, plot_script};
-pub use results::{CompareReport, Figure, Ratio, VariantReport, VariantSamples};
+pub use results::{CompareReport, Figure, OverFloor, Ratio, VariantReport, VariantSamples};
 pub use run::run;
 pub use variant::{Variant, BASELINE};

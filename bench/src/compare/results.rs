@@ -32,6 +32,8 @@ pub struct VariantSamples {
     pub ready_s: Vec<f64>,
     /// Launch to the first guest instruction.
     pub first_instruction_s: Vec<f64>,
+    /// Launch to the guest's all-pages-touched mark (where seen).
+    pub touched_s: Vec<f64>,
     /// Launch to the VMM's exit after power-off.
     pub poweroff_s: Vec<f64>,
     /// The hugemem ALLOC (empty for VMM-owned memory).
@@ -53,6 +55,9 @@ pub struct VariantReport {
     pub ready_s: Option<Figure>,
     /// Launch to the first guest instruction.
     pub first_instruction_s: Option<Figure>,
+    /// Launch to the guest having touched every page (its `|` mark on port
+    /// 0x3f0; for the client, `microguest::run`'s all-touched time).
+    pub touched_s: Option<Figure>,
     /// Launch to the VMM's exit after power-off.
     pub poweroff_s: Option<Figure>,
     /// The hugemem ALLOC.
@@ -72,6 +77,27 @@ pub struct Ratio {
     pub ready: f64,
     /// Baseline best `poweroff_s` / this variant's best `poweroff_s`.
     pub poweroff: f64,
+}
+
+/// A variant beside its VMM's floor (the same VMM and guest on a resident
+/// memfd, no daemon), same run.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct OverFloor {
+    /// The floor variant's key.
+    pub floor: &'static str,
+    /// This variant's best `ready_s` minus the floor's, milliseconds.
+    pub ready_ms: f64,
+    /// This variant's best `poweroff_s` minus the floor's, milliseconds.
+    pub poweroff_ms: f64,
+    /// The same of the medians of `ready_s`, milliseconds.
+    pub ready_median_ms: f64,
+    /// The same of the medians of `poweroff_s`, milliseconds.
+    pub poweroff_median_ms: f64,
+    /// This variant's best `touched_s` minus the floor's, milliseconds
+    /// (`None` where either mark was not seen).
+    pub touched_ms: Option<f64>,
+    /// The same of the medians of `touched_s`.
+    pub touched_median_ms: Option<f64>,
 }
 
 /// The report; `--json` prints it as one object.
@@ -102,7 +128,17 @@ pub struct CompareReport {
     /// Each measured variant against the baseline, by key (empty when the
     /// baseline was skipped).
     pub ratios: BTreeMap<&'static str, Ratio>,
+    /// Each measured variant against its VMM's floor, by key (absent where
+    /// the floor was not measured).
+    pub over_floor: BTreeMap<&'static str, OverFloor>,
     /// FREE to the pool showing the region clean (the background scrub that
     /// pays for the pool variants).
     pub pool_scrub_s: Option<Figure>,
+    /// What the pool variants were handed: `resident` (the bench waited
+    /// until the freed region was refaulted) or `holes` (`--pool-holes`:
+    /// the ALLOC the moment the pool showed it clean).
+    pub pool_hand_out: &'static str,
+    /// FREE to the pool's region refaulted, every page resident again: what
+    /// the pool variants waited for before their ALLOC.
+    pub pool_resident_s: Option<Figure>,
 }

@@ -87,6 +87,8 @@ pub fn run(
         skipped,
         samples: BTreeMap::new(),
         scrub: Vec::new(),
+        resident: Vec::new(),
+        pool_holes: cfg.pool_holes,
         progress,
     };
     for rep in 0..cfg.reps {
@@ -94,7 +96,9 @@ pub fn run(
         if rep % 2 == 0 {
             bench.own_group(rep)?;
             bench.hugemem_group(rep)?;
+            bench.floor_group(rep)?;
         } else {
+            bench.floor_group(rep)?;
             bench.hugemem_group(rep)?;
             bench.own_group(rep)?;
         }

@@ -47,6 +47,16 @@ fn variants_have_distinct_keys_and_kinds() {
 }
 
 #[test]
+fn every_variant_has_a_floor_of_its_own_vmm() {
+    for v in Variant::ALL {
+        let floor = v.floor();
+        assert_eq!(floor.memory(), Memory::Floor, "{v:?}");
+        assert_eq!(floor.runner(), v.runner(), "{v:?}");
+        assert_eq!(floor.floor(), floor);
+    }
+}
+
+#[test]
 fn skips_say_why() {
     let ok = Ok(String::new());
     let all = skip_reasons(&Err("no /dev/kvm".into()), &ok, None);
@@ -55,11 +65,15 @@ fn skips_say_why() {
     let no_ch = skip_reasons(&Ok(()), &ok, None);
     assert_eq!(
         no_ch.keys().copied().collect::<Vec<_>>(),
-        [Variant::ChPrefault, Variant::ChHugememPool]
+        [
+            Variant::ChPrefault,
+            Variant::ChHugememPool,
+            Variant::ChFloor
+        ]
     );
     assert!(no_ch.values().all(|w| w.contains("CLOUD_HYPERVISOR")));
     let no_qemu = skip_reasons(&Ok(()), &Err("qemu not found".into()), Some(&ok));
-    assert_eq!(no_qemu.len(), 4);
+    assert_eq!(no_qemu.len(), 5);
     assert!(!no_qemu.contains_key(&Variant::ClientFresh));
 }
 

@@ -22,6 +22,13 @@ pub enum Variant {
     ClientFresh,
     /// hugemem's rust-vmm client, from the clean pool.
     ClientPool,
+    /// QEMU's floor: a resident, zeroed hugetlb memfd made by the bench
+    /// before the clock starts, passed as hugemem passes its fds, no daemon.
+    QemuFloor,
+    /// cloud-hypervisor's floor, the same way.
+    ChFloor,
+    /// The client's floor: the same memfd mapped by the rust-vmm path.
+    ClientFloor,
 }
 
 /// Who runs the guest.
@@ -41,11 +48,14 @@ pub(super) enum Memory {
     Fresh,
     /// A hugemem ALLOC from the clean pool.
     Pool,
+    /// Memory that needs no preparation: populated before the clock starts,
+    /// no daemon (the VMM's floor).
+    Floor,
 }
 
 impl Variant {
     /// Every variant, in report order.
-    pub const ALL: [Variant; 8] = [
+    pub const ALL: [Variant; 11] = [
         Variant::QemuPrealloc,
         Variant::QemuLazy,
         Variant::QemuHugememFresh,
@@ -54,6 +64,9 @@ impl Variant {
         Variant::ChHugememPool,
         Variant::ClientFresh,
         Variant::ClientPool,
+        Variant::QemuFloor,
+        Variant::ChFloor,
+        Variant::ClientFloor,
     ];
 
     /// The JSON key.
@@ -67,6 +80,9 @@ impl Variant {
             Variant::ChHugememPool => "ch_hugemem_pool",
             Variant::ClientFresh => "client_fresh",
             Variant::ClientPool => "client_pool",
+            Variant::QemuFloor => "qemu_floor",
+            Variant::ChFloor => "ch_floor",
+            Variant::ClientFloor => "client_floor",
         }
     }
 
@@ -81,6 +97,9 @@ impl Variant {
             Variant::ChHugememPool => "cloud-hypervisor on hugemem memory, clean pool",
             Variant::ClientFresh => "hugemem client (rust-vmm, KVM), fresh pages",
             Variant::ClientPool => "hugemem client (rust-vmm, KVM), clean pool",
+            Variant::QemuFloor => "QEMU's floor: a resident memfd, no daemon",
+            Variant::ChFloor => "cloud-hypervisor's floor: a resident memfd, no daemon",
+            Variant::ClientFloor => "the client's floor: a resident memfd, no daemon",
         }
     }
 
@@ -89,9 +108,12 @@ impl Variant {
             Variant::QemuPrealloc
             | Variant::QemuLazy
             | Variant::QemuHugememFresh
-            | Variant::QemuHugememPool => Runner::Qemu,
-            Variant::ChPrefault | Variant::ChHugememPool => Runner::CloudHypervisor,
-            Variant::ClientFresh | Variant::ClientPool => Runner::Client,
+            | Variant::QemuHugememPool
+            | Variant::QemuFloor => Runner::Qemu,
+            Variant::ChPrefault | Variant::ChHugememPool | Variant::ChFloor => {
+                Runner::CloudHypervisor
+            }
+            Variant::ClientFresh | Variant::ClientPool | Variant::ClientFloor => Runner::Client,
         }
     }
 
@@ -100,6 +122,17 @@ impl Variant {
             Variant::QemuPrealloc | Variant::QemuLazy | Variant::ChPrefault => Memory::Own,
             Variant::QemuHugememFresh | Variant::ClientFresh => Memory::Fresh,
             Variant::QemuHugememPool | Variant::ChHugememPool | Variant::ClientPool => Memory::Pool,
+            Variant::QemuFloor | Variant::ChFloor | Variant::ClientFloor => Memory::Floor,
+        }
+    }
+
+    /// The floor of this variant's VMM: the same VMM and guest on memory
+    /// that needs no preparation.
+    pub fn floor(self) -> Variant {
+        match self.runner() {
+            Runner::Qemu => Variant::QemuFloor,
+            Runner::CloudHypervisor => Variant::ChFloor,
+            Runner::Client => Variant::ClientFloor,
         }
     }
 }

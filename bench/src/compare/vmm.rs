@@ -9,7 +9,7 @@ use std::process::{Command, ExitStatus, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use backend::client::Allocation;
+use backend::proto::RegionInfo;
 use guest_mem::size::format_size;
 use guest_mem::vm_memory::{GuestMemoryBackend, GuestMemoryRegion};
 use guest_mem::{PageSize, Reservation};
@@ -23,6 +23,8 @@ use super::variant::{Runner, Variant};
 pub(super) struct Sample {
     pub(super) ready: f64,
     pub(super) first_instruction: f64,
+    /// Launch to the guest's all-pages-touched mark (`None`: not seen).
+    pub(super) touched: Option<f64>,
     pub(super) poweroff: f64,
     pub(super) alloc: Option<f64>,
     pub(super) guest: Option<String>,
@@ -293,6 +295,7 @@ pub(super) fn check_vmm(
     Ok(Sample {
         ready: ready.as_secs_f64(),
         first_instruction: first.as_secs_f64(),
+        touched: run.done.map(|d| d.as_secs_f64()),
         poweroff: run.exit.as_secs_f64(),
         alloc,
         guest: Some(line.to_string()),
@@ -303,13 +306,14 @@ pub(super) fn check_vmm(
 /// micro-guest on it under KVM.
 pub(super) fn run_client(
     v: Variant,
-    alloc: &Allocation,
+    regions: &[RegionInfo],
+    fds: &[BorrowedFd<'_>],
     t0: Instant,
-    alloc_s: f64,
+    alloc_s: Option<f64>,
 ) -> Result<Sample, CompareError> {
-    // `guest_memory()` already leaves [3 GiB, 4 GiB) free (a region crossing
-    // 3 GiB becomes two vm-memory regions), so each region maps as it is.
-    let mem = alloc.guest_memory()?;
+    // The mapping leaves [3 GiB, 4 GiB) free (a region crossing 3 GiB
+    // becomes two vm-memory regions), so each region maps as it is.
+    let mem = backend::guest_memory::guest_memory_from_fds(regions, fds)?;
     let mut ram = Vec::with_capacity(mem.num_regions());
     for r in mem.iter() {
         let len = usize::try_from(r.len()).map_err(|_| CompareError::Size)?;
@@ -341,11 +345,13 @@ pub(super) fn run_client(
         });
     }
     let first = run_started + report.setup + report.first_instruction;
+    let touched = run_started + report.setup + report.all_touched;
     Ok(Sample {
         ready: first.as_secs_f64(),
         first_instruction: first.as_secs_f64(),
+        touched: Some(touched.as_secs_f64()),
         poweroff: poweroff.as_secs_f64(),
-        alloc: Some(alloc_s),
+        alloc: alloc_s,
         guest: Some(report.serial.trim().to_string()),
     })
 }

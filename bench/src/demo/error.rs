@@ -40,6 +40,12 @@ pub enum DemoError {
     /// The guest read memory that was not clean.
     #[error("guest #{0} read non-zero memory: the allocation was not clean")]
     NotClean(u32),
+    /// The warm-up populate (the outer host's first touch) failed.
+    #[error("the warm-up populate failed: {0}")]
+    WarmUp(String),
+    /// Reading what the pooled ALLOC's fds hold failed.
+    #[error("cannot read what the pooled ALLOC handed out: {0}")]
+    HandOut(String),
     /// The pool did not become clean in time.
     #[error("the pool did not show the freed memory clean within {0:?} (last stats: {1})")]
     CleanTimeout(Duration, String),

@@ -60,7 +60,7 @@ pub(super) fn wait_clean(daemon: &DaemonHandle, bytes: u64) -> Result<Stats, Dem
 
 /// Waits until the scrubbers have faulted `bytes` more of detached regions'
 /// holes in than in `before`; `None` after the clean deadline.
-pub(super) fn wait_refaulted(daemon: &DaemonHandle, before: &Stats, bytes: u64) -> Option<Stats> {
+pub(crate) fn wait_refaulted(daemon: &DaemonHandle, before: &Stats, bytes: u64) -> Option<Stats> {
     let refaulted = |s: &Stats| s.scrub.nodes.iter().map(|n| n.refault_bytes).sum::<u64>();
     let deadline = Instant::now() + CLEAN_DEADLINE;
     loop {

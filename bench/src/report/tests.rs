@@ -41,6 +41,11 @@ fn paths_and_formats() {
         Some("1234 ms")
     );
     assert_eq!(format_value(&json!("text"), "s").as_deref(), Some("text"));
+    assert_eq!(
+        format_value(&json!(2u64 << 30), "size").as_deref(),
+        Some("2G")
+    );
+    assert_eq!(format_value(&json!(0), "size").as_deref(), Some("0"));
     assert_eq!(format_value(&json!("text"), ".2"), None);
     assert_eq!(format_value(&json!(1.0), "x"), None);
 }

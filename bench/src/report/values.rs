@@ -20,8 +20,11 @@ pub fn lookup<'a>(mut v: &'a Value, path: &str) -> Option<&'a Value> {
     Some(v)
 }
 
-/// `v` shown as `format` (`.N` + suffix, or `s`).
+/// `v` shown as `format` (`.N` + suffix, `s`, or `size`: bytes as `2G`).
 pub fn format_value(v: &Value, format: &str) -> Option<String> {
+    if format == "size" {
+        return v.as_u64().map(guest_mem::size::format_size);
+    }
     if format == "s" {
         return match v {
             Value::String(s) => Some(s.clone()),

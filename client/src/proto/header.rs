@@ -40,6 +40,9 @@ pub const FEATURE_REBALANCE: u64 = 1 << 1;
 /// Feature bit: ALLOC replies carry a re-attach token and REATTACH is
 /// implemented (a VMM takes its allocation back after a daemon restart).
 pub const FEATURE_REATTACH: u64 = 1 << 2;
+/// Feature bit: HANDOFF is implemented (an allocation passes from one VMM
+/// connection to its successor, with a new token).
+pub const FEATURE_HANDOFF: u64 = 1 << 3;
 
 /// Request codes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -65,6 +68,9 @@ pub enum Code {
     /// Take an orphaned allocation (one a restarted daemon restored) back
     /// with its token.
     Reattach = 9,
+    /// Take a live allocation over from another connection of the same uid
+    /// (a VMM's successor) with its token; the reply carries its fds.
+    Handoff = 10,
 }
 
 impl Code {
@@ -80,6 +86,7 @@ impl Code {
             7 => Code::Stats,
             8 => Code::Uffd,
             9 => Code::Reattach,
+            10 => Code::Handoff,
             _ => return None,
         })
     }

@@ -24,6 +24,10 @@ pub const ALLOC_REPLY_FLAG_PATHS: u32 = 1;
 /// [`FEATURE_REATTACH`](super::FEATURE_REATTACH).
 pub const ALLOC_REPLY_FLAG_TOKEN: u32 = 2;
 /// Every ALLOC reply flag bit defined.
+/// HANDOFF flags bit 0: send each region's hugetlbfs path with its fd
+/// (only for regions that are hugetlbfs files).
+pub const HANDOFF_FLAG_PATHS: u32 = 1;
+const HANDOFF_FLAGS_KNOWN: u32 = HANDOFF_FLAG_PATHS;
 const ALLOC_REPLY_FLAGS_KNOWN: u32 = ALLOC_REPLY_FLAG_PATHS | ALLOC_REPLY_FLAG_TOKEN;
 
 /// Page-size policy of an allocation (wire: u8).
@@ -144,6 +148,17 @@ pub enum Request {
         /// The token from the ALLOC reply ([`ALLOC_REPLY_FLAG_TOKEN`]).
         token: [u8; TOKEN_SIZE],
     },
+    /// Take a live allocation over from the connection that owns it (the
+    /// VMM's predecessor process, same uid) with its current token; the
+    /// reply is an ALLOC reply with fresh fds and a new token.
+    Handoff {
+        /// Allocation id.
+        alloc_id: u64,
+        /// Its current token (from the ALLOC, REATTACH-era or last HANDOFF reply).
+        token: [u8; TOKEN_SIZE],
+        /// Ask for the regions' hugetlbfs paths ([`HANDOFF_FLAG_PATHS`]).
+        want_paths: bool,
+    },
 }
 
 /// One VMM mapping in a UFFD request (32 bytes on the wire): `len` bytes of
@@ -252,6 +267,43 @@ pub struct Reply {
     pub message: String,
     /// Body.
     pub body: ReplyBody,
+}
+
+/// The body of an ALLOC (or HANDOFF) reply: the region table, the paths
+/// when the flag says so, the token when the flag says so.
+fn decode_alloc_reply(r: &mut Reader<'_>) -> Result<ReplyBody, ProtoError> {
+    let alloc_id = r.u64("alloc_id")?;
+    let n = r.u32("n_regions")? as usize;
+    let flags = r.u32("flags")?;
+    if flags & !ALLOC_REPLY_FLAGS_KNOWN != 0 {
+        return Err(bad(format!(
+            "undefined ALLOC reply flag bits {:#x}",
+            flags & !ALLOC_REPLY_FLAGS_KNOWN
+        )));
+    }
+    let regions = r.regions(n)?;
+    let mut paths = Vec::new();
+    if flags & ALLOC_REPLY_FLAG_PATHS != 0 {
+        // Each record is at least its 4-byte length.
+        r.check_records(n, 4, MAX_REGIONS, "paths")?;
+        paths.reserve(n);
+        for _ in 0..n {
+            paths.push(decode_path(r)?);
+        }
+    }
+    // After the paths: the decoder needs no session state, the
+    // flag says whether the token is there.
+    let token = if flags & ALLOC_REPLY_FLAG_TOKEN != 0 {
+        Some(r.token()?)
+    } else {
+        None
+    };
+    Ok(ReplyBody::Alloc {
+        alloc_id,
+        regions,
+        paths,
+        token,
+    })
 }
 
 impl Reply {
@@ -418,6 +470,7 @@ impl Request {
             Request::Stats => Code::Stats,
             Request::Uffd { .. } => Code::Uffd,
             Request::Reattach { .. } => Code::Reattach,
+            Request::Handoff { .. } => Code::Handoff,
         }
     }
 
@@ -481,6 +534,14 @@ impl Request {
             Request::Reattach { alloc_id, token } => {
                 w.u64(*alloc_id).bytes(token);
             }
+            Request::Handoff {
+                alloc_id,
+                token,
+                want_paths,
+            } => {
+                let flags = if *want_paths { HANDOFF_FLAG_PATHS } else { 0 };
+                w.u64(*alloc_id).bytes(token).u32(flags).u32(0);
+            }
         }
         w.0
     }
@@ -530,6 +591,25 @@ impl Request {
                 alloc_id: r.u64("alloc_id")?,
                 token: r.token()?,
             },
+            Code::Handoff => {
+                let alloc_id = r.u64("alloc_id")?;
+                let token = r.token()?;
+                let flags = r.u32("flags")?;
+                if flags & !HANDOFF_FLAGS_KNOWN != 0 {
+                    return Err(bad(format!(
+                        "undefined HANDOFF flag bits {:#x}",
+                        flags & !HANDOFF_FLAGS_KNOWN
+                    )));
+                }
+                if r.u32("reserved")? != 0 {
+                    return Err(bad("reserved field must be zero"));
+                }
+                Request::Handoff {
+                    alloc_id,
+                    token,
+                    want_paths: flags & HANDOFF_FLAG_PATHS != 0,
+                }
+            }
         };
         r.finish()?;
         Ok(req)
@@ -771,40 +851,9 @@ impl Reply {
                     features: r.u64("features")?,
                 }
             }
-            Code::Alloc => {
-                let alloc_id = r.u64("alloc_id")?;
-                let n = r.u32("n_regions")? as usize;
-                let flags = r.u32("flags")?;
-                if flags & !ALLOC_REPLY_FLAGS_KNOWN != 0 {
-                    return Err(bad(format!(
-                        "undefined ALLOC reply flag bits {:#x}",
-                        flags & !ALLOC_REPLY_FLAGS_KNOWN
-                    )));
-                }
-                let regions = r.regions(n)?;
-                let mut paths = Vec::new();
-                if flags & ALLOC_REPLY_FLAG_PATHS != 0 {
-                    // Each record is at least its 4-byte length.
-                    r.check_records(n, 4, MAX_REGIONS, "paths")?;
-                    paths.reserve(n);
-                    for _ in 0..n {
-                        paths.push(decode_path(&mut r)?);
-                    }
-                }
-                // After the paths: the decoder needs no session state, the
-                // flag says whether the token is there.
-                let token = if flags & ALLOC_REPLY_FLAG_TOKEN != 0 {
-                    Some(r.token()?)
-                } else {
-                    None
-                };
-                ReplyBody::Alloc {
-                    alloc_id,
-                    regions,
-                    paths,
-                    token,
-                }
-            }
+            // A HANDOFF reply is an ALLOC reply: the successor gets what
+            // an ALLOC would have given it.
+            Code::Alloc | Code::Handoff => decode_alloc_reply(&mut r)?,
             Code::Reattach => {
                 let alloc_id = r.u64("alloc_id")?;
                 let n = r.u32("n_regions")? as usize;

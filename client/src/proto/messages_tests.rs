@@ -74,6 +74,16 @@ fn requests_round_trip() {
             alloc_id: 7,
             token: TOKEN,
         },
+        Request::Handoff {
+            alloc_id: 7,
+            token: TOKEN,
+            want_paths: true,
+        },
+        Request::Handoff {
+            alloc_id: 8,
+            token: TOKEN,
+            want_paths: false,
+        },
     ];
     for req in all {
         let bytes = req.encode();
@@ -122,6 +132,15 @@ fn replies_round_trip() {
             Reply::ok(ReplyBody::Reattach {
                 alloc_id: 5,
                 regions: vec![region, region],
+            }),
+        ),
+        (
+            Code::Handoff,
+            Reply::ok(ReplyBody::Alloc {
+                alloc_id: 5,
+                regions: vec![region],
+                paths: vec!["/dev/hugepages/r5".into()],
+                token: Some(TOKEN),
             }),
         ),
         (
@@ -581,4 +600,71 @@ fn reattach_reply_layout_and_checks() {
         Reply::decode(Code::Reattach, &huge),
         Err(ProtoError::OutOfBounds(_))
     ));
+}
+
+#[test]
+fn handoff_request_layout_and_checks() {
+    let req = Request::Handoff {
+        alloc_id: 0x0102_0304_0506_0708,
+        token: TOKEN,
+        want_paths: true,
+    };
+    let bytes = req.encode();
+    assert_eq!(bytes.len(), 8 + TOKEN_SIZE + 8);
+    assert_eq!(&bytes[0..8], &0x0102_0304_0506_0708u64.to_le_bytes());
+    assert_eq!(&bytes[8..24], &TOKEN);
+    assert_eq!(&bytes[24..28], &HANDOFF_FLAG_PATHS.to_le_bytes());
+    assert_eq!(&bytes[28..32], &0u32.to_le_bytes());
+    assert_eq!(req.code(), Code::Handoff);
+    assert_eq!(req.expected_fds(), 0);
+    assert_eq!(Code::from_u32(10), Some(Code::Handoff));
+    for cut in 0..bytes.len() {
+        assert!(
+            matches!(
+                Request::decode(Code::Handoff, &bytes[..cut]),
+                Err(ProtoError::Truncated { .. })
+            ),
+            "cut at {cut}"
+        );
+    }
+    let mut long = bytes.clone();
+    long.push(0);
+    assert!(matches!(
+        Request::decode(Code::Handoff, &long),
+        Err(ProtoError::TrailingBytes(1))
+    ));
+    // An undefined flag bit and a non-zero reserved word are refused.
+    let mut flags = bytes.clone();
+    flags[24] |= 2;
+    assert!(matches!(
+        Request::decode(Code::Handoff, &flags),
+        Err(ProtoError::OutOfBounds(m)) if m.contains("undefined HANDOFF flag")
+    ));
+    let mut reserved = bytes;
+    reserved[31] = 1;
+    assert!(matches!(
+        Request::decode(Code::Handoff, &reserved),
+        Err(ProtoError::OutOfBounds(_))
+    ));
+}
+
+#[test]
+fn handoff_reply_is_an_alloc_reply() {
+    let body = ReplyBody::Alloc {
+        alloc_id: 9,
+        regions: vec![region(3)],
+        paths: Vec::new(),
+        token: Some(TOKEN),
+    };
+    let bytes = Reply::ok(body.clone()).encode();
+    assert_eq!(
+        Reply::decode(Code::Handoff, &bytes).expect("decode").body,
+        Reply::decode(Code::Alloc, &bytes).expect("decode").body
+    );
+    for cut in 0..bytes.len() {
+        assert!(
+            Reply::decode(Code::Handoff, &bytes[..cut]).is_err(),
+            "cut at {cut}"
+        );
+    }
 }

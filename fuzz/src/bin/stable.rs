@@ -115,6 +115,11 @@ fn seeds() -> Vec<Vec<u8>> {
             alloc_id: 9,
             token: [0x5a; 16],
         },
+        Request::Handoff {
+            alloc_id: 9,
+            token: [0x5b; 16],
+            want_paths: true,
+        },
     ];
     let mut out = Vec::new();
     for (i, r) in requests.iter().enumerate() {
@@ -162,6 +167,15 @@ fn seeds() -> Vec<Vec<u8>> {
                 regions: vec![region],
                 paths: vec!["/dev/hugepages/a".into()],
                 token: Some([0xa5; 16]),
+            }),
+        ),
+        (
+            Code::Handoff,
+            Reply::ok(ReplyBody::Alloc {
+                alloc_id: 9,
+                regions: vec![region],
+                paths: Vec::new(),
+                token: Some([0x5b; 16]),
             }),
         ),
         (

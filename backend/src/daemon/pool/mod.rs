@@ -121,6 +121,7 @@
 
 mod files;
 mod given_back;
+mod handoff;
 mod handout;
 mod held;
 mod ids;
@@ -138,6 +139,7 @@ mod table;
 mod take;
 mod token;
 
+pub use handoff::{HandedOff, HandoffError};
 pub use held::{Held, HeldRegion, Why};
 pub use ids::{AllocId, PoolKey, RegionId, SessionId};
 pub use in_use::InUseRegion;

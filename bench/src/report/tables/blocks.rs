@@ -3,9 +3,10 @@
 
 use serde_json::Value;
 
+use super::alloc::alloc;
 use super::cells::{f, run_line, significant};
 use super::launches::{churn_row, compare, demo, vmstart};
-use super::memory::{alloc, clear, mlock};
+use super::memory::{clear, mlock};
 use super::takeover::takeover;
 
 /// The generated lines between `<!-- results:NAME,… -->` and

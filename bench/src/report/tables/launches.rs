@@ -7,30 +7,42 @@ use super::cells::{f, note, num, s, significant, size};
 
 pub(super) fn vmstart(v: &Value) -> String {
     let mut out = format!(
-        "{} on {} pages; clearing kernel `{}`, one page cleared in {} µs ({} GB/s); prefault threads {}.\n\n",
+        "{} on {} pages; clearing kernel `{}`, one page cleared in {} µs ({} GB/s); prefault threads {}; the kernel zeroing the whole size at fault time on one thread (the limit of a one-vCPU guest's touches of fresh or punched memory): {} ms.\n\n",
         size(v, "size"),
         s(v, "page_size"),
         s(v, "kernel"),
         f(v, "one_page_clear_us", 0),
         f(v, "clear_gbps", 1),
-        f(v, "prefault_threads", 0)
+        f(v, "prefault_threads", 0),
+        f(v, "kernel_zeroing_1_thread_ms", 1)
     );
-    out += "| scenario | served | ALLOC ms | ready ms | first instruction ms | all pages touched ms | VM setup ms (in both) |\n|---|---|---|---|---|---|---|\n";
+    out += "| scenario | served | ALLOC ms | ready ms | first instruction ms | all pages touched ms | VM setup ms (in both) | first instruction / all touched over the floor, ms |\n|---|---|---|---|---|---|---|---|\n";
     let scenarios = v.get("scenarios").and_then(Value::as_array);
+    let floor = scenarios
+        .into_iter()
+        .flatten()
+        .find(|sc| sc.get("name").and_then(Value::as_str) == Some("floor"));
     for sc in scenarios.into_iter().flatten() {
         let served = match sc.get("recleared") {
             Some(Value::Bool(true)) => "dirty, cleared by the ALLOC".to_string(),
             Some(Value::Bool(false)) => "clean (scrubbed before the ALLOC)".to_string(),
+            _ if s(sc, "name") == "floor" => "resident memfd, no daemon (the floor)".to_string(),
             _ => s(sc, "flags"),
         };
+        let over = |key: &str| match (num(sc, key), floor.and_then(|fl| num(fl, key))) {
+            (Some(x), Some(base)) => format!("{:+.1}", x - base),
+            _ => "-".into(),
+        };
         out += &format!(
-            "| `{}` | {served} | {} | {} | {} | {} | {} |\n",
+            "| `{}` | {served} | {} | {} | {} | {} | {} | {} / {} |\n",
             s(sc, "name"),
             f(sc, "alloc_ms", 1),
             f(sc, "ready_ms", 1),
             f(sc, "first_instruction_ms", 1),
             f(sc, "all_touched_ms", 1),
             f(sc, "vm_setup_ms", 1),
+            over("first_instruction_ms"),
+            over("all_touched_ms"),
         );
     }
     let lazy: Vec<&Value> = scenarios
@@ -83,7 +95,11 @@ pub(super) fn compare(v: &Value) -> String {
         s(v, "cloud_hypervisor_version"),
         note(v, "note")
     );
-    out += "| variant | ready s (best / median) | power-off s (best / median) | ALLOC s (best) | ratio vs the baseline: ready / power-off (best) |\n|---|---|---|---|---|\n";
+    if let Some(kind) = v.get("pool_hand_out").and_then(Value::as_str) {
+        out += &format!("The pool rows' hand-out: **{kind}** (`pool_hand_out`).\n\n");
+    }
+    let has_floor = v.get("over_floor").is_some();
+    out += "| variant | ready s (best / median) | power-off s (best / median) | ALLOC s (best) | ratio vs the baseline: ready / power-off (best) | ready over the VMM's floor, ms (best / median) | power-off over the floor, ms (best / median) | all pages touched s (best / median) | touched over the floor, ms (best / median) |\n|---|---|---|---|---|---|---|---|---|\n";
     let baseline = s(v, "baseline");
     for var in v
         .get("variants")
@@ -99,7 +115,7 @@ pub(super) fn compare(v: &Value) -> String {
             label
         };
         if var["skipped"] == true {
-            out += &format!("| {label} | skipped: {} | | | |\n", s(var, "note"));
+            out += &format!("| {label} | skipped: {} | | | | | | | |\n", s(var, "note"));
             continue;
         }
         let pair = |p: &str, d: usize| {
@@ -119,18 +135,51 @@ pub(super) fn compare(v: &Value) -> String {
             },
             |r| format!("{} / {}", f(r, "ready", 2), f(r, "poweroff", 2)),
         );
+        let floor = match v.get("over_floor").and_then(|o| o.get(key.as_str())) {
+            Some(o) if s(o, "floor") == key => "(the floor) | (the floor)".to_string(),
+            Some(o) => {
+                let ms = |k: &str| num(o, k).map_or_else(|| "-".into(), |x| format!("{x:+.1}"));
+                format!(
+                    "{} / {} | {} / {}",
+                    ms("ready_ms"),
+                    ms("ready_median_ms"),
+                    ms("poweroff_ms"),
+                    ms("poweroff_median_ms")
+                )
+            }
+            None if has_floor => "- | -".into(),
+            None => "not measured | not measured".into(),
+        };
+        let touched = match v.get("over_floor").and_then(|o| o.get(key.as_str())) {
+            Some(o) if s(o, "floor") == key => "(the floor)".to_string(),
+            Some(o) => {
+                let ms = |k: &str| num(o, k).map_or_else(|| "-".into(), |x| format!("{x:+.1}"));
+                format!("{} / {}", ms("touched_ms"), ms("touched_median_ms"))
+            }
+            None => "-".into(),
+        };
         out += &format!(
-            "| {label} | {} | {} | {} | {ratio} |\n",
-            pair("ready_s", 3),
-            pair("poweroff_s", 3),
+            "| {label} | {} | {} | {} | {ratio} | {floor} | {} | {touched} |\n",
+            pair("ready_s", 4),
+            pair("poweroff_s", 4),
             f(var, "alloc_s.best", 4),
+            pair("touched_s", 4),
         );
     }
     if v.get("pool_scrub_s").is_some_and(|x| !x.is_null()) {
         out += &format!(
-            "\nFREE → pool clean (the background scrub behind the pool rows): {} / {} s.\n",
+            "\nFREE → pool clean (the background scrub behind the pool rows): {} / {} s{}.\n",
             f(v, "pool_scrub_s.best", 3),
-            f(v, "pool_scrub_s.median", 3)
+            f(v, "pool_scrub_s.median", 3),
+            if v.get("pool_resident_s").is_some_and(|x| !x.is_null()) {
+                format!(
+                    "; FREE → resident again (punched pages refaulted; the pool rows' ALLOCs came after it): {} / {} s",
+                    f(v, "pool_resident_s.best", 3),
+                    f(v, "pool_resident_s.median", 3)
+                )
+            } else {
+                String::new()
+            }
         );
     }
     out
@@ -152,8 +201,19 @@ pub(super) fn demo(v: &Value) -> String {
     );
     out += "| step | figure |\n|---|---|\n";
     out += &format!("| daemon start | {} s |\n", f(v, "daemon_start_s", 4));
+    if v.get("host_first_touch_s").is_some() {
+        out += &format!(
+            "| warm-up: the host's first touch (the size populated and freed once before timing; docs/platform.md#first-touch) | {} s |\n",
+            f(v, "host_first_touch_s", 4)
+        );
+    }
     out += &format!(
-        "| ALLOC, fresh pages | {} s ({} GB/s populated and zeroed by the kernel) |\n",
+        "| ALLOC, fresh pages{} | {} s ({} GB/s populated and zeroed by the kernel) |\n",
+        if v.get("host_first_touch_s").is_some() {
+            ", after the warm-up"
+        } else {
+            " (includes the host's first touch)"
+        },
         f(v, "alloc_fresh_s", 4),
         f(v, "alloc_fresh_gbps", 1)
     );
@@ -176,16 +236,37 @@ pub(super) fn demo(v: &Value) -> String {
     };
     guest(&mut out, "guest_fresh", "#1 (fresh)");
     out += &format!(
-        "| FREE → pool clean | {} s ({} scrubbed at {} GB/s) |\n",
+        "| FREE → pool clean{} | {} s ({} scrubbed at {} GB/s) |\n",
+        if v.get("host_first_touch_s").is_some() {
+            " and resident (punched pages refaulted)"
+        } else {
+            ""
+        },
         f(v, "free_to_clean_s", 4),
         size(v, "scrubbed_bytes"),
         f(v, "scrub_gbps", 1)
     );
     out += &format!(
-        "| ALLOC from the clean pool | {} s (from the pool: {}; {}x faster than fresh) |\n",
+        "| ALLOC from the clean pool | {} s (from the pool: {}; {}; {}x the fresh ALLOC's {} s) |\n",
         num(v, "alloc_pooled_s").map_or_else(|| "-".into(), significant),
         s(v, "alloc_pooled_from_pool"),
-        f(v, "pooled_speedup", 0)
+        match (
+            v.get("alloc_pooled_resident_bytes"),
+            v.get("alloc_pooled_hole_bytes").and_then(Value::as_u64)
+        ) {
+            (Some(_), Some(0)) => format!(
+                "resident: {} backed, no holes",
+                size(v, "alloc_pooled_resident_bytes")
+            ),
+            (Some(_), Some(_)) => format!(
+                "with holes: {} backed, {} holes",
+                size(v, "alloc_pooled_resident_bytes"),
+                size(v, "alloc_pooled_hole_bytes")
+            ),
+            _ => "what it held not measured".into(),
+        },
+        f(v, "pooled_speedup", 0),
+        f(v, "alloc_fresh_s", 4)
     );
     guest(&mut out, "guest_pooled", "#2 (pool)");
     if let Some(why) = v.get("guest_skipped").and_then(Value::as_str) {

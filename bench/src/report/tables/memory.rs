@@ -1,4 +1,4 @@
-//! The tables of the memory benches: `clear`, `alloc` and `mlock`.
+//! The tables of the memory benches `clear` and `mlock` (`alloc` has its own file).
 
 use serde_json::Value;
 
@@ -61,97 +61,6 @@ pub(super) fn clear(v: &Value) -> String {
                 f(p, "speedup", 2),
                 f(p, "runner_gbps", 2),
                 f(p, "runner_speedup", 2)
-            );
-        }
-    }
-    out
-}
-
-pub(super) fn alloc(v: &Value) -> String {
-    let mut out = format!(
-        "{} on {} pages ({} asked), best / median of {} repetitions, {} CPUs, {} node(s).{}\n\n",
-        size(v, "size_bytes"),
-        s(v, "page_size"),
-        size(v, "requested_size_bytes"),
-        f(v, "reps", 0),
-        f(v, "cpus", 0),
-        f(v, "nodes", 0),
-        note(v, "note")
-    );
-    let gb = num(v, "size_bytes").unwrap_or(0.0) / 1e9;
-    out += "| variant (clock stops with the memory mapped and ready for the VMM) | best s | median s | GB/s (best) |\n|---|---|---|---|\n";
-    let mut row = |label: String, key: &str| {
-        let best = num(v, key);
-        let rate = if key == "pooled_eager_s" {
-            "(a hand-out)".to_string()
-        } else {
-            best.filter(|b| *b > 0.0)
-                .map_or_else(|| "-".into(), |b| fixed(gb / b, 1))
-        };
-        out += &format!(
-            "| {label} | {} | {} | {rate} |\n",
-            f(v, key, 5),
-            f(v, &format!("medians.{key}"), 5),
-        );
-    };
-    row(
-        "fresh, daemon-less (`Region::allocate`)".into(),
-        "fresh_eager_s",
-    );
-    row("fresh, through the daemon".into(), "fresh_eager_daemon_s");
-    row(
-        "**from the clean pool**, through the daemon".into(),
-        "pooled_eager_s",
-    );
-    row(
-        format!(
-            "the pool's price, after the FREE: FREE → clean (background scrub; {} CPU-s per GiB)",
-            f(v, "scrub_cpu_s_per_gib", 3)
-        ),
-        "free_to_clean_s",
-    );
-    row(
-        format!(
-            "cloud-hypervisor-style prefault (threads: {})",
-            f(v, "cloud_hypervisor_style_threads", 0)
-        ),
-        "cloud_hypervisor_style_s",
-    );
-    out += "\n| ratio of best times (same run) | value |\n|---|---|\n";
-    for (label, key) in [
-        (
-            "cloud-hypervisor style / fresh daemon-less",
-            "cloud_hypervisor_style_over_fresh_eager",
-        ),
-        (
-            "fresh via the daemon / fresh daemon-less",
-            "fresh_eager_daemon_over_fresh_eager",
-        ),
-        (
-            "fresh via the daemon / clean pool",
-            "fresh_eager_daemon_over_pooled_eager",
-        ),
-        (
-            "cloud-hypervisor style / clean pool",
-            "cloud_hypervisor_style_over_pooled_eager",
-        ),
-    ] {
-        out += &format!("| {label} | {} |\n", f(v, &format!("ratios.{key}"), 2));
-    }
-    if let Some(points) = v
-        .get("scaling")
-        .and_then(Value::as_array)
-        .filter(|p| !p.is_empty())
-    {
-        out += "\n| fresh populate, node-local workers | best s | median s | GB/s | speedup |\n|---|---|---|---|---|\n";
-        for p in points {
-            out += &format!(
-                "| {} | {} | {} | {} | {}x |\n",
-                f(p, "threads", 0),
-                f(p, "best_s", 3),
-                f(p, "median_s", 3),
-                f(p, "gbps", 2),
-                f(p, "speedup", 2)
             );
         }
     }

@@ -3,6 +3,7 @@
 //! kind (or none) gets its top-level figures as a key/value table. The
 //! tables read the JSON as `--json` prints it; a missing figure shows as `-`.
 
+mod alloc;
 mod blocks;
 mod cells;
 mod launches;

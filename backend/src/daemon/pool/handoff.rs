@@ -1,0 +1,124 @@
+//! HANDOFF (issue 26): a live allocation passes from the connection that
+//! owns it to another connection of the same tenant, its VMM's successor,
+//! in one step under the pool's lock, so there is no moment in which both
+//! or neither own it. The successor shows the current token and gets a new
+//! one: the token it showed stops working, so the predecessor can neither
+//! take the allocation back nor hand it on.
+
+use std::sync::Arc;
+
+use guest_mem::Region;
+
+use super::ids::{AllocId, RegionId, SessionId};
+use super::owners::OwnershipError;
+use super::table::Pool;
+use super::token::{new_token, same_token, AllocToken};
+
+/// Why a HANDOFF was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum HandoffError {
+    /// Unknown id, another tenant's, or a wrong token: one text for all, as
+    /// for an id that does not exist (a tenant learns nothing of another's).
+    #[error(transparent)]
+    Refused(#[from] OwnershipError),
+    /// The asking connection owns it already.
+    #[error("allocation {0} already belongs to this connection")]
+    AlreadyYours(AllocId),
+    /// Some pages were never cleared: a lazy allocation whose clearing has
+    /// not finished (its fault service belongs to the old connection).
+    #[error(
+        "allocation {alloc} still has {pages} page(s) to clear (a lazy allocation whose \
+         clearing has not finished); a handoff needs every page cleared: retry when STATS \
+         shows none left to clear"
+    )]
+    NotCleared {
+        /// The allocation.
+        alloc: AllocId,
+        /// Pages dirty or being cleared.
+        pages: usize,
+    },
+    /// PATHS was asked for and the regions are memfds, not hugetlbfs files.
+    #[error(
+        "allocation {0} is on memfds, not hugetlbfs files: it has no paths (ask without PATHS \
+         and use the fds)"
+    )]
+    NoPaths(AllocId),
+    /// No new token could be made, or the successor's fds could not be opened.
+    #[error("{0}")]
+    Internal(String),
+}
+
+/// What a successful [`Pool::hand_off`] gives the successor.
+#[derive(Debug)]
+pub struct HandedOff {
+    /// The connection that owned it before (`None`: it was orphaned).
+    pub previous: Option<SessionId>,
+    /// Its regions, in reply (guest-physical) order.
+    pub regions: Vec<(RegionId, Arc<Region>)>,
+    /// Locked.
+    pub locked: bool,
+    /// Its new token.
+    pub token: AllocToken,
+}
+
+impl Pool {
+    /// Gives allocation `alloc` to `session` when `uid` is its tenant and
+    /// `token` its current token (compared in constant time), with a new
+    /// token. The allocation may be live on another connection or orphaned.
+    /// `prepare` runs on its regions once every check passed and before
+    /// anything changes (the successor's fds are opened there): when it
+    /// fails, the allocation stays where it was.
+    ///
+    /// # Errors
+    ///
+    /// [`HandoffError`]; every refusal that a guesser could learn from is
+    /// [`HandoffError::Refused`] with the text of an unknown id.
+    pub fn hand_off<T>(
+        &self,
+        alloc: AllocId,
+        token: &AllocToken,
+        session: SessionId,
+        uid: u32,
+        prepare: impl FnOnce(&[(RegionId, Arc<Region>)]) -> Result<T, HandoffError>,
+    ) -> Result<(HandedOff, T), HandoffError> {
+        let fresh = new_token().map_err(HandoffError::Internal)?;
+        let mut g = self.lock();
+        let refused = OwnershipError::Unknown(alloc);
+        let a = g.allocs.get(&alloc).ok_or(refused)?;
+        // The token is compared whatever else fails, so a refusal takes the
+        // same time for an existing id as for a foreign one.
+        let token_ok = same_token(&a.token, token);
+        if a.tenant != uid || !token_ok {
+            return Err(refused.into());
+        }
+        if a.session == Some(session) {
+            return Err(HandoffError::AlreadyYours(alloc));
+        }
+        let regions: Vec<(RegionId, Arc<Region>)> = a
+            .regions
+            .iter()
+            .filter_map(|id| g.entries.get(id).map(|e| (*id, Arc::clone(&e.region))))
+            .collect();
+        let pages: usize = regions
+            .iter()
+            .map(|(_, r)| {
+                let c = r.states().counts();
+                c.dirty + c.clearing
+            })
+            .sum();
+        if pages > 0 {
+            return Err(HandoffError::NotCleared { alloc, pages });
+        }
+        let prepared = prepare(&regions)?;
+        let a = g.allocs.get_mut(&alloc).ok_or(refused)?;
+        let previous = a.session.replace(session);
+        a.token = fresh;
+        let handed = HandedOff {
+            previous,
+            regions,
+            locked: a.locked,
+            token: fresh,
+        };
+        Ok((handed, prepared))
+    }
+}
