@@ -92,6 +92,13 @@ fn refault_region(
             return true;
         }
     }
+    // Ready means mapped: from here on any holder scan of the region sees
+    // the helpers. A release before that (its scan may have missed them
+    // between fork and mmap) must not meet a fault: nothing is sent.
+    if pool.is_released(id) {
+        pool.fill_abandoned(&first);
+        return true;
+    }
     debug!(
         region = id,
         helpers = helpers.pids().len(),
