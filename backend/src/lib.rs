@@ -21,6 +21,8 @@ pub use hugemem_client::{client, diag, guest_memory, lazy, stats, uffd};
 pub mod daemon;
 /// Lazy mode, daemon side: the userfaultfd fault service that clears pages on first touch.
 pub mod fault;
+/// Processes of the daemon's own that fault a region's holes in, at idle priority.
+pub mod fault_helpers;
 /// The wire protocol (`hugemem_client::proto`) and its async framing for the daemon.
 pub mod proto;
 /// Raw syscalls behind small safe wrappers (fd-owning `recvmsg`, `fstat` size, populate).

@@ -34,6 +34,11 @@ pub(crate) enum Command {
     Vmstart(VmstartArgs),
     /// Clearing kernels and the parallel runner against the kernel's fault-time clearing.
     Clear(ClearArgs),
+    /// The refault of punched huge pages: fault helpers (the daemon's),
+    /// threads of one process and fallocate with 1..all CPUs beside the
+    /// memory bandwidth; a CPU-bound tenant's loss; STATS latency while a
+    /// private daemon refaults, helpers against the scrubber thread.
+    Refault(RefaultArgs),
     /// One mlock/munlock call over a region against the batched path, with the
     /// stall another thread's mmap+munmap sees, on 4 KiB shmem and hugetlb.
     Mlock(MlockArgs),
@@ -127,6 +132,32 @@ pub(crate) struct ClearArgs {
     /// Page size: 1G, 2M or 4K (default: 1G, then 2M, then 4K, said out loud).
     #[arg(long, value_parser = parse_page_size_arg)]
     pub(crate) page_size: Option<PageSize>,
+    /// Print one JSON object instead of a table.
+    #[arg(long)]
+    pub(crate) json: bool,
+}
+
+/// `hugemem-bench refault` flags.
+#[derive(Debug, clap::Args)]
+pub(crate) struct RefaultArgs {
+    /// Bytes of the region (K/M/G suffixes, powers of 1024).
+    #[arg(long, default_value = "256M", value_parser = parse_size_arg)]
+    pub(crate) size: u64,
+    /// Huge page size, 2M or 1G.
+    #[arg(long, default_value = "2M", value_parser = parse_page_size_arg)]
+    pub(crate) page_size: PageSize,
+    /// Repetitions per figure.
+    #[arg(long, default_value_t = 3)]
+    pub(crate) reps: usize,
+    /// Bytes per chunk of work (the daemon's scrub.batch).
+    #[arg(long, default_value = "64M", value_parser = parse_size_arg)]
+    pub(crate) chunk: u64,
+    /// The tenant's window per measurement, milliseconds.
+    #[arg(long, default_value_t = 1000)]
+    pub(crate) tenant_ms: u64,
+    /// Leave the private daemon out (the rates and the tenant only).
+    #[arg(long)]
+    pub(crate) no_daemon: bool,
     /// Print one JSON object instead of a table.
     #[arg(long)]
     pub(crate) json: bool,

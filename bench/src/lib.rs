@@ -9,7 +9,7 @@
 //!
 //! [`demo`]: daemon, 1 GiB pages, micro-guest, scrub and pool reuse, as a
 //! timeline. The benches: [`alloc`], [`churn`], [`clear`], [`compare`],
-//! [`migrate`], [`mlock`], [`takeover`], [`vmstart`]; [`report`] regenerates
+//! [`migrate`], [`mlock`], [`refault`], [`takeover`], [`vmstart`]; [`report`] regenerates
 //! docs/benchmarks.md from their `--json`, which [`run_info`] makes
 //! self-describing.
 
@@ -27,6 +27,7 @@ pub mod error;
 pub mod migrate;
 pub mod mlock;
 mod private_dir;
+pub mod refault;
 pub mod report;
 pub mod run_info;
 /// A bench's private daemon: `hugemem serve` as a child process.

@@ -18,7 +18,7 @@ use tracing_subscriber::EnvFilter;
 mod args;
 use args::{
     AllocArgs, ChurnArgs, ClearArgs, Cli, Command, CompareArgs, DemoArgs, MigrateArgs, MlockArgs,
-    ReportArgs, TakeoverArgs, VmmUpdateArgs, VmstartArgs,
+    RefaultArgs, ReportArgs, TakeoverArgs, VmmUpdateArgs, VmstartArgs,
 };
 
 fn main() {
@@ -33,6 +33,7 @@ fn main() {
             "info,backend::daemon=warn,guest_mem=warn"
         }
         // vmstart starts private daemons too.
+        Command::Refault(_) => "info,backend::daemon=warn,guest_mem=warn",
         Command::Vmstart(_) => {
             "info,backend::daemon=warn,guest_mem=warn,backend::fault=warn,backend::lazy=warn"
         }
@@ -69,6 +70,7 @@ fn run(cli: Cli) -> Result<i32> {
         Command::Report(args) => report(args),
         Command::Vmstart(args) => vmstart(args),
         Command::Clear(args) => clear(args),
+        Command::Refault(args) => refault(args),
         Command::Mlock(args) => mlock(args),
         Command::Migrate(args) => migrate(args),
         Command::Alloc(args) => alloc(args),
@@ -182,6 +184,26 @@ fn migrate(args: MigrateArgs) -> Result<i32> {
     let failures = report.failures();
     if !failures.is_empty() {
         anyhow::bail!("bench migrate: {}", failures.join("; "));
+    }
+    Ok(0)
+}
+
+/// Runs `refault`.
+fn refault(args: RefaultArgs) -> Result<i32> {
+    let cfg = hugemem_bench::refault::RefaultBenchConfig {
+        size: args.size,
+        page_size: args.page_size,
+        reps: args.reps,
+        chunk: args.chunk,
+        tenant_window: std::time::Duration::from_millis(args.tenant_ms),
+        no_daemon: args.no_daemon,
+    };
+    let report = hugemem_bench::refault::run(&cfg, &mut |line| tracing::info!("{line}"))
+        .context("bench refault failed")?;
+    if args.json {
+        print_bench_json("refault", &report)?;
+    } else {
+        print!("{}", report.to_table());
     }
     Ok(0)
 }

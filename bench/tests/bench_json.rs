@@ -168,3 +168,61 @@ fn vmstart_runs_eager_dirty_and_reads_only_zeros() {
         }
     }
 }
+
+/// `hugemem bench refault`, small: every way's rate at every thread count
+/// up to the node's CPUs beside the bandwidth limit, the tenant's ratios
+/// (with the helpers' progress, which may be nothing on a busy host), and
+/// both daemons' responsiveness, each refault seen through to the end.
+#[test]
+fn refault_reports_rates_the_tenant_and_both_daemons() {
+    let _g = test_support::prelude::serial();
+    if !test_support::prelude::reserve_2m(32, "bench refault") {
+        return;
+    }
+    let args = [
+        "refault",
+        "--size",
+        "16M",
+        "--reps",
+        "1",
+        "--chunk",
+        "4M",
+        "--tenant-ms",
+        "50",
+    ];
+    let r = bench(&args);
+    check_run(&r, "refault", &args);
+    let cpus = r["cpus"].as_u64().expect("cpus");
+    for way in ["helpers", "threads", "fallocate", "nt_clear"] {
+        let points = r["rates"][way].as_array().expect(way);
+        assert_eq!(
+            points.last().map(|p| p["threads"].as_u64()),
+            Some(Some(cpus)),
+            "{way}: up to every CPU"
+        );
+        for p in points {
+            positive(&p["gbps"], way);
+        }
+    }
+    positive(&r["rates"]["spawn_ms"], "spawn_ms");
+    let tenant = r["tenant"].as_array().expect("tenant");
+    assert!(!tenant.is_empty());
+    for t in tenant {
+        positive(&t["alone_mips"], "alone_mips");
+        positive(&t["with_helpers"], "with_helpers");
+        positive(&t["with_threads"], "with_threads");
+        let refaulted = t["helpers_gbps"].as_f64().expect("helpers_gbps");
+        assert!(refaulted.is_finite() && refaulted >= 0.0, "{t}");
+    }
+    let modes: Vec<_> = r["responsiveness"]
+        .as_array()
+        .expect("responsiveness")
+        .iter()
+        .map(|d| {
+            positive(&d["refault_s"], "refault_s");
+            positive(&d["idle_p50_ms"], "idle_p50_ms");
+            d["mode"].as_str().unwrap_or("").to_string()
+        })
+        .collect();
+    assert_eq!(modes, ["helpers", "scrub thread"]);
+}

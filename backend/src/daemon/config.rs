@@ -13,44 +13,19 @@
 //! are separate: CLI flags are applied between parsing and validation, so an
 //! override can fix a file value that alone would not validate.
 
-use std::fmt;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use serde::{Deserialize, Deserializer};
+use serde::Deserialize;
 
-use guest_mem::size::{format_size, parse_size};
+mod byte_size;
+mod scrub;
+pub use byte_size::ByteSize;
+pub use scrub::ScrubConfig;
 
 /// Default socket path.
 pub const DEFAULT_SOCKET: &str = "/run/hugemem/hugemem.sock";
-
-/// A byte count that deserializes from an integer or a `"2G"`-style string.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Default)]
-pub struct ByteSize(pub u64);
-
-impl fmt::Display for ByteSize {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&format_size(self.0))
-    }
-}
-
-impl<'de> Deserialize<'de> for ByteSize {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        #[derive(Deserialize)]
-        #[serde(untagged)]
-        enum Raw {
-            Int(u64),
-            Text(String),
-        }
-        match Raw::deserialize(d)? {
-            Raw::Int(v) => Ok(ByteSize(v)),
-            Raw::Text(t) => parse_size(&t)
-                .map(ByteSize)
-                .map_err(serde::de::Error::custom),
-        }
-    }
-}
 
 /// Pool limits of one NUMA node, overriding [`PoolConfig::target`] and
 /// [`PoolConfig::limit`] there.
@@ -182,27 +157,6 @@ impl PoolConfig {
     pub fn alloc_wait(&self, wait_ms: Option<u32>) -> Duration {
         let ms = wait_ms.map_or(self.alloc_wait_ms, u64::from);
         Duration::from_millis(ms.min(self.max_alloc_wait_ms))
-    }
-}
-
-/// Background scrubbing.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct ScrubConfig {
-    /// Scrubber threads per NUMA node, pinned to the node's CPUs.
-    pub threads_per_node: usize,
-    /// Most bytes one scrubber clears with one kernel call (contiguous dirty
-    /// pages are claimed together up to this); also how often it looks at
-    /// the stop flag.
-    pub batch: ByteSize,
-}
-
-impl Default for ScrubConfig {
-    fn default() -> Self {
-        Self {
-            threads_per_node: 1,
-            batch: ByteSize(64 << 20),
-        }
     }
 }
 

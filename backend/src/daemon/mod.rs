@@ -124,6 +124,7 @@ pub mod peer;
 pub mod pool;
 pub mod quarantine;
 pub mod rebalance;
+pub mod refaulter;
 pub mod refill;
 pub mod scrub;
 mod serve;

@@ -37,19 +37,30 @@ use clearing::ClearKernel;
 use numa::{NodeId, PinError, Topology};
 use tracing::{debug, error, info};
 
+use nix::sys::eventfd::EventFd;
+
+use super::config::ScrubConfig;
 use super::metrics::{Metrics, ScrubCounters};
 use super::pool::{FillWork, Pool, ScrubWork, Scrubbed, Work};
+use super::refaulter::{refault_loop, RefaultNode};
 
-/// The scrubber threads of all nodes.
+/// The scrubber threads of all nodes, and each node's refault thread
+/// (`super::refaulter`) when the fault helpers are on.
 #[derive(Debug)]
 pub struct Scrubbers {
     stop: Arc<AtomicBool>,
+    /// Wakes the refault threads out of their wait for helpers' answers.
+    stop_event: Arc<EventFd>,
     threads: Vec<JoinHandle<Result<(), PinError>>>,
     counters: Vec<Arc<ScrubCounters>>,
+    batch: u64,
+    refault_helpers: bool,
+    refault_threads: usize,
 }
 
 impl Scrubbers {
-    /// Starts `threads_per_node` pinned scrubbers on every node with memory.
+    /// Starts `cfg.threads_per_node` pinned scrubbers on every node with
+    /// memory, and with `cfg.refault_helpers` one refault thread per node.
     ///
     /// # Errors
     ///
@@ -57,46 +68,90 @@ impl Scrubbers {
     pub fn start(
         topology: &Topology,
         pool: &Arc<Pool>,
-        threads_per_node: usize,
-        batch: u64,
+        cfg: &ScrubConfig,
     ) -> std::io::Result<Self> {
-        let stop = Arc::new(AtomicBool::new(false));
         let mut me = Self {
-            stop: Arc::clone(&stop),
+            stop: Arc::new(AtomicBool::new(false)),
+            stop_event: Arc::new(EventFd::new().map_err(std::io::Error::from)?),
             threads: Vec::new(),
             counters: Vec::new(),
+            batch: cfg.batch.0,
+            refault_helpers: cfg.refault_helpers,
+            refault_threads: cfg.refault_threads,
         };
         for node in topology.nodes().iter().filter(|n| !n.is_memoryless()) {
-            let counters = Arc::new(ScrubCounters::new(node.id, threads_per_node));
-            me.counters.push(Arc::clone(&counters));
+            me.counters
+                .push(Arc::new(ScrubCounters::new(node.id, cfg.threads_per_node)));
+        }
+        if let Err(e) = me.spawn_all(topology, pool) {
+            me.stop_and_join(pool);
+            return Err(e);
+        }
+        Ok(me)
+    }
+
+    /// Starts every node's threads, with the counters already made.
+    fn spawn_all(&mut self, topology: &Topology, pool: &Arc<Pool>) -> std::io::Result<()> {
+        for counters in self.counters.clone() {
+            let Some(node) = topology.nodes().iter().find(|n| n.id == counters.node) else {
+                continue;
+            };
             // A node without CPUs of its own is scrubbed from anywhere.
             let cpus = if node.cpus.is_empty() {
                 numa::current_affinity().unwrap_or_default()
             } else {
                 node.cpus.clone()
             };
-            for t in 0..threads_per_node {
-                let (worker_pool, stop, counters) =
-                    (Arc::clone(pool), Arc::clone(&stop), Arc::clone(&counters));
-                let node_id = node.id;
-                let spawned = numa::spawn_pinned(
-                    format!("hm-scrub-n{}-{t}", node.id),
+            let node_id = node.id;
+            for t in 0..counters.threads {
+                let (worker_pool, stop, c) = (
+                    Arc::clone(pool),
+                    Arc::clone(&self.stop),
+                    Arc::clone(&counters),
+                );
+                let (batch, fills) = (self.batch, !self.refault_helpers);
+                let h = numa::spawn_pinned(
+                    format!("hm-scrub-n{node_id}-{t}"),
                     cpus.clone(),
                     move || {
-                        scrub_loop(&worker_pool, node_id, t, batch, &stop, &counters);
+                        scrub_loop(&worker_pool, node_id, t, batch, fills, &stop, &c);
                     },
-                );
-                match spawned {
-                    Ok(h) => me.threads.push(h),
-                    Err(e) => {
-                        me.stop_and_join(pool);
-                        return Err(e);
-                    }
-                }
+                )?;
+                self.threads.push(h);
             }
-            info!(node = node.id, threads = threads_per_node, cpus = ?node.cpus, "scrubbers started");
+            if self.refault_helpers {
+                let at = RefaultNode {
+                    node: node_id,
+                    helpers: if self.refault_threads == 0 {
+                        cpus.len().max(1)
+                    } else {
+                        self.refault_threads
+                    },
+                    cpus: cpus.clone(),
+                    chunk: self.batch,
+                };
+                let (worker_pool, stop, c) = (
+                    Arc::clone(pool),
+                    Arc::clone(&self.stop_event),
+                    Arc::clone(&counters),
+                );
+                info!(
+                    node = node_id,
+                    helpers = at.helpers,
+                    "refault by fault helpers (SCHED_IDLE)"
+                );
+                let h = numa::spawn_pinned(
+                    format!("hm-refault-n{node_id}"),
+                    cpus.clone(),
+                    move || {
+                        refault_loop(&worker_pool, &at, &stop, &c);
+                    },
+                )?;
+                self.threads.push(h);
+            }
+            info!(node = node_id, threads = counters.threads, cpus = ?node.cpus, "scrubbers started");
         }
-        Ok(me)
+        Ok(())
     }
 
     /// Starts the threads again after [`Scrubbers::stop_and_join`] (a
@@ -105,41 +160,11 @@ impl Scrubbers {
     /// # Errors
     ///
     /// Thread creation errors.
-    pub fn restart(
-        &mut self,
-        topology: &Topology,
-        pool: &Arc<Pool>,
-        batch: u64,
-    ) -> std::io::Result<()> {
+    pub fn restart(&mut self, topology: &Topology, pool: &Arc<Pool>) -> std::io::Result<()> {
         self.stop.store(false, Ordering::Relaxed);
+        self.stop_event = Arc::new(EventFd::new().map_err(std::io::Error::from)?);
         pool.resume();
-        for counters in self.counters.clone() {
-            let Some(node) = topology.nodes().iter().find(|n| n.id == counters.node) else {
-                continue;
-            };
-            let cpus = if node.cpus.is_empty() {
-                numa::current_affinity().unwrap_or_default()
-            } else {
-                node.cpus.clone()
-            };
-            for t in 0..counters.threads {
-                let (worker_pool, stop, c) = (
-                    Arc::clone(pool),
-                    Arc::clone(&self.stop),
-                    Arc::clone(&counters),
-                );
-                let node_id = node.id;
-                let h = numa::spawn_pinned(
-                    format!("hm-scrub-n{node_id}-{t}"),
-                    cpus.clone(),
-                    move || {
-                        scrub_loop(&worker_pool, node_id, t, batch, &stop, &c);
-                    },
-                )?;
-                self.threads.push(h);
-            }
-        }
-        Ok(())
+        self.spawn_all(topology, pool)
     }
 
     /// Per-node counters.
@@ -148,9 +173,12 @@ impl Scrubbers {
     }
 
     /// Asks every scrubber to stop (they finish their current batch, at most
-    /// `scrub.batch` bytes) and joins them.
+    /// `scrub.batch` bytes), kills the fault helpers, and joins them.
     pub fn stop_and_join(&mut self, pool: &Pool) {
         self.stop.store(true, Ordering::Relaxed);
+        if let Err(e) = self.stop_event.write(1) {
+            error!(error = %e, "cannot signal the refault threads to stop");
+        }
         pool.stop();
         for h in self.threads.drain(..) {
             let name = h.thread().name().unwrap_or("scrubber").to_string();
@@ -168,13 +196,14 @@ fn scrub_loop(
     node: NodeId,
     index: usize,
     batch: u64,
+    fills: bool,
     stop: &AtomicBool,
     counters: &ScrubCounters,
 ) {
     let kernel = ClearKernel::default_kernel();
     let mut hint = index.wrapping_mul(7919);
     while !stop.load(Ordering::Relaxed) {
-        let work = match pool.next_scrub(node, batch, hint) {
+        let work = match pool.next_scrub(node, batch, hint, fills) {
             None => break,
             Some(Work::Fill(fill)) => {
                 refault(pool, &fill, counters);
@@ -226,7 +255,7 @@ fn refault(pool: &Pool, work: &FillWork, counters: &ScrubCounters) {
         Metrics::add(&counters.refault_bytes, work.len);
         Metrics::add(&counters.refault_nanos, nanos);
     }
-    pool.fill_done(work, result);
+    pool.fill_done(&work.ticket(), result);
 }
 
 /// Clears the claimed pages in runs of at most `batch` bytes; `Ok(false)`

@@ -33,8 +33,6 @@ pub struct Parts {
     pub scrubbers: Mutex<Scrubbers>,
     /// The topology the scrubbers restart on.
     pub topology: Arc<Topology>,
-    /// `scrub.batch`, for a restart.
-    pub scrub_batch: u64,
 }
 
 impl Parts {
@@ -52,7 +50,7 @@ impl Parts {
         self.scrubbers
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .restart(&self.topology, &self.pool, self.scrub_batch)
+            .restart(&self.topology, &self.pool)
     }
 
     /// The next session id.

@@ -147,7 +147,7 @@ pub use owners::OwnershipError;
 pub use persist::{
     Adopted, AllocRecord, AllocSnapshot, Life, RegionRecord, RegionSnapshot, SavedLife, Snapshot,
 };
-pub use refault::FillWork;
+pub use refault::{FillTicket, FillWork};
 pub use release::Released;
 pub use reserve::Taken;
 pub use scrubbing::{ScrubWork, Scrubbed, Work};

@@ -40,6 +40,9 @@ pub(super) struct Fill {
     in_flight: usize,
     /// Bytes faulted in so far.
     done: u64,
+    /// Claims given back unfinished (their helpers were stopped), claimed
+    /// again before `next`, lowest first.
+    retry: Vec<(u64, u64)>,
 }
 
 impl Fill {
@@ -56,8 +59,23 @@ impl Fill {
             next: 0,
             in_flight: 0,
             done: 0,
+            retry: Vec::new(),
         }
     }
+}
+
+/// A chunk of holes claimed, without the region: what the fault helpers'
+/// refault thread keeps while they work (a region with no other reference
+/// can still be grown in place; the helpers keep its file).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FillTicket {
+    /// The region.
+    pub id: RegionId,
+    /// First byte.
+    pub offset: u64,
+    /// Bytes.
+    pub len: u64,
+    generation: u64,
 }
 
 /// A chunk of holes a scrubber faults in.
@@ -74,6 +92,18 @@ pub struct FillWork {
     generation: u64,
 }
 
+impl FillWork {
+    /// The claim without the region.
+    pub fn ticket(&self) -> FillTicket {
+        FillTicket {
+            id: self.id,
+            offset: self.offset,
+            len: self.len,
+            generation: self.generation,
+        }
+    }
+}
+
 impl Fill {
     /// Claims the next chunk of region `id` (`region`) to fault in: up to
     /// `max_bytes`, at least one of its pages; `None` when every chunk is
@@ -85,6 +115,16 @@ impl Fill {
         max_bytes: u64,
     ) -> Option<FillWork> {
         let len = region.len();
+        if let Some((offset, n)) = self.retry.pop() {
+            self.in_flight += 1;
+            return Some(FillWork {
+                id,
+                region: Arc::clone(region),
+                offset,
+                len: n,
+                generation: self.generation,
+            });
+        }
         if self.next >= len {
             return None;
         }
@@ -102,6 +142,18 @@ impl Fill {
         })
     }
 
+    /// Takes `work` back unfinished (its helper was stopped): it is claimed
+    /// again, before anything above it.
+    pub(super) fn abandon(&mut self, work: &FillTicket) {
+        if work.generation != self.generation {
+            return;
+        }
+        self.in_flight = self.in_flight.saturating_sub(1);
+        self.retry.push((work.offset, work.len));
+        // Highest first, so `pop` gives the lowest.
+        self.retry.sort_unstable_by_key(|r| std::cmp::Reverse(r.0));
+    }
+
     /// Records how a scrubber's `work` on a region of `len` bytes ended:
     /// faulted in (`Ok`) or not (`Err`: the file no longer has the pages,
     /// e.g. a tenant truncated the region it was handed; the rest of the
@@ -110,7 +162,7 @@ impl Fill {
     /// whether this fill is over.
     pub(super) fn finish(
         &mut self,
-        work: &FillWork,
+        work: &FillTicket,
         len: u64,
         result: Result<(), String>,
     ) -> Option<bool> {
@@ -128,8 +180,9 @@ impl Fill {
                     "cannot fault a detached region's holes in ahead; the rest fault at first touch"
                 );
                 self.next = len;
+                self.retry.clear();
             }
         }
-        Some(self.next >= len && self.in_flight == 0)
+        Some(self.next >= len && self.in_flight == 0 && self.retry.is_empty())
     }
 }

@@ -9,7 +9,7 @@ use numa::NodeId;
 use tracing::{info, warn};
 
 use super::ids::RegionId;
-use super::refault::FillWork;
+use super::refault::{FillTicket, FillWork};
 use super::table::{EntryState, Pool};
 
 /// How a scrubber's batch ended (see [`Pool::scrub_done`]).
@@ -55,9 +55,17 @@ impl Pool {
     }
 
     /// Blocks until there is work on `node`, or the pool stops (`None`):
-    /// holes of a detached region to fault in ahead of its guest first
-    /// (`refault.rs`), then up to `max_bytes` of contiguous dirty pages.
-    pub fn next_scrub(&self, node: NodeId, max_bytes: u64, hint: usize) -> Option<Work> {
+    /// with `fills`, holes of a detached region to fault in ahead of its
+    /// guest first (`refault.rs`; without, the node's fault helpers take
+    /// them, `crate::daemon::refaulter`), then up to `max_bytes` of
+    /// contiguous dirty pages.
+    pub fn next_scrub(
+        &self,
+        node: NodeId,
+        max_bytes: u64,
+        hint: usize,
+        fills: bool,
+    ) -> Option<Work> {
         let mut g = self.lock();
         loop {
             if g.stopping {
@@ -66,7 +74,7 @@ impl Pool {
             let fill = g
                 .entries
                 .iter_mut()
-                .filter(|(_, e)| e.key.node == node)
+                .filter(|(_, e)| fills && e.key.node == node && e.state != EntryState::Quarantined)
                 .find_map(|(id, e)| e.fill.as_mut()?.claim(*id, &e.region, max_bytes));
             if let Some(work) = fill {
                 return Some(Work::Fill(work));
@@ -164,7 +172,7 @@ impl Pool {
     /// A scrubber faulted `work` in (`Ok`) or could not (`Err`: the file no
     /// longer has the pages, e.g. a tenant truncated the region it was
     /// handed; the rest of the region faults at first touch instead).
-    pub fn fill_done(&self, work: &FillWork, result: Result<(), String>) {
+    pub fn fill_done(&self, work: &FillTicket, result: Result<(), String>) {
         let mut g = self.lock();
         let Some(e) = g.entries.get_mut(&work.id) else {
             return;
@@ -179,6 +187,73 @@ impl Pool {
                 bytes = len,
                 "detached region refaulted: every page resident and zero"
             );
+        }
+    }
+
+    /// Blocks until a region of `node` has holes to fault in ahead of its
+    /// guest, and claims its first chunk of at most `max_bytes` (lowest
+    /// offset first; of the pooled ones, the region released longest ago first), or the pool
+    /// stops (`None`). A region already handed out goes first: its guest
+    /// is running. For the node's fault helpers
+    /// (`crate::daemon::refaulter`).
+    pub fn next_fill(&self, node: NodeId, max_bytes: u64) -> Option<FillWork> {
+        let mut g = self.lock();
+        loop {
+            if g.stopping {
+                return None;
+            }
+            let mut ready: Vec<_> = g
+                .entries
+                .iter_mut()
+                .filter(|(_, e)| {
+                    e.key.node == node && e.state != EntryState::Quarantined && e.fill.is_some()
+                })
+                .collect();
+            ready.sort_by_key(|(_, e)| (!matches!(e.state, EntryState::InUse(_)), e.since));
+            let work = ready
+                .into_iter()
+                .find_map(|(id, e)| e.fill.as_mut()?.claim(*id, &e.region, max_bytes));
+            if work.is_some() {
+                return work;
+            }
+            // The timeout is a safety net only; every change that creates
+            // work notifies.
+            g = self
+                .changed
+                .wait_timeout(g, Duration::from_secs(1))
+                .map_or_else(|e| e.into_inner().0, |(g, _)| g);
+        }
+    }
+
+    /// The next chunk of region `id`'s holes, without waiting: `None` when
+    /// every chunk is claimed, the region was released again (quarantined:
+    /// its pages are punched anew, and a new fill follows) or left the pool.
+    pub fn claim_fill(&self, id: RegionId, max_bytes: u64) -> Option<FillWork> {
+        let mut g = self.lock();
+        if g.stopping {
+            return None;
+        }
+        let e = g.entries.get_mut(&id)?;
+        if e.state == EntryState::Quarantined {
+            return None;
+        }
+        e.fill.as_mut()?.claim(id, &e.region, max_bytes)
+    }
+
+    /// Whether region `id` was released (quarantined) or left the pool.
+    pub fn is_released(&self, id: RegionId) -> bool {
+        self.lock()
+            .entries
+            .get(&id)
+            .is_none_or(|e| e.state == EntryState::Quarantined)
+    }
+
+    /// A fault helper was stopped before it answered for `work`: the chunk
+    /// is claimed again later, before the rest of its region.
+    pub fn fill_abandoned(&self, work: &FillTicket) {
+        let mut g = self.lock();
+        if let Some(f) = g.entries.get_mut(&work.id).and_then(|e| e.fill.as_mut()) {
+            f.abandon(work);
         }
     }
 

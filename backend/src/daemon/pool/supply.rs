@@ -36,12 +36,14 @@ pub(super) fn take_clean_checked(pool: &Pool, key: PoolKey, size: u64) -> Option
     while let Some(t) = pool.take_clean(key, size) {
         if pool.config().recheck_on_reuse || key.paths {
             if let Some(owned) = pool.owned(t.id) {
-                if let Some(holder) =
-                    holders::scan(std::slice::from_ref(&owned), pool.sources.predecessor.get())
-                        .holders
-                        .into_iter()
-                        .next()
-                        .flatten()
+                if let Some(holder) = holders::scan_for_reuse(
+                    std::slice::from_ref(&owned),
+                    pool.sources.predecessor.get(),
+                )
+                .holders
+                .into_iter()
+                .next()
+                .flatten()
                 {
                     pool.requarantine(t.id, holder);
                     continue;
@@ -131,12 +133,14 @@ pub(super) fn grow_pooled(
             d.region.as_ptr() as usize,
             usize::try_from(old_len).unwrap_or(usize::MAX),
         ) {
-            if let Some(holder) =
-                holders::scan(std::slice::from_ref(&owned), pool.sources.predecessor.get())
-                    .holders
-                    .into_iter()
-                    .next()
-                    .flatten()
+            if let Some(holder) = holders::scan_for_reuse(
+                std::slice::from_ref(&owned),
+                pool.sources.predecessor.get(),
+            )
+            .holders
+            .into_iter()
+            .next()
+            .flatten()
             {
                 let id = d.id;
                 pool.restore(d);

@@ -151,7 +151,31 @@ pub fn scan(targets: &[Owned], predecessor: Option<i32>) -> Scan {
     scan_root(Path::new("/proc"), std::process::id(), predecessor, targets)
 }
 
+/// [`scan`] of a clean region about to be handed out again: the daemon's
+/// own fault helpers, which may still be faulting its holes in (they write
+/// no data, `crate::fault_helpers`), are not holders here. (They are in
+/// the quarantine's [`scan`]: a released region is never detached while
+/// one still faults it.)
+pub fn scan_for_reuse(targets: &[Owned], predecessor: Option<i32>) -> Scan {
+    let skip = |pid| predecessor == Some(pid) || crate::fault_helpers::is_own_helper(pid);
+    scan_root_skipping(Path::new("/proc"), std::process::id(), &skip, targets)
+}
+
 fn scan_root(proc_root: &Path, self_pid: u32, predecessor: Option<i32>, targets: &[Owned]) -> Scan {
+    scan_root_skipping(
+        proc_root,
+        self_pid,
+        &|pid| predecessor == Some(pid),
+        targets,
+    )
+}
+
+fn scan_root_skipping(
+    proc_root: &Path,
+    self_pid: u32,
+    skip: &dyn Fn(i32) -> bool,
+    targets: &[Owned],
+) -> Scan {
     let mut out = Scan {
         holders: vec![None; targets.len()],
         processes: 0,
@@ -196,7 +220,7 @@ fn scan_root(proc_root: &Path, self_pid: u32, predecessor: Option<i32>, targets:
             continue;
         };
         out.processes += 1;
-        if predecessor == Some(pid) {
+        if skip(pid) {
             continue;
         }
         let is_self = u32::try_from(pid).is_ok_and(|p| p == self_pid);

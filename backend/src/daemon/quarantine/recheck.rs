@@ -74,6 +74,12 @@ async fn recheck(quarantine: Arc<Recheck>, watched: Arc<Mutex<HashSet<i32>>>) ->
                     _ => None,
                 }) {
                     watch_holder(&quarantine, &watched, pid);
+                    // A fault helper still faulting a region released since:
+                    // its work is moot (the detach punches every page), so
+                    // it goes now, and its exit wakes the next round.
+                    if crate::fault_helpers::stop_own_helper(pid) {
+                        debug!(pid, "stopped the fault helpers of a released region");
+                    }
                 }
                 let (left, dropped) = quarantine.pool.apply_scan(verdicts);
                 debug!(

@@ -171,8 +171,7 @@ pub(super) fn core(
         handover::adopt_into(&host.topology, &pool, lifecycle.predecessor(), inh);
         connections = std::mem::take(&mut inh.state.connections);
     }
-    let scrub = &host.config.scrub;
-    let scrubbers = Scrubbers::start(&host.topology, &pool, scrub.threads_per_node, scrub.batch.0)
+    let scrubbers = Scrubbers::start(&host.topology, &pool, &host.config.scrub)
         .map_err(DaemonError::Threads)?;
     let next_session = inherited
         .as_ref()
@@ -279,7 +278,6 @@ impl Components {
             next_session: Arc::clone(&next_session),
             scrubbers: Mutex::new(scrubbers),
             topology: Arc::clone(topology),
-            scrub_batch: cfg.scrub.batch.0,
         });
         let server = Arc::new(Server {
             lifecycle: Arc::clone(&lifecycle),
