@@ -143,52 +143,51 @@ impl VmmUpdateReport {
             self.tsc_ghz,
             self.guest_tsc_ghz
         );
-        let _ = writeln!(t, "{:<34} {:>14} {:>14}", "", "hugemem update", "copying");
+        // One line per figure: the label, hugemem's figure, the copy's ("-"
+        // when the baseline did not run).
+        let row = |t: &mut String, label: &str, ours: String, copying: Option<String>| {
+            let copying = copying.unwrap_or_else(|| "-".into());
+            let _ = writeln!(t, "{label:<34} {ours:>14} {copying:>14}");
+        };
+        row(&mut t, "", "hugemem update".into(), Some("copying".into()));
         let copy = self.copy.as_ref();
         let col = |v: Option<String>| v.unwrap_or_else(|| "-".into());
-        let _ = writeln!(
-            t,
-            "{:<34} {:>14} {:>14}",
+        row(
+            &mut t,
             "largest gap in the window, ms",
             format!("{:.2}", u.downtime_median_ms),
-            col(copy.map(|c| format!("{:.2}", c.downtime_ms)))
+            copy.map(|c| format!("{:.2}", c.downtime_ms)),
         );
-        let _ = writeln!(
-            t,
-            "{:<34} {:>14} {:>14}",
+        row(
+            &mut t,
             "pause at the switch, ms",
             col(u.switch_gap_median_ms.map(|v| format!("{v:.2}"))),
-            col(copy
-                .and_then(|c| c.switch_gap_ms)
-                .map(|v| format!("{v:.2}")))
+            copy.and_then(|c| c.switch_gap_ms)
+                .map(|v| format!("{v:.2}")),
         );
-        let _ = writeln!(
-            t,
-            "{:<34} {:>14} {:>14}",
+        row(
+            &mut t,
             "idle-window gap (noise), ms",
             format!("{:.2}", u.idle_gap_ms),
-            col(copy.map(|c| format!("{:.2}", c.idle_gap_ms)))
+            copy.map(|c| format!("{:.2}", c.idle_gap_ms)),
         );
-        let _ = writeln!(
-            t,
-            "{:<34} {:>14} {:>14}",
+        row(
+            &mut t,
             "update time, ms",
             format!("{:.1}", u.update_median_ms),
-            col(copy.map(|c| format!("{:.1}", c.update_ms)))
+            copy.map(|c| format!("{:.1}", c.update_ms)),
         );
-        let _ = writeln!(
-            t,
-            "{:<34} {:>14} {:>14}",
+        row(
+            &mut t,
             "RAM bytes transferred",
-            u.ram_transferred_max_bytes,
-            col(copy.map(|c| c.ram_transferred_bytes.to_string()))
+            u.ram_transferred_max_bytes.to_string(),
+            copy.map(|c| c.ram_transferred_bytes.to_string()),
         );
-        let _ = writeln!(
-            t,
-            "{:<34} {:>14} {:>14}",
+        row(
+            &mut t,
             "stale pages (guest + host)",
-            u.stale_guest + u.stale_host,
-            col(copy.map(|c| (c.stale_guest + c.stale_host).to_string()))
+            (u.stale_guest + u.stale_host).to_string(),
+            copy.map(|c| (c.stale_guest + c.stale_host).to_string()),
         );
         let _ = writeln!(
             t,
