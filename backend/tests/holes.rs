@@ -273,3 +273,63 @@ fn control_without_reservation(fd: &OwnedFd, size: u64) {
     unmap(taken.0, taken.1);
     unmap(p, size);
 }
+
+/// A lazy ALLOC on an empty pool gets a fresh region, unpopulated (the
+/// kernel zeroes each page at its first fault); with `pool.refault_ahead`
+/// the node's fault helpers fault it in ahead of the guest, as they do a
+/// detached region's holes: with nobody touching it, the region becomes
+/// resident (the fd's blocks), STATS counts the bytes refaulted, and every
+/// byte reads zero.
+#[test]
+fn a_lazy_allocs_fresh_region_is_faulted_in_ahead() {
+    let _g = serial();
+    if !root_or_skip() {
+        return;
+    }
+    let size = 64 * MIB;
+    let Some(_pages) = exactly(
+        PageSize::Huge2M,
+        size / (2 * MIB),
+        "a_lazy_allocs_fresh_region_is_faulted_in_ahead",
+    ) else {
+        return;
+    };
+    let d = TestDaemon::start(|_| {});
+    let mut client = d.client();
+    let a = client
+        .alloc(backend::proto::AllocRequest {
+            clear_mode: backend::proto::ClearMode::Lazy,
+            ..alloc_2m(size, false)
+        })
+        .expect("lazy ALLOC");
+    assert!(
+        a.note.starts_with("lazy:"),
+        "a fresh region for kernel demand faults: {}",
+        a.note
+    );
+    wait_until("the fresh region is faulted in", SETTLE, || {
+        d.stats()
+            .scrub
+            .nodes
+            .iter()
+            .map(|n| n.refault_bytes)
+            .sum::<u64>()
+            == size
+    });
+    let st = nix::sys::stat::fstat(&a.fds[0]).expect("fstat");
+    assert_eq!(
+        u64::try_from(st.st_blocks).expect("blocks") * 512,
+        size,
+        "resident before any touch of the tenant"
+    );
+    let p = map(a.fds[0].as_raw_fd(), size);
+    assert!(!p.is_null());
+    // SAFETY: the tenant's live mapping of `size` bytes.
+    let bytes = unsafe { std::slice::from_raw_parts(p, size as usize) };
+    assert!(bytes.iter().all(|&x| x == 0), "kernel-zeroed pages");
+    unmap(p, size);
+    let id = a.id;
+    drop(a);
+    client.free(id).expect("free");
+    d.shutdown();
+}

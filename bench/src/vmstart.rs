@@ -16,6 +16,7 @@
 //! | `lazy-fresh` | fresh, not populated | nothing: the kernel zeroes each page at first touch (lazy mode's fallback) |
 //! | `prefault` | fresh, not populated | the VMM populates it, cloud-hypervisor style: `min(CPUs, 16, pages, size / 4 GiB)` unpinned threads |
 //! | `floor` | a hugetlb memfd the bench populated before the clock, no daemon | nothing: the VMM's floor, the same mapping and guest on memory that needs no preparation |
+//! | `fresh-floor` | a fresh hugetlb memfd, not populated, no daemon | nothing: the kernel zeroes each page at the guest's first touch; `lazy-fresh` without the daemon, its floor |
 //!
 //! `eager-dirty` checks the daemon's `regions_recleared` counter around its
 //! ALLOC (`recleared` in the report): false means the pool's scrubbers had
@@ -278,6 +279,8 @@ pub fn run(
     progress("floor");
     let (floor, kernel_zeroing_1_thread_ms) = floor(cfg)?;
     scenarios.push(floor);
+    progress("fresh-floor");
+    scenarios.push(fresh_floor(cfg)?);
     if scenarios.iter().any(|s| s.saw_nonzero) {
         notes.push("a guest read non-zero memory: a clearing bug".into());
     }
@@ -552,15 +555,41 @@ fn floor(cfg: &VmstartConfig) -> Result<(ScenarioReport, f64), VmstartError> {
         .populate_write(0, len)
         .map_err(|e| VmstartError::Unexpected("floor", e.to_string()))?;
     let zeroing = t.elapsed();
+    let floor = guest_on_memfd(cfg, &memory, "floor", "RESIDENT")?;
+    Ok((floor, zeroing.as_secs_f64() * 1e3))
+}
+
+/// The `fresh-floor` scenario: the same mapping and guest on a fresh hugetlb
+/// memfd nobody populated, no daemon: the kernel zeroes each page at the
+/// guest's first touch, through KVM's fault path. `lazy-fresh` is this with
+/// the daemon's ALLOC in front, so this is its floor, and the difference
+/// between its all-touched time and `kernel_zeroing_1_thread_ms` is what
+/// taking the faults from a guest costs over one thread's populate.
+fn fresh_floor(cfg: &VmstartConfig) -> Result<ScenarioReport, VmstartError> {
+    let len = usize::try_from(cfg.size)
+        .map_err(|_| VmstartError::Unexpected("fresh-floor", "size".into()))?;
+    let memory = guest_mem::SharedMapping::memfd(len, cfg.page_size)
+        .map_err(|e| VmstartError::Unexpected("fresh-floor", e.to_string()))?;
+    guest_on_memfd(cfg, &memory, "fresh-floor", "FRESH")
+}
+
+/// The micro-guest on a mapping of `memory` of its own, no daemon: ready is
+/// the `mmap`.
+fn guest_on_memfd(
+    cfg: &VmstartConfig,
+    memory: &guest_mem::SharedMapping,
+    name: &'static str,
+    flags: &str,
+) -> Result<ScenarioReport, VmstartError> {
     let t0 = Instant::now();
     let map = map_fd(cfg.size, memory.fd())?;
     let ready = t0.elapsed();
     let report = run_guest(&map, cfg)?;
     let ms = |d: Duration| d.as_secs_f64() * 1e3;
     let base = ms(ready);
-    let floor = ScenarioReport {
-        name: "floor",
-        flags: "RESIDENT".into(),
+    Ok(ScenarioReport {
+        name,
+        flags: flags.into(),
         alloc_ms: 0.0,
         ready_ms: base,
         first_instruction_ms: base + ms(report.setup) + ms(report.first_instruction),
@@ -570,8 +599,7 @@ fn floor(cfg: &VmstartConfig) -> Result<(ScenarioReport, f64), VmstartError> {
         saw_nonzero: report.saw_nonzero,
         faults: None,
         recleared: None,
-    };
-    Ok((floor, ms(zeroing)))
+    })
 }
 
 /// A `MAP_SHARED` read-write mapping of `size` bytes of the hugetlb `fd`.

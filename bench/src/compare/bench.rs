@@ -21,7 +21,7 @@ use super::results::{CompareReport, Figure, OverFloor, Ratio, VariantReport, Var
 use super::variant::{Memory, Runner, Variant, BASELINE};
 use super::vmm::*;
 use crate::alloc::pool_state;
-use crate::stats::ratio;
+use crate::stats::{paired_median, ratio};
 
 /// The benchmark's state during a run.
 pub(super) struct Bench<'a> {
@@ -550,11 +550,13 @@ fn over_floor(variants: &[VariantReport]) -> BTreeMap<&'static str, OverFloor> {
             .find(|r| r.key == key)
             .and_then(|r| r.touched_s)
     };
+    let samples = |key: &str| variants.iter().find(|r| r.key == key).map(|r| &r.samples);
     Variant::ALL
         .into_iter()
         .filter_map(|v| {
             let floor = v.floor().key();
             let ((ready, off), (floor_ready, floor_off)) = (figures(v.key())?, figures(floor)?);
+            let (mine, floors) = (samples(v.key())?, samples(floor)?);
             Some((
                 v.key(),
                 OverFloor {
@@ -569,6 +571,10 @@ fn over_floor(variants: &[VariantReport]) -> BTreeMap<&'static str, OverFloor> {
                     touched_median_ms: touched(v.key())
                         .zip(touched(floor))
                         .map(|(t, f)| (t.median - f.median) * 1e3),
+                    ready_paired_median_ms: paired_median(&mine.ready_s, &floors.ready_s)
+                        .map(|d| d * 1e3),
+                    touched_paired_median_ms: paired_median(&mine.touched_s, &floors.touched_s)
+                        .map(|d| d * 1e3),
                 },
             ))
         })

@@ -98,6 +98,14 @@ pub struct OverFloor {
     pub touched_ms: Option<f64>,
     /// The same of the medians of `touched_s`.
     pub touched_median_ms: Option<f64>,
+    /// The median over the repetitions of this variant's `ready_s` minus
+    /// the floor's in the same repetition, milliseconds: each repetition
+    /// runs both within moments of each other, so this difference leaves
+    /// out what moves the whole repetition (`None` when the two do not have
+    /// one sample per repetition each).
+    pub ready_paired_median_ms: Option<f64>,
+    /// The same of `touched_s`.
+    pub touched_paired_median_ms: Option<f64>,
 }
 
 /// The report; `--json` prints it as one object.

@@ -69,6 +69,9 @@ impl Pool {
                         );
                     } else {
                         e.state = EntryState::Dirty;
+                        // The scrubbers clear every page now; a fill left
+                        // from the region's fresh hand-out has no work left.
+                        e.fill = None;
                         info!(
                             region = id,
                             node = e.key.node,

@@ -9,7 +9,7 @@ use numa::NodeId;
 use tracing::{info, warn};
 
 use super::ids::RegionId;
-use super::refault::{FillTicket, FillWork};
+use super::refault::{Fill, FillTicket, FillWork};
 use super::table::{EntryState, Pool};
 
 /// How a scrubber's batch ended (see [`Pool::scrub_done`]).
@@ -185,9 +185,25 @@ impl Pool {
                 region = work.id,
                 node = e.key.node,
                 bytes = len,
-                "detached region refaulted: every page resident and zero"
+                "region faulted in ahead: every page resident"
             );
         }
+    }
+
+    /// A fresh region created unpopulated for lazy mode
+    /// (`supply::fresh_demand`): with `pool.refault_ahead` its pages are
+    /// faulted in ahead of the guest like a detached region's holes, lowest
+    /// offset first, so the guest's first touches find them resident (or
+    /// wait for the one page being faulted in) instead of each taking the
+    /// kernel's zeroing through the VMM's fault path.
+    pub(super) fn fill_fresh(&self, id: RegionId) {
+        if !self.cfg.refault_ahead {
+            return;
+        }
+        if let Some(e) = self.lock().entries.get_mut(&id) {
+            e.fill = Some(Fill::new());
+        }
+        self.changed.notify_all();
     }
 
     /// Blocks until a region of `node` has holes to fault in ahead of its

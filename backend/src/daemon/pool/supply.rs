@@ -348,9 +348,11 @@ pub(super) fn take_lazy_dirty(
 
 /// Lazy mode without dirty pooled memory: a fresh region of the first huge
 /// candidate the kernel can give (largest first), created but **not
-/// populated**; the kernel zeroes each page at
-/// the VMM's first touch (kernel demand faults, flag CLEAN, no uffd needed).
-/// The pages are then placed by the VMM's memory policy at that touch, not
+/// populated**; the kernel zeroes each page at its first fault (flag CLEAN,
+/// no uffd needed): the VMM's first touch, or, with `pool.refault_ahead`,
+/// the node's fault helpers faulting the region in ahead of the guest,
+/// lowest offset first ([`Pool::fill_fresh`]), whichever comes first. A
+/// page the VMM touches first is placed by the VMM's memory policy, not
 /// bound to `node`. `None` when it cannot be created (the eager path then
 /// tries, and says why).
 pub(super) fn fresh_demand(
@@ -368,7 +370,11 @@ pub(super) fn fresh_demand(
             .gate
             .run(|| Region::create(&pool.sources.topology, &spec));
         match created {
-            Ok(region) => return pool.insert_fresh(id, region).ok(),
+            Ok(region) => {
+                let taken = pool.insert_fresh(id, region).ok()?;
+                pool.fill_fresh(taken.id);
+                return Some(taken);
+            }
             Err(e) => {
                 info!(node, size, %page_size, error = %e, "lazy ALLOC: no fresh region for kernel demand faults")
             }

@@ -27,6 +27,9 @@ pub(super) fn vmstart(v: &Value) -> String {
             Some(Value::Bool(true)) => "dirty, cleared by the ALLOC".to_string(),
             Some(Value::Bool(false)) => "clean (scrubbed before the ALLOC)".to_string(),
             _ if s(sc, "name") == "floor" => "resident memfd, no daemon (the floor)".to_string(),
+            _ if s(sc, "name") == "fresh-floor" => {
+                "fresh memfd, no daemon (`lazy-fresh`'s floor)".to_string()
+            }
             _ => s(sc, "flags"),
         };
         let over = |key: &str| match (num(sc, key), floor.and_then(|fl| num(fl, key))) {
@@ -99,7 +102,7 @@ pub(super) fn compare(v: &Value) -> String {
         out += &format!("The pool rows' hand-out: **{kind}** (`pool_hand_out`).\n\n");
     }
     let has_floor = v.get("over_floor").is_some();
-    out += "| variant | ready s (best / median) | power-off s (best / median) | ALLOC s (best) | ratio vs the baseline: ready / power-off (best) | ready over the VMM's floor, ms (best / median) | power-off over the floor, ms (best / median) | all pages touched s (best / median) | touched over the floor, ms (best / median) |\n|---|---|---|---|---|---|---|---|---|\n";
+    out += "| variant | ready s (best / median) | power-off s (best / median) | ALLOC s (best) | ratio vs the baseline: ready / power-off (best) | ready over the VMM's floor, ms (best / median / paired) | power-off over the floor, ms (best / median) | all pages touched s (best / median) | touched over the floor, ms (best / median / paired) |\n|---|---|---|---|---|---|---|---|---|\n";
     let baseline = s(v, "baseline");
     for var in v
         .get("variants")
@@ -140,9 +143,10 @@ pub(super) fn compare(v: &Value) -> String {
             Some(o) => {
                 let ms = |k: &str| num(o, k).map_or_else(|| "-".into(), |x| format!("{x:+.1}"));
                 format!(
-                    "{} / {} | {} / {}",
+                    "{} / {}{} | {} / {}",
                     ms("ready_ms"),
                     ms("ready_median_ms"),
+                    paired(o, "ready_paired_median_ms"),
                     ms("poweroff_ms"),
                     ms("poweroff_median_ms")
                 )
@@ -154,7 +158,12 @@ pub(super) fn compare(v: &Value) -> String {
             Some(o) if s(o, "floor") == key => "(the floor)".to_string(),
             Some(o) => {
                 let ms = |k: &str| num(o, k).map_or_else(|| "-".into(), |x| format!("{x:+.1}"));
-                format!("{} / {}", ms("touched_ms"), ms("touched_median_ms"))
+                format!(
+                    "{} / {}{}",
+                    ms("touched_ms"),
+                    ms("touched_median_ms"),
+                    paired(o, "touched_paired_median_ms")
+                )
             }
             None => "-".into(),
         };
@@ -309,4 +318,10 @@ pub(super) fn churn_row(name: &str, v: &Value) -> String {
         f(v, "speedup_p50", 2),
         f(v, "p99_over_p50", 2),
     )
+}
+
+/// ` / +x.x` for a paired median over the floor, or nothing in runs made
+/// before the field existed.
+fn paired(over_floor: &Value, key: &str) -> String {
+    num(over_floor, key).map_or_else(String::new, |x| format!(" / {x:+.1}"))
 }
