@@ -13,8 +13,9 @@ use guest_mem::size::format_size;
 pub struct ModeRound {
     /// 1-based.
     pub round: usize,
-    /// Switch start (spawn or SIGTERM) to the reply of the first ALLOC the
-    /// new process served, ms.
+    /// Switch start (spawn or SIGTERM; for the floor, the moment a switch
+    /// would start) to the reply of the first ALLOC the new process (the
+    /// floor: the steady one) served, ms.
     pub first_alloc_ms: f64,
     /// That ALLOC's own round trip, ms.
     pub first_alloc_call_ms: f64,

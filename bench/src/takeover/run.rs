@@ -87,7 +87,7 @@ fn run_mode(
     let req = request(cfg.alloc_bytes, cfg.page_size);
     let (tenants, before) = setup(cfg, &socket, &req)?;
 
-    let under = switch_under_clients(cfg, (mode, window), &opts, old, &req, tenants);
+    let under = switch_under_clients(cfg, mode, window, &opts, old, &req, tenants);
     let sw = under.switched?;
     if under.seen.tenants.len() != cfg.allocations {
         return Err(TakeoverError::Run("a tenant thread panicked".into()));
@@ -110,12 +110,13 @@ struct ClientsSeen {
 }
 
 /// Starts the clients (the tenants pinging on their connections, the idle
-/// clients, a connector), switches the daemon after [`LEAD`] (`step`: the
-/// mode, and the floor's window), and stops them [`LEAD`] after the
-/// switch's ALLOCs.
+/// clients, a connector), switches the daemon after [`LEAD`] (for the
+/// floor: keeps it for at least `window`), and stops them [`LEAD`] after
+/// the switch's ALLOCs.
 fn switch_under_clients(
     cfg: &TakeoverConfig,
-    (mode, window): (Mode, Duration),
+    mode: Mode,
+    window: Duration,
     opts: &ServeOptions,
     old: ServeChild,
     req: &AllocRequest,
