@@ -30,7 +30,8 @@
 //!   `*_max_stall_worst_ms` the maximum, and the per-repetition values are
 //!   listed.
 //! * `populate_limit_s`, the limit for the lock times: `mlock` of a fresh
-//!   `MAP_SHARED` memfd populates it, so it cannot beat the kernel populating
+//!   `MAP_SHARED` memfd populates it (allocates and zeroes every page, with
+//!   read faults on a shared mapping), the work the kernel does populating
 //!   the same size of a fresh memfd of the same backing by itself
 //!   (`MADV_POPULATE_WRITE`, one thread, no probe, no lock). Once per
 //!   repetition, first on even repetitions and last on odd ones, between the
