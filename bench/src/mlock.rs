@@ -29,6 +29,14 @@
 //!   lock and during the unlock; the figure is the median over repetitions,
 //!   `*_max_stall_worst_ms` the maximum, and the per-repetition values are
 //!   listed.
+//! * `populate_limit_s`, the limit for the lock times: `mlock` of a fresh
+//!   `MAP_SHARED` memfd populates it (allocates and zeroes every page, with
+//!   read faults on a shared mapping), the work the kernel does populating
+//!   the same size of a fresh memfd of the same backing by itself
+//!   (`MADV_POPULATE_WRITE`, one thread, no probe, no lock). Once per
+//!   repetition, first on even repetitions and last on odd ones, between the
+//!   locking passes; the best of the repetitions. The ratios give each
+//!   path's lock time over it.
 //!
 //! Before anything is timed, the size is populated and freed once per backing:
 //! the outer host backs never-touched memory lazily (see docs/benchmarks.md).
@@ -47,8 +55,10 @@ use numa::{MbindFlags, MemPolicyMode, NodeMask, Topology};
 use serde::Serialize;
 
 use crate::error::BenchError;
-use crate::stats::{best, median};
+use crate::stats::{best, median, ratio};
 use guest_mem::size::format_size;
+
+mod table;
 
 /// How long the probe runs alone to measure the noise floor.
 const IDLE_PROBE: Duration = Duration::from_millis(300);
@@ -117,6 +127,12 @@ pub struct BackingFigures {
     pub batched_chunk_bytes: usize,
     /// Worst probe iteration with nothing locking, ms (noise floor).
     pub idle_max_stall_ms: f64,
+    /// The limit for the lock times: `MADV_POPULATE_WRITE` of a fresh memfd
+    /// of the same size and backing, one thread, no probe, seconds (best of
+    /// reps).
+    pub populate_limit_s: f64,
+    /// Per rep: that populate, seconds.
+    pub populate_s: Vec<f64>,
 }
 
 /// Ratios of one backing's figures.
@@ -135,6 +151,15 @@ pub struct BackingRatios {
     pub total_time_overhead_quiet: f64,
     /// Both expectations met (stall reduction, and total time with the probe).
     pub meets_expectation: bool,
+    /// `single_lock_s / populate_limit_s`: the single call's lock over the
+    /// kernel populating the same memory (1 = at the limit).
+    pub single_lock_over_limit: f64,
+    /// `batched_lock_s / populate_limit_s`.
+    pub batched_lock_over_limit: f64,
+    /// `single_lock_quiet_s / populate_limit_s` (no probe, as the limit).
+    pub single_lock_quiet_over_limit: f64,
+    /// `batched_lock_quiet_s / populate_limit_s`.
+    pub batched_lock_quiet_over_limit: f64,
 }
 
 /// Ratios per backing.
@@ -337,6 +362,17 @@ fn pass(
     })
 }
 
+/// The limit for a lock of `len` bytes: `MADV_POPULATE_WRITE` of a fresh
+/// memfd of `page`, placed on `nodes` as the locking passes place it, with
+/// one thread and no probe; seconds.
+fn populate_limit(len: usize, page: PageSize, nodes: &[u32]) -> Result<f64, BenchError> {
+    let map = SharedMapping::memfd(len, page)?;
+    node_ranges(&map, nodes)?;
+    let t = Instant::now();
+    map.populate_write(0, len)?;
+    Ok(t.elapsed().as_secs_f64())
+}
+
 /// Samples of one path (single or batched) under one condition (probe or quiet).
 #[derive(Debug, Default)]
 struct Samples {
@@ -401,12 +437,16 @@ fn measure(
     let mut quiet = [Samples::default(), Samples::default()];
     let mut batched_calls = 0;
     let mut batched_chunk_bytes = 0;
+    let mut populate_s = Vec::with_capacity(cfg.reps);
     for rep in 0..cfg.reps {
         let order = if rep % 2 == 0 {
             [true, false]
         } else {
             [false, true]
         };
+        if rep % 2 == 0 {
+            populate_s.push(populate_limit(len, page, &nodes)?);
+        }
         for probe in [true, false] {
             for single in order {
                 let opts = if single { &single_opts } else { &batched_opts };
@@ -434,6 +474,15 @@ fn measure(
                 ));
             }
         }
+        if rep % 2 == 1 {
+            populate_s.push(populate_limit(len, page, &nodes)?);
+        }
+        progress(&format!(
+            "{page} rep {}/{}: populate limit {:.3} s",
+            rep + 1,
+            cfg.reps,
+            populate_s.last().copied().unwrap_or_default()
+        ));
     }
     let [single, batched] = probed;
     let [single_quiet, batched_quiet] = quiet;
@@ -459,6 +508,8 @@ fn measure(
         batched_calls,
         batched_chunk_bytes,
         idle_max_stall_ms: ms(idle),
+        populate_limit_s: best(&populate_s),
+        populate_s,
     })
 }
 
@@ -480,6 +531,10 @@ fn ratios(f: &BackingFigures) -> BackingRatios {
         unlock_time_overhead: f.batched_unlock_s / f.single_unlock_s - 1.0,
         total_time_overhead,
         meets_expectation: stall_reduction >= 10.0 && total_time_overhead <= 0.10,
+        single_lock_over_limit: ratio(f.single_lock_s, f.populate_limit_s),
+        batched_lock_over_limit: ratio(f.batched_lock_s, f.populate_limit_s),
+        single_lock_quiet_over_limit: ratio(f.single_lock_quiet_s, f.populate_limit_s),
+        batched_lock_quiet_over_limit: ratio(f.batched_lock_quiet_s, f.populate_limit_s),
     }
 }
 
@@ -574,108 +629,5 @@ pub fn run(
     })
 }
 
-impl MlockBenchReport {
-    /// A small table for people.
-    pub fn to_table(&self) -> String {
-        let mut out = format!(
-            "hugemem bench mlock: {} per region, {} batches, best time / median worst stall of {} rep(s) \
-             ({} CPUs, {} node(s), {} worker(s) per node)\n",
-            format_size(self.size_bytes),
-            self.chunk_bytes.map_or("default".to_string(), |c| format_size(c as u64)),
-            self.reps,
-            self.cpus,
-            self.nodes,
-            self.threads_per_node
-        );
-        out += "backing     path     lock s  unlock s  max stall ms (worst)  quiet lock s  unlock s  calls\n";
-        let mut backing = |name: &str, f: &BackingFigures, r: &BackingRatios| {
-            let name = format!("{name} {}", f.page_size);
-            out += &format!(
-                "{name:<11} single  {:>7.3}  {:>8.3}  {:>12.1} ({:>6.1})  {:>12.3}  {:>8.3}  {:>5}\n",
-                f.single_lock_s,
-                f.single_unlock_s,
-                f.single_max_stall_ms,
-                f.single_max_stall_worst_ms,
-                f.single_lock_quiet_s,
-                f.single_unlock_quiet_s,
-                1
-            );
-            out += &format!(
-                "{:<11} batched {:>7.3}  {:>8.3}  {:>12.1} ({:>6.1})  {:>12.3}  {:>8.3}  {:>5}\n",
-                "",
-                f.batched_lock_s,
-                f.batched_unlock_s,
-                f.batched_max_stall_ms,
-                f.batched_max_stall_worst_ms,
-                f.batched_lock_quiet_s,
-                f.batched_unlock_quiet_s,
-                f.batched_calls
-            );
-            out += &format!(
-                "{:<11} stall {:.1}x shorter, total time {:+.1}% ({:+.1}% quiet), idle probe {:.2} ms: \
-                 expectation {}\n",
-                "",
-                r.stall_reduction,
-                r.total_time_overhead * 100.0,
-                r.total_time_overhead_quiet * 100.0,
-                f.idle_max_stall_ms,
-                if r.meets_expectation { "met" } else { "NOT met" }
-            );
-        };
-        backing("shmem", &self.shmem_4k, &self.ratios.shmem_4k);
-        match (&self.hugetlb, &self.ratios.hugetlb) {
-            (Some(f), Some(r)) => backing("hugetlb", f, r),
-            _ => out += "hugetlb   not measured\n",
-        }
-        if let Some(note) = &self.hugetlb_note {
-            out += &format!("note: {note}\n");
-        }
-        out
-    }
-}
-
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn worst_of_samples() {
-        assert_eq!(worst(&[3.0, 1.0, 2.0]), 3.0);
-    }
-
-    #[test]
-    fn probe_runs_around_the_call() {
-        let ((), idle) = with_probe(|| thread::sleep(Duration::from_millis(5))).expect("probe");
-        assert!(idle < Duration::from_secs(5));
-    }
-
-    #[test]
-    fn small_run_reports_every_figure() {
-        let cfg = MlockBenchConfig {
-            size: 16 << 20,
-            reps: 1,
-            chunk: Some(1 << 20),
-            threads_per_node: 1,
-            hugetlb: false,
-            hugetlb_page: None,
-        };
-        let report = run(&cfg, &mut |_| {}).expect("bench");
-        let f = &report.shmem_4k;
-        assert_eq!((f.batched_calls, f.batched_chunk_bytes), (16, 1 << 20));
-        assert!(f.single_lock_s > 0.0 && f.batched_lock_s > 0.0);
-        assert_eq!(f.single_lock_stall_ms.len(), 1);
-        let json = serde_json::to_value(&report).expect("json");
-        for key in [
-            "single_lock_s",
-            "batched_lock_s",
-            "single_unlock_s",
-            "batched_unlock_s",
-            "single_max_stall_ms",
-            "batched_max_stall_ms",
-        ] {
-            assert!(json["shmem_4k"][key].is_number(), "{key}");
-        }
-        assert!(json["hugetlb"].is_null());
-        assert!(report.to_table().contains("shmem 4K"));
-    }
-}
+mod tests;

@@ -1,7 +1,8 @@
 //! `hugemem bench takeover`, tiny, through the real binary
 //! (`hugemem-bench`, which runs `hugemem serve` beside it): its `--json`
-//! carries the bench's name, the run record and both modes' figures, and
-//! the takeover kept every running allocation.
+//! carries the bench's name, the run record, both modes' figures and the
+//! floor's (the same setup with no switch), and the takeover kept every
+//! running allocation.
 //!
 //! Needs root and free 2 MiB pages; skips through `test_support::skip!`
 //! otherwise. No time is compared with a limit: the test checks that each
@@ -57,18 +58,33 @@ fn takeover_keeps_every_allocation_and_reports_both_modes() {
     assert_eq!(r["page_size"], "2M");
     assert_eq!(r["allocations"], 2);
     assert_eq!(r["pool_bytes"], 64u64 << 20);
-    for mode in ["takeover", "stop_start"] {
+    for mode in ["takeover", "stop_start", "floor"] {
         let m = &r[mode];
         let rounds = m["rounds"].as_array().expect("rounds");
         assert_eq!(rounds.len(), 1, "{m}");
         for key in [
             "first_alloc_ms",
+            "first_alloc_call_ms",
             "pool_served_ms",
-            "old_exit_ms",
             "max_stall_ms",
+            "window_ms",
         ] {
             let x = rounds[0][key].as_f64().unwrap_or(-1.0);
             assert!(x.is_finite() && x > 0.0, "{mode}.{key} = {x}");
+        }
+        // Only a switch has an old process that exits.
+        let exit = rounds[0]["old_exit_ms"].as_f64();
+        if mode == "floor" {
+            assert!(rounds[0]["old_exit_ms"].is_null(), "{m}");
+            assert!(m["old_exit_ms"].is_null(), "{m}");
+        } else {
+            assert!(exit.is_some_and(|x| x > 0.0), "{mode}: {m}");
+        }
+        for key in ["first_alloc_ms", "pool_served_ms", "max_stall_ms"] {
+            assert!(
+                m[key]["median"].is_f64() && m[key]["worst"].is_f64(),
+                "{mode}.{key}: {m}"
+            );
         }
         for key in [
             "failed_requests",
@@ -85,5 +101,28 @@ fn takeover_keeps_every_allocation_and_reports_both_modes() {
     assert_eq!(t["allocations_freeable_min"], 2, "{t}");
     assert_eq!(t["tenant_memory_intact_min"], 2, "{t}");
     assert!(r["ratios"]["first_alloc_speedup"].is_f64(), "{r}");
+
+    // The floor: the steady daemon served the first ALLOC and the old
+    // pool's size from its clean pool, zeroed nothing, lost nothing, and
+    // its clients ran at least as long as the longer switch kept them.
+    let floor = &r["floor"];
+    assert_eq!(floor["mode"], "floor", "{floor}");
+    assert_eq!(floor["first_alloc_warm_rounds"], 1, "{floor}");
+    assert_eq!(floor["pool_served_warm_rounds"], 1, "{floor}");
+    assert_eq!(floor["bytes_zeroed"]["worst"], 0.0, "{floor}");
+    assert_eq!(floor["failed_requests"], 0, "{floor}");
+    assert_eq!(floor["refused_connections"], 0, "{floor}");
+    assert_eq!(floor["allocations_known_min"], 2, "{floor}");
+    let window = |m: &str| r[m]["rounds"][0]["window_ms"].as_f64().unwrap_or(-1.0);
+    assert!(
+        window("floor") >= window("takeover").max(window("stop_start")),
+        "the floor's window is shorter than a switch's: {r}"
+    );
+    for mode in ["takeover_over_floor", "stop_start_over_floor"] {
+        for key in ["first_alloc", "pool_served", "max_stall"] {
+            let x = r["ratios"][mode][key].as_f64().unwrap_or(-1.0);
+            assert!(x.is_finite() && x > 0.0, "ratios.{mode}.{key} = {x}");
+        }
+    }
     assert!(r["expectations"].as_array().is_some_and(|e| !e.is_empty()));
 }

@@ -194,3 +194,52 @@ fn churn_runs_share_one_table_and_other_lists_follow_each_other() {
     );
     assert_eq!(names_in(doc), ["a", "b", "c"]);
 }
+
+#[test]
+fn takeover_and_mlock_show_their_floor_and_limit_or_a_dash() {
+    let spread = |m: f64| json!({"median": m, "worst": m});
+    let mode = |first: f64| {
+        json!({"first_alloc_ms": spread(first), "pool_served_ms": spread(first),
+               "max_stall_ms": spread(first), "bytes_zeroed": spread(0.0)})
+    };
+    let older = json!({"bench": "takeover", "takeover": mode(12.0), "stop_start": mode(9.0),
+                       "ratios": {"first_alloc_speedup": 0.75}});
+    let out = tables::block("t", &older);
+    assert!(out.contains("| no switch (floor) |"), "{out}");
+    assert!(
+        out.contains("| longest client stall, ms | 12.0 (12.0) | 9.0 (9.0) | - |"),
+        "{out}"
+    );
+    assert!(!out.contains("Against no switch"), "{out}");
+    let mut newer = older.clone();
+    newer["floor"] = mode(1.5);
+    newer["ratios"]["takeover_over_floor"] = json!({"first_alloc": 8.0});
+    let out = tables::block("t", &newer);
+    assert!(
+        out.contains("| longest client stall, ms | 12.0 (12.0) | 9.0 (9.0) | 1.5 (1.5) |"),
+        "{out}"
+    );
+    assert!(out.contains("0 (0), the limit is 0 |"), "{out}");
+    assert!(
+        out.contains("takeover's first ALLOC took 8.00x the floor's time, stop and start's -x"),
+        "{out}"
+    );
+
+    let backing = json!({"single_lock_s": 0.5, "batched_lock_s": 0.6});
+    let older = json!({"bench": "mlock", "shmem_4k": backing, "ratios": {"shmem_4k": {}}});
+    let out = tables::block("m", &older);
+    assert!(
+        out.contains("| 4 KiB shmem | single | 1 | 0.500 | - | - / - | - | - (-) |"),
+        "{out}"
+    );
+    let mut newer = older.clone();
+    newer["shmem_4k"]["populate_limit_s"] = json!(0.4);
+    newer["ratios"]["shmem_4k"] =
+        json!({"single_lock_over_limit": 1.25, "single_lock_quiet_over_limit": 1.1});
+    let out = tables::block("m", &newer);
+    assert!(
+        out.contains("| 4 KiB shmem | single | 1 | 0.500 | - | - / - | - | 1.25x (1.10x) |"),
+        "{out}"
+    );
+    assert!(out.contains("| 4 KiB shmem | - | 0.400 |"), "{out}");
+}

@@ -1,5 +1,5 @@
-//! What the takeover bench is asked to run, and the two ways of switching
-//! daemons it compares.
+//! What the takeover bench is asked to run, the two ways of switching
+//! daemons it compares, and the run with no switch (the floor).
 
 use std::path::PathBuf;
 
@@ -31,6 +31,9 @@ pub enum Mode {
     Takeover,
     /// SIGTERM, then a fresh `hugemem serve`.
     StopStart,
+    /// No switch: the same setup, clients and ALLOCs on the steady daemon,
+    /// the floor both switches are measured against.
+    Floor,
 }
 
 impl Mode {
@@ -39,6 +42,7 @@ impl Mode {
         match self {
             Self::Takeover => "takeover",
             Self::StopStart => "stop-start",
+            Self::Floor => "floor",
         }
     }
 }

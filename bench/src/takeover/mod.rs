@@ -1,6 +1,7 @@
 //! `hugemem bench takeover`: a daemon upgrade or restart by
 //! `hugemem serve --takeover` (issue 20) against the plain stop and start
-//! it replaces, the baseline, measured in the same run on the same settings.
+//! it replaces, the baseline, and against no switch at all, the floor,
+//! measured in the same run on the same settings.
 //!
 //! # Setup (the same for both modes, afresh for each)
 //!
@@ -31,7 +32,17 @@
 //! pool's size (the next VMs): `pool_served_ms` ends when all of it was
 //! served, warm when every region came from the pool.
 //!
-//! # What is reported, per mode and round
+//! # The floor (no switch)
+//!
+//! Each round also runs the same setup afresh with nothing switched: the
+//! same clients, then the same prober path (connect, STATS, ALLOC) against
+//! the steady daemon, from the moment a switch would start: the first ALLOC
+//! from the clean pool, then the old pool's size, and the clients' longest
+//! stall over a window as long as the round's longer switch kept them
+//! (`window_ms`). Its bytes zeroed are counter deltas of the same process;
+//! their limit is 0.
+//!
+//! # What is reported, per mode (the floor included) and round
 //!
 //! * the longest stall any client saw: from a request sent to the next
 //!   successful reply, failed attempts and reconnects included;
@@ -52,10 +63,11 @@ mod error;
 mod report;
 mod run;
 mod switch;
+mod table;
 mod tenant;
 
 pub use clients::ClientRun;
 pub use config::{Mode, TakeoverConfig};
 pub use error::TakeoverError;
-pub use report::{Expectation, ModeRound, ModeSummary, Ratios, Spread, TakeoverReport};
+pub use report::{Expectation, ModeRound, ModeSummary, OverFloor, Ratios, Spread, TakeoverReport};
 pub use run::run;

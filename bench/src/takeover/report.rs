@@ -1,6 +1,7 @@
 //! `bench takeover`'s report: per round and mode, the summary of each mode,
-//! the ratios of takeover against stop-start, and the expectations
-//! checked against what was measured.
+//! the ratios of takeover against stop-start and of both against the floor
+//! (no switch), and the expectations checked against what was
+//! measured. The text table is in `table.rs`.
 
 use serde::Serialize;
 
@@ -12,8 +13,9 @@ use guest_mem::size::format_size;
 pub struct ModeRound {
     /// 1-based.
     pub round: usize,
-    /// Switch start (spawn or SIGTERM) to the reply of the first ALLOC the
-    /// new process served, ms.
+    /// Switch start (spawn or SIGTERM; for the floor, the moment a switch
+    /// would start) to the reply of the first ALLOC the new process (the
+    /// floor: the steady one) served, ms.
     pub first_alloc_ms: f64,
     /// That ALLOC's own round trip, ms.
     pub first_alloc_call_ms: f64,
@@ -28,10 +30,14 @@ pub struct ModeRound {
     pub pool_clean_bytes_before: u64,
     /// Clean pool bytes the new process had when the first ALLOC was sent.
     pub pool_clean_bytes_at_first_alloc: u64,
-    /// Switch start to the old process's exit, ms.
-    pub old_exit_ms: f64,
-    /// The old process exited with status 0.
-    pub old_exit_ok: bool,
+    /// Switch start to the old process's exit, ms; `null` with no switch.
+    pub old_exit_ms: Option<f64>,
+    /// The old process exited with status 0; `null` with no switch.
+    pub old_exit_ok: Option<bool>,
+    /// Switch start to the end of the step (the ALLOCs served; for the
+    /// floor at least the round's longer switch), ms: the clients ran
+    /// this long plus the lead before and after.
+    pub window_ms: f64,
     /// Longest stall any client saw, ms.
     pub max_stall_ms: f64,
     /// Of which on the tenants' connections, ms.
@@ -81,12 +87,21 @@ impl Spread {
             worst: v.iter().copied().fold(0.0, f64::max),
         }
     }
+
+    /// `None` unless every round has the figure.
+    fn of_all(rounds: &[ModeRound], f: impl Fn(&ModeRound) -> Option<f64>) -> Option<Self> {
+        let v: Option<Vec<f64>> = rounds.iter().map(f).collect();
+        v.filter(|v| !v.is_empty()).map(|v| Self {
+            median: crate::stats::median(&v),
+            worst: v.iter().copied().fold(0.0, f64::max),
+        })
+    }
 }
 
 /// One mode over all rounds.
 #[derive(Debug, Clone, Serialize)]
 pub struct ModeSummary {
-    /// `takeover` or `stop-start`.
+    /// `takeover`, `stop-start` or `floor`.
     pub mode: &'static str,
     /// See [`ModeRound::first_alloc_ms`].
     pub first_alloc_ms: Spread,
@@ -98,8 +113,10 @@ pub struct ModeSummary {
     pub pool_served_warm_rounds: usize,
     /// Fewest clean pool bytes the new process had at its first ALLOC.
     pub pool_clean_bytes_at_first_alloc_min: u64,
-    /// See [`ModeRound::old_exit_ms`].
-    pub old_exit_ms: Spread,
+    /// See [`ModeRound::old_exit_ms`]; `null` with no switch.
+    pub old_exit_ms: Option<Spread>,
+    /// See [`ModeRound::window_ms`].
+    pub window_ms: Spread,
     /// See [`ModeRound::max_stall_ms`].
     pub max_stall_ms: Spread,
     /// Summed over the rounds.
@@ -137,7 +154,8 @@ impl ModeSummary {
                 .map(|r| r.pool_clean_bytes_at_first_alloc)
                 .min()
                 .unwrap_or(0),
-            old_exit_ms: Spread::of(&rounds, |r| r.old_exit_ms),
+            old_exit_ms: Spread::of_all(&rounds, |r| r.old_exit_ms),
+            window_ms: Spread::of(&rounds, |r| r.window_ms),
             max_stall_ms: Spread::of(&rounds, |r| r.max_stall_ms),
             failed_requests: sum(|r| r.failed_requests),
             refused_connections: sum(|r| r.refused_connections),
@@ -152,7 +170,29 @@ impl ModeSummary {
     }
 }
 
-/// Takeover against stop-start.
+/// One switch against no switch (the floor): its time over the floor's.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct OverFloor {
+    /// Median time to the first ALLOC served over the floor's median.
+    pub first_alloc: f64,
+    /// Median time to the old pool's size served over the floor's median.
+    pub pool_served: f64,
+    /// Worst client stall over the floor's worst.
+    pub max_stall: f64,
+}
+
+impl OverFloor {
+    fn of(m: &ModeSummary, floor: &ModeSummary) -> Self {
+        let ratio = crate::stats::ratio;
+        Self {
+            first_alloc: ratio(m.first_alloc_ms.median, floor.first_alloc_ms.median),
+            pool_served: ratio(m.pool_served_ms.median, floor.pool_served_ms.median),
+            max_stall: ratio(m.max_stall_ms.worst, floor.max_stall_ms.worst),
+        }
+    }
+}
+
+/// Takeover against stop-start, and both against the floor.
 #[derive(Debug, Clone, Copy, Serialize)]
 pub struct Ratios {
     /// Stop-start's median time to the first ALLOC over takeover's (x
@@ -167,6 +207,10 @@ pub struct Ratios {
     pub bytes_zeroed_ratio: f64,
     /// Takeover's worst stall over stop-start's.
     pub stall_ratio: f64,
+    /// Takeover over the floor (x the time with no switch).
+    pub takeover_over_floor: OverFloor,
+    /// Stop-start over the floor.
+    pub stop_start_over_floor: OverFloor,
 }
 
 /// One of the expectations, and whether the run met it.
@@ -203,6 +247,9 @@ pub struct TakeoverReport {
     pub takeover: ModeSummary,
     /// SIGTERM and a fresh `hugemem serve`: the baseline.
     pub stop_start: ModeSummary,
+    /// No switch, the same setup and clients on the steady daemon: the
+    /// floor.
+    pub floor: ModeSummary,
     /// Takeover against the baseline.
     pub ratios: Ratios,
     /// The expectations for takeover.
@@ -214,9 +261,11 @@ impl TakeoverReport {
         cfg: &TakeoverConfig,
         takeover: Vec<ModeRound>,
         stop_start: Vec<ModeRound>,
+        floor: Vec<ModeRound>,
     ) -> Self {
         let t = ModeSummary::of("takeover", takeover);
         let s = ModeSummary::of("stop-start", stop_start);
+        let floor = ModeSummary::of("floor", floor);
         let ratio = crate::stats::ratio;
         let ratios = Ratios {
             first_alloc_speedup: ratio(s.first_alloc_ms.median, t.first_alloc_ms.median),
@@ -224,6 +273,8 @@ impl TakeoverReport {
             pool_served_speedup: ratio(s.pool_served_ms.median, t.pool_served_ms.median),
             bytes_zeroed_ratio: ratio(t.bytes_zeroed.median, s.bytes_zeroed.median),
             stall_ratio: ratio(t.max_stall_ms.worst, s.max_stall_ms.worst),
+            takeover_over_floor: OverFloor::of(&t, &floor),
+            stop_start_over_floor: OverFloor::of(&s, &floor),
         };
         let m = cfg.allocations;
         let rounds = t.rounds.len();
@@ -281,93 +332,9 @@ impl TakeoverReport {
             rounds,
             takeover: t,
             stop_start: s,
+            floor,
             ratios,
             expectations,
         }
-    }
-
-    /// The text table.
-    pub fn to_table(&self) -> String {
-        let mut out = format!(
-            "bench takeover: {} clean pool ({} regions), {} x {} running, {} pages, {} idle clients, {} round(s); median (worst)\n\n",
-            format_size(self.pool_bytes),
-            self.pool_regions,
-            self.allocations,
-            format_size(self.alloc_bytes),
-            self.page_size,
-            self.idle_clients,
-            self.rounds
-        );
-        out += &format!(
-            "{:<44} {:>22} {:>22}\n",
-            "", "takeover", "stop-start (baseline)"
-        );
-        let row = |label: &str, f: &dyn Fn(&ModeSummary) -> String| {
-            format!(
-                "{label:<44} {:>22} {:>22}\n",
-                f(&self.takeover),
-                f(&self.stop_start)
-            )
-        };
-        let spread = |s: Spread, d: usize| format!("{:.d$} ({:.d$})", s.median, s.worst);
-        out += &row("switch -> first ALLOC served, ms", &|m| {
-            spread(m.first_alloc_ms, 1)
-        });
-        out += &row("first ALLOC from the clean pool (rounds)", &|m| {
-            format!("{}/{}", m.first_alloc_warm_rounds, m.rounds.len())
-        });
-        out += &row("switch -> old pool's size served, ms", &|m| {
-            spread(m.pool_served_ms, 1)
-        });
-        out += &row("... all from the clean pool (rounds)", &|m| {
-            format!("{}/{}", m.pool_served_warm_rounds, m.rounds.len())
-        });
-        out += &row("clean pool at the first ALLOC (fewest)", &|m| {
-            format_size(m.pool_clean_bytes_at_first_alloc_min)
-        });
-        out += &row("switch -> old process exited, ms", &|m| {
-            spread(m.old_exit_ms, 1)
-        });
-        out += &row("longest client stall, ms", &|m| spread(m.max_stall_ms, 1));
-        out += &row("failed requests (all rounds)", &|m| {
-            m.failed_requests.to_string()
-        });
-        out += &row("refused connections / tried (all rounds)", &|m| {
-            format!("{} / {}", m.refused_connections, m.connect_attempts)
-        });
-        out += &row("bytes zeroed again", &|m| {
-            format!(
-                "{} ({})",
-                format_size(m.bytes_zeroed.median as u64),
-                format_size(m.bytes_zeroed.worst as u64)
-            )
-        });
-        let n = self.allocations;
-        out += &row("allocations still known (fewest)", &|m| {
-            format!("{}/{n}", m.allocations_known_min)
-        });
-        out += &row("allocations free-able (fewest)", &|m| {
-            format!("{}/{n}", m.allocations_freeable_min)
-        });
-        out += &row("tenant memory intact (fewest)", &|m| {
-            format!("{}/{n}", m.tenant_memory_intact_min)
-        });
-        out += &format!(
-            "\nfirst ALLOC {:.2}x sooner with takeover (worst round {:.2}x); old pool's size served {:.2}x sooner; bytes zeroed takeover / stop-start: {:.3}\n",
-            self.ratios.first_alloc_speedup,
-            self.ratios.first_alloc_worst_speedup,
-            self.ratios.pool_served_speedup,
-            self.ratios.bytes_zeroed_ratio
-        );
-        for e in &self.expectations {
-            out += &format!(
-                "{} {}: expected {}, measured {}\n",
-                if e.met { "met    " } else { "NOT MET" },
-                e.what,
-                e.expected,
-                e.measured
-            );
-        }
-        out
     }
 }

@@ -1,5 +1,6 @@
 //! The bench end to end: per round and mode, the tenants and the clean
-//! pool, the switch under clients, and the figures.
+//! pool, the switch (or, for the floor, none) under clients, and the
+//! figures.
 
 use std::collections::BTreeSet;
 use std::path::Path;
@@ -64,13 +65,15 @@ fn setup(
     Ok((tenants, before))
 }
 
-/// One mode of one round: setup, switch under clients, the figures.
+/// One mode of one round: setup, switch under clients, the figures. With
+/// no switch ([`Mode::Floor`]) the step lasts at least `window`.
 fn run_mode(
     cfg: &TakeoverConfig,
     mode: Mode,
     dir: &Path,
     config: &Path,
     round: usize,
+    window: Duration,
 ) -> Result<ModeRound, TakeoverError> {
     let opts = ServeOptions {
         socket: dir.join(format!("r{round}-{}.sock", mode.name())),
@@ -84,7 +87,7 @@ fn run_mode(
     let req = request(cfg.alloc_bytes, cfg.page_size);
     let (tenants, before) = setup(cfg, &socket, &req)?;
 
-    let under = switch_under_clients(cfg, mode, &opts, old, &req, tenants);
+    let under = switch_under_clients(cfg, mode, window, &opts, old, &req, tenants);
     let sw = under.switched?;
     if under.seen.tenants.len() != cfg.allocations {
         return Err(TakeoverError::Run("a tenant thread panicked".into()));
@@ -107,11 +110,13 @@ struct ClientsSeen {
 }
 
 /// Starts the clients (the tenants pinging on their connections, the idle
-/// clients, a connector), switches the daemon after [`LEAD`], and stops them
-/// [`LEAD`] after the first ALLOC.
+/// clients, a connector), switches the daemon after [`LEAD`] (for the
+/// floor: keeps it for at least `window`), and stops them [`LEAD`] after
+/// the switch's ALLOCs.
 fn switch_under_clients(
     cfg: &TakeoverConfig,
     mode: Mode,
+    window: Duration,
     opts: &ServeOptions,
     old: ServeChild,
     req: &AllocRequest,
@@ -141,7 +146,7 @@ fn switch_under_clients(
         let connector = s.spawn(move || clients::connector(socket, stop));
         std::thread::sleep(LEAD);
         let regions = cfg.pool_bytes / cfg.alloc_bytes;
-        let switched = switch(mode, &cfg.launcher, opts, old, req, regions);
+        let switched = switch(mode, &cfg.launcher, opts, old, req, regions, window);
         if switched.is_ok() {
             std::thread::sleep(LEAD);
         }
@@ -188,12 +193,16 @@ fn figures(
         .stats()
         .map_err(client_err("the new daemon's STATS"))?;
     // Counters come over in a takeover's state document; a fresh process
-    // starts them at 0. Scrub figures are per process in both modes.
+    // starts them at 0. Scrub figures are per process: the steady daemon's
+    // (the floor) count from before the step.
     let base = |f: fn(&Stats) -> u64| match mode {
-        Mode::Takeover => f(before),
+        Mode::Takeover | Mode::Floor => f(before),
         Mode::StopStart => 0,
     };
-    let scrub_bytes = after.scrub.bytes;
+    let scrub_bytes = match mode {
+        Mode::Floor => after.scrub.bytes.saturating_sub(before.scrub.bytes),
+        Mode::Takeover | Mode::StopStart => after.scrub.bytes,
+    };
     let pages_detached = after
         .counters
         .pages_detached
@@ -249,8 +258,9 @@ fn figures(
         pool_served_warm: sw.pool_served_warm,
         pool_clean_bytes_before: before.pool_sum(|p| p.clean_bytes),
         pool_clean_bytes_at_first_alloc: sw.probe.pool_clean_bytes,
-        old_exit_ms: sw.old_exit_ms,
-        old_exit_ok: sw.old_exit_ok,
+        old_exit_ms: sw.old_exit.map(|(ms, _)| ms),
+        old_exit_ok: sw.old_exit.map(|(_, ok)| ok),
+        window_ms: sw.window_ms,
         max_stall_ms: clients.max_stall_ms.max(connector_run.max_stall_ms),
         tenant_max_stall_ms: tenant_total.max_stall_ms,
         failed_requests: clients.failed + connector_run.failed,
@@ -334,11 +344,24 @@ pub fn run(
         cfg.page_size,
         cfg.rounds
     ));
-    let mut takeover = Vec::new();
-    let mut stop_start = Vec::new();
+    let mut takeover: Vec<ModeRound> = Vec::new();
+    let mut stop_start: Vec<ModeRound> = Vec::new();
+    let mut floor = Vec::new();
     for round in 0..cfg.rounds {
-        for mode in [Mode::Takeover, Mode::StopStart] {
-            let r = run_mode(cfg, mode, dir.path(), &config, round)?;
+        for mode in [Mode::Takeover, Mode::StopStart, Mode::Floor] {
+            // The floor's clients run as long as this round's longer
+            // switch kept them.
+            let window = match mode {
+                Mode::Floor => takeover
+                    .iter()
+                    .chain(&stop_start)
+                    .filter(|r| r.round == round + 1)
+                    .map(|r| Duration::from_secs_f64(r.window_ms / 1e3))
+                    .max()
+                    .unwrap_or_default(),
+                Mode::Takeover | Mode::StopStart => Duration::ZERO,
+            };
+            let r = run_mode(cfg, mode, dir.path(), &config, round, window)?;
             progress(&format!(
                 "round {}/{} {}: first ALLOC {:.1} ms ({}), stall {:.1} ms, {} failed, {} refused, {} zeroed, {}/{} known, {}/{} free-able",
                 round + 1,
@@ -358,9 +381,10 @@ pub fn run(
             match mode {
                 Mode::Takeover => takeover.push(r),
                 Mode::StopStart => stop_start.push(r),
+                Mode::Floor => floor.push(r),
             }
         }
     }
     drop(reservation);
-    Ok(TakeoverReport::new(cfg, takeover, stop_start))
+    Ok(TakeoverReport::new(cfg, takeover, stop_start, floor))
 }

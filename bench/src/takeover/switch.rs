@@ -1,5 +1,6 @@
 //! The switch itself: a new daemon by `serve --takeover` or by stop and
-//! start, the first ALLOC it serves, and the daemon states waited for.
+//! start (or none, the floor), the first ALLOC it serves, and the daemon
+//! states waited for.
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -133,10 +134,33 @@ pub(super) struct Switched {
     pub(super) rest: Vec<Allocation>,
     pub(super) pool_served_ms: f64,
     pub(super) pool_served_warm: bool,
-    pub(super) old_exit_ms: f64,
-    pub(super) old_exit_ok: bool,
+    /// Switch start to the old process's exit, ms, and whether it exited
+    /// with status 0; `None` with no switch (the floor).
+    pub(super) old_exit: Option<(f64, bool)>,
+    /// Switch start to the end of the step (at least the window asked
+    /// for), ms.
+    pub(super) window_ms: f64,
 }
 
+/// Waits for the old process's exit; `seen` is when the prober saw it go.
+fn old_exited(
+    mut old: ServeChild,
+    t0: Instant,
+    seen: Option<Duration>,
+) -> Result<(f64, bool), TakeoverError> {
+    let Some(status) = old.wait_until(t0 + WAIT) else {
+        return Err(TakeoverError::Run(format!(
+            "the old daemon did not exit within {WAIT:?} of the takeover"
+        )));
+    };
+    let exit = seen.unwrap_or_else(|| t0.elapsed());
+    Ok((exit.as_secs_f64() * 1e3, status.success()))
+}
+
+/// Switches the daemon `old` by `mode` (or, for [`Mode::Floor`], keeps it),
+/// then ALLOCs the old pool's size of `regions` from the daemon now
+/// serving; with no switch the step lasts at least `window`, so the
+/// clients see a window as long as a switch's.
 pub(super) fn switch(
     mode: Mode,
     launcher: &Path,
@@ -144,6 +168,7 @@ pub(super) fn switch(
     mut old: ServeChild,
     req: &AllocRequest,
     regions: u64,
+    window: Duration,
 ) -> Result<Switched, TakeoverError> {
     let new_opts = ServeOptions {
         takeover: mode == Mode::Takeover,
@@ -151,35 +176,28 @@ pub(super) fn switch(
         ..opts.clone()
     };
     let t0 = Instant::now();
-    let mut old_exit = None;
-    let (mut new, probe) = match mode {
+    let mut seen = None;
+    let (mut new, probe, old_exit) = match mode {
         Mode::Takeover => {
             let mut new = ServeChild::spawn(launcher, &new_opts)?;
-            let probe = first_alloc(
-                &opts.socket,
-                t0,
-                req,
-                &mut new,
-                Some(&mut old),
-                &mut old_exit,
-            )?;
-            (new, probe)
+            let probe = first_alloc(&opts.socket, t0, req, &mut new, Some(&mut old), &mut seen)?;
+            (new, probe, Some(old_exited(old, t0, seen)?))
         }
         Mode::StopStart => {
             old.terminate();
             old.wait();
-            old_exit = Some(t0.elapsed());
+            seen = Some(t0.elapsed());
             let mut new = ServeChild::spawn(launcher, &new_opts)?;
-            let probe = first_alloc(&opts.socket, t0, req, &mut new, None, &mut old_exit)?;
-            (new, probe)
+            let probe = first_alloc(&opts.socket, t0, req, &mut new, None, &mut seen)?;
+            (new, probe, Some(old_exited(old, t0, seen)?))
+        }
+        Mode::Floor => {
+            // The steady daemon answers the same prober path (connect,
+            // STATS, ALLOC) with nothing switched.
+            let probe = first_alloc(&opts.socket, t0, req, &mut old, None, &mut seen)?;
+            (old, probe, None)
         }
     };
-    let Some(status) = old.wait_until(t0 + WAIT) else {
-        return Err(TakeoverError::Run(format!(
-            "the old daemon did not exit within {WAIT:?} of the takeover"
-        )));
-    };
-    let old_exit = *old_exit.get_or_insert_with(|| t0.elapsed());
     if new.try_wait().is_some() {
         return Err(TakeoverError::Run("the new daemon exited".into()));
     }
@@ -206,13 +224,16 @@ pub(super) fn switch(
     let pool_served_warm = probe.warm
         && s1.counters.regions_pooled == s0.counters.regions_pooled + regions - 1
         && s1.counters.regions_fresh == s0.counters.regions_fresh;
+    // A measuring window, not a wait for an event: the clients keep
+    // running through it.
+    std::thread::sleep(window.saturating_sub(t0.elapsed()));
     Ok(Switched {
         new,
         probe,
         rest,
         pool_served_ms,
         pool_served_warm,
-        old_exit_ms: old_exit.as_secs_f64() * 1e3,
-        old_exit_ok: status.success(),
+        old_exit,
+        window_ms: t0.elapsed().as_secs_f64() * 1e3,
     })
 }
