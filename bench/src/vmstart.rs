@@ -543,15 +543,8 @@ fn map_region(alloc: &Allocation) -> Result<MmapRegion, VmstartError> {
 /// can beat. Also returns how long the kernel took to populate (zero) that
 /// memfd on this one thread, ms.
 fn floor(cfg: &VmstartConfig) -> Result<(ScenarioReport, f64), VmstartError> {
-    let len =
-        usize::try_from(cfg.size).map_err(|_| VmstartError::Unexpected("floor", "size".into()))?;
-    let memory = guest_mem::SharedMapping::memfd(len, cfg.page_size)
-        .map_err(|e| VmstartError::Unexpected("floor", e.to_string()))?;
-    let t = Instant::now();
-    memory
-        .populate_write(0, len)
-        .map_err(|e| VmstartError::Unexpected("floor", e.to_string()))?;
-    let zeroing = t.elapsed();
+    let (memory, zeroing) = crate::floor::FloorMemory::populated(cfg.size, cfg.page_size)
+        .map_err(|e| VmstartError::Unexpected("floor", backend::diag::chain(&e)))?;
     let t0 = Instant::now();
     let map = map_fd(cfg.size, memory.fd())?;
     let ready = t0.elapsed();

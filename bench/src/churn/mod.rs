@@ -62,8 +62,13 @@
 //! host had enough for K launches at the start, free in the kernel or idle
 //! in the daemon's pool (`downgrades_source: "replies"`).
 
+mod assemble;
 mod error;
+mod floor_pool;
+mod floor_side;
+mod launches;
 mod options;
+mod pages;
 mod plan;
 mod process;
 mod report;
@@ -71,5 +76,7 @@ mod run;
 
 pub use error::ChurnError;
 pub use options::{ChurnConfig, ChurnVmm};
-pub use report::{ChurnReport, LaunchSample, SpanReport, Spread};
+pub use report::{
+    ChurnLimits, ChurnReport, FloorReport, LaunchSample, OverFloor, SpanReport, Spread,
+};
 pub use run::run;
