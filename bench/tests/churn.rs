@@ -142,10 +142,7 @@ fn churn(
     assert_eq!(floor["stale_reads"].as_u64(), Some(0), "{vmm}: {floor}");
     assert_eq!(floor["page_size"], "2M", "{vmm}: {floor}");
     let (f50, f99) = (floor["p50_ms"].as_f64(), floor["p99_ms"].as_f64());
-    assert!(
-        f50.is_some_and(|x| x > 0.0) && f99 >= f50,
-        "{vmm}: {floor}"
-    );
+    assert!(f50.is_some_and(|x| x > 0.0) && f99 >= f50, "{vmm}: {floor}");
     assert!(floor["warmup_ms"].as_f64().is_some(), "{vmm}: {floor}");
     for k in ["p50_ms", "ready_p50_ms", "touched_p50_ms"] {
         assert!(
