@@ -50,7 +50,8 @@ pub(crate) enum Command {
     Alloc(AllocArgs),
     /// N launches back to back (K at once) of the micro-guest against one
     /// daemon, each probing what the earlier guests wrote; the same churn on
-    /// the VMM's own preallocated memory is the baseline.
+    /// the VMM's own preallocated memory is the baseline, and on a resident
+    /// memfd with no daemon the floor.
     Churn(ChurnArgs),
     /// `hugemem serve --takeover` against a plain stop and start of the
     /// daemon (the baseline), under running allocations, a clean pool and
@@ -241,7 +242,7 @@ pub(crate) struct ChurnArgs {
     /// Page size policy of the ALLOCs: best, 1G, 2M or 4K.
     #[arg(long, default_value = "best", value_parser = parse_policy_arg)]
     pub(crate) page_size: PagePolicy,
-    /// A live daemon's socket (default: a private daemon for the run, started after the baseline).
+    /// A live daemon's socket (default: a private daemon for the run, started after the baseline and the floor).
     #[arg(long)]
     pub(crate) socket: Option<std::path::PathBuf>,
     /// The QEMU binary.

@@ -23,6 +23,7 @@ pub mod compare;
 /// `hugemem demo`: daemon, 1 GiB pages, micro-guest, scrub and pool reuse, as a timeline.
 pub mod demo;
 pub mod error;
+pub mod floor;
 /// `hugemem bench migrate`: throughput per page size and runner locality.
 pub mod migrate;
 pub mod mlock;

@@ -546,16 +546,9 @@ fn map_region(alloc: &Allocation) -> Result<MmapRegion, VmstartError> {
 /// can beat. Also returns how long the kernel took to populate (zero) that
 /// memfd on this one thread, ms.
 fn floor(cfg: &VmstartConfig) -> Result<(ScenarioReport, f64), VmstartError> {
-    let len =
-        usize::try_from(cfg.size).map_err(|_| VmstartError::Unexpected("floor", "size".into()))?;
-    let memory = guest_mem::SharedMapping::memfd(len, cfg.page_size)
-        .map_err(|e| VmstartError::Unexpected("floor", e.to_string()))?;
-    let t = Instant::now();
-    memory
-        .populate_write(0, len)
-        .map_err(|e| VmstartError::Unexpected("floor", e.to_string()))?;
-    let zeroing = t.elapsed();
-    let floor = guest_on_memfd(cfg, &memory, "floor", "RESIDENT")?;
+    let (memory, zeroing) = crate::floor::FloorMemory::populated(cfg.size, cfg.page_size)
+        .map_err(|e| VmstartError::Unexpected("floor", backend::diag::chain(&e)))?;
+    let floor = guest_on_memfd(cfg, memory.fd(), "floor", "RESIDENT")?;
     Ok((floor, zeroing.as_secs_f64() * 1e3))
 }
 
@@ -570,19 +563,19 @@ fn fresh_floor(cfg: &VmstartConfig) -> Result<ScenarioReport, VmstartError> {
         .map_err(|_| VmstartError::Unexpected("fresh-floor", "size".into()))?;
     let memory = guest_mem::SharedMapping::memfd(len, cfg.page_size)
         .map_err(|e| VmstartError::Unexpected("fresh-floor", e.to_string()))?;
-    guest_on_memfd(cfg, &memory, "fresh-floor", "FRESH")
+    guest_on_memfd(cfg, memory.fd(), "fresh-floor", "FRESH")
 }
 
-/// The micro-guest on a mapping of `memory` of its own, no daemon: ready is
-/// the `mmap`.
+/// The micro-guest on a mapping of its own of the hugetlb memfd `fd`, no
+/// daemon: ready is the `mmap`.
 fn guest_on_memfd(
     cfg: &VmstartConfig,
-    memory: &guest_mem::SharedMapping,
+    fd: std::os::fd::BorrowedFd<'_>,
     name: &'static str,
     flags: &str,
 ) -> Result<ScenarioReport, VmstartError> {
     let t0 = Instant::now();
-    let map = map_fd(cfg.size, memory.fd())?;
+    let map = map_fd(cfg.size, fd)?;
     let ready = t0.elapsed();
     let report = run_guest(&map, cfg)?;
     let ms = |d: Duration| d.as_secs_f64() * 1e3;

@@ -2,9 +2,11 @@
 //! small churn (4 VMs x 64 MiB on 2 MiB pages) with hugemem's own KVM runner
 //! (two at once), with QEMU when it is installed, and with cloud-hypervisor
 //! when `CLOUD_HYPERVISOR` names one. Checks that every guest ran and ended
-//! normally, that no guest read an earlier guest's marker, that every launch
-//! went through the daemon, and that the JSON report is complete and
-//! consistent. No timing is asserted.
+//! normally on all three sides (hugemem, baseline, floor), that no guest
+//! read an earlier guest's marker (on the floor: that its memfd was zeroed
+//! again between launches), that every hugemem launch went through the
+//! daemon, and that the JSON report is complete and consistent. No timing
+//! is asserted.
 
 use std::process::Command;
 
@@ -72,8 +74,10 @@ fn churn(
     assert_eq!(report["expected_page_size"], "2M");
     assert_eq!(report["page_sizes"], serde_json::json!({ "2M": VMS }));
 
-    // Every guest ran and ended normally, walked the same RAM, read zeros.
-    for side in ["launches", "baseline"] {
+    // Every guest ran and ended normally, walked the same RAM, read zeros:
+    // on the floor, each guest reads the markers of the one before unless
+    // the memfd was zeroed again in between.
+    for side in ["launches", "baseline", "floor_launches"] {
         let list = report[side].as_array().expect(side);
         assert_eq!(list.len() as u64, VMS, "{vmm} {side}");
         for l in list {
@@ -95,9 +99,9 @@ fn churn(
         assert_eq!(l["page_sizes"], serde_json::json!([2 << 20]), "{vmm}: {l}");
         assert!(l["alloc_ms"].as_f64().is_some(), "{vmm}: {l}");
     }
-    // Both spans, on every launch of both sides, in order: the guest's
+    // Both spans, on every launch of every side, in order: the guest's
     // first instruction, then all of its RAM touched, then the launch's end.
-    for side in ["launches", "baseline"] {
+    for side in ["launches", "baseline", "floor_launches"] {
         for l in report[side].as_array().expect(side) {
             let span = |k: &str| {
                 l[k].as_f64()
@@ -124,8 +128,42 @@ fn churn(
             s["speedup_p50"].as_f64().is_some_and(|x| x > 0.0),
             "{vmm}: {span}: {s}"
         );
+        assert!(
+            s["floor"]["p50"].as_f64().is_some_and(|x| x > 0.0),
+            "{vmm}: {span}: {s}"
+        );
     }
     assert!(report["host_vm_fits"].as_u64().is_some(), "{vmm}");
+
+    // The floor ran (the test's pages leave room for it beside the live
+    // daemon), and the report carries its figures and the limit.
+    assert!(report.get("floor_skipped").is_none(), "{vmm}: {report}");
+    let floor = &report["floor"];
+    assert_eq!(floor["stale_reads"].as_u64(), Some(0), "{vmm}: {floor}");
+    assert_eq!(floor["page_size"], "2M", "{vmm}: {floor}");
+    let (f50, f99) = (floor["p50_ms"].as_f64(), floor["p99_ms"].as_f64());
+    assert!(f50.is_some_and(|x| x > 0.0) && f99 >= f50, "{vmm}: {floor}");
+    assert!(floor["warmup_ms"].as_f64().is_some(), "{vmm}: {floor}");
+    for k in ["p50_ms", "ready_p50_ms", "touched_p50_ms"] {
+        assert!(
+            report["over_floor"][k].as_f64().is_some(),
+            "{vmm}: over_floor.{k}: {report}"
+        );
+    }
+    let limits = &report["limits"];
+    assert!(
+        limits["kernel_zeroing_1_thread_ms"]
+            .as_f64()
+            .is_some_and(|x| x > 0.0),
+        "{vmm}: {limits}"
+    );
+    assert_eq!(
+        limits["kernel_zeroing_1_thread_samples_ms"]
+            .as_array()
+            .map(Vec::len),
+        Some(3),
+        "{vmm}: {limits}"
+    );
 
     // Every hugemem launch, the warm-up included, went through this daemon
     // and was freed.

@@ -21,6 +21,19 @@ pub enum ChurnError {
     /// The private daemon's process did not start or answer.
     #[error("cannot run a private daemon")]
     Serve(#[from] ServeChildError),
+    /// The floor's memory could not be made ready.
+    #[error("the floor needs {count} x {size} of {page} pages")]
+    Floor {
+        /// Memfds (launches at once).
+        count: usize,
+        /// Size of each.
+        size: String,
+        /// Their page size.
+        page: String,
+        /// The cause.
+        #[source]
+        source: crate::floor::FloorError,
+    },
     /// Talking to the daemon failed.
     #[error("daemon request failed")]
     Client(#[from] ClientError),
@@ -36,7 +49,7 @@ pub enum ChurnError {
     /// A launch did not run its guest to a normal end.
     #[error("{side} launch {index}: {why}")]
     Launch {
-        /// `hugemem` or `baseline`.
+        /// `hugemem`, `baseline` or `floor`.
         side: &'static str,
         /// Which launch (`warm-up` = the untimed one).
         index: String,

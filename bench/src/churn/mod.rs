@@ -29,6 +29,29 @@
 //!   and populates it (`MADV_POPULATE_WRITE`: the kernel allocates and zeroes
 //!   every page before the vCPU starts, the same work as `MAP_POPULATE`).
 //!
+//! The **floor**, a third side: the same VMM command line and guest as
+//! hugemem's side (for `micro`: the same runner and mapping path) on a
+//! hugetlb memfd of the same size and page size that the bench populated
+//! before the clock, handed to the VMM as `/dev/fd/N` exactly as `hugemem
+//! launch` hands over a daemon's fds, no daemon: RAM that needs no
+//! preparation ([`crate::floor`], shared with `bench compare`). One memfd
+//! per launch at once; since each guest writes markers, the memfd is zeroed
+//! again between launches, off the clock: punched
+//! (`FALLOC_FL_PUNCH_HOLE`) and populated again (`MADV_POPULATE_WRITE`), so
+//! every floor guest reads zeros like the others (`floor.stale_reads`).
+//! `over_floor`: hugemem's p50 minus the floor's, for the launch, ready and
+//! all touched. With `--socket` the floor still runs; where its memory
+//! cannot be had (the live daemon's pool may hold the pages) it is skipped
+//! and `floor_skipped` says why; without `--socket` that fails the run.
+//!
+//! The **limit** beside "all RAM touched", `limits.kernel_zeroing_1_thread_ms`:
+//! the kernel's fault-time zeroing of the size on one thread, the least a
+//! one-vCPU guest touching memory with holes can take. Measured in the same
+//! run with the floor's memory before its launches: one untimed populate of
+//! a fresh memfd (warm-up), then three timed ones (`MADV_POPULATE_WRITE` of a
+//! fresh memfd on the bench's thread, each memfd freed before the next);
+//! the median, every sample, and the rate.
+//!
 //! # What is measured
 //!
 //! Three spans per launch, each from the launch's start: `ready_ms`, to the
@@ -49,8 +72,12 @@
 //! FREE and its own process start. Per side: p50, p99 (nearest rank) and max
 //! of the N launches; one untimed warm-up launch comes first on each side
 //! (`warmup_ms`: the outer host backs never-touched memory lazily, and the
-//! daemon's first ALLOC takes fresh pages). The baseline runs first, before
-//! a private daemon exists, so it finds the huge pages free. The private
+//! daemon's first ALLOC takes fresh pages). A floor launch runs from the
+//! VMM's start (for `micro`: the mapping of the memfd) to its exit. The
+//! order is baseline, floor, then hugemem: the baseline runs first, before
+//! a private daemon exists, so it finds the huge pages free, and the floor
+//! frees its memfds before the daemon starts (an exact-fit host has the
+//! pages of one VM only). The private
 //! daemon (no `--socket`) is `hugemem serve` in a process of its own, as a
 //! host runs it: in the bench's process its scrubbers' page faults would
 //! hold the `mmap_lock` the micro runner's mappings need.
@@ -62,8 +89,13 @@
 //! host had enough for K launches at the start, free in the kernel or idle
 //! in the daemon's pool (`downgrades_source: "replies"`).
 
+mod assemble;
 mod error;
+mod floor_pool;
+mod floor_side;
+mod launches;
 mod options;
+mod pages;
 mod plan;
 mod process;
 mod report;
@@ -71,5 +103,7 @@ mod run;
 
 pub use error::ChurnError;
 pub use options::{ChurnConfig, ChurnVmm};
-pub use report::{ChurnReport, LaunchSample, SpanReport, Spread};
+pub use report::{
+    ChurnLimits, ChurnReport, FloorReport, LaunchSample, OverFloor, SpanReport, Spread,
+};
 pub use run::run;

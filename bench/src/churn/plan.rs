@@ -1,6 +1,7 @@
-//! One launch of a churn, on either side: the guest's layout, the VMM's
-//! command line (through `hugemem launch`, or the VMM's own memory for the
-//! baseline), or hugemem's own KVM runner (`micro`).
+//! One launch of a churn, on any side: the guest's layout, the VMM's
+//! command line (through `hugemem launch`, the VMM's own memory for the
+//! baseline, or the floor's memfd handed over as `hugemem launch` hands a
+//! daemon's fds), or hugemem's own KVM runner (`micro`).
 
 use std::ffi::OsString;
 use std::path::PathBuf;
@@ -9,12 +10,15 @@ use std::time::{Duration, Instant};
 use backend::client::Client;
 use backend::proto::{AllocRequest, ClearMode, PagePolicy};
 use guest_mem::size::format_size;
-use guest_mem::vm_memory::{GuestMemoryBackend, GuestMemoryRegion};
+use guest_mem::vm_memory::{GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion};
 use guest_mem::{AnonMapping, PageSize};
+use hugemem::launch::Vmm;
 
+use super::floor_pool::FloorPool;
 use super::options::ChurnVmm;
-use super::process::{chain, parse_launch_summary, run_process, GuestLine};
+use super::process::{chain, parse_launch_summary, run_process, GuestLine, ProcessRun};
 use super::report::LaunchSample;
+use crate::floor::{vmm_argv, FloorMemory};
 
 /// Distance between the guest's probes: every 2 MiB page of either size.
 pub(super) const STRIDE: u64 = 2 << 20;
@@ -31,6 +35,8 @@ const HOLE_END: u64 = 4 << 30;
 pub(super) enum Side {
     Hugemem,
     Baseline,
+    /// The VMM's floor: the same VMM and guest on a resident memfd, no daemon.
+    Floor,
 }
 
 impl Side {
@@ -38,6 +44,7 @@ impl Side {
         match self {
             Self::Hugemem => "hugemem",
             Self::Baseline => "baseline",
+            Self::Floor => "floor",
         }
     }
 }
@@ -54,6 +61,8 @@ pub(super) struct Plan {
     pub(super) elf: PathBuf,
     pub(super) cpus: usize,
     pub(super) timeout: Duration,
+    /// The floor side's memfds while it runs.
+    pub(super) floor: Option<FloorPool>,
 }
 
 impl Plan {
@@ -106,7 +115,18 @@ impl Plan {
         v
     }
 
-    /// The full command line of one launch.
+    /// What `hugemem launch` is given after `--` besides the program: the
+    /// VMM's own arguments with no memory options.
+    fn launch_user_args(&self) -> Vec<OsString> {
+        let mut a: Vec<OsString> = Vec::new();
+        if self.vmm == ChurnVmm::Qemu {
+            a.extend(["-M".into(), "microvm".into()]);
+        }
+        a.extend(self.guest_args());
+        a
+    }
+
+    /// The full command line of one launch on the hugemem or baseline side.
     fn argv(&self, side: Side) -> Vec<OsString> {
         let size = format_size(self.size);
         let page = self.baseline_page.to_string();
@@ -118,11 +138,13 @@ impl Plan {
             a.extend(["--size".into(), size.clone().into(), "--page-size".into()]);
             a.push(policy_text(self.policy).into());
             a.push("--".into());
+            a.push(self.program.clone());
+            a.extend(self.launch_user_args());
+            return a;
         }
         a.push(self.program.clone());
-        match (self.vmm, side) {
-            (ChurnVmm::Qemu, Side::Hugemem) => a.extend(["-M".into(), "microvm".into()]),
-            (ChurnVmm::Qemu, Side::Baseline) => a.extend([
+        match self.vmm {
+            ChurnVmm::Qemu => a.extend([
                 "-object".into(),
                 format!(
                     "memory-backend-memfd,id=ram0,size={size},hugetlb=on,hugetlbsize={page},prealloc=on,prealloc-threads={}",
@@ -134,14 +156,31 @@ impl Plan {
                 "-M".into(),
                 "microvm,memory-backend=ram0".into(),
             ]),
-            (ChurnVmm::CloudHypervisor, Side::Baseline) => a.extend([
+            ChurnVmm::CloudHypervisor => a.extend([
                 "--memory".into(),
                 format!("size={size},hugepages=on,hugepage_size={page},prefault=on").into(),
             ]),
-            _ => {}
+            ChurnVmm::Micro => {}
         }
         a.extend(self.guest_args());
         a
+    }
+
+    /// The floor's command line: `hugemem launch`'s for `memory`, with no
+    /// daemon and no `hugemem launch` process.
+    fn floor_argv(&self, memory: &FloorMemory) -> Result<Vec<OsString>, String> {
+        let vmm = match self.vmm {
+            ChurnVmm::Qemu => Vmm::Qemu,
+            _ => Vmm::CloudHypervisor,
+        };
+        vmm_argv(
+            vmm,
+            self.program.clone(),
+            &self.launch_user_args(),
+            &[memory.region()],
+            &[memory.fd()],
+        )
+        .map_err(|e| chain(&e))
     }
 
     fn request(&self) -> AllocRequest {
@@ -157,15 +196,32 @@ impl Plan {
 
     /// One launch on `side`.
     pub(super) fn launch(&self, side: Side) -> Result<LaunchSample, String> {
+        if side == Side::Floor {
+            let pool = self
+                .floor
+                .as_ref()
+                .ok_or("the floor's memory is not ready")?;
+            return pool.lend(|memory| match self.vmm {
+                ChurnVmm::Micro => self.micro_floor(memory),
+                _ => {
+                    let argv = self.floor_argv(memory)?;
+                    let run = run_process(&argv, &[memory.fd()], self.timeout)?;
+                    self.process_sample(side, &run)
+                }
+            })?;
+        }
         match self.vmm {
             ChurnVmm::Micro => self.launch_micro(side),
-            _ => self.launch_process(side),
+            _ => {
+                let run = run_process(&self.argv(side), &[], self.timeout)?;
+                self.process_sample(side, &run)
+            }
         }
     }
 
-    fn launch_process(&self, side: Side) -> Result<LaunchSample, String> {
-        let argv = self.argv(side);
-        let run = run_process(&argv, self.timeout)?;
+    /// Checks a VMM process's end and the guest's report, and turns them
+    /// into a sample.
+    fn process_sample(&self, side: Side, run: &ProcessRun) -> Result<LaunchSample, String> {
         let line = run
             .stdout
             .lines()
@@ -201,74 +257,105 @@ impl Plan {
         })
     }
 
-    fn launch_micro(&self, side: Side) -> Result<LaunchSample, String> {
-        let cfg = microguest::RunConfig {
+    fn run_config(&self) -> microguest::RunConfig {
+        microguest::RunConfig {
             stride: STRIDE,
             marker: MARKER,
             start_gpa: START_GPA,
             timeout: self.timeout,
             ..Default::default()
-        };
+        }
+    }
+
+    /// `micro` on the hugemem or baseline side.
+    fn launch_micro(&self, side: Side) -> Result<LaunchSample, String> {
         let len = usize::try_from(self.size).map_err(|_| "size too large".to_string())?;
         let t0 = Instant::now();
-        let (report, started, alloc_ms, page_sizes) = if side == Side::Baseline {
-            let mut map = AnonMapping::new(len, self.baseline_page).map_err(|e| chain(&e))?;
-            map.populate_write(0, len).map_err(|e| chain(&e))?;
-            let low = len.min(HOLE_START as usize);
-            let (lo, hi) = map.as_mut_slice().split_at_mut(low);
-            let mut ram = vec![microguest::GuestRam::new(lo, 0)];
-            if !hi.is_empty() {
-                ram.push(microguest::GuestRam::new(hi, HOLE_END));
-            }
-            let started = t0.elapsed();
-            let r = microguest::run(&ram, &cfg).map_err(|e| chain(&e))?;
-            (r, started, None, Vec::new())
-        } else {
-            let mut client = Client::connect(&self.socket).map_err(|e| chain(&e))?;
-            let alloc = client.alloc(self.request()).map_err(|e| chain(&e))?;
-            let alloc_ms = t0.elapsed().as_secs_f64() * 1e3;
-            let page_sizes = alloc.regions.iter().map(|r| r.page_size).collect();
-            let mem = alloc.guest_memory().map_err(|e| chain(&e))?;
-            let mut ram = Vec::with_capacity(mem.num_regions());
-            for r in mem.iter() {
-                let n = usize::try_from(r.len()).map_err(|_| "region too large".to_string())?;
-                // SAFETY: `r.as_ptr() .. + n` is the live read-write shared
-                // mapping vm-memory made for this region; `mem` outlives
-                // `ram` (dropped first below), and no Rust reference to the
-                // memory exists while the guest runs.
-                ram.push(unsafe {
-                    microguest::GuestRam::from_raw_parts(r.as_ptr(), n, r.start_addr().0)
-                });
-            }
-            let started = t0.elapsed();
-            let r = microguest::run(&ram, &cfg);
-            drop(ram);
-            drop(mem);
-            let id = alloc.id;
-            // Our fds go before FREE, so the daemon sees no other holder.
-            drop(alloc);
-            client
-                .free(id)
-                .map_err(|e| format!("FREE: {}", chain(&e)))?;
-            (
-                r.map_err(|e| chain(&e))?,
-                started,
-                Some(alloc_ms),
-                page_sizes,
-            )
-        };
-        let ms = |d: Duration| d.as_secs_f64() * 1e3;
-        let run_start = started + report.setup;
-        Ok(LaunchSample {
-            ms: ms(t0.elapsed()),
-            ready_ms: Some(ms(run_start + report.first_instruction)),
-            touched_ms: Some(ms(run_start + report.all_touched)),
-            alloc_ms,
-            page_sizes,
-            guest_pages: report.pages_touched,
-            stale: report.saw_nonzero,
-            exit: "guest exit port".into(),
-        })
+        if side != Side::Baseline {
+            return self.micro_hugemem(t0);
+        }
+        let mut map = AnonMapping::new(len, self.baseline_page).map_err(|e| chain(&e))?;
+        map.populate_write(0, len).map_err(|e| chain(&e))?;
+        let low = len.min(HOLE_START as usize);
+        let (lo, hi) = map.as_mut_slice().split_at_mut(low);
+        let mut ram = vec![microguest::GuestRam::new(lo, 0)];
+        if !hi.is_empty() {
+            ram.push(microguest::GuestRam::new(hi, HOLE_END));
+        }
+        let started = t0.elapsed();
+        let r = microguest::run(&ram, &self.run_config()).map_err(|e| chain(&e))?;
+        Ok(micro_sample(&r, t0, started, None, Vec::new()))
+    }
+
+    /// `micro` on daemon memory the way a rust-vmm VMM takes it: connect,
+    /// ALLOC, map the fds, run, unmap, FREE.
+    fn micro_hugemem(&self, t0: Instant) -> Result<LaunchSample, String> {
+        let mut client = Client::connect(&self.socket).map_err(|e| chain(&e))?;
+        let alloc = client.alloc(self.request()).map_err(|e| chain(&e))?;
+        let alloc_ms = t0.elapsed().as_secs_f64() * 1e3;
+        let page_sizes = alloc.regions.iter().map(|r| r.page_size).collect();
+        let mem = alloc.guest_memory().map_err(|e| chain(&e))?;
+        let started = t0.elapsed();
+        let r = self.run_mapped(&mem);
+        drop(mem);
+        let id = alloc.id;
+        // Our fds go before FREE, so the daemon sees no other holder.
+        drop(alloc);
+        client
+            .free(id)
+            .map_err(|e| format!("FREE: {}", chain(&e)))?;
+        Ok(micro_sample(&r?, t0, started, Some(alloc_ms), page_sizes))
+    }
+
+    /// `micro` on the floor's memfd, mapped the same way as the daemon's
+    /// fds (the mapping on the clock, as on the hugemem side).
+    fn micro_floor(&self, memory: &FloorMemory) -> Result<LaunchSample, String> {
+        let t0 = Instant::now();
+        let mem = backend::guest_memory::guest_memory_from_fds(&[memory.region()], &[memory.fd()])
+            .map_err(|e| chain(&e))?;
+        let started = t0.elapsed();
+        let r = self.run_mapped(&mem);
+        drop(mem);
+        Ok(micro_sample(&r?, t0, started, None, Vec::new()))
+    }
+
+    /// The micro-guest on every region of `mem`.
+    fn run_mapped(&self, mem: &GuestMemoryMmap) -> Result<microguest::RunReport, String> {
+        let mut ram = Vec::with_capacity(mem.num_regions());
+        for r in mem.iter() {
+            let n = usize::try_from(r.len()).map_err(|_| "region too large".to_string())?;
+            // SAFETY: `r.as_ptr() .. + n` is the live read-write shared
+            // mapping vm-memory made for this region; `mem` outlives `ram`
+            // (borrowed for this call), and no Rust reference to the memory
+            // exists while the guest runs.
+            ram.push(unsafe {
+                microguest::GuestRam::from_raw_parts(r.as_ptr(), n, r.start_addr().0)
+            });
+        }
+        microguest::run(&ram, &self.run_config()).map_err(|e| chain(&e))
+    }
+}
+
+/// A `micro` launch's sample: `t0` its start, `started` when the guest
+/// memory was ready for the runner.
+fn micro_sample(
+    report: &microguest::RunReport,
+    t0: Instant,
+    started: Duration,
+    alloc_ms: Option<f64>,
+    page_sizes: Vec<u64>,
+) -> LaunchSample {
+    let ms = |d: Duration| d.as_secs_f64() * 1e3;
+    let run_start = started + report.setup;
+    LaunchSample {
+        ms: ms(t0.elapsed()),
+        ready_ms: Some(ms(run_start + report.first_instruction)),
+        touched_ms: Some(ms(run_start + report.all_touched)),
+        alloc_ms,
+        page_sizes,
+        guest_pages: report.pages_touched,
+        stale: report.saw_nonzero,
+        exit: "guest exit port".into(),
     }
 }
 

@@ -3,6 +3,7 @@
 
 use std::ffi::OsString;
 use std::io::Read;
+use std::os::fd::BorrowedFd;
 use std::process::{Command, ExitStatus, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
@@ -105,20 +106,27 @@ impl ProcessRun {
     }
 }
 
-/// Runs `argv` to its end with stdout and stderr captured: SIGTERM after
+/// Runs `argv` to its end with stdout and stderr captured, `inherit` open
+/// in it under their numbers: SIGTERM after
 /// `timeout` (`hugemem launch` forwards it to the VMM), SIGKILL after
 /// [`KILL_GRACE`] more. The end is seen at once: EOF on stdout, then a
 /// blocking wait (no polling interval in the figure).
-pub(super) fn run_process(argv: &[OsString], timeout: Duration) -> Result<ProcessRun, String> {
+pub(super) fn run_process(
+    argv: &[OsString],
+    inherit: &[BorrowedFd<'_>],
+    timeout: Duration,
+) -> Result<ProcessRun, String> {
     let Some((program, args)) = argv.split_first() else {
         return Err("empty command".into());
     };
     let t0 = Instant::now();
-    let mut child = Command::new(program)
-        .args(args)
+    let mut cmd = Command::new(program);
+    cmd.args(args)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
+        .stderr(Stdio::piped());
+    crate::floor::inherit_fds(&mut cmd, inherit);
+    let mut child = cmd
         .spawn()
         .map_err(|e| format!("cannot start {}: {e}", program.to_string_lossy()))?;
     let (Some(mut stdout), Some(mut stderr)) = (child.stdout.take(), child.stderr.take()) else {
@@ -248,16 +256,16 @@ mod tests {
             .iter()
             .map(OsString::from)
             .collect();
-        let run = run_process(&argv, Duration::from_secs(30)).expect("run");
+        let run = run_process(&argv, &[], Duration::from_secs(30)).expect("run");
         assert_eq!(run.status.code(), Some(3));
         assert_eq!(
             (run.stdout.as_str(), run.stderr.as_str()),
             ("out\n", "err\n")
         );
         let argv: Vec<OsString> = ["sleep", "30"].iter().map(OsString::from).collect();
-        let err = run_process(&argv, Duration::from_millis(100)).expect_err("stopped");
+        let err = run_process(&argv, &[], Duration::from_millis(100)).expect_err("stopped");
         assert!(err.contains("was stopped"), "{err}");
         let argv = vec![OsString::from("/nonexistent/vmm")];
-        assert!(run_process(&argv, Duration::from_secs(1)).is_err());
+        assert!(run_process(&argv, &[], Duration::from_secs(1)).is_err());
     }
 }

@@ -74,13 +74,17 @@ impl Spread {
     }
 }
 
-/// One span of every launch (see [`ChurnReport::ready`]) on both sides.
+/// One span of every launch (see [`ChurnReport::ready`]) on every side.
 #[derive(Debug, Clone, Copy, Serialize)]
 pub struct SpanReport {
     /// hugemem side, ms.
     pub hugemem: Spread,
     /// Baseline side (the VMM's own preallocation), ms.
     pub baseline: Spread,
+    /// Floor side (the same VMM and guest on a resident memfd, no daemon),
+    /// ms; absent where the floor did not run.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub floor: Option<Spread>,
     /// `baseline.p50 / hugemem.p50`: above 1 = hugemem sooner.
     pub speedup_p50: f64,
     /// `baseline.p99 / hugemem.p99`.
@@ -90,10 +94,12 @@ pub struct SpanReport {
 }
 
 impl SpanReport {
-    /// The span `span` of each side; `None` when a launch lacks it.
+    /// The span `span` of each side; `None` when a hugemem or baseline
+    /// launch lacks it (`floor: None` when a floor launch does, or none ran).
     pub(super) fn of(
         hugemem: &[LaunchSample],
         baseline: &[LaunchSample],
+        floor: &[LaunchSample],
         span: impl Fn(&LaunchSample) -> Option<f64> + Copy,
     ) -> Option<Self> {
         let h = Spread::of_span(hugemem, span)?;
@@ -101,10 +107,74 @@ impl SpanReport {
         Some(Self {
             hugemem: h,
             baseline: b,
+            floor: Spread::of_span(floor, span),
             speedup_p50: crate::stats::ratio(b.p50, h.p50),
             speedup_p99: crate::stats::ratio(b.p99, h.p99),
             p99_over_p50: crate::stats::ratio(h.p99, h.p50),
         })
+    }
+}
+
+/// The floor side: the same VMM (or runner) and guest as hugemem's side on
+/// a hugetlb memfd of the same size and page size, populated before the
+/// clock, handed over as hugemem's fds are, no daemon.
+#[derive(Debug, Clone, Serialize)]
+pub struct FloorReport {
+    /// ms, as the hugemem side's `p50_ms`.
+    pub p50_ms: f64,
+    /// ms.
+    pub p99_ms: f64,
+    /// ms.
+    pub max_ms: f64,
+    /// The untimed first floor launch, ms.
+    pub warmup_ms: f64,
+    /// Page size of the memfd.
+    pub page_size: String,
+    /// Timed floor launches whose guest read non-zero memory (must be 0:
+    /// the memfd is zeroed again between launches).
+    pub stale_reads: usize,
+    /// How the memory is made and zeroed between launches.
+    pub memory: &'static str,
+}
+
+/// hugemem's p50 minus the floor's, ms: what hugemem adds to the VMM's own
+/// start on memory that needs no preparation.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct OverFloor {
+    /// Launch wall time (`p50_ms - floor.p50_ms`).
+    pub p50_ms: f64,
+    /// `ready.hugemem.p50 - ready.floor.p50`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ready_p50_ms: Option<f64>,
+    /// `touched.hugemem.p50 - touched.floor.p50`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub touched_p50_ms: Option<f64>,
+}
+
+/// The limit beside "all RAM touched", measured in the same run.
+#[derive(Debug, Clone, Serialize)]
+pub struct ChurnLimits {
+    /// The kernel's fault-time zeroing of the size on one thread
+    /// (`MADV_POPULATE_WRITE` of a fresh floor memfd, after an untimed
+    /// one), median, ms: the limit of a one-vCPU guest touching memory
+    /// with holes.
+    pub kernel_zeroing_1_thread_ms: f64,
+    /// Every measurement of it, ms.
+    pub kernel_zeroing_1_thread_samples_ms: Vec<f64>,
+    /// The median as a rate, GB/s.
+    pub kernel_zeroing_1_thread_gbps: f64,
+}
+
+impl ChurnLimits {
+    pub(super) fn of(size: u64, samples_ms: Vec<f64>) -> Self {
+        let ms = crate::stats::median(&samples_ms);
+        #[allow(clippy::cast_precision_loss)] // a rate
+        let gb = size as f64 / 1e9;
+        Self {
+            kernel_zeroing_1_thread_ms: ms,
+            kernel_zeroing_1_thread_samples_ms: samples_ms,
+            kernel_zeroing_1_thread_gbps: crate::stats::ratio(gb, ms / 1e3),
+        }
     }
 }
 
@@ -178,6 +248,21 @@ pub struct ChurnReport {
     pub launches: Vec<LaunchSample>,
     /// Every timed baseline launch, in start order.
     pub baseline: Vec<LaunchSample>,
+    /// The floor side; absent where it did not run (`floor_skipped`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub floor: Option<FloorReport>,
+    /// Why the floor did not run (only with `--socket`: a live daemon may
+    /// hold the pages it needs).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub floor_skipped: Option<String>,
+    /// hugemem's p50s over the floor's.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub over_floor: Option<OverFloor>,
+    /// The limits, measured with the floor's memory.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub limits: Option<ChurnLimits>,
+    /// Every timed floor launch, in start order.
+    pub floor_launches: Vec<LaunchSample>,
 }
 
 impl ChurnReport {
@@ -223,7 +308,41 @@ impl ChurnReport {
             self.baseline_stale_reads,
             self.host_vm_fits,
             self.spans_table(),
-        )
+        ) + &self.floor_table()
+    }
+
+    /// The floor and the limit, or why the floor did not run.
+    fn floor_table(&self) -> String {
+        let mut out = String::new();
+        if let Some(why) = &self.floor_skipped {
+            out.push_str(&format!("floor: skipped: {why}\n"));
+        }
+        if let (Some(f), Some(o)) = (&self.floor, &self.over_floor) {
+            out.push_str(&format!(
+                "floor ({} memfd, no daemon): p50 {:.1} p99 {:.1} max {:.1} ms; hugemem p50 over the floor {:+.1} ms; stale reads {}\n",
+                f.page_size, f.p50_ms, f.p99_ms, f.max_ms, o.p50_ms, f.stale_reads
+            ));
+            for (name, span, over) in [
+                ("ready", self.ready, o.ready_p50_ms),
+                ("all RAM touched", self.touched, o.touched_p50_ms),
+            ] {
+                if let (Some(fl), Some(over)) = (span.and_then(|s| s.floor), over) {
+                    out.push_str(&format!(
+                        "floor {name}: p50 {:.1} p99 {:.1} ms; hugemem p50 over the floor {over:+.1} ms\n",
+                        fl.p50, fl.p99
+                    ));
+                }
+            }
+        }
+        if let Some(l) = &self.limits {
+            out.push_str(&format!(
+                "limit: the kernel zeroing {} on 1 thread {:.1} ms ({:.2} GB/s), the least a one-vCPU guest touching memory with holes takes\n",
+                format_size(self.size_bytes),
+                l.kernel_zeroing_1_thread_ms,
+                l.kernel_zeroing_1_thread_gbps
+            ));
+        }
+        out
     }
 
     fn spans_table(&self) -> String {

@@ -2,17 +2,17 @@
 
 use std::collections::BTreeMap;
 use std::ffi::OsString;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
+use std::os::fd::{AsFd, BorrowedFd};
 use std::path::PathBuf;
 use std::time::Instant;
 
 use backend::client::Client;
 use backend::daemon::config::PoolConfig;
 use backend::daemon::{ByteSize, Config, Daemon, DaemonHandle};
-use backend::proto::{AllocRequest, ClearMode, PagePolicy, RegionInfo, ANY_NODE};
+use backend::proto::{AllocRequest, ClearMode, PagePolicy, RegionInfo};
 use guest_mem::size::format_size;
-use guest_mem::{PageSize, SharedMapping};
-use hugemem::launch::{build_args, BuildOptions, MemoryFile, MemoryRegion, Vmm};
+use guest_mem::PageSize;
+use hugemem::launch::Vmm;
 use tracing::warn;
 
 use super::config::{CLEAN_DEADLINE, CLEAN_POLL, STRIDE};
@@ -21,6 +21,7 @@ use super::results::{CompareReport, Figure, OverFloor, Ratio, VariantReport, Var
 use super::variant::{Memory, Runner, Variant, BASELINE};
 use super::vmm::*;
 use crate::alloc::pool_state;
+use crate::floor::FloorMemory;
 use crate::stats::{paired_median, ratio};
 
 /// The benchmark's state during a run.
@@ -295,17 +296,7 @@ impl Bench<'_> {
                 self.ch_common(),
             ),
         };
-        let memory: Vec<MemoryRegion> = regions
-            .iter()
-            .zip(fds)
-            .map(|(r, fd)| MemoryRegion {
-                size: r.size,
-                node: (r.node != ANY_NODE).then_some(r.node),
-                file: MemoryFile::Fd(fd.as_raw_fd()),
-            })
-            .collect();
-        let mut argv = vec![program];
-        argv.extend(build_args(vmm, &user, &memory, &BuildOptions::default())?);
+        let argv = crate::floor::vmm_argv(vmm, program, &user, regions, fds)?;
         run_vmm_timed(&argv, fds, t0).and_then(|run| check_vmm(v, &run, alloc_s))
     }
 
@@ -313,19 +304,9 @@ impl Bench<'_> {
     /// populated (resident, zeroed by the kernel) before the clock starts,
     /// handed to the VMM exactly as a hugemem ALLOC's fds are, no daemon.
     pub(super) fn run_floor(&self, v: Variant) -> Result<Sample, CompareError> {
-        let len = usize::try_from(self.size).map_err(|_| CompareError::Size)?;
-        let memory = SharedMapping::memfd(len, self.page)?;
-        memory.populate_write(0, len)?;
-        let region = RegionInfo {
-            region_id: 0,
-            guest_phys: 0,
-            size: self.size,
-            page_size: self.page.bytes(),
-            node: ANY_NODE,
-            flags: RegionInfo::FLAG_CLEAN,
-        };
+        let (memory, _) = FloorMemory::populated(self.size, self.page)?;
         let t0 = Instant::now();
-        self.run_on_fds(v, &[region], &[memory.fd()], t0, None)
+        self.run_on_fds(v, &[memory.region()], &[memory.fd()], t0, None)
     }
 
     /// The floor variants, in `rep`'s order.

@@ -33,6 +33,9 @@ pub enum CompareError {
     /// The warm-up mapping failed.
     #[error("warm-up populate failed")]
     Mapping(#[from] guest_mem::MappingError),
+    /// The floor's memory could not be made ready.
+    #[error("cannot make the floor's memory ready")]
+    Floor(#[from] crate::floor::FloorError),
     /// The daemon did not start.
     #[error("cannot start the daemon")]
     Daemon(#[from] DaemonError),

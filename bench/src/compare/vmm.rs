@@ -3,8 +3,7 @@
 use std::collections::BTreeMap;
 use std::ffi::OsString;
 use std::io::Read;
-use std::os::fd::{AsRawFd, BorrowedFd, RawFd};
-use std::os::unix::process::CommandExt;
+use std::os::fd::BorrowedFd;
 use std::process::{Command, ExitStatus, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
@@ -151,35 +150,12 @@ pub(super) fn run_vmm_timed(
             source: std::io::Error::other("empty command"),
         });
     };
-    let fds: Vec<RawFd> = inherit.iter().map(AsRawFd::as_raw_fd).collect();
     let mut cmd = Command::new(program);
     cmd.args(args)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
-    if !fds.is_empty() {
-        let hook = move || -> std::io::Result<()> {
-            for &fd in &fds {
-                // SAFETY: fcntl(F_GETFD/F_SETFD) only reads and writes the
-                // descriptor flags of `fd`, which the parent holds open (its
-                // BorrowedFd outlives the spawn), so it is open in the child.
-                let flags = unsafe { libc::fcntl(fd, libc::F_GETFD) };
-                if flags < 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                // SAFETY: as above.
-                if unsafe { libc::fcntl(fd, libc::F_SETFD, flags & !libc::FD_CLOEXEC) } < 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-            }
-            Ok(())
-        };
-        // SAFETY: the hook runs in the child between fork and exec, where only
-        // async-signal-safe calls are allowed: it calls fcntl (async-signal-
-        // safe) on fd numbers captured before the fork, iterates a Vec without
-        // allocating, and takes no lock.
-        unsafe { cmd.pre_exec(hook) };
-    }
+    crate::floor::inherit_fds(&mut cmd, inherit);
     let mut child = cmd.spawn().map_err(|source| CompareError::Spawn {
         program: program.clone(),
         source,

@@ -184,7 +184,8 @@ fn churn_runs_share_one_table_and_other_lists_follow_each_other() {
     ]);
     let doc = "<!-- results:a, b -->\n<!-- /results -->\n<!-- results:a,c -->\n<!-- /results -->\n";
     let out = render(doc, dir.path()).expect("render");
-    assert!(out.contains("| `a` | qemu | best (1G) | 10 x 2G (1) | 9 x 1G, 1 x 4K | 1 (daemon) | 0 (0) | 40.0 / 80.0 / 80.0 | 10.0 | 200.0 / 210.0 | 5.00x | 2.00 |"), "{out}");
+    // Runs from before the floor: its columns show `-`.
+    assert!(out.contains("| `a` | qemu | best (1G) | 10 x 2G (1) | 9 x 1G, 1 x 4K | 1 (daemon) | 0 (0) | 40.0 / 80.0 / 80.0 | 10.0 | 200.0 / 210.0 | 5.00x | 2.00 | - / - | - |"), "{out}");
     assert!(out.contains("| `b` | micro |"), "{out}");
     assert_eq!(out.matches("| run | VMM |").count(), 1, "{out}");
     // churn and clear mixed: each file's own block.
@@ -242,4 +243,33 @@ fn takeover_and_mlock_show_their_floor_and_limit_or_a_dash() {
         "{out}"
     );
     assert!(out.contains("| 4 KiB shmem | - | 0.400 |"), "{out}");
+}
+
+#[test]
+fn churn_rows_show_the_floor_and_the_limit() {
+    let span = |h: f64, b: f64, fl: f64| {
+        json!({"hugemem": {"p50": h, "p99": h + 1.0, "max": h + 1.0},
+               "baseline": {"p50": b, "p99": b + 1.0, "max": b + 1.0},
+               "floor": {"p50": fl, "p99": fl + 1.0, "max": fl + 1.0},
+               "speedup_p50": b / h, "speedup_p99": (b + 1.0) / (h + 1.0), "p99_over_p50": (h + 1.0) / h})
+    };
+    let run = json!({"bench": "churn", "vmm": "qemu", "vms": 10, "parallel": 1, "size_bytes": 2u64 << 30,
+           "page_policy": "1G", "expected_page_size": "1G", "page_sizes": {"1G": 10},
+           "downgrades": 0, "downgrades_source": "daemon", "stale_reads": 0, "baseline_stale_reads": 0,
+           "p50_ms": 100.0, "p99_ms": 110.0, "max_ms": 110.0, "alloc_p50_ms": 1.0,
+           "baseline_p50_ms": 150.0, "baseline_p99_ms": 160.0, "speedup_p50": 1.5, "p99_over_p50": 1.1,
+           "host_vm_fits": 1, "ready": span(50.0, 120.0, 45.5), "touched": span(90.0, 140.0, 60.0),
+           "floor": {"p50_ms": 70.0, "p99_ms": 75.0, "max_ms": 75.0},
+           "over_floor": {"p50_ms": 30.0, "ready_p50_ms": 4.5, "touched_p50_ms": -1.25},
+           "limits": {"kernel_zeroing_1_thread_ms": 81.25}});
+    let dir = dir_with(&[("f", run)]);
+    let out = render("<!-- results:f -->\n<!-- /results -->\n", dir.path()).expect("render");
+    assert!(
+        out.contains("| 150.0 / 160.0 | 1.50x | 1.10 | 70.0 / 75.0 | +30.0 |"),
+        "{out}"
+    );
+    assert!(
+        out.contains("| `f` | 1 | 50.0 / 51.0 | 120.0 / 121.0 | 2.40x (2.37x) | 1.02 | 45.5 | +4.5 | 90.0 / 91.0 | 81.2 | 140.0 / 141.0 | 1.56x (1.55x) | 60.0 | -1.2 |"),
+        "{out}"
+    );
 }

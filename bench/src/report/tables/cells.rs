@@ -15,6 +15,11 @@ pub(super) fn f(v: &Value, path: &str, digits: usize) -> String {
     num(v, path).map_or_else(|| "-".into(), |x| fixed(x, digits))
 }
 
+/// `v[path]` with its sign and `digits` decimals (`+1.5`), or `-`.
+pub(super) fn signed(v: &Value, path: &str, digits: usize) -> String {
+    num(v, path).map_or_else(|| "-".into(), |x| format!("{x:+.digits$}"))
+}
+
 /// `v[path]` as a string, or `-`.
 pub(super) fn s(v: &Value, path: &str) -> String {
     match lookup(v, path) {

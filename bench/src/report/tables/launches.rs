@@ -3,7 +3,7 @@
 
 use serde_json::Value;
 
-use super::cells::{f, note, num, s, significant, size};
+use super::cells::{f, note, num, s, signed, significant, size};
 
 pub(super) fn vmstart(v: &Value) -> String {
     let mut out = format!(
@@ -298,7 +298,7 @@ pub(super) fn churn_row(name: &str, v: &Value) -> String {
         })
         .unwrap_or_else(|| "-".into());
     format!(
-        "| `{name}` | {} | {} ({}) | {} x {} ({}) | {served} | {} ({}) | {} ({}) | {} / {} / {} | {} | {} / {} | {}x | {} |\n",
+        "| `{name}` | {} | {} ({}) | {} x {} ({}) | {served} | {} ({}) | {} ({}) | {} / {} / {} | {} | {} / {} | {}x | {} | {} / {} | {} |\n",
         s(v, "vmm"),
         s(v, "page_policy"),
         s(v, "expected_page_size"),
@@ -317,6 +317,35 @@ pub(super) fn churn_row(name: &str, v: &Value) -> String {
         f(v, "baseline_p99_ms", 1),
         f(v, "speedup_p50", 2),
         f(v, "p99_over_p50", 2),
+        f(v, "floor.p50_ms", 1),
+        f(v, "floor.p99_ms", 1),
+        signed(v, "over_floor.p50_ms", 1),
+    )
+}
+
+/// One churn run's spans (ready, all RAM touched) as a table row.
+pub(super) fn churn_spans_row(name: &str, v: &Value) -> String {
+    format!(
+        "| `{name}` | {} | {} / {} | {} / {} | {}x ({}x) | {} | {} | {} | {} / {} | {} | {} / {} | {}x ({}x) | {} | {} |\n",
+        f(v, "host_vm_fits", 0),
+        f(v, "ready.hugemem.p50", 1),
+        f(v, "ready.hugemem.p99", 1),
+        f(v, "ready.baseline.p50", 1),
+        f(v, "ready.baseline.p99", 1),
+        f(v, "ready.speedup_p50", 2),
+        f(v, "ready.speedup_p99", 2),
+        f(v, "ready.p99_over_p50", 2),
+        f(v, "ready.floor.p50", 1),
+        signed(v, "over_floor.ready_p50_ms", 1),
+        f(v, "touched.hugemem.p50", 1),
+        f(v, "touched.hugemem.p99", 1),
+        f(v, "limits.kernel_zeroing_1_thread_ms", 1),
+        f(v, "touched.baseline.p50", 1),
+        f(v, "touched.baseline.p99", 1),
+        f(v, "touched.speedup_p50", 2),
+        f(v, "touched.speedup_p99", 2),
+        f(v, "touched.floor.p50", 1),
+        signed(v, "over_floor.touched_p50_ms", 1),
     )
 }
 

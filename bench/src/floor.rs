@@ -1,0 +1,149 @@
+//! The VMMs' floor, shared by `bench compare` and `bench churn`: guest RAM
+//! that needs no preparation. A hugetlb memfd of the run's size and page
+//! size, populated (the kernel allocates and zeroes every page) before the
+//! clock starts, and handed to the VMM the way `hugemem launch` hands over a
+//! daemon's fds: the same [`build_args`] region table on `/dev/fd/N`, the fd
+//! inherited under its number, no daemon.
+
+use std::ffi::OsString;
+use std::os::fd::{AsRawFd, BorrowedFd, RawFd};
+use std::os::unix::process::CommandExt;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use backend::proto::{RegionInfo, ANY_NODE};
+use guest_mem::{MappingError, PageSize, SharedMapping};
+use hugemem::launch::{build_args, BuildError, BuildOptions, MemoryFile, MemoryRegion, Vmm};
+
+/// Why floor memory could not be made, or made zero again.
+#[derive(Debug, thiserror::Error)]
+pub enum FloorError {
+    /// The size does not fit this machine's address space.
+    #[error("the size does not fit this machine's address space")]
+    Size,
+    /// The memfd could not be made, mapped or populated (short of huge
+    /// pages: `ENOMEM` at the map or the populate).
+    #[error("cannot make the floor's memory ready")]
+    Mapping(#[from] MappingError),
+    /// Punching the memfd's pages out failed.
+    #[error("cannot punch the floor's memfd to zero it again")]
+    Punch(#[source] std::io::Error),
+}
+
+/// A resident hugetlb memfd, mapped by this process (which keeps its pages
+/// faulted in while VMMs come and go).
+#[derive(Debug)]
+pub struct FloorMemory {
+    mapping: SharedMapping,
+    size: u64,
+}
+
+impl FloorMemory {
+    /// A memfd of `size` bytes of `page` pages, every page populated
+    /// (`MADV_POPULATE_WRITE` on this thread), and the time the populate
+    /// took: the kernel's fault-time zeroing of `size` bytes on one thread.
+    ///
+    /// # Errors
+    ///
+    /// [`FloorError::Size`], [`FloorError::Mapping`].
+    pub fn populated(size: u64, page: PageSize) -> Result<(Self, Duration), FloorError> {
+        let len = usize::try_from(size).map_err(|_| FloorError::Size)?;
+        let mapping = SharedMapping::memfd(len, page)?;
+        let t = Instant::now();
+        mapping.populate_write(0, len)?;
+        Ok((Self { mapping, size }, t.elapsed()))
+    }
+
+    /// Zeroes the memory again after a guest wrote it: every page punched
+    /// out of the file (`FALLOC_FL_PUNCH_HOLE`), then populated afresh (the
+    /// kernel zeroes each new page), the same work as a fresh memfd's
+    /// populate. Returns the populate's time.
+    ///
+    /// # Errors
+    ///
+    /// [`FloorError::Punch`]; [`FloorError::Mapping`] when the pages are no
+    /// longer there to fault back in.
+    pub fn rezero(&self) -> Result<Duration, FloorError> {
+        backend::sys::punch_hole(self.mapping.fd(), 0, self.size).map_err(FloorError::Punch)?;
+        let t = Instant::now();
+        self.mapping.populate_write(0, self.mapping.len())?;
+        Ok(t.elapsed())
+    }
+
+    /// The region table of the memory, as a daemon's ALLOC reply gives it:
+    /// one clean region at guest address 0.
+    pub fn region(&self) -> RegionInfo {
+        RegionInfo {
+            region_id: 0,
+            guest_phys: 0,
+            size: self.size,
+            page_size: self.mapping.page_size().bytes(),
+            node: ANY_NODE,
+            flags: RegionInfo::FLAG_CLEAN,
+        }
+    }
+
+    /// The memfd.
+    pub fn fd(&self) -> BorrowedFd<'_> {
+        self.mapping.fd()
+    }
+}
+
+/// `program` followed by the command line `hugemem launch` builds from
+/// `user` (the VMM's own arguments) for `regions` in `fds`, each given as
+/// `/dev/fd/N` of its current number.
+///
+/// # Errors
+///
+/// [`BuildError`] when `user` cannot carry the memory.
+pub fn vmm_argv(
+    vmm: Vmm,
+    program: OsString,
+    user: &[OsString],
+    regions: &[RegionInfo],
+    fds: &[BorrowedFd<'_>],
+) -> Result<Vec<OsString>, BuildError> {
+    let memory: Vec<MemoryRegion> = regions
+        .iter()
+        .zip(fds)
+        .map(|(r, fd)| MemoryRegion {
+            size: r.size,
+            node: (r.node != ANY_NODE).then_some(r.node),
+            file: MemoryFile::Fd(fd.as_raw_fd()),
+        })
+        .collect();
+    let mut argv = vec![program];
+    argv.extend(build_args(vmm, user, &memory, &BuildOptions::default())?);
+    Ok(argv)
+}
+
+/// Makes `cmd`'s child inherit `fds` across exec under their current
+/// numbers (their close-on-exec flag cleared in the child only). The
+/// caller keeps them open until the spawn returns.
+pub fn inherit_fds(cmd: &mut Command, fds: &[BorrowedFd<'_>]) {
+    if fds.is_empty() {
+        return;
+    }
+    let fds: Vec<RawFd> = fds.iter().map(AsRawFd::as_raw_fd).collect();
+    let hook = move || -> std::io::Result<()> {
+        for &fd in &fds {
+            // SAFETY: fcntl(F_GETFD/F_SETFD) only reads and writes the
+            // descriptor flags of `fd`, which the parent holds open (its
+            // BorrowedFd outlives the spawn), so it is open in the child.
+            let flags = unsafe { libc::fcntl(fd, libc::F_GETFD) };
+            if flags < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            // SAFETY: as above.
+            if unsafe { libc::fcntl(fd, libc::F_SETFD, flags & !libc::FD_CLOEXEC) } < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+        }
+        Ok(())
+    };
+    // SAFETY: the hook runs in the child between fork and exec, where only
+    // async-signal-safe calls are allowed: it calls fcntl (async-signal-
+    // safe) on fd numbers captured before the fork, iterates a Vec without
+    // allocating, and takes no lock.
+    unsafe { cmd.pre_exec(hook) };
+}
