@@ -13,8 +13,8 @@
 //! | `eager-clean` | a clean pooled region | nothing: the pool cleared it earlier |
 //! | `lazy-dirty` | a dirty pooled region | UFFD hand-off only; pages are cleared at first touch by the fault service, and ahead by its scrubbers |
 //! | `eager-dirty` | a dirty pooled region (the previous guest's, just out of quarantine) | the daemon clears it synchronously, on the node's workers, before it replies: what back-to-back launches hit |
-//! | `lazy-fresh` | fresh, not populated | nothing: the kernel zeroes each page at first touch (lazy mode's fallback) |
-//! | `prefault` | fresh, not populated | the VMM populates it, cloud-hypervisor style: `min(CPUs, 16, pages, size / 4 GiB)` unpinned threads |
+//! | `lazy-fresh` | fresh, not populated | nothing: the kernel zeroes each page at its first fault, the guest's touch or the daemon's fault helpers faulting the region in ahead of it, lowest address first (lazy mode's fallback, `pool.refault_ahead`) |
+//! | `prefault` | fresh, not populated (a lazy ALLOC, as `lazy-fresh`) | the VMM populates it, cloud-hypervisor style: `min(CPUs, 16, pages, size / 4 GiB)` unpinned threads, the daemon's fault helpers beside them |
 //! | `floor` | a hugetlb memfd the bench populated before the clock, no daemon | nothing: the VMM's floor, the same mapping and guest on memory that needs no preparation |
 //! | `fresh-floor` | a fresh hugetlb memfd, not populated, no daemon | nothing: the kernel zeroes each page at the guest's first touch; `lazy-fresh` without the daemon, its floor |
 //!
@@ -180,6 +180,13 @@ pub struct VmstartReport {
     /// its clock), ms: the limit of a one-vCPU guest's first touches of
     /// memory with holes (`lazy-fresh`'s all-touched figure).
     pub kernel_zeroing_1_thread_ms: f64,
+    /// The same on every CPU (`cpus` threads, each populating its share of
+    /// a fresh memfd's pages, one write per page), ms: the limit of a
+    /// guest's touches while the daemon's fault helpers (one per CPU of the
+    /// node) fault the same memory in beside it (`lazy-fresh`, `prefault`).
+    pub kernel_zeroing_all_cpus_ms: f64,
+    /// CPUs of that figure.
+    pub cpus: usize,
     /// Scenarios in the order run.
     pub scenarios: Vec<ScenarioReport>,
     /// Things the reader should know (fallbacks, warm-up).
@@ -281,6 +288,8 @@ pub fn run(
     scenarios.push(floor);
     progress("fresh-floor");
     scenarios.push(fresh_floor(cfg)?);
+    progress("kernel zeroing on every CPU");
+    let kernel_zeroing_all_cpus_ms = kernel_zeroing(cfg, cpus)?;
     if scenarios.iter().any(|s| s.saw_nonzero) {
         notes.push("a guest read non-zero memory: a clearing bug".into());
     }
@@ -292,6 +301,8 @@ pub fn run(
         clear_gbps,
         prefault_threads,
         kernel_zeroing_1_thread_ms,
+        kernel_zeroing_all_cpus_ms,
+        cpus,
         scenarios,
         notes,
     })
@@ -564,6 +575,20 @@ fn fresh_floor(cfg: &VmstartConfig) -> Result<ScenarioReport, VmstartError> {
     let memory = guest_mem::SharedMapping::memfd(len, cfg.page_size)
         .map_err(|e| VmstartError::Unexpected("fresh-floor", e.to_string()))?;
     guest_on_memfd(cfg, memory.fd(), "fresh-floor", "FRESH")
+}
+
+/// The kernel zeroing `cfg.size` at fault time on `threads` threads: a
+/// fresh memfd, mapped, each thread writing the first byte of its share of
+/// the pages (the mapping outside the clock), ms.
+fn kernel_zeroing(cfg: &VmstartConfig, threads: usize) -> Result<f64, VmstartError> {
+    let len = usize::try_from(cfg.size)
+        .map_err(|_| VmstartError::Unexpected("kernel zeroing", "size".into()))?;
+    let memory = guest_mem::SharedMapping::memfd(len, cfg.page_size)
+        .map_err(|e| VmstartError::Unexpected("kernel zeroing", e.to_string()))?;
+    let map = map_fd(cfg.size, memory.fd())?;
+    let t = Instant::now();
+    prefault(&map, cfg.page_size.bytes(), threads)?;
+    Ok(t.elapsed().as_secs_f64() * 1e3)
 }
 
 /// The micro-guest on a mapping of its own of the hugetlb memfd `fd`, no

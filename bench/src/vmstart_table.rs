@@ -8,14 +8,16 @@ impl VmstartReport {
     /// A text table.
     pub fn to_table(&self) -> String {
         let mut out = format!(
-            "vmstart: {} of {} pages; clearing kernel {} ({:.0} µs per page, {:.1} GB/s); prefault threads {}; kernel zeroing on 1 thread {:.1} ms (the limit of lazy-fresh's touches)\n",
+            "vmstart: {} of {} pages; clearing kernel {} ({:.0} µs per page, {:.1} GB/s); prefault threads {}; kernel zeroing on 1 thread {:.1} ms, on {} CPUs {:.1} ms (the limits of lazy-fresh's touches without and with the fault helpers)\n",
             guest_mem::size::format_size(self.size),
             self.page_size,
             self.kernel,
             self.one_page_clear_us,
             self.clear_gbps,
             self.prefault_threads,
-            self.kernel_zeroing_1_thread_ms
+            self.kernel_zeroing_1_thread_ms,
+            self.cpus,
+            self.kernel_zeroing_all_cpus_ms
         );
         out.push_str(&format!(
             "{:<12} {:>6} {:>9} {:>9} {:>13} {:>12} {:>8} {:>9} {:>9}\n",

@@ -7,14 +7,19 @@ use super::cells::{f, note, num, s, signed, significant, size};
 
 pub(super) fn vmstart(v: &Value) -> String {
     let mut out = format!(
-        "{} on {} pages; clearing kernel `{}`, one page cleared in {} µs ({} GB/s); prefault threads {}; the kernel zeroing the whole size at fault time on one thread (the limit of a one-vCPU guest's touches of fresh or punched memory): {} ms.\n\n",
+        "{} on {} pages; clearing kernel `{}`, one page cleared in {} µs ({} GB/s); prefault threads {}; the kernel zeroing the whole size at fault time on one thread (the limit of a one-vCPU guest's touches of fresh or punched memory): {} ms{}.\n\n",
         size(v, "size"),
         s(v, "page_size"),
         s(v, "kernel"),
         f(v, "one_page_clear_us", 0),
         f(v, "clear_gbps", 1),
         f(v, "prefault_threads", 0),
-        f(v, "kernel_zeroing_1_thread_ms", 1)
+        f(v, "kernel_zeroing_1_thread_ms", 1),
+        num(v, "kernel_zeroing_all_cpus_ms").map_or_else(String::new, |_| format!(
+            "; on all {} CPUs (the limit of those touches with the daemon's fault helpers faulting the same memory in beside them): {} ms",
+            f(v, "cpus", 0),
+            f(v, "kernel_zeroing_all_cpus_ms", 1)
+        ))
     );
     out += "| scenario | served | ALLOC ms | ready ms | first instruction ms | all pages touched ms | VM setup ms (in both) | first instruction / all touched over the floor, ms |\n|---|---|---|---|---|---|---|---|\n";
     let scenarios = v.get("scenarios").and_then(Value::as_array);
