@@ -37,11 +37,14 @@ use std::time::Duration;
 
 use crate::sys::{FaultHelperSpec, FAULT_DONE_BYTES, FAULT_READY, FAULT_WORK_BYTES};
 
-/// Every live helper of this process, and the set it belongs to.
-static HELPERS: Mutex<BTreeMap<libc::pid_t, u64>> = Mutex::new(BTreeMap::new());
+/// The set a helper belongs to, and the file (device, inode) that set maps.
+type HelperOf = (u64, (u64, u64));
+
+/// Every helper of this process not yet exited.
+static HELPERS: Mutex<BTreeMap<libc::pid_t, HelperOf>> = Mutex::new(BTreeMap::new());
 static SETS: AtomicU64 = AtomicU64::new(1);
 
-fn registry() -> MutexGuard<'static, BTreeMap<libc::pid_t, u64>> {
+fn registry() -> MutexGuard<'static, BTreeMap<libc::pid_t, HelperOf>> {
     HELPERS.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
@@ -59,13 +62,25 @@ pub fn is_own_helper(pid: i32) -> bool {
 /// this moment is in the registry: the fork happens under it).
 pub fn stop_own_helper(pid: i32) -> bool {
     let reg = registry();
-    let Some(&set) = reg.get(&pid) else {
+    let Some(&(set, _)) = reg.get(&pid) else {
         return false;
     };
-    for (&helper, _) in reg.iter().filter(|(_, &s)| s == set) {
+    for (&helper, _) in reg.iter().filter(|(_, &(s, _))| s == set) {
         crate::sys::kill_child(helper);
     }
     true
+}
+
+/// A fault helper of this process that maps the file `(dev, ino)` and has
+/// not exited yet, if any. A helper killed a moment ago may no longer show
+/// the mapping in `/proc` while the kernel still holds its reference to the
+/// file (released before its exit is reported): until then the file is not
+/// free, and the helper, not a tenant, is why.
+pub fn helper_of_file(dev: u64, ino: u64) -> Option<libc::pid_t> {
+    registry()
+        .iter()
+        .find(|(_, &(_, file))| file == (dev, ino))
+        .map(|(&pid, _)| pid)
 }
 
 /// One answer of a helper.
@@ -139,10 +154,14 @@ impl FaultHelpers {
             done: done_r,
         };
         let set = SETS.fetch_add(1, Ordering::Relaxed);
+        let st = nix::sys::stat::fstat(region)?;
+        // st_dev and st_ino are u64 on every Linux target we build for.
+        #[allow(clippy::useless_conversion)]
+        let file = (u64::from(st.st_dev), u64::from(st.st_ino));
         for _ in 0..count.max(1) {
             let mut reg = registry();
             let pid = crate::sys::spawn_fault_helper(&spec)?;
-            reg.insert(pid, set);
+            reg.insert(pid, (set, file));
             drop(reg);
             me.pids.push(pid);
             me.exits.push(crate::daemon::peer::pidfd_open(pid)?);
@@ -262,8 +281,12 @@ impl FaultHelpers {
 }
 
 fn reap(pid: libc::pid_t) {
-    // Out of the registry before the reap: once reaped, the pid may be
-    // anyone's.
+    // In the registry until it has exited (its file references are gone
+    // then: `helper_of_file`), out of it before the reap: once reaped, the
+    // pid may be anyone's.
+    if let Err(e) = crate::sys::wait_exited(pid) {
+        tracing::warn!(pid, error = %e, "cannot wait for a fault helper's exit");
+    }
     registry().remove(&pid);
     if let Err(e) = crate::sys::reap_child(pid) {
         tracing::warn!(pid, error = %e, "cannot reap a fault helper");

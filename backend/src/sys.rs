@@ -571,6 +571,31 @@ pub fn kill_child(pid: libc::pid_t) {
     unsafe { libc::kill(pid, libc::SIGKILL) };
 }
 
+/// Waits until child `pid` has exited, without reaping it: a zombie, whose
+/// files and mappings are all released (the kernel drops them before the
+/// exit is reported), and whose pid stays its own until [`reap_child`].
+///
+/// # Errors
+///
+/// The `waitid` error.
+pub fn wait_exited(pid: libc::pid_t) -> io::Result<()> {
+    let id = libc::id_t::try_from(pid).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+    loop {
+        // SAFETY: an all-zero `siginfo_t` is a valid value of the plain C
+        // struct, which waitid only writes.
+        let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+        // SAFETY: waitid with integer arguments writes only `info`.
+        let r = unsafe { libc::waitid(libc::P_PID, id, &mut info, libc::WEXITED | libc::WNOWAIT) };
+        if r == 0 {
+            return Ok(());
+        }
+        let e = io::Error::last_os_error();
+        if e.raw_os_error() != Some(libc::EINTR) {
+            return Err(e);
+        }
+    }
+}
+
 /// Waits for child `pid` to exit and reaps it; its exit status.
 ///
 /// # Errors

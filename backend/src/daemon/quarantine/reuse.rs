@@ -33,7 +33,7 @@ use std::sync::Arc;
 use guest_mem::Region;
 
 use super::gate::ReserveGate;
-use super::holders::{self, Holder, Owned};
+use super::holders::{self, FileId, Hold, Holder, Owned};
 
 /// What a quarantine check decided for one region.
 #[derive(Debug)]
@@ -95,6 +95,19 @@ pub fn judge(region: &Region, holder: Option<Holder>, detach: bool, gate: &Reser
         return Verdict::Held(h);
     }
     if let Err(reason) = prove_unreachable(region) {
+        // A fault helper stopped when the region was released, still
+        // exiting: its mapping has left `/proc` but not the file yet. It
+        // holds the region (its exit wakes the next round), no tenant
+        // withholds it.
+        let exiting = FileId::of(region.fd())
+            .ok()
+            .and_then(|f| crate::fault_helpers::helper_of_file(f.dev, f.ino));
+        if let Some(pid) = exiting {
+            return Verdict::Held(Holder {
+                pid,
+                hold: Hold::Unknown,
+            });
+        }
         return Verdict::Withheld(reason);
     }
     if !detach {
