@@ -135,15 +135,21 @@ fn vmstart_runs_eager_dirty_and_reads_only_zeros() {
             "eager-dirty",
             "lazy-fresh",
             "prefault",
-            "floor"
+            "floor",
+            "fresh-floor"
         ],
         "{r}"
     );
-    // The one-thread kernel zeroing limit was measured.
+    // The kernel zeroing limits were measured, on one thread and on every CPU.
     positive(
         &r["kernel_zeroing_1_thread_ms"],
         "kernel_zeroing_1_thread_ms",
     );
+    positive(
+        &r["kernel_zeroing_all_cpus_ms"],
+        "kernel_zeroing_all_cpus_ms",
+    );
+    assert!(r["cpus"].as_u64().is_some_and(|c| c >= 1), "{r}");
     for s in r["scenarios"].as_array().expect("scenarios") {
         assert_eq!(s["saw_nonzero"], false, "{s}");
         positive(&s["first_instruction_ms"], "first_instruction_ms");
@@ -153,6 +159,14 @@ fn vmstart_runs_eager_dirty_and_reads_only_zeros() {
             assert_eq!(
                 (&s["flags"], &s["alloc_ms"]),
                 (&"RESIDENT".into(), &0.0.into()),
+                "{s}"
+            );
+        }
+        if s["name"] == "fresh-floor" {
+            // No ALLOC either: a fresh memfd nobody populated.
+            assert_eq!(
+                (&s["flags"], &s["alloc_ms"]),
+                (&"FRESH".into(), &0.0.into()),
                 "{s}"
             );
         }

@@ -48,8 +48,11 @@ fn check(report: &Value) {
     assert!(size > 0);
     assert!(f(report, "alloc_fresh_s") > 0.0);
     assert!(f(report, "alloc_pooled_s") > 0.0);
-    // The warm-up (the host's first touch) ran and is reported apart.
+    // The warm-up (the host's first touch) ran and is reported apart, and
+    // the fresh ALLOC's limit beside it.
     assert!(f(report, "host_first_touch_s") > 0.0, "{report}");
+    assert!(f(report, "kernel_zeroing_all_cpus_s") > 0.0, "{report}");
+    assert!(report["cpus"].as_u64().is_some_and(|c| c >= 1), "{report}");
     // What the pooled ALLOC handed out adds up to its size; on huge pages
     // the demo waits for the refault, so it is resident (4 KiB shmem keeps
     // the holes of pages no guest touched).
@@ -94,13 +97,17 @@ fn check(report: &Value) {
         })
         .sum();
     assert_eq!((clean, busy), (size, 0), "{report}");
-    match (&report["guest_fresh"], &report["guest_pooled"]) {
-        (Value::Null, Value::Null) => {
+    match (
+        &report["guest_fresh"],
+        &report["guest_pooled"],
+        &report["guest_floor"],
+    ) {
+        (Value::Null, Value::Null, Value::Null) => {
             test_support::skip!("(guest part): {}", report["guest_skipped"])
         }
-        (g1, g2) => {
+        (g1, g2, floor) => {
             let pages = size / (2 << 20);
-            for g in [g1, g2] {
+            for g in [g1, g2, floor] {
                 assert_eq!(g["pages_touched"].as_u64(), Some(pages), "{report}");
                 assert_eq!(g["saw_nonzero"], Value::Bool(false), "{report}");
                 assert!(f(g, "first_instruction_ms") > 0.0);

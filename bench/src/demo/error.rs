@@ -43,6 +43,9 @@ pub enum DemoError {
     /// The warm-up populate (the outer host's first touch) failed.
     #[error("the warm-up populate failed: {0}")]
     WarmUp(String),
+    /// The floor's memory (a populated hugetlb memfd) could not be made.
+    #[error("cannot make the floor's memory: {0}")]
+    Floor(String),
     /// Reading what the pooled ALLOC's fds hold failed.
     #[error("cannot read what the pooled ALLOC handed out: {0}")]
     HandOut(String),

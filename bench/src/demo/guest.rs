@@ -3,7 +3,8 @@
 
 use std::time::{Duration, Instant};
 
-use guest_mem::vm_memory::{GuestMemoryBackend, GuestMemoryRegion};
+use guest_mem::vm_memory::{GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion};
+use guest_mem::PageSize;
 
 use super::error::DemoError;
 use super::report::GuestFigures;
@@ -22,6 +23,32 @@ pub(super) fn run_guest(
     alloc_started: Instant,
 ) -> Result<GuestFigures, DemoError> {
     let mem = alloc.guest_memory()?;
+    run_guest_on(mem, marker, alloc_started)
+}
+
+/// The floor of [`run_guest`]: the same mapping and guest on a hugetlb
+/// memfd of the same size and page size, populated before the clock, no
+/// daemon (memory that needs no preparation); its "ALLOC sent" is the
+/// start of the mapping.
+pub(super) fn run_guest_on_resident_memfd(
+    size: u64,
+    page: PageSize,
+    marker: u64,
+) -> Result<GuestFigures, DemoError> {
+    let (memory, _) = crate::floor::FloorMemory::populated(size, page)
+        .map_err(|e| DemoError::Floor(backend::diag::chain(&e)))?;
+    let started = Instant::now();
+    let mem = backend::guest_memory::guest_memory_from_fds(&[memory.region()], &[memory.fd()])?;
+    run_guest_on(mem, marker, started)
+}
+
+/// Runs the micro-guest over `mem`; `started` is when the caller began
+/// asking for the memory.
+fn run_guest_on(
+    mem: GuestMemoryMmap,
+    marker: u64,
+    alloc_started: Instant,
+) -> Result<GuestFigures, DemoError> {
     let mut ram = Vec::with_capacity(mem.num_regions());
     for r in mem.iter() {
         // A region's length fits usize: it was mapped.

@@ -55,6 +55,17 @@ pub struct DemoReport {
     /// the outer host's first touch (docs/platform.md#first-touch), which
     /// the fresh ALLOC below no longer pays.
     pub host_first_touch_s: f64,
+    /// The limit of the fresh ALLOC: the kernel zeroing `size` bytes of
+    /// the same page size at fault time on every CPU (`cpus` threads, each
+    /// `MADV_POPULATE_WRITE` of its share of a fresh memfd, no daemon),
+    /// after the warm-up, seconds.
+    pub kernel_zeroing_all_cpus_s: f64,
+    /// CPUs of that figure.
+    pub cpus: usize,
+    /// The guests' floor: the micro-guest on a hugetlb memfd of the same
+    /// size and page size populated before its clock, mapped the same way,
+    /// no daemon (`None`: no KVM). Its "ALLOC sent" is the mapping's start.
+    pub guest_floor: Option<GuestFigures>,
     /// First ALLOC (fresh pages, populated and zeroed by the kernel), after
     /// the warm-up, seconds.
     pub alloc_fresh_s: f64,
@@ -151,6 +162,16 @@ impl DemoReport {
                 self.alloc_fresh_gbps
             ),
         );
+        row(
+            &mut s,
+            "the fresh ALLOC's limit",
+            format!(
+                "{:>10.1} ms   the kernel zeroing {} on all {} CPUs, no daemon",
+                self.kernel_zeroing_all_cpus_s * 1e3,
+                format_size(self.size_bytes),
+                self.cpus
+            ),
+        );
         let guest = |s: &mut String, label: &str, g: &Option<GuestFigures>| match g {
             Some(g) => {
                 row(
@@ -186,6 +207,7 @@ impl DemoReport {
                 ),
             ),
         };
+        guest(&mut s, "the floor (resident memfd)", &self.guest_floor);
         guest(&mut s, "guest #1", &self.guest_fresh);
         row(
             &mut s,

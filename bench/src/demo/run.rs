@@ -13,7 +13,7 @@ use tracing::{info, warn};
 
 use super::config::DemoConfig;
 use super::error::DemoError;
-use super::guest::{ms, run_guest};
+use super::guest::{ms, run_guest, run_guest_on_resident_memfd};
 use super::pages::{policy, reserve};
 use super::pool_watch::{pools, scrub_seconds, scrubbed_bytes, wait_clean, wait_refaulted};
 use super::report::{DemoReport, GuestFigures};
@@ -63,6 +63,23 @@ pub fn run(cfg: &DemoConfig, progress: &mut dyn FnMut(&str)) -> Result<DemoRepor
     )
     .map_err(|e| DemoError::WarmUp(format!("{e:#}")))?;
     progress(&format!("warm-up: {:.1} ms", host_first_touch_s * 1e3));
+    let kernel_zeroing_all_cpus_s = crate::alloc::cloud_hypervisor_style(size, page, cpus)
+        .map_err(|e| DemoError::WarmUp(format!("{e:#}")))?;
+    progress(&format!(
+        "the kernel zeroing {} on {cpus} CPUs, no daemon (the fresh ALLOC's limit): {:.1} ms",
+        format_size(size),
+        kernel_zeroing_all_cpus_s * 1e3
+    ));
+    let guest_floor = if guest_skipped.is_none() {
+        let g = run_guest_on_resident_memfd(size, page, MARKER)?;
+        progress(&format!(
+            "the floor: the guest on a resident memfd, no daemon: first instruction {:.1} ms after the mapping began",
+            g.alloc_to_first_instruction_ms
+        ));
+        Some(g)
+    } else {
+        None
+    };
 
     let dir = PrivateDir::create("hugemem-demo").map_err(|source| DemoError::SocketDir {
         path: std::env::temp_dir(),
@@ -100,6 +117,9 @@ pub fn run(cfg: &DemoConfig, progress: &mut dyn FnMut(&str)) -> Result<DemoRepor
     d.notes = notes;
     d.daemon_start_s = daemon_start_s;
     d.host_first_touch_s = host_first_touch_s;
+    d.kernel_zeroing_all_cpus_s = kernel_zeroing_all_cpus_s;
+    d.cpus = cpus;
+    d.guest_floor = guest_floor;
     d.guest_skipped = guest_skipped;
     d.total_s = demo_started.elapsed().as_secs_f64();
     drop(dir);
@@ -145,6 +165,9 @@ fn drive(
         notes: Vec::new(),
         daemon_start_s: 0.0,
         host_first_touch_s: 0.0,
+        kernel_zeroing_all_cpus_s: 0.0,
+        cpus: 0,
+        guest_floor: None,
         alloc_fresh_s: fresh.alloc_s,
         alloc_fresh_gbps: fresh.gbps,
         guest_fresh: fresh.guest,

@@ -231,6 +231,13 @@ pub(super) fn demo(v: &Value) -> String {
         f(v, "alloc_fresh_s", 4),
         f(v, "alloc_fresh_gbps", 1)
     );
+    if num(v, "kernel_zeroing_all_cpus_s").is_some() {
+        out += &format!(
+            "| the fresh ALLOC's limit: the kernel zeroing the size on all {} CPUs, no daemon | {} s |\n",
+            f(v, "cpus", 0),
+            f(v, "kernel_zeroing_all_cpus_s", 4)
+        );
+    }
     let guest = |out: &mut String, key: &str, which: &str| {
         let Some(g) = v.get(key).filter(|g| !g.is_null()) else {
             return;
@@ -248,6 +255,11 @@ pub(super) fn demo(v: &Value) -> String {
             s(g, "saw_nonzero"),
         );
     };
+    guest(
+        &mut out,
+        "guest_floor",
+        "on a resident memfd, no daemon (the floor; from the mapping's start)",
+    );
     guest(&mut out, "guest_fresh", "#1 (fresh)");
     out += &format!(
         "| FREE → pool clean{} | {} s ({} scrubbed at {} GB/s) |\n",
