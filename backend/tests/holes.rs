@@ -115,6 +115,12 @@ fn a_hole_handed_out_reads_zeros() {
     d.shutdown();
 }
 
+/// Bytes the daemon's scrubbers or fault helpers have faulted in ahead of
+/// guests, all nodes (STATS `scrub.nodes[].refault_bytes`).
+fn refaulted_bytes(d: &TestDaemon) -> u64 {
+    d.stats().scrub.nodes.iter().map(|n| n.refault_bytes).sum()
+}
+
 /// With `pool.refault_ahead` (the default), the node's scrubbers fault the
 /// holes in ahead of the next tenant: STATS shows the bytes refaulted and
 /// their rate, and the region is resident when the next tenant comes.
@@ -139,13 +145,7 @@ fn holes_are_refaulted_ahead_by_the_nodes_workers() {
         "tenant A"
     );
     wait_until("the holes are refaulted", SETTLE, || {
-        d.stats()
-            .scrub
-            .nodes
-            .iter()
-            .map(|n| n.refault_bytes)
-            .sum::<u64>()
-            == size
+        refaulted_bytes(&d) == size
     });
     let s = d.stats();
     assert!(
@@ -308,13 +308,7 @@ fn a_lazy_allocs_fresh_region_is_faulted_in_ahead() {
         a.note
     );
     wait_until("the fresh region is faulted in", SETTLE, || {
-        d.stats()
-            .scrub
-            .nodes
-            .iter()
-            .map(|n| n.refault_bytes)
-            .sum::<u64>()
-            == size
+        refaulted_bytes(&d) == size
     });
     let st = nix::sys::stat::fstat(&a.fds[0]).expect("fstat");
     assert_eq!(

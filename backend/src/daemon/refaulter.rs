@@ -1,8 +1,11 @@
 //! The refault of detached regions by fault helpers (issue 27, item 4).
 //!
-//! One thread per node (`hm-refault-nN`, started with the scrubbers) waits
-//! for a region of its node with holes to fault in ([`Pool::next_fill`]: a
-//! region handed out first, then the pooled one released longest ago), then
+//! Two threads per node (`hm-refault-nN-I`, started with the scrubbers),
+//! each waiting for a region of its node with holes to fault in that the
+//! other has not claimed whole ([`Pool::next_fill`]: a region handed out
+//! first, then the pooled one released longest ago; two at once, so that a
+//! pooled region is not left waiting behind a region of fewer chunks than
+//! helpers, such as one 1 GiB page), then
 //! forks `scrub.refault_threads` fault helpers over it
 //! ([`crate::fault_helpers`]: own address space, the node's CPUs,
 //! `SCHED_IDLE`), and keeps two chunks per helper in flight, claimed lowest

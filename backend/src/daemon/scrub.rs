@@ -44,7 +44,11 @@ use super::metrics::{Metrics, ScrubCounters};
 use super::pool::{FillWork, Pool, ScrubWork, Scrubbed, Work};
 use super::refaulter::{refault_loop, RefaultNode};
 
-/// The scrubber threads of all nodes, and each node's refault thread
+/// Regions each node's refault works on at once, one thread and one set
+/// of fault helpers each.
+const REFAULT_REGIONS_AT_ONCE: usize = 2;
+
+/// The scrubber threads of all nodes, and each node's refault threads
 /// (`super::refaulter`) when the fault helpers are on.
 #[derive(Debug)]
 pub struct Scrubbers {
@@ -60,7 +64,7 @@ pub struct Scrubbers {
 
 impl Scrubbers {
     /// Starts `cfg.threads_per_node` pinned scrubbers on every node with
-    /// memory, and with `cfg.refault_helpers` one refault thread per node.
+    /// memory, and with `cfg.refault_helpers` two refault threads per node.
     ///
     /// # Errors
     ///
@@ -119,7 +123,12 @@ impl Scrubbers {
                 )?;
                 self.threads.push(h);
             }
-            if self.refault_helpers {
+            // Two regions at once per node: a region of fewer chunks than
+            // helpers (one 1 GiB page is one chunk) would otherwise hold the
+            // node's refault until it is done, and a pooled region waits for
+            // the one its guest is running on (which goes first), while the
+            // node has helpers and CPUs to spare.
+            for loop_index in 0..usize::from(self.refault_helpers) * REFAULT_REGIONS_AT_ONCE {
                 let at = RefaultNode {
                     node: node_id,
                     helpers: if self.refault_threads == 0 {
@@ -138,10 +147,11 @@ impl Scrubbers {
                 info!(
                     node = node_id,
                     helpers = at.helpers,
+                    thread = loop_index,
                     "refault by fault helpers (SCHED_IDLE)"
                 );
                 let h = numa::spawn_pinned(
-                    format!("hm-refault-n{node_id}"),
+                    format!("hm-refault-n{node_id}-{loop_index}"),
                     cpus.clone(),
                     move || {
                         refault_loop(&worker_pool, &at, &stop, &c);
