@@ -180,10 +180,9 @@ pub struct VmstartReport {
     /// its clock), ms: the limit of a one-vCPU guest's first touches of
     /// memory with holes (`lazy-fresh`'s all-touched figure).
     pub kernel_zeroing_1_thread_ms: f64,
-    /// The same on every CPU (`cpus` threads, each populating its share of
-    /// a fresh memfd's pages, one write per page), ms: the limit of a
-    /// guest's touches while the daemon's fault helpers (one per CPU of the
-    /// node) fault the same memory in beside it (`lazy-fresh`, `prefault`).
+    /// The same on all `cpus` CPUs, each populating its share of a fresh
+    /// memfd, ms: the limit of a guest's touches with the daemon's fault
+    /// helpers faulting the same memory in beside it (`lazy-fresh`).
     pub kernel_zeroing_all_cpus_ms: f64,
     /// CPUs of that figure.
     pub cpus: usize,
@@ -289,7 +288,12 @@ pub fn run(
     progress("fresh-floor");
     scenarios.push(fresh_floor(cfg)?);
     progress("kernel zeroing on every CPU");
-    let kernel_zeroing_all_cpus_ms = kernel_zeroing(cfg, cpus)?;
+    // The kernel zeroing the size at fault time on every CPU (a fresh
+    // memfd, each thread populating its share, mapping included).
+    let kernel_zeroing_all_cpus_ms =
+        crate::alloc::cloud_hypervisor_style(cfg.size, cfg.page_size, cpus)
+            .map_err(|e| VmstartError::Unexpected("kernel zeroing", format!("{e:#}")))?
+            * 1e3;
     if scenarios.iter().any(|s| s.saw_nonzero) {
         notes.push("a guest read non-zero memory: a clearing bug".into());
     }
@@ -564,31 +568,14 @@ fn floor(cfg: &VmstartConfig) -> Result<(ScenarioReport, f64), VmstartError> {
 }
 
 /// The `fresh-floor` scenario: the same mapping and guest on a fresh hugetlb
-/// memfd nobody populated, no daemon: the kernel zeroes each page at the
-/// guest's first touch, through KVM's fault path. `lazy-fresh` is this with
-/// the daemon's ALLOC in front, so this is its floor, and the difference
-/// between its all-touched time and `kernel_zeroing_1_thread_ms` is what
-/// taking the faults from a guest costs over one thread's populate.
+/// memfd, no daemon: the kernel zeroes each page at the guest's touch
+/// through KVM's fault path (`lazy-fresh` without the daemon: its floor).
 fn fresh_floor(cfg: &VmstartConfig) -> Result<ScenarioReport, VmstartError> {
     let len = usize::try_from(cfg.size)
         .map_err(|_| VmstartError::Unexpected("fresh-floor", "size".into()))?;
     let memory = guest_mem::SharedMapping::memfd(len, cfg.page_size)
         .map_err(|e| VmstartError::Unexpected("fresh-floor", e.to_string()))?;
     guest_on_memfd(cfg, memory.fd(), "fresh-floor", "FRESH")
-}
-
-/// The kernel zeroing `cfg.size` at fault time on `threads` threads: a
-/// fresh memfd, mapped, each thread writing the first byte of its share of
-/// the pages (the mapping outside the clock), ms.
-fn kernel_zeroing(cfg: &VmstartConfig, threads: usize) -> Result<f64, VmstartError> {
-    let len = usize::try_from(cfg.size)
-        .map_err(|_| VmstartError::Unexpected("kernel zeroing", "size".into()))?;
-    let memory = guest_mem::SharedMapping::memfd(len, cfg.page_size)
-        .map_err(|e| VmstartError::Unexpected("kernel zeroing", e.to_string()))?;
-    let map = map_fd(cfg.size, memory.fd())?;
-    let t = Instant::now();
-    prefault(&map, cfg.page_size.bytes(), threads)?;
-    Ok(t.elapsed().as_secs_f64() * 1e3)
 }
 
 /// The micro-guest on a mapping of its own of the hugetlb memfd `fd`, no

@@ -123,56 +123,9 @@ impl DemoReport {
         }
     }
 
-    /// The human timeline.
-    pub fn to_table(&self) -> String {
-        use std::fmt::Write;
-        let mut s = String::new();
-        let _ = writeln!(
-            s,
-            "hugemem demo: a {} VM on {} pages",
-            format_size(self.size_bytes),
-            self.page_size
-        );
-        for n in &self.notes {
-            let _ = writeln!(s, "  note: {n}");
-        }
-        let row = |s: &mut String, what: &str, value: String| {
-            let _ = writeln!(s, "  {what:<34} {value}");
-        };
-        row(
-            &mut s,
-            "daemon start",
-            format!("{:>10.1} ms", self.daemon_start_s * 1e3),
-        );
-        row(
-            &mut s,
-            "warm-up: the host's first touch",
-            format!(
-                "{:>10.1} ms   {} populated and freed once before timing (docs/platform.md#first-touch)",
-                self.host_first_touch_s * 1e3,
-                format_size(self.size_bytes)
-            ),
-        );
-        row(
-            &mut s,
-            "ALLOC, fresh pages",
-            format!(
-                "{:>10.1} ms   {:.2} GB/s populated and zeroed by the kernel (after the warm-up)",
-                self.alloc_fresh_s * 1e3,
-                self.alloc_fresh_gbps
-            ),
-        );
-        row(
-            &mut s,
-            "the fresh ALLOC's limit",
-            format!(
-                "{:>10.1} ms   the kernel zeroing {} on all {} CPUs, no daemon",
-                self.kernel_zeroing_all_cpus_s * 1e3,
-                format_size(self.size_bytes),
-                self.cpus
-            ),
-        );
-        let guest = |s: &mut String, label: &str, g: &Option<GuestFigures>| match g {
+    /// One guest's two rows of the timeline (or why it did not run).
+    fn guest_rows(&self, s: &mut String, label: &str, g: &Option<GuestFigures>) {
+        match g {
             Some(g) => {
                 row(
                     s,
@@ -206,9 +159,57 @@ impl DemoReport {
                     self.guest_skipped.as_deref().unwrap_or("skipped")
                 ),
             ),
-        };
-        guest(&mut s, "the floor (resident memfd)", &self.guest_floor);
-        guest(&mut s, "guest #1", &self.guest_fresh);
+        }
+    }
+
+    /// The human timeline.
+    pub fn to_table(&self) -> String {
+        use std::fmt::Write;
+        let mut s = String::new();
+        let _ = writeln!(
+            s,
+            "hugemem demo: a {} VM on {} pages",
+            format_size(self.size_bytes),
+            self.page_size
+        );
+        for n in &self.notes {
+            let _ = writeln!(s, "  note: {n}");
+        }
+        row(
+            &mut s,
+            "daemon start",
+            format!("{:>10.1} ms", self.daemon_start_s * 1e3),
+        );
+        row(
+            &mut s,
+            "warm-up: the host's first touch",
+            format!(
+                "{:>10.1} ms   {} populated and freed once before timing (docs/platform.md#first-touch)",
+                self.host_first_touch_s * 1e3,
+                format_size(self.size_bytes)
+            ),
+        );
+        row(
+            &mut s,
+            "ALLOC, fresh pages",
+            format!(
+                "{:>10.1} ms   {:.2} GB/s populated and zeroed by the kernel (after the warm-up)",
+                self.alloc_fresh_s * 1e3,
+                self.alloc_fresh_gbps
+            ),
+        );
+        row(
+            &mut s,
+            "the fresh ALLOC's limit",
+            format!(
+                "{:>10.1} ms   the kernel zeroing {} on all {} CPUs, no daemon",
+                self.kernel_zeroing_all_cpus_s * 1e3,
+                format_size(self.size_bytes),
+                self.cpus
+            ),
+        );
+        self.guest_rows(&mut s, "the floor (resident memfd)", &self.guest_floor);
+        self.guest_rows(&mut s, "guest #1", &self.guest_fresh);
         row(
             &mut s,
             "FREE -> pool clean and resident",
@@ -236,7 +237,7 @@ impl DemoReport {
                 }
             ),
         );
-        guest(&mut s, "guest #2", &self.guest_pooled);
+        self.guest_rows(&mut s, "guest #2", &self.guest_pooled);
         for p in &self.pool_end {
             row(
                 &mut s,
@@ -253,4 +254,10 @@ impl DemoReport {
         row(&mut s, "total", format!("{:>10.1} ms", self.total_s * 1e3));
         s
     }
+}
+
+/// One row of the timeline: `what` padded, then `value`.
+fn row(s: &mut String, what: &str, value: String) {
+    use std::fmt::Write;
+    let _ = writeln!(s, "  {what:<34} {value}");
 }
