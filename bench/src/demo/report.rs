@@ -123,15 +123,16 @@ impl DemoReport {
         }
     }
 
-    /// One guest's two rows of the timeline (or why it did not run).
-    fn guest_rows(&self, s: &mut String, label: &str, g: &Option<GuestFigures>) {
+    /// One guest's two rows of the timeline (or why it did not run);
+    /// `since`: what its clock started with.
+    fn guest_rows(&self, s: &mut String, label: &str, since: &str, g: &Option<GuestFigures>) {
         match g {
             Some(g) => {
                 row(
                     s,
                     &format!("{label}: first instruction"),
                     format!(
-                        "{:>10.2} ms   after vCPU start (VM setup {:.2} ms; {:.1} ms after ALLOC was sent)",
+                        "{:>10.2} ms   after vCPU start (VM setup {:.2} ms; {:.1} ms after {since})",
                         g.first_instruction_ms, g.vm_setup_ms, g.alloc_to_first_instruction_ms
                     ),
                 );
@@ -208,8 +209,13 @@ impl DemoReport {
                 self.cpus
             ),
         );
-        self.guest_rows(&mut s, "the floor (resident memfd)", &self.guest_floor);
-        self.guest_rows(&mut s, "guest #1", &self.guest_fresh);
+        self.guest_rows(
+            &mut s,
+            "the floor (resident memfd)",
+            "its mapping began",
+            &self.guest_floor,
+        );
+        self.guest_rows(&mut s, "guest #1", "ALLOC was sent", &self.guest_fresh);
         row(
             &mut s,
             "FREE -> pool clean and resident",
@@ -237,7 +243,7 @@ impl DemoReport {
                 }
             ),
         );
-        self.guest_rows(&mut s, "guest #2", &self.guest_pooled);
+        self.guest_rows(&mut s, "guest #2", "ALLOC was sent", &self.guest_pooled);
         for p in &self.pool_end {
             row(
                 &mut s,
