@@ -37,8 +37,14 @@ use std::time::Duration;
 
 use crate::sys::{FaultHelperSpec, FAULT_DONE_BYTES, FAULT_READY, FAULT_WORK_BYTES};
 
-/// The set a helper belongs to, and the file (device, inode) that set maps.
-type HelperOf = (u64, (u64, u64));
+/// What the registry knows of one helper.
+#[derive(Debug, Clone, Copy)]
+struct HelperOf {
+    /// The set it belongs to (one set per region being faulted in).
+    set: u64,
+    /// The file that set maps: (device, inode).
+    file: (u64, u64),
+}
 
 /// Every helper of this process not yet exited.
 static HELPERS: Mutex<BTreeMap<libc::pid_t, HelperOf>> = Mutex::new(BTreeMap::new());
@@ -62,10 +68,10 @@ pub fn is_own_helper(pid: i32) -> bool {
 /// this moment is in the registry: the fork happens under it).
 pub fn stop_own_helper(pid: i32) -> bool {
     let reg = registry();
-    let Some(&(set, _)) = reg.get(&pid) else {
+    let Some(&HelperOf { set, .. }) = reg.get(&pid) else {
         return false;
     };
-    for (&helper, _) in reg.iter().filter(|(_, &(s, _))| s == set) {
+    for (&helper, _) in reg.iter().filter(|(_, h)| h.set == set) {
         crate::sys::kill_child(helper);
     }
     true
@@ -79,7 +85,7 @@ pub fn stop_own_helper(pid: i32) -> bool {
 pub fn helper_of_file(dev: u64, ino: u64) -> Option<libc::pid_t> {
     registry()
         .iter()
-        .find(|(_, &(_, file))| file == (dev, ino))
+        .find(|(_, h)| h.file == (dev, ino))
         .map(|(&pid, _)| pid)
 }
 
@@ -161,7 +167,7 @@ impl FaultHelpers {
         for _ in 0..count.max(1) {
             let mut reg = registry();
             let pid = crate::sys::spawn_fault_helper(&spec)?;
-            reg.insert(pid, (set, file));
+            reg.insert(pid, HelperOf { set, file });
             drop(reg);
             me.pids.push(pid);
             me.exits.push(crate::daemon::peer::pidfd_open(pid)?);
