@@ -11,7 +11,7 @@ use std::os::fd::{AsRawFd, OwnedFd};
 use std::time::Duration;
 
 use backend::client::Client;
-use backend::proto::{ClearMode, PagePolicy, RegionInfo};
+use backend::proto::{AllocRequest, ClearMode, PagePolicy, RegionInfo};
 use test_support::hugepages::{available_2m, exactly, PageSize};
 use test_support::prelude::{map_raw as map, serial, unmap_raw as unmap, wait_until, TestDaemon};
 use test_support::tenant::{alloc_2m, fill_secret, in_child, root_or_skip, say, MIB};
@@ -281,21 +281,42 @@ fn a_2g_vm_on_exactly_two_1g_pages_back_to_back() {
 /// and the next tenant is served, reading zeros.
 #[test]
 fn a_pin_on_a_full_host_is_the_tenants_doing() {
+    a_pin_on_a_full_host(
+        Keep::PinnedPage,
+        "a_pin_on_a_full_host_is_the_tenants_doing",
+    );
+}
+
+/// [`a_pin_on_a_full_host_is_the_tenants_doing`] for a tenant of a lazy
+/// region that touched only the page it pins: the rest are holes that never
+/// had a page, whose reservations the punch keeps, so the one pinned page
+/// is all the host misses. The verdict is the pin, not holes the tenant
+/// never punched.
+#[test]
+fn a_pin_in_a_region_of_holes_is_a_pin_not_holes() {
+    a_pin_on_a_full_host(
+        Keep::PinnedPageOfHoles,
+        "a_pin_in_a_region_of_holes_is_a_pin_not_holes",
+    );
+}
+
+/// A tenant keeps one page of its region pinned past its FREE, on a host
+/// with exactly the region's pages: the region goes back to the kernel as
+/// pinned, and once the pin goes the next tenant is served zeros.
+fn a_pin_on_a_full_host(keep: Keep, test: &str) {
     let _g = serial();
     if !root_or_skip() {
         return;
     }
     let size = 16 * MIB;
     let pages = size / (2 * MIB);
-    let Some(_pages) = exactly(
-        PageSize::Huge2M,
-        pages,
-        "a_pin_on_a_full_host_is_the_tenants_doing",
-    ) else {
+    let Some(_pages) = exactly(PageSize::Huge2M, pages, test) else {
         return;
     };
-    let d = TestDaemon::start(|_| {});
-    let tenant = Keeper::start(&d, size, Keep::PinnedPage);
+    let holes = matches!(keep, Keep::PinnedPageOfHoles);
+    // A region of holes keeps them: no helper faults them in ahead.
+    let d = TestDaemon::start(|c| c.pool.refault_ahead = !holes);
+    let tenant = Keeper::start(&d, size, keep);
     wait_until("the pinned region is given back", SETTLE, || {
         d.stats().counters.regions_pinned == 1
     });
@@ -306,8 +327,9 @@ fn a_pin_on_a_full_host_is_the_tenants_doing() {
     );
     assert_eq!(s.counters.regions_short, 0, "{s}");
     let why = s.given_back.as_deref().unwrap_or_default()[0].why.clone();
+    let in_file = if holes { 1 } else { pages };
     assert!(
-        why.contains("held by a pin") && why.contains(&format!("1 of the {pages} 2M pages")),
+        why.contains("held by a pin") && why.contains(&format!("1 of the {in_file} 2M pages")),
         "{why}"
     );
     // While the pin lasts the host has one page too few: the ALLOC is
@@ -402,6 +424,9 @@ enum Keep {
     /// One page, pinned by a pipe it was `vmsplice`d into; the mapping and
     /// the fds go before the FREE.
     PinnedPage,
+    /// [`Keep::PinnedPage`] of a lazy ALLOC's fresh region, of which it
+    /// touched only that page: every other page is a reserved hole.
+    PinnedPageOfHoles,
     /// Its whole mapping (the region stays quarantined, held).
     Mapping,
 }
@@ -424,16 +449,25 @@ impl Keeper {
                 let Ok(mut c) = Client::connect(&socket) else {
                     return NO_CONNECT;
                 };
-                let Ok(a) = c.alloc(alloc_2m(size, false)) else {
+                let holes = matches!(keep, Keep::PinnedPageOfHoles);
+                let request = AllocRequest {
+                    clear_mode: if holes {
+                        ClearMode::Lazy
+                    } else {
+                        ClearMode::Eager
+                    },
+                    ..alloc_2m(size, false)
+                };
+                let Ok(a) = c.alloc(request) else {
                     return REFUSED;
                 };
                 let p = map(a.fds[0].as_raw_fd(), size);
                 if p.is_null() {
                     return NO_MAP;
                 }
-                fill_secret(p, size);
+                fill_secret(p, if holes { 4096 } else { size });
                 let mut pin = None;
-                if matches!(keep, Keep::PinnedPage) {
+                if matches!(keep, Keep::PinnedPage | Keep::PinnedPageOfHoles) {
                     let Ok((pipe_r, pipe_w)) = nix::unistd::pipe() else {
                         return 13;
                     };
