@@ -79,9 +79,10 @@ pub fn stop_own_helper(pid: i32) -> bool {
 
 /// A fault helper of this process that maps the file `(dev, ino)` and has
 /// not exited yet, if any. A helper killed a moment ago may no longer show
-/// the mapping in `/proc` while the kernel still holds its reference to the
-/// file (released before its exit is reported): until then the file is not
-/// free, and the helper, not a tenant, is why.
+/// the mapping in `/proc` while the kernel still tears its address space
+/// down: the pages it faulted are freed only at the end of that, and its
+/// reference to the file may outlive the mapping. Until its exit the file
+/// is neither free nor detachable, and the helper, not a tenant, is why.
 pub fn helper_of_file(dev: u64, ino: u64) -> Option<libc::pid_t> {
     registry()
         .iter()

@@ -146,6 +146,8 @@ pub struct ScenarioReport {
     pub first_instruction_ms: f64,
     /// ALLOC sent → the guest touched every huge page, ms.
     pub all_touched_ms: f64,
+    /// CPU time the vCPU thread used from its start to that touch, ms.
+    pub all_touched_vcpu_cpu_ms: f64,
     /// VM creation and slot registration inside the runner, ms (part of both figures above).
     pub vm_setup_ms: f64,
     /// KVM exits during the run.
@@ -467,19 +469,11 @@ impl Bench {
         let report = run_guest(&map, &self.cfg)?;
         let base = ready.as_secs_f64() * 1e3;
         let faults = lazy.as_ref().and_then(|_| fault_figures(alloc.id));
-        let ms = |d: Duration| d.as_secs_f64() * 1e3;
+        let alloc_ms = alloc_done.as_secs_f64() * 1e3;
         let out = ScenarioReport {
-            name,
-            flags,
-            alloc_ms: ms(alloc_done),
-            ready_ms: base,
-            first_instruction_ms: base + ms(report.setup) + ms(report.first_instruction),
-            all_touched_ms: base + ms(report.setup) + ms(report.all_touched),
-            vm_setup_ms: ms(report.setup),
-            kvm_exits: report.exits,
-            saw_nonzero: report.saw_nonzero,
             faults,
             recleared,
+            ..ScenarioReport::from_run(name, flags, alloc_ms, base, &report)
         };
         drop(map);
         drop(lazy);
@@ -590,21 +584,8 @@ fn guest_on_memfd(
     let map = map_fd(cfg.size, fd)?;
     let ready = t0.elapsed();
     let report = run_guest(&map, cfg)?;
-    let ms = |d: Duration| d.as_secs_f64() * 1e3;
-    let base = ms(ready);
-    Ok(ScenarioReport {
-        name,
-        flags: flags.into(),
-        alloc_ms: 0.0,
-        ready_ms: base,
-        first_instruction_ms: base + ms(report.setup) + ms(report.first_instruction),
-        all_touched_ms: base + ms(report.setup) + ms(report.all_touched),
-        vm_setup_ms: ms(report.setup),
-        kvm_exits: report.exits,
-        saw_nonzero: report.saw_nonzero,
-        faults: None,
-        recleared: None,
-    })
+    let base = ready.as_secs_f64() * 1e3;
+    Ok(ScenarioReport::from_run(name, flags.into(), 0.0, base, &report))
 }
 
 /// A `MAP_SHARED` read-write mapping of `size` bytes of the hugetlb `fd`.

@@ -154,6 +154,7 @@ fn vmstart_runs_eager_dirty_and_reads_only_zeros() {
         assert_eq!(s["saw_nonzero"], false, "{s}");
         positive(&s["first_instruction_ms"], "first_instruction_ms");
         positive(&s["all_touched_ms"], "all_touched_ms");
+        positive(&s["all_touched_vcpu_cpu_ms"], "all_touched_vcpu_cpu_ms");
         if s["name"] == "floor" {
             // The floor: no ALLOC, memory the bench populated itself.
             assert_eq!(

@@ -69,6 +69,10 @@ pub struct RunReport {
     pub first_instruction: Duration,
     /// Run start to the guest's "all pages touched" port write.
     pub all_touched: Duration,
+    /// CPU time the vCPU thread used over [`RunReport::all_touched`] (its
+    /// own page faults, the kernel's zeroing in them, and any spinning on a
+    /// page another thread is faulting in), beside the wall time.
+    pub all_touched_vcpu_cpu: Duration,
     /// Run start to the guest's exit port write.
     pub total: Duration,
     /// Pages the guest touched (equal to what the host expected, or [`run`]
@@ -494,6 +498,8 @@ fn watchdog(
 struct Outcome {
     first: Option<Duration>,
     touched: Option<Duration>,
+    /// The vCPU thread's CPU time at the all-touched write.
+    touched_cpu: Option<Duration>,
     total: Duration,
     results: Vec<u32>,
     serial: Vec<u8>,
@@ -518,6 +524,7 @@ fn drive(
     timed_out: &AtomicBool,
 ) -> Result<Outcome, Error> {
     let t0 = Instant::now();
+    let cpu0 = sys::thread_cpu_time();
     let mut vcpu = vm.create_vcpu(0).map_err(Error::CreateVcpu)?;
     setup_vcpu(&vcpu, cpuid, boot)?;
     let mut out = Outcome::default();
@@ -526,7 +533,11 @@ fn drive(
             Ok(exit) => {
                 out.exits += 1;
                 let now = t0.elapsed();
-                on_exit(exit, now, &mut out)
+                let step = on_exit(exit, now, &mut out);
+                if out.touched.is_some() && out.touched_cpu.is_none() {
+                    out.touched_cpu = Some(sys::thread_cpu_time().saturating_sub(cpu0));
+                }
+                step
             }
             Err(e) if e.errno() == libc::EINTR || e.errno() == libc::EAGAIN => {
                 if timed_out.load(Ordering::SeqCst) {
@@ -750,6 +761,7 @@ fn check(
         setup,
         first_instruction: first,
         all_touched: touched,
+        all_touched_vcpu_cpu: out.touched_cpu.unwrap_or_default(),
         total: out.total,
         pages_touched: pages,
         saw_nonzero: nonzero,

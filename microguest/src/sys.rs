@@ -115,6 +115,20 @@ pub(crate) fn kick_signal() -> io::Result<libc::c_int> {
     (*result).map_err(io::Error::from_raw_os_error)
 }
 
+/// CPU time the calling thread has used (`CLOCK_THREAD_CPUTIME_ID`).
+pub(crate) fn thread_cpu_time() -> std::time::Duration {
+    let mut t = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes only `t`; this clock always exists on Linux.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut t) };
+    std::time::Duration::new(
+        u64::try_from(t.tv_sec).unwrap_or(0),
+        u32::try_from(t.tv_nsec).unwrap_or(0),
+    )
+}
+
 /// The calling thread's pthread id.
 pub(crate) fn current_thread() -> libc::pthread_t {
     // SAFETY: pthread_self has no preconditions and cannot fail.

@@ -94,20 +94,24 @@ pub fn judge(region: &Region, holder: Option<Holder>, detach: bool, gate: &Reser
     if let Some(h) = holder {
         return Verdict::Held(h);
     }
+    // A fault helper of the region that has not exited yet (stopped when
+    // the region was released, or a helper of the same set as one the scan
+    // found): while the kernel tears its address space down, its mapping
+    // has left `/proc` but the pages it faulted are freed only at the end
+    // of that teardown, and its reference to the file may outlive the
+    // mapping. A punch then would find those pages kept, as if pinned, and
+    // the lease would be refused, as if withheld. It holds the region; its
+    // exit wakes the next round.
+    let exiting = FileId::of(region.fd())
+        .ok()
+        .and_then(|f| crate::fault_helpers::helper_of_file(f.dev, f.ino));
+    if let Some(pid) = exiting {
+        return Verdict::Held(Holder {
+            pid,
+            hold: Hold::Unknown,
+        });
+    }
     if let Err(reason) = prove_unreachable(region) {
-        // A fault helper stopped when the region was released, still
-        // exiting: its mapping has left `/proc` but not the file yet. It
-        // holds the region (its exit wakes the next round), no tenant
-        // withholds it.
-        let exiting = FileId::of(region.fd())
-            .ok()
-            .and_then(|f| crate::fault_helpers::helper_of_file(f.dev, f.ino));
-        if let Some(pid) = exiting {
-            return Verdict::Held(Holder {
-                pid,
-                hold: Hold::Unknown,
-            });
-        }
         return Verdict::Withheld(reason);
     }
     if !detach {
