@@ -585,7 +585,13 @@ fn guest_on_memfd(
     let ready = t0.elapsed();
     let report = run_guest(&map, cfg)?;
     let base = ready.as_secs_f64() * 1e3;
-    Ok(ScenarioReport::from_run(name, flags.into(), 0.0, base, &report))
+    Ok(ScenarioReport::from_run(
+        name,
+        flags.into(),
+        0.0,
+        base,
+        &report,
+    ))
 }
 
 /// A `MAP_SHARED` read-write mapping of `size` bytes of the hugetlb `fd`.
