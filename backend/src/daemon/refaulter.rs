@@ -2,10 +2,11 @@
 //!
 //! Two threads per node (`hm-refault-nN-I`, started with the scrubbers),
 //! each waiting for a region of its node with holes to fault in that the
-//! other has not claimed whole ([`Pool::next_fill`]: a region handed out
+//! other does not work on ([`Pool::next_fill`]: a region handed out
 //! first, then the pooled one released longest ago; two at once, so that a
 //! pooled region is not left waiting behind a region of fewer chunks than
-//! helpers, such as one 1 GiB page), then
+//! helpers, such as one 1 GiB page; never both on one region, whose one set
+//! of helpers already takes every CPU of the node), then
 //! forks `scrub.refault_threads` fault helpers over it
 //! ([`crate::fault_helpers`]: own address space, the node's CPUs,
 //! `SCHED_IDLE`), and keeps two chunks per helper in flight, claimed lowest
@@ -47,7 +48,10 @@ pub struct RefaultNode {
 /// Runs until the pool stops or `stop` is signalled.
 pub fn refault_loop(pool: &Pool, at: &RefaultNode, stop: &EventFd, counters: &ScrubCounters) {
     while let Some(first) = pool.next_fill(at.node, at.chunk) {
-        if !refault_region(pool, at, first, stop, counters) {
+        let taken = first.ticket();
+        let go_on = refault_region(pool, at, first, stop, counters);
+        pool.fill_left(&taken);
+        if !go_on {
             break;
         }
     }

@@ -43,6 +43,12 @@ pub(super) struct Fill {
     /// Claims given back unfinished (their helpers were stopped), claimed
     /// again before `next`, lowest first.
     retry: Vec<(u64, u64)>,
+    /// A refault thread has its helpers on this fill: the node's other
+    /// thread leaves it alone (one set of helpers, as many as the node has
+    /// CPUs, already keeps every CPU busy; a second set on the same region
+    /// would only compete with the tenant for them and for memory
+    /// bandwidth).
+    worked: bool,
 }
 
 impl Fill {
@@ -60,6 +66,34 @@ impl Fill {
             in_flight: 0,
             done: 0,
             retry: Vec::new(),
+            worked: false,
+        }
+    }
+
+    /// Whether a refault thread already works on this fill.
+    pub(super) fn is_worked(&self) -> bool {
+        self.worked
+    }
+
+    /// [`Fill::claim`] by a refault thread that takes this fill on as a
+    /// whole (see `worked`).
+    pub(super) fn claim_to_work(
+        &mut self,
+        id: RegionId,
+        region: &Arc<Region>,
+        max_bytes: u64,
+    ) -> Option<FillWork> {
+        let work = self.claim(id, region, max_bytes)?;
+        self.worked = true;
+        Some(work)
+    }
+
+    /// The refault thread that took this fill on (`ticket`: its first
+    /// claim) has left it; a ticket of an older fill of the region changes
+    /// nothing.
+    pub(super) fn left(&mut self, ticket: &FillTicket) {
+        if ticket.generation == self.generation {
+            self.worked = false;
         }
     }
 }

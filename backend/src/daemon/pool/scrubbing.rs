@@ -210,8 +210,9 @@ impl Pool {
     /// guest, and claims its first chunk of at most `max_bytes` (lowest
     /// offset first; of the pooled ones, the region released longest ago first), or the pool
     /// stops (`None`). A region already handed out goes first: its guest
-    /// is running. For the node's fault helpers
-    /// (`crate::daemon::refaulter`).
+    /// is running. A region another refault thread works on is skipped
+    /// until it leaves it ([`Pool::fill_left`]). For the node's fault
+    /// helpers (`crate::daemon::refaulter`).
     pub fn next_fill(&self, node: NodeId, max_bytes: u64) -> Option<FillWork> {
         let mut g = self.lock();
         loop {
@@ -222,13 +223,15 @@ impl Pool {
                 .entries
                 .iter_mut()
                 .filter(|(_, e)| {
-                    e.key.node == node && e.state != EntryState::Quarantined && e.fill.is_some()
+                    e.key.node == node
+                        && e.state != EntryState::Quarantined
+                        && e.fill.as_ref().is_some_and(|f| !f.is_worked())
                 })
                 .collect();
             ready.sort_by_key(|(_, e)| (!matches!(e.state, EntryState::InUse(_)), e.since));
             let work = ready
                 .into_iter()
-                .find_map(|(id, e)| e.fill.as_mut()?.claim(*id, &e.region, max_bytes));
+                .find_map(|(id, e)| e.fill.as_mut()?.claim_to_work(*id, &e.region, max_bytes));
             if work.is_some() {
                 return work;
             }
@@ -254,6 +257,18 @@ impl Pool {
             return None;
         }
         e.fill.as_mut()?.claim(id, &e.region, max_bytes)
+    }
+
+    /// The refault thread whose first claim on a fill was `first` has left
+    /// that fill (done, stopped, or its helpers gone): the node's other
+    /// thread may take what is left of it.
+    pub fn fill_left(&self, first: &FillTicket) {
+        let mut g = self.lock();
+        if let Some(f) = g.entries.get_mut(&first.id).and_then(|e| e.fill.as_mut()) {
+            f.left(first);
+        }
+        drop(g);
+        self.changed.notify_all();
     }
 
     /// Whether region `id` was released (quarantined) or left the pool.
