@@ -69,33 +69,6 @@ impl Fill {
             worked: false,
         }
     }
-
-    /// Whether a refault thread already works on this fill.
-    pub(super) fn is_worked(&self) -> bool {
-        self.worked
-    }
-
-    /// [`Fill::claim`] by a refault thread that takes this fill on as a
-    /// whole (see `worked`).
-    pub(super) fn claim_to_work(
-        &mut self,
-        id: RegionId,
-        region: &Arc<Region>,
-        max_bytes: u64,
-    ) -> Option<FillWork> {
-        let work = self.claim(id, region, max_bytes)?;
-        self.worked = true;
-        Some(work)
-    }
-
-    /// The refault thread that took this fill on (`ticket`: its first
-    /// claim) has left it; a ticket of an older fill of the region changes
-    /// nothing.
-    pub(super) fn left(&mut self, ticket: &FillTicket) {
-        if ticket.generation == self.generation {
-            self.worked = false;
-        }
-    }
 }
 
 /// A chunk of holes claimed, without the region: what the fault helpers'
@@ -174,6 +147,33 @@ impl Fill {
             len: n,
             generation: self.generation,
         })
+    }
+
+    /// Whether a refault thread already works on this fill.
+    pub(super) fn is_worked(&self) -> bool {
+        self.worked
+    }
+
+    /// [`Fill::claim`] by a refault thread that takes this fill on as a
+    /// whole (see `worked`).
+    pub(super) fn claim_to_work(
+        &mut self,
+        id: RegionId,
+        region: &Arc<Region>,
+        max_bytes: u64,
+    ) -> Option<FillWork> {
+        let work = self.claim(id, region, max_bytes)?;
+        self.worked = true;
+        Some(work)
+    }
+
+    /// The refault thread that took this fill on (`ticket`: its first
+    /// claim) has left it; a ticket of an older fill of the region changes
+    /// nothing.
+    pub(super) fn left(&mut self, ticket: &FillTicket) {
+        if ticket.generation == self.generation {
+            self.worked = false;
+        }
     }
 
     /// Takes `work` back unfinished (its helper was stopped): it is claimed
