@@ -1,7 +1,9 @@
 //! `hugemem bench vmm-update` at 64 MiB with 2 updates: the report is
 //! complete, the hugemem side sent under 1% of RAM by HANDOFF, cleared
-//! nothing, lost no page and balanced its allocation; the copying baseline
-//! sent the guest's pages and lost none. No timing is asserted.
+//! nothing, lost no page and balanced its allocation; the floor (plain
+//! QEMUs on one memfd) did the same updates without the daemon, sent no
+//! RAM and lost no page; the copying baseline sent the guest's pages and
+//! lost none. No timing is asserted.
 //!
 //! Skipped (through the skip helper) without `qemu-system-x86_64` or a
 //! usable `/dev/kvm`.
@@ -58,6 +60,19 @@ fn a_small_run_reports_both_sides() {
         (Some(0), Some(0)),
         "{u}"
     );
+    let f = &r["floor"];
+    assert!(f.is_object(), "the floor ran: {}", r["floor_note"]);
+    assert_eq!(f["updates"], 2, "{f}");
+    assert!(
+        f["ram_transferred_max_pct"].as_f64().expect("pct") < 1.0,
+        "{f}"
+    );
+    assert_eq!(
+        (f["stale_guest"].as_u64(), f["stale_host"].as_u64()),
+        (Some(0), Some(0)),
+        "{f}"
+    );
+    assert!(r["update_over_floor_ms"].is_f64(), "{r}");
     let c = &r["copy"];
     assert!(c.is_object(), "the baseline ran: {}", r["copy_note"]);
     // The guest wrote every 4 KiB page from 1 MiB on: the copy sent them all.

@@ -9,12 +9,12 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use hugemem::launch::qmp::is_event;
-use serde_json::{json, Value};
+use serde_json::json;
 
 use super::guest::{gap_within, monotonic_ns, GuestRam, HostClock};
 use super::qemu::{guest_args, BenchQemu};
 use super::report::CopyResult;
-use super::setup::{idle_gap, reserve, HOST_CHECK_END, MARKER, START_GPA, STRIDE};
+use super::setup::{idle_gap, number, reserve, HOST_CHECK_END, MARKER, START_GPA, STRIDE};
 use super::{VmmUpdateConfig, VmmUpdateError};
 
 fn argv(cfg: &VmmUpdateConfig, elf: &Path, incoming: bool) -> Vec<OsString> {
@@ -39,10 +39,6 @@ fn argv(cfg: &VmmUpdateConfig, elf: &Path, incoming: bool) -> Vec<OsString> {
     argv
 }
 
-fn number(v: &Value, pointer: &str) -> u64 {
-    v.pointer(pointer).and_then(Value::as_u64).unwrap_or(0)
-}
-
 /// One copying migration of the spinning guest.
 ///
 /// # Errors
@@ -58,11 +54,11 @@ pub(crate) fn run(
 ) -> Result<CopyResult, VmmUpdateError> {
     let _pages = reserve(2 * cfg.size)
         .map_err(|why| VmmUpdateError::Setup(format!("source and destination memory: {why}")))?;
-    let mut src = BenchQemu::start(&argv(cfg, elf, false), &dir.join("src.qmp"))?;
+    let mut src = BenchQemu::start(&argv(cfg, elf, false), &dir.join("src.qmp"), &[])?;
     let src_ram = GuestRam::of(src.pid())?;
     src_ram.counting_past(0)?;
     progress("copying side: the guest spins");
-    let mut dst = BenchQemu::start(&argv(cfg, elf, true), &dir.join("dst.qmp"))?;
+    let mut dst = BenchQemu::start(&argv(cfg, elf, true), &dir.join("dst.qmp"), &[])?;
     let caps = json!({"capabilities": [{"capability": "events", "state": true}]});
     src.execute("migrate-set-capabilities", caps.clone())?;
     dst.execute("migrate-set-capabilities", caps)?;

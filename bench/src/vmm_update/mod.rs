@@ -1,8 +1,10 @@
 //! `hugemem bench vmm-update --vmm qemu --size S`: a live update of QEMU
 //! under a running guest on hugemem memory (`hugemem update`: a new QEMU on
-//! the same pages, `x-ignore-shared`, no RAM copied) against a plain local
-//! QEMU migration that copies RAM into the destination's own memory, in the
-//! same run, on the same guest (issue 26).
+//! the same pages, `x-ignore-shared`, no RAM copied) beside its floor (the
+//! same updates by plain QEMUs on one resident memfd, no daemon:
+//! `plain_update.rs`) and against a plain local QEMU migration that copies
+//! RAM into the destination's own memory, in the same run, on the same
+//! guest (issue 26).
 //!
 //! The guest is the micro-guest in spin mode (`microguest::spin`): it writes
 //! `marker ^ gpa` into every 4 KiB page of its RAM (so each page is data a
@@ -29,11 +31,13 @@
 mod copy;
 mod error;
 mod guest;
+mod plain_update;
 mod qemu;
 mod report;
 mod run;
+mod series;
 mod setup;
 
 pub use error::VmmUpdateError;
-pub use report::{CopyResult, UpdateResult, VmmUpdateConfig, VmmUpdateReport};
+pub use report::{CopyResult, UpdateResult, UpdateSeries, VmmUpdateConfig, VmmUpdateReport};
 pub use run::run;

@@ -1,9 +1,9 @@
-//! QEMU processes the bench starts itself (the copying baseline), each with
+//! QEMU processes the bench starts itself (the baselines), each with
 //! its QMP monitor connected to a socket the bench listens on: QEMU connects
 //! at start, the bench accepts (no waiting for a socket file to appear).
 
 use std::ffi::OsString;
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, BorrowedFd};
 use std::os::unix::net::UnixListener;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
@@ -15,6 +15,7 @@ use serde_json::json;
 
 use super::error::io;
 use super::VmmUpdateError;
+use crate::floor::inherit_fds;
 
 /// How long a QMP reply or event may take, and QEMU to connect.
 pub(crate) const QMP_DEADLINE: Duration = Duration::from_secs(600);
@@ -52,18 +53,24 @@ pub(crate) struct BenchQemu {
 
 impl BenchQemu {
     /// Starts `argv` (program first) with its monitor connecting to a
-    /// socket at `monitor`, and greets it.
-    pub(crate) fn start(argv: &[OsString], monitor: &Path) -> Result<Self, VmmUpdateError> {
+    /// socket at `monitor`, and `inherit` open under their numbers, and
+    /// greets it.
+    pub(crate) fn start(
+        argv: &[OsString],
+        monitor: &Path,
+        inherit: &[BorrowedFd<'_>],
+    ) -> Result<Self, VmmUpdateError> {
         let listener =
             UnixListener::bind(monitor).map_err(io(format!("bind {}", monitor.display())))?;
-        let mut child = Command::new(&argv[0])
+        let mut command = Command::new(&argv[0]);
+        command
             .args(&argv[1..])
             .arg("-chardev")
             .arg(format!("socket,id=bench-qmp,path={}", monitor.display()))
             .args(["-mon", "chardev=bench-qmp,mode=control"])
-            .stdin(Stdio::null())
-            .spawn()
-            .map_err(io("start QEMU"))?;
+            .stdin(Stdio::null());
+        inherit_fds(&mut command, inherit);
+        let mut child = command.spawn().map_err(io("start QEMU"))?;
         let mut fds = [PollFd::new(listener.as_fd(), PollFlags::POLLIN)];
         let connected = matches!(poll(&mut fds, PollTimeout::from(30_000u16)), Ok(1));
         if !connected {

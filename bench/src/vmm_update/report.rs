@@ -22,9 +22,10 @@ pub struct VmmUpdateConfig {
     pub no_copy: bool,
 }
 
-/// The hugemem side: `hugemem update`, `updates` times.
-#[derive(Debug, Clone, Serialize)]
-pub struct UpdateResult {
+/// A run of live updates in a row on the same pages (`x-ignore-shared`):
+/// what each update cost the guest, and what the guest and host found after.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct UpdateSeries {
     /// Updates done.
     pub updates: usize,
     /// Guest-visible pause of each update, ms (largest TSC gap).
@@ -39,7 +40,8 @@ pub struct UpdateResult {
     pub switch_gap_ms: Vec<Option<f64>>,
     /// Median of the `switch_gap_ms` found.
     pub switch_gap_median_ms: Option<f64>,
-    /// Request to the old QEMU gone, each update, ms.
+    /// The new QEMU's start (hugemem: the request) to the old QEMU gone,
+    /// each update, ms.
     pub update_ms: Vec<f64>,
     /// Median of `update_ms`.
     pub update_median_ms: f64,
@@ -51,12 +53,20 @@ pub struct UpdateResult {
     pub ram_transferred_max_bytes: u64,
     /// That, in percent of guest RAM.
     pub ram_transferred_max_pct: f64,
-    /// Every update's memory came by daemon HANDOFF.
-    pub handoff: bool,
     /// Pages the guest found changed (its own check).
     pub stale_guest: u64,
     /// Pages the host found without the guest's value after the updates.
     pub stale_host: u64,
+}
+
+/// The hugemem side: `hugemem update`, `updates` times.
+#[derive(Debug, Clone, Serialize)]
+pub struct UpdateResult {
+    /// The updates.
+    #[serde(flatten)]
+    pub series: UpdateSeries,
+    /// Every update's memory came by daemon HANDOFF.
+    pub handoff: bool,
     /// Bytes the daemon cleared during the updates.
     pub cleared_bytes: u64,
     /// `created − released == held` after every update and after the VM exited.
@@ -110,6 +120,15 @@ pub struct VmmUpdateReport {
     pub guest_tsc_ghz: f64,
     /// The hugemem side.
     pub update: UpdateResult,
+    /// The floor: the same updates by plain QEMUs on one resident memfd,
+    /// no daemon, when it ran.
+    pub floor: Option<UpdateSeries>,
+    /// Why the floor did not run.
+    pub floor_note: Option<String>,
+    /// hugemem's median update time less the floor's, ms.
+    pub update_over_floor_ms: Option<f64>,
+    /// hugemem's median pause at the switch less the floor's, ms.
+    pub switch_gap_over_floor_ms: Option<f64>,
     /// The baseline, when it ran.
     pub copy: Option<CopyResult>,
     /// Why the baseline did not run.
@@ -130,9 +149,9 @@ pub(crate) fn median(v: &[f64]) -> f64 {
 }
 
 impl VmmUpdateReport {
-    /// A text table, each figure beside its limit.
+    /// A text table, each figure beside its floor and the copying baseline.
     pub fn to_table(&self) -> String {
-        let u = &self.update;
+        let u = &self.update.series;
         let mut t = String::new();
         let _ = writeln!(
             t,
@@ -143,25 +162,44 @@ impl VmmUpdateReport {
             self.tsc_ghz,
             self.guest_tsc_ghz
         );
-        // One line per figure: the label, hugemem's figure, the copy's ("-"
-        // when the baseline did not run).
-        let row = |t: &mut String, label: &str, ours: String, copying: Option<String>| {
-            let copying = copying.unwrap_or_else(|| "-".into());
-            let _ = writeln!(t, "{label:<34} {ours:>14} {copying:>14}");
-        };
-        row(&mut t, "", "hugemem update".into(), Some("copying".into()));
-        let copy = self.copy.as_ref();
+        // One line per figure: the label, hugemem's figure, the floor's and
+        // the copy's ("-" where one did not run).
         let col = |v: Option<String>| v.unwrap_or_else(|| "-".into());
+        let row = |t: &mut String,
+                   label: &str,
+                   ours: String,
+                   floor: Option<String>,
+                   copying: Option<String>| {
+            let _ = writeln!(
+                t,
+                "{label:<34} {ours:>14} {:>14} {:>14}",
+                col(floor),
+                col(copying)
+            );
+        };
+        row(
+            &mut t,
+            "",
+            "hugemem update".into(),
+            Some("floor (plain)".into()),
+            Some("copying".into()),
+        );
+        let floor = self.floor.as_ref();
+        let copy = self.copy.as_ref();
         row(
             &mut t,
             "largest gap in the window, ms",
             format!("{:.2}", u.downtime_median_ms),
+            floor.map(|f| format!("{:.2}", f.downtime_median_ms)),
             copy.map(|c| format!("{:.2}", c.downtime_ms)),
         );
         row(
             &mut t,
             "pause at the switch, ms",
             col(u.switch_gap_median_ms.map(|v| format!("{v:.2}"))),
+            floor
+                .and_then(|f| f.switch_gap_median_ms)
+                .map(|v| format!("{v:.2}")),
             copy.and_then(|c| c.switch_gap_ms)
                 .map(|v| format!("{v:.2}")),
         );
@@ -169,30 +207,41 @@ impl VmmUpdateReport {
             &mut t,
             "idle-window gap (noise), ms",
             format!("{:.2}", u.idle_gap_ms),
+            floor.map(|f| format!("{:.2}", f.idle_gap_ms)),
             copy.map(|c| format!("{:.2}", c.idle_gap_ms)),
         );
         row(
             &mut t,
             "update time, ms",
             format!("{:.1}", u.update_median_ms),
+            floor.map(|f| format!("{:.1}", f.update_median_ms)),
             copy.map(|c| format!("{:.1}", c.update_ms)),
         );
         row(
             &mut t,
             "RAM bytes transferred",
             u.ram_transferred_max_bytes.to_string(),
+            floor.map(|f| f.ram_transferred_max_bytes.to_string()),
             copy.map(|c| c.ram_transferred_bytes.to_string()),
         );
         row(
             &mut t,
             "stale pages (guest + host)",
             (u.stale_guest + u.stale_host).to_string(),
+            floor.map(|f| (f.stale_guest + f.stale_host).to_string()),
             copy.map(|c| (c.stale_guest + c.stale_host).to_string()),
         );
+        let h = &self.update;
         let _ = writeln!(
             t,
             "updates {}, memory by HANDOFF {}, bytes cleared meanwhile {}, created - released == held {}, released after exit {}",
-            u.updates, u.handoff, u.cleared_bytes, u.balanced, u.released_after_exit
+            u.updates, h.handoff, h.cleared_bytes, h.balanced, h.released_after_exit
+        );
+        let _ = writeln!(
+            t,
+            "over the floor: update time {} ms, pause at the switch {} ms",
+            col(self.update_over_floor_ms.map(|v| format!("{v:+.1}"))),
+            col(self.switch_gap_over_floor_ms.map(|v| format!("{v:+.2}")))
         );
         let _ = writeln!(
             t,
@@ -202,6 +251,9 @@ impl VmmUpdateReport {
             col(self.downtime_ratio.map(|r| format!("{r:.1}x"))),
             col(self.update_time_ratio.map(|r| format!("{r:.1}x")))
         );
+        if let Some(note) = &self.floor_note {
+            let _ = writeln!(t, "floor not run: {note}");
+        }
         if let Some(note) = &self.copy_note {
             let _ = writeln!(t, "copying baseline not run: {note}");
         }

@@ -6,16 +6,16 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use backend::client::Client;
-use hugemem::launch::UpdateReport;
-use microguest::{pvh_elf, PvhConfig, SpinState};
+use microguest::{pvh_elf, PvhConfig};
 
-use super::copy;
 use super::error::io;
-use super::guest::{gap_within, host_tsc_hz, GuestRam, HostClock};
+use super::guest::{host_tsc_hz, GuestRam, HostClock};
 use super::qemu::guest_args;
-use super::report::{median, UpdateResult, VmmUpdateConfig, VmmUpdateReport};
-use super::setup::{child_of, idle_gap, reserve, HOST_CHECK_END, MARKER, START_GPA, STRIDE};
+use super::report::{UpdateResult, UpdateSeries, VmmUpdateConfig, VmmUpdateReport};
+use super::series::{after_update, before_update, OneUpdate};
+use super::setup::{child_of, reserve, MARKER, START_GPA, STRIDE};
 use super::VmmUpdateError;
+use super::{copy, plain_update};
 use crate::private_dir::PrivateDir;
 use crate::serve_child::{ServeChild, ServeOptions};
 
@@ -42,29 +42,32 @@ fn start_launch(cfg: &VmmUpdateConfig, dir: &Path, elf: &Path) -> Result<Child, 
         .map_err(io("start hugemem launch"))
 }
 
-/// One `hugemem update` of the guest running under QEMU `qemu`: the
-/// report, the guest's state once it counts on under the new QEMU, and its
-/// recorded gap overlapping the switch (TSC ticks), if any.
+/// One `hugemem update` of the guest running under QEMU `qemu`; the new
+/// QEMU's pid and whether its memory came by HANDOFF.
 fn one_update(
     control: &Path,
     qemu: u32,
     tsc_hz: f64,
-) -> Result<(UpdateReport, SpinState, Option<u64>), VmmUpdateError> {
-    let old = GuestRam::of(qemu)?;
-    old.reset_max_gap()?;
-    let before = old.spin()?.count;
-    drop(old);
+) -> Result<(OneUpdate, u32, bool), VmmUpdateError> {
+    let before = before_update(qemu)?;
     let report = hugemem::launch::request_update(control, None, Duration::from_secs(600))?;
     let clock = HostClock::now(tsc_hz);
-    let new_ram = GuestRam::of(report.new_pid)?;
-    let now = new_ram.counting_past(before)?;
-    let offset = new_ram.tsc_offset()?;
-    let switch = gap_within(
-        &now,
-        clock.tsc_at(report.migrate_at_ns) - offset,
-        clock.tsc_at(report.resumed_at_ns) - offset,
-    );
-    Ok((report, now, switch))
+    let (guest, switch_gap_ticks) = after_update(
+        report.new_pid,
+        before,
+        &clock,
+        report.migrate_at_ns,
+        report.resumed_at_ns,
+    )?;
+    let one = OneUpdate {
+        guest,
+        switch_gap_ticks,
+        update_ms: report.update_ms,
+        switch_ms: report.switch_ms,
+        qemu_downtime_ms: report.qemu_downtime_ms,
+        ram_transferred_bytes: report.ram_transferred_bytes,
+    };
+    Ok((one, report.new_pid, report.handoff))
 }
 
 /// The hugemem side, on a private daemon; returns the result and the
@@ -105,64 +108,27 @@ fn hugemem_side(
     let cleared = stats_client.stats()?.scrub.bytes;
     let control = dir.join("vm.sock");
     let mut r = UpdateResult {
-        updates: 0,
-        downtime_ms: Vec::new(),
-        downtime_median_ms: 0.0,
-        idle_gap_ms: 0.0,
-        switch_gap_ms: Vec::new(),
-        switch_gap_median_ms: None,
-        update_ms: Vec::new(),
-        update_median_ms: 0.0,
-        switch_ms: Vec::new(),
-        qemu_downtime_ms: Vec::new(),
-        ram_transferred_max_bytes: 0,
-        ram_transferred_max_pct: 0.0,
+        series: UpdateSeries::default(),
         handoff: true,
-        stale_guest: 0,
-        stale_host: 0,
         cleared_bytes: 0,
         balanced: true,
         released_after_exit: false,
     };
     for i in 1..=cfg.updates {
-        let (report, now, switch) = one_update(&control, qemu, tsc_hz)?;
-        qemu = report.new_pid;
-        r.switch_gap_ms
-            .push(switch.map(|t| t as f64 / tsc_hz * 1e3));
-        let downtime = now.max_gap as f64 / tsc_hz * 1e3;
+        let (one, new_pid, handoff) = one_update(&control, qemu, tsc_hz)?;
+        qemu = new_pid;
         progress(&format!(
-            "update {i}: {:.1} ms, guest paused {downtime:.2} ms, {} RAM bytes sent",
-            report.update_ms, report.ram_transferred_bytes
+            "update {i}: {:.1} ms, guest paused {:.2} ms, {} RAM bytes sent",
+            one.update_ms,
+            one.guest.max_gap as f64 / tsc_hz * 1e3,
+            one.ram_transferred_bytes
         ));
-        r.downtime_ms.push(downtime);
-        r.update_ms.push(report.update_ms);
-        r.switch_ms.push(report.switch_ms);
-        r.qemu_downtime_ms.push(report.qemu_downtime_ms);
-        r.ram_transferred_max_bytes = r
-            .ram_transferred_max_bytes
-            .max(report.ram_transferred_bytes);
-        r.handoff &= report.handoff;
-        r.stale_guest = now.bad;
+        r.series.push(one, tsc_hz);
+        r.handoff &= handoff;
         r.balanced &= balanced(&stats_client.stats()?);
-        r.updates = i;
     }
-    r.downtime_median_ms = median(&r.downtime_ms);
-    r.update_median_ms = median(&r.update_ms);
-    let found: Vec<f64> = r.switch_gap_ms.iter().flatten().copied().collect();
-    r.switch_gap_median_ms = (!found.is_empty()).then(|| median(&found));
-    r.ram_transferred_max_pct = r.ram_transferred_max_bytes as f64 * 100.0 / cfg.size as f64;
     r.cleared_bytes = stats_client.stats()?.scrub.bytes - cleared;
-    let ram = GuestRam::of(qemu)?;
-    let window = Duration::from_secs_f64(r.update_median_ms / 1e3);
-    r.idle_gap_ms = idle_gap(&ram, window, tsc_hz)? * 1e3;
-    r.stale_host = ram.stale_pages(
-        START_GPA.max(microguest::IMAGE_END_GPA),
-        cfg.size.min(HOST_CHECK_END),
-        STRIDE,
-        MARKER,
-    )?;
-    r.stale_guest = ram.spin()?.bad;
-    drop(ram);
+    r.series.finish(qemu, cfg.size, tsc_hz)?;
     drop(launched);
     let deadline = Instant::now() + Duration::from_secs(30);
     let after = loop {
@@ -224,6 +190,11 @@ pub fn run(
     std::fs::write(&elf, image).map_err(io("write the guest image"))?;
     progress(&format!("host TSC {:.3} GHz", tsc_hz / 1e9));
     let (update, guest_hz) = hugemem_side(cfg, dir.path(), &elf, tsc_hz, progress)?;
+    let (floor, floor_note) = match plain_update::run(cfg, dir.path(), &elf, tsc_hz, progress) {
+        Ok(f) => (Some(f), None),
+        Err(VmmUpdateError::Setup(why)) => (None, Some(why)),
+        Err(e) => return Err(e),
+    };
     let (copy, copy_note) = if cfg.no_copy {
         (None, Some("--no-copy".to_owned()))
     } else {
@@ -233,6 +204,7 @@ pub fn run(
             Err(e) => return Err(e),
         }
     };
+    let u = &update.series;
     let ratio = |a: f64, b: f64| (b > 0.0).then(|| a / b);
     Ok(VmmUpdateReport {
         vmm: "qemu".into(),
@@ -243,15 +215,24 @@ pub fn run(
         guest_tsc_ghz: guest_hz / 1e9,
         downtime_ratio: copy
             .as_ref()
-            .and_then(|c| ratio(c.downtime_ms, update.downtime_median_ms)),
+            .and_then(|c| ratio(c.downtime_ms, u.downtime_median_ms)),
         update_time_ratio: copy
             .as_ref()
-            .and_then(|c| ratio(c.update_ms, update.update_median_ms)),
+            .and_then(|c| ratio(c.update_ms, u.update_median_ms)),
         switch_gap_ratio: copy
             .as_ref()
-            .and_then(|c| c.switch_gap_ms.zip(update.switch_gap_median_ms))
+            .and_then(|c| c.switch_gap_ms.zip(u.switch_gap_median_ms))
             .and_then(|(c, u)| ratio(c, u)),
+        update_over_floor_ms: floor
+            .as_ref()
+            .map(|f| u.update_median_ms - f.update_median_ms),
+        switch_gap_over_floor_ms: floor
+            .as_ref()
+            .and_then(|f| u.switch_gap_median_ms.zip(f.switch_gap_median_ms))
+            .map(|(u, f)| u - f),
         update,
+        floor,
+        floor_note,
         copy,
         copy_note,
     })

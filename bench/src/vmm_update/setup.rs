@@ -56,6 +56,13 @@ pub(crate) fn child_of(parent: u32) -> Result<u32, VmmUpdateError> {
     }
 }
 
+/// The number at `pointer` in a QMP reply (0 when absent).
+pub(crate) fn number(v: &serde_json::Value, pointer: &str) -> u64 {
+    v.pointer(pointer)
+        .and_then(serde_json::Value::as_u64)
+        .unwrap_or(0)
+}
+
 /// The largest gap over an idle window of `window`, seconds.
 pub(crate) fn idle_gap(
     ram: &GuestRam,

@@ -1,0 +1,126 @@
+//! The floor of an update: the same live update without hugemem. Two plain
+//! QEMUs map one resident hugetlb memfd (the command line `hugemem launch`
+//! builds, `mem-path=/dev/fd/N`, the fd inherited, no daemon); each update
+//! starts a new QEMU on it with `-incoming defer` and migrates to it with
+//! `x-ignore-shared` over a UNIX socket, then quits the old one. What
+//! hugemem adds over this is its own work: the HANDOFF, the launcher's
+//! requests and supervision.
+
+use std::ffi::OsString;
+use std::os::fd::BorrowedFd;
+use std::path::Path;
+use std::time::Instant;
+
+use guest_mem::PageSize;
+use hugemem::launch::qmp::is_event;
+use hugemem::launch::Vmm;
+use serde_json::json;
+
+use super::guest::{monotonic_ns, GuestRam, HostClock};
+use super::qemu::{guest_args, BenchQemu};
+use super::report::UpdateSeries;
+use super::series::{after_update, before_update, OneUpdate};
+use super::setup::{number, reserve};
+use super::{VmmUpdateConfig, VmmUpdateError};
+use crate::floor::{vmm_argv, FloorMemory};
+
+/// Moves the guest from `old` to a new QEMU (`argv` plus `-incoming
+/// defer`) on the same memory; the new QEMU and the update's figures.
+fn one_update(
+    mut old: BenchQemu,
+    argv: &[OsString],
+    memory: BorrowedFd<'_>,
+    dir: &Path,
+    step: usize,
+    tsc_hz: f64,
+) -> Result<(BenchQemu, OneUpdate), VmmUpdateError> {
+    let before = before_update(old.pid())?;
+    let mut incoming = argv.to_vec();
+    incoming.extend(["-incoming", "defer"].map(OsString::from));
+    let started = Instant::now();
+    let mut new = BenchQemu::start(&incoming, &dir.join(format!("plain-{step}.qmp")), &[memory])?;
+    let caps = json!({"capabilities": [
+        {"capability": "x-ignore-shared", "state": true},
+        {"capability": "events", "state": true},
+    ]});
+    new.execute("migrate-set-capabilities", caps.clone())?;
+    old.execute("migrate-set-capabilities", caps)?;
+    let uri = format!("unix:{}", dir.join(format!("plain-{step}.sock")).display());
+    new.execute("migrate-incoming", json!({ "uri": uri }))?;
+    let migrate_at_ns = monotonic_ns();
+    old.execute("migrate", json!({ "uri": uri }))?;
+    let end = old
+        .qmp
+        .wait_event(|e| is_event(e, "MIGRATION", &["completed", "failed", "cancelled"]))
+        .map_err(|e| VmmUpdateError::Qemu(format!("waiting for the migration: {e}")))?;
+    let stats = old.execute("query-migrate", json!({}))?;
+    if !is_event(&end, "MIGRATION", &["completed"]) {
+        return Err(VmmUpdateError::Qemu(format!(
+            "the plain update's migration ended: {stats}"
+        )));
+    }
+    new.qmp
+        .wait_event(|e| is_event(e, "RESUME", &[]))
+        .map_err(|e| VmmUpdateError::Qemu(format!("waiting for the new QEMU: {e}")))?;
+    let resumed_at_ns = monotonic_ns();
+    let clock = HostClock::now(tsc_hz);
+    old.quit();
+    let update_ms = started.elapsed().as_secs_f64() * 1e3;
+    let (guest, switch_gap_ticks) =
+        after_update(new.pid(), before, &clock, migrate_at_ns, resumed_at_ns)?;
+    let one = OneUpdate {
+        guest,
+        switch_gap_ticks,
+        update_ms,
+        switch_ms: resumed_at_ns.saturating_sub(migrate_at_ns) as f64 / 1e6,
+        qemu_downtime_ms: number(&stats, "/downtime"),
+        ram_transferred_bytes: number(&stats, "/ram/transferred"),
+    };
+    Ok((new, one))
+}
+
+/// `cfg.updates` plain updates in a row of the spinning guest.
+///
+/// # Errors
+///
+/// [`VmmUpdateError::Setup`] when the guest RAM in 2 MiB pages is not
+/// there; QEMU and guest errors otherwise.
+pub(crate) fn run(
+    cfg: &VmmUpdateConfig,
+    dir: &Path,
+    elf: &Path,
+    tsc_hz: f64,
+    progress: &mut dyn FnMut(&str),
+) -> Result<UpdateSeries, VmmUpdateError> {
+    let _pages = reserve(cfg.size).map_err(VmmUpdateError::Setup)?;
+    let (memory, _) = FloorMemory::populated(cfg.size, PageSize::Huge2M)
+        .map_err(|e| VmmUpdateError::Setup(format!("the floor's memory: {e}")))?;
+    let mut user = guest_args(&cfg.qemu, elf);
+    let program = user.remove(0);
+    let argv = vmm_argv(
+        Vmm::Qemu,
+        program,
+        &user,
+        &[memory.region()],
+        &[memory.fd()],
+    )
+    .map_err(|e| VmmUpdateError::Setup(format!("the plain QEMU's command line: {e}")))?;
+    let mut qemu = BenchQemu::start(&argv, &dir.join("plain-0.qmp"), &[memory.fd()])?;
+    GuestRam::of(qemu.pid())?.counting_past(0)?;
+    progress("floor: the guest spins under a plain QEMU");
+    let mut series = UpdateSeries::default();
+    for step in 1..=cfg.updates {
+        let (next, one) = one_update(qemu, &argv, memory.fd(), dir, step, tsc_hz)?;
+        qemu = next;
+        progress(&format!(
+            "plain update {step}: {:.1} ms, guest paused {:.2} ms, {} RAM bytes sent",
+            one.update_ms,
+            one.guest.max_gap as f64 / tsc_hz * 1e3,
+            one.ram_transferred_bytes
+        ));
+        series.push(one, tsc_hz);
+    }
+    series.finish(qemu.pid(), cfg.size, tsc_hz)?;
+    qemu.quit();
+    Ok(series)
+}

@@ -1,0 +1,102 @@
+//! What the hugemem side and the floor share: watching the guest across one
+//! update on its own pages, and adding the update to an [`UpdateSeries`].
+
+use std::time::Duration;
+
+use microguest::SpinState;
+
+use super::guest::{gap_within, GuestRam, HostClock};
+use super::report::{median, UpdateSeries};
+use super::setup::{idle_gap, HOST_CHECK_END, MARKER, START_GPA, STRIDE};
+use super::VmmUpdateError;
+
+/// One update, as [`UpdateSeries::push`] takes it.
+pub(crate) struct OneUpdate {
+    /// The guest's state once it counts on under the new QEMU.
+    pub(crate) guest: SpinState,
+    /// The guest's recorded gap overlapping the switch, TSC ticks.
+    pub(crate) switch_gap_ticks: Option<u64>,
+    /// The new QEMU's start (or the request) to the old QEMU gone, ms.
+    pub(crate) update_ms: f64,
+    /// `migrate` to RESUME, ms.
+    pub(crate) switch_ms: f64,
+    /// QEMU's downtime figure, ms.
+    pub(crate) qemu_downtime_ms: u64,
+    /// RAM bytes the migration sent.
+    pub(crate) ram_transferred_bytes: u64,
+}
+
+/// The guest's count just before an update, its largest gap zeroed so that
+/// the next read covers the update alone.
+pub(crate) fn before_update(qemu: u32) -> Result<u64, VmmUpdateError> {
+    let old = GuestRam::of(qemu)?;
+    old.reset_max_gap()?;
+    Ok(old.spin()?.count)
+}
+
+/// The guest under the new QEMU `pid` once it counts past `before`, and its
+/// recorded gap overlapping the switch (`migrate_at_ns`..`resumed_at_ns`,
+/// `CLOCK_MONOTONIC`, placed on the guest's clock through `clock`).
+pub(crate) fn after_update(
+    pid: u32,
+    before: u64,
+    clock: &HostClock,
+    migrate_at_ns: u64,
+    resumed_at_ns: u64,
+) -> Result<(SpinState, Option<u64>), VmmUpdateError> {
+    let ram = GuestRam::of(pid)?;
+    let now = ram.counting_past(before)?;
+    let offset = ram.tsc_offset()?;
+    let switch = gap_within(
+        &now,
+        clock.tsc_at(migrate_at_ns) - offset,
+        clock.tsc_at(resumed_at_ns) - offset,
+    );
+    Ok((now, switch))
+}
+
+impl UpdateSeries {
+    /// Adds one update.
+    pub(crate) fn push(&mut self, one: OneUpdate, tsc_hz: f64) {
+        self.downtime_ms
+            .push(one.guest.max_gap as f64 / tsc_hz * 1e3);
+        self.switch_gap_ms
+            .push(one.switch_gap_ticks.map(|t| t as f64 / tsc_hz * 1e3));
+        self.update_ms.push(one.update_ms);
+        self.switch_ms.push(one.switch_ms);
+        self.qemu_downtime_ms.push(one.qemu_downtime_ms);
+        self.ram_transferred_max_bytes = self
+            .ram_transferred_max_bytes
+            .max(one.ram_transferred_bytes);
+        self.stale_guest = one.guest.bad;
+        self.updates += 1;
+    }
+
+    /// The medians, and what the guest in QEMU `qemu` shows after the last
+    /// update: the largest gap over an idle window as long as the median
+    /// update, pages the host finds without the guest's value, pages the
+    /// guest found changed.
+    pub(crate) fn finish(
+        &mut self,
+        qemu: u32,
+        size: u64,
+        tsc_hz: f64,
+    ) -> Result<(), VmmUpdateError> {
+        self.downtime_median_ms = median(&self.downtime_ms);
+        self.update_median_ms = median(&self.update_ms);
+        let found: Vec<f64> = self.switch_gap_ms.iter().flatten().copied().collect();
+        self.switch_gap_median_ms = (!found.is_empty()).then(|| median(&found));
+        self.ram_transferred_max_pct = self.ram_transferred_max_bytes as f64 * 100.0 / size as f64;
+        let ram = GuestRam::of(qemu)?;
+        let window = Duration::from_secs_f64(self.update_median_ms / 1e3);
+        self.idle_gap_ms = idle_gap(&ram, window, tsc_hz)? * 1e3;
+        self.stale_host = ram.stale_pages(
+            START_GPA.max(microguest::IMAGE_END_GPA),
+            size.min(HOST_CHECK_END),
+            STRIDE,
+            MARKER,
+        )?;
+        self.stale_guest = ram.spin()?.bad;
+        Ok(())
+    }
+}
