@@ -467,6 +467,40 @@ exec {SYSTEMD} --system --unit=hugemem-test.target --log-target=console
     }
 }
 
+/// `RuntimeDirectoryMode=0711` lets every uid traverse `/run/hugemem` (not
+/// list it), so that `socket_group` reaches the socket: then nothing in it
+/// may be more open than its owner and that group. With a daemon running,
+/// its entries are the daemon's socket (systemd's, `SocketMode=0600`) and
+/// its takeover control socket (`hugemem.sock.takeover`, bound under
+/// `UMask=0077` and chmod'ed 0600), both sockets, 0600 or 0660; each also
+/// checks its peer's uid (`SO_PEERCRED`).
+fn runtime_directory_holds_only_closed_sockets(ns: &dyn Fn(&[&str]) -> String) {
+    assert_eq!(ns(&["stat", "-c", "%a", "/run/hugemem"]).trim(), "711");
+    let entries = ns(&[
+        "find",
+        "/run/hugemem",
+        "-mindepth",
+        "1",
+        "-printf",
+        "%P %m %y\n",
+    ]);
+    let names: Vec<&str> = entries
+        .lines()
+        .map(|line| {
+            let fields: Vec<&str> = line.split(' ').collect();
+            assert!(
+                matches!(fields.as_slice(), [_, "600" | "660", "s"]),
+                "an entry of /run/hugemem more open than a 0600/0660 socket: {line}"
+            );
+            fields[0]
+        })
+        .collect();
+    assert!(
+        names.contains(&"hugemem.sock") && names.contains(&"hugemem.sock.takeover"),
+        "{entries}"
+    );
+}
+
 /// The build tree's units (`scripts/`) and binary, copied into the
 /// namespace's `/run` (the unit runs with PrivateTmp= and ProtectHome=: a
 /// binary built under /tmp or /home, a fresh clone anywhere, is invisible to
@@ -856,6 +890,7 @@ fn drive_units(unshare: &mut Child, bin: &str, d: &Path, installed: bool) -> Res
     ns(&["systemctl", "restart", "hugemem.service"]);
     let third = served_by();
     assert_ne!(third, second);
+    runtime_directory_holds_only_closed_sockets(&ns);
 
     // Restart and kill -9 keep the pool and a running tenant's allocation
     // (issue 20): the fd store (FileDescriptorStoreMax=, --fd-store).

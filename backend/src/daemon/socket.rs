@@ -54,8 +54,11 @@ pub(super) fn bind_socket(
         Err(e) => return Err(bind_err(e)),
     }
     let std_listener = std::os::unix::net::UnixListener::bind(path).map_err(bind_err)?;
-    // The parent directory is 0700 (systemd RuntimeDirectoryMode, or created
-    // above), so the moment between bind and chmod exposes nothing.
+    // The socket is born with the process umask: `hugemem serve` sets 077
+    // (the packaged unit too, UMask=0077), so it is 0600 from the bind on,
+    // even in the unit's RuntimeDirectory (0711: traversable by all, for
+    // socket_group). The chmod below makes the mode hold whatever the
+    // umask, and every connection's uid is checked (SO_PEERCRED) anyway.
     let mode = if group.is_some() { 0o660 } else { 0o600 };
     let secured = group
         .map_or(Ok(()), |gid| {
