@@ -8,12 +8,12 @@ use std::ffi::OsString;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use hugemem::launch::qmp::is_event;
 use serde_json::json;
 
-use super::guest::{gap_within, monotonic_ns, GuestRam, HostClock};
-use super::qemu::{guest_args, BenchQemu};
+use super::guest::{GuestRam, HostClock};
+use super::qemu::{guest_args, migrate, BenchQemu, Migrated};
 use super::report::CopyResult;
+use super::series::after_update;
 use super::setup::{idle_gap, number, reserve, HOST_CHECK_END, MARKER, START_GPA, STRIDE};
 use super::{VmmUpdateConfig, VmmUpdateError};
 
@@ -72,36 +72,19 @@ pub(crate) fn run(
     src_ram.reset_max_gap()?;
     let before = src_ram.spin()?.count;
     let started = Instant::now();
-    let migrate_at = monotonic_ns();
-    src.execute("migrate", json!({ "uri": uri }))?;
-    let end = src
-        .qmp
-        .wait_event(|e| is_event(e, "MIGRATION", &["completed", "failed", "cancelled"]))
-        .map_err(|e| VmmUpdateError::Qemu(format!("waiting for the migration: {e}")))?;
-    let stats = src.execute("query-migrate", json!({}))?;
-    if !is_event(&end, "MIGRATION", &["completed"]) {
-        return Err(VmmUpdateError::Qemu(format!(
-            "the copying migration ended: {stats}"
-        )));
-    }
-    dst.qmp
-        .wait_event(|e| is_event(e, "RESUME", &[]))
-        .map_err(|e| VmmUpdateError::Qemu(format!("waiting for the destination: {e}")))?;
-    let resumed_at = monotonic_ns();
+    let Migrated {
+        migrate_at_ns: migrate_at,
+        resumed_at_ns: resumed_at,
+        stats,
+    } = migrate(&mut src, &mut dst, &uri, "the copying migration")?;
     let clock = HostClock::now(tsc_hz);
     drop(src_ram);
     src.quit();
     let update_ms = started.elapsed().as_secs_f64() * 1e3;
-    let dst_ram = GuestRam::of(dst.pid())?;
-    let now = dst_ram.counting_past(before)?;
+    let (now, switch_gap) = after_update(dst.pid(), before, &clock, migrate_at, resumed_at)?;
     let downtime_ms = now.max_gap as f64 / tsc_hz * 1e3;
-    let offset = dst_ram.tsc_offset()?;
-    let switch_gap_ms = gap_within(
-        &now,
-        clock.tsc_at(migrate_at) - offset,
-        clock.tsc_at(resumed_at) - offset,
-    )
-    .map(|t| t as f64 / tsc_hz * 1e3);
+    let switch_gap_ms = switch_gap.map(|t| t as f64 / tsc_hz * 1e3);
+    let dst_ram = GuestRam::of(dst.pid())?;
     let idle_gap_ms = idle_gap(&dst_ram, Duration::from_secs_f64(update_ms / 1e3), tsc_hz)? * 1e3;
     let stale_host = dst_ram.stale_pages(
         START_GPA.max(microguest::IMAGE_END_GPA),

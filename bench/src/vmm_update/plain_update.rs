@@ -12,12 +12,11 @@ use std::path::Path;
 use std::time::Instant;
 
 use guest_mem::PageSize;
-use hugemem::launch::qmp::is_event;
 use hugemem::launch::Vmm;
 use serde_json::json;
 
-use super::guest::{monotonic_ns, GuestRam, HostClock};
-use super::qemu::{guest_args, BenchQemu};
+use super::guest::{GuestRam, HostClock};
+use super::qemu::{guest_args, migrate, BenchQemu, Migrated};
 use super::report::UpdateSeries;
 use super::series::{after_update, before_update, OneUpdate};
 use super::setup::{number, reserve};
@@ -47,22 +46,11 @@ fn one_update(
     old.execute("migrate-set-capabilities", caps)?;
     let uri = format!("unix:{}", dir.join(format!("plain-{step}.sock")).display());
     new.execute("migrate-incoming", json!({ "uri": uri }))?;
-    let migrate_at_ns = monotonic_ns();
-    old.execute("migrate", json!({ "uri": uri }))?;
-    let end = old
-        .qmp
-        .wait_event(|e| is_event(e, "MIGRATION", &["completed", "failed", "cancelled"]))
-        .map_err(|e| VmmUpdateError::Qemu(format!("waiting for the migration: {e}")))?;
-    let stats = old.execute("query-migrate", json!({}))?;
-    if !is_event(&end, "MIGRATION", &["completed"]) {
-        return Err(VmmUpdateError::Qemu(format!(
-            "the plain update's migration ended: {stats}"
-        )));
-    }
-    new.qmp
-        .wait_event(|e| is_event(e, "RESUME", &[]))
-        .map_err(|e| VmmUpdateError::Qemu(format!("waiting for the new QEMU: {e}")))?;
-    let resumed_at_ns = monotonic_ns();
+    let Migrated {
+        migrate_at_ns,
+        resumed_at_ns,
+        stats,
+    } = migrate(&mut old, &mut new, &uri, "the plain update's migration")?;
     let clock = HostClock::now(tsc_hz);
     old.quit();
     let update_ms = started.elapsed().as_secs_f64() * 1e3;
@@ -112,12 +100,7 @@ pub(crate) fn run(
     for step in 1..=cfg.updates {
         let (next, one) = one_update(qemu, &argv, memory.fd(), dir, step, tsc_hz)?;
         qemu = next;
-        progress(&format!(
-            "plain update {step}: {:.1} ms, guest paused {:.2} ms, {} RAM bytes sent",
-            one.update_ms,
-            one.guest.max_gap as f64 / tsc_hz * 1e3,
-            one.ram_transferred_bytes
-        ));
+        progress(&format!("plain update {step}: {}", one.summary(tsc_hz)));
         series.push(one, tsc_hz);
     }
     series.finish(qemu.pid(), cfg.size, tsc_hz)?;

@@ -9,11 +9,12 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use hugemem::launch::qmp::Qmp;
+use hugemem::launch::qmp::{is_event, Qmp};
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use serde_json::json;
 
 use super::error::io;
+use super::guest::monotonic_ns;
 use super::VmmUpdateError;
 use crate::floor::inherit_fds;
 
@@ -116,4 +117,44 @@ impl Drop for BenchQemu {
             let _ = self.child.wait();
         }
     }
+}
+
+/// One migration, as [`migrate`] saw it.
+pub(crate) struct Migrated {
+    /// `CLOCK_MONOTONIC` just before `migrate`, ns.
+    pub(crate) migrate_at_ns: u64,
+    /// `CLOCK_MONOTONIC` once the destination's RESUME arrived, ns.
+    pub(crate) resumed_at_ns: u64,
+    /// The source's `query-migrate` after the migration.
+    pub(crate) stats: serde_json::Value,
+}
+
+/// Runs `migrate` to `uri` on `src` (whose destination `dst` already takes
+/// `migrate-incoming` there, both with the `events` capability), waits for
+/// the source's MIGRATION end and the destination's RESUME (events, no
+/// polling). `what` names the migration in errors.
+pub(crate) fn migrate(
+    src: &mut BenchQemu,
+    dst: &mut BenchQemu,
+    uri: &str,
+    what: &str,
+) -> Result<Migrated, VmmUpdateError> {
+    let migrate_at_ns = monotonic_ns();
+    src.execute("migrate", json!({ "uri": uri }))?;
+    let end = src
+        .qmp
+        .wait_event(|e| is_event(e, "MIGRATION", &["completed", "failed", "cancelled"]))
+        .map_err(|e| VmmUpdateError::Qemu(format!("waiting for {what}: {e}")))?;
+    let stats = src.execute("query-migrate", json!({}))?;
+    if !is_event(&end, "MIGRATION", &["completed"]) {
+        return Err(VmmUpdateError::Qemu(format!("{what} ended: {stats}")));
+    }
+    dst.qmp
+        .wait_event(|e| is_event(e, "RESUME", &[]))
+        .map_err(|e| VmmUpdateError::Qemu(format!("waiting for {what}'s destination: {e}")))?;
+    Ok(Migrated {
+        migrate_at_ns,
+        resumed_at_ns: monotonic_ns(),
+        stats,
+    })
 }

@@ -117,12 +117,7 @@ fn hugemem_side(
     for i in 1..=cfg.updates {
         let (one, new_pid, handoff) = one_update(&control, qemu, tsc_hz)?;
         qemu = new_pid;
-        progress(&format!(
-            "update {i}: {:.1} ms, guest paused {:.2} ms, {} RAM bytes sent",
-            one.update_ms,
-            one.guest.max_gap as f64 / tsc_hz * 1e3,
-            one.ram_transferred_bytes
-        ));
+        progress(&format!("update {i}: {}", one.summary(tsc_hz)));
         r.series.push(one, tsc_hz);
         r.handoff &= handoff;
         r.balanced &= balanced(&stats_client.stats()?);

@@ -26,6 +26,18 @@ pub(crate) struct OneUpdate {
     pub(crate) ram_transferred_bytes: u64,
 }
 
+impl OneUpdate {
+    /// "N ms, guest paused N ms, N RAM bytes sent": a progress line's tail.
+    pub(crate) fn summary(&self, tsc_hz: f64) -> String {
+        format!(
+            "{:.1} ms, guest paused {:.2} ms, {} RAM bytes sent",
+            self.update_ms,
+            self.guest.max_gap as f64 / tsc_hz * 1e3,
+            self.ram_transferred_bytes
+        )
+    }
+}
+
 /// The guest's count just before an update, its largest gap zeroed so that
 /// the next read covers the update alone.
 pub(crate) fn before_update(qemu: u32) -> Result<u64, VmmUpdateError> {
