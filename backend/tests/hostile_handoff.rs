@@ -16,7 +16,7 @@ use test_support::prelude::{
 };
 use test_support::tenant::{
     alloc_2m, assert_hugepages_balanced, fill_secret, in_child, read_u64, root_or_skip, say,
-    tenant_b_sees_nothing, B_SECRET, MIB, NOBODY,
+    secret_tenant, tenant_b_sees_nothing, B_SECRET, MIB, NOBODY,
 };
 
 use std::os::fd::AsRawFd;
@@ -121,17 +121,10 @@ fn a_predecessor_that_keeps_its_mapping_keeps_nothing_alive_and_reaches_nobody()
     let socket = d.socket();
     let predecessor = std::thread::spawn(move || {
         in_child(None, move || {
-            let Ok(mut c) = Client::connect(&socket) else {
-                return 10;
+            let (_connection, a, p) = match secret_tenant(&socket, size) {
+                Ok(t) => t,
+                Err(code) => return code,
             };
-            let Ok(a) = c.alloc(alloc_2m(size, false)) else {
-                return 11;
-            };
-            let p = map(a.fds[0].as_raw_fd(), size);
-            if p.is_null() {
-                return 12;
-            }
-            fill_secret(p, size);
             let [lo, hi] = token_words(&a.token().unwrap_or_default());
             if !(write_u64(&said_w, a.id) && write_u64(&said_w, lo) && write_u64(&said_w, hi)) {
                 return 13;

@@ -12,14 +12,12 @@ use test_support::prelude::{
     hugepages_2m, map_raw as map, reserve_2m, serial, unmap_raw as unmap, wait_until, TestDaemon,
 };
 use test_support::tenant::{
-    alloc_2m, assert_hugepages_balanced, fill_secret, in_child, memfd_2m, read_u64, B_SECRET, MIB,
-    SECRET,
+    alloc_2m, assert_hugepages_balanced, fill_secret, in_child, memfd_2m, read_u64, secret_tenant,
+    B_SECRET, MIB, SECRET,
 };
 
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::time::Duration;
-
-use backend::client::Client;
 
 /// Bytes of the region the tenant pins (at its start).
 const PINNED: usize = 64 * 1024;
@@ -222,17 +220,10 @@ fn pinned_attack(kind: Pin, detach: bool) -> Seen {
     let socket = d.socket();
     let tenant = std::thread::spawn(move || {
         in_child(None, move || {
-            let Ok(mut c) = Client::connect(&socket) else {
-                return 10;
+            let (mut c, a, p) = match secret_tenant(&socket, size) {
+                Ok(t) => t,
+                Err(code) => return code,
             };
-            let Ok(a) = c.alloc(alloc_2m(size, false)) else {
-                return 11;
-            };
-            let p = map(a.fds[0].as_raw_fd(), size);
-            if p.is_null() {
-                return 12;
-            }
-            fill_secret(p, size);
             let held = match pin(kind, p) {
                 Ok(h) => h,
                 Err(code) => return code,

@@ -328,6 +328,12 @@ pub(crate) struct CompareArgs {
     /// resident again.
     #[arg(long)]
     pub(crate) pool_holes: bool,
+    /// With --pool-holes: the daemon faults no hole in ahead of the VMM
+    /// (`pool.refault_ahead = false`), so nothing refaults while the VMM
+    /// starts; set against a run without it, what the background refault
+    /// costs a start.
+    #[arg(long, requires = "pool_holes")]
+    pub(crate) no_refault_ahead: bool,
     /// Also render a bar chart to this PNG (scripts/plot-compare; needs python3-matplotlib).
     #[arg(long)]
     pub(crate) plot: Option<std::path::PathBuf>,

@@ -127,6 +127,7 @@ fn compare(args: CompareArgs) -> Result<i32> {
         cloud_hypervisor: std::env::var_os("CLOUD_HYPERVISOR").filter(|v| !v.is_empty()),
         prealloc_threads: args.prealloc_threads,
         pool_holes: args.pool_holes,
+        refault_ahead: !args.no_refault_ahead,
     };
     let report =
         compare::run(&cfg, &mut |line| tracing::info!("{line}")).context("bench compare failed")?;

@@ -44,6 +44,7 @@ const TOP_KEYS: &[&str] = &[
     "pool_scrub_s",
     "pool_resident_s",
     "pool_hand_out",
+    "refault_ahead",
     "over_floor",
     // Every bench's --json: its name and the run (command, date, machine).
     "bench",
@@ -135,9 +136,14 @@ fn check_shape(report: &Value) {
         .collect();
     assert_eq!(keys, VARIANTS);
     assert_eq!(report["pool_hand_out"], "resident");
+    assert_eq!(report["refault_ahead"], true);
     // Every measured variant stands beside its own VMM's floor.
     for (key, o) in report["over_floor"].as_object().expect("over_floor") {
         let floor = o["floor"].as_str().expect("floor key");
+        // One repetition: too few for a 95 % interval, said as null.
+        for k in ["ready_paired_ci95_ms", "touched_paired_ci95_ms"] {
+            assert!(o.get(k).is_some_and(Value::is_null), "{key}: {k} {o}");
+        }
         assert!(floor.ends_with("_floor"), "{key}: {o}");
         assert_eq!(key.split('_').next(), floor.split('_').next(), "{key}: {o}");
         if key == floor {
@@ -289,4 +295,17 @@ fn qemu_variants_are_skipped_with_the_reason_when_qemu_is_missing() {
     }
     // No baseline, no ratios.
     assert!(report["ratios"].as_object().is_some_and(|r| r.is_empty()));
+}
+
+#[test]
+fn no_refault_ahead_needs_pool_holes() {
+    // Without --pool-holes the pool variants wait for the refault, which
+    // --no-refault-ahead turns off: refused before anything runs.
+    let out = Command::new(HUGEMEM_BENCH)
+        .args(["compare", "--no-refault-ahead"])
+        .output()
+        .expect("run hugemem-bench");
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("--pool-holes"), "{stderr}");
 }

@@ -198,6 +198,25 @@ pub fn tenant_a(
     })
 }
 
+/// In a forked tenant: connects to `socket`, allocates `size` bytes on
+/// 2 MiB pages, maps the allocation's first fd and fills it with A's
+/// secret. The client (its connection owns the allocation), the allocation
+/// and the mapping; or the child's exit code: 10 no connection, 11 ALLOC
+/// refused, 12 mmap failed.
+pub fn secret_tenant(
+    socket: &std::path::Path,
+    size: u64,
+) -> Result<(Client, backend::client::Allocation, *mut u8), i32> {
+    let mut c = Client::connect(socket).map_err(|_| 10)?;
+    let a = c.alloc(alloc_2m(size, false)).map_err(|_| 11)?;
+    let p = map(a.fds[0].as_raw_fd(), size);
+    if p.is_null() {
+        return Err(12);
+    }
+    fill_secret(p, size);
+    Ok((c, a, p))
+}
+
 /// Writes `msg` and a newline to the test's stderr from a forked child:
 /// straight to fd 2, taking no lock a thread of the parent may have held at
 /// the fork.

@@ -22,7 +22,7 @@ use super::variant::{Memory, Runner, Variant, BASELINE};
 use super::vmm::*;
 use crate::alloc::pool_state;
 use crate::floor::FloorMemory;
-use crate::stats::{paired_median, ratio};
+use crate::stats::{paired_median, paired_median_ci95, ratio};
 
 /// The benchmark's state during a run.
 pub(super) struct Bench<'a> {
@@ -42,6 +42,8 @@ pub(super) struct Bench<'a> {
     pub(super) resident: Vec<f64>,
     /// Pool variants do not wait for the refault (`--pool-holes`).
     pub(super) pool_holes: bool,
+    /// The daemon's `pool.refault_ahead`.
+    pub(super) refault_ahead: bool,
     pub(super) progress: &'a mut dyn FnMut(&str),
 }
 
@@ -157,6 +159,7 @@ impl Bench<'_> {
                 target: defaults.pool.target.max(ByteSize(self.size)),
                 limit: defaults.pool.limit.max(ByteSize(self.size)),
                 recheck_ms: 10,
+                refault_ahead: self.refault_ahead,
                 ..defaults.pool.clone()
             },
             ..defaults
@@ -513,6 +516,7 @@ impl Bench<'_> {
             pool_scrub_s: Figure::of(&self.scrub),
             pool_resident_s: Figure::of(&self.resident),
             pool_hand_out: if self.pool_holes { "holes" } else { "resident" },
+            refault_ahead: self.refault_ahead,
         }
     }
 }
@@ -556,6 +560,10 @@ fn over_floor(variants: &[VariantReport]) -> BTreeMap<&'static str, OverFloor> {
                         .map(|d| d * 1e3),
                     touched_paired_median_ms: paired_median(&mine.touched_s, &floors.touched_s)
                         .map(|d| d * 1e3),
+                    ready_paired_ci95_ms: paired_median_ci95(&mine.ready_s, &floors.ready_s)
+                        .map(|ci| ci.map(|d| d * 1e3)),
+                    touched_paired_ci95_ms: paired_median_ci95(&mine.touched_s, &floors.touched_s)
+                        .map(|ci| ci.map(|d| d * 1e3)),
                 },
             ))
         })

@@ -47,6 +47,10 @@ pub struct CompareConfig {
     /// (punched holes being refaulted behind it) instead of once it is
     /// resident again.
     pub pool_holes: bool,
+    /// The daemon's `pool.refault_ahead`: its helpers fault a released
+    /// region's holes in behind the FREE (`false` only with `pool_holes`:
+    /// the VMM then faults every page in itself).
+    pub refault_ahead: bool,
 }
 
 impl Default for CompareConfig {
@@ -59,6 +63,7 @@ impl Default for CompareConfig {
             cloud_hypervisor: None,
             prealloc_threads: None,
             pool_holes: false,
+            refault_ahead: true,
         }
     }
 }

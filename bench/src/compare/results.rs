@@ -106,6 +106,12 @@ pub struct OverFloor {
     pub ready_paired_median_ms: Option<f64>,
     /// The same of `touched_s`.
     pub touched_paired_median_ms: Option<f64>,
+    /// A 95 % confidence interval of `ready_paired_median_ms` (sign test on
+    /// the repetitions' differences, no assumption on the noise), ms;
+    /// `None` under 6 repetitions.
+    pub ready_paired_ci95_ms: Option<[f64; 2]>,
+    /// The same of `touched_paired_median_ms`.
+    pub touched_paired_ci95_ms: Option<[f64; 2]>,
 }
 
 /// The report; `--json` prints it as one object.
@@ -146,6 +152,9 @@ pub struct CompareReport {
     /// until the freed region was refaulted) or `holes` (`--pool-holes`:
     /// the ALLOC the moment the pool showed it clean).
     pub pool_hand_out: &'static str,
+    /// The daemon faulted released regions' holes in behind the FREE
+    /// (`pool.refault_ahead`); `false` with `--no-refault-ahead`.
+    pub refault_ahead: bool,
     /// FREE to the pool's region refaulted, every page resident again: what
     /// the pool variants waited for before their ALLOC.
     pub pool_resident_s: Option<Figure>,

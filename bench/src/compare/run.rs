@@ -89,6 +89,7 @@ pub fn run(
         scrub: Vec::new(),
         resident: Vec::new(),
         pool_holes: cfg.pool_holes,
+        refault_ahead: cfg.refault_ahead,
         progress,
     };
     for rep in 0..cfg.reps {

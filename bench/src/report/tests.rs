@@ -48,6 +48,13 @@ fn paths_and_formats() {
     assert_eq!(format_value(&json!(0), "size").as_deref(), Some("0"));
     assert_eq!(format_value(&json!("text"), ".2"), None);
     assert_eq!(format_value(&json!(1.0), "x"), None);
+    assert_eq!(format_value(&json!(1.25), "+.1").as_deref(), Some("+1.2"));
+    assert_eq!(
+        format_value(&json!(-0.44), "+.1 ms").as_deref(),
+        Some("-0.4 ms")
+    );
+    assert_eq!(format_value(&json!(0.0), "+.1").as_deref(), Some("+0.0"));
+    assert_eq!(format_value(&json!("text"), "+.1"), None);
 }
 
 #[test]

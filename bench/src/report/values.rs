@@ -20,8 +20,17 @@ pub fn lookup<'a>(mut v: &'a Value, path: &str) -> Option<&'a Value> {
     Some(v)
 }
 
-/// `v` shown as `format` (`.N` + suffix, `s`, or `size`: bytes as `2G`).
+/// `v` shown as `format` (`.N` + suffix, `+.N` + suffix with the sign
+/// always shown, `s`, or `size`: bytes as `2G`).
 pub fn format_value(v: &Value, format: &str) -> Option<String> {
+    if let Some(unsigned) = format.strip_prefix('+') {
+        let shown = format_value(v, unsigned)?;
+        return Some(if v.as_f64()? >= 0.0 && !shown.starts_with('-') {
+            format!("+{shown}")
+        } else {
+            shown
+        });
+    }
     if format == "size" {
         return v.as_u64().map(guest_mem::size::format_size);
     }

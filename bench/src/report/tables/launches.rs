@@ -105,7 +105,11 @@ pub(super) fn compare(v: &Value) -> String {
         note(v, "note")
     );
     if let Some(kind) = v.get("pool_hand_out").and_then(Value::as_str) {
-        out += &format!("The pool rows' hand-out: **{kind}** (`pool_hand_out`).\n\n");
+        let refault = match v.get("refault_ahead").and_then(Value::as_bool) {
+            Some(false) => ", nothing refaulted behind the FREE (`refault_ahead`: false)",
+            _ => "",
+        };
+        out += &format!("The pool rows' hand-out: **{kind}** (`pool_hand_out`){refault}.\n\n");
     }
     let has_floor = v.get("over_floor").is_some();
     out += "| variant | ready s (best / median) | power-off s (best / median) | ALLOC s (best) | ratio vs the baseline: ready / power-off (best) | ready over the VMM's floor, ms (best / median / paired) | power-off over the floor, ms (best / median) | all pages touched s (best / median) | touched over the floor, ms (best / median / paired) |\n|---|---|---|---|---|---|---|---|---|\n";
@@ -371,5 +375,10 @@ pub(super) fn churn_spans_row(name: &str, v: &Value) -> String {
 /// ` / +x.x` for a paired median over the floor, or nothing in runs made
 /// before the field existed.
 fn paired(over_floor: &Value, key: &str) -> String {
-    num(over_floor, key).map_or_else(String::new, |x| format!(" / {x:+.1}"))
+    let ci = over_floor
+        .get(key.replace("_median_ms", "_ci95_ms"))
+        .and_then(Value::as_array)
+        .and_then(|b| Some((b.first()?.as_f64()?, b.get(1)?.as_f64()?)))
+        .map_or_else(String::new, |(lo, hi)| format!(" [{lo:+.1}, {hi:+.1}]"));
+    num(over_floor, key).map_or_else(String::new, |x| format!(" / {x:+.1}{ci}"))
 }
