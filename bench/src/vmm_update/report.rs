@@ -84,7 +84,7 @@ pub struct CopyResult {
     /// Largest gap over an idle window as long, after, ms.
     pub idle_gap_ms: f64,
     /// The guest's gap overlapping `migrate` to RESUME, ms (see
-    /// [`UpdateResult::switch_gap_ms`]).
+    /// [`UpdateSeries::switch_gap_ms`]).
     pub switch_gap_ms: Option<f64>,
     /// `migrate` to the destination's RESUME and the source's exit, ms.
     pub update_ms: f64,
