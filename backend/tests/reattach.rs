@@ -302,6 +302,15 @@ fn a_reattached_lazy_allocation_resumes_after_the_fallback() {
     .expect("shutdown");
     drop(c);
     assert!(guest.wait_fallback(DEADLINE), "the fallback took over");
+    // The fallback installs pages alone once the daemon is gone. Here the
+    // daemon lives on and stops the allocation's fault service when it
+    // closes the session, before its count of live sessions drops; until
+    // then its scrubbers may still install a page ahead of the next touch.
+    d.wait_stats(
+        DEADLINE,
+        "the daemon's end of the session (its fault service stopped)",
+        |s| s.counters.sessions_active == 0,
+    );
     step(PAGES / 2, "fallback");
     step(PAGES / 2 + 1, "fallback");
     let by_fallback = guest.stats().faults;
