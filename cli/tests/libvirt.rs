@@ -427,9 +427,13 @@ fn domain(dir: &Path, name: &str, emulator: &Path, unit: &str, marker: u64, extr
 
 /// The guest's serial report lines so far.
 fn reports(d: &Domain) -> Vec<String> {
+    // Whole lines only: the guest may be halfway through writing one (a
+    // report read as "HUGEMEM-GUEST pages=" failed a run).
     std::fs::read_to_string(&d.serial)
         .unwrap_or_default()
-        .lines()
+        .split_inclusive('\n')
+        .filter_map(|l| l.strip_suffix('\n'))
+        .map(|l| l.trim_end_matches('\r'))
         .filter(|l| l.starts_with("HUGEMEM-GUEST "))
         .map(str::to_string)
         .collect()
