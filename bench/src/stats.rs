@@ -21,10 +21,13 @@ pub(crate) fn median(samples: &[f64]) -> f64 {
 /// `i` of each in the same repetition), compared without what moved the
 /// whole repetition. `None` unless both have the same, non-zero length.
 pub(crate) fn paired_median(a: &[f64], b: &[f64]) -> Option<f64> {
-    (a.len() == b.len() && !a.is_empty()).then(|| {
-        let differences: Vec<f64> = a.iter().zip(b).map(|(x, y)| x - y).collect();
-        median(&differences)
-    })
+    paired_differences(a, b).map(|d| median(&d))
+}
+
+/// `a[i] - b[i]` for every `i`; `None` unless both have the same, non-zero
+/// length.
+fn paired_differences(a: &[f64], b: &[f64]) -> Option<Vec<f64>> {
+    (a.len() == b.len() && !a.is_empty()).then(|| a.iter().zip(b).map(|(x, y)| x - y).collect())
 }
 
 /// A distribution-free 95 % confidence interval of the median of
@@ -35,10 +38,7 @@ pub(crate) fn paired_median(a: &[f64], b: &[f64]) -> Option<f64> {
 /// repetitions are independent. `None` under 6 pairs, where even the whole
 /// range covers less than 95 %.
 pub(crate) fn paired_median_ci95(a: &[f64], b: &[f64]) -> Option<[f64; 2]> {
-    if a.len() != b.len() || a.len() < 6 {
-        return None;
-    }
-    let mut d: Vec<f64> = a.iter().zip(b).map(|(x, y)| x - y).collect();
+    let mut d = paired_differences(a, b).filter(|d| d.len() >= 6)?;
     d.sort_by(f64::total_cmp);
     let n = d.len();
     // P(X = k) for X ~ Binomial(n, 1/2), summed from k = 0 while it stays

@@ -13,8 +13,8 @@ use serde_json::json;
 use super::guest::{GuestRam, HostClock};
 use super::qemu::{guest_args, migrate, BenchQemu, Migrated};
 use super::report::CopyResult;
-use super::series::after_update;
-use super::setup::{idle_gap, number, reserve, HOST_CHECK_END, MARKER, START_GPA, STRIDE};
+use super::series::{after_update, settled, Settled};
+use super::setup::{number, reserve};
 use super::{VmmUpdateConfig, VmmUpdateError};
 
 fn argv(cfg: &VmmUpdateConfig, elf: &Path, incoming: bool) -> Vec<OsString> {
@@ -84,16 +84,12 @@ pub(crate) fn run(
     let (now, switch_gap) = after_update(dst.pid(), before, &clock, migrate_at, resumed_at)?;
     let downtime_ms = now.max_gap as f64 / tsc_hz * 1e3;
     let switch_gap_ms = switch_gap.map(|t| t as f64 / tsc_hz * 1e3);
-    let dst_ram = GuestRam::of(dst.pid())?;
-    let idle_gap_ms = idle_gap(&dst_ram, Duration::from_secs_f64(update_ms / 1e3), tsc_hz)? * 1e3;
-    let stale_host = dst_ram.stale_pages(
-        START_GPA.max(microguest::IMAGE_END_GPA),
-        cfg.size.min(HOST_CHECK_END),
-        STRIDE,
-        MARKER,
-    )?;
-    let stale_guest = dst_ram.spin()?.bad;
-    drop(dst_ram);
+    let window = Duration::from_secs_f64(update_ms / 1e3);
+    let Settled {
+        idle_gap_ms,
+        stale_host,
+        stale_guest,
+    } = settled(dst.pid(), cfg.size, window, tsc_hz)?;
     dst.quit();
     let transferred = number(&stats, "/ram/transferred");
     let total_ms = number(&stats, "/total-time");

@@ -67,6 +67,40 @@ pub(crate) fn after_update(
     Ok((now, switch))
 }
 
+/// What the guest under QEMU `pid` shows once the migrations are over.
+pub(crate) struct Settled {
+    /// The largest gap over an idle window, ms: the noise floor.
+    pub(crate) idle_gap_ms: f64,
+    /// Pages the host finds without the guest's value.
+    pub(crate) stale_host: u64,
+    /// Pages the guest found changed (its own check).
+    pub(crate) stale_guest: u64,
+}
+
+/// The guest under QEMU `pid` (of `size` bytes of RAM) after its
+/// migrations: its largest gap over an idle `window`, then the host's and
+/// the guest's stale pages.
+pub(crate) fn settled(
+    pid: u32,
+    size: u64,
+    window: Duration,
+    tsc_hz: f64,
+) -> Result<Settled, VmmUpdateError> {
+    let ram = GuestRam::of(pid)?;
+    let idle_gap_ms = idle_gap(&ram, window, tsc_hz)? * 1e3;
+    let stale_host = ram.stale_pages(
+        START_GPA.max(microguest::IMAGE_END_GPA),
+        size.min(HOST_CHECK_END),
+        STRIDE,
+        MARKER,
+    )?;
+    Ok(Settled {
+        idle_gap_ms,
+        stale_host,
+        stale_guest: ram.spin()?.bad,
+    })
+}
+
 impl UpdateSeries {
     /// Adds one update.
     pub(crate) fn push(&mut self, one: OneUpdate, tsc_hz: f64) {
@@ -99,16 +133,11 @@ impl UpdateSeries {
         let found: Vec<f64> = self.switch_gap_ms.iter().flatten().copied().collect();
         self.switch_gap_median_ms = (!found.is_empty()).then(|| median(&found));
         self.ram_transferred_max_pct = self.ram_transferred_max_bytes as f64 * 100.0 / size as f64;
-        let ram = GuestRam::of(qemu)?;
         let window = Duration::from_secs_f64(self.update_median_ms / 1e3);
-        self.idle_gap_ms = idle_gap(&ram, window, tsc_hz)? * 1e3;
-        self.stale_host = ram.stale_pages(
-            START_GPA.max(microguest::IMAGE_END_GPA),
-            size.min(HOST_CHECK_END),
-            STRIDE,
-            MARKER,
-        )?;
-        self.stale_guest = ram.spin()?.bad;
+        let after = settled(qemu, size, window, tsc_hz)?;
+        self.idle_gap_ms = after.idle_gap_ms;
+        self.stale_host = after.stale_host;
+        self.stale_guest = after.stale_guest;
         Ok(())
     }
 }
