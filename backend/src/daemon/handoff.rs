@@ -36,7 +36,10 @@ pub struct HandoffRequest {
     pub want_paths: bool,
 }
 
-/// Moves the allocation to `session` (peer `uid`) and builds the reply.
+/// Moves the allocation to `session` (peer `uid`) and builds the reply;
+/// returns it with the connection that owned the allocation before. The
+/// caller holds the allocation's change gate
+/// ([`crate::daemon::pool::Pool::hand_off_gate`]).
 ///
 /// # Errors
 ///
@@ -47,7 +50,7 @@ pub fn serve(
     session: SessionId,
     uid: u32,
     req: HandoffRequest,
-) -> Result<Outcome, HandoffError> {
+) -> Result<(Outcome, Option<SessionId>), HandoffError> {
     let want_paths = req.want_paths;
     let (handed, (fds, paths)) =
         pool.hand_off(req.alloc_id, &req.token, session, uid, |regions| {
@@ -74,7 +77,7 @@ pub fn serve(
         regions = regions.len(),
         "HANDOFF: allocation moved to its VMM's successor connection"
     );
-    Ok(Outcome {
+    let outcome = Outcome {
         reply: Reply::ok(ReplyBody::Alloc {
             alloc_id: req.alloc_id,
             regions,
@@ -84,7 +87,8 @@ pub fn serve(
         fds,
         alloc: Some(req.alloc_id),
         close: false,
-    })
+    };
+    Ok((outcome, handed.previous))
 }
 
 /// The status a HANDOFF refusal is answered with.

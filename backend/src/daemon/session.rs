@@ -36,7 +36,9 @@ use super::pool::{AllocId, HandoffError, Pool, Released, SessionId};
 use super::rebalance::Rebalancer;
 use super::stats::StatsSource;
 use crate::proto::messages::{RegionInfo, Reply, ReplyBody, Request};
-use crate::proto::{Status, FEATURE_REATTACH, MAX_PAYLOAD, PROTOCOL_VERSION, TOKEN_SIZE};
+use crate::proto::{
+    Status, FEATURE_HANDOFF, FEATURE_REATTACH, MAX_PAYLOAD, PROTOCOL_VERSION, TOKEN_SIZE,
+};
 
 /// Features this daemon implements: REBALANCE, lazy mode, re-attach tokens.
 pub const DAEMON_FEATURES: u64 = crate::proto::FEATURE_REBALANCE
@@ -227,25 +229,54 @@ impl Session {
                     len,
                     node,
                 };
-                Outcome::reply(
-                    super::rebalance::serve(&self.rooms.rebalance, self.id, self.peer.uid, req)
-                        .await,
-                )
+                self.rebalance(req).await
             }
             Request::Stats => self.stats().await,
             // Without its fd (see `handle_with_fds`): refused with the reason.
-            Request::Uffd { alloc_id, ranges } => self.uffd(alloc_id, &ranges, Vec::new()),
+            Request::Uffd { alloc_id, ranges } => self.uffd(alloc_id, &ranges, Vec::new()).await,
+            Request::Reattach { .. } if self.features & FEATURE_REATTACH == 0 => {
+                not_negotiated("REATTACH", FEATURE_REATTACH)
+            }
             Request::Reattach { alloc_id, token } => self.reattach(alloc_id, &token),
+            Request::Handoff { .. } if self.features & FEATURE_HANDOFF == 0 => {
+                not_negotiated("HANDOFF", FEATURE_HANDOFF)
+            }
             Request::Handoff {
                 alloc_id,
                 token,
                 want_paths,
-            } => self.handoff(super::handoff::HandoffRequest {
-                alloc_id,
-                token,
-                want_paths,
-            }),
+            } => {
+                self.handoff(super::handoff::HandoffRequest {
+                    alloc_id,
+                    token,
+                    want_paths,
+                })
+                .await
+            }
         }
+    }
+
+    /// REBALANCE. The owner's request holds its allocation's change gate
+    /// for the whole move, so a HANDOFF never hands out memory that one of
+    /// its predecessor's moves still moves (the HANDOFF cancels such a move
+    /// first: it waits for one batch). An operator's move of another
+    /// connection's region takes no gate: it does not depend on who owns
+    /// the region.
+    async fn rebalance(&mut self, req: super::rebalance::MoveRequest) -> Outcome {
+        let gate = self
+            .rooms
+            .pool
+            .in_use(req.region_id)
+            .filter(|r| r.session == self.id)
+            .and_then(|r| self.rooms.pool.change_gate(r.alloc, self.id).ok());
+        let _held = match gate {
+            Some(g) => Some(g.lock_owned().await),
+            None => None,
+        };
+        // Ownership is checked (again) inside, under the gate.
+        let reply =
+            super::rebalance::serve(&self.rooms.rebalance, self.id, self.peer.uid, req).await;
+        Outcome::reply(reply)
     }
 
     fn handshake(&mut self, min: u32, max: u32, features: u64) -> Outcome {
@@ -339,10 +370,25 @@ impl Session {
     }
 
     /// HANDOFF: take allocation `alloc_id` over from the connection that
-    /// owns it (`super::handoff`).
-    fn handoff(&mut self, req: super::handoff::HandoffRequest) -> Outcome {
-        match super::handoff::serve(&self.rooms.pool, self.id, self.peer.uid, req) {
-            Ok(out) => {
+    /// owns it (`super::handoff`), once a change its owner began is done:
+    /// the move waits on the allocation's change gate (the predecessor's
+    /// moves are cancelled first), and a LOCK, UNLOCK, UFFD or REBALANCE of
+    /// the predecessor that comes after it finds the allocation gone.
+    async fn handoff(&mut self, req: super::handoff::HandoffRequest) -> Outcome {
+        let pool = &self.rooms.pool;
+        let served = match pool.hand_off_gate(req.alloc_id, &req.token, self.id, self.peer.uid) {
+            Ok((gate, predecessor)) => {
+                if let Some(p) = predecessor {
+                    self.rooms.rebalance.cancel_client_moves(req.alloc_id, p);
+                }
+                let _held = gate.lock_owned().await;
+                super::handoff::serve(pool, self.id, self.peer.uid, req)
+            }
+            Err(e) => Err(e),
+        };
+        match served {
+            Ok((out, _predecessor)) => {
+                self.rooms.rebalance.alloc_handed_off(req.alloc_id, self.id);
                 Metrics::add(&self.rooms.metrics.handoff_ok, 1);
                 out
             }
@@ -391,7 +437,7 @@ impl Session {
     ) -> Outcome {
         match req {
             Request::Uffd { alloc_id, ranges } if self.handshaken => {
-                self.uffd(alloc_id, &ranges, fds)
+                self.uffd(alloc_id, &ranges, fds).await
             }
             other => {
                 drop(fds);
@@ -400,13 +446,20 @@ impl Session {
         }
     }
 
-    /// UFFD: start the fault service of a lazy allocation of this session.
-    fn uffd(
+    /// UFFD: start the fault service of a lazy allocation of this session,
+    /// under the allocation's change gate (a HANDOFF that won the gate
+    /// first leaves this session nothing to serve).
+    async fn uffd(
         &mut self,
         alloc_id: AllocId,
         ranges: &[crate::proto::UffdRange],
         fds: Vec<std::os::fd::OwnedFd>,
     ) -> Outcome {
+        let gate = match self.rooms.pool.change_gate(alloc_id, self.id) {
+            Ok(g) => g,
+            Err(e) => return Outcome::error(Status::NotFound, e.to_string()),
+        };
+        let _held = gate.lock_owned().await;
         if let Err(e) = self.rooms.pool.regions_of(alloc_id, self.id) {
             return Outcome::error(Status::NotFound, e.to_string());
         }
@@ -484,19 +537,36 @@ impl Session {
         }
     }
 
+    /// LOCK and UNLOCK. The ownership check, the mlock or munlock and the
+    /// recorded state are one step: the allocation's change gate is held
+    /// throughout (a HANDOFF waits for it, so its reply reports the state
+    /// this request leaves), and the state is recorded only while this
+    /// session still owns the allocation. Should it have lost it all the
+    /// same, the mapping is put back as recorded for the new owner and the
+    /// request is answered NOT_FOUND, as it would be after the move.
     async fn lock(&mut self, alloc_id: AllocId, chunk: u64, lock: bool) -> Outcome {
+        let gate = match self.rooms.pool.change_gate(alloc_id, self.id) {
+            Ok(g) => g,
+            Err(e) => return Outcome::error(Status::NotFound, e.to_string()),
+        };
+        let _held = gate.lock_owned().await;
         let (regions, _) = match self.rooms.pool.regions_of(alloc_id, self.id) {
             Ok(r) => r,
             Err(e) => return Outcome::error(Status::NotFound, e.to_string()),
         };
         let topology = Arc::clone(&self.rooms.topology);
+        let locked_regions = regions.clone();
         let job = tokio::task::spawn_blocking(move || {
-            let refs: Vec<&Region> = regions.iter().map(|r| &**r).collect();
+            let refs: Vec<&Region> = locked_regions.iter().map(|r| &**r).collect();
             alloc::lock_regions(&topology, &refs, lock, chunk, None)
         });
         match job.await {
             Ok(Ok((bytes, micros))) => {
-                self.rooms.pool.set_locked(alloc_id, lock);
+                if let Err((lost, recorded)) = self.rooms.pool.set_locked(alloc_id, self.id, lock) {
+                    self.restore_lock_state(regions, lock, recorded.unwrap_or(false))
+                        .await;
+                    return Outcome::error(Status::NotFound, lost.to_string());
+                }
                 info!(
                     session = self.id,
                     alloc = alloc_id,
@@ -509,6 +579,22 @@ impl Session {
             }
             Ok(Err((status, msg))) => Outcome::error(status, msg),
             Err(e) => Outcome::error(Status::Internal, alloc::join_error(&e).to_string()),
+        }
+    }
+
+    /// Puts a mapping this session locked or unlocked back to `recorded`
+    /// after it lost the allocation (see [`Session::lock`]).
+    async fn restore_lock_state(&self, regions: Vec<Arc<Region>>, did: bool, recorded: bool) {
+        if did == recorded {
+            return;
+        }
+        let topology = Arc::clone(&self.rooms.topology);
+        let job = tokio::task::spawn_blocking(move || {
+            let refs: Vec<&Region> = regions.iter().map(|r| &**r).collect();
+            alloc::lock_regions(&topology, &refs, recorded, 0, None)
+        });
+        if let Ok(Err((_, msg))) = job.await {
+            warn!(session = self.id, reason = %msg, "cannot restore a lost allocation's lock state");
         }
     }
 
@@ -627,6 +713,20 @@ impl Session {
             .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
         info!(session = self.id, "session ended");
     }
+}
+
+/// The answer to a request whose feature the connection did not negotiate
+/// at HANDSHAKE: the feature bits are the agreement, so the daemon serves
+/// nothing outside it (a client library that negotiated nothing cannot
+/// have meant to send it).
+fn not_negotiated(request: &str, feature: u64) -> Outcome {
+    Outcome::error(
+        Status::Invalid,
+        format!(
+            "{request} was not negotiated on this connection (feature bit {} at HANDSHAKE)",
+            feature.trailing_zeros()
+        ),
+    )
 }
 
 /// What follows a release, off the executor: released allocations that

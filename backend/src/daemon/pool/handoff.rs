@@ -11,7 +11,7 @@ use guest_mem::Region;
 
 use super::ids::{AllocId, RegionId, SessionId};
 use super::owners::OwnershipError;
-use super::table::Pool;
+use super::table::{Allocation, ChangeGate, Inner, Pool};
 use super::token::{new_token, same_token, AllocToken};
 
 /// Why a HANDOFF was refused.
@@ -61,13 +61,60 @@ pub struct HandedOff {
     pub token: AllocToken,
 }
 
+/// The checks of a HANDOFF that need nothing but the record: the
+/// allocation exists, `uid` is its tenant, `token` its current token
+/// (compared in constant time, whatever else fails, so a refusal takes the
+/// same time for an existing id as for a foreign one), and `session` does
+/// not own it already.
+fn check<'a>(
+    g: &'a Inner,
+    alloc: AllocId,
+    token: &AllocToken,
+    session: SessionId,
+    uid: u32,
+) -> Result<&'a Allocation, HandoffError> {
+    let refused = OwnershipError::Unknown(alloc);
+    let a = g.allocs.get(&alloc).ok_or(refused)?;
+    let token_ok = same_token(&a.token, token);
+    if a.tenant != uid || !token_ok {
+        return Err(refused.into());
+    }
+    if a.session == Some(session) {
+        return Err(HandoffError::AlreadyYours(alloc));
+    }
+    Ok(a)
+}
+
 impl Pool {
+    /// The change gate of `alloc` (see [`ChangeGate`]) and the connection
+    /// that owns it now, for a HANDOFF that passed [`check`]. The successor
+    /// waits on the gate for a change its predecessor began (a LOCK's
+    /// mlock) and then calls [`Pool::hand_off`], which checks everything
+    /// again. A refusal answers at once: only the holder of the right token
+    /// ever waits.
+    ///
+    /// # Errors
+    ///
+    /// [`HandoffError`], as [`Pool::hand_off`] would refuse.
+    pub fn hand_off_gate(
+        &self,
+        alloc: AllocId,
+        token: &AllocToken,
+        session: SessionId,
+        uid: u32,
+    ) -> Result<(ChangeGate, Option<SessionId>), HandoffError> {
+        let g = self.lock();
+        let a = check(&g, alloc, token, session, uid)?;
+        Ok((Arc::clone(&a.gate), a.session))
+    }
+
     /// Gives allocation `alloc` to `session` when `uid` is its tenant and
     /// `token` its current token (compared in constant time), with a new
     /// token. The allocation may be live on another connection or orphaned.
     /// `prepare` runs on its regions once every check passed and before
     /// anything changes (the successor's fds are opened there): when it
-    /// fails, the allocation stays where it was.
+    /// fails, the allocation stays where it was. The caller holds the
+    /// allocation's change gate ([`Pool::hand_off_gate`]).
     ///
     /// # Errors
     ///
@@ -83,17 +130,7 @@ impl Pool {
     ) -> Result<(HandedOff, T), HandoffError> {
         let fresh = new_token().map_err(HandoffError::Internal)?;
         let mut g = self.lock();
-        let refused = OwnershipError::Unknown(alloc);
-        let a = g.allocs.get(&alloc).ok_or(refused)?;
-        // The token is compared whatever else fails, so a refusal takes the
-        // same time for an existing id as for a foreign one.
-        let token_ok = same_token(&a.token, token);
-        if a.tenant != uid || !token_ok {
-            return Err(refused.into());
-        }
-        if a.session == Some(session) {
-            return Err(HandoffError::AlreadyYours(alloc));
-        }
+        let a = check(&g, alloc, token, session, uid)?;
         let regions: Vec<(RegionId, Arc<Region>)> = a
             .regions
             .iter()
@@ -110,7 +147,10 @@ impl Pool {
             return Err(HandoffError::NotCleared { alloc, pages });
         }
         let prepared = prepare(&regions)?;
-        let a = g.allocs.get_mut(&alloc).ok_or(refused)?;
+        let a = g
+            .allocs
+            .get_mut(&alloc)
+            .ok_or(OwnershipError::Unknown(alloc))?;
         let previous = a.session.replace(session);
         a.token = fresh;
         let handed = HandedOff {

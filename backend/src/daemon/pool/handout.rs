@@ -10,7 +10,7 @@ use std::time::Instant;
 use tracing::warn;
 
 use super::ids::{AllocId, RegionId, SessionId};
-use super::table::{Allocation, EntryState, Inner, Pool};
+use super::table::{Allocation, ChangeGate, EntryState, Inner, Pool};
 use super::token::{new_token, AllocToken};
 
 /// How an allocation is handed out (see [`Pool::commit`]).
@@ -122,6 +122,7 @@ impl Pool {
                 token: owner.token,
                 lazy: owner.lazy,
                 lazy_fallback: false,
+                gate: ChangeGate::default(),
             },
         );
         alloc

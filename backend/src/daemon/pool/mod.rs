@@ -153,7 +153,7 @@ pub use reserve::Taken;
 pub use scrubbing::{ScrubWork, Scrubbed, Work};
 pub use stats::PoolPart;
 pub use supply::{free_pages, Refusal};
-pub use table::{Pool, Sources};
+pub use table::{ChangeGate, Pool, Sources};
 pub use take::{shortage_note, Missing, Obtained, Part, Source};
 pub use token::{AllocToken, TOKEN_SIZE};
 // The table's private types, for `persist.rs` (`super::Entry` …).

@@ -19,7 +19,7 @@ use std::sync::Arc;
 use guest_mem::Region;
 
 use super::ids::{AllocId, RegionId, SessionId};
-use super::table::Pool;
+use super::table::{ChangeGate, Pool};
 use super::token::{same_token, AllocToken};
 
 /// Why an allocation id was refused.
@@ -65,11 +65,48 @@ impl Pool {
         Ok((regions, a.locked))
     }
 
-    /// Records whether `alloc` is locked.
-    pub fn set_locked(&self, alloc: AllocId, locked: bool) {
-        if let Some(a) = self.lock().allocs.get_mut(&alloc) {
-            a.locked = locked;
+    /// The change gate of `alloc` if `session` owns it (see
+    /// [`ChangeGate`]). The caller checks ownership again once it holds the
+    /// gate: a HANDOFF may have moved the allocation while it waited.
+    ///
+    /// # Errors
+    ///
+    /// [`OwnershipError`].
+    pub fn change_gate(
+        &self,
+        alloc: AllocId,
+        session: SessionId,
+    ) -> Result<ChangeGate, OwnershipError> {
+        let g = self.lock();
+        let a = g.allocs.get(&alloc).ok_or(OwnershipError::Unknown(alloc))?;
+        if a.session != Some(session) {
+            return Err(OwnershipError::NotYours(alloc));
         }
+        Ok(Arc::clone(&a.gate))
+    }
+
+    /// Records whether `alloc` is locked, if `session` still owns it: the
+    /// check and the change are one step under the pool's lock.
+    ///
+    /// # Errors
+    ///
+    /// [`OwnershipError`], with the lock state recorded for the allocation
+    /// now (`None`: it is gone), which the caller restores its mapping to.
+    pub fn set_locked(
+        &self,
+        alloc: AllocId,
+        session: SessionId,
+        locked: bool,
+    ) -> Result<(), (OwnershipError, Option<bool>)> {
+        let mut g = self.lock();
+        let Some(a) = g.allocs.get_mut(&alloc) else {
+            return Err((OwnershipError::Unknown(alloc), None));
+        };
+        if a.session != Some(session) {
+            return Err((OwnershipError::NotYours(alloc), Some(a.locked)));
+        }
+        a.locked = locked;
+        Ok(())
     }
 
     /// Region `id`, in any state.

@@ -14,7 +14,9 @@ use numa::Topology;
 use serde::{Deserialize, Serialize};
 use tracing::warn;
 
-use super::{AllocId, Allocation, Entry, EntryState, Pool, PoolKey, RegionId, SessionId};
+use super::{
+    AllocId, Allocation, ChangeGate, Entry, EntryState, Pool, PoolKey, RegionId, SessionId,
+};
 use crate::daemon::handover::encoding::{decode_pages, encode_pages, hex, unhex};
 use crate::daemon::metrics::Metrics;
 use crate::daemon::quarantine::holders::Owned;
@@ -301,6 +303,7 @@ impl Pool {
                     token: a.token,
                     lazy: a.lazy,
                     lazy_fallback: a.lazy_fallback,
+                    gate: ChangeGate::default(),
                 },
             );
         }

@@ -143,7 +143,19 @@ pub(super) struct Allocation {
     /// service of this daemon (the uffd went with the old connection, or
     /// the old daemon): UFFD on it is refused.
     pub(super) lazy_fallback: bool,
+    /// Held from an ownership check to the change it allows (see
+    /// [`ChangeGate`]).
+    pub(super) gate: ChangeGate,
 }
+
+/// An allocation's change gate. LOCK, UNLOCK, UFFD, an owner's REBALANCE
+/// and HANDOFF hold it from their ownership check until their change is
+/// made and recorded, so a change the owner began (an mlock running on a
+/// blocking thread, a move) is finished before the allocation can change
+/// hands, and a request that waited for a HANDOFF finds the new owner when
+/// it checks. An async mutex: holders wait across `.await`s, and a waiter
+/// parks its task, not a runtime thread.
+pub type ChangeGate = Arc<tokio::sync::Mutex<()>>;
 
 #[derive(Debug, Default)]
 pub(super) struct Inner {

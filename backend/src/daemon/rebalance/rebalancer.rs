@@ -327,6 +327,32 @@ impl Rebalancer {
         self.cancel_where(|m| m.alloc == alloc, "its allocation was freed");
     }
 
+    /// A HANDOFF of `alloc` from `predecessor` is about to wait for the
+    /// allocation's change gate: moves that connection asked for stop
+    /// before their next batch, so the successor waits one batch, not a
+    /// whole move, and gets memory no request of its predecessor still
+    /// moves.
+    pub fn cancel_client_moves(&self, alloc: AllocId, predecessor: SessionId) {
+        self.cancel_where(
+            |m| {
+                m.alloc == alloc
+                    && matches!(m.initiator, Initiator::Client { session, .. } if session == predecessor)
+            },
+            "its allocation is being handed off",
+        );
+    }
+
+    /// HANDOFF moved `alloc` to `successor`: moves of its regions that an
+    /// operator or the policy runs go on, now on the successor's behalf (its
+    /// disconnect cancels them, its predecessor's no longer does).
+    pub fn alloc_handed_off(&self, alloc: AllocId, successor: SessionId) {
+        for m in lock(&self.active).values_mut() {
+            if m.alloc == alloc {
+                m.owner = successor;
+            }
+        }
+    }
+
     pub(super) fn cancel_where(&self, pred: impl Fn(&ActiveMove) -> bool, why: &str) {
         for (region, m) in lock(&self.active).iter() {
             if pred(m) && !m.cancel.is_cancelled() {
