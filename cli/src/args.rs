@@ -200,7 +200,9 @@ pub(crate) struct LaunchArgs {
     /// (/run/hugemem/vm/NAME.sock without XDG_RUNTIME_DIR).
     #[arg(long, conflicts_with = "control_socket")]
     pub(crate) name: Option<String>,
-    /// QEMU: listen for `hugemem update` on this socket instead.
+    /// QEMU: listen for `hugemem update` on this socket instead. Its
+    /// directory must be writable by no other user, and those above it only
+    /// with the sticky bit (like /tmp); a launch refuses others.
     #[arg(long, value_name = "PATH")]
     pub(crate) control_socket: Option<std::path::PathBuf>,
     /// How long each step of a live update may take, in seconds.

@@ -2,9 +2,12 @@
 //! running `hugemem launch` to update its QEMU (`update.rs` does the work).
 //!
 //! The socket is created by the launcher (mode 0600, in a directory of mode
-//! 0700 when the launcher creates that too) and removed when it exits. A
-//! peer must have the launcher's uid or be root (`SO_PEERCRED`). One request
-//! per connection, one JSON line each way:
+//! 0700 when the launcher creates that too, and only in a directory no other
+//! uid can write: `control_dir`) and removed when it exits, if the path
+//! still names the socket it bound. A peer must have the launcher's uid or
+//! be root (`SO_PEERCRED`); `hugemem update` checks the same of the listener
+//! before it sends anything. One request per connection, one JSON line each
+//! way:
 //!
 //! ```text
 //! → {"update":{"qemu":"/usr/local/bin/qemu-system-x86_64"}}   (qemu: null = the same binary)
@@ -16,13 +19,15 @@
 //! dropped, so a peer that connects and says nothing cannot stall it.
 
 use std::io::{BufRead, BufReader, Write};
-use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use nix::sys::socket::{getsockopt, sockopt::PeerCredentials};
 use serde::{Deserialize, Serialize};
+
+use super::control_dir::{check_socket_dir, SocketDirError};
 
 /// How long the launcher waits for a connected peer's request line.
 pub const REQUEST_WAIT: Duration = Duration::from_secs(5);
@@ -109,6 +114,26 @@ pub enum ControlError {
     /// The launcher refused or failed the update.
     #[error("the update failed: {0}")]
     Failed(String),
+    /// The socket's directory would let another uid take the socket.
+    #[error(transparent)]
+    Dir(#[from] SocketDirError),
+    /// The process listening on the socket is neither of the caller's uid
+    /// nor root's: not the caller's launch.
+    #[error(
+        "control socket {path}: the process listening on it runs as uid {peer_uid} (pid \
+         {peer_pid}), not as you (uid {own_uid}) or root, so it is no launch of yours; \
+         nothing was sent to it (run `hugemem update` as the user that launched the VM)"
+    )]
+    NotOurs {
+        /// The socket.
+        path: PathBuf,
+        /// The listener's uid.
+        peer_uid: u32,
+        /// The listener's pid (when it listened).
+        peer_pid: i32,
+        /// The caller's effective uid.
+        own_uid: u32,
+    },
 }
 
 /// Where a launch named `name` puts its control socket:
@@ -137,28 +162,36 @@ pub fn control_socket_path(name: &str) -> Result<PathBuf, ControlError> {
         .join(format!("{name}.sock")))
 }
 
-/// The listening control socket; removes its file when dropped.
+/// The listening control socket; removes its file when dropped, if the
+/// path still names the file it bound.
 #[derive(Debug)]
 pub(crate) struct ControlSocket {
     listener: UnixListener,
     path: PathBuf,
+    /// The socket file's device and inode, right after the bind.
+    bound: (u64, u64),
 }
 
 impl ControlSocket {
-    /// Binds `path` (mode 0600). A stale socket file nobody listens on is
-    /// replaced; one a live launcher listens on is an error.
+    /// Binds `path` (mode 0600), in a directory no other uid can write
+    /// (`control_dir`; created, mode 0700, when missing). A stale socket file
+    /// nobody listens on is replaced; one a live launcher listens on is an
+    /// error.
     pub(crate) fn bind(path: &Path) -> Result<Self, ControlError> {
         let err = |source| ControlError::Socket {
             path: path.to_owned(),
             source,
         };
-        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-            std::fs::DirBuilder::new()
-                .recursive(true)
-                .mode(0o700)
-                .create(dir)
-                .map_err(err)?;
-        }
+        let dir = path
+            .parent()
+            .filter(|d| !d.as_os_str().is_empty())
+            .unwrap_or(Path::new("."));
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)
+            .map_err(err)?;
+        check_socket_dir(dir, nix::unistd::geteuid().as_raw())?;
         if path.exists() {
             if UnixStream::connect(path).is_ok() {
                 return Err(err(std::io::Error::new(
@@ -169,11 +202,14 @@ impl ControlSocket {
             std::fs::remove_file(path).map_err(err)?;
         }
         let listener = UnixListener::bind(path).map_err(err)?;
+        // No other uid can write the directory, so this is the file just bound.
+        let file = std::fs::symlink_metadata(path).map_err(err)?;
         std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).map_err(err)?;
         listener.set_nonblocking(true).map_err(err)?;
         Ok(Self {
             listener,
             path: path.to_owned(),
+            bound: (file.dev(), file.ino()),
         })
     }
 
@@ -234,8 +270,22 @@ impl ControlSocket {
 }
 
 impl Drop for ControlSocket {
+    /// Removes the socket file, unless the path names another file now (one
+    /// that replaced ours is not ours to remove). A replacement between the
+    /// stat and the unlink would still be removed; only root and the
+    /// launcher's own uid can write the directory (`control_dir`), so only
+    /// they could race it.
     fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.path);
+        match std::fs::symlink_metadata(&self.path) {
+            Ok(now) if (now.dev(), now.ino()) == self.bound => {
+                let _ = std::fs::remove_file(&self.path);
+            }
+            Ok(_) => tracing::warn!(
+                path = %self.path.display(),
+                "control socket: the path names another file than the socket this launch bound; left in place"
+            ),
+            Err(_) => {}
+        }
     }
 }
 
@@ -251,17 +301,31 @@ pub(crate) fn reply(mut stream: UnixStream, answer: &Reply) -> std::io::Result<(
 ///
 /// # Errors
 ///
-/// [`ControlError`]: no such launch, no answer in time, or the launcher's
-/// error text.
+/// [`ControlError`]: no such launch, a listener of another uid than the
+/// caller's or root's ([`ControlError::NotOurs`], sent nothing), no answer in
+/// time, or the launcher's error text.
 pub fn request_update(
     path: &Path,
     qemu: Option<&Path>,
     timeout: Duration,
 ) -> Result<UpdateReport, ControlError> {
-    let stream = UnixStream::connect(path).map_err(|source| ControlError::Socket {
+    let socket = |source| ControlError::Socket {
         path: path.to_owned(),
         source,
-    })?;
+    };
+    let stream = UnixStream::connect(path).map_err(socket)?;
+    // Whoever could bind the path may listen on it: the request (and the
+    // QEMU path in it) goes only to a launch of the caller's uid or root's.
+    let listener = getsockopt(&stream, PeerCredentials).map_err(|e| socket(e.into()))?;
+    let own_uid = nix::unistd::geteuid().as_raw();
+    if listener.uid() != own_uid && listener.uid() != 0 {
+        return Err(ControlError::NotOurs {
+            path: path.to_owned(),
+            peer_uid: listener.uid(),
+            peer_pid: listener.pid(),
+            own_uid,
+        });
+    }
     let exchange = |what: String| ControlError::Exchange {
         path: path.to_owned(),
         what,

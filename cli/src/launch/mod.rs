@@ -74,6 +74,7 @@ pub mod cloud_hypervisor;
 mod command_line;
 mod config;
 pub mod control;
+pub mod control_dir;
 mod error;
 mod exit_event;
 mod process;
