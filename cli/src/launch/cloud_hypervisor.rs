@@ -3,7 +3,7 @@
 //!
 //! Facts this relies on, written down with their sources in
 //! docs/platform.md#cloud-hypervisor and `docs/operations.md`; checked with cloud-hypervisor
-//! v53.0-246-gae44c2971 built from source (`docs/benchmarks.md`):
+//! at ae44c2971 built from source by `scripts/build-cloud-hypervisor` (`docs/benchmarks.md`):
 //!
 //! * `--memory size=0 --memory-zone id=Z,size=S,file=PATH,shared=on` maps an
 //!   existing file; PATH may be a hugetlbfs file or `/dev/fd/N` of an
