@@ -117,6 +117,7 @@ pub mod latency;
 pub mod lazy_allocs;
 pub mod lifecycle;
 pub mod listeners;
+mod locking;
 pub mod metrics;
 mod orphans;
 pub mod outcome;

@@ -36,9 +36,7 @@ use super::pool::{AllocId, HandoffError, Pool, Released, SessionId};
 use super::rebalance::Rebalancer;
 use super::stats::StatsSource;
 use crate::proto::messages::{RegionInfo, Reply, ReplyBody, Request};
-use crate::proto::{
-    Status, FEATURE_HANDOFF, FEATURE_REATTACH, MAX_PAYLOAD, PROTOCOL_VERSION, TOKEN_SIZE,
-};
+use crate::proto::{Status, FEATURE_HANDOFF, FEATURE_REATTACH, PROTOCOL_VERSION, TOKEN_SIZE};
 
 /// Features this daemon implements: REBALANCE, lazy mode, re-attach tokens.
 pub const DAEMON_FEATURES: u64 = crate::proto::FEATURE_REBALANCE
@@ -537,65 +535,10 @@ impl Session {
         }
     }
 
-    /// LOCK and UNLOCK. The ownership check, the mlock or munlock and the
-    /// recorded state are one step: the allocation's change gate is held
-    /// throughout (a HANDOFF waits for it, so its reply reports the state
-    /// this request leaves), and the state is recorded only while this
-    /// session still owns the allocation. Should it have lost it all the
-    /// same, the mapping is put back as recorded for the new owner and the
-    /// request is answered NOT_FOUND, as it would be after the move.
+    /// LOCK and UNLOCK (`super::locking`).
     async fn lock(&mut self, alloc_id: AllocId, chunk: u64, lock: bool) -> Outcome {
-        let gate = match self.rooms.pool.change_gate(alloc_id, self.id) {
-            Ok(g) => g,
-            Err(e) => return Outcome::error(Status::NotFound, e.to_string()),
-        };
-        let _held = gate.lock_owned().await;
-        let (regions, _) = match self.rooms.pool.regions_of(alloc_id, self.id) {
-            Ok(r) => r,
-            Err(e) => return Outcome::error(Status::NotFound, e.to_string()),
-        };
-        let topology = Arc::clone(&self.rooms.topology);
-        let locked_regions = regions.clone();
-        let job = tokio::task::spawn_blocking(move || {
-            let refs: Vec<&Region> = locked_regions.iter().map(|r| &**r).collect();
-            alloc::lock_regions(&topology, &refs, lock, chunk, None)
-        });
-        match job.await {
-            Ok(Ok((bytes, micros))) => {
-                if let Err((lost, recorded)) = self.rooms.pool.set_locked(alloc_id, self.id, lock) {
-                    self.restore_lock_state(regions, lock, recorded.unwrap_or(false))
-                        .await;
-                    return Outcome::error(Status::NotFound, lost.to_string());
-                }
-                info!(
-                    session = self.id,
-                    alloc = alloc_id,
-                    bytes,
-                    micros,
-                    lock,
-                    "allocation lock state changed"
-                );
-                Outcome::reply(Reply::ok(ReplyBody::Lock { bytes, micros }))
-            }
-            Ok(Err((status, msg))) => Outcome::error(status, msg),
-            Err(e) => Outcome::error(Status::Internal, alloc::join_error(&e).to_string()),
-        }
-    }
-
-    /// Puts a mapping this session locked or unlocked back to `recorded`
-    /// after it lost the allocation (see [`Session::lock`]).
-    async fn restore_lock_state(&self, regions: Vec<Arc<Region>>, did: bool, recorded: bool) {
-        if did == recorded {
-            return;
-        }
-        let topology = Arc::clone(&self.rooms.topology);
-        let job = tokio::task::spawn_blocking(move || {
-            let refs: Vec<&Region> = regions.iter().map(|r| &**r).collect();
-            alloc::lock_regions(&topology, &refs, recorded, 0, None)
-        });
-        if let Ok(Err((_, msg))) = job.await {
-            warn!(session = self.id, reason = %msg, "cannot restore a lost allocation's lock state");
-        }
+        let rooms = &self.rooms;
+        super::locking::serve(&rooms.pool, &rooms.topology, self.id, alloc_id, chunk, lock).await
     }
 
     async fn stats(&self) -> Outcome {
@@ -603,53 +546,10 @@ impl Session {
         super::rebalance::add_placement(&self.rooms.rebalance, &mut stats).await;
         // This connection's lazy allocations and their fault counters.
         stats.lazy = Some(self.lazy.stats());
-        // A tenant that is not an operator sees aggregates and its own
-        // regions only: no other tenant's regions, inodes, paths, holder
-        // pids, sessions or placement (and no socket, hugetlbfs,
-        // quarantine, given_back, refill or rebalance). An allowlist: a
-        // part added to `Stats` later stays at its default for tenants
-        // until it is named here.
         if !self.rooms.rebalance.operators().contains(&self.peer.uid) && self.peer.uid != 0 {
-            let own = self.rooms.pool.region_ids_of(self.id);
-            stats = hugemem_client::stats::Stats {
-                version: stats.version,
-                pid: stats.pid,
-                uptime_s: stats.uptime_s,
-                sessions: stats.sessions,
-                lazy: stats.lazy,
-                allocations: stats.allocations,
-                pools: stats.pools,
-                regions: stats.regions.map(|mut regions| {
-                    regions.retain(|r| own.contains(&r.id));
-                    regions
-                }),
-                scrub: stats.scrub,
-                totals: stats.totals,
-                counters: stats.counters,
-                ..hugemem_client::stats::Stats::default()
-            };
+            stats = super::stats::tenant_view(stats, &self.rooms.pool.region_ids_of(self.id));
         }
-        let to_json = |s: &hugemem_client::stats::Stats| {
-            serde_json::to_string(s).map_err(|e| format!("STATS: {e}"))
-        };
-        let mut json = match to_json(&stats) {
-            Ok(j) => j,
-            Err(e) => return Outcome::error(Status::Internal, e),
-        };
-        // The reply must fit one frame: status (8) + length (4) + JSON. The
-        // per-region list is the only part that grows with use; drop it first.
-        if json.len() + 12 > MAX_PAYLOAD {
-            stats.regions = None;
-            stats.regions_omitted = true;
-            json = match to_json(&stats) {
-                Ok(j) => j,
-                Err(e) => return Outcome::error(Status::Internal, e),
-            };
-        }
-        if json.len() + 12 > MAX_PAYLOAD {
-            return Outcome::error(Status::Internal, "STATS does not fit one reply");
-        }
-        Outcome::reply(Reply::ok(ReplyBody::Stats { json }))
+        super::stats::reply(stats)
     }
 
     /// Unlocks (off the executor), drops regions over the limit, starts the
