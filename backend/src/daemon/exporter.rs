@@ -280,6 +280,26 @@ impl DaemonCollector {
         ]
     }
 
+    /// REATTACH and HANDOFF refusals by kind and uid (the totals by kind
+    /// are `reattach_refused` and `handoff_refused`).
+    fn encode_token_refusals(
+        m: &Metrics,
+        enc: &mut DescriptorEncoder,
+    ) -> Result<(), std::fmt::Error> {
+        let mut family = enc.encode_descriptor(
+            "token_refusals",
+            "REATTACH and HANDOFF requests refused for their id, uid or token (guesses), by kind and uid (uid=\"other\" beyond 256 uids).",
+            None,
+            MetricType::Counter,
+        )?;
+        for (kind, uid, n) in m.token_refusals.snapshot() {
+            let uid = uid.map_or_else(|| "other".to_string(), |u| u.to_string());
+            let labels = [("kind", kind.label().to_string()), ("uid", uid)];
+            ConstCounter::new(n).encode(family.encode_family(&labels)?)?;
+        }
+        Ok(())
+    }
+
     fn encode_pools(stats: &PoolPart, enc: &mut DescriptorEncoder) -> Result<(), std::fmt::Error> {
         let rows = &stats.pools;
         let allocs = &stats.allocations;
@@ -510,6 +530,7 @@ impl Collector for DaemonCollector {
         for (name, help, v) in Self::daemon_counters(m) {
             counter(&mut enc, name, help, None, v)?;
         }
+        Self::encode_token_refusals(m, &mut enc)?;
         let (sum, count, buckets) = m.alloc_latency.snapshot();
         let mut metric = enc.encode_descriptor(
             "alloc_duration",

@@ -69,14 +69,18 @@ pub fn serve(
             Ok((fds, paths))
         })?;
     let regions = region_table_now(&handed.regions, handed.locked);
-    info!(
-        session,
-        uid,
-        alloc = req.alloc_id,
-        from = ?handed.previous,
-        regions = regions.len(),
-        "HANDOFF: allocation moved to its VMM's successor connection"
-    );
+    // Two connections of one tenant can pass an allocation back and forth.
+    if let Some(suppressed) = super::peer_log::HANDED_OFF.check(uid) {
+        info!(
+            session,
+            uid,
+            alloc = req.alloc_id,
+            from = ?handed.previous,
+            regions = regions.len(),
+            suppressed,
+            "HANDOFF: allocation moved to its VMM's successor connection"
+        );
+    }
     let outcome = Outcome {
         reply: Reply::ok(ReplyBody::Alloc {
             alloc_id: req.alloc_id,

@@ -17,15 +17,16 @@ use tracing::{info, warn};
 
 use super::alloc;
 use super::outcome::Outcome;
+use super::peer_log;
 use super::pool::{AllocId, Pool, SessionId};
 use crate::proto::messages::{Reply, ReplyBody};
 use crate::proto::Status;
 
-/// Serves LOCK (`lock`) or UNLOCK of `alloc_id` for `session`.
+/// Serves LOCK (`lock`) or UNLOCK of `alloc_id` for `session` (peer `uid`).
 pub(super) async fn serve(
     pool: &Pool,
     topology: &Arc<Topology>,
-    session: SessionId,
+    (session, uid): (SessionId, u32),
     alloc_id: AllocId,
     chunk: u64,
     lock: bool,
@@ -50,14 +51,18 @@ pub(super) async fn serve(
                 }
                 return Outcome::error(Status::NotFound, lost.to_string());
             }
-            info!(
-                session,
-                alloc = alloc_id,
-                bytes,
-                micros,
-                lock,
-                "allocation lock state changed"
-            );
+            if let Some(suppressed) = peer_log::LOCK_CHANGED.check(uid) {
+                info!(
+                    session,
+                    uid,
+                    alloc = alloc_id,
+                    bytes,
+                    micros,
+                    lock,
+                    suppressed,
+                    "allocation lock state changed"
+                );
+            }
             Outcome::reply(Reply::ok(ReplyBody::Lock { bytes, micros }))
         }
         Err(refused) => refused,

@@ -100,6 +100,8 @@ pub struct Metrics {
     pub handoff_ok: AtomicU64,
     /// HANDOFF requests refused (unknown id, another uid's, wrong token).
     pub handoff_refused: AtomicU64,
+    /// REATTACH and HANDOFF refusals by kind and uid (`/metrics` only).
+    pub token_refusals: super::refusals::TokenRefusals,
 }
 
 impl Metrics {
@@ -141,10 +143,13 @@ impl Metrics {
 
     /// Every counter by name, for a successor daemon (`super::handover`).
     pub fn to_map(&self) -> std::collections::BTreeMap<String, u64> {
-        self.named()
+        let mut map: std::collections::BTreeMap<String, u64> = self
+            .named()
             .iter()
             .map(|(n, c)| ((*n).to_string(), Self::get(c)))
-            .collect()
+            .collect();
+        self.token_refusals.to_map(&mut map);
+        map
     }
 
     /// Takes over a predecessor's counters (unknown names are ignored;
@@ -158,6 +163,7 @@ impl Metrics {
                 counter.store(*v, Ordering::Relaxed);
             }
         }
+        self.token_refusals.restore_map(map);
     }
 
     /// Adds `n` to a counter.

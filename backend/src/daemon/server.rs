@@ -46,6 +46,7 @@ use super::lifecycle::Lifecycle;
 use super::lifecycle::{InheritedConnection, ParkedConnection, Phase};
 use super::metrics::Metrics;
 use super::peer::PeerCred;
+use super::peer_log;
 use super::session::Rooms;
 use super::session::Session;
 use crate::diag::RateLimit;
@@ -54,11 +55,9 @@ use crate::proto::messages::{Reply, Request};
 use crate::proto::FrameReader;
 use crate::proto::{Header, ProtoError, Status};
 
-static MALFORMED_LOG: RateLimit = RateLimit::new(Duration::from_secs(1));
-static REFUSED_LOG: RateLimit = RateLimit::new(Duration::from_secs(1));
-static FDS_LOG: RateLimit = RateLimit::new(Duration::from_secs(1));
+// The lines a peer can cause are limited per uid (`super::peer_log`);
+// accept errors have no peer.
 static ACCEPT_LOG: RateLimit = RateLimit::new(Duration::from_secs(1));
-static FULL_LOG: RateLimit = RateLimit::new(Duration::from_secs(1));
 
 /// Connection slots: the general pool, the operators' reserve, per-uid counts.
 #[derive(Debug)]
@@ -233,7 +232,7 @@ impl Listener {
             Ok(slot) => slot,
             Err(why) => {
                 Metrics::add(&self.server.metrics.connection_errors, 1);
-                if let Some(n) = FULL_LOG.check() {
+                if let Some(n) = peer_log::NO_SLOT.check(peer.uid) {
                     warn!(uid = peer.uid, pid = ?peer.pid, reason = why, suppressed = n, "no connection slot; closing");
                 }
                 return;
@@ -242,7 +241,7 @@ impl Listener {
         let server = Arc::clone(&self.server);
         if !server.allowed_uids.contains(&peer.uid) {
             Metrics::add(&server.metrics.peers_refused, 1);
-            if let Some(n) = REFUSED_LOG.check() {
+            if let Some(n) = peer_log::UID_REFUSED.check(peer.uid) {
                 warn!(uid = peer.uid, pid = ?peer.pid, suppressed = n, "peer uid is not allowed; refusing");
             }
             self.server
@@ -274,7 +273,7 @@ fn spawn_handler(mut handler: Handler) {
     server.lifecycle.handler_started();
     let tracker = server.lifecycle.tracker().clone();
     tracker.spawn(async move {
-        let id = handler.session.id();
+        let (id, uid) = (handler.session.id(), handler.session.uid());
         loop {
             match handler.run().await {
                 Ok(End::Park) => {
@@ -291,8 +290,8 @@ fn spawn_handler(mut handler: Handler) {
                 Ok(End::Closed) => {}
                 Err(e) => {
                     Metrics::add(&handler.server.metrics.connection_errors, 1);
-                    if let Some(n) = MALFORMED_LOG.check() {
-                        warn!(session = id, error = %crate::diag::chain(&e), suppressed = n, "closing connection");
+                    if let Some(n) = peer_log::CONNECTION_CLOSED.check(uid) {
+                        warn!(session = id, uid, error = %crate::diag::chain(&e), suppressed = n, "closing connection");
                     }
                 }
             }
@@ -510,9 +509,10 @@ impl Handler {
                 self.session.handle_with_fds(request, frame.fds).await
             } else {
                 if !frame.fds.is_empty() {
-                    if let Some(n) = FDS_LOG.check() {
+                    if let Some(n) = peer_log::STRAY_FDS.check(self.session.uid()) {
                         warn!(
                             session = self.session.id(),
+                            uid = self.session.uid(),
                             fds = frame.fds.len(),
                             suppressed = n,
                             "request carried file descriptors; closed them"
@@ -535,8 +535,8 @@ impl Handler {
             }
             if out.close {
                 return Err(ProtoError::OutOfBounds(format!(
-                    "{} refused REATTACH requests on one connection",
-                    super::session::MAX_REATTACH_REFUSALS
+                    "{} on one connection",
+                    self.session.token_refusals_summary()
                 )));
             }
         }

@@ -32,8 +32,10 @@ use super::lifecycle::Lifecycle;
 use super::metrics::Metrics;
 use super::outcome::Outcome;
 use super::peer::{PeerCred, PidWatch};
+use super::peer_log;
 use super::pool::{AllocId, HandoffError, Pool, Released, SessionId};
 use super::rebalance::Rebalancer;
+use super::refusals::TokenRequest;
 use super::stats::StatsSource;
 use crate::proto::messages::{RegionInfo, Reply, ReplyBody, Request};
 use crate::proto::{Status, FEATURE_HANDOFF, FEATURE_REATTACH, PROTOCOL_VERSION, TOKEN_SIZE};
@@ -84,7 +86,7 @@ pub struct Session {
     features: u64,
     /// REATTACH and HANDOFF requests refused on this connection for their
     /// id, uid or token.
-    token_refusals: u32,
+    token_refusals: super::refusals::OnConnection,
     watching: bool,
     /// Lazy allocations and their fault services (`backend::fault`).
     lazy: super::lazy_allocs::LazyAllocs,
@@ -94,7 +96,9 @@ impl Session {
     /// A new session for a peer that passed the uid check.
     pub fn new(id: SessionId, peer: PeerCred, rooms: Arc<Rooms>) -> Self {
         Metrics::add(&rooms.metrics.sessions_total, 1);
-        info!(session = id, uid = peer.uid, pid = ?peer.pid, "session started");
+        if let Some(suppressed) = peer_log::SESSION_STARTED.check(peer.uid) {
+            info!(session = id, uid = peer.uid, pid = ?peer.pid, suppressed, "session started");
+        }
         Self::open(id, peer, rooms, false, 0)
     }
 
@@ -131,7 +135,7 @@ impl Session {
             rooms,
             handshaken,
             features,
-            token_refusals: 0,
+            token_refusals: super::refusals::OnConnection::default(),
             watching: false,
             lazy: super::lazy_allocs::LazyAllocs::new(),
         }
@@ -181,6 +185,17 @@ impl Session {
     /// The session id.
     pub fn id(&self) -> SessionId {
         self.id
+    }
+
+    /// The peer's uid.
+    pub fn uid(&self) -> u32 {
+        self.peer.uid
+    }
+
+    /// The refused REATTACH and HANDOFF requests that closed this
+    /// connection: "8 refused HANDOFF requests".
+    pub fn token_refusals_summary(&self) -> String {
+        self.token_refusals.summary()
     }
 
     /// True while the session holds an allocation (then it is never timed
@@ -330,7 +345,7 @@ impl Session {
                 Err(e) => {
                     Metrics::add(&self.rooms.metrics.reattach_refused, 1);
                     return self.token_refused(
-                        "REATTACH",
+                        TokenRequest::Reattach,
                         alloc_id,
                         Status::NotFound,
                         e.to_string(),
@@ -392,35 +407,36 @@ impl Session {
             }
             Err(e @ HandoffError::Refused(_)) => {
                 Metrics::add(&self.rooms.metrics.handoff_refused, 1);
-                self.token_refused("HANDOFF", req.alloc_id, Status::NotFound, e.to_string())
+                self.token_refused(
+                    TokenRequest::Handoff,
+                    req.alloc_id,
+                    Status::NotFound,
+                    e.to_string(),
+                )
             }
             Err(e) => {
-                info!(session = self.id, alloc = req.alloc_id, reason = %e, "HANDOFF refused");
+                if let Some(suppressed) = peer_log::REQUEST_REFUSED.check(self.peer.uid) {
+                    info!(session = self.id, uid = self.peer.uid, alloc = req.alloc_id, reason = %e, suppressed, "HANDOFF refused");
+                }
                 Outcome::error(super::handoff::refusal_status(&e), e.to_string())
             }
         }
     }
 
-    /// A REATTACH or HANDOFF refused for its id, uid or token: counted, and
-    /// after [`MAX_REATTACH_REFUSALS`] of them the connection closes (a
-    /// tenant must not guess tokens).
+    /// A REATTACH or HANDOFF refused for its id, uid or token: counted (by
+    /// kind and uid too), and after [`MAX_REATTACH_REFUSALS`] of them the
+    /// connection closes (a tenant must not guess tokens).
     fn token_refused(
         &mut self,
-        request: &str,
+        request: TokenRequest,
         alloc_id: AllocId,
         status: Status,
         message: String,
     ) -> Outcome {
-        self.token_refusals += 1;
-        let close = self.token_refusals >= MAX_REATTACH_REFUSALS;
-        warn!(
-            session = self.id,
-            uid = self.peer.uid,
-            alloc = alloc_id,
-            refused = self.token_refusals,
-            closing = close,
-            "{request} refused"
-        );
+        let (uid, refused) = (self.peer.uid, self.token_refusals.count(request));
+        self.rooms.metrics.token_refusals.add(request, uid, 1);
+        let close = refused >= MAX_REATTACH_REFUSALS;
+        super::refusals::log(self.id, uid, alloc_id, request, (refused, close));
         let mut out = Outcome::error(status, message);
         out.close = close;
         out
@@ -490,7 +506,9 @@ impl Session {
                 Outcome::reply(Reply::ok(ReplyBody::Empty))
             }
             Err((status, msg)) => {
-                info!(session = self.id, alloc = alloc_id, ?status, reason = %msg, "UFFD refused");
+                if let Some(suppressed) = peer_log::REQUEST_REFUSED.check(self.peer.uid) {
+                    info!(session = self.id, uid = self.peer.uid, alloc = alloc_id, ?status, reason = %msg, suppressed, "UFFD refused");
+                }
                 Outcome::error(status, msg)
             }
         }
@@ -526,11 +544,15 @@ impl Session {
     pub fn release_undelivered(&mut self, alloc_id: AllocId) {
         self.lazy.stop(alloc_id);
         if let Ok(r) = self.rooms.pool.release(alloc_id, self.id) {
-            warn!(
-                session = self.id,
-                alloc = alloc_id,
-                "ALLOC reply not delivered; allocation released"
-            );
+            if let Some(suppressed) = peer_log::ALLOC_UNDELIVERED.check(self.peer.uid) {
+                warn!(
+                    session = self.id,
+                    uid = self.peer.uid,
+                    alloc = alloc_id,
+                    suppressed,
+                    "ALLOC reply not delivered; allocation released"
+                );
+            }
             self.after_release(vec![r]);
         }
     }
@@ -538,7 +560,8 @@ impl Session {
     /// LOCK and UNLOCK (`super::locking`).
     async fn lock(&mut self, alloc_id: AllocId, chunk: u64, lock: bool) -> Outcome {
         let rooms = &self.rooms;
-        super::locking::serve(&rooms.pool, &rooms.topology, self.id, alloc_id, chunk, lock).await
+        let who = (self.id, self.peer.uid);
+        super::locking::serve(&rooms.pool, &rooms.topology, who, alloc_id, chunk, lock).await
     }
 
     async fn stats(&self) -> Outcome {
@@ -599,11 +622,15 @@ impl Session {
         self.lazy.stop_all();
         let released = self.rooms.pool.release_session(self.id);
         if !released.is_empty() {
-            info!(
-                session = self.id,
-                allocations = released.len(),
-                "session ended with live allocations; released"
-            );
+            if let Some(suppressed) = peer_log::SESSION_RELEASED.check(self.peer.uid) {
+                info!(
+                    session = self.id,
+                    uid = self.peer.uid,
+                    allocations = released.len(),
+                    suppressed,
+                    "session ended with live allocations; released"
+                );
+            }
         }
         self.after_release(released);
         self.rooms.rebalance.client_ended(self.id);
@@ -611,7 +638,14 @@ impl Session {
             .metrics
             .sessions_active
             .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
-        info!(session = self.id, "session ended");
+        if let Some(suppressed) = peer_log::SESSION_ENDED.check(self.peer.uid) {
+            info!(
+                session = self.id,
+                uid = self.peer.uid,
+                suppressed,
+                "session ended"
+            );
+        }
     }
 }
 

@@ -12,6 +12,7 @@ use super::plan::{join_error, obtain_all, plan};
 use super::room::Alloc;
 use crate::daemon::metrics::Metrics;
 use crate::daemon::outcome::Outcome;
+use crate::daemon::peer_log::{ALLOC_REFUSED, ALLOC_SERVED};
 use crate::daemon::pool::{AllocId, Obtained, SessionId, Source};
 use crate::proto::messages::{AllocRequest, RegionInfo, Reply, ReplyBody};
 use crate::proto::{ClearMode, Status};
@@ -70,7 +71,9 @@ pub async fn serve(
         Ok(p) => p,
         Err((status, msg)) => {
             Metrics::add(&room.metrics.allocs_failed, 1);
-            info!(session = client.session, ?status, reason = %msg, "ALLOC refused");
+            if let Some(suppressed) = ALLOC_REFUSED.check(client.uid) {
+                info!(session = client.session, uid = client.uid, ?status, reason = %msg, suppressed, "ALLOC refused");
+            }
             return Outcome::error(status, msg).into();
         }
     };
@@ -103,7 +106,9 @@ pub async fn serve(
         Ok(Ok(t)) => t,
         Ok(Err((status, msg))) => {
             Metrics::add(&room.metrics.allocs_failed, 1);
-            warn!(session = client.session, ?status, reason = %msg, "ALLOC failed");
+            if let Some(suppressed) = ALLOC_REFUSED.check(client.uid) {
+                warn!(session = client.session, uid = client.uid, ?status, reason = %msg, suppressed, "ALLOC failed");
+            }
             return Outcome::error(status, msg).into();
         }
         Err(e) => {
@@ -159,13 +164,20 @@ fn hand_out(room: &Alloc, client: Client, req: &AllocRequest, taken: &[Obtained]
         regions: taken.iter().map(|o| Arc::clone(&o.taken.region)).collect(),
     });
     let sources: Vec<&str> = taken.iter().map(|o| source_name(o.source)).collect();
-    info!(
-        session = client.session,
-        alloc = alloc_id,
-        bytes = req.total_size,
-        ?sources,
-        "ALLOC served"
-    );
+    // ALLOC and FREE in a loop: a few lines a second per uid, and the note
+    // (an ALLOC served otherwise than asked) rides on the same line.
+    if let Some(suppressed) = ALLOC_SERVED.check(client.uid) {
+        info!(
+            session = client.session,
+            uid = client.uid,
+            alloc = alloc_id,
+            bytes = req.total_size,
+            ?sources,
+            %note,
+            suppressed,
+            "ALLOC served"
+        );
+    }
     // Only to a client that negotiated it: the others see the old bytes.
     let token = if client.reattach {
         room.pool.token_of(alloc_id)
@@ -180,7 +192,6 @@ fn hand_out(room: &Alloc, client: Client, req: &AllocRequest, taken: &[Obtained]
         token,
     });
     if !note.is_empty() {
-        info!(session = client.session, alloc = alloc_id, %note, "ALLOC served with a note");
         reply.message = note;
     }
     Served {

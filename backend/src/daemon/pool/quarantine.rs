@@ -14,6 +14,7 @@ use super::refault::Fill;
 use super::release::Loss;
 use super::table::{EntryState, Pool};
 use crate::daemon::metrics::Metrics;
+use crate::daemon::peer_log::{check_tenant, LEFT_QUARANTINE};
 use crate::daemon::quarantine::holders::Owned;
 use crate::daemon::quarantine::reuse::Verdict;
 
@@ -58,26 +59,35 @@ impl Pool {
                     e.since = Instant::now();
                     left += 1;
                     Metrics::add(&self.metrics.pages_detached, detached);
+                    let logged = check_tenant(&LEFT_QUARANTINE, e.tenant);
                     if detached > 0 && mark_zeroed_clean(&e.region) {
                         e.state = EntryState::Clean;
                         e.fill = self.cfg.refault_ahead.then(Fill::new);
-                        info!(
-                            region = id,
-                            node = e.key.node,
-                            bytes = e.region.len(),
-                            "region left quarantine; its pages were detached (holes, reserved): clean"
-                        );
+                        if let Some(suppressed) = logged {
+                            info!(
+                                region = id,
+                                node = e.key.node,
+                                bytes = e.region.len(),
+                                uid = e.tenant,
+                                suppressed,
+                                "region left quarantine; its pages were detached (holes, reserved): clean"
+                            );
+                        }
                     } else {
                         e.state = EntryState::Dirty;
                         // The scrubbers clear every page now; a fill left
                         // from the region's fresh hand-out has no work left.
                         e.fill = None;
-                        info!(
-                            region = id,
-                            node = e.key.node,
-                            bytes = e.region.len(),
-                            "region left quarantine; scrubbing"
-                        );
+                        if let Some(suppressed) = logged {
+                            info!(
+                                region = id,
+                                node = e.key.node,
+                                bytes = e.region.len(),
+                                uid = e.tenant,
+                                suppressed,
+                                "region left quarantine; scrubbing"
+                            );
+                        }
                     }
                 }
                 Verdict::Held(h) => {

@@ -146,12 +146,16 @@ impl Pool {
                 out.quarantined.push(Arc::clone(&e.region));
             }
         }
-        info!(
-            alloc,
-            session = a.session,
-            regions = a.regions.len(),
-            "allocation released into quarantine"
-        );
+        if let Some(suppressed) = crate::daemon::peer_log::RELEASED.check(a.tenant) {
+            info!(
+                alloc,
+                session = a.session,
+                uid = a.tenant,
+                regions = a.regions.len(),
+                suppressed,
+                "allocation released into quarantine"
+            );
+        }
         out
     }
 

@@ -156,12 +156,17 @@ impl Pool {
             if e.state == EntryState::Dirty && states.counts().clean == states.len() {
                 e.state = EntryState::Clean;
                 e.since = Instant::now();
-                info!(
-                    region = work.id,
-                    node = e.key.node,
-                    bytes = e.region.len(),
-                    "region scrubbed; clean in the pool"
-                );
+                let limit = &crate::daemon::peer_log::SCRUBBED;
+                if let Some(suppressed) = crate::daemon::peer_log::check_tenant(limit, e.tenant) {
+                    info!(
+                        region = work.id,
+                        node = e.key.node,
+                        bytes = e.region.len(),
+                        uid = e.tenant,
+                        suppressed,
+                        "region scrubbed; clean in the pool"
+                    );
+                }
             }
         }
         drop(g);

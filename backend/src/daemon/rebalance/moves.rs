@@ -112,15 +112,23 @@ fn start(
         lock(&rb.active).remove(&req.region_id);
         return Err(RebalanceError::NotInUse(req.region_id));
     }
-    info!(
-        region = req.region_id,
-        alloc = target.alloc,
-        from = target.node,
-        to = req.node,
-        range = %range,
-        by = who.name(),
-        "moving a region"
-    );
+    // A client's moves count against its uid's lines (REBALANCE in a loop).
+    let logged = match who {
+        Initiator::Client { uid, .. } => crate::daemon::peer_log::REBALANCE.check(uid),
+        Initiator::Policy => Some(0),
+    };
+    if let Some(suppressed) = logged {
+        info!(
+            region = req.region_id,
+            alloc = target.alloc,
+            from = target.node,
+            to = req.node,
+            range = %range,
+            by = who.name(),
+            suppressed,
+            "moving a region"
+        );
+    }
     let job_rb = Arc::clone(rb);
     let job_cancel = cancel.clone();
     let handle = rb
@@ -298,16 +306,20 @@ pub async fn serve(rb: &Arc<Rebalancer>, session: SessionId, uid: u32, req: Move
     match rebalance(rb, req, Initiator::Client { session, uid }).await {
         Ok(out) => {
             let r = &out.report;
-            info!(
-                session,
-                region = req.region_id,
-                node = req.node,
-                moved = r.pages_moved,
-                failed = r.pages_failed(),
-                seconds = r.seconds,
-                whole_on = ?out.whole_on,
-                "REBALANCE done"
-            );
+            if let Some(suppressed) = crate::daemon::peer_log::REBALANCE.check(uid) {
+                info!(
+                    session,
+                    uid,
+                    region = req.region_id,
+                    node = req.node,
+                    moved = r.pages_moved,
+                    failed = r.pages_failed(),
+                    seconds = r.seconds,
+                    whole_on = ?out.whole_on,
+                    suppressed,
+                    "REBALANCE done"
+                );
+            }
             if !r.failed.is_empty() {
                 warn!(region = req.region_id, failures = ?r.failure_counts(), "some pages did not move");
             }
@@ -318,7 +330,9 @@ pub async fn serve(rb: &Arc<Rebalancer>, session: SessionId, uid: u32, req: Move
         }
         Err(e) => {
             let msg = crate::diag::chain(&e);
-            info!(session, region = req.region_id, status = ?e.status(), reason = %msg, "REBALANCE refused or failed");
+            if let Some(suppressed) = crate::daemon::peer_log::REBALANCE.check(uid) {
+                info!(session, uid, region = req.region_id, status = ?e.status(), reason = %msg, suppressed, "REBALANCE refused or failed");
+            }
             Reply::error(e.status(), msg)
         }
     }
