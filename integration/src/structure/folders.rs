@@ -9,8 +9,8 @@
 //! between a module and one of its own descendants stays inside one unit.
 //! A folder circle is a strongly connected component of more than one
 //! sibling at one level of which at least one is a folder (a module of more
-//! than one file): a component of single files only is a file circle and is
-//! reported as one.
+//! than one non-test file): a component of single files only is a file
+//! circle and is reported as one.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -58,8 +58,12 @@ impl TreeReader {
     ) -> Vec<FolderCircle> {
         let places: Vec<Place> = (0..self.files.len()).map(|f| self.place(f)).collect();
         let mut levels: BTreeMap<Place, Level> = BTreeMap::new();
-        // Every module with a file below its own is a folder at its level.
-        for (root, path) in &places {
+        // Every module with a (non-test) file below its own is a folder at
+        // its level.
+        for (file, (root, path)) in places.iter().enumerate() {
+            if self.test_files.contains(&self.files[file].0) {
+                continue;
+            }
             for depth in 0..path.len().saturating_sub(1) {
                 let level = levels.entry((*root, path[..depth].to_vec())).or_default();
                 let unit = level.unit(&path[depth]);
