@@ -27,6 +27,7 @@ pub mod floor;
 /// `hugemem bench migrate`: throughput per page size and runner locality.
 pub mod migrate;
 pub mod mlock;
+mod pool_wait;
 mod private_dir;
 pub mod refault;
 pub mod report;

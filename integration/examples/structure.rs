@@ -1,5 +1,6 @@
-//! Prints each workspace crate's structure: its largest file and function
-//! and its import circles (`integration::structure`).
+//! Prints each workspace crate's structure: its largest file and function,
+//! its import circles between files and between folders
+//! (`integration::structure`).
 //!
 //! `cargo run -p integration --example structure [-- CRATE_DIR…]`
 
@@ -16,13 +17,15 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     } else {
         asked
     };
-    let mut total = 0;
+    let (mut total, mut folder_total) = (0, 0);
     for dir in crates {
         let structure = integration::structure::measure_crate(&root, &dir)?;
         total += structure.circles.len();
+        folder_total += structure.folder_circles.len();
         println!("{}", dir.strip_prefix(&root).unwrap_or(&dir).display());
         print!("{structure}");
     }
     println!("import circles in all: {total}");
+    println!("folder circles in all: {folder_total}");
     Ok(())
 }

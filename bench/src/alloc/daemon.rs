@@ -13,7 +13,7 @@ use hugemem_client::stats::Stats;
 
 use super::error::AllocBenchError;
 use super::handout::{hand_out, HandOut};
-use crate::demo::wait_refaulted;
+use crate::pool_wait::wait_refaulted;
 
 /// Longest wait for a FREE to come back clean.
 const CLEAN_DEADLINE: Duration = Duration::from_secs(120);

@@ -215,7 +215,7 @@ impl Bench<'_> {
             .pages_detached
             .saturating_sub(before.counters.pages_detached)
             .saturating_mul(self.page.bytes());
-        crate::demo::wait_refaulted(daemon, before, detached)
+        crate::pool_wait::wait_refaulted(daemon, before, detached)
             .map(drop)
             .ok_or(CompareError::CleanTimeout(CLEAN_DEADLINE))
     }

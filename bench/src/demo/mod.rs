@@ -36,6 +36,5 @@ mod tests;
 
 pub use config::{DemoConfig, DEFAULT_SIZE};
 pub use error::DemoError;
-pub(crate) use pool_watch::wait_refaulted;
 pub use report::{DemoReport, GuestFigures, PoolFigures};
 pub use run::run;

@@ -1,19 +1,16 @@
 //! What the demo reads of the daemon's pool: the scrub figures, the pools
-//! for the report, and the waits until a freed region is clean (and its
-//! holes faulted back in).
+//! for the report, and the wait until a freed region is clean (the wait
+//! for its holes to be faulted back in is shared with the alloc bench, in
+//! `crate::pool_wait`).
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use backend::daemon::DaemonHandle;
 use hugemem_client::stats::Stats;
 
 use super::error::DemoError;
 use super::report::PoolFigures;
-
-/// Longest wait for the pool to show a freed region clean.
-pub(super) const CLEAN_DEADLINE: Duration = Duration::from_secs(60);
-/// How often the pool is looked at while waiting.
-pub(super) const CLEAN_POLL: Duration = Duration::from_millis(2);
+use crate::pool_wait::{CLEAN_DEADLINE, CLEAN_POLL};
 
 /// Bytes the pool's scrubbers cleared, over every node.
 pub(super) fn scrubbed_bytes(stats: &Stats) -> u64 {
@@ -53,23 +50,6 @@ pub(super) fn wait_clean(daemon: &DaemonHandle, bytes: u64) -> Result<Stats, Dem
         }
         if Instant::now() >= deadline {
             return Err(DemoError::CleanTimeout(CLEAN_DEADLINE, stats.to_string()));
-        }
-        std::thread::sleep(CLEAN_POLL);
-    }
-}
-
-/// Waits until the scrubbers have faulted `bytes` more of detached regions'
-/// holes in than in `before`; `None` after the clean deadline.
-pub(crate) fn wait_refaulted(daemon: &DaemonHandle, before: &Stats, bytes: u64) -> Option<Stats> {
-    let refaulted = |s: &Stats| s.scrub.nodes.iter().map(|n| n.refault_bytes).sum::<u64>();
-    let deadline = Instant::now() + CLEAN_DEADLINE;
-    loop {
-        let stats = daemon.stats();
-        if refaulted(&stats).saturating_sub(refaulted(before)) >= bytes {
-            return Some(stats);
-        }
-        if Instant::now() >= deadline {
-            return None;
         }
         std::thread::sleep(CLEAN_POLL);
     }

@@ -15,8 +15,9 @@ use super::config::DemoConfig;
 use super::error::DemoError;
 use super::guest::{ms, run_guest, run_guest_on_resident_memfd};
 use super::pages::{policy, reserve};
-use super::pool_watch::{pools, scrub_seconds, scrubbed_bytes, wait_clean, wait_refaulted};
+use super::pool_watch::{pools, scrub_seconds, scrubbed_bytes, wait_clean};
 use super::report::{DemoReport, GuestFigures};
+use crate::pool_wait::wait_refaulted;
 use crate::private_dir::PrivateDir;
 
 /// Marker mixed into what guest #1 writes.

@@ -1,6 +1,6 @@
 //! Tests of `messages`: round trips and checked decoding.
 use super::*;
-use crate::proto::{MAX_PATH, TOKEN_SIZE};
+use crate::proto::{Code, ProtoError, MAX_MESSAGE, MAX_PATH, MAX_REGIONS, TOKEN_SIZE};
 
 const TOKEN: [u8; TOKEN_SIZE] = [
     0x10, 0x21, 0x32, 0x43, 0x54, 0x65, 0x76, 0x87, 0x98, 0xa9, 0xba, 0xcb, 0xdc, 0xed, 0xfe, 0x0f,

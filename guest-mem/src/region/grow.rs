@@ -44,6 +44,25 @@ impl Region {
     /// later `grow` simply covers it, and it goes back to the kernel with the
     /// region.
     pub fn grow(&mut self, topology: &Topology, new_len: u64) -> Result<(), RegionError> {
+        let (unit, new_len_usize) = self.check_grow(new_len)?;
+        let extra = new_len - self.len;
+        let node = self.node();
+        let node_ids = self.check_grow_pools(topology, extra, node)?;
+        // Bytes of the file beyond our region that someone (a VMM) already
+        // added: they may hold data, so they are cleared, not populated.
+        let file_len = sys::file_size(self.fd.as_fd()).map_err(|source| RegionError::Size {
+            name: self.name.clone(),
+            source,
+        })?;
+        let addr = self.map_grown(new_len, new_len_usize, node, file_len, &node_ids)?;
+        self.switch_to_grown(addr, (new_len, new_len_usize), unit, file_len, node);
+        Ok(())
+    }
+
+    /// Checks `new_len` against the region: larger, whole pages, a whole
+    /// last granule, within the address space. Returns the state unit and
+    /// `new_len` as a `usize`.
+    fn check_grow(&self, new_len: u64) -> Result<(u64, usize), RegionError> {
         let bad = |why| RegionError::BadGrow {
             name: self.name.clone(),
             len: self.len,
@@ -63,8 +82,18 @@ impl Region {
         let Ok(new_len_usize) = usize::try_from(new_len) else {
             return Err(bad("the new length does not fit the address space"));
         };
-        let extra = new_len - self.len;
-        let node = self.node();
+        Ok((unit, new_len_usize))
+    }
+
+    /// Checks that the pools have `extra` bytes of the region's pages (on
+    /// its node, if bound), as [`Region::create`] does. Returns the host's
+    /// nodes.
+    fn check_grow_pools(
+        &self,
+        topology: &Topology,
+        extra: u64,
+        node: Option<NodeId>,
+    ) -> Result<Vec<NodeId>, RegionError> {
         let node_ids: Vec<NodeId> = topology.nodes().iter().map(|n| n.id).collect();
         let snapshot = PoolSnapshot::read(&node_ids).map_err(RegionError::Pools)?;
         let availability =
@@ -79,13 +108,20 @@ impl Region {
                 snapshot: Box::new(snapshot),
             });
         }
-        // Bytes of the file beyond our region that someone (a VMM) already
-        // added: they may hold data, so they are cleared, not populated.
-        let file_len = sys::file_size(self.fd.as_fd()).map_err(|source| RegionError::Size {
-            name: self.name.clone(),
-            source,
-        })?;
+        Ok(node_ids)
+    }
 
+    /// Maps the file again at `new_len`, binds the new mapping to `node`
+    /// and makes the file `new_len` long; on error the new mapping is gone
+    /// again and the region untouched. Returns the new mapping's address.
+    fn map_grown(
+        &self,
+        new_len: u64,
+        new_len_usize: usize,
+        node: Option<NodeId>,
+        file_len: u64,
+        node_ids: &[NodeId],
+    ) -> Result<*mut u8, RegionError> {
         // Never MAP_NORESERVE (see `create`). The old mapping stays until the
         // new one is complete, so any error below leaves the region as it was.
         let addr = sys::mmap(
@@ -98,7 +134,7 @@ impl Region {
         .map_err(|source| RegionError::Map {
             size: new_len,
             page_size: self.page_size,
-            snapshot: PoolSnapshot::read(&node_ids)
+            snapshot: PoolSnapshot::read(node_ids)
                 .map_or_else(|e| e.to_string(), |s| s.to_string()),
             source,
         })?;
@@ -139,6 +175,20 @@ impl Region {
                 });
             }
         }
+        Ok(addr)
+    }
+
+    /// Replaces the old mapping by the grown one at `addr` and adds the new
+    /// pages' states: `Dirty` below the file's old end (`file_len`),
+    /// `Unpopulated` beyond it.
+    fn switch_to_grown(
+        &mut self,
+        addr: *mut u8,
+        (new_len, new_len_usize): (u64, usize),
+        unit: u64,
+        file_len: u64,
+        node: Option<NodeId>,
+    ) {
         // The old length was checked to fit usize at creation.
         // SAFETY: the old mapping is owned by self, and `&mut self` means no
         // borrow of it (slices borrow self) and no other user exists.
@@ -173,6 +223,5 @@ impl Region {
             node = ?node,
             "region grown"
         );
-        Ok(())
     }
 }

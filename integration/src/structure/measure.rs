@@ -64,6 +64,7 @@ pub fn measure_crate(
         .into_iter()
         .map(|c| c.into_iter().map(|i| reader.files[i].0.clone()).collect())
         .collect();
+    structure.folder_circles = reader.folder_circles(&edges);
     Ok(structure)
 }
 

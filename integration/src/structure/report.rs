@@ -1,5 +1,5 @@
 //! What the structure check reports: per crate, its files' and functions'
-//! lengths and its import circles.
+//! lengths, its import circles between files and between folders.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
@@ -40,6 +40,38 @@ pub struct FnLength {
     pub line: usize,
 }
 
+/// Sibling modules that import one another, each taken whole (its folder
+/// and its own file): see the `folders` module of
+/// [`structure`](super).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FolderCircle {
+    /// The crate root the modules hang from (`src/lib.rs`, a binary's file).
+    pub root: PathBuf,
+    /// Their parent module's path below that root (`daemon`; empty for the
+    /// root itself).
+    pub parent: String,
+    /// The sibling modules in the circle, by name.
+    pub modules: Vec<String>,
+    /// The file imports that cross between them: importer → imported.
+    pub imports: Vec<(PathBuf, PathBuf)>,
+}
+
+impl fmt::Display for FolderCircle {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let prefix = if self.parent.is_empty() {
+            String::from("crate::")
+        } else {
+            format!("crate::{}::", self.parent)
+        };
+        write!(
+            f,
+            "{prefix}{{{}}} (from {})",
+            self.modules.join(" ↔ "),
+            self.root.display()
+        )
+    }
+}
+
 /// What [`measure_crate`](super::measure_crate) found in one crate.
 #[derive(Debug, Default)]
 pub struct CrateStructure {
@@ -54,6 +86,9 @@ pub struct CrateStructure {
     pub imports: BTreeMap<PathBuf, BTreeSet<PathBuf>>,
     /// The import circles: each a set of files that import one another.
     pub circles: Vec<Vec<PathBuf>>,
+    /// The folder circles: sibling modules, each taken whole, that import
+    /// one another.
+    pub folder_circles: Vec<FolderCircle>,
 }
 
 impl CrateStructure {
@@ -91,6 +126,13 @@ impl fmt::Display for CrateStructure {
         for circle in &self.circles {
             let names: Vec<String> = circle.iter().map(|p| p.display().to_string()).collect();
             writeln!(f, "    {}", names.join(" ↔ "))?;
+        }
+        writeln!(f, "  folder circles: {}", self.folder_circles.len())?;
+        for circle in &self.folder_circles {
+            writeln!(f, "    {circle}")?;
+            for (from, to) in &circle.imports {
+                writeln!(f, "      {} → {}", from.display(), to.display())?;
+            }
         }
         Ok(())
     }

@@ -11,7 +11,11 @@ impl TreeReader {
     /// Every import edge, file → files.
     pub(super) fn edges(&self) -> BTreeMap<usize, BTreeSet<usize>> {
         let mut edges: BTreeMap<usize, BTreeSet<usize>> = BTreeMap::new();
-        for (syntax, module) in &self.parsed {
+        for (file, (syntax, module)) in self.parsed.iter().enumerate() {
+            // A test-only file (`#[cfg(test)] mod tests;`) is test code.
+            if self.test_files.contains(&self.files[file].0) {
+                continue;
+            }
             let mut collector = PathCollector {
                 reader: self,
                 module_stack: vec![*module],

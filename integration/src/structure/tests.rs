@@ -102,3 +102,92 @@ fn only_a_cfg_that_names_test_is_test_code() {
         "{a_imports:?}"
     );
 }
+
+/// `a/x.rs` imports `b.rs`, which imports `a/y.rs`: no file imports back a
+/// file that imports it, but the folder `a/` and the file `b.rs` beside it
+/// import one another.
+#[test]
+fn a_folder_and_a_sibling_importing_each_other_is_a_folder_circle() {
+    let dir = tempfile::tempdir().unwrap();
+    write(
+        dir.path(),
+        &[
+            ("c/src/lib.rs", "mod a;\nmod b;\n"),
+            ("c/src/a/mod.rs", "mod x;\npub mod y;\n"),
+            ("c/src/a/x.rs", "pub fn f(_: crate::b::B) {}\n"),
+            ("c/src/a/y.rs", "pub struct Y;\n"),
+            ("c/src/b.rs", "use crate::a::y::Y;\npub struct B(pub Y);\n"),
+        ],
+    );
+    let s = measure_crate(dir.path(), &dir.path().join("c")).unwrap();
+    assert!(s.circles.is_empty(), "{s}");
+    assert_eq!(s.folder_circles.len(), 1, "{s}");
+    let circle = &s.folder_circles[0];
+    assert_eq!(circle.parent, "", "{s}");
+    assert_eq!(circle.modules, ["a", "b"], "{s}");
+    assert_eq!(circle.root, Path::new("c/src/lib.rs"));
+    assert_eq!(
+        circle.imports,
+        [
+            ("c/src/a/x.rs".into(), "c/src/b.rs".into()),
+            ("c/src/b.rs".into(), "c/src/a/y.rs".into()),
+        ]
+    );
+}
+
+/// The same tree one level down, with `name.rs` beside its folder instead
+/// of a `mod.rs`: the circle is between the siblings under `top`.
+#[test]
+fn a_folder_circle_is_found_at_every_level_with_either_module_file_style() {
+    let dir = tempfile::tempdir().unwrap();
+    write(
+        dir.path(),
+        &[
+            ("c/src/lib.rs", "mod top;\n"),
+            ("c/src/top/mod.rs", "mod a;\nmod b;\n"),
+            ("c/src/top/a.rs", "mod x;\npub mod y;\n"),
+            ("c/src/top/a/x.rs", "pub fn f(_: super::super::b::B) {}\n"),
+            ("c/src/top/a/y.rs", "pub struct Y;\n"),
+            (
+                "c/src/top/b.rs",
+                "use super::a::y::Y;\npub struct B(pub Y);\n",
+            ),
+        ],
+    );
+    let s = measure_crate(dir.path(), &dir.path().join("c")).unwrap();
+    assert!(s.circles.is_empty(), "{s}");
+    assert_eq!(s.folder_circles.len(), 1, "{s}");
+    assert_eq!(s.folder_circles[0].parent, "top", "{s}");
+    assert_eq!(s.folder_circles[0].modules, ["a", "b"], "{s}");
+}
+
+/// Imports one way between folders, and between a folder's files and its
+/// own `mod.rs` both ways, make no folder circle; nor does a test file
+/// importing what imports its module.
+#[test]
+fn imports_one_way_or_inside_a_folder_are_no_folder_circle() {
+    let dir = tempfile::tempdir().unwrap();
+    write(
+        dir.path(),
+        &[
+            ("c/src/lib.rs", "mod a;\nmod b;\nmod c;\n"),
+            (
+                "c/src/a/mod.rs",
+                "mod x;\npub struct Shared;\npub fn g() -> x::X { x::X }\n",
+            ),
+            (
+                "c/src/a/x.rs",
+                "pub struct X(pub crate::b::B, pub super::Shared);\n",
+            ),
+            (
+                "c/src/b/mod.rs",
+                "pub struct B;\npub fn h(_: crate::c::C) {}\n#[cfg(test)]\nmod tests;\n",
+            ),
+            ("c/src/b/tests.rs", "pub fn t(_: crate::a::Shared) {}\n"),
+            ("c/src/c.rs", "pub struct C;\n"),
+        ],
+    );
+    let s = measure_crate(dir.path(), &dir.path().join("c")).unwrap();
+    assert_eq!(s.circles.len(), 1, "a/mod.rs ↔ a/x.rs: {s}");
+    assert!(s.folder_circles.is_empty(), "{s}");
+}

@@ -13,6 +13,8 @@ use super::report::{FnLength, StructureError};
 #[derive(Debug, Default)]
 pub(super) struct Module {
     pub(super) parent: Option<usize>,
+    /// Its name in its parent (empty for a crate root).
+    pub(super) name: String,
     /// The file its code is in (an inline module shares its file).
     pub(super) file: usize,
     pub(super) children: HashMap<String, usize>,
@@ -89,14 +91,15 @@ fn path_attr(attrs: &[syn::Attribute]) -> Option<String> {
 
 impl TreeReader {
     pub(super) fn read_root(&mut self, root: &Path) -> Result<(), StructureError> {
-        let module = self.new_module(None, 0);
+        let module = self.new_module(None, String::new(), 0);
         let dir = root.parent().map(Path::to_path_buf).unwrap_or_default();
         self.read_file(root, module, &dir, false)
     }
 
-    fn new_module(&mut self, parent: Option<usize>, file: usize) -> usize {
+    fn new_module(&mut self, parent: Option<usize>, name: String, file: usize) -> usize {
         self.modules.push(Module {
             parent,
+            name,
             file,
             ..Module::default()
         });
@@ -148,7 +151,7 @@ impl TreeReader {
             match item {
                 syn::Item::Mod(m) => {
                     let name = m.ident.to_string();
-                    let child = self.new_module(Some(module), file);
+                    let child = self.new_module(Some(module), name.clone(), file);
                     self.modules[module].children.insert(name.clone(), child);
                     let dir = child_dir.join(&name);
                     match &m.content {
