@@ -133,7 +133,7 @@ pub fn run_vmm(
 }
 
 /// Something the waiting thread serves while the VMM runs: `hugemem
-/// launch`'s control socket (`update.rs`). Its fd is polled beside the
+/// launch`'s control socket (`control.rs`, `update/`). Its fd is polled beside the
 /// signals and the VMM's exit; when it is readable, [`Supervisor::serve`]
 /// runs on the waiting thread (signals stay pending meanwhile and are
 /// forwarded after).
