@@ -2,9 +2,9 @@
 //! lines share: sizes, page sizes and page-size policies, with the messages
 //! a user sees for a bad value.
 
-use backend::proto::PagePolicy;
 use guest_mem::size::parse_size;
 use guest_mem::PageSize;
+use hugemem_client::proto::PagePolicy;
 
 /// A size with K/M/G suffixes (powers of 1024).
 ///

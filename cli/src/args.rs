@@ -3,10 +3,10 @@
 //! `hugemem::arg_values`). `demo` and `bench` take every argument as it is,
 //! for `hugemem-bench`. `main.rs` dispatches on them.
 
-use backend::proto::{AllocPart, PagePolicy};
 use clap::{Parser, Subcommand};
 use hugemem::arg_values::{parse_policy_arg, parse_size_arg};
 use hugemem::launch::{self, Vmm};
+use hugemem_client::proto::{AllocPart, PagePolicy};
 
 /// hugemem: guest RAM on 1 GiB pages, cleared in parallel on NUMA-local workers.
 #[derive(Debug, Parser)]

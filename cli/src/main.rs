@@ -305,7 +305,7 @@ fn package_assets(man: &std::path::Path, completions: &std::path::Path) -> Resul
 
 /// Runs `hugemem status`: STATS as a table, or as the daemon sent it.
 fn status(socket: &std::path::Path, json: bool) -> Result<i32> {
-    let mut client = backend::client::Client::connect(socket)?;
+    let mut client = hugemem_client::client::Client::connect(socket)?;
     if json {
         // As the daemon sent it, keys this build does not know included.
         let stats = client.stats_json()?;

@@ -16,7 +16,7 @@ type RegionId = u64;
 pub enum CliError {
     /// Talking to the daemon failed, or it refused.
     #[error(transparent)]
-    Client(#[from] backend::client::ClientError),
+    Client(#[from] hugemem_client::client::ClientError),
     /// `--range` does not parse.
     #[error("invalid --range")]
     Range(#[source] PlanError),
@@ -89,7 +89,7 @@ pub fn run_cli(
         Some(r) => parse_cli_range(r)?,
         None => (0, 0),
     };
-    let mut client = backend::client::Client::connect(socket)?;
+    let mut client = hugemem_client::client::Client::connect(socket)?;
     let (pages_moved, pages_failed) = client.rebalance(region, offset, len, node)?;
     let placement = client
         .stats()

@@ -95,6 +95,29 @@ impl Allocation {
         self.token
     }
 
+    /// The same allocation with duplicates of its descriptors (`dup`, still
+    /// close-on-exec): for a second process that maps the same memory (a
+    /// VMM's successor) while this one keeps its own. The duplicates share
+    /// the open file descriptions; the daemon sees no difference.
+    ///
+    /// # Errors
+    ///
+    /// `dup`'s error (EMFILE: too many open files).
+    pub fn try_clone(&self) -> std::io::Result<Self> {
+        Ok(Self {
+            id: self.id,
+            regions: self.regions.clone(),
+            fds: self
+                .fds
+                .iter()
+                .map(OwnedFd::try_clone)
+                .collect::<Result<_, _>>()?,
+            paths: self.paths.clone(),
+            note: self.note.clone(),
+            token: self.token,
+        })
+    }
+
     /// Total bytes.
     pub fn size(&self) -> u64 {
         self.regions.iter().map(|r| r.size).sum()

@@ -5,7 +5,7 @@
 use std::os::unix::net::UnixStream;
 use std::time::Duration;
 
-use backend::client::Client;
+use hugemem_client::client::Client;
 
 use super::accounts::{first_line, group_label, Account};
 use super::inputs::CheckInputs;

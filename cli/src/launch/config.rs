@@ -5,8 +5,8 @@ use std::ffi::OsString;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use backend::proto::{AllocPart, AllocRequest, ClearMode, PagePolicy, ANY_NODE};
 use guest_mem::size::{format_size, parse_size};
+use hugemem_client::proto::{AllocPart, AllocRequest, ClearMode, PagePolicy, ANY_NODE};
 
 use super::command_line::{BuildOptions, Vmm};
 use super::error::LaunchError;
@@ -93,7 +93,7 @@ pub struct LaunchConfig {
     /// Ask the daemon to `mlock` the memory.
     pub lock: bool,
     /// How long the daemon may wait for pages it holds but cannot hand out
-    /// yet; `None`: the daemon's default (see [`Client::set_alloc_wait`](backend::client::Client::set_alloc_wait)).
+    /// yet; `None`: the daemon's default (see [`Client::set_alloc_wait`](hugemem_client::client::Client::set_alloc_wait)).
     pub alloc_wait: Option<Duration>,
     /// See [`BuildOptions::guest_numa`].
     pub guest_numa: bool,

@@ -1,5 +1,5 @@
 //! The launcher's control socket, through which `hugemem update` asks a
-//! running `hugemem launch` to update its QEMU (`update.rs` does the work).
+//! running `hugemem launch` to update its QEMU (`update/` does the work).
 //!
 //! The socket is created by the launcher (mode 0600, in a directory of mode
 //! 0700 when the launcher creates that too, and only in a directory no other
@@ -19,72 +19,21 @@
 //! dropped, so a peer that connects and says nothing cannot stall it.
 
 use std::io::{BufRead, BufReader, Write};
+use std::os::fd::{AsFd, BorrowedFd};
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
+use std::process::Child;
 use std::time::Duration;
 
 use nix::sys::socket::{getsockopt, sockopt::PeerCredentials};
-use serde::{Deserialize, Serialize};
 
 use super::control_dir::{check_socket_dir, SocketDirError};
+use super::process::{Spawner, Supervisor};
+use super::update::{Reply, Request, UpdateReport, Updater};
 
 /// How long the launcher waits for a connected peer's request line.
 pub const REQUEST_WAIT: Duration = Duration::from_secs(5);
-
-/// What one live update did, as the launcher measured it and QEMU reported.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct UpdateReport {
-    /// The QEMU that ran the guest before.
-    pub old_pid: u32,
-    /// The QEMU that runs it now.
-    pub new_pid: u32,
-    /// The program started.
-    pub program: String,
-    /// The new QEMU got the memory through a daemon HANDOFF on a connection
-    /// of its own (false: the launcher's own descriptors, duplicated).
-    pub handoff: bool,
-    /// RAM bytes the migration stream carried (QEMU's `ram.transferred`).
-    pub ram_transferred_bytes: u64,
-    /// RAM QEMU counted as migratable (`ram.total`; shared RAM blocks that
-    /// `x-ignore-shared` skips are not in it).
-    pub ram_total_bytes: u64,
-    /// Bytes of guest RAM the VM has (the allocation).
-    pub guest_ram_bytes: u64,
-    /// QEMU's own downtime figure, ms (`query-migrate` `downtime`).
-    pub qemu_downtime_ms: u64,
-    /// QEMU's migration time, ms (`total-time`).
-    pub qemu_total_ms: u64,
-    /// From the request to the old QEMU gone, ms (launcher's clock).
-    pub update_ms: f64,
-    /// From `migrate` to the new QEMU's RESUME event, ms.
-    pub switch_ms: f64,
-    /// `CLOCK_MONOTONIC` when `migrate` was sent, ns.
-    pub migrate_at_ns: u64,
-    /// `CLOCK_MONOTONIC` when the new QEMU's RESUME arrived, ns.
-    pub resumed_at_ns: u64,
-}
-
-/// A request on the control socket.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Request {
-    /// Update QEMU under the running guest.
-    Update {
-        /// The new QEMU binary; `None`: the one running now.
-        qemu: Option<PathBuf>,
-    },
-}
-
-/// The reply to a [`Request`].
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Reply {
-    /// It worked.
-    Ok(UpdateReport),
-    /// It did not; the old QEMU runs the guest still, unless the text says otherwise.
-    Error(String),
-}
 
 /// Errors of the control socket, both ends.
 #[derive(Debug, thiserror::Error)]
@@ -289,8 +238,38 @@ impl Drop for ControlSocket {
     }
 }
 
+/// The control socket served on the thread that waits for the VMM: one
+/// request per readable wake-up, answered by the updater.
+pub(crate) struct ControlServer {
+    socket: ControlSocket,
+    updater: Updater,
+}
+
+impl ControlServer {
+    /// Serves `socket` with `updater`.
+    pub(crate) fn new(socket: ControlSocket, updater: Updater) -> Self {
+        Self { socket, updater }
+    }
+}
+
+impl Supervisor for ControlServer {
+    fn fd(&self) -> BorrowedFd<'_> {
+        self.socket.listener().as_fd()
+    }
+
+    fn serve(&mut self, vmm: &mut Child, spawner: &Spawner) {
+        let Some((stream, request)) = self.socket.accept() else {
+            return;
+        };
+        let answer = self.updater.answer(request, vmm, spawner);
+        if let Err(e) = reply(stream, &answer) {
+            tracing::warn!(error = %e, "cannot answer the update request");
+        }
+    }
+}
+
 /// Writes `answer` as one line on `stream`.
-pub(crate) fn reply(mut stream: UnixStream, answer: &Reply) -> std::io::Result<()> {
+fn reply(mut stream: UnixStream, answer: &Reply) -> std::io::Result<()> {
     let mut text = serde_json::to_string(answer).map_err(std::io::Error::other)?;
     text.push('\n');
     stream.write_all(text.as_bytes())

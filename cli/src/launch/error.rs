@@ -2,7 +2,7 @@
 
 use std::ffi::OsString;
 
-use backend::client::ClientError;
+use hugemem_client::client::ClientError;
 
 use super::command_line::BuildError;
 

@@ -17,7 +17,7 @@
 //!   than produce a command line whose meaning depends on which option the VMM
 //!   parses last. The checks run *before* anything is allocated
 //!   ([`check_args`]).
-//! * **Allocation** goes through [`backend::client::Client`] like any VMM would.
+//! * **Allocation** goes through [`hugemem_client::client::Client`] like any VMM would.
 //! * **Running the VMM** ([`run_vmm`]) spawns it with the region fds
 //!   inherited, forwards SIGTERM/SIGINT/SIGHUP to it, waits, and returns its
 //!   exit status; [`run`] then sends FREE. The daemon releases the allocation
@@ -31,9 +31,10 @@
 //!   stays mapped, and the daemon never reuses memory a process maps.
 //!
 //! * **Live update** (QEMU, `--name`): a control socket for `hugemem
-//!   update`, and QEMU's monitor on a socket pair; the launcher starts a new
-//!   QEMU on the same memory and migrates the guest to it with
-//!   `x-ignore-shared`, so no RAM is copied ([`update`]).
+//!   update` ([`control`]), and QEMU's monitor on a socket pair; the
+//!   launcher starts a new QEMU on the same memory (a daemon HANDOFF) and
+//!   migrates the guest to it with `x-ignore-shared`, so no RAM is copied
+//!   ([`update`], a folder of its own).
 //!
 //! # How the VMM reaches the memory
 //!
@@ -68,7 +69,9 @@
 //! [`run`]: crate::launch::run
 //! [`reattach_timeout`]: crate::launch::LaunchConfig::reattach_timeout
 //! [`update`]: crate::launch::update
+//! [`control`]: crate::launch::control
 
+mod allocation;
 mod build;
 pub mod cloud_hypervisor;
 mod command_line;
@@ -86,6 +89,7 @@ mod run;
 mod tests;
 pub mod update;
 
+pub(crate) use allocation::memory_regions;
 pub use build::{build_args, check_args};
 pub(crate) use command_line::{option_name, text};
 pub use command_line::{BuildError, BuildOptions, MemoryFile, MemoryRegion, Vmm};
@@ -93,11 +97,10 @@ pub use config::{
     parse_nodes, parse_page_policy, LaunchConfig, NodesError, DEFAULT_REATTACH_TIMEOUT,
     DEFAULT_UPDATE_TIMEOUT, NODES_SYNTAX,
 };
-pub use control::{control_socket_path, request_update, ControlError, UpdateReport};
+pub use control::{control_socket_path, request_update, ControlError};
 pub use error::LaunchError;
 pub(crate) use process::keep_across_exec;
 pub use process::{run_vmm, VmmExit};
 pub use qmp::QmpError;
-pub(crate) use run::memory_regions;
 pub use run::{run, LaunchReport};
-pub use update::UpdateError;
+pub use update::{UpdateError, UpdateReport};

@@ -133,10 +133,10 @@ pub fn run_vmm(
 }
 
 /// Something the waiting thread serves while the VMM runs: `hugemem
-/// launch`'s control socket (`update.rs`). Its fd is polled beside the
-/// signals and the VMM's exit; when it is readable, [`Supervisor::serve`]
-/// runs on the waiting thread (signals stay pending meanwhile and are
-/// forwarded after).
+/// launch`'s control socket (`control.rs`, served by `update/`). Its fd is
+/// polled beside the signals and the VMM's exit; when it is readable,
+/// [`Supervisor::serve`] runs on the waiting thread (signals stay pending
+/// meanwhile and are forwarded after).
 pub(crate) trait Supervisor {
     /// Readable when there is something to serve.
     fn fd(&self) -> BorrowedFd<'_>;

@@ -1,7 +1,7 @@
 //! Keeping the daemon connection while the VMM runs: when the daemon
 //! closes it (a crash or `systemctl restart`; the restarted daemon restores
 //! the allocation orphaned), reconnect and re-attach the allocation with its
-//! token (issue 20, `docs/protocol.md` "REATTACH").
+//! token (`docs/protocol.md` "REATTACH").
 //!
 //! The VMM never stops for this: its memory stays mapped whatever happens
 //! here, and a daemon keeps a region some process maps quarantined, never
@@ -11,21 +11,26 @@
 //! The watcher sleeps in `poll` on the connection and on the VMM's exit
 //! event (`exit_event.rs`), with no timeout: the exit wakes it at once, so
 //! the launch's FREE follows the VMM's exit without a polling delay.
+//!
+//! A live update moves the allocation to a connection of its own (HANDOFF,
+//! `update/`) and posts that connection in its mailbox, which is in the
+//! same `poll` set: the watcher then watches the new connection, and the
+//! old one, which owns nothing any more, is closed.
 
-use std::os::fd::{AsFd, AsRawFd};
+use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
 use std::path::Path;
-use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use backend::client::{Client, ClientError};
-use backend::proto::{RegionInfo, TOKEN_SIZE};
+use hugemem_client::client::{Client, ClientError};
+use hugemem_client::diag::chain;
 use nix::errno::Errno;
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
-use nix::sys::eventfd::{EfdFlags, EventFd};
 use tracing::{debug, info, warn};
 
+use super::allocation::HeldAllocation;
 use super::exit_event::ExitEvent;
+use super::update::SuccessorMailbox;
 
 /// First wait between connect attempts while the daemon is not back; it
 /// doubles up to [`LAST_RETRY`] (the backoff of `Client::reconnect`). A
@@ -38,64 +43,6 @@ const FIRST_RETRY: Duration = Duration::from_millis(10);
 const LAST_RETRY: Duration = Duration::from_millis(200);
 /// A reply timeout is refused by the socket call when zero: at least this.
 const MIN_REPLY_WAIT: Duration = Duration::from_millis(10);
-
-/// The allocation a launch holds, as the watcher needs it.
-#[derive(Debug, Clone)]
-pub(crate) struct Held {
-    /// Allocation id.
-    pub(crate) id: u64,
-    /// Its token (`None`: the daemon does not speak `FEATURE_REATTACH`).
-    pub(crate) token: Option<[u8; TOKEN_SIZE]>,
-    /// The region table the VMM mapped.
-    pub(crate) regions: Vec<RegionInfo>,
-}
-
-impl Held {
-    /// What the watcher needs of `alloc`.
-    pub(crate) fn of(alloc: &hugemem_client::client::Allocation) -> Self {
-        Self {
-            id: alloc.id,
-            token: alloc.token(),
-            regions: alloc.regions.clone(),
-        }
-    }
-}
-
-/// The connection that owns the allocation now, passed to the watcher after
-/// a live update moved the allocation to a new connection (HANDOFF).
-#[derive(Debug)]
-pub(crate) struct Successor {
-    /// Readable while a connection waits to be taken.
-    event: EventFd,
-    next: Mutex<Option<(Client, Held)>>,
-}
-
-impl Successor {
-    /// An empty mailbox.
-    pub(crate) fn new() -> nix::Result<Self> {
-        Ok(Self {
-            event: EventFd::from_flags(EfdFlags::EFD_CLOEXEC | EfdFlags::EFD_NONBLOCK)?,
-            next: Mutex::new(None),
-        })
-    }
-
-    /// Hands `client`, which owns `held` now, to the watcher; the watcher
-    /// closes the connection it had (which owns nothing any more).
-    pub(crate) fn offer(&self, client: Client, held: Held) {
-        *self.next.lock().unwrap_or_else(PoisonError::into_inner) = Some((client, held));
-        if let Err(e) = self.event.write(1) {
-            debug!(error = %e, "cannot write the successor eventfd");
-        }
-    }
-
-    fn take(&self) -> Option<(Client, Held)> {
-        let _ = self.event.read();
-        self.next
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .take()
-    }
-}
 
 /// What woke the watcher.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -111,7 +58,7 @@ enum Woken {
 
 /// Sleeps until the VMM exits, the daemon closes `client`'s connection or
 /// a successor connection arrives, whichever comes first; no timeout.
-fn wait(client: &Client, exit: &ExitEvent, successor: Option<&Successor>) -> Woken {
+fn wait(client: &Client, exit: &ExitEvent, successor: Option<&SuccessorMailbox>) -> Woken {
     loop {
         // EOF makes the socket readable; POLLHUP and POLLERR come unasked.
         let mut fds = vec![
@@ -119,7 +66,7 @@ fn wait(client: &Client, exit: &ExitEvent, successor: Option<&Successor>) -> Wok
             PollFd::new(client.socket(), PollFlags::POLLIN),
         ];
         if let Some(s) = successor {
-            fds.push(PollFd::new(s.event.as_fd(), PollFlags::POLLIN));
+            fds.push(PollFd::new(s.fd(), PollFlags::POLLIN));
         }
         let ready = |fds: &[PollFd<'_>], i: usize| {
             fds.get(i)
@@ -151,16 +98,16 @@ fn wait(client: &Client, exit: &ExitEvent, successor: Option<&Successor>) -> Wok
 pub(crate) fn watch(
     mut client: Client,
     socket: &Path,
-    held: &Held,
+    held: &HeldAllocation,
     timeout: Duration,
     exit: &ExitEvent,
-    successor: Option<&Successor>,
+    successor: Option<&SuccessorMailbox>,
 ) -> Option<Client> {
     let mut held = held.clone();
     loop {
         match wait(&client, exit, successor) {
             Woken::Successor => {
-                if let Some((next, next_held)) = successor.and_then(Successor::take) {
+                if let Some((next, next_held)) = successor.and_then(SuccessorMailbox::take) {
                     info!(
                         alloc = next_held.id,
                         "a live update moved the allocation to a new daemon connection; \
@@ -235,7 +182,12 @@ fn connect_once(socket: &Path, deadline: Instant, exit: &ExitEvent) -> Attempt {
 }
 
 /// One reconnect and re-attach, or `None` with the reason logged.
-fn reconnect(socket: &Path, held: &Held, timeout: Duration, exit: &ExitEvent) -> Option<Client> {
+fn reconnect(
+    socket: &Path,
+    held: &HeldAllocation,
+    timeout: Duration,
+    exit: &ExitEvent,
+) -> Option<Client> {
     let kept = "the VMM keeps running on its memory (still mapped; the daemon keeps it \
                 quarantined, never scrubbed or reused, until the VMM lets it go)";
     let Some(token) = held.token else {
@@ -267,7 +219,7 @@ fn reconnect(socket: &Path, held: &Held, timeout: Duration, exit: &ExitEvent) ->
             warn!(
                 alloc = held.id,
                 seconds = timeout.as_secs_f64(),
-                error = %backend::diag::chain(&error),
+                error = %chain(&error),
                 "the daemon did not come back in time; {kept}"
             );
             return None;
@@ -311,7 +263,7 @@ fn reconnect(socket: &Path, held: &Held, timeout: Duration, exit: &ExitEvent) ->
         Err(e) => {
             warn!(
                 alloc = held.id,
-                error = %backend::diag::chain(&e),
+                error = %chain(&e),
                 "the daemon refused to re-attach the allocation; {kept}"
             );
             None
@@ -322,12 +274,13 @@ fn reconnect(socket: &Path, held: &Held, timeout: Duration, exit: &ExitEvent) ->
 #[cfg(test)]
 mod tests {
     use super::*;
-    use backend::proto::{AllocPart, AllocRequest, ClearMode, PagePolicy};
+    use hugemem_client::client::Allocation;
+    use hugemem_client::proto::{AllocPart, AllocRequest, ClearMode, PagePolicy, TOKEN_SIZE};
     use std::net::Shutdown;
     use std::os::unix::net::UnixStream;
     use test_support::prelude::{serial, wait_until, TestDaemon};
 
-    fn alloc(client: &mut Client) -> backend::client::Allocation {
+    fn alloc(client: &mut Client) -> Allocation {
         client
             .alloc(AllocRequest {
                 total_size: 1 << 20,
@@ -357,7 +310,7 @@ mod tests {
         let d = TestDaemon::start(|_| {});
         let mut client = d.client();
         let a = alloc(&mut client);
-        let held = Held::of(&a);
+        let held = HeldAllocation::of(&a);
         // The restarted daemon's view: the allocation is orphaned.
         assert!(d.handle().orphan_for_tests(a.id, None));
         cut(&client);
@@ -385,7 +338,7 @@ mod tests {
         let a = alloc(&mut client);
         // Not orphaned: the daemon releases it when the connection closes,
         // and the re-attach is refused.
-        let held = Held::of(&a);
+        let held = HeldAllocation::of(&a);
         cut(&client);
         let exit = ExitEvent::new().expect("eventfd");
         let started = Instant::now();
@@ -412,13 +365,13 @@ mod tests {
         let d = TestDaemon::start(|_| {});
         let mut old = d.client();
         let a = alloc(&mut old);
-        let held = Held::of(&a);
+        let held = HeldAllocation::of(&a);
         // A live update: a second connection takes the allocation over.
         let mut next = d.client();
         let moved = next
             .handoff(a.id, a.token().expect("token"), false)
             .expect("HANDOFF");
-        let successor = Successor::new().expect("eventfd");
+        let successor = SuccessorMailbox::new().expect("eventfd");
         let exit = ExitEvent::new().expect("eventfd");
         let socket = d.socket();
         let back = std::thread::scope(|s| {
@@ -432,7 +385,7 @@ mod tests {
                     Some(&successor),
                 )
             });
-            successor.offer(next, Held::of(&moved));
+            successor.offer(next, HeldAllocation::of(&moved));
             // The watcher drops the old connection once it takes the new one.
             wait_until("the old connection closed", Duration::from_secs(10), || {
                 d.stats().sessions.active == 1
@@ -455,7 +408,7 @@ mod tests {
         let d = TestDaemon::start(|_| {});
         let mut client = d.client();
         let a = alloc(&mut client);
-        let held = Held::of(&a);
+        let held = HeldAllocation::of(&a);
         let exit = ExitEvent::new().expect("eventfd");
         // Fired before the watcher starts or while it sleeps in poll: either
         // way it hands the same, still open connection back.
@@ -480,7 +433,7 @@ mod tests {
         // A daemon that never comes back, and a deadline far away: only the
         // exit ends the wait.
         let dir = tempfile::tempdir().expect("tempdir");
-        let held = Held {
+        let held = HeldAllocation {
             id: 1,
             token: Some([7; TOKEN_SIZE]),
             regions: Vec::new(),

@@ -1,27 +1,24 @@
 //! A launch end to end: allocate through the daemon, run the VMM on the
 //! memory while watching the daemon connection, free.
 
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
-use std::os::unix::net::UnixStream;
-use std::path::PathBuf;
+use std::os::fd::{AsFd, BorrowedFd};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use backend::client::Client;
-use backend::proto::ANY_NODE;
 use guest_mem::size::format_size;
+use hugemem_client::client::Client;
 use tracing::{info, warn};
 
+use super::allocation::{memory_regions, HeldAllocation};
 use super::build::{build_args, check_args};
-use super::command_line::{MemoryFile, MemoryRegion, Vmm};
+use super::command_line::Vmm;
 use super::config::LaunchConfig;
-use super::control::ControlSocket;
+use super::control::{ControlServer, ControlSocket};
 use super::error::LaunchError;
 use super::exit_event::ExitEvent;
 use super::process::{self, VmmExit};
-use super::qmp;
 use super::reattach;
-use super::update::{Daemon, Memory, QemuCommand, Updater};
+use super::update::{SuccessorMailbox, Updater};
 
 /// What a launch did.
 #[derive(Debug, Clone)]
@@ -97,16 +94,17 @@ pub fn run(cfg: &LaunchConfig) -> Result<LaunchReport, LaunchError> {
     let mut full = Vec::with_capacity(argv.len() + 1);
     full.push(program.clone());
     full.extend(argv);
-    let successor = Arc::new(
-        reattach::Successor::new()
+    let mailbox = Arc::new(
+        SuccessorMailbox::new()
             .map_err(|e| LaunchError::Options(format!("cannot create an eventfd: {e}")))?,
     );
-    let (mut updater, monitor) = match control {
+    let (mut server, update_fds) = match control {
         Some(control) => {
-            let (u, monitor) = updater(cfg, control, &alloc, &successor, &mut full)?;
-            (Some(u), Some(monitor))
+            let (updater, fds) = Updater::for_launch(cfg, vmm, &alloc, &mailbox, &mut full)?;
+            info!(control = %control.path().display(), "listening for `hugemem update`");
+            (Some(ControlServer::new(control, updater)), fds)
         }
-        None => (None, None),
+        None => (None, Vec::new()),
     };
     info!(command = ?full, "starting {vmm}");
 
@@ -115,10 +113,8 @@ pub fn run(cfg: &LaunchConfig) -> Result<LaunchReport, LaunchError> {
     } else {
         alloc.fds.iter().map(AsFd::as_fd).collect()
     };
-    if let Some(monitor) = &monitor {
-        inherit.push(monitor.as_fd());
-    }
-    let held = reattach::Held::of(&alloc);
+    inherit.extend(update_fds.iter().map(AsFd::as_fd));
+    let held = HeldAllocation::of(&alloc);
     let socket = cfg.socket.as_path();
     let timeout = cfg.reattach_timeout;
     // The watcher owns the connection while the VMM runs and gives back the
@@ -127,14 +123,14 @@ pub fn run(cfg: &LaunchConfig) -> Result<LaunchReport, LaunchError> {
         &full,
         &inherit,
         Some(|exit: &ExitEvent| {
-            reattach::watch(client, socket, &held, timeout, exit, Some(&successor))
+            reattach::watch(client, socket, &held, timeout, exit, Some(&mailbox))
         }),
-        updater.as_mut().map(|u| u as &mut dyn process::Supervisor),
+        server.as_mut().map(|s| s as &mut dyn process::Supervisor),
     );
     drop(inherit);
-    drop(monitor);
+    drop(update_fds);
     // The launcher's copies of the memory and the monitor go before FREE.
-    drop(updater);
+    drop(server);
     let size = alloc.size();
     let id = alloc.id;
     // Close our copies before FREE, so the daemon sees no holder but itself.
@@ -173,78 +169,4 @@ fn bind_control(cfg: &LaunchConfig, vmm: Vmm) -> Result<Option<ControlSocket>, L
             "live update (--name/--control-socket) is for QEMU; {other} is not supported"
         ))),
     }
-}
-
-/// Sets up live updates for the QEMU about to run `full` on `alloc`: adds its
-/// monitor to `full`; returns the updater and the monitor end QEMU inherits.
-fn updater(
-    cfg: &LaunchConfig,
-    control: ControlSocket,
-    alloc: &backend::client::Allocation,
-    successor: &Arc<reattach::Successor>,
-    full: &mut Vec<std::ffi::OsString>,
-) -> Result<(Updater, UnixStream), LaunchError> {
-    let io = |e: std::io::Error| LaunchError::Options(format!("cannot set up live updates: {e}"));
-    let (ours, theirs) = UnixStream::pair().map_err(io)?;
-    full.extend(qmp::monitor_args(theirs.as_raw_fd()).map(Into::into));
-    let memory = Memory {
-        fds: alloc
-            .fds
-            .iter()
-            .map(std::os::fd::OwnedFd::try_clone)
-            .collect::<Result<_, _>>()
-            .map_err(io)?,
-        regions: alloc.regions.clone(),
-        paths: alloc.paths.clone(),
-    };
-    let command = QemuCommand {
-        program: cfg.command[0].clone(),
-        user_args: cfg.command[1..].to_vec(),
-        opts: cfg.build_options(),
-    };
-    let daemon = Daemon {
-        socket: cfg.socket.clone(),
-        held: reattach::Held::of(alloc),
-        want_paths: cfg.hugetlbfs,
-        successor: Arc::clone(successor),
-    };
-    info!(control = %control.path().display(), "listening for `hugemem update`");
-    Ok((
-        Updater::new(control, command, daemon, memory, ours, cfg.update_timeout),
-        theirs,
-    ))
-}
-
-/// The region table as the VMM will see it: `/dev/fd/N` of our fds, or the
-/// daemon's hugetlbfs paths (`hugemem qemu-wrapper` uses it too).
-pub(crate) fn memory_regions(
-    alloc: &backend::client::Allocation,
-    hugetlbfs: bool,
-) -> Result<Vec<MemoryRegion>, LaunchError> {
-    if hugetlbfs && alloc.paths.len() != alloc.regions.len() {
-        return Err(LaunchError::Reply(format!(
-            "asked for hugetlbfs paths, got {} for {} regions (does the daemon have a hugetlbfs mount?)",
-            alloc.paths.len(),
-            alloc.regions.len()
-        )));
-    }
-    let mut out = Vec::with_capacity(alloc.regions.len());
-    for (i, (r, fd)) in alloc.regions.iter().zip(&alloc.fds).enumerate() {
-        let file = if hugetlbfs {
-            MemoryFile::Path(PathBuf::from(&alloc.paths[i]))
-        } else {
-            MemoryFile::Fd(fd.as_raw_fd())
-        };
-        if r.flags & backend::proto::RegionInfo::FLAG_LAZY != 0 {
-            return Err(LaunchError::Reply(
-                "a lazy region needs a userfaultfd, which VMMs cannot hand over".into(),
-            ));
-        }
-        out.push(MemoryRegion {
-            size: r.size,
-            node: (r.node != ANY_NODE).then_some(r.node),
-            file,
-        });
-    }
-    Ok(out)
 }

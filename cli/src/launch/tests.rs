@@ -2,7 +2,7 @@ use super::*;
 use std::ffi::OsStr;
 use std::path::PathBuf;
 
-use backend::proto::{AllocPart, PagePolicy};
+use hugemem_client::proto::{AllocPart, PagePolicy};
 
 #[test]
 fn detects_vmms() {

@@ -62,9 +62,9 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use backend::client::{Allocation, Client, ClientError};
-use backend::proto::{AllocPart, AllocRequest, ClearMode, PagePolicy};
 use guest_mem::size::format_size;
+use hugemem_client::client::{Allocation, Client, ClientError};
+use hugemem_client::proto::{AllocPart, AllocRequest, ClearMode, PagePolicy};
 use tracing::{info, warn};
 
 use crate::launch::{self, option_name, text, LaunchError, MemoryFile};

@@ -1,0 +1,61 @@
+//! What travels on the control socket: the request, its reply, and the
+//! report of one update. The wire format is one JSON line each way
+//! (`control.rs`); `hugemem update --json` prints the report as it comes.
+
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+/// What one live update did, as the launcher measured it and QEMU reported.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct UpdateReport {
+    /// The QEMU that ran the guest before.
+    pub old_pid: u32,
+    /// The QEMU that runs it now.
+    pub new_pid: u32,
+    /// The program started.
+    pub program: String,
+    /// The new QEMU got the memory through a daemon HANDOFF on a connection
+    /// of its own (false: the launcher's own descriptors, duplicated).
+    pub handoff: bool,
+    /// RAM bytes the migration stream carried (QEMU's `ram.transferred`).
+    pub ram_transferred_bytes: u64,
+    /// RAM QEMU counted as migratable (`ram.total`; shared RAM blocks that
+    /// `x-ignore-shared` skips are not in it).
+    pub ram_total_bytes: u64,
+    /// Bytes of guest RAM the VM has (the allocation).
+    pub guest_ram_bytes: u64,
+    /// QEMU's own downtime figure, ms (`query-migrate` `downtime`).
+    pub qemu_downtime_ms: u64,
+    /// QEMU's migration time, ms (`total-time`).
+    pub qemu_total_ms: u64,
+    /// From the request to the old QEMU gone, ms (launcher's clock).
+    pub update_ms: f64,
+    /// From `migrate` to the new QEMU's RESUME event, ms.
+    pub switch_ms: f64,
+    /// `CLOCK_MONOTONIC` when `migrate` was sent, ns.
+    pub migrate_at_ns: u64,
+    /// `CLOCK_MONOTONIC` when the new QEMU's RESUME arrived, ns.
+    pub resumed_at_ns: u64,
+}
+
+/// A request on the control socket.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Request {
+    /// Update QEMU under the running guest.
+    Update {
+        /// The new QEMU binary; `None`: the one running now.
+        qemu: Option<PathBuf>,
+    },
+}
+
+/// The reply to a [`Request`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Reply {
+    /// It worked.
+    Ok(UpdateReport),
+    /// It did not; the old QEMU runs the guest still, unless the text says otherwise.
+    Error(String),
+}

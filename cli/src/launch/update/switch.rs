@@ -1,0 +1,107 @@
+//! The VMM-specific part of an update: moving the guest from the running
+//! VMM to its successor. QEMU does it with a migration that skips shared
+//! RAM (`qemu_switch.rs`); another VMM kind plugs in here with its own
+//! local migration, and shares the rest (`updater.rs`).
+
+use std::ffi::OsString;
+use std::os::fd::OwnedFd;
+use std::process::Child;
+use std::time::Duration;
+
+use hugemem_client::client::Allocation;
+
+use super::error::UpdateError;
+
+/// What one kind of VMM does in a live update. Everything else — the
+/// successor's memory, handing the daemon connection to the watcher,
+/// supervising the successor, reaping the replaced VMM, the report — is
+/// the same for every VMM and done by the updater.
+///
+/// The updater calls, in order: [`connect_running`](Self::connect_running),
+/// [`successor`](Self::successor), then (the successor started)
+/// [`switch`](Self::switch), and [`retire_old`](Self::retire_old) after a
+/// switch or [`keep_old_running`](Self::keep_old_running) after a failed one.
+pub(crate) trait VmmSwitch {
+    /// The VMM's name in messages ("QEMU").
+    fn name(&self) -> &'static str;
+
+    /// The program the running VMM was started from: the successor's,
+    /// unless the request names another.
+    fn program(&self) -> &OsString;
+
+    /// Makes sure the running VMM can be asked to hand the guest over (the
+    /// first update opens its control channel). Runs before any memory
+    /// moves, so a running VMM that cannot be reached costs nothing.
+    fn connect_running(&mut self) -> Result<(), UpdateError>;
+
+    /// The successor's command line, for `program` on `memory`, and the
+    /// descriptors it inherits besides the memory's. Keeps the launcher's
+    /// ends of the successor's channels for [`switch`](Self::switch).
+    fn successor(
+        &mut self,
+        program: &OsString,
+        memory: &Allocation,
+    ) -> Result<SuccessorCommand, UpdateError>;
+
+    /// Moves the guest from the running VMM to `successor` (started from
+    /// the last [`successor`](Self::successor) command) and returns once
+    /// the successor runs it. On success the successor is the running VMM
+    /// from then on; on an error the updater kills it.
+    fn switch(&mut self, successor: &mut Child) -> Result<Switched, UpdateError>;
+
+    /// After a failed switch, the successor killed: makes sure the running
+    /// VMM runs the guest (it may have paused it for the switch).
+    fn keep_old_running(&mut self);
+
+    /// After a switch: asks the VMM that was replaced to exit. The updater
+    /// reaps it, killing it if it does not exit in time.
+    fn retire_old(&mut self);
+}
+
+/// How to start a successor.
+#[derive(Debug)]
+pub(crate) struct SuccessorCommand {
+    /// The full argument list, program first.
+    pub(crate) argv: Vec<OsString>,
+    /// Descriptors it inherits under their numbers besides the memory's
+    /// (its ends of its channels); the launcher closes its copies once the
+    /// successor started.
+    pub(crate) inherit: Vec<OwnedFd>,
+}
+
+/// What a switch measured.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Switched {
+    /// From the request to hand over to the successor running the guest.
+    pub(crate) switch_time: Duration,
+    /// `CLOCK_MONOTONIC` when the hand-over was asked for, ns.
+    pub(crate) migrate_at_ns: u64,
+    /// `CLOCK_MONOTONIC` when the successor ran the guest, ns.
+    pub(crate) resumed_at_ns: u64,
+    /// The VMM's own figures for the migration.
+    pub(crate) figures: MigrationFigures,
+}
+
+/// What the VMM reports of its migration (zero where it reports nothing).
+#[derive(Debug, Clone, Default)]
+pub(crate) struct MigrationFigures {
+    /// RAM bytes the migration stream carried.
+    pub(crate) ram_transferred_bytes: u64,
+    /// RAM the VMM counted as migratable.
+    pub(crate) ram_total_bytes: u64,
+    /// The VMM's downtime, ms.
+    pub(crate) downtime_ms: u64,
+    /// The VMM's migration time, ms.
+    pub(crate) total_ms: u64,
+}
+
+/// `CLOCK_MONOTONIC` now, ns (0 if unreadable): comparable across the
+/// processes of one host, so a bench can place the switch on its clock.
+pub(crate) fn monotonic_ns() -> u64 {
+    nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC)
+        .map(|t| {
+            u64::try_from(t.tv_sec()).unwrap_or(0) * 1_000_000_000
+                + u64::try_from(t.tv_nsec()).unwrap_or(0)
+        })
+        .unwrap_or(0)
+}

@@ -1,0 +1,176 @@
+//! The VMM-independent part of an update: the successor's memory, starting
+//! it, handing supervision over to it, reaping the VMM it replaced, the
+//! report. What moves the guest is the VMM's [`VmmSwitch`].
+
+use std::ffi::OsString;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::path::PathBuf;
+use std::process::Child;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use hugemem_client::client::Allocation;
+use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+use tracing::{info, warn};
+
+use super::error::UpdateError;
+use super::mailbox::SuccessorMailbox;
+use super::qemu_switch::QemuSwitch;
+use super::request::{Reply, Request, UpdateReport};
+use super::successor_memory::DaemonLink;
+use super::switch::VmmSwitch;
+use crate::launch::allocation::HeldAllocation;
+use crate::launch::command_line::Vmm;
+use crate::launch::config::LaunchConfig;
+use crate::launch::error::LaunchError;
+use crate::launch::process::{pidfd, Spawner};
+
+/// The launcher's side of live updates: the running VMM's switch, its
+/// memory and the daemon link. Served on the thread that waits for the VMM
+/// (the control socket calls [`Updater::answer`]).
+pub(crate) struct Updater {
+    switch: Box<dyn VmmSwitch>,
+    daemon: DaemonLink,
+    /// The running VMM's memory: the launcher's own descriptors of it.
+    memory: Allocation,
+    /// How long the replaced VMM may take to exit.
+    deadline: Duration,
+}
+
+impl Updater {
+    /// Sets live updates up for the `vmm` about to run `full` (program
+    /// first) on `alloc`: adds what the VMM needs for them to `full`, and
+    /// returns the updater and the descriptors the VMM inherits for them.
+    pub(crate) fn for_launch(
+        cfg: &LaunchConfig,
+        vmm: Vmm,
+        alloc: &Allocation,
+        mailbox: &Arc<SuccessorMailbox>,
+        full: &mut Vec<OsString>,
+    ) -> Result<(Self, Vec<OwnedFd>), LaunchError> {
+        let io =
+            |e: std::io::Error| LaunchError::Options(format!("cannot set up live updates: {e}"));
+        let (switch, inherit): (Box<dyn VmmSwitch>, _) = match vmm {
+            Vmm::Qemu => {
+                let (switch, monitor) = QemuSwitch::for_launch(
+                    full,
+                    &cfg.command[1..],
+                    cfg.build_options(),
+                    cfg.update_timeout,
+                )
+                .map_err(io)?;
+                (Box::new(switch), vec![monitor])
+            }
+            other => {
+                return Err(LaunchError::Options(format!(
+                    "live update (--name/--control-socket) is for QEMU; {other} is not supported"
+                )))
+            }
+        };
+        let daemon = DaemonLink {
+            socket: cfg.socket.clone(),
+            held: HeldAllocation::of(alloc),
+            want_paths: cfg.hugetlbfs,
+            mailbox: Arc::clone(mailbox),
+        };
+        let updater = Self {
+            switch,
+            daemon,
+            memory: alloc.try_clone().map_err(io)?,
+            deadline: cfg.update_timeout,
+        };
+        Ok((updater, inherit))
+    }
+
+    /// Serves one request: the update, or why it failed.
+    pub(crate) fn answer(&mut self, request: Request, vmm: &mut Child, spawner: &Spawner) -> Reply {
+        let Request::Update { qemu } = request;
+        match self.update(vmm, spawner, qemu) {
+            Ok(report) => Reply::Ok(report),
+            Err(e) => {
+                let name = self.switch.name();
+                let text = hugemem_client::diag::chain(&e).to_string();
+                warn!(error = %text, "update failed; the running {name} keeps the guest");
+                Reply::Error(format!("{text} (the running {name} keeps the guest)"))
+            }
+        }
+    }
+
+    /// One update of `vmm` to `program` (or the same program): on success
+    /// `vmm` is the successor and the one it replaced is reaped.
+    fn update(
+        &mut self,
+        vmm: &mut Child,
+        spawner: &Spawner,
+        program: Option<PathBuf>,
+    ) -> Result<UpdateReport, UpdateError> {
+        let started = Instant::now();
+        let name = self.switch.name();
+        self.switch.connect_running()?;
+        let program = program.map_or_else(|| self.switch.program().clone(), OsString::from);
+        let (memory, handoff) = self.daemon.successor_memory(&self.memory)?;
+        let command = self.switch.successor(&program, &memory)?;
+        let mut inherit: Vec<BorrowedFd<'_>> = memory.fds.iter().map(AsFd::as_fd).collect();
+        inherit.extend(command.inherit.iter().map(AsFd::as_fd));
+        info!(command = ?command.argv, "starting the successor {name}");
+        let mut successor = spawner.spawn(&command.argv, &inherit)?;
+        drop(inherit);
+        // The successor's ends of its channels are its own now.
+        drop(command);
+        let switched = match self.switch.switch(&mut successor) {
+            Ok(switched) => switched,
+            Err(e) => {
+                let _ = successor.kill();
+                let _ = successor.wait();
+                self.switch.keep_old_running();
+                return Err(e);
+            }
+        };
+        // The old VMM has handed the guest over: supervise the successor
+        // (the waiting thread sees the new pid) and let the old one go.
+        let old_pid = vmm.id();
+        let old = std::mem::replace(vmm, successor);
+        self.switch.retire_old();
+        self.reap(old, old_pid);
+        self.memory = memory;
+        let figures = &switched.figures;
+        let report = UpdateReport {
+            old_pid,
+            new_pid: vmm.id(),
+            program: program.to_string_lossy().into_owned(),
+            handoff,
+            ram_transferred_bytes: figures.ram_transferred_bytes,
+            ram_total_bytes: figures.ram_total_bytes,
+            guest_ram_bytes: self.memory.size(),
+            qemu_downtime_ms: figures.downtime_ms,
+            qemu_total_ms: figures.total_ms,
+            update_ms: started.elapsed().as_secs_f64() * 1e3,
+            switch_ms: switched.switch_time.as_secs_f64() * 1e3,
+            migrate_at_ns: switched.migrate_at_ns,
+            resumed_at_ns: switched.resumed_at_ns,
+        };
+        info!(?report, "{name} updated under the running guest");
+        Ok(report)
+    }
+
+    /// Waits for the replaced VMM to exit (it was told to), killing it
+    /// when it has not within the deadline.
+    fn reap(&self, mut old: Child, pid: u32) {
+        let name = self.switch.name();
+        let exited = i32::try_from(pid)
+            .ok()
+            .and_then(|p| pidfd(nix::unistd::Pid::from_raw(p)).ok());
+        if let Some(fd) = exited {
+            let mut fds = [PollFd::new(fd.as_fd(), PollFlags::POLLIN)];
+            let millis = u16::try_from(self.deadline.as_millis()).unwrap_or(u16::MAX);
+            if !matches!(poll(&mut fds, PollTimeout::from(millis)), Ok(1)) {
+                warn!(pid, "the old {name} did not quit in time; killing it");
+                let _ = old.kill();
+            }
+        }
+        match old.wait() {
+            Ok(status) => info!(pid, %status, "the old {name} exited"),
+            Err(e) => warn!(pid, error = %e, "cannot reap the old {name}"),
+        }
+    }
+}
