@@ -87,7 +87,7 @@ fn check<'a>(
 
 impl Pool {
     /// The change gate of `alloc` (see [`ChangeGate`]) and the connection
-    /// that owns it now, for a HANDOFF that passed [`check`]. The successor
+    /// that owns it now, for a HANDOFF that passed its checks (`check`). The successor
     /// waits on the gate for a change its predecessor began (a LOCK's
     /// mlock) and then calls [`Pool::hand_off`], which checks everything
     /// again. A refusal answers at once: only the holder of the right token
