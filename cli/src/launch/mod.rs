@@ -73,6 +73,7 @@
 
 mod allocation;
 mod build;
+pub mod ch_api;
 pub mod cloud_hypervisor;
 mod command_line;
 mod config;

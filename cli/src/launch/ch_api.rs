@@ -1,0 +1,269 @@
+//! A blocking client of cloud-hypervisor's REST API on its `--api-socket`
+//! (HTTP/1.1 over a UNIX socket), for the requests an update needs:
+//! `vmm.ping`, `vm.info`, `vm.receive-migration` and `vm.send-migration`.
+//!
+//! One request per connection, `Connection: close`: cloud-hypervisor's
+//! HTTP server (micro-http) answers each request on the connection it came
+//! on, and a fresh connection per request keeps a half-read answer from
+//! ever being taken for the next one. The response is parsed with
+//! `httparse`; the body is read to its `Content-Length` (micro-http always
+//! sends one), at most [`MAX_BODY`] bytes.
+//!
+//! `vm.receive-migration` answers only once the migration is received (its
+//! handler runs the whole receive on cloud-hypervisor's VMM thread), so the
+//! caller gives it a timeout of its own; `vm.send-migration` answers once
+//! the migration worker started.
+
+use std::io::{Read, Write};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// The largest response body read (`vm.info` of a large VM is a few KiB).
+pub const MAX_BODY: usize = 1 << 20;
+/// Headers a response may have.
+const MAX_HEADERS: usize = 32;
+
+/// Errors of an API request.
+#[derive(Debug, thiserror::Error)]
+pub enum ChApiError {
+    /// Connecting, writing or reading failed (the socket is not there yet,
+    /// the process exited, a timeout).
+    #[error("cloud-hypervisor API {socket}: {what}: {source}")]
+    Io {
+        /// The API socket.
+        socket: PathBuf,
+        /// What was being done.
+        what: &'static str,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The response was not HTTP as expected.
+    #[error("cloud-hypervisor API {socket}: malformed response to {endpoint}: {what}")]
+    Malformed {
+        /// The API socket.
+        socket: PathBuf,
+        /// The request's endpoint.
+        endpoint: String,
+        /// What was wrong.
+        what: String,
+    },
+    /// cloud-hypervisor refused or failed the request.
+    #[error("cloud-hypervisor refused {endpoint} (HTTP {status}): {body}")]
+    Refused {
+        /// The request's endpoint.
+        endpoint: String,
+        /// The HTTP status.
+        status: u16,
+        /// Its error text (cloud-hypervisor's error chain, as JSON or text).
+        body: String,
+    },
+}
+
+/// One cloud-hypervisor process's API socket.
+#[derive(Debug, Clone)]
+pub struct ChApi {
+    socket: PathBuf,
+}
+
+impl ChApi {
+    /// The API on `socket` (cloud-hypervisor's `--api-socket path=…`).
+    pub fn new(socket: &Path) -> Self {
+        Self {
+            socket: socket.to_owned(),
+        }
+    }
+
+    /// The socket path.
+    pub fn socket(&self) -> &Path {
+        &self.socket
+    }
+
+    /// `GET /api/v1/vmm.ping`: answers once the VMM's API thread serves.
+    ///
+    /// # Errors
+    ///
+    /// [`ChApiError`].
+    pub fn ping(&self, timeout: Duration) -> Result<(), ChApiError> {
+        self.request("GET", "vmm.ping", None, timeout).map(drop)
+    }
+
+    /// `GET /api/v1/vm.info`: the VM's configuration and state.
+    ///
+    /// # Errors
+    ///
+    /// [`ChApiError`]; a body that is not JSON is [`ChApiError::Malformed`].
+    pub fn vm_info(&self, timeout: Duration) -> Result<serde_json::Value, ChApiError> {
+        let body = self.request("GET", "vm.info", None, timeout)?;
+        serde_json::from_slice(&body).map_err(|e| self.malformed("vm.info", e.to_string()))
+    }
+
+    /// The VM's state as `vm.info` reports it (`Created`, `Running`,
+    /// `Paused`, `Shutdown`).
+    ///
+    /// # Errors
+    ///
+    /// [`ChApiError`].
+    pub fn vm_state(&self, timeout: Duration) -> Result<String, ChApiError> {
+        let info = self.vm_info(timeout)?;
+        info.get("state")
+            .and_then(serde_json::Value::as_str)
+            .map(str::to_owned)
+            .ok_or_else(|| self.malformed("vm.info", "no \"state\"".into()))
+    }
+
+    /// `PUT /api/v1/vm.receive-migration` from `unix:<listen>`: returns once
+    /// the migration is received and the VM runs here (or failed).
+    ///
+    /// # Errors
+    ///
+    /// [`ChApiError`].
+    pub fn receive_migration(&self, listen: &Path, timeout: Duration) -> Result<(), ChApiError> {
+        let body = serde_json::json!({ "receiver_url": format!("unix:{}", listen.display()) });
+        self.request(
+            "PUT",
+            "vm.receive-migration",
+            Some(&body.to_string()),
+            timeout,
+        )
+        .map(drop)
+    }
+
+    /// `PUT /api/v1/vm.send-migration` to `unix:<to>`; `local`: pass the
+    /// guest memory's fds instead of copying it. Returns once the migration
+    /// worker started (the receiving side's `vm.receive-migration` says
+    /// when it is done).
+    ///
+    /// # Errors
+    ///
+    /// [`ChApiError`].
+    pub fn send_migration(&self, to: &Path, local: bool, timeout: Duration) -> Result<(), ChApiError> {
+        let body = serde_json::json!({
+            "destination_url": format!("unix:{}", to.display()),
+            "local": local,
+        });
+        self.request("PUT", "vm.send-migration", Some(&body.to_string()), timeout)
+            .map(drop)
+    }
+
+    fn malformed(&self, endpoint: &str, what: String) -> ChApiError {
+        ChApiError::Malformed {
+            socket: self.socket.clone(),
+            endpoint: endpoint.to_owned(),
+            what,
+        }
+    }
+
+    /// One request; the response body of a 2xx answer.
+    fn request(
+        &self,
+        method: &str,
+        endpoint: &str,
+        body: Option<&str>,
+        timeout: Duration,
+    ) -> Result<Vec<u8>, ChApiError> {
+        let io = |what| {
+            let socket = self.socket.clone();
+            move |source| ChApiError::Io {
+                socket,
+                what,
+                source,
+            }
+        };
+        let mut stream = UnixStream::connect(&self.socket).map_err(io("connect"))?;
+        stream
+            .set_read_timeout(Some(timeout))
+            .and_then(|()| stream.set_write_timeout(Some(timeout)))
+            .map_err(io("set a timeout"))?;
+        let body = body.unwrap_or("");
+        let mut request = format!(
+            "{method} /api/v1/{endpoint} HTTP/1.1\r\nHost: localhost\r\nAccept: */*\r\nConnection: close\r\n"
+        );
+        if !body.is_empty() {
+            request.push_str("Content-Type: application/json\r\n");
+        }
+        request.push_str(&format!("Content-Length: {}\r\n\r\n{body}", body.len()));
+        stream
+            .write_all(request.as_bytes())
+            .map_err(io("send the request"))?;
+        let (status, response_body) = self.read_response(&mut stream, endpoint)?;
+        if !(200..300).contains(&status) {
+            return Err(ChApiError::Refused {
+                endpoint: endpoint.to_owned(),
+                status,
+                body: String::from_utf8_lossy(&response_body).trim().to_owned(),
+            });
+        }
+        Ok(response_body)
+    }
+
+    /// Reads one response: its status and body.
+    fn read_response(
+        &self,
+        stream: &mut UnixStream,
+        endpoint: &str,
+    ) -> Result<(u16, Vec<u8>), ChApiError> {
+        let mut buf = Vec::with_capacity(1024);
+        let mut chunk = [0u8; 4096];
+        loop {
+            let n = stream.read(&mut chunk).map_err(|source| ChApiError::Io {
+                socket: self.socket.clone(),
+                what: "read the response",
+                source,
+            })?;
+            if n == 0 {
+                return Err(self.malformed(endpoint, "the connection closed mid-response".into()));
+            }
+            buf.extend_from_slice(&chunk[..n]);
+            let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
+            let mut response = httparse::Response::new(&mut headers);
+            let parsed = response
+                .parse(&buf)
+                .map_err(|e| self.malformed(endpoint, e.to_string()))?;
+            let httparse::Status::Complete(head) = parsed else {
+                if buf.len() > MAX_BODY {
+                    return Err(self.malformed(endpoint, "headers too long".into()));
+                }
+                continue;
+            };
+            let status = response
+                .code
+                .ok_or_else(|| self.malformed(endpoint, "no status".into()))?;
+            let length = content_length(response.headers)
+                .map_err(|what| self.malformed(endpoint, what))?;
+            if length > MAX_BODY {
+                return Err(self.malformed(endpoint, format!("a body of {length} bytes")));
+            }
+            let mut body = buf.split_off(head);
+            while body.len() < length {
+                let n = stream.read(&mut chunk).map_err(|source| ChApiError::Io {
+                    socket: self.socket.clone(),
+                    what: "read the response body",
+                    source,
+                })?;
+                if n == 0 {
+                    return Err(self.malformed(endpoint, "the connection closed mid-body".into()));
+                }
+                body.extend_from_slice(&chunk[..n]);
+            }
+            body.truncate(length);
+            return Ok((status, body));
+        }
+    }
+}
+
+/// The `Content-Length` of a response (0 without one: micro-http sends one
+/// whenever there is a body).
+fn content_length(headers: &[httparse::Header<'_>]) -> Result<usize, String> {
+    match headers
+        .iter()
+        .find(|h| h.name.eq_ignore_ascii_case("content-length"))
+    {
+        None => Ok(0),
+        Some(h) => std::str::from_utf8(h.value)
+            .ok()
+            .and_then(|v| v.trim().parse().ok())
+            .ok_or_else(|| format!("a Content-Length of {:?}", String::from_utf8_lossy(h.value))),
+    }
+}
