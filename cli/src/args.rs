@@ -195,12 +195,13 @@ pub(crate) struct LaunchArgs {
     /// in seconds. The VMM keeps running either way.
     #[arg(long, value_name = "SECS", default_value_t = 30)]
     pub(crate) reattach_timeout: u64,
-    /// QEMU: name the VM and listen for `hugemem update NAME` (live update of
-    /// QEMU under the running guest) on $XDG_RUNTIME_DIR/hugemem/vm/NAME.sock
-    /// (/run/hugemem/vm/NAME.sock without XDG_RUNTIME_DIR).
+    /// Name the VM and listen for `hugemem update NAME` (live update of the
+    /// VMM, QEMU or cloud-hypervisor, under the running guest) on
+    /// $XDG_RUNTIME_DIR/hugemem/vm/NAME.sock (/run/hugemem/vm/NAME.sock
+    /// without XDG_RUNTIME_DIR).
     #[arg(long, conflicts_with = "control_socket")]
     pub(crate) name: Option<String>,
-    /// QEMU: listen for `hugemem update` on this socket instead. Its
+    /// Listen for `hugemem update` on this socket instead. Its
     /// directory must be writable by no other user, and those above it only
     /// with the sticky bit (like /tmp); a launch refuses others.
     #[arg(long, value_name = "PATH")]
@@ -221,8 +222,9 @@ pub(crate) struct LaunchArgs {
 pub(crate) struct UpdateArgs {
     /// The VM: the NAME given to `hugemem launch --name`, or the path of its control socket.
     pub(crate) vm: String,
-    /// The new QEMU binary (default: the one running now).
-    #[arg(long, value_name = "PATH")]
+    /// The new VMM binary, QEMU or cloud-hypervisor (default: the one
+    /// running now). `--qemu` is the same option.
+    #[arg(long = "vmm", visible_alias = "qemu", value_name = "PATH")]
     pub(crate) qemu: Option<std::path::PathBuf>,
     /// How long to wait for the launcher's answer, in seconds.
     #[arg(long, value_name = "SECS", default_value_t = 300)]

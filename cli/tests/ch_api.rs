@@ -29,7 +29,10 @@ fn cloud_hypervisor() -> Option<PathBuf> {
     };
     let ch = PathBuf::from(ch);
     if !ch.is_file() {
-        test_support::skip!("CLOUD_HYPERVISOR={} is not an executable file", ch.display());
+        test_support::skip!(
+            "CLOUD_HYPERVISOR={} is not an executable file",
+            ch.display()
+        );
         return None;
     }
     Some(ch)
@@ -60,16 +63,14 @@ fn the_api_client_speaks_to_a_real_cloud_hypervisor() {
     };
     let dir = tempfile::tempdir().expect("tempdir");
     let socket = dir.path().join("api.sock");
-    let mut vmm = Vmm(
-        Command::new(ch)
-            .arg("--api-socket")
-            .arg(format!("path={}", socket.display()))
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start cloud-hypervisor"),
-    );
+    let mut vmm = Vmm(Command::new(ch)
+        .arg("--api-socket")
+        .arg(format!("path={}", socket.display()))
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start cloud-hypervisor"));
     let api = ChApi::new(&socket);
     ping_until_up(&api, &mut vmm);
     match api.vm_info(WAIT) {

@@ -1,6 +1,7 @@
 //! A blocking client of cloud-hypervisor's REST API on its `--api-socket`
 //! (HTTP/1.1 over a UNIX socket), for the requests an update needs:
-//! `vmm.ping`, `vm.info`, `vm.receive-migration` and `vm.send-migration`.
+//! `vmm.ping`, `vm.info`, `vm.receive-migration`, `vm.send-migration`,
+//! `vm.resume` and `vmm.shutdown`.
 //!
 //! One request per connection, `Connection: close`: cloud-hypervisor's
 //! HTTP server (micro-http) answers each request on the connection it came
@@ -138,13 +139,36 @@ impl ChApi {
     /// # Errors
     ///
     /// [`ChApiError`].
-    pub fn send_migration(&self, to: &Path, local: bool, timeout: Duration) -> Result<(), ChApiError> {
+    pub fn send_migration(
+        &self,
+        to: &Path,
+        local: bool,
+        timeout: Duration,
+    ) -> Result<(), ChApiError> {
         let body = serde_json::json!({
             "destination_url": format!("unix:{}", to.display()),
             "local": local,
         });
         self.request("PUT", "vm.send-migration", Some(&body.to_string()), timeout)
             .map(drop)
+    }
+
+    /// `PUT /api/v1/vm.resume`.
+    ///
+    /// # Errors
+    ///
+    /// [`ChApiError`].
+    pub fn resume(&self, timeout: Duration) -> Result<(), ChApiError> {
+        self.request("PUT", "vm.resume", None, timeout).map(drop)
+    }
+
+    /// `PUT /api/v1/vmm.shutdown`: the VMM process exits.
+    ///
+    /// # Errors
+    ///
+    /// [`ChApiError`].
+    pub fn shutdown_vmm(&self, timeout: Duration) -> Result<(), ChApiError> {
+        self.request("PUT", "vmm.shutdown", None, timeout).map(drop)
     }
 
     fn malformed(&self, endpoint: &str, what: String) -> ChApiError {
@@ -230,8 +254,8 @@ impl ChApi {
             let status = response
                 .code
                 .ok_or_else(|| self.malformed(endpoint, "no status".into()))?;
-            let length = content_length(response.headers)
-                .map_err(|what| self.malformed(endpoint, what))?;
+            let length =
+                content_length(response.headers).map_err(|what| self.malformed(endpoint, what))?;
             if length > MAX_BODY {
                 return Err(self.malformed(endpoint, format!("a body of {length} bytes")));
             }

@@ -63,7 +63,7 @@ pub fn run(cfg: &LaunchConfig) -> Result<LaunchReport, LaunchError> {
     // The daemon makes one region per part (one when no part is given).
     check_args(vmm, user_args, &opts, request.parts.len().max(1))?;
     // Bound before anything is allocated: a name in use is refused first.
-    let control = bind_control(cfg, vmm)?;
+    let control = bind_control(cfg)?;
 
     info!(
         size = %format_size(request.total_size),
@@ -158,15 +158,11 @@ pub fn run(cfg: &LaunchConfig) -> Result<LaunchReport, LaunchError> {
     })
 }
 
-/// The control socket for `hugemem update`, when asked for (QEMU only).
-fn bind_control(cfg: &LaunchConfig, vmm: Vmm) -> Result<Option<ControlSocket>, LaunchError> {
-    match (&cfg.control, vmm) {
-        (None, _) => Ok(None),
-        (Some(path), Vmm::Qemu) => ControlSocket::bind(path)
-            .map(Some)
-            .map_err(|e| LaunchError::Options(format!("cannot listen for updates: {e}"))),
-        (Some(_), other) => Err(LaunchError::Options(format!(
-            "live update (--name/--control-socket) is for QEMU; {other} is not supported"
-        ))),
-    }
+/// The control socket for `hugemem update`, when asked for.
+fn bind_control(cfg: &LaunchConfig) -> Result<Option<ControlSocket>, LaunchError> {
+    cfg.control
+        .as_deref()
+        .map(ControlSocket::bind)
+        .transpose()
+        .map_err(|e| LaunchError::Options(format!("cannot listen for updates: {e}")))
 }

@@ -1,5 +1,6 @@
 //! Why an update failed.
 
+use crate::launch::ch_api::ChApiError;
 use crate::launch::error::LaunchError;
 use crate::launch::qmp::QmpError;
 
@@ -17,6 +18,15 @@ pub enum UpdateError {
         /// The cause.
         #[source]
         source: QmpError,
+    },
+    /// A request to a cloud-hypervisor's API failed.
+    #[error("{what}: {source}")]
+    ChApi {
+        /// Which cloud-hypervisor, doing what.
+        what: String,
+        /// The cause.
+        #[source]
+        source: ChApiError,
     },
     /// Socket pairs, pidfds.
     #[error("{0}")]

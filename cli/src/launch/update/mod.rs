@@ -31,6 +31,7 @@
 //! memory, the mailbox, the supervision hand-over and the report are
 //! shared.
 
+mod ch_switch;
 mod error;
 mod mailbox;
 mod qemu_switch;

@@ -244,7 +244,7 @@ impl VmmSwitch for QemuSwitch {
         })
     }
 
-    fn switch(&mut self, successor: &mut Child) -> Result<Switched, UpdateError> {
+    fn switch(&mut self, _running: &Child, successor: &mut Child) -> Result<Switched, UpdateError> {
         let pending = self.pending.take().ok_or_else(|| {
             UpdateError::Io(std::io::Error::other("no successor QEMU was prepared"))
         })?;

@@ -29,6 +29,15 @@ pub(crate) trait VmmSwitch {
     /// unless the request names another.
     fn program(&self) -> &OsString;
 
+    /// The successor maps memory of its own, which the daemon hands to a
+    /// new connection (HANDOFF) and the successor inherits. False for a VMM
+    /// whose migration passes the running VMM's descriptors to the
+    /// successor itself: the allocation then stays on the launcher's
+    /// connection and the successor inherits no memory.
+    fn memory_by_handoff(&self) -> bool {
+        true
+    }
+
     /// Makes sure the running VMM can be asked to hand the guest over (the
     /// first update opens its control channel). Runs before any memory
     /// moves, so a running VMM that cannot be reached costs nothing.
@@ -47,7 +56,7 @@ pub(crate) trait VmmSwitch {
     /// the last [`successor`](Self::successor) command) and returns once
     /// the successor runs it. On success the successor is the running VMM
     /// from then on; on an error the updater kills it.
-    fn switch(&mut self, successor: &mut Child) -> Result<Switched, UpdateError>;
+    fn switch(&mut self, running: &Child, successor: &mut Child) -> Result<Switched, UpdateError>;
 
     /// After a failed switch, the successor killed: makes sure the running
     /// VMM runs the guest (it may have paused it for the switch).
@@ -56,6 +65,9 @@ pub(crate) trait VmmSwitch {
     /// After a switch: asks the VMM that was replaced to exit. The updater
     /// reaps it, killing it if it does not exit in time.
     fn retire_old(&mut self);
+
+    /// After the replaced VMM was reaped.
+    fn retired(&mut self) {}
 }
 
 /// How to start a successor.

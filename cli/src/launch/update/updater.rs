@@ -13,6 +13,7 @@ use hugemem_client::client::Allocation;
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use tracing::{info, warn};
 
+use super::ch_switch::ChSwitch;
 use super::error::UpdateError;
 use super::mailbox::SuccessorMailbox;
 use super::qemu_switch::QemuSwitch;
@@ -61,10 +62,13 @@ impl Updater {
                 .map_err(io)?;
                 (Box::new(switch), vec![monitor])
             }
-            other => {
-                return Err(LaunchError::Options(format!(
-                    "live update (--name/--control-socket) is for QEMU; {other} is not supported"
-                )))
+            Vmm::CloudHypervisor => {
+                let control = cfg.control.as_deref().ok_or_else(|| {
+                    LaunchError::Options("live update needs a control socket".into())
+                })?;
+                let (switch, inherit) =
+                    ChSwitch::for_launch(full, &cfg.command[1..], control, cfg.update_timeout)?;
+                (Box::new(switch), inherit)
             }
         };
         let daemon = DaemonLink {
@@ -108,16 +112,25 @@ impl Updater {
         let name = self.switch.name();
         self.switch.connect_running()?;
         let program = program.map_or_else(|| self.switch.program().clone(), OsString::from);
-        let (memory, handoff) = self.daemon.successor_memory(&self.memory)?;
+        let by_handoff = self.switch.memory_by_handoff();
+        let (memory, handoff) = if by_handoff {
+            self.daemon.successor_memory(&self.memory)?
+        } else {
+            (self.memory.try_clone()?, false)
+        };
         let command = self.switch.successor(&program, &memory)?;
-        let mut inherit: Vec<BorrowedFd<'_>> = memory.fds.iter().map(AsFd::as_fd).collect();
+        let mut inherit: Vec<BorrowedFd<'_>> = if by_handoff {
+            memory.fds.iter().map(AsFd::as_fd).collect()
+        } else {
+            Vec::new()
+        };
         inherit.extend(command.inherit.iter().map(AsFd::as_fd));
         info!(command = ?command.argv, "starting the successor {name}");
         let mut successor = spawner.spawn(&command.argv, &inherit)?;
         drop(inherit);
         // The successor's ends of its channels are its own now.
         drop(command);
-        let switched = match self.switch.switch(&mut successor) {
+        let switched = match self.switch.switch(vmm, &mut successor) {
             Ok(switched) => switched,
             Err(e) => {
                 let _ = successor.kill();
@@ -132,6 +145,7 @@ impl Updater {
         let old = std::mem::replace(vmm, successor);
         self.switch.retire_old();
         self.reap(old, old_pid);
+        self.switch.retired();
         self.memory = memory;
         let figures = &switched.figures;
         let report = UpdateReport {
