@@ -35,10 +35,8 @@ use super::peer::{PeerCred, PidWatch};
 use super::pool::{AllocId, HandoffError, Pool, Released, SessionId};
 use super::rebalance::Rebalancer;
 use super::stats::StatsSource;
-use crate::proto::messages::{RegionInfo, Reply, ReplyBody, Request};
-use crate::proto::{
-    Status, FEATURE_HANDOFF, FEATURE_REATTACH, MAX_PAYLOAD, PROTOCOL_VERSION, TOKEN_SIZE,
-};
+use crate::proto::messages::{Reply, ReplyBody, Request};
+use crate::proto::{Status, FEATURE_HANDOFF, FEATURE_REATTACH, PROTOCOL_VERSION, TOKEN_SIZE};
 
 /// Features this daemon implements: REBALANCE, lazy mode, re-attach tokens.
 pub const DAEMON_FEATURES: u64 = crate::proto::FEATURE_REBALANCE
@@ -320,53 +318,23 @@ impl Session {
     }
 
     /// REATTACH: take orphaned allocation `alloc_id` into this session with
-    /// its token; reply with its region table as it is now.
+    /// its token (`super::reattach`); reply with its region table as it is
+    /// now.
     fn reattach(&mut self, alloc_id: AllocId, token: &[u8; TOKEN_SIZE]) -> Outcome {
-        let (regions, locked) =
-            match self
-                .rooms
-                .pool
-                .reattach(alloc_id, token, self.id, self.peer.uid)
-            {
-                Ok(r) => r,
-                Err(e) => {
-                    Metrics::add(&self.rooms.metrics.reattach_refused, 1);
-                    return self.token_refused(
-                        "REATTACH",
-                        alloc_id,
-                        Status::NotFound,
-                        e.to_string(),
-                    );
+        let pool = &self.rooms.pool;
+        match super::reattach::serve(pool, self.id, self.peer.uid, alloc_id, token) {
+            Ok(served) => {
+                Metrics::add(&self.rooms.metrics.reattach_ok, 1);
+                if let Some(lazy) = served.lazy {
+                    self.lazy.record(lazy.alloc, lazy.infos, lazy.regions);
                 }
-            };
-        Metrics::add(&self.rooms.metrics.reattach_ok, 1);
-        let lazy_fallback = self.rooms.pool.lazy_fallback(alloc_id);
-        let infos = super::handoff::region_table_now(&regions, locked);
-        if lazy_fallback {
-            // Its VMM may hand the uffd back (UFFD): the fault service then
-            // resumes on these regions.
-            let lazy_infos: Vec<RegionInfo> = infos
-                .iter()
-                .map(|i| RegionInfo {
-                    flags: i.flags | RegionInfo::FLAG_LAZY,
-                    ..*i
-                })
-                .collect();
-            let arcs = regions.iter().map(|(_, r)| Arc::clone(r)).collect();
-            self.lazy.record(alloc_id, lazy_infos, arcs);
+                served.outcome
+            }
+            Err(e) => {
+                Metrics::add(&self.rooms.metrics.reattach_refused, 1);
+                self.token_refused("REATTACH", alloc_id, Status::NotFound, e.to_string())
+            }
         }
-        info!(
-            session = self.id,
-            uid = self.peer.uid,
-            alloc = alloc_id,
-            regions = infos.len(),
-            lazy_fallback,
-            "REATTACH: orphaned allocation taken back by its VMM"
-        );
-        Outcome::reply(Reply::ok(ReplyBody::Reattach {
-            alloc_id,
-            regions: infos,
-        }))
     }
 
     /// HANDOFF: take allocation `alloc_id` over from the connection that
@@ -394,7 +362,8 @@ impl Session {
             }
             Err(e @ HandoffError::Refused(_)) => {
                 Metrics::add(&self.rooms.metrics.handoff_refused, 1);
-                self.token_refused("HANDOFF", req.alloc_id, Status::NotFound, e.to_string())
+                let status = super::handoff::refusal_status(&e);
+                self.token_refused("HANDOFF", req.alloc_id, status, e.to_string())
             }
             Err(e) => {
                 info!(session = self.id, alloc = req.alloc_id, reason = %e, "HANDOFF refused");
@@ -604,52 +573,12 @@ impl Session {
         // This connection's lazy allocations and their fault counters.
         stats.lazy = Some(self.lazy.stats());
         // A tenant that is not an operator sees aggregates and its own
-        // regions only: no other tenant's regions, inodes, paths, holder
-        // pids, sessions or placement (and no socket, hugetlbfs,
-        // quarantine, given_back, refill or rebalance). An allowlist: a
-        // part added to `Stats` later stays at its default for tenants
-        // until it is named here.
+        // regions only (`super::stats::tenant_view`).
         if !self.rooms.rebalance.operators().contains(&self.peer.uid) && self.peer.uid != 0 {
             let own = self.rooms.pool.region_ids_of(self.id);
-            stats = hugemem_client::stats::Stats {
-                version: stats.version,
-                pid: stats.pid,
-                uptime_s: stats.uptime_s,
-                sessions: stats.sessions,
-                lazy: stats.lazy,
-                allocations: stats.allocations,
-                pools: stats.pools,
-                regions: stats.regions.map(|mut regions| {
-                    regions.retain(|r| own.contains(&r.id));
-                    regions
-                }),
-                scrub: stats.scrub,
-                totals: stats.totals,
-                counters: stats.counters,
-                ..hugemem_client::stats::Stats::default()
-            };
+            stats = super::stats::tenant_view(stats, &own);
         }
-        let to_json = |s: &hugemem_client::stats::Stats| {
-            serde_json::to_string(s).map_err(|e| format!("STATS: {e}"))
-        };
-        let mut json = match to_json(&stats) {
-            Ok(j) => j,
-            Err(e) => return Outcome::error(Status::Internal, e),
-        };
-        // The reply must fit one frame: status (8) + length (4) + JSON. The
-        // per-region list is the only part that grows with use; drop it first.
-        if json.len() + 12 > MAX_PAYLOAD {
-            stats.regions = None;
-            stats.regions_omitted = true;
-            json = match to_json(&stats) {
-                Ok(j) => j,
-                Err(e) => return Outcome::error(Status::Internal, e),
-            };
-        }
-        if json.len() + 12 > MAX_PAYLOAD {
-            return Outcome::error(Status::Internal, "STATS does not fit one reply");
-        }
-        Outcome::reply(Reply::ok(ReplyBody::Stats { json }))
+        super::stats::reply(stats)
     }
 
     /// Unlocks (off the executor), drops regions over the limit, starts the

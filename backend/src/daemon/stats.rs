@@ -7,10 +7,13 @@ use std::time::{Duration, Instant};
 
 use guest_mem::PageSize;
 
+use crate::proto::messages::{Reply, ReplyBody};
+use crate::proto::{Status, MAX_PAYLOAD};
 use hugemem_client::stats::{Counters, ScrubNode, ScrubStats, Sessions, Stats, Totals};
 
 use super::metrics::{self, Metrics, ScrubCounters};
-use super::pool::Pool;
+use super::outcome::Outcome;
+use super::pool::{Pool, RegionId};
 use super::rebalance::Rebalancer;
 use super::refill::Refill;
 
@@ -149,4 +152,52 @@ impl StatsSource {
             },
         }
     }
+}
+
+/// What a tenant that is not an operator sees of `stats`: aggregates and
+/// its `own` regions only: no other tenant's regions, inodes, paths, holder
+/// pids, sessions or placement (and no socket, hugetlbfs, quarantine,
+/// given_back, refill or rebalance). An allowlist: a part added to `Stats`
+/// later stays at its default for tenants until it is named here.
+pub fn tenant_view(stats: Stats, own: &[RegionId]) -> Stats {
+    Stats {
+        version: stats.version,
+        pid: stats.pid,
+        uptime_s: stats.uptime_s,
+        sessions: stats.sessions,
+        lazy: stats.lazy,
+        allocations: stats.allocations,
+        pools: stats.pools,
+        regions: stats.regions.map(|mut regions| {
+            regions.retain(|r| own.contains(&r.id));
+            regions
+        }),
+        scrub: stats.scrub,
+        totals: stats.totals,
+        counters: stats.counters,
+        ..Stats::default()
+    }
+}
+
+/// The STATS reply of `stats`, which must fit one frame: status (8) +
+/// length (4) + JSON. The per-region list is the only part that grows
+/// with use; it is dropped first.
+pub fn reply(mut stats: Stats) -> Outcome {
+    let to_json = |s: &Stats| serde_json::to_string(s).map_err(|e| format!("STATS: {e}"));
+    let mut json = match to_json(&stats) {
+        Ok(j) => j,
+        Err(e) => return Outcome::error(Status::Internal, e),
+    };
+    if json.len() + 12 > MAX_PAYLOAD {
+        stats.regions = None;
+        stats.regions_omitted = true;
+        json = match to_json(&stats) {
+            Ok(j) => j,
+            Err(e) => return Outcome::error(Status::Internal, e),
+        };
+    }
+    if json.len() + 12 > MAX_PAYLOAD {
+        return Outcome::error(Status::Internal, "STATS does not fit one reply");
+    }
+    Outcome::reply(Reply::ok(ReplyBody::Stats { json }))
 }
