@@ -43,7 +43,7 @@ pub(super) fn recover_leftovers(
             let Some(pid) = leftover_pid(&name.to_string_lossy()) else {
                 continue;
             };
-            // A region handed over (a takeover, systemd's fd store) keeps
+            // A region passed on (a takeover, systemd's fd store) keeps
             // its file, whoever created it.
             if inherited.contains(&entry.path()) {
                 continue;

@@ -17,7 +17,7 @@
 //! at the VMM's exit. The thread itself only waits: on the pool, and on
 //! the helpers' answers or the stop event.
 //!
-//! At a stop (handover, shutdown) the helpers are killed; the chunks they
+//! At a stop (takeover, shutdown) the helpers are killed; the chunks they
 //! had not answered go back to their fill ([`Pool::fill_abandoned`]).
 //! Helpers that die or cannot start give the rest of that fill up: its
 //! holes fault at the guest's first touch, zeroed by the kernel then.

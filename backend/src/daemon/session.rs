@@ -98,7 +98,7 @@ impl Session {
         Self::open(id, peer, rooms, false, 0)
     }
 
-    /// A session a predecessor daemon handed over (`super::handover`):
+    /// A session a predecessor daemon passed on (`super::takeover`):
     /// same id, same allocations (in the pool already), same handshake.
     pub fn inherited(
         id: SessionId,
@@ -137,13 +137,13 @@ impl Session {
         }
     }
 
-    /// Stops this session's fault services for a handover, keeping their
+    /// Stops this session's fault services for a takeover, keeping their
     /// userfaultfds (blocking: at most one page clear per thread).
     pub fn suspend_lazy(&mut self) -> Vec<super::lazy_allocs::Suspended> {
         self.lazy.suspend_all()
     }
 
-    /// Restarts suspended lazy allocations (a handover given up, or taken
+    /// Restarts suspended lazy allocations (a takeover given up, or taken
     /// over here). One whose service cannot restart ends the connection
     /// (its VMM's fallback then serves it), as a failed service does.
     pub fn resume_lazy(&mut self, suspended: Vec<super::lazy_allocs::Suspended>) {
@@ -175,7 +175,10 @@ impl Session {
             .metrics
             .sessions_active
             .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
-        debug!(session = self.id, "session handed over");
+        debug!(
+            session = self.id,
+            "session taken over by the successor daemon"
+        );
     }
 
     /// The session id.
@@ -300,14 +303,14 @@ impl Session {
     }
 
     async fn alloc(&mut self, req: &crate::proto::AllocRequest, wait_ms: Option<u32>) -> Outcome {
-        let client = alloc::Client {
+        let requester = alloc::Requester {
             session: self.id,
             uid: self.peer.uid,
             gid: self.peer.gid,
             reattach: self.features & FEATURE_REATTACH != 0,
         };
         let started = std::time::Instant::now();
-        let served = alloc::serve(&self.rooms.alloc, client, req, wait_ms).await;
+        let served = alloc::serve(&self.rooms.alloc, requester, req, wait_ms).await;
         if served.outcome.reply.status == Status::Ok {
             self.rooms.metrics.alloc_latency.record(started.elapsed());
         }

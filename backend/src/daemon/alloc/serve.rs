@@ -19,9 +19,10 @@ use crate::daemon::pool::{Obtained, SessionId, Source};
 use crate::proto::messages::{AllocRequest, RegionInfo};
 use crate::proto::{ClearMode, Status};
 
-/// Who asks for an ALLOC.
+/// The daemon's view of the connection that asks for an ALLOC (not the
+/// client library's `Client`, which is the VMM's side).
 #[derive(Debug, Clone, Copy)]
-pub struct Client {
+pub struct Requester {
     /// The session (connection) that will own the allocation.
     pub session: SessionId,
     /// The peer's uid (the tenant).
@@ -32,10 +33,10 @@ pub struct Client {
     pub reattach: bool,
 }
 
-/// Serves `req` for `client` (see the module docs).
+/// Serves `req` for `requester` (see the module docs).
 pub async fn serve(
     room: &Arc<Alloc>,
-    client: Client,
+    requester: Requester,
     req: &AllocRequest,
     wait_ms: Option<u32>,
 ) -> Served {
@@ -43,18 +44,18 @@ pub async fn serve(
         Ok(p) => p,
         Err((status, msg)) => {
             Metrics::add(&room.metrics.allocs_failed, 1);
-            info!(session = client.session, ?status, reason = %msg, "ALLOC refused");
+            info!(session = requester.session, ?status, reason = %msg, "ALLOC refused");
             return Outcome::error(status, msg).into();
         }
     };
     // Dirty memory in lazy mode only for uids the operator named.
-    let dirty_ok = room.cfg.lazy_dirty_uids.contains(&client.uid);
+    let dirty_ok = room.cfg.lazy_dirty_uids.contains(&requester.uid);
     for p in &mut parts {
         p.dirty_ok = dirty_ok;
     }
     let cancel = clearing::CancelToken::new();
     let (job_room, job_cancel, lock) = (Arc::clone(room), cancel.clone(), req.lock);
-    let owner = (client.uid, client.gid);
+    let owner = (requester.uid, requester.gid);
     let deadline = Instant::now() + room.cfg.alloc_wait(wait_ms);
     // The blocking thread only waits for the runner's pinned workers (or
     // scans /proc); no clearing runs on it or on the executor.
@@ -76,7 +77,7 @@ pub async fn serve(
         Ok(Ok(t)) => t,
         Ok(Err((status, msg))) => {
             Metrics::add(&room.metrics.allocs_failed, 1);
-            warn!(session = client.session, ?status, reason = %msg, "ALLOC failed");
+            warn!(session = requester.session, ?status, reason = %msg, "ALLOC failed");
             return Outcome::error(status, msg).into();
         }
         Err(e) => {
@@ -84,15 +85,15 @@ pub async fn serve(
             return Outcome::error(Status::Internal, join_error(&e).to_string()).into();
         }
     };
-    commit_and_hand_out(room, client, req, &taken)
+    commit_and_hand_out(room, requester, req, &taken)
 }
 
-/// Hands what was taken to the client: its own file descriptions and the
+/// Hands what was taken to the requester: its own file descriptions and the
 /// region table ([`HandOut::open`], before the commit, so a failure puts
 /// the regions back), the commit, the note and the token.
 fn commit_and_hand_out(
     room: &Alloc,
-    client: Client,
+    requester: Requester,
     req: &AllocRequest,
     taken: &[Obtained],
 ) -> Served {
@@ -115,13 +116,13 @@ fn commit_and_hand_out(
     let lazy_mode = req.clear_mode == ClearMode::Lazy;
     let committed = room
         .pool
-        .commit(client.session, client.uid, &ids, lazy_mode, req.lock);
+        .commit(requester.session, requester.uid, &ids, lazy_mode, req.lock);
     let alloc_id = match committed {
         Ok(a) => a,
         Err(msg) => {
             room.pool.put_back(&ids);
             Metrics::add(&room.metrics.allocs_failed, 1);
-            error!(session = client.session, reason = %msg, "clean-before-map invariant refused an ALLOC");
+            error!(session = requester.session, reason = %msg, "clean-before-map invariant refused an ALLOC");
             return Outcome::error(Status::Internal, msg).into();
         }
     };
@@ -135,21 +136,21 @@ fn commit_and_hand_out(
     });
     let sources: Vec<&str> = taken.iter().map(|o| source_name(o.source)).collect();
     info!(
-        session = client.session,
+        session = requester.session,
         alloc = alloc_id,
         bytes = req.total_size,
         ?sources,
         "ALLOC served"
     );
-    // Only to a client that negotiated it: the others see the old bytes.
-    let token = if client.reattach {
+    // Only to a requester that negotiated it: the others see the old bytes.
+    let token = if requester.reattach {
         room.pool.token_of(alloc_id)
     } else {
         None
     };
     let mut outcome = hand_out.reply(alloc_id, token);
     if !note.is_empty() {
-        info!(session = client.session, alloc = alloc_id, %note, "ALLOC served with a note");
+        info!(session = requester.session, alloc = alloc_id, %note, "ALLOC served with a note");
         outcome.reply.message = note;
     }
     Served { outcome, lazy }

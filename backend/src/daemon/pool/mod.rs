@@ -60,7 +60,7 @@
 //!   source and `reserve.rs` moves the entries, both private to the pool.
 //!   [`Pool::commit`] hands them to a session (the clean-before-map check),
 //!   [`Pool::put_back`] returns them when the ALLOC fails after the take
-//!   (`handout.rs`).
+//!   (`commit.rs`).
 //! * **A connection's allocations** (`crate::daemon::session`, `owners.rs`):
 //!   ownership ([`Pool::regions_of`], [`Pool::region_ids_of`],
 //!   [`Pool::allocations_of`], [`Pool::region`]), LOCK ([`Pool::set_locked`]),
@@ -79,7 +79,7 @@
 //! * **The scrubbers** (`crate::daemon::scrub`, `scrubbing.rs`):
 //!   [`Pool::next_scrub`] (dirty pages, or a detached region's holes),
 //!   [`Pool::scrub_done`], [`Pool::fill_done`]; [`Pool::stop`] stops them.
-//! * **Handover and restart** (`crate::daemon::handover`,
+//! * **Takeover and restart** (`crate::daemon::takeover`,
 //!   `crate::daemon::fdstore`, the restore at start, `persist.rs`):
 //!   [`Pool::snapshot`], [`Pool::snapshot_partial`], [`Pool::import`],
 //!   [`Pool::unkeep`], [`Pool::resume`], [`Pool::orphans`],
@@ -119,10 +119,10 @@
 //!
 //! [`check_released`]: crate::daemon::quarantine::reuse::check_released
 
+mod commit;
 mod files;
 mod given_back;
 mod handoff;
-mod handout;
 mod held;
 mod ids;
 mod in_use;

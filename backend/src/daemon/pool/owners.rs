@@ -174,7 +174,7 @@ impl Pool {
     /// (nothing changed) for an unknown id.
     ///
     /// Tests orphan a live allocation to stand for a restart (the restore
-    /// code imports allocations orphaned, `handover.rs`).
+    /// code imports allocations orphaned, `takeover.rs`).
     pub fn orphan(&self, alloc: AllocId, tenant: Option<u32>) -> bool {
         match self.lock().allocs.get_mut(&alloc) {
             Some(a) => {

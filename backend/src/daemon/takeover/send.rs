@@ -1,6 +1,6 @@
 //! The running daemon's side of a takeover: the control socket, the
 //! freeze, and sending the state document and its fds (see
-//! [`crate::daemon::handover`]).
+//! [`crate::daemon::takeover`]).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -117,7 +117,7 @@ async fn freeze_and_send(
     .map_err(|e| format!("control channel: {e}"))?;
     if answer == "OK" {
         // Still holding the work lock: no loop round starts before it
-        // sees the daemon handed over.
+        // sees the daemon taken over.
         parts.lifecycle.gone();
         Ok(())
     } else {
