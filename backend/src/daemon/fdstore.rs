@@ -1,4 +1,4 @@
-//! systemd's file-descriptor store (issue 20): the pool, the allocations and
+//! systemd's file-descriptor store: the pool, the allocations and
 //! the listening socket survive `systemctl restart hugemem` and a crash.
 //!
 //! With `hugemem serve --fd-store` (the unit sets it, with

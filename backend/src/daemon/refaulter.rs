@@ -1,4 +1,5 @@
-//! The refault of detached regions by fault helpers (issue 27, item 4).
+//! The refault of detached regions by fault helpers, so that the kernel's
+//! zeroing of a huge page never holds the daemon's own `mmap_lock`.
 //!
 //! Two threads per node (`hm-refault-nN-I`, started with the scrubbers),
 //! each waiting for a region of its node with holes to fault in that the

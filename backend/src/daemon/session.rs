@@ -13,7 +13,7 @@
 //! would. The first release starts a pidfd watch on the peer process (when
 //! it is another process), so its exit re-checks the quarantine at once.
 //!
-//! **Re-attach** (issue 20): a session that negotiated `FEATURE_REATTACH`
+//! **Re-attach**: a session that negotiated `FEATURE_REATTACH`
 //! gets each allocation's token in the ALLOC reply; REATTACH with it takes
 //! an *orphaned* allocation (restored by a restarted daemon) into this
 //! session. Refusals all read like an unknown id, and after

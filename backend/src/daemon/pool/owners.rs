@@ -2,7 +2,7 @@
 //! REATTACH, disconnect) and the test hook standing for a restart: who owns
 //! an allocation, its regions, whether it is locked, and who may hold it
 //! across a daemon restart: tenant uids, re-attach tokens, orphaned
-//! allocations (issue 20).
+//! allocations.
 //!
 //! Every allocation gets a random 16-byte token when it is committed; a
 //! client that negotiated `FEATURE_REATTACH` receives it in the ALLOC reply.

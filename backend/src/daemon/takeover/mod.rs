@@ -1,5 +1,5 @@
 //! Handing the daemon over to a successor without losing the pool, the
-//! allocations or the connections (`hugemem serve --takeover`, issue 20).
+//! allocations or the connections (`hugemem serve --takeover`).
 //!
 //! # The running daemon's side
 //!

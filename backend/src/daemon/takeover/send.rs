@@ -46,7 +46,7 @@ pub async fn control_loop(
         if std_stream.set_nonblocking(false).is_err() {
             continue;
         }
-        if hand_over(&parts, &store, std_stream, peer.pid).await {
+        if serve_successor(&parts, &store, std_stream, peer.pid).await {
             break;
         }
     }
@@ -54,7 +54,7 @@ pub async fn control_loop(
 
 /// One takeover (see the module docs). True when the daemon was handed
 /// over and is to exit.
-async fn hand_over(
+async fn serve_successor(
     parts: &Arc<Parts>,
     store: &FdStore,
     stream: std::os::unix::net::UnixStream,
