@@ -1,6 +1,6 @@
-//! Fault helpers: processes of their own that fault a region's holes in
-//! (issue 27, item 4), so that the daemon's own address space, and its
-//! `mmap_lock`, is never held by the kernel's zeroing of a huge page.
+//! Fault helpers: processes of their own that fault a region's holes in,
+//! so that the daemon's own address space, and its `mmap_lock`, is never
+//! held by the kernel's zeroing of a huge page.
 //!
 //! Each helper is a fork of the daemon that keeps only the region's fd and
 //! two pipes (`crate::sys::spawn_fault_helper`), pins itself to the

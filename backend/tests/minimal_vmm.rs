@@ -216,13 +216,13 @@ fn leave_dirty_region(daemon: &TestDaemon, tenant: &mut Client) {
 
 /// A lazy VM (the example VMM on dirty pooled memory) kept running across
 /// a takeover (issue 20): its uffd is handed to the old daemon, the daemon
-/// is replaced (`handover::receive` + `Daemon::start_inherited`, as
+/// is replaced (`takeover::receive` + `Daemon::start_inherited`, as
 /// `hugemem serve --takeover` does) before the guest boots, and the guest's
 /// faults are served by the new daemon: it reads only zeros and its own
 /// writes, and its VMM's fallback never ran (its connection stayed open).
 #[test]
 fn a_lazy_vm_runs_on_across_a_takeover() {
-    use backend::daemon::{handover, Config, Daemon};
+    use backend::daemon::{takeover, Config, Daemon};
     const TEST: &str = "a_lazy_vm_runs_on_across_a_takeover";
     let _s = serial();
     if !prerequisites(TEST) {
@@ -263,7 +263,7 @@ fn a_lazy_vm_runs_on_across_a_takeover() {
         let report = minimal_vmm::run_vmm_with(&socket, SIZE, ClearMode::Lazy, || {
             let old = daemon.take().expect("the running daemon");
             served_before = old.lazy_work();
-            let inherited = handover::receive(&socket).expect("takeover: state received");
+            let inherited = takeover::receive(&socket).expect("takeover: state received");
             new = Some(Daemon::start_inherited(cfg.clone(), inherited).expect("successor starts"));
             old.shutdown().expect("the old daemon exits");
         })

@@ -215,7 +215,7 @@ impl PageStates {
     }
 
     /// Pages in the given states, in order (a region another daemon
-    /// instance handed over, see `Region::adopt`).
+    /// instance passed on, see `Region::adopt`).
     pub fn from_states(states: &[PageState]) -> Self {
         Self {
             states: states.iter().map(|s| AtomicU8::new(*s as u8)).collect(),

@@ -5,7 +5,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use super::config::ValidationError;
-use super::handover;
+use super::takeover;
 
 /// Errors starting or stopping the daemon.
 #[derive(Debug, thiserror::Error)]
@@ -56,7 +56,7 @@ pub enum DaemonError {
     /// A takeover could not start (nothing was taken; the running daemon
     /// serves on).
     #[error("takeover")]
-    Takeover(#[from] handover::TakeoverError),
+    Takeover(#[from] takeover::TakeoverError),
     /// The socket systemd passed (socket activation) cannot be used.
     #[error("socket activation: {0}")]
     Activation(String),

@@ -1,4 +1,4 @@
-//! systemd's file-descriptor store (issue 20): the pool, the allocations and
+//! systemd's file-descriptor store: the pool, the allocations and
 //! the listening socket survive `systemctl restart hugemem` and a crash.
 //!
 //! With `hugemem serve --fd-store` (the unit sets it, with
@@ -12,7 +12,7 @@
 //! * the listening socket, as `hugemem-listener`, when the daemon bound it
 //!   itself (systemd keeps a `hugemem.socket` one anyway): clients that
 //!   connect meanwhile wait in its backlog;
-//! * a state document (`super::handover::state`, in a sealed memfd) as
+//! * a state document (`super::takeover::state`, in a sealed memfd) as
 //!   `hugemem-state-0` / `hugemem-state-1`, alternately: the new one is
 //!   stored before the old is removed, so a crash between the two leaves
 //!   one whole document; the higher `seq` is the newer.
@@ -38,8 +38,8 @@ use std::time::Duration;
 use sd_notify::NotifyState;
 use tracing::{debug, info, warn};
 
-use super::handover::fds::Fds;
-use super::handover::{self, state::State, Parts, Target};
+use super::takeover::fds::Fds;
+use super::takeover::{self, state::State, Parts, Target};
 
 /// How often a serving daemon brings the store up to date.
 pub const SYNC_PERIOD: Duration = Duration::from_millis(250);
@@ -111,7 +111,7 @@ impl FdStore {
     /// document when it changed. Blocking (small `sendmsg`s).
     fn sync(&self, parts: &Parts, last: bool) -> Result<(), String> {
         let snapshot = parts.pool.snapshot_partial();
-        let (mut doc, _) = handover::build(parts, &snapshot, Target::FdStore { last }, self.seq())?;
+        let (mut doc, _) = takeover::build(parts, &snapshot, Target::FdStore { last }, self.seq())?;
         let mut st = self
             .stored
             .lock()
@@ -205,7 +205,7 @@ pub async fn sync_loop(store: Arc<FdStore>, parts: Arc<Parts>) {
 }
 
 /// A clean stop that keeps everything in the store: freezes, stores the
-/// last document, and leaves the daemon handed over (it then exits without
+/// last document, and leaves the daemon taken over (it then exits without
 /// releasing anything). `Err` (nothing kept beyond the last sync): the
 /// caller stops the usual way.
 ///
@@ -232,11 +232,11 @@ pub async fn stop_into_store(store: &Arc<FdStore>, parts: &Arc<Parts>) -> Result
 }
 
 /// What systemd passed back: the newest trusted state document and the
-/// fds it names, as a [`handover::Inherited`]; `None` without a document.
+/// fds it names, as a [`takeover::Inherited`]; `None` without a document.
 /// Stored fds no document names (a region created after the last sync
 /// before a crash) are closed: their pages go back to the kernel once
 /// their VMM lets go.
-pub fn restore(mut named: HashMap<String, OwnedFd>) -> Option<handover::Inherited> {
+pub fn restore(mut named: HashMap<String, OwnedFd>) -> Option<takeover::Inherited> {
     let mut docs: Vec<State> = Vec::new();
     for k in [0, 1] {
         if let Some(fd) = named.remove(&format!("{STATE_PREFIX}{k}")) {
@@ -279,7 +279,7 @@ pub fn restore(mut named: HashMap<String, OwnedFd>) -> Option<handover::Inherite
         allocations = state.allocations.len(),
         "restoring from systemd's fd store"
     );
-    Some(handover::Inherited {
+    Some(takeover::Inherited {
         predecessor: None,
         state,
         fds: Fds(fds),

@@ -11,8 +11,8 @@ use tracing::{error, warn};
 
 use super::error::{DaemonError, Result};
 use super::fdstore::{self, FdStore};
-use super::handover::Parts;
 use super::session::Rooms;
+use super::takeover::Parts;
 
 /// A running daemon. Dropping it shuts the daemon down too (errors logged).
 #[derive(Debug)]
@@ -98,7 +98,7 @@ impl DaemonHandle {
     }
 
     /// The lifecycle's shutdown token: cancelled once the daemon was
-    /// handed over (or is stopping).
+    /// taken over (or is stopping).
     pub(super) fn cancelled(&self) -> tokio_util::sync::CancellationToken {
         self.rooms.lifecycle.cancel().clone()
     }

@@ -1,28 +1,26 @@
-//! HANDOFF (issue 26): a VMM's successor process takes the VMM's
-//! allocation over on its own connection, with the allocation's token.
+//! HANDOFF: a VMM's successor process takes the VMM's allocation over on
+//! its own connection, with the allocation's token. Beside ALLOC
+//! ([`crate::daemon::alloc::serve()`]) and REATTACH
+//! ([`crate::daemon::reattach::serve`]), the third way an allocation is
+//! handed out; what it hands out is a live allocation, moved.
 //!
 //! The move itself is one step under the pool's lock
 //! ([`crate::daemon::pool::Pool::hand_off`]): the allocation belongs to the
 //! old connection until it belongs to the new one. The successor gets what
-//! an ALLOC would have given it — the region table, its own open file
-//! descriptions of the regions ([`crate::sys::reopen`], so the write-lease
-//! proof at release counts them), the hugetlbfs paths when asked — and a
-//! new token, so the predecessor, which knew the old one, can neither take
-//! the allocation back nor hand it on. Nothing is cleared: the memory is
-//! the guest's.
+//! an ALLOC would have given it ([`crate::daemon::hand_out`], opened inside
+//! that step before anything moves) and a new token, so the predecessor,
+//! which knew the old one, can neither take the allocation back nor hand it
+//! on. Nothing is cleared: the memory is the guest's.
 //!
 //! A reply that cannot be delivered releases the allocation, as for ALLOC
 //! (the successor is gone, and it owned the allocation); the quarantine
 //! keeps the regions from reuse while the predecessor still maps them.
 
-use std::sync::Arc;
-
-use guest_mem::Region;
 use tracing::info;
 
+use super::hand_out::{rows_now, Delivery, HandOut, HandOutError};
 use super::outcome::Outcome;
-use super::pool::{AllocId, HandoffError, Pool, RegionId, SessionId};
-use crate::proto::messages::{RegionInfo, Reply, ReplyBody};
+use super::pool::{AllocId, HandoffError, Pool, SessionId};
 use crate::proto::{Status, TOKEN_SIZE};
 
 /// A decoded HANDOFF request.
@@ -51,24 +49,16 @@ pub fn serve(
     uid: u32,
     req: HandoffRequest,
 ) -> Result<(Outcome, Option<SessionId>), HandoffError> {
-    let want_paths = req.want_paths;
-    let (handed, (fds, paths)) =
-        pool.hand_off(req.alloc_id, &req.token, session, uid, |regions| {
-            let mut fds = Vec::with_capacity(regions.len());
-            let mut paths = Vec::new();
-            for (id, region) in regions {
-                if want_paths {
-                    let path = region.path().ok_or(HandoffError::NoPaths(req.alloc_id))?;
-                    paths.push(path.display().to_string());
-                }
-                let fd = crate::sys::reopen(region.fd()).map_err(|e| {
-                    HandoffError::Internal(format!("cannot open region {id} for the client: {e}"))
-                })?;
-                fds.push(fd);
-            }
-            Ok((fds, paths))
+    let delivery = Delivery::Alloc {
+        want_paths: req.want_paths,
+    };
+    let (handed, hand_out) =
+        pool.hand_off(req.alloc_id, &req.token, session, uid, |regions, locked| {
+            HandOut::open(delivery, rows_now(regions, locked)).map_err(|e| match e {
+                HandOutError::NoPath(_) => HandoffError::NoPaths(req.alloc_id),
+                e @ HandOutError::Open { .. } => HandoffError::Internal(e.to_string()),
+            })
         })?;
-    let regions = region_table_now(&handed.regions, handed.locked);
     // Two connections of one tenant can pass an allocation back and forth.
     if let Some(suppressed) = super::peer_log::HANDED_OFF.check(uid) {
         info!(
@@ -76,26 +66,17 @@ pub fn serve(
             uid,
             alloc = req.alloc_id,
             from = ?handed.previous,
-            regions = regions.len(),
+            regions = handed.regions.len(),
             suppressed,
             "HANDOFF: allocation moved to its VMM's successor connection"
         );
     }
-    let outcome = Outcome {
-        reply: Reply::ok(ReplyBody::Alloc {
-            alloc_id: req.alloc_id,
-            regions,
-            paths,
-            token: Some(handed.token),
-        }),
-        fds,
-        alloc: Some(req.alloc_id),
-        close: false,
-    };
+    let outcome = hand_out.reply(req.alloc_id, Some(handed.token));
     Ok((outcome, handed.previous))
 }
 
-/// The status a HANDOFF refusal is answered with.
+/// The status a HANDOFF refusal is answered with: the one place that
+/// says a refusal a guesser could learn from is NOT_FOUND.
 pub fn refusal_status(e: &HandoffError) -> Status {
     match e {
         HandoffError::Refused(_) => Status::NotFound,
@@ -104,36 +85,4 @@ pub fn refusal_status(e: &HandoffError) -> Status {
         | HandoffError::NoPaths(_) => Status::Invalid,
         HandoffError::Internal(_) => Status::Internal,
     }
-}
-
-/// An allocation's region table as an ALLOC would report it now, in
-/// guest-physical order: LAZY while pages are still to be cleared (as far
-/// as the daemon knows), else CLEAN; LOCKED when locked. REATTACH and
-/// HANDOFF answer with it.
-pub fn region_table_now(regions: &[(RegionId, Arc<Region>)], locked: bool) -> Vec<RegionInfo> {
-    let mut guest_phys = 0;
-    regions
-        .iter()
-        .map(|(id, region)| {
-            let counts = region.states().counts();
-            let mut flags = if counts.dirty + counts.clearing > 0 {
-                RegionInfo::FLAG_LAZY
-            } else {
-                RegionInfo::FLAG_CLEAN
-            };
-            if locked {
-                flags |= RegionInfo::FLAG_LOCKED;
-            }
-            let info = RegionInfo {
-                region_id: *id,
-                guest_phys,
-                size: region.len(),
-                page_size: region.page_size().bytes(),
-                node: region.node().unwrap_or(crate::proto::ANY_NODE),
-                flags,
-            };
-            guest_phys += region.len();
-            info
-        })
-        .collect()
 }

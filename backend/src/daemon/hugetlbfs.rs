@@ -22,7 +22,7 @@ fn hugetlbfs_page_size(dir: &Path) -> Option<guest_mem::PageSize> {
 }
 
 /// Releases hugetlbfs files an earlier daemon instance left behind (it was
-/// killed, or died: a tenant could crash it before issue 11's fixes). Region
+/// killed, or died). Region
 /// files are named `hugemem-r<ID>.<PID>.<N>` (see `guest_mem`'s
 /// `create_hugetlbfs_file`); a file whose `<PID>` is not a live process is
 /// unlinked, never reused: its pages may hold a tenant's data and go back to
@@ -43,7 +43,7 @@ pub(super) fn recover_leftovers(
             let Some(pid) = leftover_pid(&name.to_string_lossy()) else {
                 continue;
             };
-            // A region handed over (a takeover, systemd's fd store) keeps
+            // A region passed on (a takeover, systemd's fd store) keeps
             // its file, whoever created it.
             if inherited.contains(&entry.path()) {
                 continue;

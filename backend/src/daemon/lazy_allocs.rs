@@ -20,7 +20,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::Notify;
 use tracing::info;
 
-use crate::daemon::handover::fds::{FdList, Fds};
+use crate::daemon::takeover::fds::{FdList, Fds};
 use crate::fault::{
     FaultMapping, FaultReport, FaultService, FaultServiceConfig, FaultServiceHandle,
 };
@@ -36,8 +36,8 @@ struct LazyAlloc {
     service: Option<FaultServiceHandle>,
 }
 
-/// A lazy allocation whose fault service was stopped for a handover, with
-/// what restarts it (here, when the handover is given up, or in the
+/// A lazy allocation whose fault service was stopped for a takeover, with
+/// what restarts it (here, when the takeover is given up, or in the
 /// successor).
 #[derive(Debug)]
 pub struct Suspended {
@@ -339,7 +339,7 @@ impl LazyAllocs {
         }
     }
 
-    /// Stops every fault service for a handover, keeping the VMMs'
+    /// Stops every fault service for a takeover, keeping the VMMs'
     /// userfaultfds, and forgets the allocations (see [`Suspended`]).
     /// Blocking: at most one page clear per fault-service thread.
     pub fn suspend_all(&mut self) -> Vec<Suspended> {
@@ -363,7 +363,7 @@ impl LazyAllocs {
             .collect()
     }
 
-    /// Restarts suspended allocations (a handover given up, or the
+    /// Restarts suspended allocations (a takeover given up, or the
     /// successor taking them): records each and restarts its fault service
     /// over its userfaultfd. Returns the allocations whose service could
     /// not restart, with why (their VMM's fallback serves them once the

@@ -1,15 +1,15 @@
-//! The daemon's lifecycle: serving, frozen for a handover, handed over, and
+//! The daemon's lifecycle: serving, frozen for a takeover, taken over, and
 //! shut down.
 //!
-//! A room below the server, the background loops and the handover: each of
+//! A room below the server, the background loops and the takeover: each of
 //! them depends on it, it depends on none of them. It owns
 //!
 //! * the shutdown token and the tracker every daemon task is spawned on;
-//! * the [`Phase`], which a handover moves from [`Phase::Serving`] to
-//!   [`Phase::Frozen`] and then to [`Phase::Gone`] (handed over) or back
+//! * the [`Phase`], which a takeover moves from [`Phase::Serving`] to
+//!   [`Phase::Frozen`] and then to [`Phase::Gone`] (taken over) or back
 //!   (thawed);
 //! * the connection handlers' count and the connections they parked for a
-//!   handover ([`ParkedConnection`]), which saves and restores its own
+//!   takeover ([`ParkedConnection`]), which saves and restores its own
 //!   part of the state document ([`ConnectionRecord`]);
 //! * the work lock that pauses the background loops: [`Lifecycle::periodic`]
 //!   runs a loop's rounds under it, so no loop can forget to pause.
@@ -25,25 +25,25 @@ use tokio::sync::{watch, Notify, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use super::handover::encoding::{hex, unhex};
-use super::handover::fds::{FdList, Fds};
 use super::lazy_allocs::{LazyRecord, Suspended};
 use super::quarantine::holders::Predecessor;
+use super::takeover::encoding::{hex, unhex};
+use super::takeover::fds::{FdList, Fds};
 use crate::proto::FrameReader;
 
-/// Where the daemon is in a handover.
+/// Where the daemon is in a takeover.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Phase {
     /// Serving.
     Serving,
-    /// Frozen for a handover in progress.
+    /// Frozen for a takeover in progress.
     Frozen,
-    /// Handed over: this daemon exits without releasing anything.
+    /// Taken over: this daemon exits without releasing anything.
     Gone,
 }
 
-/// A connection parked for a handover: duplicates of what travels (the
-/// handler keeps the originals, to go on if the handover is given up).
+/// A connection parked for a takeover: duplicates of what travels (the
+/// handler keeps the originals, to go on if the takeover is given up).
 #[derive(Debug)]
 pub struct ParkedConnection {
     /// Its session id.
@@ -82,7 +82,7 @@ pub struct ConnectionRecord {
     pub lazy: Vec<LazyRecord>,
 }
 
-/// A connection a predecessor handed over, restored from its record, for
+/// A connection a predecessor passed on, restored from its record, for
 /// the server to resume.
 #[derive(Debug)]
 pub struct InheritedConnection {
@@ -200,7 +200,7 @@ async fn kicked(kick: Option<&Notify>) {
 }
 
 impl Lifecycle {
-    /// The shutdown token: cancelled by a shutdown, and once handed over.
+    /// The shutdown token: cancelled by a shutdown, and once taken over.
     pub fn cancel(&self) -> &CancellationToken {
         &self.cancel
     }
@@ -221,7 +221,7 @@ impl Lifecycle {
         *self.phase.borrow()
     }
 
-    /// A permit for one round of a background loop: while a handover
+    /// A permit for one round of a background loop: while a takeover
     /// freezes the daemon, it waits; `None` once the daemon was handed
     /// over (the loop ends: nothing here may touch a region any more).
     pub async fn work(&self) -> Option<RwLockReadGuard<'_, ()>> {
@@ -230,9 +230,9 @@ impl Lifecycle {
     }
 
     /// Runs `round` every `period`, and at once whenever `kick` is
-    /// notified, each round under a [`Lifecycle::work`] permit (a handover
+    /// notified, each round under a [`Lifecycle::work`] permit (a takeover
     /// waits for the round to end, and no round starts while it freezes the
-    /// daemon), until shutdown or the handover. `round` says whether to go
+    /// daemon), until shutdown or the takeover. `round` says whether to go
     /// on.
     pub async fn periodic<F, Fut>(&self, period: Duration, kick: Option<&Notify>, mut round: F)
     where
@@ -255,7 +255,7 @@ impl Lifecycle {
     }
 
     /// Awaits `round` once, `delay` from now, under a [`Lifecycle::work`]
-    /// permit; not at all after a shutdown or a handover.
+    /// permit; not at all after a shutdown or a takeover.
     pub async fn after<Fut: Future<Output = ()>>(&self, delay: Duration, round: Fut) {
         tokio::select! {
             () = self.cancel.cancelled() => return,
@@ -267,13 +267,13 @@ impl Lifecycle {
         round.await;
     }
 
-    /// Resolves once a handover freezes the daemon.
+    /// Resolves once a takeover freezes the daemon.
     pub async fn frozen(&self) {
         let mut rx = self.phase.subscribe();
         let _ = rx.wait_for(|p| *p != Phase::Serving).await;
     }
 
-    /// Waits until the daemon thaws ([`Phase::Serving`]) or is handed over
+    /// Waits until the daemon thaws ([`Phase::Serving`]) or is taken over
     /// ([`Phase::Gone`]), and says which.
     pub async fn thawed(&self) -> Phase {
         let mut rx = self.phase.subscribe();
@@ -348,7 +348,7 @@ impl Lifecycle {
         self.phase.send_replace(Phase::Serving);
     }
 
-    /// Marks the daemon handed over (its loops end at their next round).
+    /// Marks the daemon taken over (its loops end at their next round).
     pub fn gone(&self) {
         self.phase.send_replace(Phase::Gone);
         lock(&self.parked).clear();

@@ -1,4 +1,4 @@
-//! The listening sockets a handover or systemd's fd store passes on:
+//! The listening sockets a takeover or systemd's fd store passes on:
 //! duplicates of the clients' socket and of the metrics endpoint's, and
 //! whether the socket file is this daemon's to remove. Each saves and
 //! restores its own part of the state document ([`Listeners::save`]).
@@ -7,7 +7,7 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 
-use super::handover::fds::FdList;
+use super::takeover::fds::FdList;
 
 /// See the module docs.
 #[derive(Debug, Default)]
@@ -55,7 +55,7 @@ impl Listeners {
         self.socket_owned.store(owned, Ordering::SeqCst);
     }
 
-    /// Remembers the listening sockets (duplicates) for a handover.
+    /// Remembers the listening sockets (duplicates) for a takeover.
     pub fn set(&self, socket: Option<OwnedFd>, metrics: Option<OwnedFd>) {
         *lock(&self.sockets) = (socket, metrics);
     }

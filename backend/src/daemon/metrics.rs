@@ -141,7 +141,7 @@ impl Metrics {
         ]
     }
 
-    /// Every counter by name, for a successor daemon (`super::handover`).
+    /// Every counter by name, for a successor daemon (`super::takeover`).
     pub fn to_map(&self) -> std::collections::BTreeMap<String, u64> {
         let mut map: std::collections::BTreeMap<String, u64> = self
             .named()

@@ -18,7 +18,7 @@
 //! * [`start`]: two builders over one core: a fresh start and an
 //!   inherited one (a takeover, or systemd's fd store), then the
 //!   components, their rooms and the control plane.
-//! * [`lifecycle`]: shutdown, the handover's phase (freeze, park, thaw),
+//! * [`lifecycle`]: shutdown, the takeover's phase (freeze, park, thaw),
 //!   and the helper every background loop runs under.
 //! * [`config`]: TOML configuration with small-machine defaults.
 //! * [`server`]: accept loop, per-connection handlers, connection cap.
@@ -37,7 +37,7 @@
 //! * [`systemd`]: readiness notification and socket activation.
 //! * [`refill`]: refilling the pool to its targets while idle (`pool.refill`).
 //! * [`rebalance`]: REBALANCE, per-region placement, the vCPU-affinity policy loop.
-//! * [`handover`], [`fdstore`]: restart and upgrade (below); each component
+//! * [`takeover`], [`fdstore`]: restart and upgrade (below); each component
 //!   saves and restores its own state ([`listeners`], [`lazy_allocs`], the
 //!   pool's `persist`).
 //! * `error`, `socket`, `hugetlbfs`, `orphans`, `handle`, `serve`: the
@@ -69,7 +69,7 @@
 //!
 //! # Restart and upgrade
 //!
-//! With [`handover`], a successor (`hugemem serve --takeover`) takes the
+//! With [`takeover`], a successor (`hugemem serve --takeover`) takes the
 //! listening socket, the pool, the allocations, the connections and the
 //! lazy fault services over a control socket; this daemon freezes, sends a
 //! versioned state document and the fds, and exits releasing nothing. With
@@ -99,7 +99,7 @@
 //! [`systemd`]: crate::daemon::systemd
 //! [`refill`]: crate::daemon::refill
 //! [`rebalance`]: crate::daemon::rebalance
-//! [`handover`]: crate::daemon::handover
+//! [`takeover`]: crate::daemon::takeover
 //! [`fdstore`]: crate::daemon::fdstore
 //! [`Daemon::start`]: crate::daemon::Daemon::start
 //! [`DaemonHandle::shutdown`]: crate::daemon::DaemonHandle::shutdown
@@ -109,9 +109,9 @@ pub mod config;
 mod error;
 pub mod exporter;
 pub mod fdstore;
+pub mod hand_out;
 mod handle;
 pub mod handoff;
-pub mod handover;
 mod hugetlbfs;
 pub mod latency;
 pub mod lazy_allocs;
@@ -125,6 +125,7 @@ pub mod peer;
 pub mod peer_log;
 pub mod pool;
 pub mod quarantine;
+pub mod reattach;
 pub mod rebalance;
 pub mod refaulter;
 pub mod refill;
@@ -137,6 +138,7 @@ mod socket;
 pub mod start;
 pub mod stats;
 pub mod systemd;
+pub mod takeover;
 
 pub use config::{ByteSize, Config, ConfigError, Overrides, ValidationError};
 pub use error::{DaemonError, Result};

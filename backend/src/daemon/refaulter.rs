@@ -1,4 +1,5 @@
-//! The refault of detached regions by fault helpers (issue 27, item 4).
+//! The refault of detached regions by fault helpers, so that the kernel's
+//! zeroing of a huge page never holds the daemon's own `mmap_lock`.
 //!
 //! Two threads per node (`hm-refault-nN-I`, started with the scrubbers),
 //! each waiting for a region of its node with holes to fault in that the
@@ -17,7 +18,7 @@
 //! at the VMM's exit. The thread itself only waits: on the pool, and on
 //! the helpers' answers or the stop event.
 //!
-//! At a stop (handover, shutdown) the helpers are killed; the chunks they
+//! At a stop (takeover, shutdown) the helpers are killed; the chunks they
 //! had not answered go back to their fill ([`Pool::fill_abandoned`]).
 //! Helpers that die or cannot start give the rest of that fill up: its
 //! holes fault at the guest's first touch, zeroed by the kernel then.

@@ -165,7 +165,7 @@ impl Scrubbers {
     }
 
     /// Starts the threads again after [`Scrubbers::stop_and_join`] (a
-    /// handover that did not happen), with the same counters.
+    /// takeover that did not happen), with the same counters.
     ///
     /// # Errors
     ///

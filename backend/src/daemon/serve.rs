@@ -8,7 +8,7 @@ use tracing::info;
 use super::config::Config;
 use super::error::{DaemonError, Result};
 use super::start::Daemon;
-use super::{fdstore, handover, systemd};
+use super::{fdstore, systemd, takeover};
 
 /// How [`serve`] starts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -16,7 +16,7 @@ pub enum Start {
     /// A daemon of its own (or on systemd's socket).
     Fresh,
     /// Taking over from the daemon running on the same socket
-    /// ([`handover`]).
+    /// ([`takeover`]).
     Takeover,
 }
 
@@ -60,7 +60,7 @@ pub fn serve(
             )
         }
         Start::Takeover => {
-            let inherited = handover::receive(&config.socket)?;
+            let inherited = takeover::receive(&config.socket)?;
             let activated = !inherited.state.socket_owned;
             (
                 Daemon::start_with(config, None, Some(inherited), fd_store)?,
@@ -74,16 +74,16 @@ pub fn serve(
         use std::io::Write;
         let _ = std::fs::File::from(fd).write_all(b"1");
     }
-    let handed_over = handle.cancelled();
+    let taken_over = handle.cancelled();
     let which = rt.block_on(async {
         tokio::select! {
             _ = term.recv() => "SIGTERM",
             _ = int.recv() => "SIGINT",
-            () = handed_over.cancelled() => "handover",
+            () = taken_over.cancelled() => "takeover",
         }
     });
-    if which == "handover" {
-        info!("handed over to a successor; exiting");
+    if which == "takeover" {
+        info!("taken over by a successor; exiting");
         return handle.shutdown();
     }
     info!(signal = which, "shutting down");

@@ -154,7 +154,7 @@ impl Slots {
 /// What the accept loop and the connection handlers use.
 #[derive(Debug)]
 pub struct Server {
-    /// Shutdown, the task tracker, parking for a handover.
+    /// Shutdown, the task tracker, parking for a takeover.
     pub lifecycle: Arc<Lifecycle>,
     /// Connection slots.
     pub slots: Arc<Slots>,
@@ -195,7 +195,7 @@ impl Listener {
         loop {
             let stream = tokio::select! {
                 () = cancel.cancelled() => break,
-                // A handover: stop accepting (connections wait in the
+                // A takeover: stop accepting (connections wait in the
                 // backlog) until it is done or given up.
                 () = self.server.lifecycle.frozen() => {
                     if self.server.lifecycle.thawed().await == Phase::Gone {
@@ -267,7 +267,7 @@ impl Listener {
 }
 
 /// Runs a connection's handler on the tracker until the connection ends,
-/// parking it whenever a handover freezes the daemon.
+/// parking it whenever a takeover freezes the daemon.
 fn spawn_handler(mut handler: Handler) {
     let server = Arc::clone(&handler.server);
     server.lifecycle.handler_started();
@@ -280,7 +280,7 @@ fn spawn_handler(mut handler: Handler) {
                     if handler.park().await {
                         continue;
                     }
-                    // Handed over: the successor owns the session now.
+                    // Taken over: the successor owns the session now.
                     // Nothing is released; the socket closes here, the
                     // successor keeps its own copy.
                     handler.session.forget();
@@ -302,7 +302,7 @@ fn spawn_handler(mut handler: Handler) {
     });
 }
 
-/// A connection a predecessor daemon handed over (`super::handover`): its
+/// A connection a predecessor daemon passed on (`super::takeover`): its
 /// socket, session id, handshake state, the frame its peer had begun, and
 /// its lazy allocations (their fault services restart here).
 pub fn adopt_connection(server: &Arc<Server>, conn: InheritedConnection) -> std::io::Result<()> {
@@ -366,7 +366,7 @@ struct Handler {
     stream: UnixStream,
     session: Session,
     server: Arc<Server>,
-    /// Kept across reads: a frame half read when a handover parks the
+    /// Kept across reads: a frame half read when a takeover parks the
     /// handler is still here (see `read_frame_with`).
     reader: FrameReader,
     _permit: Slot,
@@ -377,14 +377,14 @@ struct Handler {
 enum End {
     /// EOF or shutdown.
     Closed,
-    /// A handover froze the daemon: park between requests.
+    /// A takeover froze the daemon: park between requests.
     Park,
 }
 
 impl Handler {
-    /// Parks for a handover: stops the session's fault services (keeping
+    /// Parks for a takeover: stops the session's fault services (keeping
     /// their userfaultfds), hands duplicates of what travels to the
-    /// handover, and waits. True when the handover was given up and the
+    /// takeover, and waits. True when the takeover was given up and the
     /// handler goes on; false when the successor took the connection.
     async fn park(&mut self) -> bool {
         let suspended = tokio::task::block_in_place(|| self.session.suspend_lazy());
@@ -417,9 +417,9 @@ impl Handler {
         match parked {
             Ok(p) => self.server.lifecycle.park(p),
             // Not parked: the freeze times out waiting for it and the
-            // handover is given up.
+            // takeover is given up.
             Err(e) => {
-                warn!(session = self.session.id(), error = %e, "cannot park a connection for a handover")
+                warn!(session = self.session.id(), error = %e, "cannot park a connection for a takeover")
             }
         }
         let phase = self.server.lifecycle.thawed().await;
@@ -437,7 +437,7 @@ impl Handler {
     }
 
     /// Serves requests until EOF, a malformed frame, shutdown, or a
-    /// handover. `Ok` for an orderly end, the protocol error otherwise.
+    /// takeover. `Ok` for an orderly end, the protocol error otherwise.
     async fn run(&mut self) -> Result<End, ProtoError> {
         let limits = &self.server.limits;
         let handshake_deadline =

@@ -13,7 +13,7 @@
 //! would. The first release starts a pidfd watch on the peer process (when
 //! it is another process), so its exit re-checks the quarantine at once.
 //!
-//! **Re-attach** (issue 20): a session that negotiated `FEATURE_REATTACH`
+//! **Re-attach**: a session that negotiated `FEATURE_REATTACH`
 //! gets each allocation's token in the ALLOC reply; REATTACH with it takes
 //! an *orphaned* allocation (restored by a restarted daemon) into this
 //! session. Refusals all read like an unknown id, and after
@@ -37,7 +37,7 @@ use super::pool::{AllocId, HandoffError, Pool, Released, SessionId};
 use super::rebalance::Rebalancer;
 use super::refusals::TokenRequest;
 use super::stats::StatsSource;
-use crate::proto::messages::{RegionInfo, Reply, ReplyBody, Request};
+use crate::proto::messages::{Reply, ReplyBody, Request};
 use crate::proto::{Status, FEATURE_HANDOFF, FEATURE_REATTACH, PROTOCOL_VERSION, TOKEN_SIZE};
 
 /// Features this daemon implements: REBALANCE, lazy mode, re-attach tokens.
@@ -102,7 +102,7 @@ impl Session {
         Self::open(id, peer, rooms, false, 0)
     }
 
-    /// A session a predecessor daemon handed over (`super::handover`):
+    /// A session a predecessor daemon passed on (`super::takeover`):
     /// same id, same allocations (in the pool already), same handshake.
     pub fn inherited(
         id: SessionId,
@@ -141,13 +141,13 @@ impl Session {
         }
     }
 
-    /// Stops this session's fault services for a handover, keeping their
+    /// Stops this session's fault services for a takeover, keeping their
     /// userfaultfds (blocking: at most one page clear per thread).
     pub fn suspend_lazy(&mut self) -> Vec<super::lazy_allocs::Suspended> {
         self.lazy.suspend_all()
     }
 
-    /// Restarts suspended lazy allocations (a handover given up, or taken
+    /// Restarts suspended lazy allocations (a takeover given up, or taken
     /// over here). One whose service cannot restart ends the connection
     /// (its VMM's fallback then serves it), as a failed service does.
     pub fn resume_lazy(&mut self, suspended: Vec<super::lazy_allocs::Suspended>) {
@@ -179,7 +179,10 @@ impl Session {
             .metrics
             .sessions_active
             .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
-        debug!(session = self.id, "session handed over");
+        debug!(
+            session = self.id,
+            "session taken over by the successor daemon"
+        );
     }
 
     /// The session id.
@@ -315,14 +318,14 @@ impl Session {
     }
 
     async fn alloc(&mut self, req: &crate::proto::AllocRequest, wait_ms: Option<u32>) -> Outcome {
-        let client = alloc::Client {
+        let requester = alloc::Requester {
             session: self.id,
             uid: self.peer.uid,
             gid: self.peer.gid,
             reattach: self.features & FEATURE_REATTACH != 0,
         };
         let started = std::time::Instant::now();
-        let served = alloc::serve(&self.rooms.alloc, client, req, wait_ms).await;
+        let served = alloc::serve(&self.rooms.alloc, requester, req, wait_ms).await;
         if served.outcome.reply.status == Status::Ok {
             self.rooms.metrics.alloc_latency.record(started.elapsed());
         }
@@ -333,53 +336,28 @@ impl Session {
     }
 
     /// REATTACH: take orphaned allocation `alloc_id` into this session with
-    /// its token; reply with its region table as it is now.
+    /// its token (`super::reattach`); reply with its region table as it is
+    /// now.
     fn reattach(&mut self, alloc_id: AllocId, token: &[u8; TOKEN_SIZE]) -> Outcome {
-        let (regions, locked) =
-            match self
-                .rooms
-                .pool
-                .reattach(alloc_id, token, self.id, self.peer.uid)
-            {
-                Ok(r) => r,
-                Err(e) => {
-                    Metrics::add(&self.rooms.metrics.reattach_refused, 1);
-                    return self.token_refused(
-                        TokenRequest::Reattach,
-                        alloc_id,
-                        Status::NotFound,
-                        e.to_string(),
-                    );
+        let pool = &self.rooms.pool;
+        match super::reattach::serve(pool, self.id, self.peer.uid, alloc_id, token) {
+            Ok(served) => {
+                Metrics::add(&self.rooms.metrics.reattach_ok, 1);
+                if let Some(lazy) = served.lazy {
+                    self.lazy.record(lazy.alloc, lazy.infos, lazy.regions);
                 }
-            };
-        Metrics::add(&self.rooms.metrics.reattach_ok, 1);
-        let lazy_fallback = self.rooms.pool.lazy_fallback(alloc_id);
-        let infos = super::handoff::region_table_now(&regions, locked);
-        if lazy_fallback {
-            // Its VMM may hand the uffd back (UFFD): the fault service then
-            // resumes on these regions.
-            let lazy_infos: Vec<RegionInfo> = infos
-                .iter()
-                .map(|i| RegionInfo {
-                    flags: i.flags | RegionInfo::FLAG_LAZY,
-                    ..*i
-                })
-                .collect();
-            let arcs = regions.iter().map(|(_, r)| Arc::clone(r)).collect();
-            self.lazy.record(alloc_id, lazy_infos, arcs);
+                served.outcome
+            }
+            Err(e) => {
+                Metrics::add(&self.rooms.metrics.reattach_refused, 1);
+                self.token_refused(
+                    TokenRequest::Reattach,
+                    alloc_id,
+                    Status::NotFound,
+                    e.to_string(),
+                )
+            }
         }
-        info!(
-            session = self.id,
-            uid = self.peer.uid,
-            alloc = alloc_id,
-            regions = infos.len(),
-            lazy_fallback,
-            "REATTACH: orphaned allocation taken back by its VMM"
-        );
-        Outcome::reply(Reply::ok(ReplyBody::Reattach {
-            alloc_id,
-            regions: infos,
-        }))
     }
 
     /// HANDOFF: take allocation `alloc_id` over from the connection that
@@ -407,12 +385,8 @@ impl Session {
             }
             Err(e @ HandoffError::Refused(_)) => {
                 Metrics::add(&self.rooms.metrics.handoff_refused, 1);
-                self.token_refused(
-                    TokenRequest::Handoff,
-                    req.alloc_id,
-                    Status::NotFound,
-                    e.to_string(),
-                )
+                let status = super::handoff::refusal_status(&e);
+                self.token_refused(TokenRequest::Handoff, req.alloc_id, status, e.to_string())
             }
             Err(e) => {
                 if let Some(suppressed) = peer_log::REQUEST_REFUSED.check(self.peer.uid) {
@@ -569,8 +543,11 @@ impl Session {
         super::rebalance::add_placement(&self.rooms.rebalance, &mut stats).await;
         // This connection's lazy allocations and their fault counters.
         stats.lazy = Some(self.lazy.stats());
+        // A tenant that is not an operator sees aggregates and its own
+        // regions only (`super::stats::tenant_view`).
         if !self.rooms.rebalance.operators().contains(&self.peer.uid) && self.peer.uid != 0 {
-            stats = super::stats::tenant_view(stats, &self.rooms.pool.region_ids_of(self.id));
+            let own = self.rooms.pool.region_ids_of(self.id);
+            stats = super::stats::tenant_view(stats, &own);
         }
         super::stats::reply(stats)
     }

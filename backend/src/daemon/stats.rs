@@ -7,6 +7,8 @@ use std::time::{Duration, Instant};
 
 use guest_mem::PageSize;
 
+use crate::proto::messages::{Reply, ReplyBody};
+use crate::proto::{Status, MAX_PAYLOAD};
 use hugemem_client::stats::{Counters, ScrubNode, ScrubStats, Sessions, Stats, Totals};
 
 use super::metrics::{self, Metrics, ScrubCounters};
@@ -14,8 +16,6 @@ use super::outcome::Outcome;
 use super::pool::{Pool, RegionId};
 use super::rebalance::Rebalancer;
 use super::refill::Refill;
-use crate::proto::messages::{Reply, ReplyBody};
-use crate::proto::{Status, MAX_PAYLOAD};
 
 /// Where the STATS document's figures come from (and the Prometheus
 /// endpoint's, `crate::daemon::exporter`).
@@ -155,10 +155,10 @@ impl StatsSource {
 }
 
 /// What a tenant that is not an operator sees of `stats`: aggregates and
-/// its own regions (`own`) only: no other tenant's regions, inodes, paths,
-/// holder pids, sessions or placement (and no socket, hugetlbfs,
-/// quarantine, given_back, refill or rebalance). An allowlist: a part added
-/// to `Stats` later stays at its default for tenants until it is named here.
+/// its `own` regions only: no other tenant's regions, inodes, paths, holder
+/// pids, sessions or placement (and no socket, hugetlbfs, quarantine,
+/// given_back, refill or rebalance). An allowlist: a part added to `Stats`
+/// later stays at its default for tenants until it is named here.
 pub fn tenant_view(stats: Stats, own: &[RegionId]) -> Stats {
     Stats {
         version: stats.version,
@@ -179,9 +179,9 @@ pub fn tenant_view(stats: Stats, own: &[RegionId]) -> Stats {
     }
 }
 
-/// The STATS reply for `stats`. It must fit one frame: status (8) + length
-/// (4) + JSON; the per-region list is the only part that grows with use,
-/// so it is dropped first (`regions_omitted`).
+/// The STATS reply of `stats`, which must fit one frame: status (8) +
+/// length (4) + JSON. The per-region list is the only part that grows
+/// with use; it is dropped first.
 pub fn reply(mut stats: Stats) -> Outcome {
     let to_json = |s: &Stats| serde_json::to_string(s).map_err(|e| format!("STATS: {e}"));
     let mut json = match to_json(&stats) {

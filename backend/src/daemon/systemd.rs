@@ -56,7 +56,7 @@ pub fn notify_ready(socket: &Path, activated: bool) {
 }
 
 /// `MAINPID=` this process: a successor that took over (see
-/// `super::handover`) is the service's main process from now on.
+/// `super::takeover`) is the service's main process from now on.
 pub fn notify_main_pid() {
     notify(&[NotifyState::MainPid(std::process::id())]);
 }

@@ -72,7 +72,7 @@ pub async fn read_frame(stream: &UnixStream) -> Result<Frame, ProtoError> {
 /// [`read_frame`] into a reader the caller keeps: cancel-safe, since the
 /// only await is the socket's readiness and every byte received is in
 /// `reader` at once, so a frame half read when the future is dropped (a
-/// handover, `super::super::daemon::handover`) is still there.
+/// takeover, `super::super::daemon::takeover`) is still there.
 ///
 /// # Errors
 ///

@@ -1,4 +1,4 @@
-//! Regions handed over by another instance of the same daemon (an upgrade or
+//! Regions passed on by another instance of the same daemon (an upgrade or
 //! restart, `hugemem serve --takeover` or systemd's fd store): the fd comes
 //! from the predecessor, and what it said about the file is checked against
 //! the file before the region is mapped again.
@@ -145,7 +145,7 @@ impl Region {
             .store(true, std::sync::atomic::Ordering::Release);
     }
 
-    /// Undoes [`Region::keep_file`]: the handover did not happen.
+    /// Undoes [`Region::keep_file`]: the takeover did not happen.
     pub fn keep_file_undo(&self) {
         self.keep_path
             .store(false, std::sync::atomic::Ordering::Release);

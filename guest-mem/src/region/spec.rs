@@ -109,6 +109,6 @@ pub struct AdoptSpec {
     /// The hugetlbfs path of a path-backed region.
     pub path: Option<PathBuf>,
     /// One state per page ([`Region::states`](crate::Region::states)); `Clearing` is taken as
-    /// `Dirty` (the clearer was stopped before the handover).
+    /// `Dirty` (the clearer was stopped before the takeover).
     pub states: Vec<PageState>,
 }

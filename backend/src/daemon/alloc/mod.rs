@@ -17,4 +17,4 @@ pub mod serve;
 
 pub use plan::{join_error, lock_regions};
 pub use room::Alloc;
-pub use serve::{serve, Client, LazyHandedOut, Served};
+pub use serve::{serve, Requester};

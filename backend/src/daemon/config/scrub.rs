@@ -17,7 +17,7 @@ pub struct ScrubConfig {
     /// Fault a detached region's holes in ahead of its guest from fault
     /// helper processes of the daemon's own, at idle priority and outside
     /// the daemon's address space (`crate::fault_helpers`); off: on the
-    /// scrubber threads, through the daemon's own mapping (as before issue 27).
+    /// scrubber threads, through the daemon's own mapping (the older way).
     pub refault_helpers: bool,
     /// Fault helpers per node while a region's holes are faulted in; 0 (the
     /// default): one per CPU of the node.

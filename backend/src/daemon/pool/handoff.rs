@@ -1,4 +1,4 @@
-//! HANDOFF (issue 26): a live allocation passes from the connection that
+//! HANDOFF: a live allocation passes from the connection that
 //! owns it to another connection of the same tenant, its VMM's successor,
 //! in one step under the pool's lock, so there is no moment in which both
 //! or neither own it. The successor shows the current token and gets a new
@@ -55,8 +55,6 @@ pub struct HandedOff {
     pub previous: Option<SessionId>,
     /// Its regions, in reply (guest-physical) order.
     pub regions: Vec<(RegionId, Arc<Region>)>,
-    /// Locked.
-    pub locked: bool,
     /// Its new token.
     pub token: AllocToken,
 }
@@ -87,7 +85,7 @@ fn check<'a>(
 
 impl Pool {
     /// The change gate of `alloc` (see [`ChangeGate`]) and the connection
-    /// that owns it now, for a HANDOFF that passed its checks (`check`). The successor
+    /// that owns it now, for a HANDOFF that passed `check`. The successor
     /// waits on the gate for a change its predecessor began (a LOCK's
     /// mlock) and then calls [`Pool::hand_off`], which checks everything
     /// again. A refusal answers at once: only the holder of the right token
@@ -111,9 +109,10 @@ impl Pool {
     /// Gives allocation `alloc` to `session` when `uid` is its tenant and
     /// `token` its current token (compared in constant time), with a new
     /// token. The allocation may be live on another connection or orphaned.
-    /// `prepare` runs on its regions once every check passed and before
-    /// anything changes (the successor's fds are opened there): when it
-    /// fails, the allocation stays where it was. The caller holds the
+    /// `prepare` runs on its regions (in guest-physical order) and whether
+    /// it is locked, once every check passed and before anything changes
+    /// (the daemon hands the allocation out there: the successor's fds are
+    /// opened): when it fails, the allocation stays where it was. The caller holds the
     /// allocation's change gate ([`Pool::hand_off_gate`]).
     ///
     /// # Errors
@@ -126,7 +125,7 @@ impl Pool {
         token: &AllocToken,
         session: SessionId,
         uid: u32,
-        prepare: impl FnOnce(&[(RegionId, Arc<Region>)]) -> Result<T, HandoffError>,
+        prepare: impl FnOnce(&[(RegionId, Arc<Region>)], bool) -> Result<T, HandoffError>,
     ) -> Result<(HandedOff, T), HandoffError> {
         let fresh = new_token().map_err(HandoffError::Internal)?;
         let mut g = self.lock();
@@ -146,7 +145,7 @@ impl Pool {
         if pages > 0 {
             return Err(HandoffError::NotCleared { alloc, pages });
         }
-        let prepared = prepare(&regions)?;
+        let prepared = prepare(&regions, a.locked)?;
         let a = g
             .allocs
             .get_mut(&alloc)
@@ -156,7 +155,6 @@ impl Pool {
         let handed = HandedOff {
             previous,
             regions,
-            locked: a.locked,
             token: fresh,
         };
         Ok((handed, prepared))

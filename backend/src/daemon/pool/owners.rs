@@ -2,7 +2,7 @@
 //! REATTACH, disconnect) and the test hook standing for a restart: who owns
 //! an allocation, its regions, whether it is locked, and who may hold it
 //! across a daemon restart: tenant uids, re-attach tokens, orphaned
-//! allocations (issue 20).
+//! allocations.
 //!
 //! Every allocation gets a random 16-byte token when it is committed; a
 //! client that negotiated `FEATURE_REATTACH` receives it in the ALLOC reply.
@@ -174,7 +174,7 @@ impl Pool {
     /// (nothing changed) for an unknown id.
     ///
     /// Tests orphan a live allocation to stand for a restart (the restore
-    /// code imports allocations orphaned, `handover.rs`).
+    /// code imports allocations orphaned, `takeover.rs`).
     pub fn orphan(&self, alloc: AllocId, tenant: Option<u32>) -> bool {
         match self.lock().allocs.get_mut(&alloc) {
             Some(a) => {

@@ -1,6 +1,6 @@
 //! The pool's persistence: a snapshot of every region and allocation,
-//! their records in the state document a handover or systemd's fd store
-//! keeps (`crate::daemon::handover`), and the successor's adoption and
+//! their records in the state document a takeover or systemd's fd store
+//! keeps (`crate::daemon::takeover`), and the successor's adoption and
 //! import of what it verified.
 
 use std::collections::HashSet;
@@ -17,9 +17,9 @@ use tracing::warn;
 use super::{
     AllocId, Allocation, ChangeGate, Entry, EntryState, Pool, PoolKey, RegionId, SessionId,
 };
-use crate::daemon::handover::encoding::{decode_pages, encode_pages, hex, unhex};
 use crate::daemon::metrics::Metrics;
 use crate::daemon::quarantine::holders::Owned;
+use crate::daemon::takeover::encoding::{decode_pages, encode_pages, hex, unhex};
 
 /// Where an exported region is in its life.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -91,7 +91,7 @@ pub struct Snapshot {
 /// A region the successor adopted, with what it found when verifying it.
 #[derive(Debug)]
 pub struct Adopted {
-    /// Its id (kept across the handover).
+    /// Its id (kept across the takeover).
     pub id: RegionId,
     /// The region.
     pub region: Region,
@@ -109,18 +109,18 @@ pub struct Adopted {
 }
 
 impl Pool {
-    /// A snapshot of every region and allocation. For a handover the
+    /// A snapshot of every region and allocation. For a takeover the
     /// caller has stopped everything that changes the table (handlers
     /// parked, scrubbers joined, background loops paused) and keeps it so
     /// until the successor answers. `keep` marks every region's file as
     /// kept, so that this process's exit does not unlink the hugetlbfs
-    /// files it hands over ([`Pool::unkeep`] undoes it when the handover
+    /// files it passes on ([`Pool::unkeep`] undoes it when the takeover
     /// fails).
     ///
     /// # Errors
     ///
     /// A region is `Reserved` (an ALLOC or refill still runs): the
-    /// handover must wait or be given up.
+    /// takeover must wait or be given up.
     pub fn snapshot(&self, keep: bool) -> Result<Snapshot, String> {
         let out = self.take_snapshot(false)?;
         if keep {
@@ -215,13 +215,13 @@ impl Pool {
     }
 
     /// Lets the scrubbers and waiters run again after [`Pool::stop`] (a
-    /// handover that did not happen).
+    /// takeover that did not happen).
     pub fn resume(&self) {
         self.lock().stopping = false;
         self.changed.notify_all();
     }
 
-    /// Enters the regions and allocations a predecessor handed over (the
+    /// Enters the regions and allocations a predecessor passed on (the
     /// regions adopted and verified by the caller). An allocation whose
     /// regions are not all here (one failed its checks) is not kept: its
     /// surviving regions go back to the kernel once its VMM lets go, the
@@ -317,7 +317,7 @@ impl Pool {
         n
     }
 
-    /// Undoes [`Pool::snapshot`]'s marks: the handover did not happen, this
+    /// Undoes [`Pool::snapshot`]'s marks: the takeover did not happen, this
     /// process owns its files again.
     pub fn unkeep(&self) {
         // Region::keep_file has no inverse on purpose elsewhere; here the

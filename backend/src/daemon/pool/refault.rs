@@ -1,4 +1,5 @@
-//! Refaulting detached regions ahead of their guests (issue 19).
+//! Refaulting detached regions ahead of their guests, so a guest's first
+//! touch of a hole does not wait for the kernel to zero a huge page.
 //!
 //! A released region whose pages were detached (`crate::daemon::quarantine::reuse::
 //! detach_pages`: every page punched out of its file, and the holes

@@ -7,7 +7,7 @@
 //! region created in that moment (an ALLOC, a lazy ALLOC's demand-faulted
 //! memory, a grown region, the refill) would take them, and the released
 //! region, whose refault then finds no page, was given back to the kernel
-//! as if its tenant had damaged it (issue 18). Under the gate, the punch and
+//! as if its tenant had damaged it. Under the gate, the punch and
 //! the re-reservation happen with no fresh reservation of the daemon in
 //! between: the punched pages stay the region's, an ALLOC that needs them
 //! waits for the region, and the only taker left is another process on the

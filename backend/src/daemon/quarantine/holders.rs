@@ -124,7 +124,7 @@ pub struct Scan {
 }
 
 /// The pid of the daemon this one took over from while it still runs
-/// (`crate::daemon::handover`): it holds every region until it exits, as
+/// (`crate::daemon::takeover`): it holds every region until it exits, as
 /// the daemon's own, so scans skip it. Cleared when it exits (a pidfd
 /// watch), so a later process with a reused pid is scanned. The start
 /// makes one and hands it to the pool and the lifecycle.

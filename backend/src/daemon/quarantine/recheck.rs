@@ -34,7 +34,7 @@ pub const MAX_HOLDER_WATCHES: usize = 256;
 pub struct Recheck {
     /// The pool whose quarantined regions it checks and which it trims.
     pub pool: Arc<Pool>,
-    /// Rounds pause for a handover; holder watches end at shutdown.
+    /// Rounds pause for a takeover; holder watches end at shutdown.
     pub lifecycle: Arc<Lifecycle>,
     /// A FREE, a disconnect, a client's or a holder's exit.
     pub quarantine_kick: Arc<Notify>,

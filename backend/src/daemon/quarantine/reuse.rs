@@ -162,8 +162,8 @@ pub fn check_released(region: &Region) -> Result<(), String> {
     })
 }
 
-/// A pooled region a predecessor daemon handed over, to check before it is
-/// served as pooled (`crate::daemon::handover`).
+/// A pooled region a predecessor daemon passed on, to check before it is
+/// served as pooled (`crate::daemon::takeover`).
 #[derive(Debug, Clone, Copy)]
 pub struct Inherited<'a> {
     /// The region, adopted.
@@ -173,7 +173,7 @@ pub struct Inherited<'a> {
     pub whole: bool,
 }
 
-/// The checks at FREE, for pooled regions a predecessor handed over: no
+/// The checks at FREE, for pooled regions a predecessor passed on: no
 /// other process holds them (one `/proc` scan, which skips `predecessor`
 /// while it runs: it holds every region until it exits), no reference the
 /// scan cannot see (the write lease), and a whole one has every page

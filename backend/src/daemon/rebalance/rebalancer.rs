@@ -253,7 +253,7 @@ pub struct Rebalancer {
     pub(super) pool: Arc<Pool>,
     /// The host's nodes.
     pub(super) topology: Arc<Topology>,
-    /// Moves and the policy loop stop at shutdown and pause for a handover.
+    /// Moves and the policy loop stop at shutdown and pause for a takeover.
     pub(super) lifecycle: Arc<Lifecycle>,
 }
 

@@ -210,7 +210,7 @@ fn samples_this_process_and_its_children() {
     // A thread named like a cloud-hypervisor vCPU, in this process.
     // std names a thread from inside it, when it first runs: until then
     // /proc shows the spawner's name and the sampler rightly skips it
-    // (issue 10: `Sample { per_node: {}, unknown: 0 }`). So sample only
+    // (the sample was then `Sample { per_node: {}, unknown: 0 }`). So sample only
     // once the thread itself says it runs, which is after its name is
     // set; it then stays alive, blocked on `rx`, until we have sampled.
     let (ready_tx, ready_rx) = std::sync::mpsc::channel::<()>();

@@ -22,7 +22,6 @@ use crate::daemon::config::Config;
 use crate::daemon::error::{DaemonError, Result};
 use crate::daemon::fdstore::FdStore;
 use crate::daemon::handle::DaemonHandle;
-use crate::daemon::handover::{self, Inherited, Parts};
 use crate::daemon::hugetlbfs::{hugetlbfs_dirs, recover_leftovers};
 use crate::daemon::lifecycle::Lifecycle;
 use crate::daemon::listeners::Listeners;
@@ -35,6 +34,7 @@ use crate::daemon::scrub::Scrubbers;
 use crate::daemon::server::{Server, Slots};
 use crate::daemon::session::Rooms;
 use crate::daemon::stats::StatsSource;
+use crate::daemon::takeover::{self, Inherited, Parts};
 
 /// The host the daemon runs on, checked, and its runtime.
 #[derive(Debug)]
@@ -48,7 +48,7 @@ pub(super) struct Host {
 
 /// Validates the configuration, detects the topology and the hugetlbfs
 /// mounts, releases region files an earlier instance left there (except
-/// `kept`: files a predecessor hands over), and builds the runtime.
+/// `kept`: files a predecessor passes on), and builds the runtime.
 ///
 /// # Errors
 ///
@@ -168,7 +168,7 @@ pub(super) fn core(
             &host.metrics.fd_store_restores
         };
         Metrics::add(start, 1);
-        handover::adopt_into(&host.topology, &pool, lifecycle.predecessor(), inh);
+        takeover::adopt_into(&host.topology, &pool, lifecycle.predecessor(), inh);
         connections = std::mem::take(&mut inh.state.connections);
     }
     let scrubbers = Scrubbers::start(&host.topology, &pool, &host.config.scrub)
@@ -197,11 +197,11 @@ pub(super) fn core(
     }
     let control = {
         let _guard = host.runtime.enter();
-        handover::bind_control(&host.config.socket, inherited.is_some())
+        takeover::bind_control(&host.config.socket, inherited.is_some())
     };
     if let Some(inh) = inherited.as_deref_mut() {
         let _guard = host.runtime.enter();
-        handover::resume_connections(&c.server, inh, connections);
+        takeover::resume_connections(&c.server, inh, connections);
     }
     spawn(host, sockets, control, c, inherited.is_some())
 }
@@ -391,9 +391,9 @@ pub(super) fn socket_identity(path: &Path) -> Option<(u64, u64)> {
     std::fs::metadata(path).ok().map(|m| (m.dev(), m.ino()))
 }
 
-/// Logs a metrics socket handed over that cannot be used.
+/// Logs a metrics socket passed on that cannot be used.
 pub(super) fn unusable_metrics(e: &std::io::Error) {
-    warn!(error = %e, "cannot use the metrics socket the predecessor handed over");
+    warn!(error = %e, "cannot use the metrics socket the predecessor passed on");
 }
 
 /// Binds the socket file itself (see [`crate::daemon::socket`]), on

@@ -11,10 +11,10 @@ use super::core::{self, Host, Sockets};
 use crate::daemon::config::Config;
 use crate::daemon::error::Result;
 use crate::daemon::handle::DaemonHandle;
-use crate::daemon::handover::Inherited;
 use crate::daemon::systemd;
+use crate::daemon::takeover::Inherited;
 
-/// Starts on what a predecessor or systemd's fd store handed over, on
+/// Starts on what a predecessor or systemd's fd store passed on, on
 /// `listener` when systemd passed one and the document names none.
 ///
 /// # Errors
@@ -52,7 +52,7 @@ fn build(
     inh: &mut Inherited,
     fd_store: bool,
 ) -> Result<DaemonHandle> {
-    // A region handed over keeps its file, whoever created it.
+    // A region passed on keeps its file, whoever created it.
     let kept: HashSet<PathBuf> = inh
         .state
         .regions

@@ -20,7 +20,7 @@ mod plane;
 use super::config::Config;
 use super::error::Result;
 use super::handle::DaemonHandle;
-use super::handover::Inherited;
+use super::takeover::Inherited;
 
 /// The daemon (see the module docs); [`Daemon::start`] is the entry point.
 #[derive(Debug)]
@@ -65,10 +65,10 @@ impl Daemon {
         fresh::start(config, listener, false)
     }
 
-    /// As [`Daemon::start`], on what a predecessor handed over
-    /// ([`crate::daemon::handover::receive()`]): its listening sockets,
+    /// As [`Daemon::start`], on what a predecessor passed on
+    /// ([`crate::daemon::takeover::receive()`]): its listening sockets,
     /// regions, allocations and connections, each checked (see
-    /// [`crate::daemon::handover`]). The predecessor is answered `OK` once
+    /// [`crate::daemon::takeover`]). The predecessor is answered `OK` once
     /// this daemon serves, or told why not (it then serves on).
     ///
     /// # Errors
@@ -80,7 +80,7 @@ impl Daemon {
     }
 
     /// The general start: on a passed listener (systemd's socket), on what
-    /// a predecessor or systemd's fd store handed over, and keeping state
+    /// a predecessor or systemd's fd store passed on, and keeping state
     /// in systemd's fd store (`fd_store`, see [`crate::daemon::fdstore`]).
     ///
     /// # Errors

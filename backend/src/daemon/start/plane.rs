@@ -12,7 +12,6 @@ use tracing::{info, warn};
 
 use crate::daemon::exporter;
 use crate::daemon::fdstore::{self, FdStore};
-use crate::daemon::handover::{self, Parts};
 use crate::daemon::lifecycle::{Lifecycle, Phase};
 use crate::daemon::orphans::orphans_loop;
 use crate::daemon::quarantine::{quarantine_loop, Recheck};
@@ -21,12 +20,13 @@ use crate::daemon::refill::{refill_loop, Refill};
 use crate::daemon::server::{Listener, Server};
 use crate::daemon::session::Rooms;
 use crate::daemon::socket::remove_socket;
+use crate::daemon::takeover::{self, Parts};
 
 /// What the accept loop runs on (see [`run`]); the background loops run
 /// on their own ([`spawn_loops`]).
 #[derive(Debug)]
 pub(super) struct Plane {
-    /// Shutdown, the tracker, the handover's phase.
+    /// Shutdown, the tracker, the takeover's phase.
     pub lifecycle: Arc<Lifecycle>,
     /// The socket file.
     pub socket: PathBuf,
@@ -43,7 +43,7 @@ pub(super) struct Plane {
 /// The background loops' parts.
 #[derive(Debug)]
 pub(super) struct Loops {
-    /// What a handover freezes and saves (the control loop, the fd store).
+    /// What a takeover freezes and saves (the control loop, the fd store).
     pub parts: Arc<Parts>,
     /// systemd's fd store.
     pub store: Arc<FdStore>,
@@ -84,13 +84,13 @@ pub(super) fn spawn_loops(
     let lifecycle = Arc::clone(&parts.lifecycle);
     let tracker = lifecycle.tracker();
     let control_file = control.as_ref().and_then(|_| {
-        let path = handover::channel::control_path(socket);
+        let path = takeover::channel::control_path(socket);
         let id = std::fs::metadata(&path).ok().map(|m| (m.dev(), m.ino()))?;
         Some((path, id))
     });
     if let Some(c) = control {
         let (parts, store) = (Arc::clone(&parts), Arc::clone(&store));
-        tracker.spawn(handover::control_loop(parts, store, c));
+        tracker.spawn(takeover::control_loop(parts, store, c));
     }
     tracker.spawn(quarantine_loop(recheck));
     tracker.spawn(policy_loop(rebalance));
@@ -106,7 +106,7 @@ pub(super) fn spawn_loops(
     control_file
 }
 
-/// The accept loop; then the socket files removed (unless handed over)
+/// The accept loop; then the socket files removed (unless taken over)
 /// and the tasks drained.
 pub(super) async fn run(plane: Plane) {
     let Plane {
@@ -121,7 +121,7 @@ pub(super) async fn run(plane: Plane) {
     Listener::new(listener, server).run().await;
     if lifecycle.phase() == Phase::Gone {
         // The successor serves on the same socket file.
-        info!("handed over: leaving the socket to the successor");
+        info!("taken over: leaving the socket to the successor");
     } else {
         remove_socket(&socket, socket_id);
     }

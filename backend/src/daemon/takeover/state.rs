@@ -6,7 +6,7 @@
 //! page states, every allocation and the connection that owns it, each
 //! connection's half-read frame, each lazy allocation's userfaultfd and
 //! mappings. It is JSON (`serde_json`): small, versioned by `version`, and
-//! readable by an operator with `jq` when a handover is refused.
+//! readable by an operator with `jq` when a takeover is refused.
 //!
 //! **Trust.** The successor checks that the memfd is one a daemon of its
 //! own uid wrote and can no longer change: its owner is the successor's
@@ -29,7 +29,8 @@ pub use crate::daemon::lifecycle::ConnectionRecord;
 pub use crate::daemon::pool::{AllocRecord, RegionRecord, SavedLife};
 use crate::sys;
 
-/// `format` of a hugemem state document.
+/// `format` of a hugemem state document. Its old name stays: documents
+/// of version 1 carry it (a predecessor's, systemd's fd store's).
 pub const FORMAT: &str = "hugemem-handover";
 /// The one version this build writes and reads.
 pub const VERSION: u32 = 1;
@@ -88,7 +89,7 @@ pub enum StateError {
     #[error("the state memfd cannot be trusted: {0}")]
     Untrusted(String),
     /// Another format or a version this build does not read.
-    #[error("state document {format:?} version {version}: this daemon reads {FORMAT:?} version {VERSION} only; refusing the handover (nothing was served from it)")]
+    #[error("state document {format:?} version {version}: this daemon reads {FORMAT:?} version {VERSION} only; refusing the takeover (nothing was served from it)")]
     Version {
         /// Its format.
         format: String,
@@ -267,7 +268,7 @@ mod tests {
         let fd = d.to_memfd().expect("write");
         let e = State::from_memfd(fd).expect_err("refused");
         assert!(matches!(e, StateError::Version { version, .. } if version == VERSION + 1));
-        assert!(e.to_string().contains("refusing the handover"), "{e}");
+        assert!(e.to_string().contains("refusing the takeover"), "{e}");
     }
 
     #[test]

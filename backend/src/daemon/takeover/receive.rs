@@ -1,6 +1,6 @@
 //! The successor's side of a takeover: connecting to the running
 //! daemon's control socket, receiving and checking the state document and
-//! its fds, and answering (see [`crate::daemon::handover`]).
+//! its fds, and answering (see [`crate::daemon::takeover`]).
 
 use std::os::fd::OwnedFd;
 use std::time::{Duration, Instant};

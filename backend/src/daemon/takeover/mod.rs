@@ -1,5 +1,5 @@
 //! Handing the daemon over to a successor without losing the pool, the
-//! allocations or the connections (`hugemem serve --takeover`, issue 20).
+//! allocations or the connections (`hugemem serve --takeover`).
 //!
 //! # The running daemon's side
 //!
@@ -33,7 +33,7 @@
 //!
 //! # The successor's side
 //!
-//! [`receive()`](crate::daemon::handover::receive::receive) checks the state document (its memfd's owner and seals, its
+//! [`receive()`](crate::daemon::takeover::receive::receive) checks the state document (its memfd's owner and seals, its
 //! format and version: a newer document is refused whole) and every fd
 //! against it. [`crate::daemon::Daemon::start_inherited`] then adopts each region
 //! (`guest_mem::Region::adopt`: size, page size, seals, page states) and
@@ -50,7 +50,7 @@
 //!
 //! # Files
 //!
-//! The handover only orchestrates; each component saves and restores its
+//! The takeover only orchestrates; each component saves and restores its
 //! own state ([`crate::daemon::pool::RegionRecord`],
 //! [`crate::daemon::lazy_allocs::LazyRecord`],
 //! [`crate::daemon::lifecycle::ConnectionRecord`],
@@ -58,7 +58,7 @@
 //! `Metrics::to_map`), and the trust checks of an adopted pooled region
 //! are the quarantine's ([`crate::daemon::quarantine::reuse::judge_inherited`]).
 //!
-//! * [`parts`]: what a handover freezes, saves and thaws;
+//! * [`parts`]: what a takeover freezes, saves and thaws;
 //! * [`document`]: the state document built from the components' states;
 //! * [`send`]: the running daemon's side (control socket, freeze, send);
 //! * [`receive`]: the successor's side (receive, check, answer);
@@ -66,15 +66,15 @@
 //! * [`state`], [`fds`], [`encoding`], [`channel`]: the document, its fds,
 //!   its encodings, the control channel.
 //!
-//! [`parts`]: crate::daemon::handover::parts
-//! [`document`]: crate::daemon::handover::document
-//! [`send`]: crate::daemon::handover::send
-//! [`receive`]: mod@crate::daemon::handover::receive
-//! [`adopt`]: crate::daemon::handover::adopt
-//! [`state`]: crate::daemon::handover::state
-//! [`fds`]: crate::daemon::handover::fds
-//! [`encoding`]: crate::daemon::handover::encoding
-//! [`channel`]: crate::daemon::handover::channel
+//! [`parts`]: crate::daemon::takeover::parts
+//! [`document`]: crate::daemon::takeover::document
+//! [`send`]: crate::daemon::takeover::send
+//! [`receive`]: mod@crate::daemon::takeover::receive
+//! [`adopt`]: crate::daemon::takeover::adopt
+//! [`state`]: crate::daemon::takeover::state
+//! [`fds`]: crate::daemon::takeover::fds
+//! [`encoding`]: crate::daemon::takeover::encoding
+//! [`channel`]: crate::daemon::takeover::channel
 
 pub mod adopt;
 pub mod channel;

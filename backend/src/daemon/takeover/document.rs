@@ -1,5 +1,5 @@
 //! The state document built from the components' states: the
-//! orchestration of a handover's and of the fd store's save. Each
+//! orchestration of a takeover's and of the fd store's save. Each
 //! component numbers its own fds in the document's [`FdList`].
 
 use std::os::fd::OwnedFd;

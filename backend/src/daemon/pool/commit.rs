@@ -13,7 +13,7 @@ use super::ids::{AllocId, RegionId, SessionId};
 use super::table::{Allocation, ChangeGate, EntryState, Inner, Pool};
 use super::token::{new_token, AllocToken};
 
-/// How an allocation is handed out (see [`Pool::commit`]).
+/// How an allocation is committed (see [`Pool::commit`]).
 #[derive(Debug, Clone, Copy)]
 struct Owner {
     locked: bool,
@@ -74,7 +74,7 @@ impl Pool {
         }
         // Eager: every page is Clean (checked above under the lock every
         // entry transition takes; scrubbers never touch Clean pages).
-        Ok(self.hand_out(
+        Ok(self.record_allocation(
             &mut g,
             session,
             tenant,
@@ -90,7 +90,7 @@ impl Pool {
     /// The part of [`Pool::commit`] after its checks: regions whose pages are all `Clean` move to `Mapped`
     /// (lazy regions with dirty or unpopulated pages keep their states), every
     /// region becomes `InUse` of a new allocation of `session`.
-    fn hand_out(
+    fn record_allocation(
         &self,
         g: &mut Inner,
         session: SessionId,

@@ -1,4 +1,4 @@
-//! The successor's import (see [`crate::daemon::handover`]): every region
+//! The successor's import (see [`crate::daemon::takeover`]): every region
 //! of the document adopted and checked, the pooled ones as at FREE, then
 //! entered into the pool; every connection resumed by the server.
 

@@ -1,6 +1,6 @@
 //! The running daemon's side of a takeover: the control socket, the
 //! freeze, and sending the state document and its fds (see
-//! [`crate::daemon::handover`]).
+//! [`crate::daemon::takeover`]).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -46,7 +46,7 @@ pub async fn control_loop(
         if std_stream.set_nonblocking(false).is_err() {
             continue;
         }
-        if hand_over(&parts, &store, std_stream, peer.pid).await {
+        if serve_successor(&parts, &store, std_stream, peer.pid).await {
             break;
         }
     }
@@ -54,7 +54,7 @@ pub async fn control_loop(
 
 /// One takeover (see the module docs). True when the daemon was handed
 /// over and is to exit.
-async fn hand_over(
+async fn serve_successor(
     parts: &Arc<Parts>,
     store: &FdStore,
     stream: std::os::unix::net::UnixStream,
@@ -117,7 +117,7 @@ async fn freeze_and_send(
     .map_err(|e| format!("control channel: {e}"))?;
     if answer == "OK" {
         // Still holding the work lock: no loop round starts before it
-        // sees the daemon handed over.
+        // sees the daemon taken over.
         parts.lifecycle.gone();
         Ok(())
     } else {

@@ -1,4 +1,4 @@
-//! What a handover (or a stop into systemd's fd store) freezes, saves and
+//! What a takeover (or a stop into systemd's fd store) freezes, saves and
 //! thaws: the daemon's components with a state of their own.
 
 use std::io;
@@ -16,7 +16,7 @@ use crate::daemon::metrics::Metrics;
 use crate::daemon::pool::{Pool, Snapshot};
 use crate::daemon::scrub::Scrubbers;
 
-/// The components a handover freezes and saves (see the module docs).
+/// The components a takeover freezes and saves (see the module docs).
 #[derive(Debug)]
 pub struct Parts {
     /// The pool: regions and allocations.
@@ -36,7 +36,7 @@ pub struct Parts {
 }
 
 impl Parts {
-    /// Stops the scrubbers and joins them (a handover freezing the daemon,
+    /// Stops the scrubbers and joins them (a takeover freezing the daemon,
     /// or the daemon stopping).
     pub fn stop_scrubbers(&self) {
         self.scrubbers
@@ -45,7 +45,7 @@ impl Parts {
             .stop_and_join(&self.pool);
     }
 
-    /// Starts them again (a handover given up).
+    /// Starts them again (a takeover given up).
     fn restart_scrubbers(&self) -> io::Result<()> {
         self.scrubbers
             .lock()
