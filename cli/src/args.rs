@@ -46,9 +46,10 @@ pub(crate) enum Command {
     },
     /// Allocate guest RAM through the daemon and run cloud-hypervisor or QEMU on it.
     Launch(LaunchArgs),
-    /// Update the QEMU of a running `hugemem launch --name VM` without
-    /// copying guest RAM: a new QEMU on the same memory takes the guest over
-    /// (docs/operations.md, "Updating QEMU under a running VM").
+    /// Update the VMM (QEMU or cloud-hypervisor) of a running `hugemem
+    /// launch --name VM` without copying guest RAM: a new process on the
+    /// same memory takes the guest over
+    /// (docs/operations.md, "Updating the VMM under a running VM").
     Update(UpdateArgs),
     /// The emulator of a libvirt domain: take its huge-page memory backends
     /// from the daemon and exec the real QEMU (docs/operations.md, "libvirt").

@@ -115,6 +115,19 @@ fn update(args: UpdateArgs) -> Result<i32> {
     .with_context(|| format!("hugemem update {} failed", args.vm))?;
     if args.json {
         println!("{}", serde_json::to_string(&report)?);
+    } else if report.vmm == "cloud-hypervisor" {
+        println!(
+            "updated: cloud-hypervisor pid {} -> {} ({}); {:.1} ms in all, guest switched in {:.1} ms; \
+             {} bytes written by the old process during the switch ({} of guest RAM not sent: \
+             its memory fds moved)",
+            report.old_pid,
+            report.new_pid,
+            report.program,
+            report.update_ms,
+            report.switch_ms,
+            report.ram_transferred_bytes,
+            guest_mem::size::format_size(report.guest_ram_bytes),
+        );
     } else {
         println!(
             "updated: QEMU pid {} -> {} ({}); {:.1} ms in all, guest switched in {:.1} ms \

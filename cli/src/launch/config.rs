@@ -101,7 +101,7 @@ pub struct LaunchConfig {
     /// allocation when the daemon connection closes while the VMM runs
     /// ([`DEFAULT_REATTACH_TIMEOUT`]).
     pub reattach_timeout: Duration,
-    /// QEMU only: listen on this control socket for `hugemem update`
+    /// Listen on this control socket for `hugemem update`
     /// (live update of QEMU under the running guest; `update.rs`).
     pub control: Option<PathBuf>,
     /// How long each step of a live update may take (QMP replies and

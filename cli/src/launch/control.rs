@@ -361,6 +361,7 @@ mod tests {
             "a live socket is not replaced"
         );
         let report = UpdateReport {
+            vmm: "QEMU".into(),
             old_pid: 1,
             new_pid: 2,
             program: "qemu".into(),

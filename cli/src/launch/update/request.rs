@@ -9,6 +9,10 @@ use serde::{Deserialize, Serialize};
 /// What one live update did, as the launcher measured it and QEMU reported.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct UpdateReport {
+    /// The VMM kind: `QEMU` or `cloud-hypervisor` (empty from a launcher
+    /// that predates the field, which updated QEMU only).
+    #[serde(default)]
+    pub vmm: String,
     /// The QEMU that ran the guest before.
     pub old_pid: u32,
     /// The QEMU that runs it now.
@@ -18,7 +22,9 @@ pub struct UpdateReport {
     /// The new QEMU got the memory through a daemon HANDOFF on a connection
     /// of its own (false: the launcher's own descriptors, duplicated).
     pub handoff: bool,
-    /// RAM bytes the migration stream carried (QEMU's `ram.transferred`).
+    /// RAM bytes the migration stream carried (QEMU's `ram.transferred`;
+    /// cloud-hypervisor reports none: what the old process wrote during
+    /// the switch, `/proc/PID/io` `wchar`, which bounds it).
     pub ram_transferred_bytes: u64,
     /// RAM QEMU counted as migratable (`ram.total`; shared RAM blocks that
     /// `x-ignore-shared` skips are not in it).

@@ -149,6 +149,7 @@ impl Updater {
         self.memory = memory;
         let figures = &switched.figures;
         let report = UpdateReport {
+            vmm: name.to_owned(),
             old_pid,
             new_pid: vmm.id(),
             program: program.to_string_lossy().into_owned(),
