@@ -1,5 +1,5 @@
 #!/bin/sh
-# The refault bench on a larger machine (issue 27, item 5): rates against
+# The refault bench on a larger machine: rates against
 # threads up to every CPU, the tenant's loss and the daemon's
 # responsiveness, as JSON under $OUT (the `device` tool's output folder).
 #

@@ -322,7 +322,7 @@ fn set_flat_protected_mode(vcpu: &VcpuFd) -> Result<()> {
 }
 
 // ---------------------------------------------------------------------------
-// Updating the VMM under a running guest (issue 26): HANDOFF, re-map, resume.
+// Updating the VMM under a running guest: HANDOFF, re-map, resume.
 // ---------------------------------------------------------------------------
 
 /// Where the counting guest keeps its 32-bit counter.

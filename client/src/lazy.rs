@@ -418,7 +418,7 @@ impl LazyGuest {
         &self.uffd
     }
 
-    /// Hands the faults back to a daemon after a restart (issue 20): once
+    /// Hands the faults back to a daemon after a restart: once
     /// the allocation was re-attached on `client` (REATTACH), the fallback
     /// — which served every fault since the old connection closed — stops
     /// after the events it read, the uffd goes to the daemon again (UFFD

@@ -24,7 +24,7 @@ static BALLAST: Mutex<[Option<Ballast>; 2]> = Mutex::new([None, None]);
 /// held back by a [`guest_mem::Ballast`] until the next call for that page
 /// size in this process (or its end). A test starts from the pages it asked
 /// for, as on a fresh machine, so a leftover page can never make a test
-/// pass that would fail on one (issue 18); the pool itself never shrinks
+/// pass that would fail on one (CI runs on such machines); the pool itself never shrinks
 /// (a 1 GiB page given back may not be had again).
 pub fn free_pages(page_size: PageSize, pages: u64, node: Option<u32>) -> Result<(), String> {
     let on = node.map_or_else(String::new, |n| format!(" on node {n}"));

@@ -25,7 +25,7 @@ pub const NOBODY: u32 = 65534;
 /// hand the child a copy of every region fd the daemon (and the test) has
 /// open: the holder scan then rightly sees the child holding regions it
 /// never asked for, and an ALLOC of the child can wait on a region it holds
-/// itself (issue 18's CI failure). A real tenant is a process of its own, so
+/// itself (a CI failure once). A real tenant is a process of its own, so
 /// the child first closes every inherited region fd (the daemon's mappings
 /// are `MADV_DONTFORK`); every child here gets its regions after the fork.
 pub fn in_child(uid: Option<u32>, child: impl FnOnce() -> i32) -> i32 {

@@ -2,7 +2,7 @@
 //! its socket, from the FREE of a region until its holes are faulted back
 //! in, with fault helpers (the default) and with the scrubber thread
 //! faulting through the daemon's own mapping (`scrub.refault_helpers =
-//! false`, the way before issue 27), against the same daemon idle. Each
+//! false`, the way the daemon refaulted before the helpers), against the same daemon idle. Each
 //! sample is a STATS round trip and an `mmap` + `munmap` of 4 KiB in this
 //! process, which is the daemon's (in-process): the latter waits for the
 //! daemon's `mmap_lock`, which a fault through the daemon's own mapping

@@ -76,7 +76,7 @@ pub(super) fn helpers_pass(
 }
 
 /// One pass by `threads` threads of this process through its own mapping
-/// (the way before issue 27: the daemon's scrubbers), chunks claimed in
+/// (the way before the fault helpers: the daemon's scrubbers), chunks claimed in
 /// order from a shared counter; stops between chunks when `stop` says so.
 /// The bytes faulted in.
 pub(super) fn threads_pass(

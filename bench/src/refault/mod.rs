@@ -1,5 +1,5 @@
-//! `hugemem bench refault`: the refault of punched huge pages (issue 27,
-//! item 4), all in one run on pages reserved for it:
+//! `hugemem bench refault`: the refault of punched huge pages, all in one
+//! run on pages reserved for it:
 //!
 //! * rates (`rates.rs`): fault helpers (processes at `SCHED_IDLE`, what the
 //!   daemon uses), threads of this process through its own mapping (the

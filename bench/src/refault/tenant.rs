@@ -1,6 +1,6 @@
 //! A CPU-bound tenant's rate alone and while a refault runs on the same
 //! CPUs: by fault helpers (`SCHED_IDLE`), and by threads of normal
-//! priority (the way before issue 27).
+//! priority (the way the daemon refaulted before the helpers).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};

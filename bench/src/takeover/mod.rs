@@ -1,5 +1,5 @@
 //! `hugemem bench takeover`: a daemon upgrade or restart by
-//! `hugemem serve --takeover` (issue 20) against the plain stop and start
+//! `hugemem serve --takeover` against the plain stop and start
 //! it replaces, the baseline, and against no switch at all, the floor,
 //! measured in the same run on the same settings.
 //!

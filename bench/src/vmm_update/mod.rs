@@ -4,7 +4,7 @@
 //! same updates by plain QEMUs on one resident memfd, no daemon:
 //! `plain_update.rs`) and against a plain local QEMU migration that copies
 //! RAM into the destination's own memory, in the same run, on the same
-//! guest (issue 26).
+//! guest.
 //!
 //! The guest is the micro-guest in spin mode (`microguest::spin`): it writes
 //! `marker ^ gpa` into every 4 KiB page of its RAM (so each page is data a

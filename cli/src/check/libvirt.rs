@@ -232,7 +232,7 @@ pub fn emulator(inputs: &CheckInputs) -> Item {
 /// custom CPU model that lists it (libvirt's `qemu64`, the EPYC and Opteron
 /// models) fails under libvirt with "Host CPU does not provide required
 /// features: svm" where it does not — on an AMD host without nested SVM
-/// (issue 28) and on every Intel host (KVM offers `vmx` there; seen on the
+/// (seen on an AMD EPYC development host) and on every Intel host (KVM offers `vmx` there; seen on the
 /// development host's Intel Xeon with `qemu64` under libvirt 9.0).
 pub fn cpu_svm(inputs: &CheckInputs) -> Item {
     let cpuinfo = std::fs::read_to_string(inputs.proc.join("cpuinfo")).unwrap_or_default();
