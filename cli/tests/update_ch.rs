@@ -18,16 +18,19 @@
 //! that `CLOUD_HYPERVISOR` names (`scripts/build-cloud-hypervisor`), a
 //! usable `/dev/kvm` or 128 free 2 MiB pages.
 
-use std::os::unix::fs::{FileExt, MetadataExt};
+mod common;
+
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
 use std::time::Duration;
 
 use guest_mem::PageSize;
-use hugemem::launch::UpdateReport;
-use microguest::{pvh_elf, PvhConfig, SpinState, SPIN_BLOCK_GPA, SPIN_BLOCK_LEN};
+use microguest::{pvh_elf, PvhConfig};
 use test_support::hugepages::{hold, hugepages_2m};
 use test_support::prelude::{serial, wait_until, TestDaemon};
+
+use common::{assert_balanced, child_of, counting_past, spin_state, update, StopLauncher};
 
 const HUGEMEM: &str = env!("CARGO_BIN_EXE_hugemem");
 const RAM: u64 = 256 << 20;
@@ -51,22 +54,6 @@ fn cloud_hypervisor() -> Option<String> {
         return None;
     }
     Some(ch)
-}
-
-/// The child of `parent`, once it has exec'd its own program.
-fn child_of(parent: u32) -> u32 {
-    let exe = |pid: u32| std::fs::read_link(format!("/proc/{pid}/exe")).ok();
-    let mut pid = None;
-    wait_until("the child's exec", Duration::from_secs(30), || {
-        let children = std::fs::read_to_string(format!("/proc/{parent}/task/{parent}/children"))
-            .unwrap_or_default();
-        pid = children
-            .split_whitespace()
-            .next()
-            .and_then(|p| p.parse::<u32>().ok());
-        pid.is_some_and(|p| exe(p).is_some() && exe(p) != exe(parent))
-    });
-    pid.expect("a child pid")
 }
 
 /// Guest RAM as the launcher holds it: the memory zone's `file=` on the
@@ -103,53 +90,6 @@ fn maps_inode(pid: u32, ino: u64) -> bool {
         .any(|l| l.split_whitespace().nth(4).and_then(|w| w.parse().ok()) == Some(ino))
 }
 
-/// SIGTERM to the launcher when the test ends, passed or not.
-struct StopLauncher(u32);
-
-impl Drop for StopLauncher {
-    fn drop(&mut self) {
-        if let Ok(pid) = i32::try_from(self.0) {
-            let _ = nix::sys::signal::kill(
-                nix::unistd::Pid::from_raw(pid),
-                nix::sys::signal::Signal::SIGTERM,
-            );
-        }
-    }
-}
-
-fn spin_state(ram: &std::fs::File) -> SpinState {
-    let mut block = vec![0u8; SPIN_BLOCK_LEN];
-    ram.read_exact_at(&mut block, SPIN_BLOCK_GPA)
-        .expect("read the spin block");
-    SpinState::parse(&block).expect("a whole block")
-}
-
-/// Waits until the guest's counter passes `past`.
-fn counting_past(ram: &std::fs::File, past: u64, what: &str) -> SpinState {
-    let mut last = None;
-    wait_until(what, Duration::from_secs(30), || {
-        let s = spin_state(ram);
-        let on = s.spinning && s.count > past;
-        last = Some(s);
-        on
-    });
-    last.expect("a state")
-}
-
-fn update(control: &Path) -> UpdateReport {
-    let out = Command::new("timeout")
-        .args(["120", HUGEMEM, "update", "--json"])
-        .arg(control)
-        .output()
-        .expect("run hugemem update");
-    assert!(
-        out.status.success(),
-        "hugemem update failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).expect("the update report")
-}
-
 fn start_launch(daemon: &TestDaemon, dir: &Path, ch: &str, elf: &Path, paths: bool) -> Child {
     let mut cmd = Command::new("timeout");
     cmd.args(["600", HUGEMEM, "launch", "--socket"])
@@ -175,15 +115,6 @@ fn start_launch(daemon: &TestDaemon, dir: &Path, ch: &str, elf: &Path, paths: bo
         .arg(elf)
         .args(["--cpus", "boot=1", "--serial", "null", "--console", "off"]);
     cmd.spawn().expect("spawn hugemem launch")
-}
-
-fn assert_balanced(stats: &backend::stats::Stats, when: &str) {
-    let t = &stats.totals;
-    assert_eq!(
-        t.created_bytes - t.released_bytes,
-        t.held_bytes,
-        "{when}: created − released ≠ held: {stats}"
-    );
 }
 
 fn quarantined(stats: &backend::stats::Stats) -> u64 {
