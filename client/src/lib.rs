@@ -9,11 +9,17 @@
 //!   userfaultfd ([`uffd`]), hand it to the daemon, keep a fallback that
 //!   serves faults itself if the daemon dies.
 //!
+//! - [`ch_migration`]: cloud-hypervisor's local-migration protocol, the
+//!   peer a daemon plays to hold a cloud-hypervisor VM's memory.
+//!
 //! No tokio, clap, toml or KVM: the daemon (`backend`) and the `hugemem`
 //! binary bring those.
 
 #![deny(missing_docs)]
 
+/// cloud-hypervisor's local-migration protocol, both ends (a VM's memory
+/// fds, configuration and state), with a receiver that bounds what it takes.
+pub mod ch_migration;
 /// Blocking client for the daemon's socket protocol.
 pub mod client;
 /// Diagnostics helpers: error chains, rate-limited log lines.

@@ -163,9 +163,66 @@ pub fn uffd_request(data: &[u8]) {
 /// A target body.
 pub type Target = fn(&[u8]);
 
+/// cloud-hypervisor's local-migration receiver (what a daemon runs on a
+/// cloud-hypervisor's `send-migration` stream: `ch_migration::
+/// SnapshotReader`): the input as a sequence of 16-byte request headers,
+/// each followed by the payload the reader asked for. Accepted steps keep
+/// the sequence's order and the limits; a refusal ends the sequence, as
+/// it ends the connection.
+pub fn ch_migration(data: &[u8]) {
+    use hugemem_client::ch_migration::{Limits, Next, RequestHeader, SnapshotReader, HEADER_SIZE};
+    let limits = Limits {
+        max_config: 4096,
+        max_state: 4096,
+        max_memory_fds: 4,
+    };
+    let mut reader = SnapshotReader::new(limits);
+    let mut at = 0;
+    let (mut fds, mut configs, mut states) = (0usize, 0, 0);
+    while at + HEADER_SIZE <= data.len() {
+        let head: &[u8; HEADER_SIZE] = data[at..at + HEADER_SIZE].try_into().expect("16 bytes");
+        at += HEADER_SIZE;
+        let Ok(header) = RequestHeader::decode(head) else {
+            return;
+        };
+        assert_eq!(
+            &header.encode(),
+            head,
+            "a decoded header re-encodes to its bytes"
+        );
+        let finished_before = reader.finished();
+        let Ok(next) = reader.take(&header) else {
+            return;
+        };
+        assert!(!finished_before, "nothing is taken after Complete");
+        let payload = match next {
+            Next::Nothing | Next::Done { .. } => 0,
+            Next::MemoryFd => {
+                fds += 1;
+                4
+            }
+            Next::Config(n) => {
+                configs += 1;
+                assert!(n as u64 <= limits.max_config);
+                n
+            }
+            Next::State(n) => {
+                states += 1;
+                assert!(n as u64 <= limits.max_state);
+                assert_eq!(configs, 1, "the state comes after the configuration");
+                n
+            }
+        };
+        assert!(fds <= limits.max_memory_fds);
+        assert!(configs <= 1 && states <= 1);
+        at = at.saturating_add(payload).min(data.len());
+    }
+}
+
 /// Targets by name, for the stable driver.
-pub const TARGETS: [(&str, Target); 3] = [
+pub const TARGETS: [(&str, Target); 4] = [
     ("decode", decode),
     ("frames", frames),
     ("uffd_request", uffd_request),
+    ("ch_migration", ch_migration),
 ];

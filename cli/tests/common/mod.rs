@@ -3,6 +3,9 @@
 //! counting micro-guest's state read from guest RAM, one update through
 //! the real binary, and the daemon's balance.
 
+// Each test binary that includes this uses a part of it.
+#![allow(dead_code)]
+
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::process::Command;

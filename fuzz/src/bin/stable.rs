@@ -135,6 +135,22 @@ fn seeds() -> Vec<Vec<u8>> {
         // The UFFD target takes a bare payload.
         out.push(payload);
     }
+    // A whole local-migration sequence, for the ch_migration target.
+    {
+        use hugemem_client::ch_migration::{Command, RequestHeader};
+        let mut m = Vec::new();
+        let mut push = |c: Command, payload: &[u8]| {
+            m.extend_from_slice(&RequestHeader::new(c, payload.len() as u64).encode());
+            m.extend_from_slice(payload);
+        };
+        push(Command::Start, &[]);
+        push(Command::MemoryFd, &0u32.to_le_bytes());
+        push(Command::MemoryFd, &1u32.to_le_bytes());
+        push(Command::Config, b"{\"vm_config\":{}}");
+        push(Command::State, &[0x5c; 64]);
+        push(Command::Complete, &[]);
+        out.push(m);
+    }
     let region = RegionInfo {
         region_id: 1,
         guest_phys: 0,

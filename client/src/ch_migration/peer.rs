@@ -1,0 +1,194 @@
+//! Either end of a local migration over a blocking UNIX stream socket:
+//! [`receive_snapshot`] answers a cloud-hypervisor's `send-migration …,
+//! local=on`, [`send_snapshot`] feeds a cloud-hypervisor's
+//! `receive-migration`.
+//!
+//! Every read goes through `recvmsg` with room for fds (a plain `read` of
+//! bytes that carry `SCM_RIGHTS` would make the kernel close the fds), and
+//! every fd is owned the moment it arrives: one where none belongs, or a
+//! `MemoryFd` without exactly one, fails the exchange and is closed.
+
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::unix::net::UnixStream;
+
+use super::{
+    ChMigrationError, Command, Limits, Next, RequestHeader, Response, SnapshotReader, HEADER_SIZE,
+};
+
+/// A VM's snapshot as a local migration carries it: its memory as fds,
+/// its configuration and its state.
+#[derive(Debug)]
+pub struct Snapshot {
+    /// Memory slots and their fds, in the order they came.
+    pub memory: Vec<(u32, OwnedFd)>,
+    /// The VM's configuration (cloud-hypervisor's `VmConfig`, JSON).
+    pub config: Vec<u8>,
+    /// The VM's vCPU and device state.
+    pub state: Vec<u8>,
+    /// The sender ended with `CompletePaused` (its VM was paused).
+    pub paused: bool,
+}
+
+/// Fills `buf` from `sock`; the fds that came with the bytes go to `fds`.
+fn read_exact(
+    sock: &UnixStream,
+    buf: &mut [u8],
+    fds: &mut Vec<OwnedFd>,
+    what: &'static str,
+) -> Result<(), ChMigrationError> {
+    let mut got = 0;
+    while got < buf.len() {
+        let r = crate::sys::recv_with_fds(sock.as_fd(), &mut buf[got..], fds, 1, false)?;
+        if r.bytes == 0 {
+            return Err(ChMigrationError::Closed(what));
+        }
+        if r.truncated {
+            return Err(ChMigrationError::FdCount(fds.len() + 1));
+        }
+        got += r.bytes;
+    }
+    Ok(())
+}
+
+/// Reads `buf` where no fd belongs.
+fn read_plain(
+    sock: &UnixStream,
+    buf: &mut [u8],
+    what: &'static str,
+) -> Result<(), ChMigrationError> {
+    let mut fds = Vec::new();
+    read_exact(sock, buf, &mut fds, what)?;
+    if fds.is_empty() {
+        Ok(())
+    } else {
+        Err(ChMigrationError::FdCount(fds.len()))
+    }
+}
+
+/// Sends `bytes` with `fds` on the first byte.
+fn write_all(
+    sock: &UnixStream,
+    bytes: &[u8],
+    fds: &[BorrowedFd<'_>],
+) -> Result<(), ChMigrationError> {
+    crate::proto::socket::send_all(sock.as_fd(), bytes, fds)
+        .map_err(|e| ChMigrationError::Io(std::io::Error::other(e)))
+}
+
+fn respond(sock: &UnixStream, ok: bool) -> Result<(), ChMigrationError> {
+    write_all(sock, &Response { ok }.encode(), &[])
+}
+
+/// Receives one snapshot from a cloud-hypervisor's local migration,
+/// answering OK to each step, under `limits`. On an error the peer is
+/// answered with an error response where it can still be, and every fd
+/// received so far is closed.
+///
+/// # Errors
+///
+/// [`ChMigrationError`]: the first refusal or socket failure.
+pub fn receive_snapshot(sock: &UnixStream, limits: Limits) -> Result<Snapshot, ChMigrationError> {
+    let mut reader = SnapshotReader::new(limits);
+    let mut memory: Vec<(u32, OwnedFd)> = Vec::new();
+    let (mut config, mut state) = (Vec::new(), Vec::new());
+    loop {
+        let step = (|| -> Result<Option<bool>, ChMigrationError> {
+            let mut head = [0u8; HEADER_SIZE];
+            read_plain(sock, &mut head, "before a request")?;
+            let header = RequestHeader::decode(&head)?;
+            match reader.take(&header)? {
+                Next::Nothing => {}
+                Next::MemoryFd => {
+                    let mut slot = [0u8; 4];
+                    let mut fds = Vec::new();
+                    read_exact(sock, &mut slot, &mut fds, "inside a MemoryFd request")?;
+                    if fds.len() != 1 {
+                        return Err(ChMigrationError::FdCount(fds.len()));
+                    }
+                    let slot = u32::from_le_bytes(slot);
+                    if memory.iter().any(|(s, _)| *s == slot) {
+                        return Err(ChMigrationError::DuplicateSlot(slot));
+                    }
+                    memory.extend(fds.into_iter().map(|fd| (slot, fd)));
+                }
+                Next::Config(n) => {
+                    config = vec![0; n];
+                    read_plain(sock, &mut config, "inside the configuration")?;
+                }
+                Next::State(n) => {
+                    state = vec![0; n];
+                    read_plain(sock, &mut state, "inside the state")?;
+                }
+                Next::Done { paused } => return Ok(Some(paused)),
+            }
+            Ok(None)
+        })();
+        match step {
+            Ok(None) => respond(sock, true)?,
+            Ok(Some(paused)) => {
+                respond(sock, true)?;
+                return Ok(Snapshot {
+                    memory,
+                    config,
+                    state,
+                    paused,
+                });
+            }
+            Err(e) => {
+                // Best effort: the peer may be gone, and the error says more.
+                let _ = respond(sock, false);
+                return Err(e);
+            }
+        }
+    }
+}
+
+/// Sends one request (header, payload, fds) and waits for its answer.
+fn request(
+    sock: &UnixStream,
+    command: Command,
+    payload: &[u8],
+    fds: &[BorrowedFd<'_>],
+) -> Result<(), ChMigrationError> {
+    let header = RequestHeader::new(command, payload.len() as u64);
+    write_all(sock, &header.encode(), &[])?;
+    if !payload.is_empty() {
+        write_all(sock, payload, fds)?;
+    }
+    let mut answer = [0u8; HEADER_SIZE];
+    read_plain(sock, &mut answer, "before its answer")?;
+    if Response::decode(&answer)?.ok {
+        Ok(())
+    } else {
+        Err(ChMigrationError::Refused(command))
+    }
+}
+
+/// Sends a snapshot to a cloud-hypervisor's `receive-migration`: the
+/// memory slots' fds, `config` and `state`, then `Complete` (the VM
+/// resumes there) or, with `paused`, `CompletePaused`.
+///
+/// # Errors
+///
+/// [`ChMigrationError::Refused`] naming the step the receiver refused, or
+/// a socket failure.
+pub fn send_snapshot(
+    sock: &UnixStream,
+    memory: &[(u32, BorrowedFd<'_>)],
+    config: &[u8],
+    state: &[u8],
+    paused: bool,
+) -> Result<(), ChMigrationError> {
+    request(sock, Command::Start, &[], &[])?;
+    for (slot, fd) in memory {
+        request(sock, Command::MemoryFd, &slot.to_le_bytes(), &[*fd])?;
+    }
+    request(sock, Command::Config, config, &[])?;
+    request(sock, Command::State, state, &[])?;
+    let end = if paused {
+        Command::CompletePaused
+    } else {
+        Command::Complete
+    };
+    request(sock, end, &[], &[])
+}
