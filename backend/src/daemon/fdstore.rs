@@ -110,7 +110,7 @@ impl FdStore {
     /// regions stored, gone ones removed, the listener once, and the state
     /// document when it changed. Blocking (small `sendmsg`s).
     fn sync(&self, parts: &Parts, last: bool) -> Result<(), String> {
-        let snapshot = parts.pool.snapshot_partial();
+        let snapshot = parts.pool.records().snapshot_partial();
         let (mut doc, _) = takeover::build(parts, &snapshot, Target::FdStore { last }, self.seq())?;
         let mut st = self
             .stored

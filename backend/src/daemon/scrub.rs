@@ -10,7 +10,7 @@
 //!   plane. A pinned pool per node is what QEMU's thread-context and
 //!   cloud-hypervisor PR 8785 found to matter for prefault throughput.
 //! * **Claim through page states.** A scrubber claims pages `Dirty →
-//!   Clearing` ([`guest_mem::PageStates`]) in [`super::pool::Pool::next_scrub`]
+//!   Clearing` ([`guest_mem::PageStates`]) in [`super::pool::Scrubbing::next_scrub`]
 //!   under the pool lock, so it never starts pages of a region that is not
 //!   `Dirty` (quarantined or reserved by an ALLOC), and an ALLOC that clears a
 //!   dirty region itself ([`guest_mem::Region::prepare_eager`]) skips the pages
@@ -173,7 +173,7 @@ impl Scrubbers {
     pub fn restart(&mut self, topology: &Topology, pool: &Arc<Pool>) -> std::io::Result<()> {
         self.stop.store(false, Ordering::Relaxed);
         self.stop_event = Arc::new(EventFd::new().map_err(std::io::Error::from)?);
-        pool.resume();
+        pool.records().resume();
         self.spawn_all(topology, pool)
     }
 
@@ -213,7 +213,7 @@ fn scrub_loop(
     let kernel = ClearKernel::default_kernel();
     let mut hint = index.wrapping_mul(7919);
     while !stop.load(Ordering::Relaxed) {
-        let work = match pool.next_scrub(node, batch, hint, fills) {
+        let work = match pool.scrubbing().next_scrub(node, batch, hint, fills) {
             None => break,
             Some(Work::Fill(fill)) => {
                 refault(pool, &fill, counters);
@@ -228,7 +228,9 @@ fn scrub_loop(
             Err(reason) => {
                 // The tenant damaged the file (truncated it, punched a hole
                 // the host cannot fill): never touch it, give it back.
-                let dropped = pool.scrub_done(&work, Scrubbed::Damaged(reason));
+                let dropped = pool
+                    .scrubbing()
+                    .scrub_done(&work, Scrubbed::Damaged(reason));
                 drop(work);
                 drop(dropped);
                 continue;
@@ -247,7 +249,7 @@ fn scrub_loop(
         } else {
             Scrubbed::Stopped
         };
-        drop(pool.scrub_done(&work, outcome));
+        drop(pool.scrubbing().scrub_done(&work, outcome));
     }
 }
 
@@ -265,7 +267,7 @@ fn refault(pool: &Pool, work: &FillWork, counters: &ScrubCounters) {
         Metrics::add(&counters.refault_bytes, work.len);
         Metrics::add(&counters.refault_nanos, nanos);
     }
-    pool.fill_done(&work.ticket(), result);
+    pool.scrubbing().fill_done(&work.ticket(), result);
 }
 
 /// Clears the claimed pages in runs of at most `batch` bytes; `Ok(false)`

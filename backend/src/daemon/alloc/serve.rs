@@ -156,7 +156,7 @@ fn commit_and_hand_out(
     }
     // Only to a requester that negotiated it: the others see the old bytes.
     let token = if requester.reattach {
-        room.pool.token_of(alloc_id)
+        room.pool.owners().token_of(alloc_id)
     } else {
         None
     };

@@ -127,7 +127,7 @@ impl Entry {
 #[derive(Debug)]
 pub(super) struct Allocation {
     /// The session that owns it; `None`: **orphaned**, restored after a
-    /// restart and waiting for its VMM to re-attach ([`Pool::reattach`]).
+    /// restart and waiting for its VMM to re-attach ([`Owners::reattach`]).
     /// An orphaned allocation is no session's: FREE, LOCK, UNLOCK and UFFD
     /// refuse it, and no disconnect releases it.
     pub(super) session: Option<SessionId>,

@@ -11,7 +11,7 @@
 //!    (`crate::daemon::session::settle_released`).
 //! 2. **Wake.** [`quarantine_loop`] (`recheck.rs`) runs on every kick, every
 //!    `pool.recheck_ms`, and when a holder it watches exits (pidfds).
-//! 3. **List.** [`Pool::quarantined`] (`pool/quarantine.rs`): each region
+//! 3. **List.** [`QuarantineBook::quarantined`] (`pool/quarantine.rs`): each region
 //!    with the daemon's own fd and mapping, which the scan exempts.
 //! 4. **Check**, on a blocking thread, off the pool's lock:
 //!    [`reuse::check_quarantined`] (`reuse.rs`) runs one [`holders::scan`]
@@ -20,22 +20,22 @@
 //!    and, with `pool.detach_pages`, [`reuse::detach_pages`] under the
 //!    [`gate::ReserveGate`] (`gate.rs`); a [`reuse::Verdict`] names who is to
 //!    blame.
-//! 5. **Apply.** [`Pool::apply_scan`] (`pool/quarantine.rs`): free regions
+//! 5. **Apply.** [`QuarantineBook::apply_scan`] (`pool/quarantine.rs`): free regions
 //!    turn `Dirty`, or `Clean` at once when detached; held and withheld ones
 //!    stay; the others go back to the kernel (`pool/release.rs`).
 //! 6. **Clean.** The node's scrubbers (`crate::daemon::scrub`) take dirty
-//!    pages, or a detached region's holes, through [`Pool::next_scrub`] and
-//!    report through [`Pool::scrub_done`] / [`Pool::fill_done`]
+//!    pages, or a detached region's holes, through [`Scrubbing::next_scrub`] and
+//!    report through [`Scrubbing::scrub_done`] / [`Scrubbing::fill_done`]
 //!    (`pool/scrubbing.rs`); the region is in the clean pool, where
 //!    [`Pool::take`] finds it.
 //!
 //! [`Pool::release`]: crate::daemon::pool::Pool::release
 //! [`Pool::release_session`]: crate::daemon::pool::Pool::release_session
-//! [`Pool::quarantined`]: crate::daemon::pool::Pool::quarantined
-//! [`Pool::apply_scan`]: crate::daemon::pool::Pool::apply_scan
-//! [`Pool::next_scrub`]: crate::daemon::pool::Pool::next_scrub
-//! [`Pool::scrub_done`]: crate::daemon::pool::Pool::scrub_done
-//! [`Pool::fill_done`]: crate::daemon::pool::Pool::fill_done
+//! [`QuarantineBook::quarantined`]: crate::daemon::pool::QuarantineBook::quarantined
+//! [`QuarantineBook::apply_scan`]: crate::daemon::pool::QuarantineBook::apply_scan
+//! [`Scrubbing::next_scrub`]: crate::daemon::pool::Scrubbing::next_scrub
+//! [`Scrubbing::scrub_done`]: crate::daemon::pool::Scrubbing::scrub_done
+//! [`Scrubbing::fill_done`]: crate::daemon::pool::Scrubbing::fill_done
 //! [`Pool::take`]: crate::daemon::pool::Pool::take
 //! [`quarantine_loop`]: crate::daemon::quarantine::quarantine_loop
 //! [`holders::scan`]: crate::daemon::quarantine::holders::scan

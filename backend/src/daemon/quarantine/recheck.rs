@@ -55,7 +55,7 @@ pub async fn quarantine_loop(quarantine: Arc<Recheck>) {
 /// One round: scans the holders of quarantined regions, applies the
 /// verdicts, and trims the pool.
 async fn recheck(quarantine: Arc<Recheck>, watched: Arc<Mutex<HashSet<i32>>>) -> bool {
-    let quarantined = quarantine.pool.quarantined();
+    let quarantined = quarantine.pool.quarantine().quarantined();
     if !quarantined.is_empty() {
         let detach = quarantine.pool.config().detach_pages;
         let pool = Arc::clone(&quarantine.pool);
@@ -81,7 +81,7 @@ async fn recheck(quarantine: Arc<Recheck>, watched: Arc<Mutex<HashSet<i32>>>) ->
                         debug!(pid, "stopped the fault helpers of a released region");
                     }
                 }
-                let (left, dropped) = quarantine.pool.apply_scan(verdicts);
+                let (left, dropped) = quarantine.pool.quarantine().apply_scan(verdicts);
                 debug!(
                     left,
                     discarded = dropped.len(),

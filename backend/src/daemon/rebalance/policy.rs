@@ -176,7 +176,7 @@ pub async fn policy_loop(rb: Arc<Rebalancer>) {
 }
 
 async fn policy_tick(rb: &Arc<Rebalancer>, cpus: &Arc<CpuNodes>) {
-    let regions = rb.pool.in_use_regions();
+    let regions = rb.pool.placement().in_use_regions();
     let mut by_session: BTreeMap<SessionId, Vec<InUseRegion>> = BTreeMap::new();
     for r in regions {
         by_session.entry(r.session).or_default().push(r);

@@ -271,7 +271,7 @@ fn daemon_with_region(
 
 /// What `start` does before the move thread runs: claim and mark split.
 fn pretend_moving(shared: &Rooms, id: RegionId) -> (InUseRegion, CancelToken) {
-    let r = shared.pool.in_use(id).expect("in use");
+    let r = shared.pool.placement().in_use(id).expect("in use");
     let cancel = CancelToken::new();
     lock(&shared.rebalance.active).insert(
         id,
@@ -285,7 +285,7 @@ fn pretend_moving(shared: &Rooms, id: RegionId) -> (InUseRegion, CancelToken) {
             cancel: cancel.clone(),
         },
     );
-    assert!(shared.pool.mark_split(id, r.alloc));
+    assert!(shared.pool.placement().mark_split(id, r.alloc));
     (r, cancel)
 }
 
@@ -346,7 +346,10 @@ fn free_or_disconnect_during_a_move_cancels_it_and_the_region_is_not_pooled() {
     // back to the kernel instead of quarantine and the pool.
     client.free(alloc.id).expect("FREE during a move");
     assert!(cancel.is_cancelled());
-    assert!(!shared.pool.contains(id), "a split region was pooled");
+    assert!(
+        !shared.pool.placement().contains(id),
+        "a split region was pooled"
+    );
     assert_eq!(
         shared.metrics.bytes_released.load(Ordering::Relaxed),
         released + r.region.len()
@@ -360,7 +363,7 @@ fn free_or_disconnect_during_a_move_cancels_it_and_the_region_is_not_pooled() {
         true,
         Some(0),
     );
-    assert!(!shared.pool.contains(id));
+    assert!(!shared.pool.placement().contains(id));
     assert!(!shared.rebalance.is_moving(id));
     drop(alloc);
 
@@ -382,7 +385,7 @@ fn free_or_disconnect_during_a_move_cancels_it_and_the_region_is_not_pooled() {
     drop(a2);
     drop(second);
     let deadline = Instant::now() + Duration::from_secs(10);
-    while !cancel2.is_cancelled() || shared.pool.contains(id2) {
+    while !cancel2.is_cancelled() || shared.pool.placement().contains(id2) {
         assert!(
             Instant::now() < deadline,
             "disconnect did not cancel the move"

@@ -56,7 +56,9 @@ pub fn adopt_into(
         })
         .collect();
     let regions = adopted.len();
-    let kept = pool.import(adopted, allocs, inh.state.next_region, inh.state.next_alloc);
+    let kept = pool
+        .records()
+        .import(adopted, allocs, inh.state.next_region, inh.state.next_alloc);
     info!(
         regions,
         refused,

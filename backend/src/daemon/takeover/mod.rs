@@ -19,7 +19,7 @@
 //!    their current round and pause
 //!    ([`crate::daemon::lifecycle::Lifecycle::periodic`]);
 //! 4. the scrubbers finish their batch and are joined;
-//! 5. the pool's table is snapshot ([`crate::daemon::pool::Pool::snapshot`]).
+//! 5. the pool's table is snapshot ([`crate::daemon::pool::Records::snapshot`]).
 //!
 //! It sends a versioned state document in a sealed memfd ([`state`]) and
 //! the fds it names: the listening socket (and the metrics one), every

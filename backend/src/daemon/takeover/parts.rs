@@ -75,13 +75,13 @@ impl Parts {
         tokio::task::spawn_blocking(move || parts.stop_scrubbers())
             .await
             .map_err(|e| e.to_string())?;
-        let snapshot = self.pool.snapshot(keep)?;
+        let snapshot = self.pool.records().snapshot(keep)?;
         Ok((work, snapshot))
     }
 
     /// Ends a freeze that did not lead anywhere: the daemon serves on.
     pub fn thaw(&self) {
-        self.pool.unkeep();
+        self.pool.records().unkeep();
         if let Err(e) = self.restart_scrubbers() {
             error!(error = %e, "cannot restart the scrubbers after a freeze");
         }
