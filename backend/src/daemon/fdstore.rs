@@ -38,7 +38,7 @@ use std::time::Duration;
 use sd_notify::NotifyState;
 use tracing::{debug, info, warn};
 
-use super::takeover::fds::Fds;
+use super::persist::fds::Fds;
 use super::takeover::{self, state::State, Parts, Target};
 
 /// How often a serving daemon brings the store up to date.

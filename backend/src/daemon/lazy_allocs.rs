@@ -20,7 +20,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::Notify;
 use tracing::info;
 
-use crate::daemon::takeover::fds::{FdList, Fds};
+use crate::daemon::persist::fds::{FdList, Fds};
 use crate::fault::{
     FaultMapping, FaultReport, FaultService, FaultServiceConfig, FaultServiceHandle,
 };
@@ -277,7 +277,7 @@ impl LazyAllocs {
                 region_offset: r.offset,
             });
         }
-        let peer = peer_pid.and_then(|p| crate::daemon::peer::pidfd_open(p).ok());
+        let peer = peer_pid.and_then(|p| crate::pidfd::pidfd_open(p).ok());
         cfg.failure = Some(Arc::clone(&self.failed));
         cfg.label = format!("alloc {alloc_id}");
         // A duplicate to wake the ranges with once the service reads.

@@ -25,10 +25,10 @@ use tokio::sync::{watch, Notify, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use super::holders::Predecessor;
 use super::lazy_allocs::{LazyRecord, Suspended};
-use super::quarantine::holders::Predecessor;
-use super::takeover::encoding::{hex, unhex};
-use super::takeover::fds::{FdList, Fds};
+use super::persist::encoding::{hex, unhex};
+use super::persist::fds::{FdList, Fds};
 use crate::proto::FrameReader;
 
 /// Where the daemon is in a takeover.

@@ -7,7 +7,7 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 
-use super::takeover::fds::FdList;
+use super::persist::fds::FdList;
 
 /// See the module docs.
 #[derive(Debug, Default)]

@@ -9,9 +9,9 @@ use std::time::Instant;
 
 use tracing::warn;
 
-use super::ids::{AllocId, RegionId, SessionId};
 use super::table::{Allocation, ChangeGate, EntryState, Inner, Pool};
 use super::token::{new_token, AllocToken};
+use crate::daemon::ids::{AllocId, RegionId, SessionId};
 
 /// How an allocation is committed (see [`Pool::commit`]).
 #[derive(Debug, Clone, Copy)]

@@ -9,10 +9,10 @@ use std::sync::Arc;
 
 use guest_mem::Region;
 
-use super::ids::{AllocId, RegionId, SessionId};
 use super::owners::{Owners, OwnershipError};
 use super::table::{Allocation, ChangeGate, Inner};
 use super::token::{new_token, same_token, AllocToken};
+use crate::daemon::ids::{AllocId, RegionId, SessionId};
 
 /// Why a HANDOFF was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

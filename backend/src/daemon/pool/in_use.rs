@@ -5,8 +5,8 @@ use std::sync::Arc;
 use guest_mem::Region;
 use numa::NodeId;
 
-use super::ids::{AllocId, RegionId, SessionId};
 use super::table::{Entry, EntryState, Inner, Pool};
+use crate::daemon::ids::{AllocId, RegionId, SessionId};
 
 /// An in-use region, as REBALANCE, the placement report and the policy see it.
 #[derive(Debug, Clone)]

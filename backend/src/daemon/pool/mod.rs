@@ -22,21 +22,22 @@
 //! | `commit.rs` | [`Pool::commit`] (the clean-before-map check), [`Pool::put_back`] |
 //! | `owners.rs` | [`Owners`]: a connection's allocations: ownership, LOCK, lazy fallback, tokens, [`Owners::reattach`], [`Owners::orphan`] |
 //! | `handoff.rs` | [`Owners`]' HANDOFF move: [`Owners::hand_off_gate`], [`Owners::hand_off`] |
-//! | `release.rs`, `quarantine.rs` | FREE and disconnect, back to the kernel, trim; [`QuarantineBook`]: the quarantine's verdicts |
+//! | `release.rs`, `quarantine.rs` | FREE and disconnect, back to the kernel, trim; [`QuarantineBook`]: the quarantine's [`Verdict`]s applied |
 //! | `scrubbing.rs`, `refault.rs` | [`Scrubbing`]: the scrubbers' and the refault's work |
 //! | `in_use.rs` | [`Placement`]: REBALANCE's view of in-use regions and their placement marks |
 //! | `persist.rs` | [`Records`]: the pool's part of the state document (takeover, fd store) |
 //! | `stats.rs`, `given_back.rs` | STATS: the pool's figures, the last regions given back and why |
 //! | `held.rs` | what the daemon holds outside any allocation, for the take's rule |
 //! | `files.rs` | operations on a released region's file under the pool's rules |
-//! | `ids.rs`, `token.rs` | region, allocation and connection ids; re-attach tokens |
+//! | `token.rs` | re-attach tokens (the ids are `crate::daemon::ids`, below every room) |
+//! | `gate.rs` | [`ReserveGate`]: the one gate of every hugetlb reservation and punch |
 
 mod commit;
 mod files;
+mod gate;
 mod given_back;
 mod handoff;
 mod held;
-mod ids;
 mod in_use;
 mod owners;
 mod persist;
@@ -51,16 +52,17 @@ mod table;
 mod take;
 mod token;
 
+pub use super::ids::{AllocId, PoolKey, RegionId, SessionId};
+pub use gate::ReserveGate;
 pub use handoff::{HandedOff, HandoffError};
 pub use held::{Held, HeldRegion, Why};
-pub use ids::{AllocId, PoolKey, RegionId, SessionId};
 pub use in_use::{InUseRegion, Placement};
 pub use owners::{Owners, OwnershipError};
 pub use persist::{
     Adopted, AllocRecord, AllocSnapshot, Life, Records, RegionRecord, RegionSnapshot, SavedLife,
     Snapshot,
 };
-pub use quarantine::QuarantineBook;
+pub use quarantine::{QuarantineBook, Verdict};
 pub use refault::{FillTicket, FillWork};
 pub use release::Released;
 pub use reserve::Taken;

@@ -18,9 +18,9 @@ use std::sync::Arc;
 
 use guest_mem::Region;
 
-use super::ids::{AllocId, RegionId, SessionId};
 use super::table::{ChangeGate, Pool};
 use super::token::{same_token, AllocToken};
+use crate::daemon::ids::{AllocId, RegionId, SessionId};
 
 /// Why an allocation id was refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]

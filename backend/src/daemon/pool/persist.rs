@@ -17,9 +17,9 @@ use tracing::warn;
 use super::{
     AllocId, Allocation, ChangeGate, Entry, EntryState, Pool, PoolKey, RegionId, SessionId,
 };
+use crate::daemon::holders::Owned;
 use crate::daemon::metrics::Metrics;
-use crate::daemon::quarantine::holders::Owned;
-use crate::daemon::takeover::encoding::{decode_pages, encode_pages, hex, unhex};
+use crate::daemon::persist::encoding::{decode_pages, encode_pages, hex, unhex};
 
 /// Where an exported region is in its life.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -9,14 +9,44 @@ use std::time::{Duration, Instant};
 use guest_mem::{PageState, Region};
 use tracing::{info, warn};
 
-use super::ids::RegionId;
 use super::refault::Fill;
 use super::release::Loss;
 use super::table::{EntryState, Pool};
+use crate::daemon::holders::{Holder, Owned};
+use crate::daemon::ids::RegionId;
 use crate::daemon::metrics::Metrics;
 use crate::daemon::peer_log::{check_tenant, LEFT_QUARANTINE};
-use crate::daemon::quarantine::holders::Owned;
-use crate::daemon::quarantine::reuse::Verdict;
+
+/// What a quarantine check decided for one region.
+#[derive(Debug)]
+pub enum Verdict {
+    /// A process still holds or maps it: stays quarantined.
+    Held(Holder),
+    /// No process shows it, but another open description exists (in flight,
+    /// or a mapping being torn down): stays quarantined, withheld, re-checked.
+    Withheld(String),
+    /// The tenant damaged the file (size, holes): back to the kernel, never
+    /// scrubbed or served.
+    Broken(String),
+    /// Detaching found pages the punch could not take back: a pin the
+    /// daemon cannot see (io_uring fixed buffer, VFIO, RDMA, `vmsplice`)
+    /// still holds them, and the host has no page to spare for their holes.
+    /// The tenant's doing: back to the kernel, like [`Verdict::Broken`].
+    Pinned(String),
+    /// Every page came back at the punch, but the host had too few pages to
+    /// fill the holes again: another process took them in the moment
+    /// between the punch and the re-reservation, or the operator shrank the
+    /// pool. Not the tenant's doing: the region goes back to the kernel, and
+    /// nobody is blamed.
+    Short(String),
+    /// Proved unreachable and whole. `detached` pages were punched out and
+    /// their holes reserved again: every page the file gets is a fresh one
+    /// the kernel zeroes. 0: detaching is off, every page is to be scrubbed.
+    Free {
+        /// Pages punched and refaulted; 0 when detaching is off.
+        detached: u64,
+    },
+}
 
 /// The quarantine's bookkeeping in the pool: which regions wait for a
 /// holder scan, and the scan's verdicts applied. Borrowed from

@@ -27,7 +27,7 @@ use std::sync::Arc;
 use guest_mem::Region;
 use tracing::warn;
 
-use super::ids::RegionId;
+use crate::daemon::ids::RegionId;
 
 static GENERATION: AtomicU64 = AtomicU64::new(1);
 

@@ -8,9 +8,9 @@ use guest_mem::{PageState, Region};
 use numa::NodeId;
 use tracing::{info, warn};
 
-use super::ids::RegionId;
 use super::refault::{Fill, FillTicket, FillWork};
 use super::table::{EntryState, Pool};
+use crate::daemon::ids::RegionId;
 
 /// How a scrubber's batch ended (see [`Scrubbing::scrub_done`]).
 #[derive(Debug, Clone, PartialEq, Eq)]

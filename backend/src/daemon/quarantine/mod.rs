@@ -15,11 +15,11 @@
 //!    with the daemon's own fd and mapping, which the scan exempts.
 //! 4. **Check**, on a blocking thread, off the pool's lock:
 //!    [`reuse::check_quarantined`] (`reuse.rs`) runs one [`holders::scan`]
-//!    (`holders.rs`) for all, then [`reuse::judge`] on each: held, else
+//!    (`daemon/holders.rs`) for all, then [`reuse::judge`] on each: held, else
 //!    [`reuse::prove_unreachable`] (the write lease), else the file's size
 //!    and, with `pool.detach_pages`, [`reuse::detach_pages`] under the
-//!    [`gate::ReserveGate`] (`gate.rs`); a [`reuse::Verdict`] names who is to
-//!    blame.
+//!    [`gate::ReserveGate`] (`pool/gate.rs`); a [`reuse::Verdict`]
+//!    (`pool/quarantine.rs`, which applies it) names who is to blame.
 //! 5. **Apply.** [`QuarantineBook::apply_scan`] (`pool/quarantine.rs`): free regions
 //!    turn `Dirty`, or `Clean` at once when detached; held and withheld ones
 //!    stay; the others go back to the kernel (`pool/release.rs`).
@@ -38,16 +38,14 @@
 //! [`Scrubbing::fill_done`]: crate::daemon::pool::Scrubbing::fill_done
 //! [`Pool::take`]: crate::daemon::pool::Pool::take
 //! [`quarantine_loop`]: crate::daemon::quarantine::quarantine_loop
-//! [`holders::scan`]: crate::daemon::quarantine::holders::scan
+//! [`holders::scan`]: crate::daemon::holders::scan
 //! [`reuse::check_quarantined`]: crate::daemon::quarantine::reuse::check_quarantined
 //! [`reuse::judge`]: crate::daemon::quarantine::reuse::judge
 //! [`reuse::prove_unreachable`]: crate::daemon::quarantine::reuse::prove_unreachable
 //! [`reuse::detach_pages`]: crate::daemon::quarantine::reuse::detach_pages
-//! [`reuse::Verdict`]: crate::daemon::quarantine::reuse::Verdict
-//! [`gate::ReserveGate`]: crate::daemon::quarantine::gate::ReserveGate
+//! [`reuse::Verdict`]: crate::daemon::pool::Verdict
+//! [`gate::ReserveGate`]: crate::daemon::pool::ReserveGate
 
-pub mod gate;
-pub mod holders;
 mod recheck;
 pub mod reuse;
 

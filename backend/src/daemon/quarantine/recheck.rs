@@ -23,7 +23,7 @@ use tracing::{debug, error};
 use super::reuse;
 use crate::daemon::lifecycle::Lifecycle;
 use crate::daemon::peer::PidWatch;
-use crate::daemon::pool::Pool;
+use crate::daemon::pool::{Pool, Verdict};
 
 /// Most holder pids watched at once (a tenant that forks many holders gets
 /// the periodic scan for the rest).
@@ -70,7 +70,7 @@ async fn recheck(quarantine: Arc<Recheck>, watched: Arc<Mutex<HashSet<i32>>>) ->
         match scan.await {
             Ok(verdicts) => {
                 for pid in verdicts.iter().filter_map(|(_, v)| match v {
-                    reuse::Verdict::Held(h) => Some(h.pid),
+                    Verdict::Held(h) => Some(h.pid),
                     _ => None,
                 }) {
                     watch_holder(&quarantine, &watched, pid);

@@ -1,6 +1,6 @@
 //! Proof before reuse: what must hold before a released region's pages may
 //! be scrubbed and handed to another tenant, checked in this order once the
-//! `/proc` holder scan ([`super::holders`]) finds no process holding it:
+//! `/proc` holder scan ([`crate::daemon::holders`]) finds no process holding it:
 //!
 //! 1. [`prove_unreachable`]: no open file description of the file exists but
 //!    the daemon's own (a write lease is granted), which covers what no
@@ -32,42 +32,11 @@ use std::sync::Arc;
 
 use guest_mem::Region;
 
-use super::gate::ReserveGate;
-use super::holders::{self, FileId, Hold, Holder, Owned};
-
-/// What a quarantine check decided for one region.
-#[derive(Debug)]
-pub enum Verdict {
-    /// A process still holds or maps it: stays quarantined.
-    Held(Holder),
-    /// No process shows it, but another open description exists (in flight,
-    /// or a mapping being torn down): stays quarantined, withheld, re-checked.
-    Withheld(String),
-    /// The tenant damaged the file (size, holes): back to the kernel, never
-    /// scrubbed or served.
-    Broken(String),
-    /// Detaching found pages the punch could not take back: a pin the
-    /// daemon cannot see (io_uring fixed buffer, VFIO, RDMA, `vmsplice`)
-    /// still holds them, and the host has no page to spare for their holes.
-    /// The tenant's doing: back to the kernel, like [`Verdict::Broken`].
-    Pinned(String),
-    /// Every page came back at the punch, but the host had too few pages to
-    /// fill the holes again: another process took them in the moment
-    /// between the punch and the re-reservation, or the operator shrank the
-    /// pool. Not the tenant's doing: the region goes back to the kernel, and
-    /// nobody is blamed.
-    Short(String),
-    /// Proved unreachable and whole. `detached` pages were punched out and
-    /// their holes reserved again: every page the file gets is a fresh one
-    /// the kernel zeroes. 0: detaching is off, every page is to be scrubbed.
-    Free {
-        /// Pages punched and refaulted; 0 when detaching is off.
-        detached: u64,
-    },
-}
+use crate::daemon::holders::{self, FileId, Hold, Holder, Owned};
+use crate::daemon::pool::{ReserveGate, Verdict};
 
 /// The quarantine's check, one verdict per quarantined region: one `/proc`
-/// holder scan ([`super::holders::scan`], which skips `predecessor`) for
+/// holder scan ([`crate::daemon::holders::scan`], which skips `predecessor`) for
 /// all of them, then [`judge`]
 /// on each with what the scan found. Each region comes with its id (kept
 /// as given) and the daemon's own fd and mapping of it (exempt from the

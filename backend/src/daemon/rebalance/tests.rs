@@ -16,10 +16,10 @@ use numa::NodeId;
 use super::super::config::RebalanceConfig;
 use super::super::pool::{InUseRegion, RegionId};
 use super::super::session::Rooms;
-use super::guest_check;
 use super::moves::*;
 use super::policy::*;
 use super::rebalancer::*;
+use crate::daemon::guest_check;
 use crate::proto::Status;
 
 #[test]

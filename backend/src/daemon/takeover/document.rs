@@ -4,10 +4,10 @@
 
 use std::os::fd::OwnedFd;
 
-use super::fds::FdList;
 use super::parts::Parts;
 use super::state::{self, State};
 use crate::daemon::lifecycle::ParkedConnection;
+use crate::daemon::persist::fds::FdList;
 use crate::daemon::pool::Snapshot;
 
 /// Who a state document is for.

@@ -72,15 +72,13 @@
 //! [`receive`]: mod@crate::daemon::takeover::receive
 //! [`adopt`]: crate::daemon::takeover::adopt
 //! [`state`]: crate::daemon::takeover::state
-//! [`fds`]: crate::daemon::takeover::fds
-//! [`encoding`]: crate::daemon::takeover::encoding
+//! [`fds`]: crate::daemon::persist::fds
+//! [`encoding`]: crate::daemon::persist::encoding
 //! [`channel`]: crate::daemon::takeover::channel
 
 pub mod adopt;
 pub mod channel;
 pub mod document;
-pub mod encoding;
-pub mod fds;
 pub mod parts;
 pub mod receive;
 pub mod send;
@@ -90,5 +88,5 @@ pub use adopt::{adopt_into, resume_connections};
 pub use document::{build, Target};
 pub use parts::Parts;
 pub use receive::{bind_control, receive, Inherited, TakeoverError};
-pub use send::control_loop;
+pub use send::{control_loop, StoreSeq};
 pub use state::{State, StateError};

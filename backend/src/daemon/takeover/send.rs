@@ -10,14 +10,18 @@ use tracing::{error, info, warn};
 use super::channel;
 use super::document::{build, Target};
 use super::parts::Parts;
-use crate::daemon::fdstore::FdStore;
 use crate::daemon::peer::PeerCred;
+
+/// The sequence number of the fd store's last document (the successor
+/// goes on from it): the fd store's, handed in by the start, which sits
+/// above both.
+pub type StoreSeq = Arc<dyn Fn() -> u64 + Send + Sync>;
 
 /// Serves the control socket: one takeover at a time, from the daemon's
 /// own uid only.
 pub async fn control_loop(
     parts: Arc<Parts>,
-    store: Arc<FdStore>,
+    store_seq: StoreSeq,
     listener: tokio::net::UnixListener,
 ) {
     loop {
@@ -46,7 +50,7 @@ pub async fn control_loop(
         if std_stream.set_nonblocking(false).is_err() {
             continue;
         }
-        if serve_successor(&parts, &store, std_stream, peer.pid).await {
+        if serve_successor(&parts, &*store_seq, std_stream, peer.pid).await {
             break;
         }
     }
@@ -56,7 +60,7 @@ pub async fn control_loop(
 /// over and is to exit.
 async fn serve_successor(
     parts: &Arc<Parts>,
-    store: &FdStore,
+    store_seq: &(dyn Fn() -> u64 + Send + Sync),
     stream: std::os::unix::net::UnixStream,
     pid: Option<i32>,
 ) -> bool {
@@ -81,7 +85,7 @@ async fn serve_successor(
         _ => return false,
     }
     info!(successor = ?pid, "takeover: freezing");
-    let outcome = freeze_and_send(parts, store, &stream).await;
+    let outcome = freeze_and_send(parts, store_seq, &stream).await;
     match outcome {
         Ok(()) => {
             parts.lifecycle.gone();
@@ -99,11 +103,11 @@ async fn serve_successor(
 
 async fn freeze_and_send(
     parts: &Arc<Parts>,
-    store: &FdStore,
+    store_seq: &(dyn Fn() -> u64 + Send + Sync),
     stream: &std::os::unix::net::UnixStream,
 ) -> Result<(), String> {
     let (_work, snapshot) = parts.freeze(true).await?;
-    let (doc, fds) = build(parts, &snapshot, Target::Successor, store.seq())?;
+    let (doc, fds) = build(parts, &snapshot, Target::Successor, store_seq())?;
     let memfd = doc.to_memfd().map_err(|e| e.to_string())?;
     let s = stream.try_clone().map_err(|e| e.to_string())?;
     let answer = tokio::task::spawn_blocking(move || {
