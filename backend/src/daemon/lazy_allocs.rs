@@ -21,6 +21,7 @@ use tokio::sync::Notify;
 use tracing::info;
 
 use crate::daemon::persist::fds::{FdList, Fds};
+use crate::daemon::persist::SaveError;
 use crate::fault::{
     FaultMapping, FaultReport, FaultService, FaultServiceConfig, FaultServiceHandle,
 };
@@ -176,7 +177,7 @@ impl Suspended {
     /// # Errors
     ///
     /// The userfaultfd cannot be duplicated.
-    pub fn save(&self, fds: &mut FdList) -> Result<LazyRecord, String> {
+    pub fn save(&self, fds: &mut FdList) -> Result<LazyRecord, SaveError> {
         Ok(LazyRecord {
             alloc: self.alloc,
             infos: self.infos.iter().map(SavedRegionInfo::from).collect(),

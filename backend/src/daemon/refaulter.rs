@@ -30,7 +30,7 @@ use numa::NodeId;
 use tracing::{debug, warn};
 
 use super::metrics::{Metrics, ScrubCounters};
-use super::pool::{FillTicket, FillWork, Pool};
+use super::pool::{FillError, FillTicket, FillWork, Pool};
 use crate::fault_helpers::{FaultHelpers, Faulted, Next, Ready};
 
 /// What one node's refault thread works with.
@@ -86,7 +86,7 @@ fn refault_region(
         Ok(h) => h,
         Err(e) => {
             pool.scrubbing()
-                .fill_done(&first, Err(format!("cannot start fault helpers: {e}")));
+                .fill_done(&first, Err(FillError::HelpersStart(e)));
             return true;
         }
     };
@@ -98,7 +98,7 @@ fn refault_region(
         }
         Ok(Ready::Failed(e)) | Err(e) => {
             pool.scrubbing()
-                .fill_done(&first, Err(format!("cannot start fault helpers: {e}")));
+                .fill_done(&first, Err(FillError::HelpersStart(e)));
             return true;
         }
     }
@@ -128,7 +128,7 @@ fn refault_region(
             };
             if let Err(e) = helpers.send(work.offset, work.len) {
                 pool.scrubbing()
-                    .fill_done(&work, Err(format!("the fault helpers are gone: {e}")));
+                    .fill_done(&work, Err(FillError::HelpersGone(e)));
                 give_up(pool, &mut in_flight);
                 return true;
             }
@@ -170,13 +170,10 @@ fn record(pool: &Pool, counters: &ScrubCounters, in_flight: &mut Vec<FillTicket>
         return;
     };
     let work = in_flight.swap_remove(i);
-    let result = f.result.map_err(|errno| {
-        format!(
-            "bytes {}..{} cannot be populated: {}",
-            work.offset,
-            work.offset + work.len,
-            std::io::Error::from_raw_os_error(errno)
-        )
+    let result = f.result.map_err(|errno| FillError::Populate {
+        start: work.offset,
+        end: work.offset + work.len,
+        source: std::io::Error::from_raw_os_error(errno),
     });
     if result.is_ok() {
         Metrics::add(&counters.refault_bytes, work.len);
@@ -191,10 +188,8 @@ fn record(pool: &Pool, counters: &ScrubCounters, in_flight: &mut Vec<FillTicket>
 /// The helpers died with `in_flight` unanswered: this fill gives up.
 fn give_up(pool: &Pool, in_flight: &mut Vec<FillTicket>) {
     for work in in_flight.drain(..) {
-        pool.scrubbing().fill_done(
-            &work,
-            Err("the fault helpers exited before they answered".into()),
-        );
+        pool.scrubbing()
+            .fill_done(&work, Err(FillError::HelpersExited));
     }
 }
 

@@ -41,7 +41,7 @@ use nix::sys::eventfd::EventFd;
 
 use super::config::ScrubConfig;
 use super::metrics::{Metrics, ScrubCounters};
-use super::pool::{FillWork, Pool, ScrubWork, Scrubbed, Work};
+use super::pool::{FillError, FillWork, Pool, ScrubWork, Scrubbed, Work};
 use super::refaulter::{refault_loop, RefaultNode};
 
 /// Regions each node's refault works on at once, one thread and one set
@@ -230,7 +230,7 @@ fn scrub_loop(
                 // the host cannot fill): never touch it, give it back.
                 let dropped = pool
                     .scrubbing()
-                    .scrub_done(&work, Scrubbed::Damaged(reason));
+                    .scrub_done(&work, Scrubbed::Damaged(reason.to_string()));
                 drop(work);
                 drop(dropped);
                 continue;
@@ -260,14 +260,31 @@ fn refault(pool: &Pool, work: &FillWork, counters: &ScrubCounters) {
     let started = Instant::now();
     // Offsets are inside the region, whose length fits usize (checked at creation).
     let (off, n) = (work.offset as usize, work.len as usize);
-    let result = crate::sys::populate_write(work.region.as_ptr().wrapping_add(off), n)
-        .map_err(|e| format!("bytes {off}..{} cannot be populated: {e}", off + n));
+    let result =
+        crate::sys::populate_write(work.region.as_ptr().wrapping_add(off), n).map_err(|source| {
+            FillError::Populate {
+                start: work.offset,
+                end: work.offset + work.len,
+                source,
+            }
+        });
     if result.is_ok() {
         let nanos = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
         Metrics::add(&counters.refault_bytes, work.len);
         Metrics::add(&counters.refault_nanos, nanos);
     }
     pool.scrubbing().fill_done(&work.ticket(), result);
+}
+/// A scrub batch its tenant damaged: a page of it cannot be faulted in (a
+/// truncation, a hole the host cannot fill). The region goes back to the
+/// kernel, never scrubbed.
+#[derive(Debug, thiserror::Error)]
+#[error("bytes {start}..{end} cannot be populated: {source}")]
+struct ScrubDamage {
+    start: usize,
+    end: usize,
+    #[source]
+    source: std::io::Error,
 }
 
 /// Clears the claimed pages in runs of at most `batch` bytes; `Ok(false)`
@@ -280,7 +297,7 @@ fn clear(
     kernel: ClearKernel,
     batch: u64,
     stop: &AtomicBool,
-) -> Result<bool, String> {
+) -> Result<bool, ScrubDamage> {
     let (start, _) = work.region.page_range(work.first);
     let (last_off, last_len) = work.region.page_range(work.first + work.count - 1);
     let end = last_off + last_len;
@@ -296,7 +313,11 @@ fn clear(
         // inside the region's own mapping.
         let ptr = unsafe { work.region.as_ptr().add(off) };
         if let Err(e) = crate::sys::populate_write(ptr, n) {
-            return Err(format!("bytes {off}..{} cannot be populated: {e}", off + n));
+            return Err(ScrubDamage {
+                start: off,
+                end: off + n,
+                source: e,
+            });
         }
         // SAFETY: off..off+n lies inside the region's own live mapping (the
         // Arc in `work` keeps it mapped; page_range clips to the length),

@@ -128,7 +128,7 @@ fn commit_and_hand_out(
             room.pool.put_back(&ids);
             Metrics::add(&room.metrics.allocs_failed, 1);
             error!(session = requester.session, reason = %msg, "clean-before-map invariant refused an ALLOC");
-            return Outcome::error(Status::Internal, msg).into();
+            return Outcome::error(Status::Internal, msg.to_string()).into();
         }
     };
     count_holes(room, taken);

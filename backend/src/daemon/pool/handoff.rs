@@ -127,7 +127,7 @@ impl Owners<'_> {
         uid: u32,
         prepare: impl FnOnce(&[(RegionId, Arc<Region>)], bool) -> Result<T, HandoffError>,
     ) -> Result<(HandedOff, T), HandoffError> {
-        let fresh = new_token().map_err(HandoffError::Internal)?;
+        let fresh = new_token().map_err(|e| HandoffError::Internal(e.to_string()))?;
         let mut g = self.pool.lock();
         let a = check(&g, alloc, token, session, uid)?;
         let regions: Vec<(RegionId, Arc<Region>)> = a

@@ -53,17 +53,18 @@ mod take;
 mod token;
 
 pub use super::ids::{AllocId, PoolKey, RegionId, SessionId};
+pub use commit::CommitError;
 pub use gate::ReserveGate;
 pub use handoff::{HandedOff, HandoffError};
 pub use held::{Held, HeldRegion, Why};
 pub use in_use::{InUseRegion, Placement};
 pub use owners::{Owners, OwnershipError};
 pub use persist::{
-    Adopted, AllocRecord, AllocSnapshot, Life, Records, RegionRecord, RegionSnapshot, SavedLife,
-    Snapshot,
+    AdoptError, Adopted, AllocRecord, AllocSnapshot, Life, Records, RegionRecord, RegionSnapshot,
+    SavedLife, Snapshot, SnapshotError,
 };
 pub use quarantine::{QuarantineBook, Verdict};
-pub use refault::{FillTicket, FillWork};
+pub use refault::{FillError, FillTicket, FillWork};
 pub use release::Released;
 pub use reserve::Taken;
 pub use scrubbing::{ScrubWork, Scrubbed, Scrubbing, Work};
@@ -71,6 +72,6 @@ pub use stats::PoolPart;
 pub use supply::{free_pages, Refusal};
 pub use table::{ChangeGate, Pool, Sources};
 pub use take::{shortage_note, Missing, Obtained, Part, Source};
-pub use token::{AllocToken, TOKEN_SIZE};
+pub use token::{AllocToken, TokenError, TOKEN_SIZE};
 // The table's private types, for `persist.rs` (`super::Entry` …).
 use table::{Allocation, Entry, EntryState};

@@ -20,6 +20,7 @@ use super::{
 use crate::daemon::holders::Owned;
 use crate::daemon::metrics::Metrics;
 use crate::daemon::persist::encoding::{decode_pages, encode_pages, hex, unhex};
+use crate::daemon::persist::DecodeError;
 
 /// Where an exported region is in its life.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -108,9 +109,39 @@ pub struct Adopted {
     pub fill: bool,
 }
 
+/// Why the pool's table cannot be snapshot for a takeover now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum SnapshotError {
+    /// An ALLOC (or a refill) still owns the region: the takeover must wait
+    /// or be given up.
+    #[error("region {0} is reserved by an ALLOC in progress")]
+    Reserved(RegionId),
+}
+
+/// Why a region record is not adopted (the region then goes back to the
+/// kernel).
+#[derive(Debug, thiserror::Error)]
+pub enum AdoptError {
+    /// In use, by no allocation.
+    #[error("in use by no allocation")]
+    NoAllocation,
+    /// A page size this host does not have.
+    #[error("page size {0}")]
+    PageSize(u64),
+    /// Its page states do not decode.
+    #[error(transparent)]
+    Pages(#[from] DecodeError),
+    /// Bound to a node this host does not have.
+    #[error("node {0} is not on this host")]
+    Node(u32),
+    /// The file is not what the record says.
+    #[error(transparent)]
+    Region(#[from] guest_mem::AdoptError),
+}
+
 impl Pool {
     /// The table as it is; a `Reserved` region is an error, or skipped.
-    fn take_snapshot(&self, skip_reserved: bool) -> Result<Snapshot, String> {
+    fn take_snapshot(&self, skip_reserved: bool) -> Result<Snapshot, SnapshotError> {
         let g = self.lock();
         let mut out = Snapshot {
             next_region: self.next_region.load(Ordering::Relaxed),
@@ -120,9 +151,7 @@ impl Pool {
         for (id, e) in &g.entries {
             let life = match e.state {
                 EntryState::Reserved if skip_reserved => continue,
-                EntryState::Reserved => {
-                    return Err(format!("region {id} is reserved by an ALLOC in progress"))
-                }
+                EntryState::Reserved => return Err(SnapshotError::Reserved(*id)),
                 EntryState::InUse(a) => Life::InUse(a),
                 EntryState::Quarantined => Life::Quarantined,
                 EntryState::Dirty => Life::Dirty,
@@ -183,7 +212,7 @@ impl Records<'_> {
     ///
     /// A region is `Reserved` (an ALLOC or refill still runs): the
     /// takeover must wait or be given up.
-    pub fn snapshot(&self, keep: bool) -> Result<Snapshot, String> {
+    pub fn snapshot(&self, keep: bool) -> Result<Snapshot, SnapshotError> {
         let out = self.pool.take_snapshot(false)?;
         if keep {
             for r in &out.regions {
@@ -458,19 +487,19 @@ impl RegionRecord {
     ///
     /// A malformed record or a region that fails its checks (it then goes
     /// back to the kernel).
-    pub fn adopt(&self, fd: OwnedFd, topology: &Topology) -> Result<Adopted, String> {
+    pub fn adopt(&self, fd: OwnedFd, topology: &Topology) -> Result<Adopted, AdoptError> {
         let life = match (self.life, self.alloc) {
             (SavedLife::Clean, _) => Life::Clean,
             (SavedLife::Dirty, _) => Life::Dirty,
             (SavedLife::Quarantined, _) => Life::Quarantined,
             (SavedLife::InUse, Some(a)) => Life::InUse(a),
-            (SavedLife::InUse, None) => return Err("in use by no allocation".into()),
+            (SavedLife::InUse, None) => return Err(AdoptError::NoAllocation),
         };
-        let page_size = PageSize::from_bytes(self.page_size)
-            .ok_or_else(|| format!("page size {}", self.page_size))?;
+        let page_size =
+            PageSize::from_bytes(self.page_size).ok_or(AdoptError::PageSize(self.page_size))?;
         let states = decode_pages(&self.pages)?;
         if topology.nodes().iter().all(|n| n.id != self.node) {
-            return Err(format!("node {} is not on this host", self.node));
+            return Err(AdoptError::Node(self.node));
         }
         let spec = AdoptSpec {
             name: self.name.clone(),
@@ -480,7 +509,7 @@ impl RegionRecord {
             path: self.path.as_ref().map(std::path::PathBuf::from),
             states,
         };
-        let region = Region::adopt(fd, spec).map_err(|e| e.to_string())?;
+        let region = Region::adopt(fd, spec)?;
         Ok(Adopted {
             id: self.id,
             region,

@@ -8,7 +8,7 @@ use guest_mem::{PageState, Region};
 use numa::NodeId;
 use tracing::{info, warn};
 
-use super::refault::{Fill, FillTicket, FillWork};
+use super::refault::{Fill, FillError, FillTicket, FillWork};
 use super::table::{EntryState, Pool};
 use crate::daemon::ids::RegionId;
 
@@ -231,7 +231,7 @@ impl Scrubbing<'_> {
     /// A scrubber faulted `work` in (`Ok`) or could not (`Err`: the file no
     /// longer has the pages, e.g. a tenant truncated the region it was
     /// handed; the rest of the region faults at first touch instead).
-    pub fn fill_done(&self, work: &FillTicket, result: Result<(), String>) {
+    pub fn fill_done(&self, work: &FillTicket, result: Result<(), FillError>) {
         let mut g = self.pool.lock();
         let Some(e) = g.entries.get_mut(&work.id) else {
             return;

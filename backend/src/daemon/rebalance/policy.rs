@@ -105,7 +105,7 @@ pub(super) fn with_descendants(
 
 /// One client's summed sample and how many of its processes were read, or
 /// why the client itself could not be read.
-type ClientSample = Result<(Sample, usize), String>;
+type ClientSample = Result<(Sample, usize), migrate::policy::WatchError>;
 
 /// Samples the vCPU threads of every client and its descendants.
 ///
@@ -140,7 +140,7 @@ pub(super) fn sample_clients(
                     // The client itself must be readable; a descendant may
                     // have exited since the scan.
                     Err(e) if i == 0 => {
-                        return (session, Err(crate::diag::chain(&e)));
+                        return (session, Err(e));
                     }
                     Err(_) => {}
                 }
@@ -213,6 +213,7 @@ async fn policy_tick(rb: &Arc<Rebalancer>, cpus: &Arc<CpuNodes>) {
             };
             match result {
                 Err(e) => {
+                    let e = crate::diag::chain(&e);
                     debug!(session, error = %e, "cannot sample a client's threads");
                     p.note = Some(e);
                 }

@@ -86,7 +86,7 @@ pub mod state;
 
 pub use adopt::{adopt_into, resume_connections};
 pub use document::{build, Target};
-pub use parts::Parts;
+pub use parts::{FreezeError, Parts};
 pub use receive::{bind_control, receive, Inherited, TakeoverError};
-pub use send::{control_loop, StoreSeq};
+pub use send::{control_loop, SendError, StoreSeq};
 pub use state::{State, StateError};
