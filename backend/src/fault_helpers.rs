@@ -171,7 +171,7 @@ impl FaultHelpers {
             reg.insert(pid, HelperOf { set, file });
             drop(reg);
             me.pids.push(pid);
-            me.exits.push(crate::daemon::peer::pidfd_open(pid)?);
+            me.exits.push(crate::pidfd::pidfd_open(pid)?);
         }
         // The helpers hold their own ends; with these closed, the end of
         // `done` means every helper is gone.

@@ -23,6 +23,7 @@ pub mod daemon;
 pub mod fault;
 /// Processes of the daemon's own that fault a region's holes in, at idle priority.
 pub mod fault_helpers;
+pub mod pidfd;
 /// The wire protocol (`hugemem_client::proto`) and its async framing for the daemon.
 pub mod proto;
 /// Raw syscalls behind small safe wrappers (fd-owning `recvmsg`, `fstat` size, populate).

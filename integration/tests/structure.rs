@@ -12,10 +12,10 @@ const MAX_FILE_LINES: usize = 700;
 const MAX_FN_LINES: usize = 120;
 
 /// Crates being restructured right now, excused from the folder-circle and
-/// length checks until that lands (their figures are still printed). Empty
-/// this list when the daemon's and the command's restructuring lands:
-/// every crate is then held to the same limits.
-const RESTRUCTURING_IN_PROGRESS: &[&str] = &["backend", "cli"];
+/// length checks until that lands (their figures are still printed). Empty:
+/// every crate is held to the same limits; a crate named here again needs
+/// a restructuring under way that says when it lands.
+const RESTRUCTURING_IN_PROGRESS: &[&str] = &[];
 
 fn workspace_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))

@@ -38,7 +38,8 @@ use std::time::Duration;
 use sd_notify::NotifyState;
 use tracing::{debug, info, warn};
 
-use super::takeover::fds::Fds;
+use super::persist::fds::Fds;
+use super::persist::SaveError;
 use super::takeover::{self, state::State, Parts, Target};
 
 /// How often a serving daemon brings the store up to date.
@@ -55,6 +56,29 @@ struct Stored {
     listener: bool,
     seq: u64,
     last_doc: Vec<u8>,
+}
+
+/// Why the store could not be brought up to date.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The daemon could not be frozen for the last document.
+    #[error(transparent)]
+    Freeze(#[from] takeover::FreezeError),
+    /// A component's part could not be saved.
+    #[error(transparent)]
+    Save(#[from] SaveError),
+    /// The document could not be encoded.
+    #[error("the state document: {0}")]
+    Encode(#[from] serde_json::Error),
+    /// The document could not be written into its memfd.
+    #[error("the state document: {0}")]
+    Document(#[from] takeover::StateError),
+    /// systemd did not take an fd (`FDSTORE=1`, `FDNAME=` the name).
+    #[error("FDSTORE {0}: {1}")]
+    Send(String, #[source] std::io::Error),
+    /// The storing thread panicked.
+    #[error("the storing thread: {0}")]
+    Thread(#[source] tokio::task::JoinError),
 }
 
 /// The daemon's side of the store.
@@ -109,8 +133,8 @@ impl FdStore {
     /// Brings the store up to date with a snapshot of the daemon: new
     /// regions stored, gone ones removed, the listener once, and the state
     /// document when it changed. Blocking (small `sendmsg`s).
-    fn sync(&self, parts: &Parts, last: bool) -> Result<(), String> {
-        let snapshot = parts.pool.snapshot_partial();
+    fn sync(&self, parts: &Parts, last: bool) -> Result<(), StoreError> {
+        let snapshot = parts.pool.records().snapshot_partial();
         let (mut doc, _) = takeover::build(parts, &snapshot, Target::FdStore { last }, self.seq())?;
         let mut st = self
             .stored
@@ -122,7 +146,7 @@ impl FdStore {
                     &[NotifyState::FdStore, NotifyState::FdName(LISTENER)],
                     &[fd.as_fd()],
                 )
-                .map_err(|e| format!("FDSTORE {LISTENER}: {e}"))?;
+                .map_err(|e| StoreError::Send(LISTENER.to_string(), e))?;
             }
             st.listener = true;
         }
@@ -136,7 +160,7 @@ impl FdStore {
                 &[NotifyState::FdStore, NotifyState::FdName(&name)],
                 &[r.region.fd()],
             )
-            .map_err(|e| format!("FDSTORE {name}: {e}"))?;
+            .map_err(|e| StoreError::Send(name.clone(), e))?;
             st.regions.insert(r.id);
         }
         let gone: Vec<u64> = st.regions.difference(&now).copied().collect();
@@ -152,20 +176,20 @@ impl FdStore {
         }
         // The document, when it says something new (`seq` and `pid` aside).
         doc.seq = 0;
-        let bytes = serde_json::to_vec(&doc).map_err(|e| e.to_string())?;
+        let bytes = serde_json::to_vec(&doc)?;
         if bytes == st.last_doc && !last {
             return Ok(());
         }
         st.seq += 1;
         doc.seq = st.seq;
-        let memfd = doc.to_memfd().map_err(|e| e.to_string())?;
+        let memfd = doc.to_memfd()?;
         let name = format!("{STATE_PREFIX}{}", st.seq % 2);
         let old = format!("{STATE_PREFIX}{}", (st.seq + 1) % 2);
         send(
             &[NotifyState::FdStore, NotifyState::FdName(&name)],
             &[memfd.as_fd()],
         )
-        .map_err(|e| format!("FDSTORE {name}: {e}"))?;
+        .map_err(|e| StoreError::Send(name, e))?;
         if st.seq > 1 {
             if let Err(e) = send(
                 &[NotifyState::FdStoreRemove, NotifyState::FdName(&old)],
@@ -212,12 +236,12 @@ pub async fn sync_loop(store: Arc<FdStore>, parts: Arc<Parts>) {
 /// # Errors
 ///
 /// A freeze that does not complete, a store that fails.
-pub async fn stop_into_store(store: &Arc<FdStore>, parts: &Arc<Parts>) -> Result<(), String> {
+pub async fn stop_into_store(store: &Arc<FdStore>, parts: &Arc<Parts>) -> Result<(), StoreError> {
     let (_work, _) = parts.freeze(true).await?;
     let (s, p) = (Arc::clone(store), Arc::clone(parts));
     let stored = tokio::task::spawn_blocking(move || s.sync(&p, true))
         .await
-        .map_err(|e| e.to_string())?;
+        .map_err(StoreError::Thread)?;
     match stored {
         Ok(()) => {
             parts.lifecycle.gone();

@@ -47,12 +47,12 @@ impl DaemonHandle {
     }
 
     /// Test hook standing for a daemon restart: orphans allocation `alloc`
-    /// (as the restore code does, [`crate::daemon::pool::Pool::orphan`]) and, with
+    /// (as the restore code does, [`crate::daemon::pool::Owners::orphan`]) and, with
     /// `tenant`, makes it that uid's. Its old connection no longer owns it;
     /// a REATTACH with its token can take it back. False for an unknown id.
     #[doc(hidden)]
     pub fn orphan_for_tests(&self, alloc: u64, tenant: Option<u32>) -> bool {
-        self.rooms.pool.orphan(alloc, tenant)
+        self.rooms.pool.owners().orphan(alloc, tenant)
     }
 
     /// Everything this daemon's lazy fault services counted so far (faults

@@ -5,7 +5,7 @@
 //! handed out; what it hands out is a live allocation, moved.
 //!
 //! The move itself is one step under the pool's lock
-//! ([`crate::daemon::pool::Pool::hand_off`]): the allocation belongs to the
+//! ([`crate::daemon::pool::Owners::hand_off`]): the allocation belongs to the
 //! old connection until it belongs to the new one. The successor gets what
 //! an ALLOC would have given it ([`crate::daemon::hand_out`], opened inside
 //! that step before anything moves) and a new token, so the predecessor,
@@ -37,7 +37,7 @@ pub struct HandoffRequest {
 /// Moves the allocation to `session` (peer `uid`) and builds the reply;
 /// returns it with the connection that owned the allocation before. The
 /// caller holds the allocation's change gate
-/// ([`crate::daemon::pool::Pool::hand_off_gate`]).
+/// ([`crate::daemon::pool::Owners::hand_off_gate`]).
 ///
 /// # Errors
 ///
@@ -53,12 +53,13 @@ pub fn serve(
         want_paths: req.want_paths,
     };
     let (handed, hand_out) =
-        pool.hand_off(req.alloc_id, &req.token, session, uid, |regions, locked| {
-            HandOut::open(delivery, rows_now(regions, locked)).map_err(|e| match e {
-                HandOutError::NoPath(_) => HandoffError::NoPaths(req.alloc_id),
-                e @ HandOutError::Open { .. } => HandoffError::Internal(e.to_string()),
-            })
-        })?;
+        pool.owners()
+            .hand_off(req.alloc_id, &req.token, session, uid, |regions, locked| {
+                HandOut::open(delivery, rows_now(regions, locked)).map_err(|e| match e {
+                    HandOutError::NoPath(_) => HandoffError::NoPaths(req.alloc_id),
+                    e @ HandOutError::Open { .. } => HandoffError::Internal(e.to_string()),
+                })
+            })?;
     // Two connections of one tenant can pass an allocation back and forth.
     if let Some(suppressed) = super::peer_log::HANDED_OFF.check(uid) {
         info!(

@@ -20,7 +20,8 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::Notify;
 use tracing::info;
 
-use crate::daemon::takeover::fds::{FdList, Fds};
+use crate::daemon::persist::fds::{FdList, Fds};
+use crate::daemon::persist::SaveError;
 use crate::fault::{
     FaultMapping, FaultReport, FaultService, FaultServiceConfig, FaultServiceHandle,
 };
@@ -176,7 +177,7 @@ impl Suspended {
     /// # Errors
     ///
     /// The userfaultfd cannot be duplicated.
-    pub fn save(&self, fds: &mut FdList) -> Result<LazyRecord, String> {
+    pub fn save(&self, fds: &mut FdList) -> Result<LazyRecord, SaveError> {
         Ok(LazyRecord {
             alloc: self.alloc,
             infos: self.infos.iter().map(SavedRegionInfo::from).collect(),
@@ -277,7 +278,7 @@ impl LazyAllocs {
                 region_offset: r.offset,
             });
         }
-        let peer = peer_pid.and_then(|p| crate::daemon::peer::pidfd_open(p).ok());
+        let peer = peer_pid.and_then(|p| crate::pidfd::pidfd_open(p).ok());
         cfg.failure = Some(Arc::clone(&self.failed));
         cfg.label = format!("alloc {alloc_id}");
         // A duplicate to wake the ranges with once the service reads.

@@ -25,10 +25,11 @@ use tokio::sync::{watch, Notify, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use super::holders::Predecessor;
 use super::lazy_allocs::{LazyRecord, Suspended};
-use super::quarantine::holders::Predecessor;
-use super::takeover::encoding::{hex, unhex};
-use super::takeover::fds::{FdList, Fds};
+use super::persist::encoding::{hex, unhex};
+use super::persist::fds::{FdList, Fds};
+use super::persist::{DecodeError, SaveError};
 use crate::proto::FrameReader;
 
 /// Where the daemon is in a takeover.
@@ -106,7 +107,7 @@ impl ParkedConnection {
     /// # Errors
     ///
     /// An fd that cannot be duplicated.
-    pub fn save(&self, fds: &mut FdList) -> Result<ConnectionRecord, String> {
+    pub fn save(&self, fds: &mut FdList) -> Result<ConnectionRecord, SaveError> {
         let fd = fds.add(self.stream.as_fd())?;
         let partial_fds = self
             .partial_fds
@@ -130,6 +131,18 @@ impl ParkedConnection {
     }
 }
 
+/// Why a connection's record does not restore (the connection is then
+/// closed).
+#[derive(Debug, thiserror::Error)]
+pub enum ConnectionRestoreError {
+    /// Its half-read frame is not hex.
+    #[error("half-read frame")]
+    Partial(#[from] DecodeError),
+    /// Its half-read frame is not the start of a frame.
+    #[error("half-read frame")]
+    Frame(#[from] crate::proto::ProtoError),
+}
+
 impl ConnectionRecord {
     /// The connection this record describes, its fds taken from `fds`;
     /// `None` without its socket.
@@ -137,7 +150,10 @@ impl ConnectionRecord {
     /// # Errors
     ///
     /// A malformed half-read frame (the connection is then closed).
-    pub fn restore(self, fds: &mut Fds) -> Result<Option<InheritedConnection>, String> {
+    pub fn restore(
+        self,
+        fds: &mut Fds,
+    ) -> Result<Option<InheritedConnection>, ConnectionRestoreError> {
         let Some(fd) = fds.take(self.fd) else {
             return Ok(None);
         };
@@ -147,8 +163,8 @@ impl ConnectionRecord {
             .iter()
             .filter_map(|i| fds.take(*i))
             .collect();
-        let reader = unhex(&self.partial)
-            .and_then(|b| FrameReader::resume(&b, partial_fds).map_err(|e| e.to_string()))?;
+        let bytes = unhex(&self.partial)?;
+        let reader = FrameReader::resume(&bytes, partial_fds)?;
         let lazy = self.lazy.into_iter().map(|l| l.restore(fds)).collect();
         Ok(Some(InheritedConnection {
             stream,
@@ -159,6 +175,29 @@ impl ConnectionRecord {
             lazy,
         }))
     }
+}
+
+/// What did not stop in time for a freeze.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum FreezeTimeout {
+    /// Handlers still serving a request.
+    #[error(
+        "{stuck} of {live} connections did not park within {secs} s (a request still running)"
+    )]
+    NotParked {
+        /// Handlers not parked.
+        stuck: usize,
+        /// Handlers alive.
+        live: usize,
+        /// The limit.
+        secs: u64,
+    },
+    /// A background loop still in its round.
+    #[error("the background loops did not pause within {secs} s")]
+    LoopsBusy {
+        /// The limit.
+        secs: u64,
+    },
 }
 
 /// The daemon's lifecycle (see the module docs).
@@ -307,7 +346,7 @@ impl Lifecycle {
     /// # Errors
     ///
     /// A handler or loop that does not stop within `limit`.
-    pub async fn freeze(&self, limit: Duration) -> Result<RwLockWriteGuard<'_, ()>, String> {
+    pub async fn freeze(&self, limit: Duration) -> Result<RwLockWriteGuard<'_, ()>, FreezeTimeout> {
         self.phase.send_replace(Phase::Frozen);
         let deadline = Instant::now() + limit;
         loop {
@@ -317,11 +356,11 @@ impl Lifecycle {
                 break;
             }
             if Instant::now() >= deadline {
-                return Err(format!(
-                    "{} of {live} connections did not park within {} s (a request still running)",
-                    live - parked,
-                    limit.as_secs()
-                ));
+                return Err(FreezeTimeout::NotParked {
+                    stuck: live - parked,
+                    live,
+                    secs: limit.as_secs(),
+                });
             }
             tokio::time::sleep(Duration::from_millis(2)).await;
         }
@@ -329,11 +368,8 @@ impl Lifecycle {
         // quarantine or a scrub (an ALLOC waiting for pages on their way).
         tokio::time::timeout(limit, self.work.write())
             .await
-            .map_err(|_| {
-                format!(
-                    "the background loops did not pause within {} s",
-                    limit.as_secs()
-                )
+            .map_err(|_| FreezeTimeout::LoopsBusy {
+                secs: limit.as_secs(),
             })
     }
 

@@ -7,7 +7,8 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 
-use super::takeover::fds::FdList;
+use super::persist::fds::FdList;
+use super::persist::SaveError;
 
 /// See the module docs.
 #[derive(Debug, Default)]
@@ -70,7 +71,7 @@ impl Listeners {
     /// # Errors
     ///
     /// A socket that cannot be duplicated.
-    pub fn save(&self, fds: &mut FdList, to_store: bool) -> Result<SavedListeners, String> {
+    pub fn save(&self, fds: &mut FdList, to_store: bool) -> Result<SavedListeners, SaveError> {
         let socket_owned = self.socket_owned();
         let l = lock(&self.sockets);
         Ok(SavedListeners {

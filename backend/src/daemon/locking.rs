@@ -31,18 +31,18 @@ pub(super) async fn serve(
     chunk: u64,
     lock: bool,
 ) -> Outcome {
-    let gate = match pool.change_gate(alloc_id, session) {
+    let gate = match pool.owners().change_gate(alloc_id, session) {
         Ok(g) => g,
         Err(e) => return Outcome::error(Status::NotFound, e.to_string()),
     };
     let _held = gate.lock_owned().await;
-    let (regions, _) = match pool.regions_of(alloc_id, session) {
+    let (regions, _) = match pool.owners().regions_of(alloc_id, session) {
         Ok(r) => r,
         Err(e) => return Outcome::error(Status::NotFound, e.to_string()),
     };
     match set_lock(topology, regions.clone(), lock, chunk).await {
         Ok((bytes, micros)) => {
-            if let Err((lost, recorded)) = pool.set_locked(alloc_id, session, lock) {
+            if let Err((lost, recorded)) = pool.owners().set_locked(alloc_id, session, lock) {
                 let recorded = recorded.unwrap_or(false);
                 if recorded != lock {
                     if let Err(o) = set_lock(topology, regions, recorded, 0).await {

@@ -83,7 +83,7 @@
 //! [`alloc`]: crate::daemon::alloc
 //! [`pool`]: crate::daemon::pool
 //! [`scrub`]: crate::daemon::scrub
-//! [`holders`]: crate::daemon::quarantine::holders
+//! [`holders`]: crate::daemon::holders
 //! [`reuse`]: crate::daemon::quarantine::reuse
 //! [`quarantine`]: crate::daemon::quarantine
 //! [`start`]: mod@crate::daemon::start
@@ -109,10 +109,13 @@ pub mod config;
 mod error;
 pub mod exporter;
 pub mod fdstore;
+pub mod guest_check;
 pub mod hand_out;
 mod handle;
 pub mod handoff;
+pub mod holders;
 mod hugetlbfs;
+pub mod ids;
 pub mod latency;
 pub mod lazy_allocs;
 pub mod lifecycle;
@@ -123,6 +126,7 @@ mod orphans;
 pub mod outcome;
 pub mod peer;
 pub mod peer_log;
+pub mod persist;
 pub mod pool;
 pub mod quarantine;
 pub mod reattach;

@@ -12,13 +12,13 @@ use super::session::{settle_released, Rooms};
 /// VMM re-attached within `wait` (`limits.reattach_timeout_secs`): into
 /// quarantine, where they stay until their VMM lets go.
 pub(super) async fn orphans_loop(rooms: Arc<Rooms>, wait: Duration) {
-    if rooms.pool.orphans() == 0 {
+    if rooms.pool.records().orphans() == 0 {
         return;
     }
     rooms
         .lifecycle
         .after(wait, async {
-            let released = rooms.pool.release_orphans();
+            let released = rooms.pool.records().release_orphans();
             if !released.is_empty() {
                 warn!(
                     allocations = released.len(),

@@ -5,7 +5,7 @@
 //! handed out; what it hands out is an orphan, re-attached.
 //!
 //! The move is one step under the pool's lock
-//! ([`crate::daemon::pool::Pool::reattach`]); the VMM kept its fds and
+//! ([`crate::daemon::pool::Owners::reattach`]); the VMM kept its fds and
 //! mappings, so the reply ([`crate::daemon::hand_out`], REATTACH's body) is
 //! the region table only, as the daemon has it now.
 
@@ -27,7 +27,7 @@ use crate::proto::Status;
 ///
 /// # Errors
 ///
-/// The refusal, one text for every reason (see [`Pool::reattach`]).
+/// The refusal, one text for every reason (see [`Owners::reattach`](super::pool::Owners::reattach)).
 pub fn serve(
     pool: &Pool,
     session: SessionId,
@@ -35,8 +35,8 @@ pub fn serve(
     alloc_id: AllocId,
     token: &AllocToken,
 ) -> Result<Served, OwnershipError> {
-    let (regions, locked) = pool.reattach(alloc_id, token, session, uid)?;
-    let lazy_fallback = pool.lazy_fallback(alloc_id);
+    let (regions, locked) = pool.owners().reattach(alloc_id, token, session, uid)?;
+    let lazy_fallback = pool.owners().lazy_fallback(alloc_id);
     // REATTACH's hand-out opens nothing (the VMM kept its fds): it
     // cannot fail, and should it all the same, the VMM hears why.
     let hand_out = match HandOut::open(Delivery::Reattach, rows_now(&regions, locked)) {

@@ -3,7 +3,7 @@
 //!
 //! Two threads per node (`hm-refault-nN-I`, started with the scrubbers),
 //! each waiting for a region of its node with holes to fault in that the
-//! other does not work on ([`Pool::next_fill`]: a region handed out
+//! other does not work on ([`Scrubbing::next_fill`](super::pool::Scrubbing::next_fill): a region handed out
 //! first, then the pooled one released longest ago; two at once, so that a
 //! pooled region is not left waiting behind a region of fewer chunks than
 //! helpers, such as one 1 GiB page; never both on one region, whose one set
@@ -11,7 +11,7 @@
 //! forks `scrub.refault_threads` fault helpers over it
 //! ([`crate::fault_helpers`]: own address space, the node's CPUs,
 //! `SCHED_IDLE`), and keeps two chunks per helper in flight, claimed lowest
-//! offset first ([`Pool::claim_fill`]), so the pages fill in the order a
+//! offset first ([`Scrubbing::claim_fill`](super::pool::Scrubbing::claim_fill)), so the pages fill in the order a
 //! guest touches its memory: the lowest guest address, where a VMM loads
 //! the kernel, first. The region becomes fill work when it leaves
 //! quarantine, which the VMM's exit wakes (a pidfd), so the refault starts
@@ -19,7 +19,7 @@
 //! the helpers' answers or the stop event.
 //!
 //! At a stop (takeover, shutdown) the helpers are killed; the chunks they
-//! had not answered go back to their fill ([`Pool::fill_abandoned`]).
+//! had not answered go back to their fill ([`Scrubbing::fill_abandoned`](super::pool::Scrubbing::fill_abandoned)).
 //! Helpers that die or cannot start give the rest of that fill up: its
 //! holes fault at the guest's first touch, zeroed by the kernel then.
 
@@ -30,7 +30,7 @@ use numa::NodeId;
 use tracing::{debug, warn};
 
 use super::metrics::{Metrics, ScrubCounters};
-use super::pool::{FillTicket, FillWork, Pool};
+use super::pool::{FillError, FillTicket, FillWork, Pool};
 use crate::fault_helpers::{FaultHelpers, Faulted, Next, Ready};
 
 /// What one node's refault thread works with.
@@ -48,10 +48,10 @@ pub struct RefaultNode {
 
 /// Runs until the pool stops or `stop` is signalled.
 pub fn refault_loop(pool: &Pool, at: &RefaultNode, stop: &EventFd, counters: &ScrubCounters) {
-    while let Some(first) = pool.next_fill(at.node, at.chunk) {
+    while let Some(first) = pool.scrubbing().next_fill(at.node, at.chunk) {
         let taken = first.ticket();
         let go_on = refault_region(pool, at, first, stop, counters);
-        pool.fill_left(&taken);
+        pool.scrubbing().fill_left(&taken);
         if !go_on {
             break;
         }
@@ -85,26 +85,28 @@ fn refault_region(
     let helpers = match spawned {
         Ok(h) => h,
         Err(e) => {
-            pool.fill_done(&first, Err(format!("cannot start fault helpers: {e}")));
+            pool.scrubbing()
+                .fill_done(&first, Err(FillError::HelpersStart(e)));
             return true;
         }
     };
     match helpers.wait_ready(stop.as_fd()) {
         Ok(Ready::Ready) => {}
         Ok(Ready::Stopped) => {
-            pool.fill_abandoned(&first);
+            pool.scrubbing().fill_abandoned(&first);
             return false;
         }
         Ok(Ready::Failed(e)) | Err(e) => {
-            pool.fill_done(&first, Err(format!("cannot start fault helpers: {e}")));
+            pool.scrubbing()
+                .fill_done(&first, Err(FillError::HelpersStart(e)));
             return true;
         }
     }
     // Ready means mapped: from here on any holder scan of the region sees
     // the helpers. A release before that (its scan may have missed them
     // between fork and mmap) must not meet a fault: nothing is sent.
-    if pool.is_released(id) {
-        pool.fill_abandoned(&first);
+    if pool.scrubbing().is_released(id) {
+        pool.scrubbing().fill_abandoned(&first);
         return true;
     }
     debug!(
@@ -117,14 +119,16 @@ fn refault_region(
     let depth = 2 * helpers.pids().len();
     loop {
         while in_flight.len() < depth {
-            let Some(work) = next
-                .take()
-                .or_else(|| pool.claim_fill(id, at.chunk).map(|w| w.ticket()))
-            else {
+            let Some(work) = next.take().or_else(|| {
+                pool.scrubbing()
+                    .claim_fill(id, at.chunk)
+                    .map(|w| w.ticket())
+            }) else {
                 break;
             };
             if let Err(e) = helpers.send(work.offset, work.len) {
-                pool.fill_done(&work, Err(format!("the fault helpers are gone: {e}")));
+                pool.scrubbing()
+                    .fill_done(&work, Err(FillError::HelpersGone(e)));
                 give_up(pool, &mut in_flight);
                 return true;
             }
@@ -140,7 +144,7 @@ fn refault_region(
                 abandon(pool, &mut in_flight);
                 return false;
             }
-            Ok(Next::Gone) | Err(_) if pool.is_released(id) => {
+            Ok(Next::Gone) | Err(_) if pool.scrubbing().is_released(id) => {
                 // The quarantine stopped them: the region was released, and
                 // its detach starts a new fill.
                 abandon(pool, &mut in_flight);
@@ -166,13 +170,10 @@ fn record(pool: &Pool, counters: &ScrubCounters, in_flight: &mut Vec<FillTicket>
         return;
     };
     let work = in_flight.swap_remove(i);
-    let result = f.result.map_err(|errno| {
-        format!(
-            "bytes {}..{} cannot be populated: {}",
-            work.offset,
-            work.offset + work.len,
-            std::io::Error::from_raw_os_error(errno)
-        )
+    let result = f.result.map_err(|errno| FillError::Populate {
+        start: work.offset,
+        end: work.offset + work.len,
+        source: std::io::Error::from_raw_os_error(errno),
     });
     if result.is_ok() {
         Metrics::add(&counters.refault_bytes, work.len);
@@ -181,21 +182,19 @@ fn record(pool: &Pool, counters: &ScrubCounters, in_flight: &mut Vec<FillTicket>
             u64::try_from(f.spent.as_nanos()).unwrap_or(u64::MAX),
         );
     }
-    pool.fill_done(&work, result);
+    pool.scrubbing().fill_done(&work, result);
 }
 
 /// The helpers died with `in_flight` unanswered: this fill gives up.
 fn give_up(pool: &Pool, in_flight: &mut Vec<FillTicket>) {
     for work in in_flight.drain(..) {
-        pool.fill_done(
-            &work,
-            Err("the fault helpers exited before they answered".into()),
-        );
+        pool.scrubbing()
+            .fill_done(&work, Err(FillError::HelpersExited));
     }
 }
 
 fn abandon(pool: &Pool, in_flight: &mut Vec<FillTicket>) {
     for work in in_flight.drain(..) {
-        pool.fill_abandoned(&work);
+        pool.scrubbing().fill_abandoned(&work);
     }
 }

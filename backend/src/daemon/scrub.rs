@@ -10,7 +10,7 @@
 //!   plane. A pinned pool per node is what QEMU's thread-context and
 //!   cloud-hypervisor PR 8785 found to matter for prefault throughput.
 //! * **Claim through page states.** A scrubber claims pages `Dirty →
-//!   Clearing` ([`guest_mem::PageStates`]) in [`super::pool::Pool::next_scrub`]
+//!   Clearing` ([`guest_mem::PageStates`]) in [`super::pool::Scrubbing::next_scrub`]
 //!   under the pool lock, so it never starts pages of a region that is not
 //!   `Dirty` (quarantined or reserved by an ALLOC), and an ALLOC that clears a
 //!   dirty region itself ([`guest_mem::Region::prepare_eager`]) skips the pages
@@ -41,7 +41,7 @@ use nix::sys::eventfd::EventFd;
 
 use super::config::ScrubConfig;
 use super::metrics::{Metrics, ScrubCounters};
-use super::pool::{FillWork, Pool, ScrubWork, Scrubbed, Work};
+use super::pool::{FillError, FillWork, Pool, ScrubWork, Scrubbed, Work};
 use super::refaulter::{refault_loop, RefaultNode};
 
 /// Regions each node's refault works on at once, one thread and one set
@@ -173,7 +173,7 @@ impl Scrubbers {
     pub fn restart(&mut self, topology: &Topology, pool: &Arc<Pool>) -> std::io::Result<()> {
         self.stop.store(false, Ordering::Relaxed);
         self.stop_event = Arc::new(EventFd::new().map_err(std::io::Error::from)?);
-        pool.resume();
+        pool.records().resume();
         self.spawn_all(topology, pool)
     }
 
@@ -213,7 +213,7 @@ fn scrub_loop(
     let kernel = ClearKernel::default_kernel();
     let mut hint = index.wrapping_mul(7919);
     while !stop.load(Ordering::Relaxed) {
-        let work = match pool.next_scrub(node, batch, hint, fills) {
+        let work = match pool.scrubbing().next_scrub(node, batch, hint, fills) {
             None => break,
             Some(Work::Fill(fill)) => {
                 refault(pool, &fill, counters);
@@ -228,7 +228,9 @@ fn scrub_loop(
             Err(reason) => {
                 // The tenant damaged the file (truncated it, punched a hole
                 // the host cannot fill): never touch it, give it back.
-                let dropped = pool.scrub_done(&work, Scrubbed::Damaged(reason));
+                let dropped = pool
+                    .scrubbing()
+                    .scrub_done(&work, Scrubbed::Damaged(reason.to_string()));
                 drop(work);
                 drop(dropped);
                 continue;
@@ -247,7 +249,7 @@ fn scrub_loop(
         } else {
             Scrubbed::Stopped
         };
-        drop(pool.scrub_done(&work, outcome));
+        drop(pool.scrubbing().scrub_done(&work, outcome));
     }
 }
 
@@ -258,14 +260,31 @@ fn refault(pool: &Pool, work: &FillWork, counters: &ScrubCounters) {
     let started = Instant::now();
     // Offsets are inside the region, whose length fits usize (checked at creation).
     let (off, n) = (work.offset as usize, work.len as usize);
-    let result = crate::sys::populate_write(work.region.as_ptr().wrapping_add(off), n)
-        .map_err(|e| format!("bytes {off}..{} cannot be populated: {e}", off + n));
+    let result =
+        crate::sys::populate_write(work.region.as_ptr().wrapping_add(off), n).map_err(|source| {
+            FillError::Populate {
+                start: work.offset,
+                end: work.offset + work.len,
+                source,
+            }
+        });
     if result.is_ok() {
         let nanos = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
         Metrics::add(&counters.refault_bytes, work.len);
         Metrics::add(&counters.refault_nanos, nanos);
     }
-    pool.fill_done(&work.ticket(), result);
+    pool.scrubbing().fill_done(&work.ticket(), result);
+}
+/// A scrub batch its tenant damaged: a page of it cannot be faulted in (a
+/// truncation, a hole the host cannot fill). The region goes back to the
+/// kernel, never scrubbed.
+#[derive(Debug, thiserror::Error)]
+#[error("bytes {start}..{end} cannot be populated: {source}")]
+struct ScrubDamage {
+    start: usize,
+    end: usize,
+    #[source]
+    source: std::io::Error,
 }
 
 /// Clears the claimed pages in runs of at most `batch` bytes; `Ok(false)`
@@ -278,7 +297,7 @@ fn clear(
     kernel: ClearKernel,
     batch: u64,
     stop: &AtomicBool,
-) -> Result<bool, String> {
+) -> Result<bool, ScrubDamage> {
     let (start, _) = work.region.page_range(work.first);
     let (last_off, last_len) = work.region.page_range(work.first + work.count - 1);
     let end = last_off + last_len;
@@ -294,7 +313,11 @@ fn clear(
         // inside the region's own mapping.
         let ptr = unsafe { work.region.as_ptr().add(off) };
         if let Err(e) = crate::sys::populate_write(ptr, n) {
-            return Err(format!("bytes {off}..{} cannot be populated: {e}", off + n));
+            return Err(ScrubDamage {
+                start: off,
+                end: off + n,
+                source: e,
+            });
         }
         // SAFETY: off..off+n lies inside the region's own live mapping (the
         // Arc in `work` keeps it mapped; page_range clips to the length),

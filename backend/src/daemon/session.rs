@@ -162,7 +162,12 @@ impl Session {
         let pool = Arc::clone(&self.rooms.pool);
         let failed = self.lazy.resume(
             suspended,
-            |infos| infos.iter().map(|i| pool.region(i.region_id)).collect(),
+            |infos| {
+                infos
+                    .iter()
+                    .map(|i| pool.owners().region(i.region_id))
+                    .collect()
+            },
             self.peer.pid,
             &cfg,
         );
@@ -204,7 +209,7 @@ impl Session {
     /// True while the session holds an allocation (then it is never timed
     /// out for being idle: closing it would free its guest RAM).
     pub fn holds_memory(&self) -> bool {
-        self.rooms.pool.allocations_of(self.id) > 0
+        self.rooms.pool.owners().allocations_of(self.id) > 0
     }
 
     /// The features negotiated at HANDSHAKE.
@@ -282,9 +287,10 @@ impl Session {
         let gate = self
             .rooms
             .pool
+            .placement()
             .in_use(req.region_id)
             .filter(|r| r.session == self.id)
-            .and_then(|r| self.rooms.pool.change_gate(r.alloc, self.id).ok());
+            .and_then(|r| self.rooms.pool.owners().change_gate(r.alloc, self.id).ok());
         let _held = match gate {
             Some(g) => Some(g.lock_owned().await),
             None => None,
@@ -367,16 +373,20 @@ impl Session {
     /// the predecessor that comes after it finds the allocation gone.
     async fn handoff(&mut self, req: super::handoff::HandoffRequest) -> Outcome {
         let pool = &self.rooms.pool;
-        let served = match pool.hand_off_gate(req.alloc_id, &req.token, self.id, self.peer.uid) {
-            Ok((gate, predecessor)) => {
-                if let Some(p) = predecessor {
-                    self.rooms.rebalance.cancel_client_moves(req.alloc_id, p);
+        let served =
+            match pool
+                .owners()
+                .hand_off_gate(req.alloc_id, &req.token, self.id, self.peer.uid)
+            {
+                Ok((gate, predecessor)) => {
+                    if let Some(p) = predecessor {
+                        self.rooms.rebalance.cancel_client_moves(req.alloc_id, p);
+                    }
+                    let _held = gate.lock_owned().await;
+                    super::handoff::serve(pool, self.id, self.peer.uid, req)
                 }
-                let _held = gate.lock_owned().await;
-                super::handoff::serve(pool, self.id, self.peer.uid, req)
-            }
-            Err(e) => Err(e),
-        };
+                Err(e) => Err(e),
+            };
         match served {
             Ok((out, _predecessor)) => {
                 self.rooms.rebalance.alloc_handed_off(req.alloc_id, self.id);
@@ -443,12 +453,12 @@ impl Session {
         ranges: &[crate::proto::UffdRange],
         fds: Vec<std::os::fd::OwnedFd>,
     ) -> Outcome {
-        let gate = match self.rooms.pool.change_gate(alloc_id, self.id) {
+        let gate = match self.rooms.pool.owners().change_gate(alloc_id, self.id) {
             Ok(g) => g,
             Err(e) => return Outcome::error(Status::NotFound, e.to_string()),
         };
         let _held = gate.lock_owned().await;
-        if let Err(e) = self.rooms.pool.regions_of(alloc_id, self.id) {
+        if let Err(e) = self.rooms.pool.owners().regions_of(alloc_id, self.id) {
             return Outcome::error(Status::NotFound, e.to_string());
         }
         // Served by the VMM's fallback since a restart: the VMM hands the
@@ -456,7 +466,7 @@ impl Session {
         // service resumes without scrubbers ahead of the guest: it clears
         // a page only when it faults (a MINOR fault proves the guest has no
         // mapping of it), never one the guest may hold.
-        let resumed = self.rooms.pool.lazy_fallback(alloc_id);
+        let resumed = self.rooms.pool.owners().lazy_fallback(alloc_id);
         let cfg = crate::fault::FaultServiceConfig {
             topology: Some(Arc::clone(&self.rooms.topology)),
             totals: Some(Arc::clone(&self.rooms.fault_totals)),
@@ -470,7 +480,7 @@ impl Session {
         match self.lazy.attach(alloc_id, ranges, fds, self.peer.pid, cfg) {
             Ok(()) => {
                 if resumed {
-                    self.rooms.pool.set_lazy_fallback(alloc_id, false);
+                    self.rooms.pool.owners().set_lazy_fallback(alloc_id, false);
                     info!(
                         session = self.id,
                         alloc = alloc_id,
@@ -546,7 +556,7 @@ impl Session {
         // A tenant that is not an operator sees aggregates and its own
         // regions only (`super::stats::tenant_view`).
         if !self.rooms.rebalance.operators().contains(&self.peer.uid) && self.peer.uid != 0 {
-            let own = self.rooms.pool.region_ids_of(self.id);
+            let own = self.rooms.pool.owners().region_ids_of(self.id);
             stats = super::stats::tenant_view(stats, &own);
         }
         super::stats::reply(stats)

@@ -286,7 +286,7 @@ mod tests {
     }
 
     impl PageOps for Ops<'_> {
-        type Error = String;
+        type Error = guest_mem::StateError;
 
         fn clear(&self, _fault_offset: Option<usize>) {
             let sh = &self.model.pages[self.page];
@@ -309,16 +309,12 @@ mod tests {
             sh.content.store(ZERO, Ordering::Release);
         }
 
-        fn install(&self, kind: FaultKind) -> Result<(), String> {
+        fn install(&self, kind: FaultKind) -> Result<(), Self::Error> {
             let sh = &self.model.pages[self.page];
             let _guest = sh.guest.lock().expect("lock");
             // Installed only from Mapped: anything else gives a guest a page
             // that was not cleared in this epoch.
-            let state = self
-                .model
-                .states
-                .get(self.page)
-                .map_err(|e| e.to_string())?;
+            let state = self.model.states.get(self.page)?;
             assert_eq!(
                 state,
                 PageState::Mapped,

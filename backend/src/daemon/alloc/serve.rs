@@ -128,7 +128,7 @@ fn commit_and_hand_out(
             room.pool.put_back(&ids);
             Metrics::add(&room.metrics.allocs_failed, 1);
             error!(session = requester.session, reason = %msg, "clean-before-map invariant refused an ALLOC");
-            return Outcome::error(Status::Internal, msg).into();
+            return Outcome::error(Status::Internal, msg.to_string()).into();
         }
     };
     count_holes(room, taken);
@@ -156,7 +156,7 @@ fn commit_and_hand_out(
     }
     // Only to a requester that negotiated it: the others see the old bytes.
     let token = if requester.reattach {
-        room.pool.token_of(alloc_id)
+        room.pool.owners().token_of(alloc_id)
     } else {
         None
     };

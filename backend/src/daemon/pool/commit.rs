@@ -9,9 +9,9 @@ use std::time::Instant;
 
 use tracing::warn;
 
-use super::ids::{AllocId, RegionId, SessionId};
 use super::table::{Allocation, ChangeGate, EntryState, Inner, Pool};
 use super::token::{new_token, AllocToken};
+use crate::daemon::ids::{AllocId, RegionId, SessionId};
 
 /// How an allocation is committed (see [`Pool::commit`]).
 #[derive(Debug, Clone, Copy)]
@@ -22,6 +22,38 @@ struct Owner {
 }
 
 // Called by the ALLOC path (`crate::daemon::session`, `crate::daemon::alloc`).
+/// Why a commit refused the regions an ALLOC took (the invariant: no VM
+/// receives a page that is not clean in eager mode).
+#[derive(Debug, thiserror::Error)]
+pub enum CommitError {
+    /// No re-attach token could be made.
+    #[error(transparent)]
+    Token(#[from] super::token::TokenError),
+    /// A region the ALLOC took is no longer in the table.
+    #[error("region {0} vanished from the pool")]
+    Vanished(RegionId),
+    /// A lazy region not reserved by the ALLOC.
+    #[error("region {region} cannot be handed out lazily (entry {entry})")]
+    NotReserved {
+        /// The region.
+        region: RegionId,
+        /// Its entry's state.
+        entry: String,
+    },
+    /// An eager region with pages not clean.
+    #[error("region {region} is not clean ({clean} of {pages} pages clean, entry {entry}); refusing to hand it out")]
+    NotClean {
+        /// The region.
+        region: RegionId,
+        /// Its clean pages.
+        clean: usize,
+        /// Its pages.
+        pages: usize,
+        /// Its entry's state.
+        entry: String,
+    },
+}
+
 impl Pool {
     /// Hands the `Reserved` regions `ids` of an ALLOC to `session`: records
     /// the allocation and returns its id. On error nothing changed.
@@ -44,32 +76,29 @@ impl Pool {
         ids: &[RegionId],
         lazy: bool,
         locked: bool,
-    ) -> Result<AllocId, String> {
+    ) -> Result<AllocId, CommitError> {
         // Before the lock: a syscall.
         let token = new_token()?;
         let mut g = self.lock();
         for id in ids {
-            let e = g
-                .entries
-                .get(id)
-                .ok_or_else(|| format!("region {id} vanished from the pool"))?;
+            let e = g.entries.get(id).ok_or(CommitError::Vanished(*id))?;
             if lazy {
                 if e.state != EntryState::Reserved {
-                    return Err(format!(
-                        "region {id} cannot be handed out lazily (entry {:?})",
-                        e.state
-                    ));
+                    return Err(CommitError::NotReserved {
+                        region: *id,
+                        entry: format!("{:?}", e.state),
+                    });
                 }
                 continue;
             }
             let counts = e.region.states().counts();
             if e.state != EntryState::Reserved || counts.clean != e.region.states().len() {
-                return Err(format!(
-                    "region {id} is not clean ({} of {} pages clean, entry {:?}); refusing to hand it out",
-                    counts.clean,
-                    e.region.states().len(),
-                    e.state
-                ));
+                return Err(CommitError::NotClean {
+                    region: *id,
+                    clean: counts.clean,
+                    pages: e.region.states().len(),
+                    entry: format!("{:?}", e.state),
+                });
             }
         }
         // Eager: every page is Clean (checked above under the lock every

@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use hugemem_client::stats::GivenBack as StatsEntry;
 
-use super::ids::{PoolKey, RegionId};
+use crate::daemon::ids::{PoolKey, RegionId};
 
 /// How many are kept.
 const KEEP: usize = 32;

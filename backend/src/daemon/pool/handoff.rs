@@ -9,10 +9,10 @@ use std::sync::Arc;
 
 use guest_mem::Region;
 
-use super::ids::{AllocId, RegionId, SessionId};
-use super::owners::OwnershipError;
-use super::table::{Allocation, ChangeGate, Inner, Pool};
+use super::owners::{Owners, OwnershipError};
+use super::table::{Allocation, ChangeGate, Inner};
 use super::token::{new_token, same_token, AllocToken};
+use crate::daemon::ids::{AllocId, RegionId, SessionId};
 
 /// Why a HANDOFF was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -48,7 +48,7 @@ pub enum HandoffError {
     Internal(String),
 }
 
-/// What a successful [`Pool::hand_off`] gives the successor.
+/// What a successful [`Owners::hand_off`] gives the successor.
 #[derive(Debug)]
 pub struct HandedOff {
     /// The connection that owned it before (`None`: it was orphaned).
@@ -83,17 +83,17 @@ fn check<'a>(
     Ok(a)
 }
 
-impl Pool {
+impl Owners<'_> {
     /// The change gate of `alloc` (see [`ChangeGate`]) and the connection
     /// that owns it now, for a HANDOFF that passed `check`. The successor
     /// waits on the gate for a change its predecessor began (a LOCK's
-    /// mlock) and then calls [`Pool::hand_off`], which checks everything
+    /// mlock) and then calls [`Owners::hand_off`], which checks everything
     /// again. A refusal answers at once: only the holder of the right token
     /// ever waits.
     ///
     /// # Errors
     ///
-    /// [`HandoffError`], as [`Pool::hand_off`] would refuse.
+    /// [`HandoffError`], as [`Owners::hand_off`] would refuse.
     pub fn hand_off_gate(
         &self,
         alloc: AllocId,
@@ -101,7 +101,7 @@ impl Pool {
         session: SessionId,
         uid: u32,
     ) -> Result<(ChangeGate, Option<SessionId>), HandoffError> {
-        let g = self.lock();
+        let g = self.pool.lock();
         let a = check(&g, alloc, token, session, uid)?;
         Ok((Arc::clone(&a.gate), a.session))
     }
@@ -113,7 +113,7 @@ impl Pool {
     /// it is locked, once every check passed and before anything changes
     /// (the daemon hands the allocation out there: the successor's fds are
     /// opened): when it fails, the allocation stays where it was. The caller holds the
-    /// allocation's change gate ([`Pool::hand_off_gate`]).
+    /// allocation's change gate ([`Owners::hand_off_gate`]).
     ///
     /// # Errors
     ///
@@ -127,8 +127,8 @@ impl Pool {
         uid: u32,
         prepare: impl FnOnce(&[(RegionId, Arc<Region>)], bool) -> Result<T, HandoffError>,
     ) -> Result<(HandedOff, T), HandoffError> {
-        let fresh = new_token().map_err(HandoffError::Internal)?;
-        let mut g = self.lock();
+        let fresh = new_token().map_err(|e| HandoffError::Internal(e.to_string()))?;
+        let mut g = self.pool.lock();
         let a = check(&g, alloc, token, session, uid)?;
         let regions: Vec<(RegionId, Arc<Region>)> = a
             .regions

@@ -10,10 +10,10 @@ use guest_mem::{PageSize, Region};
 use numa::NodeId;
 use tracing::info;
 
-use super::ids::{PoolKey, RegionId};
 use super::table::{pooled_bytes_of, Entry, EntryState, Pool};
+use crate::daemon::holders::{Hold, Holder};
+use crate::daemon::ids::{PoolKey, RegionId};
 use crate::daemon::metrics::Metrics;
-use crate::daemon::quarantine::holders::{Hold, Holder};
 
 /// Why a pooled region cannot be handed out or given back right now.
 #[derive(Debug, Clone, PartialEq, Eq)]

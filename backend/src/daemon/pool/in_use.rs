@@ -5,8 +5,8 @@ use std::sync::Arc;
 use guest_mem::Region;
 use numa::NodeId;
 
-use super::ids::{AllocId, RegionId, SessionId};
 use super::table::{Entry, EntryState, Inner, Pool};
+use crate::daemon::ids::{AllocId, RegionId, SessionId};
 
 /// An in-use region, as REBALANCE, the placement report and the policy see it.
 #[derive(Debug, Clone)]
@@ -43,25 +43,42 @@ impl Pool {
             split: e.split,
         })
     }
+}
 
+/// REBALANCE's view of the regions in use and their placement marks.
+/// Borrowed from [`Pool::placement`]; each method takes the pool's one lock
+/// for its step.
+#[derive(Debug, Clone, Copy)]
+pub struct Placement<'a> {
+    pub(super) pool: &'a Pool,
+}
+
+impl Pool {
+    /// REBALANCE's view of the regions in use.
+    pub fn placement(&self) -> Placement<'_> {
+        Placement { pool: self }
+    }
+}
+
+impl Placement<'_> {
     /// True while region `id` is the daemon's (in any state).
     pub fn contains(&self, id: RegionId) -> bool {
-        self.lock().entries.contains_key(&id)
+        self.pool.lock().entries.contains_key(&id)
     }
 
     /// Region `id` if it is in use by a client.
     pub fn in_use(&self, id: RegionId) -> Option<InUseRegion> {
-        let g = self.lock();
+        let g = self.pool.lock();
         let e = g.entries.get(&id)?;
-        Self::in_use_entry(&g, id, e)
+        Pool::in_use_entry(&g, id, e)
     }
 
     /// Every region in use by a client.
     pub fn in_use_regions(&self) -> Vec<InUseRegion> {
-        let g = self.lock();
+        let g = self.pool.lock();
         g.entries
             .iter()
-            .filter_map(|(id, e)| Self::in_use_entry(&g, *id, e))
+            .filter_map(|(id, e)| Pool::in_use_entry(&g, *id, e))
             .collect()
     }
 
@@ -71,7 +88,7 @@ impl Pool {
     /// release, so a released region was either marked first (and goes back
     /// to the kernel) or is refused here.
     pub fn mark_split(&self, id: RegionId, alloc: AllocId) -> bool {
-        match self.lock().entries.get_mut(&id) {
+        match self.pool.lock().entries.get_mut(&id) {
             Some(e) if e.state == EntryState::InUse(alloc) => {
                 e.split = true;
                 true
@@ -85,7 +102,7 @@ impl Pool {
     /// longer split. Returns false (nothing changed) when the region left
     /// that allocation.
     pub fn set_whole_node(&self, id: RegionId, alloc: AllocId, node: NodeId) -> bool {
-        let mut g = self.lock();
+        let mut g = self.pool.lock();
         match g.entries.get_mut(&id) {
             Some(e) if e.state == EntryState::InUse(alloc) => {
                 e.key.node = node;

@@ -6,31 +6,38 @@
 //! sizes, damaged files and limits are told in docs/architecture.md
 //! ("The pool's states and rules").
 //!
-//! Which file owns what (one `impl Pool` block per group of callers; the
-//! table in docs/architecture.md names each group's methods):
+//! [`Pool`] holds the one lock and coordinates; each responsibility that a
+//! group of callers uses is a type of its own, borrowed from the pool
+//! ([`Pool::owners`] → [`Owners`], [`Pool::records`] → [`Records`],
+//! [`Pool::scrubbing`] → [`Scrubbing`], [`Pool::placement`] →
+//! [`Placement`], [`Pool::quarantine`] → [`QuarantineBook`]). Each of their
+//! methods takes the pool's lock for its one step, as the pool's own
+//! (`take`, `commit`, `release`, …) do: one lock, one order. The table in
+//! docs/architecture.md names each group's methods. Which file owns what:
 //!
 //! | file | owns |
 //! |---|---|
 //! | `table.rs` | [`Pool`], its entries and allocations, the one lock, the change gate |
 //! | `take.rs`, `supply.rs`, `reserve.rs` | the ALLOC path's take: the one rule that picks an ALLOC's regions, each source, the moves to `Reserved` |
 //! | `commit.rs` | [`Pool::commit`] (the clean-before-map check), [`Pool::put_back`] |
-//! | `owners.rs` | a connection's allocations: ownership, LOCK, lazy fallback, tokens, [`Pool::reattach`], [`Pool::orphan`] |
-//! | `handoff.rs` | HANDOFF's move: [`Pool::hand_off_gate`], [`Pool::hand_off`] |
-//! | `release.rs`, `quarantine.rs` | FREE and disconnect, back to the kernel, the quarantine's verdicts, trim |
-//! | `scrubbing.rs`, `refault.rs` | the scrubbers' and the refault's work |
-//! | `in_use.rs` | REBALANCE's view of in-use regions and their placement marks |
-//! | `persist.rs` | the pool's part of the state document (takeover, fd store) |
+//! | `owners.rs` | [`Owners`]: a connection's allocations: ownership, LOCK, lazy fallback, tokens, [`Owners::reattach`], [`Owners::orphan`] |
+//! | `handoff.rs` | [`Owners`]' HANDOFF move: [`Owners::hand_off_gate`], [`Owners::hand_off`] |
+//! | `release.rs`, `quarantine.rs` | FREE and disconnect, back to the kernel, trim; [`QuarantineBook`]: the quarantine's [`Verdict`]s applied |
+//! | `scrubbing.rs`, `refault.rs` | [`Scrubbing`]: the scrubbers' and the refault's work |
+//! | `in_use.rs` | [`Placement`]: REBALANCE's view of in-use regions and their placement marks |
+//! | `persist.rs` | [`Records`]: the pool's part of the state document (takeover, fd store) |
 //! | `stats.rs`, `given_back.rs` | STATS: the pool's figures, the last regions given back and why |
 //! | `held.rs` | what the daemon holds outside any allocation, for the take's rule |
 //! | `files.rs` | operations on a released region's file under the pool's rules |
-//! | `ids.rs`, `token.rs` | region, allocation and connection ids; re-attach tokens |
+//! | `token.rs` | re-attach tokens (the ids are `crate::daemon::ids`, below every room) |
+//! | `gate.rs` | [`ReserveGate`]: the one gate of every hugetlb reservation and punch |
 
 mod commit;
 mod files;
+mod gate;
 mod given_back;
 mod handoff;
 mod held;
-mod ids;
 mod in_use;
 mod owners;
 mod persist;
@@ -45,22 +52,26 @@ mod table;
 mod take;
 mod token;
 
+pub use super::ids::{AllocId, PoolKey, RegionId, SessionId};
+pub use commit::CommitError;
+pub use gate::ReserveGate;
 pub use handoff::{HandedOff, HandoffError};
 pub use held::{Held, HeldRegion, Why};
-pub use ids::{AllocId, PoolKey, RegionId, SessionId};
-pub use in_use::InUseRegion;
-pub use owners::OwnershipError;
+pub use in_use::{InUseRegion, Placement};
+pub use owners::{Owners, OwnershipError};
 pub use persist::{
-    Adopted, AllocRecord, AllocSnapshot, Life, RegionRecord, RegionSnapshot, SavedLife, Snapshot,
+    AdoptError, Adopted, AllocRecord, AllocSnapshot, Life, Records, RegionRecord, RegionSnapshot,
+    SavedLife, Snapshot, SnapshotError,
 };
-pub use refault::{FillTicket, FillWork};
+pub use quarantine::{QuarantineBook, Verdict};
+pub use refault::{FillError, FillTicket, FillWork};
 pub use release::Released;
 pub use reserve::Taken;
-pub use scrubbing::{ScrubWork, Scrubbed, Work};
+pub use scrubbing::{ScrubWork, Scrubbed, Scrubbing, Work};
 pub use stats::PoolPart;
 pub use supply::{free_pages, Refusal};
 pub use table::{ChangeGate, Pool, Sources};
 pub use take::{shortage_note, Missing, Obtained, Part, Source};
-pub use token::{AllocToken, TOKEN_SIZE};
+pub use token::{AllocToken, TokenError, TOKEN_SIZE};
 // The table's private types, for `persist.rs` (`super::Entry` …).
 use table::{Allocation, Entry, EntryState};

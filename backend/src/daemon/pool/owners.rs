@@ -8,9 +8,9 @@
 //! client that negotiated `FEATURE_REATTACH` receives it in the ALLOC reply.
 //! After a restart the restore code puts allocations back **orphaned**
 //! (`session: None`): they belong to no connection until their VMM shows
-//! the token on a new one ([`Pool::reattach`]).
+//! the token on a new one ([`Owners::reattach`]).
 //!
-//! Every refusal of [`Pool::reattach`] is the same [`OwnershipError`] text
+//! Every refusal of [`Owners::reattach`] is the same [`OwnershipError`] text
 //! as an unknown id, so a tenant cannot learn whether another tenant's id
 //! exists, is live, or what its token is; the session rate-limits refusals.
 
@@ -18,9 +18,9 @@ use std::sync::Arc;
 
 use guest_mem::Region;
 
-use super::ids::{AllocId, RegionId, SessionId};
 use super::table::{ChangeGate, Pool};
 use super::token::{same_token, AllocToken};
+use crate::daemon::ids::{AllocId, RegionId, SessionId};
 
 /// Why an allocation id was refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -35,12 +35,29 @@ pub enum OwnershipError {
     NotYours(AllocId),
 }
 
-/// What [`Pool::reattach`] hands back: the allocation's regions in order
+/// What [`Owners::reattach`] hands back: the allocation's regions in order
 /// and whether it is locked.
 pub type Reattached = (Vec<(RegionId, Arc<Region>)>, bool);
 
-// Called by the session (`crate::daemon::session`), for its own allocations.
+/// Who owns which allocation: ownership checks, the lock state, the lazy
+/// fallback, tokens, REATTACH, orphaning, and HANDOFF's move
+/// (`handoff.rs`). Borrowed from [`Pool::owners`]; each method takes the
+/// pool's one lock for its step.
+#[derive(Debug, Clone, Copy)]
+pub struct Owners<'a> {
+    pub(super) pool: &'a Pool,
+}
+
 impl Pool {
+    /// Who owns which allocation, and the moves between owners (REATTACH,
+    /// orphaning, HANDOFF).
+    pub fn owners(&self) -> Owners<'_> {
+        Owners { pool: self }
+    }
+}
+
+// Called by the session (`crate::daemon::session`), for its own allocations.
+impl Owners<'_> {
     /// The regions of `alloc` if `session` owns it.
     ///
     /// # Errors
@@ -51,7 +68,7 @@ impl Pool {
         alloc: AllocId,
         session: SessionId,
     ) -> Result<(Vec<Arc<Region>>, bool), OwnershipError> {
-        let g = self.lock();
+        let g = self.pool.lock();
         let a = g.allocs.get(&alloc).ok_or(OwnershipError::Unknown(alloc))?;
         if a.session != Some(session) {
             return Err(OwnershipError::NotYours(alloc));
@@ -77,7 +94,7 @@ impl Pool {
         alloc: AllocId,
         session: SessionId,
     ) -> Result<ChangeGate, OwnershipError> {
-        let g = self.lock();
+        let g = self.pool.lock();
         let a = g.allocs.get(&alloc).ok_or(OwnershipError::Unknown(alloc))?;
         if a.session != Some(session) {
             return Err(OwnershipError::NotYours(alloc));
@@ -98,7 +115,7 @@ impl Pool {
         session: SessionId,
         locked: bool,
     ) -> Result<(), (OwnershipError, Option<bool>)> {
-        let mut g = self.lock();
+        let mut g = self.pool.lock();
         let Some(a) = g.allocs.get_mut(&alloc) else {
             return Err((OwnershipError::Unknown(alloc), None));
         };
@@ -111,12 +128,17 @@ impl Pool {
 
     /// Region `id`, in any state.
     pub fn region(&self, id: RegionId) -> Option<Arc<Region>> {
-        self.lock().entries.get(&id).map(|e| Arc::clone(&e.region))
+        self.pool
+            .lock()
+            .entries
+            .get(&id)
+            .map(|e| Arc::clone(&e.region))
     }
 
     /// The region ids of `session`'s live allocations.
     pub fn region_ids_of(&self, session: SessionId) -> Vec<RegionId> {
-        self.lock()
+        self.pool
+            .lock()
             .allocs
             .values()
             .filter(|a| a.session == Some(session))
@@ -126,7 +148,8 @@ impl Pool {
 
     /// Number of live allocations of `session`.
     pub fn allocations_of(&self, session: SessionId) -> usize {
-        self.lock()
+        self.pool
+            .lock()
             .allocs
             .values()
             .filter(|a| a.session == Some(session))
@@ -149,7 +172,7 @@ impl Pool {
         session: SessionId,
         uid: u32,
     ) -> Result<Reattached, OwnershipError> {
-        let mut g = self.lock();
+        let mut g = self.pool.lock();
         let refused = OwnershipError::Unknown(alloc);
         let a = g.allocs.get_mut(&alloc).ok_or(refused)?;
         // The token is compared whatever else fails, so a refusal takes
@@ -167,16 +190,16 @@ impl Pool {
         Ok((regions, locked))
     }
 
-    /// Orphans `alloc`: it belongs to no session until [`Pool::reattach`],
+    /// Orphans `alloc`: it belongs to no session until [`Owners::reattach`],
     /// and with `tenant` to that uid from now on. Its fault service, if it
     /// had one, is gone with its connection, so a lazy allocation is marked
-    /// served by the VMM's fallback ([`Pool::lazy_fallback`]). Returns false
+    /// served by the VMM's fallback ([`Owners::lazy_fallback`]). Returns false
     /// (nothing changed) for an unknown id.
     ///
     /// Tests orphan a live allocation to stand for a restart (the restore
     /// code imports allocations orphaned, `takeover.rs`).
     pub fn orphan(&self, alloc: AllocId, tenant: Option<u32>) -> bool {
-        match self.lock().allocs.get_mut(&alloc) {
+        match self.pool.lock().allocs.get_mut(&alloc) {
             Some(a) => {
                 a.session = None;
                 a.lazy_fallback |= a.lazy;
@@ -193,7 +216,7 @@ impl Pool {
     /// restore code, which does not resume fault services). Returns false
     /// for an unknown id.
     pub fn set_lazy_fallback(&self, alloc: AllocId, on: bool) -> bool {
-        match self.lock().allocs.get_mut(&alloc) {
+        match self.pool.lock().allocs.get_mut(&alloc) {
             Some(a) => {
                 a.lazy_fallback = on;
                 true
@@ -205,7 +228,8 @@ impl Pool {
     /// True when `alloc` exists and its lazy regions are served by the VMM's
     /// fallback since the daemon restarted (UFFD on it is refused).
     pub fn lazy_fallback(&self, alloc: AllocId) -> bool {
-        self.lock()
+        self.pool
+            .lock()
             .allocs
             .get(&alloc)
             .is_some_and(|a| a.lazy_fallback)
@@ -213,6 +237,6 @@ impl Pool {
 
     /// The token of `alloc` (for the restore code's saved state).
     pub fn token_of(&self, alloc: AllocId) -> Option<AllocToken> {
-        self.lock().allocs.get(&alloc).map(|a| a.token)
+        self.pool.lock().allocs.get(&alloc).map(|a| a.token)
     }
 }

@@ -17,9 +17,10 @@ use tracing::warn;
 use super::{
     AllocId, Allocation, ChangeGate, Entry, EntryState, Pool, PoolKey, RegionId, SessionId,
 };
+use crate::daemon::holders::Owned;
 use crate::daemon::metrics::Metrics;
-use crate::daemon::quarantine::holders::Owned;
-use crate::daemon::takeover::encoding::{decode_pages, encode_pages, hex, unhex};
+use crate::daemon::persist::encoding::{decode_pages, encode_pages, hex, unhex};
+use crate::daemon::persist::DecodeError;
 
 /// Where an exported region is in its life.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -108,39 +109,39 @@ pub struct Adopted {
     pub fill: bool,
 }
 
+/// Why the pool's table cannot be snapshot for a takeover now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum SnapshotError {
+    /// An ALLOC (or a refill) still owns the region: the takeover must wait
+    /// or be given up.
+    #[error("region {0} is reserved by an ALLOC in progress")]
+    Reserved(RegionId),
+}
+
+/// Why a region record is not adopted (the region then goes back to the
+/// kernel).
+#[derive(Debug, thiserror::Error)]
+pub enum AdoptError {
+    /// In use, by no allocation.
+    #[error("in use by no allocation")]
+    NoAllocation,
+    /// A page size this host does not have.
+    #[error("page size {0}")]
+    PageSize(u64),
+    /// Its page states do not decode.
+    #[error(transparent)]
+    Pages(#[from] DecodeError),
+    /// Bound to a node this host does not have.
+    #[error("node {0} is not on this host")]
+    Node(u32),
+    /// The file is not what the record says.
+    #[error(transparent)]
+    Region(#[from] guest_mem::AdoptError),
+}
+
 impl Pool {
-    /// A snapshot of every region and allocation. For a takeover the
-    /// caller has stopped everything that changes the table (handlers
-    /// parked, scrubbers joined, background loops paused) and keeps it so
-    /// until the successor answers. `keep` marks every region's file as
-    /// kept, so that this process's exit does not unlink the hugetlbfs
-    /// files it passes on ([`Pool::unkeep`] undoes it when the takeover
-    /// fails).
-    ///
-    /// # Errors
-    ///
-    /// A region is `Reserved` (an ALLOC or refill still runs): the
-    /// takeover must wait or be given up.
-    pub fn snapshot(&self, keep: bool) -> Result<Snapshot, String> {
-        let out = self.take_snapshot(false)?;
-        if keep {
-            for r in &out.regions {
-                r.region.keep_file();
-            }
-        }
-        Ok(out)
-    }
-
-    /// [`Pool::snapshot`] while the daemon serves (systemd's fd store):
-    /// regions an ALLOC holds in the middle of its work are left out (the
-    /// next snapshot has them), nothing is marked kept.
-    pub fn snapshot_partial(&self) -> Snapshot {
-        // Never an error when reserved regions are skipped.
-        self.take_snapshot(true).unwrap_or_default()
-    }
-
     /// The table as it is; a `Reserved` region is an error, or skipped.
-    fn take_snapshot(&self, skip_reserved: bool) -> Result<Snapshot, String> {
+    fn take_snapshot(&self, skip_reserved: bool) -> Result<Snapshot, SnapshotError> {
         let g = self.lock();
         let mut out = Snapshot {
             next_region: self.next_region.load(Ordering::Relaxed),
@@ -150,9 +151,7 @@ impl Pool {
         for (id, e) in &g.entries {
             let life = match e.state {
                 EntryState::Reserved if skip_reserved => continue,
-                EntryState::Reserved => {
-                    return Err(format!("region {id} is reserved by an ALLOC in progress"))
-                }
+                EntryState::Reserved => return Err(SnapshotError::Reserved(*id)),
                 EntryState::InUse(a) => Life::InUse(a),
                 EntryState::Quarantined => Life::Quarantined,
                 EntryState::Dirty => Life::Dirty,
@@ -182,10 +181,59 @@ impl Pool {
         }
         Ok(out)
     }
+}
+
+/// The pool's part of the state document: its snapshot for a takeover or
+/// the fd store, the import of a predecessor's, the orphans a restart left.
+/// Borrowed from [`Pool::records`]; each method takes the pool's one lock
+/// for its step.
+#[derive(Debug, Clone, Copy)]
+pub struct Records<'a> {
+    pub(super) pool: &'a Pool,
+}
+
+impl Pool {
+    /// The pool's part of the state document (takeover, fd store, restart).
+    pub fn records(&self) -> Records<'_> {
+        Records { pool: self }
+    }
+}
+
+impl Records<'_> {
+    /// A snapshot of every region and allocation. For a takeover the
+    /// caller has stopped everything that changes the table (handlers
+    /// parked, scrubbers joined, background loops paused) and keeps it so
+    /// until the successor answers. `keep` marks every region's file as
+    /// kept, so that this process's exit does not unlink the hugetlbfs
+    /// files it passes on ([`Records::unkeep`] undoes it when the takeover
+    /// fails).
+    ///
+    /// # Errors
+    ///
+    /// A region is `Reserved` (an ALLOC or refill still runs): the
+    /// takeover must wait or be given up.
+    pub fn snapshot(&self, keep: bool) -> Result<Snapshot, SnapshotError> {
+        let out = self.pool.take_snapshot(false)?;
+        if keep {
+            for r in &out.regions {
+                r.region.keep_file();
+            }
+        }
+        Ok(out)
+    }
+
+    /// [`Records::snapshot`] while the daemon serves (systemd's fd store):
+    /// regions an ALLOC holds in the middle of its work are left out (the
+    /// next snapshot has them), nothing is marked kept.
+    pub fn snapshot_partial(&self) -> Snapshot {
+        // Never an error when reserved regions are skipped.
+        self.pool.take_snapshot(true).unwrap_or_default()
+    }
 
     /// Allocations waiting for their VMM to re-attach.
     pub fn orphans(&self) -> usize {
-        self.lock()
+        self.pool
+            .lock()
             .allocs
             .values()
             .filter(|a| a.session.is_none())
@@ -194,7 +242,7 @@ impl Pool {
 
     /// Releases every orphaned allocation into quarantine.
     pub fn release_orphans(&self) -> Vec<super::Released> {
-        let mut g = self.lock();
+        let mut g = self.pool.lock();
         let ids: Vec<AllocId> = g
             .allocs
             .iter()
@@ -206,19 +254,19 @@ impl Pool {
             .filter_map(|id| {
                 g.allocs
                     .remove(&id)
-                    .map(|a| self.release_locked(&mut g, id, a))
+                    .map(|a| self.pool.release_locked(&mut g, id, a))
             })
             .collect();
         drop(g);
-        self.changed.notify_all();
+        self.pool.changed.notify_all();
         out
     }
 
     /// Lets the scrubbers and waiters run again after [`Pool::stop`] (a
     /// takeover that did not happen).
     pub fn resume(&self) {
-        self.lock().stopping = false;
-        self.changed.notify_all();
+        self.pool.lock().stopping = false;
+        self.pool.changed.notify_all();
     }
 
     /// Enters the regions and allocations a predecessor passed on (the
@@ -247,7 +295,7 @@ impl Pool {
             }
         }
         let kept_ids: HashSet<AllocId> = kept_allocs.iter().map(|a| a.id).collect();
-        let mut g = self.lock();
+        let mut g = self.pool.lock();
         let mut max_region = 0;
         let mut max_alloc = 0;
         for r in regions {
@@ -255,7 +303,7 @@ impl Pool {
             let state = match r.life {
                 Life::InUse(a) if kept_ids.contains(&a) => EntryState::InUse(a),
                 Life::InUse(_) => {
-                    Metrics::add(&self.metrics.bytes_released, r.region.len());
+                    Metrics::add(&self.pool.metrics.bytes_released, r.region.len());
                     continue;
                 }
                 Life::Clean => EntryState::Clean,
@@ -270,7 +318,7 @@ impl Pool {
                 Ok(o) => o,
                 Err(e) => {
                     warn!(region = r.id, error = %e, "cannot track an inherited region; back to the kernel");
-                    Metrics::add(&self.metrics.bytes_released, r.region.len());
+                    Metrics::add(&self.pool.metrics.bytes_released, r.region.len());
                     continue;
                 }
             };
@@ -309,20 +357,22 @@ impl Pool {
         }
         let n = g.allocs.len();
         drop(g);
-        self.next_region
+        self.pool
+            .next_region
             .fetch_max(next_region.max(max_region + 1), Ordering::Relaxed);
-        self.next_alloc
+        self.pool
+            .next_alloc
             .fetch_max(next_alloc.max(max_alloc + 1), Ordering::Relaxed);
-        self.changed.notify_all();
+        self.pool.changed.notify_all();
         n
     }
 
-    /// Undoes [`Pool::snapshot`]'s marks: the takeover did not happen, this
+    /// Undoes [`Records::snapshot`]'s marks: the takeover did not happen, this
     /// process owns its files again.
     pub fn unkeep(&self) {
         // Region::keep_file has no inverse on purpose elsewhere; here the
         // snapshot's regions are simply all regions.
-        for e in self.lock().entries.values() {
+        for e in self.pool.lock().entries.values() {
             e.region.keep_file_undo();
         }
     }
@@ -437,19 +487,19 @@ impl RegionRecord {
     ///
     /// A malformed record or a region that fails its checks (it then goes
     /// back to the kernel).
-    pub fn adopt(&self, fd: OwnedFd, topology: &Topology) -> Result<Adopted, String> {
+    pub fn adopt(&self, fd: OwnedFd, topology: &Topology) -> Result<Adopted, AdoptError> {
         let life = match (self.life, self.alloc) {
             (SavedLife::Clean, _) => Life::Clean,
             (SavedLife::Dirty, _) => Life::Dirty,
             (SavedLife::Quarantined, _) => Life::Quarantined,
             (SavedLife::InUse, Some(a)) => Life::InUse(a),
-            (SavedLife::InUse, None) => return Err("in use by no allocation".into()),
+            (SavedLife::InUse, None) => return Err(AdoptError::NoAllocation),
         };
-        let page_size = PageSize::from_bytes(self.page_size)
-            .ok_or_else(|| format!("page size {}", self.page_size))?;
+        let page_size =
+            PageSize::from_bytes(self.page_size).ok_or(AdoptError::PageSize(self.page_size))?;
         let states = decode_pages(&self.pages)?;
         if topology.nodes().iter().all(|n| n.id != self.node) {
-            return Err(format!("node {} is not on this host", self.node));
+            return Err(AdoptError::Node(self.node));
         }
         let spec = AdoptSpec {
             name: self.name.clone(),
@@ -459,7 +509,7 @@ impl RegionRecord {
             path: self.path.as_ref().map(std::path::PathBuf::from),
             states,
         };
-        let region = Region::adopt(fd, spec).map_err(|e| e.to_string())?;
+        let region = Region::adopt(fd, spec)?;
         Ok(Adopted {
             id: self.id,
             region,

@@ -9,21 +9,67 @@ use std::time::{Duration, Instant};
 use guest_mem::{PageState, Region};
 use tracing::{info, warn};
 
-use super::ids::RegionId;
 use super::refault::Fill;
 use super::release::Loss;
 use super::table::{EntryState, Pool};
+use crate::daemon::holders::{Holder, Owned};
+use crate::daemon::ids::RegionId;
 use crate::daemon::metrics::Metrics;
 use crate::daemon::peer_log::{check_tenant, LEFT_QUARANTINE};
-use crate::daemon::quarantine::holders::Owned;
-use crate::daemon::quarantine::reuse::Verdict;
+
+/// What a quarantine check decided for one region.
+#[derive(Debug)]
+pub enum Verdict {
+    /// A process still holds or maps it: stays quarantined.
+    Held(Holder),
+    /// No process shows it, but another open description exists (in flight,
+    /// or a mapping being torn down): stays quarantined, withheld, re-checked.
+    Withheld(String),
+    /// The tenant damaged the file (size, holes): back to the kernel, never
+    /// scrubbed or served.
+    Broken(String),
+    /// Detaching found pages the punch could not take back: a pin the
+    /// daemon cannot see (io_uring fixed buffer, VFIO, RDMA, `vmsplice`)
+    /// still holds them, and the host has no page to spare for their holes.
+    /// The tenant's doing: back to the kernel, like [`Verdict::Broken`].
+    Pinned(String),
+    /// Every page came back at the punch, but the host had too few pages to
+    /// fill the holes again: another process took them in the moment
+    /// between the punch and the re-reservation, or the operator shrank the
+    /// pool. Not the tenant's doing: the region goes back to the kernel, and
+    /// nobody is blamed.
+    Short(String),
+    /// Proved unreachable and whole. `detached` pages were punched out and
+    /// their holes reserved again: every page the file gets is a fresh one
+    /// the kernel zeroes. 0: detaching is off, every page is to be scrubbed.
+    Free {
+        /// Pages punched and refaulted; 0 when detaching is off.
+        detached: u64,
+    },
+}
+
+/// The quarantine's bookkeeping in the pool: which regions wait for a
+/// holder scan, and the scan's verdicts applied. Borrowed from
+/// [`Pool::quarantine`]; each method takes the pool's one lock for its step.
+#[derive(Debug, Clone, Copy)]
+pub struct QuarantineBook<'a> {
+    pub(super) pool: &'a Pool,
+}
+
+impl Pool {
+    /// The quarantine's bookkeeping: regions waiting for a scan, verdicts.
+    pub fn quarantine(&self) -> QuarantineBook<'_> {
+        QuarantineBook { pool: self }
+    }
+}
 
 // Called by the quarantine loop (`crate::daemon::quarantine`).
-impl Pool {
+impl QuarantineBook<'_> {
     /// The quarantined regions, for a holder scan and the proofs of
     /// [`crate::daemon::quarantine::reuse`].
     pub fn quarantined(&self) -> Vec<(RegionId, Owned, Arc<Region>)> {
-        self.lock()
+        self.pool
+            .lock()
             .entries
             .iter()
             .filter(|(_, e)| e.state == EntryState::Quarantined)
@@ -40,10 +86,10 @@ impl Pool {
     /// noted; a broken one is discarded. Returns how many left quarantine,
     /// and the discarded regions, to drop off the lock.
     pub fn apply_scan(&self, results: Vec<(RegionId, Verdict)>) -> (usize, Vec<Arc<Region>>) {
-        Metrics::add(&self.metrics.quarantine_scans, 1);
+        Metrics::add(&self.pool.metrics.quarantine_scans, 1);
         let mut left = 0;
         let mut dropped = Vec::new();
-        let mut g = self.lock();
+        let mut g = self.pool.lock();
         for (id, verdict) in results {
             let Some(e) = g.entries.get_mut(&id) else {
                 continue;
@@ -58,11 +104,11 @@ impl Pool {
                     e.withheld = None;
                     e.since = Instant::now();
                     left += 1;
-                    Metrics::add(&self.metrics.pages_detached, detached);
+                    Metrics::add(&self.pool.metrics.pages_detached, detached);
                     let logged = check_tenant(&LEFT_QUARANTINE, e.tenant);
                     if detached > 0 && mark_zeroed_clean(&e.region) {
                         e.state = EntryState::Clean;
-                        e.fill = self.cfg.refault_ahead.then(Fill::new);
+                        e.fill = self.pool.cfg.refault_ahead.then(Fill::new);
                         if let Some(suppressed) = logged {
                             info!(
                                 region = id,
@@ -100,7 +146,7 @@ impl Pool {
                 Verdict::Withheld(reason) => {
                     e.holder = None;
                     if e.withheld.is_none() {
-                        Metrics::add(&self.metrics.regions_withheld, 1);
+                        Metrics::add(&self.pool.metrics.regions_withheld, 1);
                         warn!(
                             region = id,
                             uid = ?e.tenant,
@@ -112,19 +158,25 @@ impl Pool {
                     }
                 }
                 Verdict::Broken(reason) => {
-                    dropped.extend(self.give_back_locked(&mut g, id, Loss::Damaged, &reason));
+                    dropped.extend(
+                        self.pool
+                            .give_back_locked(&mut g, id, Loss::Damaged, &reason),
+                    );
                 }
                 Verdict::Pinned(reason) => {
-                    dropped.extend(self.give_back_locked(&mut g, id, Loss::Pinned, &reason));
+                    dropped.extend(
+                        self.pool
+                            .give_back_locked(&mut g, id, Loss::Pinned, &reason),
+                    );
                 }
                 Verdict::Short(reason) => {
-                    dropped.extend(self.give_back_locked(&mut g, id, Loss::Short, &reason));
+                    dropped.extend(self.pool.give_back_locked(&mut g, id, Loss::Short, &reason));
                 }
             }
         }
         drop(g);
         if left > 0 || !dropped.is_empty() {
-            self.changed.notify_all();
+            self.pool.changed.notify_all();
         }
         (left, dropped)
     }

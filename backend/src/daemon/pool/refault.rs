@@ -27,9 +27,34 @@ use std::sync::Arc;
 use guest_mem::Region;
 use tracing::warn;
 
-use super::ids::RegionId;
+use crate::daemon::ids::RegionId;
 
 static GENERATION: AtomicU64 = AtomicU64::new(1);
+/// Why a chunk of a detached region's holes was not faulted in ahead (the
+/// rest fault at first touch).
+#[derive(Debug, thiserror::Error)]
+pub enum FillError {
+    /// A page of the chunk cannot be faulted in.
+    #[error("bytes {start}..{end} cannot be populated: {source}")]
+    Populate {
+        /// The chunk's first byte.
+        start: u64,
+        /// The byte after it.
+        end: u64,
+        /// The fault's error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The node's fault helpers did not start.
+    #[error("cannot start fault helpers: {0}")]
+    HelpersStart(#[source] std::io::Error),
+    /// The fault helpers took no more work.
+    #[error("the fault helpers are gone: {0}")]
+    HelpersGone(#[source] std::io::Error),
+    /// The fault helpers exited with the chunk unanswered.
+    #[error("the fault helpers exited before they answered")]
+    HelpersExited,
+}
 
 /// The holes of one region still to be faulted in (see the module docs).
 #[derive(Debug)]
@@ -199,7 +224,7 @@ impl Fill {
         &mut self,
         work: &FillTicket,
         len: u64,
-        result: Result<(), String>,
+        result: Result<(), FillError>,
     ) -> Option<bool> {
         if work.generation != self.generation {
             return None;
@@ -211,7 +236,7 @@ impl Fill {
                 warn!(
                     region = work.id,
                     offset = work.offset,
-                    reason,
+                    reason = %reason,
                     "cannot fault a detached region's holes in ahead; the rest fault at first touch"
                 );
                 self.next = len;

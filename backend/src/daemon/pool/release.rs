@@ -12,9 +12,9 @@ use numa::NodeId;
 use tracing::{info, warn};
 
 use super::files::reclaim_path;
-use super::ids::{AllocId, RegionId, SessionId};
 use super::owners::OwnershipError;
 use super::table::{pooled_bytes, pooled_bytes_of, Allocation, EntryState, Inner, Pool};
+use crate::daemon::ids::{AllocId, RegionId, SessionId};
 use crate::daemon::metrics::Metrics;
 
 /// An allocation being given back: its regions and whether they were locked.

@@ -12,10 +12,10 @@ use std::time::Instant;
 use guest_mem::Region;
 use tracing::warn;
 
-use super::ids::{PoolKey, RegionId};
 use super::table::{Entry, EntryState, Pool};
+use crate::daemon::holders::{Holder, Owned};
+use crate::daemon::ids::{PoolKey, RegionId};
 use crate::daemon::metrics::Metrics;
-use crate::daemon::quarantine::holders::{Holder, Owned};
 
 /// A region an ALLOC holds in `Reserved` (see [`Pool::take`]).
 #[derive(Debug, Clone)]

@@ -8,11 +8,11 @@ use guest_mem::{PageState, Region};
 use numa::NodeId;
 use tracing::{info, warn};
 
-use super::ids::RegionId;
-use super::refault::{Fill, FillTicket, FillWork};
+use super::refault::{Fill, FillError, FillTicket, FillWork};
 use super::table::{EntryState, Pool};
+use crate::daemon::ids::RegionId;
 
-/// How a scrubber's batch ended (see [`Pool::scrub_done`]).
+/// How a scrubber's batch ended (see [`Scrubbing::scrub_done`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Scrubbed {
     /// Every claimed page is cleared.
@@ -24,7 +24,7 @@ pub enum Scrubbed {
     Damaged(String),
 }
 
-/// What a scrubber does next (see [`Pool::next_scrub`]).
+/// What a scrubber does next (see [`Scrubbing::next_scrub`]).
 #[derive(Debug)]
 pub enum Work {
     /// Clear dirty pages.
@@ -54,6 +54,59 @@ impl Pool {
         self.changed.notify_all();
     }
 
+    /// A fresh region created unpopulated for lazy mode
+    /// (`supply::fresh_demand`): with `pool.refault_ahead` its pages are
+    /// faulted in ahead of the guest like a detached region's holes, lowest
+    /// offset first, so the guest's first touches find them resident (or
+    /// wait for the one page being faulted in) instead of each taking the
+    /// kernel's zeroing through the VMM's fault path.
+    pub(super) fn fill_fresh(&self, id: RegionId) {
+        if !self.cfg.refault_ahead {
+            return;
+        }
+        if let Some(e) = self.lock().entries.get_mut(&id) {
+            e.fill = Some(Fill::new());
+        }
+        self.changed.notify_all();
+    }
+
+    /// Waits (blocking) until every page of `region` is `Clean`, or until
+    /// `deadline`; returns whether it is.
+    pub(super) fn wait_clean(&self, region: &Region, deadline: Instant) -> bool {
+        let mut g = self.lock();
+        loop {
+            let states = region.states();
+            if states.counts().clean == states.len() {
+                return true;
+            }
+            let now = Instant::now();
+            if now >= deadline || g.stopping {
+                return false;
+            }
+            g = self
+                .changed
+                .wait_timeout(g, deadline - now)
+                .map_or_else(|e| e.into_inner().0, |(g, _)| g);
+        }
+    }
+}
+
+/// The scrubbers' and the refault threads' side of the pool: the next work,
+/// its outcome recorded. Borrowed from [`Pool::scrubbing`]; each method
+/// takes the pool's one lock for its step.
+#[derive(Debug, Clone, Copy)]
+pub struct Scrubbing<'a> {
+    pub(super) pool: &'a Pool,
+}
+
+impl Pool {
+    /// The scrubbers' and refault threads' work.
+    pub fn scrubbing(&self) -> Scrubbing<'_> {
+        Scrubbing { pool: self }
+    }
+}
+
+impl Scrubbing<'_> {
     /// Blocks until there is work on `node`, or the pool stops (`None`):
     /// with `fills`, holes of a detached region to fault in ahead of its
     /// guest first (`refault.rs`; without, the node's fault helpers take
@@ -66,7 +119,7 @@ impl Pool {
         hint: usize,
         fills: bool,
     ) -> Option<Work> {
-        let mut g = self.lock();
+        let mut g = self.pool.lock();
         loop {
             if g.stopping {
                 return None;
@@ -122,6 +175,7 @@ impl Pool {
             // The timeout is a safety net only; every change that creates
             // work notifies.
             g = self
+                .pool
                 .changed
                 .wait_timeout(g, Duration::from_secs(1))
                 .map_or_else(|e| e.into_inner().0, |(g, _)| g);
@@ -137,7 +191,7 @@ impl Pool {
             Scrubbed::Cleared => true,
             Scrubbed::Stopped => false,
             Scrubbed::Damaged(reason) => {
-                return self.discard(work.id, EntryState::Dirty, &reason);
+                return self.pool.discard(work.id, EntryState::Dirty, &reason);
             }
         };
         let states = work.region.states();
@@ -151,7 +205,7 @@ impl Pool {
                 warn!(region = work.id, page, error = %e, "scrubbed page left Clearing under its owner");
             }
         }
-        let mut g = self.lock();
+        let mut g = self.pool.lock();
         if let Some(e) = g.entries.get_mut(&work.id) {
             if e.state == EntryState::Dirty && states.counts().clean == states.len() {
                 e.state = EntryState::Clean;
@@ -170,15 +224,15 @@ impl Pool {
             }
         }
         drop(g);
-        self.changed.notify_all();
+        self.pool.changed.notify_all();
         None
     }
 
     /// A scrubber faulted `work` in (`Ok`) or could not (`Err`: the file no
     /// longer has the pages, e.g. a tenant truncated the region it was
     /// handed; the rest of the region faults at first touch instead).
-    pub fn fill_done(&self, work: &FillTicket, result: Result<(), String>) {
-        let mut g = self.lock();
+    pub fn fill_done(&self, work: &FillTicket, result: Result<(), FillError>) {
+        let mut g = self.pool.lock();
         let Some(e) = g.entries.get_mut(&work.id) else {
             return;
         };
@@ -195,31 +249,15 @@ impl Pool {
         }
     }
 
-    /// A fresh region created unpopulated for lazy mode
-    /// (`supply::fresh_demand`): with `pool.refault_ahead` its pages are
-    /// faulted in ahead of the guest like a detached region's holes, lowest
-    /// offset first, so the guest's first touches find them resident (or
-    /// wait for the one page being faulted in) instead of each taking the
-    /// kernel's zeroing through the VMM's fault path.
-    pub(super) fn fill_fresh(&self, id: RegionId) {
-        if !self.cfg.refault_ahead {
-            return;
-        }
-        if let Some(e) = self.lock().entries.get_mut(&id) {
-            e.fill = Some(Fill::new());
-        }
-        self.changed.notify_all();
-    }
-
     /// Blocks until a region of `node` has holes to fault in ahead of its
     /// guest, and claims its first chunk of at most `max_bytes` (lowest
     /// offset first; of the pooled ones, the region released longest ago first), or the pool
     /// stops (`None`). A region already handed out goes first: its guest
     /// is running. A region another refault thread works on is skipped
-    /// until it leaves it ([`Pool::fill_left`]). For the node's fault
+    /// until it leaves it ([`Scrubbing::fill_left`]). For the node's fault
     /// helpers (`crate::daemon::refaulter`).
     pub fn next_fill(&self, node: NodeId, max_bytes: u64) -> Option<FillWork> {
-        let mut g = self.lock();
+        let mut g = self.pool.lock();
         loop {
             if g.stopping {
                 return None;
@@ -243,6 +281,7 @@ impl Pool {
             // The timeout is a safety net only; every change that creates
             // work notifies.
             g = self
+                .pool
                 .changed
                 .wait_timeout(g, Duration::from_secs(1))
                 .map_or_else(|e| e.into_inner().0, |(g, _)| g);
@@ -253,7 +292,7 @@ impl Pool {
     /// every chunk is claimed, the region was released again (quarantined:
     /// its pages are punched anew, and a new fill follows) or left the pool.
     pub fn claim_fill(&self, id: RegionId, max_bytes: u64) -> Option<FillWork> {
-        let mut g = self.lock();
+        let mut g = self.pool.lock();
         if g.stopping {
             return None;
         }
@@ -268,17 +307,18 @@ impl Pool {
     /// that fill (done, stopped, or its helpers gone): the node's other
     /// thread may take what is left of it.
     pub fn fill_left(&self, first: &FillTicket) {
-        let mut g = self.lock();
+        let mut g = self.pool.lock();
         if let Some(f) = g.entries.get_mut(&first.id).and_then(|e| e.fill.as_mut()) {
             f.left(first);
         }
         drop(g);
-        self.changed.notify_all();
+        self.pool.changed.notify_all();
     }
 
     /// Whether region `id` was released (quarantined) or left the pool.
     pub fn is_released(&self, id: RegionId) -> bool {
-        self.lock()
+        self.pool
+            .lock()
             .entries
             .get(&id)
             .is_none_or(|e| e.state == EntryState::Quarantined)
@@ -287,29 +327,9 @@ impl Pool {
     /// A fault helper was stopped before it answered for `work`: the chunk
     /// is claimed again later, before the rest of its region.
     pub fn fill_abandoned(&self, work: &FillTicket) {
-        let mut g = self.lock();
+        let mut g = self.pool.lock();
         if let Some(f) = g.entries.get_mut(&work.id).and_then(|e| e.fill.as_mut()) {
             f.abandon(work);
-        }
-    }
-
-    /// Waits (blocking) until every page of `region` is `Clean`, or until
-    /// `deadline`; returns whether it is.
-    pub(super) fn wait_clean(&self, region: &Region, deadline: Instant) -> bool {
-        let mut g = self.lock();
-        loop {
-            let states = region.states();
-            if states.counts().clean == states.len() {
-                return true;
-            }
-            let now = Instant::now();
-            if now >= deadline || g.stopping {
-                return false;
-            }
-            g = self
-                .changed
-                .wait_timeout(g, deadline - now)
-                .map_or_else(|e| e.into_inner().0, |(g, _)| g);
         }
     }
 }

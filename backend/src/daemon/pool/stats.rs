@@ -8,8 +8,8 @@ use hugemem_client::stats::{
 use numa::NodeId;
 
 use super::held::Why;
-use super::ids::PoolKey;
 use super::table::{pooled_bytes, Entry, EntryState, Inner, Pool};
+use crate::daemon::ids::PoolKey;
 
 /// The pool's part of STATS, read under one lock.
 #[derive(Debug, Clone, Default)]

@@ -16,11 +16,11 @@ use guest_mem::{
 use numa::NodeId;
 use tracing::{debug, info, warn};
 
-use super::ids::{PoolKey, RegionId};
 use super::reserve::Taken;
 use super::table::Pool;
+use crate::daemon::holders::{self, Owned};
+use crate::daemon::ids::{PoolKey, RegionId};
 use crate::daemon::metrics::Metrics;
-use crate::daemon::quarantine::holders::{self, Owned};
 use crate::diag::chain;
 use crate::fault::dirty_pages_resident;
 use crate::proto::Status;

@@ -15,13 +15,13 @@ use numa::{NodeId, Topology};
 use tokio::sync::Notify;
 
 use super::given_back::Recent;
-use super::ids::{AllocId, PoolKey, RegionId, SessionId};
 use super::refault::Fill;
 use super::token::AllocToken;
 use crate::daemon::config::PoolConfig;
+use crate::daemon::holders::{Holder, Owned, Predecessor};
+use crate::daemon::ids::{AllocId, PoolKey, RegionId, SessionId};
 use crate::daemon::metrics::Metrics;
-use crate::daemon::quarantine::gate::ReserveGate;
-use crate::daemon::quarantine::holders::{Holder, Owned, Predecessor};
+use crate::daemon::pool::ReserveGate;
 
 /// What the pool creates fresh regions with and whom it wakes, fixed for
 /// the daemon's life.
@@ -127,7 +127,7 @@ impl Entry {
 #[derive(Debug)]
 pub(super) struct Allocation {
     /// The session that owns it; `None`: **orphaned**, restored after a
-    /// restart and waiting for its VMM to re-attach ([`Pool::reattach`]).
+    /// restart and waiting for its VMM to re-attach ([`Owners::reattach`]).
     /// An orphaned allocation is no session's: FREE, LOCK, UNLOCK and UFFD
     /// refuse it, and no disconnect releases it.
     pub(super) session: Option<SessionId>,

@@ -69,10 +69,10 @@ use numa::NodeId;
 use tracing::{debug, info, warn};
 
 use super::held::{Held, Why};
-use super::ids::PoolKey;
 use super::reserve::Taken;
 use super::supply::{self, free_pages, Refusal};
 use super::table::Pool;
+use crate::daemon::ids::PoolKey;
 use crate::daemon::metrics::Metrics;
 use crate::diag::chain;
 use crate::proto::Status;

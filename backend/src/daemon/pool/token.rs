@@ -9,14 +9,19 @@ pub const TOKEN_SIZE: usize = hugemem_client::proto::TOKEN_SIZE;
 /// A re-attach token.
 pub type AllocToken = [u8; TOKEN_SIZE];
 
+/// The kernel's CSPRNG gave no token.
+#[derive(Debug, Clone, Copy, thiserror::Error)]
+#[error("cannot make a re-attach token: {0}")]
+pub struct TokenError(#[source] getrandom::Error);
+
 /// A fresh random token (the kernel's CSPRNG, `getrandom(2)`).
 ///
 /// # Errors
 ///
-/// The getrandom error, as text (the ALLOC then fails with INTERNAL).
-pub(super) fn new_token() -> Result<AllocToken, String> {
+/// [`TokenError`] (the ALLOC then fails with INTERNAL).
+pub(super) fn new_token() -> Result<AllocToken, TokenError> {
     let mut t = [0u8; TOKEN_SIZE];
-    getrandom::fill(&mut t).map_err(|e| format!("cannot make a re-attach token: {e}"))?;
+    getrandom::fill(&mut t).map_err(TokenError)?;
     Ok(t)
 }
 

@@ -11,43 +11,41 @@
 //!    (`crate::daemon::session::settle_released`).
 //! 2. **Wake.** [`quarantine_loop`] (`recheck.rs`) runs on every kick, every
 //!    `pool.recheck_ms`, and when a holder it watches exits (pidfds).
-//! 3. **List.** [`Pool::quarantined`] (`pool/quarantine.rs`): each region
+//! 3. **List.** [`QuarantineBook::quarantined`] (`pool/quarantine.rs`): each region
 //!    with the daemon's own fd and mapping, which the scan exempts.
 //! 4. **Check**, on a blocking thread, off the pool's lock:
 //!    [`reuse::check_quarantined`] (`reuse.rs`) runs one [`holders::scan`]
-//!    (`holders.rs`) for all, then [`reuse::judge`] on each: held, else
+//!    (`daemon/holders.rs`) for all, then [`reuse::judge`] on each: held, else
 //!    [`reuse::prove_unreachable`] (the write lease), else the file's size
 //!    and, with `pool.detach_pages`, [`reuse::detach_pages`] under the
-//!    [`gate::ReserveGate`] (`gate.rs`); a [`reuse::Verdict`] names who is to
-//!    blame.
-//! 5. **Apply.** [`Pool::apply_scan`] (`pool/quarantine.rs`): free regions
+//!    [`gate::ReserveGate`] (`pool/gate.rs`); a [`reuse::Verdict`]
+//!    (`pool/quarantine.rs`, which applies it) names who is to blame.
+//! 5. **Apply.** [`QuarantineBook::apply_scan`] (`pool/quarantine.rs`): free regions
 //!    turn `Dirty`, or `Clean` at once when detached; held and withheld ones
 //!    stay; the others go back to the kernel (`pool/release.rs`).
 //! 6. **Clean.** The node's scrubbers (`crate::daemon::scrub`) take dirty
-//!    pages, or a detached region's holes, through [`Pool::next_scrub`] and
-//!    report through [`Pool::scrub_done`] / [`Pool::fill_done`]
+//!    pages, or a detached region's holes, through [`Scrubbing::next_scrub`] and
+//!    report through [`Scrubbing::scrub_done`] / [`Scrubbing::fill_done`]
 //!    (`pool/scrubbing.rs`); the region is in the clean pool, where
 //!    [`Pool::take`] finds it.
 //!
 //! [`Pool::release`]: crate::daemon::pool::Pool::release
 //! [`Pool::release_session`]: crate::daemon::pool::Pool::release_session
-//! [`Pool::quarantined`]: crate::daemon::pool::Pool::quarantined
-//! [`Pool::apply_scan`]: crate::daemon::pool::Pool::apply_scan
-//! [`Pool::next_scrub`]: crate::daemon::pool::Pool::next_scrub
-//! [`Pool::scrub_done`]: crate::daemon::pool::Pool::scrub_done
-//! [`Pool::fill_done`]: crate::daemon::pool::Pool::fill_done
+//! [`QuarantineBook::quarantined`]: crate::daemon::pool::QuarantineBook::quarantined
+//! [`QuarantineBook::apply_scan`]: crate::daemon::pool::QuarantineBook::apply_scan
+//! [`Scrubbing::next_scrub`]: crate::daemon::pool::Scrubbing::next_scrub
+//! [`Scrubbing::scrub_done`]: crate::daemon::pool::Scrubbing::scrub_done
+//! [`Scrubbing::fill_done`]: crate::daemon::pool::Scrubbing::fill_done
 //! [`Pool::take`]: crate::daemon::pool::Pool::take
 //! [`quarantine_loop`]: crate::daemon::quarantine::quarantine_loop
-//! [`holders::scan`]: crate::daemon::quarantine::holders::scan
+//! [`holders::scan`]: crate::daemon::holders::scan
 //! [`reuse::check_quarantined`]: crate::daemon::quarantine::reuse::check_quarantined
 //! [`reuse::judge`]: crate::daemon::quarantine::reuse::judge
 //! [`reuse::prove_unreachable`]: crate::daemon::quarantine::reuse::prove_unreachable
 //! [`reuse::detach_pages`]: crate::daemon::quarantine::reuse::detach_pages
-//! [`reuse::Verdict`]: crate::daemon::quarantine::reuse::Verdict
-//! [`gate::ReserveGate`]: crate::daemon::quarantine::gate::ReserveGate
+//! [`reuse::Verdict`]: crate::daemon::pool::Verdict
+//! [`gate::ReserveGate`]: crate::daemon::pool::ReserveGate
 
-pub mod gate;
-pub mod holders;
 mod recheck;
 pub mod reuse;
 

@@ -23,7 +23,7 @@ use tracing::{debug, error};
 use super::reuse;
 use crate::daemon::lifecycle::Lifecycle;
 use crate::daemon::peer::PidWatch;
-use crate::daemon::pool::Pool;
+use crate::daemon::pool::{Pool, Verdict};
 
 /// Most holder pids watched at once (a tenant that forks many holders gets
 /// the periodic scan for the rest).
@@ -55,7 +55,7 @@ pub async fn quarantine_loop(quarantine: Arc<Recheck>) {
 /// One round: scans the holders of quarantined regions, applies the
 /// verdicts, and trims the pool.
 async fn recheck(quarantine: Arc<Recheck>, watched: Arc<Mutex<HashSet<i32>>>) -> bool {
-    let quarantined = quarantine.pool.quarantined();
+    let quarantined = quarantine.pool.quarantine().quarantined();
     if !quarantined.is_empty() {
         let detach = quarantine.pool.config().detach_pages;
         let pool = Arc::clone(&quarantine.pool);
@@ -70,7 +70,7 @@ async fn recheck(quarantine: Arc<Recheck>, watched: Arc<Mutex<HashSet<i32>>>) ->
         match scan.await {
             Ok(verdicts) => {
                 for pid in verdicts.iter().filter_map(|(_, v)| match v {
-                    reuse::Verdict::Held(h) => Some(h.pid),
+                    Verdict::Held(h) => Some(h.pid),
                     _ => None,
                 }) {
                     watch_holder(&quarantine, &watched, pid);
@@ -81,7 +81,7 @@ async fn recheck(quarantine: Arc<Recheck>, watched: Arc<Mutex<HashSet<i32>>>) ->
                         debug!(pid, "stopped the fault helpers of a released region");
                     }
                 }
-                let (left, dropped) = quarantine.pool.apply_scan(verdicts);
+                let (left, dropped) = quarantine.pool.quarantine().apply_scan(verdicts);
                 debug!(
                     left,
                     discarded = dropped.len(),

@@ -1,6 +1,6 @@
 //! Proof before reuse: what must hold before a released region's pages may
 //! be scrubbed and handed to another tenant, checked in this order once the
-//! `/proc` holder scan ([`super::holders`]) finds no process holding it:
+//! `/proc` holder scan ([`crate::daemon::holders`]) finds no process holding it:
 //!
 //! 1. [`prove_unreachable`]: no open file description of the file exists but
 //!    the daemon's own (a write lease is granted), which covers what no
@@ -32,42 +32,11 @@ use std::sync::Arc;
 
 use guest_mem::Region;
 
-use super::gate::ReserveGate;
-use super::holders::{self, FileId, Hold, Holder, Owned};
-
-/// What a quarantine check decided for one region.
-#[derive(Debug)]
-pub enum Verdict {
-    /// A process still holds or maps it: stays quarantined.
-    Held(Holder),
-    /// No process shows it, but another open description exists (in flight,
-    /// or a mapping being torn down): stays quarantined, withheld, re-checked.
-    Withheld(String),
-    /// The tenant damaged the file (size, holes): back to the kernel, never
-    /// scrubbed or served.
-    Broken(String),
-    /// Detaching found pages the punch could not take back: a pin the
-    /// daemon cannot see (io_uring fixed buffer, VFIO, RDMA, `vmsplice`)
-    /// still holds them, and the host has no page to spare for their holes.
-    /// The tenant's doing: back to the kernel, like [`Verdict::Broken`].
-    Pinned(String),
-    /// Every page came back at the punch, but the host had too few pages to
-    /// fill the holes again: another process took them in the moment
-    /// between the punch and the re-reservation, or the operator shrank the
-    /// pool. Not the tenant's doing: the region goes back to the kernel, and
-    /// nobody is blamed.
-    Short(String),
-    /// Proved unreachable and whole. `detached` pages were punched out and
-    /// their holes reserved again: every page the file gets is a fresh one
-    /// the kernel zeroes. 0: detaching is off, every page is to be scrubbed.
-    Free {
-        /// Pages punched and refaulted; 0 when detaching is off.
-        detached: u64,
-    },
-}
+use crate::daemon::holders::{self, FileId, Hold, Holder, Owned};
+use crate::daemon::pool::{ReserveGate, Verdict};
 
 /// The quarantine's check, one verdict per quarantined region: one `/proc`
-/// holder scan ([`super::holders::scan`], which skips `predecessor`) for
+/// holder scan ([`crate::daemon::holders::scan`], which skips `predecessor`) for
 /// all of them, then [`judge`]
 /// on each with what the scan found. Each region comes with its id (kept
 /// as given) and the daemon's own fd and mapping of it (exempt from the
@@ -112,16 +81,16 @@ pub fn judge(region: &Region, holder: Option<Holder>, detach: bool, gate: &Reser
         });
     }
     if let Err(reason) = prove_unreachable(region) {
-        return Verdict::Withheld(reason);
+        return Verdict::Withheld(reason.to_string());
     }
     if !detach {
         return match check_released(region) {
             Ok(()) => Verdict::Free { detached: 0 },
-            Err(reason) => Verdict::Broken(reason),
+            Err(reason) => Verdict::Broken(reason.to_string()),
         };
     }
     if let Err(reason) = check_size(region) {
-        return Verdict::Broken(reason);
+        return Verdict::Broken(reason.to_string());
     }
     match detach_pages(region, gate) {
         Ok(detached) => Verdict::Free { detached },
@@ -131,16 +100,54 @@ pub fn judge(region: &Region, holder: Option<Holder>, detach: bool, gate: &Reser
 
 /// The file has exactly the region's size: a tenant can grow a memfd (its
 /// seals allow growing) or truncate a hugetlbfs file.
-fn check_size(region: &Region) -> Result<(), String> {
-    let size = crate::sys::file_size(region.fd()).map_err(|e| format!("fstat: {e}"))?;
+fn check_size(region: &Region) -> Result<(), Damage> {
+    let size = crate::sys::file_size(region.fd()).map_err(Damage::Stat)?;
     if size == region.len() {
         Ok(())
     } else {
-        Err(format!(
-            "file size is {size} bytes, the region has {}",
-            region.len()
-        ))
+        Err(Damage::Size {
+            size,
+            len: region.len(),
+        })
     }
+}
+
+/// What is wrong with a released region's file: it is then discarded,
+/// never scrubbed.
+#[derive(Debug, thiserror::Error)]
+pub enum Damage {
+    /// The file cannot be looked at.
+    #[error("fstat: {0}")]
+    Stat(#[source] std::io::Error),
+    /// The file's size is not the region's.
+    #[error("file size is {size} bytes, the region has {len}")]
+    Size {
+        /// The file's.
+        size: u64,
+        /// The region's.
+        len: u64,
+    },
+    /// The region does not fit the address space.
+    #[error("region too large")]
+    TooLarge,
+    /// A page cannot be faulted in.
+    #[error("pages cannot be populated (a hole the host cannot fill, or a truncation): {0}")]
+    Populate(#[source] std::io::Error),
+}
+
+/// Why a released region cannot be proved unreachable: it is never reused
+/// while that holds.
+#[derive(Debug, thiserror::Error)]
+pub enum Unproved {
+    /// The write lease was refused: a description no process shows exists.
+    #[error(
+        "another open file description exists that no process shows (in flight in an \
+         unreceived SCM_RIGHTS message, or behind a mapping): it can never be proved free"
+    )]
+    Unseen,
+    /// Leases are not available.
+    #[error("write lease unavailable ({0}): cannot prove it free")]
+    NoLease(#[source] std::io::Error),
 }
 
 /// Proves a released region is whole before any page of it is touched: its
@@ -154,12 +161,10 @@ fn check_size(region: &Region) -> Result<(), String> {
 ///
 /// A message saying what is wrong; the region must then be discarded
 /// (the pool's quarantine verdict `Broken`), never scrubbed.
-pub fn check_released(region: &Region) -> Result<(), String> {
+pub fn check_released(region: &Region) -> Result<(), Damage> {
     check_size(region)?;
-    let len = usize::try_from(region.len()).map_err(|_| "region too large".to_string())?;
-    crate::sys::populate_write(region.as_ptr(), len).map_err(|e| {
-        format!("pages cannot be populated (a hole the host cannot fill, or a truncation): {e}")
-    })
+    let len = usize::try_from(region.len()).map_err(|_| Damage::TooLarge)?;
+    crate::sys::populate_write(region.as_ptr(), len).map_err(Damage::Populate)
 }
 
 /// A pooled region a predecessor daemon passed on, to check before it is
@@ -205,7 +210,7 @@ pub fn judge_inherited(regions: &[Inherited<'_>], predecessor: Option<i32>) -> V
                 return Some(format!("held by pid {}", h.pid));
             }
             if let Err(w) = prove_unreachable(i.region) {
-                return Some(w);
+                return Some(w.to_string());
             }
             if !i.whole {
                 return None;
@@ -234,7 +239,7 @@ pub fn judge_inherited(regions: &[Inherited<'_>], predecessor: Option<i32>) -> V
 ///
 /// A message when the proof fails (refused, or leases unavailable): the
 /// region must then never be reused.
-pub fn prove_unreachable(region: &Region) -> Result<(), String> {
+pub fn prove_unreachable(region: &Region) -> Result<(), Unproved> {
     let granted = match region.path() {
         Some(_) => crate::sys::write_lease_free(region.fd()),
         None => crate::sys::reopen(region.fd())
@@ -242,14 +247,8 @@ pub fn prove_unreachable(region: &Region) -> Result<(), String> {
     };
     match granted {
         Ok(true) => Ok(()),
-        Ok(false) => Err(
-            "another open file description exists that no process shows (in flight in an \
-             unreceived SCM_RIGHTS message, or behind a mapping): it can never be proved free"
-                .into(),
-        ),
-        Err(e) => Err(format!(
-            "write lease unavailable ({e}): cannot prove it free"
-        )),
+        Ok(false) => Err(Unproved::Unseen),
+        Err(e) => Err(Unproved::NoLease(e)),
     }
 }
 

@@ -24,7 +24,7 @@ fn check(
     req: MoveRequest,
     who: Initiator,
 ) -> Result<(InUseRegion, ByteRange), RebalanceError> {
-    let Some(region) = rb.pool.in_use(req.region_id) else {
+    let Some(region) = rb.pool.placement().in_use(req.region_id) else {
         // A non-operator learns nothing about regions that are not its own:
         // a missing or pooled id reads exactly like another tenant's.
         if let Initiator::Client { uid, .. } = who {
@@ -35,7 +35,7 @@ fn check(
                 });
             }
         }
-        return Err(if rb.pool.contains(req.region_id) {
+        return Err(if rb.pool.placement().contains(req.region_id) {
             RebalanceError::NotInUse(req.region_id)
         } else {
             RebalanceError::Unknown(req.region_id)
@@ -107,7 +107,7 @@ fn start(
     }
     // For the whole move the region counts as split: released now, it goes
     // back to the kernel rather than into a per-node pool (module docs).
-    if !rb.pool.mark_split(req.region_id, target.alloc) {
+    if !rb.pool.placement().mark_split(req.region_id, target.alloc) {
         // Released between the lookup and the claim.
         lock(&rb.active).remove(&req.region_id);
         return Err(RebalanceError::NotInUse(req.region_id));
@@ -254,12 +254,16 @@ pub(super) fn record(
     // FREE it left the pool table already (it was marked split).
     match whole_on {
         Some(n) => {
-            if rb.pool.set_whole_node(target.id, target.alloc, n) {
+            if rb
+                .pool
+                .placement()
+                .set_whole_node(target.id, target.alloc, n)
+            {
                 info!(region = target.id, node = n, "region is whole on its node");
             }
         }
         None => {
-            if rb.pool.mark_split(target.id, target.alloc) {
+            if rb.pool.placement().mark_split(target.id, target.alloc) {
                 info!(region = target.id, "region's pages are on several nodes");
             }
         }
@@ -344,7 +348,7 @@ pub async fn serve(rb: &Arc<Rebalancer>, session: SessionId, uid: u32, req: Move
 /// `split`, `moving` and `rebalanced` (ranges asked for, while split). The
 /// queries run on a blocking thread (one address per page).
 pub async fn add_placement(rb: &Arc<Rebalancer>, stats: &mut Stats) {
-    let regions = rb.pool.in_use_regions();
+    let regions = rb.pool.placement().in_use_regions();
     let ids: HashSet<RegionId> = regions.iter().map(|r| r.id).collect();
     rb.forget_except(&ids);
     if regions.is_empty() {

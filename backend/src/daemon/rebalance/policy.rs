@@ -105,7 +105,7 @@ pub(super) fn with_descendants(
 
 /// One client's summed sample and how many of its processes were read, or
 /// why the client itself could not be read.
-type ClientSample = Result<(Sample, usize), String>;
+type ClientSample = Result<(Sample, usize), migrate::policy::WatchError>;
 
 /// Samples the vCPU threads of every client and its descendants.
 ///
@@ -140,7 +140,7 @@ pub(super) fn sample_clients(
                     // The client itself must be readable; a descendant may
                     // have exited since the scan.
                     Err(e) if i == 0 => {
-                        return (session, Err(crate::diag::chain(&e)));
+                        return (session, Err(e));
                     }
                     Err(_) => {}
                 }
@@ -176,7 +176,7 @@ pub async fn policy_loop(rb: Arc<Rebalancer>) {
 }
 
 async fn policy_tick(rb: &Arc<Rebalancer>, cpus: &Arc<CpuNodes>) {
-    let regions = rb.pool.in_use_regions();
+    let regions = rb.pool.placement().in_use_regions();
     let mut by_session: BTreeMap<SessionId, Vec<InUseRegion>> = BTreeMap::new();
     for r in regions {
         by_session.entry(r.session).or_default().push(r);
@@ -213,6 +213,7 @@ async fn policy_tick(rb: &Arc<Rebalancer>, cpus: &Arc<CpuNodes>) {
             };
             match result {
                 Err(e) => {
+                    let e = crate::diag::chain(&e);
                     debug!(session, error = %e, "cannot sample a client's threads");
                     p.note = Some(e);
                 }

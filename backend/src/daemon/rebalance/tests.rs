@@ -16,10 +16,10 @@ use numa::NodeId;
 use super::super::config::RebalanceConfig;
 use super::super::pool::{InUseRegion, RegionId};
 use super::super::session::Rooms;
-use super::guest_check;
 use super::moves::*;
 use super::policy::*;
 use super::rebalancer::*;
+use crate::daemon::guest_check;
 use crate::proto::Status;
 
 #[test]
@@ -229,7 +229,12 @@ fn samples_this_process_and_its_children() {
     let out = sample_clients(Path::new("/proc"), &cpus, &[(1, pid)]);
     drop(tx);
     t.join().expect("join");
-    let (sample, watched) = out[0].1.clone().expect("sampled");
+    let (sample, watched) = out
+        .into_iter()
+        .next()
+        .expect("one client")
+        .1
+        .expect("sampled");
     assert!(watched >= 1);
     // At least our `vcpu0` thread: other lib tests in this process may run
     // vCPU-named threads at the same moment, so an exact count would be flaky.
@@ -271,7 +276,7 @@ fn daemon_with_region(
 
 /// What `start` does before the move thread runs: claim and mark split.
 fn pretend_moving(shared: &Rooms, id: RegionId) -> (InUseRegion, CancelToken) {
-    let r = shared.pool.in_use(id).expect("in use");
+    let r = shared.pool.placement().in_use(id).expect("in use");
     let cancel = CancelToken::new();
     lock(&shared.rebalance.active).insert(
         id,
@@ -285,7 +290,7 @@ fn pretend_moving(shared: &Rooms, id: RegionId) -> (InUseRegion, CancelToken) {
             cancel: cancel.clone(),
         },
     );
-    assert!(shared.pool.mark_split(id, r.alloc));
+    assert!(shared.pool.placement().mark_split(id, r.alloc));
     (r, cancel)
 }
 
@@ -346,7 +351,10 @@ fn free_or_disconnect_during_a_move_cancels_it_and_the_region_is_not_pooled() {
     // back to the kernel instead of quarantine and the pool.
     client.free(alloc.id).expect("FREE during a move");
     assert!(cancel.is_cancelled());
-    assert!(!shared.pool.contains(id), "a split region was pooled");
+    assert!(
+        !shared.pool.placement().contains(id),
+        "a split region was pooled"
+    );
     assert_eq!(
         shared.metrics.bytes_released.load(Ordering::Relaxed),
         released + r.region.len()
@@ -360,7 +368,7 @@ fn free_or_disconnect_during_a_move_cancels_it_and_the_region_is_not_pooled() {
         true,
         Some(0),
     );
-    assert!(!shared.pool.contains(id));
+    assert!(!shared.pool.placement().contains(id));
     assert!(!shared.rebalance.is_moving(id));
     drop(alloc);
 
@@ -382,7 +390,7 @@ fn free_or_disconnect_during_a_move_cancels_it_and_the_region_is_not_pooled() {
     drop(a2);
     drop(second);
     let deadline = Instant::now() + Duration::from_secs(10);
-    while !cancel2.is_cancelled() || shared.pool.contains(id2) {
+    while !cancel2.is_cancelled() || shared.pool.placement().contains(id2) {
         assert!(
             Instant::now() < deadline,
             "disconnect did not cancel the move"

@@ -89,8 +89,10 @@ pub(super) fn spawn_loops(
         Some((path, id))
     });
     if let Some(c) = control {
-        let (parts, store) = (Arc::clone(&parts), Arc::clone(&store));
-        tracker.spawn(takeover::control_loop(parts, store, c));
+        let parts = Arc::clone(&parts);
+        let store = Arc::clone(&store);
+        let store_seq: takeover::StoreSeq = Arc::new(move || store.seq());
+        tracker.spawn(takeover::control_loop(parts, store_seq, c));
     }
     tracker.spawn(quarantine_loop(recheck));
     tracker.spawn(policy_loop(rebalance));

@@ -9,9 +9,9 @@ use tracing::{info, warn};
 
 use super::receive::Inherited;
 use super::state::ConnectionRecord;
+use crate::daemon::holders::Predecessor;
 use crate::daemon::peer::PidWatch;
 use crate::daemon::pool::{Adopted, AllocSnapshot, Life, Pool};
-use crate::daemon::quarantine::holders::Predecessor;
 use crate::daemon::quarantine::reuse;
 use crate::daemon::server::{self, Server};
 
@@ -56,7 +56,9 @@ pub fn adopt_into(
         })
         .collect();
     let regions = adopted.len();
-    let kept = pool.import(adopted, allocs, inh.state.next_region, inh.state.next_alloc);
+    let kept = pool
+        .records()
+        .import(adopted, allocs, inh.state.next_region, inh.state.next_alloc);
     info!(
         regions,
         refused,

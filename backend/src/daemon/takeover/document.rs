@@ -4,10 +4,11 @@
 
 use std::os::fd::OwnedFd;
 
-use super::fds::FdList;
 use super::parts::Parts;
 use super::state::{self, State};
 use crate::daemon::lifecycle::ParkedConnection;
+use crate::daemon::persist::fds::FdList;
+use crate::daemon::persist::SaveError;
 use crate::daemon::pool::Snapshot;
 
 /// Who a state document is for.
@@ -36,7 +37,7 @@ pub fn build(
     snap: &Snapshot,
     target: Target,
     seq: u64,
-) -> Result<(State, Vec<OwnedFd>), String> {
+) -> Result<(State, Vec<OwnedFd>), SaveError> {
     let to_store = matches!(target, Target::FdStore { .. });
     let mut fds = FdList::new(!to_store);
     let listeners = parts.listeners.save(&mut fds, to_store)?;
@@ -68,7 +69,7 @@ pub fn build(
 }
 
 /// The pool's regions, each with its fd.
-fn save_regions(snap: &Snapshot, fds: &mut FdList) -> Result<Vec<state::RegionRecord>, String> {
+fn save_regions(snap: &Snapshot, fds: &mut FdList) -> Result<Vec<state::RegionRecord>, SaveError> {
     snap.regions
         .iter()
         .map(|r| Ok(r.save(fds.add(r.region.fd())?)))
@@ -80,7 +81,7 @@ fn save_regions(snap: &Snapshot, fds: &mut FdList) -> Result<Vec<state::RegionRe
 fn save_connections(
     travelling: &[ParkedConnection],
     fds: &mut FdList,
-) -> Result<(Vec<state::ConnectionRecord>, u64), String> {
+) -> Result<(Vec<state::ConnectionRecord>, u64), SaveError> {
     let max_session = travelling.iter().map(|c| c.session).max().unwrap_or(0);
     let connections = travelling
         .iter()

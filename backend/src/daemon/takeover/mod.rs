@@ -19,7 +19,7 @@
 //!    their current round and pause
 //!    ([`crate::daemon::lifecycle::Lifecycle::periodic`]);
 //! 4. the scrubbers finish their batch and are joined;
-//! 5. the pool's table is snapshot ([`crate::daemon::pool::Pool::snapshot`]).
+//! 5. the pool's table is snapshot ([`crate::daemon::pool::Records::snapshot`]).
 //!
 //! It sends a versioned state document in a sealed memfd ([`state`]) and
 //! the fds it names: the listening socket (and the metrics one), every
@@ -72,15 +72,13 @@
 //! [`receive`]: mod@crate::daemon::takeover::receive
 //! [`adopt`]: crate::daemon::takeover::adopt
 //! [`state`]: crate::daemon::takeover::state
-//! [`fds`]: crate::daemon::takeover::fds
-//! [`encoding`]: crate::daemon::takeover::encoding
+//! [`fds`]: crate::daemon::persist::fds
+//! [`encoding`]: crate::daemon::persist::encoding
 //! [`channel`]: crate::daemon::takeover::channel
 
 pub mod adopt;
 pub mod channel;
 pub mod document;
-pub mod encoding;
-pub mod fds;
 pub mod parts;
 pub mod receive;
 pub mod send;
@@ -88,7 +86,7 @@ pub mod state;
 
 pub use adopt::{adopt_into, resume_connections};
 pub use document::{build, Target};
-pub use parts::Parts;
+pub use parts::{FreezeError, Parts};
 pub use receive::{bind_control, receive, Inherited, TakeoverError};
-pub use send::control_loop;
+pub use send::{control_loop, SendError, StoreSeq};
 pub use state::{State, StateError};

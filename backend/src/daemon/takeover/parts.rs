@@ -16,6 +16,21 @@ use crate::daemon::metrics::Metrics;
 use crate::daemon::pool::{Pool, Snapshot};
 use crate::daemon::scrub::Scrubbers;
 
+/// Why the daemon could not be frozen for a takeover or the fd store (it
+/// is thawed and serves on).
+#[derive(Debug, thiserror::Error)]
+pub enum FreezeError {
+    /// A handler or a loop did not stop in time.
+    #[error(transparent)]
+    Timeout(#[from] crate::daemon::lifecycle::FreezeTimeout),
+    /// The scrubbers' join panicked.
+    #[error("the scrubbers did not stop: {0}")]
+    Scrubbers(#[source] tokio::task::JoinError),
+    /// A region is still reserved by an ALLOC.
+    #[error(transparent)]
+    Snapshot(#[from] crate::daemon::pool::SnapshotError),
+}
+
 /// The components a takeover freezes and saves (see the module docs).
 #[derive(Debug)]
 pub struct Parts {
@@ -69,19 +84,19 @@ impl Parts {
     pub async fn freeze(
         self: &Arc<Self>,
         keep: bool,
-    ) -> Result<(RwLockWriteGuard<'_, ()>, Snapshot), String> {
+    ) -> Result<(RwLockWriteGuard<'_, ()>, Snapshot), FreezeError> {
         let work = self.lifecycle.freeze(Duration::from_secs(10)).await?;
         let parts = Arc::clone(self);
         tokio::task::spawn_blocking(move || parts.stop_scrubbers())
             .await
-            .map_err(|e| e.to_string())?;
-        let snapshot = self.pool.snapshot(keep)?;
+            .map_err(FreezeError::Scrubbers)?;
+        let snapshot = self.pool.records().snapshot(keep)?;
         Ok((work, snapshot))
     }
 
     /// Ends a freeze that did not lead anywhere: the daemon serves on.
     pub fn thaw(&self) {
-        self.pool.unkeep();
+        self.pool.records().unkeep();
         if let Err(e) = self.restart_scrubbers() {
             error!(error = %e, "cannot restart the scrubbers after a freeze");
         }

@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 use tracing::{error, info, warn};
 
 use super::channel;
-use super::fds::Fds;
 use super::state::{State, StateError};
+use crate::daemon::persist::fds::Fds;
 
 /// What a successor received: the checked document and its fds (an
 /// `Option` each, taken as they are used).

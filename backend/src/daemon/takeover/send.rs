@@ -9,15 +9,44 @@ use tracing::{error, info, warn};
 
 use super::channel;
 use super::document::{build, Target};
-use super::parts::Parts;
-use crate::daemon::fdstore::FdStore;
+use super::parts::{FreezeError, Parts};
+use super::state::StateError;
 use crate::daemon::peer::PeerCred;
+use crate::daemon::persist::SaveError;
+
+/// Why a takeover was given up (the daemon serves on).
+#[derive(Debug, thiserror::Error)]
+pub enum SendError {
+    /// The daemon could not be frozen.
+    #[error(transparent)]
+    Freeze(#[from] FreezeError),
+    /// A component's part could not be saved.
+    #[error(transparent)]
+    Save(#[from] SaveError),
+    /// The document could not be written into its memfd.
+    #[error("the state document: {0}")]
+    Document(#[from] StateError),
+    /// Sending or the successor's answer failed.
+    #[error("control channel: {0}")]
+    Channel(#[source] std::io::Error),
+    /// The sending thread panicked.
+    #[error("the sending thread: {0}")]
+    Thread(#[source] tokio::task::JoinError),
+    /// The successor did not answer OK.
+    #[error("the successor answered {0:?}")]
+    Refused(String),
+}
+
+/// The sequence number of the fd store's last document (the successor
+/// goes on from it): the fd store's, handed in by the start, which sits
+/// above both.
+pub type StoreSeq = Arc<dyn Fn() -> u64 + Send + Sync>;
 
 /// Serves the control socket: one takeover at a time, from the daemon's
 /// own uid only.
 pub async fn control_loop(
     parts: Arc<Parts>,
-    store: Arc<FdStore>,
+    store_seq: StoreSeq,
     listener: tokio::net::UnixListener,
 ) {
     loop {
@@ -46,7 +75,7 @@ pub async fn control_loop(
         if std_stream.set_nonblocking(false).is_err() {
             continue;
         }
-        if serve_successor(&parts, &store, std_stream, peer.pid).await {
+        if serve_successor(&parts, &*store_seq, std_stream, peer.pid).await {
             break;
         }
     }
@@ -56,7 +85,7 @@ pub async fn control_loop(
 /// over and is to exit.
 async fn serve_successor(
     parts: &Arc<Parts>,
-    store: &FdStore,
+    store_seq: &(dyn Fn() -> u64 + Send + Sync),
     stream: std::os::unix::net::UnixStream,
     pid: Option<i32>,
 ) -> bool {
@@ -81,7 +110,7 @@ async fn serve_successor(
         _ => return false,
     }
     info!(successor = ?pid, "takeover: freezing");
-    let outcome = freeze_and_send(parts, store, &stream).await;
+    let outcome = freeze_and_send(parts, store_seq, &stream).await;
     match outcome {
         Ok(()) => {
             parts.lifecycle.gone();
@@ -99,13 +128,13 @@ async fn serve_successor(
 
 async fn freeze_and_send(
     parts: &Arc<Parts>,
-    store: &FdStore,
+    store_seq: &(dyn Fn() -> u64 + Send + Sync),
     stream: &std::os::unix::net::UnixStream,
-) -> Result<(), String> {
+) -> Result<(), SendError> {
     let (_work, snapshot) = parts.freeze(true).await?;
-    let (doc, fds) = build(parts, &snapshot, Target::Successor, store.seq())?;
-    let memfd = doc.to_memfd().map_err(|e| e.to_string())?;
-    let s = stream.try_clone().map_err(|e| e.to_string())?;
+    let (doc, fds) = build(parts, &snapshot, Target::Successor, store_seq())?;
+    let memfd = doc.to_memfd()?;
+    let s = stream.try_clone().map_err(SendError::Channel)?;
     let answer = tokio::task::spawn_blocking(move || {
         channel::send_all(&s, &memfd, &fds)?;
         // Adopting and verifying every region takes the successor a while
@@ -113,14 +142,14 @@ async fn freeze_and_send(
         channel::read_line(&s, Duration::from_secs(120))
     })
     .await
-    .map_err(|e| e.to_string())?
-    .map_err(|e| format!("control channel: {e}"))?;
+    .map_err(SendError::Thread)?
+    .map_err(SendError::Channel)?;
     if answer == "OK" {
         // Still holding the work lock: no loop round starts before it
         // sees the daemon taken over.
         parts.lifecycle.gone();
         Ok(())
     } else {
-        Err(format!("the successor answered {answer:?}"))
+        Err(SendError::Refused(answer))
     }
 }

@@ -23,9 +23,9 @@ use std::os::fd::{AsFd, OwnedFd};
 
 use serde::{Deserialize, Serialize};
 
-pub use super::encoding::{decode_pages, encode_pages, hex, unhex};
 pub use crate::daemon::lazy_allocs::LazyRecord;
 pub use crate::daemon::lifecycle::ConnectionRecord;
+pub use crate::daemon::persist::encoding::{decode_pages, encode_pages, hex, unhex};
 pub use crate::daemon::pool::{AllocRecord, RegionRecord, SavedLife};
 use crate::sys;
 

@@ -5,6 +5,8 @@
 
 use std::os::fd::{BorrowedFd, OwnedFd};
 
+use super::SaveError;
+
 /// The fds a state document names, by index: duplicated for a successor,
 /// only numbered for systemd's fd store (which keeps each fd by name, so
 /// the periodic sync duplicates nothing).
@@ -28,9 +30,9 @@ impl FdList {
     /// # Errors
     ///
     /// The duplicate cannot be made.
-    pub fn add(&mut self, fd: BorrowedFd<'_>) -> Result<usize, String> {
+    pub fn add(&mut self, fd: BorrowedFd<'_>) -> Result<usize, SaveError> {
         if let Some(v) = &mut self.fds {
-            v.push(fd.try_clone_to_owned().map_err(|e| e.to_string())?);
+            v.push(fd.try_clone_to_owned().map_err(SaveError::DupFd)?);
         }
         self.next += 1;
         Ok(self.next - 1)
