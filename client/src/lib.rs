@@ -17,8 +17,6 @@
 
 #![deny(missing_docs)]
 
-/// cloud-hypervisor's local-migration protocol, both ends (a VM's memory
-/// fds, configuration and state), with a receiver that bounds what it takes.
 pub mod ch_migration;
 /// Blocking client for the daemon's socket protocol.
 pub mod client;
