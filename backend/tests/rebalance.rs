@@ -278,7 +278,10 @@ fn the_guest_check_needs_two_nodes() {
         return;
     }
     let err = backend::daemon::guest_check::check_rebalance_through_daemon().expect_err("one node");
-    assert!(err.contains("needs two NUMA nodes with memory"), "{err}");
+    assert!(
+        err.to_string().contains("needs two NUMA nodes with memory"),
+        "{err}"
+    );
 }
 
 #[test]

@@ -13,6 +13,31 @@ use crate::client::Client;
 use crate::daemon::{Config, Daemon};
 use crate::proto::{AllocPart, AllocRequest, ClearMode, PagePolicy};
 
+/// Why an in-guest check failed: what it found, in the words its report
+/// uses (the harness prints it; a test matches on it).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct CheckFailed(pub String);
+
+impl From<String> for CheckFailed {
+    fn from(what: String) -> Self {
+        Self(what)
+    }
+}
+
+impl From<&str> for CheckFailed {
+    fn from(what: &str) -> Self {
+        Self(what.to_owned())
+    }
+}
+
+/// A [`CheckFailed`] with `format!`'s arguments.
+macro_rules! failed {
+    ($($what:tt)*) => {
+        CheckFailed(format!($($what)*))
+    };
+}
+
 const PAGE: u64 = 2 << 20;
 const PAGES: u64 = 8;
 
@@ -20,7 +45,7 @@ const PAGES: u64 = 8;
 struct TempDir(PathBuf);
 
 impl TempDir {
-    fn new() -> Result<Self, String> {
+    fn new() -> Result<Self, CheckFailed> {
         use std::os::unix::fs::DirBuilderExt;
         let nanos = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -46,7 +71,7 @@ impl Drop for TempDir {
 /// `PAGES` free 2 MiB pages on `node`: the pool as it is (the guest has
 /// them from its kernel command line), else grown through
 /// `guest_mem::ensure_free` (sysfs, no helper program).
-fn reserve_2m(node: u32) -> Result<(), String> {
+fn reserve_2m(node: u32) -> Result<(), CheckFailed> {
     let free = guest_mem::PoolCounts::read(PageSize::Huge2M, Some(node))
         .map_err(|e| chain(&e))?
         .map_or(0, |p| p.free);
@@ -62,7 +87,7 @@ fn reserve_2m(node: u32) -> Result<(), String> {
     if r.met {
         Ok(())
     } else {
-        Err(format!(
+        Err(failed!(
             "node {node}: only {} free 2M pages, {PAGES} needed",
             r.free
         ))
@@ -91,19 +116,19 @@ use crate::diag::chain;
 ///
 /// Which step failed and why, or that the machine has fewer than two
 /// nodes with memory.
-pub fn check_rebalance_through_daemon() -> Result<String, String> {
+pub fn check_rebalance_through_daemon() -> Result<String, CheckFailed> {
     let topology = Topology::detect().map_err(|e| chain(&e))?;
     let nodes = migrate::memory_nodes(&topology);
     match nodes[..] {
         [a, b, ..] => check_between(a, b),
-        _ => Err(format!(
+        _ => Err(failed!(
             "needs two NUMA nodes with memory; this machine has {nodes:?}"
         )),
     }
 }
 
 /// Writes the pattern of `seed` over the first `size` bytes of `mem`.
-fn write_pattern(mem: &GuestMemoryMmap, seed: u64, size: u64) -> Result<(), String> {
+fn write_pattern(mem: &GuestMemoryMmap, seed: u64, size: u64) -> Result<(), CheckFailed> {
     for i in 0..size / 8 {
         mem.write_obj(pattern(seed, i), GuestAddress(i * 8))
             .map_err(|e| format!("write at {:#x}: {e}", i * 8))?;
@@ -113,13 +138,13 @@ fn write_pattern(mem: &GuestMemoryMmap, seed: u64, size: u64) -> Result<(), Stri
 
 /// Checks that the first `size` bytes of `mem` still hold the pattern of
 /// `seed` after a move.
-fn check_pattern(mem: &GuestMemoryMmap, seed: u64, size: u64) -> Result<(), String> {
+fn check_pattern(mem: &GuestMemoryMmap, seed: u64, size: u64) -> Result<(), CheckFailed> {
     for i in 0..size / 8 {
         let v: u64 = mem
             .read_obj(GuestAddress(i * 8))
             .map_err(|e| format!("read at {:#x}: {e}", i * 8))?;
         if v != pattern(seed, i) {
-            return Err(format!("pattern differs at {:#x} after the move", i * 8));
+            return Err(failed!("pattern differs at {:#x} after the move", i * 8));
         }
     }
     Ok(())
@@ -127,7 +152,7 @@ fn check_pattern(mem: &GuestMemoryMmap, seed: u64, size: u64) -> Result<(), Stri
 
 /// Checks that STATS places every page of `region_id` on node `b`, and
 /// names `b` as its bound node and its node.
-fn check_stats_on(client: &mut Client, region_id: u64, b: u32) -> Result<(), String> {
+fn check_stats_on(client: &mut Client, region_id: u64, b: u32) -> Result<(), CheckFailed> {
     let stats = client.stats().map_err(|e| chain(&e))?;
     let e = stats
         .region(region_id)
@@ -140,7 +165,7 @@ fn check_stats_on(client: &mut Client, region_id: u64, b: u32) -> Result<(), Str
         || e.bound_node != Some(Some(b))
         || e.node != b
     {
-        return Err(format!("STATS after the move: {e:?}"));
+        return Err(failed!("STATS after the move: {e:?}"));
     }
     Ok(())
 }
@@ -148,7 +173,7 @@ fn check_stats_on(client: &mut Client, region_id: u64, b: u32) -> Result<(), Str
 /// The steps of [`check_rebalance_through_daemon`] from node `a` to node
 /// `b`; with `a == b` (a one-node host) every step runs and nothing is
 /// copied.
-pub(crate) fn check_between(a: u32, b: u32) -> Result<String, String> {
+pub(crate) fn check_between(a: u32, b: u32) -> Result<String, CheckFailed> {
     for node in [a, b] {
         reserve_2m(node)?;
     }
@@ -193,8 +218,8 @@ pub(crate) fn check_between(a: u32, b: u32) -> Result<String, String> {
                 .map_err(|e| format!("host address of page {p}: {e}"))
         })
         .collect::<Result<_, _>>()?;
-    let where_ = |what: &str| -> Result<Vec<PageLocation>, String> {
-        numa::move_pages_query(None, &addrs).map_err(|e| format!("{what}: {}", chain(&e)))
+    let where_ = |what: &str| -> Result<Vec<PageLocation>, CheckFailed> {
+        numa::move_pages_query(None, &addrs).map_err(|e| failed!("{what}: {}", chain(&e)))
     };
     let count_on = |locs: &[PageLocation], n: u32| {
         locs.iter()
@@ -203,7 +228,7 @@ pub(crate) fn check_between(a: u32, b: u32) -> Result<String, String> {
     };
     let before = where_("placement before")?;
     if count_on(&before, a) != before.len() {
-        return Err(format!(
+        return Err(failed!(
             "before the move, pages are at {before:?}, not all on node {a}"
         ));
     }
@@ -214,7 +239,7 @@ pub(crate) fn check_between(a: u32, b: u32) -> Result<String, String> {
     let secs = start.elapsed().as_secs_f64();
     let after = where_("placement after")?;
     if failed != 0 || moved != want_moved || count_on(&after, b) != after.len() {
-        return Err(format!(
+        return Err(failed!(
             "REBALANCE to node {b}: {moved} moved, {failed} failed; client sees {after:?}"
         ));
     }
@@ -235,7 +260,7 @@ pub(crate) fn check_between(a: u32, b: u32) -> Result<String, String> {
         || count_on(&split, a) != want_on_a
         || e.split != Some(a != b)
     {
-        return Err(format!(
+        return Err(failed!(
             "range move back: {back} moved, {back_failed} failed; client sees {split:?}; STATS {e:?}"
         ));
     }

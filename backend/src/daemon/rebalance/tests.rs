@@ -412,7 +412,7 @@ fn the_guest_check_runs_here_without_copying() {
             assert!(line.contains("8 2M pages"), "{line}");
             assert!(line.contains(": 0 moved, 0 failed"), "{line}");
         }
-        Err(e) if e.contains("free 2M pages") => test_support::skip!("{e}"),
+        Err(e) if e.0.contains("free 2M pages") => test_support::skip!("{e}"),
         Err(e) => panic!("{e}"),
     }
 }
