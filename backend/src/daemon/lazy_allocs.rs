@@ -20,8 +20,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::Notify;
 use tracing::info;
 
-use crate::daemon::persist::fds::{FdList, Fds};
-use crate::daemon::persist::SaveError;
+use crate::daemon::persist::{Persist, RestoreContext, SaveContext, SaveError};
 use crate::fault::{
     FaultMapping, FaultReport, FaultService, FaultServiceConfig, FaultServiceHandle,
 };
@@ -170,33 +169,37 @@ impl From<SavedUffdRange> for UffdRange {
     }
 }
 
-impl Suspended {
-    /// Its record in the state document; its userfaultfd is numbered in
-    /// `fds`.
-    ///
-    /// # Errors
-    ///
-    /// The userfaultfd cannot be duplicated.
-    pub fn save(&self, fds: &mut FdList) -> Result<LazyRecord, SaveError> {
+impl Persist for Suspended {
+    type State = LazyRecord;
+    type Restored = Suspended;
+    type RestoreError = std::convert::Infallible;
+
+    /// Its record, its userfaultfd numbered in the document.
+    fn save(&self, ctx: &mut SaveContext<'_>) -> Result<LazyRecord, SaveError> {
         Ok(LazyRecord {
             alloc: self.alloc,
             infos: self.infos.iter().map(SavedRegionInfo::from).collect(),
             ranges: self.ranges.iter().map(SavedUffdRange::from).collect(),
-            uffd: self.uffd.as_ref().map(|u| fds.add(u.as_fd())).transpose()?,
+            uffd: self
+                .uffd
+                .as_ref()
+                .map(|u| ctx.fds.add(u.as_fd()))
+                .transpose()?,
         })
     }
-}
 
-impl LazyRecord {
-    /// The suspended allocation this record describes, its userfaultfd
-    /// taken from `fds`.
-    pub fn restore(self, fds: &mut Fds) -> Suspended {
-        Suspended {
-            alloc: self.alloc,
-            infos: self.infos.into_iter().map(RegionInfo::from).collect(),
-            ranges: self.ranges.into_iter().map(UffdRange::from).collect(),
-            uffd: self.uffd.and_then(|i| fds.take(i)),
-        }
+    /// The suspended allocation the record describes, its userfaultfd
+    /// taken from the document's fds.
+    fn restore(
+        state: LazyRecord,
+        ctx: &mut RestoreContext<'_>,
+    ) -> Result<Suspended, std::convert::Infallible> {
+        Ok(Suspended {
+            alloc: state.alloc,
+            infos: state.infos.into_iter().map(RegionInfo::from).collect(),
+            ranges: state.ranges.into_iter().map(UffdRange::from).collect(),
+            uffd: state.uffd.and_then(|i| ctx.fds.take(i)),
+        })
     }
 }
 

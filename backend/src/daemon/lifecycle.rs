@@ -28,8 +28,7 @@ use tokio_util::task::TaskTracker;
 use super::holders::Predecessor;
 use super::lazy_allocs::{LazyRecord, Suspended};
 use super::persist::encoding::{hex, unhex};
-use super::persist::fds::{FdList, Fds};
-use super::persist::{DecodeError, SaveError};
+use super::persist::{DecodeError, Persist, RestoreContext, SaveContext, SaveError};
 use crate::proto::FrameReader;
 
 /// Where the daemon is in a takeover.
@@ -101,13 +100,15 @@ pub struct InheritedConnection {
     pub lazy: Vec<Suspended>,
 }
 
-impl ParkedConnection {
-    /// Its record in the state document; its fds numbered in `fds`.
-    ///
-    /// # Errors
-    ///
-    /// An fd that cannot be duplicated.
-    pub fn save(&self, fds: &mut FdList) -> Result<ConnectionRecord, SaveError> {
+impl Persist for ParkedConnection {
+    type State = ConnectionRecord;
+    type Restored = Option<InheritedConnection>;
+    type RestoreError = ConnectionRestoreError;
+
+    /// Its record, its socket, the fds of its half-read frame and its lazy
+    /// allocations' userfaultfds numbered in the document.
+    fn save(&self, ctx: &mut SaveContext<'_>) -> Result<ConnectionRecord, SaveError> {
+        let fds = &mut *ctx.fds;
         let fd = fds.add(self.stream.as_fd())?;
         let partial_fds = self
             .partial_fds
@@ -117,7 +118,7 @@ impl ParkedConnection {
         let lazy = self
             .lazy
             .iter()
-            .map(|l| l.save(fds))
+            .map(|l| l.save(ctx))
             .collect::<Result<_, _>>()?;
         Ok(ConnectionRecord {
             session: self.session,
@@ -128,6 +129,40 @@ impl ParkedConnection {
             partial_fds,
             lazy,
         })
+    }
+
+    /// The connection the record describes (`None` without its socket),
+    /// its fds taken from the document's.
+    fn restore(
+        state: ConnectionRecord,
+        ctx: &mut RestoreContext<'_>,
+    ) -> Result<Option<InheritedConnection>, ConnectionRestoreError> {
+        let fds = &mut *ctx.fds;
+        let Some(fd) = fds.take(state.fd) else {
+            return Ok(None);
+        };
+        let stream = std::os::unix::net::UnixStream::from(fd);
+        let partial_fds: Vec<OwnedFd> = state
+            .partial_fds
+            .iter()
+            .filter_map(|i| fds.take(*i))
+            .collect();
+        let bytes = unhex(&state.partial)?;
+        let reader = FrameReader::resume(&bytes, partial_fds)?;
+        let lazy = state
+            .lazy
+            .into_iter()
+            .map(|l| Suspended::restore(l, ctx))
+            .collect::<Result<_, _>>()
+            .unwrap_or_else(|never| match never {});
+        Ok(Some(InheritedConnection {
+            stream,
+            session: state.session,
+            handshaken: state.handshaken,
+            features: state.features,
+            reader,
+            lazy,
+        }))
     }
 }
 
@@ -141,40 +176,6 @@ pub enum ConnectionRestoreError {
     /// Its half-read frame is not the start of a frame.
     #[error("half-read frame")]
     Frame(#[from] crate::proto::ProtoError),
-}
-
-impl ConnectionRecord {
-    /// The connection this record describes, its fds taken from `fds`;
-    /// `None` without its socket.
-    ///
-    /// # Errors
-    ///
-    /// A malformed half-read frame (the connection is then closed).
-    pub fn restore(
-        self,
-        fds: &mut Fds,
-    ) -> Result<Option<InheritedConnection>, ConnectionRestoreError> {
-        let Some(fd) = fds.take(self.fd) else {
-            return Ok(None);
-        };
-        let stream = std::os::unix::net::UnixStream::from(fd);
-        let partial_fds: Vec<OwnedFd> = self
-            .partial_fds
-            .iter()
-            .filter_map(|i| fds.take(*i))
-            .collect();
-        let bytes = unhex(&self.partial)?;
-        let reader = FrameReader::resume(&bytes, partial_fds)?;
-        let lazy = self.lazy.into_iter().map(|l| l.restore(fds)).collect();
-        Ok(Some(InheritedConnection {
-            stream,
-            session: self.session,
-            handshaken: self.handshaken,
-            features: self.features,
-            reader,
-            lazy,
-        }))
-    }
 }
 
 /// What did not stop in time for a freeze.

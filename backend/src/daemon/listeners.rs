@@ -7,8 +7,7 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 
-use super::persist::fds::FdList;
-use super::persist::SaveError;
+use super::persist::{Persist, RestoreContext, SaveContext, SaveError};
 
 /// See the module docs.
 #[derive(Debug, Default)]
@@ -60,18 +59,32 @@ impl Listeners {
     pub fn set(&self, socket: Option<OwnedFd>, metrics: Option<OwnedFd>) {
         *lock(&self.sockets) = (socket, metrics);
     }
+}
 
-    /// Adds the sockets that travel to `fds`. For systemd's fd store
-    /// (`to_store`), systemd keeps a socket it passed, and one the daemon
-    /// bound itself goes into the store by name (`crate::daemon::fdstore`,
-    /// as `hugemem-listener`) so that clients queue in its backlog
-    /// meanwhile; a new process binds the metrics port again once this one
-    /// is gone.
-    ///
-    /// # Errors
-    ///
-    /// A socket that cannot be duplicated.
-    pub fn save(&self, fds: &mut FdList, to_store: bool) -> Result<SavedListeners, SaveError> {
+/// The listening sockets a document brought, as the successor takes them.
+#[derive(Debug)]
+pub struct InheritedListeners {
+    /// The clients' listening socket.
+    pub listener: Option<OwnedFd>,
+    /// The metrics endpoint's.
+    pub metrics: Option<OwnedFd>,
+    /// The predecessor created the socket's file (it stays the
+    /// successor's to remove).
+    pub socket_owned: bool,
+}
+
+impl Persist for Listeners {
+    type State = SavedListeners;
+    type Restored = InheritedListeners;
+    type RestoreError = std::convert::Infallible;
+
+    /// The sockets that travel, numbered in the document. For systemd's
+    /// fd store, systemd keeps a socket it passed, and one the daemon bound
+    /// itself goes into the store by name (`crate::daemon::fdstore`, as
+    /// `hugemem-listener`) so that clients queue in its backlog meanwhile;
+    /// a new process binds the metrics port again once this one is gone.
+    fn save(&self, ctx: &mut SaveContext<'_>) -> Result<SavedListeners, SaveError> {
+        let to_store = ctx.to_store;
         let socket_owned = self.socket_owned();
         let l = lock(&self.sockets);
         Ok(SavedListeners {
@@ -79,15 +92,27 @@ impl Listeners {
                 .0
                 .as_ref()
                 .filter(|_| !to_store || socket_owned)
-                .map(|f| fds.add(f.as_fd()))
+                .map(|f| ctx.fds.add(f.as_fd()))
                 .transpose()?,
             metrics: l
                 .1
                 .as_ref()
                 .filter(|_| !to_store)
-                .map(|f| fds.add(f.as_fd()))
+                .map(|f| ctx.fds.add(f.as_fd()))
                 .transpose()?,
             socket_owned,
+        })
+    }
+
+    /// The sockets the record names, taken from the document's fds.
+    fn restore(
+        state: SavedListeners,
+        ctx: &mut RestoreContext<'_>,
+    ) -> Result<InheritedListeners, std::convert::Infallible> {
+        Ok(InheritedListeners {
+            listener: state.listener.and_then(|i| ctx.fds.take(i)),
+            metrics: state.metrics.and_then(|i| ctx.fds.take(i)),
+            socket_owned: state.socket_owned,
         })
     }
 }

@@ -60,8 +60,8 @@ pub use held::{Held, HeldRegion, Why};
 pub use in_use::{InUseRegion, Placement};
 pub use owners::{Owners, OwnershipError};
 pub use persist::{
-    AdoptError, Adopted, AllocRecord, AllocSnapshot, Life, Records, RegionRecord, RegionSnapshot,
-    SavedLife, Snapshot, SnapshotError,
+    AdoptError, Adopted, AllocRecord, AllocSnapshot, Life, MalformedToken, Records, RegionRecord,
+    RegionSnapshot, SavedLife, Snapshot, SnapshotError,
 };
 pub use quarantine::{QuarantineBook, Verdict};
 pub use refault::{FillError, FillTicket, FillWork};

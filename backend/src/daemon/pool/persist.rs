@@ -20,7 +20,7 @@ use super::{
 use crate::daemon::holders::Owned;
 use crate::daemon::metrics::Metrics;
 use crate::daemon::persist::encoding::{decode_pages, encode_pages, hex, unhex};
-use crate::daemon::persist::DecodeError;
+use crate::daemon::persist::{DecodeError, Persist, RestoreContext, SaveContext, SaveError};
 
 /// Where an exported region is in its life.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -122,6 +122,9 @@ pub enum SnapshotError {
 /// kernel).
 #[derive(Debug, thiserror::Error)]
 pub enum AdoptError {
+    /// The document names no fd for it (or named its fd twice).
+    #[error("no fd came with it")]
+    NoFd,
     /// In use, by no allocation.
     #[error("in use by no allocation")]
     NoAllocation,
@@ -450,9 +453,27 @@ pub struct AllocRecord {
     pub lazy_fallback: bool,
 }
 
+impl Persist for RegionSnapshot {
+    type State = RegionRecord;
+    type Restored = Adopted;
+    type RestoreError = AdoptError;
+
+    /// Its record, its fd numbered in the document.
+    fn save(&self, ctx: &mut SaveContext<'_>) -> Result<RegionRecord, SaveError> {
+        let fd = ctx.fds.add(self.region.fd())?;
+        Ok(self.record(fd))
+    }
+
+    /// The region adopted from its fd ([`RegionRecord::adopt`]).
+    fn restore(state: RegionRecord, ctx: &mut RestoreContext<'_>) -> Result<Adopted, AdoptError> {
+        let fd = ctx.fds.take(state.fd).ok_or(AdoptError::NoFd)?;
+        state.adopt(fd, ctx.topology)
+    }
+}
+
 impl RegionSnapshot {
     /// Its record in the state document; its fd is `fd` in the fd list.
-    pub fn save(&self, fd: usize) -> RegionRecord {
+    fn record(&self, fd: usize) -> RegionRecord {
         let (life, alloc) = match self.life {
             Life::Clean => (SavedLife::Clean, None),
             Life::Dirty => (SavedLife::Dirty, None),
@@ -526,13 +547,22 @@ impl RegionRecord {
     }
 }
 
-impl AllocSnapshot {
-    /// Its record in the state document. `orphaned`: no connection
-    /// survives (systemd's fd store), so the allocation waits for its VMM
-    /// to re-attach, and a lazy one's faults go to its VMM's fallback
-    /// meanwhile.
-    pub fn save(&self, orphaned: bool) -> AllocRecord {
-        AllocRecord {
+/// Why an allocation's record does not restore (it is then not tracked).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("allocation {0}'s token is malformed")]
+pub struct MalformedToken(pub AllocId);
+
+impl Persist for AllocSnapshot {
+    type State = AllocRecord;
+    type Restored = AllocSnapshot;
+    type RestoreError = MalformedToken;
+
+    /// Its record. For systemd's fd store no connection survives, so the
+    /// allocation waits for its VMM to re-attach (orphaned), and a lazy
+    /// one's faults go to its VMM's fallback meanwhile.
+    fn save(&self, ctx: &mut SaveContext<'_>) -> Result<AllocRecord, SaveError> {
+        let orphaned = ctx.to_store;
+        Ok(AllocRecord {
             id: self.id,
             session: self.session.filter(|_| !orphaned),
             regions: self.regions.clone(),
@@ -541,26 +571,27 @@ impl AllocSnapshot {
             token: hex(&self.token),
             lazy: self.lazy,
             lazy_fallback: self.lazy_fallback || (orphaned && self.lazy),
-        }
+        })
     }
-}
 
-impl AllocRecord {
-    /// The allocation this record describes; `None` when its token is
-    /// malformed (it is then not tracked).
-    pub fn restore(self) -> Option<AllocSnapshot> {
-        let token = unhex(&self.token)
+    /// The allocation the record describes.
+    fn restore(
+        state: AllocRecord,
+        _ctx: &mut RestoreContext<'_>,
+    ) -> Result<AllocSnapshot, MalformedToken> {
+        let token = unhex(&state.token)
             .ok()
-            .and_then(|t| <[u8; 16]>::try_from(t).ok())?;
-        Some(AllocSnapshot {
-            id: self.id,
-            session: self.session,
-            regions: self.regions,
-            locked: self.locked,
-            tenant: self.tenant,
+            .and_then(|t| <[u8; 16]>::try_from(t).ok())
+            .ok_or(MalformedToken(state.id))?;
+        Ok(AllocSnapshot {
+            id: state.id,
+            session: state.session,
+            regions: state.regions,
+            locked: state.locked,
+            tenant: state.tenant,
             token,
-            lazy: self.lazy,
-            lazy_fallback: self.lazy_fallback,
+            lazy: state.lazy,
+            lazy_fallback: state.lazy_fallback,
         })
     }
 }

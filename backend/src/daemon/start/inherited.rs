@@ -11,6 +11,8 @@ use super::core::{self, Host, Sockets};
 use crate::daemon::config::Config;
 use crate::daemon::error::Result;
 use crate::daemon::handle::DaemonHandle;
+use crate::daemon::listeners::{Listeners, SavedListeners};
+use crate::daemon::persist::{Persist, RestoreContext};
 use crate::daemon::systemd;
 use crate::daemon::takeover::Inherited;
 
@@ -70,16 +72,20 @@ fn sockets(
     passed: Option<std::os::unix::net::UnixListener>,
     inh: &mut Inherited,
 ) -> Result<Sockets> {
-    let inherited_listener = inh
-        .state
+    let saved = SavedListeners {
+        listener: inh.state.listener,
+        metrics: inh.state.metrics,
+        socket_owned: inh.state.socket_owned,
+    };
+    let mut ctx = RestoreContext {
+        fds: &mut inh.fds,
+        topology: &host.topology,
+    };
+    let inherited = Listeners::restore(saved, &mut ctx).unwrap_or_else(|never| match never {});
+    let inherited_listener = inherited
         .listener
-        .and_then(|i| inh.take(i))
         .map(std::os::unix::net::UnixListener::from);
-    let inherited_metrics = inh
-        .state
-        .metrics
-        .and_then(|i| inh.take(i))
-        .map(std::net::TcpListener::from);
+    let inherited_metrics = inherited.metrics.map(std::net::TcpListener::from);
     let (listener, socket_id) = match inherited_listener.or(passed) {
         Some(l) => (core::listener_from(host, l)?, None),
         None => {
@@ -90,7 +96,7 @@ fn sockets(
     // A socket the predecessor created stays the successor's to remove:
     // the same file, so its identity is taken now.
     let socket_id = socket_id.or_else(|| {
-        inh.state
+        inherited
             .socket_owned
             .then(|| core::socket_identity(&host.config.socket))
             .flatten()

@@ -10,8 +10,12 @@ use tracing::{info, warn};
 use super::receive::Inherited;
 use super::state::ConnectionRecord;
 use crate::daemon::holders::Predecessor;
+use crate::daemon::lifecycle::ParkedConnection;
 use crate::daemon::peer::PidWatch;
-use crate::daemon::pool::{Adopted, AllocSnapshot, Life, Pool};
+use crate::daemon::persist::{Persist, RestoreContext};
+use crate::daemon::pool::{
+    AdoptError, Adopted, AllocSnapshot, Life, MalformedToken, Pool, RegionSnapshot,
+};
 use crate::daemon::quarantine::reuse;
 use crate::daemon::server::{self, Server};
 
@@ -41,18 +45,21 @@ pub fn adopt_into(
         }
     }
     let quarantined = check_pooled(&mut adopted, inh.predecessor);
+    let mut ctx = RestoreContext {
+        fds: &mut inh.fds,
+        topology,
+    };
     let allocs: Vec<AllocSnapshot> = std::mem::take(&mut inh.state.allocations)
         .into_iter()
-        .filter_map(|a| {
-            let id = a.id;
-            let restored = a.restore();
-            if restored.is_none() {
+        .filter_map(|a| match AllocSnapshot::restore(a, &mut ctx) {
+            Ok(a) => Some(a),
+            Err(MalformedToken(alloc)) => {
                 warn!(
-                    alloc = id,
+                    alloc,
                     "an inherited allocation's token is malformed; not tracked"
                 );
+                None
             }
-            restored
         })
         .collect();
     let regions = adopted.len();
@@ -69,17 +76,24 @@ pub fn adopt_into(
     );
 }
 
-/// Every region record adopted ([`state::RegionRecord::adopt`]); the count
+/// Every region record restored ([`Persist`], which adopts it: `RegionRecord::adopt`); the count
 /// of those that went back to the kernel.
 fn adopt_regions(topology: &numa::Topology, inh: &mut Inherited) -> (Vec<Adopted>, u64) {
     let mut adopted = Vec::new();
     let mut refused = 0u64;
-    for r in std::mem::take(&mut inh.state.regions) {
-        let Some(fd) = inh.take(r.fd) else { continue };
-        match r.adopt(fd, topology) {
+    let records = std::mem::take(&mut inh.state.regions);
+    let mut ctx = RestoreContext {
+        fds: &mut inh.fds,
+        topology,
+    };
+    for r in records {
+        let id = r.id;
+        match RegionSnapshot::restore(r, &mut ctx) {
             Ok(a) => adopted.push(a),
+            // The document named no fd for it: nothing to adopt or give back.
+            Err(AdoptError::NoFd) => {}
             Err(why) => {
-                warn!(region = r.id, reason = %why, "an inherited region failed its checks; back to the kernel");
+                warn!(region = id, reason = %why, "an inherited region failed its checks; back to the kernel");
                 refused += 1;
             }
         }
@@ -120,9 +134,13 @@ fn check_pooled(adopted: &mut [Adopted], predecessor: Option<i32>) -> u64 {
 /// frame and its lazy allocations' fault services), and watches the
 /// predecessor's exit.
 pub fn resume_connections(server: &Arc<Server>, inh: &mut Inherited, conns: Vec<ConnectionRecord>) {
+    let mut ctx = RestoreContext {
+        fds: &mut inh.fds,
+        topology: &server.rooms.topology,
+    };
     for c in conns {
         let session = c.session;
-        let conn = match c.restore(&mut inh.fds) {
+        let conn = match ParkedConnection::restore(c, &mut ctx) {
             Ok(Some(conn)) => conn,
             Ok(None) => continue,
             Err(e) => {

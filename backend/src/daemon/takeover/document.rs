@@ -1,14 +1,14 @@
 //! The state document built from the components' states: the
 //! orchestration of a takeover's and of the fd store's save. Each
-//! component numbers its own fds in the document's [`FdList`].
+//! component saves itself through [`Persist`] and numbers its own fds in
+//! the document's [`FdList`].
 
 use std::os::fd::OwnedFd;
 
 use super::parts::Parts;
 use super::state::{self, State};
-use crate::daemon::lifecycle::ParkedConnection;
 use crate::daemon::persist::fds::FdList;
-use crate::daemon::persist::SaveError;
+use crate::daemon::persist::{Persist, SaveContext, SaveError};
 use crate::daemon::pool::Snapshot;
 
 /// Who a state document is for.
@@ -40,12 +40,18 @@ pub fn build(
 ) -> Result<(State, Vec<OwnedFd>), SaveError> {
     let to_store = matches!(target, Target::FdStore { .. });
     let mut fds = FdList::new(!to_store);
-    let listeners = parts.listeners.save(&mut fds, to_store)?;
-    let regions = save_regions(snap, &mut fds)?;
+    let mut ctx = SaveContext {
+        fds: &mut fds,
+        to_store,
+    };
+    let listeners = parts.listeners.save(&mut ctx)?;
+    let regions = save_all(&snap.regions, &mut ctx)?;
     let parked = parts.lifecycle.parked();
     let travelling = if to_store { &[][..] } else { &parked[..] };
-    let (connections, max_session) = save_connections(travelling, &mut fds)?;
+    let connections = save_all(travelling, &mut ctx)?;
+    let max_session = travelling.iter().map(|c| c.session).max().unwrap_or(0);
     drop(parked);
+    let allocations = save_all(&snap.allocs, &mut ctx)?;
     let doc = State {
         format: state::FORMAT.into(),
         version: state::VERSION,
@@ -61,31 +67,17 @@ pub fn build(
         next_alloc: snap.next_alloc,
         next_session: parts.next_session_hint().max(max_session + 1),
         regions,
-        allocations: snap.allocs.iter().map(|a| a.save(to_store)).collect(),
+        allocations,
         connections,
         counters: parts.metrics.to_map(),
     };
     Ok((doc, fds.into_fds()))
 }
 
-/// The pool's regions, each with its fd.
-fn save_regions(snap: &Snapshot, fds: &mut FdList) -> Result<Vec<state::RegionRecord>, SaveError> {
-    snap.regions
-        .iter()
-        .map(|r| Ok(r.save(fds.add(r.region.fd())?)))
-        .collect()
-}
-
-/// The parked connections ([`ParkedConnection::save`]); and the highest
-/// session id among them.
-fn save_connections(
-    travelling: &[ParkedConnection],
-    fds: &mut FdList,
-) -> Result<(Vec<state::ConnectionRecord>, u64), SaveError> {
-    let max_session = travelling.iter().map(|c| c.session).max().unwrap_or(0);
-    let connections = travelling
-        .iter()
-        .map(|c| c.save(fds))
-        .collect::<Result<_, _>>()?;
-    Ok((connections, max_session))
+/// Every component of `parts` saved, in order.
+fn save_all<P: Persist>(
+    parts: &[P],
+    ctx: &mut SaveContext<'_>,
+) -> Result<Vec<P::State>, SaveError> {
+    parts.iter().map(|p| p.save(ctx)).collect()
 }

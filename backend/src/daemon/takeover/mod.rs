@@ -54,7 +54,7 @@
 //! own state ([`crate::daemon::pool::RegionRecord`],
 //! [`crate::daemon::lazy_allocs::LazyRecord`],
 //! [`crate::daemon::lifecycle::ConnectionRecord`],
-//! [`crate::daemon::listeners::Listeners::save`], the counters'
+//! [`crate::daemon::listeners::Listeners`], the counters'
 //! `Metrics::to_map`), and the trust checks of an adopted pooled region
 //! are the quarantine's ([`crate::daemon::quarantine::reuse::judge_inherited`]).
 //!
