@@ -2,7 +2,7 @@
 //! as one digit each, bytes as hex. The components use them to save and
 //! restore their own states.
 
-use super::DecodeError;
+use super::error::DecodeError;
 
 /// Page states as one digit each.
 pub fn encode_pages(states: &[guest_mem::PageState]) -> String {

@@ -5,7 +5,7 @@
 
 use std::os::fd::{BorrowedFd, OwnedFd};
 
-use super::SaveError;
+use super::error::SaveError;
 
 /// The fds a state document names, by index: duplicated for a successor,
 /// only numbered for systemd's fd store (which keeps each fd by name, so
