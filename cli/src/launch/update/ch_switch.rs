@@ -22,7 +22,7 @@
 //! API before reaches it after.
 
 use std::ffi::OsString;
-use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
@@ -31,18 +31,14 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use hugemem_client::client::Allocation;
-use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use tracing::{debug, warn};
 
 use super::error::UpdateError;
 use super::switch::{monotonic_ns, MigrationFigures, SuccessorCommand, Switched, VmmSwitch};
 use crate::launch::ch_api::{ChApi, ChApiError};
+use crate::launch::ch_events::{ChEvents, RECEIVE_READY};
 use crate::launch::command_line::option_name;
 use crate::launch::error::LaunchError;
-
-/// The event a receiving cloud-hypervisor emits once its migration socket
-/// listens.
-const RECEIVE_READY: &str = "migration-receive-ready";
 
 fn api_err(what: &str) -> impl FnOnce(ChApiError) -> UpdateError + '_ {
     move |source| UpdateError::ChApi {
@@ -237,7 +233,7 @@ impl ChSwitch {
         std::thread::spawn(move || {
             let _ = done_tx.send(receiver.receive_migration(&listen, deadline));
         });
-        let mut events = EventReader::new(pending.events);
+        let mut events = ChEvents::new(pending.events);
         if let Err(why) = events.wait_for(RECEIVE_READY, self.deadline) {
             // Its API's answer, if it gave one, says more (a refusal, or
             // the connection closed by a process that exited).
@@ -411,95 +407,5 @@ impl Drop for ChSwitch {
         }
         let _ = std::fs::remove_file(&self.next_api_path);
         let _ = std::fs::remove_file(&self.migration_path);
-    }
-}
-
-/// cloud-hypervisor's `--event-monitor` stream: JSON objects, one after
-/// the other (pretty-printed, so not one a line).
-struct EventReader {
-    fd: OwnedFd,
-    buf: Vec<u8>,
-}
-
-impl EventReader {
-    fn new(fd: OwnedFd) -> Self {
-        Self {
-            fd,
-            buf: Vec::new(),
-        }
-    }
-
-    /// Reads events until one named `name`, for at most `deadline`.
-    fn wait_for(&mut self, name: &str, deadline: Duration) -> Result<(), String> {
-        let until = Instant::now() + deadline;
-        loop {
-            if self
-                .take_events()
-                .iter()
-                .any(|e| e.get("event").and_then(|v| v.as_str()) == Some(name))
-            {
-                return Ok(());
-            }
-            let left = until.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return Err(format!("no {name} event within {deadline:?}"));
-            }
-            let millis = u16::try_from(left.as_millis()).unwrap_or(u16::MAX);
-            let mut fds = [PollFd::new(self.fd.as_fd(), PollFlags::POLLIN)];
-            match poll(&mut fds, PollTimeout::from(millis)) {
-                Ok(0) => continue,
-                Ok(_) => {}
-                Err(nix::errno::Errno::EINTR) => continue,
-                Err(e) => return Err(format!("cannot wait for its events: {e}")),
-            }
-            let mut chunk = [0u8; 4096];
-            match nix::unistd::read(&self.fd, &mut chunk) {
-                Ok(0) => return Err("it exited (its event stream closed)".into()),
-                Ok(n) => self.buf.extend_from_slice(&chunk[..n]),
-                Err(nix::errno::Errno::EINTR | nix::errno::Errno::EAGAIN) => {}
-                Err(e) => return Err(format!("cannot read its events: {e}")),
-            }
-        }
-    }
-
-    /// The whole events at the front of the buffer, removed from it.
-    fn take_events(&mut self) -> Vec<serde_json::Value> {
-        let mut out = Vec::new();
-        let mut stream =
-            serde_json::Deserializer::from_slice(&self.buf).into_iter::<serde_json::Value>();
-        let mut used = 0;
-        while let Some(value) = stream.next() {
-            match value {
-                Ok(v) => {
-                    out.push(v);
-                    used = stream.byte_offset();
-                }
-                // The rest of an event is still to come.
-                Err(e) if e.is_eof() => break,
-                // Not JSON: drop what was read (nothing waits on it).
-                Err(_) => {
-                    used = self.buf.len();
-                    break;
-                }
-            }
-        }
-        self.buf.drain(..used);
-        out
-    }
-
-    /// Keeps reading (and dropping) events until the process closes the
-    /// stream, so its writes never find the pipe full.
-    fn drain_in_background(self) {
-        let fd = self.fd;
-        std::thread::spawn(move || {
-            let mut chunk = [0u8; 4096];
-            loop {
-                match nix::unistd::read(&fd, &mut chunk) {
-                    Ok(0) => break,
-                    Ok(_) | Err(nix::errno::Errno::EINTR) => {}
-                    Err(_) => break,
-                }
-            }
-        });
     }
 }
