@@ -97,6 +97,9 @@ fn ram_sent(v: &Value) -> String {
     }
 }
 
+/// What a row shows of one run.
+type Cell<'a> = &'a dyn Fn(&Value) -> String;
+
 /// One row: the label, then a cell per run.
 fn row(label: &str, files: &[(String, Value)], cell: impl Fn(&Value) -> String) -> String {
     let cells: Vec<String> = files.iter().map(|(_, v)| cell(v)).collect();
@@ -130,7 +133,7 @@ pub(super) fn vmm_updates(files: &[(String, Value)]) -> String {
         header.join(" | "),
         "---|".repeat(files.len())
     );
-    let rows: [(&str, &dyn Fn(&Value) -> String); 15] = [
+    let rows: [(&str, Cell<'_>); 15] = [
         ("updates (hugemem / floor)", &|v| {
             format!("{} / {}", f(v, "update.updates", 0), f(v, "floor.updates", 0))
         }),
