@@ -124,15 +124,22 @@ pub(crate) fn floor(
     Ok(series)
 }
 
-/// The state of `ch`'s VM once its API answers (a VM on the command line
-/// is created and booted before the API serves).
+/// Waits until `ch`'s VM runs: its guest memory (a memfd) is there from
+/// then on. Before the VM from the command line is made, `vm.info` fails or
+/// names the state `Created` (the configuration alone).
 fn running(ch: &BenchCh) -> Result<(), VmmUpdateError> {
-    match ch.api().vm_state(CH_DEADLINE) {
-        Ok(state) if state == "Running" => Ok(()),
-        Ok(state) => Err(VmmUpdateError::Ch(format!(
-            "the VM is {state}, not Running"
-        ))),
-        Err(e) => Err(VmmUpdateError::Ch(format!("vm.info: {e}"))),
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let state = ch.api().vm_state(CH_DEADLINE);
+        match state {
+            Ok(ref s) if s == "Running" => return Ok(()),
+            _ if Instant::now() > deadline => {
+                return Err(VmmUpdateError::Ch(format!(
+                    "the VM does not run within 30 s: {state:?}"
+                )))
+            }
+            _ => std::thread::sleep(Duration::from_millis(1)),
+        }
     }
 }
 

@@ -236,14 +236,18 @@ fn memfd_of(pid: u32) -> Result<String, VmmUpdateError> {
     let dir = format!("/proc/{pid}/fd");
     let entries =
         std::fs::read_dir(&dir).map_err(|e| VmmUpdateError::Guest(format!("{dir}: {e}")))?;
+    let mut seen = Vec::new();
     for entry in entries.flatten() {
         if let Ok(target) = std::fs::read_link(entry.path()) {
-            if target.to_string_lossy().starts_with("/memfd:") {
+            let target = target.to_string_lossy().into_owned();
+            if target.starts_with("/memfd:") {
                 return Ok(entry.file_name().to_string_lossy().into_owned());
             }
+            seen.push(target);
         }
     }
     Err(VmmUpdateError::Guest(format!(
-        "process {pid} has no memory fd the bench can read"
+        "process {pid} has no memory fd the bench can read (its fds: {})",
+        seen.join(", ")
     )))
 }

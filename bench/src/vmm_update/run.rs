@@ -66,18 +66,27 @@ impl LaunchedRam {
         if cfg.vmm == Vmm::Qemu {
             return Ok(Self::PerQemu);
         }
-        let cmdline =
-            std::fs::read(format!("/proc/{vmm}/cmdline")).map_err(io("VMM command line"))?;
-        let fd = String::from_utf8_lossy(&cmdline)
-            .split('\0')
-            .find_map(|a| {
+        // Right after the exec the command line may still read empty.
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let fd = loop {
+            let cmdline =
+                std::fs::read(format!("/proc/{vmm}/cmdline")).map_err(io("VMM command line"))?;
+            let fd = String::from_utf8_lossy(&cmdline).split('\0').find_map(|a| {
                 a.split(',')
                     .find_map(|kv| kv.strip_prefix("file=/dev/fd/"))
                     .map(str::to_owned)
-            })
-            .ok_or_else(|| {
-                VmmUpdateError::Guest("no file=/dev/fd/N on cloud-hypervisor's command line".into())
-            })?;
+            });
+            match fd {
+                Some(fd) => break fd,
+                None if Instant::now() > deadline => {
+                    return Err(VmmUpdateError::Guest(format!(
+                        "no file=/dev/fd/N on cloud-hypervisor's command line: {}",
+                        String::from_utf8_lossy(&cmdline).replace('\0', " ")
+                    )))
+                }
+                None => std::thread::sleep(Duration::from_millis(1)),
+            }
+        };
         Ok(Self::Launcher(GuestRam::open(Path::new(&format!(
             "/proc/{launcher}/fd/{fd}"
         )))?))
