@@ -319,6 +319,6 @@ fn vmm_update_runs_share_one_table_with_their_expectations_checked() {
     );
     // The copy ratio is judged at 8 GiB only: 600 / 40 = 15x < 20x.
     assert!(out.contains("| 12.5x | 15.0x: **not met** |"), "{out}");
-    assert!(out.contains("0.0010 %: met"), "{out}");
+    assert!(out.contains("0.001000 %: met"), "{out}");
     assert!(out.contains("the host has 1 1 GiB pages"), "{out}");
 }

@@ -370,11 +370,13 @@ impl VmmUpdateReport {
         );
         let _ = writeln!(
             t,
-            "transferred {:.4}% of RAM (limit < 1%); pause at the switch copy/hugemem {}, largest gap copy/hugemem {} (limit >= 5x at 8 GiB); update time copy/hugemem {}",
+            "transferred {:.4}% of RAM (limit < 1%); pause at the switch copy/hugemem {}, largest gap copy/hugemem {}{}; update time copy/hugemem {}{}",
             u.ram_transferred_max_pct,
             col(self.switch_gap_ratio.map(|r| format!("{r:.1}x"))),
             col(self.downtime_ratio.map(|r| format!("{r:.1}x"))),
-            col(self.update_time_ratio.map(|r| format!("{r:.1}x")))
+            if self.vmm == "qemu" { " (limit >= 5x at 8 GiB)" } else { "" },
+            col(self.update_time_ratio.map(|r| format!("{r:.1}x"))),
+            if self.vmm == "qemu" { "" } else { " (limit >= 20x at 8 GiB)" },
         );
         let _ = writeln!(t, "{}", self.page_size_note);
         if let Some(note) = &self.floor_note {

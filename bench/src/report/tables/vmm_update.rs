@@ -48,9 +48,14 @@ fn pause_within_floor(v: &Value) -> String {
         num(v, "floor.switch_gap_median_ms"),
     ) {
         (Some(u), Some(fl)) => format!(
-            "{} ({} ≤ {} + {})",
+            "{} ({} {} {} + {})",
             verdict(u <= fl + PAUSE_OVER_FLOOR_MS),
             fixed(u, 2),
+            if u <= fl + PAUSE_OVER_FLOOR_MS {
+                "≤"
+            } else {
+                ">"
+            },
             fixed(fl, 2),
             fixed(PAUSE_OVER_FLOOR_MS, 0)
         ),
@@ -92,7 +97,7 @@ fn copy_ratio(v: &Value) -> String {
 /// RAM sent by hugemem's update in % of RAM, with the verdict.
 fn ram_sent(v: &Value) -> String {
     match num(v, "update.ram_transferred_max_pct") {
-        Some(p) => format!("{} %: {}", fixed(p, 4), verdict(p < 1.0)),
+        Some(p) => format!("{} %: {}", fixed(p, 6), verdict(p < 1.0)),
         None => "-".into(),
     }
 }
@@ -110,9 +115,9 @@ fn row(label: &str, files: &[(String, Value)], cell: impl Fn(&Value) -> String) 
 pub(super) fn vmm_updates(files: &[(String, Value)]) -> String {
     let mut out = String::from("\n");
     for (n, v) in files {
-        out += &run_line(n, v);
+        out += run_line(n, v).trim_end();
         out += &note(v, "page_size_note");
-        out += "\n";
+        out += "\n\n";
     }
     let Some((_, first)) = files.first() else {
         return out;
