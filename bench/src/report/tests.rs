@@ -284,7 +284,7 @@ fn churn_rows_show_the_floor_and_the_limit() {
 fn vmm_update_run(size: u64, pause: f64, floor_pause: f64, copy_ms: f64) -> Value {
     json!({
         "bench": "vmm-update", "vmm": "cloud-hypervisor", "size": size, "page_size": "2M",
-        "page_size_note": "run on 2 MiB pages; the host has 1 1 GiB pages (1 free)",
+        "page_size_note": "run on 2 MiB pages; the host has 1 huge pages of 1 GiB (1 free)",
         "update": {"updates": 10, "update_median_ms": 40.0, "switch_gap_median_ms": pause,
                    "downtime_median_ms": pause, "idle_gap_ms": 0.1,
                    "ram_transferred_max_bytes": 4096, "ram_transferred_max_pct": 0.001,
@@ -320,5 +320,5 @@ fn vmm_update_runs_share_one_table_with_their_expectations_checked() {
     // The copy ratio is judged at 8 GiB only: 600 / 40 = 15x < 20x.
     assert!(out.contains("| 12.5x | 15.0x: **not met** |"), "{out}");
     assert!(out.contains("0.001000 %: met"), "{out}");
-    assert!(out.contains("the host has 1 1 GiB pages"), "{out}");
+    assert!(out.contains("the host has 1 huge pages of 1 GiB"), "{out}");
 }

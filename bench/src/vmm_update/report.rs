@@ -213,7 +213,7 @@ fn page_size_note(size: u64) -> String {
         .unwrap_or(0)
     };
     format!(
-        "run on 2 MiB pages; the host has {} 1 GiB pages ({} free), a run on them needs {} at once",
+        "run on 2 MiB pages; the host has {} huge pages of 1 GiB ({} free), a run on them needs {} at once",
         read("nr_hugepages"),
         read("free_hugepages"),
         2 * size.div_ceil(1 << 30)
