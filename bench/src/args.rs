@@ -285,18 +285,22 @@ pub(crate) struct TakeoverArgs {
 /// `hugemem-bench vmm-update` flags.
 #[derive(Debug, clap::Args)]
 pub(crate) struct VmmUpdateArgs {
-    /// The VMM: qemu (the only one so far).
-    #[arg(long, default_value = "qemu", value_parser = ["qemu"])]
+    /// The VMM: qemu or cloud-hypervisor.
+    #[arg(long, default_value = "qemu", value_parser = ["qemu", "cloud-hypervisor"])]
     pub(crate) vmm: String,
     /// Guest RAM (K/M/G suffixes), on 2 MiB pages.
     #[arg(long, default_value = "1G", value_parser = parse_size_arg)]
     pub(crate) size: u64,
-    /// Live updates in a row on the hugemem side (median and each reported).
+    /// Live updates in a row on the hugemem side and the floor (median and
+    /// each reported; 6 and more give 95 % intervals over the floor).
     #[arg(long, default_value_t = 5)]
     pub(crate) updates: usize,
-    /// The QEMU binary.
+    /// The QEMU binary (`--vmm qemu`).
     #[arg(long, default_value = "qemu-system-x86_64")]
     pub(crate) qemu: std::ffi::OsString,
+    /// The cloud-hypervisor binary (`--vmm cloud-hypervisor`).
+    #[arg(long, default_value = "cloud-hypervisor")]
+    pub(crate) cloud_hypervisor: std::ffi::OsString,
     /// Skip the copying baseline (it holds twice the guest RAM in huge pages).
     #[arg(long)]
     pub(crate) no_copy: bool,

@@ -271,13 +271,18 @@ fn takeover(args: TakeoverArgs) -> Result<i32> {
     Ok(0)
 }
 
-/// Runs `vmm-update`; its QEMUs run through `hugemem launch`/`update` (and
+/// Runs `vmm-update`; its VMMs run through `hugemem launch`/`update` (and
 /// its private daemon is `hugemem serve`) of the `hugemem` binary beside.
 fn vmm_update(args: VmmUpdateArgs) -> Result<i32> {
+    let (vmm, program) = match args.vmm.as_str() {
+        "cloud-hypervisor" => (hugemem::launch::Vmm::CloudHypervisor, args.cloud_hypervisor),
+        _ => (hugemem::launch::Vmm::Qemu, args.qemu),
+    };
     let cfg = hugemem_bench::vmm_update::VmmUpdateConfig {
+        vmm,
         size: args.size,
         updates: args.updates.max(1),
-        qemu: args.qemu,
+        program,
         launcher: hugemem::companion::find("hugemem")
             .context("cannot find the hugemem binary for `hugemem launch`")?,
         no_copy: args.no_copy,

@@ -23,7 +23,8 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use guest_mem::PageSize;
-use hugemem::launch::ch_api::{ChApi, ChEvents};
+use hugemem::launch::ch_api::ChApi;
+use hugemem::launch::ch_events::{ChEvents, RECEIVE_READY};
 use hugemem_client::ch_migration::peer::{receive_snapshot, send_snapshot};
 use hugemem_client::ch_migration::Limits;
 use microguest::{pvh_elf, PvhConfig};
@@ -215,7 +216,7 @@ fn a_vm_is_parked_with_this_peer_and_restored_into_a_new_cloud_hypervisor() {
     let receiving = std::thread::spawn(move || api_for_thread.receive_migration(&listen, WAIT));
     let mut events = ChEvents::new(events_r);
     events
-        .wait_for("migration-receive-ready", WAIT)
+        .wait_for(RECEIVE_READY, WAIT)
         .expect("the new cloud-hypervisor listens");
     let sock = UnixStream::connect(&incoming).expect("connect to the new cloud-hypervisor");
     let memory: Vec<_> = snapshot

@@ -280,3 +280,45 @@ fn churn_rows_show_the_floor_and_the_limit() {
         "{out}"
     );
 }
+
+fn vmm_update_run(size: u64, pause: f64, floor_pause: f64, copy_ms: f64) -> Value {
+    json!({
+        "bench": "vmm-update", "vmm": "cloud-hypervisor", "size": size, "page_size": "2M",
+        "page_size_note": "run on 2 MiB pages; the host has 1 huge pages of 1 GiB (1 free)",
+        "update": {"updates": 10, "update_median_ms": 40.0, "switch_gap_median_ms": pause,
+                   "downtime_median_ms": pause, "idle_gap_ms": 0.1,
+                   "ram_transferred_max_bytes": 4096, "ram_transferred_max_pct": 0.001,
+                   "stale_guest": 0, "stale_host": 0, "cleared_bytes": 0,
+                   "balanced": true, "released_after_exit": true},
+        "floor": {"updates": 10, "update_median_ms": 38.0, "switch_gap_median_ms": floor_pause},
+        "copy": {"update_ms": copy_ms, "switch_gap_ms": 9.0, "ram_transferred_bytes": size},
+        "update_time_ratio": copy_ms / 40.0,
+        "update_over_floor_paired_ms": 2.0, "update_over_floor_ci95_ms": [-1.0, 4.5],
+        "switch_gap_over_floor_paired_ms": 0.1
+    })
+}
+
+#[test]
+fn vmm_update_runs_share_one_table_with_their_expectations_checked() {
+    let small = vmm_update_run(1 << 30, 1.0, 0.9, 500.0);
+    let large = vmm_update_run(8 << 30, 1.5, 1.0, 600.0);
+    let out = tables::blocks(&[("a".into(), small), ("b".into(), large)]);
+    assert!(
+        out.contains("| 1G (cloud-hypervisor, 2M pages) | 8G"),
+        "{out}"
+    );
+    assert!(out.contains("+2.0 [-1.0, +4.5]"), "{out}");
+    assert!(out.contains("+0.10 (no interval: under 6 pairs)"), "{out}");
+    assert!(
+        out.contains("| met (1.00 ≤ 0.90 + 2) | met (1.50 ≤ 1.00 + 2) |"),
+        "{out}"
+    );
+    assert!(
+        out.contains("1.50x (1.50 over 1.00 ms): **not met**"),
+        "{out}"
+    );
+    // The copy ratio is judged at 8 GiB only: 600 / 40 = 15x < 20x.
+    assert!(out.contains("| 12.5x | 15.0x: **not met** |"), "{out}");
+    assert!(out.contains("0.001000 %: met"), "{out}");
+    assert!(out.contains("the host has 1 huge pages of 1 GiB"), "{out}");
+}

@@ -18,7 +18,7 @@ use super::setup::{number, reserve};
 use super::{VmmUpdateConfig, VmmUpdateError};
 
 fn argv(cfg: &VmmUpdateConfig, elf: &Path, incoming: bool) -> Vec<OsString> {
-    let mut argv = guest_args(&cfg.qemu, elf);
+    let mut argv = guest_args(&cfg.program, elf);
     argv.extend(
         [
             "-object".to_owned(),
@@ -81,7 +81,8 @@ pub(crate) fn run(
     drop(src_ram);
     src.quit();
     let update_ms = started.elapsed().as_secs_f64() * 1e3;
-    let (now, switch_gap) = after_update(dst.pid(), before, &clock, migrate_at, resumed_at)?;
+    let dst_ram = GuestRam::of(dst.pid())?;
+    let (now, switch_gap) = after_update(&dst_ram, before, &clock, migrate_at, resumed_at)?;
     let downtime_ms = now.max_gap as f64 / tsc_hz * 1e3;
     let switch_gap_ms = switch_gap.map(|t| t as f64 / tsc_hz * 1e3);
     let window = Duration::from_secs_f64(update_ms / 1e3);
@@ -89,7 +90,8 @@ pub(crate) fn run(
         idle_gap_ms,
         stale_host,
         stale_guest,
-    } = settled(dst.pid(), cfg.size, window, tsc_hz)?;
+    } = settled(&dst_ram, cfg.size, window, tsc_hz)?;
+    drop(dst_ram);
     dst.quit();
     let transferred = number(&stats, "/ram/transferred");
     let total_ms = number(&stats, "/total-time");
@@ -101,8 +103,9 @@ pub(crate) fn run(
         idle_gap_ms,
         switch_gap_ms,
         update_ms,
-        qemu_total_ms: total_ms,
-        qemu_downtime_ms: number(&stats, "/downtime"),
+        switch_ms: resumed_at.saturating_sub(migrate_at) as f64 / 1e6,
+        qemu_total_ms: Some(total_ms),
+        qemu_downtime_ms: Some(number(&stats, "/downtime")),
         ram_transferred_bytes: transferred,
         copy_gb_per_s: transferred as f64 / (update_ms / 1e3) / 1e9,
         stale_guest,

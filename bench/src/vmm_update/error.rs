@@ -3,7 +3,7 @@
 /// Errors of `bench vmm-update`.
 #[derive(Debug, thiserror::Error)]
 pub enum VmmUpdateError {
-    /// Huge pages, QEMU or KVM missing.
+    /// Huge pages, the VMM or KVM missing.
     #[error("cannot run: {0}")]
     Setup(String),
     /// The private daemon.
@@ -15,6 +15,9 @@ pub enum VmmUpdateError {
     /// A QEMU or its monitor.
     #[error("QEMU: {0}")]
     Qemu(String),
+    /// A cloud-hypervisor or its API.
+    #[error("cloud-hypervisor: {0}")]
+    Ch(String),
     /// The launcher's update.
     #[error(transparent)]
     Update(#[from] hugemem::launch::ControlError),

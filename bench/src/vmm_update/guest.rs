@@ -1,9 +1,10 @@
 //! The bench's view of a running counting guest (`microguest::spin`):
-//! its spin block read through a QEMU's memory fd, the clock it counts in,
+//! its spin block read through a VMM's memory fd, the clock it counts in,
 //! and what the bench checks in its RAM afterwards.
 
 use std::fs::File;
 use std::os::unix::fs::FileExt;
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use guest_mem::PageSize;
@@ -115,11 +116,28 @@ impl GuestRam {
             Some(fd) => fd,
             None => memfd_of(pid)?,
         };
+        Self::open(Path::new(&format!("/proc/{pid}/fd/{fd}")))
+    }
+
+    /// The RAM of cloud-hypervisor `pid` started on its own memory
+    /// (`--memory …,hugepages=on,shared=on`: a hugetlb memfd).
+    pub(crate) fn of_memfd(pid: u32) -> Result<Self, VmmUpdateError> {
+        Self::open(Path::new(&format!("/proc/{pid}/fd/{}", memfd_of(pid)?)))
+    }
+
+    /// The guest RAM file at `path` (`/proc/PID/fd/N` of a process holding
+    /// it), on 2 MiB pages, its offsets the guest's physical addresses.
+    pub(crate) fn open(path: &Path) -> Result<Self, VmmUpdateError> {
         let file = std::fs::OpenOptions::new()
             .read(true)
             .write(true)
-            .open(format!("/proc/{pid}/fd/{fd}"))
-            .map_err(|e| VmmUpdateError::Guest(format!("QEMU {pid} fd {fd}: {e}")))?;
+            .open(path)
+            .map_err(|e| VmmUpdateError::Guest(format!("{}: {e}", path.display())))?;
+        Self::from_file(file)
+    }
+
+    /// The guest RAM in `file`, as [`GuestRam::open`].
+    pub(crate) fn from_file(file: File) -> Result<Self, VmmUpdateError> {
         let copy = file
             .try_clone()
             .map_err(|e| VmmUpdateError::Guest(format!("dup: {e}")))?;
@@ -212,19 +230,24 @@ impl GuestRam {
     }
 }
 
-/// The fd of QEMU `pid` that is a memfd (its `memory-backend-memfd`).
+/// The fd of process `pid` that is a memfd (QEMU's `memory-backend-memfd`,
+/// cloud-hypervisor's own guest RAM).
 fn memfd_of(pid: u32) -> Result<String, VmmUpdateError> {
     let dir = format!("/proc/{pid}/fd");
     let entries =
         std::fs::read_dir(&dir).map_err(|e| VmmUpdateError::Guest(format!("{dir}: {e}")))?;
+    let mut seen = Vec::new();
     for entry in entries.flatten() {
         if let Ok(target) = std::fs::read_link(entry.path()) {
-            if target.to_string_lossy().starts_with("/memfd:") {
+            let target = target.to_string_lossy().into_owned();
+            if target.starts_with("/memfd:") {
                 return Ok(entry.file_name().to_string_lossy().into_owned());
             }
+            seen.push(target);
         }
     }
     Err(VmmUpdateError::Guest(format!(
-        "QEMU {pid} has no memory fd the bench can read"
+        "process {pid} has no memory fd the bench can read (its fds: {})",
+        seen.join(", ")
     )))
 }

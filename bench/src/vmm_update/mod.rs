@@ -6,6 +6,13 @@
 //! RAM into the destination's own memory, in the same run, on the same
 //! guest.
 //!
+//! `--vmm cloud-hypervisor` measures the same for cloud-hypervisor, whose
+//! update is its own local migration (the memory's fds move over the
+//! socket): its floor is two plain cloud-hypervisors doing that migration on
+//! one resident memfd, its copy the migration without `local=on`
+//! (`ch_baselines.rs`, driving `ch.rs`'s processes). Its RAM bytes sent are
+//! what the old process wrote during the switch (`/proc/PID/io` `wchar`).
+//!
 //! The guest is the micro-guest in spin mode (`microguest::spin`): it writes
 //! `marker ^ gpa` into every 4 KiB page of its RAM (so each page is data a
 //! copying migration must send), then re-reads its pages forever, counting
@@ -28,6 +35,8 @@
 //!   `created − released == held` after each update and after the VM exits,
 //!   and bytes it cleared during the updates (0 expected).
 
+mod ch;
+mod ch_baselines;
 mod copy;
 mod error;
 mod guest;

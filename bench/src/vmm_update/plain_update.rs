@@ -33,7 +33,7 @@ fn one_update(
     step: usize,
     tsc_hz: f64,
 ) -> Result<(BenchQemu, OneUpdate), VmmUpdateError> {
-    let before = before_update(old.pid())?;
+    let before = before_update(&GuestRam::of(old.pid())?)?;
     let mut incoming = argv.to_vec();
     incoming.extend(["-incoming", "defer"].map(OsString::from));
     let started = Instant::now();
@@ -54,8 +54,13 @@ fn one_update(
     let clock = HostClock::now(tsc_hz);
     old.quit();
     let update_ms = started.elapsed().as_secs_f64() * 1e3;
-    let (guest, switch_gap_ticks) =
-        after_update(new.pid(), before, &clock, migrate_at_ns, resumed_at_ns)?;
+    let (guest, switch_gap_ticks) = after_update(
+        &GuestRam::of(new.pid())?,
+        before,
+        &clock,
+        migrate_at_ns,
+        resumed_at_ns,
+    )?;
     let one = OneUpdate {
         guest,
         switch_gap_ticks,
@@ -83,7 +88,7 @@ pub(crate) fn run(
     let _pages = reserve(cfg.size).map_err(VmmUpdateError::Setup)?;
     let (memory, _) = FloorMemory::populated(cfg.size, PageSize::Huge2M)
         .map_err(|e| VmmUpdateError::Setup(format!("the floor's memory: {e}")))?;
-    let mut user = guest_args(&cfg.qemu, elf);
+    let mut user = guest_args(&cfg.program, elf);
     let program = user.remove(0);
     let argv = vmm_argv(
         Vmm::Qemu,
@@ -103,7 +108,7 @@ pub(crate) fn run(
         progress(&format!("plain update {step}: {}", one.summary(tsc_hz)));
         series.push(one, tsc_hz);
     }
-    series.finish(qemu.pid(), cfg.size, tsc_hz)?;
+    series.finish(&GuestRam::of(qemu.pid())?, cfg.size, tsc_hz)?;
     qemu.quit();
     Ok(series)
 }

@@ -1,21 +1,25 @@
 //! The run: the hugemem side (`hugemem launch --control-socket`, then
-//! `hugemem update` N times), then the copying baseline (`copy.rs`).
+//! `hugemem update` N times), then the floor (`plain_update.rs`,
+//! `ch_baselines.rs`) and the copying baseline (`copy.rs`,
+//! `ch_baselines.rs`).
 
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use backend::client::Client;
+use hugemem::launch::Vmm;
 use microguest::{pvh_elf, PvhConfig};
 
+use super::ch::ch_guest_args;
 use super::error::io;
 use super::guest::{host_tsc_hz, GuestRam, HostClock};
 use super::qemu::guest_args;
-use super::report::{UpdateResult, UpdateSeries, VmmUpdateConfig, VmmUpdateReport};
+use super::report::{Measured, UpdateResult, UpdateSeries, VmmUpdateConfig, VmmUpdateReport};
 use super::series::{after_update, before_update, OneUpdate};
 use super::setup::{child_of, reserve, MARKER, START_GPA, STRIDE};
 use super::VmmUpdateError;
-use super::{copy, plain_update};
+use super::{ch_baselines, copy, plain_update};
 use crate::private_dir::PrivateDir;
 use crate::serve_child::{ServeChild, ServeOptions};
 
@@ -26,6 +30,10 @@ fn balanced(stats: &backend::stats::Stats) -> bool {
 
 fn start_launch(cfg: &VmmUpdateConfig, dir: &Path, elf: &Path) -> Result<Child, VmmUpdateError> {
     let log = std::fs::File::create(dir.join("launch.log")).map_err(io("launch log"))?;
+    let guest = match cfg.vmm {
+        Vmm::Qemu => guest_args(&cfg.program, elf),
+        Vmm::CloudHypervisor => ch_guest_args(&cfg.program, elf),
+    };
     Command::new(&cfg.launcher)
         .arg("launch")
         .arg("--socket")
@@ -34,7 +42,7 @@ fn start_launch(cfg: &VmmUpdateConfig, dir: &Path, elf: &Path) -> Result<Child, 
         .arg("--control-socket")
         .arg(dir.join("vm.sock"))
         .arg("--")
-        .args(guest_args(&cfg.qemu, elf))
+        .args(guest)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(log)
@@ -42,18 +50,87 @@ fn start_launch(cfg: &VmmUpdateConfig, dir: &Path, elf: &Path) -> Result<Child, 
         .map_err(io("start hugemem launch"))
 }
 
-/// One `hugemem update` of the guest running under QEMU `qemu`; the new
-/// QEMU's pid and whether its memory came by HANDOFF.
+/// Where the bench reads the launched guest's RAM.
+enum LaunchedRam {
+    /// Through each QEMU's own descriptor (`mem-path=/dev/fd/N`).
+    PerQemu,
+    /// Through the launcher's descriptor, the same for the VM's life (a
+    /// cloud-hypervisor's successor gets its fds by the migration, with
+    /// numbers of its own and no `file=` on its command line).
+    Launcher(GuestRam),
+}
+
+impl LaunchedRam {
+    /// For a VM launched by `launcher` whose first VMM is `vmm`.
+    fn find(cfg: &VmmUpdateConfig, launcher: u32, vmm: u32) -> Result<Self, VmmUpdateError> {
+        if cfg.vmm == Vmm::Qemu {
+            return Ok(Self::PerQemu);
+        }
+        // Right after the exec the command line may still read empty.
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let fd = loop {
+            let cmdline =
+                std::fs::read(format!("/proc/{vmm}/cmdline")).map_err(io("VMM command line"))?;
+            let fd = String::from_utf8_lossy(&cmdline).split('\0').find_map(|a| {
+                a.split(',')
+                    .find_map(|kv| kv.strip_prefix("file=/dev/fd/"))
+                    .map(str::to_owned)
+            });
+            match fd {
+                Some(fd) => break fd,
+                None if Instant::now() > deadline => {
+                    return Err(VmmUpdateError::Guest(format!(
+                        "no file=/dev/fd/N on cloud-hypervisor's command line: {}",
+                        String::from_utf8_lossy(&cmdline).replace('\0', " ")
+                    )))
+                }
+                None => std::thread::sleep(Duration::from_millis(1)),
+            }
+        };
+        Ok(Self::Launcher(GuestRam::open(Path::new(&format!(
+            "/proc/{launcher}/fd/{fd}"
+        )))?))
+    }
+
+    /// The RAM of the guest running under `vmm`.
+    fn of(&self, vmm: u32) -> Result<RamRef<'_>, VmmUpdateError> {
+        match self {
+            Self::PerQemu => GuestRam::of(vmm).map(RamRef::Opened),
+            Self::Launcher(ram) => Ok(RamRef::Held(ram)),
+        }
+    }
+}
+
+/// Guest RAM opened for one process, or the one the bench holds.
+enum RamRef<'a> {
+    Opened(GuestRam),
+    Held(&'a GuestRam),
+}
+
+impl std::ops::Deref for RamRef<'_> {
+    type Target = GuestRam;
+
+    fn deref(&self) -> &GuestRam {
+        match self {
+            Self::Opened(ram) => ram,
+            Self::Held(ram) => ram,
+        }
+    }
+}
+
+/// One `hugemem update` of the guest running under VMM `vmm`; the new
+/// VMM's pid and whether its memory came by HANDOFF.
 fn one_update(
     control: &Path,
-    qemu: u32,
+    ram: &LaunchedRam,
+    vmm: u32,
     tsc_hz: f64,
 ) -> Result<(OneUpdate, u32, bool), VmmUpdateError> {
-    let before = before_update(qemu)?;
+    let before = before_update(&*ram.of(vmm)?)?;
     let report = hugemem::launch::request_update(control, None, Duration::from_secs(600))?;
     let clock = HostClock::now(tsc_hz);
     let (guest, switch_gap_ticks) = after_update(
-        report.new_pid,
+        &*ram.of(report.new_pid)?,
         before,
         &clock,
         report.migrate_at_ns,
@@ -93,8 +170,9 @@ fn hugemem_side(
     let mut stats_client = Client::connect(&socket)?;
     let mut launch = start_launch(cfg, dir, elf)?;
     let launched = Guarded(&mut launch);
-    let mut qemu = child_of(launched.0.id())?;
-    let ram = GuestRam::of(qemu)?;
+    let mut vmm = child_of(launched.0.id())?;
+    let rams = LaunchedRam::find(cfg, launched.0.id(), vmm)?;
+    let ram = rams.of(vmm)?;
     let started = ram.counting_past(0)?;
     progress(&format!(
         "hugemem side: the guest spins (count {})",
@@ -115,15 +193,16 @@ fn hugemem_side(
         released_after_exit: false,
     };
     for i in 1..=cfg.updates {
-        let (one, new_pid, handoff) = one_update(&control, qemu, tsc_hz)?;
-        qemu = new_pid;
+        let (one, new_pid, handoff) = one_update(&control, &rams, vmm, tsc_hz)?;
+        vmm = new_pid;
         progress(&format!("update {i}: {}", one.summary(tsc_hz)));
         r.series.push(one, tsc_hz);
         r.handoff &= handoff;
         r.balanced &= balanced(&stats_client.stats()?);
     }
     r.cleared_bytes = stats_client.stats()?.scrub.bytes - cleared;
-    r.series.finish(qemu, cfg.size, tsc_hz)?;
+    r.series.finish(&*rams.of(vmm)?, cfg.size, tsc_hz)?;
+    drop(rams);
     drop(launched);
     let deadline = Instant::now() + Duration::from_secs(30);
     let after = loop {
@@ -140,7 +219,7 @@ fn hugemem_side(
     Ok((r, guest_hz))
 }
 
-/// The launcher, stopped with SIGTERM (it forwards it to QEMU and frees the
+/// The launcher, stopped with SIGTERM (it forwards it to the VMM and frees the
 /// memory) and reaped when dropped.
 struct Guarded<'a>(&'a mut Child);
 
@@ -160,7 +239,7 @@ impl Drop for Guarded<'_> {
 ///
 /// # Errors
 ///
-/// [`VmmUpdateError`]: no QEMU/KVM or huge pages, or a step failed. A
+/// [`VmmUpdateError`]: no VMM, KVM or huge pages, or a step failed. A
 /// baseline that cannot run (not enough huge pages for two copies of guest
 /// RAM) is a note in the report, not an error.
 pub fn run(
@@ -185,50 +264,35 @@ pub fn run(
     std::fs::write(&elf, image).map_err(io("write the guest image"))?;
     progress(&format!("host TSC {:.3} GHz", tsc_hz / 1e9));
     let (update, guest_hz) = hugemem_side(cfg, dir.path(), &elf, tsc_hz, progress)?;
-    let (floor, floor_note) = match plain_update::run(cfg, dir.path(), &elf, tsc_hz, progress) {
+    let floor = match cfg.vmm {
+        Vmm::Qemu => plain_update::run(cfg, dir.path(), &elf, tsc_hz, progress),
+        Vmm::CloudHypervisor => ch_baselines::floor(cfg, dir.path(), &elf, tsc_hz, progress),
+    };
+    let (floor, floor_note) = match floor {
         Ok(f) => (Some(f), None),
         Err(VmmUpdateError::Setup(why)) => (None, Some(why)),
         Err(e) => return Err(e),
     };
-    let (copy, copy_note) = if cfg.no_copy {
-        (None, Some("--no-copy".to_owned()))
-    } else {
-        match copy::run(cfg, dir.path(), &elf, tsc_hz, progress) {
-            Ok(c) => (Some(c), None),
-            Err(VmmUpdateError::Setup(why)) => (None, Some(why)),
-            Err(e) => return Err(e),
-        }
+    let copy = match cfg.vmm {
+        _ if cfg.no_copy => Err(VmmUpdateError::Setup("--no-copy".to_owned())),
+        Vmm::Qemu => copy::run(cfg, dir.path(), &elf, tsc_hz, progress),
+        Vmm::CloudHypervisor => ch_baselines::copy(cfg, dir.path(), &elf, tsc_hz, progress),
     };
-    let u = &update.series;
-    let ratio = |a: f64, b: f64| (b > 0.0).then(|| a / b);
-    Ok(VmmUpdateReport {
-        vmm: "qemu".into(),
-        size: cfg.size,
-        page_size: "2M".into(),
-        guest_stride: STRIDE,
-        tsc_ghz: tsc_hz / 1e9,
-        guest_tsc_ghz: guest_hz / 1e9,
-        downtime_ratio: copy
-            .as_ref()
-            .and_then(|c| ratio(c.downtime_ms, u.downtime_median_ms)),
-        update_time_ratio: copy
-            .as_ref()
-            .and_then(|c| ratio(c.update_ms, u.update_median_ms)),
-        switch_gap_ratio: copy
-            .as_ref()
-            .and_then(|c| c.switch_gap_ms.zip(u.switch_gap_median_ms))
-            .and_then(|(c, u)| ratio(c, u)),
-        update_over_floor_ms: floor
-            .as_ref()
-            .map(|f| u.update_median_ms - f.update_median_ms),
-        switch_gap_over_floor_ms: floor
-            .as_ref()
-            .and_then(|f| u.switch_gap_median_ms.zip(f.switch_gap_median_ms))
-            .map(|(u, f)| u - f),
-        update,
-        floor,
-        floor_note,
-        copy,
-        copy_note,
-    })
+    let (copy, copy_note) = match copy {
+        Ok(c) => (Some(c), None),
+        Err(VmmUpdateError::Setup(why)) => (None, Some(why)),
+        Err(e) => return Err(e),
+    };
+    Ok(VmmUpdateReport::assemble(
+        cfg,
+        Measured {
+            tsc_hz,
+            guest_hz,
+            update,
+            floor,
+            floor_note,
+            copy,
+            copy_note,
+        },
+    ))
 }

@@ -38,25 +38,23 @@ impl OneUpdate {
     }
 }
 
-/// The guest's count just before an update, its largest gap zeroed so that
-/// the next read covers the update alone.
-pub(crate) fn before_update(qemu: u32) -> Result<u64, VmmUpdateError> {
-    let old = GuestRam::of(qemu)?;
-    old.reset_max_gap()?;
-    Ok(old.spin()?.count)
+/// The guest's count in `ram` (the running VMM's) just before an update,
+/// its largest gap zeroed so that the next read covers the update alone.
+pub(crate) fn before_update(ram: &GuestRam) -> Result<u64, VmmUpdateError> {
+    ram.reset_max_gap()?;
+    Ok(ram.spin()?.count)
 }
 
-/// The guest under the new QEMU `pid` once it counts past `before`, and its
+/// The guest in `ram` (the new VMM's) once it counts past `before`, and its
 /// recorded gap overlapping the switch (`migrate_at_ns`..`resumed_at_ns`,
 /// `CLOCK_MONOTONIC`, placed on the guest's clock through `clock`).
 pub(crate) fn after_update(
-    pid: u32,
+    ram: &GuestRam,
     before: u64,
     clock: &HostClock,
     migrate_at_ns: u64,
     resumed_at_ns: u64,
 ) -> Result<(SpinState, Option<u64>), VmmUpdateError> {
-    let ram = GuestRam::of(pid)?;
     let now = ram.counting_past(before)?;
     let offset = ram.tsc_offset()?;
     let switch = gap_within(
@@ -67,7 +65,7 @@ pub(crate) fn after_update(
     Ok((now, switch))
 }
 
-/// What the guest under QEMU `pid` shows once the migrations are over.
+/// What the guest shows once the migrations are over.
 pub(crate) struct Settled {
     /// The largest gap over an idle window, ms: the noise floor.
     pub(crate) idle_gap_ms: f64,
@@ -77,17 +75,15 @@ pub(crate) struct Settled {
     pub(crate) stale_guest: u64,
 }
 
-/// The guest under QEMU `pid` (of `size` bytes of RAM) after its
-/// migrations: its largest gap over an idle `window`, then the host's and
-/// the guest's stale pages.
+/// The guest in `ram` (of `size` bytes) after its migrations: its largest
+/// gap over an idle `window`, then the host's and the guest's stale pages.
 pub(crate) fn settled(
-    pid: u32,
+    ram: &GuestRam,
     size: u64,
     window: Duration,
     tsc_hz: f64,
 ) -> Result<Settled, VmmUpdateError> {
-    let ram = GuestRam::of(pid)?;
-    let idle_gap_ms = idle_gap(&ram, window, tsc_hz)? * 1e3;
+    let idle_gap_ms = idle_gap(ram, window, tsc_hz)? * 1e3;
     let stale_host = ram.stale_pages(
         START_GPA.max(microguest::IMAGE_END_GPA),
         size.min(HOST_CHECK_END),
@@ -118,13 +114,13 @@ impl UpdateSeries {
         self.updates += 1;
     }
 
-    /// The medians, and what the guest in QEMU `qemu` shows after the last
-    /// update: the largest gap over an idle window as long as the median
+    /// The medians, and what the guest in `ram` (the last VMM's) shows
+    /// after the last update: the largest gap over an idle window as long as the median
     /// update, pages the host finds without the guest's value, pages the
     /// guest found changed.
     pub(crate) fn finish(
         &mut self,
-        qemu: u32,
+        ram: &GuestRam,
         size: u64,
         tsc_hz: f64,
     ) -> Result<(), VmmUpdateError> {
@@ -134,7 +130,7 @@ impl UpdateSeries {
         self.switch_gap_median_ms = (!found.is_empty()).then(|| median(&found));
         self.ram_transferred_max_pct = self.ram_transferred_max_bytes as f64 * 100.0 / size as f64;
         let window = Duration::from_secs_f64(self.update_median_ms / 1e3);
-        let after = settled(qemu, size, window, tsc_hz)?;
+        let after = settled(ram, size, window, tsc_hz)?;
         self.idle_gap_ms = after.idle_gap_ms;
         self.stale_host = after.stale_host;
         self.stale_guest = after.stale_guest;

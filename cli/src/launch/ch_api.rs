@@ -14,18 +14,11 @@
 //! handler runs the whole receive on cloud-hypervisor's VMM thread), so the
 //! caller gives it a timeout of its own; `vm.send-migration` answers once
 //! the migration worker started.
-//!
-//! [`ChEvents`] reads the process's `--event-monitor` stream, where
-//! cloud-hypervisor says what happened (`migration-receive-ready` once a
-//! receiving migration socket listens).
 
 use std::io::{Read, Write};
-use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
-
-use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+use std::time::Duration;
 
 /// The largest response body read (`vm.info` of a large VM is a few KiB).
 pub const MAX_BODY: usize = 1 << 20;
@@ -296,103 +289,5 @@ fn content_length(headers: &[httparse::Header<'_>]) -> Result<usize, String> {
             .ok()
             .and_then(|v| v.trim().parse().ok())
             .ok_or_else(|| format!("a Content-Length of {:?}", String::from_utf8_lossy(h.value))),
-    }
-}
-
-/// cloud-hypervisor's `--event-monitor` stream: JSON objects, one after
-/// the other (pretty-printed, so not one a line).
-#[derive(Debug)]
-pub struct ChEvents {
-    fd: OwnedFd,
-    buf: Vec<u8>,
-}
-
-impl ChEvents {
-    /// The stream on `fd`, the read end of the pipe whose write end the
-    /// process got as `--event-monitor fd=N`.
-    pub fn new(fd: OwnedFd) -> Self {
-        Self {
-            fd,
-            buf: Vec::new(),
-        }
-    }
-
-    /// Reads events until one named `name`, for at most `deadline`.
-    ///
-    /// # Errors
-    ///
-    /// Why not: the deadline passed, the stream closed (the process
-    /// exited), a read failed.
-    pub fn wait_for(&mut self, name: &str, deadline: Duration) -> Result<(), String> {
-        let until = Instant::now() + deadline;
-        loop {
-            if self
-                .take_events()
-                .iter()
-                .any(|e| e.get("event").and_then(|v| v.as_str()) == Some(name))
-            {
-                return Ok(());
-            }
-            let left = until.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return Err(format!("no {name} event within {deadline:?}"));
-            }
-            let millis = u16::try_from(left.as_millis()).unwrap_or(u16::MAX);
-            let mut fds = [PollFd::new(self.fd.as_fd(), PollFlags::POLLIN)];
-            match poll(&mut fds, PollTimeout::from(millis)) {
-                Ok(0) => continue,
-                Ok(_) => {}
-                Err(nix::errno::Errno::EINTR) => continue,
-                Err(e) => return Err(format!("cannot wait for its events: {e}")),
-            }
-            let mut chunk = [0u8; 4096];
-            match nix::unistd::read(&self.fd, &mut chunk) {
-                Ok(0) => return Err("it exited (its event stream closed)".into()),
-                Ok(n) => self.buf.extend_from_slice(&chunk[..n]),
-                Err(nix::errno::Errno::EINTR | nix::errno::Errno::EAGAIN) => {}
-                Err(e) => return Err(format!("cannot read its events: {e}")),
-            }
-        }
-    }
-
-    /// The whole events at the front of the buffer, removed from it.
-    fn take_events(&mut self) -> Vec<serde_json::Value> {
-        let mut out = Vec::new();
-        let mut stream =
-            serde_json::Deserializer::from_slice(&self.buf).into_iter::<serde_json::Value>();
-        let mut used = 0;
-        while let Some(value) = stream.next() {
-            match value {
-                Ok(v) => {
-                    out.push(v);
-                    used = stream.byte_offset();
-                }
-                // The rest of an event is still to come.
-                Err(e) if e.is_eof() => break,
-                // Not JSON: drop what was read (nothing waits on it).
-                Err(_) => {
-                    used = self.buf.len();
-                    break;
-                }
-            }
-        }
-        self.buf.drain(..used);
-        out
-    }
-
-    /// Keeps reading (and dropping) events until the process closes the
-    /// stream, so its writes never find the pipe full.
-    pub fn drain_in_background(self) {
-        let fd = self.fd;
-        std::thread::spawn(move || {
-            let mut chunk = [0u8; 4096];
-            loop {
-                match nix::unistd::read(&fd, &mut chunk) {
-                    Ok(0) => break,
-                    Ok(_) | Err(nix::errno::Errno::EINTR) => {}
-                    Err(_) => break,
-                }
-            }
-        });
     }
 }

@@ -74,6 +74,7 @@
 mod allocation;
 mod build;
 pub mod ch_api;
+pub mod ch_events;
 pub mod cloud_hypervisor;
 mod command_line;
 mod config;

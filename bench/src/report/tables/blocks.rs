@@ -8,11 +8,22 @@ use super::cells::{run_line, significant};
 use super::launches::{churn_row, churn_spans_row, compare, demo, vmstart};
 use super::memory::{clear, mlock};
 use super::takeover::takeover;
+use super::vmm_update::vmm_updates;
 
 /// The generated lines between `<!-- results:NAME,… -->` and
 /// `<!-- /results -->` for the files named: one table of rows for runs of a
-/// kind that has rows (`churn`), else each file's block in turn.
+/// kind that has rows (`churn`), one with a column per run (`vmm-update`),
+/// else each file's block in turn.
 pub fn blocks(files: &[(String, Value)]) -> String {
+    let all_of = |kind: &str| {
+        !files.is_empty()
+            && files
+                .iter()
+                .all(|(_, v)| v.get("bench").and_then(Value::as_str) == Some(kind))
+    };
+    if all_of("vmm-update") {
+        return vmm_updates(files);
+    }
     let all_churn = !files.is_empty()
         && files
             .iter()

@@ -1,6 +1,7 @@
 //! The tables `hugemem bench report` generates for one results file, by its
-//! `"bench"`: `clear`, `alloc`, `mlock`, `vmstart`, `compare`, `demo`, `takeover`; any other
-//! kind (or none) gets its top-level figures as a key/value table. The
+//! `"bench"`: `clear`, `alloc`, `mlock`, `vmstart`, `compare`, `demo`,
+//! `takeover`, `vmm-update` (a column per run); any other kind (or none)
+//! gets its top-level figures as a key/value table. The
 //! tables read the JSON as `--json` prints it; a missing figure shows as `-`.
 
 mod alloc;
@@ -9,5 +10,6 @@ mod cells;
 mod launches;
 mod memory;
 mod takeover;
+mod vmm_update;
 
 pub use blocks::{block, blocks};

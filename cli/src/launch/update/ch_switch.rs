@@ -35,13 +35,10 @@ use tracing::{debug, warn};
 
 use super::error::UpdateError;
 use super::switch::{monotonic_ns, MigrationFigures, SuccessorCommand, Switched, VmmSwitch};
-use crate::launch::ch_api::{ChApi, ChApiError, ChEvents};
+use crate::launch::ch_api::{ChApi, ChApiError};
+use crate::launch::ch_events::{ChEvents, RECEIVE_READY};
 use crate::launch::command_line::option_name;
 use crate::launch::error::LaunchError;
-
-/// The event a receiving cloud-hypervisor emits once its migration socket
-/// listens.
-const RECEIVE_READY: &str = "migration-receive-ready";
 
 fn api_err(what: &str) -> impl FnOnce(ChApiError) -> UpdateError + '_ {
     move |source| UpdateError::ChApi {

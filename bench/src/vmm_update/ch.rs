@@ -1,0 +1,195 @@
+//! cloud-hypervisor processes the bench starts itself (the floor and the
+//! copying baseline). Like `hugemem update`'s switch, the bench binds each
+//! one's API socket and passes it as `--api-socket fd=N` (a request can go
+//! the moment the process starts), and reads its `--event-monitor` from a
+//! pipe: a receiving process says `migration-receive-ready` there once its
+//! migration socket listens.
+
+use std::ffi::OsString;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::os::unix::net::UnixListener;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use hugemem::launch::ch_api::{ChApi, ChApiError};
+use hugemem::launch::ch_events::{ChEvents, RECEIVE_READY};
+
+use super::error::io;
+use super::guest::monotonic_ns;
+use super::VmmUpdateError;
+use crate::floor::inherit_fds;
+
+/// How long one API request, and one migration, may take.
+pub(crate) const CH_DEADLINE: Duration = Duration::from_secs(600);
+
+fn api_err(what: &'static str) -> impl FnOnce(ChApiError) -> VmmUpdateError {
+    move |e| VmmUpdateError::Ch(format!("{what}: {e}"))
+}
+
+/// The guest's cloud-hypervisor options, memory aside: the micro-guest as
+/// its PVH kernel, one vCPU, no console.
+pub(crate) fn ch_guest_args(program: &OsString, elf: &Path) -> Vec<OsString> {
+    let mut args: Vec<OsString> = vec![program.clone(), "--kernel".into(), elf.into()];
+    args.extend(["--cpus", "boot=1", "--serial", "null", "--console", "off"].map(OsString::from));
+    args
+}
+
+/// The bytes process `pid` has written (`/proc/PID/io` `wchar`): the
+/// migration stream goes out with `write`, so its growth over a switch
+/// bounds what the stream carried; `None` once the process is reaped.
+pub(crate) fn written_bytes(pid: u32) -> Option<u64> {
+    let io = std::fs::read_to_string(format!("/proc/{pid}/io")).ok()?;
+    io.lines()
+        .find_map(|l| l.strip_prefix("wchar:"))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+/// A cloud-hypervisor the bench started; killed when dropped.
+pub(crate) struct BenchCh {
+    child: Child,
+    api: ChApi,
+    events: Option<ChEvents>,
+}
+
+impl BenchCh {
+    /// Starts `argv` (program first) with its API socket at
+    /// `dir/NAME.api`, its stderr in `dir/NAME.log` and `inherit` open
+    /// under their numbers. Without a VM on its command line it waits for
+    /// a `receive-migration`.
+    pub(crate) fn start(
+        argv: &[OsString],
+        dir: &Path,
+        name: &str,
+        inherit: &[BorrowedFd<'_>],
+    ) -> Result<Self, VmmUpdateError> {
+        let api_path = dir.join(format!("{name}.api"));
+        let listener =
+            UnixListener::bind(&api_path).map_err(io(format!("bind {}", api_path.display())))?;
+        let api_fd = OwnedFd::from(listener);
+        let (events, theirs) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
+            .map_err(|e| io("event pipe")(e.into()))?;
+        let log = std::fs::File::create(dir.join(format!("{name}.log")))
+            .map_err(io("cloud-hypervisor log"))?;
+        let mut command = Command::new(&argv[0]);
+        command
+            .args(&argv[1..])
+            .arg("--api-socket")
+            .arg(format!("fd={}", api_fd.as_raw_fd()))
+            .arg("--event-monitor")
+            .arg(format!("fd={}", theirs.as_raw_fd()))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log);
+        let mut fds = inherit.to_vec();
+        fds.extend([api_fd.as_fd(), theirs.as_fd()]);
+        inherit_fds(&mut command, &fds);
+        let child = command.spawn().map_err(io("start cloud-hypervisor"))?;
+        Ok(Self {
+            child,
+            api: ChApi::new(&api_path),
+            events: Some(ChEvents::new(events)),
+        })
+    }
+
+    /// Its pid.
+    pub(crate) fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Its API.
+    pub(crate) fn api(&self) -> &ChApi {
+        &self.api
+    }
+
+    /// Reads (and drops) its events from now on, so that it never finds
+    /// the pipe full: for a process that receives no migration.
+    pub(crate) fn drain_events(&mut self) {
+        if let Some(events) = self.events.take() {
+            events.drain_in_background();
+        }
+    }
+
+    /// Ends it after its guest moved away: a migration's source exits by
+    /// itself; one that lingers is told to (`vmm.shutdown`). Then reaps it.
+    pub(crate) fn retire(mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.api.shutdown_vmm(CH_DEADLINE);
+        }
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for BenchCh {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// One migration, as [`migrate`] saw it.
+pub(crate) struct ChMigrated {
+    /// `CLOCK_MONOTONIC` just before `send-migration`, ns.
+    pub(crate) migrate_at_ns: u64,
+    /// `CLOCK_MONOTONIC` once the destination's `receive-migration`
+    /// answered (the guest runs there), ns.
+    pub(crate) resumed_at_ns: u64,
+    /// What the source wrote meanwhile (`/proc/PID/io` `wchar`), bytes.
+    pub(crate) written_bytes: u64,
+}
+
+/// Migrates the guest from `src` to `dst` (started without a VM) over a
+/// UNIX socket at `channel`; `local`: the guest memory's fds move instead
+/// of its RAM. Returns once `dst` runs the guest.
+pub(crate) fn migrate(
+    src: &BenchCh,
+    dst: &mut BenchCh,
+    channel: &Path,
+    local: bool,
+) -> Result<ChMigrated, VmmUpdateError> {
+    let receiver = dst.api.clone();
+    let listen = channel.to_owned();
+    let (done_tx, done_rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = done_tx.send(receiver.receive_migration(&listen, CH_DEADLINE));
+    });
+    let mut events = dst
+        .events
+        .take()
+        .ok_or_else(|| VmmUpdateError::Ch("the destination's events were dropped".into()))?;
+    events.wait_for(RECEIVE_READY, CH_DEADLINE).map_err(|e| {
+        VmmUpdateError::Ch(format!(
+            "the destination did not listen for the migration: {e}"
+        ))
+    })?;
+    let written_before = written_bytes(src.pid());
+    let migrate_at_ns = monotonic_ns();
+    src.api
+        .send_migration(channel, local, CH_DEADLINE)
+        .map_err(api_err("send-migration"))?;
+    done_rx
+        .recv_timeout(CH_DEADLINE)
+        .map_err(|_| VmmUpdateError::Ch("receive-migration did not answer".into()))?
+        .map_err(api_err("receive-migration"))?;
+    let resumed_at_ns = monotonic_ns();
+    let written_after = written_bytes(src.pid());
+    events.drain_in_background();
+    let state = dst.api.vm_state(CH_DEADLINE).map_err(api_err("vm.info"))?;
+    if state != "Running" {
+        return Err(VmmUpdateError::Ch(format!(
+            "the destination's VM is {state} after the migration, not Running"
+        )));
+    }
+    let written_bytes = written_before
+        .zip(written_after)
+        .map(|(b, a)| a.saturating_sub(b))
+        .ok_or_else(|| VmmUpdateError::Ch("cannot read the source's /proc/PID/io".into()))?;
+    Ok(ChMigrated {
+        migrate_at_ns,
+        resumed_at_ns,
+        written_bytes,
+    })
+}
