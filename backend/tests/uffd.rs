@@ -733,7 +733,10 @@ fn closing_last_uffd_under_blocked_fault() {
 
 fn close_child() {
     // The parent records the skip: a child only says why it cannot run.
-    let uffd = match huge_pages().and_then(|()| uffd_with(0)) {
+    // The parent made the pages available (`huge_pages`); the child needs
+    // one of them. Asking again here for all 16 free would fail whenever
+    // another test of the parent holds one at that moment.
+    let uffd = match uffd_with(0) {
         Ok(uffd) => uffd,
         Err(reason) => return println!("{CHILD_CANNOT_RUN} {reason}"),
     };
