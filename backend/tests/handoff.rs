@@ -295,18 +295,39 @@ fn a_lazy_allocation_still_being_cleared_is_not_handed_off() {
     });
     let mut old = d.client();
     let stats = || d.stats();
-    let lazy = lazy_alloc_from_dirty_pool(&mut old, &stats);
-    let token = lazy.token().expect("token");
-    // No UFFD was sent: nothing clears its pages, they stay dirty.
-    let mut new = d.client();
-    let (status, msg) = refused(new.handoff(lazy.id, token, false));
+    let mut handed_off = 0;
+    let (status, msg) = loop {
+        let lazy = lazy_alloc_from_dirty_pool(&mut old, &stats);
+        let token = lazy.token().expect("token");
+        // No UFFD was sent: nothing clears its pages, they stay dirty. A
+        // scrubber that was clearing the region's last dirty page when
+        // the ALLOC took it finishes that page, though; when it was the
+        // last, the allocation is clean by now and the HANDOFF rightly
+        // succeeds: the new owner frees it, and the next try takes
+        // another dirty region.
+        let mut new = d.client();
+        match new.handoff(lazy.id, token, false) {
+            Ok(moved) => {
+                println!("OBSERVED: the region was cleared before the HANDOFF; trying again");
+                handed_off += 1;
+                assert!(handed_off < 10, "never a region with dirty pages left");
+                drop((lazy.fds, moved.fds));
+                new.free(lazy.id).expect("the new owner's");
+                continue;
+            }
+            Err(e) => {
+                let refusal = refused::<()>(Err(e));
+                // Nothing moved: the owner frees it, the token unchanged.
+                drop(lazy.fds);
+                old.free(lazy.id).expect("still the old connection's");
+                break refusal;
+            }
+        }
+    };
     assert_eq!(status, Status::Invalid, "{msg}");
     assert!(msg.contains("to clear"), "{msg}");
-    // Nothing moved: the owner frees it, the token unchanged.
-    drop(lazy.fds);
-    old.free(lazy.id).expect("still the old connection's");
     let s = d.stats();
-    assert_eq!(s.counters.handoff_ok, 0);
+    assert_eq!(s.counters.handoff_ok, handed_off);
     assert!(accounted(&s), "{s}");
     d.shutdown();
 }
