@@ -18,7 +18,7 @@ mod common;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::fs::MetadataExt;
 use std::os::unix::net::{UnixListener, UnixStream};
-use std::path::{Path, PathBuf};
+
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
@@ -27,33 +27,17 @@ use hugemem::launch::ch_api::ChApi;
 use hugemem::launch::ch_events::{ChEvents, RECEIVE_READY};
 use hugemem_client::ch_migration::peer::{receive_snapshot, send_snapshot};
 use hugemem_client::ch_migration::Limits;
-use microguest::{pvh_elf, PvhConfig};
 use test_support::hugepages::hold;
 use test_support::prelude::{serial, TestDaemon};
 
-use common::{child_of, counting_past, spin_state};
+use common::{
+    child_of, cloud_hypervisor, counting_past, launched_guest_ram, maps_inode, spin_elf, spin_state,
+};
 
 const HUGEMEM: &str = env!("CARGO_BIN_EXE_hugemem");
 const RAM: u64 = 256 << 20;
 const STRIDE: u64 = 2 << 20;
 const WAIT: Duration = Duration::from_secs(30);
-
-fn cloud_hypervisor() -> Option<String> {
-    let Some(ch) = std::env::var_os("CLOUD_HYPERVISOR") else {
-        test_support::skip!("CLOUD_HYPERVISOR does not name a cloud-hypervisor binary");
-        return None;
-    };
-    let ch = ch.to_string_lossy().into_owned();
-    if !Path::new(&ch).is_file() {
-        test_support::skip!("CLOUD_HYPERVISOR={ch} is not an executable file");
-        return None;
-    }
-    if let Err(reason) = microguest::kvm_available() {
-        test_support::skip!("{reason}");
-        return None;
-    }
-    Some(ch)
-}
 
 /// Kills a process when the test ends, passed or not.
 struct Kill(Child);
@@ -71,33 +55,6 @@ fn inheritable(fd: &impl AsFd) {
     nix::fcntl::fcntl(fd.as_fd(), nix::fcntl::FcntlArg::F_SETFD(flags)).expect("clear CLOEXEC");
 }
 
-/// The guest's memory file as the first cloud-hypervisor names it
-/// (`file=/dev/fd/N` of a descriptor the launcher holds), opened by this
-/// test: its own description, held for the test's whole length.
-fn guest_ram(launcher: u32, vmm: u32) -> std::fs::File {
-    let cmdline = std::fs::read(format!("/proc/{vmm}/cmdline")).expect("cmdline");
-    let file = String::from_utf8_lossy(&cmdline)
-        .split('\0')
-        .find_map(|a| {
-            a.split(',')
-                .find_map(|kv| kv.strip_prefix("file="))
-                .map(str::to_owned)
-        })
-        .expect("a memory zone's file=");
-    let path = match file.strip_prefix("/dev/fd/") {
-        Some(fd) => PathBuf::from(format!("/proc/{launcher}/fd/{fd}")),
-        None => PathBuf::from(file),
-    };
-    std::fs::File::open(&path).unwrap_or_else(|e| panic!("open {}: {e}", path.display()))
-}
-
-fn maps_inode(pid: u32, ino: u64) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/maps"))
-        .unwrap_or_default()
-        .lines()
-        .any(|l| l.split_whitespace().nth(4).and_then(|w| w.parse().ok()) == Some(ino))
-}
-
 #[test]
 fn a_vm_is_parked_with_this_peer_and_restored_into_a_new_cloud_hypervisor() {
     let _serial = serial();
@@ -112,16 +69,7 @@ fn a_vm_is_parked_with_this_peer_and_restored_into_a_new_cloud_hypervisor() {
         }
     };
     let dir = tempfile::tempdir().expect("tempdir");
-    let elf = dir.path().join("spin.elf");
-    let image = pvh_elf(&PvhConfig {
-        stride: STRIDE,
-        marker: 0x5041_524b_0000_0000,
-        start_gpa: 1 << 20,
-        spin: true,
-        ..Default::default()
-    })
-    .expect("elf");
-    std::fs::write(&elf, image).expect("write elf");
+    let elf = spin_elf(dir.path(), STRIDE, 1 << 20, 0x5041_524b_0000_0000);
     let daemon = TestDaemon::start(|c| c.pool.recheck_ms = 20);
     let api = dir.path().join("api.sock");
     let launch = Command::new("timeout")
@@ -145,7 +93,7 @@ fn a_vm_is_parked_with_this_peer_and_restored_into_a_new_cloud_hypervisor() {
     let mut launch = Kill(launch);
     let launcher = child_of(launch.0.id());
     let first = child_of(launcher);
-    let ram = guest_ram(launcher, first);
+    let ram = launched_guest_ram(launcher, first);
     let ino = ram.metadata().expect("fstat").ino();
     let before = counting_past(&ram, 0, "the guest to spin").count;
 

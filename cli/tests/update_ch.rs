@@ -26,11 +26,13 @@ use std::process::{Child, Command};
 use std::time::Duration;
 
 use guest_mem::PageSize;
-use microguest::{pvh_elf, PvhConfig};
 use test_support::hugepages::{hold, hugepages_2m};
 use test_support::prelude::{serial, wait_until, TestDaemon};
 
-use common::{assert_balanced, child_of, counting_past, spin_state, update, StopLauncher};
+use common::{
+    assert_balanced, child_of, cloud_hypervisor, counting_past, launched_guest_ram, maps_inode,
+    spin_elf, spin_state, update, StopLauncher,
+};
 
 const HUGEMEM: &str = env!("CARGO_BIN_EXE_hugemem");
 const RAM: u64 = 256 << 20;
@@ -38,57 +40,6 @@ const MARKER: u64 = 0x4348_5550_4454_0000;
 const START_GPA: u64 = 1 << 20;
 const STRIDE: u64 = 2 << 20;
 const UPDATES: usize = 20;
-
-fn cloud_hypervisor() -> Option<String> {
-    let Some(ch) = std::env::var_os("CLOUD_HYPERVISOR") else {
-        test_support::skip!("CLOUD_HYPERVISOR does not name a cloud-hypervisor binary");
-        return None;
-    };
-    let ch = ch.to_string_lossy().into_owned();
-    if !Path::new(&ch).is_file() {
-        test_support::skip!("CLOUD_HYPERVISOR={ch} is not an executable file");
-        return None;
-    }
-    if let Err(reason) = microguest::kvm_available() {
-        test_support::skip!("{reason}");
-        return None;
-    }
-    Some(ch)
-}
-
-/// Guest RAM as the launcher holds it: the memory zone's `file=` on the
-/// first cloud-hypervisor's command line, a hugetlbfs path or `/dev/fd/N`
-/// of a descriptor the launcher holds for the VM's whole life.
-fn guest_ram(launcher: u32, first_vmm: u32) -> std::fs::File {
-    let mut file = None;
-    wait_until(
-        "cloud-hypervisor's command line",
-        Duration::from_secs(30),
-        || {
-            let cmdline = std::fs::read(format!("/proc/{first_vmm}/cmdline")).unwrap_or_default();
-            file = String::from_utf8_lossy(&cmdline).split('\0').find_map(|a| {
-                a.split(',')
-                    .find_map(|kv| kv.strip_prefix("file="))
-                    .map(str::to_owned)
-            });
-            file.is_some()
-        },
-    );
-    let file = file.expect("a memory zone's file= on cloud-hypervisor's command line");
-    let path = match file.strip_prefix("/dev/fd/") {
-        Some(fd) => PathBuf::from(format!("/proc/{launcher}/fd/{fd}")),
-        None => PathBuf::from(file),
-    };
-    std::fs::File::open(&path).unwrap_or_else(|e| panic!("open {}: {e}", path.display()))
-}
-
-/// True when process `pid` maps the file with inode `ino`.
-fn maps_inode(pid: u32, ino: u64) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/maps"))
-        .unwrap_or_default()
-        .lines()
-        .any(|l| l.split_whitespace().nth(4).and_then(|w| w.parse().ok()) == Some(ino))
-}
 
 fn start_launch(daemon: &TestDaemon, dir: &Path, ch: &str, elf: &Path, paths: bool) -> Child {
     let mut cmd = Command::new("timeout");
@@ -148,22 +99,13 @@ fn updates_keep_the_guest_counting(paths: bool) {
     };
     let free_before = hugepages_2m("free_hugepages");
     let dir = tempfile::tempdir().expect("tempdir");
-    let elf = dir.path().join("spin.elf");
-    let image = pvh_elf(&PvhConfig {
-        stride: STRIDE,
-        marker: MARKER,
-        start_gpa: START_GPA,
-        spin: true,
-        ..Default::default()
-    })
-    .expect("elf");
-    std::fs::write(&elf, image).expect("write elf");
+    let elf = spin_elf(dir.path(), STRIDE, START_GPA, MARKER);
     let daemon = TestDaemon::start(|c| c.pool.recheck_ms = 20);
     let mut launch = start_launch(&daemon, dir.path(), &ch, &elf, paths);
     let launcher = child_of(launch.id());
     let _stop = StopLauncher(launcher);
     let mut vmm = child_of(launcher);
-    let ram = guest_ram(launcher, vmm);
+    let ram = launched_guest_ram(launcher, vmm);
     let ino = ram.metadata().expect("fstat guest RAM").ino();
     let mut state = counting_past(&ram, 0, "the guest to spin");
     let control = dir.path().join("vm.sock");

@@ -21,11 +21,13 @@ use std::process::{Child, Command};
 use std::time::Duration;
 
 use guest_mem::PageSize;
-use microguest::{pattern, pvh_elf, PvhConfig};
+use microguest::pattern;
 use test_support::hugepages::{hold, hugepages_2m};
 use test_support::prelude::{serial, wait_until, TestDaemon};
 
-use common::{assert_balanced, child_of, counting_past, spin_state, update, StopLauncher};
+use common::{
+    assert_balanced, child_of, counting_past, spin_elf, spin_state, update, StopLauncher,
+};
 
 const HUGEMEM: &str = env!("CARGO_BIN_EXE_hugemem");
 const RAM: u64 = 256 << 20;
@@ -104,16 +106,7 @@ fn twenty_updates_keep_the_guest_counting_on_the_same_memory() {
     };
     let free_before = hugepages_2m("free_hugepages");
     let dir = tempfile::tempdir().expect("tempdir");
-    let elf = dir.path().join("spin.elf");
-    let image = pvh_elf(&PvhConfig {
-        stride: STRIDE,
-        marker: MARKER,
-        start_gpa: START_GPA,
-        spin: true,
-        ..Default::default()
-    })
-    .expect("elf");
-    std::fs::write(&elf, image).expect("write elf");
+    let elf = spin_elf(dir.path(), STRIDE, START_GPA, MARKER);
     let daemon = TestDaemon::start(|c| c.pool.recheck_ms = 20);
     let mut launch = start_launch(&daemon, dir.path(), &elf);
     // `timeout` is the launcher's parent: the launcher is its child.

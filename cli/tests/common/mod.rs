@@ -1,18 +1,19 @@
 //! What the live-update tests of `hugemem update` share: finding the
 //! launcher and its VMM among the processes, stopping the launcher, the
-//! counting micro-guest's state read from guest RAM, one update through
-//! the real binary, and the daemon's balance.
+//! counting micro-guest (its image, its state read from guest RAM), the
+//! cloud-hypervisor the tests run and the memory a launched one maps, one
+//! update through the real binary, and the daemon's balance.
 
 // Each test binary that includes this uses a part of it.
 #![allow(dead_code)]
 
 use std::os::unix::fs::FileExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
 use hugemem::launch::UpdateReport;
-use microguest::{SpinState, SPIN_BLOCK_GPA, SPIN_BLOCK_LEN};
+use microguest::{pvh_elf, PvhConfig, SpinState, SPIN_BLOCK_GPA, SPIN_BLOCK_LEN};
 use test_support::prelude::wait_until;
 
 const HUGEMEM: &str = env!("CARGO_BIN_EXE_hugemem");
@@ -89,4 +90,74 @@ pub fn assert_balanced(stats: &backend::stats::Stats, when: &str) {
         t.held_bytes,
         "{when}: created − released ≠ held: {stats}"
     );
+}
+
+/// The cloud-hypervisor binary `CLOUD_HYPERVISOR` names, with a usable
+/// KVM; `None` after recording the skip.
+pub fn cloud_hypervisor() -> Option<String> {
+    let Some(ch) = std::env::var_os("CLOUD_HYPERVISOR") else {
+        test_support::skip!("CLOUD_HYPERVISOR does not name a cloud-hypervisor binary");
+        return None;
+    };
+    let ch = ch.to_string_lossy().into_owned();
+    if !Path::new(&ch).is_file() {
+        test_support::skip!("CLOUD_HYPERVISOR={ch} is not an executable file");
+        return None;
+    }
+    if let Err(reason) = microguest::kvm_available() {
+        test_support::skip!("{reason}");
+        return None;
+    }
+    Some(ch)
+}
+
+/// Guest RAM as the launcher holds it: the memory zone's `file=` on the
+/// first cloud-hypervisor's command line, a hugetlbfs path or `/dev/fd/N`
+/// of a descriptor the launcher holds for the VM's whole life.
+pub fn launched_guest_ram(launcher: u32, first_vmm: u32) -> std::fs::File {
+    let mut file = None;
+    wait_until(
+        "cloud-hypervisor's command line",
+        Duration::from_secs(30),
+        || {
+            let cmdline = std::fs::read(format!("/proc/{first_vmm}/cmdline")).unwrap_or_default();
+            file = String::from_utf8_lossy(&cmdline).split('\0').find_map(|a| {
+                a.split(',')
+                    .find_map(|kv| kv.strip_prefix("file="))
+                    .map(str::to_owned)
+            });
+            file.is_some()
+        },
+    );
+    let file = file.expect("a memory zone's file= on cloud-hypervisor's command line");
+    let path = match file.strip_prefix("/dev/fd/") {
+        Some(fd) => PathBuf::from(format!("/proc/{launcher}/fd/{fd}")),
+        None => PathBuf::from(file),
+    };
+    std::fs::File::open(&path).unwrap_or_else(|e| panic!("open {}: {e}", path.display()))
+}
+
+/// True when process `pid` maps the file with inode `ino`.
+pub fn maps_inode(pid: u32, ino: u64) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/maps"))
+        .unwrap_or_default()
+        .lines()
+        .any(|l| l.split_whitespace().nth(4).and_then(|w| w.parse().ok()) == Some(ino))
+}
+
+/// The counting micro-guest's PVH image (`microguest::spin`), written
+/// into `dir`: it touches a page every `stride` from `start_gpa`, writing
+/// `marker`'s pattern, and counts.
+pub fn spin_elf(dir: &Path, stride: u64, start_gpa: u64, marker: u64) -> PathBuf {
+    let elf = dir.join("spin.elf");
+    let image = pvh_elf(&PvhConfig {
+        stride,
+        marker,
+        start_gpa,
+        spin: true,
+        ..Default::default()
+    })
+    .expect("elf");
+    std::fs::write(&elf, image).expect("write elf");
+    elf
 }
