@@ -34,8 +34,7 @@ pub struct HandoffRequest {
     pub want_paths: bool,
 }
 
-/// Moves the allocation to `session` (peer `uid`) and builds the reply;
-/// returns it with the connection that owned the allocation before. The
+/// Moves the allocation to `session` (peer `uid`) and builds the reply. The
 /// caller holds the allocation's change gate
 /// ([`crate::daemon::pool::Owners::hand_off_gate`]).
 ///
@@ -48,7 +47,7 @@ pub fn serve(
     session: SessionId,
     uid: u32,
     req: HandoffRequest,
-) -> Result<(Outcome, Option<SessionId>), HandoffError> {
+) -> Result<Outcome, HandoffError> {
     let delivery = Delivery::Alloc {
         want_paths: req.want_paths,
     };
@@ -73,7 +72,7 @@ pub fn serve(
         );
     }
     let outcome = hand_out.reply(req.alloc_id, Some(handed.token));
-    Ok((outcome, handed.previous))
+    Ok(outcome)
 }
 
 /// The status a HANDOFF refusal is answered with: the one place that

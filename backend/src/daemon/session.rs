@@ -388,7 +388,7 @@ impl Session {
                 Err(e) => Err(e),
             };
         match served {
-            Ok((out, _predecessor)) => {
+            Ok(out) => {
                 self.rooms.rebalance.alloc_handed_off(req.alloc_id, self.id);
                 Metrics::add(&self.rooms.metrics.handoff_ok, 1);
                 out

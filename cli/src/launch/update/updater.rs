@@ -112,18 +112,22 @@ impl Updater {
         let name = self.switch.name();
         self.switch.connect_running()?;
         let program = program.map_or_else(|| self.switch.program().clone(), OsString::from);
-        let by_handoff = self.switch.memory_by_handoff();
-        let (memory, handoff) = if by_handoff {
-            self.daemon.successor_memory(&self.memory)?
+        // The successor's own memory, which it inherits; none for a VMM
+        // whose migration passes the running one's to it.
+        let own_memory = if self.switch.memory_by_handoff() {
+            Some(self.daemon.successor_memory(&self.memory)?)
         } else {
-            (self.memory.try_clone()?, false)
+            None
         };
-        let command = self.switch.successor(&program, &memory)?;
-        let mut inherit: Vec<BorrowedFd<'_>> = if by_handoff {
-            memory.fds.iter().map(AsFd::as_fd).collect()
-        } else {
-            Vec::new()
-        };
+        let handoff = own_memory
+            .as_ref()
+            .is_some_and(|(_, by_handoff)| *by_handoff);
+        let memory = own_memory.as_ref().map_or(&self.memory, |(m, _)| m);
+        let command = self.switch.successor(&program, memory)?;
+        let mut inherit: Vec<BorrowedFd<'_>> = own_memory
+            .iter()
+            .flat_map(|(m, _)| m.fds.iter().map(AsFd::as_fd))
+            .collect();
         inherit.extend(command.inherit.iter().map(AsFd::as_fd));
         info!(command = ?command.argv, "starting the successor {name}");
         let mut successor = spawner.spawn(&command.argv, &inherit)?;
@@ -146,7 +150,9 @@ impl Updater {
         self.switch.retire_old();
         self.reap(old, old_pid);
         self.switch.retired();
-        self.memory = memory;
+        if let Some((memory, _)) = own_memory {
+            self.memory = memory;
+        }
         let figures = &switched.figures;
         let report = UpdateReport {
             vmm: name.to_owned(),
