@@ -51,6 +51,33 @@ pub(crate) enum Command {
     /// same memory takes the guest over
     /// (docs/operations.md, "Updating the VMM under a running VM").
     Update(UpdateArgs),
+    /// Park a cloud-hypervisor VM in the daemon: its memory, configuration
+    /// and state kept under NAME while no process runs it (cloud-hypervisor's
+    /// offload snapshot; docs/operations.md, "Parking a VM"). Memory that
+    /// came from `hugemem launch` moves without a copy; other memory is
+    /// copied onto the pool's huge pages. `hugemem launch --restore NAME`
+    /// brings it back.
+    Park {
+        /// The parked VM's name (letters, digits, '.', '_', '-').
+        name: String,
+        /// The cloud-hypervisor's API socket.
+        #[arg(long)]
+        api_socket: std::path::PathBuf,
+        /// The daemon's socket.
+        #[arg(long, default_value = backend::daemon::config::DEFAULT_SOCKET)]
+        socket: std::path::PathBuf,
+        /// How long cloud-hypervisor's API may take to answer, seconds.
+        #[arg(long, default_value_t = 60)]
+        timeout: u64,
+    },
+    /// Drop a parked VM: its memory returns to the pool.
+    Unpark {
+        /// The parked VM's name.
+        name: String,
+        /// The daemon's socket.
+        #[arg(long, default_value = backend::daemon::config::DEFAULT_SOCKET)]
+        socket: std::path::PathBuf,
+    },
     /// The emulator of a libvirt domain: take its huge-page memory backends
     /// from the daemon and exec the real QEMU (docs/operations.md, "libvirt").
     QemuWrapper(QemuWrapperArgs),
@@ -213,6 +240,11 @@ pub(crate) struct LaunchArgs {
     /// The VMM kind when the program name does not say: cloud-hypervisor or qemu.
     #[arg(long, value_parser = parse_vmm_arg)]
     pub(crate) vmm: Option<Vmm>,
+    /// Restore the cloud-hypervisor VM parked under NAME (`hugemem park`)
+    /// on its parked memory, nothing copied, instead of allocating memory
+    /// for a new VM (docs/operations.md, "Parking a VM").
+    #[arg(long, value_name = "NAME", conflicts_with_all = ["size", "nodes", "node", "hugetlbfs", "name", "control_socket"])]
+    pub(crate) restore: Option<String>,
     /// The VMM and its arguments, after `--`.
     #[arg(last = true, required = true, value_parser = clap::value_parser!(std::ffi::OsString))]
     pub(crate) command: Vec<std::ffi::OsString>,

@@ -22,6 +22,8 @@ pub mod hugepages;
 /// `hugemem launch`: cloud-hypervisor and QEMU command lines over daemon memory.
 pub mod launch;
 /// `hugemem qemu-wrapper`: the emulator a libvirt domain names, on daemon memory.
+/// `hugemem park` and `hugemem unpark`.
+pub mod park_cli;
 pub mod qemu_wrapper;
 /// `hugemem rebalance`: the operator's REBALANCE client.
 pub mod rebalance_cli;

@@ -84,6 +84,7 @@ fn launch(args: LaunchArgs) -> Result<i32> {
         update_timeout: std::time::Duration::from_secs(args.update_timeout),
         vmm: args.vmm,
         command: args.command,
+        restore: args.restore,
     };
     let report = launch::run(&cfg).context("hugemem launch failed")?;
     if !report.note.is_empty() {
@@ -265,6 +266,38 @@ fn run(cli: Cli) -> Result<i32> {
         Command::Launch(args) => launch(args),
         Command::Update(args) => update(args),
         Command::QemuWrapper(args) => qemu_wrapper(args),
+        Command::Park {
+            name,
+            api_socket,
+            socket,
+            timeout,
+        } => {
+            let p = hugemem::park_cli::park(
+                &socket,
+                &name,
+                &api_socket,
+                std::time::Duration::from_secs(timeout),
+            )
+            .with_context(|| format!("hugemem park {name} failed"))?;
+            println!(
+                "parked as {name}: {} in {} slot(s), {} copied{}",
+                guest_mem::size::format_size(p.bytes),
+                p.slots,
+                guest_mem::size::format_size(p.copied_bytes),
+                if p.copied_bytes == 0 {
+                    " (its memory moved)"
+                } else {
+                    " onto pool memory"
+                }
+            );
+            Ok(0)
+        }
+        Command::Unpark { name, socket } => {
+            hugemem::park_cli::unpark(&socket, &name)
+                .with_context(|| format!("hugemem unpark {name} failed"))?;
+            println!("unparked {name}: its memory returns to the pool");
+            Ok(0)
+        }
         Command::Demo(args) => run_bench_binary(Some("demo"), args),
         Command::Bench(args) => run_bench_binary(None, args),
         Command::Hugepages(args) => hugepages(args),

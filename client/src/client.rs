@@ -171,7 +171,11 @@ impl Client {
             features: 0,
             alloc_wait: None,
         };
-        let wanted = FEATURE_LAZY | FEATURE_REBALANCE | FEATURE_REATTACH | FEATURE_HANDOFF;
+        let wanted = FEATURE_LAZY
+            | FEATURE_REBALANCE
+            | FEATURE_REATTACH
+            | FEATURE_HANDOFF
+            | crate::proto::FEATURE_PARK;
         match c.call(&Request::Handshake {
             min_version: PROTOCOL_VERSION,
             max_version: PROTOCOL_VERSION,
@@ -227,7 +231,7 @@ impl Client {
     }
 
     /// One request, its whole reply (status Ok) and fds.
-    fn exchange(
+    pub(crate) fn exchange(
         &mut self,
         req: &Request,
         fds: &[std::os::fd::BorrowedFd<'_>],
@@ -484,7 +488,7 @@ impl Client {
 
 /// An [`Allocation`] from an ALLOC or HANDOFF reply and its fds: one fd
 /// per region, and one path per region when they were asked for.
-fn allocation_from(
+pub(crate) fn allocation_from(
     reply: Reply,
     fds: Vec<OwnedFd>,
     want_paths: bool,
@@ -537,6 +541,9 @@ pub fn code_name(code: Code) -> &'static str {
         Code::Uffd => "UFFD",
         Code::Reattach => "REATTACH",
         Code::Handoff => "HANDOFF",
+        Code::Park => "PARK",
+        Code::Restore => "RESTORE",
+        Code::Unpark => "UNPARK",
     }
 }
 
@@ -550,6 +557,7 @@ fn body_name(body: &ReplyBody) -> &'static str {
         ReplyBody::Lock { .. } => "a LOCK reply",
         ReplyBody::Rebalance { .. } => "a REBALANCE reply",
         ReplyBody::Stats { .. } => "a STATS reply",
+        ReplyBody::Parked { .. } => "a PARK reply",
         ReplyBody::Empty => "an empty reply",
     }
 }

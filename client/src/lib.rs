@@ -28,6 +28,8 @@ pub mod guest_memory;
 pub mod lazy;
 /// `/proc/self/pagemap`: which pages of a mapping are present.
 pub mod pagemap;
+/// PARK, RESTORE and UNPARK: a cloud-hypervisor VM parked in the daemon.
+pub mod park;
 /// The wire protocol: framing, messages, fd passing.
 pub mod proto;
 /// The STATS reply as types, shared by the daemon and its readers.

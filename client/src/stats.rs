@@ -80,6 +80,30 @@ pub struct Stats {
     pub totals: Totals,
     /// Monotonic event counts.
     pub counters: Counters,
+    /// VMs parked in the daemon (a tenant sees its own only).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub parked: Vec<ParkedVmStats>,
+}
+
+/// A VM parked in the daemon (PARK), as STATS lists it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ParkedVmStats {
+    /// Its tenant's uid.
+    pub uid: u32,
+    /// Its name.
+    pub name: String,
+    /// The allocation that holds its memory.
+    pub alloc: u64,
+    /// Bytes of memory.
+    pub bytes: u64,
+    /// Bytes copied into pool memory when it was parked (0: moved).
+    pub copied_bytes: u64,
+    /// Memory slots.
+    pub slots: usize,
+    /// The largest page size of its memory, bytes.
+    pub page_size: u64,
+    /// When it was parked, seconds since the epoch.
+    pub parked_at: u64,
 }
 
 impl Stats {

@@ -277,6 +277,31 @@ impl DaemonCollector {
                 "HANDOFF requests refused (unknown id, another uid's, wrong token).",
                 g(&m.handoff_refused),
             ),
+            (
+                "parks",
+                "PARK requests that parked a cloud-hypervisor VM (its memory moved, or copied when it was not this daemon's).",
+                g(&m.parks),
+            ),
+            (
+                "parks_refused",
+                "PARK requests refused (a snapshot that failed its checks, a name in use, another tenant's memory, no memory for a copy).",
+                g(&m.parks_refused),
+            ),
+            (
+                "restores",
+                "RESTORE requests that handed a parked VM to a new cloud-hypervisor.",
+                g(&m.restores),
+            ),
+            (
+                "restores_refused",
+                "RESTORE requests refused or failed (the VM stayed parked).",
+                g(&m.restores_refused),
+            ),
+            (
+                "park_copied_bytes",
+                "Bytes of guest memory PARK copied into pool memory (memory that did not come from this daemon).",
+                g(&m.park_copied_bytes),
+            ),
         ]
     }
 

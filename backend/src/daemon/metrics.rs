@@ -100,13 +100,25 @@ pub struct Metrics {
     pub handoff_ok: AtomicU64,
     /// HANDOFF requests refused (unknown id, another uid's, wrong token).
     pub handoff_refused: AtomicU64,
+    /// PARKs that parked a VM (moved or copied).
+    pub parks: AtomicU64,
+    /// PARKs refused (a snapshot that failed its checks, a name in use,
+    /// another tenant's memory, no memory for a copy).
+    pub parks_refused: AtomicU64,
+    /// RESTOREs that handed a parked VM to a new cloud-hypervisor.
+    pub restores: AtomicU64,
+    /// RESTOREs refused or failed (the VM stayed parked).
+    pub restores_refused: AtomicU64,
+    /// Bytes of guest memory PARK copied into pool memory (memory that did
+    /// not come from this daemon).
+    pub park_copied_bytes: AtomicU64,
     /// REATTACH and HANDOFF refusals by kind and uid (`/metrics` only).
     pub token_refusals: super::refusals::TokenRefusals,
 }
 
 impl Metrics {
     /// Every counter by name.
-    fn named(&self) -> [(&'static str, &AtomicU64); 30] {
+    fn named(&self) -> [(&'static str, &AtomicU64); 35] {
         [
             ("sessions_total", &self.sessions_total),
             ("sessions_active", &self.sessions_active),
@@ -138,6 +150,11 @@ impl Metrics {
             ("fd_store_restores", &self.fd_store_restores),
             ("handoff_ok", &self.handoff_ok),
             ("handoff_refused", &self.handoff_refused),
+            ("parks", &self.parks),
+            ("parks_refused", &self.parks_refused),
+            ("restores", &self.restores),
+            ("restores_refused", &self.restores_refused),
+            ("park_copied_bytes", &self.park_copied_bytes),
         ]
     }
 

@@ -22,58 +22,32 @@
 
 use std::sync::Arc;
 
-use guest_mem::Region;
-use numa::Topology;
-use tokio::sync::Notify;
 use tracing::{debug, info, warn};
 
-use super::alloc::{self, Alloc};
-use super::lifecycle::Lifecycle;
+use super::alloc;
 use super::metrics::Metrics;
 use super::outcome::Outcome;
 use super::peer::{PeerCred, PidWatch};
 use super::peer_log;
-use super::pool::{AllocId, HandoffError, Pool, Released, SessionId};
-use super::rebalance::Rebalancer;
+use super::pool::{AllocId, HandoffError, Released, SessionId};
 use super::refusals::TokenRequest;
-use super::stats::StatsSource;
+pub use super::rooms::{settle_released, Rooms};
 use crate::proto::messages::{Reply, ReplyBody, Request};
-use crate::proto::{Status, FEATURE_HANDOFF, FEATURE_REATTACH, PROTOCOL_VERSION, TOKEN_SIZE};
+use crate::proto::{
+    Status, FEATURE_HANDOFF, FEATURE_PARK, FEATURE_REATTACH, PROTOCOL_VERSION, TOKEN_SIZE,
+};
 
 /// Features this daemon implements: REBALANCE, lazy mode, re-attach tokens.
 pub const DAEMON_FEATURES: u64 = crate::proto::FEATURE_REBALANCE
     | crate::proto::FEATURE_LAZY
     | FEATURE_REATTACH
-    | crate::proto::FEATURE_HANDOFF;
+    | crate::proto::FEATURE_HANDOFF
+    | FEATURE_PARK;
 
 /// Refused REATTACH and HANDOFF requests (id, uid or token) a connection may make; the reply to the last
 /// one is followed by closing the connection (a tenant must not guess
 /// tokens; a VMM re-attaching its own allocations is never refused).
 pub const MAX_REATTACH_REFUSALS: u32 = 8;
-
-/// What a session serves its requests from: the rooms it dispatches to
-/// and what the session itself uses (its fault services, its release).
-#[derive(Debug)]
-pub struct Rooms {
-    /// Allocations and their regions.
-    pub pool: Arc<Pool>,
-    /// The counters.
-    pub metrics: Arc<Metrics>,
-    /// The host's nodes (fault services, unlocking).
-    pub topology: Arc<Topology>,
-    /// Every lazy fault service's counters.
-    pub fault_totals: Arc<crate::fault::FaultTotals>,
-    /// Shutdown and the task tracker.
-    pub lifecycle: Arc<Lifecycle>,
-    /// Wakes the quarantine (a release, a client's exit).
-    pub quarantine_kick: Arc<Notify>,
-    /// REBALANCE, and the policy's view of the clients.
-    pub rebalance: Arc<Rebalancer>,
-    /// ALLOC.
-    pub alloc: Arc<Alloc>,
-    /// STATS.
-    pub stats: Arc<StatsSource>,
-}
 
 /// A client session.
 #[derive(Debug)]
@@ -274,7 +248,24 @@ impl Session {
                 })
                 .await
             }
+            Request::Park { .. } | Request::Restore { .. } | Request::Unpark { .. } => {
+                self.park(req, Vec::new()).await
+            }
         }
+    }
+
+    /// PARK, RESTORE and UNPARK (`super::park`), PARK and RESTORE with the
+    /// migration socket they carry.
+    async fn park(&mut self, req: Request, fds: Vec<std::os::fd::OwnedFd>) -> Outcome {
+        if self.features & FEATURE_PARK == 0 {
+            return not_negotiated("PARK, RESTORE and UNPARK", FEATURE_PARK);
+        }
+        let out = super::park::serve(&self.rooms, self.id, &self.peer, req, fds).await;
+        // A restored VM's allocation is this connection's now.
+        if out.alloc.is_some() && !self.watching {
+            self.watch_peer();
+        }
+        out
     }
 
     /// REBALANCE. The owner's request holds its allocation's change gate
@@ -437,6 +428,9 @@ impl Session {
             Request::Uffd { alloc_id, ranges } if self.handshaken => {
                 self.uffd(alloc_id, &ranges, fds).await
             }
+            req @ (Request::Park { .. } | Request::Restore { .. }) if self.handshaken => {
+                self.park(req, fds).await
+            }
             other => {
                 drop(fds);
                 self.handle(other).await
@@ -519,7 +513,7 @@ impl Session {
             }
             Err(e) => {
                 debug!(session = self.id, error = %e, "FREE refused");
-                Outcome::error(Status::NotFound, e.to_string())
+                super::park::free_refused(&self.rooms, alloc_id, self.peer.uid, &e)
             }
         }
     }
@@ -557,7 +551,7 @@ impl Session {
         // regions only (`super::stats::tenant_view`).
         if !self.rooms.rebalance.operators().contains(&self.peer.uid) && self.peer.uid != 0 {
             let own = self.rooms.pool.owners().region_ids_of(self.id);
-            stats = super::stats::tenant_view(stats, &own);
+            stats = super::stats::tenant_view(stats, &own, self.peer.uid);
         }
         super::stats::reply(stats)
     }
@@ -648,28 +642,4 @@ fn not_negotiated(request: &str, feature: u64) -> Outcome {
             feature.trailing_zeros()
         ),
     )
-}
-
-/// What follows a release, off the executor: released allocations that
-/// were locked are unlocked, regions given back to the kernel are dropped
-/// (unmapped), and the quarantine is woken. FREE, a closing session and the
-/// expiry of orphaned allocations all end this way.
-pub fn settle_released(rooms: &Arc<Rooms>, released: Vec<Released>) {
-    if released.is_empty() {
-        return;
-    }
-    Metrics::add(&rooms.metrics.allocs_released, released.len() as u64);
-    let s = Arc::clone(rooms);
-    rooms.lifecycle.tracker().spawn_blocking(move || {
-        for r in released {
-            if r.locked {
-                let refs: Vec<&Region> = r.quarantined.iter().map(|x| &**x).collect();
-                if let Err((_, msg)) = alloc::lock_regions(&s.topology, &refs, false, 0, None) {
-                    warn!(reason = %msg, "cannot unlock a released allocation");
-                }
-            }
-            drop(r.dropped);
-        }
-        s.quarantine_kick.notify_one();
-    });
 }

@@ -149,7 +149,13 @@ impl StatsSource {
                 fd_store_restores: g(&m.fd_store_restores),
                 handoff_ok: g(&m.handoff_ok),
                 handoff_refused: g(&m.handoff_refused),
+                parks: g(&m.parks),
+                parks_refused: g(&m.parks_refused),
+                restores: g(&m.restores),
+                restores_refused: g(&m.restores_refused),
+                park_copied_bytes: g(&m.park_copied_bytes),
             },
+            parked: self.pool.owners().parked_list(),
         }
     }
 }
@@ -159,8 +165,9 @@ impl StatsSource {
 /// pids, sessions or placement (and no socket, hugetlbfs, quarantine,
 /// given_back, refill or rebalance). An allowlist: a part added to `Stats`
 /// later stays at its default for tenants until it is named here.
-pub fn tenant_view(stats: Stats, own: &[RegionId]) -> Stats {
+pub fn tenant_view(stats: Stats, own: &[RegionId], uid: u32) -> Stats {
     Stats {
+        parked: stats.parked.into_iter().filter(|p| p.uid == uid).collect(),
         version: stats.version,
         pid: stats.pid,
         uptime_s: stats.uptime_s,

@@ -111,6 +111,9 @@ pub struct LaunchConfig {
     pub vmm: Option<Vmm>,
     /// Program and arguments.
     pub command: Vec<OsString>,
+    /// Restore the VM parked under this name (`hugemem park`) instead of
+    /// allocating memory for a new one (`restore.rs`).
+    pub restore: Option<String>,
 }
 
 impl LaunchConfig {

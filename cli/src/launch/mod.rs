@@ -86,6 +86,8 @@ mod process;
 pub mod qemu;
 pub mod qmp;
 mod reattach;
+mod report;
+mod restore;
 mod run;
 #[cfg(test)]
 mod tests;

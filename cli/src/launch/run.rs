@@ -3,7 +3,7 @@
 
 use std::os::fd::{AsFd, BorrowedFd};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use guest_mem::size::format_size;
 use hugemem_client::client::Client;
@@ -16,27 +16,10 @@ use super::config::LaunchConfig;
 use super::control::{ControlServer, ControlSocket};
 use super::error::LaunchError;
 use super::exit_event::ExitEvent;
-use super::process::{self, VmmExit};
+use super::process;
 use super::reattach;
+pub use super::report::LaunchReport;
 use super::update::{SuccessorMailbox, Updater};
-
-/// What a launch did.
-#[derive(Debug, Clone)]
-pub struct LaunchReport {
-    /// How the VMM ended.
-    pub exit: VmmExit,
-    /// Connect + ALLOC, wall time.
-    pub alloc: Duration,
-    /// VMM start to VMM exit.
-    pub vmm: Duration,
-    /// Bytes given to the VMM.
-    pub size: u64,
-    /// Page size per region, bytes.
-    pub page_sizes: Vec<u64>,
-    /// The daemon's note on the ALLOC (empty, or e.g. which larger pages
-    /// were missing when `best` served a smaller size).
-    pub note: String,
-}
 
 /// Allocates, runs the VMM, waits, frees. Returns how the VMM ended; the
 /// caller exits with [`VmmExit::shell_code`].
@@ -49,6 +32,9 @@ pub struct LaunchReport {
 /// Option, command-line, daemon and process errors; see [`LaunchError`].
 /// Nothing is allocated when the command line is refused.
 pub fn run(cfg: &LaunchConfig) -> Result<LaunchReport, LaunchError> {
+    if let Some(name) = &cfg.restore {
+        return super::restore::run(cfg, name);
+    }
     let program = cfg
         .command
         .first()
@@ -135,17 +121,7 @@ pub fn run(cfg: &LaunchConfig) -> Result<LaunchReport, LaunchError> {
     let id = alloc.id;
     // Close our copies before FREE, so the daemon sees no holder but itself.
     drop(alloc);
-    match client.flatten() {
-        Some(mut client) => {
-            if let Err(e) = client.free(id) {
-                warn!(error = %e, "FREE failed; the daemon releases the memory when this connection closes");
-            }
-        }
-        None => warn!(
-            alloc = id,
-            "no daemon connection holds the allocation any more; not freed by launch (the daemon releases it)"
-        ),
-    }
+    super::report::free_or_report_parked(client.flatten(), id);
     let (exit, vmm_time) = outcome?;
     info!(exit = %exit, vmm_seconds = vmm_time.as_secs_f64(), "{vmm} exited; memory freed");
     Ok(LaunchReport {

@@ -72,6 +72,7 @@ fn parses_nodes() {
 
 fn cfg() -> LaunchConfig {
     LaunchConfig {
+        restore: None,
         socket: PathBuf::from("/tmp/s"),
         size: None,
         node: None,

@@ -88,6 +88,35 @@ fn respond(sock: &UnixStream, ok: bool) -> Result<(), ChMigrationError> {
 ///
 /// [`ChMigrationError`]: the first refusal or socket failure.
 pub fn receive_snapshot(sock: &UnixStream, limits: Limits) -> Result<Snapshot, ChMigrationError> {
+    let snapshot = receive_until_complete(sock, limits)?;
+    answer_complete(sock, true)?;
+    Ok(snapshot)
+}
+
+/// Answers the sender's `Complete`/`CompletePaused` after
+/// [`receive_until_complete`]: OK when the snapshot was kept (the sender
+/// then retires its VM), an error when it was not (the sender keeps it).
+///
+/// # Errors
+///
+/// The socket's failure (the sender is gone).
+pub fn answer_complete(sock: &UnixStream, ok: bool) -> Result<(), ChMigrationError> {
+    respond(sock, ok)
+}
+
+/// [`receive_snapshot`] up to the sender's `Complete` or
+/// `CompletePaused`, which is left unanswered: a receiver that must finish
+/// with the memory before the sender retires its VM (an offload daemon
+/// copying it, or moving it under a lock) answers with
+/// [`answer_complete`] when done.
+///
+/// # Errors
+///
+/// As [`receive_snapshot`].
+pub fn receive_until_complete(
+    sock: &UnixStream,
+    limits: Limits,
+) -> Result<Snapshot, ChMigrationError> {
     let mut reader = SnapshotReader::new(limits);
     let mut memory: Vec<(u32, OwnedFd)> = Vec::new();
     let (mut config, mut state) = (Vec::new(), Vec::new());
@@ -126,7 +155,6 @@ pub fn receive_snapshot(sock: &UnixStream, limits: Limits) -> Result<Snapshot, C
         match step {
             Ok(None) => respond(sock, true)?,
             Ok(Some(paused)) => {
-                respond(sock, true)?;
                 return Ok(Snapshot {
                     memory,
                     config,

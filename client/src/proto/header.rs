@@ -43,6 +43,9 @@ pub const FEATURE_REATTACH: u64 = 1 << 2;
 /// Feature bit: HANDOFF is implemented (an allocation passes from one VMM
 /// connection to its successor, with a new token).
 pub const FEATURE_HANDOFF: u64 = 1 << 3;
+/// Feature bit: PARK, RESTORE and UNPARK are implemented (the daemon plays
+/// cloud-hypervisor's offload daemon: a VM's memory parked under a name).
+pub const FEATURE_PARK: u64 = 1 << 4;
 
 /// Request codes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -71,6 +74,15 @@ pub enum Code {
     /// Take a live allocation over from another connection of the same uid
     /// (a VMM's successor) with its token; the reply carries its fds.
     Handoff = 10,
+    /// Park a VM's memory under a name: the daemon receives the VM's
+    /// snapshot (cloud-hypervisor's local migration) on the one socket fd
+    /// the request carries.
+    Park = 11,
+    /// Restore a parked VM: the daemon sends its snapshot on the one socket
+    /// fd the request carries and hands the allocation to this connection.
+    Restore = 12,
+    /// Drop a parked VM: its memory goes back to the pool.
+    Unpark = 13,
 }
 
 impl Code {
@@ -87,6 +99,9 @@ impl Code {
             8 => Code::Uffd,
             9 => Code::Reattach,
             10 => Code::Handoff,
+            11 => Code::Park,
+            12 => Code::Restore,
+            13 => Code::Unpark,
             _ => return None,
         })
     }

@@ -164,7 +164,47 @@ pub enum Request {
         /// Ask for the regions' hugetlbfs paths ([`HANDOFF_FLAG_PATHS`]).
         want_paths: bool,
     },
+    /// Park a VM under `name` ([`valid_park_name`]): the one fd is a
+    /// connected stream socket on which the daemon receives the VM's
+    /// snapshot as cloud-hypervisor's local migration sends it.
+    Park {
+        /// The parked VM's name, unique per uid.
+        name: String,
+    },
+    /// Restore the VM parked under `name`: the one fd is a connected
+    /// stream socket on which the daemon sends the snapshot as a
+    /// local-migration sender; the reply is an ALLOC reply (the allocation
+    /// now belongs to this connection).
+    Restore {
+        /// The parked VM's name.
+        name: String,
+        /// End with `CompletePaused` (the VM stays paused) instead of `Complete`.
+        paused: bool,
+    },
+    /// Drop the VM parked under `name`: its memory returns to the pool.
+    Unpark {
+        /// The parked VM's name.
+        name: String,
+    },
 }
+
+/// The longest parked VM name, in bytes.
+pub const MAX_PARK_NAME: usize = 64;
+
+/// Whether `name` can name a parked VM: 1 to [`MAX_PARK_NAME`] bytes of
+/// ASCII letters, digits, `.`, `_` and `-`, starting with a letter or
+/// digit (it appears in logs, metrics labels and file names).
+pub fn valid_park_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= MAX_PARK_NAME
+        && name.as_bytes()[0].is_ascii_alphanumeric()
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+}
+
+/// RESTORE flags bit 0: end the sequence with `CompletePaused`.
+pub const RESTORE_FLAG_PAUSED: u32 = 1;
 
 /// One VMM mapping in a UFFD request (32 bytes on the wire): `len` bytes of
 /// region `region_id` from `offset`, mapped at `vmm_addr` in the VMM.
@@ -252,6 +292,18 @@ pub enum ReplyBody {
         pages_moved: u64,
         /// Pages that could not move.
         pages_failed: u64,
+    },
+    /// PARK: what was parked.
+    Parked {
+        /// The allocation that now holds the parked VM's memory.
+        alloc_id: u64,
+        /// Bytes of guest memory parked.
+        bytes: u64,
+        /// Of them, bytes copied into pool memory (0 when the memory came
+        /// from this daemon and was moved).
+        copied_bytes: u64,
+        /// Memory slots.
+        slots: u32,
     },
     /// STATS: a JSON document.
     Stats {

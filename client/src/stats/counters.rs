@@ -87,6 +87,21 @@ pub struct Counters {
     /// or a wrong token (one answer for all).
     #[serde(default)]
     pub handoff_refused: u64,
+    /// PARK requests that parked a cloud-hypervisor VM.
+    #[serde(default)]
+    pub parks: u64,
+    /// PARK requests refused.
+    #[serde(default)]
+    pub parks_refused: u64,
+    /// RESTORE requests that handed a parked VM to a new cloud-hypervisor.
+    #[serde(default)]
+    pub restores: u64,
+    /// RESTORE requests refused or failed (the VM stayed parked).
+    #[serde(default)]
+    pub restores_refused: u64,
+    /// Bytes PARK copied into pool memory (memory not from this daemon).
+    #[serde(default)]
+    pub park_copied_bytes: u64,
 }
 
 /// Percentiles of the fault-latency histogram, in nanoseconds.

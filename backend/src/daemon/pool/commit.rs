@@ -152,6 +152,7 @@ impl Pool {
                 lazy: owner.lazy,
                 lazy_fallback: false,
                 gate: ChangeGate::default(),
+                parked: None,
             },
         );
         alloc

@@ -74,7 +74,8 @@ fn check<'a>(
     let refused = OwnershipError::Unknown(alloc);
     let a = g.allocs.get(&alloc).ok_or(refused)?;
     let token_ok = same_token(&a.token, token);
-    if a.tenant != uid || !token_ok {
+    // A parked VM's allocation is taken only by RESTORE.
+    if a.tenant != uid || !token_ok || a.parked.is_some() {
         return Err(refused.into());
     }
     if a.session == Some(session) {

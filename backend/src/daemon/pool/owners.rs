@@ -178,7 +178,7 @@ impl Owners<'_> {
         // The token is compared whatever else fails, so a refusal takes
         // the same time for an existing id as for a live or foreign one.
         let token_ok = same_token(&a.token, token);
-        if a.session.is_some() || a.tenant != uid || !token_ok {
+        if a.session.is_some() || a.parked.is_some() || a.tenant != uid || !token_ok {
             return Err(refused);
         }
         a.session = Some(session);

@@ -74,6 +74,8 @@ pub struct AllocSnapshot {
     pub lazy: bool,
     /// Its lazy regions are served by the VMM's fallback.
     pub lazy_fallback: bool,
+    /// The VM parked in it.
+    pub parked: Option<Arc<super::ParkedVm>>,
 }
 
 /// Everything the pool owns, for the state document.
@@ -180,6 +182,7 @@ impl Pool {
                 token: a.token,
                 lazy: a.lazy,
                 lazy_fallback: a.lazy_fallback,
+                parked: a.parked.clone(),
             });
         }
         Ok(out)
@@ -239,7 +242,7 @@ impl Records<'_> {
             .lock()
             .allocs
             .values()
-            .filter(|a| a.session.is_none())
+            .filter(|a| a.session.is_none() && a.parked.is_none())
             .count()
     }
 
@@ -249,7 +252,7 @@ impl Records<'_> {
         let ids: Vec<AllocId> = g
             .allocs
             .iter()
-            .filter(|(_, a)| a.session.is_none())
+            .filter(|(_, a)| a.session.is_none() && a.parked.is_none())
             .map(|(id, _)| *id)
             .collect();
         let out = ids
@@ -355,6 +358,7 @@ impl Records<'_> {
                     lazy: a.lazy,
                     lazy_fallback: a.lazy_fallback,
                     gate: ChangeGate::default(),
+                    parked: a.parked,
                 },
             );
         }
@@ -451,6 +455,10 @@ pub struct AllocRecord {
     pub lazy: bool,
     /// Its lazy regions are served by the VMM's fallback.
     pub lazy_fallback: bool,
+    /// The VM parked in it (absent in a predecessor's document that knew
+    /// no parking).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parked: Option<super::ParkedVm>,
 }
 
 impl Persist for RegionSnapshot {
@@ -571,6 +579,7 @@ impl Persist for AllocSnapshot {
             token: hex(&self.token),
             lazy: self.lazy,
             lazy_fallback: self.lazy_fallback || (orphaned && self.lazy),
+            parked: self.parked.as_deref().cloned(),
         })
     }
 
@@ -592,6 +601,7 @@ impl Persist for AllocSnapshot {
             token,
             lazy: state.lazy,
             lazy_fallback: state.lazy_fallback,
+            parked: state.parked.map(Arc::new),
         })
     }
 }

@@ -146,6 +146,10 @@ pub(super) struct Allocation {
     /// Held from an ownership check to the change it allows (see
     /// [`ChangeGate`]).
     pub(super) gate: ChangeGate,
+    /// Parked: the VM whose memory it holds while no process runs it
+    /// (`parked.rs`). A parked allocation is no session's and no orphan:
+    /// it never times out, and only RESTORE or UNPARK takes it.
+    pub(super) parked: Option<Arc<super::parked_vm::ParkedVm>>,
 }
 
 /// An allocation's change gate. LOCK, UNLOCK, UFFD, an owner's REBALANCE

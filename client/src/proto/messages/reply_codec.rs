@@ -101,6 +101,18 @@ impl Reply {
             } => {
                 w.u64(*pages_moved).u64(*pages_failed);
             }
+            ReplyBody::Parked {
+                alloc_id,
+                bytes,
+                copied_bytes,
+                slots,
+            } => {
+                w.u64(*alloc_id)
+                    .u64(*bytes)
+                    .u64(*copied_bytes)
+                    .u32(*slots)
+                    .u32(0);
+            }
             ReplyBody::Stats { json } => {
                 w.u32(u32::try_from(json.len()).unwrap_or(u32::MAX))
                     .bytes(json.as_bytes());
@@ -144,7 +156,19 @@ impl Reply {
             }
             // A HANDOFF reply is an ALLOC reply: the successor gets what
             // an ALLOC would have given it.
-            Code::Alloc | Code::Handoff => decode_alloc_reply(&mut r)?,
+            Code::Alloc | Code::Handoff | Code::Restore => decode_alloc_reply(&mut r)?,
+            Code::Park => {
+                let body = ReplyBody::Parked {
+                    alloc_id: r.u64("alloc_id")?,
+                    bytes: r.u64("bytes")?,
+                    copied_bytes: r.u64("copied_bytes")?,
+                    slots: r.u32("slots")?,
+                };
+                if r.u32("reserved")? != 0 {
+                    return Err(bad("reserved field must be zero"));
+                }
+                body
+            }
             Code::Reattach => {
                 let alloc_id = r.u64("alloc_id")?;
                 let n = r.u32("n_regions")? as usize;
@@ -172,7 +196,7 @@ impl Reply {
                     json: json.to_string(),
                 }
             }
-            Code::Free | Code::Uffd => ReplyBody::Empty,
+            Code::Free | Code::Uffd | Code::Unpark => ReplyBody::Empty,
         };
         r.finish()?;
         Ok(Reply {

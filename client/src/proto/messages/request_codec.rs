@@ -19,12 +19,19 @@ impl Request {
             Request::Uffd { .. } => Code::Uffd,
             Request::Reattach { .. } => Code::Reattach,
             Request::Handoff { .. } => Code::Handoff,
+            Request::Park { .. } => Code::Park,
+            Request::Restore { .. } => Code::Restore,
+            Request::Unpark { .. } => Code::Unpark,
         }
     }
 
-    /// How many fds must come with this request: 1 for UFFD, 0 otherwise.
+    /// How many fds must come with this request: 1 for UFFD (the
+    /// userfaultfd), PARK and RESTORE (the migration socket), 0 otherwise.
     pub fn expected_fds(&self) -> usize {
-        usize::from(matches!(self, Request::Uffd { .. }))
+        usize::from(matches!(
+            self,
+            Request::Uffd { .. } | Request::Park { .. } | Request::Restore { .. }
+        ))
     }
 
     /// Payload bytes.
@@ -89,6 +96,14 @@ impl Request {
             } => {
                 let flags = if *want_paths { HANDOFF_FLAG_PATHS } else { 0 };
                 w.u64(*alloc_id).bytes(token).u32(flags).u32(0);
+            }
+            Request::Park { name } | Request::Unpark { name } => {
+                encode_name(&mut w, name);
+                w.u32(0);
+            }
+            Request::Restore { name, paused } => {
+                encode_name(&mut w, name);
+                w.u32(if *paused { RESTORE_FLAG_PAUSED } else { 0 });
             }
         }
         w.0
@@ -156,6 +171,31 @@ impl Request {
                     alloc_id,
                     token,
                     want_paths: flags & HANDOFF_FLAG_PATHS != 0,
+                }
+            }
+            Code::Park | Code::Unpark => {
+                let name = decode_name(&mut r)?;
+                if r.u32("reserved")? != 0 {
+                    return Err(bad("reserved field must be zero"));
+                }
+                if code == Code::Park {
+                    Request::Park { name }
+                } else {
+                    Request::Unpark { name }
+                }
+            }
+            Code::Restore => {
+                let name = decode_name(&mut r)?;
+                let flags = r.u32("flags")?;
+                if flags & !RESTORE_FLAG_PAUSED != 0 {
+                    return Err(bad(format!(
+                        "undefined RESTORE flag bits {:#x}",
+                        flags & !RESTORE_FLAG_PAUSED
+                    )));
+                }
+                Request::Restore {
+                    name,
+                    paused: flags & RESTORE_FLAG_PAUSED != 0,
                 }
             }
         };
@@ -280,4 +320,28 @@ fn decode_uffd(r: &mut Reader<'_>) -> Result<Request, ProtoError> {
         return Err(bad("VMM ranges overlap"));
     }
     Ok(Request::Uffd { alloc_id, ranges })
+}
+
+/// A parked VM's name on the wire: `u32` length and the bytes.
+fn encode_name(w: &mut Writer, name: &str) {
+    w.u32(u32::try_from(name.len()).unwrap_or(u32::MAX))
+        .bytes(name.as_bytes());
+}
+
+/// A parked VM's name, checked ([`valid_park_name`]) before it is used
+/// anywhere.
+fn decode_name(r: &mut Reader<'_>) -> Result<String, ProtoError> {
+    let len = r.u32("name_len")? as usize;
+    if len == 0 || len > MAX_PARK_NAME {
+        return Err(bad(format!(
+            "name of {len} bytes, expected 1 to {MAX_PARK_NAME}"
+        )));
+    }
+    let bytes = r.take(len, "name")?;
+    match std::str::from_utf8(bytes) {
+        Ok(name) if valid_park_name(name) => Ok(name.to_string()),
+        _ => Err(bad(
+            "a parked VM's name is ASCII letters, digits, '.', '_' and '-', starting with a letter or digit",
+        )),
+    }
 }

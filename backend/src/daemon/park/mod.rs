@@ -1,0 +1,122 @@
+//! The park room: hugemem as cloud-hypervisor's offload daemon. A VM's
+//! memory, configuration and state are kept under a name while no process
+//! runs the VM (PARK), and handed to a new cloud-hypervisor without a copy
+//! (RESTORE), or dropped (UNPARK).
+//!
+//! The daemon speaks cloud-hypervisor's local migration
+//! (`hugemem_client::ch_migration`) on a stream socket the tenant brings
+//! in the request (`SCM_RIGHTS` over the daemon's own, checked socket):
+//! the daemon never binds or connects a path a tenant names, and the
+//! socket's peer must run as the tenant's uid ([`socket::migration_socket`]).
+//!
+//! * [`receive`]: PARK. The snapshot is taken up to the sender's
+//!   `CompletePaused`, checked (sizes, the configuration's memory
+//!   mappings, each fd a regular file large enough), and each memory fd
+//!   recognised by its file's identity: memory of one of the tenant's
+//!   allocations is **moved** into the parked record in one step under the
+//!   pool's lock (nothing copied or cleared); memory from elsewhere is
+//!   **copied** into a fresh allocation ([`copy`]). Only then is
+//!   `CompletePaused` answered, so the sender retires its VM only once the
+//!   daemon holds everything.
+//! * [`send`]: RESTORE. The parked memory's fds (a new description of each
+//!   region), the configuration and the state go to the receiver; when it
+//!   answers the last step, the allocation moves to the requesting
+//!   connection as an ALLOC would hand it out. A refused restore leaves the
+//!   VM parked.
+//! * UNPARK releases the parked allocation into quarantine: its memory is
+//!   scrubbed before anyone else gets it, and not before every process
+//!   that still maps it let go.
+
+pub mod copy;
+pub mod receive;
+pub mod send;
+pub mod snapshot;
+pub mod socket;
+
+use std::os::fd::OwnedFd;
+use std::sync::Arc;
+
+use tracing::info;
+
+use super::outcome::Outcome;
+use super::peer::PeerCred;
+use super::pool::SessionId;
+use super::rooms::{settle_released, Rooms};
+use crate::proto::messages::{Reply, ReplyBody, Request};
+use crate::proto::Status;
+
+/// Serves PARK, RESTORE (with the migration socket in `fds`) and UNPARK
+/// for connection `session` of `peer`.
+pub async fn serve(
+    rooms: &Arc<Rooms>,
+    session: SessionId,
+    peer: &PeerCred,
+    req: Request,
+    fds: Vec<OwnedFd>,
+) -> Outcome {
+    match req {
+        Request::Park { name } => {
+            let req = snapshot::ParkRequest {
+                session,
+                uid: peer.uid,
+                gid: peer.gid,
+                name,
+            };
+            receive::park(rooms, req, fds).await
+        }
+        Request::Restore { name, paused } => {
+            let req = send::RestoreRequest {
+                session,
+                uid: peer.uid,
+                name,
+                paused,
+            };
+            send::restore(rooms, req, fds).await
+        }
+        Request::Unpark { name } => unpark(rooms, peer.uid, &name).await,
+        other => Outcome::error(
+            Status::Internal,
+            format!("{:?} is not served by the park room", other.code()),
+        ),
+    }
+}
+
+/// UNPARK: the VM `uid` parked under `name` is dropped; its memory goes
+/// to quarantine. Waits on the allocation's change gate, so a RESTORE in
+/// progress finishes (or fails) first.
+pub async fn unpark(rooms: &Arc<Rooms>, uid: u32, name: &str) -> Outcome {
+    let Some(found) = rooms.pool.owners().find_parked(uid, name) else {
+        return Outcome::error(Status::NotFound, format!("no VM named {name:?} is parked"));
+    };
+    let _held = found.gate.lock_owned().await;
+    match rooms.pool.release_parked(uid, name) {
+        Ok(released) => {
+            info!(
+                uid,
+                name,
+                alloc = found.alloc,
+                "UNPARK: parked VM dropped; its memory goes to quarantine"
+            );
+            rooms.rebalance.alloc_released(found.alloc);
+            settle_released(rooms, vec![released]);
+            Outcome::reply(Reply::ok(ReplyBody::Empty))
+        }
+        Err(e) => Outcome::error(Status::NotFound, e.to_string()),
+    }
+}
+
+/// The answer to a refused FREE: the launcher of a VM that was parked
+/// learns where its memory went ("allocation N was parked as NAME");
+/// anyone else gets `refusal`'s text.
+pub fn free_refused(
+    rooms: &Rooms,
+    alloc: super::pool::AllocId,
+    uid: u32,
+    refusal: &super::pool::OwnershipError,
+) -> Outcome {
+    let message = match rooms.pool.owners().parked_name(alloc, uid) {
+        Some(name) => format!("allocation {alloc} was parked as {name}"),
+        None => refusal.to_string(),
+    };
+    Outcome::error(Status::NotFound, message)
+}

@@ -1,0 +1,288 @@
+//! Parked VMs: an allocation that holds a cloud-hypervisor VM's memory
+//! under a name, with the VM's configuration and state, while no process
+//! runs the VM (`crate::daemon::park`). A parked allocation belongs to no
+//! connection (as an orphan) but never times out; it is its tenant's
+//! until RESTORE hands it to a connection or UNPARK releases it.
+//!
+//! Each move is one step under the pool's lock, as HANDOFF's: the
+//! allocation belongs to its launcher's connection until it is parked,
+//! and to the parked record until a restoring connection owns it. Each
+//! move gives the allocation a new token, so no earlier holder of the old
+//! one can REATTACH or HANDOFF it away from the record.
+
+use std::sync::Arc;
+
+use guest_mem::Region;
+
+use super::owners::Owners;
+use super::parked_vm::ParkedVm;
+use super::table::{ChangeGate, EntryState};
+use super::token::new_token;
+use crate::daemon::ids::{AllocId, RegionId, SessionId};
+
+/// Who holds the file a peer sent, by its identity (device and inode).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FileOwner {
+    /// Region `region` (index in the allocation) of allocation `alloc`,
+    /// tenant `tenant`, owned by connection `session` (`None`: orphaned or
+    /// parked).
+    Allocation {
+        /// The allocation.
+        alloc: AllocId,
+        /// The region's index in it.
+        region: usize,
+        /// Its tenant.
+        tenant: u32,
+        /// The connection that owns it.
+        session: Option<SessionId>,
+    },
+    /// A region of the pool that no allocation holds (released, pooled):
+    /// a peer that still has its fd kept it past its release.
+    NotInUse,
+}
+
+/// Why a park or restore move was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ParkError {
+    /// The tenant already has a VM parked under this name.
+    #[error("a VM named {0:?} is parked already (UNPARK it, or choose another name)")]
+    NameInUse(String),
+    /// No VM of this tenant is parked under this name.
+    #[error("no VM named {0:?} is parked")]
+    NoSuchVm(String),
+    /// The allocation changed hands (released, handed off, parked) since
+    /// the park began.
+    #[error("allocation {0} changed hands while it was being parked")]
+    Moved(AllocId),
+    /// Pages a lazy allocation has not cleared yet.
+    #[error(
+        "allocation {alloc} still has {pages} page(s) to clear; park it when STATS shows none left"
+    )]
+    NotCleared {
+        /// The allocation.
+        alloc: AllocId,
+        /// Pages dirty or being cleared.
+        pages: usize,
+    },
+    /// No new token could be made, or the receiver's view could not be opened.
+    #[error("{0}")]
+    Internal(String),
+}
+
+/// A parked VM as STATS and /metrics list it.
+pub use hugemem_client::stats::ParkedVmStats as ParkedSummary;
+
+/// A parked VM found for RESTORE: its allocation, record and regions.
+#[derive(Debug, Clone)]
+pub struct FoundParked {
+    /// The allocation.
+    pub alloc: AllocId,
+    /// The record.
+    pub vm: Arc<ParkedVm>,
+    /// Its regions, in order.
+    pub regions: Vec<(RegionId, Arc<Region>)>,
+    /// Locked.
+    pub locked: bool,
+    /// Its change gate.
+    pub gate: ChangeGate,
+}
+
+impl Owners<'_> {
+    /// Who holds the file whose identity is `(dev, ino)`, if it is one of
+    /// the pool's regions.
+    pub fn owner_of_file(&self, dev: u64, ino: u64) -> Option<FileOwner> {
+        let g = self.pool.lock();
+        for (id, e) in &g.entries {
+            if file_identity(e.region.fd()).ok() != Some((dev, ino)) {
+                continue;
+            }
+            let EntryState::InUse(alloc) = e.state else {
+                return Some(FileOwner::NotInUse);
+            };
+            let a = g.allocs.get(&alloc)?;
+            let region = a.regions.iter().position(|r| r == id)?;
+            return Some(FileOwner::Allocation {
+                alloc,
+                region,
+                tenant: a.tenant,
+                session: a.session,
+            });
+        }
+        None
+    }
+
+    /// Moves allocation `alloc` of tenant `uid`, owned by `session`, into a
+    /// parked record `vm`, in one step: from then on it is no connection's
+    /// and has a new token. Returns its regions' bytes.
+    ///
+    /// # Errors
+    ///
+    /// [`ParkError`]; nothing changed.
+    pub fn park(
+        &self,
+        alloc: AllocId,
+        uid: u32,
+        session: Option<SessionId>,
+        vm: ParkedVm,
+    ) -> Result<u64, ParkError> {
+        let fresh = new_token().map_err(|e| ParkError::Internal(e.to_string()))?;
+        let mut g = self.pool.lock();
+        if g.allocs
+            .values()
+            .any(|a| a.tenant == uid && a.parked.as_ref().is_some_and(|p| p.name == vm.name))
+        {
+            return Err(ParkError::NameInUse(vm.name));
+        }
+        let a = g.allocs.get(&alloc).ok_or(ParkError::Moved(alloc))?;
+        if a.tenant != uid || a.session != session || a.parked.is_some() {
+            return Err(ParkError::Moved(alloc));
+        }
+        let mut bytes = 0;
+        let mut pages = 0;
+        for id in &a.regions {
+            if let Some(e) = g.entries.get(id) {
+                bytes += e.region.len();
+                let c = e.region.states().counts();
+                pages += c.dirty + c.clearing;
+            }
+        }
+        if pages > 0 {
+            return Err(ParkError::NotCleared { alloc, pages });
+        }
+        let a = g.allocs.get_mut(&alloc).ok_or(ParkError::Moved(alloc))?;
+        a.session = None;
+        a.token = fresh;
+        a.parked = Some(Arc::new(vm));
+        Ok(bytes)
+    }
+
+    /// The change gate of allocation `alloc`.
+    pub fn gate_of(&self, alloc: AllocId) -> Option<ChangeGate> {
+        self.pool
+            .lock()
+            .allocs
+            .get(&alloc)
+            .map(|a| Arc::clone(&a.gate))
+    }
+
+    /// The VM `uid` parked under `name`.
+    pub fn find_parked(&self, uid: u32, name: &str) -> Option<FoundParked> {
+        let g = self.pool.lock();
+        let (alloc, a) = g
+            .allocs
+            .iter()
+            .find(|(_, a)| a.tenant == uid && a.parked.as_ref().is_some_and(|p| p.name == name))?;
+        let regions = a
+            .regions
+            .iter()
+            .filter_map(|id| g.entries.get(id).map(|e| (*id, Arc::clone(&e.region))))
+            .collect();
+        Some(FoundParked {
+            alloc: *alloc,
+            vm: Arc::clone(a.parked.as_ref()?),
+            regions,
+            locked: a.locked,
+            gate: Arc::clone(&a.gate),
+        })
+    }
+
+    /// Gives the VM `uid` parked under `name` as allocation `alloc` to
+    /// `session`, in one step, with a new token (returned). The caller
+    /// holds the allocation's change gate.
+    ///
+    /// # Errors
+    ///
+    /// [`ParkError::NoSuchVm`] when it is no longer parked (an UNPARK or
+    /// another RESTORE won).
+    pub fn unpark_to(
+        &self,
+        alloc: AllocId,
+        uid: u32,
+        name: &str,
+        session: SessionId,
+    ) -> Result<super::AllocToken, ParkError> {
+        let fresh = new_token().map_err(|e| ParkError::Internal(e.to_string()))?;
+        let mut g = self.pool.lock();
+        let a = g
+            .allocs
+            .get_mut(&alloc)
+            .filter(|a| a.tenant == uid && a.parked.as_ref().is_some_and(|p| p.name == name))
+            .ok_or_else(|| ParkError::NoSuchVm(name.to_string()))?;
+        a.parked = None;
+        a.session = Some(session);
+        a.token = fresh;
+        Ok(fresh)
+    }
+
+    /// The name under which allocation `alloc` of tenant `uid` is parked.
+    pub fn parked_name(&self, alloc: AllocId, uid: u32) -> Option<String> {
+        let g = self.pool.lock();
+        let a = g.allocs.get(&alloc).filter(|a| a.tenant == uid)?;
+        a.parked.as_ref().map(|p| p.name.clone())
+    }
+
+    /// Every parked VM.
+    pub fn parked_list(&self) -> Vec<ParkedSummary> {
+        let g = self.pool.lock();
+        let mut out: Vec<ParkedSummary> = g
+            .allocs
+            .iter()
+            .filter_map(|(id, a)| {
+                let p = a.parked.as_ref()?;
+                let regions = a.regions.iter().filter_map(|r| g.entries.get(r));
+                let (bytes, page_size) = regions.fold((0, 0), |(b, ps), e| {
+                    (b + e.region.len(), ps.max(e.region.page_size().bytes()))
+                });
+                Some(ParkedSummary {
+                    uid: a.tenant,
+                    name: p.name.clone(),
+                    alloc: *id,
+                    bytes,
+                    copied_bytes: p.copied_bytes,
+                    slots: p.slots.len(),
+                    page_size,
+                    parked_at: p.parked_at,
+                })
+            })
+            .collect();
+        out.sort_by(|a, b| (a.uid, &a.name).cmp(&(b.uid, &b.name)));
+        out
+    }
+}
+
+impl super::Pool {
+    /// UNPARK: releases the VM `uid` parked under `name` into quarantine
+    /// (its memory returns to the pool once no process holds it). The
+    /// caller holds the allocation's change gate.
+    ///
+    /// # Errors
+    ///
+    /// [`ParkError::NoSuchVm`].
+    pub fn release_parked(&self, uid: u32, name: &str) -> Result<super::Released, ParkError> {
+        let mut g = self.lock();
+        let id = g
+            .allocs
+            .iter()
+            .find(|(_, a)| a.tenant == uid && a.parked.as_ref().is_some_and(|p| p.name == name))
+            .map(|(id, _)| *id)
+            .ok_or_else(|| ParkError::NoSuchVm(name.to_string()))?;
+        let a = g
+            .allocs
+            .remove(&id)
+            .ok_or_else(|| ParkError::NoSuchVm(name.to_string()))?;
+        let released = self.release_locked(&mut g, id, a);
+        drop(g);
+        self.changed.notify_all();
+        Ok(released)
+    }
+}
+
+/// A file's identity: its device and inode (`fstat`).
+///
+/// # Errors
+///
+/// The `fstat` error.
+pub fn file_identity(fd: std::os::fd::BorrowedFd<'_>) -> std::io::Result<(u64, u64)> {
+    let st = nix::sys::stat::fstat(fd).map_err(std::io::Error::from)?;
+    Ok((st.st_dev, st.st_ino))
+}

@@ -1,0 +1,55 @@
+//! What a launch reports when its VMM ended, and the last step of every
+//! launch: the memory freed, or reported parked (`hugemem park`).
+
+use std::time::Duration;
+
+use hugemem_client::client::Client;
+use tracing::{info, warn};
+
+use super::process::VmmExit;
+
+/// What a launch did.
+#[derive(Debug, Clone)]
+pub struct LaunchReport {
+    /// How the VMM ended.
+    pub exit: VmmExit,
+    /// Connect + ALLOC, wall time.
+    pub alloc: Duration,
+    /// VMM start to VMM exit.
+    pub vmm: Duration,
+    /// Bytes given to the VMM.
+    pub size: u64,
+    /// Page size per region, bytes.
+    pub page_sizes: Vec<u64>,
+    /// The daemon's note on the ALLOC (empty, or e.g. which larger pages
+    /// were missing when `best` served a smaller size).
+    pub note: String,
+}
+
+/// FREEs allocation `id` on `client` after the VMM ended; a VM that was
+/// parked (`hugemem park`) left its memory with the daemon, and the
+/// launcher says so instead.
+pub(crate) fn free_or_report_parked(client: Option<Client>, id: u64) {
+    let Some(mut client) = client else {
+        warn!(
+            alloc = id,
+            "no daemon connection holds the allocation any more; not freed by launch (the daemon releases it)"
+        );
+        return;
+    };
+    match client.free(id) {
+        Ok(()) => {}
+        Err(hugemem_client::client::ClientError::Refused { message, .. })
+            if message.contains(" was parked as ") =>
+        {
+            let name = message.rsplit(" was parked as ").next().unwrap_or_default();
+            info!(
+                alloc = id,
+                name, "the VM was parked as {name}: its memory stays with the daemon"
+            );
+        }
+        Err(e) => {
+            warn!(error = %e, "FREE failed; the daemon releases the memory when this connection closes");
+        }
+    }
+}

@@ -1,0 +1,360 @@
+//! `hugemem park` and `hugemem launch --restore` with the real
+//! cloud-hypervisor (`scripts/build-cloud-hypervisor`): hugemem as
+//! cloud-hypervisor's offload daemon.
+//!
+//! * A launched counting guest (`microguest::spin`) is parked and restored
+//!   10 times in a row: each park moves the launcher's allocation into the
+//!   parked record (nothing copied, nothing cleared, the launcher reports
+//!   "parked as"), each restore hands the same memory (same inode) to a new
+//!   cloud-hypervisor, the counter never goes back and counts on, and the
+//!   daemon's totals balance throughout.
+//! * A cloud-hypervisor started on its own (`shared=on`, 4 KiB memfd
+//!   pages) is parked (its memory copied onto the pool's huge pages) and
+//!   restored on them, its counter intact.
+//! * UNPARK drops a parked VM; its memory returns to the pool.
+//!
+//! Skipped (through the skip helper) without the cloud-hypervisor binary
+//! that `CLOUD_HYPERVISOR` names, a usable `/dev/kvm` or 128 free 2 MiB pages.
+
+mod common;
+
+use std::os::unix::fs::MetadataExt;
+use std::path::Path;
+use std::process::{Child, Command};
+use std::time::Duration;
+
+use guest_mem::PageSize;
+use test_support::hugepages::{hold, hugepages_2m};
+use test_support::prelude::{serial, wait_until, TestDaemon};
+
+use common::{
+    assert_balanced, child_of, cloud_hypervisor, counting_past, launched_guest_ram, maps_inode,
+    spin_elf, spin_state, StopLauncher,
+};
+
+const HUGEMEM: &str = env!("CARGO_BIN_EXE_hugemem");
+const RAM: u64 = 256 << 20;
+const MARKER: u64 = 0x5041_524b_0000_0000;
+const START_GPA: u64 = 1 << 20;
+const STRIDE: u64 = 2 << 20;
+const ROUNDS: usize = 10;
+
+fn park(daemon: &TestDaemon, name: &str, api: &Path) -> String {
+    let out = Command::new("timeout")
+        .args(["120", HUGEMEM, "park", name, "--socket"])
+        .arg(daemon.socket())
+        .arg("--api-socket")
+        .arg(api)
+        .output()
+        .expect("run hugemem park");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "hugemem park failed: {stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
+fn restore(daemon: &TestDaemon, ch: &str, name: &str, api: &Path) -> Child {
+    Command::new("timeout")
+        .args(["600", HUGEMEM, "launch", "--socket"])
+        .arg(daemon.socket())
+        .args(["--restore", name, "--", ch, "--api-socket"])
+        .arg(api)
+        .spawn()
+        .expect("spawn hugemem launch --restore")
+}
+
+/// The largest memfd process `pid` holds, opened anew.
+fn memfd_of(pid: u32) -> std::fs::File {
+    let mut best: Option<(u64, std::fs::File)> = None;
+    wait_until("the process's guest memfd", Duration::from_secs(30), || {
+        let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
+            return false;
+        };
+        for e in dir.flatten() {
+            let target = std::fs::read_link(e.path()).unwrap_or_default();
+            if !target.to_string_lossy().starts_with("/memfd:") {
+                continue;
+            }
+            if let Ok(f) = std::fs::File::open(e.path()) {
+                let len = f.metadata().map(|m| m.len()).unwrap_or(0);
+                if best.as_ref().is_none_or(|(l, _)| len > *l) {
+                    best = Some((len, f));
+                }
+            }
+        }
+        best.as_ref().is_some_and(|(l, _)| *l >= RAM)
+    });
+    best.expect("a memfd").1
+}
+
+fn stop(launcher: u32, launch: &mut Child) {
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(i32::try_from(launcher).expect("pid")),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .expect("SIGTERM to the launcher");
+    let status = launch.wait().expect("wait for the launcher");
+    assert_ne!(
+        status.code(),
+        Some(124),
+        "the launcher did not finish in time"
+    );
+}
+
+#[test]
+fn a_launched_guest_parks_and_restores_ten_times_on_the_same_memory() {
+    let _serial = serial();
+    let Some(ch) = cloud_hypervisor() else {
+        return;
+    };
+    let _pages = match hold(PageSize::Huge2M, RAM / STRIDE) {
+        Ok(r) => r,
+        Err(why) => {
+            test_support::skip!("{why}");
+            return;
+        }
+    };
+    let free_before = hugepages_2m("free_hugepages");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let elf = spin_elf(dir.path(), STRIDE, START_GPA, MARKER);
+    let daemon = TestDaemon::start(|c| c.pool.recheck_ms = 20);
+    let mut api = dir.path().join("api0.sock");
+    let mut launch = Command::new("timeout")
+        .args(["600", HUGEMEM, "launch", "--socket"])
+        .arg(daemon.socket())
+        .args([
+            "--size",
+            "256M",
+            "--page-size",
+            "2M",
+            "--",
+            &ch,
+            "--api-socket",
+        ])
+        .arg(&api)
+        .arg("--kernel")
+        .arg(&elf)
+        .args(["--cpus", "boot=1", "--serial", "null", "--console", "off"])
+        .spawn()
+        .expect("spawn hugemem launch");
+    let mut launcher = child_of(launch.id());
+    let mut vmm = child_of(launcher);
+    let ram = launched_guest_ram(launcher, vmm);
+    let ino = ram.metadata().expect("fstat guest RAM").ino();
+    let mut state = counting_past(&ram, 0, "the guest to spin");
+    let cleared = daemon.stats().scrub.bytes;
+    for i in 1..=ROUNDS {
+        let said = park(&daemon, "counter", &api);
+        assert!(said.contains("parked as counter"), "round {i}: {said}");
+        let status = launch
+            .wait()
+            .expect("the launcher ends once its VM is parked");
+        assert!(
+            status.success(),
+            "round {i}: the launcher ended with {status}"
+        );
+        let stats = daemon.stats();
+        assert_eq!(stats.parked.len(), 1, "round {i}: {stats}");
+        assert_eq!(stats.parked[0].name, "counter");
+        assert_eq!(stats.parked[0].bytes, RAM);
+        assert_eq!(
+            stats.parked[0].copied_bytes, 0,
+            "round {i}: moved, not copied"
+        );
+        assert_eq!(
+            stats.scrub.bytes, cleared,
+            "round {i}: nothing cleared: {stats}"
+        );
+        assert_balanced(&stats, &format!("parked, round {i}"));
+        let parked_at = spin_state(&ram).count;
+        assert!(parked_at >= state.count, "round {i}: the counter went back");
+
+        api = dir.path().join(format!("api{i}.sock"));
+        launch = restore(&daemon, &ch, "counter", &api);
+        launcher = child_of(launch.id());
+        vmm = child_of(launcher);
+        state = counting_past(&ram, parked_at, "the restored guest to count on");
+        assert_eq!(state.bad, 0, "round {i}: the guest found a page changed");
+        assert!(
+            maps_inode(vmm, ino),
+            "round {i}: the new cloud-hypervisor maps another file"
+        );
+        // The guest runs from the receiver's `Complete`; the daemon records
+        // the allocation as the launcher's right after that answer.
+        let stats = daemon.wait_stats(Duration::from_secs(30), "the restore recorded", |s| {
+            s.counters.restores == i as u64
+        });
+        assert!(stats.parked.is_empty(), "round {i}: {stats}");
+        assert_eq!(stats.counters.parks, i as u64, "round {i}: {stats}");
+        assert_eq!(
+            stats.scrub.bytes, cleared,
+            "round {i}: nothing cleared: {stats}"
+        );
+        assert_eq!(stats.allocations.active, 1, "round {i}: {stats}");
+        assert_balanced(&stats, &format!("restored, round {i}"));
+        eprintln!(
+            "round {i}: parked and restored; guest count {}",
+            state.count
+        );
+    }
+    let _guard = StopLauncher(launcher);
+    drop(ram);
+    stop(launcher, &mut launch);
+    let stats = daemon.wait_stats(Duration::from_secs(30), "the allocation released", |s| {
+        s.allocations.active == 0
+    });
+    assert_balanced(&stats, "after the VM exited");
+    assert_eq!(
+        stats.counters.allocs_ok, 1,
+        "one allocation for every process: {stats}"
+    );
+    daemon.shutdown();
+    wait_until(
+        "the host's free 2 MiB pages back to their count before the VM",
+        Duration::from_secs(30),
+        || hugepages_2m("free_hugepages") == free_before,
+    );
+}
+
+#[test]
+fn a_cloud_hypervisor_of_its_own_parks_onto_huge_pages_and_restores() {
+    let _serial = serial();
+    let Some(ch) = cloud_hypervisor() else {
+        return;
+    };
+    let _pages = match hold(PageSize::Huge2M, RAM / STRIDE) {
+        Ok(r) => r,
+        Err(why) => {
+            test_support::skip!("{why}");
+            return;
+        }
+    };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let elf = spin_elf(dir.path(), STRIDE, START_GPA, MARKER);
+    let daemon = TestDaemon::start(|c| c.pool.recheck_ms = 20);
+    let api = dir.path().join("own.sock");
+    let mut own = Command::new(&ch)
+        .arg("--api-socket")
+        .arg(&api)
+        .args(["--memory", "size=256M,shared=on", "--kernel"])
+        .arg(&elf)
+        .args(["--cpus", "boot=1", "--serial", "null", "--console", "off"])
+        .spawn()
+        .expect("spawn cloud-hypervisor");
+    let ram = memfd_of(own.id());
+    let before = counting_past(&ram, 0, "the guest to spin on its own memory");
+    let said = park(&daemon, "own", &api);
+    assert!(said.contains("parked as own"), "{said}");
+    let status = own
+        .wait()
+        .expect("cloud-hypervisor ends once its VM is parked");
+    assert!(status.success(), "cloud-hypervisor ended with {status}");
+    let parked_at = spin_state(&ram).count;
+    assert!(parked_at >= before.count);
+    drop(ram);
+    let stats = daemon.stats();
+    assert_eq!(stats.parked.len(), 1, "{stats}");
+    assert!(stats.parked[0].copied_bytes > 0, "copied: {stats}");
+    assert!(
+        stats.parked[0].page_size >= 2 << 20,
+        "on huge pages: {stats}"
+    );
+    assert_eq!(
+        stats.counters.park_copied_bytes,
+        stats.parked[0].copied_bytes
+    );
+    assert_balanced(&stats, "parked");
+
+    let api2 = dir.path().join("restored.sock");
+    let mut launch = restore(&daemon, &ch, "own", &api2);
+    let launcher = child_of(launch.id());
+    let _guard = StopLauncher(launcher);
+    let vmm = child_of(launcher);
+    let ram = memfd_of(vmm);
+    let state = counting_past(
+        &ram,
+        parked_at,
+        "the restored guest to count on, on huge pages",
+    );
+    assert_eq!(state.bad, 0, "the guest found a page changed");
+    drop(ram);
+    stop(launcher, &mut launch);
+    let stats = daemon.wait_stats(Duration::from_secs(30), "the allocation released", |s| {
+        s.allocations.active == 0
+    });
+    assert_balanced(&stats, "after the VM exited");
+    daemon.shutdown();
+}
+
+#[test]
+fn unpark_returns_the_memory_and_names_are_per_tenant() {
+    let _serial = serial();
+    let Some(ch) = cloud_hypervisor() else {
+        return;
+    };
+    let _pages = match hold(PageSize::Huge2M, RAM / STRIDE) {
+        Ok(r) => r,
+        Err(why) => {
+            test_support::skip!("{why}");
+            return;
+        }
+    };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let elf = spin_elf(dir.path(), STRIDE, START_GPA, MARKER);
+    let daemon = TestDaemon::start(|c| c.pool.recheck_ms = 20);
+    let api = dir.path().join("api.sock");
+    let mut launch = Command::new("timeout")
+        .args(["600", HUGEMEM, "launch", "--socket"])
+        .arg(daemon.socket())
+        .args([
+            "--size",
+            "256M",
+            "--page-size",
+            "2M",
+            "--",
+            &ch,
+            "--api-socket",
+        ])
+        .arg(&api)
+        .arg("--kernel")
+        .arg(&elf)
+        .args(["--cpus", "boot=1", "--serial", "null", "--console", "off"])
+        .spawn()
+        .expect("spawn hugemem launch");
+    let launcher = child_of(launch.id());
+    let vmm = child_of(launcher);
+    {
+        let ram = launched_guest_ram(launcher, vmm);
+        counting_past(&ram, 0, "the guest to spin");
+    }
+    park(&daemon, "dropme", &api);
+    assert!(launch.wait().expect("launcher").success());
+    // A second park under the same name is refused before anything moves.
+    let out = Command::new(HUGEMEM)
+        .args(["unpark", "nosuch", "--socket"])
+        .arg(daemon.socket())
+        .output()
+        .expect("run hugemem unpark");
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no VM named"));
+    let out = Command::new(HUGEMEM)
+        .args(["unpark", "dropme", "--socket"])
+        .arg(daemon.socket())
+        .output()
+        .expect("run hugemem unpark");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stats = daemon.wait_stats(
+        Duration::from_secs(30),
+        "the parked memory back in the pool",
+        |s| s.allocations.active == 0 && s.parked.is_empty(),
+    );
+    assert_balanced(&stats, "after UNPARK");
+    daemon.shutdown();
+}

@@ -1,0 +1,135 @@
+//! Parking a cloud-hypervisor VM in the daemon and restoring it: the
+//! requests a VMM's launcher (or `hugemem park`) makes. The daemon plays
+//! cloud-hypervisor's offload daemon on a migration socket this side hands
+//! it: a stream socket connected to the cloud-hypervisor that sends
+//! (`send-migration destination_url=unix:…,local=on`, for PARK) or
+//! receives (`receive-migration`, for RESTORE) the VM. The daemon never
+//! binds or connects a path a tenant names: the tenant brings the socket.
+
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::net::UnixStream;
+
+use crate::client::{allocation_from, Allocation, Client, ClientError};
+use crate::proto::{valid_park_name, ReplyBody, Request, Status, FEATURE_PARK};
+
+/// What PARK parked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Parked {
+    /// The allocation that holds the parked VM's memory now.
+    pub alloc_id: u64,
+    /// Bytes of guest memory parked.
+    pub bytes: u64,
+    /// Of them, bytes copied into pool memory (0: the memory came from
+    /// this daemon and was moved, nothing copied).
+    pub copied_bytes: u64,
+    /// Memory slots.
+    pub slots: u32,
+}
+
+impl Client {
+    fn park_feature(&self, request: &str) -> Result<(), ClientError> {
+        if self.features() & FEATURE_PARK == 0 {
+            return Err(ClientError::Refused {
+                status: Status::Unsupported,
+                message: format!("the daemon does not speak {request} (feature bit 4)"),
+            });
+        }
+        Ok(())
+    }
+
+    /// PARK: the daemon receives a VM's snapshot on `migration` (connected
+    /// to a cloud-hypervisor that runs `send-migration …,local=on` to this
+    /// side's listener) and keeps it under `name`. Memory that one of this
+    /// uid's allocations holds moves into the parked VM (no byte copied);
+    /// other memory is copied into pool memory. The reply comes when the
+    /// snapshot was taken whole (the sender's `CompletePaused` answered).
+    ///
+    /// # Errors
+    ///
+    /// [`ClientError::Refused`] with the daemon's reason (a name in use, a
+    /// snapshot refused, too little memory for a copy).
+    pub fn park(&mut self, name: &str, migration: &UnixStream) -> Result<Parked, ClientError> {
+        self.park_feature("PARK")?;
+        check_name(name)?;
+        let (reply, _fds) = self.exchange(
+            &Request::Park {
+                name: name.to_string(),
+            },
+            &[migration.as_fd()],
+        )?;
+        match reply.body {
+            ReplyBody::Parked {
+                alloc_id,
+                bytes,
+                copied_bytes,
+                slots,
+            } => Ok(Parked {
+                alloc_id,
+                bytes,
+                copied_bytes,
+                slots,
+            }),
+            other => Err(ClientError::Unexpected(format!("{other:?} to PARK"))),
+        }
+    }
+
+    /// RESTORE: the daemon sends the VM parked under `name` on `migration`
+    /// (connected to a cloud-hypervisor's `receive-migration` listener),
+    /// ending with `CompletePaused` when `paused`, and hands its allocation
+    /// to this connection, as ALLOC would (fds, table, token). The parked
+    /// record is gone once the reply says OK.
+    ///
+    /// # Errors
+    ///
+    /// [`ClientError::Refused`]: `NotFound` for a name this uid has not
+    /// parked; the receiver's refusal otherwise (the VM stays parked).
+    pub fn restore(
+        &mut self,
+        name: &str,
+        migration: &UnixStream,
+        paused: bool,
+    ) -> Result<Allocation, ClientError> {
+        self.park_feature("RESTORE")?;
+        check_name(name)?;
+        let (reply, fds): (_, Vec<OwnedFd>) = self.exchange(
+            &Request::Restore {
+                name: name.to_string(),
+                paused,
+            },
+            &[migration.as_fd()],
+        )?;
+        allocation_from(reply, fds, false, "RESTORE")
+    }
+
+    /// UNPARK: drops the VM parked under `name`; its memory goes back to
+    /// the pool (scrubbed before anyone gets it).
+    ///
+    /// # Errors
+    ///
+    /// [`ClientError::Refused`]: `NotFound` for a name this uid has not parked.
+    pub fn unpark(&mut self, name: &str) -> Result<(), ClientError> {
+        self.park_feature("UNPARK")?;
+        check_name(name)?;
+        self.exchange(
+            &Request::Unpark {
+                name: name.to_string(),
+            },
+            &[],
+        )?;
+        Ok(())
+    }
+}
+
+fn check_name(name: &str) -> Result<(), ClientError> {
+    if valid_park_name(name) {
+        Ok(())
+    } else {
+        Err(ClientError::Refused {
+            status: Status::Invalid,
+            message: format!(
+                "{name:?} cannot name a parked VM: 1 to 64 ASCII letters, digits, '.', '_' and '-', \
+                 starting with a letter or digit"
+            ),
+        })
+    }
+}
