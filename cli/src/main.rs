@@ -90,10 +90,24 @@ fn launch(args: LaunchArgs) -> Result<i32> {
     if !report.note.is_empty() {
         eprintln!("hugemem launch: note from the daemon: {}", report.note);
     }
+    let pages = report
+        .page_sizes
+        .iter()
+        .map(|p| guest_mem::size::format_size(*p))
+        .collect::<Vec<_>>()
+        .join("+");
+    let got = if report.restored {
+        "restored from the park"
+    } else {
+        "allocated"
+    };
+    let end = match &report.parked_as {
+        Some(name) => format!("; parked as {name}"),
+        None => String::new(),
+    };
     eprintln!(
-        "hugemem launch: {} on {} pages allocated in {:.1} ms; the VMM ran {:.1} ms and ended with {}",
+        "hugemem launch: {} on {pages} pages {got} in {:.1} ms; the VMM ran {:.1} ms and ended with {}{end}",
         guest_mem::size::format_size(report.size),
-        report.page_sizes.iter().map(|p| guest_mem::size::format_size(*p)).collect::<Vec<_>>().join("+"),
         report.alloc.as_secs_f64() * 1e3,
         report.vmm.as_secs_f64() * 1e3,
         report.exit

@@ -68,6 +68,22 @@ pub fn render_status(stats: &Stats) -> String {
             format_size(n.pending_bytes),
         ));
     }
+    for p in &stats.parked {
+        out.push_str(&format!(
+            "parked: {} (uid {}): {} in {} slot(s) on {} pages, allocation {}, {}\n",
+            p.name,
+            p.uid,
+            format_size(p.bytes),
+            p.slots,
+            format_size(p.page_size),
+            p.alloc,
+            if p.copied_bytes == 0 {
+                "moved from its launch".to_string()
+            } else {
+                format!("{} copied in", format_size(p.copied_bytes))
+            },
+        ));
+    }
     for r in stats.quarantine.iter().flatten() {
         out.push_str(&format!(
             "quarantined: region {} ({}) for {:.1} s, held by pid {}\n",
@@ -221,6 +237,29 @@ mod tests {
         );
         assert!(
             table.contains("refill: making 2G on 1G pages for node 0: 1G done"),
+            "{table}"
+        );
+    }
+
+    #[test]
+    fn status_lists_parked_vms() {
+        let stats = json!({
+            "parked": [
+                {"uid": 1000, "name": "web1", "alloc": 7, "bytes": 8u64 << 30, "copied_bytes": 0,
+                 "slots": 2, "page_size": 1u64 << 30, "parked_at": 0},
+                {"uid": 0, "name": "db", "alloc": 9, "bytes": 1u64 << 30, "copied_bytes": 1u64 << 29,
+                 "slots": 1, "page_size": 2u64 << 20, "parked_at": 0}
+            ]
+        });
+        let table = render_status(&typed(stats));
+        assert!(
+            table.contains("parked: web1 (uid 1000): 8G in 2 slot(s) on 1G pages, allocation 7, moved from its launch"),
+            "{table}"
+        );
+        assert!(
+            table.contains(
+                "parked: db (uid 0): 1G in 1 slot(s) on 2M pages, allocation 9, 512M copied in"
+            ),
             "{table}"
         );
     }

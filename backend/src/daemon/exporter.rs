@@ -498,6 +498,29 @@ impl DaemonCollector {
         Ok(())
     }
 
+    /// Parked VMs: how many, and each one's memory by uid and name.
+    fn encode_parked(&self, enc: &mut DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let parked = self.source.pool.owners().parked_list();
+        gauge(
+            enc,
+            "parked_vms",
+            "cloud-hypervisor VMs parked in the daemon (hugemem park).",
+            None,
+            g64(parked.len() as u64),
+        )?;
+        let mut family = enc.encode_descriptor(
+            "parked",
+            "Memory of each parked VM, by its tenant's uid and its name.",
+            Some(&Unit::Bytes),
+            MetricType::Gauge,
+        )?;
+        for p in parked {
+            let labels = [("uid", p.uid.to_string()), ("name", p.name)];
+            ConstGauge::new(g64(p.bytes)).encode(family.encode_family(&labels)?)?;
+        }
+        Ok(())
+    }
+
     fn encode_faults(&self, enc: &mut DescriptorEncoder) -> Result<(), std::fmt::Error> {
         let sums = self.source.fault_totals.read();
         gauge(
@@ -574,6 +597,7 @@ impl Collector for DaemonCollector {
         // One look at the pool (one lock) per scrape.
         let (pool, pending) = self.source.pool.stats();
         Self::encode_pools(&pool, &mut enc)?;
+        self.encode_parked(&mut enc)?;
         self.encode_scrub(&pending, &mut enc)?;
         self.encode_faults(&mut enc)
     }

@@ -24,21 +24,26 @@ pub struct LaunchReport {
     /// The daemon's note on the ALLOC (empty, or e.g. which larger pages
     /// were missing when `best` served a smaller size).
     pub note: String,
+    /// The VM was parked under this name (`hugemem park`) before its VMM
+    /// exited: its memory stays with the daemon.
+    pub parked_as: Option<String>,
+    /// The memory came from the park (`--restore`), not from an ALLOC.
+    pub restored: bool,
 }
 
 /// FREEs allocation `id` on `client` after the VMM ended; a VM that was
 /// parked (`hugemem park`) left its memory with the daemon, and the
-/// launcher says so instead.
-pub(crate) fn free_or_report_parked(client: Option<Client>, id: u64) {
+/// launcher says so instead: returns the name it was parked under.
+pub(crate) fn free_or_report_parked(client: Option<Client>, id: u64) -> Option<String> {
     let Some(mut client) = client else {
         warn!(
             alloc = id,
             "no daemon connection holds the allocation any more; not freed by launch (the daemon releases it)"
         );
-        return;
+        return None;
     };
     match client.free(id) {
-        Ok(()) => {}
+        Ok(()) => None,
         Err(hugemem_client::client::ClientError::Refused { message, .. })
             if message.contains(" was parked as ") =>
         {
@@ -47,9 +52,11 @@ pub(crate) fn free_or_report_parked(client: Option<Client>, id: u64) {
                 alloc = id,
                 name, "the VM was parked as {name}: its memory stays with the daemon"
             );
+            Some(name.to_string())
         }
         Err(e) => {
             warn!(error = %e, "FREE failed; the daemon releases the memory when this connection closes");
+            None
         }
     }
 }

@@ -210,7 +210,7 @@ pub fn run(cfg: &LaunchConfig, name: &str) -> Result<LaunchReport, LaunchError> 
             "the VM parked as {name} was not restored; cloud-hypervisor ended with {exit}"
         )));
     };
-    free_or_report_parked(client.flatten(), restored.id);
+    let parked_as = free_or_report_parked(client.flatten(), restored.id);
     let (exit, vmm_time) = outcome?;
     Ok(LaunchReport {
         exit,
@@ -218,7 +218,9 @@ pub fn run(cfg: &LaunchConfig, name: &str) -> Result<LaunchReport, LaunchError> 
         vmm: vmm_time,
         size: restored.size,
         page_sizes: restored.page_sizes,
-        note: format!("restored from the park as {name}"),
+        note: String::new(),
+        parked_as,
+        restored: true,
     })
 }
 

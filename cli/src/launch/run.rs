@@ -121,9 +121,14 @@ pub fn run(cfg: &LaunchConfig) -> Result<LaunchReport, LaunchError> {
     let id = alloc.id;
     // Close our copies before FREE, so the daemon sees no holder but itself.
     drop(alloc);
-    super::report::free_or_report_parked(client.flatten(), id);
+    let parked_as = super::report::free_or_report_parked(client.flatten(), id);
     let (exit, vmm_time) = outcome?;
-    info!(exit = %exit, vmm_seconds = vmm_time.as_secs_f64(), "{vmm} exited; memory freed");
+    let after = if parked_as.is_some() {
+        "its memory parked"
+    } else {
+        "memory freed"
+    };
+    info!(exit = %exit, vmm_seconds = vmm_time.as_secs_f64(), "{vmm} exited; {after}");
     Ok(LaunchReport {
         exit,
         alloc: alloc_time,
@@ -131,6 +136,8 @@ pub fn run(cfg: &LaunchConfig) -> Result<LaunchReport, LaunchError> {
         size,
         page_sizes,
         note,
+        parked_as,
+        restored: false,
     })
 }
 
