@@ -156,6 +156,9 @@ pub(crate) struct FillArgs {
     /// Most fill workers (default: the node's CPUs).
     #[arg(long)]
     pub(crate) threads: Option<usize>,
+    /// Repetitions, each measuring everything once in turn; medians are reported.
+    #[arg(long, default_value_t = 3)]
+    pub(crate) reps: usize,
     /// Print one JSON object instead of a table.
     #[arg(long)]
     pub(crate) json: bool,

@@ -37,7 +37,7 @@ use numa::Topology;
 use serde::Serialize;
 
 use crate::private_dir::PrivateDir;
-use crate::stats::ratio;
+use crate::stats::{median, ratio};
 
 /// Block in which the file's data and holes alternate.
 const BLOCK: u64 = 1 << 20;
@@ -55,6 +55,9 @@ pub struct FillBenchConfig {
     pub dir: PathBuf,
     /// Most fill workers (default: the node's CPUs).
     pub threads: Option<usize>,
+    /// Repetitions, each measuring everything once in turn (the median is
+    /// reported: the cold figures of a virtual disk swing with its host's cache).
+    pub reps: usize,
 }
 
 /// One fill measurement.
@@ -72,6 +75,8 @@ pub struct FillPoint {
     pub bytes_read: u64,
     /// Bytes of holes skipped.
     pub hole_bytes: u64,
+    /// Every repetition's GB/s, in order.
+    pub samples: Vec<f64>,
     /// What bounds the figure.
     pub limit: String,
 }
@@ -85,9 +90,13 @@ pub struct FillBenchReport {
     pub holes_percent: u64,
     /// Where the file was.
     pub dir: String,
+    /// Repetitions (medians are reported).
+    pub reps: usize,
     /// Cold `read(2)` of the whole file, GB/s: the disk through the page
     /// cache (limit: the disk).
     pub seq_read_gbps: f64,
+    /// Every repetition's `seq_read_gbps`.
+    pub seq_read_samples: Vec<f64>,
     /// The same with `O_DIRECT`, GB/s: the device alone (`null` when the file
     /// system refuses `O_DIRECT`).
     pub seq_read_direct_gbps: Option<f64>,
@@ -98,7 +107,7 @@ pub struct FillBenchReport {
 /// Why the bench failed.
 #[derive(Debug, thiserror::Error)]
 pub enum FillBenchError {
-    /// Zero size, holes over 100 %, or a size that is not whole 2 MiB pages.
+    /// Zero size or repetitions, holes over 100 %, or a size that is not whole 2 MiB pages.
     #[error("size must be a non-zero multiple of 2 MiB and holes at most 100 %")]
     Config,
     /// File work failed.
@@ -140,7 +149,7 @@ pub fn run(
     progress: &mut dyn FnMut(&str),
 ) -> Result<FillBenchReport, FillBenchError> {
     let page = PageSize::Huge2M.bytes();
-    if cfg.size == 0 || !cfg.size.is_multiple_of(page) || cfg.holes_percent > 100 {
+    if cfg.size == 0 || cfg.reps == 0 || !cfg.size.is_multiple_of(page) || cfg.holes_percent > 100 {
         return Err(FillBenchError::Config);
     }
     let topology = Topology::detect()?;
@@ -169,78 +178,100 @@ pub fn run(
     ));
     let file = write_file(&path, cfg.size, cfg.holes_percent)?;
 
-    drop_cache(&file)?;
-    let seq_read_gbps = gbps(cfg.size, sequential_read(&path, false)?);
-    progress(&format!("cold sequential read: {seq_read_gbps:.2} GB/s"));
-    drop_cache(&file)?;
-    let seq_read_direct_gbps = match sequential_read(&path, true) {
-        Ok(seconds) => Some(gbps(cfg.size, seconds)),
-        Err(e) => {
-            progress(&format!("O_DIRECT read refused: {e}"));
-            None
+    let mut seq = Vec::new();
+    let mut direct = Vec::new();
+    let mut fills: Vec<FillPoint> = Vec::new();
+    for rep in 0..cfg.reps {
+        drop_cache(&file)?;
+        seq.push(gbps(cfg.size, sequential_read(&path, false)?));
+        drop_cache(&file)?;
+        match sequential_read(&path, true) {
+            Ok(seconds) => direct.push(gbps(cfg.size, seconds)),
+            Err(e) => progress(&format!("O_DIRECT read refused: {e}")),
         }
-    };
-
-    let mut fills = Vec::new();
-    let modes = [
-        ("willneed", Readahead::WillNeed, true),
-        ("none", Readahead::None, true),
-        ("sequential", Readahead::Sequential, true),
-        ("warm", Readahead::WillNeed, false),
-    ];
-    for (mode, readahead, cold) in modes {
-        let region = fresh_region(&topology, cfg.size)?;
-        if cold {
-            drop_cache(&file)?;
-        } else {
-            // The earlier fills left it cached; read it once more to be sure.
-            sequential_read(&path, false)?;
-        }
-        let opts = FillOptions {
-            dest_is_zero: mark_for_fill(&region),
-            readahead,
-            max_threads_per_node: cfg
-                .threads
-                .unwrap_or(FillOptions::default().max_threads_per_node),
-            ..FillOptions::default()
-        };
-        let source = FillSource {
-            file: file.as_fd(),
-            file_offset: 0,
-            dest_offset: 0,
-            len: cfg.size,
-        };
-        let report = fill_region(&topology, &region, &[source], &opts)?;
-        let point = FillPoint {
-            mode: mode.to_string(),
-            gbps: gbps(cfg.size, report.elapsed.as_secs_f64()),
-            vs_seq_read: 0.0,
-            threads: report.threads,
-            bytes_read: report.counts.bytes_read,
-            hole_bytes: report.counts.hole_bytes,
-            limit: if cold {
-                "disk (cold page cache)"
-            } else {
-                "memory bandwidth (page cache to huge pages)"
+        for (i, (mode, readahead, cold)) in MODES.into_iter().enumerate() {
+            let point = fill_once(&topology, cfg, &file, &path, mode, readahead, cold)?;
+            match fills.get_mut(i) {
+                Some(p) => p.samples.extend(point.samples),
+                None => fills.push(point),
             }
-            .to_string(),
-        };
-        progress(&format!(
-            "fill {mode}: {:.2} GB/s on {} workers",
-            point.gbps, point.threads
-        ));
-        fills.push(FillPoint {
-            vs_seq_read: ratio(point.gbps, seq_read_gbps),
-            ..point
-        });
+        }
+        progress(&format!("repetition {} of {} done", rep + 1, cfg.reps));
     }
+    let seq_read_gbps = median(&seq);
+    for p in &mut fills {
+        p.gbps = median(&p.samples);
+        p.vs_seq_read = ratio(p.gbps, seq_read_gbps);
+    }
+    let seq_read_direct_gbps = (!direct.is_empty()).then(|| median(&direct));
     Ok(FillBenchReport {
         size_bytes: cfg.size,
         holes_percent: cfg.holes_percent,
         dir: cfg.dir.display().to_string(),
+        reps: cfg.reps,
         seq_read_gbps,
+        seq_read_samples: seq,
         seq_read_direct_gbps,
         fills,
+    })
+}
+
+/// The fills measured, in the order each repetition runs them: read-ahead
+/// hint, and whether the page cache is dropped first.
+const MODES: [(&str, Readahead, bool); 4] = [
+    ("willneed", Readahead::WillNeed, true),
+    ("none", Readahead::None, true),
+    ("sequential", Readahead::Sequential, true),
+    ("warm", Readahead::WillNeed, false),
+];
+
+/// One `fill_region` of the whole file into a fresh region.
+fn fill_once(
+    topology: &Topology,
+    cfg: &FillBenchConfig,
+    file: &File,
+    path: &Path,
+    mode: &str,
+    readahead: Readahead,
+    cold: bool,
+) -> Result<FillPoint, FillBenchError> {
+    let region = fresh_region(topology, cfg.size)?;
+    if cold {
+        drop_cache(file)?;
+    } else {
+        // Into the page cache.
+        sequential_read(path, false)?;
+    }
+    let opts = FillOptions {
+        dest_is_zero: mark_for_fill(&region),
+        readahead,
+        max_threads_per_node: cfg
+            .threads
+            .unwrap_or(FillOptions::default().max_threads_per_node),
+        ..FillOptions::default()
+    };
+    let source = FillSource {
+        file: file.as_fd(),
+        file_offset: 0,
+        dest_offset: 0,
+        len: cfg.size,
+    };
+    let report = fill_region(topology, &region, &[source], &opts)?;
+    let gbps = gbps(cfg.size, report.elapsed.as_secs_f64());
+    Ok(FillPoint {
+        mode: mode.to_string(),
+        gbps,
+        vs_seq_read: 0.0,
+        threads: report.threads,
+        bytes_read: report.counts.bytes_read,
+        hole_bytes: report.counts.hole_bytes,
+        samples: vec![gbps],
+        limit: if cold {
+            "disk (cold page cache)"
+        } else {
+            "memory bandwidth (page cache to huge pages)"
+        }
+        .to_string(),
     })
 }
 
@@ -248,10 +279,11 @@ impl FillBenchReport {
     /// The report as a text table.
     pub fn to_table(&self) -> String {
         let mut out = format!(
-            "fill: {} file, {} % holes, under {}\n",
+            "fill: {} file, {} % holes, under {}; medians of {} repetitions\n",
             guest_mem::size::format_size(self.size_bytes),
             self.holes_percent,
-            self.dir
+            self.dir,
+            self.reps
         );
         out.push_str(&format!(
             "  {:<28} {:>8.2} GB/s  (limit: disk, cold page cache)\n",

@@ -236,6 +236,7 @@ fn fill(args: FillArgs) -> Result<i32> {
         holes_percent: args.holes,
         dir: args.dir,
         threads: args.threads,
+        reps: args.reps,
     };
     let report =
         fill_bench::run(&cfg, &mut |line| tracing::info!("{line}")).context("bench fill failed")?;
