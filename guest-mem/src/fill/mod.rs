@@ -23,8 +23,10 @@
 //! one `compare_exchange`), fills it and marks it `Clean`: a page fault that
 //! asks for one unit and background workers filling the rest in address
 //! order fill each unit exactly once. `Clean` after a fill means "holds its
-//! final contents"; so a region whose pages are clean (zero) is first marked
-//! with [`mark_for_fill`], which also says whether its bytes are all zero.
+//! final contents" (not zero, as it means in the pool: a filled region goes
+//! back to a pool only through [`Region::mark_all_dirty`]); so a region whose
+//! pages are clean (zero) is first marked with [`mark_for_fill`], which also
+//! says whether its bytes are all zero.
 //!
 //! **Parallel and NUMA-local.** [`fill_region`] runs [`fill_unit`] over the
 //! region on the [`clearing`] job runner: chunks of whole units, workers
@@ -207,6 +209,11 @@ impl FillReport {
 ///
 /// For the owner of the region, before any filler runs; a unit another
 /// thread holds in `Clearing` is left alone and makes the answer false.
+///
+/// `Clean` is taken to mean zero, as the pool means it: call this only on a
+/// region that came from the pool. A region an earlier fill left `Clean`
+/// holds that fill's bytes; it must not be returned to a pool, nor filled
+/// again with `dest_is_zero`, before [`Region::mark_all_dirty`].
 pub fn mark_for_fill(region: &Region) -> bool {
     let states = region.states();
     let mut all_zero = true;
