@@ -3,7 +3,7 @@
 
 use std::os::fd::BorrowedFd;
 
-use super::FillError;
+use super::error::FillError;
 use crate::region::Region;
 use crate::sys;
 

@@ -4,8 +4,9 @@
 
 use clearing::ClearKernel;
 
-use super::plan::Planned;
-use super::{FillCounts, FillError, FillOptions, FillPlan, UnitFill};
+use super::error::FillError;
+use super::options::{FillCounts, FillOptions, UnitFill};
+use super::plan::{FillPlan, Planned};
 use crate::region::Region;
 use crate::state::PageState;
 use crate::sys;
