@@ -34,6 +34,9 @@ pub(crate) enum Command {
     Vmstart(VmstartArgs),
     /// Clearing kernels and the parallel runner against the kernel's fault-time clearing.
     Clear(ClearArgs),
+    /// The fill engine reading a sparse file on disk into a 2 MiB-page
+    /// region, cold and warm, against the disk's own sequential read rate.
+    Fill(FillArgs),
     /// The refault of punched huge pages: fault helpers (the daemon's),
     /// threads of one process and fallocate with 1..all CPUs beside the
     /// memory bandwidth; a CPU-bound tenant's loss; STATS latency while a
@@ -133,6 +136,29 @@ pub(crate) struct ClearArgs {
     /// Page size: 1G, 2M or 4K (default: 1G, then 2M, then 4K, said out loud).
     #[arg(long, value_parser = parse_page_size_arg)]
     pub(crate) page_size: Option<PageSize>,
+    /// Print one JSON object instead of a table.
+    #[arg(long)]
+    pub(crate) json: bool,
+}
+
+/// `hugemem-bench fill` flags.
+#[derive(Debug, clap::Args)]
+pub(crate) struct FillArgs {
+    /// Bytes of the file and the region, whole 2 MiB pages (K/M/G suffixes, powers of 1024).
+    #[arg(long, default_value = "1G", value_parser = parse_size_arg)]
+    pub(crate) size: u64,
+    /// Percent of the file that is holes, spread in 1 MiB blocks.
+    #[arg(long, default_value_t = 25)]
+    pub(crate) holes: u64,
+    /// Directory for the file (on the disk to measure; not tmpfs).
+    #[arg(long, default_value = "/var/tmp")]
+    pub(crate) dir: std::path::PathBuf,
+    /// Most fill workers (default: the node's CPUs).
+    #[arg(long)]
+    pub(crate) threads: Option<usize>,
+    /// Repetitions, each measuring everything once in turn; medians are reported.
+    #[arg(long, default_value_t = 3)]
+    pub(crate) reps: usize,
     /// Print one JSON object instead of a table.
     #[arg(long)]
     pub(crate) json: bool,

@@ -9,7 +9,7 @@
 //!
 //! [`demo`]: daemon, 1 GiB pages, micro-guest, scrub and pool reuse, as a
 //! timeline. The benches: [`alloc`], [`churn`], [`clear`], [`compare`],
-//! [`migrate`], [`mlock`], [`refault`], [`takeover`], [`vmstart`]; [`report`] regenerates
+//! [`fill`], [`migrate`], [`mlock`], [`refault`], [`takeover`], [`vmstart`]; [`report`] regenerates
 //! docs/benchmarks.md from their `--json`, which [`run_info`] makes
 //! self-describing.
 
@@ -23,6 +23,7 @@ pub mod compare;
 /// `hugemem demo`: daemon, 1 GiB pages, micro-guest, scrub and pool reuse, as a timeline.
 pub mod demo;
 pub mod error;
+pub mod fill;
 pub mod floor;
 /// `hugemem bench migrate`: throughput per page size and runner locality.
 pub mod migrate;

@@ -9,6 +9,7 @@ use hugemem_bench::alloc::{self as alloc_bench, AllocBenchConfig};
 use hugemem_bench::churn::{self, ChurnConfig};
 use hugemem_bench::clear::{self, ClearBenchConfig};
 use hugemem_bench::compare::{self, CompareConfig};
+use hugemem_bench::fill::{self as fill_bench, FillBenchConfig};
 use hugemem_bench::mlock::{self, MlockBenchConfig};
 use hugemem_bench::run_info::{with_run_info, RunInfo};
 use hugemem_bench::vmstart::{self, VmstartConfig};
@@ -17,8 +18,8 @@ use tracing_subscriber::EnvFilter;
 /// The clap definitions.
 mod args;
 use args::{
-    AllocArgs, ChurnArgs, ClearArgs, Cli, Command, CompareArgs, DemoArgs, MigrateArgs, MlockArgs,
-    RefaultArgs, ReportArgs, TakeoverArgs, VmmUpdateArgs, VmstartArgs,
+    AllocArgs, ChurnArgs, ClearArgs, Cli, Command, CompareArgs, DemoArgs, FillArgs, MigrateArgs,
+    MlockArgs, RefaultArgs, ReportArgs, TakeoverArgs, VmmUpdateArgs, VmstartArgs,
 };
 
 fn main() {
@@ -70,6 +71,7 @@ fn run(cli: Cli) -> Result<i32> {
         Command::Report(args) => report(args),
         Command::Vmstart(args) => vmstart(args),
         Command::Clear(args) => clear(args),
+        Command::Fill(args) => fill(args),
         Command::Refault(args) => refault(args),
         Command::Mlock(args) => mlock(args),
         Command::Migrate(args) => migrate(args),
@@ -221,6 +223,25 @@ fn clear(args: ClearArgs) -> Result<i32> {
         clear::run(&cfg, &mut |line| tracing::info!("{line}")).context("bench clear failed")?;
     if args.json {
         print_bench_json("clear", &report)?;
+    } else {
+        print!("{}", report.to_table());
+    }
+    Ok(0)
+}
+
+/// Runs `fill`.
+fn fill(args: FillArgs) -> Result<i32> {
+    let cfg = FillBenchConfig {
+        size: args.size,
+        holes_percent: args.holes,
+        dir: args.dir,
+        threads: args.threads,
+        reps: args.reps,
+    };
+    let report =
+        fill_bench::run(&cfg, &mut |line| tracing::info!("{line}")).context("bench fill failed")?;
+    if args.json {
+        print_bench_json("fill", &report)?;
     } else {
         print!("{}", report.to_table());
     }

@@ -13,7 +13,12 @@ pub(crate) struct PrivateDir(PathBuf);
 impl PrivateDir {
     /// Creates `$TMPDIR/<prefix>-<pid>` (replacing a stale one of ours).
     pub(crate) fn create(prefix: &str) -> io::Result<Self> {
-        let path = std::env::temp_dir().join(format!("{prefix}-{}", std::process::id()));
+        Self::create_in(&std::env::temp_dir(), prefix)
+    }
+
+    /// Creates `<parent>/<prefix>-<pid>` (replacing a stale one of ours).
+    pub(crate) fn create_in(parent: &Path, prefix: &str) -> io::Result<Self> {
+        let path = parent.join(format!("{prefix}-{}", std::process::id()));
         // A directory with our pid in its name is a leftover of an earlier
         // process with the same pid: nothing can be using it.
         let _ = std::fs::remove_dir_all(&path);

@@ -11,6 +11,8 @@
 
 #![deny(missing_docs)]
 
+/// Filling a region from files (parking, restoring): parallel, NUMA-local, holes zeroed.
+pub mod fill;
 pub mod hugepages;
 /// Batched `mlock`/`munlock` in chunks, per node in parallel, cancellable.
 pub mod lock;
@@ -26,6 +28,10 @@ mod sys;
 /// `vm-memory` adapter: regions as a rust-vmm `GuestMemoryMmap`.
 pub mod vmm;
 
+pub use fill::{
+    fill_region, fill_unit, mark_for_fill, FillCounts, FillError, FillOptions, FillPlan,
+    FillProgress, FillReport, FillSource, Readahead, UnitFill,
+};
 pub use hugepages::{
     ensure_free, set_available, Ballast, Reservation, ReserveError, ReserveReport,
 };

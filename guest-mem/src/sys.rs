@@ -1,6 +1,8 @@
-//! Raw memory syscalls of this crate (`mmap`, `munmap`, `madvise`, `mlock`,
-//! `munlock`, `mlock2`, `memfd_create`, `ftruncate`, `fstat`); the only
-//! place in `guest-mem` that calls into libc for them.
+//! Raw memory and file syscalls of this crate (`mmap`, `munmap`, `madvise`,
+//! `mlock`, `munlock`, `mlock2`, `memfd_create`, `ftruncate`, `fstat`, and
+//! for the fill engine `pread`, `lseek` `SEEK_DATA`/`SEEK_HOLE`,
+//! `posix_fadvise`); the only place in `guest-mem` that calls into libc for
+//! them.
 
 use std::io;
 
@@ -201,4 +203,112 @@ pub(crate) fn file_size(fd: std::os::fd::BorrowedFd<'_>) -> io::Result<u64> {
     // zero-initialised before in any case).
     let st = unsafe { buf.assume_init() };
     u64::try_from(st.st_size).map_err(|_| io::Error::from_raw_os_error(libc::EOVERFLOW))
+}
+
+/// `fstat(fd).st_mode & S_IFMT` and `st_size`: the file type and size of an
+/// open file.
+pub(crate) fn file_type_and_size(
+    fd: std::os::fd::BorrowedFd<'_>,
+) -> io::Result<(libc::mode_t, u64)> {
+    use std::os::fd::AsRawFd;
+    let mut buf = std::mem::MaybeUninit::<libc::stat>::zeroed();
+    // SAFETY: the borrowed fd is open for the duration of the call and `buf`
+    // is a writable `stat` the kernel fills in; nothing else aliases it.
+    if unsafe { libc::fstat(fd.as_raw_fd(), buf.as_mut_ptr()) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: fstat returned 0, so it wrote the whole struct (and it was
+    // zero-initialised before in any case).
+    let st = unsafe { buf.assume_init() };
+    let size =
+        u64::try_from(st.st_size).map_err(|_| io::Error::from_raw_os_error(libc::EOVERFLOW))?;
+    Ok((st.st_mode & libc::S_IFMT, size))
+}
+
+/// `pread(fd, dst, len, offset)`, retried on `EINTR`: the bytes read (0 at
+/// end of file; fewer than `len` when the file ends sooner).
+///
+/// # Safety
+/// `dst..dst+len` must be writable memory of this process (a hugetlb mapping
+/// also backed, or the kernel's copy fails with `EFAULT`) that no Rust
+/// reference covers and no other thread reads or writes during the call.
+pub(crate) unsafe fn pread(
+    fd: std::os::fd::BorrowedFd<'_>,
+    dst: *mut u8,
+    len: usize,
+    offset: u64,
+) -> io::Result<usize> {
+    use std::os::fd::AsRawFd;
+    let offset =
+        libc::off_t::try_from(offset).map_err(|_| io::Error::from_raw_os_error(libc::EOVERFLOW))?;
+    loop {
+        // SAFETY: the caller promises dst..dst+len is writable and not
+        // accessed by anyone else; the kernel writes at most `len` bytes.
+        let n = unsafe { libc::pread(fd.as_raw_fd(), dst.cast(), len, offset) };
+        if n >= 0 {
+            // Non-negative and at most `len`, so it fits usize.
+            return Ok(n as usize);
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+}
+
+/// `lseek(fd, offset, SEEK_DATA)` (`data: true`) or `SEEK_HOLE`: the next
+/// offset at or after `offset` that is data, or a hole (end of file counts
+/// as one). `Ok(None)` for `ENXIO`: no data at or after `offset`, or
+/// `offset` is at or past the end of the file.
+///
+/// The file's position changes; this crate only reads with `pread`, which
+/// does not use it (a peer's own use of a shared position is the peer's
+/// business: reading into its memory never depended on it).
+pub(crate) fn seek(
+    fd: std::os::fd::BorrowedFd<'_>,
+    offset: u64,
+    data: bool,
+) -> io::Result<Option<u64>> {
+    use std::os::fd::AsRawFd;
+    let offset =
+        libc::off_t::try_from(offset).map_err(|_| io::Error::from_raw_os_error(libc::EOVERFLOW))?;
+    let whence = if data {
+        libc::SEEK_DATA
+    } else {
+        libc::SEEK_HOLE
+    };
+    // SAFETY: the borrowed fd is open for the duration of the call; lseek
+    // touches no memory of this process.
+    let at = unsafe { libc::lseek(fd.as_raw_fd(), offset, whence) };
+    if at < 0 {
+        let e = io::Error::last_os_error();
+        if e.raw_os_error() == Some(libc::ENXIO) {
+            return Ok(None);
+        }
+        return Err(e);
+    }
+    // Non-negative.
+    Ok(Some(at as u64))
+}
+
+/// `posix_fadvise(fd, offset, len, advice)`: a read-ahead hint; it never
+/// changes a file's contents.
+pub(crate) fn fadvise(
+    fd: std::os::fd::BorrowedFd<'_>,
+    offset: u64,
+    len: u64,
+    advice: libc::c_int,
+) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let offset =
+        libc::off_t::try_from(offset).map_err(|_| io::Error::from_raw_os_error(libc::EOVERFLOW))?;
+    let len =
+        libc::off_t::try_from(len).map_err(|_| io::Error::from_raw_os_error(libc::EOVERFLOW))?;
+    // SAFETY: the borrowed fd is open for the duration of the call;
+    // posix_fadvise touches no memory of this process.
+    let rc = unsafe { libc::posix_fadvise(fd.as_raw_fd(), offset, len, advice) };
+    if rc != 0 {
+        return Err(io::Error::from_raw_os_error(rc));
+    }
+    Ok(())
 }

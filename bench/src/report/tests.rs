@@ -144,7 +144,7 @@ fn every_kind_renders_without_its_optional_parts() {
     // Files of each kind with nothing but the kind: every figure shows as `-`
     // and nothing panics; an unknown kind gets its top-level figures.
     for kind in [
-        "clear", "alloc", "mlock", "vmstart", "compare", "demo", "migrate",
+        "clear", "alloc", "mlock", "fill", "vmstart", "compare", "demo", "migrate",
     ] {
         let out = tables::block(
             "x",

@@ -6,7 +6,7 @@ use serde_json::Value;
 use super::alloc::alloc;
 use super::cells::{run_line, significant};
 use super::launches::{churn_row, churn_spans_row, compare, demo, vmstart};
-use super::memory::{clear, mlock};
+use super::memory::{clear, fill, mlock};
 use super::takeover::takeover;
 use super::vmm_update::vmm_updates;
 
@@ -64,6 +64,7 @@ pub fn block(name: &str, v: &Value) -> String {
         Some("clear") => clear(v),
         Some("alloc") => alloc(v),
         Some("mlock") => mlock(v),
+        Some("fill") => fill(v),
         Some("vmstart") => vmstart(v),
         Some("compare") => compare(v),
         Some("demo") => demo(v),

@@ -1,4 +1,4 @@
-//! The tables of the memory benches `clear` and `mlock` (`alloc` has its own file).
+//! The tables of the memory benches `clear`, `mlock` and `fill` (`alloc` has its own file).
 
 use serde_json::Value;
 
@@ -131,6 +131,55 @@ pub(super) fn mlock(v: &Value) -> String {
             } else {
                 "not met"
             }
+        );
+    }
+    out
+}
+
+pub(super) fn fill(v: &Value) -> String {
+    let mut out = format!(
+        "{} file, {} % holes, under {}; medians of {} repetitions. GB/s = 10^9 bytes of the file per second, holes included.\n\n",
+        size(v, "size_bytes"),
+        f(v, "holes_percent", 0),
+        s(v, "dir"),
+        f(v, "reps", 0)
+    );
+    out += "| figure | GB/s | vs sequential `read(2)` | workers | limit | samples |\n|---|---|---|---|---|---|\n";
+    let samples = |p: &Value, key: &str| {
+        p.get(key).and_then(Value::as_array).map_or_else(
+            || "-".into(),
+            |xs| {
+                xs.iter()
+                    .filter_map(Value::as_f64)
+                    .map(|x| fixed(x, 2))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            },
+        )
+    };
+    out += &format!(
+        "| sequential `read(2)`, cold, one thread | {} | 1.00x | 1 | the disk | {} |\n",
+        f(v, "seq_read_gbps", 2),
+        samples(v, "seq_read_samples")
+    );
+    out += &format!(
+        "| sequential `O_DIRECT` read, one thread | {} | - | 1 | the device | - |\n",
+        f(v, "seq_read_direct_gbps", 2)
+    );
+    for p in v
+        .get("fills")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+    {
+        out += &format!(
+            "| `fill_region`, {} | {} | {}x | {} | {} | {} |\n",
+            s(p, "mode"),
+            f(p, "gbps", 2),
+            f(p, "vs_seq_read", 2),
+            f(p, "threads", 0),
+            s(p, "limit"),
+            samples(p, "samples")
         );
     }
     out

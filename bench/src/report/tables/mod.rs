@@ -1,5 +1,5 @@
 //! The tables `hugemem bench report` generates for one results file, by its
-//! `"bench"`: `clear`, `alloc`, `mlock`, `vmstart`, `compare`, `demo`,
+//! `"bench"`: `clear`, `alloc`, `mlock`, `fill`, `vmstart`, `compare`, `demo`,
 //! `takeover`, `vmm-update` (a column per run); any other kind (or none)
 //! gets its top-level figures as a key/value table. The
 //! tables read the JSON as `--json` prints it; a missing figure shows as `-`.
