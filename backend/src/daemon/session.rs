@@ -320,6 +320,7 @@ impl Session {
             uid: self.peer.uid,
             gid: self.peer.gid,
             reattach: self.features & FEATURE_REATTACH != 0,
+            fills_every_byte: false,
         };
         let started = std::time::Instant::now();
         let served = alloc::serve(&self.rooms.alloc, requester, req, wait_ms).await;

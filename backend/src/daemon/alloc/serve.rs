@@ -32,6 +32,10 @@ pub struct Requester {
     pub gid: u32,
     /// The session negotiated re-attach tokens.
     pub reattach: bool,
+    /// The daemon itself writes every byte before anyone maps the memory
+    /// (PARK's copy fills it from a file and zeroes the rest): pooled
+    /// memory that is not clean may be taken, and is not cleared first.
+    pub fills_every_byte: bool,
 }
 
 /// Serves `req` for `requester` (see the module docs).
@@ -51,8 +55,9 @@ pub async fn serve(
             return Outcome::error(status, msg).into();
         }
     };
-    // Dirty memory in lazy mode only for uids the operator named.
-    let dirty_ok = room.cfg.lazy_dirty_uids.contains(&requester.uid);
+    // Dirty memory in lazy mode only for uids the operator named, or for
+    // the daemon's own fills.
+    let dirty_ok = requester.fills_every_byte || room.cfg.lazy_dirty_uids.contains(&requester.uid);
     for p in &mut parts {
         p.dirty_ok = dirty_ok;
     }

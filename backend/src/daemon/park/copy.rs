@@ -4,15 +4,20 @@
 //! largest pages its size allows (1 GiB when it is a multiple of 1 GiB), so
 //! a VM that lived on 4 KiB pages comes back on huge pages.
 //!
-//! The copy reads each mapping with `pread` into the daemon's own mapping
-//! of the new region, never through a mapping of the peer's file: a peer
-//! can truncate its file at any moment, and a read then comes back short
-//! (an error here), where a mapping would fault the daemon. Holes of the
-//! peer's file (`SEEK_DATA`/`SEEK_HOLE`) are skipped: the allocation is
-//! clean (zero) already.
+//! The copy is the fill engine's (`guest_mem::fill_region`): each
+//! mapping read with `pread` into the daemon's own mapping of the new
+//! region, on workers pinned to the region's node, never through a mapping
+//! of the peer's file (a peer can truncate its file at any moment: a read
+//! then comes back short, an error here, where a mapping would fault the
+//! daemon). The allocation is taken without clearing (the daemon writes
+//! every byte before anyone maps it): bytes the file supplies are not
+//! zeroed first; holes of the file (`SEEK_DATA`/`SEEK_HOLE`) and bytes no
+//! mapping covers are zeroed, unless the pages were zero already.
 
-use std::os::fd::{AsFd, BorrowedFd};
+use std::os::fd::AsFd;
 use std::sync::Arc;
+
+use guest_mem::{fill_region, mark_for_fill, FillOptions, FillSource};
 
 use tracing::info;
 
@@ -23,6 +28,7 @@ use crate::daemon::pool::{ParkedSlot, ParkedVm};
 use crate::daemon::rooms::{settle_released, Rooms};
 use crate::proto::messages::{AllocRequest, ReplyBody};
 use crate::proto::{ClearMode, PagePolicy, Status};
+use numa::Topology;
 
 const GIB: u64 = 1 << 30;
 const TWO_MIB: u64 = 2 << 20;
@@ -71,14 +77,6 @@ fn place(checked: &Checked) -> (Vec<Placed>, u64) {
     (placed, total)
 }
 
-/// One range to copy: `len` bytes of `fd` from `offset` to the region at `dest`.
-struct Range<'a> {
-    fd: BorrowedFd<'a>,
-    offset: u64,
-    dest: u64,
-    len: u64,
-}
-
 /// Copies the snapshot's mapped bytes into a fresh allocation and parks
 /// it (see the module docs).
 pub async fn copy_in(
@@ -93,11 +91,12 @@ pub async fn copy_in(
         uid: req.uid,
         gid: req.gid,
         reattach: true,
+        fills_every_byte: true,
     };
     let alloc_req = AllocRequest {
         total_size: total,
         page_policy: PagePolicy::Best,
-        clear_mode: ClearMode::Eager,
+        clear_mode: ClearMode::Lazy,
         lock: false,
         parts: Vec::new(),
         want_paths: false,
@@ -132,14 +131,8 @@ pub async fn copy_in(
     let checked = Arc::new(checked);
     let job = {
         let (checked, placed, region) = (Arc::clone(&checked), placed.clone(), Arc::clone(&region));
-        let threads = rooms
-            .topology
-            .nodes()
-            .iter()
-            .map(|n| n.cpus.len())
-            .sum::<usize>()
-            .max(1);
-        tokio::task::spawn_blocking(move || copy_all(&checked, &placed, &region, threads))
+        let topology = Arc::clone(&rooms.topology);
+        tokio::task::spawn_blocking(move || copy_all(&topology, &checked, &placed, &region))
     };
     let copied = match job.await {
         Ok(Ok(n)) => n,
@@ -225,16 +218,16 @@ fn rebase_config(checked: &Checked, placed: &[Placed]) -> Result<String, Refusal
     serde_json::to_string(&v).map_err(|e| (Status::Internal, e.to_string()))
 }
 
-/// Copies every mapping's bytes, split into chunks over `threads`
-/// threads; returns the bytes read (holes skipped).
+/// Fills the region from every mapping of the snapshot (the fill
+/// engine, NUMA-local); returns the bytes read. The region's pages end
+/// `Mapped`: they hold the VM's bytes, never to be taken for zero.
 fn copy_all(
+    topology: &Topology,
     checked: &Checked,
     placed: &[Placed],
     region: &guest_mem::Region,
-    threads: usize,
 ) -> Result<u64, String> {
-    const CHUNK: u64 = 64 << 20;
-    let mut ranges = Vec::new();
+    let mut sources = Vec::new();
     for m in &checked.mappings {
         let Some(f) = checked.memory.iter().find(|f| f.slot == m.slot) else {
             continue;
@@ -243,123 +236,32 @@ fn copy_all(
             .iter()
             .find(|p| p.identity == f.identity)
             .map_or(0, |p| p.base);
-        let mut done = 0;
-        while done < m.size {
-            let len = CHUNK.min(m.size - done);
-            ranges.push(Range {
-                fd: f.fd.as_fd(),
-                offset: m.file_offset + done,
-                dest: base + m.file_offset + done,
-                len,
-            });
-            done += len;
-        }
+        sources.push(FillSource {
+            file: f.fd.as_fd(),
+            file_offset: m.file_offset,
+            dest_offset: base + m.file_offset,
+            len: m.size,
+        });
     }
-    let next = std::sync::atomic::AtomicUsize::new(0);
-    let total = std::sync::atomic::AtomicU64::new(0);
-    let failed = std::sync::Mutex::new(None::<String>);
-    std::thread::scope(|s| {
-        for _ in 0..threads.min(ranges.len()).max(1) {
-            s.spawn(|| loop {
-                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                let Some(r) = ranges.get(i) else { break };
-                match copy_range(r, region) {
-                    Ok(n) => {
-                        total.fetch_add(n, std::sync::atomic::Ordering::Relaxed);
-                    }
-                    Err(e) => {
-                        if let Ok(mut f) = failed.lock() {
-                            f.get_or_insert(e);
-                        }
-                        break;
-                    }
-                }
-            });
-        }
-    });
-    match failed.into_inner().ok().flatten() {
-        Some(e) => Err(e),
-        None => Ok(total.into_inner()),
-    }
-}
-
-/// One range: its data extents read into the region, its holes skipped.
-fn copy_range(r: &Range<'_>, region: &guest_mem::Region) -> Result<u64, String> {
-    let end = r.offset + r.len;
-    let mut at = r.offset;
-    let mut read = 0;
-    while at < end {
-        let Some((data, hole)) =
-            next_data(r.fd, at, end).map_err(|e| format!("memory file at offset {at}: {e}"))?
-        else {
-            break;
-        };
-        let dest = r.dest + (data - r.offset);
-        read_into_region(r.fd, data, region, dest, hole - data)
-            .map_err(|e| format!("memory file at offset {data}: {e}"))?;
-        read += hole - data;
-        at = hole;
-    }
-    Ok(read)
-}
-
-/// The next data extent of `fd` in `[from, end)`: `(data, hole)`, or
-/// `None` when only holes are left. A file system without `SEEK_DATA`
-/// reports the whole rest as data.
-fn next_data(fd: BorrowedFd<'_>, from: u64, end: u64) -> std::io::Result<Option<(u64, u64)>> {
-    use nix::unistd::{lseek, Whence};
-    let offset = |v: u64| i64::try_from(v).map_err(|_| std::io::Error::other("offset over i64"));
-    let data = match lseek(fd, offset(from)?, Whence::SeekData) {
-        Ok(d) => u64::try_from(d).unwrap_or(end),
-        Err(nix::errno::Errno::ENXIO) => return Ok(None),
-        Err(nix::errno::Errno::EINVAL) => return Ok(Some((from, end))),
-        Err(e) => return Err(e.into()),
+    let dest_is_zero = mark_for_fill(region);
+    let opts = FillOptions {
+        dest_is_zero,
+        ..FillOptions::default()
     };
-    if data >= end {
-        return Ok(None);
-    }
-    let hole = match lseek(fd, offset(data)?, Whence::SeekHole) {
-        Ok(h) => u64::try_from(h).unwrap_or(end).min(end),
-        Err(e) => return Err(e.into()),
-    };
-    Ok(Some((data, hole.max(data))))
-}
-
-/// Reads `len` bytes of `fd` from `offset` into `region` at `dest`; a
-/// short file is an error (the peer truncated it, or lied about it).
-fn read_into_region(
-    fd: BorrowedFd<'_>,
-    offset: u64,
-    region: &guest_mem::Region,
-    dest: u64,
-    len: u64,
-) -> std::io::Result<()> {
-    let end = dest.checked_add(len).filter(|e| *e <= region.len());
-    let (Some(_), Ok(len), Ok(dest)) = (end, usize::try_from(len), usize::try_from(dest)) else {
-        return Err(std::io::Error::other("a range outside the region"));
-    };
-    // SAFETY: `[dest, dest + len)` lies inside the region's mapping (checked
-    // above), which lives as long as `region`; the region belongs to an
-    // allocation no process has been handed yet, and each chunk of it is
-    // written by one thread only (the ranges do not overlap).
-    let start = region.as_ptr().wrapping_add(dest);
-    // SAFETY: as above: `start..start + len` is inside the region's live
-    // mapping and written by this thread only.
-    let buf = unsafe { std::slice::from_raw_parts_mut(start, len) };
-    let mut done = 0;
-    while done < len {
-        let at = i64::try_from(offset + done as u64).map_err(std::io::Error::other)?;
-        match nix::sys::uio::pread(fd, &mut buf[done..], at) {
-            Ok(0) => {
-                return Err(std::io::Error::new(
-                    std::io::ErrorKind::UnexpectedEof,
-                    format!("the file ended {} bytes early (truncated?)", len - done),
-                ))
-            }
-            Ok(n) => done += n,
-            Err(nix::errno::Errno::EINTR) => {}
-            Err(e) => return Err(e.into()),
-        }
-    }
-    Ok(())
+    let report = fill_region(topology, region, &sources, &opts).map_err(|e| {
+        region.mark_all_dirty();
+        format!("copying the VM's memory: {e}")
+    })?;
+    region
+        .mark_mapped()
+        .map_err(|e| format!("the copied region's page states: {e}"))?;
+    tracing::debug!(
+        read = report.counts.bytes_read,
+        zeroed = report.counts.bytes_zeroed,
+        holes = report.counts.hole_bytes,
+        threads = report.threads,
+        gbps = report.read_gbps(),
+        "PARK: fill done"
+    );
+    Ok(report.counts.bytes_read)
 }
