@@ -172,3 +172,50 @@ pub fn migration_config_slots(
         })?;
     guest_ram_mappings(data, max_slots)
 }
+
+/// The migration configuration `config` with every memory zone (and the
+/// zone-less `memory` itself) declared as hugetlb memory of
+/// `hugepage_size` bytes, and no backing file path: what a receiver must
+/// be told when it gets hugetlb memfds. A receiver sizes its pages from
+/// the zone's declaration, not from the fd it gets: a zone the source
+/// backed by `file=/dev/fd/N` (as `hugemem launch` does) is sized by a
+/// `statfs` of that path in the receiving process, where it names some
+/// other fd or none, and a postcopy restore then resolves faults in base
+/// pages on a hugetlb mapping, which the kernel refuses (`EINVAL` from
+/// `UFFDIO_CONTINUE`). The fds sent with `MemoryFd` take precedence over
+/// any file, so dropping the stale path changes nothing else.
+///
+/// # Errors
+///
+/// A configuration that is not JSON or has no `vm_config.memory`.
+pub fn with_hugetlb_zones(config: &[u8], hugepage_size: u64) -> Result<Vec<u8>, SnapshotDirError> {
+    const WHAT: &str = "the migration configuration";
+    let mut value = parse_json(config, WHAT)?;
+    let memory = value
+        .pointer_mut("/vm_config/memory")
+        .and_then(serde_json::Value::as_object_mut)
+        .ok_or(SnapshotDirError::Field {
+            what: WHAT,
+            field: "vm_config.memory",
+        })?;
+    let declare = |m: &mut serde_json::Map<String, serde_json::Value>| {
+        m.insert("hugepages".into(), true.into());
+        m.insert("hugepage_size".into(), hugepage_size.into());
+    };
+    if memory.get("size").and_then(serde_json::Value::as_u64) != Some(0) {
+        declare(memory);
+    }
+    if let Some(zones) = memory
+        .get_mut("zones")
+        .and_then(serde_json::Value::as_array_mut)
+    {
+        for zone in zones
+            .iter_mut()
+            .filter_map(serde_json::Value::as_object_mut)
+        {
+            declare(zone);
+            zone.insert("file".into(), serde_json::Value::Null);
+        }
+    }
+    serde_json::to_vec(&value).map_err(|source| SnapshotDirError::Json { what: WHAT, source })
+}
