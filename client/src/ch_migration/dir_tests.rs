@@ -280,3 +280,29 @@ fn a_cloud_hypervisor_snapshot_missing_a_slot_or_bytes_is_refused() {
         );
     }
 }
+
+#[test]
+fn zones_are_declared_hugetlb_without_their_stale_path() {
+    use super::layout::with_hugetlb_zones;
+    let config = br#"{"vm_config":{"memory":{"size":0,"hugepages":false,"zones":[
+        {"id":"hugemem0","size":134217728,"file":"/dev/fd/5","shared":true,"hugepages":false}]}},
+        "memory_manager_data":{}}"#;
+    let out: serde_json::Value =
+        serde_json::from_slice(&with_hugetlb_zones(config, 2 * MIB).expect("rewrite"))
+            .expect("json");
+    let zone = &out["vm_config"]["memory"]["zones"][0];
+    assert_eq!(zone["hugepages"], true);
+    assert_eq!(zone["hugepage_size"], 2 * MIB);
+    assert!(zone["file"].is_null());
+    assert_eq!(zone["shared"], true);
+    assert_eq!(
+        out["vm_config"]["memory"]["hugepages"], false,
+        "size=0: no zone-less memory"
+    );
+    let plain = br#"{"vm_config":{"memory":{"size":134217728,"shared":true}}}"#;
+    let out: serde_json::Value =
+        serde_json::from_slice(&with_hugetlb_zones(plain, 2 * MIB).expect("rewrite"))
+            .expect("json");
+    assert_eq!(out["vm_config"]["memory"]["hugepage_size"], 2 * MIB);
+    assert!(with_hugetlb_zones(b"{}", 2 * MIB).is_err());
+}
