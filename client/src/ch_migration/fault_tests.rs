@@ -305,3 +305,55 @@ fn a_postcopy_restore_serves_faults_from_before_the_state_until_the_close() {
     assert_eq!(report.faults.faults, size / page);
     assert!(!report.faults.abandoned);
 }
+
+#[test]
+fn a_refused_fault_is_what_a_failed_postcopy_restore_reports() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("ch.sock");
+    let listener = UnixListener::bind(&path).expect("bind");
+    // A receiver that asks for a page outside every slot when the state
+    // is due, then gives up on the main connection, as cloud-hypervisor
+    // does when its fault handler fails.
+    let receiver = std::thread::spawn(move || {
+        let (main, _) = listener.accept().expect("main");
+        let mut fds = Vec::new();
+        loop {
+            let mut head = [0u8; HEADER_SIZE];
+            wire::read_exact(&main, &mut head, &mut fds, "header").expect("header");
+            let h = RequestHeader::decode(&head).expect("decode");
+            let mut payload = vec![0u8; h.length as usize];
+            wire::read_exact(&main, &mut payload, &mut fds, "payload").expect("payload");
+            if h.command == Command::State {
+                let (fault, _) = listener.accept().expect("fault connection");
+                let mut role = [0u8; 2];
+                std::io::Read::read_exact(&mut &fault, &mut role).expect("role");
+                assert!(!page_fault(&fault, 0x4000_0000, 0x1000).ok);
+                return;
+            }
+            wire::respond(&main, true).expect("answer");
+        }
+    });
+    let sock = UnixStream::connect(&path).expect("connect");
+    let result = restore_postcopy(
+        &sock,
+        || open_fault_connection(&path),
+        PostcopySnapshot {
+            memory: &[],
+            config: b"{}",
+            state: b"{}",
+            paused: true,
+            slots: &SLOTS,
+        },
+        |_| Ok::<_, std::io::Error>(()),
+    );
+    receiver.join().expect("join");
+    assert!(
+        matches!(
+            result,
+            Err(super::postcopy::PostcopyError::Serve(
+                FaultServeError::Protocol(ChMigrationError::BadFault { .. })
+            ))
+        ),
+        "{result:?}"
+    );
+}

@@ -80,7 +80,8 @@ pub enum PostcopyError<E: std::error::Error + 'static> {
 ///
 /// # Errors
 ///
-/// [`PostcopyError`]: the main exchange or the fault connection failed;
+/// [`PostcopyError`]: the main exchange or the fault connection failed
+/// (when both did, the fault connection's error, the likelier cause);
 /// when the main exchange fails, the fault connection is shut down so its
 /// thread ends.
 pub fn restore_postcopy<E, F>(
@@ -116,8 +117,10 @@ where
                 // The receiver may hold the connection open; the thread must end.
                 let _ = fault.shutdown(std::net::Shutdown::Both);
             }
-            if let Some(thread) = serving {
-                let _ = thread.join();
+            // A refused fault ends the receiver, and with it the main
+            // exchange: the fault connection's error says why.
+            if let Some(Ok(Err(serve))) = serving.map(|t| t.join()) {
+                return Err(PostcopyError::Serve(serve));
             }
             return Err(PostcopyError::Send(e));
         }
