@@ -564,4 +564,47 @@ fn a_cloud_hypervisor_file_snapshot_is_restored_by_local_migration_into_hugetlb_
         converted.state.len(),
         now.count
     );
+
+    // The converted configuration against the one a live send of the
+    // same VM carries: the restored VM is parked here.
+    let park = tmp.path().join("park-restored.sock");
+    let listener = UnixListener::bind(&park).expect("bind");
+    let parking = std::thread::spawn(move || {
+        let (sock, _) = listener.accept().expect("accept");
+        receive_snapshot(&sock, Limits::default())
+    });
+    receiver
+        .api
+        .send_migration(&park, true, WAIT)
+        .expect("send-migration");
+    let live = parking.join().expect("join").expect("the live snapshot");
+    let keys = |v: &serde_json::Value| {
+        v.as_object()
+            .map(|o| o.keys().cloned().collect::<Vec<_>>())
+            .unwrap_or_default()
+    };
+    let ours: serde_json::Value =
+        serde_json::from_slice(&converted.migration_config).expect("json");
+    let theirs: serde_json::Value = serde_json::from_slice(&live.config).expect("json");
+    assert_eq!(keys(&ours), keys(&theirs), "the VmMigrationConfig's fields");
+    assert_eq!(
+        keys(&ours["memory_manager_data"]),
+        keys(&theirs["memory_manager_data"])
+    );
+    assert_eq!(ours["common_cpuid"], theirs["common_cpuid"]);
+    let differing: Vec<String> = keys(&ours["memory_manager_data"])
+        .into_iter()
+        .filter(|k| ours["memory_manager_data"][k] != theirs["memory_manager_data"][k])
+        .collect();
+    eprintln!(
+        "converted vs live configuration: {} vs {} bytes; vm_config {}; memory_manager_data \
+         fields that differ: {differing:?}",
+        converted.migration_config.len(),
+        live.config.len(),
+        if ours["vm_config"] == theirs["vm_config"] {
+            "equal"
+        } else {
+            "differs"
+        }
+    );
 }
