@@ -174,6 +174,15 @@ fn a_hostile_directory_is_refused() {
     std::os::unix::fs::symlink(d("ok").join("memory-0"), d("link").join("memory-0"))
         .expect("symlink");
     assert!(read_offload_dir(&d("link"), Limits::default()).is_err());
+    // Nor does a FIFO in a file's place make the read wait for a writer.
+    std::fs::create_dir(d("fifo")).expect("mkdir");
+    std::fs::write(d("fifo").join(MIGRATION_CONFIG_FILE), &one).expect("write");
+    nix::unistd::mkfifo(&d("fifo").join(STATE_FILE), nix::sys::stat::Mode::S_IRWXU)
+        .expect("mkfifo");
+    assert!(matches!(
+        read_offload_dir(&d("fifo"), Limits::default()),
+        Err(SnapshotDirError::NotAFile(_))
+    ));
 }
 
 /// A cloud-hypervisor snapshot directory's three files, by hand.
