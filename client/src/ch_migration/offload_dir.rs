@@ -24,7 +24,8 @@ use std::path::{Path, PathBuf};
 use super::layout::{migration_config_slots, open_regular, read_bounded, SnapshotDirError};
 use super::peer::Snapshot;
 use super::slots::SlotRange;
-use super::sparse_copy::{copy_sparse, CopyJob, CopyStats};
+pub use super::sparse_copy::CopyStats;
+use super::sparse_copy::{copy_sparse, CopyJob};
 use super::Limits;
 
 /// The migration configuration's file.
