@@ -219,10 +219,73 @@ pub fn ch_migration(data: &[u8]) {
     }
 }
 
+/// cloud-hypervisor's postcopy fault connection (what
+/// `ch_migration::fault::serve_page_faults` runs on the `PageFault`s of a
+/// receiving cloud-hypervisor: `ch_migration::fault::FaultDecoder`) over a
+/// fixed slot table: the input as request headers, each `PageFault`
+/// followed by its 16-byte `MemoryRange`. Every accepted fault lies inside
+/// one slot, page aligned, at most the largest page, its file offset
+/// where the slot puts it; nothing is taken after `Abandon`.
+pub fn ch_fault(data: &[u8]) {
+    use hugemem_client::ch_migration::fault::{
+        FaultDecoder, FaultStep, MAX_FAULT_LENGTH, MEMORY_RANGE_SIZE,
+    };
+    use hugemem_client::ch_migration::slots::SlotRange;
+    use hugemem_client::ch_migration::{RequestHeader, HEADER_SIZE};
+    let slots = [
+        SlotRange {
+            slot: 0,
+            gpa: 0,
+            size: 0x20_0000,
+            file_offset: 0,
+        },
+        SlotRange {
+            slot: 7,
+            gpa: 0x1_0000_0000,
+            size: 0x4000_0000,
+            file_offset: 0x20_0000,
+        },
+    ];
+    let mut decoder = FaultDecoder::new(&slots).expect("a valid table");
+    let mut at = 0;
+    while at + HEADER_SIZE <= data.len() {
+        let head: &[u8; HEADER_SIZE] = data[at..at + HEADER_SIZE].try_into().expect("16 bytes");
+        at += HEADER_SIZE;
+        let Ok(header) = RequestHeader::decode(head) else {
+            return;
+        };
+        let ended_before = decoder.ended();
+        let Ok(step) = decoder.take_header(&header) else {
+            return;
+        };
+        assert!(!ended_before, "nothing is taken after Abandon");
+        if step == FaultStep::Abandon {
+            continue;
+        }
+        let Some(range) = data.get(at..at + MEMORY_RANGE_SIZE) else {
+            return;
+        };
+        at += MEMORY_RANGE_SIZE;
+        let Ok(fault) = decoder.take_range(range.try_into().expect("16 bytes")) else {
+            continue;
+        };
+        let slot = slots
+            .iter()
+            .find(|s| s.slot == fault.slot)
+            .expect("a known slot");
+        assert!(fault.length > 0 && fault.length <= MAX_FAULT_LENGTH);
+        assert_eq!((fault.gpa | fault.length) % 4096, 0);
+        assert!(fault.gpa >= slot.gpa && fault.gpa + fault.length <= slot.gpa + slot.size);
+        assert_eq!(fault.offset_in_slot, fault.gpa - slot.gpa);
+        assert_eq!(fault.file_offset, slot.file_offset + fault.offset_in_slot);
+    }
+}
+
 /// Targets by name, for the stable driver.
-pub const TARGETS: [(&str, Target); 4] = [
+pub const TARGETS: [(&str, Target); 5] = [
     ("decode", decode),
     ("frames", frames),
     ("uffd_request", uffd_request),
     ("ch_migration", ch_migration),
+    ("ch_fault", ch_fault),
 ];

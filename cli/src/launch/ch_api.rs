@@ -153,6 +153,23 @@ impl ChApi {
             .map(drop)
     }
 
+    /// `PUT /api/v1/<endpoint>` with `body` (JSON), for the endpoints
+    /// without a method here (`vm.pause`, `vm.snapshot`, a
+    /// `vm.receive-migration` with a `memory_mode`); the answer's body.
+    ///
+    /// # Errors
+    ///
+    /// [`ChApiError`].
+    pub fn put(
+        &self,
+        endpoint: &str,
+        body: Option<&serde_json::Value>,
+        timeout: Duration,
+    ) -> Result<Vec<u8>, ChApiError> {
+        let body = body.map(serde_json::Value::to_string);
+        self.request("PUT", endpoint, body.as_deref(), timeout)
+    }
+
     /// `PUT /api/v1/vm.resume`.
     ///
     /// # Errors

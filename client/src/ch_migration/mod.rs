@@ -25,9 +25,21 @@
 //! The reader is pure (header bytes in, what to read next out), so the
 //! fuzz targets drive exactly the code the socket side ([`peer`]) runs.
 
+pub mod ch_snapshot_dir;
+#[cfg(test)]
+mod dir_tests;
+pub mod fault;
+#[cfg(test)]
+mod fault_tests;
+pub mod layout;
+pub mod offload_dir;
 pub mod peer;
+pub mod postcopy;
+pub mod slots;
+mod sparse_copy;
 #[cfg(test)]
 mod tests;
+mod wire;
 
 /// Bytes of a request or response header.
 pub const HEADER_SIZE: usize = 16;
@@ -83,6 +95,24 @@ pub enum ChMigrationError {
     /// The connection ended mid-sequence.
     #[error("the peer closed the connection {0}")]
     Closed(&'static str),
+    /// A memory slot table entry that cannot be right.
+    #[error("memory slot {slot}: {why}")]
+    BadSlot {
+        /// The slot.
+        slot: u32,
+        /// What is wrong with it.
+        why: &'static str,
+    },
+    /// A `PageFault` asking for a range no page can be served for.
+    #[error("a PageFault for {length:#x} bytes at guest address {gpa:#x}: {why}")]
+    BadFault {
+        /// The range's guest address.
+        gpa: u64,
+        /// Its length.
+        length: u64,
+        /// What is wrong with it.
+        why: &'static str,
+    },
     /// Socket errors.
     #[error("migration socket: {0}")]
     Io(#[from] std::io::Error),

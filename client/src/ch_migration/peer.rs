@@ -3,17 +3,16 @@
 //! local=on`, [`send_snapshot`] feeds a cloud-hypervisor's
 //! `receive-migration`.
 //!
-//! Every read goes through `recvmsg` with room for fds (a plain `read` of
-//! bytes that carry `SCM_RIGHTS` would make the kernel close the fds), and
-//! every fd is owned the moment it arrives: one where none belongs, or a
-//! `MemoryFd` without exactly one, fails the exchange and is closed.
+//! Every read goes through `recvmsg` with room for fds (the `wire`
+//! helpers), and every fd is owned the moment it arrives: one where none
+//! belongs, or a `MemoryFd` without exactly one, fails the exchange and is
+//! closed.
 
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::fd::{BorrowedFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 
-use super::{
-    ChMigrationError, Command, Limits, Next, RequestHeader, Response, SnapshotReader, HEADER_SIZE,
-};
+use super::wire::{read_exact, read_plain, request, respond};
+use super::{ChMigrationError, Command, Limits, Next, RequestHeader, SnapshotReader, HEADER_SIZE};
 
 /// A VM's snapshot as a local migration carries it: its memory as fds,
 /// its configuration and its state.
@@ -27,56 +26,6 @@ pub struct Snapshot {
     pub state: Vec<u8>,
     /// The sender ended with `CompletePaused` (its VM was paused).
     pub paused: bool,
-}
-
-/// Fills `buf` from `sock`; the fds that came with the bytes go to `fds`.
-fn read_exact(
-    sock: &UnixStream,
-    buf: &mut [u8],
-    fds: &mut Vec<OwnedFd>,
-    what: &'static str,
-) -> Result<(), ChMigrationError> {
-    let mut got = 0;
-    while got < buf.len() {
-        let r = crate::sys::recv_with_fds(sock.as_fd(), &mut buf[got..], fds, 1, false)?;
-        if r.bytes == 0 {
-            return Err(ChMigrationError::Closed(what));
-        }
-        if r.truncated {
-            return Err(ChMigrationError::FdCount(fds.len() + 1));
-        }
-        got += r.bytes;
-    }
-    Ok(())
-}
-
-/// Reads `buf` where no fd belongs.
-fn read_plain(
-    sock: &UnixStream,
-    buf: &mut [u8],
-    what: &'static str,
-) -> Result<(), ChMigrationError> {
-    let mut fds = Vec::new();
-    read_exact(sock, buf, &mut fds, what)?;
-    if fds.is_empty() {
-        Ok(())
-    } else {
-        Err(ChMigrationError::FdCount(fds.len()))
-    }
-}
-
-/// Sends `bytes` with `fds` on the first byte.
-fn write_all(
-    sock: &UnixStream,
-    bytes: &[u8],
-    fds: &[BorrowedFd<'_>],
-) -> Result<(), ChMigrationError> {
-    crate::proto::socket::send_all(sock.as_fd(), bytes, fds)
-        .map_err(|e| ChMigrationError::Io(std::io::Error::other(e)))
-}
-
-fn respond(sock: &UnixStream, ok: bool) -> Result<(), ChMigrationError> {
-    write_all(sock, &Response { ok }.encode(), &[])
 }
 
 /// Receives one snapshot from a cloud-hypervisor's local migration,
@@ -171,27 +120,6 @@ pub fn receive_until_complete(
     }
 }
 
-/// Sends one request (header, payload, fds) and waits for its answer.
-fn request(
-    sock: &UnixStream,
-    command: Command,
-    payload: &[u8],
-    fds: &[BorrowedFd<'_>],
-) -> Result<(), ChMigrationError> {
-    let header = RequestHeader::new(command, payload.len() as u64);
-    write_all(sock, &header.encode(), &[])?;
-    if !payload.is_empty() {
-        write_all(sock, payload, fds)?;
-    }
-    let mut answer = [0u8; HEADER_SIZE];
-    read_plain(sock, &mut answer, "before its answer")?;
-    if Response::decode(&answer)?.ok {
-        Ok(())
-    } else {
-        Err(ChMigrationError::Refused(command))
-    }
-}
-
 /// Sends a snapshot to a cloud-hypervisor's `receive-migration`: the
 /// memory slots' fds, `config` and `state`, then `Complete` (the VM
 /// resumes there) or, with `paused`, `CompletePaused`.
@@ -207,11 +135,34 @@ pub fn send_snapshot(
     state: &[u8],
     paused: bool,
 ) -> Result<(), ChMigrationError> {
+    send_snapshot_with(sock, memory, config, state, paused, || Ok(()))
+}
+
+/// [`send_snapshot`], calling `before_state` once the configuration was
+/// taken and before the state is sent: where a postcopy restore opens its
+/// fault connection and starts serving it (cloud-hypervisor waits for that
+/// connection when the state comes, and restoring the devices may already
+/// fault), as [`postcopy::restore_postcopy`](super::postcopy::restore_postcopy)
+/// does.
+///
+/// # Errors
+///
+/// As [`send_snapshot`], and whatever `before_state` returns (the state is
+/// then not sent).
+pub fn send_snapshot_with(
+    sock: &UnixStream,
+    memory: &[(u32, BorrowedFd<'_>)],
+    config: &[u8],
+    state: &[u8],
+    paused: bool,
+    before_state: impl FnOnce() -> Result<(), ChMigrationError>,
+) -> Result<(), ChMigrationError> {
     request(sock, Command::Start, &[], &[])?;
     for (slot, fd) in memory {
         request(sock, Command::MemoryFd, &slot.to_le_bytes(), &[*fd])?;
     }
     request(sock, Command::Config, config, &[])?;
+    before_state()?;
     request(sock, Command::State, state, &[])?;
     let end = if paused {
         Command::CompletePaused

@@ -150,6 +150,19 @@ fn seeds() -> Vec<Vec<u8>> {
         push(Command::State, &[0x5c; 64]);
         push(Command::Complete, &[]);
         out.push(m);
+        // A fault connection's requests, for the ch_fault target.
+        let mut f = Vec::new();
+        let mut fault = |gpa: u64, length: u64| {
+            f.extend_from_slice(&RequestHeader::new(Command::PageFault, 16).encode());
+            f.extend_from_slice(&gpa.to_le_bytes());
+            f.extend_from_slice(&length.to_le_bytes());
+        };
+        fault(0, 0x20_0000);
+        fault(0x1_0000_0000, 0x20_0000);
+        fault(0x1_3fe0_0000, 0x20_0000);
+        fault(0x1000, 0x1000);
+        f.extend_from_slice(&RequestHeader::new(Command::Abandon, 0).encode());
+        out.push(f);
     }
     let region = RegionInfo {
         region_id: 1,
