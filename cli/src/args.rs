@@ -61,8 +61,18 @@ pub(crate) enum Command {
         /// The parked VM's name (letters, digits, '.', '_', '-').
         name: String,
         /// The cloud-hypervisor's API socket.
-        #[arg(long)]
-        api_socket: std::path::PathBuf,
+        #[arg(
+            long,
+            required_unless_present = "from_dir",
+            conflicts_with = "from_dir"
+        )]
+        api_socket: Option<std::path::PathBuf>,
+        /// Park the VM saved in this directory instead (`hugemem unpark
+        /// --save`, cloud-hypervisor's reference offload daemon, or
+        /// cloud-hypervisor's own `snapshot destination_url=file://DIR`):
+        /// its memory is read onto pool memory.
+        #[arg(long, value_name = "DIR")]
+        from_dir: Option<std::path::PathBuf>,
         /// The daemon's socket.
         #[arg(long, default_value = backend::daemon::config::DEFAULT_SOCKET)]
         socket: std::path::PathBuf,
@@ -74,6 +84,11 @@ pub(crate) enum Command {
     Unpark {
         /// The parked VM's name.
         name: String,
+        /// Write the VM to this directory first (created, or empty; the
+        /// layout of cloud-hypervisor's reference offload daemon, so
+        /// either restores the other's), all-zero pages left as holes.
+        #[arg(long, value_name = "DIR")]
+        save: Option<std::path::PathBuf>,
         /// The daemon's socket.
         #[arg(long, default_value = backend::daemon::config::DEFAULT_SOCKET)]
         socket: std::path::PathBuf,

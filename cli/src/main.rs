@@ -115,6 +115,62 @@ fn launch(args: LaunchArgs) -> Result<i32> {
     Ok(report.exit.shell_code())
 }
 
+/// Runs `hugemem park`: from a running cloud-hypervisor, or from a directory.
+fn park(
+    socket: &std::path::Path,
+    name: &str,
+    api_socket: Option<&std::path::Path>,
+    from_dir: Option<&std::path::Path>,
+    timeout: u64,
+) -> Result<i32> {
+    let p = match (api_socket, from_dir) {
+        (_, Some(dir)) => hugemem::park_dir::park_from_dir(socket, name, dir)
+            .with_context(|| format!("hugemem park {name} --from-dir {} failed", dir.display()))?,
+        (Some(api), None) => {
+            hugemem::park_cli::park(socket, name, api, std::time::Duration::from_secs(timeout))
+                .with_context(|| format!("hugemem park {name} failed"))?
+        }
+        (None, None) => anyhow::bail!("hugemem park needs --api-socket or --from-dir"),
+    };
+    println!(
+        "parked as {name}: {} in {} slot(s), {} copied{}",
+        guest_mem::size::format_size(p.bytes),
+        p.slots,
+        guest_mem::size::format_size(p.copied_bytes),
+        if p.copied_bytes == 0 {
+            " (its memory moved)"
+        } else {
+            " onto pool memory"
+        }
+    );
+    Ok(0)
+}
+
+/// Runs `hugemem unpark`, writing the VM to a directory first when asked.
+fn unpark(socket: &std::path::Path, name: &str, save: Option<&std::path::Path>) -> Result<i32> {
+    match save {
+        Some(dir) => {
+            let r = hugemem::park_dir::unpark_to_dir(socket, name, dir).with_context(|| {
+                format!("hugemem unpark {name} --save {} failed", dir.display())
+            })?;
+            println!(
+                "saved {name} to {} ({} slot(s), {} of memory, {} written, {} left as holes) and unparked it: its memory returns to the pool",
+                dir.display(),
+                r.slots,
+                guest_mem::size::format_size(r.memory_bytes),
+                guest_mem::size::format_size(r.copy.written),
+                guest_mem::size::format_size(r.copy.skipped),
+            );
+        }
+        None => {
+            hugemem::park_cli::unpark(socket, name)
+                .with_context(|| format!("hugemem unpark {name} failed"))?;
+            println!("unparked {name}: its memory returns to the pool");
+        }
+    }
+    Ok(0)
+}
+
 /// Runs `hugemem update`: one live update, its report on stdout.
 fn update(args: UpdateArgs) -> Result<i32> {
     let path = if args.vm.contains('/') {
@@ -283,35 +339,17 @@ fn run(cli: Cli) -> Result<i32> {
         Command::Park {
             name,
             api_socket,
+            from_dir,
             socket,
             timeout,
-        } => {
-            let p = hugemem::park_cli::park(
-                &socket,
-                &name,
-                &api_socket,
-                std::time::Duration::from_secs(timeout),
-            )
-            .with_context(|| format!("hugemem park {name} failed"))?;
-            println!(
-                "parked as {name}: {} in {} slot(s), {} copied{}",
-                guest_mem::size::format_size(p.bytes),
-                p.slots,
-                guest_mem::size::format_size(p.copied_bytes),
-                if p.copied_bytes == 0 {
-                    " (its memory moved)"
-                } else {
-                    " onto pool memory"
-                }
-            );
-            Ok(0)
-        }
-        Command::Unpark { name, socket } => {
-            hugemem::park_cli::unpark(&socket, &name)
-                .with_context(|| format!("hugemem unpark {name} failed"))?;
-            println!("unparked {name}: its memory returns to the pool");
-            Ok(0)
-        }
+        } => park(
+            &socket,
+            &name,
+            api_socket.as_deref(),
+            from_dir.as_deref(),
+            timeout,
+        ),
+        Command::Unpark { name, save, socket } => unpark(&socket, &name, save.as_deref()),
         Command::Demo(args) => run_bench_binary(Some("demo"), args),
         Command::Bench(args) => run_bench_binary(None, args),
         Command::Hugepages(args) => hugepages(args),

@@ -358,3 +358,205 @@ fn unpark_returns_the_memory_and_names_are_per_tenant() {
     assert_balanced(&stats, "after UNPARK");
     daemon.shutdown();
 }
+
+fn run_ok(args: &[&std::ffi::OsStr]) -> String {
+    let out = Command::new("timeout")
+        .arg("300")
+        .arg(HUGEMEM)
+        .args(args)
+        .output()
+        .expect("run hugemem");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "hugemem {args:?} failed: {stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
+/// A launched guest parked, saved to a directory (its memory back in the
+/// pool), parked again from that directory onto pool memory and restored:
+/// its counter goes on from where it stopped.
+#[test]
+fn a_parked_guest_goes_to_disk_and_back() {
+    let _serial = serial();
+    let Some(ch) = cloud_hypervisor() else {
+        return;
+    };
+    let _pages = match hold(PageSize::Huge2M, 2 * RAM / STRIDE) {
+        Ok(r) => r,
+        Err(why) => {
+            test_support::skip!("{why}");
+            return;
+        }
+    };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let elf = spin_elf(dir.path(), STRIDE, START_GPA, MARKER);
+    let daemon = TestDaemon::start(|c| c.pool.recheck_ms = 20);
+    let api = dir.path().join("api.sock");
+    let mut launch = Command::new("timeout")
+        .args(["600", HUGEMEM, "launch", "--socket"])
+        .arg(daemon.socket())
+        .args([
+            "--size",
+            "256M",
+            "--page-size",
+            "2M",
+            "--",
+            &ch,
+            "--api-socket",
+        ])
+        .arg(&api)
+        .arg("--kernel")
+        .arg(&elf)
+        .args(["--cpus", "boot=1", "--serial", "null", "--console", "off"])
+        .spawn()
+        .expect("spawn hugemem launch");
+    let launcher = child_of(launch.id());
+    let vmm = child_of(launcher);
+    let parked_at = {
+        let ram = launched_guest_ram(launcher, vmm);
+        counting_past(&ram, 0, "the guest to spin");
+        park(&daemon, "disk", &api);
+        assert!(launch.wait().expect("launcher").success());
+        spin_state(&ram).count
+    };
+    let saved = dir.path().join("saved");
+    let socket = daemon.socket();
+    let said = run_ok(&[
+        "unpark".as_ref(),
+        "disk".as_ref(),
+        "--save".as_ref(),
+        saved.as_os_str(),
+        "--socket".as_ref(),
+        socket.as_os_str(),
+    ]);
+    assert!(said.contains("saved disk to"), "{said}");
+    assert!(saved.join("migration_config.json").is_file());
+    assert!(saved.join("state.json").is_file());
+    let stats = daemon.wait_stats(
+        Duration::from_secs(30),
+        "the saved VM's memory back in the pool",
+        |s| s.allocations.active == 0 && s.parked.is_empty(),
+    );
+    assert_balanced(&stats, "saved");
+
+    let said = run_ok(&[
+        "park".as_ref(),
+        "back".as_ref(),
+        "--from-dir".as_ref(),
+        saved.as_os_str(),
+        "--socket".as_ref(),
+        socket.as_os_str(),
+    ]);
+    assert!(
+        said.contains("parked as back") && said.contains("onto pool memory"),
+        "{said}"
+    );
+    let stats = daemon.stats();
+    assert_eq!(stats.parked.len(), 1, "{stats}");
+    assert!(stats.parked[0].copied_bytes > 0, "{stats}");
+    let api2 = dir.path().join("api2.sock");
+    let mut launch = restore(&daemon, &ch, "back", &api2);
+    let launcher = child_of(launch.id());
+    let _guard = StopLauncher(launcher);
+    let vmm = child_of(launcher);
+    let ram = memfd_of(vmm);
+    assert!(spin_state(&ram).count >= parked_at, "the counter went back");
+    let state = counting_past(&ram, parked_at, "the guest to count on after disk and back");
+    assert_eq!(state.bad, 0, "the guest found a page changed");
+    drop(ram);
+    stop(launcher, &mut launch);
+    let stats = daemon.wait_stats(Duration::from_secs(30), "released", |s| {
+        s.allocations.active == 0
+    });
+    assert_balanced(&stats, "after the VM exited");
+    daemon.shutdown();
+}
+
+/// cloud-hypervisor's own `vm.snapshot destination_url=file://DIR` of a
+/// guest on its own memory is parked from the directory onto pool memory
+/// and restored: the guest counts on from the snapshot.
+#[test]
+fn a_cloud_hypervisor_file_snapshot_parks_from_its_directory() {
+    let _serial = serial();
+    let Some(ch) = cloud_hypervisor() else {
+        return;
+    };
+    let _pages = match hold(PageSize::Huge2M, 2 * RAM / STRIDE) {
+        Ok(r) => r,
+        Err(why) => {
+            test_support::skip!("{why}");
+            return;
+        }
+    };
+    let ch_remote = Path::new(&ch).with_file_name("ch-remote");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let elf = spin_elf(dir.path(), STRIDE, START_GPA, MARKER);
+    let daemon = TestDaemon::start(|c| c.pool.recheck_ms = 20);
+    let api = dir.path().join("own.sock");
+    let mut own = Command::new(&ch)
+        .arg("--api-socket")
+        .arg(&api)
+        .args([
+            "--memory",
+            "size=256M,shared=on,hugepages=on,hugepage_size=2M",
+            "--kernel",
+        ])
+        .arg(&elf)
+        .args(["--cpus", "boot=1", "--serial", "null", "--console", "off"])
+        .spawn()
+        .expect("spawn cloud-hypervisor");
+    let paused_at = {
+        let ram = memfd_of(own.id());
+        counting_past(&ram, 0, "the guest to spin");
+        let remote = |args: &[&str]| {
+            let out = Command::new(&ch_remote)
+                .arg("--api-socket")
+                .arg(&api)
+                .args(args)
+                .output()
+                .expect("run ch-remote");
+            assert!(
+                out.status.success(),
+                "ch-remote {args:?}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        };
+        remote(&["pause"]);
+        let at = spin_state(&ram).count;
+        let snap = dir.path().join("snap");
+        std::fs::create_dir(&snap).expect("mkdir");
+        remote(&["snapshot", &format!("file://{}", snap.display())]);
+        at
+    };
+    let _ = own.kill();
+    let _ = own.wait();
+    let socket = daemon.socket();
+    let snap = dir.path().join("snap");
+    let said = run_ok(&[
+        "park".as_ref(),
+        "fromch".as_ref(),
+        "--from-dir".as_ref(),
+        snap.as_os_str(),
+        "--socket".as_ref(),
+        socket.as_os_str(),
+    ]);
+    assert!(said.contains("parked as fromch"), "{said}");
+    let api2 = dir.path().join("api2.sock");
+    let mut launch = restore(&daemon, &ch, "fromch", &api2);
+    let launcher = child_of(launch.id());
+    let _guard = StopLauncher(launcher);
+    let vmm = child_of(launcher);
+    let ram = memfd_of(vmm);
+    assert_eq!(spin_state(&ram).count >= paused_at, true);
+    let state = counting_past(&ram, paused_at, "the guest to count on from its snapshot");
+    assert_eq!(state.bad, 0, "the guest found a page changed");
+    drop(ram);
+    stop(launcher, &mut launch);
+    daemon.wait_stats(Duration::from_secs(30), "released", |s| {
+        s.allocations.active == 0
+    });
+    daemon.shutdown();
+}

@@ -77,7 +77,7 @@ impl SnapshotDirError {
 /// is a regular file; returns it and its length. `O_NONBLOCK`: a FIFO in
 /// its place must not make the open wait for a writer (it is then refused
 /// as not a regular file; on a regular file the flag changes nothing).
-pub(super) fn open_regular(path: &Path) -> Result<(std::fs::File, u64), SnapshotDirError> {
+pub fn open_regular(path: &Path) -> Result<(std::fs::File, u64), SnapshotDirError> {
     let file = std::fs::OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK)
