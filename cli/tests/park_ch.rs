@@ -550,7 +550,7 @@ fn a_cloud_hypervisor_file_snapshot_parks_from_its_directory() {
     let _guard = StopLauncher(launcher);
     let vmm = child_of(launcher);
     let ram = memfd_of(vmm);
-    assert_eq!(spin_state(&ram).count >= paused_at, true);
+    assert!(spin_state(&ram).count >= paused_at, "the counter went back");
     let state = counting_past(&ram, paused_at, "the guest to count on from its snapshot");
     assert_eq!(state.bad, 0, "the guest found a page changed");
     drop(ram);
