@@ -43,7 +43,7 @@ struct Placed {
     need: u64,
 }
 
-fn place(checked: &Checked) -> (Vec<Placed>, u64) {
+fn place(checked: &Checked) -> Result<(Vec<Placed>, u64), Refusal> {
     let mut placed: Vec<Placed> = Vec::new();
     for f in &checked.memory {
         let need = checked
@@ -62,19 +62,27 @@ fn place(checked: &Checked) -> (Vec<Placed>, u64) {
             }),
         }
     }
+    // Each file fits a u64 (its mappings were checked), but files of a
+    // peer's making placed one after the other need not.
+    let too_large = || {
+        (
+            Status::Invalid,
+            "no pool memory to copy the VM into: its memory files together claim more bytes than a u64 counts"
+                .to_string(),
+        )
+    };
     let mut end = 0u64;
     for p in &mut placed {
-        p.base = end
-            .next_multiple_of(GIB)
-            .min(if end == 0 { 0 } else { u64::MAX });
-        end = p.base.saturating_add(p.need);
+        p.base = end.checked_next_multiple_of(GIB).ok_or_else(too_large)?;
+        end = p.base.checked_add(p.need).ok_or_else(too_large)?;
     }
     let total = if end.is_multiple_of(GIB) {
         end
     } else {
-        end.next_multiple_of(TWO_MIB)
+        end.checked_next_multiple_of(TWO_MIB)
+            .ok_or_else(too_large)?
     };
-    (placed, total)
+    Ok((placed, total))
 }
 
 /// Copies the snapshot's mapped bytes into a fresh allocation and parks
@@ -85,7 +93,7 @@ pub async fn copy_in(
     checked: Checked,
     parked_at: u64,
 ) -> Result<ParkedOk, Refusal> {
-    let (placed, total) = place(&checked);
+    let (placed, total) = place(&checked)?;
     let requester = Requester {
         session: req.session,
         uid: req.uid,

@@ -142,7 +142,7 @@ async fn move_in(
 pub async fn park(rooms: &Arc<Rooms>, req: ParkRequest, fds: Vec<OwnedFd>) -> Outcome {
     let stream = match migration_socket(fds, req.uid) {
         Ok(s) => s,
-        Err(e) => return Outcome::error(Status::Invalid, e.to_string()),
+        Err(e) => return refused(rooms, &req, Status::Invalid, e.to_string()),
     };
     if rooms
         .pool
@@ -150,13 +150,11 @@ pub async fn park(rooms: &Arc<Rooms>, req: ParkRequest, fds: Vec<OwnedFd>) -> Ou
         .find_parked(req.uid, &req.name)
         .is_some()
     {
-        return Outcome::error(
-            Status::Invalid,
-            format!(
-                "a VM named {:?} is parked already (UNPARK it, or choose another name)",
-                req.name
-            ),
+        let msg = format!(
+            "a VM named {:?} is parked already (UNPARK it, or choose another name)",
+            req.name
         );
+        return refused(rooms, &req, Status::Invalid, msg);
     }
     let limits = Limits::default();
     let received = tokio::task::spawn_blocking(move || {
@@ -227,12 +225,16 @@ fn finish(
                 slots: p.slots,
             }))
         }
-        Err((status, msg)) => {
-            Metrics::add(&rooms.metrics.parks_refused, 1);
-            if let Some(suppressed) = crate::daemon::peer_log::REQUEST_REFUSED.check(req.uid) {
-                info!(session = req.session, uid = req.uid, name = %req.name, reason = %msg, suppressed, "PARK refused");
-            }
-            Outcome::error(status, msg)
-        }
+        Err((status, msg)) => refused(rooms, req, status, msg),
     }
+}
+
+/// A refused PARK, counted and logged (rate-limited per uid) whether the
+/// socket, the name or the snapshot was wrong.
+fn refused(rooms: &Rooms, req: &ParkRequest, status: Status, msg: String) -> Outcome {
+    Metrics::add(&rooms.metrics.parks_refused, 1);
+    if let Some(suppressed) = crate::daemon::peer_log::REQUEST_REFUSED.check(req.uid) {
+        info!(session = req.session, uid = req.uid, name = %req.name, reason = %msg, suppressed, "PARK refused");
+    }
+    Outcome::error(status, msg)
 }
