@@ -113,7 +113,7 @@ fn foreign_memory_is_copied_exactly_or_refused_without_a_trace() {
     assert_refused(
         &run.result,
         Status::Invalid,
-        "ended",
+        "the file ends at",
         "a file that reads short",
     );
     assert_eq!(run.answers.last(), Some(&Answer::Refused));
