@@ -484,6 +484,7 @@ fn park_fds_that_are_not_a_migration_socket_are_refused() {
         client.call_with_fds(
             &Request::Park {
                 name: "bad-fd".into(),
+                on_demand: false,
             },
             &fds,
         )

@@ -73,6 +73,11 @@ pub(crate) enum Command {
         /// its memory is read onto pool memory.
         #[arg(long, value_name = "DIR")]
         from_dir: Option<std::path::PathBuf>,
+        /// With --from-dir: keep the directory's files and read the memory
+        /// when the VM is restored (with `launch --restore --on-demand`,
+        /// as the guest asks for it) instead of now.
+        #[arg(long, requires = "from_dir")]
+        on_demand: bool,
         /// The daemon's socket.
         #[arg(long, default_value = backend::daemon::config::DEFAULT_SOCKET)]
         socket: std::path::PathBuf,
@@ -260,6 +265,11 @@ pub(crate) struct LaunchArgs {
     /// for a new VM (docs/operations.md, "Parking a VM").
     #[arg(long, value_name = "NAME", conflicts_with_all = ["size", "nodes", "node", "hugetlbfs", "name", "control_socket"])]
     pub(crate) restore: Option<String>,
+    /// With --restore: the guest runs at once (cloud-hypervisor's postcopy
+    /// `receive-migration`); memory parked on demand is read as the guest
+    /// asks for it, and in the background.
+    #[arg(long, requires = "restore")]
+    pub(crate) on_demand: bool,
     /// The VMM and its arguments, after `--`.
     #[arg(last = true, required = true, value_parser = clap::value_parser!(std::ffi::OsString))]
     pub(crate) command: Vec<std::ffi::OsString>,

@@ -85,6 +85,7 @@ fn launch(args: LaunchArgs) -> Result<i32> {
         vmm: args.vmm,
         command: args.command,
         restore: args.restore,
+        on_demand: args.on_demand,
     };
     let report = launch::run(&cfg).context("hugemem launch failed")?;
     if !report.note.is_empty() {
@@ -120,12 +121,16 @@ fn park(
     socket: &std::path::Path,
     name: &str,
     api_socket: Option<&std::path::Path>,
-    from_dir: Option<&std::path::Path>,
+    from_dir: Option<(std::path::PathBuf, bool)>,
     timeout: u64,
 ) -> Result<i32> {
+    let from_dir_on_demand = from_dir.as_ref().is_some_and(|(_, d)| *d);
     let p = match (api_socket, from_dir) {
-        (_, Some(dir)) => hugemem::park_dir::park_from_dir(socket, name, dir)
-            .with_context(|| format!("hugemem park {name} --from-dir {} failed", dir.display()))?,
+        (_, Some((dir, on_demand))) => {
+            hugemem::park_dir::park_from_dir(socket, name, &dir, on_demand).with_context(|| {
+                format!("hugemem park {name} --from-dir {} failed", dir.display())
+            })?
+        }
         (Some(api), None) => {
             hugemem::park_cli::park(socket, name, api, std::time::Duration::from_secs(timeout))
                 .with_context(|| format!("hugemem park {name} failed"))?
@@ -139,6 +144,8 @@ fn park(
         guest_mem::size::format_size(p.copied_bytes),
         if p.copied_bytes == 0 {
             " (its memory moved)"
+        } else if from_dir_on_demand {
+            " onto pool memory when it is restored (on demand)"
         } else {
             " onto pool memory"
         }
@@ -340,13 +347,14 @@ fn run(cli: Cli) -> Result<i32> {
             name,
             api_socket,
             from_dir,
+            on_demand,
             socket,
             timeout,
         } => park(
             &socket,
             &name,
             api_socket.as_deref(),
-            from_dir.as_deref(),
+            from_dir.map(|d| (d, on_demand)),
             timeout,
         ),
         Command::Unpark { name, save, socket } => unpark(&socket, &name, save.as_deref()),

@@ -123,11 +123,12 @@ fn park_snapshot(
     memory: &[(u32, BorrowedFd<'_>)],
     config: &[u8],
     state: &[u8],
+    on_demand: bool,
 ) -> Result<Parked, ParkDirError> {
     let (ours, theirs) = UnixStream::pair()?;
     std::thread::scope(|s| {
         let sender = s.spawn(|| send_snapshot(&ours, memory, config, state, true));
-        let parked = client.park(name, &theirs);
+        let parked = client.park_with(name, &theirs, on_demand);
         drop(theirs);
         let sent = sender
             .join()
@@ -138,17 +139,31 @@ fn park_snapshot(
     })
 }
 
-/// Parks the VM in `dir` under `name` in the daemon at `socket`.
+/// Parks the VM in `dir` under `name` in the daemon at `socket`; with
+/// `on_demand`, the daemon keeps the files and reads them when the VM is
+/// restored.
 ///
 /// # Errors
 ///
 /// [`ParkDirError`]; nothing is parked then.
-pub fn park_from_dir(socket: &Path, name: &str, dir: &Path) -> Result<Parked, ParkDirError> {
+pub fn park_from_dir(
+    socket: &Path,
+    name: &str,
+    dir: &Path,
+    on_demand: bool,
+) -> Result<Parked, ParkDirError> {
     let loaded = load(dir)?;
     let mut client = Client::connect(socket)?;
     let memory: Vec<(u32, BorrowedFd<'_>)> =
         loaded.memory.iter().map(|(s, f)| (*s, f.as_fd())).collect();
-    park_snapshot(&mut client, name, &memory, &loaded.config, &loaded.state)
+    park_snapshot(
+        &mut client,
+        name,
+        &memory,
+        &loaded.config,
+        &loaded.state,
+        on_demand,
+    )
 }
 
 /// Writes the VM parked under `name` to `dir` (created, or empty) and
@@ -192,6 +207,7 @@ pub fn unpark_to_dir(socket: &Path, name: &str, dir: &Path) -> Result<WriteRepor
                 &memory,
                 &snapshot.config,
                 &snapshot.state,
+                false,
             )?;
             Err(e.into())
         }

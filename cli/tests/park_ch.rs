@@ -560,3 +560,111 @@ fn a_cloud_hypervisor_file_snapshot_parks_from_its_directory() {
     });
     daemon.shutdown();
 }
+
+/// A guest saved to disk, parked from its directory on demand (the files
+/// kept, nothing read yet) and restored with cloud-hypervisor's postcopy:
+/// the guest runs at once and counts on from where it stopped, its pages
+/// read as it asks for them and in the background.
+#[test]
+fn an_on_demand_restore_runs_the_guest_while_its_memory_is_read() {
+    let _serial = serial();
+    let Some(ch) = cloud_hypervisor() else {
+        return;
+    };
+    let _pages = match hold(PageSize::Huge2M, 2 * RAM / STRIDE) {
+        Ok(r) => r,
+        Err(why) => {
+            test_support::skip!("{why}");
+            return;
+        }
+    };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let elf = spin_elf(dir.path(), STRIDE, START_GPA, MARKER);
+    let daemon = TestDaemon::start(|c| c.pool.recheck_ms = 20);
+    let api = dir.path().join("api.sock");
+    let mut launch = Command::new("timeout")
+        .args(["600", HUGEMEM, "launch", "--socket"])
+        .arg(daemon.socket())
+        .args([
+            "--size",
+            "256M",
+            "--page-size",
+            "2M",
+            "--",
+            &ch,
+            "--api-socket",
+        ])
+        .arg(&api)
+        .arg("--kernel")
+        .arg(&elf)
+        .args(["--cpus", "boot=1", "--serial", "null", "--console", "off"])
+        .spawn()
+        .expect("spawn hugemem launch");
+    let launcher = child_of(launch.id());
+    let vmm = child_of(launcher);
+    let parked_at = {
+        let ram = launched_guest_ram(launcher, vmm);
+        counting_past(&ram, 0, "the guest to spin");
+        park(&daemon, "lazy", &api);
+        assert!(launch.wait().expect("launcher").success());
+        spin_state(&ram).count
+    };
+    let saved = dir.path().join("saved");
+    let socket = daemon.socket();
+    run_ok(&[
+        "unpark".as_ref(),
+        "lazy".as_ref(),
+        "--save".as_ref(),
+        saved.as_os_str(),
+        "--socket".as_ref(),
+        socket.as_os_str(),
+    ]);
+    let said = run_ok(&[
+        "park".as_ref(),
+        "lazy2".as_ref(),
+        "--from-dir".as_ref(),
+        saved.as_os_str(),
+        "--on-demand".as_ref(),
+        "--socket".as_ref(),
+        socket.as_os_str(),
+    ]);
+    assert!(said.contains("when it is restored (on demand)"), "{said}");
+    let api2 = dir.path().join("api2.sock");
+    let started = std::time::Instant::now();
+    let mut launch = Command::new("timeout")
+        .args(["600", HUGEMEM, "launch", "--socket"])
+        .arg(daemon.socket())
+        .args([
+            "--restore",
+            "lazy2",
+            "--on-demand",
+            "--",
+            &ch,
+            "-vv",
+            "--api-socket",
+        ])
+        .arg(&api2)
+        .spawn()
+        .expect("spawn hugemem launch --restore --on-demand");
+    let launcher = child_of(launch.id());
+    let _guard = StopLauncher(launcher);
+    let vmm = child_of(launcher);
+    let ram = memfd_of(vmm);
+    let state = counting_past(&ram, parked_at, "the guest to count on, restored on demand");
+    eprintln!(
+        "on demand: the guest counted on {:.1} ms after the restore began",
+        started.elapsed().as_secs_f64() * 1e3
+    );
+    assert_eq!(state.bad, 0, "the guest found a page changed");
+    let stats = daemon.wait_stats(Duration::from_secs(60), "the restore recorded", |s| {
+        s.counters.restores == 1
+    });
+    assert!(stats.parked.is_empty(), "{stats}");
+    drop(ram);
+    stop(launcher, &mut launch);
+    let stats = daemon.wait_stats(Duration::from_secs(30), "released", |s| {
+        s.allocations.active == 0
+    });
+    assert_balanced(&stats, "after the VM exited");
+    daemon.shutdown();
+}

@@ -49,11 +49,30 @@ impl Client {
     /// [`ClientError::Refused`] with the daemon's reason (a name in use, a
     /// snapshot refused, too little memory for a copy).
     pub fn park(&mut self, name: &str, migration: &UnixStream) -> Result<Parked, ClientError> {
+        self.park_with(name, migration, false)
+    }
+
+    /// [`Client::park`]; with `on_demand`, memory from elsewhere is not
+    /// copied now: the daemon keeps the sender's files (a directory's, for
+    /// `hugemem park --from-dir --on-demand`) and fills the memory when the
+    /// VM is restored, as the receiver asks for it in a postcopy RESTORE
+    /// ([`Client::restore_postcopy`]) and in the background.
+    ///
+    /// # Errors
+    ///
+    /// As [`Client::park`].
+    pub fn park_with(
+        &mut self,
+        name: &str,
+        migration: &UnixStream,
+        on_demand: bool,
+    ) -> Result<Parked, ClientError> {
         self.park_feature("PARK")?;
         check_name(name)?;
         let (reply, _fds) = self.exchange(
             &Request::Park {
                 name: name.to_string(),
+                on_demand,
             },
             &[migration.as_fd()],
         )?;
@@ -95,8 +114,39 @@ impl Client {
             &Request::Restore {
                 name: name.to_string(),
                 paused,
+                postcopy: false,
             },
             &[migration.as_fd()],
+        )?;
+        allocation_from(reply, fds, false, "RESTORE")
+    }
+
+    /// RESTORE on demand: as [`Client::restore`] to a receiver that runs
+    /// `receive-migration …,memory_mode=postcopy`, with `fault`, a second
+    /// connection to the same receiver (not announced yet: the daemon
+    /// announces it), for its page faults. The VM runs from the receiver's
+    /// `Complete`; memory not filled yet is filled as the receiver asks for
+    /// it and in the background, and the reply comes once every page is.
+    ///
+    /// # Errors
+    ///
+    /// As [`Client::restore`].
+    pub fn restore_postcopy(
+        &mut self,
+        name: &str,
+        migration: &UnixStream,
+        fault: &UnixStream,
+        paused: bool,
+    ) -> Result<Allocation, ClientError> {
+        self.park_feature("RESTORE")?;
+        check_name(name)?;
+        let (reply, fds): (_, Vec<OwnedFd>) = self.exchange(
+            &Request::Restore {
+                name: name.to_string(),
+                paused,
+                postcopy: true,
+            },
+            &[migration.as_fd(), fault.as_fd()],
         )?;
         allocation_from(reply, fds, false, "RESTORE")
     }

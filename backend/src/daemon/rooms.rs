@@ -40,6 +40,8 @@ pub struct Rooms {
     pub alloc: Arc<Alloc>,
     /// STATS.
     pub stats: Arc<StatsSource>,
+    /// Memory still to be filled from a tenant's files (VMs parked on demand).
+    pub fills: Arc<super::fills::PendingFills>,
 }
 
 /// What follows a release, off the executor: released allocations that

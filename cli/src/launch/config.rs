@@ -114,6 +114,9 @@ pub struct LaunchConfig {
     /// Restore the VM parked under this name (`hugemem park`) instead of
     /// allocating memory for a new one (`restore.rs`).
     pub restore: Option<String>,
+    /// With `restore`: a postcopy restore (the VM runs at once; memory
+    /// parked on demand is filled as it asks for it).
+    pub on_demand: bool,
 }
 
 impl LaunchConfig {

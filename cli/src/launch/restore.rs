@@ -163,7 +163,8 @@ pub fn run(cfg: &LaunchConfig, name: &str) -> Result<LaunchReport, LaunchError> 
     let socket = cfg.socket.clone();
     let timeout = cfg.reattach_timeout;
     let api = ChApi::new(&api_path);
-    info!(name, command = ?full, "starting cloud-hypervisor to restore a parked VM");
+    let on_demand = cfg.on_demand;
+    info!(name, on_demand, command = ?full, "starting cloud-hypervisor to restore a parked VM");
     let watch_restored = Arc::clone(&restored);
     let (outcome, client) = process::run_vmm_watching(
         &full,
@@ -178,6 +179,7 @@ pub fn run(cfg: &LaunchConfig, name: &str) -> Result<LaunchReport, LaunchError> 
                 &receive_path,
                 name,
                 deadline,
+                on_demand,
             ) {
                 Ok(a) => a,
                 Err(e) => {
@@ -233,12 +235,24 @@ fn restore_into(
     receive_path: &std::path::Path,
     name: &str,
     deadline: Duration,
+    on_demand: bool,
 ) -> Result<Allocation, String> {
     let (done_tx, done_rx) = mpsc::channel();
     let receiver = api.clone();
     let listen = receive_path.to_path_buf();
     std::thread::spawn(move || {
-        let _ = done_tx.send(receiver.receive_migration(&listen, deadline));
+        let answer = if on_demand {
+            let body = serde_json::json!({
+                "receiver_url": format!("unix:{}", listen.display()),
+                "memory_mode": "Postcopy",
+            });
+            receiver
+                .put("vm.receive-migration", Some(&body), deadline)
+                .map(drop)
+        } else {
+            receiver.receive_migration(&listen, deadline)
+        };
+        let _ = done_tx.send(answer);
     });
     let mut events = ChEvents::new(events);
     events.wait_for(RECEIVE_READY, deadline).map_err(|e| {

@@ -73,6 +73,7 @@ fn parses_nodes() {
 fn cfg() -> LaunchConfig {
     LaunchConfig {
         restore: None,
+        on_demand: false,
         socket: PathBuf::from("/tmp/s"),
         size: None,
         node: None,

@@ -170,6 +170,10 @@ pub enum Request {
     Park {
         /// The parked VM's name, unique per uid.
         name: String,
+        /// Memory from elsewhere is not copied now: the daemon keeps the
+        /// sender's files and fills the memory when the VM is restored
+        /// ([`PARK_FLAG_ON_DEMAND`]).
+        on_demand: bool,
     },
     /// Restore the VM parked under `name`: the one fd is a connected
     /// stream socket on which the daemon sends the snapshot as a
@@ -180,6 +184,11 @@ pub enum Request {
         name: String,
         /// End with `CompletePaused` (the VM stays paused) instead of `Complete`.
         paused: bool,
+        /// The receiver runs `receive-migration …,memory_mode=postcopy`: a
+        /// second fd, a connection to the same receiver, is its fault
+        /// connection, and memory not filled yet is filled as it asks
+        /// ([`RESTORE_FLAG_POSTCOPY`]).
+        postcopy: bool,
     },
     /// Drop the VM parked under `name`: its memory returns to the pool.
     Unpark {
@@ -205,6 +214,12 @@ pub fn valid_park_name(name: &str) -> bool {
 
 /// RESTORE flags bit 0: end the sequence with `CompletePaused`.
 pub const RESTORE_FLAG_PAUSED: u32 = 1;
+/// RESTORE flags bit 1: a postcopy restore; the request carries two fds,
+/// the migration connection and the fault connection.
+pub const RESTORE_FLAG_POSTCOPY: u32 = 2;
+/// PARK flags bit 0: keep the memory files of memory from elsewhere and
+/// fill the memory at restore time (on demand with a postcopy RESTORE).
+pub const PARK_FLAG_ON_DEMAND: u32 = 1;
 
 /// One VMM mapping in a UFFD request (32 bytes on the wire): `len` bytes of
 /// region `region_id` from `offset`, mapped at `vmm_addr` in the VMM.

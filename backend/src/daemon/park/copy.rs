@@ -19,6 +19,8 @@ use std::sync::Arc;
 
 use guest_mem::{fill_region, mark_for_fill, FillOptions, FillSource};
 
+use crate::daemon::fills::{PendingFill, SourceSpec};
+
 use tracing::info;
 
 use super::snapshot::{Checked, ParkRequest, ParkedOk, Refusal};
@@ -85,6 +87,30 @@ fn place(checked: &Checked) -> Result<(Vec<Placed>, u64), Refusal> {
     Ok((placed, total))
 }
 
+/// The page size the copy may use: cloud-hypervisor maps each slot at its
+/// `file_offset`, which must be a multiple of the page size; `Best` (1 GiB
+/// pages first) where every offset allows it.
+fn page_policy(checked: &Checked, placed: &[Placed]) -> PagePolicy {
+    let aligned = |align: u64| {
+        checked.mappings.iter().all(|m| {
+            let base = checked
+                .memory
+                .iter()
+                .find(|f| f.slot == m.slot)
+                .and_then(|f| placed.iter().find(|p| p.identity == f.identity))
+                .map_or(0, |p| p.base);
+            (base + m.file_offset).is_multiple_of(align) && m.size.is_multiple_of(align)
+        })
+    };
+    if aligned(GIB) {
+        PagePolicy::Best
+    } else if aligned(TWO_MIB) {
+        PagePolicy::Huge2M
+    } else {
+        PagePolicy::Base4K
+    }
+}
+
 /// Copies the snapshot's mapped bytes into a fresh allocation and parks
 /// it (see the module docs).
 pub async fn copy_in(
@@ -103,7 +129,7 @@ pub async fn copy_in(
     };
     let alloc_req = AllocRequest {
         total_size: total,
-        page_policy: PagePolicy::Best,
+        page_policy: page_policy(&checked, &placed),
         clear_mode: ClearMode::Lazy,
         lock: false,
         parts: Vec::new(),
@@ -136,21 +162,39 @@ pub async fn copy_in(
         }
     };
     let started = std::time::Instant::now();
-    let checked = Arc::new(checked);
-    let job = {
-        let (checked, placed, region) = (Arc::clone(&checked), placed.clone(), Arc::clone(&region));
-        let topology = Arc::clone(&rooms.topology);
-        tokio::task::spawn_blocking(move || copy_all(&topology, &checked, &placed, &region))
-    };
-    let copied = match job.await {
-        Ok(Ok(n)) => n,
-        Ok(Err(e)) => {
-            release(rooms);
-            return Err((Status::Invalid, e));
+    let (checked, pending) = if req.on_demand {
+        match pend(checked, &placed, &region) {
+            Ok((c, p)) => (c, Some(p)),
+            Err(e) => {
+                release(rooms);
+                return Err((Status::Invalid, e));
+            }
         }
-        Err(e) => {
-            release(rooms);
-            return Err((Status::Internal, e.to_string()));
+    } else {
+        (checked, None)
+    };
+    let checked = Arc::new(checked);
+    let copied = match &pending {
+        // Read at restore time: what the files hold for the mappings.
+        Some(p) => p.sources.iter().map(|s| s.len).sum(),
+        None => {
+            let job = {
+                let (checked, placed, region) =
+                    (Arc::clone(&checked), placed.clone(), Arc::clone(&region));
+                let topology = Arc::clone(&rooms.topology);
+                tokio::task::spawn_blocking(move || copy_all(&topology, &checked, &placed, &region))
+            };
+            match job.await {
+                Ok(Ok(n)) => n,
+                Ok(Err(e)) => {
+                    release(rooms);
+                    return Err((Status::Invalid, e));
+                }
+                Err(e) => {
+                    release(rooms);
+                    return Err((Status::Internal, e.to_string()));
+                }
+            }
         }
     };
     Metrics::add(&rooms.metrics.park_copied_bytes, copied);
@@ -173,11 +217,15 @@ pub async fn copy_in(
         copied_bytes: copied,
         parked_at,
     };
-    match rooms
+    let on_demand = pending.is_some();
+    if let Some(p) = pending {
+        rooms.fills.insert(alloc, p);
+    }
+    let parked = rooms
         .pool
         .owners()
-        .park(alloc, req.uid, Some(req.session), vm)
-    {
+        .park(alloc, req.uid, Some(req.session), vm, on_demand);
+    match parked {
         Ok(bytes) => Ok(ParkedOk {
             alloc,
             bytes,
@@ -185,10 +233,65 @@ pub async fn copy_in(
             slots: n,
         }),
         Err(e) => {
+            rooms.fills.remove(alloc);
             release(rooms);
             Err((Status::Invalid, e.to_string()))
         }
     }
+}
+
+/// A park on demand: the sender's files kept to fill the region at restore
+/// time, checked now (a file too short or overlapping mappings are refused
+/// before anything is parked). Returns the snapshot without its files.
+fn pend(
+    mut checked: Checked,
+    placed: &[Placed],
+    region: &guest_mem::Region,
+) -> Result<(Checked, PendingFill), String> {
+    let files: Vec<std::os::fd::OwnedFd> = checked
+        .memory
+        .iter_mut()
+        .map(|f| f.fd.try_clone())
+        .collect::<Result<_, _>>()
+        .map_err(|e| e.to_string())?;
+    let mut sources = Vec::new();
+    for m in &checked.mappings {
+        let Some(i) = checked.memory.iter().position(|f| f.slot == m.slot) else {
+            continue;
+        };
+        let identity = checked.memory[i].identity;
+        let base = placed
+            .iter()
+            .find(|p| p.identity == identity)
+            .map_or(0, |p| p.base);
+        sources.push(SourceSpec {
+            file: i,
+            file_offset: m.file_offset,
+            dest_offset: base + m.file_offset,
+            len: m.size,
+        });
+    }
+    let dest_is_zero = mark_for_fill(region);
+    let fill = PendingFill {
+        files,
+        sources,
+        dest_is_zero,
+    };
+    {
+        let sources: Vec<FillSource<'_>> = fill
+            .sources
+            .iter()
+            .map(|s| FillSource {
+                file: fill.files[s.file].as_fd(),
+                file_offset: s.file_offset,
+                dest_offset: s.dest_offset,
+                len: s.len,
+            })
+            .collect();
+        guest_mem::FillPlan::new(region, &sources)
+            .map_err(|e| format!("the VM's memory files: {e}"))?;
+    }
+    Ok((checked, fill))
 }
 
 /// The configuration with each mapping's `file_offset` moved by its

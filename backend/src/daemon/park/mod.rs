@@ -28,6 +28,7 @@
 //!   that still maps it let go.
 
 pub mod copy;
+pub mod ondemand;
 pub mod receive;
 pub mod send;
 pub mod snapshot;
@@ -55,21 +56,27 @@ pub async fn serve(
     fds: Vec<OwnedFd>,
 ) -> Outcome {
     match req {
-        Request::Park { name } => {
+        Request::Park { name, on_demand } => {
             let req = snapshot::ParkRequest {
                 session,
                 uid: peer.uid,
                 gid: peer.gid,
                 name,
+                on_demand,
             };
             receive::park(rooms, req, fds).await
         }
-        Request::Restore { name, paused } => {
+        Request::Restore {
+            name,
+            paused,
+            postcopy,
+        } => {
             let req = send::RestoreRequest {
                 session,
                 uid: peer.uid,
                 name,
                 paused,
+                postcopy,
             };
             send::restore(rooms, req, fds).await
         }
@@ -91,6 +98,7 @@ pub async fn unpark(rooms: &Arc<Rooms>, uid: u32, name: &str) -> Outcome {
     let _held = found.gate.lock_owned().await;
     match rooms.pool.release_parked(uid, name) {
         Ok(released) => {
+            rooms.fills.remove(found.alloc);
             info!(
                 uid,
                 name,

@@ -128,7 +128,7 @@ async fn move_in(
     let bytes = rooms
         .pool
         .owners()
-        .park(alloc, req.uid, session, vm)
+        .park(alloc, req.uid, session, vm, false)
         .map_err(|e| (Status::Invalid, e.to_string()))?;
     Ok(ParkedOk {
         alloc,

@@ -27,6 +27,8 @@ pub struct RestoreRequest {
     pub name: String,
     /// End with `CompletePaused`.
     pub paused: bool,
+    /// A postcopy restore (the request's second fd is the fault connection).
+    pub postcopy: bool,
 }
 
 fn refused(rooms: &Rooms, req: &RestoreRequest, status: Status, msg: String) -> Outcome {
@@ -41,9 +43,21 @@ fn refused(rooms: &Rooms, req: &RestoreRequest, status: Status, msg: String) -> 
 /// from the lookup to the move, so an UNPARK or a second RESTORE of the
 /// same VM waits and then finds it gone.
 pub async fn restore(rooms: &Arc<Rooms>, req: RestoreRequest, fds: Vec<OwnedFd>) -> Outcome {
-    let stream = match migration_socket(fds, req.uid) {
-        Ok(s) => s,
-        Err(e) => return refused(rooms, &req, Status::Invalid, e.to_string()),
+    let want = if req.postcopy { 2 } else { 1 };
+    if fds.len() != want {
+        let msg = format!("this RESTORE carries {want} fd(s), not {}", fds.len());
+        return refused(rooms, &req, Status::Invalid, msg);
+    }
+    let mut sockets = Vec::new();
+    for fd in fds {
+        match migration_socket(vec![fd], req.uid) {
+            Ok(s) => sockets.push(s),
+            Err(e) => return refused(rooms, &req, Status::Invalid, e.to_string()),
+        }
+    }
+    let fault = if req.postcopy { sockets.pop() } else { None };
+    let Some(stream) = sockets.pop() else {
+        return refused(rooms, &req, Status::Invalid, "no migration socket".into());
     };
     let not_parked = || format!("no VM named {:?} is parked", req.name);
     let Some(first) = rooms.pool.owners().find_parked(req.uid, &req.name) else {
@@ -78,32 +92,69 @@ pub async fn restore(rooms: &Arc<Rooms>, req: RestoreRequest, fds: Vec<OwnedFd>)
         Ok(h) => h,
         Err(e) => return refused(rooms, &req, Status::Internal, e.to_string()),
     };
+    let pending = rooms.fills.get(found.alloc);
+    let unfilled = found
+        .regions
+        .iter()
+        .any(|(_, r)| !super::ondemand::all_filled(r));
+    if pending.is_none() && unfilled {
+        let msg = format!(
+            "{:?} was parked on demand and its files are gone (a takeover or restart does not keep them): \
+             its memory was never filled; UNPARK it",
+            req.name
+        );
+        return refused(rooms, &req, Status::Invalid, msg);
+    }
     let vm = Arc::clone(&found.vm);
     let paused = req.paused;
+    let region = found.regions.first().map(|(_, r)| Arc::clone(r));
+    let topology = Arc::clone(&rooms.topology);
     let sent = tokio::task::spawn_blocking(move || {
         let memory: Vec<(u32, std::os::fd::BorrowedFd<'_>)> =
             slot_fds.iter().map(|(s, fd)| (*s, fd.as_fd())).collect();
-        send_snapshot(
-            &stream,
-            &memory,
-            vm.config.as_bytes(),
-            vm.state.as_bytes(),
-            paused,
-        )
+        let Some(region) = region else {
+            return Err("the parked VM has no memory".to_string());
+        };
+        match fault {
+            Some(fault) => super::ondemand::send(super::ondemand::Postcopy {
+                main: &stream,
+                fault: &fault,
+                memory: &memory,
+                config: vm.config.as_bytes(),
+                state: vm.state.as_bytes(),
+                paused,
+                region: &region,
+                pending: pending.as_deref(),
+                topology: &topology,
+            }),
+            None => {
+                if let Some(p) = &pending {
+                    super::ondemand::fill_all(&topology, &region, p)?;
+                }
+                send_snapshot(
+                    &stream,
+                    &memory,
+                    vm.config.as_bytes(),
+                    vm.state.as_bytes(),
+                    paused,
+                )
+                .map_err(|e| format!("the receiver did not take the VM (it stays parked): {e}"))
+            }
+        }
     })
     .await;
     match sent {
         Ok(Ok(())) => {}
-        Ok(Err(e)) => {
-            return refused(
-                rooms,
-                &req,
-                Status::Invalid,
-                format!("the receiver did not take the VM (it stays parked): {e}"),
-            );
-        }
+        Ok(Err(e)) => return refused(rooms, &req, Status::Invalid, e),
         Err(e) => return refused(rooms, &req, Status::Internal, e.to_string()),
     }
+    // Every unit holds the VM's bytes now: not zero, never to be pooled as clean.
+    for (_, r) in &found.regions {
+        if let Err(e) = r.mark_mapped() {
+            return refused(rooms, &req, Status::Internal, format!("page states: {e}"));
+        }
+    }
+    rooms.fills.remove(found.alloc);
     let token = match rooms
         .pool
         .owners()

@@ -23,6 +23,8 @@ pub struct ParkRequest {
     pub gid: u32,
     /// The name to park under.
     pub name: String,
+    /// Memory from elsewhere is filled at restore time, not copied now.
+    pub on_demand: bool,
 }
 
 /// One guest RAM mapping of the VM's configuration

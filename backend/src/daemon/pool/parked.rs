@@ -113,7 +113,9 @@ impl Owners<'_> {
 
     /// Moves allocation `alloc` of tenant `uid`, owned by `session`, into a
     /// parked record `vm`, in one step: from then on it is no connection's
-    /// and has a new token. Returns its regions' bytes.
+    /// and has a new token. Returns its regions' bytes. Pages not cleared
+    /// are refused, unless `unfilled_ok` (a park on demand: the daemon
+    /// fills them from the tenant's files before any process maps them).
     ///
     /// # Errors
     ///
@@ -124,6 +126,7 @@ impl Owners<'_> {
         uid: u32,
         session: Option<SessionId>,
         vm: ParkedVm,
+        unfilled_ok: bool,
     ) -> Result<u64, ParkError> {
         let fresh = new_token().map_err(|e| ParkError::Internal(e.to_string()))?;
         let mut g = self.pool.lock();
@@ -146,7 +149,7 @@ impl Owners<'_> {
                 pages += c.dirty + c.clearing;
             }
         }
-        if pages > 0 {
+        if pages > 0 && !unfilled_ok {
             return Err(ParkError::NotCleared { alloc, pages });
         }
         let a = g.allocs.get_mut(&alloc).ok_or(ParkError::Moved(alloc))?;

@@ -268,6 +268,7 @@ impl Components {
             rebalance: Arc::clone(&rebalance),
             alloc,
             stats,
+            fills: Arc::default(),
         });
         let next_session = Arc::new(AtomicU64::new(next_session));
         let parts = Arc::new(Parts {

@@ -26,12 +26,14 @@ impl Request {
     }
 
     /// How many fds must come with this request: 1 for UFFD (the
-    /// userfaultfd), PARK and RESTORE (the migration socket), 0 otherwise.
+    /// userfaultfd), PARK and RESTORE (the migration socket), 2 for a
+    /// postcopy RESTORE (and its fault connection), 0 otherwise.
     pub fn expected_fds(&self) -> usize {
-        usize::from(matches!(
-            self,
-            Request::Uffd { .. } | Request::Park { .. } | Request::Restore { .. }
-        ))
+        match self {
+            Request::Restore { postcopy: true, .. } => 2,
+            Request::Uffd { .. } | Request::Park { .. } | Request::Restore { .. } => 1,
+            _ => 0,
+        }
     }
 
     /// Payload bytes.
@@ -97,13 +99,25 @@ impl Request {
                 let flags = if *want_paths { HANDOFF_FLAG_PATHS } else { 0 };
                 w.u64(*alloc_id).bytes(token).u32(flags).u32(0);
             }
-            Request::Park { name } | Request::Unpark { name } => {
+            Request::Park { name, on_demand } => {
+                encode_name(&mut w, name);
+                w.u32(if *on_demand { PARK_FLAG_ON_DEMAND } else { 0 });
+            }
+            Request::Unpark { name } => {
                 encode_name(&mut w, name);
                 w.u32(0);
             }
-            Request::Restore { name, paused } => {
+            Request::Restore {
+                name,
+                paused,
+                postcopy,
+            } => {
                 encode_name(&mut w, name);
-                w.u32(if *paused { RESTORE_FLAG_PAUSED } else { 0 });
+                let mut flags = if *paused { RESTORE_FLAG_PAUSED } else { 0 };
+                if *postcopy {
+                    flags |= RESTORE_FLAG_POSTCOPY;
+                }
+                w.u32(flags);
             }
         }
         w.0
@@ -173,29 +187,41 @@ impl Request {
                     want_paths: flags & HANDOFF_FLAG_PATHS != 0,
                 }
             }
-            Code::Park | Code::Unpark => {
+            Code::Park => {
+                let name = decode_name(&mut r)?;
+                let flags = r.u32("flags")?;
+                if flags & !PARK_FLAG_ON_DEMAND != 0 {
+                    return Err(bad(format!(
+                        "undefined PARK flag bits {:#x}",
+                        flags & !PARK_FLAG_ON_DEMAND
+                    )));
+                }
+                Request::Park {
+                    name,
+                    on_demand: flags & PARK_FLAG_ON_DEMAND != 0,
+                }
+            }
+            Code::Unpark => {
                 let name = decode_name(&mut r)?;
                 if r.u32("reserved")? != 0 {
                     return Err(bad("reserved field must be zero"));
                 }
-                if code == Code::Park {
-                    Request::Park { name }
-                } else {
-                    Request::Unpark { name }
-                }
+                Request::Unpark { name }
             }
             Code::Restore => {
                 let name = decode_name(&mut r)?;
                 let flags = r.u32("flags")?;
-                if flags & !RESTORE_FLAG_PAUSED != 0 {
+                let known = RESTORE_FLAG_PAUSED | RESTORE_FLAG_POSTCOPY;
+                if flags & !known != 0 {
                     return Err(bad(format!(
                         "undefined RESTORE flag bits {:#x}",
-                        flags & !RESTORE_FLAG_PAUSED
+                        flags & !known
                     )));
                 }
                 Request::Restore {
                     name,
                     paused: flags & RESTORE_FLAG_PAUSED != 0,
+                    postcopy: flags & RESTORE_FLAG_POSTCOPY != 0,
                 }
             }
         };

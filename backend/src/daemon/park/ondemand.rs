@@ -1,0 +1,225 @@
+//! A postcopy RESTORE: the VM runs in its new cloud-hypervisor from the
+//! receiver's `Complete`, while memory not filled yet (a VM parked on
+//! demand from a directory) is filled as the receiver asks for it on its
+//! fault connection (`PageFault`, one huge page at a time), and in the
+//! background, in guest-address order, by the fill engine. Each unit is
+//! filled exactly once whoever gets there first (its page state is the
+//! claim, as in the lazy mode); a fault on a unit the background is
+//! filling waits for it.
+//!
+//! The receiver never sees a page before it is filled: in postcopy mode
+//! cloud-hypervisor maps nothing of the memory fds until it asked for the
+//! page and was answered (userfaultfd MINOR mode, `UFFDIO_CONTINUE`). The
+//! zones are declared hugetlb in the configuration sent (cloud-hypervisor
+//! takes the fault size from it), and the RESTORE's reply comes once every
+//! unit is filled and the receiver closed its fault connection (it had
+//! every page): the allocation is handed out only then, so no fill ever
+//! runs on memory that is no longer the parked VM's.
+
+use std::os::fd::{AsFd, BorrowedFd};
+use std::os::unix::net::UnixStream;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use guest_mem::{
+    fill_region_planned, fill_unit, FillOptions, FillPlan, FillSource, PageState, Region, UnitFill,
+};
+use hugemem_client::ch_migration::fault::{
+    announce_fault_connection, serve_page_faults, FaultRequest,
+};
+use hugemem_client::ch_migration::layout::{migration_config_slots, with_hugetlb_zones};
+use hugemem_client::ch_migration::peer::send_snapshot_with;
+use numa::Topology;
+use tracing::{info, warn};
+
+use crate::daemon::fills::PendingFill;
+
+/// What a postcopy restore sends and fills.
+pub struct Postcopy<'a> {
+    /// The receiver's migration connection.
+    pub main: &'a UnixStream,
+    /// Its fault connection (not announced yet).
+    pub fault: &'a UnixStream,
+    /// Each slot and its fd.
+    pub memory: &'a [(u32, BorrowedFd<'a>)],
+    /// The parked configuration.
+    pub config: &'a [u8],
+    /// The parked state.
+    pub state: &'a [u8],
+    /// End with `CompletePaused`.
+    pub paused: bool,
+    /// The region the slots' fds are (one: a VM parked on demand was copied
+    /// into one region).
+    pub region: &'a Region,
+    /// What is left to fill, if anything.
+    pub pending: Option<&'a PendingFill>,
+    /// The host's nodes (the fill engine's workers).
+    pub topology: &'a Topology,
+}
+
+/// Why a unit could not be filled for a fault.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct FaultFillError(String);
+
+/// Fills the units that hold `[offset, offset + len)` of `region`, waiting
+/// for any another thread is filling.
+fn fill_range(
+    region: &Region,
+    plan: &FillPlan<'_>,
+    opts: &FillOptions<'_>,
+    offset: u64,
+    len: u64,
+) -> Result<(), FaultFillError> {
+    let unit = region.state_unit();
+    let first = usize::try_from(offset / unit).map_err(|e| FaultFillError(e.to_string()))?;
+    let last = usize::try_from((offset + len.max(1) - 1) / unit)
+        .map_err(|e| FaultFillError(e.to_string()))?;
+    for u in first..=last {
+        loop {
+            match fill_unit(region, plan, u, opts).map_err(|e| FaultFillError(e.to_string()))? {
+                UnitFill::Filled(_) | UnitFill::Done(_) => break,
+                // The background filler holds it: it is done within one
+                // unit's read.
+                UnitFill::Busy => std::thread::yield_now(),
+            }
+        }
+    }
+    Ok(())
+}
+
+/// True when no unit of `region` is left to fill: each is `Clean` (filled)
+/// or `Mapped`.
+pub fn all_filled(region: &Region) -> bool {
+    let states = region.states();
+    (0..states.len()).all(|u| matches!(states.get(u), Ok(PageState::Clean | PageState::Mapped)))
+}
+
+/// Runs a postcopy restore (see the module docs): returns once the receiver
+/// answered the last step, every unit is filled and the fault connection
+/// ended.
+///
+/// # Errors
+///
+/// The receiver's refusal, a fill that failed, the configuration.
+pub fn send(p: Postcopy<'_>) -> Result<(), String> {
+    let page = p.region.page_size().bytes();
+    let config = if page > 4096 {
+        with_hugetlb_zones(p.config, page).map_err(|e| e.to_string())?
+    } else {
+        p.config.to_vec()
+    };
+    let slots = migration_config_slots(&config, 64).map_err(|e| e.to_string())?;
+    let sources: Vec<FillSource<'_>> = p
+        .pending
+        .map(|f| {
+            f.sources
+                .iter()
+                .map(|s| FillSource {
+                    file: f.files[s.file].as_fd(),
+                    file_offset: s.file_offset,
+                    dest_offset: s.dest_offset,
+                    len: s.len,
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    let plan = FillPlan::new(p.region, &sources).map_err(|e| e.to_string())?;
+    let opts = FillOptions {
+        dest_is_zero: p.pending.is_some_and(|f| f.dest_is_zero),
+        ..FillOptions::default()
+    };
+    let filled = AtomicBool::new(p.pending.is_none() || all_filled(p.region));
+    // At once: the receiver reads the role of a connection it accepted
+    // within seconds, whenever its accept loop gets to it.
+    announce_fault_connection(p.fault).map_err(|e| format!("the fault connection: {e}"))?;
+    std::thread::scope(|scope| {
+        let mut fault_thread = None;
+        let mut background = None;
+        let sent = send_snapshot_with(p.main, p.memory, &config, p.state, p.paused, || {
+            let (plan, opts, filled, slots) = (&plan, &opts, &filled, &slots);
+            fault_thread = Some(scope.spawn(move || {
+                serve_page_faults(p.fault, slots, |req: FaultRequest| {
+                    if filled.load(Ordering::Acquire) {
+                        return Ok(());
+                    }
+                    fill_range(p.region, plan, opts, req.file_offset, req.length)
+                })
+            }));
+            if !filled.load(Ordering::Acquire) {
+                background = Some(
+                    scope.spawn(move || fill_region_planned(p.topology, p.region, plan, opts)),
+                );
+            }
+            Ok(())
+        });
+        if let Err(e) = sent {
+            // The receiver may hold the fault connection open: end its thread.
+            let _ = p.fault.shutdown(std::net::Shutdown::Both);
+            return Err(format!(
+                "the receiver did not take the VM (it stays parked): {e}"
+            ));
+        }
+        if let Some(bg) = background {
+            match bg.join() {
+                Ok(Ok(report)) => info!(
+                    read = report.counts.bytes_read,
+                    units = report.units_filled,
+                    threads = report.threads,
+                    gbps = report.read_gbps(),
+                    "RESTORE on demand: background fill done"
+                ),
+                Ok(Err(e)) => return Err(format!("filling the VM's memory: {e}")),
+                Err(_) => return Err("the background fill panicked".into()),
+            }
+            // Units a fault was filling as the background passed them.
+            while !all_filled(p.region) {
+                std::thread::yield_now();
+            }
+            filled.store(true, Ordering::Release);
+        }
+        if let Some(t) = fault_thread {
+            match t.join() {
+                Ok(Ok(stats)) => info!(
+                    faults = stats.faults,
+                    bytes = stats.bytes,
+                    "RESTORE on demand: fault connection ended"
+                ),
+                Ok(Err(e)) => {
+                    warn!(error = %e, "RESTORE on demand: the fault connection ended with an error")
+                }
+                Err(_) => warn!("RESTORE on demand: the fault thread panicked"),
+            }
+        }
+        Ok(())
+    })
+}
+
+/// Fills all of `region` from `pending` before a restore without postcopy.
+///
+/// # Errors
+///
+/// The fill's failure.
+pub fn fill_all(topology: &Topology, region: &Region, pending: &PendingFill) -> Result<(), String> {
+    let sources: Vec<FillSource<'_>> = pending
+        .sources
+        .iter()
+        .map(|s| FillSource {
+            file: pending.files[s.file].as_fd(),
+            file_offset: s.file_offset,
+            dest_offset: s.dest_offset,
+            len: s.len,
+        })
+        .collect();
+    let plan = FillPlan::new(region, &sources).map_err(|e| e.to_string())?;
+    let opts = FillOptions {
+        dest_is_zero: pending.dest_is_zero,
+        ..FillOptions::default()
+    };
+    fill_region_planned(topology, region, &plan, &opts)
+        .map_err(|e| format!("filling the VM's memory: {e}"))?;
+    if all_filled(region) {
+        Ok(())
+    } else {
+        Err("some of the VM's memory is still being filled".into())
+    }
+}
