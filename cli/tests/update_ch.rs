@@ -8,7 +8,9 @@
 //! new process's `/proc/PID/maps`); the memory never left the launcher's
 //! connection (no HANDOFF), the old process wrote under 1 % of guest RAM
 //! during the switch (the fds moved, the RAM did not); the daemon cleared
-//! nothing, quarantined nothing, and `created − released == held`. Then
+//! nothing, quarantined nothing, and `created − released == held`. Before
+//! the first update, the launcher holds no copy of the cloud-hypervisor's
+//! API listener (only the process does). Then
 //! three failing updates (a binary that does not exist, one that exits at
 //! once, one that is no cloud-hypervisor) each fail with the reason while
 //! the guest counts on under the same process. After the VM exits the
@@ -68,6 +70,30 @@ fn start_launch(daemon: &TestDaemon, dir: &Path, ch: &str, elf: &Path, paths: bo
     cmd.spawn().expect("spawn hugemem launch")
 }
 
+/// The inode of the UNIX socket listening at `path` (`/proc/net/unix`).
+fn listening_socket(path: &Path) -> u64 {
+    const ACCEPTING: &str = "00010000";
+    let table = std::fs::read_to_string("/proc/net/unix").expect("read /proc/net/unix");
+    let path = path.to_str().expect("UTF-8 path");
+    table
+        .lines()
+        .skip(1)
+        .map(|l| l.split_whitespace().collect::<Vec<_>>())
+        .find(|f| f.len() == 8 && f[3] == ACCEPTING && f[7] == path)
+        .and_then(|f| f[6].parse().ok())
+        .unwrap_or_else(|| panic!("no socket listens at {path}"))
+}
+
+/// Whether process `pid` has socket inode `ino` open.
+fn holds_socket(pid: u32, ino: u64) -> bool {
+    let wanted = format!("socket:[{ino}]");
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .expect("list the process's fds")
+        .filter_map(Result::ok)
+        .filter_map(|e| std::fs::read_link(e.path()).ok())
+        .any(|target| target.as_os_str() == wanted.as_str())
+}
+
 fn quarantined(stats: &backend::stats::Stats) -> u64 {
     stats.pools.iter().map(|p| p.regions.quarantined).sum()
 }
@@ -109,6 +135,19 @@ fn updates_keep_the_guest_counting(paths: bool) {
     let ino = ram.metadata().expect("fstat guest RAM").ino();
     let mut state = counting_past(&ram, 0, "the guest to spin");
     let control = dir.path().join("vm.sock");
+    // The launcher keeps no copy of the first process's API listener: with
+    // one, the socket would go on accepting after that process is gone, and
+    // the first update's `vmm.shutdown` to it would wait out the update
+    // timeout instead of being refused.
+    let api = listening_socket(&dir.path().join("vm.sock.api"));
+    assert!(
+        holds_socket(vmm, api),
+        "the cloud-hypervisor holds its API listener (socket inode {api})"
+    );
+    assert!(
+        !holds_socket(launcher, api),
+        "the launcher still holds the cloud-hypervisor's API listener (socket inode {api})"
+    );
     let cleared = daemon.stats().scrub.bytes;
     for i in 1..=UPDATES {
         let before = state.count;

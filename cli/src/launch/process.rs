@@ -129,7 +129,7 @@ pub fn run_vmm(
     argv: &[OsString],
     inherit: &[BorrowedFd<'_>],
 ) -> Result<(VmmExit, Duration), LaunchError> {
-    run_vmm_watching(argv, inherit, None::<fn(&ExitEvent)>, None).0
+    run_vmm_watching(argv, inherit, Vec::new(), None::<fn(&ExitEvent)>, None).0
 }
 
 /// Something the waiting thread serves while the VMM runs: `hugemem
@@ -171,9 +171,17 @@ impl Spawner {
 /// runs (see the module docs): it gets an event that fires once the VMM
 /// has exited and should return soon after. Returns what [`run_vmm`] does
 /// and, when the thread ran and did not panic, what `watch` returned.
+///
+/// `handed_over` are inherited too (after `inherit`) and closed here once
+/// the VMM started: the VMM's own ends of its channels (cloud-hypervisor's
+/// API listener, QEMU's end of its monitor). A copy kept here would outlive
+/// the VMM: connections to a gone cloud-hypervisor's API would be queued
+/// and never answered instead of refused, and QEMU's monitor would never
+/// read end-of-file.
 pub(crate) fn run_vmm_watching<R: Send>(
     argv: &[OsString],
     inherit: &[BorrowedFd<'_>],
+    handed_over: Vec<OwnedFd>,
     watch: Option<impl FnOnce(&ExitEvent) -> R + Send>,
     control: Option<&mut dyn Supervisor>,
 ) -> (Result<(VmmExit, Duration), LaunchError>, Option<R>) {
@@ -198,7 +206,7 @@ pub(crate) fn run_vmm_watching<R: Send>(
                 .inspect_err(|e| warn!(error = %e, "cannot start the daemon watcher thread"))
                 .ok()
         });
-        let outcome = spawn_and_wait(argv, inherit, &set, old, control);
+        let outcome = spawn_and_wait(argv, inherit, handed_over, &set, old, control);
         if let Some(exit) = &exit {
             exit.fire();
         }
@@ -207,12 +215,14 @@ pub(crate) fn run_vmm_watching<R: Send>(
     })
 }
 
-/// Spawns the VMM and waits for it, forwarding the signals of `set` (which
-/// the caller blocked; `old` is the mask to restore in the child) and
-/// serving `control`.
+/// Spawns the VMM (with `inherit` and `handed_over`, closing the latter
+/// once it started) and waits for it, forwarding the signals of `set`
+/// (which the caller blocked; `old` is the mask to restore in the child)
+/// and serving `control`.
 fn spawn_and_wait(
     argv: &[OsString],
     inherit: &[BorrowedFd<'_>],
+    handed_over: Vec<OwnedFd>,
     set: &SigSet,
     old: SigSet,
     control: Option<&mut dyn Supervisor>,
@@ -221,7 +231,11 @@ fn spawn_and_wait(
         child_mask: *old.as_ref(),
     };
     let started = Instant::now();
-    let mut child = spawner.spawn(argv, inherit)?;
+    let mut all = inherit.to_vec();
+    all.extend(handed_over.iter().map(AsFd::as_fd));
+    let mut child = spawner.spawn(argv, &all)?;
+    drop(all);
+    drop(handed_over);
     match wait_forwarding(&mut child, set, control, &spawner) {
         Ok(status) => Ok((VmmExit::from_status(status), started.elapsed())),
         Err(e) => {

@@ -94,12 +94,11 @@ pub fn run(cfg: &LaunchConfig) -> Result<LaunchReport, LaunchError> {
     };
     info!(command = ?full, "starting {vmm}");
 
-    let mut inherit: Vec<BorrowedFd<'_>> = if cfg.hugetlbfs {
+    let inherit: Vec<BorrowedFd<'_>> = if cfg.hugetlbfs {
         Vec::new()
     } else {
         alloc.fds.iter().map(AsFd::as_fd).collect()
     };
-    inherit.extend(update_fds.iter().map(AsFd::as_fd));
     let held = HeldAllocation::of(&alloc);
     let socket = cfg.socket.as_path();
     let timeout = cfg.reattach_timeout;
@@ -108,13 +107,13 @@ pub fn run(cfg: &LaunchConfig) -> Result<LaunchReport, LaunchError> {
     let (outcome, client) = process::run_vmm_watching(
         &full,
         &inherit,
+        update_fds,
         Some(|exit: &ExitEvent| {
             reattach::watch(client, socket, &held, timeout, exit, Some(&mailbox))
         }),
         server.as_mut().map(|s| s as &mut dyn process::Supervisor),
     );
     drop(inherit);
-    drop(update_fds);
     // The launcher's copies of the memory and the monitor go before FREE.
     drop(server);
     let size = alloc.size();
