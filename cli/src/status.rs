@@ -5,6 +5,27 @@
 
 use hugemem_client::stats::Stats;
 
+/// One line per parked VM.
+fn render_parked(stats: &Stats, out: &mut String) {
+    use guest_mem::size::format_size;
+    for p in &stats.parked {
+        out.push_str(&format!(
+            "parked: {} (uid {}): {} in {} slot(s) on {} pages, allocation {}, {}\n",
+            p.name,
+            p.uid,
+            format_size(p.bytes),
+            p.slots,
+            format_size(p.page_size),
+            p.alloc,
+            if p.copied_bytes == 0 {
+                "moved from its launch".to_string()
+            } else {
+                format!("{} copied in", format_size(p.copied_bytes))
+            },
+        ));
+    }
+}
+
 /// `hugemem status` without `--json`: the STATS document as a short report.
 pub fn render_status(stats: &Stats) -> String {
     use guest_mem::size::format_size;
@@ -68,22 +89,7 @@ pub fn render_status(stats: &Stats) -> String {
             format_size(n.pending_bytes),
         ));
     }
-    for p in &stats.parked {
-        out.push_str(&format!(
-            "parked: {} (uid {}): {} in {} slot(s) on {} pages, allocation {}, {}\n",
-            p.name,
-            p.uid,
-            format_size(p.bytes),
-            p.slots,
-            format_size(p.page_size),
-            p.alloc,
-            if p.copied_bytes == 0 {
-                "moved from its launch".to_string()
-            } else {
-                format!("{} copied in", format_size(p.copied_bytes))
-            },
-        ));
-    }
+    render_parked(stats, &mut out);
     for r in stats.quarantine.iter().flatten() {
         out.push_str(&format!(
             "quarantined: region {} ({}) for {:.1} s, held by pid {}\n",

@@ -15,7 +15,7 @@
 //! when the VM ends (or reported parked again).
 
 use std::ffi::OsString;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::PathBuf;
 use std::sync::mpsc;
@@ -157,7 +157,9 @@ pub fn run(cfg: &LaunchConfig, name: &str) -> Result<LaunchReport, LaunchError> 
         command_line(cfg, private.path())?;
     let client = Client::connect(&cfg.socket)?;
     let restored: Arc<Mutex<Option<Restored>>> = Arc::default();
-    let inherit: Vec<BorrowedFd<'_>> = vec![api_listener.as_fd(), events_write.as_fd()];
+    // The process's own ends, closed here once it started (a copy kept here
+    // would answer for a gone process's API).
+    let handed_over: Vec<OwnedFd> = vec![OwnedFd::from(api_listener), events_write];
     let receive_path = private.path().join("restore.sock");
     let deadline = cfg.update_timeout;
     let socket = cfg.socket.clone();
@@ -168,7 +170,8 @@ pub fn run(cfg: &LaunchConfig, name: &str) -> Result<LaunchReport, LaunchError> 
     let watch_restored = Arc::clone(&restored);
     let (outcome, client) = process::run_vmm_watching(
         &full,
-        &inherit,
+        &[],
+        handed_over,
         Some(move |exit: &ExitEvent| {
             let started = Instant::now();
             let mut client = client;
@@ -204,7 +207,6 @@ pub fn run(cfg: &LaunchConfig, name: &str) -> Result<LaunchReport, LaunchError> 
         }),
         None,
     );
-    drop(inherit);
     let restored = restored.lock().ok().and_then(|r| r.clone());
     let Some(restored) = restored else {
         let (exit, _) = outcome?;
@@ -258,11 +260,19 @@ fn restore_into(
     events.wait_for(RECEIVE_READY, deadline).map_err(|e| {
         format!("cloud-hypervisor did not listen for the VM ({e}): is it cloud-hypervisor?")
     })?;
-    let stream = UnixStream::connect(receive_path)
-        .map_err(|e| format!("cannot reach cloud-hypervisor's migration socket: {e}"))?;
-    let alloc = client
-        .restore(name, &stream, false)
-        .map_err(|e| hugemem_client::diag::chain(&e))?;
+    let connect = || {
+        UnixStream::connect(receive_path)
+            .map_err(|e| format!("cannot reach cloud-hypervisor's migration socket: {e}"))
+    };
+    let stream = connect()?;
+    let alloc = if on_demand {
+        // Its fault connection: the second one it accepts.
+        let fault = connect()?;
+        client.restore_postcopy(name, &stream, &fault, false)
+    } else {
+        client.restore(name, &stream, false)
+    }
+    .map_err(|e| hugemem_client::diag::chain(&e))?;
     match done_rx.recv_timeout(deadline) {
         Ok(Ok(())) => {}
         Ok(Err(e)) => return Err(format!("cloud-hypervisor's receive-migration: {e}")),

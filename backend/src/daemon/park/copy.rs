@@ -26,7 +26,7 @@ use tracing::info;
 use super::snapshot::{Checked, ParkRequest, ParkedOk, Refusal};
 use crate::daemon::alloc::{self, Requester};
 use crate::daemon::metrics::Metrics;
-use crate::daemon::pool::{ParkedSlot, ParkedVm};
+use crate::daemon::pool::{AllocId, ParkedSlot, ParkedVm};
 use crate::daemon::rooms::{settle_released, Rooms};
 use crate::proto::messages::{AllocRequest, ReplyBody};
 use crate::proto::{ClearMode, PagePolicy, Status};
@@ -111,15 +111,14 @@ fn page_policy(checked: &Checked, placed: &[Placed]) -> PagePolicy {
     }
 }
 
-/// Copies the snapshot's mapped bytes into a fresh allocation and parks
-/// it (see the module docs).
-pub async fn copy_in(
+/// A fresh allocation of `total` bytes for a copy, taken without
+/// clearing (the daemon writes every byte), as one region.
+async fn take_memory(
     rooms: &Arc<Rooms>,
     req: &ParkRequest,
-    checked: Checked,
-    parked_at: u64,
-) -> Result<ParkedOk, Refusal> {
-    let (placed, total) = place(&checked)?;
+    total: u64,
+    page_policy: PagePolicy,
+) -> Result<(AllocId, Arc<guest_mem::Region>), Refusal> {
     let requester = Requester {
         session: req.session,
         uid: req.uid,
@@ -129,7 +128,7 @@ pub async fn copy_in(
     };
     let alloc_req = AllocRequest {
         total_size: total,
-        page_policy: page_policy(&checked, &placed),
+        page_policy,
         clear_mode: ClearMode::Lazy,
         lock: false,
         parts: Vec::new(),
@@ -159,6 +158,24 @@ pub async fn copy_in(
                 Status::Internal,
                 "the copy's allocation is not one region".into(),
             ));
+        }
+    };
+    Ok((alloc, region))
+}
+
+/// Copies the snapshot's mapped bytes into a fresh allocation and parks
+/// it (see the module docs).
+pub async fn copy_in(
+    rooms: &Arc<Rooms>,
+    req: &ParkRequest,
+    checked: Checked,
+    parked_at: u64,
+) -> Result<ParkedOk, Refusal> {
+    let (placed, total) = place(&checked)?;
+    let (alloc, region) = take_memory(rooms, req, total, page_policy(&checked, &placed)).await?;
+    let release = |rooms: &Arc<Rooms>| {
+        if let Ok(r) = rooms.pool.release(alloc, req.session) {
+            settle_released(rooms, vec![r]);
         }
     };
     let started = std::time::Instant::now();
@@ -197,7 +214,9 @@ pub async fn copy_in(
             }
         }
     };
-    Metrics::add(&rooms.metrics.park_copied_bytes, copied);
+    if pending.is_none() {
+        Metrics::add(&rooms.metrics.park_copied_bytes, copied);
+    }
     info!(uid = req.uid, name = %req.name, alloc, bytes = total, copied, page_size = region.page_size().bytes(), secs = started.elapsed().as_secs_f64(), "PARK: memory from elsewhere copied into pool memory");
     let config = rebase_config(&checked, &placed).inspect_err(|_| release(rooms))?;
     let slots: Vec<ParkedSlot> = checked

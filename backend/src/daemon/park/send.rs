@@ -12,7 +12,7 @@ use super::socket::migration_socket;
 use crate::daemon::hand_out::{rows_now, Delivery, HandOut};
 use crate::daemon::metrics::Metrics;
 use crate::daemon::outcome::Outcome;
-use crate::daemon::pool::SessionId;
+use crate::daemon::pool::{FoundParked, SessionId};
 use crate::daemon::rooms::Rooms;
 use crate::proto::Status;
 
@@ -43,21 +43,9 @@ fn refused(rooms: &Rooms, req: &RestoreRequest, status: Status, msg: String) -> 
 /// from the lookup to the move, so an UNPARK or a second RESTORE of the
 /// same VM waits and then finds it gone.
 pub async fn restore(rooms: &Arc<Rooms>, req: RestoreRequest, fds: Vec<OwnedFd>) -> Outcome {
-    let want = if req.postcopy { 2 } else { 1 };
-    if fds.len() != want {
-        let msg = format!("this RESTORE carries {want} fd(s), not {}", fds.len());
-        return refused(rooms, &req, Status::Invalid, msg);
-    }
-    let mut sockets = Vec::new();
-    for fd in fds {
-        match migration_socket(vec![fd], req.uid) {
-            Ok(s) => sockets.push(s),
-            Err(e) => return refused(rooms, &req, Status::Invalid, e.to_string()),
-        }
-    }
-    let fault = if req.postcopy { sockets.pop() } else { None };
-    let Some(stream) = sockets.pop() else {
-        return refused(rooms, &req, Status::Invalid, "no migration socket".into());
+    let (stream, fault) = match sockets(fds, &req) {
+        Ok(s) => s,
+        Err(msg) => return refused(rooms, &req, Status::Invalid, msg),
     };
     let not_parked = || format!("no VM named {:?} is parked", req.name);
     let Some(first) = rooms.pool.owners().find_parked(req.uid, &req.name) else {
@@ -69,22 +57,10 @@ pub async fn restore(rooms: &Arc<Rooms>, req: RestoreRequest, fds: Vec<OwnedFd>)
         Some(f) if f.alloc == first.alloc => f,
         _ => return refused(rooms, &req, Status::NotFound, not_parked()),
     };
-    // The receiver's own description of each slot's region.
-    let mut slot_fds: Vec<(u32, OwnedFd)> = Vec::new();
-    for s in &found.vm.slots {
-        let Some((_, region)) = found.regions.get(s.region) else {
-            return refused(
-                rooms,
-                &req,
-                Status::Internal,
-                format!("slot {} names no region", s.slot),
-            );
-        };
-        match crate::sys::reopen(region.fd()) {
-            Ok(fd) => slot_fds.push((s.slot, fd)),
-            Err(e) => return refused(rooms, &req, Status::Internal, e.to_string()),
-        }
-    }
+    let slot_fds = match slot_fds(&found) {
+        Ok(f) => f,
+        Err(msg) => return refused(rooms, &req, Status::Internal, msg),
+    };
     let hand_out = match HandOut::open(
         Delivery::Alloc { want_paths: false },
         rows_now(&found.regions, found.locked),
@@ -166,4 +142,48 @@ pub async fn restore(rooms: &Arc<Rooms>, req: RestoreRequest, fds: Vec<OwnedFd>)
     Metrics::add(&rooms.metrics.restores, 1);
     info!(session = req.session, uid = req.uid, name = %req.name, alloc = found.alloc, slots = found.vm.slots.len(), paused, "RESTORE: parked VM handed to its new cloud-hypervisor");
     hand_out.reply(found.alloc, Some(token))
+}
+
+/// The request's migration connection and, for a postcopy restore, its
+/// fault connection, each checked.
+fn sockets(
+    fds: Vec<OwnedFd>,
+    req: &RestoreRequest,
+) -> Result<
+    (
+        std::os::unix::net::UnixStream,
+        Option<std::os::unix::net::UnixStream>,
+    ),
+    String,
+> {
+    let want = if req.postcopy { 2 } else { 1 };
+    if fds.len() != want {
+        return Err(format!(
+            "this RESTORE carries {want} fd(s), not {}",
+            fds.len()
+        ));
+    }
+    let mut sockets = Vec::new();
+    for fd in fds {
+        sockets.push(migration_socket(vec![fd], req.uid).map_err(|e| e.to_string())?);
+    }
+    let fault = if req.postcopy { sockets.pop() } else { None };
+    let stream = sockets.pop().ok_or("no migration socket")?;
+    Ok((stream, fault))
+}
+
+/// The receiver's own description of each slot's region.
+fn slot_fds(found: &FoundParked) -> Result<Vec<(u32, OwnedFd)>, String> {
+    let mut out = Vec::new();
+    for s in &found.vm.slots {
+        let (_, region) = found
+            .regions
+            .get(s.region)
+            .ok_or_else(|| format!("slot {} names no region", s.slot))?;
+        out.push((
+            s.slot,
+            crate::sys::reopen(region.fd()).map_err(|e| e.to_string())?,
+        ));
+    }
+    Ok(out)
 }
