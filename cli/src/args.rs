@@ -263,7 +263,7 @@ pub(crate) struct LaunchArgs {
     /// Restore the cloud-hypervisor VM parked under NAME (`hugemem park`)
     /// on its parked memory, nothing copied, instead of allocating memory
     /// for a new VM (docs/operations.md, "Parking a VM").
-    #[arg(long, value_name = "NAME", conflicts_with_all = ["size", "nodes", "node", "hugetlbfs", "name", "control_socket"])]
+    #[arg(long, value_name = "NAME", conflicts_with_all = ["size", "nodes", "node", "hugetlbfs"])]
     pub(crate) restore: Option<String>,
     /// With --restore: the guest runs at once (cloud-hypervisor's postcopy
     /// `receive-migration`); memory parked on demand is read as the guest

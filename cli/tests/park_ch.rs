@@ -668,3 +668,85 @@ fn an_on_demand_restore_runs_the_guest_while_its_memory_is_read() {
     assert_balanced(&stats, "after the VM exited");
     daemon.shutdown();
 }
+
+/// A restored VM is any launch's: `hugemem update` moves it to a new
+/// cloud-hypervisor on the same memory, and it counts on.
+#[test]
+fn a_restored_guest_is_updated_under_its_name() {
+    let _serial = serial();
+    let Some(ch) = cloud_hypervisor() else {
+        return;
+    };
+    let _pages = match hold(PageSize::Huge2M, RAM / STRIDE) {
+        Ok(r) => r,
+        Err(why) => {
+            test_support::skip!("{why}");
+            return;
+        }
+    };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let elf = spin_elf(dir.path(), STRIDE, START_GPA, MARKER);
+    let daemon = TestDaemon::start(|c| c.pool.recheck_ms = 20);
+    let api = dir.path().join("api.sock");
+    let mut launch = Command::new("timeout")
+        .args(["600", HUGEMEM, "launch", "--socket"])
+        .arg(daemon.socket())
+        .args([
+            "--size",
+            "256M",
+            "--page-size",
+            "2M",
+            "--",
+            &ch,
+            "--api-socket",
+        ])
+        .arg(&api)
+        .arg("--kernel")
+        .arg(&elf)
+        .args(["--cpus", "boot=1", "--serial", "null", "--console", "off"])
+        .spawn()
+        .expect("spawn hugemem launch");
+    let launcher = child_of(launch.id());
+    let vmm = child_of(launcher);
+    let ram = launched_guest_ram(launcher, vmm);
+    let ino = ram.metadata().expect("fstat guest RAM").ino();
+    counting_past(&ram, 0, "the guest to spin");
+    park(&daemon, "upd", &api);
+    assert!(launch.wait().expect("launcher").success());
+    let parked_at = spin_state(&ram).count;
+    let control = dir.path().join("vm.sock");
+    let api2 = dir.path().join("api2.sock");
+    let mut launch = Command::new("timeout")
+        .args(["600", HUGEMEM, "launch", "--socket"])
+        .arg(daemon.socket())
+        .arg("--control-socket")
+        .arg(&control)
+        .args(["--restore", "upd", "--", &ch, "--api-socket"])
+        .arg(&api2)
+        .spawn()
+        .expect("spawn hugemem launch --restore");
+    let launcher = child_of(launch.id());
+    let _guard = StopLauncher(launcher);
+    let vmm = child_of(launcher);
+    let state = counting_past(&ram, parked_at, "the restored guest to count on");
+    daemon.wait_stats(Duration::from_secs(30), "the restore recorded", |s| {
+        s.counters.restores == 1
+    });
+    let report = common::update(&control);
+    assert_eq!(report.old_pid, vmm);
+    assert_ne!(report.new_pid, vmm);
+    assert_eq!(report.guest_ram_bytes, RAM);
+    assert!(
+        maps_inode(report.new_pid, ino),
+        "the updated cloud-hypervisor maps another file"
+    );
+    let after = counting_past(&ram, state.count, "the guest to count on after the update");
+    assert_eq!(after.bad, 0, "the guest found a page changed");
+    drop(ram);
+    stop(launcher, &mut launch);
+    let stats = daemon.wait_stats(Duration::from_secs(30), "released", |s| {
+        s.allocations.active == 0
+    });
+    assert_balanced(&stats, "after the VM exited");
+    daemon.shutdown();
+}

@@ -30,11 +30,13 @@ use super::ch_api::ChApi;
 use super::ch_events::{ChEvents, RECEIVE_READY};
 use super::command_line::Vmm;
 use super::config::LaunchConfig;
+use super::control::{ControlServer, ControlSocket};
 use super::error::LaunchError;
 use super::exit_event::ExitEvent;
 use super::process;
 use super::reattach;
 use super::report::{free_or_report_parked, LaunchReport};
+use super::update::{MemorySlot, SuccessorMailbox, Updater};
 
 /// What the watcher learned of the restored allocation.
 #[derive(Debug, Clone, Default)]
@@ -144,11 +146,13 @@ pub fn run(cfg: &LaunchConfig, name: &str) -> Result<LaunchReport, LaunchError> 
             "--restore runs cloud-hypervisor (a parked VM is a cloud-hypervisor VM)".into(),
         ));
     }
-    if cfg.control.is_some() {
-        return Err(LaunchError::Options(
-            "--restore does not take --name or --control-socket yet".into(),
-        ));
-    }
+    // Bound before anything else: a name in use is refused first.
+    let control = cfg
+        .control
+        .as_deref()
+        .map(ControlSocket::bind)
+        .transpose()
+        .map_err(|e| LaunchError::Options(format!("cannot listen for updates: {e}")))?;
     let private = tempfile::Builder::new()
         .prefix("hugemem-restore-")
         .tempdir()
@@ -165,6 +169,20 @@ pub fn run(cfg: &LaunchConfig, name: &str) -> Result<LaunchReport, LaunchError> 
     let socket = cfg.socket.clone();
     let timeout = cfg.reattach_timeout;
     let api = ChApi::new(&api_path);
+    let mailbox = Arc::new(
+        SuccessorMailbox::new()
+            .map_err(|e| LaunchError::Options(format!("cannot create an eventfd: {e}")))?,
+    );
+    // `hugemem update` of the restored VM: its memory arrives in `slot`.
+    let slot: MemorySlot = Arc::default();
+    let mut server = match control {
+        Some(control) => {
+            let updater = Updater::for_restore(cfg, &api_path, &mailbox, Arc::clone(&slot))?;
+            info!(control = %control.path().display(), "listening for `hugemem update`");
+            Some(ControlServer::new(control, updater))
+        }
+        None => None,
+    };
     let on_demand = cfg.on_demand;
     info!(name, on_demand, command = ?full, "starting cloud-hypervisor to restore a parked VM");
     let watch_restored = Arc::clone(&restored);
@@ -192,6 +210,9 @@ pub fn run(cfg: &LaunchConfig, name: &str) -> Result<LaunchReport, LaunchError> 
                 }
             };
             let held = HeldAllocation::of(&alloc);
+            if let (Ok(mut m), Ok(copy)) = (slot.lock(), alloc.try_clone()) {
+                *m = Some(copy);
+            }
             if let Ok(mut r) = watch_restored.lock() {
                 *r = Some(Restored {
                     id: alloc.id,
@@ -203,10 +224,11 @@ pub fn run(cfg: &LaunchConfig, name: &str) -> Result<LaunchReport, LaunchError> 
             info!(name, alloc = alloc.id, ms = started.elapsed().as_secs_f64() * 1e3, "restored: the VM runs in the new cloud-hypervisor on its parked memory (nothing copied)");
             // The daemon's fds of the memory are not needed: cloud-hypervisor has its own.
             drop(alloc);
-            reattach::watch(client, &socket, &held, timeout, exit, None)
+            reattach::watch(client, &socket, &held, timeout, exit, Some(&mailbox))
         }),
-        None,
+        server.as_mut().map(|s| s as &mut dyn process::Supervisor),
     );
+    drop(server);
     let restored = restored.lock().ok().and_then(|r| r.clone());
     let Some(restored) = restored else {
         let (exit, _) = outcome?;

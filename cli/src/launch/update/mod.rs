@@ -43,4 +43,4 @@ mod updater;
 pub use error::UpdateError;
 pub(crate) use mailbox::SuccessorMailbox;
 pub use request::{Reply, Request, UpdateReport};
-pub(crate) use updater::Updater;
+pub(crate) use updater::{MemorySlot, Updater};

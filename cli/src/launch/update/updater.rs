@@ -6,7 +6,7 @@ use std::ffi::OsString;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::PathBuf;
 use std::process::Child;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use hugemem_client::client::Allocation;
@@ -26,14 +26,21 @@ use crate::launch::config::LaunchConfig;
 use crate::launch::error::LaunchError;
 use crate::launch::process::{pidfd, Spawner};
 
+/// Where a restored VM's allocation is put once RESTORE handed it over
+/// (`launch --restore --name`): the updater takes it at its first update.
+pub(crate) type MemorySlot = Arc<Mutex<Option<Allocation>>>;
+
 /// The launcher's side of live updates: the running VMM's switch, its
 /// memory and the daemon link. Served on the thread that waits for the VMM
 /// (the control socket calls [`Updater::answer`]).
 pub(crate) struct Updater {
     switch: Box<dyn VmmSwitch>,
     daemon: DaemonLink,
-    /// The running VMM's memory: the launcher's own descriptors of it.
-    memory: Allocation,
+    /// The running VMM's memory: the launcher's own descriptors of it
+    /// (`None` until a restored VM's arrives in `later`).
+    memory: Option<Allocation>,
+    /// Where a restored VM's memory arrives once the daemon handed it over.
+    later: Option<MemorySlot>,
     /// How long the replaced VMM may take to exit.
     deadline: Duration,
 }
@@ -80,10 +87,63 @@ impl Updater {
         let updater = Self {
             switch,
             daemon,
-            memory: alloc.try_clone().map_err(io)?,
+            memory: Some(alloc.try_clone().map_err(io)?),
+            later: None,
             deadline: cfg.update_timeout,
         };
         Ok((updater, inherit))
+    }
+
+    /// Sets live updates up for a cloud-hypervisor that restores a parked
+    /// VM (`launch --restore --name`), reached at `api`: its memory comes
+    /// in `later` once the daemon handed it over. cloud-hypervisor's
+    /// update passes its own memory to its successor, so nothing but the
+    /// report needs it.
+    pub(crate) fn for_restore(
+        cfg: &LaunchConfig,
+        api: &std::path::Path,
+        mailbox: &Arc<SuccessorMailbox>,
+        later: MemorySlot,
+    ) -> Result<Self, LaunchError> {
+        let control = cfg
+            .control
+            .as_deref()
+            .ok_or_else(|| LaunchError::Options("live update needs a control socket".into()))?;
+        let mut argv: Vec<OsString> = cfg.command.first().cloned().into_iter().collect();
+        let api_arg = [OsString::from("--api-socket"), api.as_os_str().to_owned()];
+        let (switch, _none) =
+            ChSwitch::for_launch(&mut argv, &api_arg, control, cfg.update_timeout)?;
+        Ok(Self {
+            switch: Box::new(switch),
+            daemon: DaemonLink {
+                socket: cfg.socket.clone(),
+                held: HeldAllocation {
+                    id: 0,
+                    token: None,
+                    regions: Vec::new(),
+                },
+                want_paths: false,
+                mailbox: Arc::clone(mailbox),
+            },
+            memory: None,
+            later: Some(later),
+            deadline: cfg.update_timeout,
+        })
+    }
+
+    /// The running VMM's memory, once it is known.
+    fn memory(&mut self) -> Result<&Allocation, UpdateError> {
+        if self.memory.is_none() {
+            let arrived = self
+                .later
+                .as_ref()
+                .and_then(|slot| slot.lock().ok().and_then(|mut m| m.take()));
+            self.memory = arrived;
+        }
+        self.memory.as_ref().ok_or_else(|| UpdateError::Migration {
+            status: "not started".into(),
+            detail: "the VM is still being restored".into(),
+        })
     }
 
     /// Serves one request: the update, or why it failed.
@@ -114,15 +174,20 @@ impl Updater {
         let program = program.map_or_else(|| self.switch.program().clone(), OsString::from);
         // The successor's own memory, which it inherits; none for a VMM
         // whose migration passes the running one's to it.
+        self.memory()?;
+        let running = self.memory.as_ref().ok_or(UpdateError::Migration {
+            status: "not started".into(),
+            detail: "the VM is still being restored".into(),
+        })?;
         let own_memory = if self.switch.memory_by_handoff() {
-            Some(self.daemon.successor_memory(&self.memory)?)
+            Some(self.daemon.successor_memory(running)?)
         } else {
             None
         };
         let handoff = own_memory
             .as_ref()
             .is_some_and(|(_, by_handoff)| *by_handoff);
-        let memory = own_memory.as_ref().map_or(&self.memory, |(m, _)| m);
+        let memory = own_memory.as_ref().map_or(running, |(m, _)| m);
         let command = self.switch.successor(&program, memory)?;
         let mut inherit: Vec<BorrowedFd<'_>> = own_memory
             .iter()
@@ -151,7 +216,7 @@ impl Updater {
         self.reap(old, old_pid);
         self.switch.retired();
         if let Some((memory, _)) = own_memory {
-            self.memory = memory;
+            self.memory = Some(memory);
         }
         let figures = &switched.figures;
         let report = UpdateReport {
@@ -162,7 +227,7 @@ impl Updater {
             handoff,
             ram_transferred_bytes: figures.ram_transferred_bytes,
             ram_total_bytes: figures.ram_total_bytes,
-            guest_ram_bytes: self.memory.size(),
+            guest_ram_bytes: self.memory.as_ref().map_or(0, Allocation::size),
             qemu_downtime_ms: figures.downtime_ms,
             qemu_total_ms: figures.total_ms,
             update_ms: started.elapsed().as_secs_f64() * 1e3,
