@@ -21,11 +21,11 @@ pub mod companion;
 pub mod hugepages;
 /// `hugemem launch`: cloud-hypervisor and QEMU command lines over daemon memory.
 pub mod launch;
-/// `hugemem qemu-wrapper`: the emulator a libvirt domain names, on daemon memory.
 /// `hugemem park` and `hugemem unpark`.
 pub mod park_cli;
 /// `hugemem unpark --save` and `hugemem park --from-dir`: a parked VM to disk and back.
 pub mod park_dir;
+/// `hugemem qemu-wrapper`: the emulator a libvirt domain names, on daemon memory.
 pub mod qemu_wrapper;
 /// `hugemem rebalance`: the operator's REBALANCE client.
 pub mod rebalance_cli;

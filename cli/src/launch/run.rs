@@ -22,7 +22,7 @@ pub use super::report::LaunchReport;
 use super::update::{SuccessorMailbox, Updater};
 
 /// Allocates, runs the VMM, waits, frees. Returns how the VMM ended; the
-/// caller exits with [`VmmExit::shell_code`].
+/// caller exits with [`VmmExit::shell_code`](super::VmmExit::shell_code).
 ///
 /// Call from the main thread of a process that has started no other thread
 /// that could take SIGTERM/SIGINT (see [`run_vmm`](crate::launch::run_vmm)).
