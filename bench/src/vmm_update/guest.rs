@@ -119,6 +119,51 @@ impl GuestRam {
         Self::open(Path::new(&format!("/proc/{pid}/fd/{fd}")))
     }
 
+    /// The RAM of a cloud-hypervisor that `hugemem launch` (pid
+    /// `launcher`) started as `vmm`: the memory zone's `file=/dev/fd/N` on
+    /// its command line, opened through the launcher, which holds that
+    /// descriptor for the VM's whole life (a successor gets the memory by
+    /// migration, with fd numbers of its own).
+    pub(crate) fn of_launched_ch(launcher: u32, vmm: u32) -> Result<Self, VmmUpdateError> {
+        // Right after the exec the command line may still read empty.
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let fd = loop {
+            let cmdline = std::fs::read(format!("/proc/{vmm}/cmdline"))
+                .map_err(|e| VmmUpdateError::Guest(format!("cloud-hypervisor {vmm}: {e}")))?;
+            let fd = String::from_utf8_lossy(&cmdline).split('\0').find_map(|a| {
+                a.split(',')
+                    .find_map(|kv| kv.strip_prefix("file=/dev/fd/"))
+                    .map(str::to_owned)
+            });
+            match fd {
+                Some(fd) => break fd,
+                None if Instant::now() > deadline => {
+                    return Err(VmmUpdateError::Guest(format!(
+                        "no file=/dev/fd/N on cloud-hypervisor's command line: {}",
+                        String::from_utf8_lossy(&cmdline).replace('\0', " ")
+                    )))
+                }
+                None => std::thread::sleep(Duration::from_millis(1)),
+            }
+        };
+        Self::open(Path::new(&format!("/proc/{launcher}/fd/{fd}")))
+    }
+
+    /// The RAM of cloud-hypervisor `pid` once it holds a memfd with the
+    /// spin block's page in it (deadline `wait`, looks every millisecond):
+    /// a process that receives its memory by migration or from a snapshot
+    /// has none at first.
+    pub(crate) fn wait_memfd(pid: u32, wait: Duration) -> Result<Self, VmmUpdateError> {
+        let deadline = Instant::now() + wait;
+        loop {
+            match Self::of_memfd(pid).and_then(|r| r.spin().map(|_| r)) {
+                Ok(ram) => return Ok(ram),
+                Err(e) if Instant::now() > deadline => return Err(e),
+                Err(_) => std::thread::sleep(Duration::from_millis(1)),
+            }
+        }
+    }
+
     /// The RAM of cloud-hypervisor `pid` started on its own memory
     /// (`--memory …,hugepages=on,shared=on`: a hugetlb memfd).
     pub(crate) fn of_memfd(pid: u32) -> Result<Self, VmmUpdateError> {
