@@ -10,8 +10,8 @@ use backend::client::Client;
 
 use super::report::{FromDiskResult, FromParkResult, OffloadConfig};
 use super::steps::{
-    args, disk_read_gbps, drop_dir_cache, hugemem, largest_file, restored_in_ms, spawn, Stopping,
-    WriteWatch,
+    args, daemon_copy_ms, daemon_settled, disk_read_gbps, drop_dir_cache, hugemem, largest_file,
+    restored_in_ms, spawn, Stopping, WriteWatch,
 };
 use super::OffloadError;
 use crate::serve_child::{ServeChild, ServeOptions};
@@ -29,6 +29,7 @@ struct Rep<'a> {
     cfg: &'a OffloadConfig,
     dir: &'a Path,
     socket: std::path::PathBuf,
+    daemon_log: std::path::PathBuf,
     rep: usize,
 }
 
@@ -90,12 +91,13 @@ pub(super) fn one_rep(
     disk: &mut FromDiskResult,
 ) -> Result<(), OffloadError> {
     let socket = dir.join(format!("hm{rep}-daemon.sock"));
+    let daemon_log = dir.join(format!("hm{rep}-daemon.log"));
     let daemon = ServeChild::start(
         &cfg.launcher,
         &ServeOptions {
             socket: socket.clone(),
             pool: Some((cfg.size, cfg.size)),
-            log: Some(dir.join(format!("hm{rep}-daemon.log"))),
+            log: Some(daemon_log.clone()),
             ..ServeOptions::default()
         },
     )?;
@@ -103,6 +105,7 @@ pub(super) fn one_rep(
         cfg,
         dir,
         socket,
+        daemon_log,
         rep,
     };
     let mut client = Client::connect(&r.socket)?;
@@ -157,7 +160,7 @@ pub(super) fn one_rep(
     let parked_at = ram.spin()?.count;
     // The memory returns to the pool with the save: the bench lets go of it.
     drop(ram);
-    from_disk(&r, &name, parked_at, disk)?;
+    from_disk(&r, &mut client, &name, parked_at, disk)?;
     drop(client);
     daemon.stop();
     Ok(())
@@ -167,6 +170,7 @@ pub(super) fn one_rep(
 /// another name and restores it; the guest counted `parked_at` when parked.
 fn from_disk(
     r: &Rep<'_>,
+    client: &mut Client,
     name: &str,
     parked_at: u64,
     disk: &mut FromDiskResult,
@@ -174,6 +178,9 @@ fn from_disk(
     let saved = r.path("saved");
     let save_args = args([&"unpark", &name, &"--socket", &r.socket, &"--save", &saved]);
     let (save_ms, _) = hugemem(&r.cfg.launcher, &save_args)?;
+    // The saved VM's memory went back to the pool, to be scrubbed: a
+    // restore from disk comes long after its save, on a daemon done with it.
+    disk.scrub_wait_ms.push(daemon_settled(client)?);
     drop_dir_cache(&saved)?;
     let disk_gbps = disk_read_gbps(&largest_file(&saved)?)?;
     drop_dir_cache(&saved)?;
@@ -187,6 +194,9 @@ fn from_disk(
         &saved,
     ]);
     let (load_ms, _) = hugemem(&r.cfg.launcher, &load_args)?;
+    if let Some(ms) = daemon_copy_ms(&r.daemon_log) {
+        disk.load_daemon_copy_ms.push(ms);
+    }
     let started = Instant::now();
     let launcher = r.restore(&loaded, "loaded")?;
     let vmm = child_of(launcher.pid())?;

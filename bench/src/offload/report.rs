@@ -73,8 +73,14 @@ pub struct FromParkResult {
 pub struct FromDiskResult {
     /// `hugemem unpark NAME --save DIR`'s wall time, ms.
     pub save_ms: Figure,
+    /// How long the daemon took to scrub the memory the save returned
+    /// (waited for before the load), ms.
+    pub scrub_wait_ms: Figure,
     /// `hugemem park NAME --from-dir DIR`'s wall time, cold cache, ms.
     pub load_ms: Figure,
+    /// The daemon's own time for the load's copy (its fill engine, from
+    /// its log), ms.
+    pub load_daemon_copy_ms: Figure,
     /// Guest RAM over `load_ms`, GB/s.
     pub load_gbps: Figure,
     /// The disk's sequential read rate on the saved memory file, cold

@@ -183,6 +183,54 @@ pub(super) fn restored_in_ms(log: &Path) -> Option<f64> {
     after.split_whitespace().next()?.parse().ok()
 }
 
+/// The seconds of the daemon's last "PARK: memory from elsewhere copied"
+/// in its log `log` (its fill engine's time for a load), ms.
+pub(super) fn daemon_copy_ms(log: &Path) -> Option<f64> {
+    let text = std::fs::read_to_string(log).ok()?;
+    let line = text
+        .lines()
+        .rev()
+        .find(|l| l.contains("PARK: memory from elsewhere copied"))?;
+    // The log may colour its fields: drop the escape sequences first.
+    let mut plain = String::with_capacity(line.len());
+    let mut in_escape = false;
+    for c in line.chars() {
+        match (in_escape, c) {
+            (false, '\u{1b}') => in_escape = true,
+            (true, 'm') => in_escape = false,
+            (true, _) => {}
+            (false, c) => plain.push(c),
+        }
+    }
+    let (_, after) = plain.split_once("secs=")?;
+    let secs: f64 = after.split_whitespace().next()?.parse().ok()?;
+    Some(secs * 1e3)
+}
+
+/// Waits until the daemon's pools hold no dirty or quarantined memory
+/// (its scrubber is done with what was returned), deadline 300 s; how long
+/// that took, ms.
+pub(super) fn daemon_settled(client: &mut backend::client::Client) -> Result<f64, OffloadError> {
+    let started = Instant::now();
+    loop {
+        let stats = client.stats()?;
+        let busy: u64 = stats
+            .pools
+            .iter()
+            .map(|p| p.dirty_bytes + p.quarantined_bytes)
+            .sum();
+        if busy == 0 {
+            return Ok(started.elapsed().as_secs_f64() * 1e3);
+        }
+        if started.elapsed() > Duration::from_secs(300) {
+            return Err(OffloadError::Guest(format!(
+                "the daemon still holds {busy} bytes to scrub after 300 s"
+            )));
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
 /// A command line's arguments, as `OsString`s.
 pub(super) fn args<const N: usize>(parts: [&dyn AsRef<std::ffi::OsStr>; N]) -> Vec<OsString> {
     parts.iter().map(|p| p.as_ref().to_owned()).collect()
