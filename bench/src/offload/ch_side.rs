@@ -14,7 +14,8 @@ use crate::vmm_update::ch_baselines::running;
 use crate::vmm_update::error::io;
 use crate::vmm_update::guest::GuestRam;
 
-/// How long a restored guest may take to have its memory.
+/// How long a guest may take to spin in its memory (a restored one: to
+/// have its memory).
 const RESTORE_WAIT: Duration = Duration::from_secs(300);
 
 fn api_err(what: &'static str) -> impl FnOnce(hugemem::launch::ch_api::ChApiError) -> OffloadError {
@@ -35,7 +36,7 @@ fn own_guest(
     let mut ch = BenchCh::start(&argv, dir, name, &[])?;
     ch.drain_events();
     running(&ch)?;
-    let ram = GuestRam::of_memfd(ch.pid())?;
+    let ram = GuestRam::wait_memfd(ch.pid(), RESTORE_WAIT)?;
     ram.counting_past(0)?;
     Ok((ch, ram))
 }
