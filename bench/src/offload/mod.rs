@@ -42,17 +42,15 @@
 //! the report ([`OffloadReport::on_demand_restore_ms`]) says so.
 
 mod ch_side;
+mod error;
 mod hugemem_side;
 mod report;
 mod run;
 mod steps;
 
+pub use error::OffloadError;
 pub use report::{
     ChFileResult, Figure, FromDiskResult, FromParkResult, OffloadConfig, OffloadDaemonResult,
     OffloadReport,
 };
 pub use run::run;
-
-/// Errors of `bench offload`: those of `bench vmm-update`, whose guest,
-/// cloud-hypervisor processes and private daemon it shares.
-pub type OffloadError = crate::vmm_update::VmmUpdateError;
