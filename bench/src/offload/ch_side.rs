@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use super::report::{ChFileResult, OffloadConfig, OffloadDaemonResult};
-use super::steps::{args, drop_dir_cache, spawn, Stopping};
+use super::steps::{allocated_under, args, drop_dir_cache, spawn, Stopping};
 use super::OffloadError;
 use crate::vmm_update::ch::{ch_guest_args, BenchCh, CH_DEADLINE};
 use crate::vmm_update::ch_baselines::running;
@@ -75,6 +75,7 @@ pub(super) fn ch_file_rep(
     drop(ram);
     src.retire();
     drop_dir_cache(&snap)?;
+    out.snapshot_bytes_on_disk = out.snapshot_bytes_on_disk.max(allocated_under(&snap)?);
     let restore: [OsString; 3] = [
         cfg.cloud_hypervisor.clone(),
         "--restore".into(),
@@ -146,6 +147,7 @@ pub(super) fn offload_daemon_rep(
     drop(ram);
     src.retire();
     drop_dir_cache(&snap)?;
+    out.snapshot_bytes_on_disk = out.snapshot_bytes_on_disk.max(allocated_under(&snap)?);
     let channel = dir.join(format!("od{rep}-restore.sock"));
     let restore_args = args([
         &"restore",

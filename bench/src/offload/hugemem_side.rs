@@ -10,8 +10,8 @@ use backend::client::Client;
 
 use super::report::{FromDiskResult, FromParkResult, OffloadConfig};
 use super::steps::{
-    args, daemon_copy_ms, daemon_settled, disk_read_gbps, drop_dir_cache, hugemem, largest_file,
-    restored_in_ms, spawn, Stopping, WriteWatch,
+    allocated_under, args, daemon_copy_ms, daemon_settled, densest_file, disk_read_gbps,
+    drop_dir_cache, hugemem, restored_in_ms, spawn, Stopping, WriteWatch,
 };
 use super::OffloadError;
 use crate::serve_child::{ServeChild, ServeOptions};
@@ -182,7 +182,8 @@ fn from_disk(
     // restore from disk comes long after its save, on a daemon done with it.
     disk.scrub_wait_ms.push(daemon_settled(client)?);
     drop_dir_cache(&saved)?;
-    let disk_gbps = disk_read_gbps(&largest_file(&saved)?)?;
+    let on_disk = allocated_under(&saved)?;
+    let disk_gbps = disk_read_gbps(&densest_file(&saved)?)?;
     drop_dir_cache(&saved)?;
     let loaded = format!("{name}-loaded");
     let load_args = args([
@@ -203,7 +204,8 @@ fn from_disk(
     let ram = GuestRam::wait_memfd(vmm, Duration::from_secs(120))?;
     let now = ram.counting_past(parked_at)?;
     let restore_ms = started.elapsed().as_secs_f64() * 1e3;
-    let load_gbps = r.cfg.size as f64 / 1e9 / (load_ms / 1e3);
+    let load_gbps = on_disk as f64 / 1e9 / (load_ms / 1e3);
+    disk.saved_bytes_on_disk = disk.saved_bytes_on_disk.max(on_disk);
     disk.save_ms.push(save_ms);
     disk.load_ms.push(load_ms);
     disk.load_gbps.push(load_gbps);

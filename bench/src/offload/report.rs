@@ -81,10 +81,14 @@ pub struct FromDiskResult {
     /// The daemon's own time for the load's copy (its fill engine, from
     /// its log), ms.
     pub load_daemon_copy_ms: Figure,
-    /// Guest RAM over `load_ms`, GB/s.
+    /// Bytes the saved files hold on disk (a slot the guest never wrote
+    /// is a hole), most of the repetitions.
+    pub saved_bytes_on_disk: u64,
+    /// `saved_bytes_on_disk` over `load_ms`, GB/s.
     pub load_gbps: Figure,
-    /// The disk's sequential read rate on the saved memory file, cold
-    /// (`bench fill`'s measurement), just before the load, GB/s.
+    /// The disk's sequential read rate on the saved memory file with the
+    /// most bytes on disk, cold (`bench fill`'s measurement), just before
+    /// the load, GB/s.
     pub disk_read_gbps: Figure,
     /// The load's rate over the disk's, each repetition.
     pub load_vs_disk: Figure,
@@ -102,6 +106,8 @@ pub struct FromDiskResult {
 pub struct ChFileResult {
     /// `vm.pause` plus `vm.snapshot file://DIR`, ms.
     pub snapshot_ms: Figure,
+    /// Bytes its files hold on disk, most of the repetitions.
+    pub snapshot_bytes_on_disk: u64,
     /// `cloud-hypervisor --restore source_url=file://DIR,resume=true`'s
     /// start to the guest counting, cold cache, ms.
     pub restore_ms: Figure,
@@ -115,6 +121,8 @@ pub struct OffloadDaemonResult {
     /// `offload_daemon snapshot`'s start to its exit (the VM received by
     /// local migration and written to disk), ms.
     pub park_ms: Figure,
+    /// Bytes its files hold on disk, most of the repetitions.
+    pub snapshot_bytes_on_disk: u64,
     /// The new cloud-hypervisor's start to the guest counting, fed by
     /// `offload_daemon restore --resume`, cold cache, ms.
     pub restore_ms: Figure,
@@ -299,8 +307,8 @@ impl OffloadReport {
         );
         let _ = writeln!(
             t,
-            "load from disk {:.2} GB/s ({:.1} ms), disk read {:.2} GB/s: {:.2}x the disk (expected >= 0.8x); restore after the load {:.1} ms",
-            d.load_gbps.median, d.load_ms.median, d.disk_read_gbps.median, self.load_vs_disk, d.restore_ms.median
+            "load from disk {:.2} GB/s ({} on disk in {:.1} ms), disk read {:.2} GB/s: {:.2}x the disk (expected >= 0.8x); restore after the load {:.1} ms",
+            d.load_gbps.median, format_size(d.saved_bytes_on_disk), d.load_ms.median, d.disk_read_gbps.median, self.load_vs_disk, d.restore_ms.median
         );
         let interval = col(self
             .ch_file_minus_from_disk_ci95_ms

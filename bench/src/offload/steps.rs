@@ -156,11 +156,24 @@ pub(super) fn drop_dir_cache(dir: &Path) -> Result<(), OffloadError> {
     Ok(())
 }
 
-/// The largest file under `dir` (a snapshot's guest memory).
-pub(super) fn largest_file(dir: &Path) -> Result<PathBuf, OffloadError> {
+/// Bytes the disk holds for `path` (its allocated blocks: a sparse
+/// file's holes are not read from the disk).
+fn allocated(path: &Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(path).map_or(0, |m| m.blocks() * 512)
+}
+
+/// Bytes the disk holds for the files under `dir`.
+pub(super) fn allocated_under(dir: &Path) -> Result<u64, OffloadError> {
+    Ok(files_under(dir)?.iter().map(|p| allocated(p)).sum())
+}
+
+/// The file under `dir` with the most bytes on disk (a snapshot's guest
+/// memory; a slot the guest never wrote is a hole).
+pub(super) fn densest_file(dir: &Path) -> Result<PathBuf, OffloadError> {
     files_under(dir)?
         .into_iter()
-        .max_by_key(|p| std::fs::metadata(p).map(|m| m.len()).unwrap_or(0))
+        .max_by_key(|p| allocated(p))
         .ok_or_else(|| OffloadError::Guest(format!("{} holds no file", dir.display())))
 }
 
