@@ -71,6 +71,11 @@ pub(crate) enum Command {
     /// QEMU migration that copies RAM: guest-visible downtime, update time,
     /// RAM bytes sent, stale pages, allocation accounting.
     VmmUpdate(VmmUpdateArgs),
+    /// hugemem as cloud-hypervisor's offload daemon: park and restore from
+    /// the park, save to disk and restore from it, against
+    /// cloud-hypervisor's own file:// snapshot and restore and its
+    /// reference offload_daemon, on the same spinning guest.
+    Offload(OffloadArgs),
 }
 
 /// `hugemem-bench demo` flags.
@@ -375,4 +380,31 @@ pub(crate) struct CompareArgs {
 fn parse_churn_vmm_arg(s: &str) -> Result<ChurnVmm, String> {
     ChurnVmm::parse(s)
         .ok_or_else(|| format!("unknown VMM {s:?}: expected cloud-hypervisor, qemu or micro"))
+}
+
+/// `hugemem-bench offload` flags.
+#[derive(Debug, clap::Args)]
+pub(crate) struct OffloadArgs {
+    /// Guest RAM (K/M/G suffixes), on 2 MiB pages.
+    #[arg(long, default_value = "1G", value_parser = parse_size_arg)]
+    pub(crate) size: u64,
+    /// Repetitions, each running every variant once (6 and more give 95 %
+    /// intervals).
+    #[arg(long, default_value_t = 3)]
+    pub(crate) reps: usize,
+    /// Where the snapshots are written (a private directory in it): a real
+    /// disk, not tmpfs.
+    #[arg(long, default_value = "/var/tmp")]
+    pub(crate) dir: std::path::PathBuf,
+    /// The cloud-hypervisor binary (default: $CLOUD_HYPERVISOR, else
+    /// cloud-hypervisor on the PATH).
+    #[arg(long)]
+    pub(crate) cloud_hypervisor: Option<std::ffi::OsString>,
+    /// cloud-hypervisor's reference offload_daemon (default:
+    /// $CH_OFFLOAD_DAEMON; without it that baseline does not run).
+    #[arg(long)]
+    pub(crate) offload_daemon: Option<std::ffi::OsString>,
+    /// Print one JSON object instead of the table; with PATH, write it there and print the table.
+    #[arg(long, value_name = "PATH", num_args = 0..=1)]
+    pub(crate) json: Option<Option<std::path::PathBuf>>,
 }

@@ -354,7 +354,7 @@ fn write_file(path: &Path, size: u64, holes_percent: u64) -> Result<File, FillBe
 }
 
 /// Drops the file's pages from the page cache (they are clean: fsynced).
-fn drop_cache(file: &File) -> Result<(), FillBenchError> {
+pub(crate) fn drop_cache(file: &File) -> Result<(), FillBenchError> {
     file.sync_data().map_err(io("cannot fsync the file"))?;
     nix::fcntl::posix_fadvise(
         file.as_fd(),
@@ -366,7 +366,7 @@ fn drop_cache(file: &File) -> Result<(), FillBenchError> {
 }
 
 /// Seconds to read the whole file with `READ_SIZE` reads into one buffer.
-fn sequential_read(path: &Path, direct: bool) -> Result<f64, FillBenchError> {
+pub(crate) fn sequential_read(path: &Path, direct: bool) -> Result<f64, FillBenchError> {
     let mut opts = OpenOptions::new();
     opts.read(true);
     if direct {
@@ -389,7 +389,7 @@ fn sequential_read(path: &Path, direct: bool) -> Result<f64, FillBenchError> {
     Ok(started.elapsed().as_secs_f64())
 }
 
-fn gbps(bytes: u64, seconds: f64) -> f64 {
+pub(crate) fn gbps(bytes: u64, seconds: f64) -> f64 {
     if seconds > 0.0 {
         // Precision loss above 2^53 bytes is irrelevant for a rate.
         #[allow(clippy::cast_precision_loss)]

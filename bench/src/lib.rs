@@ -9,7 +9,7 @@
 //!
 //! [`demo`]: daemon, 1 GiB pages, micro-guest, scrub and pool reuse, as a
 //! timeline. The benches: [`alloc`], [`churn`], [`clear`], [`compare`],
-//! [`fill`], [`migrate`], [`mlock`], [`refault`], [`takeover`], [`vmstart`]; [`report`] regenerates
+//! [`fill`], [`migrate`], [`mlock`], [`offload`], [`refault`], [`takeover`], [`vmstart`]; [`report`] regenerates
 //! docs/benchmarks.md from their `--json`, which [`run_info`] makes
 //! self-describing.
 
@@ -28,6 +28,7 @@ pub mod floor;
 /// `hugemem bench migrate`: throughput per page size and runner locality.
 pub mod migrate;
 pub mod mlock;
+pub mod offload;
 mod pool_wait;
 mod private_dir;
 pub mod refault;

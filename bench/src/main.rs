@@ -19,7 +19,7 @@ use tracing_subscriber::EnvFilter;
 mod args;
 use args::{
     AllocArgs, ChurnArgs, ClearArgs, Cli, Command, CompareArgs, DemoArgs, FillArgs, MigrateArgs,
-    MlockArgs, RefaultArgs, ReportArgs, TakeoverArgs, VmmUpdateArgs, VmstartArgs,
+    MlockArgs, OffloadArgs, RefaultArgs, ReportArgs, TakeoverArgs, VmmUpdateArgs, VmstartArgs,
 };
 
 fn main() {
@@ -30,9 +30,11 @@ fn main() {
         // compare starts private daemons; its own progress lines stay.
         // takeover runs its daemons as processes of their own. churn may
         // start a private daemon; its warnings (page-size fallbacks) stay.
-        Command::Compare(_) | Command::Takeover(_) | Command::Churn(_) | Command::VmmUpdate(_) => {
-            "info,backend::daemon=warn,guest_mem=warn"
-        }
+        Command::Compare(_)
+        | Command::Takeover(_)
+        | Command::Churn(_)
+        | Command::VmmUpdate(_)
+        | Command::Offload(_) => "info,backend::daemon=warn,guest_mem=warn",
         // vmstart starts private daemons too.
         Command::Refault(_) => "info,backend::daemon=warn,guest_mem=warn",
         Command::Vmstart(_) => {
@@ -80,6 +82,7 @@ fn run(cli: Cli) -> Result<i32> {
         Command::Takeover(args) => takeover(args),
         Command::Compare(args) => compare(args),
         Command::VmmUpdate(args) => vmm_update(args),
+        Command::Offload(args) => offload(args),
     }
 }
 
@@ -315,6 +318,38 @@ fn vmm_update(args: VmmUpdateArgs) -> Result<i32> {
         Some(None) => print_bench_json("vmm-update", &report)?,
         Some(Some(path)) => {
             write_bench_json("vmm-update", &report, &path)?;
+            print!("{}", report.to_table());
+        }
+    }
+    Ok(0)
+}
+
+/// Runs `offload`; its VMs run through `hugemem launch`, `park` and
+/// `unpark` (and its private daemons are `hugemem serve`) of the `hugemem`
+/// binary beside.
+fn offload(args: OffloadArgs) -> Result<i32> {
+    let from_env = |name: &str| std::env::var_os(name).filter(|v| !v.is_empty());
+    let cfg = hugemem_bench::offload::OffloadConfig {
+        size: args.size,
+        reps: args.reps,
+        dir: args.dir,
+        cloud_hypervisor: args
+            .cloud_hypervisor
+            .or_else(|| from_env("CLOUD_HYPERVISOR"))
+            .unwrap_or_else(|| "cloud-hypervisor".into()),
+        offload_daemon: args
+            .offload_daemon
+            .or_else(|| from_env("CH_OFFLOAD_DAEMON")),
+        launcher: hugemem::companion::find("hugemem")
+            .context("cannot find the hugemem binary for `hugemem launch`")?,
+    };
+    let report = hugemem_bench::offload::run(&cfg, &mut |line| tracing::info!("{line}"))
+        .context("bench offload failed")?;
+    match args.json {
+        None => print!("{}", report.to_table()),
+        Some(None) => print_bench_json("offload", &report)?,
+        Some(Some(path)) => {
+            write_bench_json("offload", &report, &path)?;
             print!("{}", report.to_table());
         }
     }

@@ -64,9 +64,13 @@ fn load(dir: &Path) -> Result<Loaded, ParkDirError> {
         for s in &d.slots {
             memory.push((s.range.slot, open_regular(&s.path)?.0));
         }
+        // Each slot's file holds its bytes from offset 0; the configuration
+        // still names where they were in the saved VM's fd (a slot above
+        // the 32-bit hole shares its zone's fd at an offset).
+        let offsets: Vec<(u32, u64)> = d.slots.iter().map(|s| (s.range.slot, 0)).collect();
         return Ok(Loaded {
             memory,
-            config: d.config,
+            config: with_file_offsets(&d.config, &offsets)?,
             state: d.state,
         });
     }
@@ -74,12 +78,7 @@ fn load(dir: &Path) -> Result<Loaded, ParkDirError> {
         let d = read_ch_snapshot_dir(dir, limits)?;
         // Each slot's bytes must be one run of `memory-ranges` (a full
         // snapshot's are): its `file_offset` is then where that run starts.
-        let mut config: serde_json::Value = serde_json::from_slice(&d.migration_config)
-            .map_err(|e| ParkDirError::Unsupported(format!("the converted configuration: {e}")))?;
-        let mappings = config
-            .pointer_mut("/memory_manager_data/guest_ram_mappings")
-            .and_then(serde_json::Value::as_array_mut)
-            .ok_or_else(|| ParkDirError::Unsupported("no guest_ram_mappings".into()))?;
+        let mut offsets = Vec::new();
         for s in &d.slots {
             let [piece] = s.pieces.as_slice() else {
                 return Err(ParkDirError::Unsupported(format!(
@@ -88,21 +87,14 @@ fn load(dir: &Path) -> Result<Loaded, ParkDirError> {
                     s.pieces.len()
                 )));
             };
-            for m in mappings.iter_mut() {
-                if m.get("slot").and_then(serde_json::Value::as_u64)
-                    == Some(u64::from(s.range.slot))
-                {
-                    m["file_offset"] = piece.file_offset.into();
-                }
-            }
+            offsets.push((s.range.slot, piece.file_offset));
         }
+        let config = with_file_offsets(&d.migration_config, &offsets)?;
         let file = open_regular(&d.memory_ranges)?.0;
         let mut memory = Vec::new();
         for s in &d.slots {
             memory.push((s.range.slot, file.try_clone()?));
         }
-        let config = serde_json::to_vec(&config)
-            .map_err(|e| ParkDirError::Unsupported(format!("the configuration: {e}")))?;
         return Ok(Loaded {
             memory,
             config,
@@ -113,6 +105,26 @@ fn load(dir: &Path) -> Result<Loaded, ParkDirError> {
         "{} holds neither {MIGRATION_CONFIG_FILE} (an offload daemon's snapshot) nor {CH_CONFIG_FILE} (cloud-hypervisor's)",
         dir.display()
     )))
+}
+
+/// `config` (a migration configuration) with the `file_offset` of each
+/// slot in `offsets` in its `guest_ram_mappings` set: where that slot's
+/// bytes are in the file the load sends for it.
+fn with_file_offsets(config: &[u8], offsets: &[(u32, u64)]) -> Result<Vec<u8>, ParkDirError> {
+    let mut config: serde_json::Value = serde_json::from_slice(config)
+        .map_err(|e| ParkDirError::Unsupported(format!("the configuration: {e}")))?;
+    let mappings = config
+        .pointer_mut("/memory_manager_data/guest_ram_mappings")
+        .and_then(serde_json::Value::as_array_mut)
+        .ok_or_else(|| ParkDirError::Unsupported("no guest_ram_mappings".into()))?;
+    for m in mappings.iter_mut() {
+        let slot = m.get("slot").and_then(serde_json::Value::as_u64);
+        if let Some((_, offset)) = offsets.iter().find(|(s, _)| Some(u64::from(*s)) == slot) {
+            m["file_offset"] = (*offset).into();
+        }
+    }
+    serde_json::to_vec(&config)
+        .map_err(|e| ParkDirError::Unsupported(format!("the configuration: {e}")))
 }
 
 /// Sends `memory`, `config` and `state` to a PARK of `name` over a socket
@@ -211,5 +223,34 @@ pub fn unpark_to_dir(socket: &Path, name: &str, dir: &Path) -> Result<WriteRepor
             )?;
             Err(e.into())
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_slot_above_the_hole_is_read_from_the_start_of_its_file() {
+        // A 4 GiB cloud-hypervisor VM: slot 0 below the 32-bit hole, slot
+        // 1 above it, both from one zone's fd (slot 1 at 3 GiB in it).
+        let config = serde_json::json!({
+            "memory_manager_data": { "guest_ram_mappings": [
+                { "slot": 0, "gpa": 0, "size": 3u64 << 30, "file_offset": 0 },
+                { "slot": 1, "gpa": 4u64 << 30, "size": 1u64 << 30, "file_offset": 3u64 << 30 },
+            ]},
+            "other": "kept",
+        });
+        let out = with_file_offsets(
+            &serde_json::to_vec(&config).expect("json"),
+            &[(0, 0), (1, 0)],
+        )
+        .expect("rewritten");
+        let out: serde_json::Value = serde_json::from_slice(&out).expect("json");
+        let mappings = &out["memory_manager_data"]["guest_ram_mappings"];
+        assert_eq!(mappings[1]["file_offset"], 0);
+        assert_eq!(mappings[1]["gpa"], 4u64 << 30);
+        assert_eq!(mappings[0]["file_offset"], 0);
+        assert_eq!(out["other"], "kept");
     }
 }

@@ -322,3 +322,53 @@ fn vmm_update_runs_share_one_table_with_their_expectations_checked() {
     assert!(out.contains("0.001000 %: met"), "{out}");
     assert!(out.contains("the host has 1 huge pages of 1 GiB"), "{out}");
 }
+
+fn offload_run(size: u64, park: f64, load_vs_disk: f64, file_ratio: f64) -> Value {
+    json!({
+        "bench": "offload", "size": size, "page_size": "2M", "reps": 6,
+        "page_size_note": "run on 2 MiB pages; the host has 1 huge pages of 1 GiB (1 free)",
+        "from_park": {"park_ms": {"median": park}, "restore_ms": {"median": 9.0},
+                      "restore_launcher_ms": {"median": 8.0}, "pause_ms": {"median": 16.0},
+                      "park_copied_bytes": 0, "park_written_bytes": 24, "stale_guest": 0},
+        "from_disk": {"save_ms": {"median": 2000.0}, "load_ms": {"median": 700.0},
+                      "load_daemon_copy_ms": {"median": 690.0}, "load_gbps": {"median": 1.5},
+                      "disk_read_gbps": {"median": 1.5 / load_vs_disk},
+                      "disk_to_running_ms": {"median": 710.0}, "stale_guest": 0},
+        "ch_file": {"snapshot_ms": {"median": 1500.0}, "restore_ms": {"median": 710.0 * file_ratio},
+                    "stale_guest": 0},
+        "offload_daemon": null,
+        "offload_daemon_note": "no offload_daemon binary given",
+        "load_vs_disk": load_vs_disk, "ch_file_over_from_disk": file_ratio,
+        "ch_file_minus_from_disk_paired_ms": 300.0, "ch_file_minus_from_disk_ci95_ms": [100.0, 500.0]
+    })
+}
+
+#[test]
+fn offload_runs_share_one_table_with_their_expectations_checked() {
+    let small = offload_run(1 << 30, 8.0, 0.9, 2.5);
+    let large = offload_run(8 << 30, 12.0, 0.5, 1.5);
+    let out = tables::blocks(&[("a".into(), small), ("b".into(), large)]);
+    assert!(out.contains("| 1G (2M pages) | 8G (2M pages) |"), "{out}");
+    assert!(
+        out.contains("1.50x (12.0 over 8.0 ms): **not met**"),
+        "{out}"
+    );
+    assert!(out.contains("0.90x (1.50 over 1.67 GB/s): met"), "{out}");
+    assert!(
+        out.contains("0.50x (1.50 over 3.00 GB/s): **not met**"),
+        "{out}"
+    );
+    assert!(out.contains("2.50x (1775.0 over 710.0 ms): met"), "{out}");
+    assert!(
+        out.contains("1.50x (1065.0 over 710.0 ms): **not met**"),
+        "{out}"
+    );
+    assert!(out.contains("+300.0 [+100.0, +500.0]"), "{out}");
+    assert!(out.contains("0 / 24: met"), "{out}");
+    assert!(out.contains("| 2000.0 / 1500.0 / - |"), "{out}");
+    assert!(out.contains("not measured yet"), "{out}");
+    assert!(
+        out.contains("Note: no offload_daemon binary given."),
+        "{out}"
+    );
+}

@@ -103,6 +103,32 @@ impl BenchCh {
         &self.api
     }
 
+    /// Has it `receive-migration` on `channel` (a UNIX socket it binds)
+    /// and waits until it listens there (its `migration-receive-ready`
+    /// event); then reads and drops its events from now on.
+    pub(crate) fn listen_for_migration(
+        &mut self,
+        channel: &Path,
+    ) -> Result<Receiving, VmmUpdateError> {
+        let receiver = self.api.clone();
+        let listen = channel.to_owned();
+        let (done_tx, done_rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = done_tx.send(receiver.receive_migration(&listen, CH_DEADLINE));
+        });
+        let mut events = self
+            .events
+            .take()
+            .ok_or_else(|| VmmUpdateError::Ch("the receiver's events were dropped".into()))?;
+        events.wait_for(RECEIVE_READY, CH_DEADLINE).map_err(|e| {
+            VmmUpdateError::Ch(format!(
+                "the receiver did not listen for the migration: {e}"
+            ))
+        })?;
+        events.drain_in_background();
+        Ok(Receiving(done_rx))
+    }
+
     /// Reads (and drops) its events from now on, so that it never finds
     /// the pipe full: for a process that receives no migration.
     pub(crate) fn drain_events(&mut self) {
@@ -130,6 +156,19 @@ impl Drop for BenchCh {
     }
 }
 
+/// A `receive-migration` under way ([`BenchCh::listen_for_migration`]).
+pub(crate) struct Receiving(mpsc::Receiver<Result<(), ChApiError>>);
+
+impl Receiving {
+    /// Waits for its answer: the guest runs in the receiver.
+    pub(crate) fn wait(self) -> Result<(), VmmUpdateError> {
+        self.0
+            .recv_timeout(CH_DEADLINE)
+            .map_err(|_| VmmUpdateError::Ch("receive-migration did not answer".into()))?
+            .map_err(api_err("receive-migration"))
+    }
+}
+
 /// One migration, as [`migrate`] saw it.
 pub(crate) struct ChMigrated {
     /// `CLOCK_MONOTONIC` just before `send-migration`, ns.
@@ -150,33 +189,15 @@ pub(crate) fn migrate(
     channel: &Path,
     local: bool,
 ) -> Result<ChMigrated, VmmUpdateError> {
-    let receiver = dst.api.clone();
-    let listen = channel.to_owned();
-    let (done_tx, done_rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        let _ = done_tx.send(receiver.receive_migration(&listen, CH_DEADLINE));
-    });
-    let mut events = dst
-        .events
-        .take()
-        .ok_or_else(|| VmmUpdateError::Ch("the destination's events were dropped".into()))?;
-    events.wait_for(RECEIVE_READY, CH_DEADLINE).map_err(|e| {
-        VmmUpdateError::Ch(format!(
-            "the destination did not listen for the migration: {e}"
-        ))
-    })?;
+    let received = dst.listen_for_migration(channel)?;
     let written_before = written_bytes(src.pid());
     let migrate_at_ns = monotonic_ns();
     src.api
         .send_migration(channel, local, CH_DEADLINE)
         .map_err(api_err("send-migration"))?;
-    done_rx
-        .recv_timeout(CH_DEADLINE)
-        .map_err(|_| VmmUpdateError::Ch("receive-migration did not answer".into()))?
-        .map_err(api_err("receive-migration"))?;
+    received.wait()?;
     let resumed_at_ns = monotonic_ns();
     let written_after = written_bytes(src.pid());
-    events.drain_in_background();
     let state = dst.api.vm_state(CH_DEADLINE).map_err(api_err("vm.info"))?;
     if state != "Running" {
         return Err(VmmUpdateError::Ch(format!(

@@ -127,7 +127,7 @@ pub(crate) fn floor(
 /// Waits until `ch`'s VM runs: its guest memory (a memfd) is there from
 /// then on. Before the VM from the command line is made, `vm.info` fails or
 /// names the state `Created` (the configuration alone).
-fn running(ch: &BenchCh) -> Result<(), VmmUpdateError> {
+pub(crate) fn running(ch: &BenchCh) -> Result<(), VmmUpdateError> {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         let state = ch.api().vm_state(CH_DEADLINE);

@@ -119,10 +119,76 @@ impl GuestRam {
         Self::open(Path::new(&format!("/proc/{pid}/fd/{fd}")))
     }
 
+    /// The RAM of a cloud-hypervisor that `hugemem launch` (pid
+    /// `launcher`) started as `vmm`: the memory zone's `file=/dev/fd/N` on
+    /// its command line, opened through the launcher, which holds that
+    /// descriptor for the VM's whole life (a successor gets the memory by
+    /// migration, with fd numbers of its own).
+    pub(crate) fn of_launched_ch(launcher: u32, vmm: u32) -> Result<Self, VmmUpdateError> {
+        // Right after the exec the command line may still read empty.
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let fd = loop {
+            let cmdline = std::fs::read(format!("/proc/{vmm}/cmdline"))
+                .map_err(|e| VmmUpdateError::Guest(format!("cloud-hypervisor {vmm}: {e}")))?;
+            let fd = String::from_utf8_lossy(&cmdline).split('\0').find_map(|a| {
+                a.split(',')
+                    .find_map(|kv| kv.strip_prefix("file=/dev/fd/"))
+                    .map(str::to_owned)
+            });
+            match fd {
+                Some(fd) => break fd,
+                None if Instant::now() > deadline => {
+                    return Err(VmmUpdateError::Guest(format!(
+                        "no file=/dev/fd/N on cloud-hypervisor's command line: {}",
+                        String::from_utf8_lossy(&cmdline).replace('\0', " ")
+                    )))
+                }
+                None => std::thread::sleep(Duration::from_millis(1)),
+            }
+        };
+        Self::open(Path::new(&format!("/proc/{launcher}/fd/{fd}")))
+    }
+
+    /// The RAM of cloud-hypervisor `pid` once it holds a memfd whose spin
+    /// block says the guest spins (deadline `wait`, looks every
+    /// millisecond): a process that receives its memory by migration or
+    /// from a snapshot has none at first, a booting guest has not started.
+    pub(crate) fn wait_memfd(pid: u32, wait: Duration) -> Result<Self, VmmUpdateError> {
+        let deadline = Instant::now() + wait;
+        loop {
+            let found = Self::of_memfd(pid).and_then(|r| match r.spin()?.spinning {
+                true => Ok(r),
+                false => Err(VmmUpdateError::Guest(format!(
+                    "process {pid}: no memfd with a spinning guest within {wait:?}"
+                ))),
+            });
+            match found {
+                Ok(ram) => return Ok(ram),
+                Err(e) if Instant::now() > deadline => return Err(e),
+                Err(_) => std::thread::sleep(Duration::from_millis(1)),
+            }
+        }
+    }
+
     /// The RAM of cloud-hypervisor `pid` started on its own memory
     /// (`--memory …,hugepages=on,shared=on`: a hugetlb memfd).
+    /// A VM above 3 GiB has a memfd per RAM region; the guest's spin
+    /// block is in the one from guest address 0, the one whose block says
+    /// the guest spins (the block's bytes are zero in the others: the guest
+    /// writes one word per 4 KiB page, at its start). Until one says so,
+    /// the first.
     pub(crate) fn of_memfd(pid: u32) -> Result<Self, VmmUpdateError> {
-        Self::open(Path::new(&format!("/proc/{pid}/fd/{}", memfd_of(pid)?)))
+        let mut first = None;
+        for fd in memfds_of(pid)? {
+            let Ok(ram) = Self::open(Path::new(&format!("/proc/{pid}/fd/{fd}"))) else {
+                continue;
+            };
+            if ram.spin().is_ok_and(|s| s.spinning) {
+                return Ok(ram);
+            }
+            first.get_or_insert(ram);
+        }
+        first.ok_or_else(|| VmmUpdateError::Guest(format!("process {pid}: no memfd maps")))
     }
 
     /// The guest RAM file at `path` (`/proc/PID/fd/N` of a process holding
@@ -230,24 +296,34 @@ impl GuestRam {
     }
 }
 
-/// The fd of process `pid` that is a memfd (QEMU's `memory-backend-memfd`,
-/// cloud-hypervisor's own guest RAM).
-fn memfd_of(pid: u32) -> Result<String, VmmUpdateError> {
+/// The fds of process `pid` that are memfds (QEMU's
+/// `memory-backend-memfd`, cloud-hypervisor's own guest RAM), in fd order.
+fn memfds_of(pid: u32) -> Result<Vec<u32>, VmmUpdateError> {
     let dir = format!("/proc/{pid}/fd");
     let entries =
         std::fs::read_dir(&dir).map_err(|e| VmmUpdateError::Guest(format!("{dir}: {e}")))?;
     let mut seen = Vec::new();
+    let mut found = Vec::new();
     for entry in entries.flatten() {
         if let Ok(target) = std::fs::read_link(entry.path()) {
             let target = target.to_string_lossy().into_owned();
-            if target.starts_with("/memfd:") {
-                return Ok(entry.file_name().to_string_lossy().into_owned());
+            match entry.file_name().to_string_lossy().parse::<u32>() {
+                Ok(fd) if target.starts_with("/memfd:") => found.push(fd),
+                _ => seen.push(target),
             }
-            seen.push(target);
         }
     }
-    Err(VmmUpdateError::Guest(format!(
-        "process {pid} has no memory fd the bench can read (its fds: {})",
-        seen.join(", ")
-    )))
+    found.sort_unstable();
+    if found.is_empty() {
+        return Err(VmmUpdateError::Guest(format!(
+            "process {pid} has no memory fd the bench can read (its fds: {})",
+            seen.join(", ")
+        )));
+    }
+    Ok(found)
+}
+
+/// The first memfd of process `pid`.
+fn memfd_of(pid: u32) -> Result<String, VmmUpdateError> {
+    memfds_of(pid).map(|fds| fds[0].to_string())
 }

@@ -35,17 +35,17 @@
 //!   `created − released == held` after each update and after the VM exits,
 //!   and bytes it cleared during the updates (0 expected).
 
-mod ch;
-mod ch_baselines;
+pub(crate) mod ch;
+pub(crate) mod ch_baselines;
 mod copy;
-mod error;
-mod guest;
+pub(crate) mod error;
+pub(crate) mod guest;
 mod plain_update;
 mod qemu;
 mod report;
 mod run;
-mod series;
-mod setup;
+pub(crate) mod series;
+pub(crate) mod setup;
 
 pub use error::VmmUpdateError;
 pub use report::{CopyResult, UpdateResult, UpdateSeries, VmmUpdateConfig, VmmUpdateReport};

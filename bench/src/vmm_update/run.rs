@@ -9,7 +9,6 @@ use std::time::{Duration, Instant};
 
 use backend::client::Client;
 use hugemem::launch::Vmm;
-use microguest::{pvh_elf, PvhConfig};
 
 use super::ch::ch_guest_args;
 use super::error::io;
@@ -17,7 +16,7 @@ use super::guest::{host_tsc_hz, GuestRam, HostClock};
 use super::qemu::guest_args;
 use super::report::{Measured, UpdateResult, UpdateSeries, VmmUpdateConfig, VmmUpdateReport};
 use super::series::{after_update, before_update, OneUpdate};
-use super::setup::{child_of, reserve, MARKER, START_GPA, STRIDE};
+use super::setup::{child_of, reserve, write_spin_elf};
 use super::VmmUpdateError;
 use super::{ch_baselines, copy, plain_update};
 use crate::private_dir::PrivateDir;
@@ -66,30 +65,7 @@ impl LaunchedRam {
         if cfg.vmm == Vmm::Qemu {
             return Ok(Self::PerQemu);
         }
-        // Right after the exec the command line may still read empty.
-        let deadline = Instant::now() + Duration::from_secs(30);
-        let fd = loop {
-            let cmdline =
-                std::fs::read(format!("/proc/{vmm}/cmdline")).map_err(io("VMM command line"))?;
-            let fd = String::from_utf8_lossy(&cmdline).split('\0').find_map(|a| {
-                a.split(',')
-                    .find_map(|kv| kv.strip_prefix("file=/dev/fd/"))
-                    .map(str::to_owned)
-            });
-            match fd {
-                Some(fd) => break fd,
-                None if Instant::now() > deadline => {
-                    return Err(VmmUpdateError::Guest(format!(
-                        "no file=/dev/fd/N on cloud-hypervisor's command line: {}",
-                        String::from_utf8_lossy(&cmdline).replace('\0', " ")
-                    )))
-                }
-                None => std::thread::sleep(Duration::from_millis(1)),
-            }
-        };
-        Ok(Self::Launcher(GuestRam::open(Path::new(&format!(
-            "/proc/{launcher}/fd/{fd}"
-        )))?))
+        GuestRam::of_launched_ch(launcher, vmm).map(Self::Launcher)
     }
 
     /// The RAM of the guest running under `vmm`.
@@ -250,18 +226,7 @@ pub fn run(
     let dir = PrivateDir::create("hugemem-vmm-update").map_err(io("private directory"))?;
     let elf = dir.path().join("spin.elf");
     let tsc_hz = host_tsc_hz(Duration::from_millis(200));
-    let image = pvh_elf(&PvhConfig {
-        stride: STRIDE,
-        marker: MARKER,
-        start_gpa: START_GPA,
-        spin: true,
-        // Gaps of 0.2 ms and more go to the guest's ring (its ticks are
-        // ~50 µs apart here).
-        gap_min_ticks: (tsc_hz * 2e-4) as u64,
-        ..Default::default()
-    })
-    .map_err(|e| VmmUpdateError::Setup(e.to_string()))?;
-    std::fs::write(&elf, image).map_err(io("write the guest image"))?;
+    write_spin_elf(&elf, tsc_hz)?;
     progress(&format!("host TSC {:.3} GHz", tsc_hz / 1e9));
     let (update, guest_hz) = hugemem_side(cfg, dir.path(), &elf, tsc_hz, progress)?;
     let floor = match cfg.vmm {

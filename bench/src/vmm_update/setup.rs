@@ -5,6 +5,9 @@ use std::time::{Duration, Instant};
 
 use guest_mem::{PageSize, Reservation};
 
+use microguest::{pvh_elf, PvhConfig};
+
+use super::error::io;
 use super::guest::GuestRam;
 use super::VmmUpdateError;
 
@@ -72,4 +75,21 @@ pub(crate) fn idle_gap(
     ram.reset_max_gap()?;
     std::thread::sleep(window);
     Ok(ram.spin()?.max_gap as f64 / tsc_hz)
+}
+
+/// Writes the spinning micro-guest's image to `path`: it fills its pages
+/// from [`START_GPA`] every [`STRIDE`] with [`MARKER`]'s pattern, then
+/// counts; gaps of 0.2 ms and more go to its ring (its ticks are ~50 µs
+/// apart here), `tsc_hz` the host's TSC rate.
+pub(crate) fn write_spin_elf(path: &std::path::Path, tsc_hz: f64) -> Result<(), VmmUpdateError> {
+    let image = pvh_elf(&PvhConfig {
+        stride: STRIDE,
+        marker: MARKER,
+        start_gpa: START_GPA,
+        spin: true,
+        gap_min_ticks: (tsc_hz * 2e-4) as u64,
+        ..Default::default()
+    })
+    .map_err(|e| VmmUpdateError::Setup(e.to_string()))?;
+    std::fs::write(path, image).map_err(io("write the guest image"))
 }

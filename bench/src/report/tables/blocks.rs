@@ -7,12 +7,13 @@ use super::alloc::alloc;
 use super::cells::{run_line, significant};
 use super::launches::{churn_row, churn_spans_row, compare, demo, vmstart};
 use super::memory::{clear, fill, mlock};
+use super::offload::offloads;
 use super::takeover::takeover;
 use super::vmm_update::vmm_updates;
 
 /// The generated lines between `<!-- results:NAME,… -->` and
 /// `<!-- /results -->` for the files named: one table of rows for runs of a
-/// kind that has rows (`churn`), one with a column per run (`vmm-update`),
+/// kind that has rows (`churn`), one with a column per run (`vmm-update`, `offload`),
 /// else each file's block in turn.
 pub fn blocks(files: &[(String, Value)]) -> String {
     let all_of = |kind: &str| {
@@ -23,6 +24,9 @@ pub fn blocks(files: &[(String, Value)]) -> String {
     };
     if all_of("vmm-update") {
         return vmm_updates(files);
+    }
+    if all_of("offload") {
+        return offloads(files);
     }
     let all_churn = !files.is_empty()
         && files

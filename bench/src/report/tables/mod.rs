@@ -1,6 +1,6 @@
 //! The tables `hugemem bench report` generates for one results file, by its
 //! `"bench"`: `clear`, `alloc`, `mlock`, `fill`, `vmstart`, `compare`, `demo`,
-//! `takeover`, `vmm-update` (a column per run); any other kind (or none)
+//! `takeover`, `vmm-update` and `offload` (a column per run); any other kind (or none)
 //! gets its top-level figures as a key/value table. The
 //! tables read the JSON as `--json` prints it; a missing figure shows as `-`.
 
@@ -9,6 +9,7 @@ mod blocks;
 mod cells;
 mod launches;
 mod memory;
+mod offload;
 mod takeover;
 mod vmm_update;
 

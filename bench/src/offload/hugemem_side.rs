@@ -1,0 +1,220 @@
+//! One repetition of hugemem's variants on a private daemon: a VM launched
+//! by `hugemem launch`, parked and restored from the park, then parked
+//! again, saved to disk, loaded from it and restored.
+
+use std::ffi::OsString;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use backend::client::Client;
+
+use super::report::{FromDiskResult, FromParkResult, OffloadConfig};
+use super::steps::{
+    allocated_under, args, daemon_copy_ms, daemon_settled, densest_file, disk_read_gbps,
+    drop_dir_cache, hugemem, restored_in_ms, spawn, Stopping, WriteWatch,
+};
+use super::OffloadError;
+use crate::serve_child::{ServeChild, ServeOptions};
+use crate::vmm_update::ch::ch_guest_args;
+use crate::vmm_update::error::io;
+use crate::vmm_update::guest::GuestRam;
+use crate::vmm_update::series::before_update;
+use crate::vmm_update::setup::child_of;
+
+/// How long a launcher may take to end once its VM is parked.
+const EXIT_WAIT: Duration = Duration::from_secs(60);
+
+/// The repetition's daemon, names and paths.
+struct Rep<'a> {
+    cfg: &'a OffloadConfig,
+    dir: &'a Path,
+    socket: std::path::PathBuf,
+    daemon_log: std::path::PathBuf,
+    rep: usize,
+}
+
+impl Rep<'_> {
+    fn path(&self, what: &str) -> std::path::PathBuf {
+        self.dir.join(format!("hm{}-{what}", self.rep))
+    }
+
+    /// `hugemem launch --restore NAME -- cloud-hypervisor --api-socket …`.
+    fn restore(&self, name: &str, what: &str) -> Result<Stopping, OffloadError> {
+        let restore_args = args([
+            &"launch",
+            &"--socket",
+            &self.socket,
+            &"--restore",
+            &name,
+            &"--",
+            &self.cfg.cloud_hypervisor,
+            &"--api-socket",
+            &self.path(&format!("{what}.api")),
+        ]);
+        let log = self.path(&format!("{what}.log"));
+        spawn(&self.cfg.launcher, &restore_args, &log).map(Stopping)
+    }
+
+    /// `hugemem park NAME --api-socket API`; its wall time, ms.
+    fn park(&self, name: &str, api: &Path) -> Result<f64, OffloadError> {
+        let park_args = args([
+            &"park",
+            &name,
+            &"--socket",
+            &self.socket,
+            &"--api-socket",
+            &api,
+        ]);
+        hugemem(&self.cfg.launcher, &park_args).map(|(ms, _)| ms)
+    }
+}
+
+/// Waits until `launcher` ends after its VM was parked.
+fn parked(launcher: &mut Stopping) -> Result<(), OffloadError> {
+    if launcher.exited_ok(EXIT_WAIT)? {
+        Ok(())
+    } else {
+        Err(OffloadError::Guest(
+            "the launcher failed once its VM was parked".into(),
+        ))
+    }
+}
+
+/// Runs one repetition: adds to `park` and `disk`.
+pub(super) fn one_rep(
+    cfg: &OffloadConfig,
+    dir: &Path,
+    elf: &Path,
+    rep: usize,
+    tsc_hz: f64,
+    park: &mut FromParkResult,
+    disk: &mut FromDiskResult,
+) -> Result<(), OffloadError> {
+    let socket = dir.join(format!("hm{rep}-daemon.sock"));
+    let daemon_log = dir.join(format!("hm{rep}-daemon.log"));
+    let daemon = ServeChild::start(
+        &cfg.launcher,
+        &ServeOptions {
+            socket: socket.clone(),
+            pool: Some((cfg.size, cfg.size)),
+            log: Some(daemon_log.clone()),
+            ..ServeOptions::default()
+        },
+    )?;
+    let r = Rep {
+        cfg,
+        dir,
+        socket,
+        daemon_log,
+        rep,
+    };
+    let mut client = Client::connect(&r.socket)?;
+    let api = r.path("launch.api");
+    let mut launch_args: Vec<OsString> = args([
+        &"launch",
+        &"--socket",
+        &r.socket,
+        &"--size",
+        &cfg.size.to_string(),
+        &"--page-size",
+        &"2M",
+        &"--",
+    ]);
+    launch_args.extend(ch_guest_args(&cfg.cloud_hypervisor, elf));
+    launch_args.extend(args([&"--api-socket", &api]));
+    let mut launch = Stopping(spawn(&cfg.launcher, &launch_args, &r.path("launch.log"))?);
+    let vmm = child_of(launch.pid())?;
+    let ram = GuestRam::of_launched_ch(launch.pid(), vmm)?;
+    ram.counting_past(0)?;
+
+    // From the park.
+    let name = format!("offload-bench-{rep}");
+    before_update(&ram)?;
+    let watch = WriteWatch::start(vmm);
+    let park_ms = r.park(&name, &api)?;
+    park.park_written_bytes = park.park_written_bytes.max(watch.finish());
+    parked(&mut launch)?;
+    let stats = client.stats()?;
+    let copied = stats
+        .parked
+        .iter()
+        .find(|p| p.name == name)
+        .map(|p| p.copied_bytes)
+        .ok_or_else(|| OffloadError::Guest(format!("{name} is not parked: {stats}")))?;
+    park.park_copied_bytes = park.park_copied_bytes.max(copied);
+    let parked_at = ram.spin()?.count;
+    let started = Instant::now();
+    let mut restored = r.restore(&name, "restored")?;
+    let now = ram.counting_past(parked_at)?;
+    park.park_ms.push(park_ms);
+    park.restore_ms.push(started.elapsed().as_secs_f64() * 1e3);
+    park.pause_ms.push(now.max_gap as f64 / tsc_hz * 1e3);
+    park.stale_guest = park.stale_guest.max(now.bad);
+
+    // To disk and back: parked again, saved, loaded, restored.
+    r.park(&name, &r.path("restored.api"))?;
+    parked(&mut restored)?;
+    if let Some(ms) = restored_in_ms(&r.path("restored.log")) {
+        park.restore_launcher_ms.push(ms);
+    }
+    let parked_at = ram.spin()?.count;
+    // The memory returns to the pool with the save: the bench lets go of it.
+    drop(ram);
+    from_disk(&r, &mut client, &name, parked_at, disk)?;
+    drop(client);
+    daemon.stop();
+    Ok(())
+}
+
+/// Saves the VM parked as `name` to disk, loads it back (cold cache) as
+/// another name and restores it; the guest counted `parked_at` when parked.
+fn from_disk(
+    r: &Rep<'_>,
+    client: &mut Client,
+    name: &str,
+    parked_at: u64,
+    disk: &mut FromDiskResult,
+) -> Result<(), OffloadError> {
+    let saved = r.path("saved");
+    let save_args = args([&"unpark", &name, &"--socket", &r.socket, &"--save", &saved]);
+    let (save_ms, _) = hugemem(&r.cfg.launcher, &save_args)?;
+    // The saved VM's memory went back to the pool, to be scrubbed: a
+    // restore from disk comes long after its save, on a daemon done with it.
+    disk.scrub_wait_ms.push(daemon_settled(client)?);
+    drop_dir_cache(&saved)?;
+    let on_disk = allocated_under(&saved)?;
+    let disk_gbps = disk_read_gbps(&densest_file(&saved)?)?;
+    drop_dir_cache(&saved)?;
+    let loaded = format!("{name}-loaded");
+    let load_args = args([
+        &"park",
+        &loaded,
+        &"--socket",
+        &r.socket,
+        &"--from-dir",
+        &saved,
+    ]);
+    let (load_ms, _) = hugemem(&r.cfg.launcher, &load_args)?;
+    if let Some(ms) = daemon_copy_ms(&r.daemon_log) {
+        disk.load_daemon_copy_ms.push(ms);
+    }
+    let started = Instant::now();
+    let launcher = r.restore(&loaded, "loaded")?;
+    let vmm = child_of(launcher.pid())?;
+    let ram = GuestRam::wait_memfd(vmm, Duration::from_secs(120))?;
+    let now = ram.counting_past(parked_at)?;
+    let restore_ms = started.elapsed().as_secs_f64() * 1e3;
+    let load_gbps = on_disk as f64 / 1e9 / (load_ms / 1e3);
+    disk.saved_bytes_on_disk = disk.saved_bytes_on_disk.max(on_disk);
+    disk.save_ms.push(save_ms);
+    disk.load_ms.push(load_ms);
+    disk.load_gbps.push(load_gbps);
+    disk.disk_read_gbps.push(disk_gbps);
+    disk.load_vs_disk.push(load_gbps / disk_gbps);
+    disk.restore_ms.push(restore_ms);
+    disk.disk_to_running_ms.push(load_ms + restore_ms);
+    disk.stale_guest = disk.stale_guest.max(now.bad);
+    drop(ram);
+    drop(launcher);
+    std::fs::remove_dir_all(&saved).map_err(io(format!("remove {}", saved.display())))
+}

@@ -1,0 +1,56 @@
+//! `hugemem bench offload --size S`: hugemem as cloud-hypervisor's offload
+//! daemon (`hugemem park`, `hugemem launch --restore`, `hugemem unpark
+//! --save`, `hugemem park --from-dir`), against cloud-hypervisor's own
+//! `file://` snapshot and restore and its reference `offload_daemon`, in
+//! the same run, on the same spinning micro-guest (`microguest::spin`,
+//! `bench vmm-update`'s), on 2 MiB pages. Each repetition runs every
+//! variant once, in turn, so that what moves a whole repetition (the
+//! shared host's load, its disk's cache) moves all of them:
+//!
+//! 1. **From the park** (`hugemem_side.rs`): a VM launched by `hugemem
+//!    launch` on a private daemon is parked (`hugemem park`: its memory
+//!    moves into the parked record) and restored (`hugemem launch
+//!    --restore`: a new cloud-hypervisor on the same pages). Park time is
+//!    the `hugemem park` command's wall time; restore time the restore
+//!    command's start to the guest counting again; the guest's pause its
+//!    largest recorded gap across both; bytes copied the daemon's STATS
+//!    for the park (0 expected) and what the old cloud-hypervisor wrote
+//!    (`/proc/PID/io` `wchar`, last read before it exited).
+//! 2. **From disk through hugemem** (`hugemem_side.rs`): the same VM parked
+//!    again, saved (`hugemem unpark NAME --save DIR`), its files dropped
+//!    from the page cache, the disk's sequential read rate measured on its
+//!    memory file (cold, as `bench fill` does), the files dropped again,
+//!    loaded (`hugemem park NAME2 --from-dir DIR`: the fill engine) and
+//!    restored. The load's rate is guest RAM over its wall time, against
+//!    the disk's.
+//! 3. **cloud-hypervisor's own `file://`** (`ch_side.rs`): a
+//!    cloud-hypervisor on its own memory (`--memory
+//!    size=S,shared=on,hugepages=on,hugepage_size=2M`) is paused and
+//!    snapshotted (`vm.pause`, `vm.snapshot file://DIR`) and shut down; its
+//!    files dropped from the page cache; a new one started with `--restore
+//!    source_url=file://DIR,resume=true`: its start to the guest counting.
+//! 4. **The reference offload daemon** (`ch_side.rs`): `offload_daemon
+//!    snapshot` receives the same kind of VM by local migration
+//!    (`send-migration … local=on`) and writes it to a directory; after the
+//!    cache is dropped a new cloud-hypervisor `receive-migration`s from
+//!    `offload_daemon restore --resume`: the new process's start to the
+//!    guest counting.
+//!
+//! Page caches are dropped per file (fsync, `POSIX_FADV_DONTNEED`), never
+//! host-wide. The on-demand (postcopy) restore, `hugemem launch --restore`
+//! serving pages as the guest faults them, is not there yet: its slot in
+//! the report ([`OffloadReport::on_demand_restore_ms`]) says so.
+
+mod ch_side;
+mod error;
+mod hugemem_side;
+mod report;
+mod run;
+mod steps;
+
+pub use error::OffloadError;
+pub use report::{
+    ChFileResult, Figure, FromDiskResult, FromParkResult, OffloadConfig, OffloadDaemonResult,
+    OffloadReport,
+};
+pub use run::run;

@@ -1,0 +1,340 @@
+//! What `bench offload` is asked to do and what it reports.
+
+use std::ffi::OsString;
+use std::fmt::Write as _;
+use std::path::PathBuf;
+
+use guest_mem::size::format_size;
+use serde::Serialize;
+
+use crate::stats::{median, paired_median, paired_median_ci95};
+
+/// The run's settings.
+#[derive(Debug, Clone)]
+pub struct OffloadConfig {
+    /// Guest RAM, bytes.
+    pub size: u64,
+    /// Repetitions, each running every variant once.
+    pub reps: usize,
+    /// Where the snapshots are written (a private directory in it): a
+    /// real disk, not tmpfs.
+    pub dir: PathBuf,
+    /// The cloud-hypervisor binary.
+    pub cloud_hypervisor: OsString,
+    /// cloud-hypervisor's reference `offload_daemon`; `None`: that
+    /// variant does not run.
+    pub offload_daemon: Option<OsString>,
+    /// The `hugemem` binary (`serve`, `launch`, `park`, `unpark`).
+    pub launcher: PathBuf,
+}
+
+/// One figure over the repetitions: each sample and their median.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Figure {
+    /// Median of `samples`.
+    pub median: f64,
+    /// One per repetition, in order.
+    pub samples: Vec<f64>,
+}
+
+impl Figure {
+    /// Adds a repetition's sample and updates the median.
+    pub(crate) fn push(&mut self, v: f64) {
+        self.samples.push(v);
+        self.median = median(&self.samples);
+    }
+}
+
+/// hugemem's park and restore from the park.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct FromParkResult {
+    /// `hugemem park`'s wall time, ms.
+    pub park_ms: Figure,
+    /// `hugemem launch --restore`'s start to the guest counting again, ms.
+    pub restore_ms: Figure,
+    /// The launcher's own figure for the restore ("restored from the park
+    /// in N ms": the RESTORE exchange), ms; repetitions where its log said it.
+    pub restore_launcher_ms: Figure,
+    /// The guest's largest recorded gap across park and restore, ms.
+    pub pause_ms: Figure,
+    /// Guest RAM bytes the daemon copied for the parks (STATS), most of
+    /// the repetitions (0 expected: the memory moves).
+    pub park_copied_bytes: u64,
+    /// What the old cloud-hypervisor wrote during the park (`/proc/PID/io`
+    /// `wchar`, last read before it exited: a lower bound), most of the
+    /// repetitions, bytes.
+    pub park_written_bytes: u64,
+    /// Pages the guest found changed (its own check), most of the repetitions.
+    pub stale_guest: u64,
+}
+
+/// hugemem's save to disk and restore from it.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct FromDiskResult {
+    /// `hugemem unpark NAME --save DIR`'s wall time, ms.
+    pub save_ms: Figure,
+    /// How long the daemon took to scrub the memory the save returned
+    /// (waited for before the load), ms.
+    pub scrub_wait_ms: Figure,
+    /// `hugemem park NAME --from-dir DIR`'s wall time, cold cache, ms.
+    pub load_ms: Figure,
+    /// The daemon's own time for the load's copy (its fill engine, from
+    /// its log), ms.
+    pub load_daemon_copy_ms: Figure,
+    /// Bytes the saved files hold on disk (a slot the guest never wrote
+    /// is a hole), most of the repetitions.
+    pub saved_bytes_on_disk: u64,
+    /// `saved_bytes_on_disk` over `load_ms`, GB/s.
+    pub load_gbps: Figure,
+    /// The disk's sequential read rate on the saved memory file with the
+    /// most bytes on disk, cold (`bench fill`'s measurement), just before
+    /// the load, GB/s.
+    pub disk_read_gbps: Figure,
+    /// The load's rate over the disk's, each repetition.
+    pub load_vs_disk: Figure,
+    /// `hugemem launch --restore` of the loaded VM: its start to the guest
+    /// counting, ms.
+    pub restore_ms: Figure,
+    /// Load plus restore: files on disk (cold) to the guest counting, ms.
+    pub disk_to_running_ms: Figure,
+    /// Pages the guest found changed, most of the repetitions.
+    pub stale_guest: u64,
+}
+
+/// cloud-hypervisor's own `file://` snapshot and restore.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct ChFileResult {
+    /// `vm.pause` plus `vm.snapshot file://DIR`, ms.
+    pub snapshot_ms: Figure,
+    /// Bytes its files hold on disk, most of the repetitions.
+    pub snapshot_bytes_on_disk: u64,
+    /// `cloud-hypervisor --restore source_url=file://DIR,resume=true`'s
+    /// start to the guest counting, cold cache, ms.
+    pub restore_ms: Figure,
+    /// Pages the guest found changed, most of the repetitions.
+    pub stale_guest: u64,
+}
+
+/// cloud-hypervisor's reference offload daemon.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct OffloadDaemonResult {
+    /// `offload_daemon snapshot`'s start to its exit (the VM received by
+    /// local migration and written to disk), ms.
+    pub park_ms: Figure,
+    /// Bytes its files hold on disk, most of the repetitions.
+    pub snapshot_bytes_on_disk: u64,
+    /// The new cloud-hypervisor's start to the guest counting, fed by
+    /// `offload_daemon restore --resume`, cold cache, ms.
+    pub restore_ms: Figure,
+    /// Pages the guest found changed, most of the repetitions.
+    pub stale_guest: u64,
+}
+
+/// The report of one run.
+#[derive(Debug, Clone, Serialize)]
+pub struct OffloadReport {
+    /// Guest RAM, bytes.
+    pub size: u64,
+    /// Page size of guest RAM, every variant.
+    pub page_size: String,
+    /// Why not on 1 GiB pages: what the host has of them.
+    pub page_size_note: String,
+    /// Repetitions.
+    pub reps: usize,
+    /// Where the snapshots went.
+    pub dir: String,
+    /// Host TSC rate, GHz.
+    pub tsc_ghz: f64,
+    /// hugemem: park and restore from the park.
+    pub from_park: FromParkResult,
+    /// hugemem: save to disk and restore from it.
+    pub from_disk: FromDiskResult,
+    /// cloud-hypervisor's `file://`, when it ran.
+    pub ch_file: Option<ChFileResult>,
+    /// Why it did not run (or stopped).
+    pub ch_file_note: Option<String>,
+    /// The reference offload daemon, when it ran.
+    pub offload_daemon: Option<OffloadDaemonResult>,
+    /// Why it did not run (or stopped).
+    pub offload_daemon_note: Option<String>,
+    /// The on-demand (postcopy) restore's start to a running guest, ms:
+    /// not measured yet (see `on_demand_note`).
+    pub on_demand_restore_ms: Option<Figure>,
+    /// Why `on_demand_restore_ms` is empty.
+    pub on_demand_note: String,
+    /// Median load rate over the median disk read rate.
+    pub load_vs_disk: f64,
+    /// cloud-hypervisor's `file://` restore over hugemem's disk to running
+    /// (medians).
+    pub ch_file_over_from_disk: Option<f64>,
+    /// Paired median of cloud-hypervisor's `file://` restore less
+    /// hugemem's disk to running, ms.
+    pub ch_file_minus_from_disk_paired_ms: Option<f64>,
+    /// Its 95 % interval (sign test; 6 repetitions and more), ms.
+    pub ch_file_minus_from_disk_ci95_ms: Option<[f64; 2]>,
+    /// The offload daemon's restore over hugemem's disk to running (medians).
+    pub offload_daemon_over_from_disk: Option<f64>,
+    /// The offload daemon's restore over hugemem's restore from the park
+    /// (medians).
+    pub offload_daemon_over_from_park: Option<f64>,
+}
+
+/// Why the run is on 2 MiB pages.
+fn page_size_note(size: u64) -> String {
+    let read = |what: &str| {
+        std::fs::read_to_string(format!(
+            "/sys/kernel/mm/hugepages/hugepages-1048576kB/{what}"
+        ))
+        .ok()
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .unwrap_or(0)
+    };
+    format!(
+        "run on 2 MiB pages; the host has {} huge pages of 1 GiB ({} free), a run on them needs {}",
+        read("nr_hugepages"),
+        read("free_hugepages"),
+        size.div_ceil(1 << 30)
+    )
+}
+
+/// What the run measured, before it is compared.
+pub(crate) struct Measured {
+    pub(crate) tsc_hz: f64,
+    pub(crate) from_park: FromParkResult,
+    pub(crate) from_disk: FromDiskResult,
+    pub(crate) ch_file: Option<ChFileResult>,
+    pub(crate) ch_file_note: Option<String>,
+    pub(crate) offload_daemon: Option<OffloadDaemonResult>,
+    pub(crate) offload_daemon_note: Option<String>,
+}
+
+impl OffloadReport {
+    /// The report of `m`, its comparisons made.
+    pub(crate) fn assemble(cfg: &OffloadConfig, m: Measured) -> Self {
+        let ratio = |a: f64, b: f64| (b > 0.0).then(|| a / b);
+        let disk = &m.from_disk;
+        let cold = &disk.disk_to_running_ms;
+        let ch = m.ch_file.as_ref();
+        let od = m.offload_daemon.as_ref();
+        Self {
+            size: cfg.size,
+            page_size: "2M".into(),
+            page_size_note: page_size_note(cfg.size),
+            reps: cfg.reps,
+            dir: cfg.dir.display().to_string(),
+            tsc_ghz: m.tsc_hz / 1e9,
+            load_vs_disk: ratio(disk.load_gbps.median, disk.disk_read_gbps.median).unwrap_or(0.0),
+            ch_file_over_from_disk: ch.and_then(|c| ratio(c.restore_ms.median, cold.median)),
+            ch_file_minus_from_disk_paired_ms: ch
+                .and_then(|c| paired_median(&c.restore_ms.samples, &cold.samples)),
+            ch_file_minus_from_disk_ci95_ms: ch
+                .and_then(|c| paired_median_ci95(&c.restore_ms.samples, &cold.samples)),
+            offload_daemon_over_from_disk: od.and_then(|o| ratio(o.restore_ms.median, cold.median)),
+            offload_daemon_over_from_park: od
+                .and_then(|o| ratio(o.restore_ms.median, m.from_park.restore_ms.median)),
+            on_demand_restore_ms: None,
+            on_demand_note: "TODO: on-demand time to a running guest: `hugemem launch --restore` \
+                             has no on-demand (postcopy) mode yet"
+                .into(),
+            from_park: m.from_park,
+            from_disk: m.from_disk,
+            ch_file: m.ch_file,
+            ch_file_note: m.ch_file_note,
+            offload_daemon: m.offload_daemon,
+            offload_daemon_note: m.offload_daemon_note,
+        }
+    }
+
+    /// A text table: each variant's park (or save) and restore.
+    pub fn to_table(&self) -> String {
+        let mut t = String::new();
+        let _ = writeln!(
+            t,
+            "offload: {} on {} pages, {} repetitions, snapshots under {}, TSC {:.3} GHz",
+            format_size(self.size),
+            self.page_size,
+            self.reps,
+            self.dir,
+            self.tsc_ghz
+        );
+        let ms = |f: &Figure| format!("{:.1}", f.median);
+        let col = |v: Option<String>| v.unwrap_or_else(|| "-".into());
+        let _ = writeln!(
+            t,
+            "{:<44} {:>14} {:>14} {:>16}",
+            "median of the repetitions", "park/save, ms", "restore, ms", "guest pause, ms"
+        );
+        let p = &self.from_park;
+        let _ = writeln!(
+            t,
+            "{:<44} {:>14} {:>14} {:>16}",
+            "hugemem: park, restore from the park",
+            ms(&p.park_ms),
+            ms(&p.restore_ms),
+            format!("{:.2}", p.pause_ms.median)
+        );
+        let d = &self.from_disk;
+        let _ = writeln!(
+            t,
+            "{:<44} {:>14} {:>14} {:>16}",
+            "hugemem: save, load + restore from disk",
+            ms(&d.save_ms),
+            ms(&d.disk_to_running_ms),
+            "-"
+        );
+        let c = self.ch_file.as_ref();
+        let _ = writeln!(
+            t,
+            "{:<44} {:>14} {:>14} {:>16}",
+            "cloud-hypervisor file:// snapshot, restore",
+            col(c.map(|c| ms(&c.snapshot_ms))),
+            col(c.map(|c| ms(&c.restore_ms))),
+            "-"
+        );
+        let o = self.offload_daemon.as_ref();
+        let _ = writeln!(
+            t,
+            "{:<44} {:>14} {:>14} {:>16}",
+            "offload_daemon snapshot, restore",
+            col(o.map(|o| ms(&o.park_ms))),
+            col(o.map(|o| ms(&o.restore_ms))),
+            "-"
+        );
+        let _ = writeln!(
+            t,
+            "park: {} bytes copied (STATS), {} written by the old cloud-hypervisor; restore's RESTORE exchange {:.1} ms",
+            p.park_copied_bytes, p.park_written_bytes, p.restore_launcher_ms.median
+        );
+        let _ = writeln!(
+            t,
+            "load from disk {:.2} GB/s ({} on disk in {:.1} ms), disk read {:.2} GB/s: {:.2}x the disk (expected >= 0.8x); restore after the load {:.1} ms",
+            d.load_gbps.median, format_size(d.saved_bytes_on_disk), d.load_ms.median, d.disk_read_gbps.median, self.load_vs_disk, d.restore_ms.median
+        );
+        let interval = col(self
+            .ch_file_minus_from_disk_ci95_ms
+            .map(|[lo, hi]| format!("95 % interval {lo:+.1} .. {hi:+.1}")));
+        let _ = writeln!(
+            t,
+            "file:// restore / hugemem from disk {} (expected >= 2x; paired difference {} ms, {}); offload_daemon restore / hugemem from disk {}, / from the park {}",
+            col(self.ch_file_over_from_disk.map(|r| format!("{r:.2}x"))),
+            col(self.ch_file_minus_from_disk_paired_ms.map(|v| format!("{v:+.1}"))),
+            interval,
+            col(self.offload_daemon_over_from_disk.map(|r| format!("{r:.2}x"))),
+            col(self.offload_daemon_over_from_park.map(|r| format!("{r:.1}x"))),
+        );
+        let stale = p.stale_guest
+            + d.stale_guest
+            + c.map_or(0, |c| c.stale_guest)
+            + o.map_or(0, |o| o.stale_guest);
+        let _ = writeln!(t, "stale pages the guests found, all variants: {stale}");
+        for note in [&self.ch_file_note, &self.offload_daemon_note]
+            .into_iter()
+            .flatten()
+        {
+            let _ = writeln!(t, "note: {note}");
+        }
+        let _ = writeln!(t, "note: {}", self.page_size_note);
+        let _ = writeln!(t, "note: {}", self.on_demand_note);
+        t
+    }
+}

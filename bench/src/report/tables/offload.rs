@@ -1,0 +1,218 @@
+//! `offload` runs: one table, a column per run (one size each, the
+//! smallest first as listed): hugemem's park and restore from the park,
+//! its save to disk and restore from it, beside cloud-hypervisor's own
+//! `file://` snapshot and restore and its reference offload daemon; and
+//! the expectations checked on the figures: park and restore from the park
+//! flat in guest size (each run against the first, at most 1.2x) with no
+//! guest RAM copied, the load from disk at 0.8x the disk's read rate or
+//! more, and hugemem's restore from disk at least 2x faster than
+//! cloud-hypervisor's `file://` restore.
+
+use serde_json::Value;
+
+use super::cells::{f, note, num, run_line, s, size};
+use crate::report::fixed;
+
+/// Largest park or restore time of a run over the first run's.
+const FLAT_RATIO: f64 = 1.2;
+/// Least load rate over the disk's read rate.
+const DISK_SHARE: f64 = 0.8;
+/// Least `file://` restore time over hugemem's restore from disk.
+const FILE_RATIO: f64 = 2.0;
+
+fn verdict(ok: bool) -> &'static str {
+    if ok {
+        "met"
+    } else {
+        "**not met**"
+    }
+}
+
+/// `a / b / c` of the cells.
+fn three(a: String, b: String, c: String) -> String {
+    format!("{a} / {b} / {c}")
+}
+
+/// This run's median at `path` over the first run's, judged flat or not.
+fn flat(v: &Value, first: &Value, path: &str) -> String {
+    match (num(v, path), num(first, path)) {
+        (Some(x), Some(base)) if base > 0.0 => {
+            let r = x / base;
+            format!(
+                "{}x ({} over {} ms): {}",
+                fixed(r, 2),
+                fixed(x, 1),
+                fixed(base, 1),
+                verdict(r <= FLAT_RATIO)
+            )
+        }
+        _ => "-".into(),
+    }
+}
+
+/// The load's rate over the disk's, judged.
+fn disk_share(v: &Value) -> String {
+    match num(v, "load_vs_disk") {
+        Some(r) => format!(
+            "{}x ({} over {} GB/s): {}",
+            fixed(r, 2),
+            f(v, "from_disk.load_gbps.median", 2),
+            f(v, "from_disk.disk_read_gbps.median", 2),
+            verdict(r >= DISK_SHARE)
+        ),
+        None => "-".into(),
+    }
+}
+
+/// `file://` restore over hugemem's restore from disk, judged.
+fn file_ratio(v: &Value) -> String {
+    match num(v, "ch_file_over_from_disk") {
+        Some(r) => format!(
+            "{}x ({} over {} ms): {}",
+            fixed(r, 2),
+            f(v, "ch_file.restore_ms.median", 1),
+            f(v, "from_disk.disk_to_running_ms.median", 1),
+            verdict(r >= FILE_RATIO)
+        ),
+        None => "-".into(),
+    }
+}
+
+/// The paired difference `file://` − hugemem from disk and its interval.
+fn paired(v: &Value) -> String {
+    let lo = num(v, "ch_file_minus_from_disk_ci95_ms.0");
+    let hi = num(v, "ch_file_minus_from_disk_ci95_ms.1");
+    let interval = match (lo, hi) {
+        (Some(lo), Some(hi)) => format!(" [{lo:+.1}, {hi:+.1}]"),
+        _ => " (no interval: under 6 pairs)".into(),
+    };
+    match num(v, "ch_file_minus_from_disk_paired_ms") {
+        Some(d) => format!("{d:+.1}{interval}"),
+        None => "-".into(),
+    }
+}
+
+/// Guest RAM bytes the park copied, judged, and what the old process wrote.
+fn copied(v: &Value) -> String {
+    match num(v, "from_park.park_copied_bytes") {
+        Some(c) => format!(
+            "{} / {}: {}",
+            fixed(c, 0),
+            f(v, "from_park.park_written_bytes", 0),
+            verdict(c == 0.0)
+        ),
+        None => "-".into(),
+    }
+}
+
+/// What a row shows of one run.
+type Cell<'a> = &'a dyn Fn(&Value) -> String;
+
+/// One row: the label, then a cell per run.
+fn row(label: &str, files: &[(String, Value)], cell: impl Fn(&Value) -> String) -> String {
+    let cells: Vec<String> = files.iter().map(|(_, v)| cell(v)).collect();
+    format!("| {label} | {} |\n", cells.join(" | "))
+}
+
+/// The table of the `offload` runs in `files`.
+pub(super) fn offloads(files: &[(String, Value)]) -> String {
+    let mut out = String::from("\n");
+    for (n, v) in files {
+        out += run_line(n, v).trim_end();
+        out += &note(v, "page_size_note");
+        out += &note(v, "ch_file_note");
+        out += &note(v, "offload_daemon_note");
+        out += "\n\n";
+    }
+    let Some((_, first)) = files.first() else {
+        return out;
+    };
+    let header: Vec<String> = files
+        .iter()
+        .map(|(_, v)| format!("{} ({} pages)", size(v, "size"), s(v, "page_size")))
+        .collect();
+    out += &format!(
+        "| figure (medians) | {} |\n|---|{}\n",
+        header.join(" | "),
+        "---|".repeat(files.len())
+    );
+    let rows: [(&str, Cell<'_>); 17] = [
+        ("repetitions", &|v| f(v, "reps", 0)),
+        ("hugemem park, ms", &|v| f(v, "from_park.park_ms.median", 1)),
+        ("**expected**: park flat in size (over the first column's, ≤ 1.2x)", &|v| {
+            flat(v, first, "from_park.park_ms.median")
+        }),
+        ("restore from the park (command start to the guest counting) / its RESTORE exchange, ms", &|v| {
+            format!(
+                "{} / {}",
+                f(v, "from_park.restore_ms.median", 1),
+                f(v, "from_park.restore_launcher_ms.median", 1)
+            )
+        }),
+        ("**expected**: restore from the park flat in size (≤ 1.2x)", &|v| {
+            flat(v, first, "from_park.restore_ms.median")
+        }),
+        ("the guest's pause across park and restore, ms", &|v| {
+            f(v, "from_park.pause_ms.median", 1)
+        }),
+        ("**expected**: guest RAM bytes the park copied (STATS) = 0 / bytes the old cloud-hypervisor wrote", &copied),
+        ("save to disk, ms: hugemem unpark --save / file:// pause + snapshot / offload_daemon snapshot", &|v| {
+            three(
+                f(v, "from_disk.save_ms.median", 1),
+                f(v, "ch_file.snapshot_ms.median", 1),
+                f(v, "offload_daemon.park_ms.median", 1),
+            )
+        }),
+        ("bytes on disk: hugemem's save / file:// / offload_daemon (a slot the guest never wrote is a hole)", &|v| {
+            three(
+                size(v, "from_disk.saved_bytes_on_disk"),
+                size(v, "ch_file.snapshot_bytes_on_disk"),
+                size(v, "offload_daemon.snapshot_bytes_on_disk"),
+            )
+        }),
+        ("load from disk (hugemem park --from-dir, cold) / the daemon's copy in it, ms", &|v| {
+            format!(
+                "{} / {}",
+                f(v, "from_disk.load_ms.median", 1),
+                f(v, "from_disk.load_daemon_copy_ms.median", 1)
+            )
+        }),
+        ("**expected**: load (bytes on disk over its time) ≥ 0.8x the disk's sequential read rate (cold)", &disk_share),
+        ("restore from disk (cold) to the guest counting, ms: hugemem load + restore / file:// / offload_daemon", &|v| {
+            three(
+                f(v, "from_disk.disk_to_running_ms.median", 1),
+                f(v, "ch_file.restore_ms.median", 1),
+                f(v, "offload_daemon.restore_ms.median", 1),
+            )
+        }),
+        ("**expected**: hugemem from disk ≥ 2x faster than file:// (its time over hugemem's)", &file_ratio),
+        ("file:// less hugemem from disk, paired median [95 % interval], ms", &paired),
+        ("offload_daemon restore over hugemem's from disk / from the park", &|v| {
+            format!(
+                "{}x / {}x",
+                f(v, "offload_daemon_over_from_disk", 2),
+                f(v, "offload_daemon_over_from_park", 1)
+            )
+        }),
+        ("on-demand restore to a running guest, ms", &|v| {
+            match num(v, "on_demand_restore_ms.median") {
+                Some(x) => fixed(x, 1),
+                None => "not measured yet".into(),
+            }
+        }),
+        ("stale pages the guest found: from the park / from disk / file:// / offload_daemon", &|v| {
+            format!(
+                "{} / {} / {} / {}",
+                f(v, "from_park.stale_guest", 0),
+                f(v, "from_disk.stale_guest", 0),
+                f(v, "ch_file.stale_guest", 0),
+                f(v, "offload_daemon.stale_guest", 0)
+            )
+        }),
+    ];
+    for (label, cell) in rows {
+        out += &row(label, files, cell);
+    }
+    out += "\n";
+    out
+}

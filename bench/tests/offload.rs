@@ -1,0 +1,90 @@
+//! `hugemem bench offload` at 64 MiB, one repetition: the report is
+//! complete; hugemem's park copied nothing, every variant's guest counted on
+//! with no page changed, the load from disk has a rate and so has the disk,
+//! and both baselines (cloud-hypervisor's `file://`, its offload daemon)
+//! ran. No timing is asserted.
+//!
+//! Skipped (through the skip helper) without the cloud-hypervisor binary
+//! that `CLOUD_HYPERVISOR` names and the offload daemon `CH_OFFLOAD_DAEMON`
+//! names (`scripts/build-cloud-hypervisor --print-env`), a usable
+//! `/dev/kvm`, or 32 free 2 MiB pages.
+
+use std::process::Command;
+
+use serde_json::Value;
+use test_support::prelude::serial;
+
+const HUGEMEM_BENCH: &str = env!("CARGO_BIN_EXE_hugemem-bench");
+
+#[test]
+fn a_small_run_reports_every_variant() {
+    let _serial = serial();
+    let (Some(ch), Some(offload)) = (
+        std::env::var_os("CLOUD_HYPERVISOR"),
+        std::env::var_os("CH_OFFLOAD_DAEMON"),
+    ) else {
+        test_support::skip!("CLOUD_HYPERVISOR and CH_OFFLOAD_DAEMON do not both name binaries");
+        return;
+    };
+    if let Err(reason) = microguest::kvm_available() {
+        test_support::skip!("{reason}");
+        return;
+    }
+    let dir = tempfile::tempdir_in("/var/tmp").expect("a directory under /var/tmp");
+    let out = Command::new("timeout")
+        .args([
+            "300",
+            HUGEMEM_BENCH,
+            "offload",
+            "--size",
+            "64M",
+            "--reps",
+            "1",
+        ])
+        .arg("--cloud-hypervisor")
+        .arg(&ch)
+        .arg("--offload-daemon")
+        .arg(&offload)
+        .arg("--dir")
+        .arg(dir.path())
+        .arg("--json")
+        .output()
+        .expect("run hugemem-bench offload");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    if !out.status.success() && stderr.contains("free 2 MiB pages needed") {
+        test_support::skip!("not enough 2 MiB pages: {stderr}");
+        return;
+    }
+    assert!(out.status.success(), "bench offload failed:\n{stderr}");
+    let r: Value = serde_json::from_slice(&out.stdout).expect("JSON report");
+    eprintln!("{r}");
+    assert_eq!(r["bench"], "offload");
+    assert_eq!(r["size"], 64u64 << 20);
+    let p = &r["from_park"];
+    assert_eq!(p["park_ms"]["samples"].as_array().map(Vec::len), Some(1));
+    assert_eq!(p["restore_ms"]["samples"].as_array().map(Vec::len), Some(1));
+    assert_eq!(p["park_copied_bytes"], 0, "the park moved the memory: {p}");
+    assert_eq!(p["stale_guest"], 0, "{p}");
+    let d = &r["from_disk"];
+    assert!(
+        d["load_gbps"]["median"].as_f64().expect("rate") > 0.0,
+        "{d}"
+    );
+    assert!(
+        d["disk_read_gbps"]["median"].as_f64().expect("rate") > 0.0,
+        "{d}"
+    );
+    assert_eq!(d["stale_guest"], 0, "{d}");
+    let c = &r["ch_file"];
+    assert!(c.is_object(), "file:// ran: {}", r["ch_file_note"]);
+    assert_eq!(c["stale_guest"], 0, "{c}");
+    let o = &r["offload_daemon"];
+    assert!(
+        o.is_object(),
+        "offload_daemon ran: {}",
+        r["offload_daemon_note"]
+    );
+    assert_eq!(o["stale_guest"], 0, "{o}");
+    assert!(r["ch_file_over_from_disk"].is_f64(), "{r}");
+    assert!(r["on_demand_note"].as_str().is_some_and(|n| !n.is_empty()));
+}
