@@ -7,8 +7,10 @@
 //! to restore it (it can be dropped).
 
 use std::collections::HashMap;
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::{Arc, Mutex};
+
+use guest_mem::FillSource;
 
 use super::ids::AllocId;
 
@@ -36,6 +38,29 @@ pub struct PendingFill {
     /// The region's bytes were all zero before the fill (holes need no
     /// zeroing).
     pub dest_is_zero: bool,
+}
+
+/// The fill engine's sources for `specs`, file `i` being `file(i)`.
+pub fn fill_sources<'a>(
+    specs: &[SourceSpec],
+    file: impl Fn(usize) -> BorrowedFd<'a>,
+) -> Vec<FillSource<'a>> {
+    specs
+        .iter()
+        .map(|s| FillSource {
+            file: file(s.file),
+            file_offset: s.file_offset,
+            dest_offset: s.dest_offset,
+            len: s.len,
+        })
+        .collect()
+}
+
+impl PendingFill {
+    /// The fill engine's sources for what is left to fill.
+    pub fn fill_sources(&self) -> Vec<FillSource<'_>> {
+        fill_sources(&self.sources, |i| self.files[i].as_fd())
+    }
 }
 
 /// Every pending fill, by allocation.

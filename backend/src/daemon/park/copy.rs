@@ -17,9 +17,9 @@
 use std::os::fd::AsFd;
 use std::sync::Arc;
 
-use guest_mem::{fill_region, mark_for_fill, FillOptions, FillSource};
+use guest_mem::{fill_region, mark_for_fill, FillOptions};
 
-use crate::daemon::fills::{PendingFill, SourceSpec};
+use crate::daemon::fills::{fill_sources, PendingFill, SourceSpec};
 
 use tracing::info;
 
@@ -87,19 +87,42 @@ fn place(checked: &Checked) -> Result<(Vec<Placed>, u64), Refusal> {
     Ok((placed, total))
 }
 
+/// Where slot `slot`'s file starts in the new region.
+fn base_of(checked: &Checked, placed: &[Placed], slot: u32) -> u64 {
+    checked
+        .memory
+        .iter()
+        .find(|f| f.slot == slot)
+        .and_then(|f| placed.iter().find(|p| p.identity == f.identity))
+        .map_or(0, |p| p.base)
+}
+
+/// What to read for each mapping: from its slot's file (an index in
+/// `checked.memory`) at its offset, to its file's place in the new region.
+fn source_specs(checked: &Checked, placed: &[Placed]) -> Vec<SourceSpec> {
+    checked
+        .mappings
+        .iter()
+        .filter_map(|m| {
+            let file = checked.memory.iter().position(|f| f.slot == m.slot)?;
+            Some(SourceSpec {
+                file,
+                file_offset: m.file_offset,
+                dest_offset: base_of(checked, placed, m.slot) + m.file_offset,
+                len: m.size,
+            })
+        })
+        .collect()
+}
+
 /// The page size the copy may use: cloud-hypervisor maps each slot at its
 /// `file_offset`, which must be a multiple of the page size; `Best` (1 GiB
 /// pages first) where every offset allows it.
 fn page_policy(checked: &Checked, placed: &[Placed]) -> PagePolicy {
     let aligned = |align: u64| {
         checked.mappings.iter().all(|m| {
-            let base = checked
-                .memory
-                .iter()
-                .find(|f| f.slot == m.slot)
-                .and_then(|f| placed.iter().find(|p| p.identity == f.identity))
-                .map_or(0, |p| p.base);
-            (base + m.file_offset).is_multiple_of(align) && m.size.is_multiple_of(align)
+            (base_of(checked, placed, m.slot) + m.file_offset).is_multiple_of(align)
+                && m.size.is_multiple_of(align)
         })
     };
     if aligned(GIB) {
@@ -263,53 +286,23 @@ pub async fn copy_in(
 /// time, checked now (a file too short or overlapping mappings are refused
 /// before anything is parked). Returns the snapshot without its files.
 fn pend(
-    mut checked: Checked,
+    checked: Checked,
     placed: &[Placed],
     region: &guest_mem::Region,
 ) -> Result<(Checked, PendingFill), String> {
     let files: Vec<std::os::fd::OwnedFd> = checked
         .memory
-        .iter_mut()
+        .iter()
         .map(|f| f.fd.try_clone())
         .collect::<Result<_, _>>()
         .map_err(|e| e.to_string())?;
-    let mut sources = Vec::new();
-    for m in &checked.mappings {
-        let Some(i) = checked.memory.iter().position(|f| f.slot == m.slot) else {
-            continue;
-        };
-        let identity = checked.memory[i].identity;
-        let base = placed
-            .iter()
-            .find(|p| p.identity == identity)
-            .map_or(0, |p| p.base);
-        sources.push(SourceSpec {
-            file: i,
-            file_offset: m.file_offset,
-            dest_offset: base + m.file_offset,
-            len: m.size,
-        });
-    }
-    let dest_is_zero = mark_for_fill(region);
     let fill = PendingFill {
         files,
-        sources,
-        dest_is_zero,
+        sources: source_specs(&checked, placed),
+        dest_is_zero: mark_for_fill(region),
     };
-    {
-        let sources: Vec<FillSource<'_>> = fill
-            .sources
-            .iter()
-            .map(|s| FillSource {
-                file: fill.files[s.file].as_fd(),
-                file_offset: s.file_offset,
-                dest_offset: s.dest_offset,
-                len: s.len,
-            })
-            .collect();
-        guest_mem::FillPlan::new(region, &sources)
-            .map_err(|e| format!("the VM's memory files: {e}"))?;
-    }
+    guest_mem::FillPlan::new(region, &fill.fill_sources())
+        .map_err(|e| format!("the VM's memory files: {e}"))?;
     Ok((checked, fill))
 }
 
@@ -319,14 +312,6 @@ fn rebase_config(checked: &Checked, placed: &[Placed]) -> Result<String, Refusal
     if placed.iter().all(|p| p.base == 0) {
         return Ok(checked.config.clone());
     }
-    let base_of = |slot: u64| -> u64 {
-        checked
-            .memory
-            .iter()
-            .find(|f| u64::from(f.slot) == slot)
-            .and_then(|f| placed.iter().find(|p| p.identity == f.identity))
-            .map_or(0, |p| p.base)
-    };
     let mut v: serde_json::Value =
         serde_json::from_str(&checked.config).map_err(|e| (Status::Invalid, e.to_string()))?;
     if let Some(list) = v
@@ -342,7 +327,8 @@ fn rebase_config(checked: &Checked, placed: &[Placed]) -> Result<String, Refusal
                 .get("file_offset")
                 .and_then(serde_json::Value::as_u64)
                 .unwrap_or(0);
-            m["file_offset"] = (offset + base_of(slot)).into();
+            let base = u32::try_from(slot).map_or(0, |slot| base_of(checked, placed, slot));
+            m["file_offset"] = (offset + base).into();
         }
     }
     serde_json::to_string(&v).map_err(|e| (Status::Internal, e.to_string()))
@@ -357,22 +343,8 @@ fn copy_all(
     placed: &[Placed],
     region: &guest_mem::Region,
 ) -> Result<u64, String> {
-    let mut sources = Vec::new();
-    for m in &checked.mappings {
-        let Some(f) = checked.memory.iter().find(|f| f.slot == m.slot) else {
-            continue;
-        };
-        let base = placed
-            .iter()
-            .find(|p| p.identity == f.identity)
-            .map_or(0, |p| p.base);
-        sources.push(FillSource {
-            file: f.fd.as_fd(),
-            file_offset: m.file_offset,
-            dest_offset: base + m.file_offset,
-            len: m.size,
-        });
-    }
+    let specs = source_specs(checked, placed);
+    let sources = fill_sources(&specs, |i| checked.memory[i].fd.as_fd());
     let dest_is_zero = mark_for_fill(region);
     let opts = FillOptions {
         dest_is_zero,

@@ -16,7 +16,7 @@
 //! every page): the allocation is handed out only then, so no fill ever
 //! runs on memory that is no longer the parked VM's.
 
-use std::os::fd::{AsFd, BorrowedFd};
+use std::os::fd::BorrowedFd;
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -109,20 +109,7 @@ pub fn send(p: Postcopy<'_>) -> Result<(), String> {
         p.config.to_vec()
     };
     let slots = migration_config_slots(&config, 64).map_err(|e| e.to_string())?;
-    let sources: Vec<FillSource<'_>> = p
-        .pending
-        .map(|f| {
-            f.sources
-                .iter()
-                .map(|s| FillSource {
-                    file: f.files[s.file].as_fd(),
-                    file_offset: s.file_offset,
-                    dest_offset: s.dest_offset,
-                    len: s.len,
-                })
-                .collect()
-        })
-        .unwrap_or_default();
+    let sources: Vec<FillSource<'_>> = p.pending.map(PendingFill::fill_sources).unwrap_or_default();
     let plan = FillPlan::new(p.region, &sources).map_err(|e| e.to_string())?;
     let opts = FillOptions {
         dest_is_zero: p.pending.is_some_and(|f| f.dest_is_zero),
@@ -200,16 +187,7 @@ pub fn send(p: Postcopy<'_>) -> Result<(), String> {
 ///
 /// The fill's failure.
 pub fn fill_all(topology: &Topology, region: &Region, pending: &PendingFill) -> Result<(), String> {
-    let sources: Vec<FillSource<'_>> = pending
-        .sources
-        .iter()
-        .map(|s| FillSource {
-            file: pending.files[s.file].as_fd(),
-            file_offset: s.file_offset,
-            dest_offset: s.dest_offset,
-            len: s.len,
-        })
-        .collect();
+    let sources = pending.fill_sources();
     let plan = FillPlan::new(region, &sources).map_err(|e| e.to_string())?;
     let opts = FillOptions {
         dest_is_zero: pending.dest_is_zero,

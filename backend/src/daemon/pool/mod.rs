@@ -62,7 +62,7 @@ pub use handoff::{HandedOff, HandoffError};
 pub use held::{Held, HeldRegion, Why};
 pub use in_use::{InUseRegion, Placement};
 pub use owners::{Owners, OwnershipError};
-pub use parked::{file_identity, FileOwner, FoundParked, ParkError, ParkedSummary};
+pub use parked::{FileOwner, FoundParked, ParkError, ParkedSummary};
 pub use parked_vm::{ParkedSlot, ParkedVm};
 pub use persist::{
     AdoptError, Adopted, AllocRecord, AllocSnapshot, Life, MalformedToken, Records, RegionRecord,

@@ -285,7 +285,7 @@ impl super::Pool {
 /// # Errors
 ///
 /// The `fstat` error.
-pub fn file_identity(fd: std::os::fd::BorrowedFd<'_>) -> std::io::Result<(u64, u64)> {
+fn file_identity(fd: std::os::fd::BorrowedFd<'_>) -> std::io::Result<(u64, u64)> {
     let st = nix::sys::stat::fstat(fd).map_err(std::io::Error::from)?;
     Ok((st.st_dev, st.st_ino))
 }
