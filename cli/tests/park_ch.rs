@@ -56,6 +56,29 @@ fn park(daemon: &TestDaemon, name: &str, api: &Path) -> String {
     stdout
 }
 
+/// `hugemem launch` of the counting guest (256 MiB on 2 MiB pages) under
+/// cloud-hypervisor `ch`, its API at `api`.
+fn launch_counting(daemon: &TestDaemon, ch: &str, api: &Path, elf: &Path) -> Child {
+    Command::new("timeout")
+        .args(["600", HUGEMEM, "launch", "--socket"])
+        .arg(daemon.socket())
+        .args([
+            "--size",
+            "256M",
+            "--page-size",
+            "2M",
+            "--",
+            ch,
+            "--api-socket",
+        ])
+        .arg(api)
+        .arg("--kernel")
+        .arg(elf)
+        .args(["--cpus", "boot=1", "--serial", "null", "--console", "off"])
+        .spawn()
+        .expect("spawn hugemem launch")
+}
+
 fn restore(daemon: &TestDaemon, ch: &str, name: &str, api: &Path) -> Child {
     Command::new("timeout")
         .args(["600", HUGEMEM, "launch", "--socket"])
@@ -122,24 +145,7 @@ fn a_launched_guest_parks_and_restores_ten_times_on_the_same_memory() {
     let elf = spin_elf(dir.path(), STRIDE, START_GPA, MARKER);
     let daemon = TestDaemon::start(|c| c.pool.recheck_ms = 20);
     let mut api = dir.path().join("api0.sock");
-    let mut launch = Command::new("timeout")
-        .args(["600", HUGEMEM, "launch", "--socket"])
-        .arg(daemon.socket())
-        .args([
-            "--size",
-            "256M",
-            "--page-size",
-            "2M",
-            "--",
-            &ch,
-            "--api-socket",
-        ])
-        .arg(&api)
-        .arg("--kernel")
-        .arg(&elf)
-        .args(["--cpus", "boot=1", "--serial", "null", "--console", "off"])
-        .spawn()
-        .expect("spawn hugemem launch");
+    let mut launch = launch_counting(&daemon, &ch, &api, &elf);
     let mut launcher = child_of(launch.id());
     let mut vmm = child_of(launcher);
     let ram = launched_guest_ram(launcher, vmm);
@@ -306,24 +312,7 @@ fn unpark_returns_the_memory_and_names_are_per_tenant() {
     let elf = spin_elf(dir.path(), STRIDE, START_GPA, MARKER);
     let daemon = TestDaemon::start(|c| c.pool.recheck_ms = 20);
     let api = dir.path().join("api.sock");
-    let mut launch = Command::new("timeout")
-        .args(["600", HUGEMEM, "launch", "--socket"])
-        .arg(daemon.socket())
-        .args([
-            "--size",
-            "256M",
-            "--page-size",
-            "2M",
-            "--",
-            &ch,
-            "--api-socket",
-        ])
-        .arg(&api)
-        .arg("--kernel")
-        .arg(&elf)
-        .args(["--cpus", "boot=1", "--serial", "null", "--console", "off"])
-        .spawn()
-        .expect("spawn hugemem launch");
+    let mut launch = launch_counting(&daemon, &ch, &api, &elf);
     let launcher = child_of(launch.id());
     let vmm = child_of(launcher);
     {
@@ -395,24 +384,7 @@ fn a_parked_guest_goes_to_disk_and_back() {
     let elf = spin_elf(dir.path(), STRIDE, START_GPA, MARKER);
     let daemon = TestDaemon::start(|c| c.pool.recheck_ms = 20);
     let api = dir.path().join("api.sock");
-    let mut launch = Command::new("timeout")
-        .args(["600", HUGEMEM, "launch", "--socket"])
-        .arg(daemon.socket())
-        .args([
-            "--size",
-            "256M",
-            "--page-size",
-            "2M",
-            "--",
-            &ch,
-            "--api-socket",
-        ])
-        .arg(&api)
-        .arg("--kernel")
-        .arg(&elf)
-        .args(["--cpus", "boot=1", "--serial", "null", "--console", "off"])
-        .spawn()
-        .expect("spawn hugemem launch");
+    let mut launch = launch_counting(&daemon, &ch, &api, &elf);
     let launcher = child_of(launch.id());
     let vmm = child_of(launcher);
     let parked_at = {
@@ -582,24 +554,7 @@ fn an_on_demand_restore_runs_the_guest_while_its_memory_is_read() {
     let elf = spin_elf(dir.path(), STRIDE, START_GPA, MARKER);
     let daemon = TestDaemon::start(|c| c.pool.recheck_ms = 20);
     let api = dir.path().join("api.sock");
-    let mut launch = Command::new("timeout")
-        .args(["600", HUGEMEM, "launch", "--socket"])
-        .arg(daemon.socket())
-        .args([
-            "--size",
-            "256M",
-            "--page-size",
-            "2M",
-            "--",
-            &ch,
-            "--api-socket",
-        ])
-        .arg(&api)
-        .arg("--kernel")
-        .arg(&elf)
-        .args(["--cpus", "boot=1", "--serial", "null", "--console", "off"])
-        .spawn()
-        .expect("spawn hugemem launch");
+    let mut launch = launch_counting(&daemon, &ch, &api, &elf);
     let launcher = child_of(launch.id());
     let vmm = child_of(launcher);
     let parked_at = {
@@ -688,24 +643,7 @@ fn a_restored_guest_is_updated_under_its_name() {
     let elf = spin_elf(dir.path(), STRIDE, START_GPA, MARKER);
     let daemon = TestDaemon::start(|c| c.pool.recheck_ms = 20);
     let api = dir.path().join("api.sock");
-    let mut launch = Command::new("timeout")
-        .args(["600", HUGEMEM, "launch", "--socket"])
-        .arg(daemon.socket())
-        .args([
-            "--size",
-            "256M",
-            "--page-size",
-            "2M",
-            "--",
-            &ch,
-            "--api-socket",
-        ])
-        .arg(&api)
-        .arg("--kernel")
-        .arg(&elf)
-        .args(["--cpus", "boot=1", "--serial", "null", "--console", "off"])
-        .spawn()
-        .expect("spawn hugemem launch");
+    let mut launch = launch_counting(&daemon, &ch, &api, &elf);
     let launcher = child_of(launch.id());
     let vmm = child_of(launcher);
     let ram = launched_guest_ram(launcher, vmm);
