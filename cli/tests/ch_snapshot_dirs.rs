@@ -591,15 +591,18 @@ fn a_cloud_hypervisor_file_snapshot_is_restored_by_local_migration_into_hugetlb_
         keys(&ours["memory_manager_data"]),
         keys(&theirs["memory_manager_data"])
     );
-    // CPUID leaf 1's EBX[31:24] is the initial APIC id of the host CPU the
-    // process ran the instruction on: the two processes may have run on
-    // different CPUs.
+    // The APIC ids in CPUID are those of the host CPU the process ran the
+    // instruction on (leaf 1's EBX[31:24], leaves 0xB and 0x1F's EDX, the
+    // x2APIC id): the two processes may have run on different CPUs.
     let cpuid = |v: &serde_json::Value| {
         let mut v = v.clone();
         for e in v.as_array_mut().into_iter().flatten() {
             if e["function"] == 1 {
                 let ebx = e["ebx"].as_u64().unwrap_or(0) & 0x00ff_ffff;
                 e["ebx"] = ebx.into();
+            }
+            if e["function"] == 0xb || e["function"] == 0x1f {
+                e["edx"] = 0.into();
             }
         }
         v
