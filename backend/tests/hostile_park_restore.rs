@@ -131,6 +131,64 @@ fn foreign_memory_is_copied_exactly_or_refused_without_a_trace() {
     d.shutdown();
 }
 
+/// A copy onto clean pool memory zeroes nothing: the pool's pages are
+/// zero already, so the file's holes are skipped, not written
+/// (`park_zeroed_bytes` stays 0), and the copy still holds exactly the
+/// file's bytes with zeros where the file has a hole.
+#[test]
+fn a_copy_onto_clean_pool_memory_zeroes_nothing() {
+    const TEST: &str = "a_copy_onto_clean_pool_memory_zeroes_nothing";
+    let _g = serial();
+    if !reserve_2m(8, TEST) {
+        return;
+    }
+    let d = TestDaemon::start(|_| {});
+    let mut client = d.client();
+    let size = 4 * MIB;
+
+    // Pool memory of the copy's size, written by a tenant, freed, scrubbed.
+    let a = client.alloc(alloc_2m(size, false)).expect("ALLOC");
+    fill_mapped(&a.fds[0], size);
+    let id = a.id;
+    drop(a);
+    client.free(id).expect("FREE");
+    d.wait_stats(SETTLE, "the freed region is clean in the pool", |s| {
+        s.pool_sum(|p| p.clean_bytes) >= size
+            && s.pool_sum(|p| p.quarantined_bytes + p.dirty_bytes) == 0
+    });
+    let fresh = d.stats().counters.regions_fresh;
+
+    // The VM's file: 2 MiB of bytes, then a 2 MiB hole.
+    let vm = memfd("park-clean-pool", 2 * MIB, false);
+    std::fs::File::from(vm.try_clone().expect("dup"))
+        .set_len(size)
+        .expect("a hole after the bytes");
+    let run = park_via(&mut client, "holes", whole(&vm, size));
+    let parked = run.result.expect("PARK");
+    assert_eq!((parked.bytes, parked.copied_bytes), (size, 2 * MIB));
+    let s = d.stats();
+    assert_eq!(s.counters.regions_fresh, fresh, "the copy took pool memory");
+    assert_eq!(
+        s.counters.park_zeroed_bytes, 0,
+        "clean pool memory is zero already: the hole is not zeroed again"
+    );
+    let (restored, snap) = restore_via(&mut client, "holes");
+    let restored = restored.expect("RESTORE of the copy");
+    assert!(snap.is_some(), "the receiver took the VM");
+    assert!(holds_pattern(&restored.fds[0], 0, 2 * MIB, 0), "the bytes");
+    assert!(
+        read_at(&restored.fds[0], 2 * MIB, 2 * MIB)
+            .iter()
+            .all(|&b| b == 0),
+        "the hole reads zero"
+    );
+    drop(snap);
+    let id = restored.id;
+    drop(restored);
+    client.free(id).expect("FREE of the restored copy");
+    d.shutdown();
+}
+
 /// Names are per tenant and a park rotates the token: a second PARK under
 /// a name in use is refused; another uid's RESTORE and UNPARK of the name
 /// find nothing; the launcher's old token neither REATTACHes nor HANDOFFs

@@ -302,6 +302,11 @@ impl DaemonCollector {
                 "Bytes of guest memory PARK copied into pool memory (memory that did not come from this daemon).",
                 g(&m.park_copied_bytes),
             ),
+            (
+                "park_zeroed_bytes",
+                "Bytes PARK's copy zeroed (holes of the files, bytes no mapping covers) on pool memory not known to be zero.",
+                g(&m.park_zeroed_bytes),
+            ),
         ]
     }
 

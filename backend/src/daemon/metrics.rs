@@ -112,13 +112,16 @@ pub struct Metrics {
     /// Bytes of guest memory PARK copied into pool memory (memory that did
     /// not come from this daemon).
     pub park_copied_bytes: AtomicU64,
+    /// Bytes PARK's copy zeroed: holes of the files and bytes no mapping
+    /// covers, on pool memory not known to be zero (0 when it was clean).
+    pub park_zeroed_bytes: AtomicU64,
     /// REATTACH and HANDOFF refusals by kind and uid (`/metrics` only).
     pub token_refusals: super::refusals::TokenRefusals,
 }
 
 impl Metrics {
     /// Every counter by name.
-    fn named(&self) -> [(&'static str, &AtomicU64); 35] {
+    fn named(&self) -> [(&'static str, &AtomicU64); 36] {
         [
             ("sessions_total", &self.sessions_total),
             ("sessions_active", &self.sessions_active),
@@ -155,6 +158,7 @@ impl Metrics {
             ("restores", &self.restores),
             ("restores_refused", &self.restores_refused),
             ("park_copied_bytes", &self.park_copied_bytes),
+            ("park_zeroed_bytes", &self.park_zeroed_bytes),
         ]
     }
 

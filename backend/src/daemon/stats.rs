@@ -154,6 +154,7 @@ impl StatsSource {
                 restores: g(&m.restores),
                 restores_refused: g(&m.restores_refused),
                 park_copied_bytes: g(&m.park_copied_bytes),
+                park_zeroed_bytes: g(&m.park_zeroed_bytes),
             },
             parked: self.pool.owners().parked_list(),
         }

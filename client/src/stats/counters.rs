@@ -102,6 +102,10 @@ pub struct Counters {
     /// Bytes PARK copied into pool memory (memory not from this daemon).
     #[serde(default)]
     pub park_copied_bytes: u64,
+    /// Bytes PARK's copy zeroed (holes, uncovered bytes) on pool memory
+    /// not known to be zero: 0 when it took clean memory.
+    #[serde(default)]
+    pub park_zeroed_bytes: u64,
 }
 
 /// Percentiles of the fault-latency histogram, in nanoseconds.
