@@ -13,10 +13,13 @@
 //! * `seq_read`: `read(2)` of the whole file in 8 MiB reads into one buffer,
 //!   cold: the disk through the page cache, the baseline;
 //! * `seq_read_direct`: the same with `O_DIRECT` (no page cache): the device;
-//! * `fill_cold`: `fill_region` into a fresh, populated 2 MiB-page region,
-//!   cold, once per read-ahead hint (`Readahead`);
-//! * `fill_warm`: the same with the file in the page cache: a copy from the
-//!   page cache into huge pages, bound by memory bandwidth.
+//! * `fill_region` into a fresh, populated 2 MiB-page region, cold: `direct`
+//!   (the engine's default: `O_DIRECT` reads of a file mostly not in the
+//!   page cache), then through the page cache once per read-ahead hint
+//!   (`Readahead`: `willneed`, `none`, `sequential`);
+//! * `warm`: the engine's default with the file in the page cache (which it
+//!   then reads through the page cache): a copy from the page cache into
+//!   huge pages, bound by memory bandwidth.
 //!
 //! Each region is allocated (and populated) before its clock starts, so the
 //! figures are the fill alone.
@@ -63,7 +66,7 @@ pub struct FillBenchConfig {
 /// One fill measurement.
 #[derive(Debug, Clone, Serialize)]
 pub struct FillPoint {
-    /// Read-ahead hint, or "warm" for the warm page cache run.
+    /// "direct", a read-ahead hint (through the page cache), or "warm".
     pub mode: String,
     /// File bytes per second, GB/s (10^9 bytes).
     pub gbps: f64,
@@ -73,6 +76,8 @@ pub struct FillPoint {
     pub threads: usize,
     /// Bytes read from the file (the holes were not).
     pub bytes_read: u64,
+    /// Of those, bytes read with `O_DIRECT`.
+    pub bytes_read_direct: u64,
     /// Bytes of holes skipped.
     pub hole_bytes: u64,
     /// Every repetition's GB/s, in order.
@@ -189,8 +194,8 @@ pub fn run(
             Ok(seconds) => direct.push(gbps(cfg.size, seconds)),
             Err(e) => progress(&format!("O_DIRECT read refused: {e}")),
         }
-        for (i, (mode, readahead, cold)) in MODES.into_iter().enumerate() {
-            let point = fill_once(&topology, cfg, &file, &path, mode, readahead, cold)?;
+        for (i, mode) in MODES.into_iter().enumerate() {
+            let point = fill_once(&topology, cfg, &file, &path, mode)?;
             match fills.get_mut(i) {
                 Some(p) => p.samples.extend(point.samples),
                 None => fills.push(point),
@@ -216,13 +221,49 @@ pub fn run(
     })
 }
 
-/// The fills measured, in the order each repetition runs them: read-ahead
-/// hint, and whether the page cache is dropped first.
-const MODES: [(&str, Readahead, bool); 4] = [
-    ("willneed", Readahead::WillNeed, true),
-    ("none", Readahead::None, true),
-    ("sequential", Readahead::Sequential, true),
-    ("warm", Readahead::WillNeed, false),
+/// One fill measured.
+#[derive(Debug, Clone, Copy)]
+struct Mode {
+    name: &'static str,
+    readahead: Readahead,
+    /// `FillOptions::direct_io`.
+    direct_io: bool,
+    /// The page cache is dropped first.
+    cold: bool,
+}
+
+/// The fills measured, in the order each repetition runs them.
+const MODES: [Mode; 5] = [
+    Mode {
+        name: "direct",
+        readahead: Readahead::WillNeed,
+        direct_io: true,
+        cold: true,
+    },
+    Mode {
+        name: "willneed",
+        readahead: Readahead::WillNeed,
+        direct_io: false,
+        cold: true,
+    },
+    Mode {
+        name: "none",
+        readahead: Readahead::None,
+        direct_io: false,
+        cold: true,
+    },
+    Mode {
+        name: "sequential",
+        readahead: Readahead::Sequential,
+        direct_io: false,
+        cold: true,
+    },
+    Mode {
+        name: "warm",
+        readahead: Readahead::WillNeed,
+        direct_io: true,
+        cold: false,
+    },
 ];
 
 /// One `fill_region` of the whole file into a fresh region.
@@ -231,12 +272,10 @@ fn fill_once(
     cfg: &FillBenchConfig,
     file: &File,
     path: &Path,
-    mode: &str,
-    readahead: Readahead,
-    cold: bool,
+    mode: Mode,
 ) -> Result<FillPoint, FillBenchError> {
     let region = fresh_region(topology, cfg.size)?;
-    if cold {
+    if mode.cold {
         drop_cache(file)?;
     } else {
         // Into the page cache.
@@ -244,7 +283,8 @@ fn fill_once(
     }
     let opts = FillOptions {
         dest_is_zero: mark_for_fill(&region),
-        readahead,
+        readahead: mode.readahead,
+        direct_io: mode.direct_io,
         max_threads_per_node: cfg
             .threads
             .unwrap_or(FillOptions::default().max_threads_per_node),
@@ -259,14 +299,17 @@ fn fill_once(
     let report = fill_region(topology, &region, &[source], &opts)?;
     let gbps = gbps(cfg.size, report.elapsed.as_secs_f64());
     Ok(FillPoint {
-        mode: mode.to_string(),
+        mode: mode.name.to_string(),
         gbps,
         vs_seq_read: 0.0,
         threads: report.threads,
         bytes_read: report.counts.bytes_read,
+        bytes_read_direct: report.counts.bytes_read_direct,
         hole_bytes: report.counts.hole_bytes,
         samples: vec![gbps],
-        limit: if cold {
+        limit: if mode.direct_io && mode.cold {
+            "the device (O_DIRECT)"
+        } else if mode.cold {
             "disk (cold page cache)"
         } else {
             "memory bandwidth (page cache to huge pages)"
@@ -296,12 +339,18 @@ impl FillBenchReport {
             ));
         }
         for p in &self.fills {
+            let direct = if p.bytes_read > 0 {
+                100.0 * p.bytes_read_direct as f64 / p.bytes_read as f64
+            } else {
+                0.0
+            };
             out.push_str(&format!(
-                "  {:<28} {:>8.2} GB/s  {:>5.2}x seq read, {} workers  (limit: {})\n",
+                "  {:<28} {:>8.2} GB/s  {:>5.2}x seq read, {} workers, {:.0} % read with O_DIRECT  (limit: {})\n",
                 format!("fill_region, {}", p.mode),
                 p.gbps,
                 p.vs_seq_read,
                 p.threads,
+                direct,
                 p.limit
             ));
         }

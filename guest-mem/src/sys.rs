@@ -1,8 +1,8 @@
 //! Raw memory and file syscalls of this crate (`mmap`, `munmap`, `madvise`,
 //! `mlock`, `munlock`, `mlock2`, `memfd_create`, `ftruncate`, `fstat`, and
 //! for the fill engine `pread`, `lseek` `SEEK_DATA`/`SEEK_HOLE`,
-//! `posix_fadvise`); the only place in `guest-mem` that calls into libc for
-//! them.
+//! `posix_fadvise`, `statx`, `cachestat` and the reopen for `O_DIRECT`); the
+//! only place in `guest-mem` that calls into libc for them.
 
 use std::io;
 
@@ -311,4 +311,140 @@ pub(crate) fn fadvise(
         return Err(io::Error::from_raw_os_error(rc));
     }
     Ok(())
+}
+
+/// `cachestat(2)`'s number (Linux 6.5): 451 in the common table every
+/// architecture shares since 5.1; the `libc` crate names it on some only.
+const SYS_CACHESTAT: libc::c_long = 451;
+
+/// `struct cachestat_range` (include/uapi/linux/mman.h).
+#[repr(C)]
+struct CachestatRange {
+    off: u64,
+    len: u64,
+}
+
+/// `struct cachestat` (include/uapi/linux/mman.h).
+#[repr(C)]
+#[derive(Default)]
+struct Cachestat {
+    nr_cache: u64,
+    nr_dirty: u64,
+    nr_writeback: u64,
+    nr_evicted: u64,
+    nr_recently_evicted: u64,
+}
+
+/// Base pages of `fd`'s file in `offset..offset+len` that are in the page
+/// cache (`cachestat`, Linux 6.5; `len` 0: to the end of the file).
+pub(crate) fn cached_pages(
+    fd: std::os::fd::BorrowedFd<'_>,
+    offset: u64,
+    len: u64,
+) -> io::Result<u64> {
+    use std::os::fd::AsRawFd;
+    let range = CachestatRange { off: offset, len };
+    let mut stat = Cachestat::default();
+    // SAFETY: the borrowed fd is open for the call; `range` is read and
+    // `stat` written by the kernel, both live, properly laid out (#[repr(C)]
+    // copies of the uapi structs) and aliased by nothing else.
+    let rc = unsafe {
+        libc::syscall(
+            SYS_CACHESTAT,
+            fd.as_raw_fd(),
+            &range as *const CachestatRange,
+            &mut stat as *mut Cachestat,
+            0u32,
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(stat.nr_cache)
+}
+
+/// The alignment `O_DIRECT` reads of `fd`'s file need, as (memory, file
+/// offset and length) bytes (`statx` `STATX_DIOALIGN`, Linux 6.1); `None`
+/// where the file takes no direct I/O or the kernel does not say.
+pub(crate) fn direct_io_alignment(
+    fd: std::os::fd::BorrowedFd<'_>,
+) -> io::Result<Option<(u64, u64)>> {
+    use std::os::fd::AsRawFd;
+    let mut buf = std::mem::MaybeUninit::<libc::statx>::zeroed();
+    // SAFETY: an empty C string with AT_EMPTY_PATH names the borrowed fd
+    // itself, open for the call; `buf` is a writable `statx` the kernel
+    // fills in, aliased by nothing else.
+    let rc = unsafe {
+        libc::statx(
+            fd.as_raw_fd(),
+            c"".as_ptr(),
+            libc::AT_EMPTY_PATH,
+            libc::STATX_DIOALIGN,
+            buf.as_mut_ptr(),
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: statx returned 0 and the struct was zero-initialised before.
+    let st = unsafe { buf.assume_init() };
+    let (mem, offset) = (st.stx_dio_mem_align, st.stx_dio_offset_align);
+    if st.stx_mask & libc::STATX_DIOALIGN == 0 || mem == 0 || offset == 0 {
+        return Ok(None);
+    }
+    Ok(Some((u64::from(mem), u64::from(offset))))
+}
+
+/// `(st_dev, st_ino)` of an open file.
+pub(crate) fn file_identity(fd: std::os::fd::BorrowedFd<'_>) -> io::Result<(u64, u64)> {
+    use std::os::fd::AsRawFd;
+    let mut buf = std::mem::MaybeUninit::<libc::stat>::zeroed();
+    // SAFETY: as in `file_size`.
+    if unsafe { libc::fstat(fd.as_raw_fd(), buf.as_mut_ptr()) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: fstat returned 0; the struct was zero-initialised before.
+    let st = unsafe { buf.assume_init() };
+    Ok((st.st_dev, st.st_ino))
+}
+
+/// A second open file description of `fd`'s file, read-only with
+/// `O_DIRECT`, through `/proc/self/fd/N`.
+///
+/// The open runs with this process's rights, not those the fd was opened
+/// with: it is refused (`EBADF`) unless `fd` itself is open for reading
+/// (not `O_WRONLY`, not `O_PATH`), so it grants no access the fd did not,
+/// and the result must be the same file (`EXDEV` otherwise).
+pub(crate) fn reopen_for_direct_reads(
+    fd: std::os::fd::BorrowedFd<'_>,
+) -> io::Result<std::os::fd::OwnedFd> {
+    use std::os::fd::{AsRawFd, FromRawFd};
+    // SAFETY: F_GETFL on a borrowed fd that is open for the call; no memory
+    // is passed.
+    let flags = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GETFL) };
+    if flags < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    if flags & libc::O_PATH != 0 || flags & libc::O_ACCMODE == libc::O_WRONLY {
+        return Err(io::Error::from_raw_os_error(libc::EBADF));
+    }
+    let path = std::ffi::CString::new(format!("/proc/self/fd/{}", fd.as_raw_fd()))
+        .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+    // SAFETY: a valid C string; open touches no other memory of ours.
+    let raw = unsafe {
+        libc::open(
+            path.as_ptr(),
+            libc::O_RDONLY | libc::O_DIRECT | libc::O_CLOEXEC | libc::O_NOCTTY,
+        )
+    };
+    if raw < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `raw` was just returned by open; nothing else owns it.
+    let reopened = unsafe { std::os::fd::OwnedFd::from_raw_fd(raw) };
+    use std::os::fd::AsFd;
+    if file_identity(reopened.as_fd())? != file_identity(fd)? {
+        return Err(io::Error::from_raw_os_error(libc::EXDEV));
+    }
+    Ok(reopened)
 }

@@ -10,7 +10,7 @@
 
 use std::fs::File;
 use std::os::fd::{AsFd, FromRawFd, OwnedFd};
-use std::os::unix::fs::FileExt;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use clearing::RunOptions;
@@ -458,4 +458,129 @@ fn a_unit_is_filled_once_however_many_threads_ask() {
     // A whole-region fill now has nothing left to do.
     let report = fill_region(&topo, &region, &sources, &opts).expect("fill");
     assert_eq!((report.units_filled, report.units_skipped), (0, 4));
+}
+
+/// Drops `file`'s pages from the page cache (written back first).
+fn drop_cache(file: &File) {
+    use std::os::fd::AsRawFd;
+    file.sync_all().expect("fsync");
+    let rc = unsafe { libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+    assert_eq!(rc, 0, "POSIX_FADV_DONTNEED");
+}
+
+/// True when `file`'s file system takes `O_DIRECT` reads (`statx`
+/// `STATX_DIOALIGN`).
+fn takes_direct_io(file: &File) -> bool {
+    use std::os::fd::AsRawFd;
+    let mut st = std::mem::MaybeUninit::<libc::statx>::zeroed();
+    let rc = unsafe {
+        libc::statx(
+            file.as_raw_fd(),
+            c"".as_ptr(),
+            libc::AT_EMPTY_PATH,
+            libc::STATX_DIOALIGN,
+            st.as_mut_ptr(),
+        )
+    };
+    let st = unsafe { st.assume_init() };
+    rc == 0 && st.stx_mask & libc::STATX_DIOALIGN != 0 && st.stx_dio_offset_align > 0
+}
+
+/// A file on disk that is not in the page cache is read with `O_DIRECT`
+/// where the reads are aligned (an unaligned source goes through the page
+/// cache), and the same file in the page cache is copied from it; both
+/// fills hold exactly the file's bytes, zeros in its hole.
+#[test]
+fn a_cold_file_on_disk_is_read_direct_and_a_warm_one_through_the_cache() {
+    let _g = huge_lock();
+    let test = "fill direct";
+    let topo = topology();
+    let file = sparse_file(8 * MIB, &[(0, 3 * MIB), (4 * MIB, 4 * MIB)]);
+    if !takes_direct_io(&file) {
+        test_support::skip!("{test}: /var/tmp takes no O_DIRECT reads");
+        return;
+    }
+    let sources = [
+        // Aligned: read direct, but for the hole.
+        FillSource {
+            file: file.as_fd(),
+            file_offset: 0,
+            dest_offset: 0,
+            len: 6 * MIB,
+        },
+        // Unaligned in the file and the region: through the page cache.
+        FillSource {
+            file: file.as_fd(),
+            file_offset: 6 * MIB + 5,
+            dest_offset: 6 * MIB + 5,
+            len: MIB,
+        },
+    ];
+    let want = expected(8 * MIB, &[&file, &file], &sources);
+    for warm in [false, true] {
+        let Some(region) = dirty(&topo, 4, test) else {
+            return;
+        };
+        if warm {
+            let mut sink = vec![0u8; (8 * MIB) as usize];
+            file.read_exact_at(&mut sink, 0)
+                .expect("read into the cache");
+        } else {
+            drop_cache(&file);
+        }
+        let report = fill_region(&topo, &region, &sources, &FillOptions::default())
+            .unwrap_or_else(|e| panic!("{test}: fill (warm {warm}): {e}"));
+        println!("{test}: warm {warm}: {report:?}");
+        assert_eq!(first_difference(&region, &want), None, "warm {warm}");
+        assert_eq!(report.counts.bytes_read, 6 * MIB, "warm {warm}");
+        assert_eq!(report.counts.hole_bytes, MIB, "warm {warm}");
+        if warm {
+            assert_eq!(report.counts.bytes_read_direct, 0, "a warm file is copied");
+        } else {
+            // The first source's data; none of the unaligned source's.
+            assert_eq!(report.counts.bytes_read_direct, 5 * MIB);
+        }
+    }
+}
+
+/// A source fd that is not open for reading (`O_PATH`, write-only) is
+/// refused as before: the second open for `O_DIRECT` reads, made with the
+/// daemon's rights, is never made for it.
+#[test]
+fn a_source_not_open_for_reading_gains_no_read_access() {
+    let _g = huge_lock();
+    let test = "fill no read access";
+    let topo = topology();
+    let file = sparse_file(2 * MIB, &[(0, 2 * MIB)]);
+    drop_cache(&file);
+    let path = format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&file));
+    let o_path = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_PATH)
+        .open(&path)
+        .expect("an O_PATH fd");
+    let write_only = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&path)
+        .expect("a write-only fd");
+    for (what, fd) in [("O_PATH", &o_path), ("write-only", &write_only)] {
+        let Some(region) = dirty(&topo, 1, test) else {
+            return;
+        };
+        let source = FillSource {
+            file: fd.as_fd(),
+            file_offset: 0,
+            dest_offset: 0,
+            len: 2 * MIB,
+        };
+        match fill_region(&topo, &region, &[source], &FillOptions::default()) {
+            Err(FillError::Read { .. } | FillError::Seek { .. }) => {}
+            other => panic!("{test}: {what}: expected a read error, got {other:?}"),
+        }
+        let got = unsafe { region.as_slice() };
+        assert!(
+            got.iter().all(|&b| b == 0),
+            "{what}: nothing of the file, and no stale byte"
+        );
+    }
 }

@@ -8,10 +8,10 @@ use std::time::{Duration, Instant};
 
 use backend::client::Client;
 
-use super::report::{FromDiskResult, FromParkResult, OffloadConfig};
+use super::report::{FromDiskResult, FromParkResult, OffloadConfig, OnDemandResult};
 use super::steps::{
     allocated_under, args, daemon_copy_ms, daemon_settled, densest_file, disk_read_gbps,
-    drop_dir_cache, hugemem, restored_in_ms, spawn, Stopping, WriteWatch,
+    drop_dir_cache, hugemem, restored_in_ms, spawn, wait_restored_ms, Stopping, WriteWatch,
 };
 use super::OffloadError;
 use crate::serve_child::{ServeChild, ServeOptions};
@@ -19,7 +19,7 @@ use crate::vmm_update::ch::ch_guest_args;
 use crate::vmm_update::error::io;
 use crate::vmm_update::guest::GuestRam;
 use crate::vmm_update::series::before_update;
-use crate::vmm_update::setup::child_of;
+use crate::vmm_update::setup::{child_of, HOST_CHECK_END, MARKER, START_GPA, STRIDE};
 
 /// How long a launcher may take to end once its VM is parked.
 const EXIT_WAIT: Duration = Duration::from_secs(60);
@@ -40,17 +40,26 @@ impl Rep<'_> {
 
     /// `hugemem launch --restore NAME -- cloud-hypervisor --api-socket …`.
     fn restore(&self, name: &str, what: &str) -> Result<Stopping, OffloadError> {
-        let restore_args = args([
-            &"launch",
-            &"--socket",
-            &self.socket,
-            &"--restore",
-            &name,
+        self.restore_with(name, what, false)
+    }
+
+    /// [`Rep::restore`], with `--on-demand` when `on_demand`.
+    fn restore_with(
+        &self,
+        name: &str,
+        what: &str,
+        on_demand: bool,
+    ) -> Result<Stopping, OffloadError> {
+        let mut restore_args = args([&"launch", &"--socket", &self.socket, &"--restore", &name]);
+        if on_demand {
+            restore_args.push("--on-demand".into());
+        }
+        restore_args.extend(args([
             &"--",
             &self.cfg.cloud_hypervisor,
             &"--api-socket",
             &self.path(&format!("{what}.api")),
-        ]);
+        ]));
         let log = self.path(&format!("{what}.log"));
         spawn(&self.cfg.launcher, &restore_args, &log).map(Stopping)
     }
@@ -80,16 +89,27 @@ fn parked(launcher: &mut Stopping) -> Result<(), OffloadError> {
     }
 }
 
-/// Runs one repetition: adds to `park` and `disk`.
+/// What one repetition of hugemem's variants adds to.
+pub(super) struct HugememResults<'a> {
+    pub(super) park: &'a mut FromParkResult,
+    pub(super) disk: &'a mut FromDiskResult,
+    pub(super) on_demand: &'a mut OnDemandResult,
+}
+
+/// Runs one repetition: adds to `out`.
 pub(super) fn one_rep(
     cfg: &OffloadConfig,
     dir: &Path,
     elf: &Path,
     rep: usize,
     tsc_hz: f64,
-    park: &mut FromParkResult,
-    disk: &mut FromDiskResult,
+    out: HugememResults<'_>,
 ) -> Result<(), OffloadError> {
+    let HugememResults {
+        park,
+        disk,
+        on_demand,
+    } = out;
     let socket = dir.join(format!("hm{rep}-daemon.sock"));
     let daemon_log = dir.join(format!("hm{rep}-daemon.log"));
     let daemon = ServeChild::start(
@@ -161,13 +181,17 @@ pub(super) fn one_rep(
     // The memory returns to the pool with the save: the bench lets go of it.
     drop(ram);
     from_disk(&r, &mut client, &name, parked_at, disk)?;
+    from_disk_on_demand(&r, &mut client, &name, parked_at, on_demand)?;
+    std::fs::remove_dir_all(r.path("saved"))
+        .map_err(io(format!("remove {}", r.path("saved").display())))?;
     drop(client);
     daemon.stop();
     Ok(())
 }
 
-/// Saves the VM parked as `name` to disk, loads it back (cold cache) as
-/// another name and restores it; the guest counted `parked_at` when parked.
+/// Saves the VM parked as `name` to disk (`saved`), loads it back (cold
+/// cache) as another name and restores it; the guest counted `parked_at`
+/// when parked. The VM ends after; `saved` stays.
 fn from_disk(
     r: &Rep<'_>,
     client: &mut Client,
@@ -216,5 +240,56 @@ fn from_disk(
     disk.stale_guest = disk.stale_guest.max(now.bad);
     drop(ram);
     drop(launcher);
-    std::fs::remove_dir_all(&saved).map_err(io(format!("remove {}", saved.display())))
+    Ok(())
+}
+
+/// Restores the VM saved in `saved` on demand: its files parked with
+/// `--on-demand` (cold cache, on pool memory the daemon has scrubbed, as
+/// for the load), then `hugemem launch --restore --on-demand`, timed to the
+/// guest counting past `parked_at`; then, once the launcher says every page
+/// is filled, the host checks every 4 KiB page below 2 GiB.
+fn from_disk_on_demand(
+    r: &Rep<'_>,
+    client: &mut Client,
+    name: &str,
+    parked_at: u64,
+    od: &mut OnDemandResult,
+) -> Result<(), OffloadError> {
+    let saved = r.path("saved");
+    // The loaded VM's memory went back to the pool with its end.
+    daemon_settled(client)?;
+    drop_dir_cache(&saved)?;
+    let pending = format!("{name}-on-demand");
+    let park_args = args([
+        &"park",
+        &pending,
+        &"--socket",
+        &r.socket,
+        &"--from-dir",
+        &saved,
+        &"--on-demand",
+    ]);
+    let (park_ms, _) = hugemem(&r.cfg.launcher, &park_args)?;
+    let started = Instant::now();
+    let launcher = r.restore_with(&pending, "on-demand", true)?;
+    let vmm = child_of(launcher.pid())?;
+    let ram = GuestRam::wait_memfd(vmm, Duration::from_secs(120))?;
+    let now = ram.counting_past(parked_at)?;
+    let restore_ms = started.elapsed().as_secs_f64() * 1e3;
+    let all_filled_ms = wait_restored_ms(&r.path("on-demand.log"), Duration::from_secs(300))?;
+    let stale_host = ram.stale_pages(
+        START_GPA.max(microguest::IMAGE_END_GPA),
+        r.cfg.size.min(HOST_CHECK_END),
+        STRIDE,
+        MARKER,
+    )?;
+    od.park_ms.push(park_ms);
+    od.restore_ms.push(restore_ms);
+    od.disk_to_running_ms.push(park_ms + restore_ms);
+    od.all_filled_ms.push(all_filled_ms);
+    od.stale_host = od.stale_host.max(stale_host);
+    od.stale_guest = od.stale_guest.max(now.bad.max(ram.spin()?.bad));
+    drop(ram);
+    drop(launcher);
+    Ok(())
 }

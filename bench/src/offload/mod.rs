@@ -36,10 +36,16 @@
 //!    `offload_daemon restore --resume`: the new process's start to the
 //!    guest counting.
 //!
+//!    Then **on demand** (`hugemem_side.rs`): the same files, cache
+//!    dropped, parked with `--on-demand` (checked, nothing read) and
+//!    restored with `hugemem launch --restore --on-demand`
+//!    (cloud-hypervisor's postcopy: the daemon reads each page as the
+//!    guest faults it and the rest in the background): the restore's start
+//!    to the guest counting, and to every page filled (the launcher's
+//!    "restored:" line), then the host's check of the guest's pages.
+//!
 //! Page caches are dropped per file (fsync, `POSIX_FADV_DONTNEED`), never
-//! host-wide. The on-demand (postcopy) restore, `hugemem launch --restore`
-//! serving pages as the guest faults them, is not there yet: its slot in
-//! the report ([`OffloadReport::on_demand_restore_ms`]) says so.
+//! host-wide.
 
 mod ch_side;
 mod error;
@@ -51,6 +57,6 @@ mod steps;
 pub use error::OffloadError;
 pub use report::{
     ChFileResult, Figure, FromDiskResult, FromParkResult, OffloadConfig, OffloadDaemonResult,
-    OffloadReport,
+    OffloadReport, OnDemandResult,
 };
 pub use run::run;

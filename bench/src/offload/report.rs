@@ -101,6 +101,31 @@ pub struct FromDiskResult {
     pub stale_guest: u64,
 }
 
+/// hugemem's restore on demand from disk: the saved files parked with
+/// `--on-demand` (checked, nothing read) and restored with `hugemem launch
+/// --restore --on-demand` (cloud-hypervisor's postcopy: the guest runs at
+/// once; the daemon reads each page as the guest faults it, and the rest in
+/// the background).
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct OnDemandResult {
+    /// `hugemem park NAME --from-dir DIR --on-demand`'s wall time, cold
+    /// cache, ms.
+    pub park_ms: Figure,
+    /// `hugemem launch --restore NAME --on-demand`: its start to the guest
+    /// counting, ms.
+    pub restore_ms: Figure,
+    /// Park plus restore: files on disk (cold) to the guest counting, ms.
+    pub disk_to_running_ms: Figure,
+    /// The restore's start to every page filled (the launcher's
+    /// "restored:" line: the daemon answers once the last page is in), ms.
+    pub all_filled_ms: Figure,
+    /// Pages the host found without the guest's value once every page was
+    /// filled (every 4 KiB page below 2 GiB), most of the repetitions.
+    pub stale_host: u64,
+    /// Pages the guest found changed, most of the repetitions.
+    pub stale_guest: u64,
+}
+
 /// cloud-hypervisor's own `file://` snapshot and restore.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct ChFileResult {
@@ -157,11 +182,8 @@ pub struct OffloadReport {
     pub offload_daemon: Option<OffloadDaemonResult>,
     /// Why it did not run (or stopped).
     pub offload_daemon_note: Option<String>,
-    /// The on-demand (postcopy) restore's start to a running guest, ms:
-    /// not measured yet (see `on_demand_note`).
-    pub on_demand_restore_ms: Option<Figure>,
-    /// Why `on_demand_restore_ms` is empty.
-    pub on_demand_note: String,
+    /// hugemem: restore on demand from disk.
+    pub on_demand: OnDemandResult,
     /// Median load rate over the median disk read rate.
     pub load_vs_disk: f64,
     /// cloud-hypervisor's `file://` restore over hugemem's disk to running
@@ -202,6 +224,7 @@ pub(crate) struct Measured {
     pub(crate) tsc_hz: f64,
     pub(crate) from_park: FromParkResult,
     pub(crate) from_disk: FromDiskResult,
+    pub(crate) on_demand: OnDemandResult,
     pub(crate) ch_file: Option<ChFileResult>,
     pub(crate) ch_file_note: Option<String>,
     pub(crate) offload_daemon: Option<OffloadDaemonResult>,
@@ -232,10 +255,7 @@ impl OffloadReport {
             offload_daemon_over_from_disk: od.and_then(|o| ratio(o.restore_ms.median, cold.median)),
             offload_daemon_over_from_park: od
                 .and_then(|o| ratio(o.restore_ms.median, m.from_park.restore_ms.median)),
-            on_demand_restore_ms: None,
-            on_demand_note: "TODO: on-demand time to a running guest: `hugemem launch --restore` \
-                             has no on-demand (postcopy) mode yet"
-                .into(),
+            on_demand: m.on_demand,
             from_park: m.from_park,
             from_disk: m.from_disk,
             ch_file: m.ch_file,
@@ -282,6 +302,15 @@ impl OffloadReport {
             ms(&d.disk_to_running_ms),
             "-"
         );
+        let od = &self.on_demand;
+        let _ = writeln!(
+            t,
+            "{:<44} {:>14} {:>14} {:>16}",
+            "hugemem: park on demand, to a running guest",
+            ms(&od.park_ms),
+            ms(&od.disk_to_running_ms),
+            "-"
+        );
         let c = self.ch_file.as_ref();
         let _ = writeln!(
             t,
@@ -322,8 +351,14 @@ impl OffloadReport {
             col(self.offload_daemon_over_from_disk.map(|r| format!("{r:.2}x"))),
             col(self.offload_daemon_over_from_park.map(|r| format!("{r:.1}x"))),
         );
+        let _ = writeln!(
+            t,
+            "on demand: the guest counting {:.1} ms after the restore's start ({:.1} ms after the park's; expected <= 20 ms at 8 GiB), every page filled after {:.1} ms; {} pages stale on the host's check",
+            od.restore_ms.median, od.disk_to_running_ms.median, od.all_filled_ms.median, od.stale_host
+        );
         let stale = p.stale_guest
             + d.stale_guest
+            + od.stale_guest
             + c.map_or(0, |c| c.stale_guest)
             + o.map_or(0, |o| o.stale_guest);
         let _ = writeln!(t, "stale pages the guests found, all variants: {stale}");
@@ -334,7 +369,6 @@ impl OffloadReport {
             let _ = writeln!(t, "note: {note}");
         }
         let _ = writeln!(t, "note: {}", self.page_size_note);
-        let _ = writeln!(t, "note: {}", self.on_demand_note);
         t
     }
 }

@@ -6,10 +6,10 @@
 use std::time::Duration;
 
 use super::ch_side::{ch_file_rep, offload_daemon_rep};
-use super::hugemem_side::one_rep;
+use super::hugemem_side::{one_rep, HugememResults};
 use super::report::{
     ChFileResult, FromDiskResult, FromParkResult, Measured, OffloadConfig, OffloadDaemonResult,
-    OffloadReport,
+    OffloadReport, OnDemandResult,
 };
 use super::OffloadError;
 use crate::private_dir::PrivateDir;
@@ -79,6 +79,7 @@ pub fn run(
     write_spin_elf(&elf, tsc_hz)?;
     let mut from_park = FromParkResult::default();
     let mut from_disk = FromDiskResult::default();
+    let mut on_demand = OnDemandResult::default();
     let mut ch_file = Baseline::<ChFileResult>::new(None);
     let mut offload =
         Baseline::<OffloadDaemonResult>::new(cfg.offload_daemon.is_none().then(|| {
@@ -91,8 +92,11 @@ pub fn run(
             &elf,
             rep,
             tsc_hz,
-            &mut from_park,
-            &mut from_disk,
+            HugememResults {
+                park: &mut from_park,
+                disk: &mut from_disk,
+                on_demand: &mut on_demand,
+            },
         )?;
         ch_file.step(rep, progress, |out| {
             ch_file_rep(cfg, dir.path(), &elf, rep, out)
@@ -105,7 +109,7 @@ pub fn run(
         }
         let last = |v: &[f64]| v.last().map_or_else(|| "-".into(), |x| format!("{x:.1}"));
         progress(&format!(
-            "repetition {rep} of {}: park {} ms, restore from the park {} ms; save {} ms, load {} ms ({} GB/s, disk {} GB/s), restore {} ms; file:// restore {} ms; offload_daemon restore {} ms",
+            "repetition {rep} of {}: park {} ms, restore from the park {} ms; save {} ms, load {} ms ({} GB/s, disk {} GB/s), restore {} ms; on demand: park {} ms, running after {} ms, all filled after {} ms; file:// restore {} ms; offload_daemon restore {} ms",
             cfg.reps,
             last(&from_park.park_ms.samples),
             last(&from_park.restore_ms.samples),
@@ -114,6 +118,9 @@ pub fn run(
             from_disk.load_gbps.samples.last().map_or_else(|| "-".into(), |x| format!("{x:.2}")),
             from_disk.disk_read_gbps.samples.last().map_or_else(|| "-".into(), |x| format!("{x:.2}")),
             last(&from_disk.restore_ms.samples),
+            last(&on_demand.park_ms.samples),
+            last(&on_demand.restore_ms.samples),
+            last(&on_demand.all_filled_ms.samples),
             last(&ch_file.result.restore_ms.samples),
             last(&offload.result.restore_ms.samples),
         ));
@@ -127,6 +134,7 @@ pub fn run(
             tsc_hz,
             from_park,
             from_disk,
+            on_demand,
             ch_file,
             ch_file_note,
             offload_daemon,

@@ -199,11 +199,33 @@ pub(super) fn restored_in_ms(log: &Path) -> Option<f64> {
 /// The seconds of the daemon's last "PARK: memory from elsewhere copied"
 /// in its log `log` (its fill engine's time for a load), ms.
 pub(super) fn daemon_copy_ms(log: &Path) -> Option<f64> {
+    logged_number(log, "PARK: memory from elsewhere copied", "secs=").map(|secs| secs * 1e3)
+}
+
+/// The launcher's "restored: …" line in its log `log`, once it is there:
+/// its `ms` field (the restore's start to the daemon's answer; on demand,
+/// that answer comes when every page is filled). Waits up to `wait`,
+/// reading the log every millisecond as `counting_past` reads the guest.
+pub(super) fn wait_restored_ms(log: &Path, wait: Duration) -> Result<f64, OffloadError> {
+    let deadline = Instant::now() + wait;
+    loop {
+        if let Some(ms) = logged_number(log, "restored: ", "ms=") {
+            return Ok(ms);
+        }
+        if Instant::now() > deadline {
+            return Err(OffloadError::Guest(format!(
+                "no \"restored:\" line in {} within {wait:?}",
+                log.display()
+            )));
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// The number after `field` on the last line of `log` holding `needle`.
+fn logged_number(log: &Path, needle: &str, field: &str) -> Option<f64> {
     let text = std::fs::read_to_string(log).ok()?;
-    let line = text
-        .lines()
-        .rev()
-        .find(|l| l.contains("PARK: memory from elsewhere copied"))?;
+    let line = text.lines().rev().find(|l| l.contains(needle))?;
     // The log may colour its fields: drop the escape sequences first.
     let mut plain = String::with_capacity(line.len());
     let mut in_escape = false;
@@ -215,9 +237,8 @@ pub(super) fn daemon_copy_ms(log: &Path) -> Option<f64> {
             (false, c) => plain.push(c),
         }
     }
-    let (_, after) = plain.split_once("secs=")?;
-    let secs: f64 = after.split_whitespace().next()?.parse().ok()?;
-    Some(secs * 1e3)
+    let (_, after) = plain.split_once(field)?;
+    after.split_whitespace().next()?.parse().ok()
 }
 
 /// Waits until the daemon's pools hold no dirty or quarantined memory

@@ -221,7 +221,18 @@ pub fn run(cfg: &LaunchConfig, name: &str) -> Result<LaunchReport, LaunchError> 
                     took: started.elapsed(),
                 });
             }
-            info!(name, alloc = alloc.id, ms = started.elapsed().as_secs_f64() * 1e3, "restored: the VM runs in the new cloud-hypervisor on its parked memory (nothing copied)");
+            let how = if on_demand {
+                "its memory filled as it asked (every page is now)"
+            } else {
+                "on its parked memory"
+            };
+            info!(
+                name,
+                alloc = alloc.id,
+                on_demand,
+                ms = started.elapsed().as_secs_f64() * 1e3,
+                "restored: the VM runs in the new cloud-hypervisor, {how}"
+            );
             // The daemon's fds of the memory are not needed: cloud-hypervisor has its own.
             drop(alloc);
             reattach::watch(client, &socket, &held, timeout, exit, Some(&mailbox))

@@ -35,10 +35,20 @@
 //! reads stay local), pulled in address order from one counter, each chunk
 //! written by its worker only. Progress is reported by bytes, not by time.
 //!
-//! **Read-ahead.** For files on disk, each chunk's file ranges are handed to
-//! the kernel with `POSIX_FADV_WILLNEED` before they are read
-//! ([`Readahead`]), which keeps the device's queue full while the workers
-//! copy; docs/benchmarks.md (`bench fill`) has the measurements.
+//! **Direct reads from disk.** A source whose file takes `O_DIRECT` and
+//! whose range is mostly not in the page cache is read with `O_DIRECT`
+//! ([`FillPlan::with_direct_io`], the default of [`fill_region`]): the
+//! device writes straight into the region's huge pages, with no page-cache
+//! pages to allocate, fill, copy out of and reclaim. The file is opened a
+//! second time for it, through `/proc/self/fd`, only when the caller's fd
+//! is open for reading. Unaligned heads and tails, and files that refuse,
+//! are read through the page cache.
+//!
+//! **Read-ahead.** For sources read through the page cache, each chunk's
+//! file ranges are handed to the kernel with `POSIX_FADV_WILLNEED` before
+//! they are read ([`Readahead`]), which keeps the device's queue full while
+//! the workers copy; docs/benchmarks.md (`bench fill`) has the
+//! measurements.
 
 mod error;
 mod options;

@@ -39,8 +39,12 @@ pub struct FillOptions<'a> {
     pub max_threads_per_node: usize,
     /// Bytes per chunk a worker takes; rounded up to whole state units.
     pub chunk: u64,
-    /// Read-ahead hints.
+    /// Read-ahead hints (for the sources read through the page cache).
     pub readahead: Readahead,
+    /// Read sources on disk with `O_DIRECT` where that pays
+    /// ([`FillPlan::with_direct_io`](super::FillPlan::with_direct_io));
+    /// [`fill_region`](super::fill_region) only, a caller's own plan says for itself.
+    pub direct_io: bool,
     /// Called with the progress every `progress_every` bytes of the region
     /// and at the end; calls are serialized. Keep it cheap: workers wait.
     pub progress: Option<&'a (dyn Fn(&FillProgress) + Sync)>,
@@ -57,6 +61,7 @@ impl Default for FillOptions<'_> {
             max_threads_per_node: std::thread::available_parallelism().map_or(1, usize::from),
             chunk: DEFAULT_FILL_CHUNK,
             readahead: Readahead::WillNeed,
+            direct_io: true,
             progress: None,
             progress_every: DEFAULT_PROGRESS_EVERY,
             cancel: None,
@@ -71,6 +76,7 @@ impl std::fmt::Debug for FillOptions<'_> {
             .field("max_threads_per_node", &self.max_threads_per_node)
             .field("chunk", &self.chunk)
             .field("readahead", &self.readahead)
+            .field("direct_io", &self.direct_io)
             .field("progress", &self.progress.map(|_| "Fn(&FillProgress)"))
             .field("progress_every", &self.progress_every)
             .field("cancel", &self.cancel)
@@ -92,6 +98,8 @@ pub struct FillProgress {
 pub struct FillCounts {
     /// Bytes read from the sources into the region.
     pub bytes_read: u64,
+    /// Of those, bytes read with `O_DIRECT` (straight from the device).
+    pub bytes_read_direct: u64,
     /// Bytes zeroed (holes and uncovered bytes of units that may hold stale data).
     pub bytes_zeroed: u64,
     /// Bytes of the sources' ranges that were holes, zeroed or skipped.
@@ -101,6 +109,7 @@ pub struct FillCounts {
 impl AddAssign for FillCounts {
     fn add_assign(&mut self, rhs: Self) {
         self.bytes_read += rhs.bytes_read;
+        self.bytes_read_direct += rhs.bytes_read_direct;
         self.bytes_zeroed += rhs.bytes_zeroed;
         self.hole_bytes += rhs.hole_bytes;
     }

@@ -72,6 +72,11 @@ pub fn fill_region(
     opts: &FillOptions<'_>,
 ) -> Result<FillReport, FillError> {
     let plan = FillPlan::new(region, sources)?;
+    let plan = if opts.direct_io {
+        plan.with_direct_io()
+    } else {
+        plan
+    };
     fill_region_planned(topology, region, &plan, opts)
 }
 
@@ -94,7 +99,7 @@ pub fn fill_region_planned(
         });
     }
     if opts.readahead == Readahead::Sequential {
-        for p in plan.sources() {
+        for p in plan.sources().iter().filter(|p| p.direct.is_none()) {
             advise(
                 p.source.file,
                 p.source.file_offset,
@@ -127,7 +132,11 @@ pub fn fill_region_planned(
         let last = ((c.start - base + c.len) as u64).div_ceil(unit) as usize;
         if opts.readahead == Readahead::WillNeed {
             let (start, end) = ((c.start - base) as u64, (c.start - base + c.len) as u64);
-            for p in plan.covering(start, end) {
+            for p in plan
+                .covering(start, end)
+                .iter()
+                .filter(|p| p.direct.is_none())
+            {
                 let s = &p.source;
                 let from = s.dest_offset.max(start);
                 let to = (s.dest_offset + s.len).min(end);
@@ -153,6 +162,7 @@ pub fn fill_region_planned(
     info!(
         region = %region.name(),
         bytes_read = report.counts.bytes_read,
+        bytes_read_direct = report.counts.bytes_read_direct,
         bytes_zeroed = report.counts.bytes_zeroed,
         hole_bytes = report.counts.hole_bytes,
         units_filled = report.units_filled,

@@ -2,6 +2,8 @@
 //! that cover it (their holes and the gaps between them zeroed where the
 //! unit may hold stale bytes), then marked clean.
 
+use std::os::fd::AsFd;
+
 use clearing::ClearKernel;
 
 use super::error::FillError;
@@ -235,7 +237,9 @@ impl<'r> UnitWriter<'r> {
         ))
     }
 
-    /// `pread`s file bytes `file..end` to their place in the unit.
+    /// `pread`s file bytes `file..end` to their place in the unit: with
+    /// `O_DIRECT` where the plan opened the file so and the read is
+    /// aligned as the file needs, else through the page cache.
     fn read(
         &self,
         planned: &Planned<'_>,
@@ -246,18 +250,34 @@ impl<'r> UnitWriter<'r> {
         let source = &planned.source;
         while file < end {
             let dest = source.dest_offset + (file - source.file_offset);
-            // SAFETY: dest..dest+(end-file) lies in a unit this thread owns
+            let at = self.region.as_ptr().wrapping_add(dest as usize);
+            let direct = planned
+                .direct
+                .as_deref()
+                .filter(|d| d.usable())
+                .and_then(|d| {
+                    let aligned = file.is_multiple_of(d.offset_align)
+                        && (at as u64).is_multiple_of(d.mem_align);
+                    let len = (end - file) / d.offset_align * d.offset_align;
+                    (aligned && len > 0).then_some((d, len))
+                });
+            let (fd, len) = match direct {
+                Some((d, len)) => (d.fd.as_fd(), len),
+                None => (source.file, end - file),
+            };
+            // SAFETY: dest..dest+len lies in a unit this thread owns
             // through its `Clearing` state (see `fill_unit`), inside the
             // region's live, writable mapping; no Rust reference covers it.
-            let read = unsafe {
-                sys::pread(
-                    source.file,
-                    self.region.as_ptr().wrapping_add(dest as usize),
-                    (end - file) as usize,
-                    file,
-                )
-            };
+            let read = unsafe { sys::pread(fd, at, len as usize, file) };
             match read {
+                Err(e) if direct.is_some() && e.raw_os_error() == Some(libc::EINVAL) => {
+                    // The file takes no direct read after all (its
+                    // filesystem says otherwise than statx did).
+                    tracing::debug!(index = planned.index, error = %e, "O_DIRECT read refused; reading through the page cache");
+                    if let Some((d, _)) = direct {
+                        d.refused();
+                    }
+                }
                 Ok(0) => {
                     let error = FillError::ShortRead {
                         index: planned.index,
@@ -269,6 +289,9 @@ impl<'r> UnitWriter<'r> {
                 Ok(n) => {
                     file += n as u64;
                     counts.bytes_read += n as u64;
+                    if direct.is_some() {
+                        counts.bytes_read_direct += n as u64;
+                    }
                 }
                 Err(error) => {
                     let error = FillError::Read {

@@ -110,7 +110,9 @@ pub fn send(p: Postcopy<'_>) -> Result<(), String> {
     };
     let slots = migration_config_slots(&config, 64).map_err(|e| e.to_string())?;
     let sources: Vec<FillSource<'_>> = p.pending.map(PendingFill::fill_sources).unwrap_or_default();
-    let plan = FillPlan::new(p.region, &sources).map_err(|e| e.to_string())?;
+    let plan = FillPlan::new(p.region, &sources)
+        .map_err(|e| e.to_string())?
+        .with_direct_io();
     let opts = FillOptions {
         dest_is_zero: p.pending.is_some_and(|f| f.dest_is_zero),
         ..FillOptions::default()
@@ -188,7 +190,9 @@ pub fn send(p: Postcopy<'_>) -> Result<(), String> {
 /// The fill's failure.
 pub fn fill_all(topology: &Topology, region: &Region, pending: &PendingFill) -> Result<(), String> {
     let sources = pending.fill_sources();
-    let plan = FillPlan::new(region, &sources).map_err(|e| e.to_string())?;
+    let plan = FillPlan::new(region, &sources)
+        .map_err(|e| e.to_string())?
+        .with_direct_io();
     let opts = FillOptions {
         dest_is_zero: pending.dest_is_zero,
         ..FillOptions::default()
