@@ -385,9 +385,12 @@ fn parse_churn_vmm_arg(s: &str) -> Result<ChurnVmm, String> {
 /// `hugemem-bench offload` flags.
 #[derive(Debug, clap::Args)]
 pub(crate) struct OffloadArgs {
-    /// Guest RAM (K/M/G suffixes), on 2 MiB pages.
+    /// Guest RAM (K/M/G suffixes).
     #[arg(long, default_value = "1G", value_parser = parse_size_arg)]
     pub(crate) size: u64,
+    /// Page size of every variant's guest RAM: 2M or 1G.
+    #[arg(long, default_value = "2M", value_parser = parse_page_size_arg)]
+    pub(crate) page_size: PageSize,
     /// Repetitions, each running every variant once (6 and more give 95 %
     /// intervals).
     #[arg(long, default_value_t = 3)]

@@ -331,6 +331,7 @@ fn offload(args: OffloadArgs) -> Result<i32> {
     let from_env = |name: &str| std::env::var_os(name).filter(|v| !v.is_empty());
     let cfg = hugemem_bench::offload::OffloadConfig {
         size: args.size,
+        page_size: args.page_size,
         reps: args.reps,
         dir: args.dir,
         cloud_hypervisor: args

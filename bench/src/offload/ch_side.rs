@@ -32,7 +32,13 @@ fn own_guest(
 ) -> Result<(BenchCh, GuestRam), OffloadError> {
     let mut argv = ch_guest_args(&cfg.cloud_hypervisor, elf);
     argv.push("--memory".into());
-    argv.push(format!("size={},shared=on,hugepages=on,hugepage_size=2M", cfg.size).into());
+    argv.push(
+        format!(
+            "size={},shared=on,hugepages=on,hugepage_size={}",
+            cfg.size, cfg.page_size
+        )
+        .into(),
+    );
     let mut ch = BenchCh::start(&argv, dir, name, &[])?;
     ch.drain_events();
     running(&ch)?;

@@ -137,7 +137,7 @@ pub(super) fn one_rep(
         &"--size",
         &cfg.size.to_string(),
         &"--page-size",
-        &"2M",
+        &cfg.page_size.to_string(),
         &"--",
     ]);
     launch_args.extend(ch_guest_args(&cfg.cloud_hypervisor, elf));

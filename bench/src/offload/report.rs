@@ -14,6 +14,8 @@ use crate::stats::{median, paired_median, paired_median_ci95};
 pub struct OffloadConfig {
     /// Guest RAM, bytes.
     pub size: u64,
+    /// Page size of guest RAM, every variant (2 MiB or 1 GiB).
+    pub page_size: guest_mem::PageSize,
     /// Repetitions, each running every variant once.
     pub reps: usize,
     /// Where the snapshots are written (a private directory in it): a
@@ -194,6 +196,9 @@ pub struct OffloadReport {
     pub ch_file_minus_from_disk_paired_ms: Option<f64>,
     /// Its 95 % interval (sign test; 6 repetitions and more), ms.
     pub ch_file_minus_from_disk_ci95_ms: Option<[f64; 2]>,
+    /// cloud-hypervisor's `file://` restore over hugemem's on-demand disk
+    /// to running (medians): how much sooner the guest runs.
+    pub ch_file_over_on_demand: Option<f64>,
     /// The offload daemon's restore over hugemem's disk to running (medians).
     pub offload_daemon_over_from_disk: Option<f64>,
     /// The offload daemon's restore over hugemem's restore from the park
@@ -201,8 +206,8 @@ pub struct OffloadReport {
     pub offload_daemon_over_from_park: Option<f64>,
 }
 
-/// Why the run is on 2 MiB pages.
-fn page_size_note(size: u64) -> String {
+/// What the host has of 1 GiB pages, and why a run is on 2 MiB pages.
+fn page_size_note(size: u64, page: guest_mem::PageSize) -> String {
     let read = |what: &str| {
         std::fs::read_to_string(format!(
             "/sys/kernel/mm/hugepages/hugepages-1048576kB/{what}"
@@ -211,6 +216,12 @@ fn page_size_note(size: u64) -> String {
         .and_then(|v| v.trim().parse::<u64>().ok())
         .unwrap_or(0)
     };
+    if page == guest_mem::PageSize::Huge1G {
+        return format!(
+            "run on 1 GiB pages; the host had {} of them at the end of the run",
+            read("nr_hugepages")
+        );
+    }
     format!(
         "run on 2 MiB pages; the host has {} huge pages of 1 GiB ({} free), a run on them needs {}",
         read("nr_hugepages"),
@@ -241,8 +252,8 @@ impl OffloadReport {
         let od = m.offload_daemon.as_ref();
         Self {
             size: cfg.size,
-            page_size: "2M".into(),
-            page_size_note: page_size_note(cfg.size),
+            page_size: cfg.page_size.to_string(),
+            page_size_note: page_size_note(cfg.size, cfg.page_size),
             reps: cfg.reps,
             dir: cfg.dir.display().to_string(),
             tsc_ghz: m.tsc_hz / 1e9,
@@ -252,6 +263,8 @@ impl OffloadReport {
                 .and_then(|c| paired_median(&c.restore_ms.samples, &cold.samples)),
             ch_file_minus_from_disk_ci95_ms: ch
                 .and_then(|c| paired_median_ci95(&c.restore_ms.samples, &cold.samples)),
+            ch_file_over_on_demand: ch
+                .and_then(|c| ratio(c.restore_ms.median, m.on_demand.disk_to_running_ms.median)),
             offload_daemon_over_from_disk: od.and_then(|o| ratio(o.restore_ms.median, cold.median)),
             offload_daemon_over_from_park: od
                 .and_then(|o| ratio(o.restore_ms.median, m.from_park.restore_ms.median)),

@@ -15,7 +15,7 @@ use super::OffloadError;
 use crate::private_dir::PrivateDir;
 use crate::vmm_update::error::io;
 use crate::vmm_update::guest::host_tsc_hz;
-use crate::vmm_update::setup::{reserve, write_spin_elf};
+use crate::vmm_update::setup::{reserve_pages, write_spin_elf};
 
 /// A baseline's results so far, or why it stopped.
 struct Baseline<T> {
@@ -63,15 +63,17 @@ pub fn run(
     cfg: &OffloadConfig,
     progress: &mut dyn FnMut(&str),
 ) -> Result<OffloadReport, OffloadError> {
-    if cfg.size == 0 || cfg.reps == 0 || !cfg.size.is_multiple_of(2 << 20) {
-        return Err(OffloadError::Setup(
-            "--size must be a non-zero multiple of 2 MiB and --reps at least 1".into(),
-        ));
+    let page = cfg.page_size;
+    if !page.is_huge() || cfg.size == 0 || cfg.reps == 0 || !cfg.size.is_multiple_of(page.bytes()) {
+        return Err(OffloadError::Setup(format!(
+            "--page-size must be 2M or 1G, --size a non-zero multiple of it and --reps at least 1 (got {page}, {} bytes, {})",
+            cfg.size, cfg.reps
+        )));
     }
     microguest::kvm_available().map_err(OffloadError::Setup)?;
     // One guest at a time holds its RAM in 2 MiB pages: the daemon's pool
     // is stopped before the baselines' cloud-hypervisors take theirs.
-    let _pages = reserve(cfg.size).map_err(OffloadError::Setup)?;
+    let _pages = reserve_pages(cfg.size, page).map_err(OffloadError::Setup)?;
     let dir = PrivateDir::create_in(&cfg.dir, "hugemem-bench-offload")
         .map_err(io(format!("a directory under {}", cfg.dir.display())))?;
     let elf = dir.path().join("spin.elf");

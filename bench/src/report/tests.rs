@@ -323,7 +323,7 @@ fn vmm_update_runs_share_one_table_with_their_expectations_checked() {
     assert!(out.contains("the host has 1 huge pages of 1 GiB"), "{out}");
 }
 
-fn offload_run(size: u64, park: f64, load_vs_disk: f64, file_ratio: f64) -> Value {
+fn offload_run(size: u64, park: f64, load_vs_disk: f64, file_ratio: f64, od_ms: f64) -> Value {
     json!({
         "bench": "offload", "size": size, "page_size": "2M", "reps": 6,
         "page_size_note": "run on 2 MiB pages; the host has 1 huge pages of 1 GiB (1 free)",
@@ -334,6 +334,9 @@ fn offload_run(size: u64, park: f64, load_vs_disk: f64, file_ratio: f64) -> Valu
                       "load_daemon_copy_ms": {"median": 690.0}, "load_gbps": {"median": 1.5},
                       "disk_read_gbps": {"median": 1.5 / load_vs_disk},
                       "disk_to_running_ms": {"median": 710.0}, "stale_guest": 0},
+        "on_demand": {"park_ms": {"median": 4.0}, "restore_ms": {"median": od_ms},
+                      "disk_to_running_ms": {"median": od_ms + 4.0},
+                      "all_filled_ms": {"median": 900.0}, "stale_host": 0, "stale_guest": 0},
         "ch_file": {"snapshot_ms": {"median": 1500.0}, "restore_ms": {"median": 710.0 * file_ratio},
                     "stale_guest": 0},
         "offload_daemon": null,
@@ -345,8 +348,8 @@ fn offload_run(size: u64, park: f64, load_vs_disk: f64, file_ratio: f64) -> Valu
 
 #[test]
 fn offload_runs_share_one_table_with_their_expectations_checked() {
-    let small = offload_run(1 << 30, 8.0, 0.9, 2.5);
-    let large = offload_run(8 << 30, 12.0, 0.5, 1.5);
+    let small = offload_run(1 << 30, 8.0, 0.9, 2.5, 30.0);
+    let large = offload_run(8 << 30, 12.0, 0.5, 1.5, 15.0);
     let out = tables::blocks(&[("a".into(), small), ("b".into(), large)]);
     assert!(out.contains("| 1G (2M pages) | 8G (2M pages) |"), "{out}");
     assert!(
@@ -366,7 +369,15 @@ fn offload_runs_share_one_table_with_their_expectations_checked() {
     assert!(out.contains("+300.0 [+100.0, +500.0]"), "{out}");
     assert!(out.contains("0 / 24: met"), "{out}");
     assert!(out.contains("| 2000.0 / 1500.0 / - |"), "{out}");
-    assert!(out.contains("not measured yet"), "{out}");
+    // Judged at 8 GiB only: the 1 GiB column's 30 ms is shown, not judged.
+    assert!(
+        out.contains("| 30.0 ms (judged at 8 GiB) | 15.0 ms: met |"),
+        "{out}"
+    );
+    assert!(
+        out.contains("| 4.0 / 30.0 / 34.0 | 4.0 / 15.0 / 19.0 |"),
+        "{out}"
+    );
     assert!(
         out.contains("Note: no offload_daemon binary given."),
         "{out}"

@@ -88,6 +88,8 @@ pub(crate) fn gap_within(state: &SpinState, from: i128, to: i128) -> Option<u64>
 pub(crate) struct GuestRam {
     file: File,
     block_page: MmapRegion,
+    /// The guest address `block_page` starts at.
+    block_page_start: u64,
 }
 
 const BLOCK_PAGE: u64 = MAX_GAP_GPA - MAX_GAP_GPA % (2 << 20);
@@ -202,16 +204,27 @@ impl GuestRam {
         Self::from_file(file)
     }
 
-    /// The guest RAM in `file`, as [`GuestRam::open`].
+    /// The guest RAM in `file`, as [`GuestRam::open`] (on 2 MiB or 1 GiB
+    /// pages: the spin block's page is mapped whole).
     pub(crate) fn from_file(file: File) -> Result<Self, VmmUpdateError> {
         let copy = file
             .try_clone()
             .map_err(|e| VmmUpdateError::Guest(format!("dup: {e}")))?;
-        let block_page =
-            guest_mem::shared_file_mapping(copy, BLOCK_PAGE, 2 << 20, PageSize::Huge2M).map_err(
-                |e| VmmUpdateError::Guest(format!("cannot map the spin block's page: {e}")),
-            )?;
-        Ok(Self { file, block_page })
+        let page = match nix::sys::statfs::fstatfs(&file) {
+            Ok(fs) if fs.optimal_transfer_size() as u64 == PageSize::Huge1G.bytes() => {
+                PageSize::Huge1G
+            }
+            _ => PageSize::Huge2M,
+        };
+        let page_start = BLOCK_PAGE - BLOCK_PAGE % page.bytes();
+        let len = usize::try_from(page.bytes()).unwrap_or(usize::MAX);
+        let block_page = guest_mem::shared_file_mapping(copy, page_start, len, page)
+            .map_err(|e| VmmUpdateError::Guest(format!("cannot map the spin block's page: {e}")))?;
+        Ok(Self {
+            file,
+            block_page,
+            block_page_start: page_start,
+        })
     }
 
     /// The spin block now.
@@ -237,7 +250,7 @@ impl GuestRam {
 
     /// Sets the guest's largest gap to 0, so that it measures from now.
     pub(crate) fn reset_max_gap(&self) -> Result<(), VmmUpdateError> {
-        let at = usize::try_from(MAX_GAP_GPA - BLOCK_PAGE).unwrap_or(usize::MAX);
+        let at = usize::try_from(MAX_GAP_GPA - self.block_page_start).unwrap_or(usize::MAX);
         self.block_page
             .as_volatile_slice()
             .write_obj(0u64, at)

@@ -20,18 +20,25 @@ pub(crate) const STRIDE: u64 = 4 << 10;
 /// The host re-reads guest RAM below this GPA (where the memory file's
 /// offset is the GPA under microvm); the guest checks all of it itself.
 pub(crate) const HOST_CHECK_END: u64 = 2 << 30;
-const TWO_M: u64 = 2 << 20;
-
 /// 2 MiB pages for `bytes`, held until the guard drops.
 pub(crate) fn reserve(bytes: u64) -> Result<Reservation, String> {
-    let pages = bytes.div_ceil(TWO_M);
-    match Reservation::for_run(PageSize::Huge2M, pages) {
+    reserve_pages(bytes, PageSize::Huge2M)
+}
+
+/// Huge pages of `page` size for `bytes`, held until the guard drops.
+pub(crate) fn reserve_pages(bytes: u64, page: PageSize) -> Result<Reservation, String> {
+    let pages = bytes.div_ceil(page.bytes());
+    let name = match page {
+        PageSize::Huge1G => "1 GiB",
+        _ => "2 MiB",
+    };
+    match Reservation::for_run(page, pages) {
         Ok(r) if r.report().met => Ok(r),
         Ok(r) => Err(format!(
-            "{pages} free 2 MiB pages needed, the host has {}",
+            "{pages} free {name} pages needed, the host has {}",
             r.report().free
         )),
-        Err(e) => Err(format!("cannot reserve {pages} 2 MiB pages: {e}")),
+        Err(e) => Err(format!("cannot reserve {pages} {name} pages: {e}")),
     }
 }
 
