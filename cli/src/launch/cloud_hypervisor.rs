@@ -133,6 +133,24 @@ fn bad_path_char(path: &str) -> Option<&'static str> {
     }
 }
 
+/// The user's `--api-socket` value and where it is in `args`.
+pub(crate) fn api_socket_arg(args: &[OsString]) -> Option<(usize, String)> {
+    let mut i = 0;
+    while i < args.len() {
+        let a = args[i].to_string_lossy();
+        if let Some(v) = a.strip_prefix("--api-socket=") {
+            return Some((i, v.to_string()));
+        }
+        if a == "--api-socket" {
+            return args
+                .get(i + 1)
+                .map(|v| (i, v.to_string_lossy().into_owned()));
+        }
+        i += 1;
+    }
+    None
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -47,24 +47,6 @@ struct Restored {
     took: Duration,
 }
 
-/// The user's `--api-socket` value and where it is in `args`.
-fn api_socket_arg(args: &[OsString]) -> Option<(usize, String)> {
-    let mut i = 0;
-    while i < args.len() {
-        let a = args[i].to_string_lossy();
-        if let Some(v) = a.strip_prefix("--api-socket=") {
-            return Some((i, v.to_string()));
-        }
-        if a == "--api-socket" {
-            return args
-                .get(i + 1)
-                .map(|v| (i, v.to_string_lossy().into_owned()));
-        }
-        i += 1;
-    }
-    None
-}
-
 /// The command line with the launcher's API socket (`fd=`) and event
 /// monitor in place of the user's `--api-socket`; returns it, the API's
 /// path and the fds the process inherits.
@@ -85,7 +67,7 @@ fn command_line(
     {
         return Err(opt("--restore gives cloud-hypervisor an event monitor of its own: leave out --event-monitor".into()));
     }
-    let api_path = match api_socket_arg(&args) {
+    let api_path = match super::cloud_hypervisor::api_socket_arg(&args) {
         Some((i, value)) => {
             if value.starts_with("fd=") {
                 return Err(opt(

@@ -5,7 +5,8 @@
 //! background, in guest-address order, by the fill engine. Each unit is
 //! filled exactly once whoever gets there first (its page state is the
 //! claim, as in the lazy mode); a fault on a unit the background is
-//! filling waits for it.
+//! filling waits for it ([`UnitsDone`]: the background filler says when
+//! each unit is done, nobody spins).
 //!
 //! The receiver never sees a page before it is filled: in postcopy mode
 //! cloud-hypervisor maps nothing of the memory fds until it asked for the
@@ -19,6 +20,7 @@
 use std::os::fd::BorrowedFd;
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Condvar, Mutex, PoisonError};
 
 use guest_mem::{
     fill_region_planned, fill_unit, FillOptions, FillPlan, FillSource, PageState, Region, UnitFill,
@@ -61,12 +63,55 @@ pub struct Postcopy<'a> {
 #[error("{0}")]
 pub struct FaultFillError(String);
 
+/// Says when units leave `Clearing`: each filler calls [`UnitsDone::notify`]
+/// after each unit it finished (the background through its progress,
+/// reported per unit), so that a fault on a unit another filler holds, and
+/// the wait for the last units, block until then instead of spinning.
+#[derive(Default)]
+struct UnitsDone {
+    lock: Mutex<()>,
+    done: Condvar,
+}
+
+impl UnitsDone {
+    /// Some unit left `Clearing` (filled, or back to `Dirty` on an error).
+    fn notify(&self) {
+        let _held = self.lock.lock().unwrap_or_else(PoisonError::into_inner);
+        self.done.notify_all();
+    }
+
+    /// Blocks until `ready()`, checked under the lock: a filler's state
+    /// change comes before its `notify`, so no wake-up is missed.
+    fn wait_until(&self, ready: impl Fn() -> bool) {
+        let mut held = self.lock.lock().unwrap_or_else(PoisonError::into_inner);
+        while !ready() {
+            held = self.done.wait(held).unwrap_or_else(PoisonError::into_inner);
+        }
+    }
+}
+
+/// Notifies its [`UnitsDone`] when dropped.
+struct WakeOnDrop<'a>(&'a UnitsDone);
+
+impl Drop for WakeOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.notify();
+    }
+}
+
+/// True when some unit of `region` is held by a filler.
+fn any_clearing(region: &Region) -> bool {
+    let states = region.states();
+    (0..states.len()).any(|u| matches!(states.get(u), Ok(PageState::Clearing)))
+}
+
 /// Fills the units that hold `[offset, offset + len)` of `region`, waiting
 /// for any another thread is filling.
 fn fill_range(
     region: &Region,
     plan: &FillPlan<'_>,
     opts: &FillOptions<'_>,
+    units_done: &UnitsDone,
     offset: u64,
     len: u64,
 ) -> Result<(), FaultFillError> {
@@ -76,11 +121,17 @@ fn fill_range(
         .map_err(|e| FaultFillError(e.to_string()))?;
     for u in first..=last {
         loop {
-            match fill_unit(region, plan, u, opts).map_err(|e| FaultFillError(e.to_string()))? {
+            let outcome = fill_unit(region, plan, u, opts);
+            if !matches!(outcome, Ok(UnitFill::Busy | UnitFill::Done(_))) {
+                // This thread's unit left `Clearing`, filled or not.
+                units_done.notify();
+            }
+            match outcome.map_err(|e| FaultFillError(e.to_string()))? {
                 UnitFill::Filled(_) | UnitFill::Done(_) => break,
-                // The background filler holds it: it is done within one
-                // unit's read.
-                UnitFill::Busy => std::thread::yield_now(),
+                // The background filler holds it: done within one unit's
+                // read, and it says so.
+                UnitFill::Busy => units_done
+                    .wait_until(|| !matches!(region.states().get(u), Ok(PageState::Clearing))),
             }
         }
     }
@@ -117,6 +168,15 @@ pub fn send(p: Postcopy<'_>) -> Result<(), String> {
         dest_is_zero: p.pending.is_some_and(|f| f.dest_is_zero),
         ..FillOptions::default()
     };
+    let units_done = UnitsDone::default();
+    let notify = |_: &guest_mem::FillProgress| units_done.notify();
+    // The background's progress, reported after every unit, wakes faults
+    // waiting for one.
+    let background_opts = FillOptions {
+        progress: Some(&notify),
+        progress_every: p.region.state_unit(),
+        ..opts
+    };
     let filled = AtomicBool::new(p.pending.is_none() || all_filled(p.region));
     // At once: the receiver reads the role of a connection it accepted
     // within seconds, whenever its accept loop gets to it.
@@ -126,18 +186,29 @@ pub fn send(p: Postcopy<'_>) -> Result<(), String> {
         let mut background = None;
         let sent = send_snapshot_with(p.main, p.memory, &config, p.state, p.paused, || {
             let (plan, opts, filled, slots) = (&plan, &opts, &filled, &slots);
+            let (units_done, background_opts) = (&units_done, &background_opts);
             fault_thread = Some(scope.spawn(move || {
                 serve_page_faults(p.fault, slots, |req: FaultRequest| {
                     if filled.load(Ordering::Acquire) {
                         return Ok(());
                     }
-                    fill_range(p.region, plan, opts, req.file_offset, req.length)
+                    fill_range(
+                        p.region,
+                        plan,
+                        opts,
+                        units_done,
+                        req.file_offset,
+                        req.length,
+                    )
                 })
             }));
             if !filled.load(Ordering::Acquire) {
-                background = Some(
-                    scope.spawn(move || fill_region_planned(p.topology, p.region, plan, opts)),
-                );
+                background = Some(scope.spawn(move || {
+                    // However it ends (a unit it failed on left `Clearing`
+                    // without a report; a panic), waiters look again.
+                    let _wake = WakeOnDrop(units_done);
+                    fill_region_planned(p.topology, p.region, plan, background_opts)
+                }));
             }
             Ok(())
         });
@@ -161,8 +232,9 @@ pub fn send(p: Postcopy<'_>) -> Result<(), String> {
                 Err(_) => return Err("the background fill panicked".into()),
             }
             // Units a fault was filling as the background passed them.
-            while !all_filled(p.region) {
-                std::thread::yield_now();
+            units_done.wait_until(|| !any_clearing(p.region));
+            if !all_filled(p.region) {
+                return Err("filling the VM's memory: a page the guest asked for could not be read (see the daemon's log)".into());
             }
             filled.store(true, Ordering::Release);
         }

@@ -144,7 +144,7 @@ pub(super) fn fill(v: &Value) -> String {
         s(v, "dir"),
         f(v, "reps", 0)
     );
-    out += "| figure | GB/s | vs sequential `read(2)` | workers | limit | samples |\n|---|---|---|---|---|---|\n";
+    out += "| figure | GB/s | vs sequential `read(2)` | workers | read with `O_DIRECT` | limit | samples |\n|---|---|---|---|---|---|---|\n";
     let samples = |p: &Value, key: &str| {
         p.get(key).and_then(Value::as_array).map_or_else(
             || "-".into(),
@@ -158,12 +158,12 @@ pub(super) fn fill(v: &Value) -> String {
         )
     };
     out += &format!(
-        "| sequential `read(2)`, cold, one thread | {} | 1.00x | 1 | the disk | {} |\n",
+        "| sequential `read(2)`, cold, one thread | {} | 1.00x | 1 | 0 % | the disk | {} |\n",
         f(v, "seq_read_gbps", 2),
         samples(v, "seq_read_samples")
     );
     out += &format!(
-        "| sequential `O_DIRECT` read, one thread | {} | - | 1 | the device | - |\n",
+        "| sequential `O_DIRECT` read, one thread | {} | - | 1 | 100 % | the device | - |\n",
         f(v, "seq_read_direct_gbps", 2)
     );
     for p in v
@@ -172,12 +172,17 @@ pub(super) fn fill(v: &Value) -> String {
         .into_iter()
         .flatten()
     {
+        let direct = match (num(p, "bytes_read_direct"), num(p, "bytes_read")) {
+            (Some(d), Some(r)) if r > 0.0 => format!("{} %", fixed(100.0 * d / r, 0)),
+            _ => "-".into(),
+        };
         out += &format!(
-            "| `fill_region`, {} | {} | {}x | {} | {} | {} |\n",
+            "| `fill_region`, {} | {} | {}x | {} | {} | {} | {} |\n",
             s(p, "mode"),
             f(p, "gbps", 2),
             f(p, "vs_seq_read", 2),
             f(p, "threads", 0),
+            direct,
             s(p, "limit"),
             samples(p, "samples")
         );

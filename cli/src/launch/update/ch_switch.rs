@@ -86,20 +86,6 @@ pub(crate) struct ChSwitch {
     replaced: Option<ChApi>,
 }
 
-/// The value of `--api-socket` in `args`, if the user gave one.
-fn user_api_socket(args: &[OsString]) -> Option<String> {
-    let mut it = args.iter().map(|a| a.to_string_lossy().into_owned());
-    while let Some(arg) = it.next() {
-        if let Some(value) = arg.strip_prefix("--api-socket=") {
-            return Some(value.to_owned());
-        }
-        if arg == "--api-socket" {
-            return it.next();
-        }
-    }
-    None
-}
-
 /// The options of `args` a successor is started with too.
 fn carried_options(args: &[OsString]) -> Vec<OsString> {
     let mut out = Vec::new();
@@ -169,7 +155,11 @@ impl ChSwitch {
         let io = |e: std::io::Error| {
             LaunchError::Options(format!("cannot set up cloud-hypervisor's API socket: {e}"))
         };
-        let (api_path, own_api, inherit) = match user_api_socket(user_args) {
+        let (api_path, own_api, inherit) = match crate::launch::cloud_hypervisor::api_socket_arg(
+            user_args,
+        )
+        .map(|(_, value)| value)
+        {
             Some(value) if value.starts_with("fd=") => return Err(LaunchError::Options(
                 "live update reaches cloud-hypervisor's API by path: give `--api-socket path=…` \
                      or leave it out (hugemem launch then makes one beside the control socket)"
