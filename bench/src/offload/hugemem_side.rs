@@ -11,7 +11,7 @@ use backend::client::Client;
 use super::report::{FromDiskResult, FromParkResult, OffloadConfig, OnDemandResult};
 use super::steps::{
     allocated_under, args, daemon_copy_ms, daemon_settled, densest_file, disk_read_gbps,
-    drop_dir_cache, hugemem, restored_in_ms, spawn, wait_restored_ms, Stopping, WriteWatch,
+    drop_dir_cache, hugemem, spawn, wait_restored_ms, Stopping, WriteWatch,
 };
 use super::OffloadError;
 use crate::serve_child::{ServeChild, ServeOptions};
@@ -171,12 +171,15 @@ pub(super) fn one_rep(
     park.pause_ms.push(now.max_gap as f64 / tsc_hz * 1e3);
     park.stale_guest = park.stale_guest.max(now.bad);
 
+    // The guest runs as soon as cloud-hypervisor resumes it, a moment
+    // before the daemon has its answer and drops the parked record: the
+    // name is free again once the launcher says it is restored.
+    let restored_ms = wait_restored_ms(&r.path("restored.log"), EXIT_WAIT)?;
+    park.restore_launcher_ms.push(restored_ms);
+
     // To disk and back: parked again, saved, loaded, restored.
     r.park(&name, &r.path("restored.api"))?;
     parked(&mut restored)?;
-    if let Some(ms) = restored_in_ms(&r.path("restored.log")) {
-        park.restore_launcher_ms.push(ms);
-    }
     let parked_at = ram.spin()?.count;
     // The memory returns to the pool with the save: the bench lets go of it.
     drop(ram);

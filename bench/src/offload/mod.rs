@@ -3,7 +3,7 @@
 //! --save`, `hugemem park --from-dir`), against cloud-hypervisor's own
 //! `file://` snapshot and restore and its reference `offload_daemon`, in
 //! the same run, on the same spinning micro-guest (`microguest::spin`,
-//! `bench vmm-update`'s), on 2 MiB pages. Each repetition runs every
+//! `bench vmm-update`'s), on 2 MiB pages or 1 GiB pages (`--page-size`). Each repetition runs every
 //! variant once, in turn, so that what moves a whole repetition (the
 //! shared host's load, its disk's cache) moves all of them:
 //!

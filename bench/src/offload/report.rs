@@ -54,8 +54,8 @@ pub struct FromParkResult {
     pub park_ms: Figure,
     /// `hugemem launch --restore`'s start to the guest counting again, ms.
     pub restore_ms: Figure,
-    /// The launcher's own figure for the restore ("restored from the park
-    /// in N ms": the RESTORE exchange), ms; repetitions where its log said it.
+    /// The launcher's own figure for the restore (its "restored:" line's
+    /// `ms`: the RESTORE exchange, until the daemon's answer), ms.
     pub restore_launcher_ms: Figure,
     /// The guest's largest recorded gap across park and restore, ms.
     pub pause_ms: Figure,

@@ -189,13 +189,6 @@ pub(super) fn disk_read_gbps(file: &Path) -> Result<f64, OffloadError> {
     Ok(crate::fill::gbps(bytes, seconds))
 }
 
-/// The launcher's "restored from the park in N ms" in its log `log`.
-pub(super) fn restored_in_ms(log: &Path) -> Option<f64> {
-    let text = std::fs::read_to_string(log).ok()?;
-    let (_, after) = text.split_once("restored from the park in ")?;
-    after.split_whitespace().next()?.parse().ok()
-}
-
 /// The seconds of the daemon's last "PARK: memory from elsewhere copied"
 /// in its log `log` (its fill engine's time for a load), ms.
 pub(super) fn daemon_copy_ms(log: &Path) -> Option<f64> {
