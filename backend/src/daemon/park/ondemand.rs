@@ -5,7 +5,7 @@
 //! background, in guest-address order, by the fill engine. Each unit is
 //! filled exactly once whoever gets there first (its page state is the
 //! claim, as in the lazy mode); a fault on a unit the background is
-//! filling waits for it ([`UnitsDone`]: the background filler says when
+//! filling waits for it (`UnitsDone`: the background filler says when
 //! each unit is done, nobody spins).
 //!
 //! The receiver never sees a page before it is filled: in postcopy mode
