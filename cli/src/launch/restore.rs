@@ -192,28 +192,13 @@ pub fn run(cfg: &LaunchConfig, name: &str) -> Result<LaunchReport, LaunchError> 
                 }
             };
             let held = HeldAllocation::of(&alloc);
-            if let (Ok(mut m), Ok(copy)) = (slot.lock(), alloc.try_clone()) {
-                *m = Some(copy);
-            }
-            if let Ok(mut r) = watch_restored.lock() {
-                *r = Some(Restored {
-                    id: alloc.id,
-                    size: alloc.size(),
-                    page_sizes: alloc.regions.iter().map(|r| r.page_size).collect(),
-                    took: started.elapsed(),
-                });
-            }
-            let how = if on_demand {
-                "its memory filled as it asked (every page is now)"
-            } else {
-                "on its parked memory"
-            };
-            info!(
+            record_restored(
+                &alloc,
+                started.elapsed(),
+                &slot,
+                &watch_restored,
                 name,
-                alloc = alloc.id,
                 on_demand,
-                ms = started.elapsed().as_secs_f64() * 1e3,
-                "restored: the VM runs in the new cloud-hypervisor, {how}"
             );
             // The daemon's fds of the memory are not needed: cloud-hypervisor has its own.
             drop(alloc);
@@ -241,6 +226,44 @@ pub fn run(cfg: &LaunchConfig, name: &str) -> Result<LaunchReport, LaunchError> 
         parked_as,
         restored: true,
     })
+}
+
+/// Keeps what the launcher learned of the restored allocation (the memory
+/// `hugemem update` hands on, the report's figures) and logs the
+/// "restored:" line (`ms`: the restore's start to the daemon's answer,
+/// which for an on-demand restore comes once every page is filled).
+fn record_restored(
+    alloc: &Allocation,
+    took: Duration,
+    slot: &Mutex<Option<Allocation>>,
+    restored: &Mutex<Option<Restored>>,
+    name: &str,
+    on_demand: bool,
+) {
+    if let (Ok(mut m), Ok(copy)) = (slot.lock(), alloc.try_clone()) {
+        *m = Some(copy);
+    }
+    if let Ok(mut r) = restored.lock() {
+        *r = Some(Restored {
+            id: alloc.id,
+            size: alloc.size(),
+            page_sizes: alloc.regions.iter().map(|r| r.page_size).collect(),
+            took,
+        });
+    }
+    let how = if on_demand {
+        "its memory filled as it asked (every page is now)"
+    } else {
+        "on its parked memory"
+    };
+    let ms = took.as_secs_f64() * 1e3;
+    info!(
+        name,
+        alloc = alloc.id,
+        on_demand,
+        ms,
+        "restored: the VM runs in the new cloud-hypervisor, {how}"
+    );
 }
 
 /// The restore itself: `receive-migration` on the new process, its
