@@ -19,7 +19,7 @@
 mod common;
 
 use std::os::unix::fs::MetadataExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
 use std::time::Duration;
 
@@ -127,25 +127,65 @@ fn stop(launcher: u32, launch: &mut Child) {
     );
 }
 
-#[test]
-fn a_launched_guest_parks_and_restores_ten_times_on_the_same_memory() {
-    let _serial = serial();
-    let Some(ch) = cloud_hypervisor() else {
-        return;
-    };
-    let _pages = match hold(PageSize::Huge2M, RAM / STRIDE) {
+/// What every test here starts from; the fields drop in this order, the
+/// machine's lock last.
+struct Setup {
+    ch: String,
+    dir: tempfile::TempDir,
+    /// The counting guest (`microguest::spin`) in `dir`.
+    elf: PathBuf,
+    _pages: guest_mem::Reservation,
+    _serial: std::sync::MutexGuard<'static, ()>,
+}
+
+/// The machine's lock, cloud-hypervisor, 2 MiB pages for `guests` guests
+/// held, a private directory with the counting guest; `None` after a skip.
+fn set_up(guests: u64) -> Option<Setup> {
+    let serial = serial();
+    let ch = cloud_hypervisor()?;
+    let pages = match hold(PageSize::Huge2M, guests * RAM / STRIDE) {
         Ok(r) => r,
         Err(why) => {
             test_support::skip!("{why}");
-            return;
+            return None;
         }
     };
-    let free_before = hugepages_2m("free_hugepages");
     let dir = tempfile::tempdir().expect("tempdir");
     let elf = spin_elf(dir.path(), STRIDE, START_GPA, MARKER);
+    Some(Setup {
+        ch,
+        dir,
+        elf,
+        _pages: pages,
+        _serial: serial,
+    })
+}
+
+/// Ends a launched VM and waits for its allocation to be released, the
+/// daemon's totals balanced; the daemon's STATS then.
+fn stop_and_settle(
+    daemon: &TestDaemon,
+    launcher: u32,
+    launch: &mut Child,
+) -> backend::stats::Stats {
+    stop(launcher, launch);
+    let stats = daemon.wait_stats(Duration::from_secs(30), "the allocation released", |s| {
+        s.allocations.active == 0
+    });
+    assert_balanced(&stats, "after the VM exited");
+    stats
+}
+
+#[test]
+fn a_launched_guest_parks_and_restores_ten_times_on_the_same_memory() {
+    let Some(setup) = set_up(1) else {
+        return;
+    };
+    let (ch, dir, elf) = (&setup.ch, &setup.dir, &setup.elf);
+    let free_before = hugepages_2m("free_hugepages");
     let daemon = TestDaemon::start(|c| c.pool.recheck_ms = 20);
     let mut api = dir.path().join("api0.sock");
-    let mut launch = launch_counting(&daemon, &ch, &api, &elf);
+    let mut launch = launch_counting(&daemon, ch, &api, elf);
     let mut launcher = child_of(launch.id());
     let mut vmm = child_of(launcher);
     let ram = launched_guest_ram(launcher, vmm);
@@ -179,7 +219,7 @@ fn a_launched_guest_parks_and_restores_ten_times_on_the_same_memory() {
         assert!(parked_at >= state.count, "round {i}: the counter went back");
 
         api = dir.path().join(format!("api{i}.sock"));
-        launch = restore(&daemon, &ch, "counter", &api);
+        launch = restore(&daemon, ch, "counter", &api);
         launcher = child_of(launch.id());
         vmm = child_of(launcher);
         state = counting_past(&ram, parked_at, "the restored guest to count on");
@@ -208,11 +248,7 @@ fn a_launched_guest_parks_and_restores_ten_times_on_the_same_memory() {
     }
     let _guard = StopLauncher(launcher);
     drop(ram);
-    stop(launcher, &mut launch);
-    let stats = daemon.wait_stats(Duration::from_secs(30), "the allocation released", |s| {
-        s.allocations.active == 0
-    });
-    assert_balanced(&stats, "after the VM exited");
+    let stats = stop_and_settle(&daemon, launcher, &mut launch);
     assert_eq!(
         stats.counters.allocs_ok, 1,
         "one allocation for every process: {stats}"
@@ -227,26 +263,17 @@ fn a_launched_guest_parks_and_restores_ten_times_on_the_same_memory() {
 
 #[test]
 fn a_cloud_hypervisor_of_its_own_parks_onto_huge_pages_and_restores() {
-    let _serial = serial();
-    let Some(ch) = cloud_hypervisor() else {
+    let Some(setup) = set_up(1) else {
         return;
     };
-    let _pages = match hold(PageSize::Huge2M, RAM / STRIDE) {
-        Ok(r) => r,
-        Err(why) => {
-            test_support::skip!("{why}");
-            return;
-        }
-    };
-    let dir = tempfile::tempdir().expect("tempdir");
-    let elf = spin_elf(dir.path(), STRIDE, START_GPA, MARKER);
+    let (ch, dir, elf) = (&setup.ch, &setup.dir, &setup.elf);
     let daemon = TestDaemon::start(|c| c.pool.recheck_ms = 20);
     let api = dir.path().join("own.sock");
-    let mut own = Command::new(&ch)
+    let mut own = Command::new(ch)
         .arg("--api-socket")
         .arg(&api)
         .args(["--memory", "size=256M,shared=on", "--kernel"])
-        .arg(&elf)
+        .arg(elf)
         .args(["--cpus", "boot=1", "--serial", "null", "--console", "off"])
         .spawn()
         .expect("spawn cloud-hypervisor");
@@ -275,7 +302,7 @@ fn a_cloud_hypervisor_of_its_own_parks_onto_huge_pages_and_restores() {
     assert_balanced(&stats, "parked");
 
     let api2 = dir.path().join("restored.sock");
-    let mut launch = restore(&daemon, &ch, "own", &api2);
+    let mut launch = restore(&daemon, ch, "own", &api2);
     let launcher = child_of(launch.id());
     let _guard = StopLauncher(launcher);
     let vmm = child_of(launcher);
@@ -287,32 +314,19 @@ fn a_cloud_hypervisor_of_its_own_parks_onto_huge_pages_and_restores() {
     );
     assert_eq!(state.bad, 0, "the guest found a page changed");
     drop(ram);
-    stop(launcher, &mut launch);
-    let stats = daemon.wait_stats(Duration::from_secs(30), "the allocation released", |s| {
-        s.allocations.active == 0
-    });
-    assert_balanced(&stats, "after the VM exited");
+    stop_and_settle(&daemon, launcher, &mut launch);
     daemon.shutdown();
 }
 
 #[test]
 fn unpark_returns_the_memory_and_names_are_per_tenant() {
-    let _serial = serial();
-    let Some(ch) = cloud_hypervisor() else {
+    let Some(setup) = set_up(1) else {
         return;
     };
-    let _pages = match hold(PageSize::Huge2M, RAM / STRIDE) {
-        Ok(r) => r,
-        Err(why) => {
-            test_support::skip!("{why}");
-            return;
-        }
-    };
-    let dir = tempfile::tempdir().expect("tempdir");
-    let elf = spin_elf(dir.path(), STRIDE, START_GPA, MARKER);
+    let (ch, dir, elf) = (&setup.ch, &setup.dir, &setup.elf);
     let daemon = TestDaemon::start(|c| c.pool.recheck_ms = 20);
     let api = dir.path().join("api.sock");
-    let mut launch = launch_counting(&daemon, &ch, &api, &elf);
+    let mut launch = launch_counting(&daemon, ch, &api, elf);
     let launcher = child_of(launch.id());
     let vmm = child_of(launcher);
     {
@@ -369,22 +383,13 @@ fn run_ok(args: &[&std::ffi::OsStr]) -> String {
 /// its counter goes on from where it stopped.
 #[test]
 fn a_parked_guest_goes_to_disk_and_back() {
-    let _serial = serial();
-    let Some(ch) = cloud_hypervisor() else {
+    let Some(setup) = set_up(2) else {
         return;
     };
-    let _pages = match hold(PageSize::Huge2M, 2 * RAM / STRIDE) {
-        Ok(r) => r,
-        Err(why) => {
-            test_support::skip!("{why}");
-            return;
-        }
-    };
-    let dir = tempfile::tempdir().expect("tempdir");
-    let elf = spin_elf(dir.path(), STRIDE, START_GPA, MARKER);
+    let (ch, dir, elf) = (&setup.ch, &setup.dir, &setup.elf);
     let daemon = TestDaemon::start(|c| c.pool.recheck_ms = 20);
     let api = dir.path().join("api.sock");
-    let mut launch = launch_counting(&daemon, &ch, &api, &elf);
+    let mut launch = launch_counting(&daemon, ch, &api, elf);
     let launcher = child_of(launch.id());
     let vmm = child_of(launcher);
     let parked_at = {
@@ -430,7 +435,7 @@ fn a_parked_guest_goes_to_disk_and_back() {
     assert_eq!(stats.parked.len(), 1, "{stats}");
     assert!(stats.parked[0].copied_bytes > 0, "{stats}");
     let api2 = dir.path().join("api2.sock");
-    let mut launch = restore(&daemon, &ch, "back", &api2);
+    let mut launch = restore(&daemon, ch, "back", &api2);
     let launcher = child_of(launch.id());
     let _guard = StopLauncher(launcher);
     let vmm = child_of(launcher);
@@ -439,11 +444,7 @@ fn a_parked_guest_goes_to_disk_and_back() {
     let state = counting_past(&ram, parked_at, "the guest to count on after disk and back");
     assert_eq!(state.bad, 0, "the guest found a page changed");
     drop(ram);
-    stop(launcher, &mut launch);
-    let stats = daemon.wait_stats(Duration::from_secs(30), "released", |s| {
-        s.allocations.active == 0
-    });
-    assert_balanced(&stats, "after the VM exited");
+    stop_and_settle(&daemon, launcher, &mut launch);
     daemon.shutdown();
 }
 
@@ -452,23 +453,14 @@ fn a_parked_guest_goes_to_disk_and_back() {
 /// and restored: the guest counts on from the snapshot.
 #[test]
 fn a_cloud_hypervisor_file_snapshot_parks_from_its_directory() {
-    let _serial = serial();
-    let Some(ch) = cloud_hypervisor() else {
+    let Some(setup) = set_up(2) else {
         return;
     };
-    let _pages = match hold(PageSize::Huge2M, 2 * RAM / STRIDE) {
-        Ok(r) => r,
-        Err(why) => {
-            test_support::skip!("{why}");
-            return;
-        }
-    };
+    let (ch, dir, elf) = (&setup.ch, &setup.dir, &setup.elf);
     let ch_remote = Path::new(&ch).with_file_name("ch-remote");
-    let dir = tempfile::tempdir().expect("tempdir");
-    let elf = spin_elf(dir.path(), STRIDE, START_GPA, MARKER);
     let daemon = TestDaemon::start(|c| c.pool.recheck_ms = 20);
     let api = dir.path().join("own.sock");
-    let mut own = Command::new(&ch)
+    let mut own = Command::new(ch)
         .arg("--api-socket")
         .arg(&api)
         .args([
@@ -476,7 +468,7 @@ fn a_cloud_hypervisor_file_snapshot_parks_from_its_directory() {
             "size=256M,shared=on,hugepages=on,hugepage_size=2M",
             "--kernel",
         ])
-        .arg(&elf)
+        .arg(elf)
         .args(["--cpus", "boot=1", "--serial", "null", "--console", "off"])
         .spawn()
         .expect("spawn cloud-hypervisor");
@@ -517,7 +509,7 @@ fn a_cloud_hypervisor_file_snapshot_parks_from_its_directory() {
     ]);
     assert!(said.contains("parked as fromch"), "{said}");
     let api2 = dir.path().join("api2.sock");
-    let mut launch = restore(&daemon, &ch, "fromch", &api2);
+    let mut launch = restore(&daemon, ch, "fromch", &api2);
     let launcher = child_of(launch.id());
     let _guard = StopLauncher(launcher);
     let vmm = child_of(launcher);
@@ -539,22 +531,13 @@ fn a_cloud_hypervisor_file_snapshot_parks_from_its_directory() {
 /// read as it asks for them and in the background.
 #[test]
 fn an_on_demand_restore_runs_the_guest_while_its_memory_is_read() {
-    let _serial = serial();
-    let Some(ch) = cloud_hypervisor() else {
+    let Some(setup) = set_up(2) else {
         return;
     };
-    let _pages = match hold(PageSize::Huge2M, 2 * RAM / STRIDE) {
-        Ok(r) => r,
-        Err(why) => {
-            test_support::skip!("{why}");
-            return;
-        }
-    };
-    let dir = tempfile::tempdir().expect("tempdir");
-    let elf = spin_elf(dir.path(), STRIDE, START_GPA, MARKER);
+    let (ch, dir, elf) = (&setup.ch, &setup.dir, &setup.elf);
     let daemon = TestDaemon::start(|c| c.pool.recheck_ms = 20);
     let api = dir.path().join("api.sock");
-    let mut launch = launch_counting(&daemon, &ch, &api, &elf);
+    let mut launch = launch_counting(&daemon, ch, &api, elf);
     let launcher = child_of(launch.id());
     let vmm = child_of(launcher);
     let parked_at = {
@@ -594,7 +577,7 @@ fn an_on_demand_restore_runs_the_guest_while_its_memory_is_read() {
             "lazy2",
             "--on-demand",
             "--",
-            &ch,
+            ch,
             "--api-socket",
         ])
         .arg(&api2)
@@ -616,11 +599,7 @@ fn an_on_demand_restore_runs_the_guest_while_its_memory_is_read() {
     });
     assert!(stats.parked.is_empty(), "{stats}");
     drop(ram);
-    stop(launcher, &mut launch);
-    let stats = daemon.wait_stats(Duration::from_secs(30), "released", |s| {
-        s.allocations.active == 0
-    });
-    assert_balanced(&stats, "after the VM exited");
+    stop_and_settle(&daemon, launcher, &mut launch);
     daemon.shutdown();
 }
 
@@ -628,22 +607,13 @@ fn an_on_demand_restore_runs_the_guest_while_its_memory_is_read() {
 /// cloud-hypervisor on the same memory, and it counts on.
 #[test]
 fn a_restored_guest_is_updated_under_its_name() {
-    let _serial = serial();
-    let Some(ch) = cloud_hypervisor() else {
+    let Some(setup) = set_up(1) else {
         return;
     };
-    let _pages = match hold(PageSize::Huge2M, RAM / STRIDE) {
-        Ok(r) => r,
-        Err(why) => {
-            test_support::skip!("{why}");
-            return;
-        }
-    };
-    let dir = tempfile::tempdir().expect("tempdir");
-    let elf = spin_elf(dir.path(), STRIDE, START_GPA, MARKER);
+    let (ch, dir, elf) = (&setup.ch, &setup.dir, &setup.elf);
     let daemon = TestDaemon::start(|c| c.pool.recheck_ms = 20);
     let api = dir.path().join("api.sock");
-    let mut launch = launch_counting(&daemon, &ch, &api, &elf);
+    let mut launch = launch_counting(&daemon, ch, &api, elf);
     let launcher = child_of(launch.id());
     let vmm = child_of(launcher);
     let ram = launched_guest_ram(launcher, vmm);
@@ -659,7 +629,7 @@ fn a_restored_guest_is_updated_under_its_name() {
         .arg(daemon.socket())
         .arg("--control-socket")
         .arg(&control)
-        .args(["--restore", "upd", "--", &ch, "--api-socket"])
+        .args(["--restore", "upd", "--", ch, "--api-socket"])
         .arg(&api2)
         .spawn()
         .expect("spawn hugemem launch --restore");
@@ -681,10 +651,6 @@ fn a_restored_guest_is_updated_under_its_name() {
     let after = counting_past(&ram, state.count, "the guest to count on after the update");
     assert_eq!(after.bad, 0, "the guest found a page changed");
     drop(ram);
-    stop(launcher, &mut launch);
-    let stats = daemon.wait_stats(Duration::from_secs(30), "released", |s| {
-        s.allocations.active == 0
-    });
-    assert_balanced(&stats, "after the VM exited");
+    stop_and_settle(&daemon, launcher, &mut launch);
     daemon.shutdown();
 }

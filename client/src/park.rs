@@ -6,7 +6,7 @@
 //! receives (`receive-migration`, for RESTORE) the VM. The daemon never
 //! binds or connects a path a tenant names: the tenant brings the socket.
 
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 
 use crate::client::{allocation_from, Allocation, Client, ClientError};
@@ -108,17 +108,7 @@ impl Client {
         migration: &UnixStream,
         paused: bool,
     ) -> Result<Allocation, ClientError> {
-        self.park_feature("RESTORE")?;
-        check_name(name)?;
-        let (reply, fds): (_, Vec<OwnedFd>) = self.exchange(
-            &Request::Restore {
-                name: name.to_string(),
-                paused,
-                postcopy: false,
-            },
-            &[migration.as_fd()],
-        )?;
-        allocation_from(reply, fds, false, "RESTORE")
+        self.restore_on(name, &[migration.as_fd()], paused, false)
     }
 
     /// RESTORE on demand: as [`Client::restore`] to a receiver that runs
@@ -138,15 +128,27 @@ impl Client {
         fault: &UnixStream,
         paused: bool,
     ) -> Result<Allocation, ClientError> {
+        self.restore_on(name, &[migration.as_fd(), fault.as_fd()], paused, true)
+    }
+
+    /// RESTORE over `connections`: the migration connection, then for
+    /// `postcopy` the fault connection.
+    fn restore_on(
+        &mut self,
+        name: &str,
+        connections: &[BorrowedFd<'_>],
+        paused: bool,
+        postcopy: bool,
+    ) -> Result<Allocation, ClientError> {
         self.park_feature("RESTORE")?;
         check_name(name)?;
         let (reply, fds): (_, Vec<OwnedFd>) = self.exchange(
             &Request::Restore {
                 name: name.to_string(),
                 paused,
-                postcopy: true,
+                postcopy,
             },
-            &[migration.as_fd(), fault.as_fd()],
+            connections,
         )?;
         allocation_from(reply, fds, false, "RESTORE")
     }

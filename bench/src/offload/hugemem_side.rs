@@ -64,6 +64,23 @@ impl Rep<'_> {
         spawn(&self.cfg.launcher, &restore_args, &log).map(Stopping)
     }
 
+    /// `hugemem park NAME --from-dir DIR` (with `--on-demand` when
+    /// `on_demand`); its wall time, ms.
+    fn park_from_dir(&self, name: &str, dir: &Path, on_demand: bool) -> Result<f64, OffloadError> {
+        let mut park_args = args([
+            &"park",
+            &name,
+            &"--socket",
+            &self.socket,
+            &"--from-dir",
+            &dir,
+        ]);
+        if on_demand {
+            park_args.push("--on-demand".into());
+        }
+        hugemem(&self.cfg.launcher, &park_args).map(|(ms, _)| ms)
+    }
+
     /// `hugemem park NAME --api-socket API`; its wall time, ms.
     fn park(&self, name: &str, api: &Path) -> Result<f64, OffloadError> {
         let park_args = args([
@@ -213,15 +230,7 @@ fn from_disk(
     let disk_gbps = disk_read_gbps(&densest_file(&saved)?)?;
     drop_dir_cache(&saved)?;
     let loaded = format!("{name}-loaded");
-    let load_args = args([
-        &"park",
-        &loaded,
-        &"--socket",
-        &r.socket,
-        &"--from-dir",
-        &saved,
-    ]);
-    let (load_ms, _) = hugemem(&r.cfg.launcher, &load_args)?;
+    let load_ms = r.park_from_dir(&loaded, &saved, false)?;
     if let Some(ms) = daemon_copy_ms(&r.daemon_log) {
         disk.load_daemon_copy_ms.push(ms);
     }
@@ -263,16 +272,7 @@ fn from_disk_on_demand(
     daemon_settled(client)?;
     drop_dir_cache(&saved)?;
     let pending = format!("{name}-on-demand");
-    let park_args = args([
-        &"park",
-        &pending,
-        &"--socket",
-        &r.socket,
-        &"--from-dir",
-        &saved,
-        &"--on-demand",
-    ]);
-    let (park_ms, _) = hugemem(&r.cfg.launcher, &park_args)?;
+    let park_ms = r.park_from_dir(&pending, &saved, true)?;
     let started = Instant::now();
     let launcher = r.restore_with(&pending, "on-demand", true)?;
     let vmm = child_of(launcher.pid())?;

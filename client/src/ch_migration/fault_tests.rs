@@ -228,6 +228,26 @@ fn an_fd_on_the_fault_connection_is_refused() {
     ));
 }
 
+/// The sender's next request on `main`: its header (the payload is read
+/// and dropped; fds it carried go on `fds`).
+fn next_request(main: &UnixStream, fds: &mut Vec<std::os::fd::OwnedFd>) -> RequestHeader {
+    let mut head = [0u8; HEADER_SIZE];
+    wire::read_exact(main, &mut head, fds, "header").expect("header");
+    let h = RequestHeader::decode(&head).expect("decode");
+    let mut payload = vec![0u8; h.length as usize];
+    wire::read_exact(main, &mut payload, fds, "payload").expect("payload");
+    h
+}
+
+/// The fault connection the sender opens on `listener`, and the role it
+/// announced on it.
+fn accept_fault_connection(listener: &UnixListener) -> (UnixStream, u16) {
+    let (fault, _) = listener.accept().expect("fault connection");
+    let mut role = [0u8; 2];
+    std::io::Read::read_exact(&mut &fault, &mut role).expect("role");
+    (fault, u16::from_le_bytes(role))
+}
+
 /// A receiver as cloud-hypervisor's postcopy one behaves: it takes the
 /// snapshot on the main connection and, when the state is due, the
 /// announced fault connection, asks for every page of its one slot and
@@ -237,19 +257,13 @@ fn fake_postcopy_receiver(listener: UnixListener, page: u64, size: u64) -> u64 {
     let mut fds = Vec::new();
     let mut memfd = None;
     loop {
-        let mut head = [0u8; HEADER_SIZE];
-        wire::read_exact(&main, &mut head, &mut fds, "header").expect("header");
-        let h = RequestHeader::decode(&head).expect("decode");
-        let mut payload = vec![0u8; h.length as usize];
-        wire::read_exact(&main, &mut payload, &mut fds, "payload").expect("payload");
+        let h = next_request(&main, &mut fds);
         if h.command == Command::MemoryFd {
             memfd = fds.pop();
         }
         if h.command == Command::State {
-            let (fault, _) = listener.accept().expect("fault connection");
-            let mut role = [0u8; 2];
-            std::io::Read::read_exact(&mut &fault, &mut role).expect("role");
-            assert_eq!(u16::from_le_bytes(role), FAULT_CONNECTION_ROLE);
+            let (fault, role) = accept_fault_connection(&listener);
+            assert_eq!(role, FAULT_CONNECTION_ROLE);
             let file = std::fs::File::from(memfd.take().expect("a memory fd"));
             let mut buf = vec![0u8; page as usize];
             for at in (0..size).step_by(page as usize) {
@@ -318,15 +332,9 @@ fn a_refused_fault_is_what_a_failed_postcopy_restore_reports() {
         let (main, _) = listener.accept().expect("main");
         let mut fds = Vec::new();
         loop {
-            let mut head = [0u8; HEADER_SIZE];
-            wire::read_exact(&main, &mut head, &mut fds, "header").expect("header");
-            let h = RequestHeader::decode(&head).expect("decode");
-            let mut payload = vec![0u8; h.length as usize];
-            wire::read_exact(&main, &mut payload, &mut fds, "payload").expect("payload");
+            let h = next_request(&main, &mut fds);
             if h.command == Command::State {
-                let (fault, _) = listener.accept().expect("fault connection");
-                let mut role = [0u8; 2];
-                std::io::Read::read_exact(&mut &fault, &mut role).expect("role");
+                let (fault, _role) = accept_fault_connection(&listener);
                 assert!(!page_fault(&fault, 0x4000_0000, 0x1000).ok);
                 return;
             }
