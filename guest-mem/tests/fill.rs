@@ -164,8 +164,11 @@ fn sparse_file_into_a_dirty_region_on_several_workers() {
         },
     ];
     let want = expected(region.len(), &[&file, &other, &file], &sources);
+    let units_done = std::sync::Mutex::new(Vec::new());
+    let record = |unit: usize| units_done.lock().expect("lock").push(unit);
     let opts = FillOptions {
         chunk: 2 * MIB,
+        unit_done: Some(&record),
         ..FillOptions::default()
     };
     let report = fill_region(&topo, &region, &sources, &opts).expect("fill");
@@ -173,6 +176,13 @@ fn sparse_file_into_a_dirty_region_on_several_workers() {
     assert_eq!(first_difference(&region, &want), None);
     assert!(all_clean(&region));
     assert_eq!(report.units_filled, 8);
+    let mut units_done = units_done.lock().expect("lock").clone();
+    units_done.sort_unstable();
+    assert_eq!(
+        units_done,
+        (0..8).collect::<Vec<_>>(),
+        "each unit said once"
+    );
     let sourced: u64 = sources.iter().map(|s| s.len).sum();
     assert_eq!(report.counts.bytes_read + report.counts.hole_bytes, sourced);
     assert!(report.counts.hole_bytes > 0, "the holes were found");

@@ -50,6 +50,11 @@ pub struct FillOptions<'a> {
     pub progress: Option<&'a (dyn Fn(&FillProgress) + Sync)>,
     /// Bytes between progress reports (also logged with `tracing`); 0 for none.
     pub progress_every: u64,
+    /// Called by [`fill_region`](super::fill_region)'s workers after each
+    /// unit they took left their hands (filled, or failed back to `Dirty`),
+    /// with its index: for a thread that waits on a unit another filler
+    /// holds. Not logged; keep it cheap.
+    pub unit_done: Option<&'a (dyn Fn(usize) + Sync)>,
     /// Stops [`fill_region`](super::fill_region) between chunks.
     pub cancel: Option<&'a CancelToken>,
 }
@@ -64,6 +69,7 @@ impl Default for FillOptions<'_> {
             direct_io: true,
             progress: None,
             progress_every: DEFAULT_PROGRESS_EVERY,
+            unit_done: None,
             cancel: None,
         }
     }
@@ -79,6 +85,7 @@ impl std::fmt::Debug for FillOptions<'_> {
             .field("direct_io", &self.direct_io)
             .field("progress", &self.progress.map(|_| "Fn(&FillProgress)"))
             .field("progress_every", &self.progress_every)
+            .field("unit_done", &self.unit_done.map(|_| "Fn(usize)"))
             .field("cancel", &self.cancel)
             .finish()
     }

@@ -149,8 +149,11 @@ pub fn fill_region_planned(
             }
         }
         for u in first..last {
-            let outcome = fill_unit(region, plan, u, opts)?;
-            tally.unit_done(outcome, region.page_range(u).1);
+            let outcome = fill_unit(region, plan, u, opts);
+            if let (Some(done), Ok(UnitFill::Filled(_)) | Err(_)) = (opts.unit_done, &outcome) {
+                done(u);
+            }
+            tally.unit_done(outcome?, region.page_range(u).1);
         }
         Ok(())
     })

@@ -64,8 +64,8 @@ pub struct Postcopy<'a> {
 pub struct FaultFillError(String);
 
 /// Says when units leave `Clearing`: each filler calls [`UnitsDone::notify`]
-/// after each unit it finished (the background through its progress,
-/// reported per unit), so that a fault on a unit another filler holds, and
+/// after each unit it finished (the background through
+/// `FillOptions::unit_done`), so that a fault on a unit another filler holds, and
 /// the wait for the last units, block until then instead of spinning.
 #[derive(Default)]
 struct UnitsDone {
@@ -169,12 +169,10 @@ pub fn send(p: Postcopy<'_>) -> Result<(), String> {
         ..FillOptions::default()
     };
     let units_done = UnitsDone::default();
-    let notify = |_: &guest_mem::FillProgress| units_done.notify();
-    // The background's progress, reported after every unit, wakes faults
-    // waiting for one.
+    let notify = |_unit: usize| units_done.notify();
+    // Each unit the background fill is done with wakes the faults waiting.
     let background_opts = FillOptions {
-        progress: Some(&notify),
-        progress_every: p.region.state_unit(),
+        unit_done: Some(&notify),
         ..opts
     };
     let filled = AtomicBool::new(p.pending.is_none() || all_filled(p.region));
