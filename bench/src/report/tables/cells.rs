@@ -1,5 +1,7 @@
 //! One cell of a table: a figure, a string or a size at a path of the
-//! results JSON (`-` when missing), and the run's header line.
+//! results JSON (`-` when missing), and the run's header line; the rows
+//! and verdicts of the tables that check expectations (`offload`,
+//! `vmm-update`).
 
 use serde_json::Value;
 
@@ -76,4 +78,31 @@ pub(super) fn note(v: &Value, path: &str) -> String {
         Some(Value::String(n)) if !n.is_empty() => format!(" Note: {n}."),
         _ => String::new(),
     }
+}
+
+/// "met" or a bold "not met": an expectation's verdict.
+pub(super) fn verdict(ok: bool) -> &'static str {
+    if ok {
+        "met"
+    } else {
+        "**not met**"
+    }
+}
+
+/// `a / b / c` of the cells.
+pub(super) fn three(a: String, b: String, c: String) -> String {
+    format!("{a} / {b} / {c}")
+}
+
+/// What a row shows of one run.
+pub(super) type Cell<'a> = &'a dyn Fn(&Value) -> String;
+
+/// One row: the label, then a cell per run.
+pub(super) fn row(
+    label: &str,
+    files: &[(String, Value)],
+    cell: impl Fn(&Value) -> String,
+) -> String {
+    let cells: Vec<String> = files.iter().map(|(_, v)| cell(v)).collect();
+    format!("| {label} | {} |\n", cells.join(" | "))
 }

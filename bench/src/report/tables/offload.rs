@@ -11,7 +11,7 @@
 
 use serde_json::Value;
 
-use super::cells::{f, note, num, run_line, s, size};
+use super::cells::{f, note, num, row, run_line, s, size, three, verdict, Cell};
 use crate::report::fixed;
 
 /// Largest park or restore time of a run over the first run's.
@@ -25,19 +25,6 @@ const FILE_RATIO: f64 = 2.0;
 const ON_DEMAND_MS: f64 = 20.0;
 /// The guest size the on-demand expectation names: 8 GiB.
 const ON_DEMAND_JUDGED_FROM: f64 = (8u64 << 30) as f64;
-
-fn verdict(ok: bool) -> &'static str {
-    if ok {
-        "met"
-    } else {
-        "**not met**"
-    }
-}
-
-/// `a / b / c` of the cells.
-fn three(a: String, b: String, c: String) -> String {
-    format!("{a} / {b} / {c}")
-}
 
 /// This run's median at `path` over the first run's, judged flat or not.
 fn flat(v: &Value, first: &Value, path: &str) -> String {
@@ -121,15 +108,6 @@ fn copied(v: &Value) -> String {
         ),
         None => "-".into(),
     }
-}
-
-/// What a row shows of one run.
-type Cell<'a> = &'a dyn Fn(&Value) -> String;
-
-/// One row: the label, then a cell per run.
-fn row(label: &str, files: &[(String, Value)], cell: impl Fn(&Value) -> String) -> String {
-    let cells: Vec<String> = files.iter().map(|(_, v)| cell(v)).collect();
-    format!("| {label} | {} |\n", cells.join(" | "))
 }
 
 /// The table of the `offload` runs in `files`.

@@ -7,7 +7,7 @@
 
 use serde_json::Value;
 
-use super::cells::{f, note, num, run_line, s, signed, size};
+use super::cells::{f, note, num, row, run_line, s, signed, size, three, verdict, Cell};
 use crate::report::fixed;
 
 /// Pause at the switch allowed over the floor's, ms.
@@ -18,19 +18,6 @@ const FLAT_RATIO: f64 = 1.2;
 const COPY_RATIO: f64 = 20.0;
 /// The size the update time ratio is asked at.
 const RATIO_SIZE: f64 = (8u64 << 30) as f64;
-
-fn verdict(ok: bool) -> &'static str {
-    if ok {
-        "met"
-    } else {
-        "**not met**"
-    }
-}
-
-/// `a / b / c` of the cells.
-fn three(a: String, b: String, c: String) -> String {
-    format!("{a} / {b} / {c}")
-}
 
 /// A paired median and its 95 % interval, `+1.2 [-0.3, +2.0]`.
 fn paired(v: &Value, median: &str, ci: &str, digits: usize) -> String {
@@ -100,15 +87,6 @@ fn ram_sent(v: &Value) -> String {
         Some(p) => format!("{} %: {}", fixed(p, 6), verdict(p < 1.0)),
         None => "-".into(),
     }
-}
-
-/// What a row shows of one run.
-type Cell<'a> = &'a dyn Fn(&Value) -> String;
-
-/// One row: the label, then a cell per run.
-fn row(label: &str, files: &[(String, Value)], cell: impl Fn(&Value) -> String) -> String {
-    let cells: Vec<String> = files.iter().map(|(_, v)| cell(v)).collect();
-    format!("| {label} | {} |\n", cells.join(" | "))
 }
 
 /// The table of the `vmm-update` runs in `files`.
