@@ -8,6 +8,7 @@ use guest_mem::size::format_size;
 use serde::Serialize;
 
 use crate::stats::{median, paired_median, paired_median_ci95};
+use crate::vmm_update::setup::one_gib_pages;
 
 /// The run's settings.
 #[derive(Debug, Clone)]
@@ -208,24 +209,14 @@ pub struct OffloadReport {
 
 /// What the host has of 1 GiB pages, and why a run is on 2 MiB pages.
 fn page_size_note(size: u64, page: guest_mem::PageSize) -> String {
-    let read = |what: &str| {
-        std::fs::read_to_string(format!(
-            "/sys/kernel/mm/hugepages/hugepages-1048576kB/{what}"
-        ))
-        .ok()
-        .and_then(|v| v.trim().parse::<u64>().ok())
-        .unwrap_or(0)
-    };
+    let (total, free) = one_gib_pages();
     if page == guest_mem::PageSize::Huge1G {
-        return format!(
-            "run on 1 GiB pages; the host had {} of them at the end of the run",
-            read("nr_hugepages")
-        );
+        return format!("run on 1 GiB pages; the host had {total} of them at the end of the run");
     }
     format!(
         "run on 2 MiB pages; the host has {} huge pages of 1 GiB ({} free), a run on them needs {}",
-        read("nr_hugepages"),
-        read("free_hugepages"),
+        total,
+        free,
         size.div_ceil(1 << 30)
     )
 }

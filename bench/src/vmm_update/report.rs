@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use guest_mem::size::format_size;
 use hugemem::launch::Vmm;
 
-use super::setup::STRIDE;
+use super::setup::{one_gib_pages, STRIDE};
 use crate::stats;
 use serde::Serialize;
 
@@ -204,18 +204,11 @@ fn paired_gaps(a: &UpdateSeries, b: &UpdateSeries) -> (Vec<f64>, Vec<f64>) {
 /// against what a run of `size` on them needs at once (the copy's source
 /// and destination).
 fn page_size_note(size: u64) -> String {
-    let read = |what: &str| {
-        std::fs::read_to_string(format!(
-            "/sys/kernel/mm/hugepages/hugepages-1048576kB/{what}"
-        ))
-        .ok()
-        .and_then(|v| v.trim().parse::<u64>().ok())
-        .unwrap_or(0)
-    };
+    let (total, free) = one_gib_pages();
     format!(
         "run on 2 MiB pages; the host has {} huge pages of 1 GiB ({} free), a run on them needs {} at once",
-        read("nr_hugepages"),
-        read("free_hugepages"),
+        total,
+        free,
         2 * size.div_ceil(1 << 30)
     )
 }

@@ -20,6 +20,14 @@ pub(crate) const STRIDE: u64 = 4 << 10;
 /// The host re-reads guest RAM below this GPA (where the memory file's
 /// offset is the GPA under microvm); the guest checks all of it itself.
 pub(crate) const HOST_CHECK_END: u64 = 2 << 30;
+/// The host's 1 GiB pages, `(nr_hugepages, free_hugepages)`; zeros where
+/// it has no such pool.
+pub(crate) fn one_gib_pages() -> (u64, u64) {
+    numa::HugePages::host()
+        .pool(1 << 30, None)
+        .map_or((0, 0), |p| (p.total, p.free))
+}
+
 /// 2 MiB pages for `bytes`, held until the guard drops.
 pub(crate) fn reserve(bytes: u64) -> Result<Reservation, String> {
     reserve_pages(bytes, PageSize::Huge2M)
