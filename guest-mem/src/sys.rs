@@ -190,8 +190,8 @@ pub(crate) fn seals(fd: std::os::fd::BorrowedFd<'_>) -> io::Result<libc::c_int> 
     Ok(seals)
 }
 
-/// `fstat(fd).st_size`: the size of an open file.
-pub(crate) fn file_size(fd: std::os::fd::BorrowedFd<'_>) -> io::Result<u64> {
+/// `fstat(fd)`.
+fn fstat(fd: std::os::fd::BorrowedFd<'_>) -> io::Result<libc::stat> {
     use std::os::fd::AsRawFd;
     let mut buf = std::mem::MaybeUninit::<libc::stat>::zeroed();
     // SAFETY: the borrowed fd is open for the duration of the call and `buf`
@@ -201,7 +201,12 @@ pub(crate) fn file_size(fd: std::os::fd::BorrowedFd<'_>) -> io::Result<u64> {
     }
     // SAFETY: fstat returned 0, so it wrote the whole struct (and it was
     // zero-initialised before in any case).
-    let st = unsafe { buf.assume_init() };
+    Ok(unsafe { buf.assume_init() })
+}
+
+/// `fstat(fd).st_size`: the size of an open file.
+pub(crate) fn file_size(fd: std::os::fd::BorrowedFd<'_>) -> io::Result<u64> {
+    let st = fstat(fd)?;
     u64::try_from(st.st_size).map_err(|_| io::Error::from_raw_os_error(libc::EOVERFLOW))
 }
 
@@ -210,16 +215,7 @@ pub(crate) fn file_size(fd: std::os::fd::BorrowedFd<'_>) -> io::Result<u64> {
 pub(crate) fn file_type_and_size(
     fd: std::os::fd::BorrowedFd<'_>,
 ) -> io::Result<(libc::mode_t, u64)> {
-    use std::os::fd::AsRawFd;
-    let mut buf = std::mem::MaybeUninit::<libc::stat>::zeroed();
-    // SAFETY: the borrowed fd is open for the duration of the call and `buf`
-    // is a writable `stat` the kernel fills in; nothing else aliases it.
-    if unsafe { libc::fstat(fd.as_raw_fd(), buf.as_mut_ptr()) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: fstat returned 0, so it wrote the whole struct (and it was
-    // zero-initialised before in any case).
-    let st = unsafe { buf.assume_init() };
+    let st = fstat(fd)?;
     let size =
         u64::try_from(st.st_size).map_err(|_| io::Error::from_raw_os_error(libc::EOVERFLOW))?;
     Ok((st.st_mode & libc::S_IFMT, size))
@@ -397,14 +393,7 @@ pub(crate) fn direct_io_alignment(
 
 /// `(st_dev, st_ino)` of an open file.
 pub(crate) fn file_identity(fd: std::os::fd::BorrowedFd<'_>) -> io::Result<(u64, u64)> {
-    use std::os::fd::AsRawFd;
-    let mut buf = std::mem::MaybeUninit::<libc::stat>::zeroed();
-    // SAFETY: as in `file_size`.
-    if unsafe { libc::fstat(fd.as_raw_fd(), buf.as_mut_ptr()) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: fstat returned 0; the struct was zero-initialised before.
-    let st = unsafe { buf.assume_init() };
+    let st = fstat(fd)?;
     Ok((st.st_dev, st.st_ino))
 }
 
