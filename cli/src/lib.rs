@@ -23,8 +23,6 @@ pub mod hugepages;
 pub mod launch;
 /// `hugemem park` and `hugemem unpark`.
 pub mod park_cli;
-/// `hugemem unpark --save` and `hugemem park --from-dir`: a parked VM to disk and back.
-pub mod park_dir;
 /// `hugemem qemu-wrapper`: the emulator a libvirt domain names, on daemon memory.
 pub mod qemu_wrapper;
 /// `hugemem rebalance`: the operator's REBALANCE client.

@@ -127,7 +127,7 @@ fn park(
     let from_dir_on_demand = from_dir.as_ref().is_some_and(|(_, d)| *d);
     let p = match (api_socket, from_dir) {
         (_, Some((dir, on_demand))) => {
-            hugemem::park_dir::park_from_dir(socket, name, &dir, on_demand).with_context(|| {
+            hugemem_client::saved_vm::park_from_dir(socket, name, &dir, on_demand).with_context(|| {
                 format!("hugemem park {name} --from-dir {} failed", dir.display())
             })?
         }
@@ -157,7 +157,7 @@ fn park(
 fn unpark(socket: &std::path::Path, name: &str, save: Option<&std::path::Path>) -> Result<i32> {
     match save {
         Some(dir) => {
-            let r = hugemem::park_dir::unpark_to_dir(socket, name, dir).with_context(|| {
+            let r = hugemem_client::saved_vm::unpark_to_dir(socket, name, dir).with_context(|| {
                 format!("hugemem unpark {name} --save {} failed", dir.display())
             })?;
             println!(

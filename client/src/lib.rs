@@ -11,6 +11,7 @@
 //!
 //! - [`ch_migration`]: cloud-hypervisor's local-migration protocol, the
 //!   peer a daemon plays to hold a cloud-hypervisor VM's memory.
+//! - [`saved_vm`]: a parked VM saved to a directory and parked from one.
 //!
 //! No tokio, clap, toml or KVM: the daemon (`backend`) and the `hugemem`
 //! binary bring those.
@@ -32,6 +33,7 @@ pub mod pagemap;
 pub mod park;
 /// The wire protocol: framing, messages, fd passing.
 pub mod proto;
+pub mod saved_vm;
 /// The STATS reply as types, shared by the daemon and its readers.
 pub mod stats;
 /// Raw syscalls behind small safe wrappers (fd-owning `recvmsg`).

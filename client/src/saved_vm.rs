@@ -17,15 +17,15 @@ use std::os::fd::{AsFd, BorrowedFd};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
 
-use hugemem_client::ch_migration::ch_snapshot_dir::{read_ch_snapshot_dir, CH_CONFIG_FILE};
-use hugemem_client::ch_migration::layout::{open_regular, SnapshotDirError};
-use hugemem_client::ch_migration::offload_dir::{
+use crate::ch_migration::ch_snapshot_dir::{read_ch_snapshot_dir, CH_CONFIG_FILE};
+use crate::ch_migration::layout::{open_regular, SnapshotDirError};
+use crate::ch_migration::offload_dir::{
     read_offload_dir, write_offload_dir, WriteReport, MIGRATION_CONFIG_FILE,
 };
-use hugemem_client::ch_migration::peer::{receive_snapshot, send_snapshot};
-use hugemem_client::ch_migration::{ChMigrationError, Limits};
-use hugemem_client::client::{Client, ClientError};
-use hugemem_client::park::Parked;
+use crate::ch_migration::peer::{receive_snapshot, send_snapshot};
+use crate::ch_migration::{ChMigrationError, Limits};
+use crate::client::{Client, ClientError};
+use crate::park::Parked;
 
 /// Why a save or a load failed.
 #[derive(Debug, thiserror::Error)]
