@@ -126,11 +126,10 @@ fn park(
 ) -> Result<i32> {
     let from_dir_on_demand = from_dir.as_ref().is_some_and(|(_, d)| *d);
     let p = match (api_socket, from_dir) {
-        (_, Some((dir, on_demand))) => {
-            hugemem_client::saved_vm::park_from_dir(socket, name, &dir, on_demand).with_context(|| {
-                format!("hugemem park {name} --from-dir {} failed", dir.display())
-            })?
-        }
+        (_, Some((dir, on_demand))) => hugemem_client::saved_vm::park_from_dir(
+            socket, name, &dir, on_demand,
+        )
+        .with_context(|| format!("hugemem park {name} --from-dir {} failed", dir.display()))?,
         (Some(api), None) => {
             hugemem::park_cli::park(socket, name, api, std::time::Duration::from_secs(timeout))
                 .with_context(|| format!("hugemem park {name} failed"))?
@@ -157,9 +156,10 @@ fn park(
 fn unpark(socket: &std::path::Path, name: &str, save: Option<&std::path::Path>) -> Result<i32> {
     match save {
         Some(dir) => {
-            let r = hugemem_client::saved_vm::unpark_to_dir(socket, name, dir).with_context(|| {
-                format!("hugemem unpark {name} --save {} failed", dir.display())
-            })?;
+            let r =
+                hugemem_client::saved_vm::unpark_to_dir(socket, name, dir).with_context(|| {
+                    format!("hugemem unpark {name} --save {} failed", dir.display())
+                })?;
             println!(
                 "saved {name} to {} ({} slot(s), {} of memory, {} written, {} left as holes) and unparked it: its memory returns to the pool",
                 dir.display(),
