@@ -83,6 +83,10 @@ pub enum Code {
     Restore = 12,
     /// Drop a parked VM: its memory goes back to the pool.
     Unpark = 13,
+    /// Send a parked VM's snapshot on the one socket fd the request
+    /// carries, for saving: the VM stays parked, held for this connection
+    /// until it UNPARKs it or ends.
+    Export = 14,
 }
 
 impl Code {
@@ -102,6 +106,7 @@ impl Code {
             11 => Code::Park,
             12 => Code::Restore,
             13 => Code::Unpark,
+            14 => Code::Export,
             _ => return None,
         })
     }

@@ -22,6 +22,7 @@ impl Request {
             Request::Park { .. } => Code::Park,
             Request::Restore { .. } => Code::Restore,
             Request::Unpark { .. } => Code::Unpark,
+            Request::Export { .. } => Code::Export,
         }
     }
 
@@ -30,8 +31,11 @@ impl Request {
     /// postcopy RESTORE (and its fault connection), 0 otherwise.
     pub fn expected_fds(&self) -> usize {
         match self {
-            Request::Restore { postcopy: true, .. } => 2,
-            Request::Uffd { .. } | Request::Park { .. } | Request::Restore { .. } => 1,
+            Request::Restore { postcopy: true, .. } | Request::Park { verify: true, .. } => 2,
+            Request::Uffd { .. }
+            | Request::Park { .. }
+            | Request::Restore { .. }
+            | Request::Export { .. } => 1,
             _ => 0,
         }
     }
@@ -99,11 +103,19 @@ impl Request {
                 let flags = if *want_paths { HANDOFF_FLAG_PATHS } else { 0 };
                 w.u64(*alloc_id).bytes(token).u32(flags).u32(0);
             }
-            Request::Park { name, on_demand } => {
+            Request::Park {
+                name,
+                on_demand,
+                verify,
+            } => {
                 encode_name(&mut w, name);
-                w.u32(if *on_demand { PARK_FLAG_ON_DEMAND } else { 0 });
+                let mut flags = if *on_demand { PARK_FLAG_ON_DEMAND } else { 0 };
+                if *verify {
+                    flags |= PARK_FLAG_VERIFY;
+                }
+                w.u32(flags);
             }
-            Request::Unpark { name } => {
+            Request::Unpark { name } | Request::Export { name } => {
                 encode_name(&mut w, name);
                 w.u32(0);
             }
@@ -190,23 +202,29 @@ impl Request {
             Code::Park => {
                 let name = decode_name(&mut r)?;
                 let flags = r.u32("flags")?;
-                if flags & !PARK_FLAG_ON_DEMAND != 0 {
+                let known = PARK_FLAG_ON_DEMAND | PARK_FLAG_VERIFY;
+                if flags & !known != 0 {
                     return Err(bad(format!(
                         "undefined PARK flag bits {:#x}",
-                        flags & !PARK_FLAG_ON_DEMAND
+                        flags & !known
                     )));
                 }
                 Request::Park {
                     name,
                     on_demand: flags & PARK_FLAG_ON_DEMAND != 0,
+                    verify: flags & PARK_FLAG_VERIFY != 0,
                 }
             }
-            Code::Unpark => {
+            Code::Unpark | Code::Export => {
                 let name = decode_name(&mut r)?;
                 if r.u32("reserved")? != 0 {
                     return Err(bad("reserved field must be zero"));
                 }
-                Request::Unpark { name }
+                if code == Code::Export {
+                    Request::Export { name }
+                } else {
+                    Request::Unpark { name }
+                }
             }
             Code::Restore => {
                 let name = decode_name(&mut r)?;
