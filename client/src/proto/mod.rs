@@ -14,12 +14,14 @@
 //!
 //! [`MAX_PAYLOAD`]: crate::proto::MAX_PAYLOAD
 
+mod fd_rules;
 pub mod framing;
 mod header;
 pub mod messages;
 pub mod socket;
 pub mod validate;
 
+pub use fd_rules::FdRule;
 pub use framing::{Frame, FrameReader};
 pub use header::{
     Code, Header, ProtoError, Status, ANY_NODE, FEATURE_HANDOFF, FEATURE_LAZY, FEATURE_PARK,
