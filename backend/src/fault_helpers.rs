@@ -3,7 +3,7 @@
 //! held by the kernel's zeroing of a huge page.
 //!
 //! Each helper is a fork of the daemon that keeps only the region's fd and
-//! two pipes (`crate::sys::spawn_fault_helper`), pins itself to the
+//! two pipes (`crate::sys::helper::spawn_fault_helper`), pins itself to the
 //! region's node, runs under `SCHED_IDLE` (a tenant's runnable thread on
 //! the same CPU always goes first), binds its faults to the node, maps the
 //! region shared and faults each range it is given in with
@@ -35,7 +35,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
-use crate::sys::{FaultHelperSpec, FAULT_DONE_BYTES, FAULT_READY, FAULT_WORK_BYTES};
+use crate::sys::helper::{FaultHelperSpec, FAULT_DONE_BYTES, FAULT_READY, FAULT_WORK_BYTES};
 
 /// What the registry knows of one helper.
 #[derive(Debug, Clone, Copy)]
@@ -72,7 +72,7 @@ pub fn stop_own_helper(pid: i32) -> bool {
         return false;
     };
     for (&helper, _) in reg.iter().filter(|(_, h)| h.set == set) {
-        crate::sys::kill_child(helper);
+        crate::sys::helper::kill_child(helper);
     }
     true
 }
@@ -167,7 +167,7 @@ impl FaultHelpers {
         let file = (u64::from(st.st_dev), u64::from(st.st_ino));
         for _ in 0..count.max(1) {
             let mut reg = registry();
-            let pid = crate::sys::spawn_fault_helper(&spec)?;
+            let pid = crate::sys::helper::spawn_fault_helper(&spec)?;
             reg.insert(pid, HelperOf { set, file });
             drop(reg);
             me.pids.push(pid);
@@ -222,7 +222,7 @@ impl FaultHelpers {
         let mut rec = [0u8; FAULT_WORK_BYTES];
         rec[..8].copy_from_slice(&offset.to_ne_bytes());
         rec[8..].copy_from_slice(&len.to_ne_bytes());
-        crate::sys::write_record(todo.as_fd(), &rec)
+        crate::sys::helper::write_record(todo.as_fd(), &rec)
     }
 
     /// Waits for the next answer, for `stop` to become readable, or for a
@@ -250,7 +250,7 @@ impl FaultHelpers {
     fn next_record(&self, stop: BorrowedFd<'_>) -> io::Result<Next> {
         let mut fds = vec![self.done.as_fd(), stop];
         fds.extend(self.exits.iter().map(AsFd::as_fd));
-        let ready = crate::sys::wait_readable(&fds)?;
+        let ready = crate::sys::helper::wait_readable(&fds)?;
         if ready[1] {
             return Ok(Next::Stopped);
         }
@@ -258,7 +258,7 @@ impl FaultHelpers {
             return Ok(Next::Gone);
         }
         let mut rec = [0u8; FAULT_DONE_BYTES];
-        if !crate::sys::read_record(self.done.as_fd(), &mut rec)? {
+        if !crate::sys::helper::read_record(self.done.as_fd(), &mut rec)? {
             return Ok(Next::Gone);
         }
         let word = |i: usize| {
@@ -291,11 +291,11 @@ fn reap(pid: libc::pid_t) {
     // In the registry until it has exited (its file references are gone
     // then: `helper_of_file`), out of it before the reap: once reaped, the
     // pid may be anyone's.
-    if let Err(e) = crate::sys::wait_exited(pid) {
+    if let Err(e) = crate::sys::helper::wait_exited(pid) {
         tracing::warn!(pid, error = %e, "cannot wait for a fault helper's exit");
     }
     registry().remove(&pid);
-    if let Err(e) = crate::sys::reap_child(pid) {
+    if let Err(e) = crate::sys::helper::reap_child(pid) {
         tracing::warn!(pid, error = %e, "cannot reap a fault helper");
     }
 }
@@ -308,7 +308,7 @@ impl Drop for FaultHelpers {
     fn drop(&mut self) {
         self.todo = None;
         for pid in std::mem::take(&mut self.pids) {
-            crate::sys::kill_child(pid);
+            crate::sys::helper::kill_child(pid);
             reap(pid);
         }
     }

@@ -18,8 +18,8 @@ use crate::ch_migration::layout::open_regular;
 use crate::ch_migration::offload_dir::{read_offload_dir, MIGRATION_CONFIG_FILE, STATE_FILE};
 use crate::ch_migration::Limits;
 
+use super::error::SavedVmError;
 use super::manifest::{Manifest, MANIFEST_FILE};
-use super::SavedVmError;
 
 /// What kind of directory a load read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

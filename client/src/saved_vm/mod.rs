@@ -8,7 +8,7 @@
 //!
 //! * It is written into a temporary sibling of `DIR` and renamed into
 //!   place as its last step, after every file and the directory were
-//!   flushed ([`staging`]); a failure removes the temporary, and a SIGKILL
+//!   flushed (`staging`); a failure removes the temporary, and a SIGKILL
 //!   or a power cut leaves only a temporary that the next save to `DIR`
 //!   removes. An existing `DIR` with files is never written into.
 //! * The VM stays parked while it is saved: the daemon sends it with
@@ -20,12 +20,13 @@
 //!   ([`manifest`]); a load checks the files against it before anything is
 //!   parked, and the daemon checks every piece of memory as it reads it.
 //! * The memory is written sparse, in parallel and with `O_DIRECT` where
-//!   the file system takes it ([`writer`]).
+//!   the file system takes it (`writer`).
 //!
 //! Both run through the daemon's own requests over a socket pair: this
 //! process plays the cloud-hypervisor. Files are read and written with this
 //! user's rights, never the daemon's.
 
+mod error;
 mod load;
 pub mod manifest;
 mod staging;
@@ -39,56 +40,14 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 use crate::ch_migration::layout::{migration_config_slots, SnapshotDirError};
 use crate::ch_migration::offload_dir::{memory_slot_filename, MIGRATION_CONFIG_FILE, STATE_FILE};
 use crate::ch_migration::peer::{receive_snapshot, send_snapshot, Snapshot};
-use crate::ch_migration::{ChMigrationError, Limits};
-use crate::client::{Client, ClientError};
+use crate::ch_migration::Limits;
+use crate::client::Client;
 use crate::park::{Exported, Parked};
 
+pub use error::SavedVmError;
 pub use load::DirKind;
-use manifest::{Manifest, ManifestError, MemoryFile, Source, WholeFile, FORMAT, PIECE, VERSION};
+use manifest::{Manifest, MemoryFile, Source, WholeFile, FORMAT, PIECE, VERSION};
 pub use writer::WriteStats;
-
-/// Why a save or a load failed.
-#[derive(Debug, thiserror::Error)]
-pub enum SavedVmError {
-    /// The daemon refused or failed.
-    #[error(transparent)]
-    Daemon(#[from] ClientError),
-    /// A file or the directory.
-    #[error(transparent)]
-    Dir(#[from] SnapshotDirError),
-    /// The directory does not match its manifest.
-    #[error(transparent)]
-    Manifest(#[from] ManifestError),
-    /// The exchange over the socket pair.
-    #[error("the snapshot exchange: {0}")]
-    Exchange(#[from] ChMigrationError),
-    /// The socket pair or a thread.
-    #[error("{0}")]
-    Io(#[from] std::io::Error),
-    /// A layout this version cannot load.
-    #[error("{0}")]
-    Unsupported(String),
-    /// The daemon no longer holds the VM the save wrote: nothing was put in
-    /// place.
-    #[error("the daemon no longer holds {name} as it was sent ({why}); nothing was saved")]
-    Lost {
-        /// The VM.
-        name: String,
-        /// What happened.
-        why: String,
-    },
-    /// The save is in place but the VM could not be dropped.
-    #[error("{name} was saved to {dir} but is still parked: UNPARK failed: {source}")]
-    SavedNotDropped {
-        /// The VM.
-        name: String,
-        /// Where it was saved.
-        dir: String,
-        /// Why UNPARK failed.
-        #[source]
-        source: ClientError,
-    },
-}
 
 /// How a save runs.
 #[derive(Clone, Copy)]

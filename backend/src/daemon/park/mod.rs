@@ -117,7 +117,7 @@ pub async fn unpark(rooms: &Arc<Rooms>, session: SessionId, uid: u32, name: &str
     };
     let _held = found.gate.lock_owned().await;
     if let Some(other) = rooms.saving.held_by_other(found.alloc, session) {
-        return Outcome::error(Status::Invalid, being_saved(name, other));
+        return Outcome::error(Status::Invalid, send::being_saved(name, other));
     }
     match rooms.pool.release_parked(uid, name) {
         Ok(released) => {
@@ -135,15 +135,6 @@ pub async fn unpark(rooms: &Arc<Rooms>, session: SessionId, uid: u32, name: &str
         }
         Err(e) => Outcome::error(Status::NotFound, e.to_string()),
     }
-}
-
-/// Why a request on a parked VM that connection `holder` is saving is
-/// refused.
-pub fn being_saved(name: &str, holder: SessionId) -> String {
-    format!(
-        "{name:?} is being saved by connection {holder} (hugemem unpark --save): \
-         try again once that save ends"
-    )
 }
 
 /// The answer to a refused FREE: the launcher of a VM that was parked

@@ -67,9 +67,18 @@ pub async fn gated(
         _ => return Err(not_parked()),
     };
     if let Some(other) = rooms.saving.held_by_other(found.alloc, session) {
-        return Err((Status::Invalid, super::being_saved(name, other)));
+        return Err((Status::Invalid, being_saved(name, other)));
     }
     Ok((held, found))
+}
+
+/// Why a request on a parked VM that connection `holder` is saving is
+/// refused.
+pub fn being_saved(name: &str, holder: SessionId) -> String {
+    format!(
+        "{name:?} is being saved by connection {holder} (hugemem unpark --save): \
+         try again once that save ends"
+    )
 }
 
 /// RESTORE (see the module docs). The allocation's change gate is held
