@@ -399,6 +399,11 @@ pub(crate) struct OffloadArgs {
     /// disk, not tmpfs.
     #[arg(long, default_value = "/var/tmp")]
     pub(crate) dir: std::path::PathBuf,
+    /// Fill every guest's RAM with incompressible bytes before its first
+    /// park or snapshot (all but the words the guest checks): a guest that
+    /// wrote all its memory. Without it each 4 KiB page holds one word.
+    #[arg(long)]
+    pub(crate) dense: bool,
     /// The cloud-hypervisor binary (default: $CLOUD_HYPERVISOR, else
     /// cloud-hypervisor on the PATH).
     #[arg(long)]

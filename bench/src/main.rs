@@ -343,6 +343,7 @@ fn offload(args: OffloadArgs) -> Result<i32> {
             .or_else(|| from_env("CH_OFFLOAD_DAEMON")),
         launcher: hugemem::companion::find("hugemem")
             .context("cannot find the hugemem binary for `hugemem launch`")?,
+        dense: args.dense,
     };
     let report = hugemem_bench::offload::run(&cfg, &mut |line| tracing::info!("{line}"))
         .context("bench offload failed")?;

@@ -55,6 +55,12 @@ pub(crate) fn paired_median_ci95(a: &[f64], b: &[f64]) -> Option<[f64; 2]> {
     (j >= 1).then(|| [d[j - 1], d[n - j]])
 }
 
+/// The 95 % interval of the median of `samples` (the sign test of
+/// [`paired_median_ci95`], against nothing). `None` under 6 samples.
+pub(crate) fn median_ci95(samples: &[f64]) -> Option<[f64; 2]> {
+    paired_median_ci95(samples, &vec![0.0; samples.len()])
+}
+
 /// `a / b`, or 0 when `b` is not positive (a missing baseline).
 pub(crate) fn ratio(a: f64, b: f64) -> f64 {
     if b > 0.0 {

@@ -6,6 +6,7 @@ use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use super::dense;
 use super::report::{ChFileResult, OffloadConfig, OffloadDaemonResult};
 use super::steps::{allocated_under, args, drop_dir_cache, spawn, Stopping};
 use super::OffloadError;
@@ -23,7 +24,9 @@ fn api_err(what: &'static str) -> impl FnOnce(hugemem::launch::ch_api::ChApiErro
 }
 
 /// The spinning guest under a cloud-hypervisor of its own (`--memory
-/// size=S,shared=on,hugepages=on,hugepage_size=2M`), counting.
+/// size=S,shared=on,hugepages=on,hugepage_size=2M`), counting; with
+/// `--dense`, its RAM filled (`dense.rs`: the memfd from guest address 0,
+/// which holds all the RAM the guest touches).
 fn own_guest(
     cfg: &OffloadConfig,
     dir: &Path,
@@ -44,6 +47,9 @@ fn own_guest(
     running(&ch)?;
     let ram = GuestRam::wait_memfd(ch.pid(), RESTORE_WAIT)?;
     ram.counting_past(0)?;
+    if cfg.dense {
+        dense::fill(ram.file(), cfg.page_size)?;
+    }
     Ok((ch, ram))
 }
 

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use backend::client::Client;
 
 use super::report::{FromDiskResult, FromParkResult, OffloadConfig, OnDemandResult};
+use super::{dense, disk_write};
 use super::steps::{
     allocated_under, args, daemon_copy_ms, daemon_settled, densest_file, disk_read_gbps,
     drop_dir_cache, hugemem, spawn, wait_restored_ms, Stopping, WriteWatch,
@@ -163,6 +164,9 @@ pub(super) fn one_rep(
     let vmm = child_of(launch.pid())?;
     let ram = GuestRam::of_launched_ch(launch.pid(), vmm)?;
     ram.counting_past(0)?;
+    if cfg.dense {
+        dense::fill(ram.file(), cfg.page_size)?;
+    }
 
     // From the park.
     let name = format!("offload-bench-{rep}");
@@ -220,13 +224,11 @@ fn from_disk(
     disk: &mut FromDiskResult,
 ) -> Result<(), OffloadError> {
     let saved = r.path("saved");
-    let save_args = args([&"unpark", &name, &"--socket", &r.socket, &"--save", &saved]);
-    let (save_ms, _) = hugemem(&r.cfg.launcher, &save_args)?;
+    let on_disk = save(r, name, &saved, disk)?;
     // The saved VM's memory went back to the pool, to be scrubbed: a
     // restore from disk comes long after its save, on a daemon done with it.
     disk.scrub_wait_ms.push(daemon_settled(client)?);
     drop_dir_cache(&saved)?;
-    let on_disk = allocated_under(&saved)?;
     let disk_gbps = disk_read_gbps(&densest_file(&saved)?)?;
     drop_dir_cache(&saved)?;
     let loaded = format!("{name}-loaded");
@@ -241,8 +243,11 @@ fn from_disk(
     let now = ram.counting_past(parked_at)?;
     let restore_ms = started.elapsed().as_secs_f64() * 1e3;
     let load_gbps = on_disk as f64 / 1e9 / (load_ms / 1e3);
+    if r.cfg.dense {
+        let end = r.cfg.size.min(HOST_CHECK_END);
+        disk.stale_dense = disk.stale_dense.max(dense::stale_pages(ram.file(), end)?);
+    }
     disk.saved_bytes_on_disk = disk.saved_bytes_on_disk.max(on_disk);
-    disk.save_ms.push(save_ms);
     disk.load_ms.push(load_ms);
     disk.load_gbps.push(load_gbps);
     disk.disk_read_gbps.push(disk_gbps);
@@ -253,6 +258,73 @@ fn from_disk(
     drop(ram);
     drop(launcher);
     Ok(())
+}
+
+/// `hugemem unpark NAME --save SAVED`, and beside it the disk's write
+/// rate as `dd` measures it (`disk_write.rs`): as many bytes as the save
+/// wrote, on the same file system, direct and then through the page cache.
+/// Those go after the save in odd repetitions and before it in even ones
+/// (as many bytes as the save before wrote), so that neither always meets
+/// the disk still busy with the other's bytes. Adds the save's figures to
+/// `disk`; the bytes it wrote (its files' bytes on disk).
+fn save(
+    r: &Rep<'_>,
+    name: &str,
+    saved: &Path,
+    disk: &mut FromDiskResult,
+) -> Result<u64, OffloadError> {
+    let mut disk_write = |bytes: f64| -> Result<(), OffloadError> {
+        let bytes = bytes as u64;
+        if let Some(gbps) = disk_write::write_gbps(r.dir, bytes, true)? {
+            disk.disk_write_direct_gbps.push(gbps);
+        }
+        if let Some(gbps) = disk_write::write_gbps(r.dir, bytes, false)? {
+            disk.disk_write_buffered_gbps.push(gbps);
+        }
+        Ok(())
+    };
+    let before = disk
+        .save_written_bytes
+        .samples
+        .last()
+        .copied()
+        .filter(|_| r.rep % 2 == 0);
+    if let Some(bytes) = before {
+        disk_write(bytes)?;
+    }
+    disk.host_load.push(load_average());
+    let save_args = args([&"unpark", &name, &"--socket", &r.socket, &"--save", &saved]);
+    let (save_ms, stdout) = hugemem(&r.cfg.launcher, &save_args)?;
+    let written = allocated_under(saved)?;
+    if before.is_none() {
+        disk_write(written as f64)?;
+    }
+    let prefix = format!("saved {name} to {} in ", saved.display());
+    let own_s = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix(&prefix))
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|s| s.parse::<f64>().ok());
+    if let Some(s) = own_s {
+        disk.save_own_ms.push(s * 1e3);
+    }
+    let save_gbps = written as f64 / 1e9 / (save_ms / 1e3);
+    disk.save_ms.push(save_ms);
+    disk.save_written_bytes.push(written as f64);
+    disk.save_gbps.push(save_gbps);
+    if let Some(&direct) = disk.disk_write_direct_gbps.samples.last() {
+        disk.save_vs_disk_write.push(save_gbps / direct);
+    }
+    Ok(written)
+}
+
+/// The host's load average over the last minute (`/proc/loadavg`), 0 when
+/// unreadable.
+fn load_average() -> f64 {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|l| l.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0.0)
 }
 
 /// Restores the VM saved in `saved` on demand: its files parked with
@@ -286,6 +358,10 @@ fn from_disk_on_demand(
         STRIDE,
         MARKER,
     )?;
+    if r.cfg.dense {
+        let end = r.cfg.size.min(HOST_CHECK_END);
+        od.stale_dense = od.stale_dense.max(dense::stale_pages(ram.file(), end)?);
+    }
     od.park_ms.push(park_ms);
     od.restore_ms.push(restore_ms);
     od.disk_to_running_ms.push(park_ms + restore_ms);

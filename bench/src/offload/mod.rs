@@ -44,10 +44,22 @@
 //!    to the guest counting, and to every page filled (the launcher's
 //!    "restored:" line), then the host's check of the guest's pages.
 //!
+//! Beside each save, the disk's write rate is measured as `dd` measures
+//! it (`disk_write.rs`: one writer, `O_DIRECT`, 1 MiB blocks, `fsync`, as
+//! many bytes as the save wrote, on the same file system; then the same
+//! through the page cache): the save's limit, and its rate over it.
+//!
+//! With `--dense` (`dense.rs`) every guest's RAM is filled with
+//! incompressible bytes before its first park or snapshot, all but what
+//! the micro-guest uses or checks: a guest that wrote all its memory.
+//! Without it, the guest holds one word per 4 KiB page and zeros.
+//!
 //! Page caches are dropped per file (fsync, `POSIX_FADV_DONTNEED`), never
 //! host-wide.
 
 mod ch_side;
+mod dense;
+mod disk_write;
 mod error;
 mod hugemem_side;
 mod report;

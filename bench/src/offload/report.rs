@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use guest_mem::size::format_size;
 use serde::Serialize;
 
-use crate::stats::{median, paired_median, paired_median_ci95};
+use crate::stats::{median, median_ci95, paired_median, paired_median_ci95};
 use crate::vmm_update::setup::one_gib_pages;
 
 /// The run's settings.
@@ -29,6 +29,11 @@ pub struct OffloadConfig {
     pub offload_daemon: Option<OsString>,
     /// The `hugemem` binary (`serve`, `launch`, `park`, `unpark`).
     pub launcher: PathBuf,
+    /// Every guest's RAM filled with incompressible bytes before its first
+    /// park or snapshot, all but what the guest uses or checks (a guest
+    /// that wrote all its memory; `dense.rs`); else the guest's one word
+    /// per 4 KiB page and zeros.
+    pub dense: bool,
 }
 
 /// One figure over the repetitions: each sample and their median.
@@ -76,6 +81,24 @@ pub struct FromParkResult {
 pub struct FromDiskResult {
     /// `hugemem unpark NAME --save DIR`'s wall time, ms.
     pub save_ms: Figure,
+    /// The save's own figure (its "in X s": the first byte to the
+    /// directory in place, flushes included), ms.
+    pub save_own_ms: Figure,
+    /// Bytes the save wrote (its files' bytes on disk), each repetition.
+    pub save_written_bytes: Figure,
+    /// `save_written_bytes` over `save_ms`, GB/s.
+    pub save_gbps: Figure,
+    /// The disk's direct write rate beside the save, as `dd bs=1M
+    /// oflag=direct conv=fsync` measures it (`disk_write.rs`: one writer,
+    /// as many bytes as the save wrote and at least 256 MiB, the same file
+    /// system), GB/s: the save's limit.
+    pub disk_write_direct_gbps: Figure,
+    /// The same through the page cache (`dd bs=1M conv=fsync`), GB/s.
+    pub disk_write_buffered_gbps: Figure,
+    /// `save_gbps` over `disk_write_direct_gbps`, each repetition.
+    pub save_vs_disk_write: Figure,
+    /// The host's 1-minute load average at each save.
+    pub host_load: Figure,
     /// How long the daemon took to scrub the memory the save returned
     /// (waited for before the load), ms.
     pub scrub_wait_ms: Figure,
@@ -102,6 +125,9 @@ pub struct FromDiskResult {
     pub disk_to_running_ms: Figure,
     /// Pages the guest found changed, most of the repetitions.
     pub stale_guest: u64,
+    /// With `--dense`: pages below 2 GiB whose filled bytes the host found
+    /// changed after the restore, most of the repetitions.
+    pub stale_dense: u64,
 }
 
 /// hugemem's restore on demand from disk: the saved files parked with
@@ -125,6 +151,9 @@ pub struct OnDemandResult {
     /// Pages the host found without the guest's value once every page was
     /// filled (every 4 KiB page below 2 GiB), most of the repetitions.
     pub stale_host: u64,
+    /// With `--dense`: pages below 2 GiB whose filled bytes the host found
+    /// changed once every page was filled, most of the repetitions.
+    pub stale_dense: u64,
     /// Pages the guest found changed, most of the repetitions.
     pub stale_guest: u64,
 }
@@ -169,6 +198,8 @@ pub struct OffloadReport {
     pub page_size_note: String,
     /// Repetitions.
     pub reps: usize,
+    /// Every guest's RAM filled with incompressible bytes (`--dense`).
+    pub dense: bool,
     /// Where the snapshots went.
     pub dir: String,
     /// Host TSC rate, GHz.
@@ -189,6 +220,10 @@ pub struct OffloadReport {
     pub on_demand: OnDemandResult,
     /// Median load rate over the median disk read rate.
     pub load_vs_disk: f64,
+    /// The 95 % interval of the median of the save's rate over the disk's
+    /// direct write rate, repetition by repetition (sign test; 6
+    /// repetitions and more).
+    pub save_vs_disk_write_ci95: Option<[f64; 2]>,
     /// cloud-hypervisor's `file://` restore over hugemem's disk to running
     /// (medians).
     pub ch_file_over_from_disk: Option<f64>,
@@ -246,9 +281,11 @@ impl OffloadReport {
             page_size: cfg.page_size.to_string(),
             page_size_note: page_size_note(cfg.size, cfg.page_size),
             reps: cfg.reps,
+            dense: cfg.dense,
             dir: cfg.dir.display().to_string(),
             tsc_ghz: m.tsc_hz / 1e9,
             load_vs_disk: ratio(disk.load_gbps.median, disk.disk_read_gbps.median).unwrap_or(0.0),
+            save_vs_disk_write_ci95: median_ci95(&disk.save_vs_disk_write.samples),
             ch_file_over_from_disk: ch.and_then(|c| ratio(c.restore_ms.median, cold.median)),
             ch_file_minus_from_disk_paired_ms: ch
                 .and_then(|c| paired_median(&c.restore_ms.samples, &cold.samples)),
@@ -274,8 +311,9 @@ impl OffloadReport {
         let mut t = String::new();
         let _ = writeln!(
             t,
-            "offload: {} on {} pages, {} repetitions, snapshots under {}, TSC {:.3} GHz",
+            "offload: {}{} on {} pages, {} repetitions, snapshots under {}, TSC {:.3} GHz",
             format_size(self.size),
+            if self.dense { " dense" } else { "" },
             self.page_size,
             self.reps,
             self.dir,
@@ -343,6 +381,21 @@ impl OffloadReport {
             "load from disk {:.2} GB/s ({} on disk in {:.1} ms), disk read {:.2} GB/s: {:.2}x the disk (expected >= 0.8x); restore after the load {:.1} ms",
             d.load_gbps.median, format_size(d.saved_bytes_on_disk), d.load_ms.median, d.disk_read_gbps.median, self.load_vs_disk, d.restore_ms.median
         );
+        let save_interval = col(self
+            .save_vs_disk_write_ci95
+            .map(|[lo, hi]| format!("95 % interval {lo:.2} .. {hi:.2}")));
+        let _ = writeln!(
+            t,
+            "save {:.2} GB/s ({} written in {:.1} ms, its own {:.1} ms), disk direct write {:.2} GB/s (buffered + fsync {:.2}): {:.2}x the disk's direct rate ({save_interval}; expected >= 0.8x); load {:.2} at the save",
+            d.save_gbps.median,
+            format_size(d.save_written_bytes.median as u64),
+            d.save_ms.median,
+            d.save_own_ms.median,
+            d.disk_write_direct_gbps.median,
+            d.disk_write_buffered_gbps.median,
+            d.save_vs_disk_write.median,
+            d.host_load.median,
+        );
         let interval = col(self
             .ch_file_minus_from_disk_ci95_ms
             .map(|[lo, hi]| format!("95 % interval {lo:+.1} .. {hi:+.1}")));
@@ -360,6 +413,13 @@ impl OffloadReport {
             "on demand: the guest counting {:.1} ms after the restore's start ({:.1} ms after the park's; expected <= 20 ms at 8 GiB), every page filled after {:.1} ms; {} pages stale on the host's check",
             od.restore_ms.median, od.disk_to_running_ms.median, od.all_filled_ms.median, od.stale_host
         );
+        if self.dense {
+            let _ = writeln!(
+                t,
+                "dense: pages whose filled bytes changed: after the load {}, on demand {}",
+                d.stale_dense, od.stale_dense
+            );
+        }
         let stale = p.stale_guest
             + d.stale_guest
             + od.stale_guest

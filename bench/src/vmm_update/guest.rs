@@ -227,6 +227,11 @@ impl GuestRam {
         })
     }
 
+    /// The guest RAM file.
+    pub(crate) fn file(&self) -> &File {
+        &self.file
+    }
+
     /// The spin block now.
     pub(crate) fn spin(&self) -> Result<SpinState, VmmUpdateError> {
         let mut block = vec![0u8; SPIN_BLOCK_LEN];
