@@ -27,7 +27,8 @@ use test_support::hugepages::hugepages_2m;
 use test_support::prelude::{wait_until, TestDaemon};
 
 use common::park::{
-    launch_counting, memfd_of, park, restore, run_ok, set_up, stop, stop_and_settle, RAM,
+    launch_counting, memfd_of, park, restore, run_ok, run_ok_both, set_up, stop, stop_and_settle,
+    RAM,
 };
 use common::{
     assert_balanced, child_of, counting_past, launched_guest_ram, maps_inode, spin_state,
@@ -344,7 +345,7 @@ fn a_cloud_hypervisor_file_snapshot_parks_from_its_directory() {
     let _ = own.wait();
     let socket = daemon.socket();
     let snap = dir.path().join("snap");
-    let said = run_ok(&[
+    let (said, noted) = run_ok_both(&[
         "park".as_ref(),
         "fromch".as_ref(),
         "--from-dir".as_ref(),
@@ -353,6 +354,10 @@ fn a_cloud_hypervisor_file_snapshot_parks_from_its_directory() {
         socket.as_os_str(),
     ]);
     assert!(said.contains("parked as fromch"), "{said}");
+    assert!(
+        noted.contains("a cloud-hypervisor file:// snapshot") && noted.contains("no checksums"),
+        "the park says plainly that the snapshot carries no checksums: {noted}"
+    );
     let api2 = dir.path().join("api2.sock");
     let mut launch = restore(&daemon, ch, "fromch", &api2);
     let launcher = child_of(launch.id());

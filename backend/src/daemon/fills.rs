@@ -80,10 +80,20 @@ pub fn describe(e: &FillError, checksums: &[SourceChecksums]) -> String {
     };
     let name = index.and_then(|i| checksums.iter().find(|c| c.source == i));
     match (e, name) {
-        (FillError::Checksum { .. }, Some(c)) => {
-            format!("{} does not match its manifest: {e}", c.name)
-        }
-        (_, Some(c)) => format!("{}: {e}", c.name),
+        (
+            FillError::Checksum {
+                file_offset,
+                len,
+                expected,
+                found,
+                ..
+            },
+            Some(c),
+        ) => format!(
+            "{} does not match its manifest: the {len} bytes at offset {file_offset:#x} have CRC-32C {found:#010x}, the manifest says {expected:#010x}",
+            c.name
+        ),
+        (_, Some(c)) => format!("{}: {}", c.name, crate::diag::chain(e)),
         _ => crate::diag::chain(e),
     }
 }

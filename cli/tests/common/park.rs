@@ -164,6 +164,11 @@ pub fn stop_and_settle(
 
 /// `hugemem ARGS` that must succeed; its stdout.
 pub fn run_ok(args: &[&std::ffi::OsStr]) -> String {
+    run_ok_both(args).0
+}
+
+/// `hugemem ARGS` that must succeed; its stdout and its stderr.
+pub fn run_ok_both(args: &[&std::ffi::OsStr]) -> (String, String) {
     let out = Command::new("timeout")
         .arg("300")
         .arg(HUGEMEM)
@@ -171,10 +176,10 @@ pub fn run_ok(args: &[&std::ffi::OsStr]) -> String {
         .output()
         .expect("run hugemem");
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
     assert!(
         out.status.success(),
-        "hugemem {args:?} failed: {stdout}{}",
-        String::from_utf8_lossy(&out.stderr)
+        "hugemem {args:?} failed: {stdout}{stderr}"
     );
-    stdout
+    (stdout, stderr)
 }

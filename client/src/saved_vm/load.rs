@@ -64,6 +64,7 @@ pub(super) struct Loaded {
 /// reading its memory.
 pub(super) fn load(dir: &Path) -> Result<Loaded, SavedVmError> {
     let limits = Limits::default();
+    std::fs::read_dir(dir).map_err(crate::ch_migration::layout::SnapshotDirError::io(dir))?;
     if dir.join(MIGRATION_CONFIG_FILE).exists() {
         return load_offload(dir, limits);
     }
