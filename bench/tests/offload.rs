@@ -2,8 +2,11 @@
 //! complete; hugemem's park copied nothing, every variant's guest counted on
 //! with no page changed (the on-demand restore's also on the host's check
 //! once every page was filled), the load from disk has a rate and so has
-//! the disk, and both baselines (cloud-hypervisor's `file://`, its offload
-//! daemon) ran. No timing is asserted.
+//! the disk, both baselines (cloud-hypervisor's `file://`, its offload
+//! daemon) ran, and the save was measured in its round of the disk's own
+//! write rates. The guests are dense (`--dense`): every filled byte is
+//! found again after the load and the on-demand restore. No timing is
+//! asserted.
 //!
 //! Skipped (through the skip helper) without the cloud-hypervisor binary
 //! that `CLOUD_HYPERVISOR` names and the offload daemon `CH_OFFLOAD_DAEMON`
@@ -41,6 +44,7 @@ fn a_small_run_reports_every_variant() {
             "64M",
             "--reps",
             "1",
+            "--dense",
         ])
         .arg("--cloud-hypervisor")
         .arg(&ch)
@@ -76,6 +80,25 @@ fn a_small_run_reports_every_variant() {
         "{d}"
     );
     assert_eq!(d["stale_guest"], 0, "{d}");
+    assert_eq!(d["stale_dense"], 0, "{d}");
+    assert_eq!(r["dense"], true);
+    // Every writer ran beside the save; the direct ones unless the file
+    // system refuses O_DIRECT (then neither).
+    let s = &r["save_over_disk"];
+    let direct = !s["single"].is_null();
+    assert_eq!(direct, !s["parallel"].is_null(), "{s}");
+    for ratio in ["single", "parallel", "buffered"] {
+        if direct || ratio == "buffered" {
+            assert_eq!(s[ratio]["rounds"], 1, "{ratio}: {s}");
+            assert!(s[ratio]["median"].as_f64().expect("ratio") > 0.0, "{s}");
+        }
+    }
+    assert!(
+        d["save_line"]
+            .as_str()
+            .is_some_and(|l| l.contains("direct")),
+        "{d}"
+    );
     let c = &r["ch_file"];
     assert!(c.is_object(), "file:// ran: {}", r["ch_file_note"]);
     assert_eq!(c["stale_guest"], 0, "{c}");
@@ -98,4 +121,5 @@ fn a_small_run_reports_every_variant() {
     );
     assert_eq!(od["stale_host"], 0, "{od}");
     assert_eq!(od["stale_guest"], 0, "{od}");
+    assert_eq!(od["stale_dense"], 0, "{od}");
 }

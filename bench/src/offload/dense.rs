@@ -29,7 +29,7 @@ use super::OffloadError;
 pub(crate) const SEED: u64 = 0x6875_6765_6d65_6d43;
 /// cloud-hypervisor's RAM below the 32-bit hole ends here: above, the
 /// memory file's offset is no longer the guest address.
-const LOW_RAM_END: u64 = 3 << 30;
+pub(crate) const LOW_RAM_END: u64 = 3 << 30;
 const PAGE: u64 = 4096;
 /// The bytes of each page the guest checks (its `marker ^ gpa` word).
 const GUEST_WORD: usize = 8;
@@ -99,9 +99,7 @@ pub(crate) fn stale_pages(file: &File, end: u64) -> Result<u64, OffloadError> {
     while let Some(&first) = pages.peek() {
         let chunk_len = CHUNK.min(len - first);
         file.read_exact_at(&mut buf[..chunk_len as usize], first)
-            .map_err(|e| {
-                OffloadError::Guest(format!("dense check: read at {first:#x}: {e}"))
-            })?;
+            .map_err(|e| OffloadError::Guest(format!("dense check: read at {first:#x}: {e}")))?;
         while let Some(at) = pages.next_if(|&p| p < first + chunk_len) {
             page_fill(at, &mut want);
             let from = (at - first) as usize + GUEST_WORD;
@@ -126,7 +124,11 @@ mod tests {
         file.set_len(len).expect("size");
         file.write_all_at(&0x55u64.to_le_bytes(), IMAGE_END_GPA)
             .expect("the guest's word");
-        assert_eq!(stale_pages(&file, len).expect("check"), 16, "not filled yet");
+        assert_eq!(
+            stale_pages(&file, len).expect("check"),
+            16,
+            "not filled yet"
+        );
         // A plain memfd maps on 4 KiB pages.
         let written = fill(&file, PageSize::Base4K).expect("fill");
         assert_eq!(written, 16 * (PAGE - GUEST_WORD as u64));
@@ -136,11 +138,17 @@ mod tests {
         assert_eq!(u64::from_le_bytes(word), 0x55, "the guest's word is kept");
         let mut image = vec![0u8; IMAGE_END_GPA as usize];
         file.read_exact_at(&mut image, 0).expect("read");
-        assert!(image.iter().all(|b| *b == 0), "below the image's end: untouched");
+        assert!(
+            image.iter().all(|b| *b == 0),
+            "below the image's end: untouched"
+        );
         file.write_all_at(&[0], IMAGE_END_GPA + 3 * PAGE + 100)
             .expect("damage one page");
         assert_eq!(stale_pages(&file, len).expect("check"), 1);
-        assert_eq!(stale_pages(&file, IMAGE_END_GPA + 3 * PAGE).expect("check"), 0);
+        assert_eq!(
+            stale_pages(&file, IMAGE_END_GPA + 3 * PAGE).expect("check"),
+            0
+        );
     }
 
     #[test]

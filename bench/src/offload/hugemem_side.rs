@@ -8,8 +8,9 @@ use std::time::{Duration, Instant};
 
 use backend::client::Client;
 
+use super::dense;
 use super::report::{FromDiskResult, FromParkResult, OffloadConfig, OnDemandResult};
-use super::{dense, disk_write};
+use super::save_vs_disk::{self, SaveDone};
 use super::steps::{
     allocated_under, args, daemon_copy_ms, daemon_settled, densest_file, disk_read_gbps,
     drop_dir_cache, hugemem, spawn, wait_restored_ms, Stopping, WriteWatch,
@@ -224,10 +225,7 @@ fn from_disk(
     disk: &mut FromDiskResult,
 ) -> Result<(), OffloadError> {
     let saved = r.path("saved");
-    let on_disk = save(r, name, &saved, disk)?;
-    // The saved VM's memory went back to the pool, to be scrubbed: a
-    // restore from disk comes long after its save, on a daemon done with it.
-    disk.scrub_wait_ms.push(daemon_settled(client)?);
+    let on_disk = save(r, client, name, &saved, disk)?;
     drop_dir_cache(&saved)?;
     let disk_gbps = disk_read_gbps(&densest_file(&saved)?)?;
     drop_dir_cache(&saved)?;
@@ -260,71 +258,56 @@ fn from_disk(
     Ok(())
 }
 
-/// `hugemem unpark NAME --save SAVED`, and beside it the disk's write
-/// rate as `dd` measures it (`disk_write.rs`): as many bytes as the save
-/// wrote, on the same file system, direct and then through the page cache.
-/// Those go after the save in odd repetitions and before it in even ones
-/// (as many bytes as the save before wrote), so that neither always meets
-/// the disk still busy with the other's bytes. Adds the save's figures to
-/// `disk`; the bytes it wrote (its files' bytes on disk).
+/// `hugemem unpark NAME --save SAVED` (the daemon then let finish
+/// scrubbing the memory the save returned), in a round of the disk's own
+/// write rates around it (`save_vs_disk.rs`) on the same file system. The
+/// writes before it write what it is about to write: as much as the save
+/// before, or in the first round the guest RAM below the 32-bit hole (all
+/// the guest writes). Adds the save's figures to `disk`; the bytes it
+/// wrote (its files' bytes on disk).
 fn save(
     r: &Rep<'_>,
+    client: &mut Client,
     name: &str,
     saved: &Path,
     disk: &mut FromDiskResult,
 ) -> Result<u64, OffloadError> {
-    let mut disk_write = |bytes: f64| -> Result<(), OffloadError> {
-        let bytes = bytes as u64;
-        if let Some(gbps) = disk_write::write_gbps(r.dir, bytes, true)? {
-            disk.disk_write_direct_gbps.push(gbps);
-        }
-        if let Some(gbps) = disk_write::write_gbps(r.dir, bytes, false)? {
-            disk.disk_write_buffered_gbps.push(gbps);
-        }
-        Ok(())
-    };
-    let before = disk
+    let bytes_before = disk
         .save_written_bytes
         .samples
         .last()
-        .copied()
-        .filter(|_| r.rep % 2 == 0);
-    if let Some(bytes) = before {
-        disk_write(bytes)?;
-    }
-    disk.host_load.push(load_average());
-    let save_args = args([&"unpark", &name, &"--socket", &r.socket, &"--save", &saved]);
-    let (save_ms, stdout) = hugemem(&r.cfg.launcher, &save_args)?;
-    let written = allocated_under(saved)?;
-    if before.is_none() {
-        disk_write(written as f64)?;
-    }
+        .map_or(r.cfg.size.min(dense::LOW_RAM_END), |&b| b as u64);
+    let mut figures = None;
+    save_vs_disk::round(r.dir, bytes_before, &mut disk.disk_write, || {
+        let save_args = args([&"unpark", &name, &"--socket", &r.socket, &"--save", &saved]);
+        let (save_ms, stdout) = hugemem(&r.cfg.launcher, &save_args)?;
+        let written = allocated_under(saved)?;
+        // The saved VM's memory went back to the pool, to be scrubbed: a
+        // restore from disk comes long after its save, on a daemon done
+        // with it, and the disk's rates after the save meet no scrub.
+        let scrub_ms = daemon_settled(client)?;
+        let gbps = written as f64 / 1e9 / (save_ms / 1e3);
+        figures = Some((save_ms, stdout, written, scrub_ms, gbps));
+        Ok(SaveDone { written, gbps })
+    })?;
+    let Some((save_ms, stdout, written, scrub_ms, gbps)) = figures else {
+        return Err(OffloadError::Guest("the save's round ran no save".into()));
+    };
     let prefix = format!("saved {name} to {} in ", saved.display());
-    let own_s = stdout
-        .lines()
-        .find_map(|l| l.strip_prefix(&prefix))
+    let line = stdout.lines().find(|l| l.starts_with(&prefix));
+    let own_s = line
+        .and_then(|l| l.strip_prefix(&prefix))
         .and_then(|rest| rest.split_whitespace().next())
         .and_then(|s| s.parse::<f64>().ok());
     if let Some(s) = own_s {
         disk.save_own_ms.push(s * 1e3);
     }
-    let save_gbps = written as f64 / 1e9 / (save_ms / 1e3);
+    disk.save_line = line.unwrap_or_default().to_string();
     disk.save_ms.push(save_ms);
     disk.save_written_bytes.push(written as f64);
-    disk.save_gbps.push(save_gbps);
-    if let Some(&direct) = disk.disk_write_direct_gbps.samples.last() {
-        disk.save_vs_disk_write.push(save_gbps / direct);
-    }
+    disk.save_gbps.push(gbps);
+    disk.scrub_wait_ms.push(scrub_ms);
     Ok(written)
-}
-
-/// The host's load average over the last minute (`/proc/loadavg`), 0 when
-/// unreadable.
-fn load_average() -> f64 {
-    std::fs::read_to_string("/proc/loadavg")
-        .ok()
-        .and_then(|l| l.split_whitespace().next()?.parse().ok())
-        .unwrap_or(0.0)
 }
 
 /// Restores the VM saved in `saved` on demand: its files parked with

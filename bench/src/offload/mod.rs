@@ -44,10 +44,14 @@
 //!    to the guest counting, and to every page filled (the launcher's
 //!    "restored:" line), then the host's check of the guest's pages.
 //!
-//! Beside each save, the disk's write rate is measured as `dd` measures
-//! it (`disk_write.rs`: one writer, `O_DIRECT`, 1 MiB blocks, `fsync`, as
-//! many bytes as the save wrote, on the same file system; then the same
-//! through the page cache): the save's limit, and its rate over it.
+//! Each save is measured in a round of the disk's own write rates
+//! (`save_vs_disk.rs`, `disk_write.rs`), on the same file system, as many
+//! bytes: right before it one direct writer (`dd bs=1M oflag=direct
+//! conv=fsync`) and direct writers as the saver's (its threads, 8 MiB
+//! writes), right after it the same two in the reverse order, then one
+//! writer through the page cache with `fsync`. The save's rate over the
+//! mean of each direct writer's before and after is its share of the
+//! disk (expected: 0.8x or more of the `dd`-like rate).
 //!
 //! With `--dense` (`dense.rs`) every guest's RAM is filled with
 //! incompressible bytes before its first park or snapshot, all but what
@@ -64,6 +68,7 @@ mod error;
 mod hugemem_side;
 mod report;
 mod run;
+mod save_vs_disk;
 mod steps;
 
 pub use error::OffloadError;
@@ -72,3 +77,4 @@ pub use report::{
     OffloadReport, OnDemandResult,
 };
 pub use run::run;
+pub use save_vs_disk::{DiskWriteResult, SaveOverDisk, Spread, SAVE_SHARE};

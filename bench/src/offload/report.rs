@@ -7,7 +7,8 @@ use std::path::PathBuf;
 use guest_mem::size::format_size;
 use serde::Serialize;
 
-use crate::stats::{median, median_ci95, paired_median, paired_median_ci95};
+use super::save_vs_disk::{DiskWriteResult, SaveOverDisk, Spread, SAVE_SHARE};
+use crate::stats::{median, paired_median, paired_median_ci95};
 use crate::vmm_update::setup::one_gib_pages;
 
 /// The run's settings.
@@ -88,17 +89,12 @@ pub struct FromDiskResult {
     pub save_written_bytes: Figure,
     /// `save_written_bytes` over `save_ms`, GB/s.
     pub save_gbps: Figure,
-    /// The disk's direct write rate beside the save, as `dd bs=1M
-    /// oflag=direct conv=fsync` measures it (`disk_write.rs`: one writer,
-    /// as many bytes as the save wrote and at least 256 MiB, the same file
-    /// system), GB/s: the save's limit.
-    pub disk_write_direct_gbps: Figure,
-    /// The same through the page cache (`dd bs=1M conv=fsync`), GB/s.
-    pub disk_write_buffered_gbps: Figure,
-    /// `save_gbps` over `disk_write_direct_gbps`, each repetition.
-    pub save_vs_disk_write: Figure,
-    /// The host's 1-minute load average at each save.
-    pub host_load: Figure,
+    /// The last save's own line (`hugemem unpark --save`'s stdout): what it
+    /// wrote, how much of it direct, what it left as holes.
+    pub save_line: String,
+    /// The disk's write rates around each save, and the save's over them
+    /// (`save_vs_disk.rs`).
+    pub disk_write: DiskWriteResult,
     /// How long the daemon took to scrub the memory the save returned
     /// (waited for before the load), ms.
     pub scrub_wait_ms: Figure,
@@ -220,10 +216,9 @@ pub struct OffloadReport {
     pub on_demand: OnDemandResult,
     /// Median load rate over the median disk read rate.
     pub load_vs_disk: f64,
-    /// The 95 % interval of the median of the save's rate over the disk's
-    /// direct write rate, repetition by repetition (sign test; 6
-    /// repetitions and more).
-    pub save_vs_disk_write_ci95: Option<[f64; 2]>,
+    /// The save's rate over the disk's write rates beside it, over the
+    /// rounds (`None` when none ran).
+    pub save_over_disk: Option<SaveOverDisk>,
     /// cloud-hypervisor's `file://` restore over hugemem's disk to running
     /// (medians).
     pub ch_file_over_from_disk: Option<f64>,
@@ -285,7 +280,7 @@ impl OffloadReport {
             dir: cfg.dir.display().to_string(),
             tsc_ghz: m.tsc_hz / 1e9,
             load_vs_disk: ratio(disk.load_gbps.median, disk.disk_read_gbps.median).unwrap_or(0.0),
-            save_vs_disk_write_ci95: median_ci95(&disk.save_vs_disk_write.samples),
+            save_over_disk: SaveOverDisk::of(&disk.disk_write),
             ch_file_over_from_disk: ch.and_then(|c| ratio(c.restore_ms.median, cold.median)),
             ch_file_minus_from_disk_paired_ms: ch
                 .and_then(|c| paired_median(&c.restore_ms.samples, &cold.samples)),
@@ -381,21 +376,43 @@ impl OffloadReport {
             "load from disk {:.2} GB/s ({} on disk in {:.1} ms), disk read {:.2} GB/s: {:.2}x the disk (expected >= 0.8x); restore after the load {:.1} ms",
             d.load_gbps.median, format_size(d.saved_bytes_on_disk), d.load_ms.median, d.disk_read_gbps.median, self.load_vs_disk, d.restore_ms.median
         );
-        let save_interval = col(self
-            .save_vs_disk_write_ci95
-            .map(|[lo, hi]| format!("95 % interval {lo:.2} .. {hi:.2}")));
         let _ = writeln!(
             t,
-            "save {:.2} GB/s ({} written in {:.1} ms, its own {:.1} ms), disk direct write {:.2} GB/s (buffered + fsync {:.2}): {:.2}x the disk's direct rate ({save_interval}; expected >= 0.8x); load {:.2} at the save",
+            "save {:.2} GB/s ({} written in {:.1} ms, its own figure {:.1} ms); the disk's write of as many bytes: one direct writer {:.2} / {:.2} GB/s before / after, the saver's direct writers {:.2} / {:.2}, buffered + fsync {:.2}",
             d.save_gbps.median,
             format_size(d.save_written_bytes.median as u64),
             d.save_ms.median,
             d.save_own_ms.median,
-            d.disk_write_direct_gbps.median,
-            d.disk_write_buffered_gbps.median,
-            d.save_vs_disk_write.median,
-            d.host_load.median,
+            d.disk_write.single_before_gbps.median,
+            d.disk_write.single_after_gbps.median,
+            d.disk_write.parallel_before_gbps.median,
+            d.disk_write.parallel_after_gbps.median,
+            d.disk_write.buffered_gbps.median,
         );
+        if let Some(s) = &self.save_over_disk {
+            let spread = |x: &Option<Spread>| {
+                x.as_ref().map_or_else(
+                    || "-".into(),
+                    |x| {
+                        let ci = x.ci95.map_or_else(String::new, |[lo, hi]| {
+                            format!(", 95 % interval {lo:.2} .. {hi:.2}")
+                        });
+                        format!(
+                            "{:.2}x ({} rounds {:.2} .. {:.2}{ci})",
+                            x.median, x.rounds, x.min, x.max
+                        )
+                    },
+                )
+            };
+            let _ = writeln!(
+                t,
+                "save over the disk's direct write (dd-like) {} (expected >= {SAVE_SHARE}x); over the saver's direct writers {}; over buffered + fsync {}; the disk's drift across a save (after over before) {}",
+                spread(&s.single),
+                spread(&s.parallel),
+                spread(&s.buffered),
+                spread(&s.single_drift),
+            );
+        }
         let interval = col(self
             .ch_file_minus_from_disk_ci95_ms
             .map(|[lo, hi]| format!("95 % interval {lo:+.1} .. {hi:+.1}")));

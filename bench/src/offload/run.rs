@@ -111,13 +111,13 @@ pub fn run(
         }
         let last = |v: &[f64]| v.last().map_or_else(|| "-".into(), |x| format!("{x:.1}"));
         progress(&format!(
-            "repetition {rep} of {}: park {} ms, restore from the park {} ms; save {} ms ({} GB/s, the disk's direct write {} GB/s), load {} ms ({} GB/s, disk {} GB/s), restore {} ms; on demand: park {} ms, running after {} ms, all filled after {} ms; file:// restore {} ms; offload_daemon restore {} ms",
+            "repetition {rep} of {}: park {} ms, restore from the park {} ms; save {} ms ({} GB/s over the disk's direct write {}x), load {} ms ({} GB/s, disk {} GB/s), restore {} ms; on demand: park {} ms, running after {} ms, all filled after {} ms; file:// restore {} ms; offload_daemon restore {} ms",
             cfg.reps,
             last(&from_park.park_ms.samples),
             last(&from_park.restore_ms.samples),
             last(&from_disk.save_ms.samples),
             from_disk.save_gbps.samples.last().map_or_else(|| "-".into(), |x| format!("{x:.2}")),
-            from_disk.disk_write_direct_gbps.samples.last().map_or_else(|| "-".into(), |x| format!("{x:.2}")),
+            from_disk.disk_write.save_over_single.samples.last().map_or_else(|| "-".into(), |x| format!("{x:.2}")),
             last(&from_disk.load_ms.samples),
             from_disk.load_gbps.samples.last().map_or_else(|| "-".into(), |x| format!("{x:.2}")),
             from_disk.disk_read_gbps.samples.last().map_or_else(|| "-".into(), |x| format!("{x:.2}")),

@@ -383,3 +383,47 @@ fn offload_runs_share_one_table_with_their_expectations_checked() {
         "{out}"
     );
 }
+
+#[test]
+fn offload_save_rows_appear_with_a_run_that_measured_them_and_judge_its_share() {
+    let old = offload_run(1 << 30, 8.0, 0.9, 2.5, 30.0);
+    let out = tables::blocks(&[("old".into(), old.clone())]);
+    assert!(
+        !out.contains("save ≥ 0.8x"),
+        "no save rows without them: {out}"
+    );
+    let mut new = offload_run(2 << 30, 8.0, 0.9, 2.5, 30.0);
+    new["dense"] = json!(true);
+    new["from_disk"]["save_written_bytes"] = json!({"median": (2u64 << 30) as f64});
+    new["from_disk"]["save_gbps"] = json!({"median": 0.4});
+    new["from_disk"]["disk_write"] = json!({
+        "single_before_gbps": {"median": 0.5}, "single_after_gbps": {"median": 0.6},
+        "parallel_before_gbps": {"median": 0.7}, "parallel_after_gbps": {"median": 0.8},
+        "buffered_gbps": {"median": 0.3}, "host_load": {"median": 1.5}
+    });
+    new["from_disk"]["stale_dense"] = json!(0);
+    new["save_over_disk"] = json!({
+        "single": {"rounds": 6, "median": 0.75, "min": 0.6, "max": 0.9, "ci95": [0.65, 0.85]},
+        "parallel": {"rounds": 6, "median": 0.55, "min": 0.5, "max": 0.6, "ci95": null},
+        "buffered": null, "single_drift": null, "parallel_drift": null
+    });
+    let out = tables::blocks(&[("old".into(), old), ("new".into(), new)]);
+    assert!(
+        out.contains("| 1G (2M pages) | 2G (2M pages, dense) |"),
+        "{out}"
+    );
+    assert!(
+        out.contains(
+            "| - | 0.75x [0.60, 0.90] (6 rounds, 95 % interval [0.65, 0.85]): **not met** |"
+        ),
+        "{out}"
+    );
+    assert!(out.contains("| - / - | 0.50 / 0.60 |"), "{out}");
+    assert!(out.contains("| - / -; - | 0.70 / 0.80; 0.30 |"), "{out}");
+    assert!(
+        out.contains("| - / - / 2000.0 and - | 2G / 0.40 / 2000.0 and - |"),
+        "{out}"
+    );
+    assert!(out.contains("0.55x [0.50, 0.60] (6 rounds) / -"), "{out}");
+    assert!(out.contains("| - / - | 0 / - |"), "{out}");
+}
