@@ -11,9 +11,10 @@
 //!   checksums and its zero-page checks;
 //! * **through the page cache**, as `dd bs=1M conv=fsync` writes.
 //!
-//! Each writes a new file in the given directory, then `fsync`s it; the
-//! rate is the bytes over the time from the open to the end of the
-//! `fsync`, and the file is removed after. The bytes are incompressible
+//! Each writes a new file, then `fsync`s it; the rate is the bytes over
+//! the time from the open to the end of the `fsync`. The file stays: the
+//! caller removes it (a round keeps its files until it ends, as the save's
+//! files stay). The bytes are incompressible
 //! (SplitMix64), each 4 KiB page stamped with its chunk's number so that
 //! no two chunks are alike.
 
@@ -116,22 +117,22 @@ fn write_chunks(file: &File, bytes: u64, writer: Writer, next: &AtomicU64) -> st
 }
 
 /// The rate of one write of `bytes` (rounded up to whole pages) into a
-/// new file in `dir` by `writer`, GB/s; `None` when the writer is direct
-/// and the file system refuses `O_DIRECT` (tmpfs).
+/// new file `path` by `writer`, GB/s; `None` when the writer is direct
+/// and the file system refuses `O_DIRECT` (tmpfs: no file is left then).
+/// The file stays.
 pub(crate) fn write_gbps(
-    dir: &Path,
+    path: &Path,
     bytes: u64,
     writer: Writer,
 ) -> Result<Option<f64>, OffloadError> {
     let bytes = bytes.next_multiple_of(PAGE as u64);
-    let path = dir.join(format!("disk-write-{writer:?}").to_lowercase());
     let mut opts = OpenOptions::new();
     opts.write(true).create_new(true).mode(0o600);
     if writer.direct() {
         opts.custom_flags(libc::O_DIRECT);
     }
     let started = Instant::now();
-    let file = match opts.open(&path) {
+    let file = match opts.open(path) {
         Ok(f) => f,
         Err(e) if writer.direct() && e.raw_os_error() == Some(libc::EINVAL) => return Ok(None),
         Err(e) => return Err(io(format!("create {}", path.display()))(e)),
@@ -166,14 +167,17 @@ pub(crate) fn write_gbps(
     })();
     let seconds = started.elapsed().as_secs_f64();
     drop(file);
-    let removed = std::fs::remove_file(&path);
     match written {
-        Err(e) if writer.direct() && e.raw_os_error() == Some(libc::EINVAL) => return Ok(None),
-        Err(e) => return Err(io(format!("write {}", path.display()))(e)),
-        Ok(()) => {}
+        Ok(()) => Ok(Some(crate::stats::gbps(bytes, seconds))),
+        Err(e) => {
+            let _ = std::fs::remove_file(path);
+            if writer.direct() && e.raw_os_error() == Some(libc::EINVAL) {
+                Ok(None)
+            } else {
+                Err(io(format!("write {}", path.display()))(e))
+            }
+        }
     }
-    removed.map_err(io(format!("remove {}", path.display())))?;
-    Ok(Some(crate::stats::gbps(bytes, seconds)))
 }
 
 #[cfg(test)]
@@ -181,18 +185,22 @@ mod tests {
     use super::*;
 
     #[test]
-    fn each_writer_is_measured_and_its_file_removed() {
+    fn each_writer_is_measured_and_leaves_its_file_whole() {
         // /var/tmp: a disk, where /tmp may be tmpfs.
         let tmp = tempfile::tempdir_in("/var/tmp").expect("tempdir");
-        let buffered = write_gbps(tmp.path(), 1, Writer::Buffered).expect("buffered");
+        let path = tmp.path().join("buffered");
+        let buffered = write_gbps(&path, 1, Writer::Buffered).expect("buffered");
         assert!(buffered.is_some_and(|g| g > 0.0), "{buffered:?}");
+        assert_eq!(std::fs::metadata(&path).expect("left").len(), PAGE as u64);
         // Direct where the file system takes it; a tail of part of a block.
+        let bytes = 3 * CHUNK as u64 + 8192;
         for writer in [Writer::Single, Writer::Parallel] {
-            let direct = write_gbps(tmp.path(), 3 * CHUNK as u64 + 8192, writer).expect("direct");
+            let path = tmp.path().join(format!("{writer:?}"));
+            let direct = write_gbps(&path, bytes, writer).expect("direct");
             assert!(direct.is_none_or(|g| g > 0.0), "{writer:?}: {direct:?}");
+            let len = std::fs::metadata(&path).map(|m| m.len()).ok();
+            assert_eq!(len, direct.map(|_| bytes), "{writer:?}");
         }
-        let left: Vec<_> = std::fs::read_dir(tmp.path()).expect("list").collect();
-        assert!(left.is_empty(), "the files are removed");
     }
 
     #[test]

@@ -12,8 +12,8 @@ use super::dense;
 use super::report::{FromDiskResult, FromParkResult, OffloadConfig, OnDemandResult};
 use super::save_vs_disk::{self, SaveDone};
 use super::steps::{
-    allocated_under, args, daemon_copy_ms, daemon_settled, densest_file, disk_read_gbps,
-    drop_dir_cache, hugemem, spawn, wait_restored_ms, Stopping, WriteWatch,
+    allocated_under, args, children_cpu_ms, daemon_copy_ms, daemon_settled, densest_file,
+    disk_read_gbps, drop_dir_cache, hugemem, spawn, wait_restored_ms, Stopping, WriteWatch,
 };
 use super::OffloadError;
 use crate::serve_child::{ServeChild, ServeOptions};
@@ -280,17 +280,19 @@ fn save(
     let mut figures = None;
     save_vs_disk::round(r.dir, bytes_before, &mut disk.disk_write, || {
         let save_args = args([&"unpark", &name, &"--socket", &r.socket, &"--save", &saved]);
+        let cpu_before = children_cpu_ms();
         let (save_ms, stdout) = hugemem(&r.cfg.launcher, &save_args)?;
+        let cpu_ms = children_cpu_ms() - cpu_before;
         let written = allocated_under(saved)?;
         // The saved VM's memory went back to the pool, to be scrubbed: a
         // restore from disk comes long after its save, on a daemon done
         // with it, and the disk's rates after the save meet no scrub.
         let scrub_ms = daemon_settled(client)?;
         let gbps = written as f64 / 1e9 / (save_ms / 1e3);
-        figures = Some((save_ms, stdout, written, scrub_ms, gbps));
+        figures = Some((save_ms, cpu_ms, stdout, written, scrub_ms, gbps));
         Ok(SaveDone { written, gbps })
     })?;
-    let Some((save_ms, stdout, written, scrub_ms, gbps)) = figures else {
+    let Some((save_ms, cpu_ms, stdout, written, scrub_ms, gbps)) = figures else {
         return Err(OffloadError::Guest("the save's round ran no save".into()));
     };
     let prefix = format!("saved {name} to {} in ", saved.display());
@@ -304,6 +306,7 @@ fn save(
     }
     disk.save_line = line.unwrap_or_default().to_string();
     disk.save_ms.push(save_ms);
+    disk.save_cpu_ms.push(cpu_ms);
     disk.save_written_bytes.push(written as f64);
     disk.save_gbps.push(gbps);
     disk.scrub_wait_ms.push(scrub_ms);

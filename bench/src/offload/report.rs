@@ -85,6 +85,10 @@ pub struct FromDiskResult {
     /// The save's own figure (its "in X s": the first byte to the
     /// directory in place, flushes included), ms.
     pub save_own_ms: Figure,
+    /// CPU time of the `hugemem unpark --save` process (user + system, all
+    /// its threads: its reads of guest memory, checksums, system calls),
+    /// ms: beside `save_ms`, how much of the save was work, not waiting.
+    pub save_cpu_ms: Figure,
     /// Bytes the save wrote (its files' bytes on disk), each repetition.
     pub save_written_bytes: Figure,
     /// `save_written_bytes` over `save_ms`, GB/s.
@@ -378,11 +382,12 @@ impl OffloadReport {
         );
         let _ = writeln!(
             t,
-            "save {:.2} GB/s ({} written in {:.1} ms, its own figure {:.1} ms); the disk's write of as many bytes: one direct writer {:.2} / {:.2} GB/s before / after, the saver's direct writers {:.2} / {:.2}, buffered + fsync {:.2}",
+            "save {:.2} GB/s ({} written in {:.1} ms, its own figure {:.1} ms, its CPU time {:.1} ms); the disk's write of as many bytes: one direct writer {:.2} / {:.2} GB/s before / after, the saver's direct writers {:.2} / {:.2}, buffered + fsync {:.2}",
             d.save_gbps.median,
             format_size(d.save_written_bytes.median as u64),
             d.save_ms.median,
             d.save_own_ms.median,
+            d.save_cpu_ms.median,
             d.disk_write.single_before_gbps.median,
             d.disk_write.single_after_gbps.median,
             d.disk_write.parallel_before_gbps.median,

@@ -6,11 +6,13 @@
 use std::time::Duration;
 
 use super::ch_side::{ch_file_rep, offload_daemon_rep};
+use super::dense::LOW_RAM_END;
 use super::hugemem_side::{one_rep, HugememResults};
 use super::report::{
     ChFileResult, FromDiskResult, FromParkResult, Measured, OffloadConfig, OffloadDaemonResult,
     OffloadReport, OnDemandResult,
 };
+use super::save_vs_disk;
 use super::OffloadError;
 use crate::private_dir::PrivateDir;
 use crate::vmm_update::error::io;
@@ -76,6 +78,7 @@ pub fn run(
     let _pages = reserve_pages(cfg.size, page).map_err(OffloadError::Setup)?;
     let dir = PrivateDir::create_in(&cfg.dir, "hugemem-bench-offload")
         .map_err(io(format!("a directory under {}", cfg.dir.display())))?;
+    save_vs_disk::room_for_rounds(dir.path(), cfg.size.min(LOW_RAM_END))?;
     let elf = dir.path().join("spin.elf");
     let tsc_hz = host_tsc_hz(Duration::from_millis(200));
     write_spin_elf(&elf, tsc_hz)?;

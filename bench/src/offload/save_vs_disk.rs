@@ -3,13 +3,16 @@
 //! with one direct writer (`dd`-like), then with direct writers as the
 //! saver's ([`disk_write`]); the save; then the same two in the reverse
 //! order (so that both stand as far from the save on average), and the
-//! same bytes through the page cache with `fsync`. The save's rate is
+//! same bytes through the page cache with `fsync`. Every file of the
+//! round stays until the round ends, as the save's files stay (the file
+//! system discards a removed file's blocks: a removal between two writes
+//! would give the disk work that the save does not meet). The save's rate is
 //! compared with the mean of each direct writer's rates before and after
 //! it: the disk of this host drifts (a virtual disk on a shared host), and
 //! what it did on both sides of the save is the nearest measure of what it
 //! could do during it. The drift itself (after over before) is kept.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 
@@ -136,13 +139,18 @@ pub(super) fn round(
     out: &mut DiskWriteResult,
     save: impl FnOnce() -> Result<SaveDone, OffloadError>,
 ) -> Result<(), OffloadError> {
-    let single_before = write_gbps(dir, bytes_before, Writer::Single)?;
-    let parallel_before = write_gbps(dir, bytes_before, Writer::Parallel)?;
+    let files = RoundFiles(dir.to_path_buf());
+    let write = |name: &str, bytes: u64, writer: Writer| {
+        write_gbps(&files.0.join(format!("disk-write-{name}")), bytes, writer)
+    };
+    let single_before = write("single-before", bytes_before, Writer::Single)?;
+    let parallel_before = write("parallel-before", bytes_before, Writer::Parallel)?;
     out.host_load.push(load_average());
     let done = save()?;
-    let parallel_after = write_gbps(dir, done.written, Writer::Parallel)?;
-    let single_after = write_gbps(dir, done.written, Writer::Single)?;
-    let buffered = write_gbps(dir, done.written, Writer::Buffered)?;
+    let parallel_after = write("parallel-after", done.written, Writer::Parallel)?;
+    let single_after = write("single-after", done.written, Writer::Single)?;
+    let buffered = write("buffered", done.written, Writer::Buffered)?;
+    drop(files);
     let pair = |before: Option<f64>, after: Option<f64>, [b, a, over, drift]: [&mut Figure; 4]| {
         if let (Some(before), Some(after)) = (before, after) {
             b.push(before);
@@ -178,6 +186,44 @@ pub(super) fn round(
     Ok(())
 }
 
+/// Checks that `dir`'s file system has room for a round of saves of
+/// `bytes`: the save's files and its writers' kept until the round ends.
+pub(super) fn room_for_rounds(dir: &Path, bytes: u64) -> Result<(), OffloadError> {
+    let fs = nix::sys::statvfs::statvfs(dir)
+        .map_err(|e| OffloadError::Setup(format!("statvfs {}: {e}", dir.display())))?;
+    let free = fs.blocks_available() * fs.fragment_size();
+    let needed = (ROUND_FILES.len() as u64 + 1) * bytes;
+    if free < needed {
+        return Err(OffloadError::Setup(format!(
+            "{} has {} free; a save and the disk's writes beside it need {}",
+            dir.display(),
+            guest_mem::size::format_size(free),
+            guest_mem::size::format_size(needed)
+        )));
+    }
+    Ok(())
+}
+
+/// The files of a round's writers in a directory, removed when dropped.
+struct RoundFiles(PathBuf);
+
+impl Drop for RoundFiles {
+    fn drop(&mut self) {
+        for name in ROUND_FILES {
+            let _ = std::fs::remove_file(self.0.join(format!("disk-write-{name}")));
+        }
+    }
+}
+
+/// The names of a round's files (after `disk-write-`).
+const ROUND_FILES: [&str; 5] = [
+    "single-before",
+    "parallel-before",
+    "parallel-after",
+    "single-after",
+    "buffered",
+];
+
 /// The host's load average over the last minute (`/proc/loadavg`), 0 when
 /// unreadable.
 fn load_average() -> f64 {
@@ -212,6 +258,8 @@ mod tests {
             let mean = (out.single_before_gbps.median + out.single_after_gbps.median) / 2.0;
             assert!((out.save_over_single.median - 0.5 / mean).abs() < 1e-12);
         }
+        let left: Vec<_> = std::fs::read_dir(tmp.path()).expect("list").collect();
+        assert!(left.is_empty(), "the round removes its files: {left:?}");
         let summary = SaveOverDisk::of(&out).expect("one round");
         assert_eq!(summary.buffered.expect("buffered").rounds, 1);
         assert!(SaveOverDisk::of(&DiskWriteResult::default()).is_none());

@@ -38,6 +38,19 @@ pub(super) fn hugemem(launcher: &Path, args: &[OsString]) -> Result<(f64, String
     Ok((ms, String::from_utf8_lossy(&out.stdout).into_owned()))
 }
 
+/// CPU time (user + system) of this process's children that ended and
+/// were waited for, ms: the difference around [`hugemem`] is that
+/// command's (no other child is waited for meanwhile).
+pub(super) fn children_cpu_ms() -> f64 {
+    use nix::sys::resource::{getrusage, UsageWho};
+    getrusage(UsageWho::RUSAGE_CHILDREN).map_or(0.0, |u| {
+        let ms = |t: nix::sys::time::TimeVal| {
+            t.tv_sec() as f64 * 1e3 + f64::from(u32::try_from(t.tv_usec()).unwrap_or(0)) / 1e3
+        };
+        ms(u.user_time()) + ms(u.system_time())
+    })
+}
+
 /// Starts `program ARGS`, its stderr in `log`.
 pub(super) fn spawn(program: &Path, args: &[OsString], log: &Path) -> Result<Child, OffloadError> {
     let log = File::create(log).map_err(io(format!("create {}", log.display())))?;

@@ -421,7 +421,7 @@ fn offload_save_rows_appear_with_a_run_that_measured_them_and_judge_its_share() 
     assert!(out.contains("| - / - | 0.50 / 0.60 |"), "{out}");
     assert!(out.contains("| - / -; - | 0.70 / 0.80; 0.30 |"), "{out}");
     assert!(
-        out.contains("| - / - / 2000.0 and - | 2G / 0.40 / 2000.0 and - |"),
+        out.contains("| - / - / 2000.0, - and - | 2G / 0.40 / 2000.0, - and - |"),
         "{out}"
     );
     assert!(out.contains("0.55x [0.50, 0.60] (6 rounds) / -"), "{out}");

@@ -84,9 +84,9 @@ fn before_after(v: &Value, what: &str) -> String {
 /// The rows of the save beside the disk's write rates.
 fn save_rows(files: &[(String, Value)]) -> String {
     let rows: [(&str, Cell<'_>); 7] = [
-        ("save: bytes written / its rate, GB/s / hugemem unpark --save's wall time and the save's own figure, ms", &|v| {
+        ("save: bytes written / its rate, GB/s / hugemem unpark --save's wall time, the save's own figure and the process's CPU time (user + system), ms", &|v| {
             format!(
-                "{} / {} / {} and {}",
+                "{} / {} / {}, {} and {}",
                 num(v, "from_disk.save_written_bytes.median").map_or_else(
                     || "-".into(),
                     // A median of byte counts: whole bytes.
@@ -94,7 +94,8 @@ fn save_rows(files: &[(String, Value)]) -> String {
                 ),
                 f(v, "from_disk.save_gbps.median", 2),
                 f(v, "from_disk.save_ms.median", 1),
-                f(v, "from_disk.save_own_ms.median", 1)
+                f(v, "from_disk.save_own_ms.median", 1),
+                f(v, "from_disk.save_cpu_ms.median", 1)
             )
         }),
         ("the disk writing as many bytes, GB/s: one direct writer (dd bs=1M oflag=direct conv=fsync), right before / right after the save", &|v| {
