@@ -65,6 +65,7 @@ mod ch_side;
 mod dense;
 mod disk_write;
 mod error;
+mod figure;
 mod hugemem_side;
 mod report;
 mod run;

@@ -7,8 +7,9 @@ use std::path::PathBuf;
 use guest_mem::size::format_size;
 use serde::Serialize;
 
+pub use super::figure::Figure;
 use super::save_vs_disk::{DiskWriteResult, SaveOverDisk, Spread, SAVE_SHARE};
-use crate::stats::{median, paired_median, paired_median_ci95};
+use crate::stats::{paired_median, paired_median_ci95};
 use crate::vmm_update::setup::one_gib_pages;
 
 /// The run's settings.
@@ -35,23 +36,6 @@ pub struct OffloadConfig {
     /// that wrote all its memory; `dense.rs`); else the guest's one word
     /// per 4 KiB page and zeros.
     pub dense: bool,
-}
-
-/// One figure over the repetitions: each sample and their median.
-#[derive(Debug, Clone, Default, Serialize)]
-pub struct Figure {
-    /// Median of `samples`.
-    pub median: f64,
-    /// One per repetition, in order.
-    pub samples: Vec<f64>,
-}
-
-impl Figure {
-    /// Adds a repetition's sample and updates the median.
-    pub(crate) fn push(&mut self, v: f64) {
-        self.samples.push(v);
-        self.median = median(&self.samples);
-    }
 }
 
 /// hugemem's park and restore from the park.
@@ -380,6 +364,45 @@ impl OffloadReport {
             "load from disk {:.2} GB/s ({} on disk in {:.1} ms), disk read {:.2} GB/s: {:.2}x the disk (expected >= 0.8x); restore after the load {:.1} ms",
             d.load_gbps.median, format_size(d.saved_bytes_on_disk), d.load_ms.median, d.disk_read_gbps.median, self.load_vs_disk, d.restore_ms.median
         );
+        t += &self.save_text();
+        let interval = col(self
+            .ch_file_minus_from_disk_ci95_ms
+            .map(|[lo, hi]| format!("95 % interval {lo:+.1} .. {hi:+.1}")));
+        let _ = writeln!(
+            t,
+            "file:// restore / hugemem from disk {} (expected >= 2x; paired difference {} ms, {}); offload_daemon restore / hugemem from disk {}, / from the park {}",
+            col(self.ch_file_over_from_disk.map(|r| format!("{r:.2}x"))),
+            col(self.ch_file_minus_from_disk_paired_ms.map(|v| format!("{v:+.1}"))),
+            interval,
+            col(self.offload_daemon_over_from_disk.map(|r| format!("{r:.2}x"))),
+            col(self.offload_daemon_over_from_park.map(|r| format!("{r:.1}x"))),
+        );
+        let _ = writeln!(
+            t,
+            "on demand: the guest counting {:.1} ms after the restore's start ({:.1} ms after the park's; expected <= 20 ms at 8 GiB), every page filled after {:.1} ms; {} pages stale on the host's check",
+            od.restore_ms.median, od.disk_to_running_ms.median, od.all_filled_ms.median, od.stale_host
+        );
+        let stale = p.stale_guest
+            + d.stale_guest
+            + od.stale_guest
+            + c.map_or(0, |c| c.stale_guest)
+            + o.map_or(0, |o| o.stale_guest);
+        let _ = writeln!(t, "stale pages the guests found, all variants: {stale}");
+        for note in [&self.ch_file_note, &self.offload_daemon_note]
+            .into_iter()
+            .flatten()
+        {
+            let _ = writeln!(t, "note: {note}");
+        }
+        let _ = writeln!(t, "note: {}", self.page_size_note);
+        t
+    }
+
+    /// The save's lines of [`OffloadReport::to_table`]: its rate beside
+    /// the disk's, and with `--dense` the host's check of the bytes.
+    fn save_text(&self) -> String {
+        let mut t = String::new();
+        let d = &self.from_disk;
         let _ = writeln!(
             t,
             "save {:.2} GB/s ({} written in {:.1} ms, its own figure {:.1} ms, its CPU time {:.1} ms); the disk's write of as many bytes: one direct writer {:.2} / {:.2} GB/s before / after, the saver's direct writers {:.2} / {:.2}, buffered + fsync {:.2}",
@@ -418,43 +441,13 @@ impl OffloadReport {
                 spread(&s.single_drift),
             );
         }
-        let interval = col(self
-            .ch_file_minus_from_disk_ci95_ms
-            .map(|[lo, hi]| format!("95 % interval {lo:+.1} .. {hi:+.1}")));
-        let _ = writeln!(
-            t,
-            "file:// restore / hugemem from disk {} (expected >= 2x; paired difference {} ms, {}); offload_daemon restore / hugemem from disk {}, / from the park {}",
-            col(self.ch_file_over_from_disk.map(|r| format!("{r:.2}x"))),
-            col(self.ch_file_minus_from_disk_paired_ms.map(|v| format!("{v:+.1}"))),
-            interval,
-            col(self.offload_daemon_over_from_disk.map(|r| format!("{r:.2}x"))),
-            col(self.offload_daemon_over_from_park.map(|r| format!("{r:.1}x"))),
-        );
-        let _ = writeln!(
-            t,
-            "on demand: the guest counting {:.1} ms after the restore's start ({:.1} ms after the park's; expected <= 20 ms at 8 GiB), every page filled after {:.1} ms; {} pages stale on the host's check",
-            od.restore_ms.median, od.disk_to_running_ms.median, od.all_filled_ms.median, od.stale_host
-        );
         if self.dense {
             let _ = writeln!(
                 t,
                 "dense: pages whose filled bytes changed: after the load {}, on demand {}",
-                d.stale_dense, od.stale_dense
+                d.stale_dense, self.on_demand.stale_dense
             );
         }
-        let stale = p.stale_guest
-            + d.stale_guest
-            + od.stale_guest
-            + c.map_or(0, |c| c.stale_guest)
-            + o.map_or(0, |o| o.stale_guest);
-        let _ = writeln!(t, "stale pages the guests found, all variants: {stale}");
-        for note in [&self.ch_file_note, &self.offload_daemon_note]
-            .into_iter()
-            .flatten()
-        {
-            let _ = writeln!(t, "note: {note}");
-        }
-        let _ = writeln!(t, "note: {}", self.page_size_note);
         t
     }
 }

@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 use serde::Serialize;
 
 use super::disk_write::{write_gbps, Writer};
-use super::report::Figure;
+use super::figure::Figure;
 use super::OffloadError;
 use crate::stats::median_ci95;
 

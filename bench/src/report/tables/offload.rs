@@ -216,6 +216,49 @@ fn copied(v: &Value) -> String {
     }
 }
 
+/// The table's header: a column per run, its size and page size (and
+/// `dense` for a `--dense` run).
+fn header(files: &[(String, Value)]) -> String {
+    let columns: Vec<String> = files
+        .iter()
+        .map(|(_, v)| {
+            let dense = if v["dense"] == true { ", dense" } else { "" };
+            format!("{} ({} pages{dense})", size(v, "size"), s(v, "page_size"))
+        })
+        .collect();
+    format!(
+        "| figure (medians) | {} |\n|---|{}\n",
+        columns.join(" | "),
+        "---|".repeat(files.len())
+    )
+}
+
+/// The rows only some runs have: the save beside the disk's write rates,
+/// and the host's check of a `--dense` guest's bytes.
+fn extra_rows(files: &[(String, Value)]) -> String {
+    let mut out = String::new();
+    if files
+        .iter()
+        .any(|(_, v)| num(v, "save_over_disk.single.median").is_some())
+    {
+        out += &save_rows(files);
+    }
+    if files.iter().any(|(_, v)| v["dense"] == true) {
+        out += &row(
+            "dense: pages whose filled bytes the host found changed, after the load / on demand",
+            files,
+            |v| {
+                format!(
+                    "{} / {}",
+                    f(v, "from_disk.stale_dense", 0),
+                    f(v, "on_demand.stale_dense", 0)
+                )
+            },
+        );
+    }
+    out
+}
+
 /// The table of the `offload` runs in `files`.
 pub(super) fn offloads(files: &[(String, Value)]) -> String {
     let mut out = String::from("\n");
@@ -229,18 +272,7 @@ pub(super) fn offloads(files: &[(String, Value)]) -> String {
     let Some((_, first)) = files.first() else {
         return out;
     };
-    let header: Vec<String> = files
-        .iter()
-        .map(|(_, v)| {
-            let dense = if v["dense"] == true { ", dense" } else { "" };
-            format!("{} ({} pages{dense})", size(v, "size"), s(v, "page_size"))
-        })
-        .collect();
-    out += &format!(
-        "| figure (medians) | {} |\n|---|{}\n",
-        header.join(" | "),
-        "---|".repeat(files.len())
-    );
+    out += &header(files);
     let rows: [(&str, Cell<'_>); 20] = [
         ("repetitions", &|v| f(v, "reps", 0)),
         ("hugemem park, ms", &|v| f(v, "from_park.park_ms.median", 1)),
@@ -331,25 +363,7 @@ pub(super) fn offloads(files: &[(String, Value)]) -> String {
     for (label, cell) in rows {
         out += &row(label, files, cell);
     }
-    if files
-        .iter()
-        .any(|(_, v)| num(v, "save_over_disk.single.median").is_some())
-    {
-        out += &save_rows(files);
-    }
-    if files.iter().any(|(_, v)| v["dense"] == true) {
-        out += &row(
-            "dense: pages whose filled bytes the host found changed, after the load / on demand",
-            files,
-            |v| {
-                format!(
-                    "{} / {}",
-                    f(v, "from_disk.stale_dense", 0),
-                    f(v, "on_demand.stale_dense", 0)
-                )
-            },
-        );
-    }
+    out += &extra_rows(files);
     out += "\n";
     out
 }
