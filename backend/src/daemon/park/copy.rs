@@ -371,7 +371,11 @@ fn copy_all(
     };
     let report = fill_region(topology, region, &sources, &opts).map_err(|e| {
         region.mark_all_dirty();
-        format!("copying the VM's memory: {e}")
+        let file_of = |i: usize| sources.get(i).map(|s| s.file);
+        format!(
+            "copying the VM's memory: {}",
+            super::failure::describe(&e, file_of)
+        )
     })?;
     region
         .mark_mapped()

@@ -28,6 +28,7 @@
 //!   that still maps it let go.
 
 pub mod copy;
+pub mod failure;
 pub mod ondemand;
 pub mod receive;
 pub mod send;

@@ -126,7 +126,7 @@ fn fill_range(
                 // This thread's unit left `Clearing`, filled or not.
                 units_done.notify();
             }
-            match outcome.map_err(|e| FaultFillError(e.to_string()))? {
+            match outcome.map_err(|e| FaultFillError(hugemem_client::diag::chain(&e)))? {
                 UnitFill::Filled(_) | UnitFill::Done(_) => break,
                 // The background filler holds it: done within one unit's
                 // read, and it says so.
@@ -178,7 +178,9 @@ pub fn send(p: Postcopy<'_>) -> Result<(), String> {
     let filled = AtomicBool::new(p.pending.is_none() || all_filled(p.region));
     // At once: the receiver reads the role of a connection it accepted
     // within seconds, whenever its accept loop gets to it.
-    announce_fault_connection(p.fault).map_err(|e| format!("the fault connection: {e}"))?;
+    announce_fault_connection(p.fault).map_err(|e| {
+        format!("the receiver did not take the VM (it stays parked): the fault connection: {e}")
+    })?;
     std::thread::scope(|scope| {
         let mut fault_thread = None;
         let mut background = None;
@@ -217,6 +219,13 @@ pub fn send(p: Postcopy<'_>) -> Result<(), String> {
                 "the receiver did not take the VM (it stays parked): {e}"
             ));
         }
+        // A fill that failed ends the fault connection at once: the
+        // receiver's next fault fails (cloud-hypervisor then stops the VM)
+        // instead of waiting for its own prefault to reach the page.
+        let give_up = |why: String| {
+            let _ = p.fault.shutdown(std::net::Shutdown::Both);
+            Err(why)
+        };
         if let Some(bg) = background {
             match bg.join() {
                 Ok(Ok(report)) => info!(
@@ -226,13 +235,19 @@ pub fn send(p: Postcopy<'_>) -> Result<(), String> {
                     gbps = report.read_gbps(),
                     "RESTORE on demand: background fill done"
                 ),
-                Ok(Err(e)) => return Err(format!("filling the VM's memory: {e}")),
-                Err(_) => return Err("the background fill panicked".into()),
+                Ok(Err(e)) => {
+                    let file_of = |i: usize| sources.get(i).map(|s| s.file);
+                    return give_up(format!(
+                        "filling the VM's memory: {} (it stays parked)",
+                        super::failure::describe(&e, file_of)
+                    ));
+                }
+                Err(_) => return give_up("the background fill panicked".into()),
             }
             // Units a fault was filling as the background passed them.
             units_done.wait_until(|| !any_clearing(p.region));
             if !all_filled(p.region) {
-                return Err("filling the VM's memory: a page the guest asked for could not be read (see the daemon's log)".into());
+                return give_up("filling the VM's memory: a page the guest asked for could not be read (see the daemon's log; it stays parked)".into());
             }
             filled.store(true, Ordering::Release);
         }
@@ -267,8 +282,13 @@ pub fn fill_all(topology: &Topology, region: &Region, pending: &PendingFill) -> 
         dest_is_zero: pending.dest_is_zero,
         ..FillOptions::default()
     };
-    fill_region_planned(topology, region, &plan, &opts)
-        .map_err(|e| format!("filling the VM's memory: {e}"))?;
+    fill_region_planned(topology, region, &plan, &opts).map_err(|e| {
+        let file_of = |i: usize| sources.get(i).map(|s| s.file);
+        format!(
+            "filling the VM's memory: {} (it stays parked)",
+            super::failure::describe(&e, file_of)
+        )
+    })?;
     if all_filled(region) {
         Ok(())
     } else {
