@@ -6,7 +6,7 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::sync::Arc;
 
 use hugemem_client::ch_migration::peer::send_snapshot;
-use tracing::info;
+use tracing::{info, warn};
 
 use super::socket::migration_socket;
 use crate::daemon::hand_out::{rows_now, Delivery, HandOut};
@@ -75,12 +75,16 @@ pub async fn restore(rooms: &Arc<Rooms>, req: RestoreRequest, fds: Vec<OwnedFd>)
         .any(|(_, r)| !super::ondemand::all_filled(r));
     if pending.is_none() && unfilled {
         let msg = format!(
-            "{:?} was parked on demand and its files are gone (a takeover or restart does not keep them): \
-             its memory was never filled; UNPARK it",
+            "{:?} was parked on demand and its files are gone (a daemon before this one did not pass them on): \
+             its memory was never filled; UNPARK it and park it again from its directory",
             req.name
         );
         return refused(rooms, &req, Status::Invalid, msg);
     }
+    // While it runs, a document saved for the fd store says so (a crash
+    // then has the successor read every unit again).
+    let _restoring = pending.as_ref().map(|_| rooms.fills.restoring(found.alloc));
+    let refill = pending.is_some();
     let vm = Arc::clone(&found.vm);
     let paused = req.paused;
     let region = found.regions.first().map(|(_, r)| Arc::clone(r));
@@ -121,8 +125,18 @@ pub async fn restore(rooms: &Arc<Rooms>, req: RestoreRequest, fds: Vec<OwnedFd>)
     .await;
     match sent {
         Ok(Ok(())) => {}
-        Ok(Err(e)) => return refused(rooms, &req, Status::Invalid, e),
-        Err(e) => return refused(rooms, &req, Status::Internal, e.to_string()),
+        Ok(Err(e)) => {
+            if refill {
+                refill_after_failure(rooms, &found);
+            }
+            return refused(rooms, &req, Status::Invalid, e);
+        }
+        Err(e) => {
+            if refill {
+                refill_after_failure(rooms, &found);
+            }
+            return refused(rooms, &req, Status::Internal, e.to_string());
+        }
     }
     // Every unit holds the VM's bytes now: not zero, never to be pooled as clean.
     for (_, r) in &found.regions {
@@ -142,6 +156,20 @@ pub async fn restore(rooms: &Arc<Rooms>, req: RestoreRequest, fds: Vec<OwnedFd>)
     Metrics::add(&rooms.metrics.restores, 1);
     info!(session = req.session, uid = req.uid, name = %req.name, alloc = found.alloc, slots = found.vm.slots.len(), paused, "RESTORE: parked VM handed to its new cloud-hypervisor");
     hand_out.reply(found.alloc, Some(token))
+}
+
+/// A restore of a VM parked on demand that did not hand it out: units it
+/// filled may have been mapped and written by the receiver's guest (a
+/// postcopy receiver runs it from `Complete`, cloud-hypervisor resumes it
+/// before it answers `Complete`), and only the files hold the parked VM.
+/// So every unit is filled from them again at the next restore.
+fn refill_after_failure(rooms: &Rooms, found: &FoundParked) {
+    for (_, region) in &found.regions {
+        region.mark_all_dirty();
+    }
+    if let Err(e) = rooms.fills.refill_all(found.alloc) {
+        warn!(alloc = found.alloc, name = %found.vm.name, error = %e, "a VM parked on demand lost its files after a failed restore; it can only be unparked");
+    }
 }
 
 /// The request's migration connection and, for a postcopy restore, its
