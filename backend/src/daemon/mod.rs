@@ -109,6 +109,7 @@ pub mod config;
 mod error;
 pub mod exporter;
 pub mod fdstore;
+pub mod fill_record;
 pub mod fills;
 pub mod guest_check;
 pub mod hand_out;

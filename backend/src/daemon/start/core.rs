@@ -21,11 +21,14 @@ use crate::daemon::alloc::Alloc;
 use crate::daemon::config::Config;
 use crate::daemon::error::{DaemonError, Result};
 use crate::daemon::fdstore::FdStore;
+use crate::daemon::fill_record;
+use crate::daemon::fills::PendingFills;
 use crate::daemon::handle::DaemonHandle;
 use crate::daemon::hugetlbfs::{hugetlbfs_dirs, recover_leftovers};
 use crate::daemon::lifecycle::Lifecycle;
 use crate::daemon::listeners::Listeners;
 use crate::daemon::metrics::Metrics;
+use crate::daemon::persist::RestoreContext;
 use crate::daemon::pool::{Pool, Sources};
 use crate::daemon::quarantine::Recheck;
 use crate::daemon::rebalance::Rebalancer;
@@ -158,6 +161,7 @@ pub(super) fn core(
     ));
     // Regions first (before any scrubber runs): adopted and checked.
     let mut connections = Vec::new();
+    let mut fills = Vec::new();
     if let Some(inh) = inherited.as_deref_mut() {
         host.metrics.restore_map(&inh.state.counters);
         // A predecessor that answers on the control channel: a takeover;
@@ -170,6 +174,7 @@ pub(super) fn core(
         Metrics::add(start, 1);
         takeover::adopt_into(&host.topology, &pool, lifecycle.predecessor(), inh);
         connections = std::mem::take(&mut inh.state.connections);
+        fills = std::mem::take(&mut inh.state.fills);
     }
     let scrubbers = Scrubbers::start(&host.topology, &pool, &host.config.scrub)
         .map_err(DaemonError::Threads)?;
@@ -187,6 +192,14 @@ pub(super) fn core(
         next_session,
         store,
     );
+    if let Some(inh) = inherited.as_deref_mut() {
+        // The files of VMs parked on demand, for the allocations kept.
+        let mut ctx = RestoreContext {
+            fds: &mut inh.fds,
+            topology: &host.topology,
+        };
+        fill_record::restore_into(fills, &mut ctx, &c.pool, &c.rooms.fills);
+    }
     {
         use std::os::fd::AsFd;
         let dup = |fd: std::os::fd::BorrowedFd<'_>| fd.try_clone_to_owned().ok();
@@ -217,6 +230,7 @@ impl Components {
         next_session: u64,
         store: FdStore,
     ) -> Self {
+        let fills: Arc<PendingFills> = Arc::default();
         let cfg = &host.config;
         let (topology, metrics) = (&host.topology, &host.metrics);
         let fault_totals = Arc::default();
@@ -268,7 +282,7 @@ impl Components {
             rebalance: Arc::clone(&rebalance),
             alloc,
             stats,
-            fills: Arc::default(),
+            fills: Arc::clone(&fills),
         });
         let next_session = Arc::new(AtomicU64::new(next_session));
         let parts = Arc::new(Parts {
@@ -279,6 +293,7 @@ impl Components {
             next_session: Arc::clone(&next_session),
             scrubbers: Mutex::new(scrubbers),
             topology: Arc::clone(topology),
+            fills,
         });
         let server = Arc::new(Server {
             lifecycle: Arc::clone(&lifecycle),
