@@ -145,12 +145,14 @@ impl FdStore {
     /// regions stored, gone ones removed, the listener once, and the state
     /// document when it changed. Blocking (small `sendmsg`s).
     fn sync(&self, parts: &Parts, last: bool) -> Result<(), StoreError> {
-        let snapshot = parts.pool.records().snapshot_partial();
-        let (mut doc, _) = takeover::build(parts, &snapshot, Target::FdStore { last }, self.seq())?;
+        // Held from the snapshot on: two syncs (the loop's, a park's) store
+        // their documents in the order they took them.
         let mut st = self
             .stored
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let snapshot = parts.pool.records().snapshot_partial();
+        let (mut doc, _) = takeover::build(parts, &snapshot, Target::FdStore { last }, st.seq)?;
         if !st.listener {
             if let Some(fd) = parts.listeners.owned_listener() {
                 send(
@@ -250,6 +252,21 @@ fn store_fills(st: &mut Stored, parts: &Parts) -> Result<(), StoreError> {
         st.fills.remove(&name);
     }
     Ok(())
+}
+
+/// Brings the store up to date now, when it is used (a PARK before it
+/// answers its sender, an UNPARK before the memory leaves, a RESTORE
+/// before it answers: `Rooms::sync_now`). Blocking.
+///
+/// # Errors
+///
+/// As the periodic sync.
+pub fn sync_now(store: &FdStore, parts: &Parts) -> Result<(), StoreError> {
+    if store.enabled() {
+        store.sync(parts, false)
+    } else {
+        Ok(())
+    }
 }
 
 /// Keeps the store up to date while the daemon serves.

@@ -42,6 +42,37 @@ pub struct Rooms {
     pub stats: Arc<StatsSource>,
     /// Memory still to be filled from a tenant's files (VMs parked on demand).
     pub fills: Arc<super::fills::PendingFills>,
+    /// Brings systemd's fd store up to date now (set at the start when
+    /// the store is used; see [`Rooms::sync_now`]).
+    pub store_sync: std::sync::OnceLock<StoreSync>,
+}
+
+/// A blocking sync of systemd's fd store (`fdstore::sync_now`), set by
+/// the start, which sits above both.
+#[derive(Clone)]
+pub struct StoreSync(pub Arc<dyn Fn() -> Result<(), String> + Send + Sync>);
+
+impl std::fmt::Debug for StoreSync {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("StoreSync")
+    }
+}
+
+impl Rooms {
+    /// Brings systemd's fd store up to date, off the executor, when the
+    /// daemon uses one: a parked VM's record is stored before its sender
+    /// retires the VM, and gone before its memory may serve anyone else.
+    /// A failure is logged: the periodic sync tries again.
+    pub async fn sync_now(&self, why: &'static str) {
+        let Some(sync) = self.store_sync.get().cloned() else {
+            return;
+        };
+        match tokio::task::spawn_blocking(move || (sync.0)()).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => warn!(error = %e, why, "cannot bring systemd's fd store up to date"),
+            Err(e) => warn!(error = %e, why, "the fd store sync panicked"),
+        }
+    }
 }
 
 /// What follows a release, off the executor: released allocations that

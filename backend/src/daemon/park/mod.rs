@@ -107,6 +107,9 @@ pub async fn unpark(rooms: &Arc<Rooms>, uid: u32, name: &str) -> Outcome {
                 "UNPARK: parked VM dropped; its memory goes to quarantine"
             );
             rooms.rebalance.alloc_released(found.alloc);
+            // Out of the fd store's document before the memory can serve
+            // anyone else: a crash must not bring the VM back on it.
+            rooms.sync_now("UNPARK").await;
             settle_released(rooms, vec![released]);
             Outcome::reply(Reply::ok(ReplyBody::Empty))
         }

@@ -173,6 +173,11 @@ pub async fn park(rooms: &Arc<Rooms>, req: ParkRequest, fds: Vec<OwnedFd>) -> Ou
             Ok(checked) => take_in(rooms, &req, checked).await,
         },
     };
+    if result.is_ok() {
+        // Under systemd, the parked VM is in the fd store before its
+        // sender retires it: a crash from now on keeps it.
+        rooms.sync_now("PARK").await;
+    }
     finish(rooms, &req, &stream, result)
 }
 

@@ -153,6 +153,9 @@ pub async fn restore(rooms: &Arc<Rooms>, req: RestoreRequest, fds: Vec<OwnedFd>)
         Ok(t) => t,
         Err(e) => return refused(rooms, &req, Status::Internal, e.to_string()),
     };
+    // The fd store's document no longer has it parked (a crash after the
+    // receiver took it would otherwise bring it back parked while it runs).
+    rooms.sync_now("RESTORE").await;
     Metrics::add(&rooms.metrics.restores, 1);
     info!(session = req.session, uid = req.uid, name = %req.name, alloc = found.alloc, slots = found.vm.slots.len(), paused, "RESTORE: parked VM handed to its new cloud-hypervisor");
     hand_out.reply(found.alloc, Some(token))

@@ -20,7 +20,7 @@ use super::plane::{self, Loops, Plane};
 use crate::daemon::alloc::Alloc;
 use crate::daemon::config::Config;
 use crate::daemon::error::{DaemonError, Result};
-use crate::daemon::fdstore::FdStore;
+use crate::daemon::fdstore::{self, FdStore};
 use crate::daemon::fill_record;
 use crate::daemon::fills::PendingFills;
 use crate::daemon::handle::DaemonHandle;
@@ -33,6 +33,7 @@ use crate::daemon::pool::{Pool, Sources};
 use crate::daemon::quarantine::Recheck;
 use crate::daemon::rebalance::Rebalancer;
 use crate::daemon::refill::Refill;
+use crate::daemon::rooms::StoreSync;
 use crate::daemon::scrub::Scrubbers;
 use crate::daemon::server::{Server, Slots};
 use crate::daemon::session::Rooms;
@@ -192,6 +193,13 @@ pub(super) fn core(
         next_session,
         store,
     );
+    if c.store.enabled() {
+        let (store, parts) = (Arc::clone(&c.store), Arc::clone(&c.parts));
+        let sync = StoreSync(Arc::new(move || {
+            fdstore::sync_now(&store, &parts).map_err(|e| e.to_string())
+        }));
+        let _ = c.rooms.store_sync.set(sync);
+    }
     if let Some(inh) = inherited.as_deref_mut() {
         // The files of VMs parked on demand, for the allocations kept.
         let mut ctx = RestoreContext {
@@ -283,6 +291,7 @@ impl Components {
             alloc,
             stats,
             fills: Arc::clone(&fills),
+            store_sync: std::sync::OnceLock::new(),
         });
         let next_session = Arc::new(AtomicU64::new(next_session));
         let parts = Arc::new(Parts {
