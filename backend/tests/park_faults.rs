@@ -439,3 +439,80 @@ fn a_takeover_during_an_on_demand_restore_is_refused_and_the_restore_goes_on() {
     assert_books(&new.stats(), 0, 0, "freed");
     new.shutdown().expect("the successor exits");
 }
+
+/// A restart that cannot bring the parked VMs back (no fd store, no
+/// takeover) says which were lost: STATS lists them, a RESTORE of the
+/// name says what happened, UNPARK clears the note; a takeover loses
+/// nothing.
+#[test]
+fn a_start_without_its_parked_vms_says_which_were_lost() {
+    const TEST: &str = "a_start_without_its_parked_vms_says_which_were_lost";
+    let _g = serial();
+    if !reserve_2m(8, TEST) {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (cfg, first) = takeover_daemon(dir.path());
+    let vm = memfd("park-faults-lost", SIZE, false);
+    park(&mut connect(&cfg.socket), "kept", &vm, false);
+    park(&mut connect(&cfg.socket), "lazy", &vm, true);
+    drop(vm);
+    let parked_at = first.stats().parked[0].parked_at;
+    // A takeover keeps both: nothing is lost.
+    let inherited = takeover::receive(&cfg.socket).expect("takeover");
+    let second = Daemon::start_inherited(cfg.clone(), inherited).expect("the successor starts");
+    first.shutdown().expect("the old daemon exits");
+    let s = second.stats();
+    assert_books(&s, 2, 2, "after the takeover");
+    assert!(s.lost_parked.is_empty(), "{s}");
+    // A stop without the fd store drops them; the next start says so.
+    second.shutdown().expect("a stop without the fd store");
+    let third = Daemon::start(cfg.clone()).expect("a fresh start");
+    let s = third.stats();
+    assert_books(&s, 0, 0, "a fresh start");
+    let mut lost: Vec<(&str, u64)> = s
+        .lost_parked
+        .iter()
+        .map(|l| (l.name.as_str(), l.bytes))
+        .collect();
+    lost.sort_unstable();
+    assert_eq!(lost, [("kept", SIZE), ("lazy", SIZE)], "{s}");
+    assert!(s.lost_parked.iter().any(|l| l.parked_at == parked_at));
+    let mut client = connect(&cfg.socket);
+    let (r, _) = restore(&mut client, "kept", Script::new(Stop::Never, false, SIZE));
+    match r {
+        Err(ClientError::Refused { message, .. }) => {
+            assert!(
+                message.contains("was lost") && message.contains("started afresh"),
+                "{message}"
+            );
+            assert!(message.contains("hugemem unpark kept"), "{message}");
+        }
+        other => panic!("RESTORE of a lost VM: {other:?}"),
+    }
+    match client.unpark("kept") {
+        Err(ClientError::Refused { message, .. }) => {
+            assert!(message.contains("note is now cleared"), "{message}")
+        }
+        other => panic!("UNPARK of a lost VM: {other:?}"),
+    }
+    let s = third.stats();
+    assert_eq!(
+        s.lost_parked.len(),
+        1,
+        "only the acknowledged one cleared: {s}"
+    );
+    // The note kept the other one: the next start still reports it.
+    third.shutdown().expect("stop");
+    let fourth = Daemon::start(cfg.clone()).expect("start");
+    let s = fourth.stats();
+    assert_eq!(
+        s.lost_parked
+            .iter()
+            .map(|l| l.name.as_str())
+            .collect::<Vec<_>>(),
+        ["lazy"],
+        "{s}"
+    );
+    fourth.shutdown().expect("stop");
+}

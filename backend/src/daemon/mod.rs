@@ -127,6 +127,7 @@ pub mod metrics;
 mod orphans;
 pub mod outcome;
 pub mod park;
+pub mod park_record;
 pub mod peer;
 pub mod peer_log;
 pub mod persist;

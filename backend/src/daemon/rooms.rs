@@ -45,6 +45,8 @@ pub struct Rooms {
     /// Brings systemd's fd store up to date now (set at the start when
     /// the store is used; see [`Rooms::sync_now`]).
     pub store_sync: std::sync::OnceLock<StoreSync>,
+    /// The note of parked VMs on disk, and those a start found lost.
+    pub park_record: Arc<super::park_record::ParkRecord>,
 }
 
 /// A blocking sync of systemd's fd store (`fdstore::sync_now`), set by
@@ -59,6 +61,19 @@ impl std::fmt::Debug for StoreSync {
 }
 
 impl Rooms {
+    /// Rewrites the note of parked VMs (after a PARK, RESTORE or UNPARK),
+    /// off the executor.
+    pub async fn note_parked(&self) {
+        let (record, pool) = (Arc::clone(&self.park_record), Arc::clone(&self.pool));
+        let wrote = tokio::task::spawn_blocking(move || {
+            record.write_with(|| pool.owners().parked_list());
+        })
+        .await;
+        if let Err(e) = wrote {
+            warn!(error = %e, "the note of parked VMs panicked");
+        }
+    }
+
     /// Brings systemd's fd store up to date, off the executor, when the
     /// daemon uses one: a parked VM's record is stored before its sender
     /// retires the VM, and gone before its memory may serve anyone else.

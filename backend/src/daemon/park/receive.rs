@@ -177,6 +177,7 @@ pub async fn park(rooms: &Arc<Rooms>, req: ParkRequest, fds: Vec<OwnedFd>) -> Ou
         // Under systemd, the parked VM is in the fd store before its
         // sender retires it: a crash from now on keeps it.
         rooms.sync_now("PARK").await;
+        rooms.note_parked().await;
     }
     finish(rooms, &req, &stream, result)
 }

@@ -47,7 +47,15 @@ pub async fn restore(rooms: &Arc<Rooms>, req: RestoreRequest, fds: Vec<OwnedFd>)
         Ok(s) => s,
         Err(msg) => return refused(rooms, &req, Status::Invalid, msg),
     };
-    let not_parked = || format!("no VM named {:?} is parked", req.name);
+    let not_parked = || match rooms.park_record.find_lost(req.uid, &req.name) {
+        Some(lost) => format!(
+            "no VM named {:?} is parked: {}; `hugemem unpark {}` clears this note",
+            req.name,
+            crate::daemon::park_record::describe(&lost),
+            req.name
+        ),
+        None => format!("no VM named {:?} is parked", req.name),
+    };
     let Some(first) = rooms.pool.owners().find_parked(req.uid, &req.name) else {
         return refused(rooms, &req, Status::NotFound, not_parked());
     };
@@ -156,6 +164,7 @@ pub async fn restore(rooms: &Arc<Rooms>, req: RestoreRequest, fds: Vec<OwnedFd>)
     // The fd store's document no longer has it parked (a crash after the
     // receiver took it would otherwise bring it back parked while it runs).
     rooms.sync_now("RESTORE").await;
+    rooms.note_parked().await;
     Metrics::add(&rooms.metrics.restores, 1);
     info!(session = req.session, uid = req.uid, name = %req.name, alloc = found.alloc, slots = found.vm.slots.len(), paused, "RESTORE: parked VM handed to its new cloud-hypervisor");
     hand_out.reply(found.alloc, Some(token))

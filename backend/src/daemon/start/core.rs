@@ -28,6 +28,7 @@ use crate::daemon::hugetlbfs::{hugetlbfs_dirs, recover_leftovers};
 use crate::daemon::lifecycle::Lifecycle;
 use crate::daemon::listeners::Listeners;
 use crate::daemon::metrics::Metrics;
+use crate::daemon::park_record::ParkRecord;
 use crate::daemon::persist::RestoreContext;
 use crate::daemon::pool::{Pool, Sources};
 use crate::daemon::quarantine::Recheck;
@@ -131,6 +132,8 @@ struct Components {
     server: Arc<Server>,
     rebalance: Arc<Rebalancer>,
     refill: Arc<Refill>,
+    /// The VMs the note of parked VMs listed (for the reconcile).
+    park_listed: Vec<(u32, String, u64, u64)>,
 }
 
 /// The core of both starts: the pool (with what was inherited adopted
@@ -184,7 +187,7 @@ pub(super) fn core(
         .map_or(1, |i| i.state.next_session.max(1));
     let store = FdStore::new(fd_store);
     store.continue_from(inherited.as_ref().map_or(0, |i| i.state.seq));
-    let c = Components::build(
+    let mut c = Components::build(
         &host,
         pool,
         lifecycle,
@@ -208,6 +211,15 @@ pub(super) fn core(
         };
         fill_record::restore_into(fills, &mut ctx, &c.pool, &c.rooms.fills);
     }
+    let reason = match inherited.as_deref() {
+        None => "the daemon started afresh (no systemd fd store, no takeover): the memory of the VMs parked before went back to the kernel",
+        Some(i) if i.channel.is_some() => "the predecessor's state did not have it",
+        Some(_) => "the state systemd's fd store kept did not have it (the store was dropped, or the daemon crashed before it stored the VM)",
+    };
+    let listed = std::mem::take(&mut c.park_listed);
+    c.rooms
+        .park_record
+        .reconcile(listed, &c.pool.owners().parked_list(), reason);
     {
         use std::os::fd::AsFd;
         let dup = |fd: std::os::fd::BorrowedFd<'_>| fd.try_clone_to_owned().ok();
@@ -239,6 +251,8 @@ impl Components {
         store: FdStore,
     ) -> Self {
         let fills: Arc<PendingFills> = Arc::default();
+        let (park_record, park_listed) = ParkRecord::open(host.config.park_record_path());
+        let park_record = Arc::new(park_record);
         let cfg = &host.config;
         let (topology, metrics) = (&host.topology, &host.metrics);
         let fault_totals = Arc::default();
@@ -279,6 +293,7 @@ impl Components {
             refill: Arc::clone(&refill),
             refill_enabled: cfg.pool.refill,
             rebalance: Arc::clone(&rebalance),
+            park_record: Arc::clone(&park_record),
         });
         let rooms = Arc::new(Rooms {
             pool: Arc::clone(&pool),
@@ -292,6 +307,7 @@ impl Components {
             stats,
             fills: Arc::clone(&fills),
             store_sync: std::sync::OnceLock::new(),
+            park_record,
         });
         let next_session = Arc::new(AtomicU64::new(next_session));
         let parts = Arc::new(Parts {
@@ -323,6 +339,7 @@ impl Components {
             server,
             rebalance,
             refill,
+            park_listed,
         }
     }
 }
