@@ -85,6 +85,12 @@ impl FakeSystemd {
         *self.ready.lock().expect("ready")
     }
 
+    /// Drops every stored fd, as `systemctl stop` does (the next start
+    /// gets none).
+    pub fn drop_store(&self) {
+        self.store.lock().expect("store").clear();
+    }
+
     /// A duplicate of the stored fd `name`.
     pub fn stored(&self, name: &str) -> Option<OwnedFd> {
         let store = self.store.lock().expect("store");

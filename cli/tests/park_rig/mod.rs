@@ -481,3 +481,74 @@ pub fn park_from_disk(socket: &Path, setup: &Setup, name: &str, on_demand: bool)
     run_ok(socket, &args);
     parked_at
 }
+
+/// `hugemem serve` (with `--takeover`: a successor) on `socket` with
+/// `config`, a process of its own.
+pub fn serve(socket: &Path, config: &Path, takeover: bool) -> test_support::process::ServeProcess {
+    let mut cmd = Command::new(HUGEMEM);
+    cmd.args(["serve", "--config"])
+        .arg(config)
+        .arg("--socket")
+        .arg(socket);
+    if takeover {
+        cmd.arg("--takeover");
+    }
+    test_support::process::ServeProcess(cmd.spawn().expect("spawn hugemem serve"))
+}
+
+/// A daemon process on `socket`, once it answers.
+pub fn serving(socket: &Path, config: &Path) -> test_support::process::ServeProcess {
+    let d = serve(socket, config, false);
+    wait_until("the daemon answers", STEP, || {
+        hugemem_client::client::Client::connect(socket).is_ok()
+    });
+    d
+}
+
+/// The STATS of the daemon on `socket`.
+pub fn stats(socket: &Path) -> hugemem_client::stats::Stats {
+    let mut c = hugemem_client::client::Client::connect(socket).expect("connect");
+    c.set_timeout(Some(STEP)).expect("timeout");
+    c.stats().expect("STATS")
+}
+
+/// Ends a restored VM: SIGTERM to its launcher (`launch`, the `timeout`
+/// around it), which stops cloud-hypervisor and frees the memory.
+pub fn stop_launch(launch: &mut Child) {
+    let launcher = crate::common::child_of(launch.id());
+    let _ = nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(i32::try_from(launcher).expect("pid")),
+        nix::sys::signal::Signal::SIGTERM,
+    );
+    let status = launch.wait().expect("wait for the launcher");
+    assert_ne!(
+        status.code(),
+        Some(124),
+        "the launcher did not finish in time"
+    );
+}
+
+/// `hugemem launch --restore NAME` of a VM parked at guest count
+/// `parked_at`: the guest counts on from there with no page changed;
+/// then it is stopped.
+pub fn restore_and_check(
+    socket: &Path,
+    setup: &Setup,
+    name: &str,
+    parked_at: u64,
+    on_demand: bool,
+) {
+    let api = setup.dir.path().join(format!("{name}-restored.api"));
+    let mut launch = restore(socket, &setup.ch, name, &api, on_demand);
+    let launcher = crate::common::child_of(launch.id());
+    let vmm = crate::common::child_of(launcher);
+    let ram = memfd_of(vmm);
+    let state = crate::common::counting_past(&ram, parked_at, "the restored guest to count on");
+    assert_eq!(state.bad, 0, "{name}: the guest found a page changed");
+    eprintln!(
+        "{name}: restored, counts on from {parked_at} ({})",
+        state.count
+    );
+    drop(ram);
+    stop_launch(&mut launch);
+}
