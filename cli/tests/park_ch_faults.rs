@@ -212,3 +212,93 @@ fn the_launcher_killed_during_an_on_demand_restore() {
         "every page back"
     );
 }
+
+/// An on-demand restore whose file reads `EIO` (the saved directory on a
+/// disk cut short inside the guest's memory): the fill fails, the
+/// cloud-hypervisor that asked for the page stops (no guest runs on a
+/// page that could not be read), the launcher fails saying why, and the
+/// VM stays parked with its books balanced.
+#[test]
+fn an_on_demand_restore_that_reads_eio_fails_and_the_vm_stays_parked() {
+    const TEST: &str = "an_on_demand_restore_that_reads_eio_fails_and_the_vm_stays_parked";
+    let Some(setup) = park_rig::set_up(1) else {
+        return;
+    };
+    let Some(disk) = test_support::faulty_disk::FaultyDisk::new(128 << 20, TEST) else {
+        return;
+    };
+    let daemon = TestDaemon::start(|c| c.pool.recheck_ms = 20);
+    let socket = daemon.socket();
+    park_rig::launch_and_park(&socket, &setup, "vm");
+    let saved = disk.path().join("vm");
+    park_rig::run_ok(
+        &socket,
+        &[
+            "unpark".as_ref(),
+            "vm".as_ref(),
+            "--save".as_ref(),
+            saved.as_os_str(),
+        ],
+    );
+    // A page the guest wrote (it re-reads every one), past half its memory.
+    let memory = saved.join("memory-0");
+    let file = std::fs::File::open(&memory).expect("open");
+    let at = nix::unistd::lseek(
+        &file,
+        i64::try_from(park_rig::RAM / 2).expect("off"),
+        nix::unistd::Whence::SeekData,
+    )
+    .expect("a page of data past the middle");
+    drop(file);
+    disk.fail_reads_of(&memory, u64::try_from(at).expect("offset"));
+    park_rig::run_ok(
+        &socket,
+        &[
+            "park".as_ref(),
+            "vm".as_ref(),
+            "--from-dir".as_ref(),
+            saved.as_os_str(),
+            "--on-demand".as_ref(),
+        ],
+    );
+    let api = setup.dir.path().join("eio.api");
+    let out = std::process::Command::new("timeout")
+        .args(["120", park_rig::HUGEMEM, "launch", "--socket"])
+        .arg(&socket)
+        .args([
+            "--restore",
+            "vm",
+            "--on-demand",
+            "--",
+            &setup.ch,
+            "--api-socket",
+        ])
+        .arg(&api)
+        .output()
+        .expect("run hugemem launch --restore --on-demand");
+    let said = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(
+        !out.status.success(),
+        "a restore that read EIO succeeded: {said}"
+    );
+    assert_ne!(out.status.code(), Some(124), "the launcher hung: {said}");
+    assert!(said.contains("Input/output error"), "{said}");
+    eprintln!(
+        "{TEST}: {}",
+        said.lines()
+            .rfind(|l| l.contains("Input/output"))
+            .unwrap_or_default()
+    );
+    let s = daemon.wait_stats(SETTLE, "the failed restore settled", |s| {
+        s.allocations.active == 1 && s.pool_sum(|p| p.quarantined_bytes) == 0
+    });
+    assert_eq!(s.parked.len(), 1, "the VM stays parked: {s}");
+    assert_eq!(s.counters.restores_refused, 1, "{s}");
+    assert_balanced(&s, "after the failed restore");
+    park_rig::run_ok(&socket, &["unpark".as_ref(), "vm".as_ref()]);
+    let s = daemon.wait_stats(SETTLE, "unparked", |s| {
+        s.allocations.active == 0 && s.pool_sum(|p| p.quarantined_bytes) == 0
+    });
+    assert_balanced(&s, "unparked");
+    daemon.shutdown();
+}
