@@ -47,15 +47,7 @@ pub async fn restore(rooms: &Arc<Rooms>, req: RestoreRequest, fds: Vec<OwnedFd>)
         Ok(s) => s,
         Err(msg) => return refused(rooms, &req, Status::Invalid, msg),
     };
-    let not_parked = || match rooms.park_record.find_lost(req.uid, &req.name) {
-        Some(lost) => format!(
-            "no VM named {:?} is parked: {}; `hugemem unpark {}` clears this note",
-            req.name,
-            crate::daemon::park_record::describe(&lost),
-            req.name
-        ),
-        None => format!("no VM named {:?} is parked", req.name),
-    };
+    let not_parked = || not_parked(rooms, &req);
     let Some(first) = rooms.pool.owners().find_parked(req.uid, &req.name) else {
         return refused(rooms, &req, Status::NotFound, not_parked());
     };
@@ -131,20 +123,16 @@ pub async fn restore(rooms: &Arc<Rooms>, req: RestoreRequest, fds: Vec<OwnedFd>)
         }
     })
     .await;
-    match sent {
-        Ok(Ok(())) => {}
-        Ok(Err(e)) => {
-            if refill {
-                refill_after_failure(rooms, &found);
-            }
-            return refused(rooms, &req, Status::Invalid, e);
+    let failed = match sent {
+        Ok(Ok(())) => None,
+        Ok(Err(e)) => Some((Status::Invalid, e)),
+        Err(e) => Some((Status::Internal, e.to_string())),
+    };
+    if let Some((status, e)) = failed {
+        if refill {
+            refill_after_failure(rooms, &found);
         }
-        Err(e) => {
-            if refill {
-                refill_after_failure(rooms, &found);
-            }
-            return refused(rooms, &req, Status::Internal, e.to_string());
-        }
+        return refused(rooms, &req, status, e);
     }
     // Every unit holds the VM's bytes now: not zero, never to be pooled as clean.
     for (_, r) in &found.regions {
@@ -168,6 +156,20 @@ pub async fn restore(rooms: &Arc<Rooms>, req: RestoreRequest, fds: Vec<OwnedFd>)
     Metrics::add(&rooms.metrics.restores, 1);
     info!(session = req.session, uid = req.uid, name = %req.name, alloc = found.alloc, slots = found.vm.slots.len(), paused, "RESTORE: parked VM handed to its new cloud-hypervisor");
     hand_out.reply(found.alloc, Some(token))
+}
+
+/// Why no VM named as `req` asks is parked: none is, or a daemon start
+/// found it lost (what happened, and how to clear the note).
+fn not_parked(rooms: &Rooms, req: &RestoreRequest) -> String {
+    match rooms.park_record.find_lost(req.uid, &req.name) {
+        Some(lost) => format!(
+            "no VM named {:?} is parked: {}; `hugemem unpark {}` clears this note",
+            req.name,
+            crate::daemon::park_record::describe(&lost),
+            req.name
+        ),
+        None => format!("no VM named {:?} is parked", req.name),
+    }
 }
 
 /// A restore of a VM parked on demand that did not hand it out: units it
