@@ -183,7 +183,7 @@ pub enum ConnectionRestoreError {
 pub enum FreezeTimeout {
     /// Handlers still serving a request.
     #[error(
-        "{stuck} of {live} connections did not park within {secs} s (a request still running)"
+        "{stuck} of {live} connections did not park within {secs} s (a request still running: an ALLOC waiting for pages, an on-demand RESTORE still filling a VM's memory)"
     )]
     NotParked {
         /// Handlers not parked.
