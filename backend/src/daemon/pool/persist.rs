@@ -275,12 +275,19 @@ impl Records<'_> {
         self.pool.changed.notify_all();
     }
 
+    /// Counts `bytes` of a predecessor's regions that failed their checks
+    /// and went back to the kernel as released.
+    pub fn released_unadopted(&self, bytes: u64) {
+        Metrics::add(&self.pool.metrics.bytes_released, bytes);
+    }
+
     /// Enters the regions and allocations a predecessor passed on (the
     /// regions adopted and verified by the caller). An allocation whose
-    /// regions are not all here (one failed its checks) is not kept: its
-    /// surviving regions go back to the kernel once its VMM lets go, the
-    /// same as a region the daemon no longer tracks (`given_back` says
-    /// why). Returns how many allocations were kept.
+    /// regions are not all here (one failed its checks) is not kept: it
+    /// counts as released, and its surviving regions go back to the kernel
+    /// once its VMM lets go, the same as a region the daemon no longer
+    /// tracks (`given_back` says why). Returns how many allocations were
+    /// kept.
     pub fn import(
         &self,
         regions: Vec<Adopted>,
@@ -298,6 +305,7 @@ impl Records<'_> {
                     alloc = a.id,
                     "an inherited allocation lost a region that failed its checks; no longer tracked"
                 );
+                Metrics::add(&self.pool.metrics.allocs_released, 1);
             }
         }
         let kept_ids: HashSet<AllocId> = kept_allocs.iter().map(|a| a.id).collect();
