@@ -61,11 +61,11 @@ impl Tenant {
         let k = one_slot[self.rng.below(one_slot.len() as u64) as usize];
         self.serial += 1;
         let dir = self.work_dir()?.join(format!("saved-{}", self.serial));
-        let takeovers = self.takeovers()?;
-        let vm = &self.parked[k];
-        let name = vm.name.clone();
+        let name = self.parked[k].name.clone();
         if let Err(e) = save_to_dir(&self.socket, &name, &dir) {
-            let gone = vm
+            // A takeover during the save counts: read after it.
+            let takeovers = self.takeovers()?;
+            let gone = self.parked[k]
                 .pending
                 .as_ref()
                 .is_some_and(|p| p.truncated || p.takeovers < takeovers);
