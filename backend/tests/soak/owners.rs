@@ -100,6 +100,8 @@ impl Tenant {
             .how
             .push_str(&format!("; handed off (step {step})"));
         let predecessor = self.live[i].conn.replace(successor);
+        // The successor keeps no lazy record of it.
+        self.live[i].lazy_record = false;
         let old_fd = std::mem::replace(&mut self.live[i].fd, fd);
         self.live[i].token = Some(new_token);
         // The predecessor owns nothing of it, and the old token is dead.
@@ -247,6 +249,8 @@ impl Tenant {
         }
         let on_new = conn.is_some();
         self.live[i].conn = conn;
+        // A lazy one is recorded by the connection that took it back.
+        self.live[i].lazy_record = self.live[i].lazy_alloc;
         let step = self.steps;
         self.live[i].how.push_str(&format!(
             "; orphaned, re-attached on a new connection {on_new} (step {step})"

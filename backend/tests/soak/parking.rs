@@ -539,7 +539,9 @@ impl Tenant {
             _ => Op::Restore,
         });
         drop(got);
-        self.adopt_restored(a, fresh)
+        // A copy's memory was taken lazily: the daemon counts it lazy.
+        let lazy_alloc = vm.moved.is_none();
+        self.adopt_restored(a, fresh, lazy_alloc)
     }
 
     /// What a RESTORE must give: the VM's own state, its slots, exactly
@@ -611,7 +613,7 @@ impl Tenant {
 
     /// A restored allocation becomes a live one of the restoring
     /// connection (its memory then gets the marker), or is FREEd.
-    fn adopt_restored(&mut self, a: Allocation, conn: Option<Client>) -> Step {
+    fn adopt_restored(&mut self, a: Allocation, conn: Option<Client>, lazy_alloc: bool) -> Step {
         let id = a.id;
         let token = a.token();
         if a.regions.len() != 1 || self.live.len() >= 2 || self.rng.chance(30) {
@@ -643,6 +645,8 @@ impl Tenant {
             ),
             conn,
             eager: true,
+            lazy_alloc,
+            lazy_record: false,
             _lazy: None,
         });
         Ok(())
