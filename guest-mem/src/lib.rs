@@ -29,8 +29,8 @@ mod sys;
 pub mod vmm;
 
 pub use fill::{
-    fill_region, fill_region_planned, fill_unit, mark_for_fill, FillCounts, FillError, FillOptions,
-    FillPlan, FillProgress, FillReport, FillSource, Readahead, UnitFill,
+    fill_region, fill_region_planned, fill_unit, mark_for_fill, Checksums, FillCounts, FillError,
+    FillOptions, FillPlan, FillProgress, FillReport, FillSource, Readahead, UnitFill,
 };
 pub use hugepages::{
     ensure_free, set_available, Ballast, Reservation, ReserveError, ReserveReport,

@@ -15,8 +15,8 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use clearing::RunOptions;
 use guest_mem::{
-    fill_region, fill_unit, mark_for_fill, FillError, FillOptions, FillPlan, FillSource,
-    PagePolicy, PageSize, PageState, Region, RegionSpec, UnitFill,
+    fill_region, fill_region_planned, fill_unit, mark_for_fill, Checksums, FillError, FillOptions,
+    FillPlan, FillSource, PagePolicy, PageSize, PageState, Region, RegionSpec, UnitFill,
 };
 use numa::Topology;
 
@@ -591,6 +591,106 @@ fn a_source_not_open_for_reading_gains_no_read_access() {
         assert!(
             got.iter().all(|&b| b == 0),
             "{what}: nothing of the file, and no stale byte"
+        );
+    }
+}
+
+/// The CRC-32C of each 2 MiB piece of `file` (holes read as zero).
+fn piece_checksums(file: &File, len: u64) -> Vec<u32> {
+    let mut buf = vec![0u8; (2 * MIB) as usize];
+    (0..len.div_ceil(2 * MIB))
+        .map(|k| {
+            let n = (2 * MIB).min(len - k * 2 * MIB) as usize;
+            file.read_exact_at(&mut buf[..n], k * 2 * MIB)
+                .expect("read");
+            crc32c::crc32c(&buf[..n])
+        })
+        .collect()
+}
+
+#[test]
+fn a_checked_source_fills_what_matches_and_refuses_a_damaged_piece() {
+    let _g = huge_lock();
+    let test = "fill checked";
+    let topo = topology();
+    let Some(region) = dirty(&topo, 4, test) else {
+        return;
+    };
+    let len = 8 * MIB;
+    let file = sparse_file(len, &[(0, 3 * MIB), (5 * MIB, MIB)]);
+    let crcs = piece_checksums(&file, len);
+    let expected_sums = Checksums {
+        piece: 2 * MIB,
+        file_len: len,
+        crc32c: &crcs,
+    };
+    let sources = [FillSource {
+        file: file.as_fd(),
+        file_offset: 0,
+        dest_offset: 0,
+        len,
+    }];
+    let unit = region.state_unit();
+    let plan = FillPlan::new(&region, &sources)
+        .and_then(|p| p.with_checksums(0, expected_sums, unit))
+        .expect("a plan with checksums");
+    let report = fill_region_planned(&topo, &region, &plan, &FillOptions::default())
+        .expect("a whole file fills");
+    assert_eq!(report.counts.bytes_verified, len, "every piece checked");
+    assert_eq!(
+        first_difference(&region, &expected(len, &[&file], &sources)),
+        None
+    );
+
+    // One byte changed after the checksums were taken: its piece's unit
+    // fails, names the piece, and is left dirty; the others fill.
+    file.write_all_at(&[0], 5 * MIB + 7)
+        .expect("damage one byte");
+    region.mark_all_dirty();
+    let plan = FillPlan::new(&region, &sources)
+        .and_then(|p| p.with_checksums(0, expected_sums, unit))
+        .expect("plan");
+    let opts = FillOptions::default();
+    for u in [0, 1, 3] {
+        assert!(matches!(
+            fill_unit(&region, &plan, u, &opts),
+            Ok(UnitFill::Filled(_))
+        ));
+    }
+    match fill_unit(&region, &plan, 2, &opts) {
+        Err(
+            e @ FillError::Checksum {
+                index: 0,
+                file_offset,
+                len,
+                expected,
+                found,
+            },
+        ) => {
+            println!("{test}: {e}");
+            assert_eq!((file_offset, len), (4 * MIB, 2 * MIB));
+            assert_eq!(expected, crcs[2]);
+            assert_ne!(found, expected);
+        }
+        other => panic!("expected a checksum error, got {other:?}"),
+    }
+    assert_eq!(region.states().get(2), Ok(PageState::Dirty));
+
+    // Checksums that cannot be checked on a source are refused up front.
+    let short = Checksums {
+        crc32c: &crcs[..3],
+        ..expected_sums
+    };
+    let unaligned = [FillSource {
+        file_offset: 4096,
+        len: len - 4096,
+        ..sources[0]
+    }];
+    for (sources, sums) in [(&sources, short), (&unaligned, expected_sums)] {
+        let refused = FillPlan::new(&region, sources).and_then(|p| p.with_checksums(0, sums, unit));
+        assert!(
+            matches!(refused, Err(FillError::Checksums { index: 0, .. })),
+            "{refused:?}"
         );
     }
 }

@@ -95,6 +95,31 @@ pub enum FillError {
         #[source]
         error: io::Error,
     },
+    /// A piece of a source's file does not hold what its checksum says
+    /// ([`FillPlan::with_checksums`](super::FillPlan::with_checksums)): the
+    /// unit that holds it was not filled.
+    #[error("source {index}: the {len} bytes at file offset {file_offset:#x} have CRC-32C {found:#010x}, its checksum says {expected:#010x}")]
+    Checksum {
+        /// The source.
+        index: usize,
+        /// Where the piece starts in the file.
+        file_offset: u64,
+        /// Its length.
+        len: u64,
+        /// The checksum it should have.
+        expected: u32,
+        /// The checksum of what was read.
+        found: u32,
+    },
+    /// Checksums that cannot be checked on this source (see
+    /// [`FillPlan::with_checksums`](super::FillPlan::with_checksums)).
+    #[error("source {index}: its checksums cannot be checked: {why}")]
+    Checksums {
+        /// The source.
+        index: usize,
+        /// Why.
+        why: &'static str,
+    },
     /// `lseek(SEEK_DATA/SEEK_HOLE)` failed.
     #[error("source {index}: looking for data or holes at file offset {file_offset:#x} failed")]
     Seek {

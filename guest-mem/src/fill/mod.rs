@@ -44,6 +44,14 @@
 //! is open for reading. Unaligned heads and tails, and files that refuse,
 //! are read through the page cache.
 //!
+//! **Checksums.** A source can come with the CRC-32C of each piece of its
+//! file ([`FillPlan::with_checksums`]: a saved VM's manifest). Each piece is
+//! checked in the region once the unit that holds it is filled, by whoever
+//! filled it (a background worker or a fault), and a unit with a piece that
+//! does not match goes back to `Dirty` with an error that names the source,
+//! the file offset and both checksums: a damaged file never becomes a VM's
+//! memory, even when it is read one unit at a time as a guest runs.
+//!
 //! **Read-ahead.** For sources read through the page cache, each chunk's
 //! file ranges are handed to the kernel with `POSIX_FADV_WILLNEED` before
 //! they are read ([`Readahead`]), which keeps the device's queue full while
@@ -61,6 +69,6 @@ pub use options::{
     FillCounts, FillOptions, FillProgress, FillReport, Readahead, UnitFill, DEFAULT_FILL_CHUNK,
     DEFAULT_PROGRESS_EVERY,
 };
-pub use plan::{FillPlan, FillSource};
+pub use plan::{Checksums, FillPlan, FillSource};
 pub use region::{fill_region, fill_region_planned, mark_for_fill};
 pub use unit::fill_unit;

@@ -111,6 +111,9 @@ pub struct FillCounts {
     pub bytes_zeroed: u64,
     /// Bytes of the sources' ranges that were holes, zeroed or skipped.
     pub hole_bytes: u64,
+    /// Bytes checked against their checksums
+    /// ([`FillPlan::with_checksums`](super::FillPlan::with_checksums)).
+    pub bytes_verified: u64,
 }
 
 impl AddAssign for FillCounts {
@@ -119,6 +122,7 @@ impl AddAssign for FillCounts {
         self.bytes_read_direct += rhs.bytes_read_direct;
         self.bytes_zeroed += rhs.bytes_zeroed;
         self.hole_bytes += rhs.hole_bytes;
+        self.bytes_verified += rhs.bytes_verified;
     }
 }
 

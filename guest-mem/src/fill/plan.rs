@@ -30,6 +30,29 @@ impl FillSource<'_> {
     }
 }
 
+/// What a source's file must hold, piece by piece: the CRC-32C of each
+/// `piece`-byte piece of the file from offset 0, the last one ending at
+/// `file_len` (a saved VM's manifest lists them). A fill checks each piece
+/// of the source once the unit that holds it is filled
+/// ([`FillPlan::with_checksums`]).
+#[derive(Debug, Clone, Copy)]
+pub struct Checksums<'a> {
+    /// Bytes per piece: a power of two of at least 4 KiB.
+    pub piece: u64,
+    /// The file's length when the checksums were taken.
+    pub file_len: u64,
+    /// One CRC-32C per piece, `file_len.div_ceil(piece)` of them.
+    pub crc32c: &'a [u32],
+}
+
+impl Checksums<'_> {
+    /// The file range of piece `k`.
+    pub(super) fn piece_range(&self, k: u64) -> (u64, u64) {
+        let start = k * self.piece;
+        (start, (start + self.piece).min(self.file_len))
+    }
+}
+
 /// One source, as the plan keeps it: the caller's index (errors name it).
 #[derive(Debug, Clone)]
 pub(super) struct Planned<'a> {
@@ -37,6 +60,8 @@ pub(super) struct Planned<'a> {
     pub(super) source: FillSource<'a>,
     /// Where its file is read with `O_DIRECT` ([`FillPlan::with_direct_io`]).
     pub(super) direct: Option<Arc<DirectReads>>,
+    /// What its bytes must be ([`FillPlan::with_checksums`]).
+    pub(super) expected: Option<Checksums<'a>>,
 }
 
 /// A second open of a source's file for `O_DIRECT` reads (see
@@ -156,6 +181,7 @@ impl<'a> FillPlan<'a> {
                     index,
                     source: *source,
                     direct: None,
+                    expected: None,
                 });
             }
         }
@@ -207,6 +233,62 @@ impl<'a> FillPlan<'a> {
             p.direct = direct;
         }
         self
+    }
+
+    /// Checks source `index`'s bytes against `expected` as they are filled:
+    /// each piece of its file is checked once the unit that holds it is
+    /// filled, and a piece whose CRC-32C differs fails that unit
+    /// ([`FillError::Checksum`]), which goes back to `Dirty`. For a fault
+    /// and a background filler alike: nothing of a damaged file is taken
+    /// for the VM's memory.
+    ///
+    /// The source must read the file from a piece's start and to the end
+    /// of the file the checksums were taken of, its pieces must land on
+    /// piece boundaries of the region, and a piece must fit a state unit
+    /// (pieces of 2 MiB fit every page size), so that each piece is inside
+    /// one unit.
+    ///
+    /// # Errors
+    ///
+    /// [`FillError::Checksums`] when the source and the checksums do not
+    /// fit each other so; nothing changes then.
+    pub fn with_checksums(
+        mut self,
+        index: usize,
+        expected: Checksums<'a>,
+        state_unit: u64,
+    ) -> Result<Self, FillError> {
+        let refuse = |why: &'static str| FillError::Checksums { index, why };
+        if !expected.piece.is_power_of_two() || expected.piece < 4096 {
+            return Err(refuse(
+                "the piece size is not a power of two of at least 4 KiB",
+            ));
+        }
+        if !state_unit.is_multiple_of(expected.piece) {
+            return Err(refuse("a piece does not fit a fill unit"));
+        }
+        if expected.crc32c.len() as u64 != expected.file_len.div_ceil(expected.piece) {
+            return Err(refuse("the checksums do not cover the file"));
+        }
+        let Some(p) = self.sorted.iter_mut().find(|p| p.index == index) else {
+            // A source of length 0: nothing to read, nothing to check.
+            return if expected.file_len == 0 {
+                Ok(self)
+            } else {
+                Err(refuse("the source reads nothing of a file that has bytes"))
+            };
+        };
+        let s = &p.source;
+        if !s.file_offset.is_multiple_of(expected.piece)
+            || !s.dest_offset.is_multiple_of(expected.piece)
+        {
+            return Err(refuse("the source does not start on a piece boundary"));
+        }
+        if s.file_offset + s.len != expected.file_len {
+            return Err(refuse("the source does not read to the end of the file"));
+        }
+        p.expected = Some(expected);
+        Ok(self)
     }
 
     /// True when some source is read with `O_DIRECT`.

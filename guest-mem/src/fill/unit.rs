@@ -32,7 +32,9 @@ use crate::sys;
 ///
 /// [`FillError::WrongRegion`], [`FillError::NoSuchUnit`] before anything is
 /// claimed; [`FillError::Populate`]; [`FillError::ShortRead`],
-/// [`FillError::Read`], [`FillError::Seek`] while reading. On an error after
+/// [`FillError::Read`], [`FillError::Seek`] while reading;
+/// [`FillError::Checksum`] when a piece of a checked source does not
+/// match once read (see [`FillPlan::with_checksums`]). On an error after
 /// the claim, the rest of the unit from the failure on is zeroed (unless it
 /// is known to be zero already), so no byte of an earlier user remains, and
 /// the unit goes back to `Dirty`: it holds neither the file's bytes nor only
@@ -140,7 +142,68 @@ impl<'r> UnitWriter<'r> {
             pos = to;
         }
         self.zero(pos, end, counts);
+        for planned in plan.covering(start, end) {
+            self.verify(planned, start, end, counts)?;
+        }
         Ok(())
+    }
+
+    /// Checks the pieces of `planned`'s file that the unit `start..end`
+    /// holds against their checksums, if it has any. A piece lies inside
+    /// one unit ([`FillPlan::with_checksums`] checked the alignment).
+    fn verify(
+        &self,
+        planned: &Planned<'_>,
+        start: u64,
+        end: u64,
+        counts: &mut FillCounts,
+    ) -> Result<(), FillError> {
+        let Some(expected) = planned.expected else {
+            return Ok(());
+        };
+        let source = &planned.source;
+        let from = source.dest_offset.max(start);
+        let to = (source.dest_offset + source.len).min(end);
+        let file_of = |dest: u64| source.file_offset + (dest - source.dest_offset);
+        let mut piece = file_of(from) / expected.piece;
+        loop {
+            let (file_start, file_end) = expected.piece_range(piece);
+            let dest = source.dest_offset + (file_start - source.file_offset);
+            if file_start >= file_end || dest >= to {
+                return Ok(());
+            }
+            let len = file_end - file_start;
+            // SAFETY: dest..dest+len lies in the unit this thread owns
+            // through its `Clearing` state (see `fill_unit`; a piece never
+            // crosses a unit), inside the region's live mapping, filled
+            // just now; nothing else reads or writes it meanwhile.
+            let bytes = unsafe {
+                std::slice::from_raw_parts(
+                    self.region
+                        .as_ptr()
+                        .wrapping_add(dest as usize)
+                        .cast_const(),
+                    len as usize,
+                )
+            };
+            let found = crc32c::crc32c(bytes);
+            let want = expected
+                .crc32c
+                .get(piece as usize)
+                .copied()
+                .unwrap_or(!found);
+            if found != want {
+                return Err(FillError::Checksum {
+                    index: planned.index,
+                    file_offset: file_start,
+                    len,
+                    expected: want,
+                    found,
+                });
+            }
+            counts.bytes_verified += len;
+            piece += 1;
+        }
     }
 
     /// Zeroes destination bytes `from..to`, when the unit needs it.
