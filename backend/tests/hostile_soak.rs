@@ -56,6 +56,11 @@
 //! its baseline, and after shutdown the host's free 2 MiB pages are back
 //! where they were.
 //!
+//! Two switches hold back moves that meet open bugs in the park room:
+//! `soak::parking::PARK_LAZY` (moved parks of lazy allocations) and
+//! [`COPY_ONTO_DIRTY_POOL`] (odd seeds without detaching); docs/security.md,
+//! "The randomized soak", says what each bug is.
+//!
 //! `HUGEMEM_SOAK_SECS` (default 15) bounds the run; `HUGEMEM_SOAK_SEED`
 //! replays one (the seed is always printed: the tenants' choices replay,
 //! their timing against each other and the takeovers does not);
