@@ -161,10 +161,24 @@ pub fn reserve_holes(fd: BorrowedFd<'_>, len: usize) -> io::Result<()> {
 ///
 /// The `open` error.
 pub fn reopen(fd: BorrowedFd<'_>) -> io::Result<OwnedFd> {
+    reopen_as(fd, true)
+}
+
+/// [`reopen`], read-only (`O_RDONLY`): for a saver, which reads a parked
+/// VM's memory and must not change it.
+///
+/// # Errors
+///
+/// The `open` error.
+pub fn reopen_read_only(fd: BorrowedFd<'_>) -> io::Result<OwnedFd> {
+    reopen_as(fd, false)
+}
+
+fn reopen_as(fd: BorrowedFd<'_>, write: bool) -> io::Result<OwnedFd> {
     let path = format!("/proc/self/fd/{}", fd.as_raw_fd());
     let file = std::fs::OpenOptions::new()
         .read(true)
-        .write(true)
+        .write(write)
         .open(path)?;
     Ok(OwnedFd::from(file))
 }

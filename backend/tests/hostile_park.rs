@@ -485,6 +485,7 @@ fn park_fds_that_are_not_a_migration_socket_are_refused() {
             &Request::Park {
                 name: "bad-fd".into(),
                 on_demand: false,
+                verify: false,
             },
             &fds,
         )

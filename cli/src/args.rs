@@ -70,7 +70,9 @@ pub(crate) enum Command {
         /// Park the VM saved in this directory instead (`hugemem unpark
         /// --save`, cloud-hypervisor's reference offload daemon, or
         /// cloud-hypervisor's own `snapshot destination_url=file://DIR`):
-        /// its memory is read onto pool memory.
+        /// its memory is read onto pool memory. A hugemem save is checked
+        /// against its manifest first, and every piece of memory as it is
+        /// read; the others carry no checksums and are checked for shape.
         #[arg(long, value_name = "DIR")]
         from_dir: Option<std::path::PathBuf>,
         /// With --from-dir: keep the directory's files and read the memory
@@ -89,14 +91,34 @@ pub(crate) enum Command {
     Unpark {
         /// The parked VM's name.
         name: String,
-        /// Write the VM to this directory first (created, or empty; the
-        /// layout of cloud-hypervisor's reference offload daemon, so
-        /// either restores the other's), all-zero pages left as holes.
+        /// Save the VM to this directory first (see `hugemem save`), and drop
+        /// it only once the save is in place.
         #[arg(long, value_name = "DIR")]
         save: Option<std::path::PathBuf>,
         /// The daemon's socket.
         #[arg(long, default_value = backend::daemon::config::DEFAULT_SOCKET)]
         socket: std::path::PathBuf,
+    },
+    /// Save a parked VM to a directory; it stays parked. The directory
+    /// (created, or empty) gets the layout of cloud-hypervisor's reference
+    /// offload daemon, so either restores the other's, plus a manifest of
+    /// checksums written last. The save is whole or absent: it is written
+    /// beside DIR and renamed into place once every file is on disk
+    /// (docs/operations.md, "Saving a parked VM").
+    Save {
+        /// The parked VM's name.
+        name: String,
+        /// The directory to save to.
+        dir: std::path::PathBuf,
+        /// The daemon's socket.
+        #[arg(long, default_value = backend::daemon::config::DEFAULT_SOCKET)]
+        socket: std::path::PathBuf,
+    },
+    /// Check a saved VM without a daemon: every file against its manifest,
+    /// every piece of memory read back.
+    Verify {
+        /// The saved VM's directory.
+        dir: std::path::PathBuf,
     },
     /// The emulator of a libvirt domain: take its huge-page memory backends
     /// from the daemon and exec the real QEMU (docs/operations.md, "libvirt").

@@ -124,57 +124,134 @@ fn park(
     from_dir: Option<(std::path::PathBuf, bool)>,
     timeout: u64,
 ) -> Result<i32> {
-    let from_dir_on_demand = from_dir.as_ref().is_some_and(|(_, d)| *d);
-    let p = match (api_socket, from_dir) {
-        (_, Some((dir, on_demand))) => hugemem_client::saved_vm::park_from_dir(
-            socket, name, &dir, on_demand,
-        )
-        .with_context(|| format!("hugemem park {name} --from-dir {} failed", dir.display()))?,
+    use guest_mem::size::format_size;
+    let (dir, on_demand) = match (api_socket, from_dir) {
+        (_, Some(d)) => d,
         (Some(api), None) => {
-            hugemem::park_cli::park(socket, name, api, std::time::Duration::from_secs(timeout))
-                .with_context(|| format!("hugemem park {name} failed"))?
+            let p =
+                hugemem::park_cli::park(socket, name, api, std::time::Duration::from_secs(timeout))
+                    .with_context(|| format!("hugemem park {name} failed"))?;
+            let how = if p.copied_bytes == 0 {
+                "nothing copied: its memory moved".to_string()
+            } else {
+                format!("{} copied onto pool memory", format_size(p.copied_bytes))
+            };
+            println!(
+                "parked as {name}: {} in {} slot(s), {how}",
+                format_size(p.bytes),
+                p.slots
+            );
+            return Ok(0);
         }
         (None, None) => anyhow::bail!("hugemem park needs --api-socket or --from-dir"),
     };
+    let r = hugemem_client::saved_vm::park_from_dir(socket, name, &dir, on_demand)
+        .with_context(|| format!("hugemem park {name} --from-dir {} failed", dir.display()))?;
+    let (p, checked) = (r.parked, r.kind == hugemem_client::saved_vm::DirKind::Saved);
+    let how = match (on_demand, checked) {
+        (false, true) => format!(
+            "{} read onto pool memory, every piece checked against its manifest",
+            format_size(p.copied_bytes)
+        ),
+        (false, false) => format!("{} read onto pool memory", format_size(p.copied_bytes)),
+        (true, true) => {
+            "to be read when it is restored (on demand), each piece checked against its manifest as it is read"
+                .into()
+        }
+        (true, false) => "to be read when it is restored (on demand)".into(),
+    };
     println!(
-        "parked as {name}: {} in {} slot(s), {} copied{}",
-        guest_mem::size::format_size(p.bytes),
-        p.slots,
-        guest_mem::size::format_size(p.copied_bytes),
-        if p.copied_bytes == 0 {
-            " (its memory moved)"
-        } else if from_dir_on_demand {
-            " onto pool memory when it is restored (on demand)"
+        "parked as {name} from {}: {} in {} slot(s), {how}",
+        dir.display(),
+        format_size(p.bytes),
+        p.slots
+    );
+    if !checked {
+        eprintln!(
+            "hugemem park: note: {} is {}",
+            dir.display(),
+            r.kind.describe()
+        );
+    }
+    Ok(0)
+}
+
+/// Runs `hugemem unpark` without a save.
+fn unpark(socket: &std::path::Path, name: &str) -> Result<i32> {
+    hugemem::park_cli::unpark(socket, name)
+        .with_context(|| format!("hugemem unpark {name} failed"))?;
+    println!("unparked {name}: its memory returns to the pool");
+    Ok(0)
+}
+
+/// Runs `hugemem save` (the VM stays parked) and `hugemem unpark --save`
+/// (`drop_after`: dropped once the save is in place), with progress.
+fn save_vm(
+    socket: &std::path::Path,
+    name: &str,
+    dir: &std::path::Path,
+    drop_after: bool,
+) -> Result<i32> {
+    use guest_mem::size::format_size;
+    let what = if drop_after { "unpark --save" } else { "save" };
+    let progress = |done: u64| {
+        eprintln!(
+            "hugemem {what}: {name}: {} written or skipped",
+            format_size(done)
+        )
+    };
+    let opts = hugemem_client::saved_vm::SaveOptions {
+        progress: Some(&progress),
+        ..Default::default()
+    };
+    let r = hugemem_client::saved_vm::save_parked(socket, name, dir, drop_after, &opts)
+        .with_context(|| format!("hugemem {what} {name} {} failed", dir.display()))?;
+    let rate = r.write.written as f64 / r.seconds.max(1e-9) / 1e9;
+    println!(
+        "saved {name} to {} in {:.2} s: {} slot(s), {} of memory, {} written ({} direct, {rate:.2} GB/s), {} left as holes; manifest written last{}",
+        dir.display(),
+        r.seconds,
+        r.slots,
+        format_size(r.memory_bytes),
+        format_size(r.write.written),
+        format_size(r.write.written_direct),
+        format_size(r.write.holes),
+        if drop_after {
+            "; unparked: its memory returns to the pool"
         } else {
-            " onto pool memory"
+            "; it stays parked"
         }
     );
     Ok(0)
 }
 
-/// Runs `hugemem unpark`, writing the VM to a directory first when asked.
-fn unpark(socket: &std::path::Path, name: &str, save: Option<&std::path::Path>) -> Result<i32> {
-    match save {
-        Some(dir) => {
-            let r =
-                hugemem_client::saved_vm::unpark_to_dir(socket, name, dir).with_context(|| {
-                    format!("hugemem unpark {name} --save {} failed", dir.display())
-                })?;
-            println!(
-                "saved {name} to {} ({} slot(s), {} of memory, {} written, {} left as holes) and unparked it: its memory returns to the pool",
-                dir.display(),
-                r.slots,
-                guest_mem::size::format_size(r.memory_bytes),
-                guest_mem::size::format_size(r.copy.written),
-                guest_mem::size::format_size(r.copy.skipped),
-            );
+/// Runs `hugemem verify`: a saved VM checked against its manifest.
+fn verify_saved(dir: &std::path::Path) -> Result<i32> {
+    use guest_mem::size::format_size;
+    let mut next = 1u64 << 30;
+    let mut progress = |done: u64| {
+        if done >= next {
+            eprintln!("hugemem verify: {} checked", format_size(done));
+            next = done + (1 << 30);
         }
-        None => {
-            hugemem::park_cli::unpark(socket, name)
-                .with_context(|| format!("hugemem unpark {name} failed"))?;
-            println!("unparked {name}: its memory returns to the pool");
-        }
-    }
+    };
+    let (m, bytes) = hugemem_client::saved_vm::check_saved_dir(dir, &mut progress)
+        .with_context(|| format!("hugemem verify {} failed", dir.display()))?;
+    println!(
+        "{}: whole: {} file(s) and {} of memory match the manifest ({} pieces); a {} VM parked as {} by uid {} on {} ({} pages), parked at {}, saved at {} by hugemem {}",
+        dir.display(),
+        m.files.len() + m.memory.len(),
+        format_size(bytes),
+        m.memory.iter().map(|f| f.crc32c.len()).sum::<usize>(),
+        m.vmm,
+        m.source.name,
+        m.source.uid,
+        m.source.host,
+        format_size(m.page_size),
+        m.source.parked_at,
+        m.source.saved_at,
+        m.source.hugemem
+    );
     Ok(0)
 }
 
@@ -357,7 +434,12 @@ fn run(cli: Cli) -> Result<i32> {
             from_dir.map(|d| (d, on_demand)),
             timeout,
         ),
-        Command::Unpark { name, save, socket } => unpark(&socket, &name, save.as_deref()),
+        Command::Unpark { name, save, socket } => match save {
+            Some(dir) => save_vm(&socket, &name, &dir, true),
+            None => unpark(&socket, &name),
+        },
+        Command::Save { name, dir, socket } => save_vm(&socket, &name, &dir, false),
+        Command::Verify { dir } => verify_saved(&dir),
         Command::Demo(args) => run_bench_binary(Some("demo"), args),
         Command::Bench(args) => run_bench_binary(None, args),
         Command::Hugepages(args) => hugepages(args),

@@ -34,13 +34,14 @@ use hugemem::launch::ch_api::ChApi;
 use hugemem::launch::ch_events::{ChEvents, RECEIVE_READY};
 use hugemem_client::ch_migration::ch_snapshot_dir::read_ch_snapshot_dir;
 use hugemem_client::ch_migration::layout::with_hugetlb_zones;
-use hugemem_client::ch_migration::offload_dir::{read_offload_dir, write_offload_dir};
+use hugemem_client::ch_migration::offload_dir::read_offload_dir;
 use hugemem_client::ch_migration::peer::{receive_snapshot, send_snapshot, Snapshot};
 use hugemem_client::ch_migration::postcopy::{
     open_fault_connection, restore_postcopy, PostcopySnapshot,
 };
 use hugemem_client::ch_migration::slots::SlotRange;
 use hugemem_client::ch_migration::Limits;
+use hugemem_client::saved_vm::{write_saved_dir, SaveInfo, SaveOptions};
 use microguest::SPIN_BLOCK_GPA;
 use serde_json::json;
 use test_support::hugepages::hold;
@@ -260,6 +261,16 @@ fn dup(fd: std::os::fd::BorrowedFd<'_>) -> File {
     File::from(fd.try_clone_to_owned().expect("dup"))
 }
 
+/// What the manifest says of the parked guest (its source is this test).
+fn save_info() -> SaveInfo {
+    SaveInfo {
+        name: "counting".into(),
+        uid: 0,
+        parked_at: 0,
+        page_size: 4096,
+    }
+}
+
 #[test]
 fn a_parked_vm_written_to_disk_is_restored_on_demand_into_empty_hugetlb_memfds() {
     let _serial = serial();
@@ -270,7 +281,13 @@ fn a_parked_vm_written_to_disk_is_restored_on_demand_into_empty_hugetlb_memfds()
     let parked = park_counting_guest(&ch, tmp.path());
     let dir = tmp.path().join("vm");
     let started = Instant::now();
-    let written = write_offload_dir(&dir, &parked.snapshot).expect("write the directory");
+    let written = write_saved_dir(
+        &dir,
+        &parked.snapshot,
+        &save_info(),
+        &SaveOptions::default(),
+    )
+    .expect("write the directory");
     eprintln!(
         "written in {:?}: {written:?} (guest counter {} when parked)",
         started.elapsed(),
@@ -390,7 +407,13 @@ fn a_directory_is_restored_by_the_reference_daemon_and_its_snapshot_read_back() 
     let tmp = tempfile::tempdir().expect("tempdir");
     let parked = park_counting_guest(&ch, tmp.path());
     let dir = tmp.path().join("vm");
-    write_offload_dir(&dir, &parked.snapshot).expect("write the directory");
+    write_saved_dir(
+        &dir,
+        &parked.snapshot,
+        &save_info(),
+        &SaveOptions::default(),
+    )
+    .expect("write the directory");
     let ours = read_offload_dir(&dir, Limits::default()).expect("read the directory");
 
     // The reference daemon restores what this crate wrote.

@@ -544,6 +544,7 @@ pub fn code_name(code: Code) -> &'static str {
         Code::Park => "PARK",
         Code::Restore => "RESTORE",
         Code::Unpark => "UNPARK",
+        Code::Export => "EXPORT",
     }
 }
 
@@ -558,6 +559,7 @@ fn body_name(body: &ReplyBody) -> &'static str {
         ReplyBody::Rebalance { .. } => "a REBALANCE reply",
         ReplyBody::Stats { .. } => "a STATS reply",
         ReplyBody::Parked { .. } => "a PARK reply",
+        ReplyBody::Exported { .. } => "an EXPORT reply",
         ReplyBody::Empty => "an empty reply",
     }
 }

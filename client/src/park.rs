@@ -12,6 +12,22 @@ use std::os::unix::net::UnixStream;
 use crate::client::{allocation_from, Allocation, Client, ClientError};
 use crate::proto::{valid_park_name, ReplyBody, Request, Status, FEATURE_PARK};
 
+/// What EXPORT sent: the parked VM, which stays parked, held for the
+/// connection that asked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Exported {
+    /// The allocation that holds its memory.
+    pub alloc_id: u64,
+    /// Bytes of guest memory.
+    pub bytes: u64,
+    /// The page size of that memory, bytes.
+    pub page_size: u64,
+    /// When it was parked (seconds since the epoch).
+    pub parked_at: u64,
+    /// Memory slots.
+    pub slots: u32,
+}
+
 /// What PARK parked.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Parked {
@@ -67,14 +83,46 @@ impl Client {
         migration: &UnixStream,
         on_demand: bool,
     ) -> Result<Parked, ClientError> {
+        self.park_on(name, &[migration.as_fd()], on_demand)
+    }
+
+    /// [`Client::park_with`] for a saved VM: `manifest` is its manifest
+    /// file (`saved_vm::manifest`), and the daemon checks every piece of
+    /// memory it reads from the sender's files against its checksums: a
+    /// damaged file is refused (eager), or fails the restore at the piece
+    /// (on demand), and never becomes the VM's memory.
+    ///
+    /// # Errors
+    ///
+    /// As [`Client::park`]; a manifest the daemon cannot read or that does
+    /// not match the snapshot; a piece that does not match its checksum.
+    pub fn park_verified(
+        &mut self,
+        name: &str,
+        migration: &UnixStream,
+        manifest: BorrowedFd<'_>,
+        on_demand: bool,
+    ) -> Result<Parked, ClientError> {
+        self.park_on(name, &[migration.as_fd(), manifest], on_demand)
+    }
+
+    /// PARK with `fds`: the migration connection, then the manifest when
+    /// there is one.
+    fn park_on(
+        &mut self,
+        name: &str,
+        fds: &[BorrowedFd<'_>],
+        on_demand: bool,
+    ) -> Result<Parked, ClientError> {
         self.park_feature("PARK")?;
         check_name(name)?;
         let (reply, _fds) = self.exchange(
             &Request::Park {
                 name: name.to_string(),
                 on_demand,
+                verify: fds.len() > 1,
             },
-            &[migration.as_fd()],
+            fds,
         )?;
         match reply.body {
             ReplyBody::Parked {
@@ -151,6 +199,45 @@ impl Client {
             connections,
         )?;
         allocation_from(reply, fds, false, "RESTORE")
+    }
+
+    /// EXPORT: the daemon sends the VM parked under `name` on `migration`
+    /// (this side plays the receiving cloud-hypervisor:
+    /// `ch_migration::peer::receive_snapshot`) with read-only memory fds,
+    /// for saving. The VM stays parked, held for this connection: no other
+    /// connection restores, exports or unparks it until this one UNPARKs
+    /// it ([`Client::unpark`]) or ends. A VM parked on demand is filled
+    /// first.
+    ///
+    /// # Errors
+    ///
+    /// [`ClientError::Refused`]: `NotFound` for a name this uid has not
+    /// parked; `Invalid` for a VM another connection holds or restores.
+    pub fn export(&mut self, name: &str, migration: &UnixStream) -> Result<Exported, ClientError> {
+        self.park_feature("EXPORT")?;
+        check_name(name)?;
+        let (reply, _fds) = self.exchange(
+            &Request::Export {
+                name: name.to_string(),
+            },
+            &[migration.as_fd()],
+        )?;
+        match reply.body {
+            ReplyBody::Exported {
+                alloc_id,
+                bytes,
+                page_size,
+                parked_at,
+                slots,
+            } => Ok(Exported {
+                alloc_id,
+                bytes,
+                page_size,
+                parked_at,
+                slots,
+            }),
+            other => Err(ClientError::Unexpected(format!("{other:?} to EXPORT"))),
+        }
     }
 
     /// UNPARK: drops the VM parked under `name`; its memory goes back to

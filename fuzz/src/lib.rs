@@ -3,26 +3,15 @@
 //!
 //! Each body must never panic on any input: a panic is a finding.
 
-use hugemem_client::proto::{Code, FrameReader, Header, Reply, Request, HEADER_SIZE};
-
-/// Every request code, for targets that pick one from the input.
-const CODES: [Code; 10] = [
-    Code::Handshake,
-    Code::Alloc,
-    Code::Free,
-    Code::Lock,
-    Code::Unlock,
-    Code::Rebalance,
-    Code::Stats,
-    Code::Uffd,
-    Code::Reattach,
-    Code::Handoff,
-];
+use hugemem_client::proto::{Code, FrameReader, Header, Reply, Request, HEADER_SIZE, MAX_FDS};
 
 /// `Header::decode` on the first 16 bytes, then `Request::decode` and
 /// `Reply::decode` of the rest under the header's code (or, when the header
-/// is refused, under a code picked from the first byte). Whatever decodes
-/// must encode and decode back to itself.
+/// is refused, under a code picked from the first byte among
+/// [`Code::ALL`], every code the protocol has). Whatever decodes must
+/// encode and decode back to itself; a request must re-encode to the very
+/// bytes it came from, and expect the fds the protocol's table gives its
+/// code and flags.
 pub fn decode(data: &[u8]) {
     let Some((head, payload)) = data.split_first_chunk::<HEADER_SIZE>() else {
         return;
@@ -33,18 +22,37 @@ pub fn decode(data: &[u8]) {
             assert_eq!(&h.encode(), head);
             h.code
         }
-        Err(_) => CODES[usize::from(head[0]) % CODES.len()],
+        Err(_) => Code::ALL[usize::from(head[0]) % Code::ALL.len()],
     };
     if let Ok(req) = Request::decode(code, payload) {
         assert_eq!(req.code(), code);
-        let again = Request::decode(code, &req.encode()).expect("a decoded request re-decodes");
+        let bytes = req.encode();
+        // So the flags below are the ones on the wire.
+        assert_eq!(bytes, payload, "a decoded request re-encodes to its bytes");
+        let again = Request::decode(code, &bytes).expect("a decoded request re-decodes");
         assert_eq!(again, req);
-        assert!(req.expected_fds() <= 1);
+        check_fds(&req);
     }
     if let Ok(rep) = Reply::decode(code, payload) {
         let again = Reply::decode(code, &rep.encode()).expect("a decoded reply re-decodes");
         assert_eq!(again, rep);
     }
+}
+
+/// The fds a decoded request expects are what the protocol's table says
+/// for its code and flags ([`Code::request_fds`]), and fit in one message
+/// (the frame readers refuse more than [`MAX_FDS`]).
+fn check_fds(req: &Request) {
+    let rule = req.code().request_fds();
+    let fds = req.expected_fds();
+    assert_eq!(
+        fds,
+        rule.count(req.flags()),
+        "{:?} with flags {:#x}: {rule:?}",
+        req.code(),
+        req.flags()
+    );
+    assert!(fds <= MAX_FDS, "{fds} fds in one message");
 }
 
 /// What a reader made of a byte stream: the frames (header, payload) in
@@ -85,7 +93,8 @@ fn read_stream(data: &[u8], mut piece: impl FnMut(usize) -> usize) -> Reading {
 /// final error; each frame must be a checked header (that re-decodes from
 /// the bytes where it started) with exactly its payload, and the frames
 /// must account for no more bytes than were sent. Each payload then goes
-/// through `Request::decode`, what the daemon does next.
+/// through `Request::decode`, what the daemon does next, and a request
+/// that decodes must expect the fds the protocol's table gives it.
 pub fn frames(data: &[u8]) {
     let whole = read_stream(data, |room| room);
     let mut x = (data.len() as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
@@ -106,7 +115,9 @@ pub fn frames(data: &[u8]) {
         assert_eq!(&Header::decode(head).expect("re-decodes"), header);
         at += HEADER_SIZE + payload.len();
         assert!(at <= data.len());
-        let _ = Request::decode(header.code, payload);
+        if let Ok(req) = Request::decode(header.code, payload) {
+            check_fds(&req);
+        }
     }
 }
 

@@ -307,6 +307,21 @@ impl DaemonCollector {
                 "Bytes PARK's copy zeroed (holes of the files, bytes no mapping covers) on pool memory not known to be zero.",
                 g(&m.park_zeroed_bytes),
             ),
+            (
+                "park_verified_bytes",
+                "Bytes a park from a saved VM's files checked against its manifest, at park time or as they were read on demand.",
+                g(&m.park_verified_bytes),
+            ),
+            (
+                "exports",
+                "EXPORT requests that sent a parked VM to a saver (hugemem unpark --save).",
+                g(&m.exports),
+            ),
+            (
+                "exports_refused",
+                "EXPORT requests refused or failed (the VM stayed parked).",
+                g(&m.exports_refused),
+            ),
         ]
     }
 

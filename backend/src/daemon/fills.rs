@@ -10,7 +10,7 @@ use std::collections::HashMap;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::{Arc, Mutex};
 
-use guest_mem::FillSource;
+use guest_mem::{Checksums, FillError, FillPlan, FillSource, Region};
 
 use super::ids::AllocId;
 
@@ -28,6 +28,66 @@ pub struct SourceSpec {
     pub len: u64,
 }
 
+/// What a saved VM's manifest says the file of source `source` holds:
+/// the CRC-32C of each `piece` of it (PARK with VERIFY).
+#[derive(Debug, Clone)]
+pub struct SourceChecksums {
+    /// Index of the source (in the fill's sources).
+    pub source: usize,
+    /// The file's name in the saved directory, for errors.
+    pub name: String,
+    /// Bytes per piece.
+    pub piece: u64,
+    /// The file's length when it was saved.
+    pub file_len: u64,
+    /// One checksum per piece.
+    pub crc32c: Arc<[u32]>,
+}
+
+/// The fill plan of `sources` for `region`, each source with checksums
+/// checked against them as it is filled.
+///
+/// # Errors
+///
+/// As [`FillPlan::new`] and [`FillPlan::with_checksums`].
+pub fn plan<'a>(
+    region: &Region,
+    sources: &[FillSource<'a>],
+    checksums: &'a [SourceChecksums],
+) -> Result<FillPlan<'a>, FillError> {
+    let mut plan = FillPlan::new(region, sources)?;
+    for c in checksums {
+        let expected = Checksums {
+            piece: c.piece,
+            file_len: c.file_len,
+            crc32c: &c.crc32c,
+        };
+        plan = plan.with_checksums(c.source, expected, region.state_unit())?;
+    }
+    Ok(plan.with_direct_io())
+}
+
+/// A fill's error as a tenant reads it: the source named by its file in
+/// the saved directory where there is one (`memory-0: …`).
+pub fn describe(e: &FillError, checksums: &[SourceChecksums]) -> String {
+    let index = match e {
+        FillError::Checksum { index, .. }
+        | FillError::Checksums { index, .. }
+        | FillError::Read { index, .. }
+        | FillError::ShortRead { index, .. }
+        | FillError::Seek { index, .. } => Some(*index),
+        _ => None,
+    };
+    let name = index.and_then(|i| checksums.iter().find(|c| c.source == i));
+    match (e, name) {
+        (FillError::Checksum { .. }, Some(c)) => {
+            format!("{} does not match its manifest: {e}", c.name)
+        }
+        (_, Some(c)) => format!("{}: {e}", c.name),
+        _ => crate::diag::chain(e),
+    }
+}
+
 /// What an allocation parked on demand is to be filled from.
 #[derive(Debug)]
 pub struct PendingFill {
@@ -38,6 +98,8 @@ pub struct PendingFill {
     /// The region's bytes were all zero before the fill (holes need no
     /// zeroing).
     pub dest_is_zero: bool,
+    /// What the files must hold, where a manifest said (PARK with VERIFY).
+    pub checksums: Vec<SourceChecksums>,
 }
 
 /// The fill engine's sources for `specs`, file `i` being `file(i)`.
@@ -60,6 +122,16 @@ impl PendingFill {
     /// The fill engine's sources for what is left to fill.
     pub fn fill_sources(&self) -> Vec<FillSource<'_>> {
         fill_sources(&self.sources, |i| self.files[i].as_fd())
+    }
+
+    /// The fill plan for `region`, checksums included.
+    ///
+    /// # Errors
+    ///
+    /// As [`plan`], described by [`describe`].
+    pub fn plan(&self, region: &Region) -> Result<FillPlan<'_>, String> {
+        plan(region, &self.fill_sources(), &self.checksums)
+            .map_err(|e| describe(&e, &self.checksums))
     }
 }
 

@@ -115,13 +115,20 @@ pub struct Metrics {
     /// Bytes PARK's copy zeroed: holes of the files and bytes no mapping
     /// covers, on pool memory not known to be zero (0 when it was clean).
     pub park_zeroed_bytes: AtomicU64,
+    /// Bytes a park from a saved VM's files checked against its manifest
+    /// (PARK with VERIFY), at park time or as they were read on demand.
+    pub park_verified_bytes: AtomicU64,
+    /// EXPORTs that sent a parked VM to a saver.
+    pub exports: AtomicU64,
+    /// EXPORTs refused or failed.
+    pub exports_refused: AtomicU64,
     /// REATTACH and HANDOFF refusals by kind and uid (`/metrics` only).
     pub token_refusals: super::refusals::TokenRefusals,
 }
 
 impl Metrics {
     /// Every counter by name.
-    fn named(&self) -> [(&'static str, &AtomicU64); 36] {
+    fn named(&self) -> [(&'static str, &AtomicU64); 39] {
         [
             ("sessions_total", &self.sessions_total),
             ("sessions_active", &self.sessions_active),
@@ -159,6 +166,9 @@ impl Metrics {
             ("restores_refused", &self.restores_refused),
             ("park_copied_bytes", &self.park_copied_bytes),
             ("park_zeroed_bytes", &self.park_zeroed_bytes),
+            ("park_verified_bytes", &self.park_verified_bytes),
+            ("exports", &self.exports),
+            ("exports_refused", &self.exports_refused),
         ]
     }
 

@@ -137,6 +137,7 @@ pub mod refaulter;
 pub mod refill;
 pub mod refusals;
 pub mod rooms;
+pub mod saving;
 pub mod scrub;
 mod serve;
 pub mod server;

@@ -42,6 +42,8 @@ pub struct Rooms {
     pub stats: Arc<StatsSource>,
     /// Memory still to be filled from a tenant's files (VMs parked on demand).
     pub fills: Arc<super::fills::PendingFills>,
+    /// Parked VMs held for the connection that saves them (EXPORT).
+    pub saving: Arc<super::saving::Saving>,
 }
 
 /// What follows a release, off the executor: released allocations that

@@ -255,14 +255,15 @@ impl Session {
                 })
                 .await
             }
-            Request::Park { .. } | Request::Restore { .. } | Request::Unpark { .. } => {
-                self.park(req, Vec::new()).await
-            }
+            Request::Park { .. }
+            | Request::Restore { .. }
+            | Request::Unpark { .. }
+            | Request::Export { .. } => self.park(req, Vec::new()).await,
         }
     }
 
-    /// PARK, RESTORE and UNPARK (`super::park`), PARK and RESTORE with the
-    /// migration socket they carry.
+    /// PARK, RESTORE, UNPARK and EXPORT (`super::park`), PARK, RESTORE and
+    /// EXPORT with the sockets (and PARK's manifest) they carry.
     async fn park(&mut self, req: Request, fds: Vec<std::os::fd::OwnedFd>) -> Outcome {
         if self.features & FEATURE_PARK == 0 {
             return not_negotiated("PARK, RESTORE and UNPARK", FEATURE_PARK);
@@ -436,7 +437,9 @@ impl Session {
             Request::Uffd { alloc_id, ranges } if self.handshaken => {
                 self.uffd(alloc_id, &ranges, fds).await
             }
-            req @ (Request::Park { .. } | Request::Restore { .. }) if self.handshaken => {
+            req @ (Request::Park { .. } | Request::Restore { .. } | Request::Export { .. })
+                if self.handshaken =>
+            {
                 self.park(req, fds).await
             }
             other => {
@@ -609,6 +612,8 @@ impl Session {
         // this returns): the VMM's fallback may serve faults once it sees the
         // close. Blocks for at most one page clear per fault-service thread.
         self.lazy.stop_all();
+        // A parked VM this connection was saving stays parked, free again.
+        self.rooms.saving.release_session(self.id);
         let released = self.rooms.pool.release_session(self.id);
         if !released.is_empty() {
             if let Some(suppressed) = peer_log::SESSION_RELEASED.check(self.peer.uid) {

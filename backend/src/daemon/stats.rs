@@ -155,6 +155,9 @@ impl StatsSource {
                 restores_refused: g(&m.restores_refused),
                 park_copied_bytes: g(&m.park_copied_bytes),
                 park_zeroed_bytes: g(&m.park_zeroed_bytes),
+                park_verified_bytes: g(&m.park_verified_bytes),
+                exports: g(&m.exports),
+                exports_refused: g(&m.exports_refused),
             },
             parked: self.pool.owners().parked_list(),
         }

@@ -18,6 +18,8 @@ use test_support::prelude::wait_until;
 
 const HUGEMEM: &str = env!("CARGO_BIN_EXE_hugemem");
 
+pub mod park;
+
 /// The child of `parent`, once it has exec'd its own program (between fork
 /// and exec it is a copy of the parent).
 pub fn child_of(parent: u32) -> u32 {

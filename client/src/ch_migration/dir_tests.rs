@@ -1,5 +1,5 @@
 use std::os::fd::OwnedFd;
-use std::os::unix::fs::{FileExt, MetadataExt, PermissionsExt};
+use std::os::unix::fs::FileExt;
 use std::path::Path;
 
 use super::ch_snapshot_dir::{read_ch_snapshot_dir, RangePiece};
@@ -10,19 +10,22 @@ use super::Limits;
 
 const MIB: u64 = 1 << 20;
 
-fn memfd(len: u64) -> OwnedFd {
+/// A 4 KiB memfd of `len` bytes.
+pub(crate) fn memfd(len: u64) -> OwnedFd {
     let fd = nix::sys::memfd::memfd_create(c"dir-test", nix::sys::memfd::MFdFlags::MFD_CLOEXEC)
         .expect("memfd");
     nix::unistd::ftruncate(&fd, len as i64).expect("size");
     fd
 }
 
-fn config(mappings: &str) -> Vec<u8> {
+/// A migration configuration with these `guest_ram_mappings`.
+pub(crate) fn config(mappings: &str) -> Vec<u8> {
     format!(r#"{{"vm_config":{{}},"memory_manager_data":{{"guest_ram_mappings":[{mappings}]}}}}"#)
         .into_bytes()
 }
 
-fn mapping(slot: u32, gpa: u64, size: u64, file_offset: u64) -> String {
+/// One `guest_ram_mappings` entry.
+pub(crate) fn mapping(slot: u32, gpa: u64, size: u64, file_offset: u64) -> String {
     format!(
         r#"{{"slot":{slot},"gpa":{gpa},"size":{size},"zone_id":"z","virtio_mem":false,"file_offset":{file_offset}}}"#
     )
@@ -30,7 +33,7 @@ fn mapping(slot: u32, gpa: u64, size: u64, file_offset: u64) -> String {
 
 /// Two slots, the second at an offset in its fd; a few pages written in
 /// each, the rest holes or zero.
-fn parked() -> Snapshot {
+pub(crate) fn parked() -> Snapshot {
     let (a, b) = (memfd(80 * MIB), memfd(8 * MIB));
     let (fa, fb) = (std::fs::File::from(a), std::fs::File::from(b));
     fa.write_all_at(&[0xAA; 4096], 0).expect("write");
@@ -49,73 +52,6 @@ fn parked() -> Snapshot {
         state: b"{\"state\":1}".to_vec(),
         paused: false,
     }
-}
-
-#[test]
-fn a_parked_vm_is_written_sparse_and_read_back() {
-    let tmp = tempfile::tempdir().expect("tempdir");
-    let dir = tmp.path().join("vm");
-    let snapshot = parked();
-    let report = write_offload_dir(&dir, &snapshot).expect("write");
-    assert_eq!(report.slots, 2);
-    assert_eq!(report.memory_bytes, 84 * MIB);
-    assert_eq!(
-        report.copy.written,
-        4096 + 8192 + 4096,
-        "only the data pages"
-    );
-    assert_eq!(report.copy.written + report.copy.skipped, 84 * MIB);
-    let back = read_offload_dir(&dir, Limits::default()).expect("read");
-    assert_eq!(back.config, snapshot.config);
-    assert_eq!(back.state, snapshot.state);
-    assert_eq!(back.slots.len(), 2);
-    assert_eq!(back.slots[1].range.file_offset, 2 * MIB);
-    let m0 = std::fs::File::open(&back.slots[0].path).expect("memory-0");
-    let m5 = std::fs::File::open(dir.join("memory-5")).expect("memory-5");
-    let mut page = [0u8; 4096];
-    m0.read_exact_at(&mut page, 0).expect("read");
-    assert_eq!(page, [0xAA; 4096]);
-    m0.read_exact_at(&mut page, 70 * MIB + 4096).expect("read");
-    assert_eq!(page, [0xBB; 4096]);
-    m5.read_exact_at(&mut page, 4096).expect("read");
-    assert_eq!(page, [0xCC; 4096], "slot 5 starts at its file offset");
-    let meta = m0.metadata().expect("stat");
-    assert!(
-        meta.blocks() * 512 < MIB,
-        "memory-0 is sparse: {} blocks",
-        meta.blocks()
-    );
-    for name in [
-        "migration_config.json",
-        "state.json",
-        "memory-0",
-        "memory-5",
-    ] {
-        let mode = std::fs::metadata(dir.join(name))
-            .expect("stat")
-            .permissions()
-            .mode();
-        assert_eq!(mode & 0o777, 0o600, "{name}");
-    }
-    assert!(matches!(
-        write_offload_dir(&dir, &snapshot),
-        Err(SnapshotDirError::NotEmpty(_))
-    ));
-}
-
-#[test]
-fn a_snapshot_whose_fds_and_slots_differ_is_not_written() {
-    let tmp = tempfile::tempdir().expect("tempdir");
-    let mut s = parked();
-    s.memory.pop();
-    assert!(matches!(
-        write_offload_dir(&tmp.path().join("a"), &s),
-        Err(SnapshotDirError::Invalid(_))
-    ));
-    let mut s = parked();
-    s.memory.push((9, memfd(4096)));
-    assert!(write_offload_dir(&tmp.path().join("b"), &s).is_err());
-    assert!(!tmp.path().join("a").exists() && !tmp.path().join("b").exists());
 }
 
 fn hostile(dir: &Path, cfg: &[u8], sizes: &[(u32, u64)]) -> Result<OffloadDir, SnapshotDirError> {

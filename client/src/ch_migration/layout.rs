@@ -65,7 +65,7 @@ pub enum SnapshotDirError {
 
 impl SnapshotDirError {
     /// An [`SnapshotDirError::Io`] for `path`.
-    pub(super) fn io(path: &Path) -> impl FnOnce(std::io::Error) -> Self + '_ {
+    pub(crate) fn io(path: &Path) -> impl FnOnce(std::io::Error) -> Self + '_ {
         move |source| Self::Io {
             path: path.to_owned(),
             source,

@@ -27,7 +27,7 @@
 
 pub mod ch_snapshot_dir;
 #[cfg(test)]
-mod dir_tests;
+pub(crate) mod dir_tests;
 pub mod fault;
 #[cfg(test)]
 mod fault_tests;
@@ -36,7 +36,6 @@ pub mod offload_dir;
 pub mod peer;
 pub mod postcopy;
 pub mod slots;
-mod sparse_copy;
 #[cfg(test)]
 mod tests;
 mod wire;

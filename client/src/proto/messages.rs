@@ -174,6 +174,9 @@ pub enum Request {
         /// sender's files and fills the memory when the VM is restored
         /// ([`PARK_FLAG_ON_DEMAND`]).
         on_demand: bool,
+        /// A second fd is the saved VM's manifest: the daemon checks every
+        /// piece of memory it reads against it ([`PARK_FLAG_VERIFY`]).
+        verify: bool,
     },
     /// Restore the VM parked under `name`: the one fd is a connected
     /// stream socket on which the daemon sends the snapshot as a
@@ -192,6 +195,15 @@ pub enum Request {
     },
     /// Drop the VM parked under `name`: its memory returns to the pool.
     Unpark {
+        /// The parked VM's name.
+        name: String,
+    },
+    /// Send the VM parked under `name` on the one fd (a connected stream
+    /// socket), as RESTORE with PAUSED would, for a saver: the memory fds
+    /// are read-only, the VM stays parked, and the daemon holds it for
+    /// this connection (no other RESTORE, EXPORT or UNPARK of it) until the
+    /// connection UNPARKs it or ends.
+    Export {
         /// The parked VM's name.
         name: String,
     },
@@ -220,6 +232,10 @@ pub const RESTORE_FLAG_POSTCOPY: u32 = 2;
 /// PARK flags bit 0: keep the memory files of memory from elsewhere and
 /// fill the memory at restore time (on demand with a postcopy RESTORE).
 pub const PARK_FLAG_ON_DEMAND: u32 = 1;
+/// PARK flags bit 1: the request carries a second fd, the saved VM's
+/// manifest (`hugemem_client::saved_vm::manifest`), and the daemon checks
+/// each piece of memory it reads from the files against its checksums.
+pub const PARK_FLAG_VERIFY: u32 = 2;
 
 /// One VMM mapping in a UFFD request (32 bytes on the wire): `len` bytes of
 /// region `region_id` from `offset`, mapped at `vmm_addr` in the VMM.
@@ -317,6 +333,19 @@ pub enum ReplyBody {
         /// Of them, bytes copied into pool memory (0 when the memory came
         /// from this daemon and was moved).
         copied_bytes: u64,
+        /// Memory slots.
+        slots: u32,
+    },
+    /// EXPORT: the parked VM that was sent.
+    Exported {
+        /// The allocation that holds its memory.
+        alloc_id: u64,
+        /// Bytes of guest memory.
+        bytes: u64,
+        /// The page size of that memory, bytes.
+        page_size: u64,
+        /// When it was parked (seconds since the epoch).
+        parked_at: u64,
         /// Memory slots.
         slots: u32,
     },

@@ -14,12 +14,14 @@
 //!
 //! [`MAX_PAYLOAD`]: crate::proto::MAX_PAYLOAD
 
+mod fd_rules;
 pub mod framing;
 mod header;
 pub mod messages;
 pub mod socket;
 pub mod validate;
 
+pub use fd_rules::FdRule;
 pub use framing::{Frame, FrameReader};
 pub use header::{
     Code, Header, ProtoError, Status, ANY_NODE, FEATURE_HANDOFF, FEATURE_LAZY, FEATURE_PARK,
@@ -30,7 +32,8 @@ pub use header::{
 pub use messages::{
     valid_park_name, AllocPart, AllocRequest, ClearMode, PagePolicy, RegionInfo, Reply, ReplyBody,
     Request, UffdRange, ALLOC_FLAG_PATHS, ALLOC_FLAG_WAIT, ALLOC_REPLY_FLAG_PATHS,
-    ALLOC_REPLY_FLAG_TOKEN, HANDOFF_FLAG_PATHS, MAX_PARK_NAME, RESTORE_FLAG_PAUSED,
+    ALLOC_REPLY_FLAG_TOKEN, HANDOFF_FLAG_PATHS, MAX_PARK_NAME, PARK_FLAG_ON_DEMAND,
+    PARK_FLAG_VERIFY, RESTORE_FLAG_PAUSED, RESTORE_FLAG_POSTCOPY,
 };
 pub use socket::{recv_message, send_message};
 pub use validate::check_uffd_ranges;

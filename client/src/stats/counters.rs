@@ -106,6 +106,15 @@ pub struct Counters {
     /// not known to be zero: 0 when it took clean memory.
     #[serde(default)]
     pub park_zeroed_bytes: u64,
+    /// Bytes a park from a saved VM's files checked against its manifest.
+    #[serde(default)]
+    pub park_verified_bytes: u64,
+    /// EXPORT requests that sent a parked VM to a saver (`unpark --save`).
+    #[serde(default)]
+    pub exports: u64,
+    /// EXPORT requests refused or failed (the VM stayed parked).
+    #[serde(default)]
+    pub exports_refused: u64,
 }
 
 /// Percentiles of the fault-latency histogram, in nanoseconds.

@@ -17,9 +17,10 @@
 use std::os::fd::AsFd;
 use std::sync::Arc;
 
-use guest_mem::{fill_region, mark_for_fill, FillCounts, FillOptions};
+use guest_mem::{fill_region_planned, mark_for_fill, FillCounts, FillOptions};
 
-use crate::daemon::fills::{fill_sources, PendingFill, SourceSpec};
+use crate::daemon::fills::{self, fill_sources, PendingFill, SourceChecksums, SourceSpec};
+use hugemem_client::saved_vm::manifest::Manifest;
 
 use tracing::info;
 
@@ -189,14 +190,20 @@ async fn take_memory(
 }
 
 /// Copies the snapshot's mapped bytes into a fresh allocation and parks
-/// it (see the module docs).
+/// it (see the module docs); with a `manifest`, every piece is checked
+/// against it as it is read (now, or on demand at restore).
 pub async fn copy_in(
     rooms: &Arc<Rooms>,
     req: &ParkRequest,
     checked: Checked,
+    manifest: Option<Manifest>,
     parked_at: u64,
 ) -> Result<ParkedOk, Refusal> {
     let (placed, total) = place(&checked)?;
+    let checksums = match &manifest {
+        Some(m) => super::verify::source_checksums(m, &checked, &source_specs(&checked, &placed))?,
+        None => Vec::new(),
+    };
     let (alloc, region) = take_memory(rooms, req, total, page_policy(&checked, &placed)).await?;
     let release = |rooms: &Arc<Rooms>| {
         if let Ok(r) = rooms.pool.release(alloc, req.session) {
@@ -205,7 +212,7 @@ pub async fn copy_in(
     };
     let started = std::time::Instant::now();
     let (checked, pending) = if req.on_demand {
-        match pend(checked, &placed, &region) {
+        match pend(checked, &placed, &region, checksums.clone()) {
             Ok((c, p)) => (c, Some(p)),
             Err(e) => {
                 release(rooms);
@@ -224,10 +231,15 @@ pub async fn copy_in(
                 let (checked, placed, region) =
                     (Arc::clone(&checked), placed.clone(), Arc::clone(&region));
                 let topology = Arc::clone(&rooms.topology);
-                tokio::task::spawn_blocking(move || copy_all(&topology, &checked, &placed, &region))
+                tokio::task::spawn_blocking(move || {
+                    copy_all(&topology, &checked, &placed, &region, &checksums)
+                })
             };
             match job.await {
-                Ok(Ok(counts)) => (counts.bytes_read, Some(counts.bytes_zeroed)),
+                Ok(Ok(counts)) => {
+                    Metrics::add(&rooms.metrics.park_verified_bytes, counts.bytes_verified);
+                    (counts.bytes_read, Some(counts.bytes_zeroed))
+                }
                 Ok(Err(e)) => {
                     release(rooms);
                     return Err((Status::Invalid, e));
@@ -292,6 +304,7 @@ fn pend(
     checked: Checked,
     placed: &[Placed],
     region: &guest_mem::Region,
+    checksums: Vec<SourceChecksums>,
 ) -> Result<(Checked, PendingFill), String> {
     let files: Vec<std::os::fd::OwnedFd> = checked
         .memory
@@ -303,8 +316,9 @@ fn pend(
         files,
         sources: source_specs(&checked, placed),
         dest_is_zero: mark_taken_for_fill(region),
+        checksums,
     };
-    guest_mem::FillPlan::new(region, &fill.fill_sources())
+    fill.plan(region)
         .map_err(|e| format!("the VM's memory files: {e}"))?;
     Ok((checked, fill))
 }
@@ -361,6 +375,7 @@ fn copy_all(
     checked: &Checked,
     placed: &[Placed],
     region: &guest_mem::Region,
+    checksums: &[SourceChecksums],
 ) -> Result<FillCounts, String> {
     let specs = source_specs(checked, placed);
     let sources = fill_sources(&specs, |i| checked.memory[i].fd.as_fd());
@@ -369,10 +384,15 @@ fn copy_all(
         dest_is_zero,
         ..FillOptions::default()
     };
-    let report = fill_region(topology, region, &sources, &opts).map_err(|e| {
-        region.mark_all_dirty();
-        format!("copying the VM's memory: {e}")
-    })?;
+    let report = fills::plan(region, &sources, checksums)
+        .and_then(|plan| fill_region_planned(topology, region, &plan, &opts))
+        .map_err(|e| {
+            region.mark_all_dirty();
+            format!(
+                "copying the VM's memory: {}",
+                fills::describe(&e, checksums)
+            )
+        })?;
     region
         .mark_mapped()
         .map_err(|e| format!("the copied region's page states: {e}"))?;

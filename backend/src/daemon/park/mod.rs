@@ -23,16 +23,22 @@
 //!   answers the last step, the allocation moves to the requesting
 //!   connection as an ALLOC would hand it out. A refused restore leaves the
 //!   VM parked.
+//! * [`export`]: EXPORT. The parked VM is sent as RESTORE with PAUSED
+//!   would send it, with read-only memory fds, to a saver (`hugemem unpark
+//!   --save`), and stays parked, held for the saver's connection
+//!   (`super::saving`) until it UNPARKs the VM or ends.
 //! * UNPARK releases the parked allocation into quarantine: its memory is
 //!   scrubbed before anyone else gets it, and not before every process
 //!   that still maps it let go.
 
 pub mod copy;
+pub mod export;
 pub mod ondemand;
 pub mod receive;
 pub mod send;
 pub mod snapshot;
 pub mod socket;
+pub mod verify;
 
 use std::os::fd::OwnedFd;
 use std::sync::Arc;
@@ -56,13 +62,18 @@ pub async fn serve(
     fds: Vec<OwnedFd>,
 ) -> Outcome {
     match req {
-        Request::Park { name, on_demand } => {
+        Request::Park {
+            name,
+            on_demand,
+            verify,
+        } => {
             let req = snapshot::ParkRequest {
                 session,
                 uid: peer.uid,
                 gid: peer.gid,
                 name,
                 on_demand,
+                verify,
             };
             receive::park(rooms, req, fds).await
         }
@@ -80,7 +91,15 @@ pub async fn serve(
             };
             send::restore(rooms, req, fds).await
         }
-        Request::Unpark { name } => unpark(rooms, peer.uid, &name).await,
+        Request::Unpark { name } => unpark(rooms, session, peer.uid, &name).await,
+        Request::Export { name } => {
+            let req = export::ExportRequest {
+                session,
+                uid: peer.uid,
+                name,
+            };
+            export::export(rooms, req, fds).await
+        }
         other => Outcome::error(
             Status::Internal,
             format!("{:?} is not served by the park room", other.code()),
@@ -90,15 +109,20 @@ pub async fn serve(
 
 /// UNPARK: the VM `uid` parked under `name` is dropped; its memory goes
 /// to quarantine. Waits on the allocation's change gate, so a RESTORE in
-/// progress finishes (or fails) first.
-pub async fn unpark(rooms: &Arc<Rooms>, uid: u32, name: &str) -> Outcome {
+/// progress finishes (or fails) first. A VM another connection holds
+/// while it saves it is refused.
+pub async fn unpark(rooms: &Arc<Rooms>, session: SessionId, uid: u32, name: &str) -> Outcome {
     let Some(found) = rooms.pool.owners().find_parked(uid, name) else {
         return Outcome::error(Status::NotFound, format!("no VM named {name:?} is parked"));
     };
     let _held = found.gate.lock_owned().await;
+    if let Some(other) = rooms.saving.held_by_other(found.alloc, session) {
+        return Outcome::error(Status::Invalid, being_saved(name, other));
+    }
     match rooms.pool.release_parked(uid, name) {
         Ok(released) => {
             rooms.fills.remove(found.alloc);
+            rooms.saving.release(found.alloc);
             info!(
                 uid,
                 name,
@@ -111,6 +135,15 @@ pub async fn unpark(rooms: &Arc<Rooms>, uid: u32, name: &str) -> Outcome {
         }
         Err(e) => Outcome::error(Status::NotFound, e.to_string()),
     }
+}
+
+/// Why a request on a parked VM that connection `holder` is saving is
+/// refused.
+pub fn being_saved(name: &str, holder: SessionId) -> String {
+    format!(
+        "{name:?} is being saved by connection {holder} (hugemem unpark --save): \
+         try again once that save ends"
+    )
 }
 
 /// The answer to a refused FREE: the launcher of a VM that was parked

@@ -19,11 +19,11 @@
 
 use std::os::fd::BorrowedFd;
 use std::os::unix::net::UnixStream;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Condvar, Mutex, PoisonError};
 
 use guest_mem::{
-    fill_region_planned, fill_unit, FillOptions, FillPlan, FillSource, PageState, Region, UnitFill,
+    fill_region_planned, fill_unit, FillOptions, FillPlan, PageState, Region, UnitFill,
 };
 use hugemem_client::ch_migration::fault::{
     announce_fault_connection, serve_page_faults, FaultRequest,
@@ -33,7 +33,7 @@ use hugemem_client::ch_migration::peer::send_snapshot_with;
 use numa::Topology;
 use tracing::{info, warn};
 
-use crate::daemon::fills::PendingFill;
+use crate::daemon::fills::{describe, PendingFill, SourceChecksums};
 
 /// What a postcopy restore sends and fills.
 pub struct Postcopy<'a> {
@@ -105,28 +105,39 @@ fn any_clearing(region: &Region) -> bool {
     (0..states.len()).any(|u| matches!(states.get(u), Ok(PageState::Clearing)))
 }
 
-/// Fills the units that hold `[offset, offset + len)` of `region`, waiting
-/// for any another thread is filling.
-fn fill_range(
-    region: &Region,
-    plan: &FillPlan<'_>,
-    opts: &FillOptions<'_>,
-    units_done: &UnitsDone,
-    offset: u64,
-    len: u64,
-) -> Result<(), FaultFillError> {
+/// What a fault's fill works with.
+struct FaultFill<'a> {
+    region: &'a Region,
+    plan: &'a FillPlan<'a>,
+    opts: &'a FillOptions<'a>,
+    units_done: &'a UnitsDone,
+    /// The sources' names and checksums, for errors.
+    checksums: &'a [SourceChecksums],
+    /// Bytes checked against their checksums by faults.
+    verified: AtomicU64,
+}
+
+/// Fills the units that hold `[offset, offset + len)` of `f.region`,
+/// waiting for any another thread is filling.
+fn fill_range(f: &FaultFill<'_>, offset: u64, len: u64) -> Result<(), FaultFillError> {
+    let (region, units_done) = (f.region, f.units_done);
     let unit = region.state_unit();
     let first = usize::try_from(offset / unit).map_err(|e| FaultFillError(e.to_string()))?;
     let last = usize::try_from((offset + len.max(1) - 1) / unit)
         .map_err(|e| FaultFillError(e.to_string()))?;
     for u in first..=last {
         loop {
-            let outcome = fill_unit(region, plan, u, opts);
+            let outcome = fill_unit(region, f.plan, u, f.opts);
             if !matches!(outcome, Ok(UnitFill::Busy | UnitFill::Done(_))) {
                 // This thread's unit left `Clearing`, filled or not.
                 units_done.notify();
             }
-            match outcome.map_err(|e| FaultFillError(e.to_string()))? {
+            let outcome = outcome.map_err(|e| FaultFillError(describe(&e, f.checksums)))?;
+            if let UnitFill::Filled(counts) = outcome {
+                f.verified
+                    .fetch_add(counts.bytes_verified, Ordering::Relaxed);
+            }
+            match outcome {
                 UnitFill::Filled(_) | UnitFill::Done(_) => break,
                 // The background filler holds it: done within one unit's
                 // read, and it says so.
@@ -147,12 +158,12 @@ pub fn all_filled(region: &Region) -> bool {
 
 /// Runs a postcopy restore (see the module docs): returns once the receiver
 /// answered the last step, every unit is filled and the fault connection
-/// ended.
+/// ended. Returns the bytes checked against a manifest's checksums.
 ///
 /// # Errors
 ///
 /// The receiver's refusal, a fill that failed, the configuration.
-pub fn send(p: Postcopy<'_>) -> Result<(), String> {
+pub fn send(p: Postcopy<'_>) -> Result<u64, String> {
     let page = p.region.page_size().bytes();
     let config = if page > 4096 {
         with_hugetlb_zones(p.config, page).map_err(|e| e.to_string())?
@@ -160,10 +171,10 @@ pub fn send(p: Postcopy<'_>) -> Result<(), String> {
         p.config.to_vec()
     };
     let slots = migration_config_slots(&config, 64).map_err(|e| e.to_string())?;
-    let sources: Vec<FillSource<'_>> = p.pending.map(PendingFill::fill_sources).unwrap_or_default();
-    let plan = FillPlan::new(p.region, &sources)
-        .map_err(|e| e.to_string())?
-        .with_direct_io();
+    let plan = match p.pending {
+        Some(pending) => pending.plan(p.region)?,
+        None => FillPlan::new(p.region, &[]).map_err(|e| e.to_string())?,
+    };
     let opts = FillOptions {
         dest_is_zero: p.pending.is_some_and(|f| f.dest_is_zero),
         ..FillOptions::default()
@@ -175,6 +186,15 @@ pub fn send(p: Postcopy<'_>) -> Result<(), String> {
         unit_done: Some(&notify),
         ..opts
     };
+    let faults = FaultFill {
+        region: p.region,
+        plan: &plan,
+        opts: &opts,
+        units_done: &units_done,
+        checksums: p.pending.map_or(&[], |f| f.checksums.as_slice()),
+        verified: AtomicU64::new(0),
+    };
+    let mut verified = 0;
     let filled = AtomicBool::new(p.pending.is_none() || all_filled(p.region));
     // At once: the receiver reads the role of a connection it accepted
     // within seconds, whenever its accept loop gets to it.
@@ -183,21 +203,14 @@ pub fn send(p: Postcopy<'_>) -> Result<(), String> {
         let mut fault_thread = None;
         let mut background = None;
         let sent = send_snapshot_with(p.main, p.memory, &config, p.state, p.paused, || {
-            let (plan, opts, filled, slots) = (&plan, &opts, &filled, &slots);
+            let (plan, filled, slots, faults) = (&plan, &filled, &slots, &faults);
             let (units_done, background_opts) = (&units_done, &background_opts);
             fault_thread = Some(scope.spawn(move || {
                 serve_page_faults(p.fault, slots, |req: FaultRequest| {
                     if filled.load(Ordering::Acquire) {
                         return Ok(());
                     }
-                    fill_range(
-                        p.region,
-                        plan,
-                        opts,
-                        units_done,
-                        req.file_offset,
-                        req.length,
-                    )
+                    fill_range(faults, req.file_offset, req.length)
                 })
             }));
             if !filled.load(Ordering::Acquire) {
@@ -219,14 +232,20 @@ pub fn send(p: Postcopy<'_>) -> Result<(), String> {
         }
         if let Some(bg) = background {
             match bg.join() {
-                Ok(Ok(report)) => info!(
-                    read = report.counts.bytes_read,
-                    units = report.units_filled,
-                    threads = report.threads,
-                    gbps = report.read_gbps(),
-                    "RESTORE on demand: background fill done"
-                ),
-                Ok(Err(e)) => return Err(format!("filling the VM's memory: {e}")),
+                Ok(Ok(report)) => {
+                    verified += report.counts.bytes_verified;
+                    info!(
+                        read = report.counts.bytes_read,
+                        units = report.units_filled,
+                        threads = report.threads,
+                        gbps = report.read_gbps(),
+                        "RESTORE on demand: background fill done"
+                    );
+                }
+                Ok(Err(e)) => {
+                    let why = describe(&e, faults.checksums);
+                    return Err(format!("filling the VM's memory: {why}"));
+                }
                 Err(_) => return Err("the background fill panicked".into()),
             }
             // Units a fault was filling as the background passed them.
@@ -249,7 +268,7 @@ pub fn send(p: Postcopy<'_>) -> Result<(), String> {
                 Err(_) => warn!("RESTORE on demand: the fault thread panicked"),
             }
         }
-        Ok(())
+        Ok(verified + faults.verified.load(Ordering::Relaxed))
     })
 }
 
@@ -258,19 +277,24 @@ pub fn send(p: Postcopy<'_>) -> Result<(), String> {
 /// # Errors
 ///
 /// The fill's failure.
-pub fn fill_all(topology: &Topology, region: &Region, pending: &PendingFill) -> Result<(), String> {
-    let sources = pending.fill_sources();
-    let plan = FillPlan::new(region, &sources)
-        .map_err(|e| e.to_string())?
-        .with_direct_io();
+pub fn fill_all(
+    topology: &Topology,
+    region: &Region,
+    pending: &PendingFill,
+) -> Result<u64, String> {
+    let plan = pending.plan(region)?;
     let opts = FillOptions {
         dest_is_zero: pending.dest_is_zero,
         ..FillOptions::default()
     };
-    fill_region_planned(topology, region, &plan, &opts)
-        .map_err(|e| format!("filling the VM's memory: {e}"))?;
+    let report = fill_region_planned(topology, region, &plan, &opts).map_err(|e| {
+        format!(
+            "filling the VM's memory: {}",
+            crate::daemon::fills::describe(&e, &pending.checksums)
+        )
+    })?;
     if all_filled(region) {
-        Ok(())
+        Ok(report.counts.bytes_verified)
     } else {
         Err("some of the VM's memory is still being filled".into())
     }

@@ -14,12 +14,14 @@ use tracing::{info, warn};
 
 use super::snapshot::{check, invalid, now_secs, Checked, ParkRequest, ParkedOk, Refusal};
 use super::socket::migration_socket;
+use super::verify::read_manifest;
 use crate::daemon::metrics::Metrics;
 use crate::daemon::outcome::Outcome;
 use crate::daemon::pool::{AllocId, FileOwner, ParkedSlot, ParkedVm, SessionId};
 use crate::daemon::rooms::Rooms;
 use crate::proto::messages::{Reply, ReplyBody};
 use crate::proto::Status;
+use hugemem_client::saved_vm::manifest::Manifest;
 
 /// Where a snapshot's memory is.
 #[derive(Debug)]
@@ -138,9 +140,32 @@ async fn move_in(
     })
 }
 
+/// The request's fds: the migration socket, and with VERIFY the manifest.
+fn split_fds(
+    mut fds: Vec<OwnedFd>,
+    req: &ParkRequest,
+) -> Result<(Vec<OwnedFd>, Option<OwnedFd>), String> {
+    if !req.verify {
+        // `migration_socket` says what is wrong with the count.
+        return Ok((fds, None));
+    }
+    if fds.len() != 2 {
+        return Err(format!(
+            "a PARK with VERIFY carries 2 fds, the migration socket and the manifest (got {})",
+            fds.len()
+        ));
+    }
+    let manifest = fds.pop();
+    Ok((fds, manifest))
+}
+
 /// PARK (see the module docs).
 pub async fn park(rooms: &Arc<Rooms>, req: ParkRequest, fds: Vec<OwnedFd>) -> Outcome {
-    let stream = match migration_socket(fds, req.uid) {
+    let (socket, manifest) = match split_fds(fds, &req) {
+        Ok(f) => f,
+        Err(msg) => return refused(rooms, &req, Status::Invalid, msg),
+    };
+    let stream = match migration_socket(socket, req.uid) {
         Ok(s) => s,
         Err(e) => return refused(rooms, &req, Status::Invalid, e.to_string()),
     };
@@ -170,7 +195,10 @@ pub async fn park(rooms: &Arc<Rooms>, req: ParkRequest, fds: Vec<OwnedFd>) -> Ou
         Err(e) => Err(invalid(format!("the VM's snapshot was refused: {e}"))),
         Ok(snapshot) => match check(snapshot, &limits) {
             Err(e) => Err(e),
-            Ok(checked) => take_in(rooms, &req, checked).await,
+            Ok(checked) => match manifest.map(|fd| read_manifest(fd, &checked)).transpose() {
+                Err(e) => Err(e),
+                Ok(manifest) => take_in(rooms, &req, checked, manifest).await,
+            },
         },
     };
     finish(rooms, &req, &stream, result)
@@ -180,14 +208,19 @@ async fn take_in(
     rooms: &Arc<Rooms>,
     req: &ParkRequest,
     checked: Checked,
+    manifest: Option<Manifest>,
 ) -> Result<ParkedOk, Refusal> {
     match origin(rooms, req.uid, &checked)? {
+        Origin::Allocation { .. } if manifest.is_some() => Err(invalid(
+            "a park with a manifest checks files it reads; this memory is an allocation of yours, \
+             which moves without being read",
+        )),
         Origin::Allocation {
             alloc,
             session,
             slots,
         } => move_in(rooms, req, &checked, (alloc, session, slots)).await,
-        Origin::Elsewhere => super::copy::copy_in(rooms, req, checked, now_secs()).await,
+        Origin::Elsewhere => super::copy::copy_in(rooms, req, checked, manifest, now_secs()).await,
     }
 }
 

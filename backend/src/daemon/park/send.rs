@@ -2,8 +2,10 @@
 //! and its allocation handed to the requesting connection. See the room's
 //! docs ([`super`]).
 
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::Arc;
+
+use tokio::sync::OwnedMutexGuard;
 
 use hugemem_client::ch_migration::peer::send_snapshot;
 use tracing::info;
@@ -39,6 +41,37 @@ fn refused(rooms: &Rooms, req: &RestoreRequest, status: Status, msg: String) -> 
     Outcome::error(status, msg)
 }
 
+/// The VM `uid` parked under `name`, with its change gate held (the
+/// guard comes back with it), and not held by a connection other than
+/// `session` that saves it. Found again under the gate: an UNPARK or a
+/// RESTORE may have won it.
+///
+/// # Errors
+///
+/// `NotFound` for no such VM; `Invalid` for one another connection saves.
+pub async fn gated(
+    rooms: &Rooms,
+    session: SessionId,
+    uid: u32,
+    name: &str,
+) -> Result<(OwnedMutexGuard<()>, FoundParked), (Status, String)> {
+    let not_parked = || (Status::NotFound, format!("no VM named {name:?} is parked"));
+    let first = rooms
+        .pool
+        .owners()
+        .find_parked(uid, name)
+        .ok_or_else(not_parked)?;
+    let held = first.gate.lock_owned().await;
+    let found = match rooms.pool.owners().find_parked(uid, name) {
+        Some(f) if f.alloc == first.alloc => f,
+        _ => return Err(not_parked()),
+    };
+    if let Some(other) = rooms.saving.held_by_other(found.alloc, session) {
+        return Err((Status::Invalid, super::being_saved(name, other)));
+    }
+    Ok((held, found))
+}
+
 /// RESTORE (see the module docs). The allocation's change gate is held
 /// from the lookup to the move, so an UNPARK or a second RESTORE of the
 /// same VM waits and then finds it gone.
@@ -47,17 +80,11 @@ pub async fn restore(rooms: &Arc<Rooms>, req: RestoreRequest, fds: Vec<OwnedFd>)
         Ok(s) => s,
         Err(msg) => return refused(rooms, &req, Status::Invalid, msg),
     };
-    let not_parked = || format!("no VM named {:?} is parked", req.name);
-    let Some(first) = rooms.pool.owners().find_parked(req.uid, &req.name) else {
-        return refused(rooms, &req, Status::NotFound, not_parked());
+    let (_held, found) = match gated(rooms, req.session, req.uid, &req.name).await {
+        Ok(g) => g,
+        Err((status, msg)) => return refused(rooms, &req, status, msg),
     };
-    let _held = first.gate.lock_owned().await;
-    // Again under the gate: an UNPARK or RESTORE may have won it.
-    let found = match rooms.pool.owners().find_parked(req.uid, &req.name) {
-        Some(f) if f.alloc == first.alloc => f,
-        _ => return refused(rooms, &req, Status::NotFound, not_parked()),
-    };
-    let slot_fds = match slot_fds(&found) {
+    let slot_fds = match slot_fds(&found, crate::sys::reopen) {
         Ok(f) => f,
         Err(msg) => return refused(rooms, &req, Status::Internal, msg),
     };
@@ -104,9 +131,10 @@ pub async fn restore(rooms: &Arc<Rooms>, req: RestoreRequest, fds: Vec<OwnedFd>)
                 topology: &topology,
             }),
             None => {
-                if let Some(p) = &pending {
-                    super::ondemand::fill_all(&topology, &region, p)?;
-                }
+                let verified = match &pending {
+                    Some(p) => super::ondemand::fill_all(&topology, &region, p)?,
+                    None => 0,
+                };
                 send_snapshot(
                     &stream,
                     &memory,
@@ -114,13 +142,14 @@ pub async fn restore(rooms: &Arc<Rooms>, req: RestoreRequest, fds: Vec<OwnedFd>)
                     vm.state.as_bytes(),
                     paused,
                 )
-                .map_err(|e| format!("the receiver did not take the VM (it stays parked): {e}"))
+                .map_err(|e| format!("the receiver did not take the VM (it stays parked): {e}"))?;
+                Ok(verified)
             }
         }
     })
     .await;
     match sent {
-        Ok(Ok(())) => {}
+        Ok(Ok(verified)) => Metrics::add(&rooms.metrics.park_verified_bytes, verified),
         Ok(Err(e)) => return refused(rooms, &req, Status::Invalid, e),
         Err(e) => return refused(rooms, &req, Status::Internal, e.to_string()),
     }
@@ -131,6 +160,7 @@ pub async fn restore(rooms: &Arc<Rooms>, req: RestoreRequest, fds: Vec<OwnedFd>)
         }
     }
     rooms.fills.remove(found.alloc);
+    rooms.saving.release(found.alloc);
     let token = match rooms
         .pool
         .owners()
@@ -172,18 +202,19 @@ fn sockets(
     Ok((stream, fault))
 }
 
-/// The receiver's own description of each slot's region.
-fn slot_fds(found: &FoundParked) -> Result<Vec<(u32, OwnedFd)>, String> {
+/// The receiver's own description of each slot's region, opened by
+/// `reopen` (read-write for a VMM, read-only for a saver).
+pub fn slot_fds(
+    found: &FoundParked,
+    reopen: fn(BorrowedFd<'_>) -> std::io::Result<OwnedFd>,
+) -> Result<Vec<(u32, OwnedFd)>, String> {
     let mut out = Vec::new();
     for s in &found.vm.slots {
         let (_, region) = found
             .regions
             .get(s.region)
             .ok_or_else(|| format!("slot {} names no region", s.slot))?;
-        out.push((
-            s.slot,
-            crate::sys::reopen(region.fd()).map_err(|e| e.to_string())?,
-        ));
+        out.push((s.slot, reopen(region.fd()).map_err(|e| e.to_string())?));
     }
     Ok(out)
 }

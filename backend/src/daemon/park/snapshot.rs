@@ -25,6 +25,9 @@ pub struct ParkRequest {
     pub name: String,
     /// Memory from elsewhere is filled at restore time, not copied now.
     pub on_demand: bool,
+    /// The request's second fd is a saved VM's manifest to check the
+    /// memory against.
+    pub verify: bool,
 }
 
 /// One guest RAM mapping of the VM's configuration

@@ -269,6 +269,7 @@ impl Components {
             alloc,
             stats,
             fills: Arc::default(),
+            saving: Arc::default(),
         });
         let next_session = Arc::new(AtomicU64::new(next_session));
         let parts = Arc::new(Parts {

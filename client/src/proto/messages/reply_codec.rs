@@ -113,6 +113,20 @@ impl Reply {
                     .u32(*slots)
                     .u32(0);
             }
+            ReplyBody::Exported {
+                alloc_id,
+                bytes,
+                page_size,
+                parked_at,
+                slots,
+            } => {
+                w.u64(*alloc_id)
+                    .u64(*bytes)
+                    .u64(*page_size)
+                    .u64(*parked_at)
+                    .u32(*slots)
+                    .u32(0);
+            }
             ReplyBody::Stats { json } => {
                 w.u32(u32::try_from(json.len()).unwrap_or(u32::MAX))
                     .bytes(json.as_bytes());
@@ -162,6 +176,19 @@ impl Reply {
                     alloc_id: r.u64("alloc_id")?,
                     bytes: r.u64("bytes")?,
                     copied_bytes: r.u64("copied_bytes")?,
+                    slots: r.u32("slots")?,
+                };
+                if r.u32("reserved")? != 0 {
+                    return Err(bad("reserved field must be zero"));
+                }
+                body
+            }
+            Code::Export => {
+                let body = ReplyBody::Exported {
+                    alloc_id: r.u64("alloc_id")?,
+                    bytes: r.u64("bytes")?,
+                    page_size: r.u64("page_size")?,
+                    parked_at: r.u64("parked_at")?,
                     slots: r.u32("slots")?,
                 };
                 if r.u32("reserved")? != 0 {

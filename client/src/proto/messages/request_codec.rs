@@ -22,17 +22,73 @@ impl Request {
             Request::Park { .. } => Code::Park,
             Request::Restore { .. } => Code::Restore,
             Request::Unpark { .. } => Code::Unpark,
+            Request::Export { .. } => Code::Export,
         }
     }
 
     /// How many fds must come with this request: 1 for UFFD (the
-    /// userfaultfd), PARK and RESTORE (the migration socket), 2 for a
-    /// postcopy RESTORE (and its fault connection), 0 otherwise.
+    /// userfaultfd), PARK, RESTORE and EXPORT (the migration socket), 2 for
+    /// a postcopy RESTORE (and its fault connection) and a PARK with VERIFY
+    /// (and the manifest), 0 otherwise. Always
+    /// what the protocol's table says, [`Code::request_fds`] applied to
+    /// [`Request::flags`] (the fuzz targets and the tests hold it to that).
     pub fn expected_fds(&self) -> usize {
         match self {
-            Request::Restore { postcopy: true, .. } => 2,
-            Request::Uffd { .. } | Request::Park { .. } | Request::Restore { .. } => 1,
+            Request::Restore { postcopy: true, .. } | Request::Park { verify: true, .. } => 2,
+            Request::Uffd { .. }
+            | Request::Park { .. }
+            | Request::Restore { .. }
+            | Request::Export { .. } => 1,
             _ => 0,
+        }
+    }
+
+    /// The flags word the payload carries: ALLOC's flags byte, HANDOFF's,
+    /// PARK's and RESTORE's flags; 0 for a request without one.
+    pub fn flags(&self) -> u32 {
+        match self {
+            Request::Alloc { req, wait_ms } => {
+                let mut flags = if req.want_paths { ALLOC_FLAG_PATHS } else { 0 };
+                if wait_ms.is_some() {
+                    flags |= ALLOC_FLAG_WAIT;
+                }
+                u32::from(flags)
+            }
+            Request::Handoff { want_paths, .. } => {
+                if *want_paths {
+                    HANDOFF_FLAG_PATHS
+                } else {
+                    0
+                }
+            }
+            Request::Park {
+                on_demand, verify, ..
+            } => {
+                let mut flags = if *on_demand { PARK_FLAG_ON_DEMAND } else { 0 };
+                if *verify {
+                    flags |= PARK_FLAG_VERIFY;
+                }
+                flags
+            }
+            Request::Restore {
+                paused, postcopy, ..
+            } => {
+                let mut flags = if *paused { RESTORE_FLAG_PAUSED } else { 0 };
+                if *postcopy {
+                    flags |= RESTORE_FLAG_POSTCOPY;
+                }
+                flags
+            }
+            Request::Handshake { .. }
+            | Request::Free { .. }
+            | Request::Lock { .. }
+            | Request::Unlock { .. }
+            | Request::Rebalance { .. }
+            | Request::Stats
+            | Request::Uffd { .. }
+            | Request::Reattach { .. }
+            | Request::Unpark { .. }
+            | Request::Export { .. } => 0,
         }
     }
 
@@ -48,10 +104,8 @@ impl Request {
                 w.u32(*min_version).u32(*max_version).u64(*features);
             }
             Request::Alloc { req: a, wait_ms } => {
-                let mut flags = if a.want_paths { ALLOC_FLAG_PATHS } else { 0 };
-                if wait_ms.is_some() {
-                    flags |= ALLOC_FLAG_WAIT;
-                }
+                // The flags are ALLOC_FLAG_* bits, all below 0x100.
+                let flags = u8::try_from(self.flags()).unwrap_or(u8::MAX);
                 w.u64(a.total_size)
                     .u8(a.page_policy as u8)
                     .u8(a.clear_mode as u8)
@@ -92,32 +146,21 @@ impl Request {
                 w.u64(*alloc_id).bytes(token);
             }
             Request::Handoff {
-                alloc_id,
-                token,
-                want_paths,
+                alloc_id, token, ..
             } => {
-                let flags = if *want_paths { HANDOFF_FLAG_PATHS } else { 0 };
-                w.u64(*alloc_id).bytes(token).u32(flags).u32(0);
+                w.u64(*alloc_id).bytes(token).u32(self.flags()).u32(0);
             }
-            Request::Park { name, on_demand } => {
+            Request::Park { name, .. } => {
                 encode_name(&mut w, name);
-                w.u32(if *on_demand { PARK_FLAG_ON_DEMAND } else { 0 });
+                w.u32(self.flags());
             }
-            Request::Unpark { name } => {
+            Request::Unpark { name } | Request::Export { name } => {
                 encode_name(&mut w, name);
                 w.u32(0);
             }
-            Request::Restore {
-                name,
-                paused,
-                postcopy,
-            } => {
+            Request::Restore { name, .. } => {
                 encode_name(&mut w, name);
-                let mut flags = if *paused { RESTORE_FLAG_PAUSED } else { 0 };
-                if *postcopy {
-                    flags |= RESTORE_FLAG_POSTCOPY;
-                }
-                w.u32(flags);
+                w.u32(self.flags());
             }
         }
         w.0
@@ -190,23 +233,29 @@ impl Request {
             Code::Park => {
                 let name = decode_name(&mut r)?;
                 let flags = r.u32("flags")?;
-                if flags & !PARK_FLAG_ON_DEMAND != 0 {
+                let known = PARK_FLAG_ON_DEMAND | PARK_FLAG_VERIFY;
+                if flags & !known != 0 {
                     return Err(bad(format!(
                         "undefined PARK flag bits {:#x}",
-                        flags & !PARK_FLAG_ON_DEMAND
+                        flags & !known
                     )));
                 }
                 Request::Park {
                     name,
                     on_demand: flags & PARK_FLAG_ON_DEMAND != 0,
+                    verify: flags & PARK_FLAG_VERIFY != 0,
                 }
             }
-            Code::Unpark => {
+            Code::Unpark | Code::Export => {
                 let name = decode_name(&mut r)?;
                 if r.u32("reserved")? != 0 {
                     return Err(bad("reserved field must be zero"));
                 }
-                Request::Unpark { name }
+                if code == Code::Export {
+                    Request::Export { name }
+                } else {
+                    Request::Unpark { name }
+                }
             }
             Code::Restore => {
                 let name = decode_name(&mut r)?;

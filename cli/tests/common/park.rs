@@ -1,0 +1,180 @@
+//! What the park tests share: the counting guest launched, parked and
+//! restored through the real `hugemem` binary and cloud-hypervisor, the
+//! set-up every test starts from, and the end of a launched VM.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command};
+use std::time::Duration;
+
+use guest_mem::PageSize;
+use test_support::hugepages::hold;
+use test_support::prelude::{serial, wait_until, TestDaemon};
+
+use super::{assert_balanced, cloud_hypervisor, spin_elf};
+
+const HUGEMEM: &str = env!("CARGO_BIN_EXE_hugemem");
+/// The counting guest's RAM.
+pub const RAM: u64 = 256 << 20;
+/// Its marker.
+pub const MARKER: u64 = 0x5041_524b_0000_0000;
+/// Where it starts writing.
+pub const START_GPA: u64 = 1 << 20;
+/// Its stride (one write per 2 MiB page).
+pub const STRIDE: u64 = 2 << 20;
+
+/// `hugemem park NAME --api-socket API`; its stdout.
+pub fn park(daemon: &TestDaemon, name: &str, api: &Path) -> String {
+    let out = Command::new("timeout")
+        .args(["120", HUGEMEM, "park", name, "--socket"])
+        .arg(daemon.socket())
+        .arg("--api-socket")
+        .arg(api)
+        .output()
+        .expect("run hugemem park");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "hugemem park failed: {stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
+/// `hugemem launch` of the counting guest (256 MiB on 2 MiB pages) under
+/// cloud-hypervisor `ch`, its API at `api`.
+pub fn launch_counting(daemon: &TestDaemon, ch: &str, api: &Path, elf: &Path) -> Child {
+    Command::new("timeout")
+        .args(["600", HUGEMEM, "launch", "--socket"])
+        .arg(daemon.socket())
+        .args([
+            "--size",
+            "256M",
+            "--page-size",
+            "2M",
+            "--",
+            ch,
+            "--api-socket",
+        ])
+        .arg(api)
+        .arg("--kernel")
+        .arg(elf)
+        .args(["--cpus", "boot=1", "--serial", "null", "--console", "off"])
+        .spawn()
+        .expect("spawn hugemem launch")
+}
+
+/// `hugemem launch --restore NAME` under cloud-hypervisor `ch`.
+pub fn restore(daemon: &TestDaemon, ch: &str, name: &str, api: &Path) -> Child {
+    Command::new("timeout")
+        .args(["600", HUGEMEM, "launch", "--socket"])
+        .arg(daemon.socket())
+        .args(["--restore", name, "--", ch, "--api-socket"])
+        .arg(api)
+        .spawn()
+        .expect("spawn hugemem launch --restore")
+}
+
+/// The largest memfd process `pid` holds, opened anew.
+pub fn memfd_of(pid: u32) -> std::fs::File {
+    let mut best: Option<(u64, std::fs::File)> = None;
+    wait_until("the process's guest memfd", Duration::from_secs(30), || {
+        let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
+            return false;
+        };
+        for e in dir.flatten() {
+            let target = std::fs::read_link(e.path()).unwrap_or_default();
+            if !target.to_string_lossy().starts_with("/memfd:") {
+                continue;
+            }
+            if let Ok(f) = std::fs::File::open(e.path()) {
+                let len = f.metadata().map(|m| m.len()).unwrap_or(0);
+                if best.as_ref().is_none_or(|(l, _)| len > *l) {
+                    best = Some((len, f));
+                }
+            }
+        }
+        best.as_ref().is_some_and(|(l, _)| *l >= RAM)
+    });
+    best.expect("a memfd").1
+}
+
+/// SIGTERM to the launcher, and its end.
+pub fn stop(launcher: u32, launch: &mut Child) {
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(i32::try_from(launcher).expect("pid")),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .expect("SIGTERM to the launcher");
+    let status = launch.wait().expect("wait for the launcher");
+    assert_ne!(
+        status.code(),
+        Some(124),
+        "the launcher did not finish in time"
+    );
+}
+
+/// What every test here starts from; the fields drop in this order, the
+/// machine's lock last.
+pub struct Setup {
+    pub ch: String,
+    pub dir: tempfile::TempDir,
+    /// The counting guest (`microguest::spin`) in `dir`.
+    pub elf: PathBuf,
+    _pages: guest_mem::Reservation,
+    _serial: std::sync::MutexGuard<'static, ()>,
+}
+
+/// The machine's lock, cloud-hypervisor, 2 MiB pages for `guests` guests
+/// held, a private directory with the counting guest; `None` after a skip.
+pub fn set_up(guests: u64) -> Option<Setup> {
+    let serial = serial();
+    let ch = cloud_hypervisor()?;
+    let pages = match hold(PageSize::Huge2M, guests * RAM / STRIDE) {
+        Ok(r) => r,
+        Err(why) => {
+            test_support::skip!("{why}");
+            return None;
+        }
+    };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let elf = spin_elf(dir.path(), STRIDE, START_GPA, MARKER);
+    Some(Setup {
+        ch,
+        dir,
+        elf,
+        _pages: pages,
+        _serial: serial,
+    })
+}
+
+/// Ends a launched VM and waits for its allocation to be released, the
+/// daemon's totals balanced; the daemon's STATS then.
+pub fn stop_and_settle(
+    daemon: &TestDaemon,
+    launcher: u32,
+    launch: &mut Child,
+) -> backend::stats::Stats {
+    stop(launcher, launch);
+    let stats = daemon.wait_stats(Duration::from_secs(30), "the allocation released", |s| {
+        s.allocations.active == 0
+    });
+    assert_balanced(&stats, "after the VM exited");
+    stats
+}
+
+/// `hugemem ARGS` that must succeed; its stdout.
+pub fn run_ok(args: &[&std::ffi::OsStr]) -> String {
+    let out = Command::new("timeout")
+        .arg("300")
+        .arg(HUGEMEM)
+        .args(args)
+        .output()
+        .expect("run hugemem");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "hugemem {args:?} failed: {stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
