@@ -27,8 +27,11 @@
 //! - RESTORE, as the receiving cloud-hypervisor: paused or not, postcopy
 //!   (every page asked for on the fault connection), a receiver that
 //!   refuses a step or hangs up (the VM stays parked);
-//! - UNPARK, and UNPARK `--save` to a directory and a PARK from it
-//!   (`soak::saved`, the one place that calls that API);
+//! - UNPARK; saves to a directory (EXPORT: the VM stays parked while it
+//!   is written), dropped after it (UNPARK `--save`) or kept parked, and a
+//!   PARK from the directory, copied or on demand (PARK with VERIFY), of a
+//!   save whose memory file the tenant damaged too (`soak::saved`, the one
+//!   place that calls that API);
 //! - RESTORE and UNPARK of another uid's names.
 //!
 //! A tenant that has not done one of the requests in [`REQUIRED`] yet does
@@ -43,7 +46,9 @@
 //! under its name (its state, its slots, each byte of each slot; a moved
 //! VM the same file; a saved and reloaded VM the same bytes), or is
 //! refused only where it must be (a receiver that refused, an on-demand
-//! file cut short, on-demand files a takeover dropped); the tenant's
+//! file cut short or a damaged save, on-demand files a takeover dropped);
+//! a damaged save is never parked eagerly; a failed save leaves the VM
+//! parked and nothing in its directory; the tenant's
 //! STATS list exactly its parked VMs, and a tenant that is not an
 //! operator sees no other uid's. In the parent, while the tenants run: the
 //! daemon answers STATS (in process and over its socket) and its books
@@ -191,9 +196,13 @@ enum Op {
     /// An allocation whose file the tenant grew, gone after a takeover
     /// (the successor's checks refuse the region).
     GrownDropped,
+    /// A save that keeps the VM parked (EXPORT, no UNPARK).
+    SaveKept,
+    /// A PARK from a save whose memory file the tenant damaged: refused.
+    DamagedSaveRefused,
 }
 
-const OP_NAMES: [&str; 48] = [
+const OP_NAMES: [&str; 50] = [
     "alloc",
     "alloc_refused",
     "free",
@@ -242,12 +251,14 @@ const OP_NAMES: [&str; 48] = [
     "foreign_name_refused",
     "parked_checked",
     "grown_dropped",
+    "save_kept",
+    "damaged_save_refused",
 ];
 
 /// The requests every run long enough must drive (`MIN_SECS_FOR_ALL`):
 /// a tenant that has not done one yet does it at every fourth step, so
 /// the soak cannot silently stop driving a request.
-const REQUIRED: [Op; 16] = [
+const REQUIRED: [Op; 18] = [
     Op::Handoff,
     Op::HandoffProcess,
     Op::Reattach,
@@ -262,7 +273,9 @@ const REQUIRED: [Op; 16] = [
     Op::RestoreRefused,
     Op::Unpark,
     Op::UnparkSave,
+    Op::SaveKept,
     Op::ParkFromDir,
+    Op::DamagedSaveRefused,
     Op::ForeignNameRefused,
 ];
 
@@ -1050,8 +1063,14 @@ impl Tenant {
                 self.restore(how, paused)
             }
             134..=136 => self.unpark(false),
-            137..=138 => self.save(),
-            139..=140 => self.load(),
+            137..=138 => {
+                let drop_after = self.rng.chance(60);
+                self.save(drop_after)
+            }
+            139..=140 => {
+                let damage = self.rng.chance(15);
+                self.load(damage)
+            }
             141..=142 => self.probe_names(),
             _ => self.verify(),
         }
@@ -1086,8 +1105,10 @@ impl Tenant {
             }
             Op::Unpark if self.parked.is_empty() => self.park_copied(false),
             Op::Unpark => self.unpark(false),
-            Op::UnparkSave => self.save(),
-            Op::ParkFromDir => self.load(),
+            Op::UnparkSave => self.save(true),
+            Op::SaveKept => self.save(false),
+            Op::ParkFromDir => self.load(false),
+            Op::DamagedSaveRefused => self.load(true),
             Op::ForeignNameRefused => self.probe_names(),
             _ => self.restore(Receiver::Plain, false),
         }
@@ -1422,7 +1443,7 @@ fn hostile_tenants_soak() {
             .try_init();
     }
     assert_eq!(
-        Op::GrownDropped as usize + 1,
+        Op::DamagedSaveRefused as usize + 1,
         OP_NAMES.len(),
         "an Op without its name"
     );

@@ -55,8 +55,9 @@ pub struct Pending {
     pub _files: Vec<OwnedFd>,
     /// STATS `takeovers` before the PARK: a takeover since drops the files.
     pub takeovers: u64,
-    /// The tenant cut its file short after the park: no restore may succeed.
-    pub truncated: bool,
+    /// The tenant cut its file short after the park, or damaged the saved
+    /// file it was parked from: no restore may succeed.
+    pub damaged: bool,
 }
 
 fn refusal<T>(r: &Result<T, ClientError>) -> Option<(Status, &str)> {
@@ -260,8 +261,8 @@ impl Tenant {
             ));
         }
         let pending = if on_demand {
-            let truncated = self.rng.chance(15);
-            if truncated {
+            let damaged = self.rng.chance(15);
+            if damaged {
                 nix::unistd::ftruncate(&file, (at / 2) as i64)
                     .map_err(|e| format!("ftruncate: {e}"))?;
             }
@@ -269,7 +270,7 @@ impl Tenant {
             Some(Pending {
                 _files: vec![file],
                 takeovers,
-                truncated,
+                damaged,
             })
         } else {
             // What the file holds now is not what was parked.
@@ -500,7 +501,7 @@ impl Tenant {
         let takeovers = self.takeovers()?;
         let vm = &self.parked[k];
         let files_gone = vm.pending.as_ref().is_some_and(|p| p.takeovers < takeovers);
-        let must_fail = vm.pending.as_ref().is_some_and(|p| p.truncated);
+        let must_fail = vm.pending.as_ref().is_some_and(|p| p.damaged);
         if let Some((status, message)) = refusal(&r) {
             let stays = match how {
                 Receiver::Refuse(_) | Receiver::HangUp => status == Status::Invalid,
@@ -527,7 +528,7 @@ impl Tenant {
         let a = r.map_err(|e| format!("RESTORE {name}: {e}"))?;
         if matches!(how, Receiver::Refuse(_) | Receiver::HangUp) || must_fail {
             return Err(format!(
-                "RESTORE {name} succeeded ({how:?}, truncated file {must_fail})"
+                "RESTORE {name} succeeded ({how:?}, damaged file {must_fail})"
             ));
         }
         let got = got.map_err(|e| format!("RESTORE {name}: the receiver: {e}"))?;
