@@ -598,7 +598,7 @@ impl Tenant {
                 s.file_offset,
                 s.size,
                 v.image,
-                &format!("RESTORE {name} slot {slot}"),
+                &format!("RESTORE {name} slot {slot} (it was {})", vm.how),
             )?;
         }
         if let Some((alloc, _)) = vm.moved {
