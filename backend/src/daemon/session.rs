@@ -116,8 +116,15 @@ impl Session {
     }
 
     /// Stops this session's fault services for a takeover, keeping their
-    /// userfaultfds (blocking: at most one page clear per thread).
+    /// userfaultfds (blocking: at most one page clear per thread). The
+    /// records of allocations that are no longer this connection's (handed
+    /// off, parked, orphaned, released by their new owner) are dropped,
+    /// not passed on: the successor would find their regions gone, or
+    /// someone else's, and close this connection.
     pub fn suspend_lazy(&mut self) -> Vec<super::lazy_allocs::Suspended> {
+        let (owners, session) = (self.rooms.pool.owners(), self.id);
+        self.lazy
+            .retain(|alloc| owners.regions_of(alloc, session).is_ok());
         self.lazy.suspend_all()
     }
 
