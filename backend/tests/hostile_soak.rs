@@ -1001,7 +1001,10 @@ impl Tenant {
     fn stats(&mut self) -> Step {
         let mine: Vec<u64> = self.live.iter().map(|l| l.region_id).collect();
         let unprivileged = self.unprivileged;
-        let s = self.client()?.stats().map_err(|e| format!("STATS: {e}"))?;
+        let s = self
+            .client()?
+            .stats()
+            .map_err(|e| format!("STATS: {}", hugemem_client::diag::chain(&e)))?;
         if unprivileged {
             // A non-operator sees its own regions only.
             let foreign: Vec<u64> = s

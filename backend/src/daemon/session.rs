@@ -181,8 +181,19 @@ impl Session {
         self.peer.uid
     }
 
-    /// The refused REATTACH and HANDOFF requests that closed this
-    /// connection: "8 refused HANDOFF requests".
+    /// The refused REATTACH and HANDOFF requests on this connection (they
+    /// travel with it through a takeover).
+    pub fn token_refusals(&self) -> super::refusals::OnConnection {
+        self.token_refusals
+    }
+
+    /// Takes on the refusals a predecessor counted on this connection.
+    pub fn resume_refusals(&mut self, refusals: super::refusals::OnConnection) {
+        self.token_refusals = refusals;
+    }
+
+    /// What this connection is told when its refusals close it: "8
+    /// refused HANDOFF requests".
     pub fn token_refusals_summary(&self) -> String {
         self.token_refusals.summary()
     }
