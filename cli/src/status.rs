@@ -26,6 +26,24 @@ fn render_parked(stats: &Stats, out: &mut String) {
     }
 }
 
+/// One line per parked VM a daemon start could not bring back.
+fn render_lost(stats: &Stats, out: &mut String) {
+    use guest_mem::size::format_size;
+    use hugemem_client::stats::utc_date;
+    for l in &stats.lost_parked {
+        out.push_str(&format!(
+            "lost: {} (uid {}): {}, parked {}, gone at the start of {}: {} (`hugemem unpark {}` clears this)\n",
+            l.name,
+            l.uid,
+            format_size(l.bytes),
+            utc_date(l.parked_at),
+            utc_date(l.lost_at),
+            l.reason,
+            l.name,
+        ));
+    }
+}
+
 /// `hugemem status` without `--json`: the STATS document as a short report.
 pub fn render_status(stats: &Stats) -> String {
     use guest_mem::size::format_size;
@@ -90,6 +108,7 @@ pub fn render_status(stats: &Stats) -> String {
         ));
     }
     render_parked(stats, &mut out);
+    render_lost(stats, &mut out);
     for r in stats.quarantine.iter().flatten() {
         out.push_str(&format!(
             "quarantined: region {} ({}) for {:.1} s, held by pid {}\n",
@@ -266,6 +285,21 @@ mod tests {
             table.contains(
                 "parked: db (uid 0): 1G in 1 slot(s) on 2M pages, allocation 9, 512M copied in"
             ),
+            "{table}"
+        );
+    }
+
+    #[test]
+    fn status_says_which_parked_vms_were_lost() {
+        let stats = json!({
+            "lost_parked": [
+                {"uid": 1000, "name": "web1", "bytes": 8u64 << 30, "parked_at": 0,
+                 "lost_at": 86_400, "reason": "the daemon started afresh"}
+            ]
+        });
+        let table = render_status(&typed(stats));
+        assert!(
+            table.contains("lost: web1 (uid 1000): 8G, parked 1970-01-01 00:00:00 UTC, gone at the start of 1970-01-02 00:00:00 UTC: the daemon started afresh (`hugemem unpark web1` clears this)"),
             "{table}"
         );
     }

@@ -4,157 +4,19 @@
 //!
 //! systemd itself cannot run here (docs/operations.md, "Testing the unit");
 //! as `tests/systemd.rs` does for readiness and socket activation, this test
-//! speaks systemd's side of the protocols to the real binary: a datagram
-//! socket named by `NOTIFY_SOCKET` receives `FDSTORE=1` / `FDSTOREREMOVE=1`
-//! messages with `FDNAME=` and their fds (`SCM_RIGHTS`), keeps them by name
-//! as systemd does, and passes them back to the next start as
-//! `LISTEN_FDS` / `LISTEN_FDNAMES` / `LISTEN_PID` on fds 3 and up.
+//! speaks systemd's side of the protocols to the real binary
+//! (`test_support::fake_systemd`).
 
-use std::collections::BTreeMap;
-use std::io::IoSliceMut;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::os::unix::net::UnixDatagram;
-use std::os::unix::process::CommandExt;
-use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::sync::{Arc, Mutex};
+use std::os::fd::AsRawFd;
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use backend::client::Client;
+use test_support::fake_systemd::FakeSystemd;
 use test_support::hugepages::{exactly, PageSize};
 use test_support::prelude::{map_raw as map, serial, unmap_raw as unmap, wait_until};
-use test_support::process::{wait_clean_and_present, ServeProcess as Daemon};
+use test_support::process::wait_clean_and_present;
 use test_support::tenant::{alloc_2m, root_or_skip, MIB};
-
-/// systemd's side: the notify socket and the fd store.
-struct FakeSystemd {
-    path: PathBuf,
-    store: Arc<Mutex<BTreeMap<String, OwnedFd>>>,
-    ready: Arc<Mutex<u32>>,
-}
-
-impl FakeSystemd {
-    fn new(dir: &Path) -> Self {
-        let path = dir.join("notify.sock");
-        let sock = UnixDatagram::bind(&path).expect("notify socket");
-        let store: Arc<Mutex<BTreeMap<String, OwnedFd>>> = Arc::default();
-        let ready: Arc<Mutex<u32>> = Arc::default();
-        let (st, rd) = (Arc::clone(&store), Arc::clone(&ready));
-        std::thread::spawn(move || loop {
-            let mut buf = vec![0u8; 4096];
-            let mut cmsg = nix::cmsg_space!([RawFd; 253]);
-            let mut iov = [IoSliceMut::new(&mut buf)];
-            let Ok(msg) = nix::sys::socket::recvmsg::<()>(
-                sock.as_raw_fd(),
-                &mut iov,
-                Some(&mut cmsg),
-                nix::sys::socket::MsgFlags::MSG_CMSG_CLOEXEC,
-            ) else {
-                return;
-            };
-            let mut fds = Vec::new();
-            if let Ok(cmsgs) = msg.cmsgs() {
-                for c in cmsgs {
-                    if let nix::sys::socket::ControlMessageOwned::ScmRights(r) = c {
-                        // SAFETY: the kernel installed these fds for us.
-                        fds.extend(r.into_iter().map(|f| unsafe { OwnedFd::from_raw_fd(f) }));
-                    }
-                }
-            }
-            let n = msg.bytes;
-            let text = String::from_utf8_lossy(&buf[..n]).into_owned();
-            let lines: Vec<&str> = text.lines().collect();
-            let name = lines
-                .iter()
-                .find_map(|l| l.strip_prefix("FDNAME="))
-                .unwrap_or("stored")
-                .to_string();
-            if lines.contains(&"FDSTORE=1") {
-                if let Some(fd) = fds.pop() {
-                    st.lock().expect("store").insert(name, fd);
-                }
-            } else if lines.contains(&"FDSTOREREMOVE=1") {
-                st.lock().expect("store").remove(&name);
-            }
-            if lines.contains(&"READY=1") {
-                *rd.lock().expect("ready") += 1;
-            }
-        });
-        Self { path, store, ready }
-    }
-
-    fn names(&self) -> Vec<String> {
-        self.store.lock().expect("store").keys().cloned().collect()
-    }
-
-    fn ready_count(&self) -> u32 {
-        *self.ready.lock().expect("ready")
-    }
-
-    /// Starts `hugemem serve --fd-store` as systemd would: the stored fds
-    /// on 3.., `LISTEN_FDS`, `LISTEN_FDNAMES`, `LISTEN_PID`.
-    fn start(&self, socket: &Path, config: &Path) -> Daemon {
-        let store = self.store.lock().expect("store");
-        // Duplicates above anything the child has, so the dup2s onto 3..
-        // never overwrite a source.
-        let sources: Vec<RawFd> = store
-            .values()
-            // SAFETY: F_DUPFD_CLOEXEC of an open fd; the result is ours.
-            .map(|fd| unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_DUPFD_CLOEXEC, 500) })
-            .collect();
-        assert!(sources.iter().all(|f| *f >= 500), "dup");
-        let names: Vec<String> = store.keys().cloned().collect();
-        drop(store);
-        let mut cmd = Command::new("/bin/sh");
-        let script = if sources.is_empty() {
-            "exec \"$0\" \"$@\"".to_string()
-        } else {
-            format!(
-                "LISTEN_PID=$$ LISTEN_FDS={} LISTEN_FDNAMES={} exec \"$0\" \"$@\"",
-                sources.len(),
-                names.join(":")
-            )
-        };
-        cmd.arg("-c")
-            .arg(script)
-            .arg(env!("CARGO_BIN_EXE_hugemem"))
-            .args(["serve", "--fd-store", "--config"])
-            .arg(config)
-            .arg("--socket")
-            .arg(socket)
-            .env("NOTIFY_SOCKET", &self.path)
-            .env_remove("LISTEN_PID")
-            .env_remove("LISTEN_FDS")
-            .env_remove("LISTEN_FDNAMES")
-            .stdin(Stdio::null());
-        let srcs = sources.clone();
-        // SAFETY: the closure runs between fork and exec and only calls
-        // `onto_fds` (dup2, async-signal-safe, no allocation).
-        unsafe {
-            cmd.pre_exec(move || onto_fds(&srcs));
-        }
-        let child = cmd.spawn().expect("spawn hugemem serve");
-        for s in sources {
-            // SAFETY: our duplicate, no longer needed once the child has it.
-            unsafe { libc::close(s) };
-        }
-        Daemon(child)
-    }
-}
-
-/// Puts `sources` on fds 3.. of the child, inherited across exec. Runs
-/// between fork and exec.
-fn onto_fds(sources: &[RawFd]) -> std::io::Result<()> {
-    for (i, src) in sources.iter().enumerate() {
-        // SAFETY: dup2 of an open descriptor (all sources are above any
-        // target: duplicated from 500 up) onto 3 + i; what was there in the
-        // child is nothing it uses (it execs right after).
-        if unsafe { libc::dup2(*src, 3 + i as RawFd) } < 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-    }
-    Ok(())
-}
 
 fn pattern(i: usize) -> u8 {
     (i.wrapping_mul(7) % 253) as u8 + 1
@@ -175,7 +37,7 @@ fn restart_keeps_everything(crash: bool, test: &str) {
     let config = dir.path().join("hugemem.toml");
     std::fs::write(&config, "[pool]\nlimit = \"1G\"\ntarget = \"512M\"\n").expect("config");
     let systemd = FakeSystemd::new(dir.path());
-    let mut daemon = systemd.start(&socket, &config);
+    let mut daemon = systemd.start(Path::new(env!("CARGO_BIN_EXE_hugemem")), &socket, &config);
     wait_until("READY=1", Duration::from_secs(30), || {
         systemd.ready_count() == 1
     });
@@ -223,7 +85,7 @@ fn restart_keeps_everything(crash: bool, test: &str) {
     let waiting = std::os::unix::net::UnixStream::connect(&socket)
         .expect("the kept socket accepts while the daemon restarts");
     let started = Instant::now();
-    let mut daemon = systemd.start(&socket, &config);
+    let mut daemon = systemd.start(Path::new(env!("CARGO_BIN_EXE_hugemem")), &socket, &config);
     let mut early = Client::from_stream(waiting).expect("served once the daemon is back");
     assert_eq!(early.stats().expect("stats").allocations.active, 1);
     wait_until("READY=1", Duration::from_secs(30), || {

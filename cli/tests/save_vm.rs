@@ -9,7 +9,10 @@
 //!   removes the dead one's temporary and succeeds, and the VM loads back
 //!   from it and counts on;
 //! * the daemon killed while a save writes: the save is not put in place
-//!   ("nothing was saved"), and leaves no temporary.
+//!   ("nothing was saved"), and leaves no temporary;
+//! * a save to a disk that fails (`EIO`, a loop device cut short) says so,
+//!   leaves nothing on it, and the VM stays parked and saves whole
+//!   elsewhere.
 //!
 //! Skipped (through the skip helper) without cloud-hypervisor, `strace`,
 //! root (for the tmpfs), or the huge pages.
@@ -303,7 +306,9 @@ fn the_daemon_killed_during_a_save_puts_nothing_in_place() {
     park_from_dir(&socket, "g", &source, false).expect("park the synthetic VM");
 
     // The saver stops at its first write of memory (SIGSTOP, injected);
-    // strace's line for that call says so on its stderr.
+    // strace says so on its stderr once the stop is in effect ("stopped
+    // by SIGSTOP"): a SIGCONT before that would be overtaken by the stop,
+    // which then holds the saver for good.
     let target = tmp.path().join("vm");
     let mut saver = Command::new("strace")
         .args([
@@ -329,6 +334,11 @@ fn the_daemon_killed_during_a_save_puts_nothing_in_place() {
         .map_while(Result::ok)
         .find(|l| l.contains("pwrite64("))
         .expect("the saver's first write of memory");
+    lines
+        .by_ref()
+        .map_while(Result::ok)
+        .find(|l| l.contains("stopped by SIGSTOP"))
+        .expect("the saver stopped at its first write of memory");
     daemon.signal(nix::sys::signal::Signal::SIGKILL);
     daemon.wait("the killed daemon");
     // Resume the saver: it finishes writing, finds its daemon gone, and
@@ -349,4 +359,61 @@ fn the_daemon_killed_during_a_save_puts_nothing_in_place() {
         .filter(|n| n.contains("hugemem-save"))
         .collect();
     assert!(left.is_empty(), "a temporary was left: {left:?}");
+}
+
+#[test]
+fn a_save_to_a_disk_that_fails_leaves_nothing_and_the_vm_stays_parked() {
+    const TEST: &str = "a_save_to_a_disk_that_fails_leaves_nothing_and_the_vm_stays_parked";
+    let _s = serial();
+    let Some(_pages) = exactly(PageSize::Huge2M, 64, TEST) else {
+        return;
+    };
+    let Some(disk) = test_support::faulty_disk::FaultyDisk::new(256 << 20, TEST) else {
+        return;
+    };
+    let daemon = TestDaemon::start(|c| c.pool.recheck_ms = 20);
+    let socket = daemon.socket();
+    let tmp = tempfile::tempdir_in("/var/tmp").expect("tempdir on disk");
+    let source = tmp.path().join("source");
+    synthetic_save(&source);
+    park_from_dir(&socket, "g", &source, false).expect("park the synthetic VM");
+
+    // The disk fails 16 MiB into the save's 64 MiB of memory.
+    let target = disk.path().join("vm");
+    disk.fail_writes_after(16 << 20);
+    let out = run_failing(
+        Command::new(HUGEMEM)
+            .args(["unpark", "g", "--save"])
+            .arg(&target)
+            .arg("--socket")
+            .arg(&socket),
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("Input/output error"), "{stderr}");
+    let left: Vec<String> = entries(disk.path())
+        .into_iter()
+        .filter(|e| e != "lost+found")
+        .collect();
+    assert!(left.is_empty(), "a failed save left {left:?}");
+    let s = daemon.stats();
+    assert_eq!(s.parked.len(), 1, "the VM stays parked: {s}");
+
+    // It saves whole to a disk that works, and that save checks out.
+    let good = tmp.path().join("good");
+    let said = run_ok(&[
+        "unpark".as_ref(),
+        "g".as_ref(),
+        "--save".as_ref(),
+        good.as_os_str(),
+        "--socket".as_ref(),
+        socket.as_os_str(),
+    ]);
+    assert!(said.contains("unparked"), "{said}");
+    let verified = run_ok(&["verify".as_ref(), good.as_os_str()]);
+    assert!(verified.contains("whole"), "{verified}");
+    let s = daemon.wait_stats(SETTLE, "the saved VM dropped", |s| {
+        s.parked.is_empty() && s.allocations.active == 0
+    });
+    assert_balanced(&s, "saved and dropped");
+    daemon.shutdown();
 }

@@ -370,6 +370,7 @@ fn a_newer_state_document_is_refused_with_its_version() {
             regions: Vec::new(),
             allocations: Vec::new(),
             connections: Vec::new(),
+            fills: Vec::new(),
             counters: Default::default(),
         };
         channel::send_all(&s, &doc.to_memfd().expect("memfd"), &[]).expect("send");

@@ -414,6 +414,33 @@ impl Client {
         Self::from_stream(sock)
     }
 
+    /// Ends the connection and returns once the daemon has closed its side:
+    /// by then it has ended the session (what the connection held is
+    /// released: its allocations freed, a saver's hold on a parked VM
+    /// gone). Dropping a client closes the connection without waiting, so
+    /// a request on another connection right after may still find the
+    /// session alive.
+    ///
+    /// # Errors
+    ///
+    /// The socket's shutdown or read failed (the connection is closed
+    /// anyway when `self` drops).
+    pub fn close(self) -> Result<(), ClientError> {
+        self.sock
+            .shutdown(std::net::Shutdown::Write)
+            .map_err(ProtoError::Io)?;
+        let mut sink = [0u8; 512];
+        loop {
+            match std::io::Read::read(&mut &self.sock, &mut sink) {
+                Ok(0) => return Ok(()),
+                // Nothing is sent unasked; a stray reply is read and dropped.
+                Ok(_) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(ProtoError::Io(e).into()),
+            }
+        }
+    }
+
     /// FREE.
     pub fn free(&mut self, alloc_id: u64) -> Result<(), ClientError> {
         self.call(&Request::Free { alloc_id }).map(|_| ())

@@ -83,6 +83,50 @@ pub struct Stats {
     /// VMs parked in the daemon (a tenant sees its own only).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub parked: Vec<ParkedVmStats>,
+    /// VMs that were parked when the daemon last stopped and that this
+    /// start could not bring back (a tenant sees its own only), until
+    /// UNPARK of the name clears each.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub lost_parked: Vec<LostParkedVm>,
+}
+
+/// `secs` since the epoch as a UTC date and time (`2026-01-01 00:00:00 UTC`).
+pub fn utc_date(secs: u64) -> String {
+    let days = i64::try_from(secs / 86_400).unwrap_or(0);
+    let rem = secs % 86_400;
+    // Howard Hinnant's civil_from_days.
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02} {:02}:{:02}:{:02} UTC",
+        rem / 3600,
+        rem / 60 % 60,
+        rem % 60
+    )
+}
+
+/// A parked VM a daemon start could not bring back, as STATS lists it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LostParkedVm {
+    /// Its tenant's uid.
+    pub uid: u32,
+    /// Its name.
+    pub name: String,
+    /// Bytes of memory it had.
+    pub bytes: u64,
+    /// When it was parked, seconds since the epoch.
+    pub parked_at: u64,
+    /// When the start found it gone, seconds since the epoch.
+    pub lost_at: u64,
+    /// Why it is gone.
+    pub reason: String,
 }
 
 /// A VM parked in the daemon (PARK), as STATS lists it.

@@ -13,6 +13,10 @@
 
 #[cfg(feature = "daemon")]
 pub mod daemon;
+#[cfg(feature = "daemon")]
+pub mod fake_systemd;
+#[cfg(feature = "daemon")]
+pub mod faulty_disk;
 pub mod fixture;
 #[cfg(feature = "hugepages")]
 pub mod hugepages;

@@ -381,6 +381,10 @@ pub struct Config {
     pub rebalance: RebalanceConfig,
     /// What `hugemem hugepages --config` reserves (not read by the daemon).
     pub hugepages: HugepagesSection,
+    /// The file where the daemon notes its parked VMs (name, uid, size,
+    /// when parked), so that a start that cannot restore them says which
+    /// were lost; unset: `<socket>.parked`, beside the socket.
+    pub park_record: Option<PathBuf>,
 }
 
 impl Default for Config {
@@ -397,7 +401,19 @@ impl Default for Config {
             limits: LimitsConfig::default(),
             rebalance: RebalanceConfig::default(),
             hugepages: HugepagesSection::default(),
+            park_record: None,
         }
+    }
+}
+
+impl Config {
+    /// Where the parked VMs are noted: `park_record`, or `<socket>.parked`.
+    pub fn park_record_path(&self) -> PathBuf {
+        self.park_record.clone().unwrap_or_else(|| {
+            let mut p = self.socket.as_os_str().to_owned();
+            p.push(".parked");
+            PathBuf::from(p)
+        })
     }
 }
 

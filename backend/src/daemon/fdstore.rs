@@ -9,6 +9,9 @@
 //!
 //! * every region's fd, as `hugemem-r<ID>` (removed with `FDSTOREREMOVE=1`
 //!   once the region goes back to the kernel);
+//! * the files of every VM parked on demand (`hugemem park --from-dir
+//!   --on-demand`), as `hugemem-f<ALLOC>-<N>`, until its memory is read
+//!   (removed then, or when it is unparked);
 //! * the listening socket, as `hugemem-listener`, when the daemon bound it
 //!   itself (systemd keeps a `hugemem.socket` one anyway): clients that
 //!   connect meanwhile wait in its backlog;
@@ -38,6 +41,7 @@ use std::time::Duration;
 use sd_notify::NotifyState;
 use tracing::{debug, info, warn};
 
+use super::fill_record::FillSnapshot;
 use super::persist::fds::Fds;
 use super::persist::SaveError;
 use super::takeover::{self, state::State, Parts, Target};
@@ -48,11 +52,18 @@ pub const SYNC_PERIOD: Duration = Duration::from_millis(250);
 pub const LISTENER: &str = "hugemem-listener";
 const STATE_PREFIX: &str = "hugemem-state-";
 const REGION_PREFIX: &str = "hugemem-r";
+const FILL_PREFIX: &str = "hugemem-f";
+
+/// `FDNAME` of file `n` of allocation `alloc`'s pending fill.
+fn fill_name(alloc: u64, n: usize) -> String {
+    format!("{FILL_PREFIX}{alloc}-{n}")
+}
 
 /// What this daemon has in the store.
 #[derive(Debug, Default)]
 struct Stored {
     regions: BTreeSet<u64>,
+    fills: BTreeSet<String>,
     listener: bool,
     seq: u64,
     last_doc: Vec<u8>,
@@ -134,12 +145,14 @@ impl FdStore {
     /// regions stored, gone ones removed, the listener once, and the state
     /// document when it changed. Blocking (small `sendmsg`s).
     fn sync(&self, parts: &Parts, last: bool) -> Result<(), StoreError> {
-        let snapshot = parts.pool.records().snapshot_partial();
-        let (mut doc, _) = takeover::build(parts, &snapshot, Target::FdStore { last }, self.seq())?;
+        // Held from the snapshot on: two syncs (the loop's, a park's) store
+        // their documents in the order they took them.
         let mut st = self
             .stored
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let snapshot = parts.pool.records().snapshot_partial();
+        let (mut doc, _) = takeover::build(parts, &snapshot, Target::FdStore { last }, st.seq)?;
         if !st.listener {
             if let Some(fd) = parts.listeners.owned_listener() {
                 send(
@@ -163,6 +176,7 @@ impl FdStore {
             .map_err(|e| StoreError::Send(name.clone(), e))?;
             st.regions.insert(r.id);
         }
+        store_fills(&mut st, parts)?;
         let gone: Vec<u64> = st.regions.difference(&now).copied().collect();
         for id in gone {
             let name = format!("{REGION_PREFIX}{id}");
@@ -205,6 +219,52 @@ impl FdStore {
             regions = snapshot.regions.len(),
             "state stored"
         );
+        Ok(())
+    }
+}
+
+/// Stores the files of every pending fill not stored yet, and removes
+/// those of fills gone (read, or unparked).
+fn store_fills(st: &mut Stored, parts: &Parts) -> Result<(), StoreError> {
+    let mut now = BTreeSet::new();
+    for f in FillSnapshot::all(&parts.fills) {
+        for (n, file) in f.fill.files.iter().enumerate() {
+            let name = fill_name(f.alloc, n);
+            if !st.fills.contains(&name) {
+                send(
+                    &[NotifyState::FdStore, NotifyState::FdName(&name)],
+                    &[file.as_fd()],
+                )
+                .map_err(|e| StoreError::Send(name.clone(), e))?;
+                st.fills.insert(name.clone());
+            }
+            now.insert(name);
+        }
+    }
+    let gone: Vec<String> = st.fills.difference(&now).cloned().collect();
+    for name in gone {
+        if let Err(e) = send(
+            &[NotifyState::FdStoreRemove, NotifyState::FdName(&name)],
+            &[],
+        ) {
+            warn!(error = %e, name, "FDSTOREREMOVE failed");
+        }
+        st.fills.remove(&name);
+    }
+    Ok(())
+}
+
+/// Brings the store up to date now, when it is used (a PARK before it
+/// answers its sender, an UNPARK before the memory leaves, a RESTORE
+/// before it answers: `Rooms::sync_now`). Blocking.
+///
+/// # Errors
+///
+/// As the periodic sync.
+pub fn sync_now(store: &FdStore, parts: &Parts) -> Result<(), StoreError> {
+    if store.enabled() {
+        store.sync(parts, false)
+    } else {
         Ok(())
     }
 }
@@ -291,6 +351,19 @@ pub fn restore(mut named: HashMap<String, OwnedFd>) -> Option<takeover::Inherite
             }
         },
     );
+    for f in &mut state.fills {
+        let alloc = f.alloc;
+        for (n, i) in f.files.iter_mut().enumerate() {
+            match named.remove(&fill_name(alloc, n)) {
+                Some(fd) => {
+                    fds.push(Some(fd));
+                    *i = fds.len() - 1;
+                }
+                // Not among the fds: the fill's restore says so.
+                None => *i = usize::MAX,
+            }
+        }
+    }
     let untracked: Vec<String> = named.keys().cloned().collect();
     if !missing.is_empty() || !untracked.is_empty() {
         warn!(?missing, ?untracked, "the fd store and its state document differ; regions the document names without an fd are gone, fds it does not name are let go");

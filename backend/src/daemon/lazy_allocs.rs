@@ -335,6 +335,15 @@ impl LazyAllocs {
         self.allocs.remove(&alloc_id)?.service
     }
 
+    /// Stops and forgets every allocation for which `keep` says no
+    /// (blocking, as [`LazyAllocs::stop`]).
+    pub fn retain(&mut self, mut keep: impl FnMut(u64) -> bool) {
+        let gone: Vec<u64> = self.allocs.keys().copied().filter(|a| !keep(*a)).collect();
+        for alloc in gone {
+            self.stop(alloc);
+        }
+    }
+
     /// Stops every fault service (the connection is closing).
     pub fn stop_all(&mut self) {
         let ids: Vec<u64> = self.allocs.keys().copied().collect();

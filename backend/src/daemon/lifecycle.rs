@@ -14,6 +14,7 @@
 //! * the work lock that pauses the background loops: [`Lifecycle::periodic`]
 //!   runs a loop's rounds under it, so no loop can forget to pause.
 
+use super::refusals::OnConnection;
 use std::future::Future;
 use std::os::fd::{AsFd, OwnedFd};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -60,6 +61,8 @@ pub struct ParkedConnection {
     pub partial_fds: Vec<OwnedFd>,
     /// Lazy allocations: region table, mappings, uffd.
     pub lazy: Vec<Suspended>,
+    /// Its refused token requests so far.
+    pub token_refusals: OnConnection,
 }
 
 /// A connection in the state document: its socket, handshake, half-read
@@ -80,6 +83,10 @@ pub struct ConnectionRecord {
     pub partial_fds: Vec<usize>,
     /// Lazy allocations of this connection.
     pub lazy: Vec<LazyRecord>,
+    /// Its refused token requests so far (none in a document of an
+    /// earlier version).
+    #[serde(default)]
+    pub token_refusals: OnConnection,
 }
 
 /// A connection a predecessor passed on, restored from its record, for
@@ -98,6 +105,8 @@ pub struct InheritedConnection {
     pub reader: FrameReader,
     /// Its lazy allocations.
     pub lazy: Vec<Suspended>,
+    /// Its refused token requests so far.
+    pub token_refusals: OnConnection,
 }
 
 impl Persist for ParkedConnection {
@@ -128,6 +137,7 @@ impl Persist for ParkedConnection {
             partial: hex(&self.partial),
             partial_fds,
             lazy,
+            token_refusals: self.token_refusals,
         })
     }
 
@@ -162,6 +172,7 @@ impl Persist for ParkedConnection {
             features: state.features,
             reader,
             lazy,
+            token_refusals: state.token_refusals,
         }))
     }
 }
@@ -183,7 +194,7 @@ pub enum ConnectionRestoreError {
 pub enum FreezeTimeout {
     /// Handlers still serving a request.
     #[error(
-        "{stuck} of {live} connections did not park within {secs} s (a request still running)"
+        "{stuck} of {live} connections did not park within {secs} s (a request still running: an ALLOC waiting for pages, an on-demand RESTORE still filling a VM's memory)"
     )]
     NotParked {
         /// Handlers not parked.

@@ -133,8 +133,10 @@ impl TokenRefusals {
     }
 }
 
-/// One connection's refused token requests, by kind.
-#[derive(Debug, Default, Clone, Copy)]
+/// One connection's refused token requests, by kind. It travels with the
+/// connection through a takeover (`ConnectionRecord`), so a takeover does
+/// not give a peer that guesses tokens a fresh allowance.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct OnConnection {
     reattach: u32,
     handoff: u32,

@@ -44,6 +44,52 @@ pub struct Rooms {
     pub fills: Arc<super::fills::PendingFills>,
     /// Parked VMs held for the connection that saves them (EXPORT).
     pub saving: Arc<super::saving::Saving>,
+    /// Brings systemd's fd store up to date now (set at the start when
+    /// the store is used; see [`Rooms::sync_now`]).
+    pub store_sync: std::sync::OnceLock<StoreSync>,
+    /// The note of parked VMs on disk, and those a start found lost.
+    pub park_record: Arc<super::park_record::ParkRecord>,
+}
+
+/// A blocking sync of systemd's fd store (`fdstore::sync_now`), set by
+/// the start, which sits above both.
+#[derive(Clone)]
+pub struct StoreSync(pub Arc<dyn Fn() -> Result<(), String> + Send + Sync>);
+
+impl std::fmt::Debug for StoreSync {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("StoreSync")
+    }
+}
+
+impl Rooms {
+    /// Rewrites the note of parked VMs (after a PARK, RESTORE or UNPARK),
+    /// off the executor.
+    pub async fn note_parked(&self) {
+        let (record, pool) = (Arc::clone(&self.park_record), Arc::clone(&self.pool));
+        let wrote = tokio::task::spawn_blocking(move || {
+            record.write_with(|| pool.owners().parked_list());
+        })
+        .await;
+        if let Err(e) = wrote {
+            warn!(error = %e, "the note of parked VMs panicked");
+        }
+    }
+
+    /// Brings systemd's fd store up to date, off the executor, when the
+    /// daemon uses one: a parked VM's record is stored before its sender
+    /// retires the VM, and gone before its memory may serve anyone else.
+    /// A failure is logged: the periodic sync tries again.
+    pub async fn sync_now(&self, why: &'static str) {
+        let Some(sync) = self.store_sync.get().cloned() else {
+            return;
+        };
+        match tokio::task::spawn_blocking(move || (sync.0)()).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => warn!(error = %e, why, "cannot bring systemd's fd store up to date"),
+            Err(e) => warn!(error = %e, why, "the fd store sync panicked"),
+        }
+    }
 }
 
 /// What follows a release, off the executor: released allocations that

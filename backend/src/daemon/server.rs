@@ -329,6 +329,7 @@ pub fn adopt_connection(server: &Arc<Server>, conn: InheritedConnection) -> std:
         conn.handshaken,
         conn.features,
     );
+    session.resume_refusals(conn.token_refusals);
     session.resume_lazy(conn.lazy);
     spawn_handler(Handler {
         stream,
@@ -396,6 +397,7 @@ impl Handler {
                 stream: dup(self.stream.as_fd())?,
                 handshaken: self.session.handshaken(),
                 features: self.session.features(),
+                token_refusals: self.session.token_refusals(),
                 partial: partial.clone(),
                 partial_fds: partial_fds
                     .iter()

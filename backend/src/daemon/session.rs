@@ -116,8 +116,15 @@ impl Session {
     }
 
     /// Stops this session's fault services for a takeover, keeping their
-    /// userfaultfds (blocking: at most one page clear per thread).
+    /// userfaultfds (blocking: at most one page clear per thread). The
+    /// records of allocations that are no longer this connection's (handed
+    /// off, parked, orphaned, released by their new owner) are dropped,
+    /// not passed on: the successor would find their regions gone, or
+    /// someone else's, and close this connection.
     pub fn suspend_lazy(&mut self) -> Vec<super::lazy_allocs::Suspended> {
+        let (owners, session) = (self.rooms.pool.owners(), self.id);
+        self.lazy
+            .retain(|alloc| owners.regions_of(alloc, session).is_ok());
         self.lazy.suspend_all()
     }
 
@@ -174,8 +181,19 @@ impl Session {
         self.peer.uid
     }
 
-    /// The refused REATTACH and HANDOFF requests that closed this
-    /// connection: "8 refused HANDOFF requests".
+    /// The refused REATTACH and HANDOFF requests on this connection (they
+    /// travel with it through a takeover).
+    pub fn token_refusals(&self) -> super::refusals::OnConnection {
+        self.token_refusals
+    }
+
+    /// Takes on the refusals a predecessor counted on this connection.
+    pub fn resume_refusals(&mut self, refusals: super::refusals::OnConnection) {
+        self.token_refusals = refusals;
+    }
+
+    /// What this connection is told when its refusals close it: "8
+    /// refused HANDOFF requests".
     pub fn token_refusals_summary(&self) -> String {
         self.token_refusals.summary()
     }

@@ -41,6 +41,8 @@ pub struct StatsSource {
     pub refill_enabled: bool,
     /// The rebalancer's counters.
     pub rebalance: Arc<Rebalancer>,
+    /// The parked VMs a start found lost.
+    pub park_record: Arc<super::park_record::ParkRecord>,
 }
 
 impl StatsSource {
@@ -160,6 +162,7 @@ impl StatsSource {
                 exports_refused: g(&m.exports_refused),
             },
             parked: self.pool.owners().parked_list(),
+            lost_parked: self.park_record.lost(None),
         }
     }
 }
@@ -172,6 +175,11 @@ impl StatsSource {
 pub fn tenant_view(stats: Stats, own: &[RegionId], uid: u32) -> Stats {
     Stats {
         parked: stats.parked.into_iter().filter(|p| p.uid == uid).collect(),
+        lost_parked: stats
+            .lost_parked
+            .into_iter()
+            .filter(|p| p.uid == uid)
+            .collect(),
         version: stats.version,
         pid: stats.pid,
         uptime_s: stats.uptime_s,

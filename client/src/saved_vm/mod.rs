@@ -123,7 +123,26 @@ pub fn save_parked(
 ) -> Result<SaveReport, SavedVmError> {
     let staging = staging::Staging::begin(dir)?;
     let mut client = Client::connect(socket)?;
-    let (exported, snapshot) = export(&mut client, name)?;
+    let saved = save_on(&mut client, staging, name, dir, drop_after, opts);
+    // The hold on the VM ends with this connection: once this returns, a
+    // RESTORE or another save of it is served (the daemon does not refuse
+    // it as still being saved).
+    if let Err(e) = client.close() {
+        tracing::debug!(error = %crate::diag::chain(&e), "closing the saver's connection");
+    }
+    saved
+}
+
+/// [`save_parked`] on its connection `client`.
+fn save_on(
+    client: &mut Client,
+    staging: staging::Staging,
+    name: &str,
+    dir: &Path,
+    drop_after: bool,
+    opts: &SaveOptions<'_>,
+) -> Result<SaveReport, SavedVmError> {
+    let (exported, snapshot) = export(client, name)?;
     let info = SaveInfo {
         name: name.to_string(),
         uid: nix::unistd::Uid::current().as_raw(),
@@ -133,7 +152,7 @@ pub fn save_parked(
     let started = Instant::now();
     let (slots, write) = write_into(staging.dir(), &snapshot, &info, opts)?;
     drop(snapshot);
-    still_held(&mut client, name, &exported)?;
+    still_held(client, name, &exported)?;
     staging.commit()?;
     if drop_after {
         client

@@ -75,3 +75,11 @@ fn absent_and_null_survive_a_round_trip() {
     );
     assert_eq!(s.region(2).map(|r| r.placement.clone()), Some(None));
 }
+
+#[test]
+fn utc_dates() {
+    use super::utc_date;
+    assert_eq!(utc_date(0), "1970-01-01 00:00:00 UTC");
+    assert_eq!(utc_date(1_767_225_600), "2026-01-01 00:00:00 UTC");
+    assert_eq!(utc_date(951_825_600), "2000-02-29 12:00:00 UTC");
+}

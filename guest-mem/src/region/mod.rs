@@ -191,6 +191,35 @@ impl Region {
         self.states.mark_all_dirty()
     }
 
+    /// Marks every `Unpopulated` page `Mapped` (through `Clearing` and
+    /// `Clean`, the only path the transition table allows): the region's
+    /// owner has mapped it and may have written those pages itself (a lazy
+    /// allocation on fresh memory, which the kernel zeroed at the guest's
+    /// first touch), so they hold its bytes and must never be taken for zero
+    /// or for pages still to fill. Other pages are left as they are; returns
+    /// how many changed.
+    ///
+    /// # Errors
+    ///
+    /// [`StateError::Conflict`] when another thread claimed such a page
+    /// meanwhile (nothing should: the owner's own pages are nobody's work).
+    pub fn mark_owner_written(&self) -> Result<usize, StateError> {
+        let mut changed = 0;
+        for page in 0..self.states.len() {
+            if self.states.get(page)? != PageState::Unpopulated {
+                continue;
+            }
+            self.states
+                .try_transition(page, PageState::Unpopulated, PageState::Clearing)?;
+            self.states
+                .try_transition(page, PageState::Clearing, PageState::Clean)?;
+            self.states
+                .try_transition(page, PageState::Clean, PageState::Mapped)?;
+            changed += 1;
+        }
+        Ok(changed)
+    }
+
     /// Moves every page `Clean → Mapped` before the region is handed to a
     /// guest; returns how many pages changed. Pages already `Mapped` are left.
     ///

@@ -141,18 +141,27 @@ fn proc_tree_errors() {
 }
 
 #[test]
-fn reads_this_process() {
-    let threads = read_threads(Path::new("/proc"), std::process::id() as i32).expect("read self");
-    assert!(!threads.is_empty());
+fn reads_a_live_process() {
+    // A child that sleeps has one thread for as long as it lives; this test
+    // process does not: the harness starts and ends test threads beside it.
+    let mut child = std::process::Command::new("sleep")
+        .arg("60")
+        .spawn()
+        .expect("spawn sleep");
+    let pid = child.id() as i32;
+    let threads = read_threads(Path::new("/proc"), pid);
     let topo = Topology::detect().expect("topology");
     let s = sample(
         Path::new("/proc"),
-        std::process::id() as i32,
+        pid,
         &VcpuFilter::All,
         &CpuNodes::new(&topo),
-    )
-    .expect("sample self");
-    assert_eq!(s.vcpus() + s.unknown, threads.len());
+    );
+    let _ = child.kill();
+    let _ = child.wait();
+    assert_eq!(threads.expect("read the child").len(), 1);
+    let s = s.expect("sample the child");
+    assert_eq!(s.vcpus() + s.unknown, 1);
 }
 
 #[test]

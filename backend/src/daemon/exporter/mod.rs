@@ -327,6 +327,13 @@ impl DaemonCollector {
             None,
             g64(parked.len() as u64),
         )?;
+        gauge(
+            enc,
+            "parked_lost_vms",
+            "VMs that were parked when the daemon last stopped and that this start could not bring back, not yet acknowledged (hugemem unpark NAME).",
+            None,
+            g64(self.source.park_record.lost(None).len() as u64),
+        )?;
         let mut family = enc.encode_descriptor(
             "parked",
             "Memory of each parked VM, by its tenant's uid and its name.",

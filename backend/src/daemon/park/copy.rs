@@ -186,6 +186,17 @@ async fn take_memory(
             ));
         }
     };
+    // Dirty pool memory may still have a scrubber's batch in flight: the
+    // fill must find those pages after it let go (see
+    // `Scrubbing::wait_scrubbed_batches`), or its zeros would land on
+    // the VM's bytes.
+    let (pool, taken) = (Arc::clone(&rooms.pool), Arc::clone(&region));
+    if let Err(e) =
+        tokio::task::spawn_blocking(move || pool.scrubbing().wait_scrubbed_batches(&taken)).await
+    {
+        release(rooms);
+        return Err((Status::Internal, e.to_string()));
+    }
     Ok((alloc, region))
 }
 
@@ -388,9 +399,13 @@ fn copy_all(
         .and_then(|plan| fill_region_planned(topology, region, &plan, &opts))
         .map_err(|e| {
             region.mark_all_dirty();
+            let file_of = |i: usize| {
+                let spec = specs.get(i)?;
+                checked.memory.get(spec.file).map(|f| f.fd.as_fd())
+            };
             format!(
                 "copying the VM's memory: {}",
-                fills::describe(&e, checksums)
+                fills::describe(&e, checksums, file_of)
             )
         })?;
     region

@@ -104,7 +104,11 @@ pub async fn export(rooms: &Arc<Rooms>, req: ExportRequest, fds: Vec<OwnedFd>) -
 /// read its bytes), and becomes an ordinary parked VM: its units hold the
 /// VM's bytes (`Mapped`: never taken for zero), its files are let go.
 async fn fill_pending(rooms: &Arc<Rooms>, found: &FoundParked) -> Result<(), String> {
-    let Some(pending) = rooms.fills.get(found.alloc) else {
+    let pending = rooms.fills.get(found.alloc);
+    if let Some(msg) = super::send::files_gone(pending.is_some(), found) {
+        return Err(msg);
+    }
+    let Some(pending) = pending else {
         return Ok(());
     };
     let Some((_, region)) = found.regions.first() else {

@@ -113,7 +113,21 @@ pub async fn serve(
 /// while it saves it is refused.
 pub async fn unpark(rooms: &Arc<Rooms>, session: SessionId, uid: u32, name: &str) -> Outcome {
     let Some(found) = rooms.pool.owners().find_parked(uid, name) else {
-        return Outcome::error(Status::NotFound, format!("no VM named {name:?} is parked"));
+        return match rooms.park_record.acknowledge(uid, name) {
+            Some(lost) => {
+                rooms.note_parked().await;
+                let said = super::park_record::describe(&lost);
+                info!(
+                    uid,
+                    name, "UNPARK of a VM a start found lost: its note is cleared"
+                );
+                Outcome::error(
+                    Status::NotFound,
+                    format!("no VM named {name:?} is parked: {said}; this note is now cleared"),
+                )
+            }
+            None => Outcome::error(Status::NotFound, format!("no VM named {name:?} is parked")),
+        };
     };
     let _held = found.gate.lock_owned().await;
     if let Some(other) = rooms.saving.held_by_other(found.alloc, session) {
@@ -130,7 +144,11 @@ pub async fn unpark(rooms: &Arc<Rooms>, session: SessionId, uid: u32, name: &str
                 "UNPARK: parked VM dropped; its memory goes to quarantine"
             );
             rooms.rebalance.alloc_released(found.alloc);
+            // Out of the fd store's document before the memory can serve
+            // anyone else: a crash must not bring the VM back on it.
+            rooms.sync_now("UNPARK").await;
             settle_released(rooms, vec![released]);
+            rooms.note_parked().await;
             Outcome::reply(Reply::ok(ReplyBody::Empty))
         }
         Err(e) => Outcome::error(Status::NotFound, e.to_string()),

@@ -33,7 +33,7 @@ use hugemem_client::ch_migration::peer::send_snapshot_with;
 use numa::Topology;
 use tracing::{info, warn};
 
-use crate::daemon::fills::{describe, PendingFill, SourceChecksums};
+use crate::daemon::fills::PendingFill;
 
 /// What a postcopy restore sends and fills.
 pub struct Postcopy<'a> {
@@ -111,10 +111,20 @@ struct FaultFill<'a> {
     plan: &'a FillPlan<'a>,
     opts: &'a FillOptions<'a>,
     units_done: &'a UnitsDone,
-    /// The sources' names and checksums, for errors.
-    checksums: &'a [SourceChecksums],
+    /// What is left to fill (its files and checksums name a failure).
+    pending: Option<&'a PendingFill>,
     /// Bytes checked against their checksums by faults.
     verified: AtomicU64,
+}
+
+impl FaultFill<'_> {
+    /// A failed fill as the tenant reads it: the file named.
+    fn describe(&self, e: &guest_mem::FillError) -> String {
+        match self.pending {
+            Some(p) => p.describe(e),
+            None => hugemem_client::diag::chain(e),
+        }
+    }
 }
 
 /// Fills the units that hold `[offset, offset + len)` of `f.region`,
@@ -132,7 +142,7 @@ fn fill_range(f: &FaultFill<'_>, offset: u64, len: u64) -> Result<(), FaultFillE
                 // This thread's unit left `Clearing`, filled or not.
                 units_done.notify();
             }
-            let outcome = outcome.map_err(|e| FaultFillError(describe(&e, f.checksums)))?;
+            let outcome = outcome.map_err(|e| FaultFillError(f.describe(&e)))?;
             if let UnitFill::Filled(counts) = outcome {
                 f.verified
                     .fetch_add(counts.bytes_verified, Ordering::Relaxed);
@@ -191,14 +201,16 @@ pub fn send(p: Postcopy<'_>) -> Result<u64, String> {
         plan: &plan,
         opts: &opts,
         units_done: &units_done,
-        checksums: p.pending.map_or(&[], |f| f.checksums.as_slice()),
+        pending: p.pending,
         verified: AtomicU64::new(0),
     };
     let mut verified = 0;
     let filled = AtomicBool::new(p.pending.is_none() || all_filled(p.region));
     // At once: the receiver reads the role of a connection it accepted
     // within seconds, whenever its accept loop gets to it.
-    announce_fault_connection(p.fault).map_err(|e| format!("the fault connection: {e}"))?;
+    announce_fault_connection(p.fault).map_err(|e| {
+        format!("the receiver did not take the VM (it stays parked): the fault connection: {e}")
+    })?;
     std::thread::scope(|scope| {
         let mut fault_thread = None;
         let mut background = None;
@@ -230,6 +242,13 @@ pub fn send(p: Postcopy<'_>) -> Result<u64, String> {
                 "the receiver did not take the VM (it stays parked): {e}"
             ));
         }
+        // A fill that failed ends the fault connection at once: the
+        // receiver's next fault fails (cloud-hypervisor then stops the VM)
+        // instead of waiting for its own prefault to reach the page.
+        let give_up = |why: String| {
+            let _ = p.fault.shutdown(std::net::Shutdown::Both);
+            Err(why)
+        };
         if let Some(bg) = background {
             match bg.join() {
                 Ok(Ok(report)) => {
@@ -243,15 +262,17 @@ pub fn send(p: Postcopy<'_>) -> Result<u64, String> {
                     );
                 }
                 Ok(Err(e)) => {
-                    let why = describe(&e, faults.checksums);
-                    return Err(format!("filling the VM's memory: {why}"));
+                    return give_up(format!(
+                        "filling the VM's memory: {} (it stays parked)",
+                        faults.describe(&e)
+                    ));
                 }
-                Err(_) => return Err("the background fill panicked".into()),
+                Err(_) => return give_up("the background fill panicked".into()),
             }
             // Units a fault was filling as the background passed them.
             units_done.wait_until(|| !any_clearing(p.region));
             if !all_filled(p.region) {
-                return Err("filling the VM's memory: a page the guest asked for could not be read (see the daemon's log)".into());
+                return give_up("filling the VM's memory: a page the guest asked for could not be read (see the daemon's log; it stays parked)".into());
             }
             filled.store(true, Ordering::Release);
         }
@@ -289,8 +310,8 @@ pub fn fill_all(
     };
     let report = fill_region_planned(topology, region, &plan, &opts).map_err(|e| {
         format!(
-            "filling the VM's memory: {}",
-            crate::daemon::fills::describe(&e, &pending.checksums)
+            "filling the VM's memory: {} (it stays parked)",
+            pending.describe(&e)
         )
     })?;
     if all_filled(region) {

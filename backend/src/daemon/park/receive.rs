@@ -201,6 +201,12 @@ pub async fn park(rooms: &Arc<Rooms>, req: ParkRequest, fds: Vec<OwnedFd>) -> Ou
             },
         },
     };
+    if result.is_ok() {
+        // Under systemd, the parked VM is in the fd store before its
+        // sender retires it: a crash from now on keeps it.
+        rooms.sync_now("PARK").await;
+        rooms.note_parked().await;
+    }
     finish(rooms, &req, &stream, result)
 }
 

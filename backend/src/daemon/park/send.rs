@@ -8,7 +8,7 @@ use std::sync::Arc;
 use tokio::sync::OwnedMutexGuard;
 
 use hugemem_client::ch_migration::peer::send_snapshot;
-use tracing::info;
+use tracing::{info, warn};
 
 use super::socket::migration_socket;
 use crate::daemon::hand_out::{rows_now, Delivery, HandOut};
@@ -55,21 +55,38 @@ pub async fn gated(
     uid: u32,
     name: &str,
 ) -> Result<(OwnedMutexGuard<()>, FoundParked), (Status, String)> {
-    let not_parked = || (Status::NotFound, format!("no VM named {name:?} is parked"));
+    let gone = || (Status::NotFound, not_parked(rooms, uid, name));
     let first = rooms
         .pool
         .owners()
         .find_parked(uid, name)
-        .ok_or_else(not_parked)?;
+        .ok_or_else(gone)?;
     let held = first.gate.lock_owned().await;
     let found = match rooms.pool.owners().find_parked(uid, name) {
         Some(f) if f.alloc == first.alloc => f,
-        _ => return Err(not_parked()),
+        _ => return Err(gone()),
     };
     if let Some(other) = rooms.saving.held_by_other(found.alloc, session) {
         return Err((Status::Invalid, being_saved(name, other)));
     }
     Ok((held, found))
+}
+
+/// Why a VM parked on demand cannot be sent (restored or saved), if so:
+/// its memory was never filled and no file is left to fill it from
+/// (`has_files` false: a daemon before this one did not pass them on).
+pub fn files_gone(has_files: bool, found: &FoundParked) -> Option<String> {
+    let unfilled = found
+        .regions
+        .iter()
+        .any(|(_, r)| !super::ondemand::all_filled(r));
+    (!has_files && unfilled).then(|| {
+        format!(
+            "{:?} was parked on demand and its files are gone (a daemon before this one did not pass them on): \
+             its memory was never filled; UNPARK it and park it again from its directory",
+            found.vm.name
+        )
+    })
 }
 
 /// Why a request on a parked VM that connection `holder` is saving is
@@ -105,18 +122,13 @@ pub async fn restore(rooms: &Arc<Rooms>, req: RestoreRequest, fds: Vec<OwnedFd>)
         Err(e) => return refused(rooms, &req, Status::Internal, e.to_string()),
     };
     let pending = rooms.fills.get(found.alloc);
-    let unfilled = found
-        .regions
-        .iter()
-        .any(|(_, r)| !super::ondemand::all_filled(r));
-    if pending.is_none() && unfilled {
-        let msg = format!(
-            "{:?} was parked on demand and its files are gone (a takeover or restart does not keep them): \
-             its memory was never filled; UNPARK it",
-            req.name
-        );
+    if let Some(msg) = files_gone(pending.is_some(), &found) {
         return refused(rooms, &req, Status::Invalid, msg);
     }
+    // While it runs, a document saved for the fd store says so (a crash
+    // then has the successor read every unit again).
+    let _restoring = pending.as_ref().map(|_| rooms.fills.restoring(found.alloc));
+    let refill = pending.is_some();
     let vm = Arc::clone(&found.vm);
     let paused = req.paused;
     let region = found.regions.first().map(|(_, r)| Arc::clone(r));
@@ -157,10 +169,19 @@ pub async fn restore(rooms: &Arc<Rooms>, req: RestoreRequest, fds: Vec<OwnedFd>)
         }
     })
     .await;
-    match sent {
-        Ok(Ok(verified)) => Metrics::add(&rooms.metrics.park_verified_bytes, verified),
-        Ok(Err(e)) => return refused(rooms, &req, Status::Invalid, e),
-        Err(e) => return refused(rooms, &req, Status::Internal, e.to_string()),
+    let failed = match sent {
+        Ok(Ok(verified)) => {
+            Metrics::add(&rooms.metrics.park_verified_bytes, verified);
+            None
+        }
+        Ok(Err(e)) => Some((Status::Invalid, e)),
+        Err(e) => Some((Status::Internal, e.to_string())),
+    };
+    if let Some((status, e)) = failed {
+        if refill {
+            refill_after_failure(rooms, &found);
+        }
+        return refused(rooms, &req, status, e);
     }
     // Every unit holds the VM's bytes now: not zero, never to be pooled as clean.
     for (_, r) in &found.regions {
@@ -178,9 +199,39 @@ pub async fn restore(rooms: &Arc<Rooms>, req: RestoreRequest, fds: Vec<OwnedFd>)
         Ok(t) => t,
         Err(e) => return refused(rooms, &req, Status::Internal, e.to_string()),
     };
+    // The fd store's document no longer has it parked (a crash after the
+    // receiver took it would otherwise bring it back parked while it runs).
+    rooms.sync_now("RESTORE").await;
+    rooms.note_parked().await;
     Metrics::add(&rooms.metrics.restores, 1);
     info!(session = req.session, uid = req.uid, name = %req.name, alloc = found.alloc, slots = found.vm.slots.len(), paused, "RESTORE: parked VM handed to its new cloud-hypervisor");
     hand_out.reply(found.alloc, Some(token))
+}
+
+/// Why no VM `uid` parked under `name` is there: none is, or a daemon
+/// start found it lost (what happened, and how to clear the note).
+pub fn not_parked(rooms: &Rooms, uid: u32, name: &str) -> String {
+    match rooms.park_record.find_lost(uid, name) {
+        Some(lost) => format!(
+            "no VM named {name:?} is parked: {}; `hugemem unpark {name}` clears this note",
+            crate::daemon::park_record::describe(&lost),
+        ),
+        None => format!("no VM named {name:?} is parked"),
+    }
+}
+
+/// A restore of a VM parked on demand that did not hand it out: units it
+/// filled may have been mapped and written by the receiver's guest (a
+/// postcopy receiver runs it from `Complete`, cloud-hypervisor resumes it
+/// before it answers `Complete`), and only the files hold the parked VM.
+/// So every unit is filled from them again at the next restore.
+fn refill_after_failure(rooms: &Rooms, found: &FoundParked) {
+    for (_, region) in &found.regions {
+        region.mark_all_dirty();
+    }
+    if let Err(e) = rooms.fills.refill_all(found.alloc) {
+        warn!(alloc = found.alloc, name = %found.vm.name, error = %e, "a VM parked on demand lost its files after a failed restore; it can only be unparked");
+    }
 }
 
 /// The request's migration connection and, for a postcopy restore, its

@@ -11,7 +11,6 @@
 
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::Path;
-use std::sync::Arc;
 
 use hugemem_client::saved_vm::manifest::{max_manifest_len, Manifest, MANIFEST_FILE};
 
@@ -101,7 +100,7 @@ pub fn source_checksums(
             name: listed.name.clone(),
             piece: manifest.piece_bytes,
             file_len: listed.size,
-            crc32c: Arc::from(listed.crc32c.as_slice()),
+            crc32c: listed.crc32c.clone(),
         });
     }
     Ok(out)

@@ -116,6 +116,8 @@ impl Owners<'_> {
     /// and has a new token. Returns its regions' bytes. Pages not cleared
     /// are refused, unless `unfilled_ok` (a park on demand: the daemon
     /// fills them from the tenant's files before any process maps them).
+    /// A moved allocation's `Unpopulated` pages are marked as holding the
+    /// VM (`Region::mark_owner_written`).
     ///
     /// # Errors
     ///
@@ -151,6 +153,20 @@ impl Owners<'_> {
         }
         if pages > 0 && !unfilled_ok {
             return Err(ParkError::NotCleared { alloc, pages });
+        }
+        if !unfilled_ok {
+            // Moved: its pages are the VM's, whatever the daemon saw of
+            // them. A lazy allocation on fresh memory has pages the guest
+            // faulted in and wrote itself, still `Unpopulated` here: so
+            // marked, a restore would take the VM for one parked on demand
+            // whose files are gone, and a save for memory to fill.
+            for id in &a.regions {
+                if let Some(e) = g.entries.get(id) {
+                    e.region
+                        .mark_owner_written()
+                        .map_err(|e| ParkError::Internal(format!("page states: {e}")))?;
+                }
+            }
         }
         let a = g.allocs.get_mut(&alloc).ok_or(ParkError::Moved(alloc))?;
         a.session = None;

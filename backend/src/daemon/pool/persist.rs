@@ -5,6 +5,7 @@
 
 use std::collections::HashSet;
 use std::os::fd::OwnedFd;
+use std::os::unix::fs::MetadataExt;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
@@ -275,12 +276,19 @@ impl Records<'_> {
         self.pool.changed.notify_all();
     }
 
+    /// Counts `bytes` of a predecessor's regions that failed their checks
+    /// and went back to the kernel as released.
+    pub fn released_unadopted(&self, bytes: u64) {
+        Metrics::add(&self.pool.metrics.bytes_released, bytes);
+    }
+
     /// Enters the regions and allocations a predecessor passed on (the
     /// regions adopted and verified by the caller). An allocation whose
-    /// regions are not all here (one failed its checks) is not kept: its
-    /// surviving regions go back to the kernel once its VMM lets go, the
-    /// same as a region the daemon no longer tracks (`given_back` says
-    /// why). Returns how many allocations were kept.
+    /// regions are not all here (one failed its checks) is not kept: it
+    /// counts as released, and its surviving regions go back to the kernel
+    /// once its VMM lets go, the same as a region the daemon no longer
+    /// tracks (`given_back` says why). Returns how many allocations were
+    /// kept.
     pub fn import(
         &self,
         regions: Vec<Adopted>,
@@ -298,6 +306,7 @@ impl Records<'_> {
                     alloc = a.id,
                     "an inherited allocation lost a region that failed its checks; no longer tracked"
                 );
+                Metrics::add(&self.pool.metrics.allocs_released, 1);
             }
         }
         let kept_ids: HashSet<AllocId> = kept_allocs.iter().map(|a| a.id).collect();
@@ -538,7 +547,13 @@ impl RegionRecord {
             path: self.path.as_ref().map(std::path::PathBuf::from),
             states,
         };
-        let region = Region::adopt(fd, spec)?;
+        let file = std::fs::File::from(fd);
+        let identity = file.metadata().ok().map(|m| (m.dev(), m.ino()));
+        let region = Region::adopt(OwnedFd::from(file), spec).inspect_err(|_| {
+            if let (Some(path), Some(identity)) = (&self.path, identity) {
+                remove_refused_file(std::path::Path::new(path), identity);
+            }
+        })?;
         Ok(Adopted {
             id: self.id,
             region,
@@ -552,6 +567,21 @@ impl RegionRecord {
             split: self.split,
             fill: self.fill,
         })
+    }
+}
+
+/// Unlinks the hugetlbfs file of a region that failed its checks, if
+/// `path` still names that very file (`identity`: device and inode): its
+/// pages go back to the kernel once the fd is closed. Left on the mount,
+/// they would stay taken until a later start found the file of a dead
+/// process (a tenant that grows its path-mode file before each takeover
+/// would take pages away each time).
+fn remove_refused_file(path: &std::path::Path, identity: (u64, u64)) {
+    let same = std::fs::symlink_metadata(path).is_ok_and(|m| (m.dev(), m.ino()) == identity);
+    if same {
+        if let Err(e) = std::fs::remove_file(path) {
+            warn!(path = %path.display(), error = %e, "the file of a refused inherited region stays");
+        }
     }
 }
 

@@ -182,6 +182,25 @@ impl Scrubbing<'_> {
         }
     }
 
+    /// Blocks until no page of `region` is in `Clearing`, or the pool
+    /// stops. For a dirty region just taken from the pool to be filled by
+    /// the daemon (a PARK's copy): a scrubber that claimed a batch before
+    /// the take still clears it, and a filler that met those pages would
+    /// skip them as someone else's, to find them zeroed afterwards. Once
+    /// taken, no scrubber claims more (they claim only pooled `Dirty`
+    /// regions), and each one's [`Scrubbing::scrub_done`] says when it let go.
+    pub fn wait_scrubbed_batches(&self, region: &Region) {
+        let mut g = self.pool.lock();
+        while !g.stopping && region.states().counts().clearing > 0 {
+            // The timeout is a safety net only: `scrub_done` notifies.
+            g = self
+                .pool
+                .changed
+                .wait_timeout(g, Duration::from_secs(1))
+                .map_or_else(|e| e.into_inner().0, |(g, _)| g);
+        }
+    }
+
     /// A scrubber finished (or gave up on) its pages. A damaged region
     /// leaves the pool: it is returned, to be dropped off the lock (unmapped,
     /// closed, unlinked: its pages go back to the kernel, which zeroes them

@@ -20,16 +20,21 @@ use super::plane::{self, Loops, Plane};
 use crate::daemon::alloc::Alloc;
 use crate::daemon::config::Config;
 use crate::daemon::error::{DaemonError, Result};
-use crate::daemon::fdstore::FdStore;
+use crate::daemon::fdstore::{self, FdStore};
+use crate::daemon::fill_record;
+use crate::daemon::fills::PendingFills;
 use crate::daemon::handle::DaemonHandle;
 use crate::daemon::hugetlbfs::{hugetlbfs_dirs, recover_leftovers};
 use crate::daemon::lifecycle::Lifecycle;
 use crate::daemon::listeners::Listeners;
 use crate::daemon::metrics::Metrics;
+use crate::daemon::park_record::ParkRecord;
+use crate::daemon::persist::RestoreContext;
 use crate::daemon::pool::{Pool, Sources};
 use crate::daemon::quarantine::Recheck;
 use crate::daemon::rebalance::Rebalancer;
 use crate::daemon::refill::Refill;
+use crate::daemon::rooms::StoreSync;
 use crate::daemon::scrub::Scrubbers;
 use crate::daemon::server::{Server, Slots};
 use crate::daemon::session::Rooms;
@@ -127,6 +132,8 @@ struct Components {
     server: Arc<Server>,
     rebalance: Arc<Rebalancer>,
     refill: Arc<Refill>,
+    /// The VMs the note of parked VMs listed (for the reconcile).
+    park_listed: Vec<(u32, String, u64, u64)>,
 }
 
 /// The core of both starts: the pool (with what was inherited adopted
@@ -158,6 +165,7 @@ pub(super) fn core(
     ));
     // Regions first (before any scrubber runs): adopted and checked.
     let mut connections = Vec::new();
+    let mut fills = Vec::new();
     if let Some(inh) = inherited.as_deref_mut() {
         host.metrics.restore_map(&inh.state.counters);
         // A predecessor that answers on the control channel: a takeover;
@@ -170,6 +178,7 @@ pub(super) fn core(
         Metrics::add(start, 1);
         takeover::adopt_into(&host.topology, &pool, lifecycle.predecessor(), inh);
         connections = std::mem::take(&mut inh.state.connections);
+        fills = std::mem::take(&mut inh.state.fills);
     }
     let scrubbers = Scrubbers::start(&host.topology, &pool, &host.config.scrub)
         .map_err(DaemonError::Threads)?;
@@ -178,7 +187,7 @@ pub(super) fn core(
         .map_or(1, |i| i.state.next_session.max(1));
     let store = FdStore::new(fd_store);
     store.continue_from(inherited.as_ref().map_or(0, |i| i.state.seq));
-    let c = Components::build(
+    let mut c = Components::build(
         &host,
         pool,
         lifecycle,
@@ -187,6 +196,30 @@ pub(super) fn core(
         next_session,
         store,
     );
+    if c.store.enabled() {
+        let (store, parts) = (Arc::clone(&c.store), Arc::clone(&c.parts));
+        let sync = StoreSync(Arc::new(move || {
+            fdstore::sync_now(&store, &parts).map_err(|e| e.to_string())
+        }));
+        let _ = c.rooms.store_sync.set(sync);
+    }
+    if let Some(inh) = inherited.as_deref_mut() {
+        // The files of VMs parked on demand, for the allocations kept.
+        let mut ctx = RestoreContext {
+            fds: &mut inh.fds,
+            topology: &host.topology,
+        };
+        fill_record::restore_into(fills, &mut ctx, &c.pool, &c.rooms.fills);
+    }
+    let reason = match inherited.as_deref() {
+        None => "the daemon started afresh (no systemd fd store, no takeover): the memory of the VMs parked before went back to the kernel",
+        Some(i) if i.channel.is_some() => "the predecessor's state did not have it",
+        Some(_) => "the state systemd's fd store kept did not have it (the store was dropped, or the daemon crashed before it stored the VM)",
+    };
+    let listed = std::mem::take(&mut c.park_listed);
+    c.rooms
+        .park_record
+        .reconcile(listed, &c.pool.owners().parked_list(), reason);
     {
         use std::os::fd::AsFd;
         let dup = |fd: std::os::fd::BorrowedFd<'_>| fd.try_clone_to_owned().ok();
@@ -217,6 +250,9 @@ impl Components {
         next_session: u64,
         store: FdStore,
     ) -> Self {
+        let fills: Arc<PendingFills> = Arc::default();
+        let (park_record, park_listed) = ParkRecord::open(host.config.park_record_path());
+        let park_record = Arc::new(park_record);
         let cfg = &host.config;
         let (topology, metrics) = (&host.topology, &host.metrics);
         let fault_totals = Arc::default();
@@ -257,6 +293,7 @@ impl Components {
             refill: Arc::clone(&refill),
             refill_enabled: cfg.pool.refill,
             rebalance: Arc::clone(&rebalance),
+            park_record: Arc::clone(&park_record),
         });
         let rooms = Arc::new(Rooms {
             pool: Arc::clone(&pool),
@@ -268,8 +305,10 @@ impl Components {
             rebalance: Arc::clone(&rebalance),
             alloc,
             stats,
-            fills: Arc::default(),
+            fills: Arc::clone(&fills),
             saving: Arc::default(),
+            store_sync: std::sync::OnceLock::new(),
+            park_record,
         });
         let next_session = Arc::new(AtomicU64::new(next_session));
         let parts = Arc::new(Parts {
@@ -280,6 +319,7 @@ impl Components {
             next_session: Arc::clone(&next_session),
             scrubbers: Mutex::new(scrubbers),
             topology: Arc::clone(topology),
+            fills,
         });
         let server = Arc::new(Server {
             lifecycle: Arc::clone(&lifecycle),
@@ -300,6 +340,7 @@ impl Components {
             server,
             rebalance,
             refill,
+            park_listed,
         }
     }
 }

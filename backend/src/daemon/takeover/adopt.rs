@@ -35,6 +35,9 @@ pub fn adopt_into(
     inh.predecessor = inh.predecessor.filter(|p| Some(*p) != own);
     predecessor.set(inh.predecessor);
     let (mut adopted, refused) = adopt_regions(topology, inh);
+    // What failed its checks went back to the kernel: counted released,
+    // so that created − released stays what the daemon holds.
+    pool.records().released_unadopted(refused.bytes);
     // A document written while its daemon served may be older than the
     // last hand-out: none of its pooled regions is trusted clean.
     if !inh.state.last {
@@ -68,7 +71,7 @@ pub fn adopt_into(
         .import(adopted, allocs, inh.state.next_region, inh.state.next_alloc);
     info!(
         regions,
-        refused,
+        refused = refused.regions,
         quarantined,
         allocations = kept,
         ms = started.elapsed().as_secs_f64() * 1e3,
@@ -76,25 +79,34 @@ pub fn adopt_into(
     );
 }
 
-/// Every region record restored ([`Persist`], which adopts it: `RegionRecord::adopt`); the count
-/// of those that went back to the kernel.
-fn adopt_regions(topology: &numa::Topology, inh: &mut Inherited) -> (Vec<Adopted>, u64) {
+/// Regions of the document that failed their checks (and went back to
+/// the kernel), and their bytes.
+#[derive(Debug, Default, Clone, Copy)]
+struct Refused {
+    regions: u64,
+    bytes: u64,
+}
+
+/// Every region record restored ([`Persist`], which adopts it: `RegionRecord::adopt`), and
+/// those that went back to the kernel.
+fn adopt_regions(topology: &numa::Topology, inh: &mut Inherited) -> (Vec<Adopted>, Refused) {
     let mut adopted = Vec::new();
-    let mut refused = 0u64;
+    let mut refused = Refused::default();
     let records = std::mem::take(&mut inh.state.regions);
     let mut ctx = RestoreContext {
         fds: &mut inh.fds,
         topology,
     };
     for r in records {
-        let id = r.id;
+        let (id, len) = (r.id, r.len);
         match RegionSnapshot::restore(r, &mut ctx) {
             Ok(a) => adopted.push(a),
             // The document named no fd for it: nothing to adopt or give back.
             Err(AdoptError::NoFd) => {}
             Err(why) => {
                 warn!(region = id, reason = %why, "an inherited region failed its checks; back to the kernel");
-                refused += 1;
+                refused.regions += 1;
+                refused.bytes += len;
             }
         }
     }

@@ -11,6 +11,9 @@
 //!  verifies, adopts, serves
 //!  "OK\n" | "REFUSED <why>\n" ─────────────▶  exits | thaws and serves on
 //! ```
+//!
+//! A running daemon that cannot freeze (a request still running after
+//! 10 s) answers the hello with `REFUSED <why>\n` instead of the state.
 
 use std::io::{self, BufRead, BufReader, IoSlice, Read, Write};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
@@ -68,15 +71,27 @@ fn send_with(stream: &UnixStream, bytes: &[u8], fds: &[RawFd]) -> io::Result<()>
     Ok(())
 }
 
+/// The running daemon's `REFUSED <why>` line, in place of the state (the
+/// inner error of the `io::Error` [`recv_all`] returns then).
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct Refusal(pub String);
+
 /// Receives what [`send_all`] sent: the state memfd and the fds.
 ///
 /// # Errors
 ///
-/// Socket errors, a bad magic, missing fds.
+/// Socket errors, a bad magic, missing fds; a [`Refusal`] when the
+/// running daemon refused instead.
 pub fn recv_all(stream: &UnixStream) -> io::Result<(OwnedFd, Vec<OwnedFd>)> {
     let mut head = [0u8; 12];
     let mut got = Vec::new();
     recv_exact(stream, &mut head, &mut got, 1)?;
+    if head.starts_with(b"REFUSED") {
+        let rest = read_line(stream, Duration::from_secs(1)).unwrap_or_default();
+        let line = format!("{}{rest}", String::from_utf8_lossy(&head));
+        return Err(io::Error::other(Refusal(line)));
+    }
     if &head[..8] != MAGIC {
         return Err(io::Error::other(
             "not a hugemem daemon on the control channel",

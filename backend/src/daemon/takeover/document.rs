@@ -7,6 +7,7 @@ use std::os::fd::OwnedFd;
 
 use super::parts::Parts;
 use super::state::{self, State};
+use crate::daemon::fill_record::FillSnapshot;
 use crate::daemon::persist::fds::FdList;
 use crate::daemon::persist::{Persist, SaveContext, SaveError};
 use crate::daemon::pool::Snapshot;
@@ -52,6 +53,7 @@ pub fn build(
     let max_session = travelling.iter().map(|c| c.session).max().unwrap_or(0);
     drop(parked);
     let allocations = save_all(&snap.allocs, &mut ctx)?;
+    let fills = save_all(&FillSnapshot::all(&parts.fills), &mut ctx)?;
     let doc = State {
         format: state::FORMAT.into(),
         version: state::VERSION,
@@ -69,6 +71,7 @@ pub fn build(
         regions,
         allocations,
         connections,
+        fills,
         counters: parts.metrics.to_map(),
     };
     Ok((doc, fds.into_fds()))

@@ -48,6 +48,8 @@ pub struct Parts {
     pub scrubbers: Mutex<Scrubbers>,
     /// The topology the scrubbers restart on.
     pub topology: Arc<Topology>,
+    /// The files of VMs parked on demand.
+    pub fills: Arc<crate::daemon::fills::PendingFills>,
 }
 
 impl Parts {

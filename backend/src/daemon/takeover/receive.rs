@@ -118,6 +118,12 @@ pub fn receive(socket: &std::path::Path) -> Result<Inherited, TakeoverError> {
     let (memfd, fds) = match channel::recv_all(&stream) {
         Ok(x) => x,
         Err(e) => {
+            if let Some(refusal) = e
+                .get_ref()
+                .and_then(|i| i.downcast_ref::<channel::Refusal>())
+            {
+                return Err(TakeoverError::Refused(refusal.0.clone()));
+            }
             // A refusal comes as a line instead of the magic.
             return Err(
                 match channel::read_line(&stream, Duration::from_millis(100)) {

@@ -120,6 +120,13 @@ async fn serve_successor(
         }
         Err(why) => {
             error!(reason = %why, "takeover given up; serving on");
+            if matches!(
+                why,
+                SendError::Freeze(_) | SendError::Save(_) | SendError::Document(_)
+            ) {
+                // Nothing was sent: the successor is told why.
+                let _ = channel::write_line(&stream, &format!("REFUSED {why}"));
+            }
             parts.thaw();
             false
         }

@@ -23,6 +23,7 @@ use std::os::fd::{AsFd, OwnedFd};
 
 use serde::{Deserialize, Serialize};
 
+pub use crate::daemon::fill_record::FillRecord;
 pub use crate::daemon::lazy_allocs::LazyRecord;
 pub use crate::daemon::lifecycle::ConnectionRecord;
 pub use crate::daemon::persist::encoding::{decode_pages, encode_pages, hex, unhex};
@@ -78,6 +79,10 @@ pub struct State {
     pub allocations: Vec<AllocRecord>,
     /// Every live client connection.
     pub connections: Vec<ConnectionRecord>,
+    /// The files of every VM parked on demand, still to be read (absent in
+    /// a predecessor's document that did not carry them).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub fills: Vec<FillRecord>,
     /// The daemon's counters (STATS `counters`), so totals stay balanced.
     pub counters: BTreeMap<String, u64>,
 }
@@ -208,6 +213,11 @@ impl State {
                 }
             }
         }
+        for f in &self.fills {
+            for i in &f.files {
+                take(*i, "a parked VM's file")?;
+            }
+        }
         Ok(())
     }
 }
@@ -248,6 +258,7 @@ mod tests {
             }],
             allocations: Vec::new(),
             connections: Vec::new(),
+            fills: Vec::new(),
             counters: BTreeMap::new(),
         }
     }
