@@ -83,9 +83,9 @@ pub struct ConnectionRecord {
     pub partial_fds: Vec<usize>,
     /// Lazy allocations of this connection.
     pub lazy: Vec<LazyRecord>,
-    /// Its refused token requests so far (none in a document of an
-    /// earlier version).
-    #[serde(default)]
+    /// Its refused token requests so far (left out when there are none,
+    /// as in a document of an earlier version).
+    #[serde(default, skip_serializing_if = "OnConnection::is_none")]
     pub token_refusals: OnConnection,
 }
 

@@ -143,6 +143,11 @@ pub struct OnConnection {
 }
 
 impl OnConnection {
+    /// No request refused yet.
+    pub fn is_none(&self) -> bool {
+        self.reattach == 0 && self.handoff == 0
+    }
+
     /// Counts a refusal of `kind`; the connection's refusals so far.
     pub fn count(&mut self, kind: TokenRequest) -> u32 {
         match kind {
@@ -245,6 +250,23 @@ mod tests {
         assert_eq!(
             summary(5, 3),
             "5 refused REATTACH and 3 refused HANDOFF requests"
+        );
+    }
+
+    #[test]
+    fn a_connections_refusals_survive_its_record() {
+        let mut c = OnConnection::default();
+        assert!(c.is_none());
+        c.count(TokenRequest::Reattach);
+        c.count(TokenRequest::Reattach);
+        c.count(TokenRequest::Handoff);
+        let json = serde_json::to_string(&c).expect("json");
+        let back: OnConnection = serde_json::from_str(&json).expect("read back");
+        assert_eq!(back, c);
+        assert!(!back.is_none());
+        assert_eq!(
+            back.summary(),
+            "2 refused REATTACH and 1 refused HANDOFF requests"
         );
     }
 }
