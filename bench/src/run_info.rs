@@ -137,29 +137,13 @@ fn mem_total(text: &str) -> Option<u64> {
     kib.checked_mul(1024)
 }
 
-/// `t` as `YYYY-MM-DDTHH:MM:SSZ` (UTC; the civil-from-days algorithm of
-/// Howard Hinnant's date library, valid for every date after 1970).
+/// `t` as `YYYY-MM-DDTHH:MM:SSZ` (UTC).
 pub fn utc_date(t: std::time::SystemTime) -> String {
     let secs = t
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());
-    let days = secs / 86_400;
-    let rem = secs % 86_400;
-    let z = days + 719_468;
-    let era = z / 146_097;
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + u64::from(month <= 2);
-    format!(
-        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60
-    )
+    let [year, month, day, hour, minute, second] = hugemem_client::stats::utc_fields(secs);
+    format!("{year:04}-{month:02}-{day:02}T{hour:02}:{minute:02}:{second:02}Z")
 }
 
 /// A bench report as the JSON `--json` prints: the report's own fields,

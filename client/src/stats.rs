@@ -92,24 +92,26 @@ pub struct Stats {
 
 /// `secs` since the epoch as a UTC date and time (`2026-01-01 00:00:00 UTC`).
 pub fn utc_date(secs: u64) -> String {
-    let days = i64::try_from(secs / 86_400).unwrap_or(0);
+    let [year, month, day, hour, minute, second] = utc_fields(secs);
+    format!("{year:04}-{month:02}-{day:02} {hour:02}:{minute:02}:{second:02} UTC")
+}
+
+/// `secs` since the epoch as UTC `[year, month, day, hour, minute,
+/// second]` (Howard Hinnant's civil-from-days algorithm, valid for every
+/// date after 1970).
+pub fn utc_fields(secs: u64) -> [u64; 6] {
+    let days = secs / 86_400;
     let rem = secs % 86_400;
-    // Howard Hinnant's civil_from_days.
     let z = days + 719_468;
-    let era = z.div_euclid(146_097);
+    let era = z / 146_097;
     let doe = z - era * 146_097;
     let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
     let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
     let mp = (5 * doy + 2) / 153;
     let day = doy - (153 * mp + 2) / 5 + 1;
     let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!(
-        "{year:04}-{month:02}-{day:02} {:02}:{:02}:{:02} UTC",
-        rem / 3600,
-        rem / 60 % 60,
-        rem % 60
-    )
+    let year = yoe + era * 400 + u64::from(month <= 2);
+    [year, month, day, rem / 3600, rem / 60 % 60, rem % 60]
 }
 
 /// A parked VM a daemon start could not bring back, as STATS lists it.
