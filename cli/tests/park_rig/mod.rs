@@ -20,56 +20,16 @@ use std::sync::{mpsc, Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use guest_mem::PageSize;
 use hugemem::launch::ch_api::ChApi;
 use hugemem_client::ch_migration::{Command as Step, RequestHeader, HEADER_SIZE};
-use test_support::hugepages::hold;
-use test_support::prelude::{serial, wait_until};
-
-use crate::common::{cloud_hypervisor, spin_elf};
+use test_support::prelude::wait_until;
 
 pub const HUGEMEM: &str = env!("CARGO_BIN_EXE_hugemem");
-/// The counting guest's memory.
-pub const RAM: u64 = 256 << 20;
-const MARKER: u64 = 0x4641_554c_0000_0000;
-const START_GPA: u64 = 1 << 20;
-const STRIDE: u64 = 2 << 20;
 /// How long one API call or step may take.
 pub const STEP: Duration = Duration::from_secs(60);
 
-/// What every test starts from; the fields drop in this order, the
-/// machine's lock last.
-pub struct Setup {
-    pub ch: String,
-    pub dir: tempfile::TempDir,
-    /// The counting guest (`microguest::spin`) in `dir`.
-    pub elf: PathBuf,
-    _pages: guest_mem::Reservation,
-    _serial: std::sync::MutexGuard<'static, ()>,
-}
-
-/// The machine's lock, cloud-hypervisor, 2 MiB pages for `guests`
-/// guests, the counting guest in a private directory; `None` after a skip.
-pub fn set_up(guests: u64) -> Option<Setup> {
-    let serial = serial();
-    let ch = cloud_hypervisor()?;
-    let pages = match hold(PageSize::Huge2M, guests * RAM / STRIDE) {
-        Ok(r) => r,
-        Err(why) => {
-            test_support::skip!("{why}");
-            return None;
-        }
-    };
-    let dir = tempfile::tempdir().expect("tempdir");
-    let elf = spin_elf(dir.path(), STRIDE, START_GPA, MARKER);
-    Some(Setup {
-        ch,
-        dir,
-        elf,
-        _pages: pages,
-        _serial: serial,
-    })
-}
+// The set-up is the other park tests' (`common::park`).
+pub use crate::common::park::{set_up, Setup, RAM};
 
 /// `hugemem launch` of the counting guest (256 MiB on 2 MiB pages) on the
 /// daemon at `socket`, its API at `api`.
