@@ -25,7 +25,7 @@ use std::os::fd::AsFd;
 use std::time::Duration;
 
 use backend::client::ClientError;
-use backend::daemon::session::MAX_REATTACH_REFUSALS;
+use backend::daemon::connections::session::MAX_REATTACH_REFUSALS;
 use backend::proto::{RegionInfo, Status};
 use backend::stats::Stats;
 

@@ -376,7 +376,7 @@ fn a_moved_vm_restores_to_a_fake_receiver_with_the_same_memory() {
 /// RESTOREs it onto the same memory.
 #[test]
 fn a_parked_vm_survives_a_takeover_and_the_orphan_timeout() {
-    use backend::daemon::{takeover, Config, Daemon};
+    use backend::daemon::{restart::takeover, Config, Daemon};
     const TEST: &str = "a_parked_vm_survives_a_takeover_and_the_orphan_timeout";
     let _g = serial();
     if !reserve_2m(8, TEST) {

@@ -15,7 +15,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use backend::client::{Client, ClientError};
-use backend::daemon::{takeover, Config, Daemon, DaemonHandle};
+use backend::daemon::{restart::takeover, Config, Daemon, DaemonHandle};
 use backend::proto::{AllocRequest, ClearMode, Status};
 use test_support::prelude::{hugepages_2m, reserve_2m, serial, wait_until};
 use test_support::tenant::{alloc_2m, MIB};

@@ -222,7 +222,7 @@ fn leave_dirty_region(daemon: &TestDaemon, tenant: &mut Client) {
 /// writes, and its VMM's fallback never ran (its connection stayed open).
 #[test]
 fn a_lazy_vm_runs_on_across_a_takeover() {
-    use backend::daemon::{takeover, Config, Daemon};
+    use backend::daemon::{restart::takeover, Config, Daemon};
     const TEST: &str = "a_lazy_vm_runs_on_across_a_takeover";
     let _s = serial();
     if !prerequisites(TEST) {

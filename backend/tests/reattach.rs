@@ -17,7 +17,7 @@ use std::os::unix::net::UnixStream;
 use std::time::{Duration, Instant};
 
 use backend::client::{Client, ClientError};
-use backend::daemon::session::MAX_REATTACH_REFUSALS;
+use backend::daemon::connections::session::MAX_REATTACH_REFUSALS;
 use backend::proto::socket::{recv_message, send_message};
 use backend::proto::{
     Code, Header, RegionInfo, Reply, ReplyBody, Request, Status, FEATURE_LAZY, FEATURE_REATTACH,

@@ -277,7 +277,7 @@ fn ten_takeovers_under_sixteen_tenants_lose_nothing() {
 /// tenant's connection, allocation and pool stay, scrubbing goes on.
 #[test]
 fn a_refused_takeover_leaves_the_daemon_serving() {
-    use backend::daemon::takeover::channel;
+    use backend::daemon::restart::takeover::channel;
     let _s = serial();
     if !root_or_skip() {
         return;
@@ -301,7 +301,8 @@ fn a_refused_takeover_leaves_the_daemon_serving() {
         .expect("the control socket");
     channel::write_line(&control, channel::HELLO).expect("hello");
     let (state, fds) = channel::recv_all(&control).expect("the state and fds");
-    let doc = backend::daemon::takeover::State::from_memfd(state).expect("a trusted document");
+    let doc =
+        backend::daemon::restart::takeover::State::from_memfd(state).expect("a trusted document");
     assert_eq!(doc.allocations.len(), 1, "{doc:?}");
     assert_eq!(doc.connections.len(), 1, "{doc:?}");
     drop(fds);
@@ -342,7 +343,7 @@ fn a_refused_takeover_leaves_the_daemon_serving() {
 /// naming both versions, and the predecessor is told (it serves on).
 #[test]
 fn a_newer_state_document_is_refused_with_its_version() {
-    use backend::daemon::takeover::{channel, state};
+    use backend::daemon::restart::takeover::{channel, state};
     let _s = serial();
     let dir = tempfile::tempdir().expect("tempdir");
     let socket = dir.path().join("hugemem.sock");

@@ -78,80 +78,44 @@
 //! them; allocations come back orphaned until their VMM re-attaches.
 //!
 //! [`config`]: crate::daemon::config
-//! [`server`]: crate::daemon::server
-//! [`session`]: crate::daemon::session
-//! [`alloc`]: crate::daemon::alloc
+//! [`server`]: crate::daemon::connections::server
+//! [`session`]: crate::daemon::connections::session
+//! [`alloc`]: crate::daemon::requests::alloc
 //! [`pool`]: crate::daemon::pool
-//! [`scrub`]: crate::daemon::scrub
-//! [`holders`]: crate::daemon::holders
-//! [`reuse`]: crate::daemon::quarantine::reuse
-//! [`quarantine`]: crate::daemon::quarantine
-//! [`start`]: mod@crate::daemon::start
-//! [`lifecycle`]: crate::daemon::lifecycle
-//! [`stats`]: mod@crate::daemon::stats
-//! [`listeners`]: crate::daemon::listeners
-//! [`lazy_allocs`]: crate::daemon::lazy_allocs
+//! [`scrub`]: crate::daemon::background::scrub
+//! [`holders`]: crate::daemon::background::quarantine::holders
+//! [`reuse`]: crate::daemon::background::quarantine::reuse
+//! [`quarantine`]: crate::daemon::background::quarantine
+//! [`start`]: mod@crate::daemon::process::start
+//! [`lifecycle`]: crate::daemon::process::lifecycle
+//! [`stats`]: mod@crate::daemon::observe::stats
+//! [`listeners`]: crate::daemon::restart::listeners
+//! [`lazy_allocs`]: crate::daemon::requests::lazy_allocs
 //! [`DaemonHandle`]: crate::daemon::DaemonHandle
 //! [`serve`]: crate::daemon::serve()
-//! [`peer`]: crate::daemon::peer
-//! [`metrics`]: crate::daemon::metrics
-//! [`exporter`]: crate::daemon::exporter
-//! [`systemd`]: crate::daemon::systemd
-//! [`refill`]: crate::daemon::refill
-//! [`rebalance`]: crate::daemon::rebalance
-//! [`takeover`]: crate::daemon::takeover
-//! [`fdstore`]: crate::daemon::fdstore
+//! [`peer`]: crate::daemon::connections::peer
+//! [`metrics`]: crate::daemon::observe::metrics
+//! [`exporter`]: crate::daemon::observe::exporter
+//! [`systemd`]: crate::daemon::process::systemd
+//! [`refill`]: crate::daemon::background::refill
+//! [`rebalance`]: crate::daemon::requests::rebalance
+//! [`takeover`]: crate::daemon::restart::takeover
+//! [`fdstore`]: crate::daemon::restart::fdstore
 //! [`Daemon::start`]: crate::daemon::Daemon::start
 //! [`DaemonHandle::shutdown`]: crate::daemon::DaemonHandle::shutdown
 
-pub mod alloc;
+pub mod background;
 pub mod config;
-mod error;
-pub mod exporter;
-pub mod fdstore;
-pub mod fill_record;
-pub mod fills;
-pub mod guest_check;
-pub mod hand_out;
-mod handle;
-pub mod handoff;
-pub mod holders;
-mod hugetlbfs;
+pub mod connections;
 pub mod ids;
-pub mod latency;
-pub mod lazy_allocs;
-pub mod lifecycle;
-pub mod listeners;
-mod locking;
-pub mod metrics;
-mod orphans;
-pub mod outcome;
-pub mod park;
-pub mod park_record;
-pub mod peer;
-pub mod peer_log;
-pub mod persist;
+pub mod observe;
 pub mod pool;
-pub mod quarantine;
-pub mod reattach;
-pub mod rebalance;
-pub mod refaulter;
-pub mod refill;
-pub mod refusals;
-pub mod rooms;
-pub mod saving;
-pub mod scrub;
-mod serve;
-pub mod server;
-pub mod session;
-mod socket;
-pub mod start;
-pub mod stats;
-pub mod systemd;
-pub mod takeover;
+pub mod process;
+pub mod requests;
+pub mod restart;
 
 pub use config::{ByteSize, Config, ConfigError, Overrides, ValidationError};
-pub use error::{DaemonError, Result};
-pub use handle::DaemonHandle;
-pub use serve::{serve, Start};
-pub use start::Daemon;
+pub use process::error::{DaemonError, Result};
+pub use process::handle::DaemonHandle;
+pub use process::serve::{serve, Start};
+pub use process::start::Daemon;

@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use backend::client::Client;
-use backend::daemon::{takeover, Config, Daemon, DaemonHandle};
+use backend::daemon::{restart::takeover, Config, Daemon, DaemonHandle};
 use backend::stats::Stats;
 
 /// One daemon at a time, replaced by its successor at each takeover.

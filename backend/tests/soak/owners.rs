@@ -303,7 +303,7 @@ impl Tenant {
         self.count(Op::TokenRefused);
         if self.rng.chance(20) {
             let mut c = self.connect()?;
-            let limit = backend::daemon::session::MAX_REATTACH_REFUSALS;
+            let limit = backend::daemon::connections::session::MAX_REATTACH_REFUSALS;
             for n in 0..limit {
                 let r = c.reattach(other, random);
                 if !not_found(&r) {

@@ -1,5 +1,5 @@
-//! The end of an ALLOC, for the ALLOC path (`crate::daemon::session`,
-//! `crate::daemon::alloc`): [`Pool::commit`] hands the `Reserved` regions
+//! The end of an ALLOC, for the ALLOC path (`crate::daemon::connections::session`,
+//! `crate::daemon::requests::alloc`): [`Pool::commit`] hands the `Reserved` regions
 //! that [`Pool::take`] chose to a session as one allocation (the
 //! clean-before-map check), [`Pool::put_back`] returns them when the ALLOC
 //! fails after the take.
@@ -21,7 +21,7 @@ struct Owner {
     token: AllocToken,
 }
 
-// Called by the ALLOC path (`crate::daemon::session`, `crate::daemon::alloc`).
+// Called by the ALLOC path (`crate::daemon::connections::session`, `crate::daemon::requests::alloc`).
 /// Why a commit refused the regions an ALLOC took (the invariant: no VM
 /// receives a page that is not clean in eager mode).
 #[derive(Debug, thiserror::Error)]

@@ -1,5 +1,5 @@
 //! Operations on a released region's file done under the pool's own rules
-//! (the proofs before reuse are in `crate::daemon::quarantine::reuse`).
+//! (the proofs before reuse are in `crate::daemon::background::quarantine::reuse`).
 
 use guest_mem::Region;
 

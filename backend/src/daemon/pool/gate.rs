@@ -1,7 +1,7 @@
 //! The reservation gate: the daemon's hugetlb reservations of fresh pages,
 //! and the punch of a released region's pages, one at a time.
 //!
-//! Detaching a released region (`crate::daemon::quarantine::reuse::detach_pages`)
+//! Detaching a released region (`crate::daemon::background::quarantine::reuse::detach_pages`)
 //! punches every page out of its file; the pages are free, and unreserved,
 //! until the region's file reserves them again a moment later. A fresh
 //! region created in that moment (an ALLOC, a lazy ALLOC's demand-faulted

@@ -11,9 +11,9 @@ use numa::NodeId;
 use tracing::info;
 
 use super::table::{pooled_bytes_of, Entry, EntryState, Pool};
-use crate::daemon::holders::{Hold, Holder};
+use crate::daemon::background::quarantine::holders::{Hold, Holder};
 use crate::daemon::ids::{PoolKey, RegionId};
-use crate::daemon::metrics::Metrics;
+use crate::daemon::observe::metrics::Metrics;
 
 /// Why a pooled region cannot be handed out or given back right now.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -82,7 +82,7 @@ fn idle(e: &Entry) -> bool {
 }
 
 // For the ALLOC rule of `take.rs`; `pooled` for the refill
-// (`crate::daemon::refill`).
+// (`crate::daemon::background::refill`).
 impl Pool {
     /// What is pooled of `page_size` on `node` (see [`Held`]).
     pub(super) fn held(&self, node: NodeId, page_size: PageSize) -> Held {

@@ -1,4 +1,4 @@
-//! In-use regions as NUMA rebalancing (`super::super::rebalance`) sees them.
+//! In-use regions as NUMA rebalancing (`crate::daemon::requests::rebalance`) sees them.
 
 use std::sync::Arc;
 
@@ -25,7 +25,7 @@ pub struct InUseRegion {
     pub split: bool,
 }
 
-// Called by NUMA rebalancing (`crate::daemon::rebalance`).
+// Called by NUMA rebalancing (`crate::daemon::requests::rebalance`).
 impl Pool {
     fn in_use_entry(g: &Inner, id: RegionId, e: &Entry) -> Option<InUseRegion> {
         let EntryState::InUse(alloc) = e.state else {

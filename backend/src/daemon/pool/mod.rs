@@ -55,7 +55,7 @@ mod table;
 mod take;
 mod token;
 
-pub use super::ids::{AllocId, PoolKey, RegionId, SessionId};
+pub use crate::daemon::ids::{AllocId, PoolKey, RegionId, SessionId};
 pub use commit::CommitError;
 pub use gate::ReserveGate;
 pub use handoff::{HandedOff, HandoffError};
@@ -78,5 +78,5 @@ pub use supply::{free_pages, Refusal};
 pub use table::{ChangeGate, Pool, Sources};
 pub use take::{shortage_note, Missing, Obtained, Part, Source};
 pub use token::{AllocToken, TokenError, TOKEN_SIZE};
-// The table's private types, for `persist.rs` (`super::Entry` …).
+// The table's private types, for `persist.rs` (`crate::daemon::Entry` …).
 use table::{Allocation, Entry, EntryState};

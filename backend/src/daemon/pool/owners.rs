@@ -56,7 +56,7 @@ impl Pool {
     }
 }
 
-// Called by the session (`crate::daemon::session`), for its own allocations.
+// Called by the session (`crate::daemon::connections::session`), for its own allocations.
 impl Owners<'_> {
     /// The regions of `alloc` if `session` owns it.
     ///

@@ -1,6 +1,6 @@
 //! Parked VMs: an allocation that holds a cloud-hypervisor VM's memory
 //! under a name, with the VM's configuration and state, while no process
-//! runs the VM (`crate::daemon::park`). A parked allocation belongs to no
+//! runs the VM (`crate::daemon::requests::park`). A parked allocation belongs to no
 //! connection (as an orphan) but never times out; it is its tenant's
 //! until RESTORE hands it to a connection or UNPARK releases it.
 //!

@@ -1,6 +1,6 @@
 //! The pool's persistence: a snapshot of every region and allocation,
 //! their records in the state document a takeover or systemd's fd store
-//! keeps (`crate::daemon::takeover`), and the successor's adoption and
+//! keeps (`crate::daemon::restart::takeover`), and the successor's adoption and
 //! import of what it verified.
 
 use std::collections::HashSet;
@@ -18,10 +18,12 @@ use tracing::warn;
 use super::{
     AllocId, Allocation, ChangeGate, Entry, EntryState, Pool, PoolKey, RegionId, SessionId,
 };
-use crate::daemon::holders::Owned;
-use crate::daemon::metrics::Metrics;
-use crate::daemon::persist::encoding::{decode_pages, encode_pages, hex, unhex};
-use crate::daemon::persist::{DecodeError, Persist, RestoreContext, SaveContext, SaveError};
+use crate::daemon::background::quarantine::holders::Owned;
+use crate::daemon::observe::metrics::Metrics;
+use crate::daemon::restart::persist::encoding::{decode_pages, encode_pages, hex, unhex};
+use crate::daemon::restart::persist::{
+    DecodeError, Persist, RestoreContext, SaveContext, SaveError,
+};
 
 /// Where an exported region is in its life.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

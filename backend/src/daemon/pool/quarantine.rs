@@ -1,4 +1,4 @@
-//! The pool's side of the quarantine (`crate::daemon::quarantine`): the
+//! The pool's side of the quarantine (`crate::daemon::background::quarantine`): the
 //! regions it is to check, and its verdicts applied to them. The checks
 //! themselves (holder scan, proof before reuse) run outside the pool, on a
 //! blocking thread, without its lock.
@@ -12,10 +12,10 @@ use tracing::{info, warn};
 use super::refault::Fill;
 use super::release::Loss;
 use super::table::{EntryState, Pool};
-use crate::daemon::holders::{Holder, Owned};
+use crate::daemon::background::quarantine::holders::{Holder, Owned};
+use crate::daemon::connections::peer_log::{check_tenant, LEFT_QUARANTINE};
 use crate::daemon::ids::RegionId;
-use crate::daemon::metrics::Metrics;
-use crate::daemon::peer_log::{check_tenant, LEFT_QUARANTINE};
+use crate::daemon::observe::metrics::Metrics;
 
 /// What a quarantine check decided for one region.
 #[derive(Debug)]
@@ -63,10 +63,10 @@ impl Pool {
     }
 }
 
-// Called by the quarantine loop (`crate::daemon::quarantine`).
+// Called by the quarantine loop (`crate::daemon::background::quarantine`).
 impl QuarantineBook<'_> {
     /// The quarantined regions, for a holder scan and the proofs of
-    /// [`crate::daemon::quarantine::reuse`].
+    /// [`crate::daemon::background::quarantine::reuse`].
     pub fn quarantined(&self) -> Vec<(RegionId, Owned, Arc<Region>)> {
         self.pool
             .lock()
@@ -77,7 +77,7 @@ impl QuarantineBook<'_> {
             .collect()
     }
 
-    /// Applies the quarantine checks ([`crate::daemon::quarantine::reuse::judge`]): a
+    /// Applies the quarantine checks ([`crate::daemon::background::quarantine::reuse::judge`]): a
     /// region proved free becomes `Dirty` (scrubbers woken), or `Clean` at
     /// once when its pages were detached (punched, holes reserved again:
     /// every page the kernel hands it is zeroed), its holes then faulted in

@@ -1,7 +1,7 @@
 //! Refaulting detached regions ahead of their guests, so a guest's first
 //! touch of a hole does not wait for the kernel to zero a huge page.
 //!
-//! A released region whose pages were detached (`crate::daemon::quarantine::reuse::
+//! A released region whose pages were detached (`crate::daemon::background::quarantine::reuse::
 //! detach_pages`: every page punched out of its file, and the holes
 //! reserved again at once) is clean the moment it leaves quarantine: a
 //! hole can only ever fault in a page the kernel zeroes for it, and the

@@ -15,7 +15,7 @@ use super::files::reclaim_path;
 use super::owners::OwnershipError;
 use super::table::{pooled_bytes, pooled_bytes_of, Allocation, EntryState, Inner, Pool};
 use crate::daemon::ids::{AllocId, RegionId, SessionId};
-use crate::daemon::metrics::Metrics;
+use crate::daemon::observe::metrics::Metrics;
 
 /// An allocation being given back: its regions and whether they were locked.
 #[derive(Debug)]
@@ -28,7 +28,7 @@ pub struct Released {
     pub locked: bool,
 }
 
-// FREE and disconnect (`crate::daemon::session`), the quarantine loop
+// FREE and disconnect (`crate::daemon::connections::session`), the quarantine loop
 // (`trim`), and the pool's own discards.
 impl Pool {
     /// Releases `alloc` (FREE): its regions go to quarantine, or back to the
@@ -146,7 +146,7 @@ impl Pool {
                 out.quarantined.push(Arc::clone(&e.region));
             }
         }
-        if let Some(suppressed) = crate::daemon::peer_log::RELEASED.check(a.tenant) {
+        if let Some(suppressed) = crate::daemon::connections::peer_log::RELEASED.check(a.tenant) {
             info!(
                 alloc,
                 session = a.session,

@@ -13,9 +13,9 @@ use guest_mem::Region;
 use tracing::warn;
 
 use super::table::{Entry, EntryState, Pool};
-use crate::daemon::holders::{Holder, Owned};
+use crate::daemon::background::quarantine::holders::{Holder, Owned};
 use crate::daemon::ids::{PoolKey, RegionId};
-use crate::daemon::metrics::Metrics;
+use crate::daemon::observe::metrics::Metrics;
 
 /// A region an ALLOC holds in `Reserved` (see [`Pool::take`]).
 #[derive(Debug, Clone)]

@@ -46,7 +46,7 @@ pub struct ScrubWork {
     pub count: usize,
 }
 
-// Called by the scrubbers (`crate::daemon::scrub`) and the daemon's stop.
+// Called by the scrubbers (`crate::daemon::background::scrub`) and the daemon's stop.
 impl Pool {
     /// Stops the scrubbers and waiters; the pool keeps its regions until dropped.
     pub fn stop(&self) {
@@ -110,7 +110,7 @@ impl Scrubbing<'_> {
     /// Blocks until there is work on `node`, or the pool stops (`None`):
     /// with `fills`, holes of a detached region to fault in ahead of its
     /// guest first (`refault.rs`; without, the node's fault helpers take
-    /// them, `crate::daemon::refaulter`), then up to `max_bytes` of
+    /// them, `crate::daemon::background::refault`), then up to `max_bytes` of
     /// contiguous dirty pages.
     pub fn next_scrub(
         &self,
@@ -229,8 +229,10 @@ impl Scrubbing<'_> {
             if e.state == EntryState::Dirty && states.counts().clean == states.len() {
                 e.state = EntryState::Clean;
                 e.since = Instant::now();
-                let limit = &crate::daemon::peer_log::SCRUBBED;
-                if let Some(suppressed) = crate::daemon::peer_log::check_tenant(limit, e.tenant) {
+                let limit = &crate::daemon::connections::peer_log::SCRUBBED;
+                if let Some(suppressed) =
+                    crate::daemon::connections::peer_log::check_tenant(limit, e.tenant)
+                {
                     info!(
                         region = work.id,
                         node = e.key.node,
@@ -274,7 +276,7 @@ impl Scrubbing<'_> {
     /// stops (`None`). A region already handed out goes first: its guest
     /// is running. A region another refault thread works on is skipped
     /// until it leaves it ([`Scrubbing::fill_left`]). For the node's fault
-    /// helpers (`crate::daemon::refaulter`).
+    /// helpers (`crate::daemon::background::refault`).
     pub fn next_fill(&self, node: NodeId, max_bytes: u64) -> Option<FillWork> {
         let mut g = self.pool.lock();
         loop {

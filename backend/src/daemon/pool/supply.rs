@@ -18,9 +18,9 @@ use tracing::{debug, info, warn};
 
 use super::reserve::Taken;
 use super::table::Pool;
-use crate::daemon::holders::{self, Owned};
+use crate::daemon::background::quarantine::holders::{self, Owned};
 use crate::daemon::ids::{PoolKey, RegionId};
-use crate::daemon::metrics::Metrics;
+use crate::daemon::observe::metrics::Metrics;
 use crate::diag::chain;
 use crate::fault::dirty_pages_resident;
 use crate::proto::Status;
@@ -276,9 +276,9 @@ pub(super) fn create(
     Ok(taken)
 }
 
-// Called by the refill (`crate::daemon::refill`).
+// Called by the refill (`crate::daemon::background::refill`).
 impl Pool {
-    /// Refill (`crate::daemon::refill`): a fresh region of `bytes` on `node`
+    /// Refill (`crate::daemon::background::refill`): a fresh region of `bytes` on `node`
     /// in `page_size` pages, populated with `opts` (progress, cancel), put
     /// straight into the clean pool. Returns its id.
     ///

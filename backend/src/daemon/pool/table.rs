@@ -17,10 +17,10 @@ use tokio::sync::Notify;
 use super::given_back::Recent;
 use super::refault::Fill;
 use super::token::AllocToken;
+use crate::daemon::background::quarantine::holders::{Holder, Owned, Predecessor};
 use crate::daemon::config::PoolConfig;
-use crate::daemon::holders::{Holder, Owned, Predecessor};
 use crate::daemon::ids::{AllocId, PoolKey, RegionId, SessionId};
-use crate::daemon::metrics::Metrics;
+use crate::daemon::observe::metrics::Metrics;
 use crate::daemon::pool::ReserveGate;
 
 /// What the pool creates fresh regions with and whom it wakes, fixed for
@@ -32,7 +32,7 @@ pub struct Sources {
     /// The hugetlbfs directory for path-backed regions of each page size.
     pub hugetlbfs: Vec<(PageSize, PathBuf)>,
     /// Woken when an ALLOC waits for quarantined pages (the holder scan
-    /// then runs at once, see `crate::daemon::quarantine`).
+    /// then runs at once, see `crate::daemon::background::quarantine`).
     pub quarantine_kick: Arc<Notify>,
     /// The daemon this one took over from, while it runs: holder scans
     /// skip it.
@@ -84,14 +84,14 @@ pub(super) struct Entry {
     pub(super) since: Instant,
     pub(super) holder: Option<Holder>,
     /// Quarantined, no process holds it, but a reference no process shows
-    /// exists (see `crate::daemon::quarantine::reuse`): why, and when it was first seen.
+    /// exists (see `crate::daemon::background::quarantine::reuse`): why, and when it was first seen.
     pub(super) withheld: Option<(String, Instant)>,
     /// The uid of the last client that held it (for a withheld region).
     pub(super) tenant: Option<u32>,
     pub(super) warned: bool,
     /// Pages may be on several nodes (a move is running, or a range was
     /// moved): released, such a region goes back to the kernel, never into
-    /// a per-node pool (see `crate::daemon::rebalance`).
+    /// a per-node pool (see `crate::daemon::requests::rebalance`).
     pub(super) split: bool,
     /// Holes of a detached region still to be faulted in ahead of its
     /// guest (`refault.rs`), in any entry state.

@@ -1,6 +1,6 @@
 //! The pool's choice of the regions that serve an ALLOC: **the one place
 //! that decides which region serves a request** ([`Pool::take`]). The
-//! daemon's ALLOC path (`crate::daemon::alloc`) validates a request into
+//! daemon's ALLOC path (`crate::daemon::requests::alloc`) validates a request into
 //! [`Part`]s and hands them here; [`super::supply`] only knows how to get a
 //! region from each source.
 //!
@@ -73,7 +73,7 @@ use super::reserve::Taken;
 use super::supply::{self, free_pages, Refusal};
 use super::table::Pool;
 use crate::daemon::ids::PoolKey;
-use crate::daemon::metrics::Metrics;
+use crate::daemon::observe::metrics::Metrics;
 use crate::diag::chain;
 use crate::proto::Status;
 
@@ -167,7 +167,7 @@ pub fn shortage_note(size: u64, served: Option<PageSize>, missing: &[Missing]) -
     }
 }
 
-// Called by the ALLOC path (`crate::daemon::alloc`): the one place that picks.
+// Called by the ALLOC path (`crate::daemon::requests::alloc`): the one place that picks.
 impl Pool {
     /// Takes a region for every part (blocking), each by the rule of the
     /// module docs, waiting at most until `deadline`. On success all are

@@ -1,0 +1,425 @@
+//! PARK of memory that did not come from this daemon (a cloud-hypervisor
+//! started on its own with `shared=on`, a snapshot read from disk): its
+//! bytes are copied into a fresh allocation of pool memory, on the
+//! largest pages its size allows (1 GiB when it is a multiple of 1 GiB), so
+//! a VM that lived on 4 KiB pages comes back on huge pages.
+//!
+//! The copy is the fill engine's (`guest_mem::fill_region`): each
+//! mapping read with `pread` into the daemon's own mapping of the new
+//! region, on workers pinned to the region's node, never through a mapping
+//! of the peer's file (a peer can truncate its file at any moment: a read
+//! then comes back short, an error here, where a mapping would fault the
+//! daemon). The allocation is taken without clearing (the daemon writes
+//! every byte before anyone maps it): bytes the file supplies are not
+//! zeroed first; holes of the file (`SEEK_DATA`/`SEEK_HOLE`) and bytes no
+//! mapping covers are zeroed, unless the pages were zero already.
+
+use std::os::fd::AsFd;
+use std::sync::Arc;
+
+use guest_mem::{fill_region_planned, mark_for_fill, FillCounts, FillOptions};
+
+use crate::daemon::requests::park::loads::{
+    self, load_sources, PendingLoad, SourceChecksums, SourceSpec,
+};
+use hugemem_client::saved_vm::manifest::Manifest;
+
+use tracing::info;
+
+use super::snapshot::{Checked, ParkRequest, ParkedOk, Refusal};
+use crate::daemon::connections::rooms::{settle_released, Rooms};
+use crate::daemon::observe::metrics::Metrics;
+use crate::daemon::pool::{AllocId, ParkedSlot, ParkedVm};
+use crate::daemon::requests::alloc::{self, Requester};
+use crate::proto::messages::{AllocRequest, ReplyBody};
+use crate::proto::{ClearMode, PagePolicy, Status};
+use numa::Topology;
+
+const GIB: u64 = 1 << 30;
+const TWO_MIB: u64 = 2 << 20;
+
+/// Where each distinct file of the snapshot goes in the new region: its
+/// base offset there (files after the first start on a 1 GiB boundary,
+/// valid for every page size), and the bytes it needs.
+#[derive(Debug, Clone, Copy)]
+struct Placed {
+    identity: (u64, u64),
+    base: u64,
+    need: u64,
+}
+
+fn place(checked: &Checked) -> Result<(Vec<Placed>, u64), Refusal> {
+    let mut placed: Vec<Placed> = Vec::new();
+    for f in &checked.memory {
+        let need = checked
+            .mappings
+            .iter()
+            .filter(|m| m.slot == f.slot)
+            .map(|m| m.file_offset + m.size)
+            .max()
+            .unwrap_or(0);
+        match placed.iter_mut().find(|p| p.identity == f.identity) {
+            Some(p) => p.need = p.need.max(need),
+            None => placed.push(Placed {
+                identity: f.identity,
+                base: 0,
+                need,
+            }),
+        }
+    }
+    // Each file fits a u64 (its mappings were checked), but files of a
+    // peer's making placed one after the other need not.
+    let too_large = || {
+        (
+            Status::Invalid,
+            "no pool memory to copy the VM into: its memory files together claim more bytes than a u64 counts"
+                .to_string(),
+        )
+    };
+    let mut end = 0u64;
+    for p in &mut placed {
+        p.base = end.checked_next_multiple_of(GIB).ok_or_else(too_large)?;
+        end = p.base.checked_add(p.need).ok_or_else(too_large)?;
+    }
+    let total = if end.is_multiple_of(GIB) {
+        end
+    } else {
+        end.checked_next_multiple_of(TWO_MIB)
+            .ok_or_else(too_large)?
+    };
+    Ok((placed, total))
+}
+
+/// Where slot `slot`'s file starts in the new region.
+fn base_of(checked: &Checked, placed: &[Placed], slot: u32) -> u64 {
+    checked
+        .memory
+        .iter()
+        .find(|f| f.slot == slot)
+        .and_then(|f| placed.iter().find(|p| p.identity == f.identity))
+        .map_or(0, |p| p.base)
+}
+
+/// What to read for each mapping: from its slot's file (an index in
+/// `checked.memory`) at its offset, to its file's place in the new region.
+fn source_specs(checked: &Checked, placed: &[Placed]) -> Vec<SourceSpec> {
+    checked
+        .mappings
+        .iter()
+        .filter_map(|m| {
+            let file = checked.memory.iter().position(|f| f.slot == m.slot)?;
+            Some(SourceSpec {
+                file,
+                file_offset: m.file_offset,
+                dest_offset: base_of(checked, placed, m.slot) + m.file_offset,
+                len: m.size,
+            })
+        })
+        .collect()
+}
+
+/// The page size the copy may use: cloud-hypervisor maps each slot at its
+/// `file_offset`, which must be a multiple of the page size; `Best` (1 GiB
+/// pages first) where every offset allows it.
+fn page_policy(checked: &Checked, placed: &[Placed]) -> PagePolicy {
+    let aligned = |align: u64| {
+        checked.mappings.iter().all(|m| {
+            (base_of(checked, placed, m.slot) + m.file_offset).is_multiple_of(align)
+                && m.size.is_multiple_of(align)
+        })
+    };
+    if aligned(GIB) {
+        PagePolicy::Best
+    } else if aligned(TWO_MIB) {
+        PagePolicy::Huge2M
+    } else {
+        PagePolicy::Base4K
+    }
+}
+
+/// A fresh allocation of `total` bytes for a copy, taken without
+/// clearing (the daemon writes every byte), as one region.
+async fn take_memory(
+    rooms: &Arc<Rooms>,
+    req: &ParkRequest,
+    total: u64,
+    page_policy: PagePolicy,
+) -> Result<(AllocId, Arc<guest_mem::Region>), Refusal> {
+    let requester = Requester {
+        session: req.session,
+        uid: req.uid,
+        gid: req.gid,
+        reattach: true,
+        fills_every_byte: true,
+    };
+    let alloc_req = AllocRequest {
+        total_size: total,
+        page_policy,
+        clear_mode: ClearMode::Lazy,
+        lock: false,
+        parts: Vec::new(),
+        want_paths: false,
+    };
+    // The reply's fds are dropped here, never sent: nobody maps the
+    // memory before the fill (see `mark_taken_for_fill`).
+    let served = alloc::serve(&rooms.alloc, requester, &alloc_req, None).await;
+    let reply = served.outcome.reply;
+    let alloc = match reply.body {
+        ReplyBody::Alloc { alloc_id, .. } => alloc_id,
+        _ => {
+            return Err((
+                reply.status,
+                format!("no pool memory to copy the VM into: {}", reply.message),
+            ))
+        }
+    };
+    let release = |rooms: &Arc<Rooms>| {
+        if let Ok(r) = rooms.pool.release(alloc, req.session) {
+            settle_released(rooms, vec![r]);
+        }
+    };
+    let region = match rooms.pool.owners().regions_of(alloc, req.session) {
+        Ok((regions, _)) if regions.len() == 1 => Arc::clone(&regions[0]),
+        _ => {
+            release(rooms);
+            return Err((
+                Status::Internal,
+                "the copy's allocation is not one region".into(),
+            ));
+        }
+    };
+    // Dirty pool memory may still have a scrubber's batch in flight: the
+    // fill must find those pages after it let go (see
+    // `Scrubbing::wait_scrubbed_batches`), or its zeros would land on
+    // the VM's bytes.
+    let (pool, taken) = (Arc::clone(&rooms.pool), Arc::clone(&region));
+    if let Err(e) =
+        tokio::task::spawn_blocking(move || pool.scrubbing().wait_scrubbed_batches(&taken)).await
+    {
+        release(rooms);
+        return Err((Status::Internal, e.to_string()));
+    }
+    Ok((alloc, region))
+}
+
+/// Copies the snapshot's mapped bytes into a fresh allocation and parks
+/// it (see the module docs); with a `manifest`, every piece is checked
+/// against it as it is read (now, or on demand at restore).
+pub async fn copy_in(
+    rooms: &Arc<Rooms>,
+    req: &ParkRequest,
+    checked: Checked,
+    manifest: Option<Manifest>,
+    parked_at: u64,
+) -> Result<ParkedOk, Refusal> {
+    let (placed, total) = place(&checked)?;
+    let checksums = match &manifest {
+        Some(m) => super::verify::source_checksums(m, &checked, &source_specs(&checked, &placed))?,
+        None => Vec::new(),
+    };
+    let (alloc, region) = take_memory(rooms, req, total, page_policy(&checked, &placed)).await?;
+    let release = |rooms: &Arc<Rooms>| {
+        if let Ok(r) = rooms.pool.release(alloc, req.session) {
+            settle_released(rooms, vec![r]);
+        }
+    };
+    let started = std::time::Instant::now();
+    let (checked, pending) = if req.on_demand {
+        match pend(checked, &placed, &region, checksums.clone()) {
+            Ok((c, p)) => (c, Some(p)),
+            Err(e) => {
+                release(rooms);
+                return Err((Status::Invalid, e));
+            }
+        }
+    } else {
+        (checked, None)
+    };
+    let checked = Arc::new(checked);
+    let (copied, zeroed) = match &pending {
+        // Read at restore time: what the files hold for the mappings.
+        Some(p) => (p.sources.iter().map(|s| s.len).sum(), None),
+        None => {
+            let job = {
+                let (checked, placed, region) =
+                    (Arc::clone(&checked), placed.clone(), Arc::clone(&region));
+                let topology = Arc::clone(&rooms.topology);
+                tokio::task::spawn_blocking(move || {
+                    copy_all(&topology, &checked, &placed, &region, &checksums)
+                })
+            };
+            match job.await {
+                Ok(Ok(counts)) => {
+                    Metrics::add(&rooms.metrics.park_verified_bytes, counts.bytes_verified);
+                    (counts.bytes_read, Some(counts.bytes_zeroed))
+                }
+                Ok(Err(e)) => {
+                    release(rooms);
+                    return Err((Status::Invalid, e));
+                }
+                Err(e) => {
+                    release(rooms);
+                    return Err((Status::Internal, e.to_string()));
+                }
+            }
+        }
+    };
+    if let Some(zeroed) = zeroed {
+        Metrics::add(&rooms.metrics.park_copied_bytes, copied);
+        Metrics::add(&rooms.metrics.park_zeroed_bytes, zeroed);
+    }
+    info!(uid = req.uid, name = %req.name, alloc, bytes = total, copied, page_size = region.page_size().bytes(), secs = started.elapsed().as_secs_f64(), "PARK: memory from elsewhere copied into pool memory");
+    let config = rebase_config(&checked, &placed).inspect_err(|_| release(rooms))?;
+    let slots: Vec<ParkedSlot> = checked
+        .memory
+        .iter()
+        .map(|f| ParkedSlot {
+            slot: f.slot,
+            region: 0,
+        })
+        .collect();
+    let n = u32::try_from(slots.len()).unwrap_or(u32::MAX);
+    let vm = ParkedVm {
+        name: req.name.clone(),
+        slots,
+        config,
+        state: checked.state.clone(),
+        copied_bytes: copied,
+        parked_at,
+    };
+    let on_demand = pending.is_some();
+    if let Some(p) = pending {
+        rooms.fills.insert(alloc, p);
+    }
+    let parked = rooms
+        .pool
+        .owners()
+        .park(alloc, req.uid, Some(req.session), vm, on_demand);
+    match parked {
+        Ok(bytes) => Ok(ParkedOk {
+            alloc,
+            bytes,
+            copied,
+            slots: n,
+        }),
+        Err(e) => {
+            rooms.fills.remove(alloc);
+            release(rooms);
+            Err((Status::Invalid, e.to_string()))
+        }
+    }
+}
+
+/// A park on demand: the sender's files kept to fill the region at restore
+/// time, checked now (a file too short or overlapping mappings are refused
+/// before anything is parked). Returns the snapshot without its files.
+fn pend(
+    checked: Checked,
+    placed: &[Placed],
+    region: &guest_mem::Region,
+    checksums: Vec<SourceChecksums>,
+) -> Result<(Checked, PendingLoad), String> {
+    let files: Vec<std::os::fd::OwnedFd> = checked
+        .memory
+        .iter()
+        .map(|f| f.fd.try_clone())
+        .collect::<Result<_, _>>()
+        .map_err(|e| e.to_string())?;
+    let fill = PendingLoad {
+        files,
+        sources: source_specs(&checked, placed),
+        dest_is_zero: mark_taken_for_fill(region),
+        checksums,
+    };
+    fill.plan(region)
+        .map_err(|e| format!("the VM's memory files: {e}"))?;
+    Ok((checked, fill))
+}
+
+/// The configuration with each mapping's `file_offset` moved by its
+/// file's base in the new region (unchanged when every base is 0: one file).
+fn rebase_config(checked: &Checked, placed: &[Placed]) -> Result<String, Refusal> {
+    if placed.iter().all(|p| p.base == 0) {
+        return Ok(checked.config.clone());
+    }
+    let mut v: serde_json::Value =
+        serde_json::from_str(&checked.config).map_err(|e| (Status::Invalid, e.to_string()))?;
+    if let Some(list) = v
+        .pointer_mut("/memory_manager_data/guest_ram_mappings")
+        .and_then(serde_json::Value::as_array_mut)
+    {
+        for m in list {
+            let slot = m
+                .get("slot")
+                .and_then(serde_json::Value::as_u64)
+                .unwrap_or(0);
+            let offset = m
+                .get("file_offset")
+                .and_then(serde_json::Value::as_u64)
+                .unwrap_or(0);
+            let base = u32::try_from(slot).map_or(0, |slot| base_of(checked, placed, slot));
+            m["file_offset"] = (offset + base).into();
+        }
+    }
+    serde_json::to_string(&v).map_err(|e| (Status::Internal, e.to_string()))
+}
+
+/// [`mark_for_fill`] for the region [`take_memory`] took; true when its
+/// bytes are all zero, so the fill zeroes nothing.
+///
+/// The pool's commit moves a region whose pages are all `Clean` to
+/// `Mapped` (`Pool::commit`), which [`mark_for_fill`] alone cannot tell
+/// from a guest's pages. Here `Mapped` on every page can only be that
+/// commit's doing: the handout's fds were dropped unsent, so no process
+/// has mapped the region. Without this, a load onto clean pool memory
+/// zeroed every hole of the files again (5 GiB of an 8 GiB guest that
+/// wrote only its low 3 GiB).
+fn mark_taken_for_fill(region: &guest_mem::Region) -> bool {
+    let states = region.states();
+    let committed_clean = states.counts().mapped == states.len();
+    mark_for_fill(region) || committed_clean
+}
+
+/// Fills the region from every mapping of the snapshot (the fill
+/// engine, NUMA-local); returns what it read and zeroed. The region's pages end
+/// `Mapped`: they hold the VM's bytes, never to be taken for zero.
+fn copy_all(
+    topology: &Topology,
+    checked: &Checked,
+    placed: &[Placed],
+    region: &guest_mem::Region,
+    checksums: &[SourceChecksums],
+) -> Result<FillCounts, String> {
+    let specs = source_specs(checked, placed);
+    let sources = load_sources(&specs, |i| checked.memory[i].fd.as_fd());
+    let dest_is_zero = mark_taken_for_fill(region);
+    let opts = FillOptions {
+        dest_is_zero,
+        ..FillOptions::default()
+    };
+    let report = loads::plan(region, &sources, checksums)
+        .and_then(|plan| fill_region_planned(topology, region, &plan, &opts))
+        .map_err(|e| {
+            region.mark_all_dirty();
+            let file_of = |i: usize| {
+                let spec = specs.get(i)?;
+                checked.memory.get(spec.file).map(|f| f.fd.as_fd())
+            };
+            format!(
+                "copying the VM's memory: {}",
+                loads::describe(&e, checksums, file_of)
+            )
+        })?;
+    region
+        .mark_mapped()
+        .map_err(|e| format!("the copied region's page states: {e}"))?;
+    tracing::debug!(
+        read = report.counts.bytes_read,
+        zeroed = report.counts.bytes_zeroed,
+        holes = report.counts.hole_bytes,
+        threads = report.threads,
+        gbps = report.read_gbps(),
+        "PARK: fill done"
+    );
+    Ok(report.counts)
+}

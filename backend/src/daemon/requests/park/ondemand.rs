@@ -1,0 +1,322 @@
+//! A postcopy RESTORE: the VM runs in its new cloud-hypervisor from the
+//! receiver's `Complete`, while memory not filled yet (a VM parked on
+//! demand from a directory) is filled as the receiver asks for it on its
+//! fault connection (`PageFault`, one huge page at a time), and in the
+//! background, in guest-address order, by the fill engine. Each unit is
+//! filled exactly once whoever gets there first (its page state is the
+//! claim, as in the lazy mode); a fault on a unit the background is
+//! filling waits for it (`UnitsDone`: the background filler says when
+//! each unit is done, nobody spins).
+//!
+//! The receiver never sees a page before it is filled: in postcopy mode
+//! cloud-hypervisor maps nothing of the memory fds until it asked for the
+//! page and was answered (userfaultfd MINOR mode, `UFFDIO_CONTINUE`). The
+//! zones are declared hugetlb in the configuration sent (cloud-hypervisor
+//! takes the fault size from it), and the RESTORE's reply comes once every
+//! unit is filled and the receiver closed its fault connection (it had
+//! every page): the allocation is handed out only then, so no fill ever
+//! runs on memory that is no longer the parked VM's.
+
+use std::os::fd::BorrowedFd;
+use std::os::unix::net::UnixStream;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Condvar, Mutex, PoisonError};
+
+use guest_mem::{
+    fill_region_planned, fill_unit, FillOptions, FillPlan, PageState, Region, UnitFill,
+};
+use hugemem_client::ch_migration::fault::{
+    announce_fault_connection, serve_page_faults, FaultRequest,
+};
+use hugemem_client::ch_migration::layout::{migration_config_slots, with_hugetlb_zones};
+use hugemem_client::ch_migration::peer::send_snapshot_with;
+use numa::Topology;
+use tracing::{info, warn};
+
+use crate::daemon::requests::park::loads::PendingLoad;
+
+/// What a postcopy restore sends and fills.
+pub struct Postcopy<'a> {
+    /// The receiver's migration connection.
+    pub main: &'a UnixStream,
+    /// Its fault connection (not announced yet).
+    pub fault: &'a UnixStream,
+    /// Each slot and its fd.
+    pub memory: &'a [(u32, BorrowedFd<'a>)],
+    /// The parked configuration.
+    pub config: &'a [u8],
+    /// The parked state.
+    pub state: &'a [u8],
+    /// End with `CompletePaused`.
+    pub paused: bool,
+    /// The region the slots' fds are (one: a VM parked on demand was copied
+    /// into one region).
+    pub region: &'a Region,
+    /// What is left to fill, if anything.
+    pub pending: Option<&'a PendingLoad>,
+    /// The host's nodes (the fill engine's workers).
+    pub topology: &'a Topology,
+}
+
+/// Why a unit could not be filled for a fault.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct FaultFillError(String);
+
+/// Says when units leave `Clearing`: each filler calls [`UnitsDone::notify`]
+/// after each unit it finished (the background through
+/// `FillOptions::unit_done`), so that a fault on a unit another filler holds, and
+/// the wait for the last units, block until then instead of spinning.
+#[derive(Default)]
+struct UnitsDone {
+    lock: Mutex<()>,
+    done: Condvar,
+}
+
+impl UnitsDone {
+    /// Some unit left `Clearing` (filled, or back to `Dirty` on an error).
+    fn notify(&self) {
+        let _held = self.lock.lock().unwrap_or_else(PoisonError::into_inner);
+        self.done.notify_all();
+    }
+
+    /// Blocks until `ready()`, checked under the lock: a filler's state
+    /// change comes before its `notify`, so no wake-up is missed.
+    fn wait_until(&self, ready: impl Fn() -> bool) {
+        let mut held = self.lock.lock().unwrap_or_else(PoisonError::into_inner);
+        while !ready() {
+            held = self.done.wait(held).unwrap_or_else(PoisonError::into_inner);
+        }
+    }
+}
+
+/// Notifies its [`UnitsDone`] when dropped.
+struct WakeOnDrop<'a>(&'a UnitsDone);
+
+impl Drop for WakeOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.notify();
+    }
+}
+
+/// True when some unit of `region` is held by a filler.
+fn any_clearing(region: &Region) -> bool {
+    let states = region.states();
+    (0..states.len()).any(|u| matches!(states.get(u), Ok(PageState::Clearing)))
+}
+
+/// What a fault's fill works with.
+struct FaultFill<'a> {
+    region: &'a Region,
+    plan: &'a FillPlan<'a>,
+    opts: &'a FillOptions<'a>,
+    units_done: &'a UnitsDone,
+    /// What is left to fill (its files and checksums name a failure).
+    pending: Option<&'a PendingLoad>,
+    /// Bytes checked against their checksums by faults.
+    verified: AtomicU64,
+}
+
+impl FaultFill<'_> {
+    /// A failed fill as the tenant reads it: the file named.
+    fn describe(&self, e: &guest_mem::FillError) -> String {
+        match self.pending {
+            Some(p) => p.describe(e),
+            None => hugemem_client::diag::chain(e),
+        }
+    }
+}
+
+/// Fills the units that hold `[offset, offset + len)` of `f.region`,
+/// waiting for any another thread is filling.
+fn fill_range(f: &FaultFill<'_>, offset: u64, len: u64) -> Result<(), FaultFillError> {
+    let (region, units_done) = (f.region, f.units_done);
+    let unit = region.state_unit();
+    let first = usize::try_from(offset / unit).map_err(|e| FaultFillError(e.to_string()))?;
+    let last = usize::try_from((offset + len.max(1) - 1) / unit)
+        .map_err(|e| FaultFillError(e.to_string()))?;
+    for u in first..=last {
+        loop {
+            let outcome = fill_unit(region, f.plan, u, f.opts);
+            if !matches!(outcome, Ok(UnitFill::Busy | UnitFill::Done(_))) {
+                // This thread's unit left `Clearing`, filled or not.
+                units_done.notify();
+            }
+            let outcome = outcome.map_err(|e| FaultFillError(f.describe(&e)))?;
+            if let UnitFill::Filled(counts) = outcome {
+                f.verified
+                    .fetch_add(counts.bytes_verified, Ordering::Relaxed);
+            }
+            match outcome {
+                UnitFill::Filled(_) | UnitFill::Done(_) => break,
+                // The background filler holds it: done within one unit's
+                // read, and it says so.
+                UnitFill::Busy => units_done
+                    .wait_until(|| !matches!(region.states().get(u), Ok(PageState::Clearing))),
+            }
+        }
+    }
+    Ok(())
+}
+
+/// True when no unit of `region` is left to fill: each is `Clean` (filled)
+/// or `Mapped`.
+pub fn all_filled(region: &Region) -> bool {
+    let states = region.states();
+    (0..states.len()).all(|u| matches!(states.get(u), Ok(PageState::Clean | PageState::Mapped)))
+}
+
+/// Runs a postcopy restore (see the module docs): returns once the receiver
+/// answered the last step, every unit is filled and the fault connection
+/// ended. Returns the bytes checked against a manifest's checksums.
+///
+/// # Errors
+///
+/// The receiver's refusal, a fill that failed, the configuration.
+pub fn send(p: Postcopy<'_>) -> Result<u64, String> {
+    let page = p.region.page_size().bytes();
+    let config = if page > 4096 {
+        with_hugetlb_zones(p.config, page).map_err(|e| e.to_string())?
+    } else {
+        p.config.to_vec()
+    };
+    let slots = migration_config_slots(&config, 64).map_err(|e| e.to_string())?;
+    let plan = match p.pending {
+        Some(pending) => pending.plan(p.region)?,
+        None => FillPlan::new(p.region, &[]).map_err(|e| e.to_string())?,
+    };
+    let opts = FillOptions {
+        dest_is_zero: p.pending.is_some_and(|f| f.dest_is_zero),
+        ..FillOptions::default()
+    };
+    let units_done = UnitsDone::default();
+    let notify = |_unit: usize| units_done.notify();
+    // Each unit the background fill is done with wakes the faults waiting.
+    let background_opts = FillOptions {
+        unit_done: Some(&notify),
+        ..opts
+    };
+    let faults = FaultFill {
+        region: p.region,
+        plan: &plan,
+        opts: &opts,
+        units_done: &units_done,
+        pending: p.pending,
+        verified: AtomicU64::new(0),
+    };
+    let mut verified = 0;
+    let filled = AtomicBool::new(p.pending.is_none() || all_filled(p.region));
+    // At once: the receiver reads the role of a connection it accepted
+    // within seconds, whenever its accept loop gets to it.
+    announce_fault_connection(p.fault).map_err(|e| {
+        format!("the receiver did not take the VM (it stays parked): the fault connection: {e}")
+    })?;
+    std::thread::scope(|scope| {
+        let mut fault_thread = None;
+        let mut background = None;
+        let sent = send_snapshot_with(p.main, p.memory, &config, p.state, p.paused, || {
+            let (plan, filled, slots, faults) = (&plan, &filled, &slots, &faults);
+            let (units_done, background_opts) = (&units_done, &background_opts);
+            fault_thread = Some(scope.spawn(move || {
+                serve_page_faults(p.fault, slots, |req: FaultRequest| {
+                    if filled.load(Ordering::Acquire) {
+                        return Ok(());
+                    }
+                    fill_range(faults, req.file_offset, req.length)
+                })
+            }));
+            if !filled.load(Ordering::Acquire) {
+                background = Some(scope.spawn(move || {
+                    // However it ends (a unit it failed on left `Clearing`
+                    // without a report; a panic), waiters look again.
+                    let _wake = WakeOnDrop(units_done);
+                    fill_region_planned(p.topology, p.region, plan, background_opts)
+                }));
+            }
+            Ok(())
+        });
+        if let Err(e) = sent {
+            // The receiver may hold the fault connection open: end its thread.
+            let _ = p.fault.shutdown(std::net::Shutdown::Both);
+            return Err(format!(
+                "the receiver did not take the VM (it stays parked): {e}"
+            ));
+        }
+        // A fill that failed ends the fault connection at once: the
+        // receiver's next fault fails (cloud-hypervisor then stops the VM)
+        // instead of waiting for its own prefault to reach the page.
+        let give_up = |why: String| {
+            let _ = p.fault.shutdown(std::net::Shutdown::Both);
+            Err(why)
+        };
+        if let Some(bg) = background {
+            match bg.join() {
+                Ok(Ok(report)) => {
+                    verified += report.counts.bytes_verified;
+                    info!(
+                        read = report.counts.bytes_read,
+                        units = report.units_filled,
+                        threads = report.threads,
+                        gbps = report.read_gbps(),
+                        "RESTORE on demand: background fill done"
+                    );
+                }
+                Ok(Err(e)) => {
+                    return give_up(format!(
+                        "filling the VM's memory: {} (it stays parked)",
+                        faults.describe(&e)
+                    ));
+                }
+                Err(_) => return give_up("the background fill panicked".into()),
+            }
+            // Units a fault was filling as the background passed them.
+            units_done.wait_until(|| !any_clearing(p.region));
+            if !all_filled(p.region) {
+                return give_up("filling the VM's memory: a page the guest asked for could not be read (see the daemon's log; it stays parked)".into());
+            }
+            filled.store(true, Ordering::Release);
+        }
+        if let Some(t) = fault_thread {
+            match t.join() {
+                Ok(Ok(stats)) => info!(
+                    faults = stats.faults,
+                    bytes = stats.bytes,
+                    "RESTORE on demand: fault connection ended"
+                ),
+                Ok(Err(e)) => {
+                    warn!(error = %e, "RESTORE on demand: the fault connection ended with an error")
+                }
+                Err(_) => warn!("RESTORE on demand: the fault thread panicked"),
+            }
+        }
+        Ok(verified + faults.verified.load(Ordering::Relaxed))
+    })
+}
+
+/// Fills all of `region` from `pending` before a restore without postcopy.
+///
+/// # Errors
+///
+/// The fill's failure.
+pub fn fill_all(
+    topology: &Topology,
+    region: &Region,
+    pending: &PendingLoad,
+) -> Result<u64, String> {
+    let plan = pending.plan(region)?;
+    let opts = FillOptions {
+        dest_is_zero: pending.dest_is_zero,
+        ..FillOptions::default()
+    };
+    let report = fill_region_planned(topology, region, &plan, &opts).map_err(|e| {
+        format!(
+            "filling the VM's memory: {} (it stays parked)",
+            pending.describe(&e)
+        )
+    })?;
+    if all_filled(region) {
+        Ok(report.counts.bytes_verified)
+    } else {
+        Err("some of the VM's memory is still being filled".into())
+    }
+}

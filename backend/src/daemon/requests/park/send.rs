@@ -1,0 +1,280 @@
+//! RESTORE: a parked VM sent to a cloud-hypervisor's `receive-migration`
+//! and its allocation handed to the requesting connection. See the room's
+//! docs ([`super`]).
+
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::sync::Arc;
+
+use tokio::sync::OwnedMutexGuard;
+
+use hugemem_client::ch_migration::peer::send_snapshot;
+use tracing::{info, warn};
+
+use super::socket::migration_socket;
+use crate::daemon::connections::outcome::Outcome;
+use crate::daemon::connections::rooms::Rooms;
+use crate::daemon::observe::metrics::Metrics;
+use crate::daemon::pool::{FoundParked, SessionId};
+use crate::daemon::requests::delivery::{rows_now, Delivery, HandOut};
+use crate::proto::Status;
+
+/// A RESTORE request.
+#[derive(Debug, Clone)]
+pub struct RestoreRequest {
+    /// The requesting connection (it owns the allocation afterwards).
+    pub session: SessionId,
+    /// Its uid.
+    pub uid: u32,
+    /// The parked VM's name.
+    pub name: String,
+    /// End with `CompletePaused`.
+    pub paused: bool,
+    /// A postcopy restore (the request's second fd is the fault connection).
+    pub postcopy: bool,
+}
+
+fn refused(rooms: &Rooms, req: &RestoreRequest, status: Status, msg: String) -> Outcome {
+    Metrics::add(&rooms.metrics.restores_refused, 1);
+    if let Some(suppressed) = crate::daemon::connections::peer_log::REQUEST_REFUSED.check(req.uid) {
+        info!(session = req.session, uid = req.uid, name = %req.name, reason = %msg, suppressed, "RESTORE refused");
+    }
+    Outcome::error(status, msg)
+}
+
+/// The VM `uid` parked under `name`, with its change gate held (the
+/// guard comes back with it), and not held by a connection other than
+/// `session` that saves it. Found again under the gate: an UNPARK or a
+/// RESTORE may have won it.
+///
+/// # Errors
+///
+/// `NotFound` for no such VM; `Invalid` for one another connection saves.
+pub async fn gated(
+    rooms: &Rooms,
+    session: SessionId,
+    uid: u32,
+    name: &str,
+) -> Result<(OwnedMutexGuard<()>, FoundParked), (Status, String)> {
+    let gone = || (Status::NotFound, not_parked(rooms, uid, name));
+    let first = rooms
+        .pool
+        .owners()
+        .find_parked(uid, name)
+        .ok_or_else(gone)?;
+    let held = first.gate.lock_owned().await;
+    let found = match rooms.pool.owners().find_parked(uid, name) {
+        Some(f) if f.alloc == first.alloc => f,
+        _ => return Err(gone()),
+    };
+    if let Some(other) = rooms.saving.held_by_other(found.alloc, session) {
+        return Err((Status::Invalid, being_saved(name, other)));
+    }
+    Ok((held, found))
+}
+
+/// Why a VM parked on demand cannot be sent (restored or saved), if so:
+/// its memory was never filled and no file is left to fill it from
+/// (`has_files` false: a daemon before this one did not pass them on).
+pub fn files_gone(has_files: bool, found: &FoundParked) -> Option<String> {
+    let unfilled = found
+        .regions
+        .iter()
+        .any(|(_, r)| !super::ondemand::all_filled(r));
+    (!has_files && unfilled).then(|| {
+        format!(
+            "{:?} was parked on demand and its files are gone (a daemon before this one did not pass them on): \
+             its memory was never filled; UNPARK it and park it again from its directory",
+            found.vm.name
+        )
+    })
+}
+
+/// Why a request on a parked VM that connection `holder` is saving is
+/// refused.
+pub fn being_saved(name: &str, holder: SessionId) -> String {
+    format!(
+        "{name:?} is being saved by connection {holder} (hugemem unpark --save): \
+         try again once that save ends"
+    )
+}
+
+/// RESTORE (see the module docs). The allocation's change gate is held
+/// from the lookup to the move, so an UNPARK or a second RESTORE of the
+/// same VM waits and then finds it gone.
+pub async fn restore(rooms: &Arc<Rooms>, req: RestoreRequest, fds: Vec<OwnedFd>) -> Outcome {
+    let (stream, fault) = match sockets(fds, &req) {
+        Ok(s) => s,
+        Err(msg) => return refused(rooms, &req, Status::Invalid, msg),
+    };
+    let (_held, found) = match gated(rooms, req.session, req.uid, &req.name).await {
+        Ok(g) => g,
+        Err((status, msg)) => return refused(rooms, &req, status, msg),
+    };
+    let slot_fds = match slot_fds(&found, crate::sys::reopen) {
+        Ok(f) => f,
+        Err(msg) => return refused(rooms, &req, Status::Internal, msg),
+    };
+    let hand_out = match HandOut::open(
+        Delivery::Alloc { want_paths: false },
+        rows_now(&found.regions, found.locked),
+    ) {
+        Ok(h) => h,
+        Err(e) => return refused(rooms, &req, Status::Internal, e.to_string()),
+    };
+    let pending = rooms.fills.get(found.alloc);
+    if let Some(msg) = files_gone(pending.is_some(), &found) {
+        return refused(rooms, &req, Status::Invalid, msg);
+    }
+    // While it runs, a document saved for the fd store says so (a crash
+    // then has the successor read every unit again).
+    let _restoring = pending.as_ref().map(|_| rooms.fills.restoring(found.alloc));
+    let refill = pending.is_some();
+    let vm = Arc::clone(&found.vm);
+    let paused = req.paused;
+    let region = found.regions.first().map(|(_, r)| Arc::clone(r));
+    let topology = Arc::clone(&rooms.topology);
+    let sent = tokio::task::spawn_blocking(move || {
+        let memory: Vec<(u32, std::os::fd::BorrowedFd<'_>)> =
+            slot_fds.iter().map(|(s, fd)| (*s, fd.as_fd())).collect();
+        let Some(region) = region else {
+            return Err("the parked VM has no memory".to_string());
+        };
+        match fault {
+            Some(fault) => super::ondemand::send(super::ondemand::Postcopy {
+                main: &stream,
+                fault: &fault,
+                memory: &memory,
+                config: vm.config.as_bytes(),
+                state: vm.state.as_bytes(),
+                paused,
+                region: &region,
+                pending: pending.as_deref(),
+                topology: &topology,
+            }),
+            None => {
+                let verified = match &pending {
+                    Some(p) => super::ondemand::fill_all(&topology, &region, p)?,
+                    None => 0,
+                };
+                send_snapshot(
+                    &stream,
+                    &memory,
+                    vm.config.as_bytes(),
+                    vm.state.as_bytes(),
+                    paused,
+                )
+                .map_err(|e| format!("the receiver did not take the VM (it stays parked): {e}"))?;
+                Ok(verified)
+            }
+        }
+    })
+    .await;
+    let failed = match sent {
+        Ok(Ok(verified)) => {
+            Metrics::add(&rooms.metrics.park_verified_bytes, verified);
+            None
+        }
+        Ok(Err(e)) => Some((Status::Invalid, e)),
+        Err(e) => Some((Status::Internal, e.to_string())),
+    };
+    if let Some((status, e)) = failed {
+        if refill {
+            refill_after_failure(rooms, &found);
+        }
+        return refused(rooms, &req, status, e);
+    }
+    // Every unit holds the VM's bytes now: not zero, never to be pooled as clean.
+    for (_, r) in &found.regions {
+        if let Err(e) = r.mark_mapped() {
+            return refused(rooms, &req, Status::Internal, format!("page states: {e}"));
+        }
+    }
+    rooms.fills.remove(found.alloc);
+    rooms.saving.release(found.alloc);
+    let token = match rooms
+        .pool
+        .owners()
+        .unpark_to(found.alloc, req.uid, &req.name, req.session)
+    {
+        Ok(t) => t,
+        Err(e) => return refused(rooms, &req, Status::Internal, e.to_string()),
+    };
+    // The fd store's document no longer has it parked (a crash after the
+    // receiver took it would otherwise bring it back parked while it runs).
+    rooms.sync_now("RESTORE").await;
+    rooms.note_parked().await;
+    Metrics::add(&rooms.metrics.restores, 1);
+    info!(session = req.session, uid = req.uid, name = %req.name, alloc = found.alloc, slots = found.vm.slots.len(), paused, "RESTORE: parked VM handed to its new cloud-hypervisor");
+    hand_out.reply(found.alloc, Some(token))
+}
+
+/// Why no VM `uid` parked under `name` is there: none is, or a daemon
+/// start found it lost (what happened, and how to clear the note).
+pub fn not_parked(rooms: &Rooms, uid: u32, name: &str) -> String {
+    match rooms.park_record.find_lost(uid, name) {
+        Some(lost) => format!(
+            "no VM named {name:?} is parked: {}; `hugemem unpark {name}` clears this note",
+            crate::daemon::requests::park::note::describe(&lost),
+        ),
+        None => format!("no VM named {name:?} is parked"),
+    }
+}
+
+/// A restore of a VM parked on demand that did not hand it out: units it
+/// filled may have been mapped and written by the receiver's guest (a
+/// postcopy receiver runs it from `Complete`, cloud-hypervisor resumes it
+/// before it answers `Complete`), and only the files hold the parked VM.
+/// So every unit is filled from them again at the next restore.
+fn refill_after_failure(rooms: &Rooms, found: &FoundParked) {
+    for (_, region) in &found.regions {
+        region.mark_all_dirty();
+    }
+    if let Err(e) = rooms.fills.reload_all(found.alloc) {
+        warn!(alloc = found.alloc, name = %found.vm.name, error = %e, "a VM parked on demand lost its files after a failed restore; it can only be unparked");
+    }
+}
+
+/// The request's migration connection and, for a postcopy restore, its
+/// fault connection, each checked.
+fn sockets(
+    fds: Vec<OwnedFd>,
+    req: &RestoreRequest,
+) -> Result<
+    (
+        std::os::unix::net::UnixStream,
+        Option<std::os::unix::net::UnixStream>,
+    ),
+    String,
+> {
+    let want = if req.postcopy { 2 } else { 1 };
+    if fds.len() != want {
+        return Err(format!(
+            "this RESTORE carries {want} fd(s), not {}",
+            fds.len()
+        ));
+    }
+    let mut sockets = Vec::new();
+    for fd in fds {
+        sockets.push(migration_socket(vec![fd], req.uid).map_err(|e| e.to_string())?);
+    }
+    let fault = if req.postcopy { sockets.pop() } else { None };
+    let stream = sockets.pop().ok_or("no migration socket")?;
+    Ok((stream, fault))
+}
+
+/// The receiver's own description of each slot's region, opened by
+/// `reopen` (read-write for a VMM, read-only for a saver).
+pub fn slot_fds(
+    found: &FoundParked,
+    reopen: fn(BorrowedFd<'_>) -> std::io::Result<OwnedFd>,
+) -> Result<Vec<(u32, OwnedFd)>, String> {
+    let mut out = Vec::new();
+    for s in &found.vm.slots {
+        let (_, region) = found
+            .regions
+            .get(s.region)
+            .ok_or_else(|| format!("slot {} names no region", s.slot))?;
+        out.push((s.slot, reopen(region.fd()).map_err(|e| e.to_string())?));
+    }
+    Ok(out)
+}
