@@ -469,7 +469,7 @@ fn vmm_killed_mid_faults_ends_the_service() {
     let vmm_addr = u64::from_le_bytes(hello.try_into().expect("8 bytes"));
     let uffd = Uffd::from_owned_fd(fds.pop().expect("uffd")).expect("a userfaultfd");
     let pid = i32::try_from(child.id()).expect("pid");
-    let pidfd = backend::daemon::connections::peer::pidfd_open(pid).expect("pidfd");
+    let pidfd = backend::daemon::peers::peer::pidfd_open(pid).expect("pidfd");
     let maps = vec![FaultMapping {
         vmm_start: vmm_addr,
         len: region.len(),

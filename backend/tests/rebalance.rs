@@ -5,7 +5,7 @@
 //! This host has one NUMA node, so nothing can really move here: a move to
 //! node 0 finds every page there already (0 moved), a move to node 1 is
 //! `BAD_NODE`. What moves between nodes is checked inside the multi-node
-//! QEMU guest by `backend::daemon::requests::rebalance::guest_check::check_rebalance_through_daemon`.
+//! QEMU guest by `backend::daemon::process::guest_check::check_rebalance_through_daemon`.
 //!
 //! Each test starts its own daemon on a socket in a temporary directory.
 //! Tests that need 2 MiB pages reserve them with `guest_mem::ensure_free`
@@ -277,7 +277,7 @@ fn the_guest_check_needs_two_nodes() {
     if !one_node("the_guest_check_needs_two_nodes") {
         return;
     }
-    let err = backend::daemon::requests::rebalance::guest_check::check_rebalance_through_daemon()
+    let err = backend::daemon::process::guest_check::check_rebalance_through_daemon()
         .expect_err("one node");
     assert!(
         err.to_string().contains("needs two NUMA nodes with memory"),

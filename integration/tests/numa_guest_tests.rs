@@ -980,9 +980,8 @@ fn numa_rebalance_through_daemon() {
     // Starts hugemem's daemon on a private socket, ALLOCs a region on node 0
     // through the client, maps it as a VMM would, REBALANCEs it to node 1 and
     // checks placement (move_pages on the client's mapping), data and STATS.
-    let report =
-        backend::daemon::requests::rebalance::guest_check::check_rebalance_through_daemon()
-            .unwrap_or_else(|e| panic!("{e}"));
+    let report = backend::daemon::process::guest_check::check_rebalance_through_daemon()
+        .unwrap_or_else(|e| panic!("{e}"));
     println!("NUMA-REBALANCE {report} {TCG}");
     done(TEST);
 }

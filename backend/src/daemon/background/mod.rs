@@ -1,8 +1,7 @@
 //! Background work, none of it on a request's path: the scrubbers, the
-//! quarantine (holder scans and proofs before reuse), refaulting detached
-//! regions' holes, refilling the pool while idle, and the orphan loop.
+//! quarantine (the loop and the proofs before reuse), refaulting detached
+//! regions' holes, and refilling the pool while idle.
 
-pub(crate) mod orphans;
 pub mod quarantine;
 pub mod refault;
 pub mod refill;

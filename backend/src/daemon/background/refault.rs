@@ -29,7 +29,7 @@ use nix::sys::eventfd::EventFd;
 use numa::NodeId;
 use tracing::{debug, warn};
 
-use crate::daemon::observe::metrics::{Metrics, ScrubCounters};
+use crate::daemon::counters::metrics::{Metrics, ScrubCounters};
 use crate::daemon::pool::{FillError, FillTicket, FillWork, Pool};
 use crate::fault_helpers::{FaultHelpers, Faulted, Next, Ready};
 

@@ -27,9 +27,9 @@ use hugemem_client::stats::{RefillCurrent, RefillStats};
 use numa::{NodeId, Topology};
 use tracing::{debug, info};
 
+use crate::daemon::lifecycle::Lifecycle;
 use crate::daemon::pool::free_pages;
 use crate::daemon::pool::Pool;
-use crate::daemon::process::lifecycle::Lifecycle;
 use crate::diag::chain;
 use guest_mem::size::format_size;
 

@@ -41,7 +41,7 @@ use nix::sys::eventfd::EventFd;
 
 use crate::daemon::background::refault::{refault_loop, RefaultNode};
 use crate::daemon::config::ScrubConfig;
-use crate::daemon::observe::metrics::{Metrics, ScrubCounters};
+use crate::daemon::counters::metrics::{Metrics, ScrubCounters};
 use crate::daemon::pool::{FillError, FillWork, Pool, ScrubWork, Scrubbed, Work};
 
 /// Regions each node's refault works on at once, one thread and one set

@@ -1,11 +1,7 @@
-//! A client's connection: the accept loop and its handlers, the session that
-//! dispatches each request to its room, who the peer is, what a peer may
-//! make the daemon log, and the requests refused for their id, uid or token.
+//! A client's connection: the accept loop and its handlers (`server`), the
+//! session that dispatches each request to its room (`session`), and the
+//! orphan loop for allocations whose connection is gone (`orphans`).
 
-pub mod outcome;
-pub mod peer;
-pub mod peer_log;
-pub mod refusals;
-pub mod rooms;
+pub(crate) mod orphans;
 pub mod server;
 pub mod session;

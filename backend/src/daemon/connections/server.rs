@@ -42,20 +42,20 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tracing::{debug, info, warn};
 
 use crate::daemon::config::LimitsConfig;
-use crate::daemon::connections::peer::PeerCred;
-use crate::daemon::connections::peer_log;
 use crate::daemon::connections::session::Rooms;
 use crate::daemon::connections::session::Session;
-use crate::daemon::observe::metrics::Metrics;
-use crate::daemon::process::lifecycle::Lifecycle;
-use crate::daemon::process::lifecycle::{InheritedConnection, ParkedConnection, Phase};
+use crate::daemon::counters::metrics::Metrics;
+use crate::daemon::lifecycle::Lifecycle;
+use crate::daemon::lifecycle::{InheritedConnection, ParkedConnection, Phase};
+use crate::daemon::peers::peer::PeerCred;
+use crate::daemon::peers::peer_log;
 use crate::diag::RateLimit;
 use crate::proto::async_io::{read_frame, read_frame_with, write_frame};
 use crate::proto::messages::{Reply, Request};
 use crate::proto::FrameReader;
 use crate::proto::{Header, ProtoError, Status};
 
-// The lines a peer can cause are limited per uid (`crate::daemon::connections::peer_log`);
+// The lines a peer can cause are limited per uid (`crate::daemon::peers::peer_log`);
 // accept errors have no peer.
 static ACCEPT_LOG: RateLimit = RateLimit::new(Duration::from_secs(1));
 
@@ -406,7 +406,7 @@ impl Handler {
                 lazy: suspended
                     .iter()
                     .map(|s| {
-                        Ok(crate::daemon::requests::lazy_allocs::Suspended {
+                        Ok(crate::daemon::lifecycle::suspended::Suspended {
                             alloc: s.alloc,
                             infos: s.infos.clone(),
                             ranges: s.ranges.clone(),

@@ -24,14 +24,14 @@ use std::sync::Arc;
 
 use tracing::{debug, info, warn};
 
-use crate::daemon::connections::outcome::Outcome;
-use crate::daemon::connections::peer::{PeerCred, PidWatch};
-use crate::daemon::connections::peer_log;
-use crate::daemon::connections::refusals::TokenRequest;
-pub use crate::daemon::connections::rooms::{settle_released, Rooms};
-use crate::daemon::observe::metrics::Metrics;
+use crate::daemon::counters::metrics::Metrics;
+use crate::daemon::peers::peer::{PeerCred, PidWatch};
+use crate::daemon::peers::peer_log;
+use crate::daemon::peers::refusals::TokenRequest;
 use crate::daemon::pool::{AllocId, HandoffError, Released, SessionId};
 use crate::daemon::requests::alloc;
+use crate::daemon::requests::outcome::Outcome;
+pub use crate::daemon::requests::rooms::{settle_released, Rooms};
 use crate::proto::messages::{Reply, ReplyBody, Request};
 use crate::proto::{
     Status, FEATURE_HANDOFF, FEATURE_PARK, FEATURE_REATTACH, PROTOCOL_VERSION, TOKEN_SIZE,
@@ -60,7 +60,7 @@ pub struct Session {
     features: u64,
     /// REATTACH and HANDOFF requests refused on this connection for their
     /// id, uid or token.
-    token_refusals: crate::daemon::connections::refusals::OnConnection,
+    token_refusals: crate::daemon::peers::refusals::OnConnection,
     watching: bool,
     /// Lazy allocations and their fault services (`backend::fault`).
     lazy: crate::daemon::requests::lazy_allocs::LazyAllocs,
@@ -109,7 +109,7 @@ impl Session {
             rooms,
             handshaken,
             features,
-            token_refusals: crate::daemon::connections::refusals::OnConnection::default(),
+            token_refusals: crate::daemon::peers::refusals::OnConnection::default(),
             watching: false,
             lazy: crate::daemon::requests::lazy_allocs::LazyAllocs::new(),
         }
@@ -121,7 +121,7 @@ impl Session {
     /// off, parked, orphaned, released by their new owner) are dropped,
     /// not passed on: the successor would find their regions gone, or
     /// someone else's, and close this connection.
-    pub fn suspend_lazy(&mut self) -> Vec<crate::daemon::requests::lazy_allocs::Suspended> {
+    pub fn suspend_lazy(&mut self) -> Vec<crate::daemon::lifecycle::suspended::Suspended> {
         let (owners, session) = (self.rooms.pool.owners(), self.id);
         self.lazy
             .retain(|alloc| owners.regions_of(alloc, session).is_ok());
@@ -131,7 +131,7 @@ impl Session {
     /// Restarts suspended lazy allocations (a takeover given up, or taken
     /// over here). One whose service cannot restart ends the connection
     /// (its VMM's fallback then serves it), as a failed service does.
-    pub fn resume_lazy(&mut self, suspended: Vec<crate::daemon::requests::lazy_allocs::Suspended>) {
+    pub fn resume_lazy(&mut self, suspended: Vec<crate::daemon::lifecycle::suspended::Suspended>) {
         if suspended.is_empty() {
             return;
         }
@@ -183,15 +183,12 @@ impl Session {
 
     /// The refused REATTACH and HANDOFF requests on this connection (they
     /// travel with it through a takeover).
-    pub fn token_refusals(&self) -> crate::daemon::connections::refusals::OnConnection {
+    pub fn token_refusals(&self) -> crate::daemon::peers::refusals::OnConnection {
         self.token_refusals
     }
 
     /// Takes on the refusals a predecessor counted on this connection.
-    pub fn resume_refusals(
-        &mut self,
-        refusals: crate::daemon::connections::refusals::OnConnection,
-    ) {
+    pub fn resume_refusals(&mut self, refusals: crate::daemon::peers::refusals::OnConnection) {
         self.token_refusals = refusals;
     }
 
@@ -449,13 +446,7 @@ impl Session {
         let (uid, refused) = (self.peer.uid, self.token_refusals.count(request));
         self.rooms.metrics.token_refusals.add(request, uid, 1);
         let close = refused >= MAX_REATTACH_REFUSALS;
-        crate::daemon::connections::refusals::log(
-            self.id,
-            uid,
-            alloc_id,
-            request,
-            (refused, close),
-        );
+        crate::daemon::peers::refusals::log(self.id, uid, alloc_id, request, (refused, close));
         let mut out = Outcome::error(status, message);
         out.close = close;
         out
@@ -607,12 +598,12 @@ impl Session {
         // This connection's lazy allocations and their fault counters.
         stats.lazy = Some(self.lazy.stats());
         // A tenant that is not an operator sees aggregates and its own
-        // regions only (`crate::daemon::observe::stats::tenant_view`).
+        // regions only (`crate::daemon::requests::stats::tenant_view`).
         if !self.rooms.rebalance.operators().contains(&self.peer.uid) && self.peer.uid != 0 {
             let own = self.rooms.pool.owners().region_ids_of(self.id);
-            stats = crate::daemon::observe::stats::tenant_view(stats, &own, self.peer.uid);
+            stats = crate::daemon::requests::stats::tenant_view(stats, &own, self.peer.uid);
         }
-        crate::daemon::observe::stats::reply(stats)
+        crate::daemon::requests::stats::reply(stats)
     }
 
     /// Unlocks (off the executor), drops regions over the limit, starts the

@@ -11,9 +11,9 @@ use numa::NodeId;
 use tracing::info;
 
 use super::table::{pooled_bytes_of, Entry, EntryState, Pool};
-use crate::daemon::background::quarantine::holders::{Hold, Holder};
+use crate::daemon::counters::metrics::Metrics;
 use crate::daemon::ids::{PoolKey, RegionId};
-use crate::daemon::observe::metrics::Metrics;
+use crate::daemon::peers::holders::{Hold, Holder};
 
 /// Why a pooled region cannot be handed out or given back right now.
 #[derive(Debug, Clone, PartialEq, Eq)]

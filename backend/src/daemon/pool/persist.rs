@@ -18,12 +18,10 @@ use tracing::warn;
 use super::{
     AllocId, Allocation, ChangeGate, Entry, EntryState, Pool, PoolKey, RegionId, SessionId,
 };
-use crate::daemon::background::quarantine::holders::Owned;
-use crate::daemon::observe::metrics::Metrics;
-use crate::daemon::restart::persist::encoding::{decode_pages, encode_pages, hex, unhex};
-use crate::daemon::restart::persist::{
-    DecodeError, Persist, RestoreContext, SaveContext, SaveError,
-};
+use crate::daemon::counters::metrics::Metrics;
+use crate::daemon::peers::holders::Owned;
+use crate::daemon::persist::encoding::{decode_pages, encode_pages, hex, unhex};
+use crate::daemon::persist::{DecodeError, Persist, RestoreContext, SaveContext, SaveError};
 
 /// Where an exported region is in its life.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

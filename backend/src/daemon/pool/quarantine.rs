@@ -12,10 +12,10 @@ use tracing::{info, warn};
 use super::refault::Fill;
 use super::release::Loss;
 use super::table::{EntryState, Pool};
-use crate::daemon::background::quarantine::holders::{Holder, Owned};
-use crate::daemon::connections::peer_log::{check_tenant, LEFT_QUARANTINE};
+use crate::daemon::counters::metrics::Metrics;
 use crate::daemon::ids::RegionId;
-use crate::daemon::observe::metrics::Metrics;
+use crate::daemon::peers::holders::{Holder, Owned};
+use crate::daemon::peers::peer_log::{check_tenant, LEFT_QUARANTINE};
 
 /// What a quarantine check decided for one region.
 #[derive(Debug)]

@@ -14,8 +14,8 @@ use tracing::{info, warn};
 use super::files::reclaim_path;
 use super::owners::OwnershipError;
 use super::table::{pooled_bytes, pooled_bytes_of, Allocation, EntryState, Inner, Pool};
+use crate::daemon::counters::metrics::Metrics;
 use crate::daemon::ids::{AllocId, RegionId, SessionId};
-use crate::daemon::observe::metrics::Metrics;
 
 /// An allocation being given back: its regions and whether they were locked.
 #[derive(Debug)]
@@ -146,7 +146,7 @@ impl Pool {
                 out.quarantined.push(Arc::clone(&e.region));
             }
         }
-        if let Some(suppressed) = crate::daemon::connections::peer_log::RELEASED.check(a.tenant) {
+        if let Some(suppressed) = crate::daemon::peers::peer_log::RELEASED.check(a.tenant) {
             info!(
                 alloc,
                 session = a.session,

@@ -13,9 +13,9 @@ use guest_mem::Region;
 use tracing::warn;
 
 use super::table::{Entry, EntryState, Pool};
-use crate::daemon::background::quarantine::holders::{Holder, Owned};
+use crate::daemon::counters::metrics::Metrics;
 use crate::daemon::ids::{PoolKey, RegionId};
-use crate::daemon::observe::metrics::Metrics;
+use crate::daemon::peers::holders::{Holder, Owned};
 
 /// A region an ALLOC holds in `Reserved` (see [`Pool::take`]).
 #[derive(Debug, Clone)]

@@ -229,9 +229,9 @@ impl Scrubbing<'_> {
             if e.state == EntryState::Dirty && states.counts().clean == states.len() {
                 e.state = EntryState::Clean;
                 e.since = Instant::now();
-                let limit = &crate::daemon::connections::peer_log::SCRUBBED;
+                let limit = &crate::daemon::peers::peer_log::SCRUBBED;
                 if let Some(suppressed) =
-                    crate::daemon::connections::peer_log::check_tenant(limit, e.tenant)
+                    crate::daemon::peers::peer_log::check_tenant(limit, e.tenant)
                 {
                     info!(
                         region = work.id,

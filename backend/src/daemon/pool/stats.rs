@@ -26,7 +26,7 @@ pub struct PoolPart {
     pub allocations: Allocations,
 }
 
-// Called by STATS and the metrics endpoint (`crate::daemon`, `crate::daemon::observe::exporter`).
+// Called by STATS and the metrics endpoint (`crate::daemon`, `crate::daemon::process::exporter`).
 impl Pool {
     /// The pool part of STATS: one entry per (node, page size) with bytes and
     /// region counts per state, plus scrub backlog per node.

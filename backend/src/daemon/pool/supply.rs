@@ -18,9 +18,9 @@ use tracing::{debug, info, warn};
 
 use super::reserve::Taken;
 use super::table::Pool;
-use crate::daemon::background::quarantine::holders::{self, Owned};
+use crate::daemon::counters::metrics::Metrics;
 use crate::daemon::ids::{PoolKey, RegionId};
-use crate::daemon::observe::metrics::Metrics;
+use crate::daemon::peers::holders::{self, Owned};
 use crate::diag::chain;
 use crate::fault::dirty_pages_resident;
 use crate::proto::Status;

@@ -17,10 +17,10 @@ use tokio::sync::Notify;
 use super::given_back::Recent;
 use super::refault::Fill;
 use super::token::AllocToken;
-use crate::daemon::background::quarantine::holders::{Holder, Owned, Predecessor};
 use crate::daemon::config::PoolConfig;
+use crate::daemon::counters::metrics::Metrics;
 use crate::daemon::ids::{AllocId, PoolKey, RegionId, SessionId};
-use crate::daemon::observe::metrics::Metrics;
+use crate::daemon::peers::holders::{Holder, Owned, Predecessor};
 use crate::daemon::pool::ReserveGate;
 
 /// What the pool creates fresh regions with and whom it wakes, fixed for

@@ -72,8 +72,8 @@ use super::held::{Held, Why};
 use super::reserve::Taken;
 use super::supply::{self, free_pages, Refusal};
 use super::table::Pool;
+use crate::daemon::counters::metrics::Metrics;
 use crate::daemon::ids::PoolKey;
-use crate::daemon::observe::metrics::Metrics;
 use crate::diag::chain;
 use crate::proto::Status;
 

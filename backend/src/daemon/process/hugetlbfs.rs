@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use tracing::warn;
 
 use crate::daemon::config;
-use crate::daemon::observe::metrics::Metrics;
+use crate::daemon::counters::metrics::Metrics;
 use crate::daemon::process::error::{DaemonError, Result};
 
 /// Page size of the hugetlbfs mount holding `dir`, if it is one.

@@ -23,8 +23,8 @@ use std::sync::Arc;
 
 use guest_mem::Region;
 
-use crate::daemon::connections::outcome::Outcome;
 use crate::daemon::pool::{AllocId, AllocToken, RegionId};
+use crate::daemon::requests::outcome::Outcome;
 use crate::proto::messages::{RegionInfo, Reply, ReplyBody};
 
 /// Which reply the receiving process gets.

@@ -18,9 +18,9 @@
 
 use tracing::info;
 
-use crate::daemon::connections::outcome::Outcome;
 use crate::daemon::pool::{AllocId, HandoffError, Pool, SessionId};
 use crate::daemon::requests::delivery::{rows_now, Delivery, HandOut, HandOutError};
+use crate::daemon::requests::outcome::Outcome;
 use crate::proto::{Status, TOKEN_SIZE};
 
 /// A decoded HANDOFF request.
@@ -60,7 +60,7 @@ pub fn serve(
                 })
             })?;
     // Two connections of one tenant can pass an allocation back and forth.
-    if let Some(suppressed) = crate::daemon::connections::peer_log::HANDED_OFF.check(uid) {
+    if let Some(suppressed) = crate::daemon::peers::peer_log::HANDED_OFF.check(uid) {
         info!(
             session,
             uid,

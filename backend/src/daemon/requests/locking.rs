@@ -15,10 +15,10 @@ use guest_mem::Region;
 use numa::Topology;
 use tracing::{info, warn};
 
-use crate::daemon::connections::outcome::Outcome;
-use crate::daemon::connections::peer_log;
+use crate::daemon::peers::peer_log;
 use crate::daemon::pool::{AllocId, Pool, SessionId};
 use crate::daemon::requests::alloc;
+use crate::daemon::requests::outcome::Outcome;
 use crate::proto::messages::{Reply, ReplyBody};
 use crate::proto::Status;
 

@@ -13,9 +13,9 @@ use std::sync::Arc;
 
 use tracing::info;
 
-use crate::daemon::connections::outcome::Outcome;
 use crate::daemon::pool::{AllocId, AllocToken, OwnershipError, Pool, SessionId};
 use crate::daemon::requests::delivery::{rows_now, Delivery, HandOut, LazyHandedOut, Served};
+use crate::daemon::requests::outcome::Outcome;
 use crate::proto::messages::RegionInfo;
 use crate::proto::Status;
 

@@ -41,9 +41,9 @@ use std::time::Duration;
 use sd_notify::NotifyState;
 use tracing::{debug, info, warn};
 
-use crate::daemon::requests::park::loads_record::LoadSnapshot;
-use crate::daemon::restart::persist::fds::Fds;
-use crate::daemon::restart::persist::SaveError;
+use crate::daemon::persist::fds::Fds;
+use crate::daemon::persist::SaveError;
+use crate::daemon::requests::parked::loads_record::LoadSnapshot;
 use crate::daemon::restart::takeover::{self, state::State, Parts, Target};
 
 /// How often a serving daemon brings the store up to date.

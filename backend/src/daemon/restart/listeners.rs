@@ -7,7 +7,7 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 
-use crate::daemon::restart::persist::{Persist, RestoreContext, SaveContext, SaveError};
+use crate::daemon::persist::{Persist, RestoreContext, SaveContext, SaveError};
 
 /// See the module docs.
 #[derive(Debug, Default)]

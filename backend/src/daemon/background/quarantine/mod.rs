@@ -38,7 +38,7 @@
 //! [`Scrubbing::fill_done`]: crate::daemon::pool::Scrubbing::fill_done
 //! [`Pool::take`]: crate::daemon::pool::Pool::take
 //! [`quarantine_loop`]: crate::daemon::background::quarantine::quarantine_loop
-//! [`holders::scan`]: crate::daemon::background::quarantine::holders::scan
+//! [`holders::scan`]: crate::daemon::peers::holders::scan
 //! [`reuse::check_quarantined`]: crate::daemon::background::quarantine::reuse::check_quarantined
 //! [`reuse::judge`]: crate::daemon::background::quarantine::reuse::judge
 //! [`reuse::prove_unreachable`]: crate::daemon::background::quarantine::reuse::prove_unreachable
@@ -46,7 +46,6 @@
 //! [`reuse::Verdict`]: crate::daemon::pool::Verdict
 //! [`gate::ReserveGate`]: crate::daemon::pool::ReserveGate
 
-pub mod holders;
 mod recheck;
 pub mod reuse;
 

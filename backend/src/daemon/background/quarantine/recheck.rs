@@ -21,9 +21,9 @@ use tokio::sync::Notify;
 use tracing::{debug, error};
 
 use super::reuse;
-use crate::daemon::connections::peer::PidWatch;
+use crate::daemon::lifecycle::Lifecycle;
+use crate::daemon::peers::peer::PidWatch;
 use crate::daemon::pool::{Pool, Verdict};
-use crate::daemon::process::lifecycle::Lifecycle;
 
 /// Most holder pids watched at once (a tenant that forks many holders gets
 /// the periodic scan for the rest).

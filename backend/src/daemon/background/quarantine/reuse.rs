@@ -1,6 +1,6 @@
 //! Proof before reuse: what must hold before a released region's pages may
 //! be scrubbed and handed to another tenant, checked in this order once the
-//! `/proc` holder scan ([`crate::daemon::background::quarantine::holders`]) finds no process holding it:
+//! `/proc` holder scan ([`crate::daemon::peers::holders`]) finds no process holding it:
 //!
 //! 1. [`prove_unreachable`]: no open file description of the file exists but
 //!    the daemon's own (a write lease is granted), which covers what no
@@ -32,11 +32,11 @@ use std::sync::Arc;
 
 use guest_mem::Region;
 
-use crate::daemon::background::quarantine::holders::{self, FileId, Hold, Holder, Owned};
+use crate::daemon::peers::holders::{self, FileId, Hold, Holder, Owned};
 use crate::daemon::pool::{ReserveGate, Verdict};
 
 /// The quarantine's check, one verdict per quarantined region: one `/proc`
-/// holder scan ([`crate::daemon::background::quarantine::holders::scan`], which skips `predecessor`) for
+/// holder scan ([`crate::daemon::peers::holders::scan`], which skips `predecessor`) for
 /// all of them, then [`judge`]
 /// on each with what the scan found. Each region comes with its id (kept
 /// as given) and the daemon's own fd and mapping of it (exempt from the

@@ -9,11 +9,11 @@ use std::path::PathBuf;
 
 use super::core::{self, Host, Sockets};
 use crate::daemon::config::Config;
+use crate::daemon::persist::{Persist, RestoreContext};
 use crate::daemon::process::error::Result;
 use crate::daemon::process::handle::DaemonHandle;
 use crate::daemon::process::systemd;
 use crate::daemon::restart::listeners::{Listeners, SavedListeners};
-use crate::daemon::restart::persist::{Persist, RestoreContext};
 use crate::daemon::restart::takeover::Inherited;
 
 /// Starts on what a predecessor or systemd's fd store passed on, on

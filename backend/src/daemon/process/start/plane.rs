@@ -10,13 +10,13 @@ use std::time::Duration;
 use tokio::net::{TcpListener, UnixListener};
 use tracing::{info, warn};
 
-use crate::daemon::background::orphans::orphans_loop;
 use crate::daemon::background::quarantine::{quarantine_loop, Recheck};
 use crate::daemon::background::refill::{refill_loop, Refill};
+use crate::daemon::connections::orphans::orphans_loop;
 use crate::daemon::connections::server::{Listener, Server};
 use crate::daemon::connections::session::Rooms;
-use crate::daemon::observe::exporter;
-use crate::daemon::process::lifecycle::{Lifecycle, Phase};
+use crate::daemon::lifecycle::{Lifecycle, Phase};
+use crate::daemon::process::exporter;
 use crate::daemon::process::socket::remove_socket;
 use crate::daemon::requests::rebalance::{policy_loop, Rebalancer};
 use crate::daemon::restart::fdstore::{self, FdStore};

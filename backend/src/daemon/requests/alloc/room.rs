@@ -9,9 +9,9 @@ use numa::Topology;
 
 use crate::daemon::background::refill::Refill;
 use crate::daemon::config::PoolConfig;
-use crate::daemon::observe::metrics::Metrics;
+use crate::daemon::counters::metrics::Metrics;
+use crate::daemon::lifecycle::Lifecycle;
 use crate::daemon::pool::Pool;
-use crate::daemon::process::lifecycle::Lifecycle;
 
 /// The ALLOC room (see [`crate::daemon::requests::alloc`]).
 #[derive(Debug)]

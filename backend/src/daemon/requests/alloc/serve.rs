@@ -12,13 +12,13 @@ use tracing::{error, info, warn};
 
 use super::plan::{join_error, obtain_all, plan};
 use super::room::Alloc;
-use crate::daemon::connections::outcome::Outcome;
-use crate::daemon::connections::peer_log::{ALLOC_REFUSED, ALLOC_SERVED};
-use crate::daemon::observe::metrics::Metrics;
+use crate::daemon::counters::metrics::Metrics;
+use crate::daemon::peers::peer_log::{ALLOC_REFUSED, ALLOC_SERVED};
 use crate::daemon::pool::{Obtained, SessionId, Source};
 use crate::daemon::requests::delivery::{
     Delivery, HandOut, HandOutError, LazyHandedOut, Row, Served,
 };
+use crate::daemon::requests::outcome::Outcome;
 use crate::proto::messages::{AllocRequest, RegionInfo};
 use crate::proto::{ClearMode, Status};
 

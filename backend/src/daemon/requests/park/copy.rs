@@ -19,7 +19,7 @@ use std::sync::Arc;
 
 use guest_mem::{fill_region_planned, mark_for_fill, FillCounts, FillOptions};
 
-use crate::daemon::requests::park::loads::{
+use crate::daemon::requests::parked::loads::{
     self, load_sources, PendingLoad, SourceChecksums, SourceSpec,
 };
 use hugemem_client::saved_vm::manifest::Manifest;
@@ -27,10 +27,10 @@ use hugemem_client::saved_vm::manifest::Manifest;
 use tracing::info;
 
 use super::snapshot::{Checked, ParkRequest, ParkedOk, Refusal};
-use crate::daemon::connections::rooms::{settle_released, Rooms};
-use crate::daemon::observe::metrics::Metrics;
+use crate::daemon::counters::metrics::Metrics;
 use crate::daemon::pool::{AllocId, ParkedSlot, ParkedVm};
 use crate::daemon::requests::alloc::{self, Requester};
+use crate::daemon::requests::rooms::{settle_released, Rooms};
 use crate::proto::messages::{AllocRequest, ReplyBody};
 use crate::proto::{ClearMode, PagePolicy, Status};
 use numa::Topology;

@@ -5,7 +5,7 @@
 //! The saver gets what RESTORE with PAUSED would send, but each memory fd
 //! is a new read-only description of its region, and the allocation stays
 //! in the parked record. The VM is then held for the saver's connection
-//! (`crate::daemon::requests::park::saving`): another connection's RESTORE, EXPORT or
+//! (`crate::daemon::requests::parked::saving`): another connection's RESTORE, EXPORT or
 //! UNPARK of it is refused until the saver UNPARKs it (its save is in
 //! place) or its connection ends (the save failed or was abandoned: the VM
 //! stays parked, nothing lost). A VM parked on demand is filled first, so
@@ -19,10 +19,10 @@ use tracing::info;
 
 use super::send::{gated, slot_fds};
 use super::socket::migration_socket;
-use crate::daemon::connections::outcome::Outcome;
-use crate::daemon::connections::rooms::Rooms;
-use crate::daemon::observe::metrics::Metrics;
+use crate::daemon::counters::metrics::Metrics;
 use crate::daemon::pool::{FoundParked, SessionId};
+use crate::daemon::requests::outcome::Outcome;
+use crate::daemon::requests::rooms::Rooms;
 use crate::proto::messages::{Reply, ReplyBody};
 use crate::proto::Status;
 
@@ -39,7 +39,7 @@ pub struct ExportRequest {
 
 fn refused(rooms: &Rooms, req: &ExportRequest, status: Status, msg: String) -> Outcome {
     Metrics::add(&rooms.metrics.exports_refused, 1);
-    if let Some(suppressed) = crate::daemon::connections::peer_log::REQUEST_REFUSED.check(req.uid) {
+    if let Some(suppressed) = crate::daemon::peers::peer_log::REQUEST_REFUSED.check(req.uid) {
         info!(session = req.session, uid = req.uid, name = %req.name, reason = %msg, suppressed, "EXPORT refused");
     }
     Outcome::error(status, msg)

@@ -26,19 +26,15 @@
 //! * [`export`]: EXPORT. The parked VM is sent as RESTORE with PAUSED
 //!   would send it, with read-only memory fds, to a saver (`hugemem unpark
 //!   --save`), and stays parked, held for the saver's connection
-//!   (`crate::daemon::requests::park::saving`) until it UNPARKs the VM or ends.
+//!   (`crate::daemon::requests::parked::saving`) until it UNPARKs the VM or ends.
 //! * UNPARK releases the parked allocation into quarantine: its memory is
 //!   scrubbed before anyone else gets it, and not before every process
 //!   that still maps it let go.
 
 pub mod copy;
 pub mod export;
-pub mod loads;
-pub mod loads_record;
-pub mod note;
 pub mod ondemand;
 pub mod receive;
-pub mod saving;
 pub mod send;
 pub mod snapshot;
 pub mod socket;
@@ -49,10 +45,10 @@ use std::sync::Arc;
 
 use tracing::info;
 
-use crate::daemon::connections::outcome::Outcome;
-use crate::daemon::connections::peer::PeerCred;
-use crate::daemon::connections::rooms::{settle_released, Rooms};
+use crate::daemon::peers::peer::PeerCred;
 use crate::daemon::pool::SessionId;
+use crate::daemon::requests::outcome::Outcome;
+use crate::daemon::requests::rooms::{settle_released, Rooms};
 use crate::proto::messages::{Reply, ReplyBody, Request};
 use crate::proto::Status;
 
@@ -120,7 +116,7 @@ pub async fn unpark(rooms: &Arc<Rooms>, session: SessionId, uid: u32, name: &str
         return match rooms.park_record.acknowledge(uid, name) {
             Some(lost) => {
                 rooms.note_parked().await;
-                let said = crate::daemon::requests::park::note::describe(&lost);
+                let said = crate::daemon::requests::parked::note::describe(&lost);
                 info!(
                     uid,
                     name, "UNPARK of a VM a start found lost: its note is cleared"

@@ -33,7 +33,7 @@ use hugemem_client::ch_migration::peer::send_snapshot_with;
 use numa::Topology;
 use tracing::{info, warn};
 
-use crate::daemon::requests::park::loads::PendingLoad;
+use crate::daemon::requests::parked::loads::PendingLoad;
 
 /// What a postcopy restore sends and fills.
 pub struct Postcopy<'a> {

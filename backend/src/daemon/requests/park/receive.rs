@@ -15,10 +15,10 @@ use tracing::{info, warn};
 use super::snapshot::{check, invalid, now_secs, Checked, ParkRequest, ParkedOk, Refusal};
 use super::socket::migration_socket;
 use super::verify::read_manifest;
-use crate::daemon::connections::outcome::Outcome;
-use crate::daemon::connections::rooms::Rooms;
-use crate::daemon::observe::metrics::Metrics;
+use crate::daemon::counters::metrics::Metrics;
 use crate::daemon::pool::{AllocId, FileOwner, ParkedSlot, ParkedVm, SessionId};
+use crate::daemon::requests::outcome::Outcome;
+use crate::daemon::requests::rooms::Rooms;
 use crate::proto::messages::{Reply, ReplyBody};
 use crate::proto::Status;
 use hugemem_client::saved_vm::manifest::Manifest;
@@ -272,7 +272,7 @@ fn finish(
 /// socket, the name or the snapshot was wrong.
 fn refused(rooms: &Rooms, req: &ParkRequest, status: Status, msg: String) -> Outcome {
     Metrics::add(&rooms.metrics.parks_refused, 1);
-    if let Some(suppressed) = crate::daemon::connections::peer_log::REQUEST_REFUSED.check(req.uid) {
+    if let Some(suppressed) = crate::daemon::peers::peer_log::REQUEST_REFUSED.check(req.uid) {
         info!(session = req.session, uid = req.uid, name = %req.name, reason = %msg, suppressed, "PARK refused");
     }
     Outcome::error(status, msg)

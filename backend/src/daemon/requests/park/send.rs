@@ -11,11 +11,11 @@ use hugemem_client::ch_migration::peer::send_snapshot;
 use tracing::{info, warn};
 
 use super::socket::migration_socket;
-use crate::daemon::connections::outcome::Outcome;
-use crate::daemon::connections::rooms::Rooms;
-use crate::daemon::observe::metrics::Metrics;
+use crate::daemon::counters::metrics::Metrics;
 use crate::daemon::pool::{FoundParked, SessionId};
 use crate::daemon::requests::delivery::{rows_now, Delivery, HandOut};
+use crate::daemon::requests::outcome::Outcome;
+use crate::daemon::requests::rooms::Rooms;
 use crate::proto::Status;
 
 /// A RESTORE request.
@@ -35,7 +35,7 @@ pub struct RestoreRequest {
 
 fn refused(rooms: &Rooms, req: &RestoreRequest, status: Status, msg: String) -> Outcome {
     Metrics::add(&rooms.metrics.restores_refused, 1);
-    if let Some(suppressed) = crate::daemon::connections::peer_log::REQUEST_REFUSED.check(req.uid) {
+    if let Some(suppressed) = crate::daemon::peers::peer_log::REQUEST_REFUSED.check(req.uid) {
         info!(session = req.session, uid = req.uid, name = %req.name, reason = %msg, suppressed, "RESTORE refused");
     }
     Outcome::error(status, msg)
@@ -214,7 +214,7 @@ pub fn not_parked(rooms: &Rooms, uid: u32, name: &str) -> String {
     match rooms.park_record.find_lost(uid, name) {
         Some(lost) => format!(
             "no VM named {name:?} is parked: {}; `hugemem unpark {name}` clears this note",
-            crate::daemon::requests::park::note::describe(&lost),
+            crate::daemon::requests::parked::note::describe(&lost),
         ),
         None => format!("no VM named {name:?} is parked"),
     }

@@ -15,7 +15,7 @@ use std::path::Path;
 use hugemem_client::saved_vm::manifest::{max_manifest_len, Manifest, MANIFEST_FILE};
 
 use super::snapshot::{invalid, Checked, Refusal};
-use crate::daemon::requests::park::loads::{SourceChecksums, SourceSpec};
+use crate::daemon::requests::parked::loads::{SourceChecksums, SourceSpec};
 
 /// Reads the manifest in `fd` for the snapshot `checked`: at most what a
 /// manifest of its memory can need, a regular file, a manifest of this

@@ -76,7 +76,6 @@
 //! layout), split, or moving is left alone. A manual REBALANCE starts the
 //! owner's cool-down as well.
 
-pub mod guest_check;
 mod moves;
 mod policy;
 mod rebalancer;

@@ -114,7 +114,7 @@ fn start(
     }
     // A client's moves count against its uid's lines (REBALANCE in a loop).
     let logged = match who {
-        Initiator::Client { uid, .. } => crate::daemon::connections::peer_log::REBALANCE.check(uid),
+        Initiator::Client { uid, .. } => crate::daemon::peers::peer_log::REBALANCE.check(uid),
         Initiator::Policy => Some(0),
     };
     if let Some(suppressed) = logged {
@@ -310,7 +310,7 @@ pub async fn serve(rb: &Arc<Rebalancer>, session: SessionId, uid: u32, req: Move
     match rebalance(rb, req, Initiator::Client { session, uid }).await {
         Ok(out) => {
             let r = &out.report;
-            if let Some(suppressed) = crate::daemon::connections::peer_log::REBALANCE.check(uid) {
+            if let Some(suppressed) = crate::daemon::peers::peer_log::REBALANCE.check(uid) {
                 info!(
                     session,
                     uid,
@@ -334,7 +334,7 @@ pub async fn serve(rb: &Arc<Rebalancer>, session: SessionId, uid: u32, req: Move
         }
         Err(e) => {
             let msg = crate::diag::chain(&e);
-            if let Some(suppressed) = crate::daemon::connections::peer_log::REBALANCE.check(uid) {
+            if let Some(suppressed) = crate::daemon::peers::peer_log::REBALANCE.check(uid) {
                 info!(session, uid, region = req.region_id, status = ?e.status(), reason = %msg, suppressed, "REBALANCE refused or failed");
             }
             Reply::error(e.status(), msg)

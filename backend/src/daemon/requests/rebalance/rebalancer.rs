@@ -19,8 +19,8 @@ use numa::{NodeId, Topology};
 use tracing::info;
 
 use crate::daemon::config::RebalanceConfig;
+use crate::daemon::lifecycle::Lifecycle;
 use crate::daemon::pool::{AllocId, Pool, RegionId, SessionId};
-use crate::daemon::process::lifecycle::Lifecycle;
 use crate::proto::Status;
 
 /// Who asks for a move.

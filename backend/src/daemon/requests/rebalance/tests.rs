@@ -19,7 +19,7 @@ use super::rebalancer::*;
 use crate::daemon::config::RebalanceConfig;
 use crate::daemon::connections::session::Rooms;
 use crate::daemon::pool::{InUseRegion, RegionId};
-use crate::daemon::requests::rebalance::guest_check;
+use crate::daemon::process::guest_check;
 use crate::proto::Status;
 
 #[test]

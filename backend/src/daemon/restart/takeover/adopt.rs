@@ -9,15 +9,15 @@ use tracing::{info, warn};
 
 use super::receive::Inherited;
 use super::state::ConnectionRecord;
-use crate::daemon::background::quarantine::holders::Predecessor;
 use crate::daemon::background::quarantine::reuse;
-use crate::daemon::connections::peer::PidWatch;
 use crate::daemon::connections::server::{self, Server};
+use crate::daemon::lifecycle::ParkedConnection;
+use crate::daemon::peers::holders::Predecessor;
+use crate::daemon::peers::peer::PidWatch;
+use crate::daemon::persist::{Persist, RestoreContext};
 use crate::daemon::pool::{
     AdoptError, Adopted, AllocSnapshot, Life, MalformedToken, Pool, RegionSnapshot,
 };
-use crate::daemon::process::lifecycle::ParkedConnection;
-use crate::daemon::restart::persist::{Persist, RestoreContext};
 
 /// Adopts every region of the document, checks the pooled ones as at FREE
 /// ([`reuse::judge_inherited`]), and enters what passed into `pool` with

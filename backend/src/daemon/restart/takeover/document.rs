@@ -7,10 +7,10 @@ use std::os::fd::OwnedFd;
 
 use super::parts::Parts;
 use super::state::{self, State};
+use crate::daemon::persist::fds::FdList;
+use crate::daemon::persist::{Persist, SaveContext, SaveError};
 use crate::daemon::pool::Snapshot;
-use crate::daemon::requests::park::loads_record::LoadSnapshot;
-use crate::daemon::restart::persist::fds::FdList;
-use crate::daemon::restart::persist::{Persist, SaveContext, SaveError};
+use crate::daemon::requests::parked::loads_record::LoadSnapshot;
 
 /// Who a state document is for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -17,7 +17,7 @@
 //!    the uffd keeps them pending);
 //! 3. the background loops (quarantine, refill, rebalance policy) finish
 //!    their current round and pause
-//!    ([`crate::daemon::process::lifecycle::Lifecycle::periodic`]);
+//!    ([`crate::daemon::lifecycle::Lifecycle::periodic`]);
 //! 4. the scrubbers finish their batch and are joined;
 //! 5. the pool's table is snapshot ([`crate::daemon::pool::Records::snapshot`]).
 //!
@@ -53,7 +53,7 @@
 //! The takeover only orchestrates; each component saves and restores its
 //! own state ([`crate::daemon::pool::RegionRecord`],
 //! [`crate::daemon::requests::lazy_allocs::LazyRecord`],
-//! [`crate::daemon::process::lifecycle::ConnectionRecord`],
+//! [`crate::daemon::lifecycle::ConnectionRecord`],
 //! [`crate::daemon::restart::listeners::Listeners`], the counters'
 //! `Metrics::to_map`), and the trust checks of an adopted pooled region
 //! are the quarantine's ([`crate::daemon::background::quarantine::reuse::judge_inherited`]).
@@ -72,8 +72,8 @@
 //! [`receive`]: mod@crate::daemon::restart::takeover::receive
 //! [`adopt`]: crate::daemon::restart::takeover::adopt
 //! [`state`]: crate::daemon::restart::takeover::state
-//! [`fds`]: crate::daemon::restart::persist::fds
-//! [`encoding`]: crate::daemon::restart::persist::encoding
+//! [`fds`]: crate::daemon::persist::fds
+//! [`encoding`]: crate::daemon::persist::encoding
 //! [`channel`]: crate::daemon::restart::takeover::channel
 
 pub mod adopt;

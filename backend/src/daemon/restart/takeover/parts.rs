@@ -11,9 +11,9 @@ use tokio::sync::RwLockWriteGuard;
 use tracing::error;
 
 use crate::daemon::background::scrub::Scrubbers;
-use crate::daemon::observe::metrics::Metrics;
+use crate::daemon::counters::metrics::Metrics;
+use crate::daemon::lifecycle::Lifecycle;
 use crate::daemon::pool::{Pool, Snapshot};
-use crate::daemon::process::lifecycle::Lifecycle;
 use crate::daemon::restart::listeners::Listeners;
 
 /// Why the daemon could not be frozen for a takeover or the fd store (it
@@ -22,7 +22,7 @@ use crate::daemon::restart::listeners::Listeners;
 pub enum FreezeError {
     /// A handler or a loop did not stop in time.
     #[error(transparent)]
-    Timeout(#[from] crate::daemon::process::lifecycle::FreezeTimeout),
+    Timeout(#[from] crate::daemon::lifecycle::FreezeTimeout),
     /// The scrubbers' join panicked.
     #[error("the scrubbers did not stop: {0}")]
     Scrubbers(#[source] tokio::task::JoinError),
@@ -49,7 +49,7 @@ pub struct Parts {
     /// The topology the scrubbers restart on.
     pub topology: Arc<Topology>,
     /// The files of VMs parked on demand.
-    pub fills: Arc<crate::daemon::requests::park::loads::PendingLoads>,
+    pub fills: Arc<crate::daemon::requests::parked::loads::PendingLoads>,
 }
 
 impl Parts {

@@ -9,7 +9,7 @@ use tracing::{error, info, warn};
 
 use super::channel;
 use super::state::{State, StateError};
-use crate::daemon::restart::persist::fds::Fds;
+use crate::daemon::persist::fds::Fds;
 
 /// What a successor received: the checked document and its fds (an
 /// `Option` each, taken as they are used).

@@ -11,8 +11,8 @@ use super::channel;
 use super::document::{build, Target};
 use super::parts::{FreezeError, Parts};
 use super::state::StateError;
-use crate::daemon::connections::peer::PeerCred;
-use crate::daemon::restart::persist::SaveError;
+use crate::daemon::peers::peer::PeerCred;
+use crate::daemon::persist::SaveError;
 
 /// Why a takeover was given up (the daemon serves on).
 #[derive(Debug, thiserror::Error)]

@@ -23,11 +23,11 @@ use std::os::fd::{AsFd, OwnedFd};
 
 use serde::{Deserialize, Serialize};
 
+pub use crate::daemon::lifecycle::ConnectionRecord;
+pub use crate::daemon::persist::encoding::{decode_pages, encode_pages, hex, unhex};
 pub use crate::daemon::pool::{AllocRecord, RegionRecord, SavedLife};
-pub use crate::daemon::process::lifecycle::ConnectionRecord;
-pub use crate::daemon::requests::lazy_allocs::LazyRecord;
-pub use crate::daemon::requests::park::loads_record::LoadRecord;
-pub use crate::daemon::restart::persist::encoding::{decode_pages, encode_pages, hex, unhex};
+pub use crate::daemon::lifecycle::suspended::LazyRecord;
+pub use crate::daemon::requests::parked::loads_record::LoadRecord;
 use crate::sys;
 
 /// `format` of a hugemem state document. Its old name stays: documents

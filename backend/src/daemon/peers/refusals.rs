@@ -12,7 +12,7 @@ use std::sync::Mutex;
 
 use tracing::warn;
 
-use crate::daemon::connections::peer_log;
+use crate::daemon::peers::peer_log;
 use crate::daemon::pool::{AllocId, SessionId};
 
 /// Uids counted apart; refusals of further uids share the label

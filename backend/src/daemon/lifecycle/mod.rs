@@ -14,7 +14,9 @@
 //! * the work lock that pauses the background loops: [`Lifecycle::periodic`]
 //!   runs a loop's rounds under it, so no loop can forget to pause.
 
-use crate::daemon::connections::refusals::OnConnection;
+pub mod suspended;
+
+use crate::daemon::peers::refusals::OnConnection;
 use std::future::Future;
 use std::os::fd::{AsFd, OwnedFd};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -26,13 +28,11 @@ use tokio::sync::{watch, Notify, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::daemon::background::quarantine::holders::Predecessor;
-use crate::daemon::requests::lazy_allocs::{LazyRecord, Suspended};
-use crate::daemon::restart::persist::encoding::{hex, unhex};
-use crate::daemon::restart::persist::{
-    DecodeError, Persist, RestoreContext, SaveContext, SaveError,
-};
+use crate::daemon::peers::holders::Predecessor;
+use crate::daemon::persist::encoding::{hex, unhex};
+use crate::daemon::persist::{DecodeError, Persist, RestoreContext, SaveContext, SaveError};
 use crate::proto::FrameReader;
+use suspended::{LazyRecord, Suspended};
 
 /// Where the daemon is in a takeover.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

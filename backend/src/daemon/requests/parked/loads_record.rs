@@ -16,11 +16,11 @@ use serde::{Deserialize, Serialize};
 use tracing::{info, warn};
 
 use crate::daemon::ids::AllocId;
+use crate::daemon::persist::{Persist, RestoreContext, SaveContext, SaveError};
 use crate::daemon::pool::Pool;
-use crate::daemon::requests::park::loads::{
+use crate::daemon::requests::parked::loads::{
     PendingLoad, PendingLoads, SourceChecksums, SourceSpec,
 };
-use crate::daemon::restart::persist::{Persist, RestoreContext, SaveContext, SaveError};
 
 /// One pending fill in the state document.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -11,12 +11,12 @@ use numa::Topology;
 use tokio::sync::Notify;
 use tracing::warn;
 
-use crate::daemon::observe::metrics::Metrics;
-use crate::daemon::observe::stats::StatsSource;
+use crate::daemon::counters::metrics::Metrics;
+use crate::daemon::lifecycle::Lifecycle;
 use crate::daemon::pool::{Pool, Released};
-use crate::daemon::process::lifecycle::Lifecycle;
 use crate::daemon::requests::alloc::{self, Alloc};
 use crate::daemon::requests::rebalance::Rebalancer;
+use crate::daemon::requests::stats::StatsSource;
 
 /// What a session serves its requests from: the rooms it dispatches to
 /// and what the session itself uses (its fault services, its release).
@@ -41,14 +41,14 @@ pub struct Rooms {
     /// STATS.
     pub stats: Arc<StatsSource>,
     /// Memory still to be filled from a tenant's files (VMs parked on demand).
-    pub fills: Arc<crate::daemon::requests::park::loads::PendingLoads>,
+    pub fills: Arc<crate::daemon::requests::parked::loads::PendingLoads>,
     /// Parked VMs held for the connection that saves them (EXPORT).
-    pub saving: Arc<crate::daemon::requests::park::saving::Saving>,
+    pub saving: Arc<crate::daemon::requests::parked::saving::Saving>,
     /// Brings systemd's fd store up to date now (set at the start when
     /// the store is used; see [`Rooms::sync_now`]).
     pub store_sync: std::sync::OnceLock<StoreSync>,
     /// The note of parked VMs on disk, and those a start found lost.
-    pub park_record: Arc<crate::daemon::requests::park::note::ParkRecord>,
+    pub park_record: Arc<crate::daemon::requests::parked::note::ParkRecord>,
 }
 
 /// A blocking sync of systemd's fd store (`fdstore::sync_now`), set by

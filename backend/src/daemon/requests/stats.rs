@@ -12,13 +12,13 @@ use crate::proto::{Status, MAX_PAYLOAD};
 use hugemem_client::stats::{Counters, ScrubNode, ScrubStats, Sessions, Stats, Totals};
 
 use crate::daemon::background::refill::Refill;
-use crate::daemon::connections::outcome::Outcome;
-use crate::daemon::observe::metrics::{self, Metrics, ScrubCounters};
+use crate::daemon::counters::metrics::{self, Metrics, ScrubCounters};
 use crate::daemon::pool::{Pool, RegionId};
+use crate::daemon::requests::outcome::Outcome;
 use crate::daemon::requests::rebalance::Rebalancer;
 
 /// Where the STATS document's figures come from (and the Prometheus
-/// endpoint's, `crate::daemon::observe::exporter`).
+/// endpoint's, `crate::daemon::process::exporter`).
 #[derive(Debug)]
 pub struct StatsSource {
     /// The pool's table.
@@ -42,7 +42,7 @@ pub struct StatsSource {
     /// The rebalancer's counters.
     pub rebalance: Arc<Rebalancer>,
     /// The parked VMs a start found lost.
-    pub park_record: Arc<crate::daemon::requests::park::note::ParkRecord>,
+    pub park_record: Arc<crate::daemon::requests::parked::note::ParkRecord>,
 }
 
 impl StatsSource {

@@ -1,7 +1,7 @@
 //! The daemon's own counters as the exposition carries them: each STATS
 //! `counters` key with its help text, grouped by what they count.
 
-use crate::daemon::observe::metrics::Metrics;
+use crate::daemon::counters::metrics::Metrics;
 
 /// The daemon's own counters: name (STATS `counters` key), help, value.
 pub(super) fn daemon_counters(m: &Metrics) -> Vec<(&'static str, &'static str, u64)> {

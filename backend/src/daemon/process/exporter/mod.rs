@@ -49,9 +49,9 @@ use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
-use crate::daemon::observe::metrics::Metrics;
-use crate::daemon::observe::stats::StatsSource;
+use crate::daemon::counters::metrics::Metrics;
 use crate::daemon::pool::PoolPart;
+use crate::daemon::requests::stats::StatsSource;
 
 /// Connections served at once.
 pub const MAX_CONNECTIONS: usize = 16;

@@ -9,7 +9,7 @@
 //! are computed from the pool's entries when asked, so they cannot drift
 //! from the truth.
 //!
-//! The Prometheus endpoint that exports them is [`crate::daemon::observe::exporter`].
+//! The Prometheus endpoint that exports them is [`crate::daemon::process::exporter`].
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -95,7 +95,7 @@ pub struct Metrics {
     /// Successful ALLOCs, by how long they took (request to reply), for
     /// latency quantiles; not carried across a takeover (Prometheus sees a
     /// reset).
-    pub alloc_latency: crate::daemon::observe::latency::Latency,
+    pub alloc_latency: crate::daemon::counters::latency::Latency,
     /// HANDOFF requests that moved an allocation to another connection.
     pub handoff_ok: AtomicU64,
     /// HANDOFF requests refused (unknown id, another uid's, wrong token).
@@ -123,7 +123,7 @@ pub struct Metrics {
     /// EXPORTs refused or failed.
     pub exports_refused: AtomicU64,
     /// REATTACH and HANDOFF refusals by kind and uid (`/metrics` only).
-    pub token_refusals: crate::daemon::connections::refusals::TokenRefusals,
+    pub token_refusals: crate::daemon::peers::refusals::TokenRefusals,
 }
 
 impl Metrics {
