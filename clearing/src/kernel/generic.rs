@@ -7,7 +7,7 @@
 
 use core::ptr;
 
-use super::PAGE_4K;
+use super::page::PAGE_4K;
 
 /// No portable streaming stores.
 pub(super) fn non_temporal_available() -> bool {

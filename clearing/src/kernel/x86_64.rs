@@ -23,7 +23,7 @@ use core::arch::x86_64::{
     _mm512_stream_si512, _mm_sfence,
 };
 
-use super::PAGE_4K;
+use super::page::PAGE_4K;
 
 /// Runs shorter than this are cleared with `rep stosb` even by the
 /// non-temporal kernel: a few cache lines are not worth the head/tail split

@@ -2,11 +2,12 @@
 //! `docs/protocol.md` (its payload column says which requests carry fds,
 //! and which flags add one), one rule per code.
 
+use super::header::Code;
+use super::header::MAX_FDS;
 use super::messages::{PARK_FLAG_VERIFY, RESTORE_FLAG_POSTCOPY};
-use super::{Code, MAX_FDS};
 
 /// The fds a request carries: `base`, plus one for each bit of `per_flag`
-/// set in the request's flags word ([`Request::flags`](super::Request::flags)).
+/// set in the request's flags word ([`Request::flags`](super::messages::Request::flags)).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct FdRule {
     /// Fds every request of the code carries.

@@ -9,7 +9,7 @@
 //! payload; never past the frame, so a second frame's bytes stay in the
 //! socket), and tells [`FrameReader::advance`] how many bytes came (0 at EOF).
 //! The header is checked ([`Header::decode`]: version, code, flags, payload ≤
-//! [`super::MAX_PAYLOAD`]) before a single payload byte is allocated; EOF
+//! [`super::header::MAX_PAYLOAD`]) before a single payload byte is allocated; EOF
 //! between frames is [`ProtoError::Closed`], inside one
 //! [`ProtoError::UnexpectedEof`]. Fds received on the way are kept with the
 //! frame (the reader appends them to the `Vec` that [`FrameReader::next_read`]
@@ -17,7 +17,9 @@
 
 use std::os::fd::OwnedFd;
 
-use super::{Header, ProtoError, HEADER_SIZE};
+use super::header::Header;
+use super::header::ProtoError;
+use super::header::HEADER_SIZE;
 
 /// One message as it travelled: header, payload and the fds that came with it.
 #[derive(Debug)]

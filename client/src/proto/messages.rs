@@ -6,7 +6,10 @@ mod reply_codec;
 mod request_codec;
 mod wire;
 
-use super::{Status, MAX_MESSAGE, MAX_PAYLOAD, TOKEN_SIZE};
+use super::header::Status;
+use super::header::MAX_MESSAGE;
+use super::header::MAX_PAYLOAD;
+use super::header::TOKEN_SIZE;
 
 /// ALLOC request flag (byte 11, bit 0): create each region as a file on a
 /// hugetlbfs mount and send its path (for VMMs that must open a path, e.g.
@@ -25,7 +28,7 @@ const ALLOC_FLAGS_KNOWN: u8 = ALLOC_FLAG_PATHS | ALLOC_FLAG_WAIT;
 pub const ALLOC_REPLY_FLAG_PATHS: u32 = 1;
 /// ALLOC reply flag (bit 1): a 16-byte re-attach token follows the region
 /// table and the paths. Set only for a client that negotiated
-/// [`FEATURE_REATTACH`](super::FEATURE_REATTACH).
+/// [`FEATURE_REATTACH`](super::header::FEATURE_REATTACH).
 pub const ALLOC_REPLY_FLAG_TOKEN: u32 = 2;
 /// Every ALLOC reply flag bit defined.
 /// HANDOFF flags bit 0: send each region's hugetlbfs path with its fd
@@ -59,7 +62,7 @@ pub enum ClearMode {
 /// One per-node part of an allocation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct AllocPart {
-    /// NUMA node, or [`ANY_NODE`](super::ANY_NODE).
+    /// NUMA node, or [`ANY_NODE`](super::header::ANY_NODE).
     pub node: u32,
     /// Bytes.
     pub size: u64,
@@ -142,7 +145,7 @@ pub enum Request {
         /// Allocation id from the ALLOC reply.
         alloc_id: u64,
         /// The VMM's mappings of the allocation's regions
-        /// (1..=[`MAX_REGIONS`](super::MAX_REGIONS)).
+        /// (1..=[`MAX_REGIONS`](super::header::MAX_REGIONS)).
         ranges: Vec<UffdRange>,
     },
     /// Take an orphaned allocation back (after a daemon restart) with the
@@ -263,7 +266,7 @@ pub struct RegionInfo {
     pub size: u64,
     /// Page size in bytes actually used.
     pub page_size: u64,
-    /// NUMA node, or [`ANY_NODE`](super::ANY_NODE).
+    /// NUMA node, or [`ANY_NODE`](super::header::ANY_NODE).
     pub node: u32,
     /// [`RegionInfo::FLAG_CLEAN`] | [`RegionInfo::FLAG_LAZY`] | [`RegionInfo::FLAG_LOCKED`].
     pub flags: u32,
@@ -298,7 +301,7 @@ pub enum ReplyBody {
         /// hugetlbfs path per region, same order.
         paths: Vec<String>,
         /// The re-attach token ([`ALLOC_REPLY_FLAG_TOKEN`]): present when the
-        /// connection negotiated [`FEATURE_REATTACH`](super::FEATURE_REATTACH).
+        /// connection negotiated [`FEATURE_REATTACH`](super::header::FEATURE_REATTACH).
         token: Option<[u8; TOKEN_SIZE]>,
     },
     /// REATTACH: the allocation's region table as it is now (no fds: the

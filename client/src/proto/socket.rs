@@ -12,7 +12,10 @@ use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 
 use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags};
 
-use super::{Header, ProtoError, HEADER_SIZE, MAX_FDS};
+use super::header::Header;
+use super::header::ProtoError;
+use super::header::HEADER_SIZE;
+use super::header::MAX_FDS;
 
 pub use super::framing::Frame;
 use super::framing::FrameReader;

@@ -2,7 +2,8 @@
 //! checks on a decoded request against its own state before acting on it,
 //! kept here (pure, no daemon types) so the fuzzer runs the daemon's code.
 
-use super::{RegionInfo, UffdRange};
+use super::messages::RegionInfo;
+use super::messages::UffdRange;
 
 /// Checks a UFFD request's ranges against the allocation's region table
 /// (the part of the request's validation that needs the regions; the

@@ -6,7 +6,8 @@
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicU32};
 
-use super::{state_unit, AdoptError, AdoptSpec, Region, UNBOUND};
+use super::spec::AdoptSpec;
+use super::{state_unit, AdoptError, Region, UNBOUND};
 use crate::state::{PageState, PageStates};
 use crate::sys;
 

@@ -15,7 +15,10 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use numa::{NodeId, Topology};
 use tracing::{info, warn};
 
-use super::{state_unit, Backing, PagePolicy, Region, RegionError, RegionSpec, UNBOUND};
+use super::spec::Backing;
+use super::spec::PagePolicy;
+use super::spec::RegionSpec;
+use super::{state_unit, Region, RegionError, UNBOUND};
 use crate::mapping::PageSize;
 use crate::pools::{self, PoolSnapshot};
 use crate::state::{PageState, PageStates};

@@ -9,7 +9,7 @@ use numa::{NodeId, PageLocation, PolicyError};
 use crate::mapping::PageSize;
 use crate::pools::{Choice, PoolError, PoolSnapshot};
 
-use super::*;
+use super::spec::PagePolicy;
 
 /// Errors creating a region.
 #[derive(Debug, thiserror::Error)]

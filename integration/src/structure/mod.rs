@@ -4,9 +4,11 @@
 //! **Import circles.** Each crate's module tree is read from its roots
 //! (`src/lib.rs`, `src/main.rs`, `src/bin/*.rs`) through its `mod`
 //! declarations. File A imports file B when code in A names, through a `use`
-//! or a path, an item *defined* in B; `use` re-export chains are followed to
-//! the file that defines the item, so a `pub use x::Foo` in a `mod.rs` used
-//! by a sibling as `super::Foo` is an import of `x.rs`, not of the `mod.rs`.
+//! or a path, an item *defined* in B, and every file whose `use` (a
+//! re-export, a glob) the path passes through on its way there: a
+//! `pub use x::Foo` in a `mod.rs` used by a sibling as `super::Foo` is an
+//! import of `x.rs` *and* of the `mod.rs`, so a circle that runs through a
+//! re-export is counted.
 //! `mod child;` is a declaration, not an import. Naming a module itself
 //! (`use super::pool;`) imports nothing; naming an item in it does. A circle
 //! is a strongly connected component of more than one file. Test code

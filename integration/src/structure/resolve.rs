@@ -96,7 +96,8 @@ impl TreeReader {
             return vec![Target::Item(*file)];
         }
         if let Some(paths) = m.imports.get(name) {
-            return paths.iter().flat_map(|p| self.resolve(module, p)).collect();
+            let found: Vec<Target> = paths.iter().flat_map(|p| self.resolve(module, p)).collect();
+            return through_re_export(found, m.file);
         }
         for glob in &m.globs {
             for source in self.resolve(module, glob) {
@@ -104,7 +105,7 @@ impl TreeReader {
                     if g != module {
                         let found = self.lookup(g, name);
                         if !found.is_empty() {
-                            return found;
+                            return through_re_export(found, m.file);
                         }
                     }
                 }
@@ -112,6 +113,17 @@ impl TreeReader {
         }
         Vec::new()
     }
+}
+
+/// What a name that a module imports (`use`, a glob) stands for, seen from
+/// another file: the file holding the import too, since a change there
+/// (the re-export pointing elsewhere) changes what the user gets. Seen from
+/// the importing file itself, that extra target is dropped as a self-edge.
+fn through_re_export(mut found: Vec<Target>, re_exporting_file: usize) -> Vec<Target> {
+    if !found.is_empty() {
+        found.push(Target::Item(re_exporting_file));
+    }
+    found
 }
 
 /// Collects every path named in non-test code, with the module naming it.

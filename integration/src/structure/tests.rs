@@ -35,7 +35,7 @@ fn a_child_using_what_its_parent_defines_is_a_circle() {
 }
 
 #[test]
-fn a_re_export_used_by_a_sibling_leads_to_the_defining_file() {
+fn a_re_export_used_by_a_sibling_leads_to_the_defining_file_and_the_re_export() {
     let dir = tempfile::tempdir().unwrap();
     write(
         dir.path(),
@@ -50,8 +50,34 @@ fn a_re_export_used_by_a_sibling_leads_to_the_defining_file() {
     let b_imports = &s.imports[Path::new("c/src/b.rs")];
     assert!(b_imports.contains(Path::new("c/src/a.rs")), "{b_imports:?}");
     assert!(
-        !b_imports.contains(Path::new("c/src/lib.rs")),
+        b_imports.contains(Path::new("c/src/lib.rs")),
         "{b_imports:?}"
+    );
+}
+
+#[test]
+fn a_circle_through_a_re_export_is_a_circle() {
+    // b uses a's item through lib.rs's re-export, and a uses b: the edges
+    // a → b → lib.rs → a make a circle although b never names a.rs.
+    let dir = tempfile::tempdir().unwrap();
+    write(
+        dir.path(),
+        &[
+            ("c/src/lib.rs", "mod a;\nmod b;\npub use a::Thing;\n"),
+            (
+                "c/src/a.rs",
+                "pub struct Thing;\npub fn f() { crate::b::h(crate::Thing) }\n",
+            ),
+            ("c/src/b.rs", "use crate::Thing;\npub fn h(_: Thing) {}\n"),
+        ],
+    );
+    let s = measure_crate(dir.path(), &dir.path().join("c")).unwrap();
+    assert_eq!(s.circles.len(), 1, "{s}");
+    let circle: Vec<&str> = s.circles[0].iter().map(|p| p.to_str().unwrap()).collect();
+    assert!(circle.contains(&"c/src/lib.rs"), "{circle:?}");
+    assert!(
+        circle.contains(&"c/src/a.rs") && circle.contains(&"c/src/b.rs"),
+        "{circle:?}"
     );
 }
 

@@ -12,8 +12,8 @@ use std::sync::Mutex;
 
 use tracing::warn;
 
+use crate::daemon::ids::{AllocId, SessionId};
 use crate::daemon::peers::peer_log;
-use crate::daemon::pool::{AllocId, SessionId};
 
 /// Uids counted apart; refusals of further uids share the label
 /// `uid="other"`. Refusals come from allowed uids only (the uid check runs

@@ -22,8 +22,8 @@ use super::shared::{lock, Shared, Target, Unit};
 use super::threads::{check_mappings, check_resident, handler, reader, scrubber, set_nonblocking};
 use crate::fault::error::{FaultError, Result};
 use crate::fault::metrics::{FaultMetrics, FaultStats};
-use crate::fault::table::RangeTable;
 use crate::uffd::Uffd;
+use hugemem_client::table::RangeTable;
 
 /// Every fault service of this process (label, counters), for benchmarks and
 /// diagnostics that cannot reach the handle (it lives in a daemon session).

@@ -15,8 +15,8 @@ use tracing::{info, warn};
 
 use super::super::metrics::FaultMetrics;
 use super::super::policy::PageOps;
-use super::super::table::RangeTable;
 use crate::uffd::{FaultKind, Fill, Uffd, UffdError};
+use hugemem_client::table::RangeTable;
 
 use super::config::{StopReason, FAULT_ERROR_LOG, MAX_HINTS, RETRY_FOR};
 

@@ -9,11 +9,11 @@ use guest_mem::PageState;
 use nix::sys::epoll::{Epoll, EpollEvent, EpollFlags, EpollTimeout};
 use tracing::{debug, error, info, warn};
 
+use super::super::error::{FaultError, Result};
 use super::super::metrics::FaultMetrics;
 use super::super::policy::{self, PolicyError, Served};
-use super::super::table::Range;
-use super::super::{FaultError, Result};
 use crate::uffd::{FaultKind, Uffd, UffdError, UffdEvent};
+use hugemem_client::table::Range;
 
 use super::config::{
     FaultMapping, StopReason, EVENT_LOG, FAULT_ERROR_LOG, READ_BATCH, RECHECK, TOKEN_KICK,

@@ -23,10 +23,10 @@ use std::os::fd::{AsFd, OwnedFd};
 
 use serde::{Deserialize, Serialize};
 
+pub use crate::daemon::lifecycle::suspended::LazyRecord;
 pub use crate::daemon::lifecycle::ConnectionRecord;
 pub use crate::daemon::persist::encoding::{decode_pages, encode_pages, hex, unhex};
 pub use crate::daemon::pool::{AllocRecord, RegionRecord, SavedLife};
-pub use crate::daemon::lifecycle::suspended::LazyRecord;
 pub use crate::daemon::requests::parked::loads_record::LoadRecord;
 use crate::sys;
 
