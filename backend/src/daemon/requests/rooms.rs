@@ -54,7 +54,11 @@ pub struct Rooms {
 /// A blocking sync of systemd's fd store (`fdstore::sync_now`), set by
 /// the start, which sits above both.
 #[derive(Clone)]
-pub struct StoreSync(pub Arc<dyn Fn() -> Result<(), String> + Send + Sync>);
+pub struct StoreSync(pub Arc<dyn Fn() -> Result<(), SyncError> + Send + Sync>);
+
+/// Why the fd store could not be brought up to date (its type lives above
+/// the rooms, in `crate::daemon::restart::fdstore`).
+pub type SyncError = Box<dyn std::error::Error + Send + Sync>;
 
 impl std::fmt::Debug for StoreSync {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

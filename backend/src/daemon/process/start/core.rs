@@ -199,7 +199,7 @@ pub(super) fn core(
     if c.store.enabled() {
         let (store, parts) = (Arc::clone(&c.store), Arc::clone(&c.parts));
         let sync = StoreSync(Arc::new(move || {
-            fdstore::sync_now(&store, &parts).map_err(|e| e.to_string())
+            fdstore::sync_now(&store, &parts).map_err(Into::into)
         }));
         let _ = c.rooms.store_sync.set(sync);
     }

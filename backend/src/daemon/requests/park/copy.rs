@@ -20,12 +20,13 @@ use std::sync::Arc;
 use guest_mem::{fill_region_planned, mark_for_fill, FillCounts, FillOptions};
 
 use crate::daemon::requests::parked::loads::{
-    self, load_sources, PendingLoad, SourceChecksums, SourceSpec,
+    self, load_sources, LoadFailed, PendingLoad, SourceChecksums, SourceSpec,
 };
 use hugemem_client::saved_vm::manifest::Manifest;
 
 use tracing::info;
 
+use super::error::StepError;
 use super::snapshot::{Checked, ParkRequest, ParkedOk, Refusal};
 use crate::daemon::counters::metrics::Metrics;
 use crate::daemon::pool::{AllocId, ParkedSlot, ParkedVm};
@@ -229,7 +230,7 @@ pub async fn copy_in(
             Ok((c, p)) => (c, Some(p)),
             Err(e) => {
                 release(rooms);
-                return Err((Status::Invalid, e));
+                return Err((Status::Invalid, e.to_string()));
             }
         }
     } else {
@@ -255,7 +256,7 @@ pub async fn copy_in(
                 }
                 Ok(Err(e)) => {
                     release(rooms);
-                    return Err((Status::Invalid, e));
+                    return Err((Status::Invalid, e.to_string()));
                 }
                 Err(e) => {
                     release(rooms);
@@ -318,13 +319,13 @@ fn pend(
     placed: &[Placed],
     region: &guest_mem::Region,
     checksums: Vec<SourceChecksums>,
-) -> Result<(Checked, PendingLoad), String> {
+) -> Result<(Checked, PendingLoad), StepError> {
     let files: Vec<std::os::fd::OwnedFd> = checked
         .memory
         .iter()
         .map(|f| f.fd.try_clone())
         .collect::<Result<_, _>>()
-        .map_err(|e| e.to_string())?;
+        .map_err(StepError::failed("the VM's memory files"))?;
     let fill = PendingLoad {
         files,
         sources: source_specs(&checked, placed),
@@ -332,7 +333,7 @@ fn pend(
         checksums,
     };
     fill.plan(region)
-        .map_err(|e| format!("the VM's memory files: {e}"))?;
+        .map_err(StepError::failed("the VM's memory files"))?;
     Ok((checked, fill))
 }
 
@@ -389,7 +390,7 @@ fn copy_all(
     placed: &[Placed],
     region: &guest_mem::Region,
     checksums: &[SourceChecksums],
-) -> Result<FillCounts, String> {
+) -> Result<FillCounts, StepError> {
     let specs = source_specs(checked, placed);
     let sources = load_sources(&specs, |i| checked.memory[i].fd.as_fd());
     let dest_is_zero = mark_taken_for_fill(region);
@@ -405,14 +406,13 @@ fn copy_all(
                 let spec = specs.get(i)?;
                 checked.memory.get(spec.file).map(|f| f.fd.as_fd())
             };
-            format!(
-                "copying the VM's memory: {}",
-                loads::describe(&e, checksums, file_of)
-            )
+            StepError::failed("copying the VM's memory")(LoadFailed(loads::describe(
+                &e, checksums, file_of,
+            )))
         })?;
     region
         .mark_mapped()
-        .map_err(|e| format!("the copied region's page states: {e}"))?;
+        .map_err(StepError::failed("the copied region's page states"))?;
     tracing::debug!(
         read = report.counts.bytes_read,
         zeroed = report.counts.bytes_zeroed,

@@ -17,6 +17,7 @@ use std::sync::Arc;
 use hugemem_client::ch_migration::peer::send_snapshot;
 use tracing::info;
 
+use super::error::StepError;
 use super::send::{gated, slot_fds};
 use super::socket::migration_socket;
 use crate::daemon::counters::metrics::Metrics;
@@ -37,7 +38,13 @@ pub struct ExportRequest {
     pub name: String,
 }
 
-fn refused(rooms: &Rooms, req: &ExportRequest, status: Status, msg: String) -> Outcome {
+fn refused(
+    rooms: &Rooms,
+    req: &ExportRequest,
+    status: Status,
+    msg: impl std::fmt::Display,
+) -> Outcome {
+    let msg = msg.to_string();
     Metrics::add(&rooms.metrics.exports_refused, 1);
     if let Some(suppressed) = crate::daemon::peers::peer_log::REQUEST_REFUSED.check(req.uid) {
         info!(session = req.session, uid = req.uid, name = %req.name, reason = %msg, suppressed, "EXPORT refused");
@@ -103,7 +110,7 @@ pub async fn export(rooms: &Arc<Rooms>, req: ExportRequest, fds: Vec<OwnedFd>) -
 /// A VM parked on demand is filled from its files first (the saver must
 /// read its bytes), and becomes an ordinary parked VM: its units hold the
 /// VM's bytes (`Mapped`: never taken for zero), its files are let go.
-async fn fill_pending(rooms: &Arc<Rooms>, found: &FoundParked) -> Result<(), String> {
+async fn fill_pending(rooms: &Arc<Rooms>, found: &FoundParked) -> Result<(), StepError> {
     let pending = rooms.fills.get(found.alloc);
     if let Some(msg) = super::send::files_gone(pending.is_some(), found) {
         return Err(msg);
@@ -112,18 +119,18 @@ async fn fill_pending(rooms: &Arc<Rooms>, found: &FoundParked) -> Result<(), Str
         return Ok(());
     };
     let Some((_, region)) = found.regions.first() else {
-        return Err("the parked VM has no memory".into());
+        return Err(StepError::NoMemory);
     };
     let (region, topology) = (Arc::clone(region), Arc::clone(&rooms.topology));
     let filled = tokio::task::spawn_blocking(move || {
         let verified = super::ondemand::fill_all(&topology, &region, &pending)?;
         region
             .mark_mapped()
-            .map_err(|e| format!("page states: {e}"))?;
-        Ok::<_, String>(verified)
+            .map_err(StepError::failed("page states"))?;
+        Ok::<_, StepError>(verified)
     })
     .await
-    .map_err(|e| e.to_string())?;
+    .map_err(|_| StepError::Panicked("fill before the export"))?;
     Metrics::add(&rooms.metrics.park_verified_bytes, filled?);
     rooms.fills.remove(found.alloc);
     Ok(())

@@ -32,6 +32,7 @@
 //!   that still maps it let go.
 
 pub mod copy;
+pub mod error;
 pub mod export;
 pub mod ondemand;
 pub mod receive;

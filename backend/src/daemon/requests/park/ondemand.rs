@@ -33,7 +33,8 @@ use hugemem_client::ch_migration::peer::send_snapshot_with;
 use numa::Topology;
 use tracing::{info, warn};
 
-use crate::daemon::requests::parked::loads::PendingLoad;
+use super::error::StepError;
+use crate::daemon::requests::parked::loads::{LoadFailed, PendingLoad};
 
 /// What a postcopy restore sends and fills.
 pub struct Postcopy<'a> {
@@ -119,10 +120,10 @@ struct FaultFill<'a> {
 
 impl FaultFill<'_> {
     /// A failed fill as the tenant reads it: the file named.
-    fn describe(&self, e: &guest_mem::FillError) -> String {
+    fn describe(&self, e: &guest_mem::FillError) -> LoadFailed {
         match self.pending {
             Some(p) => p.describe(e),
-            None => hugemem_client::diag::chain(e),
+            None => LoadFailed(hugemem_client::diag::chain(e)),
         }
     }
 }
@@ -142,7 +143,7 @@ fn fill_range(f: &FaultFill<'_>, offset: u64, len: u64) -> Result<(), FaultFillE
                 // This thread's unit left `Clearing`, filled or not.
                 units_done.notify();
             }
-            let outcome = outcome.map_err(|e| FaultFillError(f.describe(&e)))?;
+            let outcome = outcome.map_err(|e| FaultFillError(f.describe(&e).0))?;
             if let UnitFill::Filled(counts) = outcome {
                 f.verified
                     .fetch_add(counts.bytes_verified, Ordering::Relaxed);
@@ -173,17 +174,18 @@ pub fn all_filled(region: &Region) -> bool {
 /// # Errors
 ///
 /// The receiver's refusal, a fill that failed, the configuration.
-pub fn send(p: Postcopy<'_>) -> Result<u64, String> {
+pub fn send(p: Postcopy<'_>) -> Result<u64, StepError> {
     let page = p.region.page_size().bytes();
     let config = if page > 4096 {
-        with_hugetlb_zones(p.config, page).map_err(|e| e.to_string())?
+        with_hugetlb_zones(p.config, page).map_err(StepError::failed("the VM's configuration"))?
     } else {
         p.config.to_vec()
     };
-    let slots = migration_config_slots(&config, 64).map_err(|e| e.to_string())?;
+    let slots =
+        migration_config_slots(&config, 64).map_err(StepError::failed("the VM's configuration"))?;
     let plan = match p.pending {
-        Some(pending) => pending.plan(p.region)?,
-        None => FillPlan::new(p.region, &[]).map_err(|e| e.to_string())?,
+        Some(pending) => pending.plan(p.region).map_err(StepError::Fill)?,
+        None => FillPlan::new(p.region, &[]).map_err(StepError::failed("the fill plan"))?,
     };
     let opts = FillOptions {
         dest_is_zero: p.pending.is_some_and(|f| f.dest_is_zero),
@@ -208,9 +210,7 @@ pub fn send(p: Postcopy<'_>) -> Result<u64, String> {
     let filled = AtomicBool::new(p.pending.is_none() || all_filled(p.region));
     // At once: the receiver reads the role of a connection it accepted
     // within seconds, whenever its accept loop gets to it.
-    announce_fault_connection(p.fault).map_err(|e| {
-        format!("the receiver did not take the VM (it stays parked): the fault connection: {e}")
-    })?;
+    announce_fault_connection(p.fault).map_err(|e| StepError::FaultConnectionNotTaken(e.into()))?;
     std::thread::scope(|scope| {
         let mut fault_thread = None;
         let mut background = None;
@@ -238,14 +238,12 @@ pub fn send(p: Postcopy<'_>) -> Result<u64, String> {
         if let Err(e) = sent {
             // The receiver may hold the fault connection open: end its thread.
             let _ = p.fault.shutdown(std::net::Shutdown::Both);
-            return Err(format!(
-                "the receiver did not take the VM (it stays parked): {e}"
-            ));
+            return Err(StepError::not_taken(e));
         }
         // A fill that failed ends the fault connection at once: the
         // receiver's next fault fails (cloud-hypervisor then stops the VM)
         // instead of waiting for its own prefault to reach the page.
-        let give_up = |why: String| {
+        let give_up = |why: StepError| {
             let _ = p.fault.shutdown(std::net::Shutdown::Both);
             Err(why)
         };
@@ -262,17 +260,14 @@ pub fn send(p: Postcopy<'_>) -> Result<u64, String> {
                     );
                 }
                 Ok(Err(e)) => {
-                    return give_up(format!(
-                        "filling the VM's memory: {} (it stays parked)",
-                        faults.describe(&e)
-                    ));
+                    return give_up(StepError::Fill(faults.describe(&e)));
                 }
-                Err(_) => return give_up("the background fill panicked".into()),
+                Err(_) => return give_up(StepError::Panicked("background fill")),
             }
             // Units a fault was filling as the background passed them.
             units_done.wait_until(|| !any_clearing(p.region));
             if !all_filled(p.region) {
-                return give_up("filling the VM's memory: a page the guest asked for could not be read (see the daemon's log; it stays parked)".into());
+                return give_up(StepError::FaultFill);
             }
             filled.store(true, Ordering::Release);
         }
@@ -302,21 +297,17 @@ pub fn fill_all(
     topology: &Topology,
     region: &Region,
     pending: &PendingLoad,
-) -> Result<u64, String> {
-    let plan = pending.plan(region)?;
+) -> Result<u64, StepError> {
+    let plan = pending.plan(region).map_err(StepError::Fill)?;
     let opts = FillOptions {
         dest_is_zero: pending.dest_is_zero,
         ..FillOptions::default()
     };
-    let report = fill_region_planned(topology, region, &plan, &opts).map_err(|e| {
-        format!(
-            "filling the VM's memory: {} (it stays parked)",
-            pending.describe(&e)
-        )
-    })?;
+    let report = fill_region_planned(topology, region, &plan, &opts)
+        .map_err(|e| StepError::Fill(pending.describe(&e)))?;
     if all_filled(region) {
         Ok(report.counts.bytes_verified)
     } else {
-        Err("some of the VM's memory is still being filled".into())
+        Err(StepError::StillFilling)
     }
 }

@@ -140,20 +140,22 @@ async fn move_in(
     })
 }
 
+/// A PARK with VERIFY that does not carry its two fds.
+#[derive(Debug, thiserror::Error)]
+#[error("a PARK with VERIFY carries 2 fds, the migration socket and the manifest (got {0})")]
+pub struct WrongFdCount(usize);
+
 /// The request's fds: the migration socket, and with VERIFY the manifest.
 fn split_fds(
     mut fds: Vec<OwnedFd>,
     req: &ParkRequest,
-) -> Result<(Vec<OwnedFd>, Option<OwnedFd>), String> {
+) -> Result<(Vec<OwnedFd>, Option<OwnedFd>), WrongFdCount> {
     if !req.verify {
         // `migration_socket` says what is wrong with the count.
         return Ok((fds, None));
     }
     if fds.len() != 2 {
-        return Err(format!(
-            "a PARK with VERIFY carries 2 fds, the migration socket and the manifest (got {})",
-            fds.len()
-        ));
+        return Err(WrongFdCount(fds.len()));
     }
     let manifest = fds.pop();
     Ok((fds, manifest))
@@ -163,7 +165,7 @@ fn split_fds(
 pub async fn park(rooms: &Arc<Rooms>, req: ParkRequest, fds: Vec<OwnedFd>) -> Outcome {
     let (socket, manifest) = match split_fds(fds, &req) {
         Ok(f) => f,
-        Err(msg) => return refused(rooms, &req, Status::Invalid, msg),
+        Err(e) => return refused(rooms, &req, Status::Invalid, e.to_string()),
     };
     let stream = match migration_socket(socket, req.uid) {
         Ok(s) => s,

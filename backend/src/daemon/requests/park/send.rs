@@ -10,6 +10,7 @@ use tokio::sync::OwnedMutexGuard;
 use hugemem_client::ch_migration::peer::send_snapshot;
 use tracing::{info, warn};
 
+use super::error::StepError;
 use super::socket::migration_socket;
 use crate::daemon::counters::metrics::Metrics;
 use crate::daemon::pool::{FoundParked, SessionId};
@@ -33,7 +34,13 @@ pub struct RestoreRequest {
     pub postcopy: bool,
 }
 
-fn refused(rooms: &Rooms, req: &RestoreRequest, status: Status, msg: String) -> Outcome {
+fn refused(
+    rooms: &Rooms,
+    req: &RestoreRequest,
+    status: Status,
+    msg: impl std::fmt::Display,
+) -> Outcome {
+    let msg = msg.to_string();
     Metrics::add(&rooms.metrics.restores_refused, 1);
     if let Some(suppressed) = crate::daemon::peers::peer_log::REQUEST_REFUSED.check(req.uid) {
         info!(session = req.session, uid = req.uid, name = %req.name, reason = %msg, suppressed, "RESTORE refused");
@@ -75,18 +82,12 @@ pub async fn gated(
 /// Why a VM parked on demand cannot be sent (restored or saved), if so:
 /// its memory was never filled and no file is left to fill it from
 /// (`has_files` false: a daemon before this one did not pass them on).
-pub fn files_gone(has_files: bool, found: &FoundParked) -> Option<String> {
+pub fn files_gone(has_files: bool, found: &FoundParked) -> Option<StepError> {
     let unfilled = found
         .regions
         .iter()
         .any(|(_, r)| !super::ondemand::all_filled(r));
-    (!has_files && unfilled).then(|| {
-        format!(
-            "{:?} was parked on demand and its files are gone (a daemon before this one did not pass them on): \
-             its memory was never filled; UNPARK it and park it again from its directory",
-            found.vm.name
-        )
-    })
+    (!has_files && unfilled).then(|| StepError::FilesGone(found.vm.name.clone()))
 }
 
 /// Why a request on a parked VM that connection `holder` is saving is
@@ -137,7 +138,7 @@ pub async fn restore(rooms: &Arc<Rooms>, req: RestoreRequest, fds: Vec<OwnedFd>)
         let memory: Vec<(u32, std::os::fd::BorrowedFd<'_>)> =
             slot_fds.iter().map(|(s, fd)| (*s, fd.as_fd())).collect();
         let Some(region) = region else {
-            return Err("the parked VM has no memory".to_string());
+            return Err(StepError::NoMemory);
         };
         match fault {
             Some(fault) => super::ondemand::send(super::ondemand::Postcopy {
@@ -163,7 +164,7 @@ pub async fn restore(rooms: &Arc<Rooms>, req: RestoreRequest, fds: Vec<OwnedFd>)
                     vm.state.as_bytes(),
                     paused,
                 )
-                .map_err(|e| format!("the receiver did not take the VM (it stays parked): {e}"))?;
+                .map_err(StepError::not_taken)?;
                 Ok(verified)
             }
         }
@@ -175,7 +176,7 @@ pub async fn restore(rooms: &Arc<Rooms>, req: RestoreRequest, fds: Vec<OwnedFd>)
             None
         }
         Ok(Err(e)) => Some((Status::Invalid, e)),
-        Err(e) => Some((Status::Internal, e.to_string())),
+        Err(_) => Some((Status::Internal, StepError::Panicked("restore"))),
     };
     if let Some((status, e)) = failed {
         if refill {
@@ -244,21 +245,24 @@ fn sockets(
         std::os::unix::net::UnixStream,
         Option<std::os::unix::net::UnixStream>,
     ),
-    String,
+    StepError,
 > {
     let want = if req.postcopy { 2 } else { 1 };
     if fds.len() != want {
-        return Err(format!(
-            "this RESTORE carries {want} fd(s), not {}",
-            fds.len()
-        ));
+        return Err(StepError::FdCount {
+            want,
+            got: fds.len(),
+        });
     }
     let mut sockets = Vec::new();
     for fd in fds {
-        sockets.push(migration_socket(vec![fd], req.uid).map_err(|e| e.to_string())?);
+        sockets.push(
+            migration_socket(vec![fd], req.uid)
+                .map_err(StepError::failed("the migration socket"))?,
+        );
     }
     let fault = if req.postcopy { sockets.pop() } else { None };
-    let stream = sockets.pop().ok_or("no migration socket")?;
+    let stream = sockets.pop().ok_or(StepError::FdCount { want, got: 0 })?;
     Ok((stream, fault))
 }
 
@@ -267,14 +271,17 @@ fn sockets(
 pub fn slot_fds(
     found: &FoundParked,
     reopen: fn(BorrowedFd<'_>) -> std::io::Result<OwnedFd>,
-) -> Result<Vec<(u32, OwnedFd)>, String> {
+) -> Result<Vec<(u32, OwnedFd)>, StepError> {
     let mut out = Vec::new();
     for s in &found.vm.slots {
         let (_, region) = found
             .regions
             .get(s.region)
-            .ok_or_else(|| format!("slot {} names no region", s.slot))?;
-        out.push((s.slot, reopen(region.fd()).map_err(|e| e.to_string())?));
+            .ok_or(StepError::NoRegionForSlot(s.slot))?;
+        out.push((
+            s.slot,
+            reopen(region.fd()).map_err(StepError::failed("reopening a region"))?,
+        ));
     }
     Ok(out)
 }

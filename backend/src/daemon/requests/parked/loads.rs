@@ -189,19 +189,25 @@ impl PendingLoad {
     /// # Errors
     ///
     /// As [`plan`], described by [`describe`].
-    pub fn plan(&self, region: &Region) -> Result<FillPlan<'_>, String> {
+    pub fn plan(&self, region: &Region) -> Result<FillPlan<'_>, LoadFailed> {
         plan(region, &self.load_sources(), &self.checksums).map_err(|e| self.describe(&e))
     }
 
     /// [`describe`] for this fill's sources.
-    pub fn describe(&self, e: &FillError) -> String {
+    pub fn describe(&self, e: &FillError) -> LoadFailed {
         let sources = &self.sources;
-        describe(e, &self.checksums, |i| {
+        LoadFailed(describe(e, &self.checksums, |i| {
             let s = sources.get(i)?;
             self.files.get(s.file).map(AsFd::as_fd)
-        })
+        }))
     }
 }
+
+/// A load from a tenant's files that failed, described with the file, the
+/// offset and both checksums where a piece did not match (see [`describe`]).
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct LoadFailed(pub String);
 
 /// Every pending fill, by allocation, and those a restore is filling.
 #[derive(Debug, Default)]
