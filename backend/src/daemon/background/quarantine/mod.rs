@@ -15,7 +15,7 @@
 //!    with the daemon's own fd and mapping, which the scan exempts.
 //! 4. **Check**, on a blocking thread, off the pool's lock:
 //!    [`reuse::check_quarantined`] (`reuse.rs`) runs one [`holders::scan`]
-//!    (`daemon/holders.rs`) for all, then [`reuse::judge`] on each: held, else
+//!    (`daemon/peers/holders.rs`) for all, then [`reuse::judge`] on each: held, else
 //!    [`reuse::prove_unreachable`] (the write lease), else the file's size
 //!    and, with `pool.detach_pages`, [`reuse::detach_pages`] under the
 //!    [`gate::ReserveGate`] (`pool/gate.rs`); a [`reuse::Verdict`]
