@@ -1,9 +1,9 @@
 //! Memory the daemon still has to fill from a tenant's files: a VM parked
 //! on demand (`hugemem park --from-dir --on-demand`) keeps its directory's
 //! files here, by allocation, until a RESTORE fills its memory (as the
-//! receiver asks for pages, and in the background: `park/ondemand.rs`) or
+//! receiver asks for pages, and in the background: `requests/park/ondemand.rs`) or
 //! UNPARK drops it. The files and their sources travel in the state
-//! document (a takeover, systemd's fd store: `fill_record.rs`), so a VM
+//! document (a takeover, systemd's fd store: `loads_record.rs`), so a VM
 //! parked on demand survives both.
 //!
 //! The region's page states say which units are filled. While a restore
@@ -38,7 +38,7 @@ pub struct SourceSpec {
 
 /// What a saved VM's manifest says the file of source `source` holds:
 /// the CRC-32C of each `piece` of it (PARK with VERIFY). It travels in
-/// the state document with its fill (`fill_record.rs`).
+/// the state document with its fill (`loads_record.rs`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SourceChecksums {
     /// Index of the source (in the fill's sources).
