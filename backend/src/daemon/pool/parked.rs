@@ -93,23 +93,18 @@ impl Owners<'_> {
     /// the pool's regions.
     pub fn owner_of_file(&self, dev: u64, ino: u64) -> Option<FileOwner> {
         let g = self.pool.lock();
-        for (id, e) in &g.entries {
-            if file_identity(e.region.fd()).ok() != Some((dev, ino)) {
-                continue;
-            }
-            let EntryState::InUse(alloc) = e.state else {
-                return Some(FileOwner::NotInUse);
-            };
-            let a = g.allocs.get(alloc)?;
-            let region = a.regions.iter().position(|r| r == id)?;
-            return Some(FileOwner::Allocation {
-                alloc,
-                region,
-                tenant: a.tenant,
-                session: a.owner().session(),
-            });
-        }
-        None
+        let (id, state) = g.find_region(|r| file_identity(r.fd()).ok() == Some((dev, ino)))?;
+        let EntryState::InUse(alloc) = state else {
+            return Some(FileOwner::NotInUse);
+        };
+        let a = g.allocs.get(alloc)?;
+        let region = a.regions.iter().position(|r| *r == id)?;
+        Some(FileOwner::Allocation {
+            alloc,
+            region,
+            tenant: a.tenant,
+            session: a.owner().session(),
+        })
     }
 
     /// Moves allocation `alloc` of tenant `uid`, owned by `session`, into a

@@ -194,6 +194,17 @@ impl Inner {
         self.entries.get(&id).map(|e| Arc::clone(&e.region))
     }
 
+    /// The first region (by id) that `is_it` picks, and its entry state.
+    pub(super) fn find_region(
+        &self,
+        is_it: impl Fn(&Region) -> bool,
+    ) -> Option<(RegionId, EntryState)> {
+        self.entries
+            .iter()
+            .find(|(_, e)| is_it(&e.region))
+            .map(|(id, e)| (*id, e.state))
+    }
+
     /// The regions of allocation `a`, in its (guest-physical) order.
     pub(super) fn regions_of(&self, a: &Allocation) -> Vec<(RegionId, Arc<Region>)> {
         a.regions
