@@ -7,8 +7,8 @@
 //! Every allocation gets a random 16-byte token when it is committed; a
 //! client that negotiated `FEATURE_REATTACH` receives it in the ALLOC reply.
 //! After a restart the restore code puts allocations back **orphaned**
-//! ([`super::Owner::Orphaned`]): they belong to no connection until their VMM shows
-//! the token on a new one ([`Owners::reattach`]).
+//! ([`super::Owner::Orphaned`]): they belong to no connection until their
+//! VMM shows the token on a new one ([`Owners::reattach`]).
 //!
 //! Every refusal of [`Owners::reattach`] is the same [`OwnershipError`] text
 //! as an unknown id, so a tenant cannot learn whether another tenant's id
@@ -27,10 +27,12 @@ use crate::daemon::ids::{AllocId, RegionId, SessionId};
 /// and whether it is locked.
 pub type Reattached = (Vec<(RegionId, Arc<Region>)>, bool);
 
-/// Who owns which allocation: ownership checks, the lock state, the lazy
-/// fallback, tokens, REATTACH, orphaning, and HANDOFF's move
-/// (`handoff.rs`). Borrowed from [`Pool::owners`]; each method takes the
-/// pool's one lock for its step.
+/// Who owns which allocation, for the rooms: ownership checks, the lock
+/// state, the lazy fallback, tokens, REATTACH, orphaning, HANDOFF's move
+/// (`handoff.rs`) and the parked VMs (`parked.rs`). Borrowed from
+/// [`Pool::owners`]; each method takes the pool's one lock for its step
+/// and leaves the checks of a move to the allocation's [`super::Owner`]
+/// (`allocation.rs`).
 #[derive(Debug, Clone, Copy)]
 pub struct Owners<'a> {
     pub(super) pool: &'a Pool,
