@@ -9,13 +9,14 @@ use std::time::Instant;
 
 use tracing::warn;
 
-use super::table::{Allocation, ChangeGate, EntryState, Inner, Pool};
+use super::allocation::Allocation;
+use super::table::{EntryState, Inner, Pool};
 use super::token::{new_token, AllocToken};
 use crate::daemon::ids::{AllocId, RegionId, SessionId};
 
 /// How an allocation is committed (see [`Pool::commit`]).
 #[derive(Debug, Clone, Copy)]
-struct Owner {
+struct Terms {
     locked: bool,
     lazy: bool,
     token: AllocToken,
@@ -108,7 +109,7 @@ impl Pool {
             session,
             tenant,
             ids,
-            Owner {
+            Terms {
                 locked,
                 lazy,
                 token,
@@ -125,7 +126,7 @@ impl Pool {
         session: SessionId,
         tenant: u32,
         ids: &[RegionId],
-        owner: Owner,
+        terms: Terms,
     ) -> AllocId {
         let alloc = self.next_alloc.fetch_add(1, Ordering::Relaxed);
         for id in ids {
@@ -143,17 +144,14 @@ impl Pool {
         }
         g.allocs.insert(
             alloc,
-            Allocation {
-                session: Some(session),
-                regions: ids.to_vec(),
-                locked: owner.locked,
+            Allocation::committed(
+                session,
+                ids.to_vec(),
                 tenant,
-                token: owner.token,
-                lazy: owner.lazy,
-                lazy_fallback: false,
-                gate: ChangeGate::default(),
-                parked: None,
-            },
+                terms.token,
+                terms.lazy,
+                terms.locked,
+            ),
         );
         alloc
     }

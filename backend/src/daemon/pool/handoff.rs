@@ -9,9 +9,10 @@ use std::sync::Arc;
 
 use guest_mem::Region;
 
-use super::owners::{Owners, OwnershipError};
-use super::table::{Allocation, ChangeGate, Inner};
-use super::token::{new_token, same_token, AllocToken};
+use super::allocation::{Allocation, ChangeGate, Next, OwnershipError, Refused};
+use super::owners::Owners;
+use super::table::Inner;
+use super::token::{new_token, AllocToken};
 use crate::daemon::ids::{AllocId, RegionId, SessionId};
 
 /// Why a HANDOFF was refused.
@@ -62,26 +63,27 @@ pub struct HandedOff {
 /// The checks of a HANDOFF that need nothing but the record: the
 /// allocation exists, `uid` is its tenant, `token` its current token
 /// (compared in constant time, whatever else fails, so a refusal takes the
-/// same time for an existing id as for a foreign one), and `session` does
-/// not own it already.
+/// same time for an existing id as for a foreign one), and its owner may
+/// hand it to `session` ([`super::Owner::hand_off`]: not parked, not
+/// `session`'s already). Returns it and the state it would enter.
 fn check<'a>(
     g: &'a Inner,
     alloc: AllocId,
     token: &AllocToken,
     session: SessionId,
     uid: u32,
-) -> Result<&'a Allocation, HandoffError> {
+) -> Result<(&'a Allocation, Next), HandoffError> {
     let refused = OwnershipError::Unknown(alloc);
-    let a = g.allocs.get(&alloc).ok_or(refused)?;
-    let token_ok = same_token(&a.token, token);
-    // A parked VM's allocation is taken only by RESTORE.
-    if a.tenant != uid || !token_ok || a.parked.is_some() {
+    let a = g.allocs.get(alloc).ok_or(refused)?;
+    if !a.shown_by(uid, token) {
         return Err(refused.into());
     }
-    if a.session == Some(session) {
-        return Err(HandoffError::AlreadyYours(alloc));
+    match a.owner().hand_off(session) {
+        Ok(next) => Ok((a, next)),
+        Err(Refused::AlreadyYours) => Err(HandoffError::AlreadyYours(alloc)),
+        // A parked VM's allocation is taken only by RESTORE.
+        Err(_) => Err(refused.into()),
     }
-    Ok(a)
 }
 
 impl Owners<'_> {
@@ -103,8 +105,8 @@ impl Owners<'_> {
         uid: u32,
     ) -> Result<(ChangeGate, Option<SessionId>), HandoffError> {
         let g = self.pool.lock();
-        let a = check(&g, alloc, token, session, uid)?;
-        Ok((Arc::clone(&a.gate), a.session))
+        let (a, _) = check(&g, alloc, token, session, uid)?;
+        Ok((Arc::clone(&a.gate), a.owner().session()))
     }
 
     /// Gives allocation `alloc` to `session` when `uid` is its tenant and
@@ -130,28 +132,19 @@ impl Owners<'_> {
     ) -> Result<(HandedOff, T), HandoffError> {
         let fresh = new_token().map_err(|e| HandoffError::Internal(e.to_string()))?;
         let mut g = self.pool.lock();
-        let a = check(&g, alloc, token, session, uid)?;
-        let regions: Vec<(RegionId, Arc<Region>)> = a
-            .regions
-            .iter()
-            .filter_map(|id| g.entries.get(id).map(|e| (*id, Arc::clone(&e.region))))
-            .collect();
-        let pages: usize = regions
-            .iter()
-            .map(|(_, r)| {
-                let c = r.states().counts();
-                c.dirty + c.clearing
-            })
-            .sum();
+        let (a, next) = check(&g, alloc, token, session, uid)?;
+        let regions = g.regions_of(a);
+        let (_, pages) = g.bytes_and_uncleared(a);
         if pages > 0 {
             return Err(HandoffError::NotCleared { alloc, pages });
         }
         let prepared = prepare(&regions, a.locked)?;
         let a = g
             .allocs
-            .get_mut(&alloc)
+            .get_mut(alloc)
             .ok_or(OwnershipError::Unknown(alloc))?;
-        let previous = a.session.replace(session);
+        let previous = a.owner().session();
+        a.enter(next);
         a.token = fresh;
         let handed = HandedOff {
             previous,

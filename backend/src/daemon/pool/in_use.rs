@@ -33,7 +33,7 @@ impl Pool {
         };
         // An orphaned allocation is no client's: not moved, not reported
         // as a client's, until its VMM re-attaches.
-        let session = g.allocs.get(&alloc)?.session?;
+        let session = g.allocs.get(alloc)?.owner().session()?;
         Some(InUseRegion {
             id,
             region: Arc::clone(&e.region),

@@ -17,7 +17,8 @@
 //!
 //! | file | owns |
 //! |---|---|
-//! | `table.rs` | [`Pool`], its entries and allocations, the one lock, the change gate |
+//! | `table.rs` | [`Pool`], its entries, the one lock |
+//! | `allocation.rs` | an allocation's life: [`Owner`] and its moves, the allocation's record, the table of allocations and its snapshot, the change gate |
 //! | `take.rs`, `supply.rs`, `reserve.rs` | the ALLOC path's take: the one rule that picks an ALLOC's regions, each source, the moves to `Reserved` |
 //! | `commit.rs` | [`Pool::commit`] (the clean-before-map check), [`Pool::put_back`] |
 //! | `owners.rs` | [`Owners`]: a connection's allocations: ownership, LOCK, lazy fallback, tokens, [`Owners::reattach`], [`Owners::orphan`] |
@@ -33,6 +34,7 @@
 //! | `token.rs` | re-attach tokens (the ids are `crate::daemon::ids`, below every room) |
 //! | `gate.rs` | [`ReserveGate`]: the one gate of every hugetlb reservation and punch |
 
+mod allocation;
 mod commit;
 mod files;
 mod gate;
@@ -40,6 +42,8 @@ mod given_back;
 mod handoff;
 mod held;
 mod in_use;
+#[cfg(test)]
+mod owner_tests;
 mod owners;
 mod parked;
 mod parked_vm;
@@ -56,17 +60,18 @@ mod take;
 mod token;
 
 pub use crate::daemon::ids::{AllocId, PoolKey, RegionId, SessionId};
+pub use allocation::{AllocSnapshot, ChangeGate, Owner, OwnershipError};
 pub use commit::CommitError;
 pub use gate::ReserveGate;
 pub use handoff::{HandedOff, HandoffError};
 pub use held::{Held, HeldRegion, Why};
 pub use in_use::{InUseRegion, Placement};
-pub use owners::{Owners, OwnershipError};
+pub use owners::Owners;
 pub use parked::{FileOwner, FoundParked, ParkError, ParkedSummary};
 pub use parked_vm::{ParkedSlot, ParkedVm};
 pub use persist::{
-    AdoptError, Adopted, AllocRecord, AllocSnapshot, Life, MalformedToken, Records, RegionRecord,
-    RegionSnapshot, SavedLife, Snapshot, SnapshotError,
+    AdoptError, Adopted, AllocRecord, Life, MalformedToken, Records, RegionRecord, RegionSnapshot,
+    SavedLife, Snapshot, SnapshotError,
 };
 pub use quarantine::{QuarantineBook, Verdict};
 pub use refault::{FillError, FillTicket, FillWork};
@@ -75,8 +80,8 @@ pub use reserve::Taken;
 pub use scrubbing::{ScrubWork, Scrubbed, Scrubbing, Work};
 pub use stats::PoolPart;
 pub use supply::{free_pages, Refusal};
-pub use table::{ChangeGate, Pool, Sources};
+pub use table::{Pool, Sources};
 pub use take::{shortage_note, Missing, Obtained, Part, Source};
 pub use token::{AllocToken, TokenError, TOKEN_SIZE};
 // The table's private types, for `persist.rs` (`crate::daemon::Entry` …).
-use table::{Allocation, Entry, EntryState};
+use table::{Entry, EntryState};

@@ -7,8 +7,8 @@
 //! Every allocation gets a random 16-byte token when it is committed; a
 //! client that negotiated `FEATURE_REATTACH` receives it in the ALLOC reply.
 //! After a restart the restore code puts allocations back **orphaned**
-//! (`session: None`): they belong to no connection until their VMM shows
-//! the token on a new one ([`Owners::reattach`]).
+//! ([`super::Owner::Orphaned`]): they belong to no connection until their
+//! VMM shows the token on a new one ([`Owners::reattach`]).
 //!
 //! Every refusal of [`Owners::reattach`] is the same [`OwnershipError`] text
 //! as an unknown id, so a tenant cannot learn whether another tenant's id
@@ -18,31 +18,21 @@ use std::sync::Arc;
 
 use guest_mem::Region;
 
-use super::table::{ChangeGate, Pool};
-use super::token::{same_token, AllocToken};
+use super::allocation::{ChangeGate, OwnershipError};
+use super::table::Pool;
+use super::token::AllocToken;
 use crate::daemon::ids::{AllocId, RegionId, SessionId};
-
-/// Why an allocation id was refused.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-pub enum OwnershipError {
-    /// Unknown id.
-    // The same text as `NotYours`: a client must not learn whether another
-    // tenant's id exists.
-    #[error("allocation {0} does not exist or does not belong to this connection")]
-    Unknown(AllocId),
-    /// Another connection's id.
-    #[error("allocation {0} does not exist or does not belong to this connection")]
-    NotYours(AllocId),
-}
 
 /// What [`Owners::reattach`] hands back: the allocation's regions in order
 /// and whether it is locked.
 pub type Reattached = (Vec<(RegionId, Arc<Region>)>, bool);
 
-/// Who owns which allocation: ownership checks, the lock state, the lazy
-/// fallback, tokens, REATTACH, orphaning, and HANDOFF's move
-/// (`handoff.rs`). Borrowed from [`Pool::owners`]; each method takes the
-/// pool's one lock for its step.
+/// Who owns which allocation, for the rooms: ownership checks, the lock
+/// state, the lazy fallback, tokens, REATTACH, orphaning, HANDOFF's move
+/// (`handoff.rs`) and the parked VMs (`parked.rs`). Borrowed from
+/// [`Pool::owners`]; each method takes the pool's one lock for its step
+/// and leaves the checks of a move to the allocation's [`super::Owner`]
+/// (`allocation.rs`).
 #[derive(Debug, Clone, Copy)]
 pub struct Owners<'a> {
     pub(super) pool: &'a Pool,
@@ -69,16 +59,8 @@ impl Owners<'_> {
         session: SessionId,
     ) -> Result<(Vec<Arc<Region>>, bool), OwnershipError> {
         let g = self.pool.lock();
-        let a = g.allocs.get(&alloc).ok_or(OwnershipError::Unknown(alloc))?;
-        if a.session != Some(session) {
-            return Err(OwnershipError::NotYours(alloc));
-        }
-        let regions = a
-            .regions
-            .iter()
-            .filter_map(|id| g.entries.get(id))
-            .map(|e| Arc::clone(&e.region))
-            .collect();
+        let a = g.allocs.owned(alloc, session)?;
+        let regions = g.regions_of(a).into_iter().map(|(_, r)| r).collect();
         Ok((regions, a.locked))
     }
 
@@ -95,10 +77,7 @@ impl Owners<'_> {
         session: SessionId,
     ) -> Result<ChangeGate, OwnershipError> {
         let g = self.pool.lock();
-        let a = g.allocs.get(&alloc).ok_or(OwnershipError::Unknown(alloc))?;
-        if a.session != Some(session) {
-            return Err(OwnershipError::NotYours(alloc));
-        }
+        let a = g.allocs.owned(alloc, session)?;
         Ok(Arc::clone(&a.gate))
     }
 
@@ -116,10 +95,10 @@ impl Owners<'_> {
         locked: bool,
     ) -> Result<(), (OwnershipError, Option<bool>)> {
         let mut g = self.pool.lock();
-        let Some(a) = g.allocs.get_mut(&alloc) else {
+        let Some(a) = g.allocs.get_mut(alloc) else {
             return Err((OwnershipError::Unknown(alloc), None));
         };
-        if a.session != Some(session) {
+        if !a.owner().is(session) {
             return Err((OwnershipError::NotYours(alloc), Some(a.locked)));
         }
         a.locked = locked;
@@ -128,11 +107,7 @@ impl Owners<'_> {
 
     /// Region `id`, in any state.
     pub fn region(&self, id: RegionId) -> Option<Arc<Region>> {
-        self.pool
-            .lock()
-            .entries
-            .get(&id)
-            .map(|e| Arc::clone(&e.region))
+        self.pool.lock().region(id)
     }
 
     /// The region ids of `session`'s live allocations.
@@ -140,20 +115,14 @@ impl Owners<'_> {
         self.pool
             .lock()
             .allocs
-            .values()
-            .filter(|a| a.session == Some(session))
-            .flat_map(|a| a.regions.iter().copied())
+            .owned_by(session)
+            .flat_map(|(_, a)| a.regions.iter().copied())
             .collect()
     }
 
     /// Number of live allocations of `session`.
     pub fn allocations_of(&self, session: SessionId) -> usize {
-        self.pool
-            .lock()
-            .allocs
-            .values()
-            .filter(|a| a.session == Some(session))
-            .count()
+        self.pool.lock().allocs.owned_by(session).count()
     }
 
     /// Gives orphaned allocation `alloc` to `session` when `uid` is its
@@ -174,20 +143,17 @@ impl Owners<'_> {
     ) -> Result<Reattached, OwnershipError> {
         let mut g = self.pool.lock();
         let refused = OwnershipError::Unknown(alloc);
-        let a = g.allocs.get_mut(&alloc).ok_or(refused)?;
+        let a = g.allocs.get_mut(alloc).ok_or(refused)?;
         // The token is compared whatever else fails, so a refusal takes
         // the same time for an existing id as for a live or foreign one.
-        let token_ok = same_token(&a.token, token);
-        if a.session.is_some() || a.parked.is_some() || a.tenant != uid || !token_ok {
+        let shown = a.shown_by(uid, token);
+        let next = a.owner().reattach(session).map_err(|_| refused)?;
+        if !shown {
             return Err(refused);
         }
-        a.session = Some(session);
-        let (ids, locked) = (a.regions.clone(), a.locked);
-        let regions = ids
-            .iter()
-            .filter_map(|id| g.entries.get(id).map(|e| (*id, Arc::clone(&e.region))))
-            .collect();
-        Ok((regions, locked))
+        a.enter(next);
+        let a = g.allocs.get(alloc).ok_or(refused)?;
+        Ok((g.regions_of(a), a.locked))
     }
 
     /// Orphans `alloc`: it belongs to no session until [`Owners::reattach`],
@@ -199,13 +165,9 @@ impl Owners<'_> {
     /// Tests orphan a live allocation to stand for a restart (the restore
     /// code imports allocations orphaned, `takeover.rs`).
     pub fn orphan(&self, alloc: AllocId, tenant: Option<u32>) -> bool {
-        match self.pool.lock().allocs.get_mut(&alloc) {
+        match self.pool.lock().allocs.get_mut(alloc) {
             Some(a) => {
-                a.session = None;
-                a.lazy_fallback |= a.lazy;
-                if let Some(uid) = tenant {
-                    a.tenant = uid;
-                }
+                a.orphan(tenant);
                 true
             }
             None => false,
@@ -216,7 +178,7 @@ impl Owners<'_> {
     /// restore code, which does not resume fault services). Returns false
     /// for an unknown id.
     pub fn set_lazy_fallback(&self, alloc: AllocId, on: bool) -> bool {
-        match self.pool.lock().allocs.get_mut(&alloc) {
+        match self.pool.lock().allocs.get_mut(alloc) {
             Some(a) => {
                 a.lazy_fallback = on;
                 true
@@ -231,12 +193,12 @@ impl Owners<'_> {
         self.pool
             .lock()
             .allocs
-            .get(&alloc)
+            .get(alloc)
             .is_some_and(|a| a.lazy_fallback)
     }
 
     /// The token of `alloc` (for the restore code's saved state).
     pub fn token_of(&self, alloc: AllocId) -> Option<AllocToken> {
-        self.pool.lock().allocs.get(&alloc).map(|a| a.token)
+        self.pool.lock().allocs.get(alloc).map(|a| a.token)
     }
 }

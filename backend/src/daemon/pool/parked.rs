@@ -14,9 +14,10 @@ use std::sync::Arc;
 
 use guest_mem::Region;
 
+use super::allocation::ChangeGate;
 use super::owners::Owners;
 use super::parked_vm::ParkedVm;
-use super::table::{ChangeGate, EntryState};
+use super::table::EntryState;
 use super::token::new_token;
 use crate::daemon::ids::{AllocId, RegionId, SessionId};
 
@@ -92,23 +93,18 @@ impl Owners<'_> {
     /// the pool's regions.
     pub fn owner_of_file(&self, dev: u64, ino: u64) -> Option<FileOwner> {
         let g = self.pool.lock();
-        for (id, e) in &g.entries {
-            if file_identity(e.region.fd()).ok() != Some((dev, ino)) {
-                continue;
-            }
-            let EntryState::InUse(alloc) = e.state else {
-                return Some(FileOwner::NotInUse);
-            };
-            let a = g.allocs.get(&alloc)?;
-            let region = a.regions.iter().position(|r| r == id)?;
-            return Some(FileOwner::Allocation {
-                alloc,
-                region,
-                tenant: a.tenant,
-                session: a.session,
-            });
-        }
-        None
+        let (id, state) = g.find_region(|r| file_identity(r.fd()).ok() == Some((dev, ino)))?;
+        let EntryState::InUse(alloc) = state else {
+            return Some(FileOwner::NotInUse);
+        };
+        let a = g.allocs.get(alloc)?;
+        let region = a.regions.iter().position(|r| *r == id)?;
+        Some(FileOwner::Allocation {
+            alloc,
+            region,
+            tenant: a.tenant,
+            session: a.owner().session(),
+        })
     }
 
     /// Moves allocation `alloc` of tenant `uid`, owned by `session`, into a
@@ -132,25 +128,19 @@ impl Owners<'_> {
     ) -> Result<u64, ParkError> {
         let fresh = new_token().map_err(|e| ParkError::Internal(e.to_string()))?;
         let mut g = self.pool.lock();
-        if g.allocs
-            .values()
-            .any(|a| a.tenant == uid && a.parked.as_ref().is_some_and(|p| p.name == vm.name))
-        {
+        if g.allocs.parked(uid, &vm.name).is_some() {
             return Err(ParkError::NameInUse(vm.name));
         }
-        let a = g.allocs.get(&alloc).ok_or(ParkError::Moved(alloc))?;
-        if a.tenant != uid || a.session != session || a.parked.is_some() {
+        let a = g.allocs.get(alloc).ok_or(ParkError::Moved(alloc))?;
+        if a.tenant != uid {
             return Err(ParkError::Moved(alloc));
         }
-        let mut bytes = 0;
-        let mut pages = 0;
-        for id in &a.regions {
-            if let Some(e) = g.entries.get(id) {
-                bytes += e.region.len();
-                let c = e.region.states().counts();
-                pages += c.dirty + c.clearing;
-            }
-        }
+        // Still held by the owner the PARK saw, and not parked already.
+        let next = a
+            .owner()
+            .park(session, vm)
+            .map_err(|_| ParkError::Moved(alloc))?;
+        let (bytes, pages) = g.bytes_and_uncleared(a);
         if pages > 0 && !unfilled_ok {
             return Err(ParkError::NotCleared { alloc, pages });
         }
@@ -160,18 +150,15 @@ impl Owners<'_> {
             // faulted in and wrote itself, still `Unpopulated` here: so
             // marked, a restore would take the VM for one parked on demand
             // whose files are gone, and a save for memory to fill.
-            for id in &a.regions {
-                if let Some(e) = g.entries.get(id) {
-                    e.region
-                        .mark_owner_written()
-                        .map_err(|e| ParkError::Internal(format!("page states: {e}")))?;
-                }
+            for (_, region) in g.regions_of(a) {
+                region
+                    .mark_owner_written()
+                    .map_err(|e| ParkError::Internal(format!("page states: {e}")))?;
             }
         }
-        let a = g.allocs.get_mut(&alloc).ok_or(ParkError::Moved(alloc))?;
-        a.session = None;
+        let a = g.allocs.get_mut(alloc).ok_or(ParkError::Moved(alloc))?;
+        a.enter(next);
         a.token = fresh;
-        a.parked = Some(Arc::new(vm));
         Ok(bytes)
     }
 
@@ -180,26 +167,18 @@ impl Owners<'_> {
         self.pool
             .lock()
             .allocs
-            .get(&alloc)
+            .get(alloc)
             .map(|a| Arc::clone(&a.gate))
     }
 
     /// The VM `uid` parked under `name`.
     pub fn find_parked(&self, uid: u32, name: &str) -> Option<FoundParked> {
         let g = self.pool.lock();
-        let (alloc, a) = g
-            .allocs
-            .iter()
-            .find(|(_, a)| a.tenant == uid && a.parked.as_ref().is_some_and(|p| p.name == name))?;
-        let regions = a
-            .regions
-            .iter()
-            .filter_map(|id| g.entries.get(id).map(|e| (*id, Arc::clone(&e.region))))
-            .collect();
+        let (alloc, a, vm) = g.allocs.parked(uid, name)?;
         Some(FoundParked {
-            alloc: *alloc,
-            vm: Arc::clone(a.parked.as_ref()?),
-            regions,
+            alloc,
+            vm: Arc::clone(vm),
+            regions: g.regions_of(a),
             locked: a.locked,
             gate: Arc::clone(&a.gate),
         })
@@ -222,13 +201,14 @@ impl Owners<'_> {
     ) -> Result<super::AllocToken, ParkError> {
         let fresh = new_token().map_err(|e| ParkError::Internal(e.to_string()))?;
         let mut g = self.pool.lock();
+        let no_such_vm = || ParkError::NoSuchVm(name.to_string());
         let a = g
             .allocs
-            .get_mut(&alloc)
-            .filter(|a| a.tenant == uid && a.parked.as_ref().is_some_and(|p| p.name == name))
-            .ok_or_else(|| ParkError::NoSuchVm(name.to_string()))?;
-        a.parked = None;
-        a.session = Some(session);
+            .get_mut(alloc)
+            .filter(|a| a.tenant == uid)
+            .ok_or_else(no_such_vm)?;
+        let next = a.owner().restore(name, session).map_err(|_| no_such_vm())?;
+        a.enter(next);
         a.token = fresh;
         Ok(fresh)
     }
@@ -236,8 +216,8 @@ impl Owners<'_> {
     /// The name under which allocation `alloc` of tenant `uid` is parked.
     pub fn parked_name(&self, alloc: AllocId, uid: u32) -> Option<String> {
         let g = self.pool.lock();
-        let a = g.allocs.get(&alloc).filter(|a| a.tenant == uid)?;
-        a.parked.as_ref().map(|p| p.name.clone())
+        let a = g.allocs.get(alloc).filter(|a| a.tenant == uid)?;
+        a.owner().parked().map(|p| p.name.clone())
     }
 
     /// Every parked VM.
@@ -245,23 +225,21 @@ impl Owners<'_> {
         let g = self.pool.lock();
         let mut out: Vec<ParkedSummary> = g
             .allocs
-            .iter()
-            .filter_map(|(id, a)| {
-                let p = a.parked.as_ref()?;
-                let regions = a.regions.iter().filter_map(|r| g.entries.get(r));
-                let (bytes, page_size) = regions.fold((0, 0), |(b, ps), e| {
-                    (b + e.region.len(), ps.max(e.region.page_size().bytes()))
+            .parked_all()
+            .map(|(id, a, p)| {
+                let (bytes, page_size) = g.regions_of(a).iter().fold((0, 0), |(b, ps), (_, r)| {
+                    (b + r.len(), ps.max(r.page_size().bytes()))
                 });
-                Some(ParkedSummary {
+                ParkedSummary {
                     uid: a.tenant,
                     name: p.name.clone(),
-                    alloc: *id,
+                    alloc: id,
                     bytes,
                     copied_bytes: p.copied_bytes,
                     slots: p.slots.len(),
                     page_size,
                     parked_at: p.parked_at,
-                })
+                }
             })
             .collect();
         out.sort_by(|a, b| (a.uid, &a.name).cmp(&(b.uid, &b.name)));
@@ -279,15 +257,9 @@ impl super::Pool {
     /// [`ParkError::NoSuchVm`].
     pub fn release_parked(&self, uid: u32, name: &str) -> Result<super::Released, ParkError> {
         let mut g = self.lock();
-        let id = g
+        let (id, a) = g
             .allocs
-            .iter()
-            .find(|(_, a)| a.tenant == uid && a.parked.as_ref().is_some_and(|p| p.name == name))
-            .map(|(id, _)| *id)
-            .ok_or_else(|| ParkError::NoSuchVm(name.to_string()))?;
-        let a = g
-            .allocs
-            .remove(&id)
+            .remove_parked(uid, name)
             .ok_or_else(|| ParkError::NoSuchVm(name.to_string()))?;
         let released = self.release_locked(&mut g, id, a);
         drop(g);

@@ -15,9 +15,8 @@ use numa::Topology;
 use serde::{Deserialize, Serialize};
 use tracing::warn;
 
-use super::{
-    AllocId, Allocation, ChangeGate, Entry, EntryState, Pool, PoolKey, RegionId, SessionId,
-};
+use super::allocation::{AllocSnapshot, Owner};
+use super::{AllocId, Entry, EntryState, Pool, PoolKey, RegionId};
 use crate::daemon::counters::metrics::Metrics;
 use crate::daemon::peers::holders::Owned;
 use crate::daemon::persist::encoding::{decode_pages, encode_pages, hex, unhex};
@@ -53,30 +52,6 @@ pub struct RegionSnapshot {
     pub split: bool,
     /// Holes still to be faulted in ahead of the guest.
     pub fill: bool,
-}
-
-/// One allocation of a snapshot.
-#[derive(Debug, Clone)]
-pub struct AllocSnapshot {
-    /// Its id.
-    pub id: AllocId,
-    /// The session (connection) that owns it; `None`: orphaned, waiting
-    /// for its VMM to re-attach.
-    pub session: Option<SessionId>,
-    /// Its regions, in reply order.
-    pub regions: Vec<RegionId>,
-    /// Locked.
-    pub locked: bool,
-    /// The uid it was handed to.
-    pub tenant: u32,
-    /// Its re-attach token.
-    pub token: super::AllocToken,
-    /// Handed out lazily.
-    pub lazy: bool,
-    /// Its lazy regions are served by the VMM's fallback.
-    pub lazy_fallback: bool,
-    /// The VM parked in it.
-    pub parked: Option<Arc<super::ParkedVm>>,
 }
 
 /// Everything the pool owns, for the state document.
@@ -173,19 +148,7 @@ impl Pool {
                 fill: e.fill.is_some(),
             });
         }
-        for (id, a) in &g.allocs {
-            out.allocs.push(AllocSnapshot {
-                id: *id,
-                session: a.session,
-                regions: a.regions.clone(),
-                locked: a.locked,
-                tenant: a.tenant,
-                token: a.token,
-                lazy: a.lazy,
-                lazy_fallback: a.lazy_fallback,
-                parked: a.parked.clone(),
-            });
-        }
+        out.allocs = g.allocs.snapshot();
         Ok(out)
     }
 }
@@ -239,30 +202,16 @@ impl Records<'_> {
 
     /// Allocations waiting for their VMM to re-attach.
     pub fn orphans(&self) -> usize {
-        self.pool
-            .lock()
-            .allocs
-            .values()
-            .filter(|a| a.session.is_none() && a.parked.is_none())
-            .count()
+        self.pool.lock().allocs.orphans().count()
     }
 
     /// Releases every orphaned allocation into quarantine.
     pub fn release_orphans(&self) -> Vec<super::Released> {
         let mut g = self.pool.lock();
-        let ids: Vec<AllocId> = g
-            .allocs
-            .iter()
-            .filter(|(_, a)| a.session.is_none() && a.parked.is_none())
-            .map(|(id, _)| *id)
-            .collect();
-        let out = ids
+        let orphans = g.allocs.remove_orphans();
+        let out = orphans
             .into_iter()
-            .filter_map(|id| {
-                g.allocs
-                    .remove(&id)
-                    .map(|a| self.pool.release_locked(&mut g, id, a))
-            })
+            .map(|(id, a)| self.pool.release_locked(&mut g, id, a))
             .collect();
         drop(g);
         self.pool.changed.notify_all();
@@ -312,7 +261,6 @@ impl Records<'_> {
         let kept_ids: HashSet<AllocId> = kept_allocs.iter().map(|a| a.id).collect();
         let mut g = self.pool.lock();
         let mut max_region = 0;
-        let mut max_alloc = 0;
         for r in regions {
             max_region = max_region.max(r.id);
             let state = match r.life {
@@ -354,23 +302,7 @@ impl Records<'_> {
                 },
             );
         }
-        for a in kept_allocs {
-            max_alloc = max_alloc.max(a.id);
-            g.allocs.insert(
-                a.id,
-                Allocation {
-                    session: a.session,
-                    regions: a.regions,
-                    locked: a.locked,
-                    tenant: a.tenant,
-                    token: a.token,
-                    lazy: a.lazy,
-                    lazy_fallback: a.lazy_fallback,
-                    gate: ChangeGate::default(),
-                    parked: a.parked,
-                },
-            );
-        }
+        let max_alloc = g.allocs.import(kept_allocs);
         let n = g.allocs.len();
         drop(g);
         self.pool
@@ -599,17 +531,24 @@ impl Persist for AllocSnapshot {
     /// allocation waits for its VMM to re-attach (orphaned), and a lazy
     /// one's faults go to its VMM's fallback meanwhile.
     fn save(&self, ctx: &mut SaveContext<'_>) -> Result<AllocRecord, SaveError> {
-        let orphaned = ctx.to_store;
+        let orphaned;
+        let a = if ctx.to_store {
+            orphaned = self.orphaned();
+            &orphaned
+        } else {
+            self
+        };
+        let (session, parked) = a.owner.record();
         Ok(AllocRecord {
-            id: self.id,
-            session: self.session.filter(|_| !orphaned),
-            regions: self.regions.clone(),
-            locked: self.locked,
-            tenant: self.tenant,
-            token: hex(&self.token),
-            lazy: self.lazy,
-            lazy_fallback: self.lazy_fallback || (orphaned && self.lazy),
-            parked: self.parked.as_deref().cloned(),
+            id: a.id,
+            session,
+            regions: a.regions.clone(),
+            locked: a.locked,
+            tenant: a.tenant,
+            token: hex(&a.token),
+            lazy: a.lazy,
+            lazy_fallback: a.lazy_fallback,
+            parked,
         })
     }
 
@@ -624,14 +563,13 @@ impl Persist for AllocSnapshot {
             .ok_or(MalformedToken(state.id))?;
         Ok(AllocSnapshot {
             id: state.id,
-            session: state.session,
+            owner: Owner::from_record(state.session, state.parked),
             regions: state.regions,
             locked: state.locked,
             tenant: state.tenant,
             token,
             lazy: state.lazy,
             lazy_fallback: state.lazy_fallback,
-            parked: state.parked.map(Arc::new),
         })
     }
 }

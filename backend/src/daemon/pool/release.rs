@@ -11,9 +11,9 @@ use guest_mem::Region;
 use numa::NodeId;
 use tracing::{info, warn};
 
+use super::allocation::{Allocation, OwnershipError};
 use super::files::reclaim_path;
-use super::owners::OwnershipError;
-use super::table::{pooled_bytes, pooled_bytes_of, Allocation, EntryState, Inner, Pool};
+use super::table::{pooled_bytes, pooled_bytes_of, EntryState, Inner, Pool};
 use crate::daemon::counters::metrics::Metrics;
 use crate::daemon::ids::{AllocId, RegionId, SessionId};
 
@@ -39,32 +39,17 @@ impl Pool {
     /// [`OwnershipError`]; nothing changes then.
     pub fn release(&self, alloc: AllocId, session: SessionId) -> Result<Released, OwnershipError> {
         let mut g = self.lock();
-        let a = g.allocs.get(&alloc).ok_or(OwnershipError::Unknown(alloc))?;
-        if a.session != Some(session) {
-            return Err(OwnershipError::NotYours(alloc));
-        }
-        let a = g
-            .allocs
-            .remove(&alloc)
-            .ok_or(OwnershipError::Unknown(alloc))?;
+        let a = g.allocs.remove_owned(alloc, session)?;
         Ok(self.release_locked(&mut g, alloc, a))
     }
 
     /// Releases every allocation of a session (disconnect, shutdown).
     pub fn release_session(&self, session: SessionId) -> Vec<Released> {
         let mut g = self.lock();
-        let ids: Vec<AllocId> = g
-            .allocs
-            .iter()
-            .filter(|(_, a)| a.session == Some(session))
-            .map(|(id, _)| *id)
-            .collect();
-        ids.into_iter()
-            .filter_map(|id| {
-                g.allocs
-                    .remove(&id)
-                    .map(|a| self.release_locked(&mut g, id, a))
-            })
+        let owned = g.allocs.remove_owned_by(session);
+        owned
+            .into_iter()
+            .map(|(id, a)| self.release_locked(&mut g, id, a))
             .collect()
     }
 
@@ -149,7 +134,7 @@ impl Pool {
         if let Some(suppressed) = crate::daemon::peers::peer_log::RELEASED.check(a.tenant) {
             info!(
                 alloc,
-                session = a.session,
+                session = a.owner().session(),
                 uid = a.tenant,
                 regions = a.regions.len(),
                 suppressed,

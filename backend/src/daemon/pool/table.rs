@@ -14,12 +14,12 @@ use guest_mem::{PageSize, Region};
 use numa::{NodeId, Topology};
 use tokio::sync::Notify;
 
+use super::allocation::{Allocation, Allocations};
 use super::given_back::Recent;
 use super::refault::Fill;
-use super::token::AllocToken;
 use crate::daemon::config::PoolConfig;
 use crate::daemon::counters::metrics::Metrics;
-use crate::daemon::ids::{AllocId, PoolKey, RegionId, SessionId};
+use crate::daemon::ids::{AllocId, PoolKey, RegionId};
 use crate::daemon::peers::holders::{Holder, Owned, Predecessor};
 use crate::daemon::pool::ReserveGate;
 
@@ -124,47 +124,10 @@ impl Entry {
     }
 }
 
-#[derive(Debug)]
-pub(super) struct Allocation {
-    /// The session that owns it; `None`: **orphaned**, restored after a
-    /// restart and waiting for its VMM to re-attach ([`Owners::reattach`]).
-    /// An orphaned allocation is no session's: FREE, LOCK, UNLOCK and UFFD
-    /// refuse it, and no disconnect releases it.
-    pub(super) session: Option<SessionId>,
-    pub(super) regions: Vec<RegionId>,
-    pub(super) locked: bool,
-    /// The uid it was handed to; only that uid may re-attach it.
-    pub(super) tenant: u32,
-    /// The secret that re-attaches it (random, sent once in the ALLOC reply).
-    pub(super) token: AllocToken,
-    /// Handed out in lazy mode (its regions may have uncleared pages).
-    pub(super) lazy: bool,
-    /// Its lazy regions are served by the VMM's fallback, not by a fault
-    /// service of this daemon (the uffd went with the old connection, or
-    /// the old daemon): UFFD on it is refused.
-    pub(super) lazy_fallback: bool,
-    /// Held from an ownership check to the change it allows (see
-    /// [`ChangeGate`]).
-    pub(super) gate: ChangeGate,
-    /// Parked: the VM whose memory it holds while no process runs it
-    /// (`parked.rs`). A parked allocation is no session's and no orphan:
-    /// it never times out, and only RESTORE or UNPARK takes it.
-    pub(super) parked: Option<Arc<super::parked_vm::ParkedVm>>,
-}
-
-/// An allocation's change gate. LOCK, UNLOCK, UFFD, an owner's REBALANCE
-/// and HANDOFF hold it from their ownership check until their change is
-/// made and recorded, so a change the owner began (an mlock running on a
-/// blocking thread, a move) is finished before the allocation can change
-/// hands, and a request that waited for a HANDOFF finds the new owner when
-/// it checks. An async mutex: holders wait across `.await`s, and a waiter
-/// parks its task, not a runtime thread.
-pub type ChangeGate = Arc<tokio::sync::Mutex<()>>;
-
 #[derive(Debug, Default)]
 pub(super) struct Inner {
     pub(super) entries: BTreeMap<RegionId, Entry>,
-    pub(super) allocs: HashMap<AllocId, Allocation>,
+    pub(super) allocs: Allocations,
     pub(super) above_target_since: HashMap<NodeId, Instant>,
     pub(super) stopping: bool,
     pub(super) given_back: Recent,
@@ -222,6 +185,44 @@ impl Pool {
     /// The configuration.
     pub fn config(&self) -> &PoolConfig {
         &self.cfg
+    }
+}
+
+impl Inner {
+    /// Region `id`, in any state.
+    pub(super) fn region(&self, id: RegionId) -> Option<Arc<Region>> {
+        self.entries.get(&id).map(|e| Arc::clone(&e.region))
+    }
+
+    /// The first region (by id) that `is_it` picks, and its entry state.
+    pub(super) fn find_region(
+        &self,
+        is_it: impl Fn(&Region) -> bool,
+    ) -> Option<(RegionId, EntryState)> {
+        self.entries
+            .iter()
+            .find(|(_, e)| is_it(&e.region))
+            .map(|(id, e)| (*id, e.state))
+    }
+
+    /// The regions of allocation `a`, in its (guest-physical) order.
+    pub(super) fn regions_of(&self, a: &Allocation) -> Vec<(RegionId, Arc<Region>)> {
+        a.regions
+            .iter()
+            .filter_map(|id| self.entries.get(id).map(|e| (*id, Arc::clone(&e.region))))
+            .collect()
+    }
+
+    /// The bytes of allocation `a`'s regions, and their pages not cleared
+    /// yet (dirty, or being cleared: a lazy allocation's).
+    pub(super) fn bytes_and_uncleared(&self, a: &Allocation) -> (u64, usize) {
+        a.regions
+            .iter()
+            .filter_map(|id| self.entries.get(id))
+            .fold((0, 0), |(bytes, pages), e| {
+                let c = e.region.states().counts();
+                (bytes + e.region.len(), pages + c.dirty + c.clearing)
+            })
     }
 }
 
