@@ -64,7 +64,7 @@ pub struct HandedOff {
 /// allocation exists, `uid` is its tenant, `token` its current token
 /// (compared in constant time, whatever else fails, so a refusal takes the
 /// same time for an existing id as for a foreign one), and its owner may
-/// hand it to `session` ([`super::Owner::hand_off`]: not parked, not
+/// hand it to `session` ([`super::allocation::Owner::hand_off`]: not parked, not
 /// `session`'s already). Returns it and the state it would enter.
 fn check<'a>(
     g: &'a Inner,

@@ -83,5 +83,3 @@ pub use supply::{free_pages, Refusal};
 pub use table::{Pool, Sources};
 pub use take::{shortage_note, Missing, Obtained, Part, Source};
 pub use token::{AllocToken, TokenError, TOKEN_SIZE};
-// The table's private types, for `persist.rs` (`crate::daemon::Entry` …).
-use table::{Entry, EntryState};

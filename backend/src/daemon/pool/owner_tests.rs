@@ -169,7 +169,7 @@ fn each_owner_reads_and_writes_the_same_json_as_version_1() {
 fn parked_web() -> ParkedVm {
     ParkedVm {
         name: "web".to_string(),
-        slots: vec![super::ParkedSlot { slot: 0, region: 1 }],
+        slots: vec![super::parked_vm::ParkedSlot { slot: 0, region: 1 }],
         config: "{\"memory\":1}".to_string(),
         state: "{}".to_string(),
         copied_bytes: 4096,

@@ -7,7 +7,7 @@
 //! Every allocation gets a random 16-byte token when it is committed; a
 //! client that negotiated `FEATURE_REATTACH` receives it in the ALLOC reply.
 //! After a restart the restore code puts allocations back **orphaned**
-//! ([`super::Owner::Orphaned`]): they belong to no connection until their
+//! ([`super::allocation::Owner::Orphaned`]): they belong to no connection until their
 //! VMM shows the token on a new one ([`Owners::reattach`]).
 //!
 //! Every refusal of [`Owners::reattach`] is the same [`OwnershipError`] text
@@ -31,7 +31,7 @@ pub type Reattached = (Vec<(RegionId, Arc<Region>)>, bool);
 /// state, the lazy fallback, tokens, REATTACH, orphaning, HANDOFF's move
 /// (`handoff.rs`) and the parked VMs (`parked.rs`). Borrowed from
 /// [`Pool::owners`]; each method takes the pool's one lock for its step
-/// and leaves the checks of a move to the allocation's [`super::Owner`]
+/// and leaves the checks of a move to the allocation's [`super::allocation::Owner`]
 /// (`allocation.rs`).
 #[derive(Debug, Clone, Copy)]
 pub struct Owners<'a> {

@@ -198,7 +198,7 @@ impl Owners<'_> {
         uid: u32,
         name: &str,
         session: SessionId,
-    ) -> Result<super::AllocToken, ParkError> {
+    ) -> Result<super::token::AllocToken, ParkError> {
         let fresh = new_token().map_err(|e| ParkError::Internal(e.to_string()))?;
         let mut g = self.pool.lock();
         let no_such_vm = || ParkError::NoSuchVm(name.to_string());
@@ -247,7 +247,7 @@ impl Owners<'_> {
     }
 }
 
-impl super::Pool {
+impl super::table::Pool {
     /// UNPARK: releases the VM `uid` parked under `name` into quarantine
     /// (its memory returns to the pool once no process holds it). The
     /// caller holds the allocation's change gate.
@@ -255,7 +255,11 @@ impl super::Pool {
     /// # Errors
     ///
     /// [`ParkError::NoSuchVm`].
-    pub fn release_parked(&self, uid: u32, name: &str) -> Result<super::Released, ParkError> {
+    pub fn release_parked(
+        &self,
+        uid: u32,
+        name: &str,
+    ) -> Result<super::release::Released, ParkError> {
         let mut g = self.lock();
         let (id, a) = g
             .allocs

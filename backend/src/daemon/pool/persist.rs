@@ -16,8 +16,13 @@ use serde::{Deserialize, Serialize};
 use tracing::warn;
 
 use super::allocation::{AllocSnapshot, Owner};
-use super::{AllocId, Entry, EntryState, Pool, PoolKey, RegionId};
+use super::table::Entry;
+use super::table::EntryState;
+use super::table::Pool;
 use crate::daemon::counters::metrics::Metrics;
+use crate::daemon::ids::AllocId;
+use crate::daemon::ids::PoolKey;
+use crate::daemon::ids::RegionId;
 use crate::daemon::peers::holders::Owned;
 use crate::daemon::persist::encoding::{decode_pages, encode_pages, hex, unhex};
 use crate::daemon::persist::{DecodeError, Persist, RestoreContext, SaveContext, SaveError};
@@ -206,7 +211,7 @@ impl Records<'_> {
     }
 
     /// Releases every orphaned allocation into quarantine.
-    pub fn release_orphans(&self) -> Vec<super::Released> {
+    pub fn release_orphans(&self) -> Vec<super::release::Released> {
         let mut g = self.pool.lock();
         let orphans = g.allocs.remove_orphans();
         let out = orphans
@@ -399,7 +404,7 @@ pub struct AllocRecord {
     /// The VM parked in it (absent in a predecessor's document that knew
     /// no parking).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub parked: Option<super::ParkedVm>,
+    pub parked: Option<super::parked_vm::ParkedVm>,
 }
 
 impl Persist for RegionSnapshot {

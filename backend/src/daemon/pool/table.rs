@@ -15,13 +15,13 @@ use numa::{NodeId, Topology};
 use tokio::sync::Notify;
 
 use super::allocation::{Allocation, Allocations};
+use super::gate::ReserveGate;
 use super::given_back::Recent;
 use super::refault::Fill;
 use crate::daemon::config::PoolConfig;
 use crate::daemon::counters::metrics::Metrics;
 use crate::daemon::ids::{AllocId, PoolKey, RegionId};
 use crate::daemon::peers::holders::{Holder, Owned, Predecessor};
-use crate::daemon::pool::ReserveGate;
 
 /// What the pool creates fresh regions with and whom it wakes, fixed for
 /// the daemon's life.
