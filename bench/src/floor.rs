@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use backend::proto::{RegionInfo, ANY_NODE};
 use guest_mem::{MappingError, PageSize, SharedMapping};
-use hugemem::launch::{build_args, BuildError, BuildOptions, MemoryFile, MemoryRegion, Vmm};
+use hugemem::launch::{BuildError, BuildOptions, MemoryFile, MemoryRegion, Vmm};
 
 /// Why floor memory could not be made, or made zero again.
 #[derive(Debug, thiserror::Error)]
@@ -113,7 +113,10 @@ pub fn vmm_argv(
         })
         .collect();
     let mut argv = vec![program];
-    argv.extend(build_args(vmm, user, &memory, &BuildOptions::default())?);
+    argv.extend(
+        vmm.adapter()
+            .build_args(user, &memory, &BuildOptions::default())?,
+    );
     Ok(argv)
 }
 
