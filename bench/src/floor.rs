@@ -2,8 +2,8 @@
 //! that needs no preparation. A hugetlb memfd of the run's size and page
 //! size, populated (the kernel allocates and zeroes every page) before the
 //! clock starts, and handed to the VMM the way `hugemem launch` hands over a
-//! daemon's fds: the same [`build_args`] region table on `/dev/fd/N`, the fd
-//! inherited under its number, no daemon.
+//! daemon's fds: the same region table (the VMM adapter's `build_args`) on
+//! `/dev/fd/N`, the fd inherited under its number, no daemon.
 
 use std::ffi::OsString;
 use std::os::fd::{AsRawFd, BorrowedFd, RawFd};
