@@ -2,8 +2,8 @@
 //! that needs no preparation. A hugetlb memfd of the run's size and page
 //! size, populated (the kernel allocates and zeroes every page) before the
 //! clock starts, and handed to the VMM the way `hugemem launch` hands over a
-//! daemon's fds: the same [`build_args`] region table on `/dev/fd/N`, the fd
-//! inherited under its number, no daemon.
+//! daemon's fds: the same region table (the VMM adapter's `build_args`) on
+//! `/dev/fd/N`, the fd inherited under its number, no daemon.
 
 use std::ffi::OsString;
 use std::os::fd::{AsRawFd, BorrowedFd, RawFd};
@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use backend::proto::{RegionInfo, ANY_NODE};
 use guest_mem::{MappingError, PageSize, SharedMapping};
-use hugemem::launch::{build_args, BuildError, BuildOptions, MemoryFile, MemoryRegion, Vmm};
+use hugemem::launch::{BuildError, BuildOptions, MemoryFile, MemoryRegion, Vmm};
 
 /// Why floor memory could not be made, or made zero again.
 #[derive(Debug, thiserror::Error)]
@@ -113,7 +113,10 @@ pub fn vmm_argv(
         })
         .collect();
     let mut argv = vec![program];
-    argv.extend(build_args(vmm, user, &memory, &BuildOptions::default())?);
+    argv.extend(
+        vmm.adapter()
+            .build_args(user, &memory, &BuildOptions::default())?,
+    );
     Ok(argv)
 }
 

@@ -298,10 +298,16 @@ fn takeover(args: TakeoverArgs) -> Result<i32> {
 /// Runs `vmm-update`; its VMMs run through `hugemem launch`/`update` (and
 /// its private daemon is `hugemem serve`) of the `hugemem` binary beside.
 fn vmm_update(args: VmmUpdateArgs) -> Result<i32> {
-    let (vmm, program) = match args.vmm.as_str() {
-        "cloud-hypervisor" => (hugemem::launch::Vmm::CloudHypervisor, args.cloud_hypervisor),
-        _ => (hugemem::launch::Vmm::Qemu, args.qemu),
-    };
+    use hugemem::launch::Vmm;
+    let vmm = Vmm::parse(&args.vmm).context("--vmm names no VMM")?;
+    // Each VMM's program flag.
+    let program = [
+        (Vmm::Qemu, args.qemu),
+        (Vmm::CloudHypervisor, args.cloud_hypervisor),
+    ]
+    .into_iter()
+    .find_map(|(kind, program)| (kind == vmm).then_some(program))
+    .unwrap_or_default();
     let cfg = hugemem_bench::vmm_update::VmmUpdateConfig {
         vmm,
         size: args.size,

@@ -270,37 +270,14 @@ fn update(args: UpdateArgs) -> Result<i32> {
     .with_context(|| format!("hugemem update {} failed", args.vm))?;
     if args.json {
         println!("{}", serde_json::to_string(&report)?);
-    } else if report.vmm == "cloud-hypervisor" {
-        println!(
-            "updated: cloud-hypervisor pid {} -> {} ({}); {:.1} ms in all, guest switched in {:.1} ms; \
-             {} bytes written by the old process during the switch ({} of guest RAM not sent: \
-             its memory fds moved)",
-            report.old_pid,
-            report.new_pid,
-            report.program,
-            report.update_ms,
-            report.switch_ms,
-            report.ram_transferred_bytes,
-            guest_mem::size::format_size(report.guest_ram_bytes),
-        );
     } else {
-        println!(
-            "updated: QEMU pid {} -> {} ({}); {:.1} ms in all, guest switched in {:.1} ms \
-             (QEMU's downtime {} ms); RAM transferred {} bytes of {} guest RAM; memory by {}",
-            report.old_pid,
-            report.new_pid,
-            report.program,
-            report.update_ms,
-            report.switch_ms,
-            report.qemu_downtime_ms,
-            report.ram_transferred_bytes,
-            guest_mem::size::format_size(report.guest_ram_bytes),
-            if report.handoff {
-                "daemon HANDOFF"
-            } else {
-                "the launcher's descriptors"
-            },
-        );
+        match launch::vmm::by_name(&report.vmm) {
+            Some(vmm) => println!("{}", vmm.describe_update(&report)),
+            None => println!(
+                "updated: {} pid {} -> {} ({}); {:.1} ms in all",
+                report.vmm, report.old_pid, report.new_pid, report.program, report.update_ms
+            ),
+        }
     }
     Ok(0)
 }

@@ -1,114 +1,38 @@
-//! `hugemem park NAME --api-socket PATH` and `hugemem unpark NAME`: a
-//! cloud-hypervisor VM parked in the daemon (its memory, configuration and
-//! state kept under a name while no process runs it), and dropped.
+//! `hugemem park NAME --api-socket PATH` and `hugemem unpark NAME`: a VM
+//! parked in the daemon (its memory, configuration and state kept under a
+//! name while no process runs it), and dropped.
 //!
-//! The park is cloud-hypervisor's own offload snapshot: this command
-//! listens on a socket in a private directory (mode 0700), has the VM's
-//! cloud-hypervisor `send-migration destination_url=unix:…,local=on` to it,
-//! checks that the process that connected runs as this user, and hands the
-//! connection to the daemon with PARK. The daemon takes the snapshot on it;
-//! cloud-hypervisor exits once the daemon answered its last step.
+//! The park is the VM's adapter's (`launch/vmm/`): today a
+//! cloud-hypervisor's, whose API socket `--api-socket` names
+//! (`launch/vmm/cloud_hypervisor/park.rs`: its own offload snapshot, sent
+//! to the daemon).
 
-use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::Path;
 use std::time::Duration;
 
 use hugemem_client::client::{Client, ClientError};
 use hugemem_client::park::Parked;
-use nix::sys::socket::{getsockopt, sockopt};
 
-use crate::launch::ch_api::{ChApi, ChApiError};
-
-/// Why a park failed.
-#[derive(Debug, thiserror::Error)]
-pub enum ParkCliError {
-    /// The daemon refused or failed.
-    #[error(transparent)]
-    Daemon(#[from] ClientError),
-    /// cloud-hypervisor's API refused or failed.
-    #[error("cloud-hypervisor's API: {0}")]
-    Api(#[from] ChApiError),
-    /// The migration socket.
-    #[error("the migration socket: {0}")]
-    Io(#[from] std::io::Error),
-    /// Another user's process connected to the migration socket.
-    #[error("a process of uid {0} connected to the migration socket, not cloud-hypervisor")]
-    Intruder(u32),
-}
-
-/// A private directory with a listening socket in it.
-pub struct PrivateListener {
-    _dir: tempfile::TempDir,
-    path: std::path::PathBuf,
-    listener: UnixListener,
-}
-
-impl PrivateListener {
-    /// A socket `name` in a new directory of mode 0700 under the runtime
-    /// directory (`$XDG_RUNTIME_DIR`, else the temporary directory).
-    ///
-    /// # Errors
-    ///
-    /// The directory or socket could not be made.
-    pub fn new(name: &str) -> std::io::Result<Self> {
-        let base = std::env::var_os("XDG_RUNTIME_DIR")
-            .map(std::path::PathBuf::from)
-            .filter(|p| p.is_dir())
-            .unwrap_or_else(std::env::temp_dir);
-        // tempfile makes the directory 0700.
-        let dir = tempfile::Builder::new()
-            .prefix("hugemem-")
-            .tempdir_in(base)?;
-        let path = dir.path().join(name);
-        let listener = UnixListener::bind(&path)?;
-        Ok(Self {
-            _dir: dir,
-            path,
-            listener,
-        })
-    }
-
-    /// The socket's path.
-    pub fn path(&self) -> &Path {
-        &self.path
-    }
-
-    /// The next connection of a process of this user's uid.
-    ///
-    /// # Errors
-    ///
-    /// [`ParkCliError::Intruder`] for another uid's process (root can enter
-    /// a 0700 directory).
-    pub fn accept_own(&self) -> Result<UnixStream, ParkCliError> {
-        let (stream, _) = self.listener.accept()?;
-        let cred = getsockopt(&stream, sockopt::PeerCredentials)
-            .map_err(|e| ParkCliError::Io(e.into()))?;
-        if cred.uid() != nix::unistd::geteuid().as_raw() {
-            return Err(ParkCliError::Intruder(cred.uid()));
-        }
-        Ok(stream)
-    }
-}
+use crate::launch::vmm::ParkError;
+use crate::launch::Vmm;
 
 /// Parks the VM of the cloud-hypervisor whose API is at `api_socket`
 /// under `name` in the daemon at `socket`.
 ///
 /// # Errors
 ///
-/// [`ParkCliError`]; when the daemon refused, the VM keeps running in its
+/// [`ParkError`]; when the daemon refused, the VM keeps running in its
 /// cloud-hypervisor (it answered the last step with an error).
 pub fn park(
     socket: &Path,
     name: &str,
     api_socket: &Path,
     timeout: Duration,
-) -> Result<Parked, ParkCliError> {
-    let mut client = Client::connect(socket)?;
-    let listener = PrivateListener::new("park.sock")?;
-    let api = ChApi::new(api_socket);
-    api.send_migration(listener.path(), true, timeout)?;
-    let stream = listener.accept_own()?;
-    Ok(client.park(name, &stream)?)
+) -> Result<Parked, ParkError> {
+    // An API socket is cloud-hypervisor's: the one VMM that parks today.
+    Vmm::CloudHypervisor
+        .adapter()
+        .park(socket, name, api_socket, timeout)
 }
 
 /// Drops the VM parked under `name`.

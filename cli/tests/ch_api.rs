@@ -1,4 +1,4 @@
-//! `hugemem::launch::ch_api` against a real cloud-hypervisor (the binary
+//! `hugemem::launch::vmm::cloud_hypervisor::api` against a real cloud-hypervisor (the binary
 //! `CLOUD_HYPERVISOR` names; `scripts/build-cloud-hypervisor` builds it):
 //! a VMM started with only `--api-socket` answers `vmm.ping`, reports no VM
 //! through `vm.info` as a refusal with cloud-hypervisor's own text, and
@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use hugemem::launch::ch_api::{ChApi, ChApiError};
+use hugemem::launch::vmm::cloud_hypervisor::api::{ChApi, ChApiError};
 
 const WAIT: Duration = Duration::from_secs(10);
 

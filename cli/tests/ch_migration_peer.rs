@@ -23,8 +23,8 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use guest_mem::PageSize;
-use hugemem::launch::ch_api::ChApi;
-use hugemem::launch::ch_events::{ChEvents, RECEIVE_READY};
+use hugemem::launch::vmm::cloud_hypervisor::api::ChApi;
+use hugemem::launch::vmm::cloud_hypervisor::events::{ChEvents, RECEIVE_READY};
 use hugemem_client::ch_migration::peer::{receive_snapshot, send_snapshot};
 use hugemem_client::ch_migration::Limits;
 use test_support::hugepages::hold;

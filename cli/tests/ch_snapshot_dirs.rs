@@ -30,8 +30,8 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use guest_mem::{PageSize, SharedMapping};
-use hugemem::launch::ch_api::ChApi;
-use hugemem::launch::ch_events::{ChEvents, RECEIVE_READY};
+use hugemem::launch::vmm::cloud_hypervisor::api::ChApi;
+use hugemem::launch::vmm::cloud_hypervisor::events::{ChEvents, RECEIVE_READY};
 use hugemem_client::ch_migration::ch_snapshot_dir::read_ch_snapshot_dir;
 use hugemem_client::ch_migration::layout::with_hugetlb_zones;
 use hugemem_client::ch_migration::offload_dir::read_offload_dir;
@@ -131,7 +131,9 @@ impl Receiver {
     fn receive(
         &mut self,
         memory_mode: Option<&str>,
-    ) -> std::thread::JoinHandle<Result<Vec<u8>, hugemem::launch::ch_api::ChApiError>> {
+    ) -> std::thread::JoinHandle<
+        Result<Vec<u8>, hugemem::launch::vmm::cloud_hypervisor::api::ChApiError>,
+    > {
         let mut body = json!({ "receiver_url": format!("unix:{}", self.incoming.display()) });
         if let Some(mode) = memory_mode {
             body["memory_mode"] = json!(mode);

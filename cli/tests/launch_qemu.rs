@@ -100,7 +100,7 @@ fn qemu_microvm_boots_on_daemon_memory_and_reuses_it_clean() {
         "-accel",
         "kvm",
         "-cpu",
-        hugemem::launch::qemu::KVM_CPU,
+        hugemem::launch::vmm::qemu::KVM_CPU,
         "-nodefaults",
         "-no-user-config",
         "-nographic",

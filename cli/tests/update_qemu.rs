@@ -76,7 +76,7 @@ fn start_launch(daemon: &TestDaemon, dir: &Path, elf: &Path) -> Child {
             "-accel",
             "kvm",
             "-cpu",
-            hugemem::launch::qemu::KVM_CPU,
+            hugemem::launch::vmm::qemu::KVM_CPU,
             "-nodefaults",
             "-no-user-config",
             "-display",

@@ -30,6 +30,16 @@ impl ChurnVmm {
         }
     }
 
+    /// The VMM whose adapter builds its command lines; none for the
+    /// micro-guest.
+    pub fn kind(self) -> Option<hugemem::launch::Vmm> {
+        match self {
+            Self::CloudHypervisor => Some(hugemem::launch::Vmm::CloudHypervisor),
+            Self::Qemu => Some(hugemem::launch::Vmm::Qemu),
+            Self::Micro => None,
+        }
+    }
+
     /// The name used in `--vmm` and file names.
     pub fn name(self) -> &'static str {
         match self {

@@ -12,7 +12,6 @@ use backend::proto::{AllocRequest, ClearMode, PagePolicy};
 use guest_mem::size::format_size;
 use guest_mem::vm_memory::{GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion};
 use guest_mem::{AnonMapping, PageSize};
-use hugemem::launch::Vmm;
 
 use super::floor_pool::FloorPool;
 use super::options::ChurnVmm;
@@ -74,7 +73,7 @@ impl Plan {
                 "-accel",
                 "kvm",
                 "-cpu",
-                hugemem::launch::qemu::KVM_CPU,
+                hugemem::launch::vmm::qemu::KVM_CPU,
                 "-nodefaults",
                 "-no-user-config",
                 "-nographic",
@@ -169,10 +168,10 @@ impl Plan {
     /// The floor's command line: `hugemem launch`'s for `memory`, with no
     /// daemon and no `hugemem launch` process.
     fn floor_argv(&self, memory: &FloorMemory) -> Result<Vec<OsString>, String> {
-        let vmm = match self.vmm {
-            ChurnVmm::Qemu => Vmm::Qemu,
-            _ => Vmm::CloudHypervisor,
-        };
+        let vmm = self
+            .vmm
+            .kind()
+            .ok_or("the micro-guest runs on no VMM command line")?;
         vmm_argv(
             vmm,
             self.program.clone(),
@@ -228,12 +227,13 @@ impl Plan {
             .find_map(|l| l.find("HUGEMEM-GUEST ").map(|i| l[i..].trim().to_string()))
             .ok_or_else(|| format!("no guest report; {}", run.describe()))?;
         let guest = GuestLine::parse(&line).ok_or_else(|| format!("bad guest report {line:?}"))?;
-        // QEMU's isa-debug-exit: (nonzero << 1) | 1; cloud-hypervisor: 0 after
-        // the ACPI power-off. `hugemem launch` exits with the VMM's status.
-        let expected = match self.vmm {
-            ChurnVmm::Qemu => Some(if guest.nonzero { 3 } else { 1 }),
-            _ => Some(0),
-        };
+        // The guest's exit code is `nonzero`; the VMM's adapter says what
+        // its process then exits with (QEMU's isa-debug-exit: (code << 1) |
+        // 1; cloud-hypervisor: 0 after the ACPI power-off). `hugemem launch`
+        // exits with the VMM's status.
+        let expected = Some(self.vmm.kind().map_or(0, |k| {
+            k.adapter().exit_status_of_guest(u8::from(guest.nonzero))
+        }));
         if run.status.code() != expected || guest.status != 0 || guest.pages == 0 {
             return Err(format!("abnormal end: {}", run.describe()));
         }

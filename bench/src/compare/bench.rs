@@ -65,7 +65,7 @@ impl Bench<'_> {
             "-accel",
             "kvm",
             "-cpu",
-            hugemem::launch::qemu::KVM_CPU,
+            hugemem::launch::vmm::qemu::KVM_CPU,
             "-nodefaults",
             "-no-user-config",
             "-nographic",

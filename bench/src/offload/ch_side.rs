@@ -19,7 +19,9 @@ use crate::vmm_update::guest::GuestRam;
 /// have its memory).
 const RESTORE_WAIT: Duration = Duration::from_secs(300);
 
-fn api_err(what: &'static str) -> impl FnOnce(hugemem::launch::ch_api::ChApiError) -> OffloadError {
+fn api_err(
+    what: &'static str,
+) -> impl FnOnce(hugemem::launch::vmm::cloud_hypervisor::api::ChApiError) -> OffloadError {
     move |e| OffloadError::Ch(format!("{what}: {e}"))
 }
 

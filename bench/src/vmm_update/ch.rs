@@ -13,8 +13,8 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
 
-use hugemem::launch::ch_api::{ChApi, ChApiError};
-use hugemem::launch::ch_events::{ChEvents, RECEIVE_READY};
+use hugemem::launch::vmm::cloud_hypervisor::api::{ChApi, ChApiError};
+use hugemem::launch::vmm::cloud_hypervisor::events::{ChEvents, RECEIVE_READY};
 
 use super::error::io;
 use super::guest::monotonic_ns;

@@ -23,7 +23,6 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use guest_mem::PageSize;
-use hugemem::launch::Vmm;
 
 use super::ch::{ch_guest_args, migrate, BenchCh, ChMigrated, CH_DEADLINE};
 use super::error::io;
@@ -93,7 +92,7 @@ pub(crate) fn floor(
     let mut user = ch_guest_args(&cfg.program, elf);
     let program = user.remove(0);
     let argv = vmm_argv(
-        Vmm::CloudHypervisor,
+        cfg.vmm,
         program.clone(),
         &user,
         &[memory.region()],

@@ -46,6 +46,7 @@ mod report;
 mod run;
 pub(crate) mod series;
 pub(crate) mod setup;
+mod side;
 
 pub use error::VmmUpdateError;
 pub use report::{CopyResult, UpdateResult, UpdateSeries, VmmUpdateConfig, VmmUpdateReport};

@@ -12,7 +12,6 @@ use std::path::Path;
 use std::time::Instant;
 
 use guest_mem::PageSize;
-use hugemem::launch::Vmm;
 use serde_json::json;
 
 use super::guest::{GuestRam, HostClock};
@@ -90,14 +89,8 @@ pub(crate) fn run(
         .map_err(|e| VmmUpdateError::Setup(format!("the floor's memory: {e}")))?;
     let mut user = guest_args(&cfg.program, elf);
     let program = user.remove(0);
-    let argv = vmm_argv(
-        Vmm::Qemu,
-        program,
-        &user,
-        &[memory.region()],
-        &[memory.fd()],
-    )
-    .map_err(|e| VmmUpdateError::Setup(format!("the plain QEMU's command line: {e}")))?;
+    let argv = vmm_argv(cfg.vmm, program, &user, &[memory.region()], &[memory.fd()])
+        .map_err(|e| VmmUpdateError::Setup(format!("the plain QEMU's command line: {e}")))?;
     let mut qemu = BenchQemu::start(&argv, &dir.join("plain-0.qmp"), &[memory.fd()])?;
     GuestRam::of(qemu.pid())?.counting_past(0)?;
     progress("floor: the guest spins under a plain QEMU");

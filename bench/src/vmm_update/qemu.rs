@@ -9,7 +9,7 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use hugemem::launch::qmp::{is_event, Qmp};
+use hugemem::launch::vmm::qemu::qmp::{is_event, Qmp};
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use serde_json::json;
 
@@ -31,7 +31,7 @@ pub(crate) fn guest_args(qemu: &OsString, elf: &Path) -> Vec<OsString> {
             "-accel",
             "kvm",
             "-cpu",
-            hugemem::launch::qemu::KVM_CPU,
+            hugemem::launch::vmm::qemu::KVM_CPU,
             "-nodefaults",
             "-no-user-config",
             "-display",

@@ -222,10 +222,7 @@ impl VmmUpdateReport {
         let copy = m.copy.as_ref();
         let gaps = floor.map(|f| paired_gaps(u, f));
         Self {
-            vmm: match cfg.vmm {
-                Vmm::Qemu => "qemu".into(),
-                Vmm::CloudHypervisor => "cloud-hypervisor".into(),
-            },
+            vmm: cfg.vmm.adapter().id().into(),
             size: cfg.size,
             page_size: "2M".into(),
             page_size_note: page_size_note(cfg.size),

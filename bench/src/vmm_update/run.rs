@@ -7,20 +7,16 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use backend::client::Client;
-use hugemem::launch::Vmm;
-
-use super::ch::ch_guest_args;
 use super::error::io;
 use super::guest::{host_tsc_hz, GuestRam, HostClock};
-use super::qemu::guest_args;
 use super::report::{Measured, UpdateResult, UpdateSeries, VmmUpdateConfig, VmmUpdateReport};
 use super::series::{after_update, before_update, OneUpdate};
 use super::setup::{child_of, reserve, write_spin_elf};
+use super::side;
 use super::VmmUpdateError;
-use super::{ch_baselines, copy, plain_update};
 use crate::private_dir::PrivateDir;
 use crate::serve_child::{ServeChild, ServeOptions};
+use backend::client::Client;
 
 fn balanced(stats: &backend::stats::Stats) -> bool {
     let t = &stats.totals;
@@ -29,10 +25,7 @@ fn balanced(stats: &backend::stats::Stats) -> bool {
 
 fn start_launch(cfg: &VmmUpdateConfig, dir: &Path, elf: &Path) -> Result<Child, VmmUpdateError> {
     let log = std::fs::File::create(dir.join("launch.log")).map_err(io("launch log"))?;
-    let guest = match cfg.vmm {
-        Vmm::Qemu => guest_args(&cfg.program, elf),
-        Vmm::CloudHypervisor => ch_guest_args(&cfg.program, elf),
-    };
+    let guest = side::of(cfg.vmm).guest_args(&cfg.program, elf);
     Command::new(&cfg.launcher)
         .arg("launch")
         .arg("--socket")
@@ -51,8 +44,9 @@ fn start_launch(cfg: &VmmUpdateConfig, dir: &Path, elf: &Path) -> Result<Child, 
 
 /// Where the bench reads the launched guest's RAM.
 enum LaunchedRam {
-    /// Through each QEMU's own descriptor (`mem-path=/dev/fd/N`).
-    PerQemu,
+    /// Through each VMM's own descriptor, a successor's from a daemon
+    /// HANDOFF (QEMU's `mem-path=/dev/fd/N`).
+    PerVmm,
     /// Through the launcher's descriptor, the same for the VM's life (a
     /// cloud-hypervisor's successor gets its fds by the migration, with
     /// numbers of its own and no `file=` on its command line).
@@ -62,8 +56,8 @@ enum LaunchedRam {
 impl LaunchedRam {
     /// For a VM launched by `launcher` whose first VMM is `vmm`.
     fn find(cfg: &VmmUpdateConfig, launcher: u32, vmm: u32) -> Result<Self, VmmUpdateError> {
-        if cfg.vmm == Vmm::Qemu {
-            return Ok(Self::PerQemu);
+        if cfg.vmm.adapter().successor_memory_by_handoff() {
+            return Ok(Self::PerVmm);
         }
         GuestRam::of_launched_ch(launcher, vmm).map(Self::Launcher)
     }
@@ -71,7 +65,7 @@ impl LaunchedRam {
     /// The RAM of the guest running under `vmm`.
     fn of(&self, vmm: u32) -> Result<RamRef<'_>, VmmUpdateError> {
         match self {
-            Self::PerQemu => GuestRam::of(vmm).map(RamRef::Opened),
+            Self::PerVmm => GuestRam::of(vmm).map(RamRef::Opened),
             Self::Launcher(ram) => Ok(RamRef::Held(ram)),
         }
     }
@@ -229,19 +223,17 @@ pub fn run(
     write_spin_elf(&elf, tsc_hz)?;
     progress(&format!("host TSC {:.3} GHz", tsc_hz / 1e9));
     let (update, guest_hz) = hugemem_side(cfg, dir.path(), &elf, tsc_hz, progress)?;
-    let floor = match cfg.vmm {
-        Vmm::Qemu => plain_update::run(cfg, dir.path(), &elf, tsc_hz, progress),
-        Vmm::CloudHypervisor => ch_baselines::floor(cfg, dir.path(), &elf, tsc_hz, progress),
-    };
+    let side = side::of(cfg.vmm);
+    let floor = side.floor(cfg, dir.path(), &elf, tsc_hz, progress);
     let (floor, floor_note) = match floor {
         Ok(f) => (Some(f), None),
         Err(VmmUpdateError::Setup(why)) => (None, Some(why)),
         Err(e) => return Err(e),
     };
-    let copy = match cfg.vmm {
-        _ if cfg.no_copy => Err(VmmUpdateError::Setup("--no-copy".to_owned())),
-        Vmm::Qemu => copy::run(cfg, dir.path(), &elf, tsc_hz, progress),
-        Vmm::CloudHypervisor => ch_baselines::copy(cfg, dir.path(), &elf, tsc_hz, progress),
+    let copy = if cfg.no_copy {
+        Err(VmmUpdateError::Setup("--no-copy".to_owned()))
+    } else {
+        side.copy(cfg, dir.path(), &elf, tsc_hz, progress)
     };
     let (copy, copy_note) = match copy {
         Ok(c) => (Some(c), None),

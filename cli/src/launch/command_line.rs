@@ -1,18 +1,17 @@
 //! The vocabulary of a VMM command line carrying daemon memory: which VMM,
 //! how it reaches each region (an inherited fd or a hugetlbfs path), the
-//! build options and why a user's command line is refused. The builders
-//! ([`cloud_hypervisor`], [`qemu`]) speak it.
-//!
-//! [`cloud_hypervisor`]: crate::launch::cloud_hypervisor
-//! [`qemu`]: crate::launch::qemu
+//! build options and why a user's command line is refused. The adapters
+//! ([`vmm`](crate::launch::vmm)) speak it; what a VMM kind does is its
+//! adapter's ([`Vmm::adapter`]), never a `match` here.
 
 use std::ffi::OsStr;
-use std::fmt;
 use std::os::fd::RawFd;
 use std::path::{Path, PathBuf};
 
-/// A VMM that `hugemem launch` knows how to give memory to.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// A VMM that `hugemem launch` knows how to give memory to: only a name
+/// for its adapter ([`Vmm::adapter`], in `launch/vmm/`), which does all
+/// that is particular to it. Shown by its adapter's name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Vmm {
     /// cloud-hypervisor (`--memory size=0 --memory-zone …,file=…,shared=on`).
     CloudHypervisor,
@@ -21,6 +20,9 @@ pub enum Vmm {
 }
 
 impl Vmm {
+    /// Every VMM kind.
+    pub const ALL: [Vmm; 2] = [Self::CloudHypervisor, Self::Qemu];
+
     /// Recognises the VMM from its program name: a basename that contains
     /// `cloud-hypervisor`, or starts with `qemu-system-` or `qemu-kvm`.
     pub fn detect(program: &OsStr) -> Option<Self> {
@@ -44,15 +46,6 @@ impl Vmm {
             "qemu" => Some(Self::Qemu),
             _ => None,
         }
-    }
-}
-
-impl fmt::Display for Vmm {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Self::CloudHypervisor => "cloud-hypervisor",
-            Self::Qemu => "QEMU",
-        })
     }
 }
 
@@ -98,7 +91,7 @@ pub struct BuildOptions {
     /// one `-numa node` per region when there is more than one.
     pub guest_numa: bool,
     /// The regions will be hugetlbfs paths, not `/dev/fd/N` (known before
-    /// allocating, so [`check_args`](crate::launch::check_args) can judge `--landlock`).
+    /// allocating, so the adapter's `check_args` can judge `--landlock`).
     pub hugetlbfs: bool,
 }
 

@@ -36,4 +36,18 @@ pub enum LaunchError {
     /// Waiting for the VMM or handling signals failed.
     #[error("cannot wait for the VMM")]
     Wait(#[source] std::io::Error),
+    /// The VMM's adapter does not do this (yet).
+    #[error(transparent)]
+    Unsupported(#[from] Unsupported),
+}
+
+/// A step a VMM's adapter does not do (yet): `launch --restore` of QEMU,
+/// for one.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{what} is not supported for {vmm} yet")]
+pub struct Unsupported {
+    /// The VMM's name.
+    pub vmm: &'static str,
+    /// The step, as the user asked for it.
+    pub what: &'static str,
 }

@@ -9,14 +9,17 @@
 //!
 //! The work is split in three:
 //!
-//! * **Command-line construction** ([`cloud_hypervisor`], [`qemu`], and
-//!   [`build_args`] here) is pure: user arguments and a region table in, the
+//! * **One adapter per VMM** ([`vmm`]: `vmm/qemu/`, `vmm/cloud_hypervisor/`,
+//!   behind [`VmmAdapter`]): everything particular to a VMM — its command
+//!   line, its live update, park and restore. The launcher picks the
+//!   adapter once ([`Vmm::adapter`]) and calls through it.
+//! * **Command-line construction** ([`VmmAdapter::build_args`]) is pure: user arguments and a region table in, the
 //!   VMM's argument list out. It refuses any user option that would give the
 //!   VMM a second, conflicting idea of guest RAM (`--memory`, `-m`,
 //!   `-object memory-backend-*`, …) with a message naming the option, rather
 //!   than produce a command line whose meaning depends on which option the VMM
 //!   parses last. The checks run *before* anything is allocated
-//!   ([`check_args`]).
+//!   ([`VmmAdapter::check_args`]).
 //! * **Allocation** goes through [`hugemem_client::client::Client`] like any VMM would.
 //! * **Running the VMM** ([`run_vmm`]) spawns it with the region fds
 //!   inherited, forwards SIGTERM/SIGINT/SIGHUP to it, waits, and returns its
@@ -30,11 +33,12 @@
 //!   works. If that fails it says so and the VMM keeps running: its memory
 //!   stays mapped, and the daemon never reuses memory a process maps.
 //!
-//! * **Live update** (QEMU, `--name`): a control socket for `hugemem
-//!   update` ([`control`]), and QEMU's monitor on a socket pair; the
-//!   launcher starts a new QEMU on the same memory (a daemon HANDOFF) and
-//!   migrates the guest to it with `x-ignore-shared`, so no RAM is copied
-//!   ([`update`], a folder of its own).
+//! * **Live update** (`--name`): a control socket for `hugemem update`
+//!   ([`control`]); the launcher starts a new VMM on the same memory and
+//!   moves the guest to it without copying RAM ([`update`], a folder of its
+//!   own, with each VMM's switch in its adapter: QEMU's a migration with
+//!   `x-ignore-shared` on memory from a daemon HANDOFF, cloud-hypervisor's
+//!   its local migration, which passes its memory fds on).
 //!
 //! # How the VMM reaches the memory
 //!
@@ -61,10 +65,11 @@
 //! file as large as the zone. Prefault is left off: the daemon hands out
 //! memory that is already populated and clean.
 //!
-//! [`cloud_hypervisor`]: crate::launch::cloud_hypervisor
-//! [`qemu`]: crate::launch::qemu
-//! [`build_args`]: crate::launch::build_args
-//! [`check_args`]: crate::launch::check_args
+//! [`vmm`]: crate::launch::vmm
+//! [`VmmAdapter`]: crate::launch::vmm::VmmAdapter
+//! [`VmmAdapter::build_args`]: crate::launch::vmm::VmmAdapter::build_args
+//! [`VmmAdapter::check_args`]: crate::launch::vmm::VmmAdapter::check_args
+//! [`Vmm::adapter`]: crate::launch::Vmm::adapter
 //! [`run_vmm`]: crate::launch::run_vmm
 //! [`run`]: crate::launch::run
 //! [`reattach_timeout`]: crate::launch::LaunchConfig::reattach_timeout
@@ -72,10 +77,6 @@
 //! [`control`]: crate::launch::control
 
 mod allocation;
-mod build;
-pub mod ch_api;
-pub mod ch_events;
-pub mod cloud_hypervisor;
 mod command_line;
 mod config;
 pub mod control;
@@ -83,8 +84,6 @@ pub mod control_dir;
 mod error;
 mod exit_event;
 mod process;
-pub mod qemu;
-pub mod qmp;
 mod reattach;
 mod report;
 mod restore;
@@ -92,9 +91,9 @@ mod run;
 #[cfg(test)]
 mod tests;
 pub mod update;
+pub mod vmm;
 
 pub(crate) use allocation::memory_regions;
-pub use build::{build_args, check_args};
 pub(crate) use command_line::{option_name, text};
 pub use command_line::{BuildError, BuildOptions, MemoryFile, MemoryRegion, Vmm};
 pub use config::{
@@ -102,9 +101,8 @@ pub use config::{
     DEFAULT_UPDATE_TIMEOUT, NODES_SYNTAX,
 };
 pub use control::{control_socket_path, request_update, ControlError};
-pub use error::LaunchError;
+pub use error::{LaunchError, Unsupported};
 pub(crate) use process::keep_across_exec;
 pub use process::{run_vmm, VmmExit};
-pub use qmp::QmpError;
 pub use run::{run, LaunchReport};
 pub use update::{UpdateError, UpdateReport};

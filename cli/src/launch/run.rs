@@ -10,7 +10,6 @@ use hugemem_client::client::Client;
 use tracing::{info, warn};
 
 use super::allocation::{memory_regions, HeldAllocation};
-use super::build::{build_args, check_args};
 use super::command_line::Vmm;
 use super::config::LaunchConfig;
 use super::control::{ControlServer, ControlSocket};
@@ -39,15 +38,18 @@ pub fn run(cfg: &LaunchConfig) -> Result<LaunchReport, LaunchError> {
         .command
         .first()
         .ok_or_else(|| LaunchError::Options("no VMM command given after --".into()))?;
-    let vmm = match cfg.vmm {
-        Some(v) => v,
-        None => Vmm::detect(program).ok_or_else(|| LaunchError::UnknownVmm(program.clone()))?,
-    };
+    // The VMM's adapter, picked once: everything particular to it goes
+    // through it from here on.
+    let vmm = cfg
+        .vmm
+        .or_else(|| Vmm::detect(program))
+        .ok_or_else(|| LaunchError::UnknownVmm(program.clone()))?
+        .adapter();
     let user_args = &cfg.command[1..];
     let opts = cfg.build_options();
     let request = cfg.alloc_request()?;
     // The daemon makes one region per part (one when no part is given).
-    check_args(vmm, user_args, &opts, request.parts.len().max(1))?;
+    vmm.check_args(user_args, &opts, request.parts.len().max(1))?;
     // Bound before anything is allocated: a name in use is refused first.
     let control = bind_control(cfg)?;
 
@@ -76,7 +78,7 @@ pub fn run(cfg: &LaunchConfig) -> Result<LaunchReport, LaunchError> {
         "memory allocated"
     );
     let regions = memory_regions(&alloc, cfg.hugetlbfs)?;
-    let argv = build_args(vmm, user_args, &regions, &opts)?;
+    let argv = vmm.build_args(user_args, &regions, &opts)?;
     let mut full = Vec::with_capacity(argv.len() + 1);
     full.push(program.clone());
     full.extend(argv);
@@ -86,12 +88,14 @@ pub fn run(cfg: &LaunchConfig) -> Result<LaunchReport, LaunchError> {
     );
     let (mut server, update_fds) = match control {
         Some(control) => {
-            let (updater, fds) = Updater::for_launch(cfg, vmm, &alloc, &mailbox, &mut full)?;
+            let (switch, fds) = vmm.update_switch(cfg, &mut full)?;
+            let updater = Updater::for_launch(cfg, switch, &alloc, &mailbox)?;
             info!(control = %control.path().display(), "listening for `hugemem update`");
             (Some(ControlServer::new(control, updater)), fds)
         }
         None => (None, Vec::new()),
     };
+    let vmm = vmm.name();
     info!(command = ?full, "starting {vmm}");
 
     let inherit: Vec<BorrowedFd<'_>> = if cfg.hugetlbfs {

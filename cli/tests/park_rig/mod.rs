@@ -20,7 +20,7 @@ use std::sync::{mpsc, Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use hugemem::launch::ch_api::ChApi;
+use hugemem::launch::vmm::cloud_hypervisor::api::ChApi;
 use hugemem_client::ch_migration::{Command as Step, RequestHeader, HEADER_SIZE};
 use test_support::prelude::wait_until;
 

@@ -1,8 +1,6 @@
 //! Why an update failed.
 
-use crate::launch::ch_api::ChApiError;
 use crate::launch::error::LaunchError;
-use crate::launch::qmp::QmpError;
 
 /// Why an update failed.
 #[derive(Debug, thiserror::Error)]
@@ -10,23 +8,15 @@ pub enum UpdateError {
     /// Getting the successor's memory or starting it failed.
     #[error(transparent)]
     Launch(#[from] LaunchError),
-    /// A QMP exchange failed.
+    /// An exchange on a VMM's control channel failed (QEMU's QMP
+    /// monitor, cloud-hypervisor's REST API: each adapter's own error).
     #[error("{what}: {source}")]
-    Qmp {
-        /// Which QEMU, doing what.
+    Control {
+        /// Which VMM, doing what.
         what: String,
         /// The cause.
         #[source]
-        source: QmpError,
-    },
-    /// A request to a cloud-hypervisor's API failed.
-    #[error("{what}: {source}")]
-    ChApi {
-        /// Which cloud-hypervisor, doing what.
-        what: String,
-        /// The cause.
-        #[source]
-        source: ChApiError,
+        source: Box<dyn std::error::Error + Send + Sync>,
     },
     /// Socket pairs, pidfds.
     #[error("{0}")]
@@ -34,7 +24,7 @@ pub enum UpdateError {
     /// The migration ended other than completed.
     #[error("the migration ended {status}: {detail}")]
     Migration {
-        /// QEMU's status.
+        /// The VMM's status of it.
         status: String,
         /// `query-migrate`'s error text, if any.
         detail: String,

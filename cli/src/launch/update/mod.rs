@@ -14,9 +14,11 @@
 //!    daemon without HANDOFF, duplicates of the launcher's descriptors;
 //! 3. the successor starts on that memory with the same arguments and the
 //!    channels the switch needs;
-//! 4. the switch moves the guest over (`switch.rs`, the VMM-specific part;
-//!    QEMU's is a migration with `x-ignore-shared` over a socket pair,
-//!    `qemu_switch.rs`), and returns once the successor runs the guest;
+//! 4. the switch moves the guest over (`switch.rs`: the `VmmSwitch` trait,
+//!    the VMM-specific part, which each VMM's adapter implements in its own
+//!    folder, `launch/vmm/qemu/switch.rs` and
+//!    `launch/vmm/cloud_hypervisor/switch.rs`), and returns once the
+//!    successor runs the guest;
 //! 5. the waiting thread supervises the successor from then on (signals,
 //!    exit status); the replaced VMM is told to exit and reaped, and the
 //!    report (`request.rs`) goes back to `hugemem update`.
@@ -27,14 +29,12 @@
 //! risk: both VMMs map the same daemon pages, and the daemon keeps pages
 //! any process maps.
 //!
-//! Another VMM kind plugs in as a `VmmSwitch` of its own (`switch.rs`); the
-//! memory, the mailbox, the supervision hand-over and the report are
-//! shared.
+//! Another VMM kind plugs in as a `VmmSwitch` of its own, made by its
+//! adapter (`launch/vmm/`); the memory, the mailbox, the supervision
+//! hand-over and the report are shared. Nothing here names a VMM.
 
-mod ch_switch;
 mod error;
 mod mailbox;
-mod qemu_switch;
 mod request;
 mod successor_memory;
 mod switch;
@@ -43,4 +43,6 @@ mod updater;
 pub use error::UpdateError;
 pub(crate) use mailbox::SuccessorMailbox;
 pub use request::{Reply, Request, UpdateReport};
+pub(crate) use switch::monotonic_ns;
+pub use switch::{MigrationFigures, SuccessorCommand, Switched, VmmSwitch};
 pub(crate) use updater::{MemorySlot, Updater};

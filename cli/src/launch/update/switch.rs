@@ -1,7 +1,9 @@
 //! The VMM-specific part of an update: moving the guest from the running
-//! VMM to its successor. QEMU does it with a migration that skips shared
-//! RAM (`qemu_switch.rs`); another VMM kind plugs in here with its own
-//! local migration, and shares the rest (`updater.rs`).
+//! VMM to its successor. Each VMM's adapter implements it in its own
+//! folder (QEMU: a migration that skips shared RAM,
+//! `launch/vmm/qemu/switch.rs`; cloud-hypervisor: its local migration,
+//! `launch/vmm/cloud_hypervisor/switch.rs`); the rest is shared
+//! (`updater.rs`).
 
 use std::ffi::OsString;
 use std::os::fd::OwnedFd;
@@ -21,7 +23,7 @@ use super::error::UpdateError;
 /// [`successor`](Self::successor), then (the successor started)
 /// [`switch`](Self::switch), and [`retire_old`](Self::retire_old) after a
 /// switch or [`keep_old_running`](Self::keep_old_running) after a failed one.
-pub(crate) trait VmmSwitch {
+pub trait VmmSwitch {
     /// The VMM's name in messages ("QEMU").
     fn name(&self) -> &'static str;
 
@@ -72,39 +74,39 @@ pub(crate) trait VmmSwitch {
 
 /// How to start a successor.
 #[derive(Debug)]
-pub(crate) struct SuccessorCommand {
+pub struct SuccessorCommand {
     /// The full argument list, program first.
-    pub(crate) argv: Vec<OsString>,
+    pub argv: Vec<OsString>,
     /// Descriptors it inherits under their numbers besides the memory's
     /// (its ends of its channels); the launcher closes its copies once the
     /// successor started.
-    pub(crate) inherit: Vec<OwnedFd>,
+    pub inherit: Vec<OwnedFd>,
 }
 
 /// What a switch measured.
 #[derive(Debug, Clone, Default)]
-pub(crate) struct Switched {
+pub struct Switched {
     /// From the request to hand over to the successor running the guest.
-    pub(crate) switch_time: Duration,
+    pub switch_time: Duration,
     /// `CLOCK_MONOTONIC` when the hand-over was asked for, ns.
-    pub(crate) migrate_at_ns: u64,
+    pub migrate_at_ns: u64,
     /// `CLOCK_MONOTONIC` when the successor ran the guest, ns.
-    pub(crate) resumed_at_ns: u64,
+    pub resumed_at_ns: u64,
     /// The VMM's own figures for the migration.
-    pub(crate) figures: MigrationFigures,
+    pub figures: MigrationFigures,
 }
 
 /// What the VMM reports of its migration (zero where it reports nothing).
 #[derive(Debug, Clone, Default)]
-pub(crate) struct MigrationFigures {
+pub struct MigrationFigures {
     /// RAM bytes the migration stream carried.
-    pub(crate) ram_transferred_bytes: u64,
+    pub ram_transferred_bytes: u64,
     /// RAM the VMM counted as migratable.
-    pub(crate) ram_total_bytes: u64,
+    pub ram_total_bytes: u64,
     /// The VMM's downtime, ms.
-    pub(crate) downtime_ms: u64,
+    pub downtime_ms: u64,
     /// The VMM's migration time, ms.
-    pub(crate) total_ms: u64,
+    pub total_ms: u64,
 }
 
 /// `CLOCK_MONOTONIC` now, ns (0 if unreadable): comparable across the

@@ -3,7 +3,7 @@
 //! report. What moves the guest is the VMM's [`VmmSwitch`].
 
 use std::ffi::OsString;
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd};
 use std::path::PathBuf;
 use std::process::Child;
 use std::sync::{Arc, Mutex};
@@ -13,15 +13,12 @@ use hugemem_client::client::Allocation;
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use tracing::{info, warn};
 
-use super::ch_switch::ChSwitch;
 use super::error::UpdateError;
 use super::mailbox::SuccessorMailbox;
-use super::qemu_switch::QemuSwitch;
 use super::request::{Reply, Request, UpdateReport};
 use super::successor_memory::DaemonLink;
 use super::switch::VmmSwitch;
 use crate::launch::allocation::HeldAllocation;
-use crate::launch::command_line::Vmm;
 use crate::launch::config::LaunchConfig;
 use crate::launch::error::LaunchError;
 use crate::launch::process::{pidfd, Spawner};
@@ -46,75 +43,45 @@ pub(crate) struct Updater {
 }
 
 impl Updater {
-    /// Sets live updates up for the `vmm` about to run `full` (program
-    /// first) on `alloc`: adds what the VMM needs for them to `full`, and
-    /// returns the updater and the descriptors the VMM inherits for them.
+    /// Sets live updates up for a VMM about to run on `alloc`, moved by
+    /// `switch` (made by its adapter, which added what the VMM needs for
+    /// updates to its command line).
     pub(crate) fn for_launch(
         cfg: &LaunchConfig,
-        vmm: Vmm,
+        switch: Box<dyn VmmSwitch>,
         alloc: &Allocation,
         mailbox: &Arc<SuccessorMailbox>,
-        full: &mut Vec<OsString>,
-    ) -> Result<(Self, Vec<OwnedFd>), LaunchError> {
-        let io =
-            |e: std::io::Error| LaunchError::Options(format!("cannot set up live updates: {e}"));
-        let (switch, inherit): (Box<dyn VmmSwitch>, _) = match vmm {
-            Vmm::Qemu => {
-                let (switch, monitor) = QemuSwitch::for_launch(
-                    full,
-                    &cfg.command[1..],
-                    cfg.build_options(),
-                    cfg.update_timeout,
-                )
-                .map_err(io)?;
-                (Box::new(switch), vec![monitor])
-            }
-            Vmm::CloudHypervisor => {
-                let control = cfg.control.as_deref().ok_or_else(|| {
-                    LaunchError::Options("live update needs a control socket".into())
-                })?;
-                let (switch, inherit) =
-                    ChSwitch::for_launch(full, &cfg.command[1..], control, cfg.update_timeout)?;
-                (Box::new(switch), inherit)
-            }
-        };
+    ) -> Result<Self, LaunchError> {
         let daemon = DaemonLink {
             socket: cfg.socket.clone(),
             held: HeldAllocation::of(alloc),
             want_paths: cfg.hugetlbfs,
             mailbox: Arc::clone(mailbox),
         };
-        let updater = Self {
+        let memory = alloc
+            .try_clone()
+            .map_err(|e| LaunchError::Options(format!("cannot set up live updates: {e}")))?;
+        Ok(Self {
             switch,
             daemon,
-            memory: Some(alloc.try_clone().map_err(io)?),
+            memory: Some(memory),
             later: None,
             deadline: cfg.update_timeout,
-        };
-        Ok((updater, inherit))
+        })
     }
 
-    /// Sets live updates up for a cloud-hypervisor that restores a parked
-    /// VM (`launch --restore --name`), reached at `api`: its memory comes
-    /// in `later` once the daemon handed it over. cloud-hypervisor's
-    /// update passes its own memory to its successor, so nothing but the
-    /// report needs it.
+    /// Sets live updates up for a VMM that restores a parked VM (`launch
+    /// --restore --name`), moved by `switch`: its memory comes in `later`
+    /// once the daemon handed it over. A VMM whose update passes its own
+    /// memory to its successor needs it for nothing but the report.
     pub(crate) fn for_restore(
         cfg: &LaunchConfig,
-        api: &std::path::Path,
+        switch: Box<dyn VmmSwitch>,
         mailbox: &Arc<SuccessorMailbox>,
         later: MemorySlot,
-    ) -> Result<Self, LaunchError> {
-        let control = cfg
-            .control
-            .as_deref()
-            .ok_or_else(|| LaunchError::Options("live update needs a control socket".into()))?;
-        let mut argv: Vec<OsString> = cfg.command.first().cloned().into_iter().collect();
-        let api_arg = [OsString::from("--api-socket"), api.as_os_str().to_owned()];
-        let (switch, _none) =
-            ChSwitch::for_launch(&mut argv, &api_arg, control, cfg.update_timeout)?;
-        Ok(Self {
-            switch: Box::new(switch),
+    ) -> Self {
+        Self {
+            switch,
             daemon: DaemonLink {
                 socket: cfg.socket.clone(),
                 held: HeldAllocation {
@@ -128,7 +95,7 @@ impl Updater {
             memory: None,
             later: Some(later),
             deadline: cfg.update_timeout,
-        })
+        }
     }
 
     /// The running VMM's memory, once it is known.

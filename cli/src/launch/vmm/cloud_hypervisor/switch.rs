@@ -33,17 +33,19 @@ use std::time::{Duration, Instant};
 use hugemem_client::client::Allocation;
 use tracing::{debug, warn};
 
-use super::error::UpdateError;
-use super::switch::{monotonic_ns, MigrationFigures, SuccessorCommand, Switched, VmmSwitch};
-use crate::launch::ch_api::{ChApi, ChApiError};
-use crate::launch::ch_events::{ChEvents, RECEIVE_READY};
+use super::api::{ChApi, ChApiError};
+use super::command_line::api_socket_arg;
+use super::events::{ChEvents, RECEIVE_READY};
 use crate::launch::command_line::option_name;
 use crate::launch::error::LaunchError;
+use crate::launch::update::{
+    monotonic_ns, MigrationFigures, SuccessorCommand, Switched, UpdateError, VmmSwitch,
+};
 
 fn api_err(what: &str) -> impl FnOnce(ChApiError) -> UpdateError + '_ {
-    move |source| UpdateError::ChApi {
+    move |source| UpdateError::Control {
         what: what.to_owned(),
-        source,
+        source: Box::new(source),
     }
 }
 
@@ -155,11 +157,7 @@ impl ChSwitch {
         let io = |e: std::io::Error| {
             LaunchError::Options(format!("cannot set up cloud-hypervisor's API socket: {e}"))
         };
-        let (api_path, own_api, inherit) = match crate::launch::cloud_hypervisor::api_socket_arg(
-            user_args,
-        )
-        .map(|(_, value)| value)
-        {
+        let (api_path, own_api, inherit) = match api_socket_arg(user_args).map(|(_, value)| value) {
             Some(value) if value.starts_with("fd=") => return Err(LaunchError::Options(
                 "live update reaches cloud-hypervisor's API by path: give `--api-socket path=…` \
                      or leave it out (hugemem launch then makes one beside the control socket)"

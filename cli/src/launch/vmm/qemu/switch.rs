@@ -20,18 +20,19 @@ use hugemem_client::client::Allocation;
 use serde_json::{json, Value};
 use tracing::warn;
 
-use super::error::UpdateError;
-use super::switch::{monotonic_ns, MigrationFigures, SuccessorCommand, Switched, VmmSwitch};
+use super::command_line::build;
+use super::qmp::{is_event, monitor_args, Qmp, QmpError};
 use crate::launch::allocation::memory_regions;
-use crate::launch::build::build_args;
-use crate::launch::command_line::{BuildOptions, Vmm};
+use crate::launch::command_line::BuildOptions;
 use crate::launch::error::LaunchError;
-use crate::launch::qmp::{is_event, monitor_args, Qmp, QmpError};
+use crate::launch::update::{
+    monotonic_ns, MigrationFigures, SuccessorCommand, Switched, UpdateError, VmmSwitch,
+};
 
 fn qmp_err(what: &str) -> impl FnOnce(QmpError) -> UpdateError + '_ {
-    move |source| UpdateError::Qmp {
+    move |source| UpdateError::Control {
         what: what.to_owned(),
-        source,
+        source: Box::new(source),
     }
 }
 
@@ -103,12 +104,7 @@ impl QemuSwitch {
     ) -> Result<Vec<OsString>, LaunchError> {
         let regions = memory_regions(memory, self.opts.hugetlbfs)?;
         let mut argv = vec![program.clone()];
-        argv.extend(build_args(
-            Vmm::Qemu,
-            &self.user_args,
-            &regions,
-            &self.opts,
-        )?);
+        argv.extend(build(&self.user_args, &regions)?);
         argv.extend(monitor_args(monitor).map(OsString::from));
         argv.extend(["-incoming".into(), "defer".into()]);
         Ok(argv)

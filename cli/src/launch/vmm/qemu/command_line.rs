@@ -25,7 +25,7 @@
 
 use std::ffi::OsString;
 
-use super::command_line::{option_name, text, BuildError, MemoryRegion, Vmm};
+use crate::launch::command_line::{option_name, text, BuildError, MemoryRegion, Vmm};
 use guest_mem::size::format_size;
 
 /// The `-cpu` value for QEMU under KVM on every host this project runs on.
@@ -144,9 +144,12 @@ fn escape(value: &str) -> String {
 ///
 /// # Errors
 ///
-/// As [`check`], and [`BuildError::MicrovmRegions`] for several regions under
-/// `-M microvm`.
+/// As [`check`], [`BuildError::NoRegions`], and
+/// [`BuildError::MicrovmRegions`] for several regions under `-M microvm`.
 pub fn build(args: &[OsString], regions: &[MemoryRegion]) -> Result<Vec<OsString>, BuildError> {
+    if regions.is_empty() {
+        return Err(BuildError::NoRegions);
+    }
     let machine = check(args)?;
     if regions.len() > 1 && machine.microvm {
         return Err(BuildError::MicrovmRegions(regions.len()));

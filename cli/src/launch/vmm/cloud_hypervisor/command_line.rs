@@ -29,7 +29,7 @@
 
 use std::ffi::OsString;
 
-use super::command_line::{option_name, text, BuildError, BuildOptions, MemoryRegion, Vmm};
+use crate::launch::command_line::{option_name, text, BuildError, BuildOptions, MemoryRegion, Vmm};
 use guest_mem::size::format_size;
 
 /// Zone id of region `i`.
@@ -75,13 +75,16 @@ pub fn check(args: &[OsString], opts: &BuildOptions) -> Result<(), BuildError> {
 ///
 /// # Errors
 ///
-/// As [`check`], and [`BuildError::BadPath`] for a path with a character the
-/// option syntax splits on.
+/// As [`check`], [`BuildError::NoRegions`], and [`BuildError::BadPath`]
+/// for a path with a character the option syntax splits on.
 pub fn build(
     args: &[OsString],
     regions: &[MemoryRegion],
     opts: &BuildOptions,
 ) -> Result<Vec<OsString>, BuildError> {
+    if regions.is_empty() {
+        return Err(BuildError::NoRegions);
+    }
     check(args, opts)?;
     // fds under --hugetlbfs (or paths without it) would defeat the landlock
     // check above; run() never builds such a table.

@@ -1,0 +1,134 @@
+//! QEMU's adapter: its command line on daemon memory (`command_line.rs`),
+//! its QMP monitor on a socket pair (`qmp.rs`), and its live update, a
+//! migration with `x-ignore-shared` (`switch.rs`). Park and restore are
+//! not supported for QEMU yet: the adapter says so.
+
+pub mod command_line;
+pub mod qmp;
+mod switch;
+
+use std::ffi::OsString;
+use std::os::fd::OwnedFd;
+use std::path::Path;
+use std::time::Duration;
+
+use hugemem_client::park::Parked;
+
+pub use command_line::KVM_CPU;
+use switch::QemuSwitch;
+
+use super::adapter::{ParkError, VmmAdapter, VmmRestore};
+use crate::launch::command_line::{BuildError, BuildOptions, MemoryRegion, Vmm};
+use crate::launch::config::LaunchConfig;
+use crate::launch::error::{LaunchError, Unsupported};
+use crate::launch::update::{UpdateReport, VmmSwitch};
+
+/// QEMU (`qemu-system-*`).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Qemu;
+
+const NAME: &str = "QEMU";
+
+impl VmmAdapter for Qemu {
+    fn kind(&self) -> Vmm {
+        Vmm::Qemu
+    }
+
+    fn name(&self) -> &'static str {
+        NAME
+    }
+
+    fn id(&self) -> &'static str {
+        "qemu"
+    }
+
+    fn check_args(
+        &self,
+        args: &[OsString],
+        _opts: &BuildOptions,
+        regions: usize,
+    ) -> Result<(), BuildError> {
+        match command_line::check(args)? {
+            m if m.microvm && regions > 1 => Err(BuildError::MicrovmRegions(regions)),
+            _ => Ok(()),
+        }
+    }
+
+    fn build_args(
+        &self,
+        args: &[OsString],
+        regions: &[MemoryRegion],
+        _opts: &BuildOptions,
+    ) -> Result<Vec<OsString>, BuildError> {
+        command_line::build(args, regions)
+    }
+
+    fn update_switch(
+        &self,
+        cfg: &LaunchConfig,
+        full: &mut Vec<OsString>,
+    ) -> Result<(Box<dyn VmmSwitch>, Vec<OwnedFd>), LaunchError> {
+        let (switch, monitor) = QemuSwitch::for_launch(
+            full,
+            &cfg.command[1..],
+            cfg.build_options(),
+            cfg.update_timeout,
+        )
+        .map_err(|e| LaunchError::Options(format!("cannot set up live updates: {e}")))?;
+        Ok((Box::new(switch), vec![monitor]))
+    }
+
+    fn describe_update(&self, report: &UpdateReport) -> String {
+        format!(
+            "updated: QEMU pid {} -> {} ({}); {:.1} ms in all, guest switched in {:.1} ms \
+             (QEMU's downtime {} ms); RAM transferred {} bytes of {} guest RAM; memory by {}",
+            report.old_pid,
+            report.new_pid,
+            report.program,
+            report.update_ms,
+            report.switch_ms,
+            report.qemu_downtime_ms,
+            report.ram_transferred_bytes,
+            guest_mem::size::format_size(report.guest_ram_bytes),
+            if report.handoff {
+                "daemon HANDOFF"
+            } else {
+                "the launcher's descriptors"
+            },
+        )
+    }
+
+    fn successor_memory_by_handoff(&self) -> bool {
+        true
+    }
+
+    fn park(
+        &self,
+        _daemon: &Path,
+        _name: &str,
+        _vm_control: &Path,
+        _timeout: Duration,
+    ) -> Result<Parked, ParkError> {
+        Err(Unsupported {
+            vmm: NAME,
+            what: "hugemem park",
+        }
+        .into())
+    }
+
+    fn restore(&self) -> Result<&dyn VmmRestore, LaunchError> {
+        Err(Unsupported {
+            vmm: NAME,
+            what: "launch --restore (a parked VM is a cloud-hypervisor VM)",
+        }
+        .into())
+    }
+
+    fn exit_status_of_guest(&self, code: u8) -> i32 {
+        (i32::from(code) << 1) | 1
+    }
+
+    fn kernel_args(&self, kernel: &Path) -> Vec<OsString> {
+        vec!["-kernel".into(), kernel.as_os_str().to_owned()]
+    }
+}
