@@ -226,13 +226,10 @@ fn qemu_churn() {
 #[test]
 fn cloud_hypervisor_churn() {
     let _serial = test_support::prelude::serial();
-    let Some(ch) = std::env::var("CLOUD_HYPERVISOR")
-        .ok()
-        .filter(|c| !c.is_empty())
-    else {
-        test_support::skip!("CLOUD_HYPERVISOR does not name a cloud-hypervisor binary");
+    let Some(built) = test_support::cloud_hypervisor::binaries_or_skip() else {
         return;
     };
+    let ch = built.cloud_hypervisor.to_string_lossy().into_owned();
     if !kvm_ok() || !test_support::prelude::reserve_2m(80, "cloud-hypervisor churn") {
         return;
     }

@@ -23,13 +23,11 @@ const HUGEMEM_BENCH: &str = env!("CARGO_BIN_EXE_hugemem-bench");
 #[test]
 fn a_small_run_reports_every_variant() {
     let _serial = serial();
-    let (Some(ch), Some(offload)) = (
-        std::env::var_os("CLOUD_HYPERVISOR"),
-        std::env::var_os("CH_OFFLOAD_DAEMON"),
-    ) else {
-        test_support::skip!("CLOUD_HYPERVISOR and CH_OFFLOAD_DAEMON do not both name binaries");
+    let Some(built) = test_support::cloud_hypervisor::binaries_or_skip() else {
         return;
     };
+    let ch = built.cloud_hypervisor.clone().into_os_string();
+    let offload = built.offload_daemon.clone().into_os_string();
     if let Err(reason) = microguest::kvm_available() {
         test_support::skip!("{reason}");
         return;

@@ -97,10 +97,10 @@ fn a_small_run_reports_both_sides() {
 #[test]
 fn a_small_cloud_hypervisor_run_reports_floor_and_copy() {
     let _serial = serial();
-    let Some(ch) = std::env::var_os("CLOUD_HYPERVISOR") else {
-        test_support::skip!("CLOUD_HYPERVISOR does not name a cloud-hypervisor binary");
+    let Some(built) = test_support::cloud_hypervisor::binaries_or_skip() else {
         return;
     };
+    let ch = built.cloud_hypervisor.clone().into_os_string();
     if let Err(reason) = microguest::kvm_available() {
         test_support::skip!("{reason}");
         return;

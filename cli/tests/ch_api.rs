@@ -23,19 +23,7 @@ impl Drop for Vmm {
 }
 
 fn cloud_hypervisor() -> Option<PathBuf> {
-    let Some(ch) = std::env::var_os("CLOUD_HYPERVISOR") else {
-        test_support::skip!("CLOUD_HYPERVISOR does not name a cloud-hypervisor binary");
-        return None;
-    };
-    let ch = PathBuf::from(ch);
-    if !ch.is_file() {
-        test_support::skip!(
-            "CLOUD_HYPERVISOR={} is not an executable file",
-            ch.display()
-        );
-        return None;
-    }
-    Some(ch)
+    test_support::cloud_hypervisor::binaries_or_skip().map(|b| b.cloud_hypervisor.clone())
 }
 
 /// Waits for the API to answer: cloud-hypervisor binds the socket before

@@ -81,10 +81,11 @@ fn prerequisites(pages: u64) -> Option<(String, guest_mem::Reservation, String)>
             return None;
         }
     };
-    let Some(daemon) = std::env::var_os("CH_OFFLOAD_DAEMON") else {
-        test_support::skip!("CH_OFFLOAD_DAEMON does not name cloud-hypervisor's offload_daemon");
+    let daemon = &test_support::cloud_hypervisor::binaries_or_skip()?.offload_daemon;
+    if !daemon.is_file() {
+        test_support::skip!("no cloud-hypervisor offload_daemon at {}", daemon.display());
         return None;
-    };
+    }
     Some((ch, reservation, daemon.to_string_lossy().into_owned()))
 }
 

@@ -246,11 +246,8 @@ fn hugetlbfs_launch_right_after_an_fd_launch_reuses_its_pages() {
 /// for `bytes` of guest RAM (1 GiB pages when there are enough, else 2 MiB);
 /// `None` after recording a skip.
 fn cloud_hypervisor_setup(bytes: u64) -> Option<(String, &'static str, Reservation)> {
-    let Some(ch) = std::env::var_os("CLOUD_HYPERVISOR") else {
-        test_support::skip!("CLOUD_HYPERVISOR does not name a cloud-hypervisor binary");
-        return None;
-    };
-    let Ok(ch) = ch.into_string() else {
+    let ch = test_support::cloud_hypervisor::binaries_or_skip()?;
+    let Ok(ch) = ch.cloud_hypervisor.clone().into_os_string().into_string() else {
         test_support::skip!("CLOUD_HYPERVISOR is not UTF-8");
         return None;
     };

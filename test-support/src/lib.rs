@@ -11,6 +11,7 @@
 //! turns into a table and checks against its allow-list.
 #![deny(missing_docs)]
 
+pub mod cloud_hypervisor;
 #[cfg(feature = "daemon")]
 pub mod daemon;
 #[cfg(feature = "daemon")]

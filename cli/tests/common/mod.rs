@@ -94,18 +94,12 @@ pub fn assert_balanced(stats: &backend::stats::Stats, when: &str) {
     );
 }
 
-/// The cloud-hypervisor binary `CLOUD_HYPERVISOR` names, with a usable
-/// KVM; `None` after recording the skip.
+/// The cloud-hypervisor binary (`CLOUD_HYPERVISOR`, or the project's build:
+/// `test_support::cloud_hypervisor`), with a usable KVM; `None` after
+/// recording the skip.
 pub fn cloud_hypervisor() -> Option<String> {
-    let Some(ch) = std::env::var_os("CLOUD_HYPERVISOR") else {
-        test_support::skip!("CLOUD_HYPERVISOR does not name a cloud-hypervisor binary");
-        return None;
-    };
-    let ch = ch.to_string_lossy().into_owned();
-    if !Path::new(&ch).is_file() {
-        test_support::skip!("CLOUD_HYPERVISOR={ch} is not an executable file");
-        return None;
-    }
+    let ch = test_support::cloud_hypervisor::binaries_or_skip()?;
+    let ch = ch.cloud_hypervisor.to_string_lossy().into_owned();
     if let Err(reason) = microguest::kvm_available() {
         test_support::skip!("{reason}");
         return None;
