@@ -3,7 +3,7 @@
 //!
 //! Two threads per node (`hm-refault-nN-I`, started with the scrubbers),
 //! each waiting for a region of its node with holes to fault in that the
-//! other does not work on ([`Scrubbing::next_fill`](crate::daemon::pool::Scrubbing::next_fill): a region handed out
+//! other does not work on ([`Scrubbing::next_refault`](crate::daemon::pool::Scrubbing::next_refault): a region handed out
 //! first, then the pooled one released longest ago; two at once, so that a
 //! pooled region is not left waiting behind a region of fewer chunks than
 //! helpers, such as one 1 GiB page; never both on one region, whose one set
@@ -11,7 +11,7 @@
 //! forks `scrub.refault_threads` fault helpers over it
 //! ([`crate::fault_helpers`]: own address space, the node's CPUs,
 //! `SCHED_IDLE`), and keeps two chunks per helper in flight, claimed lowest
-//! offset first ([`Scrubbing::claim_fill`](crate::daemon::pool::Scrubbing::claim_fill)), so the pages fill in the order a
+//! offset first ([`Scrubbing::claim_refault`](crate::daemon::pool::Scrubbing::claim_refault)), so the pages fill in the order a
 //! guest touches its memory: the lowest guest address, where a VMM loads
 //! the kernel, first. The region becomes fill work when it leaves
 //! quarantine, which the VMM's exit wakes (a pidfd), so the refault starts
@@ -30,7 +30,7 @@ use numa::NodeId;
 use tracing::{debug, warn};
 
 use crate::daemon::counters::metrics::{Metrics, ScrubCounters};
-use crate::daemon::pool::{FillError, FillTicket, FillWork, Pool};
+use crate::daemon::pool::{Pool, RefaultError, RefaultTicket, RefaultWork};
 use crate::fault_helpers::{FaultHelpers, Faulted, Next, Ready};
 
 /// What one node's refault thread works with.
@@ -48,7 +48,7 @@ pub struct RefaultNode {
 
 /// Runs until the pool stops or `stop` is signalled.
 pub fn refault_loop(pool: &Pool, at: &RefaultNode, stop: &EventFd, counters: &ScrubCounters) {
-    while let Some(first) = pool.scrubbing().next_fill(at.node, at.chunk) {
+    while let Some(first) = pool.scrubbing().next_refault(at.node, at.chunk) {
         let taken = first.ticket();
         let go_on = refault_region(pool, at, first, stop, counters);
         pool.scrubbing().fill_left(&taken);
@@ -63,7 +63,7 @@ pub fn refault_loop(pool: &Pool, at: &RefaultNode, stop: &EventFd, counters: &Sc
 fn refault_region(
     pool: &Pool,
     at: &RefaultNode,
-    first: FillWork,
+    first: RefaultWork,
     stop: &EventFd,
     counters: &ScrubCounters,
 ) -> bool {
@@ -86,7 +86,7 @@ fn refault_region(
         Ok(h) => h,
         Err(e) => {
             pool.scrubbing()
-                .fill_done(&first, Err(FillError::HelpersStart(e)));
+                .refault_done(&first, Err(RefaultError::HelpersStart(e)));
             return true;
         }
     };
@@ -98,7 +98,7 @@ fn refault_region(
         }
         Ok(Ready::Failed(e)) | Err(e) => {
             pool.scrubbing()
-                .fill_done(&first, Err(FillError::HelpersStart(e)));
+                .refault_done(&first, Err(RefaultError::HelpersStart(e)));
             return true;
         }
     }
@@ -114,21 +114,21 @@ fn refault_region(
         helpers = helpers.pids().len(),
         "fault helpers ready"
     );
-    let mut in_flight: Vec<FillTicket> = Vec::new();
+    let mut in_flight: Vec<RefaultTicket> = Vec::new();
     let mut next = Some(first);
     let depth = 2 * helpers.pids().len();
     loop {
         while in_flight.len() < depth {
             let Some(work) = next.take().or_else(|| {
                 pool.scrubbing()
-                    .claim_fill(id, at.chunk)
+                    .claim_refault(id, at.chunk)
                     .map(|w| w.ticket())
             }) else {
                 break;
             };
             if let Err(e) = helpers.send(work.offset, work.len) {
                 pool.scrubbing()
-                    .fill_done(&work, Err(FillError::HelpersGone(e)));
+                    .refault_done(&work, Err(RefaultError::HelpersGone(e)));
                 give_up(pool, &mut in_flight);
                 return true;
             }
@@ -161,7 +161,7 @@ fn refault_region(
 }
 
 /// Reports one helper's answer `f` for its chunk in `in_flight`.
-fn record(pool: &Pool, counters: &ScrubCounters, in_flight: &mut Vec<FillTicket>, f: &Faulted) {
+fn record(pool: &Pool, counters: &ScrubCounters, in_flight: &mut Vec<RefaultTicket>, f: &Faulted) {
     let Some(i) = in_flight.iter().position(|w| w.offset == f.offset) else {
         warn!(
             offset = f.offset,
@@ -170,7 +170,7 @@ fn record(pool: &Pool, counters: &ScrubCounters, in_flight: &mut Vec<FillTicket>
         return;
     };
     let work = in_flight.swap_remove(i);
-    let result = f.result.map_err(|errno| FillError::Populate {
+    let result = f.result.map_err(|errno| RefaultError::Populate {
         start: work.offset,
         end: work.offset + work.len,
         source: std::io::Error::from_raw_os_error(errno),
@@ -182,18 +182,18 @@ fn record(pool: &Pool, counters: &ScrubCounters, in_flight: &mut Vec<FillTicket>
             u64::try_from(f.spent.as_nanos()).unwrap_or(u64::MAX),
         );
     }
-    pool.scrubbing().fill_done(&work, result);
+    pool.scrubbing().refault_done(&work, result);
 }
 
 /// The helpers died with `in_flight` unanswered: this fill gives up.
-fn give_up(pool: &Pool, in_flight: &mut Vec<FillTicket>) {
+fn give_up(pool: &Pool, in_flight: &mut Vec<RefaultTicket>) {
     for work in in_flight.drain(..) {
         pool.scrubbing()
-            .fill_done(&work, Err(FillError::HelpersExited));
+            .refault_done(&work, Err(RefaultError::HelpersExited));
     }
 }
 
-fn abandon(pool: &Pool, in_flight: &mut Vec<FillTicket>) {
+fn abandon(pool: &Pool, in_flight: &mut Vec<RefaultTicket>) {
     for work in in_flight.drain(..) {
         pool.scrubbing().fill_abandoned(&work);
     }

@@ -42,7 +42,7 @@ use nix::sys::eventfd::EventFd;
 use crate::daemon::background::refault::{refault_loop, RefaultNode};
 use crate::daemon::config::ScrubConfig;
 use crate::daemon::counters::metrics::{Metrics, ScrubCounters};
-use crate::daemon::pool::{FillError, FillWork, Pool, ScrubWork, Scrubbed, Work};
+use crate::daemon::pool::{Pool, RefaultError, RefaultWork, ScrubWork, Scrubbed, Work};
 
 /// Regions each node's refault works on at once, one thread and one set
 /// of fault helpers each.
@@ -215,7 +215,7 @@ fn scrub_loop(
     while !stop.load(Ordering::Relaxed) {
         let work = match pool.scrubbing().next_scrub(node, batch, hint, fills) {
             None => break,
-            Some(Work::Fill(fill)) => {
+            Some(Work::Refault(fill)) => {
                 refault(pool, &fill, counters);
                 continue;
             }
@@ -254,15 +254,15 @@ fn scrub_loop(
 }
 
 /// Faults a chunk of a detached region's holes in ahead of its guest (see
-/// `crate::daemon::pool::FillWork`): the kernel allocates and zeroes each page in
+/// `crate::daemon::pool::RefaultWork`): the kernel allocates and zeroes each page in
 /// this thread, on this node's CPUs, under the region's NUMA policy.
-fn refault(pool: &Pool, work: &FillWork, counters: &ScrubCounters) {
+fn refault(pool: &Pool, work: &RefaultWork, counters: &ScrubCounters) {
     let started = Instant::now();
     // Offsets are inside the region, whose length fits usize (checked at creation).
     let (off, n) = (work.offset as usize, work.len as usize);
     let result =
         crate::sys::populate_write(work.region.as_ptr().wrapping_add(off), n).map_err(|source| {
-            FillError::Populate {
+            RefaultError::Populate {
                 start: work.offset,
                 end: work.offset + work.len,
                 source,
@@ -273,7 +273,7 @@ fn refault(pool: &Pool, work: &FillWork, counters: &ScrubCounters) {
         Metrics::add(&counters.refault_bytes, work.len);
         Metrics::add(&counters.refault_nanos, nanos);
     }
-    pool.scrubbing().fill_done(&work.ticket(), result);
+    pool.scrubbing().refault_done(&work.ticket(), result);
 }
 /// A scrub batch its tenant damaged: a page of it cannot be faulted in (a
 /// truncation, a hole the host cannot fill). The region goes back to the

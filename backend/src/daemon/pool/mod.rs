@@ -29,7 +29,7 @@
 //! | `in_use.rs` | [`Placement`]: REBALANCE's view of in-use regions and their placement marks |
 //! | `persist.rs` | [`Records`]: the pool's part of the state document (takeover, fd store) |
 //! | `stats.rs`, `given_back.rs` | STATS: the pool's figures, the last regions given back and why |
-//! | `held.rs` | what the daemon holds outside any allocation, for the take's rule |
+//! | `reclaimable.rs` | what the daemon holds outside any allocation, for the take's rule |
 //! | `files.rs` | operations on a released region's file under the pool's rules |
 //! | `token.rs` | re-attach tokens (the ids are `crate::daemon::ids`, below every room) |
 //! | `gate.rs` | [`ReserveGate`]: the one gate of every hugetlb reservation and punch |
@@ -40,7 +40,6 @@ mod files;
 mod gate;
 mod given_back;
 mod handoff;
-mod held;
 mod in_use;
 #[cfg(test)]
 mod owner_tests;
@@ -49,6 +48,7 @@ mod parked;
 mod parked_vm;
 mod persist;
 mod quarantine;
+mod reclaimable;
 mod refault;
 mod release;
 mod reserve;
@@ -64,7 +64,6 @@ pub use allocation::{AllocSnapshot, ChangeGate, Owner, OwnershipError};
 pub use commit::CommitError;
 pub use gate::ReserveGate;
 pub use handoff::{HandedOff, HandoffError};
-pub use held::{Held, HeldRegion, Why};
 pub use in_use::{InUseRegion, Placement};
 pub use owners::Owners;
 pub use parked::{FileOwner, FoundParked, ParkError, ParkedSummary};
@@ -74,7 +73,8 @@ pub use persist::{
     SavedLife, Snapshot, SnapshotError,
 };
 pub use quarantine::{QuarantineBook, Verdict};
-pub use refault::{FillError, FillTicket, FillWork};
+pub use reclaimable::{Held, HeldRegion, Why};
+pub use refault::{RefaultError, RefaultTicket, RefaultWork};
 pub use release::Released;
 pub use reserve::Taken;
 pub use scrubbing::{ScrubWork, Scrubbed, Scrubbing, Work};

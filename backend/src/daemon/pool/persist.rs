@@ -303,7 +303,7 @@ impl Records<'_> {
                     tenant: r.tenant,
                     warned: false,
                     split: r.split,
-                    fill: r.fill.then(super::refault::Fill::new),
+                    fill: r.fill.then(super::refault::Refault::new),
                 },
             );
         }

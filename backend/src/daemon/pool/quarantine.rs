@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use guest_mem::{PageState, Region};
 use tracing::{info, warn};
 
-use super::refault::Fill;
+use super::refault::Refault;
 use super::release::Loss;
 use super::table::{EntryState, Pool};
 use crate::daemon::counters::metrics::Metrics;
@@ -108,7 +108,7 @@ impl QuarantineBook<'_> {
                     let logged = check_tenant(&LEFT_QUARANTINE, e.tenant);
                     if detached > 0 && mark_zeroed_clean(&e.region) {
                         e.state = EntryState::Clean;
-                        e.fill = self.pool.cfg.refault_ahead.then(Fill::new);
+                        e.fill = self.pool.cfg.refault_ahead.then(Refault::new);
                         if let Some(suppressed) = logged {
                             info!(
                                 region = id,

@@ -33,7 +33,7 @@ static GENERATION: AtomicU64 = AtomicU64::new(1);
 /// Why a chunk of a detached region's holes was not faulted in ahead (the
 /// rest fault at first touch).
 #[derive(Debug, thiserror::Error)]
-pub enum FillError {
+pub enum RefaultError {
     /// A page of the chunk cannot be faulted in.
     #[error("bytes {start}..{end} cannot be populated: {source}")]
     Populate {
@@ -58,7 +58,7 @@ pub enum FillError {
 
 /// The holes of one region still to be faulted in (see the module docs).
 #[derive(Debug)]
-pub(super) struct Fill {
+pub(super) struct Refault {
     generation: u64,
     /// Next offset to claim.
     next: u64,
@@ -77,7 +77,7 @@ pub(super) struct Fill {
     worked: bool,
 }
 
-impl Fill {
+impl Refault {
     /// Bytes of a region of `len` bytes not faulted in yet (a chunk a
     /// scrubber is faulting in still counts: a guest touching it waits).
     pub(super) fn holes(&self, len: u64) -> u64 {
@@ -101,7 +101,7 @@ impl Fill {
 /// refault thread keeps while they work (a region with no other reference
 /// can still be grown in place; the helpers keep its file).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct FillTicket {
+pub struct RefaultTicket {
     /// The region.
     pub id: RegionId,
     /// First byte.
@@ -113,7 +113,7 @@ pub struct FillTicket {
 
 /// A chunk of holes a scrubber faults in.
 #[derive(Debug)]
-pub struct FillWork {
+pub struct RefaultWork {
     /// The region.
     pub id: RegionId,
     /// The region itself (kept alive while the scrubber works).
@@ -125,10 +125,10 @@ pub struct FillWork {
     generation: u64,
 }
 
-impl FillWork {
+impl RefaultWork {
     /// The claim without the region.
-    pub fn ticket(&self) -> FillTicket {
-        FillTicket {
+    pub fn ticket(&self) -> RefaultTicket {
+        RefaultTicket {
             id: self.id,
             offset: self.offset,
             len: self.len,
@@ -137,7 +137,7 @@ impl FillWork {
     }
 }
 
-impl Fill {
+impl Refault {
     /// Claims the next chunk of region `id` (`region`) to fault in: up to
     /// `max_bytes`, at least one of its pages; `None` when every chunk is
     /// claimed.
@@ -146,11 +146,11 @@ impl Fill {
         id: RegionId,
         region: &Arc<Region>,
         max_bytes: u64,
-    ) -> Option<FillWork> {
+    ) -> Option<RefaultWork> {
         let len = region.len();
         if let Some((offset, n)) = self.retry.pop() {
             self.in_flight += 1;
-            return Some(FillWork {
+            return Some(RefaultWork {
                 id,
                 region: Arc::clone(region),
                 offset,
@@ -166,7 +166,7 @@ impl Fill {
         let n = ((max_bytes / page).max(1) * page).min(len - offset);
         self.next += n;
         self.in_flight += 1;
-        Some(FillWork {
+        Some(RefaultWork {
             id,
             region: Arc::clone(region),
             offset,
@@ -180,14 +180,14 @@ impl Fill {
         self.worked
     }
 
-    /// [`Fill::claim`] by a refault thread that takes this fill on as a
+    /// [`Refault::claim`] by a refault thread that takes this fill on as a
     /// whole (see `worked`).
     pub(super) fn claim_to_work(
         &mut self,
         id: RegionId,
         region: &Arc<Region>,
         max_bytes: u64,
-    ) -> Option<FillWork> {
+    ) -> Option<RefaultWork> {
         let work = self.claim(id, region, max_bytes)?;
         self.worked = true;
         Some(work)
@@ -196,7 +196,7 @@ impl Fill {
     /// The refault thread that took this fill on (`ticket`: its first
     /// claim) has left it; a ticket of an older fill of the region changes
     /// nothing.
-    pub(super) fn left(&mut self, ticket: &FillTicket) {
+    pub(super) fn left(&mut self, ticket: &RefaultTicket) {
         if ticket.generation == self.generation {
             self.worked = false;
         }
@@ -204,7 +204,7 @@ impl Fill {
 
     /// Takes `work` back unfinished (its helper was stopped): it is claimed
     /// again, before anything above it.
-    pub(super) fn abandon(&mut self, work: &FillTicket) {
+    pub(super) fn abandon(&mut self, work: &RefaultTicket) {
         if work.generation != self.generation {
             return;
         }
@@ -222,9 +222,9 @@ impl Fill {
     /// whether this fill is over.
     pub(super) fn finish(
         &mut self,
-        work: &FillTicket,
+        work: &RefaultTicket,
         len: u64,
-        result: Result<(), FillError>,
+        result: Result<(), RefaultError>,
     ) -> Option<bool> {
         if work.generation != self.generation {
             return None;

@@ -8,7 +8,7 @@ use guest_mem::{PageState, Region};
 use numa::NodeId;
 use tracing::{info, warn};
 
-use super::refault::{Fill, FillError, FillTicket, FillWork};
+use super::refault::{Refault, RefaultError, RefaultTicket, RefaultWork};
 use super::table::{EntryState, Pool};
 use crate::daemon::ids::RegionId;
 
@@ -30,7 +30,7 @@ pub enum Work {
     /// Clear dirty pages.
     Scrub(ScrubWork),
     /// Fault a detached region's holes in ahead of its guest.
-    Fill(FillWork),
+    Refault(RefaultWork),
 }
 
 /// Pages a scrubber claimed: `pages` of region `id`, all in `Clearing`.
@@ -65,7 +65,7 @@ impl Pool {
             return;
         }
         if let Some(e) = self.lock().entries.get_mut(&id) {
-            e.fill = Some(Fill::new());
+            e.fill = Some(Refault::new());
         }
         self.changed.notify_all();
     }
@@ -130,7 +130,7 @@ impl Scrubbing<'_> {
                 .filter(|(_, e)| fills && e.key.node == node && e.state != EntryState::Quarantined)
                 .find_map(|(id, e)| e.fill.as_mut()?.claim(*id, &e.region, max_bytes));
             if let Some(work) = fill {
-                return Some(Work::Fill(work));
+                return Some(Work::Refault(work));
             }
             let mut finished = Vec::new();
             let mut found = None;
@@ -252,7 +252,7 @@ impl Scrubbing<'_> {
     /// A scrubber faulted `work` in (`Ok`) or could not (`Err`: the file no
     /// longer has the pages, e.g. a tenant truncated the region it was
     /// handed; the rest of the region faults at first touch instead).
-    pub fn fill_done(&self, work: &FillTicket, result: Result<(), FillError>) {
+    pub fn refault_done(&self, work: &RefaultTicket, result: Result<(), RefaultError>) {
         let mut g = self.pool.lock();
         let Some(e) = g.entries.get_mut(&work.id) else {
             return;
@@ -277,7 +277,7 @@ impl Scrubbing<'_> {
     /// is running. A region another refault thread works on is skipped
     /// until it leaves it ([`Scrubbing::fill_left`]). For the node's fault
     /// helpers (`crate::daemon::background::refault`).
-    pub fn next_fill(&self, node: NodeId, max_bytes: u64) -> Option<FillWork> {
+    pub fn next_refault(&self, node: NodeId, max_bytes: u64) -> Option<RefaultWork> {
         let mut g = self.pool.lock();
         loop {
             if g.stopping {
@@ -312,7 +312,7 @@ impl Scrubbing<'_> {
     /// The next chunk of region `id`'s holes, without waiting: `None` when
     /// every chunk is claimed, the region was released again (quarantined:
     /// its pages are punched anew, and a new fill follows) or left the pool.
-    pub fn claim_fill(&self, id: RegionId, max_bytes: u64) -> Option<FillWork> {
+    pub fn claim_refault(&self, id: RegionId, max_bytes: u64) -> Option<RefaultWork> {
         let mut g = self.pool.lock();
         if g.stopping {
             return None;
@@ -327,7 +327,7 @@ impl Scrubbing<'_> {
     /// The refault thread whose first claim on a fill was `first` has left
     /// that fill (done, stopped, or its helpers gone): the node's other
     /// thread may take what is left of it.
-    pub fn fill_left(&self, first: &FillTicket) {
+    pub fn fill_left(&self, first: &RefaultTicket) {
         let mut g = self.pool.lock();
         if let Some(f) = g.entries.get_mut(&first.id).and_then(|e| e.fill.as_mut()) {
             f.left(first);
@@ -347,7 +347,7 @@ impl Scrubbing<'_> {
 
     /// A fault helper was stopped before it answered for `work`: the chunk
     /// is claimed again later, before the rest of its region.
-    pub fn fill_abandoned(&self, work: &FillTicket) {
+    pub fn fill_abandoned(&self, work: &RefaultTicket) {
         let mut g = self.pool.lock();
         if let Some(f) = g.entries.get_mut(&work.id).and_then(|e| e.fill.as_mut()) {
             f.abandon(work);

@@ -7,7 +7,7 @@ use hugemem_client::stats::{
 };
 use numa::NodeId;
 
-use super::held::Why;
+use super::reclaimable::Why;
 use super::table::{pooled_bytes, Entry, EntryState, Inner, Pool};
 use crate::daemon::ids::PoolKey;
 

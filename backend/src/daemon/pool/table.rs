@@ -17,7 +17,7 @@ use tokio::sync::Notify;
 use super::allocation::{Allocation, Allocations};
 use super::gate::ReserveGate;
 use super::given_back::Recent;
-use super::refault::Fill;
+use super::refault::Refault;
 use crate::daemon::config::PoolConfig;
 use crate::daemon::counters::metrics::Metrics;
 use crate::daemon::ids::{AllocId, PoolKey, RegionId};
@@ -95,7 +95,7 @@ pub(super) struct Entry {
     pub(super) split: bool,
     /// Holes of a detached region still to be faulted in ahead of its
     /// guest (`refault.rs`), in any entry state.
-    pub(super) fill: Option<Fill>,
+    pub(super) fill: Option<Refault>,
 }
 
 impl Entry {

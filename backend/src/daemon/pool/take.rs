@@ -68,7 +68,7 @@ use guest_mem::{PagePolicy as RegionPolicy, PageSize, PoolCounts};
 use numa::NodeId;
 use tracing::{debug, info, warn};
 
-use super::held::{Held, Why};
+use super::reclaimable::{Held, Why};
 use super::reserve::Taken;
 use super::supply::{self, free_pages, Refusal};
 use super::table::Pool;

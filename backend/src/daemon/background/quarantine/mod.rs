@@ -25,7 +25,7 @@
 //!    stay; the others go back to the kernel (`pool/release.rs`).
 //! 6. **Clean.** The node's scrubbers (`crate::daemon::background::scrub`) take dirty
 //!    pages, or a detached region's holes, through [`Scrubbing::next_scrub`] and
-//!    report through [`Scrubbing::scrub_done`] / [`Scrubbing::fill_done`]
+//!    report through [`Scrubbing::scrub_done`] / [`Scrubbing::refault_done`]
 //!    (`pool/scrubbing.rs`); the region is in the clean pool, where
 //!    [`Pool::take`] finds it.
 //!
@@ -35,7 +35,7 @@
 //! [`QuarantineBook::apply_scan`]: crate::daemon::pool::QuarantineBook::apply_scan
 //! [`Scrubbing::next_scrub`]: crate::daemon::pool::Scrubbing::next_scrub
 //! [`Scrubbing::scrub_done`]: crate::daemon::pool::Scrubbing::scrub_done
-//! [`Scrubbing::fill_done`]: crate::daemon::pool::Scrubbing::fill_done
+//! [`Scrubbing::refault_done`]: crate::daemon::pool::Scrubbing::refault_done
 //! [`Pool::take`]: crate::daemon::pool::Pool::take
 //! [`quarantine_loop`]: crate::daemon::background::quarantine::quarantine_loop
 //! [`holders::scan`]: crate::daemon::peers::holders::scan

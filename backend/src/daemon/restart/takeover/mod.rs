@@ -52,7 +52,7 @@
 //!
 //! The takeover only orchestrates; each component saves and restores its
 //! own state ([`crate::daemon::pool::RegionRecord`],
-//! [`crate::daemon::requests::lazy_allocs::LazyRecord`],
+//! [`crate::daemon::lifecycle::suspended::LazyRecord`],
 //! [`crate::daemon::lifecycle::ConnectionRecord`],
 //! [`crate::daemon::restart::listeners::Listeners`], the counters'
 //! `Metrics::to_map`), and the trust checks of an adopted pooled region
