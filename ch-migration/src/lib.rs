@@ -79,7 +79,7 @@ mod wire;
 /// Bytes of a request or response header.
 pub const HEADER_SIZE: usize = 16;
 pub use version::PROTOCOL_VERSION;
-use version::SPOKEN;
+use version::{NEWER_EXPECTS, SPOKEN};
 
 /// Why a peer's bytes were refused, or the exchange failed.
 #[derive(Debug, thiserror::Error)]
@@ -127,7 +127,7 @@ pub enum ChMigrationError {
     /// The peer answered a request with an error; for the requests that
     /// open a local migration, the message says which protocol this side
     /// speaks and what a newer cloud-hypervisor expects.
-    #[error("the peer refused {0:?}{hint}", hint = version::refusal_hint(*.0))]
+    #[error("the peer refused {0:?}{hint}", hint = refusal_hint(*.0))]
     Refused(Command),
     /// The connection ended mid-sequence.
     #[error("the peer closed the connection {0}")]
@@ -153,6 +153,18 @@ pub enum ChMigrationError {
     /// Socket errors.
     #[error("migration socket: {0}")]
     Io(#[from] std::io::Error),
+}
+
+/// The sentence a refusal of `command` by the peer gets after its own
+/// words: the requests that open a local migration (`Start`, `MemoryFd`)
+/// are where a cloud-hypervisor that expects another memory mode or
+/// protocol says no; a refusal later in the sequence is about the VM (its
+/// configuration, its state), not the protocol.
+fn refusal_hint(command: Command) -> String {
+    match command {
+        Command::Start | Command::MemoryFd => format!("; {SPOKEN}; {NEWER_EXPECTS}"),
+        _ => String::new(),
+    }
 }
 
 /// The commands of the protocol (cloud-hypervisor's `Command`).

@@ -24,9 +24,8 @@
 //! A cloud-hypervisor with those changes may refuse what this version
 //! sends, or send what it does not know. The errors of this crate
 //! ([`ChMigrationError`](crate::ChMigrationError)) then carry [`SPOKEN`]
-//! and, where the refusal points at the memory mode, [`NEWER_EXPECTS`].
-
-use crate::Command;
+//! and, where the refusal points at the memory mode (a refused `Start` or
+//! `MemoryFd`), [`NEWER_EXPECTS`].
 
 /// The literal pieces, once, so the constants and the sentences built
 /// from them cannot drift apart.
@@ -90,18 +89,6 @@ pub const NEWER_EXPECTS: &str = concat!(
     newer_memory_fds_option!(),
     "` and announce the memory mode inside the protocol (cloud-hypervisor pull requests 8819 and 8820)"
 );
-
-/// The sentence a refusal of `command` by the peer gets after its own
-/// words: the requests that open a local migration (`Start`, `MemoryFd`)
-/// are where a cloud-hypervisor that expects another memory mode or
-/// protocol says no; a refusal later in the sequence is about the VM
-/// (its configuration, its state), not the protocol.
-pub fn refusal_hint(command: Command) -> String {
-    match command {
-        Command::Start | Command::MemoryFd => format!("; {SPOKEN}; {NEWER_EXPECTS}"),
-        _ => String::new(),
-    }
-}
 
 /// The error a cloud-hypervisor's API answer to hugemem's
 /// `vm.send-migration` with `"local": true` is worth, when the answer

@@ -23,7 +23,6 @@ use ch_migration::version::{
     CLOUD_HYPERVISOR_COMMIT, CLOUD_HYPERVISOR_RELEASE, NEWER_EXPECTS, PROTOCOL_VERSION, SPOKEN,
 };
 
-use super::inputs::CheckInputs;
 use super::report::Item;
 
 /// The item naming the binary.
@@ -157,10 +156,11 @@ pub fn kvm_kind(sys: &Path) -> Kvm {
     }
 }
 
-/// The two items: which cloud-hypervisor, and whether its local migration
-/// and offload work with hugemem here.
-pub fn items(inputs: &CheckInputs) -> Vec<Item> {
-    let Some(found) = inputs.cloud_hypervisor.clone() else {
+/// The two items: which cloud-hypervisor (`found`, from
+/// `CheckInputs::cloud_hypervisor`), and whether its local migration and
+/// offload work with hugemem here (the KVM module read under `sys`).
+pub fn items(found: Option<&Found>, sys: &Path) -> Vec<Item> {
+    let Some(found) = found else {
         return vec![Item::skip(
             NAME,
             "no cloud-hypervisor: CLOUD_HYPERVISOR is unset and none is on PATH (hugemem launch, update, park and restore of cloud-hypervisor VMs need one)",
@@ -171,23 +171,23 @@ pub fn items(inputs: &CheckInputs) -> Vec<Item> {
         Ok(out) if out.status.success() => out,
         Ok(out) => {
             return vec![not_cloud_hypervisor(
-                &found,
+                found,
                 &format!("--version exited with {}", out.status),
             )]
         }
-        Err(e) => return vec![not_cloud_hypervisor(&found, &e.to_string())],
+        Err(e) => return vec![not_cloud_hypervisor(found, &e.to_string())],
     };
     let text = String::from_utf8_lossy(&out.stdout);
     let Some(version) = parse_version(&text) else {
         let first = text.lines().next().unwrap_or("").to_owned();
         return vec![not_cloud_hypervisor(
-            &found,
+            found,
             &format!("--version said {first:?}"),
         )];
     };
     vec![
-        identity(&found, &version),
-        migration(&found, &version, kvm_kind(&inputs.sys)),
+        identity(found, &version),
+        migration(found, &version, kvm_kind(sys)),
     ]
 }
 

@@ -102,6 +102,9 @@ pub fn run(inputs: &CheckInputs, config_item: Item) -> Report {
         }
         Err(skip) => report.push(skip),
     }
-    report.extend(cloud_hypervisor::items(inputs));
+    report.extend(cloud_hypervisor::items(
+        inputs.cloud_hypervisor.as_ref(),
+        &inputs.sys,
+    ));
     report
 }
