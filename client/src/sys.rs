@@ -6,6 +6,9 @@
 //!   and that crate does not depend on this one); one copy serves both
 //!   protocols and the daemon.
 //! * [`AlignedBuf`]: a 4 KiB-aligned buffer for `O_DIRECT`.
+//!
+//! [`recv_with_fds`]: crate::sys::recv_with_fds
+//! [`AlignedBuf`]: crate::sys::AlignedBuf
 
 use std::io;
 
