@@ -22,7 +22,7 @@ use std::os::unix::net::{UnixDatagram, UnixListener, UnixStream};
 
 use backend::client::{Client, ClientError};
 use backend::proto::{Request, Status};
-use hugemem_client::ch_migration::Command;
+use ch_migration::Command;
 use park_peer::*;
 use test_support::prelude::{reserve_2m, serial, TestDaemon};
 use test_support::tenant::{alloc_2m, in_child, root_or_skip, NOBODY};

@@ -30,7 +30,7 @@ use std::time::Duration;
 
 use backend::client::{Client, ClientError};
 use backend::daemon::{restart::takeover, Config, Daemon, DaemonHandle};
-use hugemem_client::ch_migration::Command;
+use ch_migration::Command;
 use park_peer::{
     complete_paused, config, fake_sender, identity, memfd, memory_fd, open_count, pattern, start,
     state, Answer, Step, STATE,

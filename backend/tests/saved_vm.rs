@@ -17,8 +17,8 @@ use std::path::Path;
 
 use backend::client::{Client, ClientError};
 use backend::proto::Status;
-use hugemem_client::ch_migration::peer::{receive_snapshot, Snapshot};
-use hugemem_client::ch_migration::Limits;
+use ch_migration::peer::{receive_snapshot, Snapshot};
+use ch_migration::Limits;
 use hugemem_client::park::Exported;
 use hugemem_client::saved_vm::{park_from_dir, save_parked, DirKind, SaveOptions};
 use park_peer::*;

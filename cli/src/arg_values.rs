@@ -2,34 +2,47 @@
 //! lines share: sizes, page sizes and page-size policies, with the messages
 //! a user sees for a bad value.
 
-use guest_mem::size::parse_size;
+use guest_mem::size::{parse_size, SizeError};
 use guest_mem::PageSize;
 use hugemem_client::proto::PagePolicy;
+
+/// A bad value; clap prints it after the option's name.
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ArgValueError {
+    /// Not a size.
+    #[error(transparent)]
+    Size(#[from] SizeError),
+    /// Not a page size.
+    #[error("invalid page size {0:?}: expected 1G, 2M or 4K")]
+    PageSize(String),
+    /// Not a page-size policy.
+    #[error("invalid page size {0:?}: expected best, 1G, 2M or 4K")]
+    Policy(String),
+}
 
 /// A size with K/M/G suffixes (powers of 1024).
 ///
 /// # Errors
 ///
-/// The parse error, as text for clap.
-pub fn parse_size_arg(s: &str) -> Result<u64, String> {
-    parse_size(s).map_err(|e| e.to_string())
+/// [`ArgValueError::Size`].
+pub fn parse_size_arg(s: &str) -> Result<u64, ArgValueError> {
+    Ok(parse_size(s)?)
 }
 
 /// A page size: 1G, 2M or 4K.
 ///
 /// # Errors
 ///
-/// What is expected, as text for clap.
-pub fn parse_page_size_arg(s: &str) -> Result<PageSize, String> {
-    PageSize::parse(s).ok_or_else(|| format!("invalid page size {s:?}: expected 1G, 2M or 4K"))
+/// [`ArgValueError::PageSize`].
+pub fn parse_page_size_arg(s: &str) -> Result<PageSize, ArgValueError> {
+    PageSize::parse(s).ok_or_else(|| ArgValueError::PageSize(s.to_owned()))
 }
 
 /// A page-size policy: best, 1G, 2M or 4K.
 ///
 /// # Errors
 ///
-/// What is expected, as text for clap.
-pub fn parse_policy_arg(s: &str) -> Result<PagePolicy, String> {
-    crate::launch::parse_page_policy(s)
-        .ok_or_else(|| format!("invalid page size {s:?}: expected best, 1G, 2M or 4K"))
+/// [`ArgValueError::Policy`].
+pub fn parse_policy_arg(s: &str) -> Result<PagePolicy, ArgValueError> {
+    crate::launch::parse_page_policy(s).ok_or_else(|| ArgValueError::Policy(s.to_owned()))
 }

@@ -1,4 +1,4 @@
-//! `hugemem_client::ch_migration` against real cloud-hypervisors: a VM
+//! `ch_migration` against real cloud-hypervisors: a VM
 //! running the counting micro-guest on daemon memory is migrated
 //! (`send-migration …,local=on`) to this test, which plays the receiving
 //! peer (`receive_snapshot`: the memory slots' fds, the configuration, the
@@ -22,11 +22,11 @@ use std::os::unix::net::{UnixListener, UnixStream};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
+use ch_migration::peer::{receive_snapshot, send_snapshot};
+use ch_migration::Limits;
 use guest_mem::PageSize;
 use hugemem::launch::vmm::cloud_hypervisor::api::ChApi;
 use hugemem::launch::vmm::cloud_hypervisor::events::{ChEvents, RECEIVE_READY};
-use hugemem_client::ch_migration::peer::{receive_snapshot, send_snapshot};
-use hugemem_client::ch_migration::Limits;
 use test_support::hugepages::hold;
 use test_support::prelude::{serial, TestDaemon};
 

@@ -1,4 +1,4 @@
-//! `hugemem_client::ch_migration`'s snapshot directories and postcopy
+//! `ch_migration`'s snapshot directories and postcopy
 //! restore against real cloud-hypervisors, each with the counting
 //! micro-guest, which must count on after every restore:
 //!
@@ -29,18 +29,16 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use ch_migration::ch_snapshot_dir::read_ch_snapshot_dir;
+use ch_migration::layout::with_hugetlb_zones;
+use ch_migration::offload_dir::read_offload_dir;
+use ch_migration::peer::{receive_snapshot, send_snapshot, Snapshot};
+use ch_migration::postcopy::{open_fault_connection, restore_postcopy, PostcopySnapshot};
+use ch_migration::slots::SlotRange;
+use ch_migration::Limits;
 use guest_mem::{PageSize, SharedMapping};
 use hugemem::launch::vmm::cloud_hypervisor::api::ChApi;
 use hugemem::launch::vmm::cloud_hypervisor::events::{ChEvents, RECEIVE_READY};
-use hugemem_client::ch_migration::ch_snapshot_dir::read_ch_snapshot_dir;
-use hugemem_client::ch_migration::layout::with_hugetlb_zones;
-use hugemem_client::ch_migration::offload_dir::read_offload_dir;
-use hugemem_client::ch_migration::peer::{receive_snapshot, send_snapshot, Snapshot};
-use hugemem_client::ch_migration::postcopy::{
-    open_fault_connection, restore_postcopy, PostcopySnapshot,
-};
-use hugemem_client::ch_migration::slots::SlotRange;
-use hugemem_client::ch_migration::Limits;
 use hugemem_client::saved_vm::{write_saved_dir, SaveInfo, SaveOptions};
 use microguest::SPIN_BLOCK_GPA;
 use serde_json::json;
@@ -467,7 +465,7 @@ fn a_directory_is_restored_by_the_reference_daemon_and_its_snapshot_read_back() 
     let theirs = read_offload_dir(&out, Limits::default()).expect("read the reference's directory");
     // The slot numbers are the restored process's own (it numbered its
     // KVM slots anew); where the memory lies is the same.
-    let ranges = |d: &hugemem_client::ch_migration::offload_dir::OffloadDir| {
+    let ranges = |d: &ch_migration::offload_dir::OffloadDir| {
         d.slots
             .iter()
             .map(|s| (s.range.gpa, s.range.size, s.range.file_offset))

@@ -252,6 +252,15 @@ fn every_item_passes_on_a_host_made_ready_by_hugemem_hugepages() {
             );
             continue;
         }
+        if i["name"] == "cloud-hypervisor"
+            && i["status"] == "SKIP"
+            && std::env::var_os("CLOUD_HYPERVISOR").is_none()
+        {
+            // No cloud-hypervisor here (CI names its build; the test of
+            // its two items below says what a found one gives).
+            eprintln!("NOTE: no cloud-hypervisor on this host: {i}");
+            continue;
+        }
         if i["name"] == "hugepages-1G" && i["status"] == "WARN" {
             // A host without 1 GiB pages (not CI's: it reserves two).
             eprintln!("NOTE: no 1G pages on this host: {i}");
@@ -584,4 +593,107 @@ fn checks_it_cannot_make_say_why() {
     if uffd["status"] != "PASS" {
         expect(&report, "userfaultfd", "SKIP", "needs root to test");
     }
+}
+
+/// `hugemem check --json` with `CLOUD_HYPERVISOR` set to `ch`.
+fn check_ch(ch: &Path) -> Value {
+    let dir = open_tempdir();
+    let cfg = config(dir.path(), &dir.path().join("none.sock"), &[], None, "");
+    let out = Command::new(HUGEMEM)
+        .args(["check", "--json", "--config"])
+        .arg(&cfg)
+        .env("CLOUD_HYPERVISOR", ch)
+        .output()
+        .expect("hugemem check");
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "not JSON ({e}): {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    })
+}
+
+#[test]
+fn the_cloud_hypervisor_found_is_named_with_its_protocol_and_build() {
+    let Some(built) = test_support::cloud_hypervisor::binaries_or_skip() else {
+        return;
+    };
+    let ch = built.cloud_hypervisor.clone();
+    let report = check_ch(&ch);
+    let version = Command::new(&ch)
+        .arg("--version")
+        .output()
+        .expect("cloud-hypervisor --version");
+    let release = String::from_utf8_lossy(&version.stdout)
+        .lines()
+        .next()
+        .and_then(|l| l.strip_prefix("cloud-hypervisor "))
+        .expect("cloud-hypervisor vX")
+        .to_owned();
+    expect(
+        &report,
+        "cloud-hypervisor",
+        "PASS",
+        &format!(
+            "{} (from CLOUD_HYPERVISOR): cloud-hypervisor {release}, migration protocol versions",
+            ch.display()
+        ),
+    );
+    let built = hugemem::check::cloud_hypervisor::build_entry(&ch).is_some_and(|(_, commit)| {
+        ch_migration::version::CLOUD_HYPERVISOR_COMMIT.starts_with(commit.as_str())
+    });
+    if built && Path::new("/dev/kvm").exists() {
+        // The project's build of the commit hugemem speaks: the one the
+        // cloud-hypervisor tests pass with on this host.
+        expect(
+            &report,
+            "ch-migration",
+            "PASS",
+            "local migration and offload work: protocol version 0",
+        );
+    } else {
+        let i = item(&report, "ch-migration");
+        assert_ne!(i["status"], "FAIL", "{i:#}");
+        eprintln!("NOTE: not the project's build: {i}");
+    }
+    println!(
+        "OBSERVED: hugemem check of {}: {} / {}",
+        ch.display(),
+        item(&report, "cloud-hypervisor")["why"],
+        item(&report, "ch-migration")["why"]
+    );
+}
+
+#[test]
+fn a_cloud_hypervisor_that_dropped_the_protocol_fails_naming_the_version_hugemem_speaks() {
+    let dir = open_tempdir();
+    let newer = dir.path().join("cloud-hypervisor");
+    std::fs::write(
+        &newer,
+        "#!/bin/sh\necho 'cloud-hypervisor v57.0.0'\necho 'Migration Protocol Versions: 1, 2'\n",
+    )
+    .expect("write");
+    std::fs::set_permissions(&newer, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let report = check_ch(&newer);
+    expect(
+        &report,
+        "cloud-hypervisor",
+        "PASS",
+        "cloud-hypervisor v57.0.0",
+    );
+    expect(
+        &report,
+        "ch-migration",
+        "FAIL",
+        ch_migration::version::SPOKEN,
+    );
+    // Something that is no cloud-hypervisor says so.
+    let report = check_ch(Path::new("/bin/true"));
+    expect(
+        &report,
+        "cloud-hypervisor",
+        "FAIL",
+        "is it cloud-hypervisor?",
+    );
 }

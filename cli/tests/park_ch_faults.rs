@@ -24,7 +24,7 @@ use std::sync::mpsc;
 use std::time::Duration;
 
 use backend::client::{Client, ClientError};
-use hugemem_client::ch_migration::Command as Step;
+use ch_migration::Command as Step;
 use park_rig::{memory_file, relay, Cut, Receiver, Setup};
 use test_support::hugepages::hugepages_2m;
 use test_support::prelude::TestDaemon;

@@ -30,8 +30,8 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use backend::client::Client;
+use ch_migration::Command as Step;
 use hugemem::launch::vmm::cloud_hypervisor::api::ChApi;
-use hugemem_client::ch_migration::Command as Step;
 use park_rig::{fault_relay, memory_file, relay, Cut, Gate, Receiver, Setup, HUGEMEM, STEP};
 use test_support::fake_systemd::FakeSystemd;
 use test_support::hugepages::hugepages_2m;

@@ -260,7 +260,7 @@ fn synthetic_save(dir: &Path) {
     let config = format!(
         r#"{{"vm_config":{{"memory":{{"size":0}}}},"memory_manager_data":{{"guest_ram_mappings":[{{"slot":0,"gpa":0,"size":{SIZE},"zone_id":"z","virtio_mem":false,"file_offset":0}}]}}}}"#
     );
-    let snapshot = hugemem_client::ch_migration::peer::Snapshot {
+    let snapshot = ch_migration::peer::Snapshot {
         memory: vec![(0, file.into())],
         config: config.into_bytes(),
         state: b"{\"vcpus\":[]}".to_vec(),

@@ -9,8 +9,8 @@
 //!   userfaultfd ([`uffd`]), hand it to the daemon, keep a fallback that
 //!   serves faults itself if the daemon dies.
 //!
-//! - [`ch_migration`]: cloud-hypervisor's local-migration protocol, the
-//!   peer a daemon plays to hold a cloud-hypervisor VM's memory.
+//! - [`park`]: PARK, RESTORE and UNPARK of a cloud-hypervisor VM, over
+//!   cloud-hypervisor's own migration protocol (the `ch-migration` crate).
 //! - [`saved_vm`]: a parked VM saved to a directory and parked from one.
 //!
 //! No tokio, clap, toml or KVM: the daemon (`backend`) and the `hugemem`
@@ -18,7 +18,6 @@
 
 #![deny(missing_docs)]
 
-pub mod ch_migration;
 /// Blocking client for the daemon's socket protocol.
 pub mod client;
 /// Diagnostics helpers: error chains, rate-limited log lines.
@@ -36,7 +35,7 @@ pub mod proto;
 pub mod saved_vm;
 /// The STATS reply as types, shared by the daemon and its readers.
 pub mod stats;
-/// Raw syscalls behind small safe wrappers (fd-owning `recvmsg`).
+/// Raw syscalls behind small safe wrappers (the fd-owning `recvmsg`, an aligned buffer).
 pub mod sys;
 /// Address ranges to targets (a VMM's guest-RAM mappings to regions).
 pub mod table;

@@ -181,7 +181,7 @@ pub type Target = fn(&[u8]);
 /// the sequence's order and the limits; a refusal ends the sequence, as
 /// it ends the connection.
 pub fn ch_migration(data: &[u8]) {
-    use hugemem_client::ch_migration::{Limits, Next, RequestHeader, SnapshotReader, HEADER_SIZE};
+    use ch_migration::{Limits, Next, RequestHeader, SnapshotReader, HEADER_SIZE};
     let limits = Limits {
         max_config: 4096,
         max_state: 4096,
@@ -238,11 +238,11 @@ pub fn ch_migration(data: &[u8]) {
 /// one slot, page aligned, at most the largest page, its file offset
 /// where the slot puts it; nothing is taken after `Abandon`.
 pub fn ch_fault(data: &[u8]) {
-    use hugemem_client::ch_migration::fault::{
+    use ch_migration::fault::{
         FaultDecoder, FaultStep, MAX_FAULT_LENGTH, MEMORY_RANGE_SIZE,
     };
-    use hugemem_client::ch_migration::slots::SlotRange;
-    use hugemem_client::ch_migration::{RequestHeader, HEADER_SIZE};
+    use ch_migration::slots::SlotRange;
+    use ch_migration::{RequestHeader, HEADER_SIZE};
     let slots = [
         SlotRange {
             slot: 0,

@@ -18,7 +18,7 @@ use std::time::Duration;
 use backend::client::{Client, ClientError};
 use backend::proto::Status;
 use backend::stats::Stats;
-use hugemem_client::ch_migration::{Command, RequestHeader, HEADER_SIZE, PROTOCOL_VERSION};
+use ch_migration::{Command, RequestHeader, HEADER_SIZE, PROTOCOL_VERSION};
 use hugemem_client::park::Parked;
 use test_support::prelude::TestDaemon;
 use test_support::tenant::{say, NOBODY};
@@ -372,12 +372,12 @@ pub fn restore_via(
     name: &str,
 ) -> (
     Result<hugemem_client::client::Allocation, ClientError>,
-    Option<hugemem_client::ch_migration::peer::Snapshot>,
+    Option<ch_migration::peer::Snapshot>,
 ) {
     let (daemon_end, ch_end) = UnixStream::pair().expect("socketpair");
     let receiver = std::thread::spawn(move || {
-        let limits = hugemem_client::ch_migration::Limits::default();
-        hugemem_client::ch_migration::peer::receive_snapshot(&ch_end, limits).ok()
+        let limits = ch_migration::Limits::default();
+        ch_migration::peer::receive_snapshot(&ch_end, limits).ok()
     });
     let result = client.restore(name, &daemon_end, true);
     drop(daemon_end);

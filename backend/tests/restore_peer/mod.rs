@@ -14,8 +14,8 @@ use std::os::unix::net::UnixStream;
 use std::sync::mpsc;
 use std::thread::JoinHandle;
 
-use hugemem_client::ch_migration::fault::MEMORY_RANGE_SIZE;
-use hugemem_client::ch_migration::{Command, RequestHeader, Response, HEADER_SIZE};
+use ch_migration::fault::MEMORY_RANGE_SIZE;
+use ch_migration::{Command, RequestHeader, Response, HEADER_SIZE};
 
 /// Where the receiver dies (closes both connections).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

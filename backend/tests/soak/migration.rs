@@ -1,5 +1,5 @@
 //! The tenant as cloud-hypervisor: the sending end of a PARK
-//! (`hugemem_client::ch_migration::peer::send_snapshot` on a thread) and
+//! (`ch_migration::peer::send_snapshot` on a thread) and
 //! the receiving end of a RESTORE (`peer::receive_snapshot`, or a receiver
 //! of its own that refuses a step or runs a postcopy restore: it takes the
 //! fault connection the daemon announces and asks for every page on it
@@ -11,10 +11,10 @@ use std::os::unix::net::UnixStream;
 use std::time::Duration;
 
 use backend::client::{Allocation, Client, ClientError};
-use hugemem_client::ch_migration::fault::FAULT_CONNECTION_ROLE;
-use hugemem_client::ch_migration::layout::migration_config_slots;
-use hugemem_client::ch_migration::peer::{receive_snapshot, send_snapshot};
-use hugemem_client::ch_migration::{Command, Limits, RequestHeader, Response, HEADER_SIZE};
+use ch_migration::fault::FAULT_CONNECTION_ROLE;
+use ch_migration::layout::migration_config_slots;
+use ch_migration::peer::{receive_snapshot, send_snapshot};
+use ch_migration::{Command, Limits, RequestHeader, Response, HEADER_SIZE};
 use hugemem_client::park::Parked;
 
 /// How long the tenant's end of a migration waits for the daemon: past

@@ -9,7 +9,7 @@ use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 
 use backend::client::{Allocation, Client, ClientError};
 use backend::proto::Status;
-use hugemem_client::ch_migration::layout::migration_config_slots;
+use ch_migration::layout::migration_config_slots;
 
 use super::image::{self, check_fd, Image, VmSlot};
 use super::migration::{self, Received, Receiver};

@@ -11,7 +11,7 @@
 
 use std::path::Path;
 
-use hugemem_client::ch_migration::offload_dir::memory_slot_filename;
+use ch_migration::offload_dir::memory_slot_filename;
 use hugemem_client::park::Parked;
 use hugemem_client::saved_vm::{park_from_dir, save_parked, SaveOptions, SavedVmError};
 

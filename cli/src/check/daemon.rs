@@ -5,7 +5,7 @@
 use std::os::unix::net::UnixStream;
 use std::time::Duration;
 
-use hugemem_client::client::Client;
+use hugemem_client::client::{Client, ClientError};
 
 use super::accounts::{first_line, group_label, Account};
 use super::inputs::CheckInputs;
@@ -70,14 +70,26 @@ pub fn answers(inputs: &CheckInputs, tenants: &[Account]) -> Vec<Item> {
     items
 }
 
+/// Why the daemon did not answer, for the FAIL line.
+#[derive(Debug, thiserror::Error)]
+enum ProbeError {
+    /// The socket could not be opened (or given its timeout).
+    #[error("{0}")]
+    Socket(#[from] std::io::Error),
+    /// HANDSHAKE failed.
+    #[error("HANDSHAKE: {0}")]
+    Handshake(#[source] ClientError),
+    /// STATS failed.
+    #[error("STATS: {0}")]
+    Stats(#[source] ClientError),
+}
+
 /// `pid P, version V, up S s, N sessions`, or why not.
-fn probe(socket: &std::path::Path) -> Result<String, String> {
-    let stream = UnixStream::connect(socket).map_err(|e| e.to_string())?;
-    stream
-        .set_read_timeout(Some(ANSWER_TIMEOUT))
-        .map_err(|e| e.to_string())?;
-    let mut client = Client::from_stream(stream).map_err(|e| format!("HANDSHAKE: {e}"))?;
-    let stats = client.stats().map_err(|e| format!("STATS: {e}"))?;
+fn probe(socket: &std::path::Path) -> Result<String, ProbeError> {
+    let stream = UnixStream::connect(socket)?;
+    stream.set_read_timeout(Some(ANSWER_TIMEOUT))?;
+    let mut client = Client::from_stream(stream).map_err(ProbeError::Handshake)?;
+    let stats = client.stats().map_err(ProbeError::Stats)?;
     Ok(format!(
         "hugemem {} pid {}, up {:.0} s, {} active session(s), {} allocation(s)",
         stats.version, stats.pid, stats.uptime_s, stats.sessions.active, stats.allocations.active

@@ -6,6 +6,8 @@ use std::path::PathBuf;
 
 use backend::daemon::Config;
 
+use super::cloud_hypervisor::{self, Found};
+
 /// Where the packaged configuration lives (the unit's `--config`).
 pub const DEFAULT_CONFIG: &str = "/etc/hugemem/hugemem.toml";
 /// Where the package installs the libvirt emulator script.
@@ -38,6 +40,9 @@ pub struct CheckInputs {
     pub exe: PathBuf,
     /// The effective uid `hugemem check` runs as.
     pub euid: u32,
+    /// The cloud-hypervisor to check (`CLOUD_HYPERVISOR`, else `PATH`);
+    /// `None`: there is none.
+    pub cloud_hypervisor: Option<Found>,
 }
 
 impl CheckInputs {
@@ -53,6 +58,10 @@ impl CheckInputs {
             emulator: PathBuf::from(DEFAULT_EMULATOR),
             exe: std::env::current_exe().unwrap_or_else(|_| PathBuf::from("/usr/bin/hugemem")),
             euid: nix::unistd::geteuid().as_raw(),
+            cloud_hypervisor: cloud_hypervisor::find(
+                std::env::var_os("CLOUD_HYPERVISOR"),
+                std::env::var_os("PATH"),
+            ),
         }
     }
 

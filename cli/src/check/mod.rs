@@ -11,9 +11,13 @@
 //! daemon answering HANDSHAKE and STATS as root and as every tenant uid
 //! ([`daemon`](crate::check::daemon)); libvirt's `qemu.conf` user and group against
 //! `allowed_uids`/`socket_group`, the emulator script, the AMD `svm`
-//! CPU-model hint and AppArmor/SELinux confinement ([`libvirt`](crate::check::libvirt)).
+//! CPU-model hint and AppArmor/SELinux confinement ([`libvirt`](crate::check::libvirt));
+//! the cloud-hypervisor found, its version against the migration protocol
+//! hugemem speaks, and whether its local migration and offload work here
+//! ([`cloud_hypervisor`](crate::check::cloud_hypervisor)).
 
 pub mod accounts;
+pub mod cloud_hypervisor;
 pub mod daemon;
 pub mod host;
 pub mod inputs;

@@ -7,7 +7,7 @@ use backend::daemon::Config;
 use super::accounts::Account;
 use super::inputs::{CheckInputs, DEFAULT_CONFIG};
 use super::report::{Item, Report};
-use super::{daemon, host, libvirt};
+use super::{cloud_hypervisor, daemon, host, libvirt};
 
 /// The daemon's configuration as `hugemem serve --config` loads it: the
 /// file named, else [`DEFAULT_CONFIG`] when it exists, else the defaults.
@@ -68,7 +68,7 @@ fn tenants(inputs: &CheckInputs, qemu: Option<&libvirt::QemuConf>) -> Vec<Accoun
 }
 
 /// Every check, in order: configuration, huge pages, hugetlbfs,
-/// userfaultfd, KVM, the socket, libvirt.
+/// userfaultfd, KVM, the socket, libvirt, cloud-hypervisor.
 pub fn run(inputs: &CheckInputs, config_item: Item) -> Report {
     let mut report = Report {
         config: inputs.config_path.as_ref().map(|p| p.display().to_string()),
@@ -102,5 +102,9 @@ pub fn run(inputs: &CheckInputs, config_item: Item) -> Report {
         }
         Err(skip) => report.push(skip),
     }
+    report.extend(cloud_hypervisor::items(
+        inputs.cloud_hypervisor.as_ref(),
+        &inputs.sys,
+    ));
     report
 }

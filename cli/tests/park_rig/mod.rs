@@ -20,8 +20,8 @@ use std::sync::{mpsc, Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use ch_migration::{Command as Step, RequestHeader, HEADER_SIZE};
 use hugemem::launch::vmm::cloud_hypervisor::api::ChApi;
-use hugemem_client::ch_migration::{Command as Step, RequestHeader, HEADER_SIZE};
 use test_support::prelude::wait_until;
 
 pub const HUGEMEM: &str = env!("CARGO_BIN_EXE_hugemem");

@@ -36,4 +36,4 @@ pub use messages::{
     PARK_FLAG_VERIFY, RESTORE_FLAG_PAUSED, RESTORE_FLAG_POSTCOPY,
 };
 pub use socket::{recv_message, send_message};
-pub use validate::check_uffd_ranges;
+pub use validate::{check_uffd_ranges, UffdRangeError};

@@ -1,8 +1,8 @@
 //! Why a save or a load failed.
 
-use crate::ch_migration::layout::SnapshotDirError;
-use crate::ch_migration::ChMigrationError;
 use crate::client::ClientError;
+use ch_migration::layout::SnapshotDirError;
+use ch_migration::ChMigrationError;
 
 use super::manifest::ManifestError;
 

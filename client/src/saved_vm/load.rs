@@ -13,10 +13,10 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::ch_migration::ch_snapshot_dir::{read_ch_snapshot_dir, CH_CONFIG_FILE};
-use crate::ch_migration::layout::open_regular;
-use crate::ch_migration::offload_dir::{read_offload_dir, MIGRATION_CONFIG_FILE, STATE_FILE};
-use crate::ch_migration::Limits;
+use ch_migration::ch_snapshot_dir::{read_ch_snapshot_dir, CH_CONFIG_FILE};
+use ch_migration::layout::open_regular;
+use ch_migration::offload_dir::{read_offload_dir, MIGRATION_CONFIG_FILE, STATE_FILE};
+use ch_migration::Limits;
 
 use super::error::SavedVmError;
 use super::manifest::{Manifest, MANIFEST_FILE};
@@ -64,7 +64,7 @@ pub(super) struct Loaded {
 /// reading its memory.
 pub(super) fn load(dir: &Path) -> Result<Loaded, SavedVmError> {
     let limits = Limits::default();
-    std::fs::read_dir(dir).map_err(crate::ch_migration::layout::SnapshotDirError::io(dir))?;
+    std::fs::read_dir(dir).map_err(ch_migration::layout::SnapshotDirError::io(dir))?;
     if dir.join(MIGRATION_CONFIG_FILE).exists() {
         return load_offload(dir, limits);
     }
@@ -119,7 +119,7 @@ fn load_offload(dir: &Path, limits: Limits) -> Result<Loaded, SavedVmError> {
 fn check_against_manifest(
     dir: &Path,
     m: &Manifest,
-    d: &crate::ch_migration::offload_dir::OffloadDir,
+    d: &ch_migration::offload_dir::OffloadDir,
 ) -> Result<(), SavedVmError> {
     m.check_sizes(dir)?;
     m.check_whole(dir, MIGRATION_CONFIG_FILE, &d.config)?;

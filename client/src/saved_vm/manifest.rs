@@ -33,7 +33,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use crate::ch_migration::layout::{open_regular, SnapshotDirError};
+use ch_migration::layout::{open_regular, SnapshotDirError};
 
 /// The manifest's file in a saved VM's directory.
 pub const MANIFEST_FILE: &str = "hugemem-manifest.json";

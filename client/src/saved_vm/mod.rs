@@ -37,12 +37,12 @@ use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
-use crate::ch_migration::layout::{migration_config_slots, SnapshotDirError};
-use crate::ch_migration::offload_dir::{memory_slot_filename, MIGRATION_CONFIG_FILE, STATE_FILE};
-use crate::ch_migration::peer::{receive_snapshot, send_snapshot, Snapshot};
-use crate::ch_migration::Limits;
 use crate::client::Client;
 use crate::park::{Exported, Parked};
+use ch_migration::layout::{migration_config_slots, SnapshotDirError};
+use ch_migration::offload_dir::{memory_slot_filename, MIGRATION_CONFIG_FILE, STATE_FILE};
+use ch_migration::peer::{receive_snapshot, send_snapshot, Snapshot};
+use ch_migration::Limits;
 
 pub use error::SavedVmError;
 pub use load::DirKind;

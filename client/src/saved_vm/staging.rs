@@ -22,8 +22,8 @@ use std::fs::{DirBuilder, File, OpenOptions};
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
-use crate::ch_migration::layout::SnapshotDirError;
-use crate::ch_migration::offload_dir::{MIGRATION_CONFIG_FILE, STATE_FILE};
+use ch_migration::layout::SnapshotDirError;
+use ch_migration::offload_dir::{MIGRATION_CONFIG_FILE, STATE_FILE};
 
 use super::manifest::MANIFEST_FILE;
 

@@ -4,8 +4,8 @@ use std::path::Path;
 use super::load::with_file_offsets;
 use super::manifest::{Manifest, ManifestError, MANIFEST_FILE, PIECE};
 use super::*;
-use crate::ch_migration::dir_tests::{memfd, parked};
-use crate::ch_migration::offload_dir::read_offload_dir;
+use ch_migration::fixtures::{memfd, parked};
+use ch_migration::offload_dir::read_offload_dir;
 
 const MIB: u64 = 1 << 20;
 

@@ -328,7 +328,7 @@ fn framed_replies(replies: &[(Code, Reply)]) -> Vec<Vec<u8>> {
 /// A whole local-migration sequence (the ch_migration target) and a fault
 /// connection's requests (the ch_fault target).
 fn ch_migration_seeds() -> Vec<Vec<u8>> {
-    use hugemem_client::ch_migration::{Command, RequestHeader};
+    use ch_migration::{Command, RequestHeader};
     let mut m = Vec::new();
     let mut push = |c: Command, payload: &[u8]| {
         m.extend_from_slice(&RequestHeader::new(c, payload.len() as u64).encode());

@@ -95,7 +95,7 @@ impl LazyAllocs {
                 "allocation {alloc_id} already has a userfaultfd"
             )));
         }
-        check_uffd_ranges(ranges, &alloc.infos).map_err(invalid)?;
+        check_uffd_ranges(ranges, &alloc.infos).map_err(|e| invalid(e.to_string()))?;
         let fd = fds.pop().ok_or_else(|| invalid("no fd".into()))?;
         let uffd = Uffd::from_owned_fd(fd).map_err(|e| invalid(format!("UFFD fd: {e}")))?;
         let mut mappings = Vec::with_capacity(ranges.len());

@@ -14,7 +14,7 @@
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::Arc;
 
-use hugemem_client::ch_migration::peer::send_snapshot;
+use ch_migration::peer::send_snapshot;
 use tracing::info;
 
 use super::error::StepError;

@@ -4,7 +4,7 @@
 //! (RESTORE), or dropped (UNPARK).
 //!
 //! The daemon speaks cloud-hypervisor's local migration
-//! (`hugemem_client::ch_migration`) on a stream socket the tenant brings
+//! (`ch_migration`) on a stream socket the tenant brings
 //! in the request (`SCM_RIGHTS` over the daemon's own, checked socket):
 //! the daemon never binds or connects a path a tenant names, and the
 //! socket's peer must run as the tenant's uid ([`socket::migration_socket`]).

@@ -22,14 +22,12 @@ use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Condvar, Mutex, PoisonError};
 
+use ch_migration::fault::{announce_fault_connection, serve_page_faults, FaultRequest};
+use ch_migration::layout::{migration_config_slots, with_hugetlb_zones};
+use ch_migration::peer::send_snapshot_with;
 use guest_mem::{
     fill_region_planned, fill_unit, FillOptions, FillPlan, PageState, Region, UnitFill,
 };
-use hugemem_client::ch_migration::fault::{
-    announce_fault_connection, serve_page_faults, FaultRequest,
-};
-use hugemem_client::ch_migration::layout::{migration_config_slots, with_hugetlb_zones};
-use hugemem_client::ch_migration::peer::send_snapshot_with;
 use numa::Topology;
 use tracing::{info, warn};
 

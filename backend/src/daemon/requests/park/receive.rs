@@ -8,8 +8,8 @@ use std::os::fd::OwnedFd;
 use std::os::unix::net::UnixStream;
 use std::sync::Arc;
 
-use hugemem_client::ch_migration::peer::{answer_complete, receive_until_complete};
-use hugemem_client::ch_migration::Limits;
+use ch_migration::peer::{answer_complete, receive_until_complete};
+use ch_migration::Limits;
 use tracing::{info, warn};
 
 use super::snapshot::{check, invalid, now_secs, Checked, ParkRequest, ParkedOk, Refusal};

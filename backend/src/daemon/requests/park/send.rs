@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use tokio::sync::OwnedMutexGuard;
 
-use hugemem_client::ch_migration::peer::send_snapshot;
+use ch_migration::peer::send_snapshot;
 use tracing::{info, warn};
 
 use super::error::StepError;

@@ -5,8 +5,8 @@
 use std::os::fd::{AsFd, OwnedFd};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use hugemem_client::ch_migration::peer::Snapshot;
-use hugemem_client::ch_migration::Limits;
+use ch_migration::peer::Snapshot;
+use ch_migration::Limits;
 use serde_json::Value;
 
 use crate::daemon::pool::{AllocId, SessionId};

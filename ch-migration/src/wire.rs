@@ -9,7 +9,7 @@ use std::os::unix::net::UnixStream;
 use super::{ChMigrationError, Command, RequestHeader, Response, HEADER_SIZE};
 
 /// Fills `buf` from `sock`; the fds that came with the bytes go to `fds`.
-pub(super) fn read_exact(
+pub(crate) fn read_exact(
     sock: &UnixStream,
     buf: &mut [u8],
     fds: &mut Vec<OwnedFd>,
@@ -30,7 +30,7 @@ pub(super) fn read_exact(
 }
 
 /// Reads `buf` where no fd belongs.
-pub(super) fn read_plain(
+pub(crate) fn read_plain(
     sock: &UnixStream,
     buf: &mut [u8],
     what: &'static str,
@@ -47,7 +47,7 @@ pub(super) fn read_plain(
 /// Reads a request header where no fd belongs; `None` when the peer
 /// closed (or reset) the connection before its first byte: the end of a
 /// connection that may end between requests.
-pub(super) fn read_header_or_end(
+pub(crate) fn read_header_or_end(
     sock: &UnixStream,
 ) -> Result<Option<[u8; HEADER_SIZE]>, ChMigrationError> {
     let mut head = [0u8; HEADER_SIZE];
@@ -70,22 +70,21 @@ pub(super) fn read_header_or_end(
 }
 
 /// Sends `bytes` with `fds` on the first byte.
-pub(super) fn write_all(
+pub(crate) fn write_all(
     sock: &UnixStream,
     bytes: &[u8],
     fds: &[BorrowedFd<'_>],
 ) -> Result<(), ChMigrationError> {
-    crate::proto::socket::send_all(sock.as_fd(), bytes, fds)
-        .map_err(|e| ChMigrationError::Io(std::io::Error::other(e)))
+    crate::sys::send_all(sock.as_fd(), bytes, fds).map_err(ChMigrationError::Io)
 }
 
 /// Answers the last request.
-pub(super) fn respond(sock: &UnixStream, ok: bool) -> Result<(), ChMigrationError> {
+pub(crate) fn respond(sock: &UnixStream, ok: bool) -> Result<(), ChMigrationError> {
     write_all(sock, &Response { ok }.encode(), &[])
 }
 
 /// Sends one request (header, payload, fds) and waits for its answer.
-pub(super) fn request(
+pub(crate) fn request(
     sock: &UnixStream,
     command: Command,
     payload: &[u8],

@@ -11,7 +11,7 @@
 //! The slots (number, guest address, size, offset in the fd) are those of
 //! `memory_manager_data.guest_ram_mappings` in the configuration. hugemem
 //! saves parked VMs in exactly this layout plus a manifest
-//! (`crate::saved_vm`), so either tool restores the other's output. A directory is read as untrusted: every file is bounded
+//! (`hugemem_client::saved_vm`), so either tool restores the other's output. A directory is read as untrusted: every file is bounded
 //! ([`Limits`]), must be a regular file (no link followed) and every slot's
 //! file must be exactly its size.
 

@@ -64,8 +64,8 @@ pub enum SnapshotDirError {
 }
 
 impl SnapshotDirError {
-    /// An [`SnapshotDirError::Io`] for `path`.
-    pub(crate) fn io(path: &Path) -> impl FnOnce(std::io::Error) -> Self + '_ {
+    /// An [`SnapshotDirError::Io`] for `path`, for `map_err`.
+    pub fn io(path: &Path) -> impl FnOnce(std::io::Error) -> Self + '_ {
         move |source| Self::Io {
             path: path.to_owned(),
             source,
@@ -92,7 +92,7 @@ pub fn open_regular(path: &Path) -> Result<(std::fs::File, u64), SnapshotDirErro
 
 /// Reads all of `path`, refusing more than `max` bytes (checked before a
 /// byte is read, and again while reading: the file may grow).
-pub(super) fn read_bounded(path: &Path, max: u64) -> Result<Vec<u8>, SnapshotDirError> {
+pub(crate) fn read_bounded(path: &Path, max: u64) -> Result<Vec<u8>, SnapshotDirError> {
     let (file, length) = open_regular(path)?;
     let too_large = |length| SnapshotDirError::TooLarge {
         path: path.to_owned(),
@@ -113,7 +113,7 @@ pub(super) fn read_bounded(path: &Path, max: u64) -> Result<Vec<u8>, SnapshotDir
 }
 
 /// Parses JSON bytes.
-pub(super) fn parse_json(
+pub(crate) fn parse_json(
     bytes: &[u8],
     what: &'static str,
 ) -> Result<serde_json::Value, SnapshotDirError> {

@@ -25,7 +25,7 @@ fn receive_raw(
     let (ours, theirs) = UnixStream::pair().expect("pair");
     for (bytes, fds) in chunks {
         let fds: Vec<_> = fds.iter().map(AsFd::as_fd).collect();
-        crate::proto::socket::send_all(ours.as_fd(), bytes, &fds).expect("send");
+        crate::sys::send_all(ours.as_fd(), bytes, &fds).expect("send");
     }
     // The sender is done: the receiver sees the end after these bytes.
     ours.shutdown(std::net::Shutdown::Write).expect("shutdown");

@@ -1,6 +1,25 @@
-//! cloud-hypervisor's migration protocol, the local flavour: what a
-//! cloud-hypervisor sends to `send-migration destination_url=unix:…,local=on`
-//! and what it takes from whoever answers its `receive-migration`.
+//! `ch-migration`: cloud-hypervisor's migration protocol, the local
+//! flavour, as hugemem speaks it: what a cloud-hypervisor sends to
+//! `send-migration destination_url=unix:…,local=on` and what it takes from
+//! whoever answers its `receive-migration`. cloud-hypervisor keeps its own
+//! side in its `vm-migration` crate; this crate is hugemem's, and it does
+//! not depend on hugemem's own socket protocol (`hugemem-client`, which
+//! depends on this one for its saved VMs).
+//!
+//! # The version it speaks
+//!
+//! The protocol of cloud-hypervisor [`version::CLOUD_HYPERVISOR_RELEASE`]
+//! at commit [`version::CLOUD_HYPERVISOR_COMMIT`] (the tree
+//! `scripts/build-cloud-hypervisor` builds), migration protocol version
+//! [`PROTOCOL_VERSION`], memory passed as fds with `local=on`
+//! ([`version::MEMORY_FDS_OPTION`]). Newer cloud-hypervisor releases moved:
+//! `local=on` is deprecated in favour of `memory_mode=memfds`, and the
+//! memory mode travels inside the protocol rather than as a
+//! `receive-migration` option. Where a peer refuses or sends what this
+//! version does not know, the error says which version hugemem speaks and
+//! what a newer cloud-hypervisor expects ([`version`]).
+//!
+//! # The protocol
 //!
 //! The protocol (cloud-hypervisor's `vm-migration/src/protocol.rs`, its
 //! module docs "Local Migration" and the receiver's state machine on
@@ -24,36 +43,53 @@
 //! read or allocated, and the fds are owned from the moment they arrive.
 //! The reader is pure (header bytes in, what to read next out), so the
 //! fuzz targets drive exactly the code the socket side ([`peer`]) runs.
+//!
+//! - [`peer`]: both ends over a socket; [`postcopy`] and [`fault`]: a
+//!   restore whose pages are filled on demand (`PageFault`s on a second
+//!   connection);
+//! - [`offload_dir`] and [`ch_snapshot_dir`]: the reference offload
+//!   daemon's snapshot directory, and cloud-hypervisor's own `vm.snapshot`
+//!   directory, read as untrusted; [`layout`] and [`slots`]: the memory
+//!   slots a configuration describes;
+//! - [`sys`]: the socket's raw syscalls.
+
+#![deny(missing_docs)]
 
 pub mod ch_snapshot_dir;
 #[cfg(test)]
-pub(crate) mod dir_tests;
+mod dir_tests;
 pub mod fault;
 #[cfg(test)]
 mod fault_tests;
+#[cfg(any(test, feature = "fixtures"))]
+pub mod fixtures;
 pub mod layout;
 pub mod offload_dir;
 pub mod peer;
 pub mod postcopy;
 pub mod slots;
+pub mod sys;
 #[cfg(test)]
 mod tests;
+pub mod version;
+#[cfg(test)]
+mod version_tests;
 mod wire;
 
 /// Bytes of a request or response header.
 pub const HEADER_SIZE: usize = 16;
-/// The protocol version this side speaks (cloud-hypervisor's
-/// `CURRENT_PROTOCOL_VERSION`).
-pub const PROTOCOL_VERSION: u16 = 0;
+pub use version::PROTOCOL_VERSION;
+use version::{NEWER_EXPECTS, SPOKEN};
 
 /// Why a peer's bytes were refused, or the exchange failed.
 #[derive(Debug, thiserror::Error)]
 pub enum ChMigrationError {
-    /// A command number the protocol does not have.
-    #[error("unknown migration command {0}")]
+    /// A command number the protocol does not have (a newer peer's, or
+    /// garbage).
+    #[error("unknown migration command {0}; {SPOKEN}")]
     UnknownCommand(u16),
     /// A response status the protocol does not have.
-    #[error("unknown migration response status {0}")]
+    #[error("unknown migration response status {0}; {SPOKEN}")]
     UnknownStatus(u16),
     /// A command that is not the next step of the sequence.
     #[error("{command:?} where {expected} was expected")]
@@ -86,10 +122,12 @@ pub enum ChMigrationError {
     #[error("a MemoryFd request carried {0} fds, not one")]
     FdCount(usize),
     /// A protocol version this side does not speak.
-    #[error("migration protocol version {0} (this side speaks {PROTOCOL_VERSION})")]
+    #[error("migration protocol version {0}; {SPOKEN}")]
     Version(u16),
-    /// The peer answered a request with an error.
-    #[error("the peer refused {0:?}")]
+    /// The peer answered a request with an error; for the requests that
+    /// open a local migration, the message says which protocol this side
+    /// speaks and what a newer cloud-hypervisor expects.
+    #[error("the peer refused {0:?}{hint}", hint = refusal_hint(*.0))]
     Refused(Command),
     /// The connection ended mid-sequence.
     #[error("the peer closed the connection {0}")]
@@ -115,6 +153,18 @@ pub enum ChMigrationError {
     /// Socket errors.
     #[error("migration socket: {0}")]
     Io(#[from] std::io::Error),
+}
+
+/// The sentence a refusal of `command` by the peer gets after its own
+/// words: the requests that open a local migration (`Start`, `MemoryFd`)
+/// are where a cloud-hypervisor that expects another memory mode or
+/// protocol says no; a refusal later in the sequence is about the VM (its
+/// configuration, its state), not the protocol.
+fn refusal_hint(command: Command) -> String {
+    match command {
+        Command::Start | Command::MemoryFd => format!("; {SPOKEN}; {NEWER_EXPECTS}"),
+        _ => String::new(),
+    }
 }
 
 /// The commands of the protocol (cloud-hypervisor's `Command`).

@@ -221,7 +221,7 @@ fn an_fd_on_the_fault_connection_is_refused() {
     let memfd =
         nix::sys::memfd::memfd_create(c"x", nix::sys::memfd::MFdFlags::MFD_CLOEXEC).expect("memfd");
     let h = RequestHeader::new(Command::PageFault, MEMORY_RANGE_SIZE as u64);
-    crate::proto::socket::send_all(ch.as_fd(), &h.encode(), &[memfd.as_fd()]).expect("send");
+    crate::sys::send_all(ch.as_fd(), &h.encode(), &[memfd.as_fd()]).expect("send");
     assert!(matches!(
         serve_page_faults(&ours, &SLOTS, |_| Ok::<_, std::io::Error>(())),
         Err(FaultServeError::Protocol(ChMigrationError::FdCount(1)))
