@@ -18,6 +18,9 @@ pub enum ArgValueError {
     /// Not a page-size policy.
     #[error("invalid page size {0:?}: expected best, 1G, 2M or 4K")]
     Policy(String),
+    /// Not a VMM this launcher knows.
+    #[error("unknown VMM {0:?}: expected cloud-hypervisor or qemu")]
+    Vmm(String),
 }
 
 /// A size with K/M/G suffixes (powers of 1024).

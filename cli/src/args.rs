@@ -336,14 +336,12 @@ pub(crate) struct QemuWrapperArgs {
 #[derive(Debug, Clone)]
 pub(crate) struct NodesArg(pub(crate) Vec<AllocPart>);
 
-pub(crate) fn parse_nodes_arg(s: &str) -> Result<NodesArg, String> {
-    launch::parse_nodes(s)
-        .map(NodesArg)
-        .map_err(|e| e.to_string())
+pub(crate) fn parse_nodes_arg(s: &str) -> Result<NodesArg, launch::NodesError> {
+    launch::parse_nodes(s).map(NodesArg)
 }
 
-pub(crate) fn parse_vmm_arg(s: &str) -> Result<Vmm, String> {
-    Vmm::parse(s).ok_or_else(|| format!("unknown VMM {s:?}: expected cloud-hypervisor or qemu"))
+pub(crate) fn parse_vmm_arg(s: &str) -> Result<Vmm, hugemem::arg_values::ArgValueError> {
+    Vmm::parse(s).ok_or_else(|| hugemem::arg_values::ArgValueError::Vmm(s.to_owned()))
 }
 
 /// `hugemem serve` flags; each overrides the configuration file.

@@ -83,6 +83,37 @@ const FIELD_PROCESSOR: usize = 39;
 /// Field number of `state`, the first field after the name.
 const FIELD_STATE: usize = 3;
 
+/// Why a `stat` line did not parse.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum StatError {
+    /// No `(` opens the thread's name.
+    #[error("no '(' before the thread name")]
+    NoOpen,
+    /// No `)` closes it.
+    #[error("no ')' after the thread name")]
+    NoClose,
+    /// The last `)` comes before the first `(`.
+    #[error("')' before '('")]
+    CloseBeforeOpen,
+    /// The thread id is not a number.
+    #[error("bad tid {0:?}")]
+    Tid(String),
+    /// Too few fields after the name.
+    #[error("{have} fields after the name, field {field} missing")]
+    Missing {
+        /// Fields after the name.
+        have: usize,
+        /// The field asked for (1-based, as proc(5) numbers them).
+        field: usize,
+    },
+    /// The state field is empty.
+    #[error("empty state field")]
+    EmptyState,
+    /// The processor field is not a number.
+    #[error("bad processor field {0:?}")]
+    Processor(String),
+}
+
 /// Parses one `stat` line.
 ///
 /// The name (field 2) is everything between the first `(` and the *last*
@@ -91,32 +122,35 @@ const FIELD_STATE: usize = 3;
 ///
 /// # Errors
 ///
-/// A message saying which part is missing or malformed.
-pub fn parse_stat(line: &str) -> std::result::Result<TaskStat, String> {
-    let open = line.find('(').ok_or("no '(' before the thread name")?;
-    let close = line.rfind(')').ok_or("no ')' after the thread name")?;
+/// Which part is missing or malformed ([`StatError`]).
+pub fn parse_stat(line: &str) -> std::result::Result<TaskStat, StatError> {
+    let open = line.find('(').ok_or(StatError::NoOpen)?;
+    let close = line.rfind(')').ok_or(StatError::NoClose)?;
     if close < open {
-        return Err("')' before '('".to_string());
+        return Err(StatError::CloseBeforeOpen);
     }
     let tid = line[..open]
         .trim()
         .parse::<i32>()
-        .map_err(|_| format!("bad tid {:?}", line[..open].trim()))?;
+        .map_err(|_| StatError::Tid(line[..open].trim().to_owned()))?;
     let comm = line[open + 1..close].to_string();
     let rest: Vec<&str> = line[close + 1..].split_whitespace().collect();
     let field = |n: usize| {
         rest.get(n - FIELD_STATE)
             .copied()
-            .ok_or_else(|| format!("{} fields after the name, field {n} missing", rest.len()))
+            .ok_or(StatError::Missing {
+                have: rest.len(),
+                field: n,
+            })
     };
     let state = field(FIELD_STATE)?
         .chars()
         .next()
-        .ok_or("empty state field")?;
+        .ok_or(StatError::EmptyState)?;
     let cpu_text = field(FIELD_PROCESSOR)?;
     let last_cpu = cpu_text
         .parse::<usize>()
-        .map_err(|_| format!("bad processor field {cpu_text:?}"))?;
+        .map_err(|_| StatError::Processor(cpu_text.to_owned()))?;
     Ok(TaskStat {
         tid,
         comm,
@@ -169,9 +203,9 @@ pub fn read_threads(proc_root: &Path, pid: i32) -> Result<Vec<TaskStat>> {
                 })
             }
         };
-        let stat = parse_stat(text.trim_end()).map_err(|reason| WatchError::Parse {
+        let stat = parse_stat(text.trim_end()).map_err(|e| WatchError::Parse {
             path: path.clone(),
-            reason,
+            reason: e.to_string(),
         })?;
         out.push(stat);
     }

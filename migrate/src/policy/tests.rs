@@ -52,6 +52,7 @@ fn refuses_malformed_lines() {
     assert_eq!(fields[38], "zz");
     assert!(parse_stat(&line)
         .expect_err("bad cpu")
+        .to_string()
         .contains("processor"));
 }
 

@@ -271,8 +271,8 @@ impl ChApi {
             let status = response
                 .code
                 .ok_or_else(|| self.malformed(endpoint, "no status".into()))?;
-            let length =
-                content_length(response.headers).map_err(|what| self.malformed(endpoint, what))?;
+            let length = content_length(response.headers)
+                .map_err(|e| self.malformed(endpoint, e.to_string()))?;
             if length > MAX_BODY {
                 return Err(self.malformed(endpoint, format!("a body of {length} bytes")));
             }
@@ -296,7 +296,7 @@ impl ChApi {
 
 /// The `Content-Length` of a response (0 without one: micro-http sends one
 /// whenever there is a body).
-fn content_length(headers: &[httparse::Header<'_>]) -> Result<usize, String> {
+fn content_length(headers: &[httparse::Header<'_>]) -> Result<usize, BadContentLength> {
     match headers
         .iter()
         .find(|h| h.name.eq_ignore_ascii_case("content-length"))
@@ -305,6 +305,11 @@ fn content_length(headers: &[httparse::Header<'_>]) -> Result<usize, String> {
         Some(h) => std::str::from_utf8(h.value)
             .ok()
             .and_then(|v| v.trim().parse().ok())
-            .ok_or_else(|| format!("a Content-Length of {:?}", String::from_utf8_lossy(h.value))),
+            .ok_or_else(|| BadContentLength(String::from_utf8_lossy(h.value).into_owned())),
     }
 }
+
+/// A `Content-Length` header that is not a number.
+#[derive(Debug, thiserror::Error)]
+#[error("a Content-Length of {0:?}")]
+struct BadContentLength(String);
