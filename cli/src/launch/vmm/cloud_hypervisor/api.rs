@@ -60,6 +60,11 @@ pub enum ChApiError {
         /// Its error text (cloud-hypervisor's error chain, as JSON or text).
         body: String,
     },
+    /// A newer cloud-hypervisor refused the `local` field of
+    /// `vm.send-migration`: the message names the protocol hugemem speaks
+    /// and the option the newer release expects.
+    #[error("cloud-hypervisor refused vm.send-migration: {0}")]
+    NewerProtocol(#[from] ch_migration::version::LocalOptionRefused),
 }
 
 /// One cloud-hypervisor process's API socket.
@@ -149,8 +154,15 @@ impl ChApi {
             "destination_url": format!("unix:{}", to.display()),
             "local": local,
         });
-        self.request("PUT", "vm.send-migration", Some(&body.to_string()), timeout)
-            .map(drop)
+        let sent = self.request("PUT", "vm.send-migration", Some(&body.to_string()), timeout);
+        if let (true, Err(ChApiError::Refused { body, .. })) = (local, &sent) {
+            // A newer cloud-hypervisor that dropped `local`: say which
+            // protocol hugemem speaks and what the newer one expects.
+            if let Some(refused) = ch_migration::version::local_option_refused(body) {
+                return Err(refused.into());
+            }
+        }
+        sent.map(drop)
     }
 
     /// `PUT /api/v1/<endpoint>` with `body` (JSON), for the endpoints
@@ -313,3 +325,68 @@ fn content_length(headers: &[httparse::Header<'_>]) -> Result<usize, BadContentL
 #[derive(Debug, thiserror::Error)]
 #[error("a Content-Length of {0:?}")]
 struct BadContentLength(String);
+
+#[cfg(test)]
+mod tests {
+    use std::io::{Read, Write};
+    use std::os::unix::net::UnixListener;
+    use std::time::Duration;
+
+    use super::*;
+
+    /// A one-request API on a fresh socket that answers `status` and `body`.
+    fn answering(
+        status: u16,
+        body: &'static str,
+    ) -> (tempfile::TempDir, std::thread::JoinHandle<()>) {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let listener = UnixListener::bind(dir.path().join("api")).expect("bind");
+        let server = std::thread::spawn(move || {
+            let (mut conn, _) = listener.accept().expect("accept");
+            let mut request = [0u8; 4096];
+            let _ = conn.read(&mut request);
+            let reply = format!(
+                "HTTP/1.1 {status} Bad Request\r\nContent-Length: {}\r\n\r\n{body}",
+                body.len()
+            );
+            conn.write_all(reply.as_bytes()).expect("answer");
+        });
+        (dir, server)
+    }
+
+    #[test]
+    fn a_newer_cloud_hypervisor_refusing_local_names_both_protocols() {
+        let (dir, server) = answering(
+            400,
+            "Error parsing JSON: unknown field `local`, expected `destination_url`",
+        );
+        let api = ChApi::new(&dir.path().join("api"));
+        let err = api
+            .send_migration(Path::new("/nonexistent"), true, Duration::from_secs(10))
+            .expect_err("refused");
+        server.join().expect("the fake API");
+        assert!(matches!(err, ChApiError::NewerProtocol(_)), "{err:?}");
+        let text = err.to_string();
+        for piece in [
+            ch_migration::version::CLOUD_HYPERVISOR_RELEASE,
+            "memory_mode=memfds",
+            "unknown field `local`",
+        ] {
+            assert!(text.contains(piece), "{piece:?} missing from: {text}");
+        }
+    }
+
+    #[test]
+    fn any_other_refusal_stays_a_refusal() {
+        let (dir, server) = answering(500, "the VM is not running");
+        let api = ChApi::new(&dir.path().join("api"));
+        let err = api
+            .send_migration(Path::new("/nonexistent"), true, Duration::from_secs(10))
+            .expect_err("refused");
+        server.join().expect("the fake API");
+        assert!(
+            matches!(&err, ChApiError::Refused { status: 500, body, .. } if body == "the VM is not running"),
+            "{err:?}"
+        );
+    }
+}
