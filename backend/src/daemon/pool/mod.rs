@@ -23,7 +23,7 @@
 //! | `commit.rs` | [`Pool::commit`] (the clean-before-map check), [`Pool::put_back`] |
 //! | `owners.rs` | [`Owners`]: a connection's allocations: ownership, LOCK, lazy fallback, tokens, [`Owners::reattach`], [`Owners::orphan`] |
 //! | `handoff.rs` | [`Owners`]' HANDOFF move: [`Owners::hand_off_gate`], [`Owners::hand_off`] |
-//! | `parked.rs` | parked VMs: [`Owners::park`], [`Owners::unpark_to`], [`Pool::release_parked`], a file's owner by identity |
+//! | `parked.rs` | parked VMs: [`Parking::park`], [`Parking::unpark_to`], [`Pool::release_parked`], a file's owner by identity |
 //! | `release.rs`, `quarantine.rs` | FREE and disconnect, back to the kernel, trim; [`QuarantineBook`]: the quarantine's [`Verdict`]s applied |
 //! | `scrubbing.rs`, `refault.rs` | [`Scrubbing`]: the scrubbers' and the refault's work |
 //! | `in_use.rs` | [`Placement`]: REBALANCE's view of in-use regions and their placement marks |
@@ -66,7 +66,7 @@ pub use gate::ReserveGate;
 pub use handoff::{HandedOff, HandoffError};
 pub use in_use::{InUseRegion, Placement};
 pub use owners::Owners;
-pub use parked::{FileOwner, FoundParked, ParkError, ParkedSummary};
+pub use parked::{FileOwner, FoundParked, ParkError, ParkedSummary, Parking};
 pub use parked_vm::{ParkedSlot, ParkedVm};
 pub use persist::{
     AdoptError, Adopted, AllocRecord, Life, MalformedToken, Records, RegionRecord, RegionSnapshot,

@@ -15,7 +15,6 @@ use std::sync::Arc;
 use guest_mem::Region;
 
 use super::allocation::ChangeGate;
-use super::owners::Owners;
 use super::parked_vm::ParkedVm;
 use super::table::EntryState;
 use super::token::new_token;
@@ -88,7 +87,23 @@ pub struct FoundParked {
     pub gate: ChangeGate,
 }
 
-impl Owners<'_> {
+/// The parked VMs' side of the pool (`Pool::parking`): finding a parked VM,
+/// parking and restoring one (the owner's moves `Owner::park` and
+/// `Owner::restore`), and listing them. Like [`Owners`](super::owners::Owners),
+/// a borrow of the pool whose methods each take the lock for one step.
+#[derive(Debug, Clone, Copy)]
+pub struct Parking<'a> {
+    pool: &'a super::table::Pool,
+}
+
+impl super::table::Pool {
+    /// The parked VMs' part of the pool.
+    pub fn parking(&self) -> Parking<'_> {
+        Parking { pool: self }
+    }
+}
+
+impl Parking<'_> {
     /// Who holds the file whose identity is `(dev, ino)`, if it is one of
     /// the pool's regions.
     pub fn owner_of_file(&self, dev: u64, ino: u64) -> Option<FileOwner> {

@@ -72,7 +72,7 @@ impl Rooms {
     pub async fn note_parked(&self) {
         let (record, pool) = (Arc::clone(&self.park_record), Arc::clone(&self.pool));
         let wrote = tokio::task::spawn_blocking(move || {
-            record.write_with(|| pool.owners().parked_list());
+            record.write_with(|| pool.parking().parked_list());
         })
         .await;
         if let Err(e) = wrote {

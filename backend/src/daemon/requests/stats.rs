@@ -161,7 +161,7 @@ impl StatsSource {
                 exports: g(&m.exports),
                 exports_refused: g(&m.exports_refused),
             },
-            parked: self.pool.owners().parked_list(),
+            parked: self.pool.parking().parked_list(),
             lost_parked: self.park_record.lost(None),
         }
     }

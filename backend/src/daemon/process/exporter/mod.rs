@@ -319,7 +319,7 @@ impl DaemonCollector {
 
     /// Parked VMs: how many, and each one's memory by uid and name.
     fn encode_parked(&self, enc: &mut DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        let parked = self.source.pool.owners().parked_list();
+        let parked = self.source.pool.parking().parked_list();
         gauge(
             enc,
             "parked_vms",

@@ -219,7 +219,7 @@ pub(super) fn core(
     let listed = std::mem::take(&mut c.park_listed);
     c.rooms
         .park_record
-        .reconcile(listed, &c.pool.owners().parked_list(), reason);
+        .reconcile(listed, &c.pool.parking().parked_list(), reason);
     {
         use std::os::fd::AsFd;
         let dup = |fd: std::os::fd::BorrowedFd<'_>| fd.try_clone_to_owned().ok();

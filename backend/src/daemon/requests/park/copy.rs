@@ -294,7 +294,7 @@ pub async fn copy_in(
     }
     let parked = rooms
         .pool
-        .owners()
+        .parking()
         .park(alloc, req.uid, Some(req.session), vm, on_demand);
     match parked {
         Ok(bytes) => Ok(ParkedOk {

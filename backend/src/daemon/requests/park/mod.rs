@@ -113,7 +113,7 @@ pub async fn serve(
 /// progress finishes (or fails) first. A VM another connection holds
 /// while it saves it is refused.
 pub async fn unpark(rooms: &Arc<Rooms>, session: SessionId, uid: u32, name: &str) -> Outcome {
-    let Some(found) = rooms.pool.owners().find_parked(uid, name) else {
+    let Some(found) = rooms.pool.parking().find_parked(uid, name) else {
         return match rooms.park_record.acknowledge(uid, name) {
             Some(lost) => {
                 rooms.note_parked().await;
@@ -165,7 +165,7 @@ pub fn free_refused(
     uid: u32,
     refusal: &crate::daemon::pool::OwnershipError,
 ) -> Outcome {
-    let message = match rooms.pool.owners().parked_name(alloc, uid) {
+    let message = match rooms.pool.parking().parked_name(alloc, uid) {
         Some(name) => format!("allocation {alloc} was parked as {name}"),
         None => refusal.to_string(),
     };

@@ -38,10 +38,10 @@ enum Origin {
 }
 
 fn origin(rooms: &Rooms, uid: u32, checked: &Checked) -> Result<Origin, Refusal> {
-    let owners = rooms.pool.owners();
+    let parking = rooms.pool.parking();
     let mut found: BTreeMap<u32, FileOwner> = BTreeMap::new();
     for f in &checked.memory {
-        if let Some(owner) = owners.owner_of_file(f.identity.0, f.identity.1) {
+        if let Some(owner) = parking.owner_of_file(f.identity.0, f.identity.1) {
             found.insert(f.slot, owner);
         }
     }
@@ -113,7 +113,7 @@ async fn move_in(
             format!("allocation {alloc} changed hands while it was being parked"),
         )
     };
-    let gate = rooms.pool.owners().gate_of(alloc).ok_or_else(gone)?;
+    let gate = rooms.pool.parking().gate_of(alloc).ok_or_else(gone)?;
     if let Some(owner) = session {
         rooms.rebalance.cancel_client_moves(alloc, owner);
     }
@@ -129,7 +129,7 @@ async fn move_in(
     };
     let bytes = rooms
         .pool
-        .owners()
+        .parking()
         .park(alloc, req.uid, session, vm, false)
         .map_err(|e| (Status::Invalid, e.to_string()))?;
     Ok(ParkedOk {
@@ -173,7 +173,7 @@ pub async fn park(rooms: &Arc<Rooms>, req: ParkRequest, fds: Vec<OwnedFd>) -> Ou
     };
     if rooms
         .pool
-        .owners()
+        .parking()
         .find_parked(req.uid, &req.name)
         .is_some()
     {

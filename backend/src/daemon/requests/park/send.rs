@@ -65,11 +65,11 @@ pub async fn gated(
     let gone = || (Status::NotFound, not_parked(rooms, uid, name));
     let first = rooms
         .pool
-        .owners()
+        .parking()
         .find_parked(uid, name)
         .ok_or_else(gone)?;
     let held = first.gate.lock_owned().await;
-    let found = match rooms.pool.owners().find_parked(uid, name) {
+    let found = match rooms.pool.parking().find_parked(uid, name) {
         Some(f) if f.alloc == first.alloc => f,
         _ => return Err(gone()),
     };
@@ -194,7 +194,7 @@ pub async fn restore(rooms: &Arc<Rooms>, req: RestoreRequest, fds: Vec<OwnedFd>)
     rooms.saving.release(found.alloc);
     let token = match rooms
         .pool
-        .owners()
+        .parking()
         .unpark_to(found.alloc, req.uid, &req.name, req.session)
     {
         Ok(t) => t,

@@ -175,7 +175,7 @@ pub fn restore_into(
     pool: &Pool,
     fills: &PendingLoads,
 ) -> usize {
-    let parked = pool.owners().parked_list();
+    let parked = pool.parking().parked_list();
     let mut kept = 0;
     for r in records {
         let alloc = r.alloc;
@@ -192,7 +192,7 @@ pub fn restore_into(
             }
         };
         if restored.reload_all {
-            if let Some(found) = pool.owners().find_parked(vm.uid, &vm.name) {
+            if let Some(found) = pool.parking().find_parked(vm.uid, &vm.name) {
                 for (_, region) in &found.regions {
                     region.mark_all_dirty();
                 }
