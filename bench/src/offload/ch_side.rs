@@ -7,9 +7,9 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use super::dense;
+use super::error::OffloadError;
 use super::report::{ChFileResult, OffloadConfig, OffloadDaemonResult};
 use super::steps::{allocated_under, args, drop_dir_cache, spawn, Stopping};
-use super::OffloadError;
 use crate::vmm_update::ch::{ch_guest_args, BenchCh, CH_DEADLINE};
 use crate::vmm_update::ch_baselines::running;
 use crate::vmm_update::error::io;

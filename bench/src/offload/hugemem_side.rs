@@ -9,13 +9,13 @@ use std::time::{Duration, Instant};
 use backend::client::Client;
 
 use super::dense;
+use super::error::OffloadError;
 use super::report::{FromDiskResult, FromParkResult, OffloadConfig, OnDemandResult};
 use super::save_vs_disk::{self, SaveDone};
 use super::steps::{
     allocated_under, args, children_cpu_ms, daemon_copy_ms, daemon_settled, densest_file,
     disk_read_gbps, drop_dir_cache, hugemem, spawn, wait_restored_ms, Stopping, WriteWatch,
 };
-use super::OffloadError;
 use crate::serve_child::{ServeChild, ServeOptions};
 use crate::vmm_update::ch::ch_guest_args;
 use crate::vmm_update::error::io;

@@ -17,8 +17,8 @@ use hugemem::launch::vmm::cloud_hypervisor::api::{ChApi, ChApiError};
 use hugemem::launch::vmm::cloud_hypervisor::events::{ChEvents, RECEIVE_READY};
 
 use super::error::io;
+use super::error::VmmUpdateError;
 use super::guest::monotonic_ns;
-use super::VmmUpdateError;
 use crate::floor::inherit_fds;
 
 /// How long one API request, and one migration, may take.

@@ -26,11 +26,12 @@ use guest_mem::PageSize;
 
 use super::ch::{ch_guest_args, migrate, BenchCh, ChMigrated, CH_DEADLINE};
 use super::error::io;
+use super::error::VmmUpdateError;
 use super::guest::{GuestRam, HostClock};
+use super::report::VmmUpdateConfig;
 use super::report::{CopyResult, UpdateSeries};
 use super::series::{after_update, before_update, settled, OneUpdate, Settled};
 use super::setup::reserve;
-use super::{VmmUpdateConfig, VmmUpdateError};
 use crate::floor::{vmm_argv, FloorMemory};
 
 /// Moves the guest in `ram` from `old` to a new cloud-hypervisor

@@ -10,12 +10,13 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 
+use super::error::VmmUpdateError;
 use super::guest::{GuestRam, HostClock};
 use super::qemu::{guest_args, migrate, BenchQemu, Migrated};
 use super::report::CopyResult;
+use super::report::VmmUpdateConfig;
 use super::series::{after_update, settled, Settled};
 use super::setup::{number, reserve};
-use super::{VmmUpdateConfig, VmmUpdateError};
 
 fn argv(cfg: &VmmUpdateConfig, elf: &Path, incoming: bool) -> Vec<OsString> {
     let mut argv = guest_args(&cfg.program, elf);

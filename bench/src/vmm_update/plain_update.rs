@@ -14,12 +14,13 @@ use std::time::Instant;
 use guest_mem::PageSize;
 use serde_json::json;
 
+use super::error::VmmUpdateError;
 use super::guest::{GuestRam, HostClock};
 use super::qemu::{guest_args, migrate, BenchQemu, Migrated};
 use super::report::UpdateSeries;
+use super::report::VmmUpdateConfig;
 use super::series::{after_update, before_update, OneUpdate};
 use super::setup::{number, reserve};
-use super::{VmmUpdateConfig, VmmUpdateError};
 use crate::floor::{vmm_argv, FloorMemory};
 
 /// Moves the guest from `old` to a new QEMU (`argv` plus `-incoming

@@ -14,8 +14,8 @@ use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use serde_json::json;
 
 use super::error::io;
+use super::error::VmmUpdateError;
 use super::guest::monotonic_ns;
-use super::VmmUpdateError;
 use crate::floor::inherit_fds;
 
 /// How long a QMP reply or event may take, and QEMU to connect.

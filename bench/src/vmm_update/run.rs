@@ -8,12 +8,12 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use super::error::io;
+use super::error::VmmUpdateError;
 use super::guest::{host_tsc_hz, GuestRam, HostClock};
 use super::report::{Measured, UpdateResult, UpdateSeries, VmmUpdateConfig, VmmUpdateReport};
 use super::series::{after_update, before_update, OneUpdate};
 use super::setup::{child_of, reserve, write_spin_elf};
 use super::side;
-use super::VmmUpdateError;
 use crate::private_dir::PrivateDir;
 use crate::serve_child::{ServeChild, ServeOptions};
 use backend::client::Client;

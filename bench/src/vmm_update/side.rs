@@ -8,8 +8,8 @@ use std::path::Path;
 
 use hugemem::launch::Vmm;
 
+use super::error::VmmUpdateError;
 use super::report::{CopyResult, UpdateSeries, VmmUpdateConfig};
-use super::VmmUpdateError;
 use super::{ch, ch_baselines, copy, plain_update, qemu};
 
 /// What the bench runs for one VMM.
