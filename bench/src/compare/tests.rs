@@ -43,7 +43,10 @@ fn variants_have_distinct_keys_and_kinds() {
     assert_eq!(keys.len(), Variant::ALL.len());
     assert_eq!(BASELINE.memory(), Memory::Own);
     assert_eq!(Variant::ClientPool.memory(), Memory::Pool);
-    assert_eq!(Variant::ChHugememPool.runner(), Runner::CloudHypervisor);
+    assert_eq!(
+        Variant::ChHugememPool.runner(),
+        Runner::Vmm(hugemem::launch::Vmm::CloudHypervisor)
+    );
 }
 
 #[test]

@@ -16,6 +16,7 @@ use guest_mem::{PageSize, Reservation};
 use super::config::{DONE_BYTE, FIRST_BYTE, MARKER, STRIDE, VMM_DEADLINE};
 use super::error::CompareError;
 use super::variant::{Runner, Variant};
+use crate::vmm_side::PerVmm;
 
 /// One repetition of one variant.
 #[derive(Debug, Clone)]
@@ -253,8 +254,8 @@ pub(super) fn check_vmm(
     }
     // QEMU's isa-debug-exit: the guest writes 0, QEMU exits (0 << 1) | 1.
     let exit_ok = match v.runner() {
-        Runner::Qemu => run.status.code() == Some(1),
-        _ => run.status.success(),
+        Runner::Vmm(vmm) => run.status.code() == Some(vmm.adapter().exit_status_of_guest(0)),
+        Runner::Client => run.status.success(),
     };
     if !exit_ok {
         return Err(fail(format!("unexpected exit: {}", run.describe())));
@@ -339,18 +340,19 @@ pub(super) fn skip_reasons(
     ch: Option<&Result<String, String>>,
 ) -> BTreeMap<Variant, String> {
     let mut skipped = BTreeMap::new();
+    let vmm_missing = PerVmm {
+        qemu: qemu.as_ref().err().cloned(),
+        cloud_hypervisor: match ch {
+            None => Some("CLOUD_HYPERVISOR does not name a cloud-hypervisor binary".to_string()),
+            Some(r) => r.as_ref().err().cloned(),
+        },
+    };
     for v in Variant::ALL {
         let why = if let Err(e) = kvm {
             Some(format!("no usable KVM: {e}"))
         } else {
             match v.runner() {
-                Runner::Qemu => qemu.as_ref().err().cloned(),
-                Runner::CloudHypervisor => match ch {
-                    None => {
-                        Some("CLOUD_HYPERVISOR does not name a cloud-hypervisor binary".to_string())
-                    }
-                    Some(r) => r.as_ref().err().cloned(),
-                },
+                Runner::Vmm(vmm) => vmm_missing.get(vmm).clone(),
                 Runner::Client => None,
             }
         };

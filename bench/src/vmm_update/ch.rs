@@ -28,14 +28,6 @@ fn api_err(what: &'static str) -> impl FnOnce(ChApiError) -> VmmUpdateError {
     move |e| VmmUpdateError::Ch(format!("{what}: {e}"))
 }
 
-/// The guest's cloud-hypervisor options, memory aside: the micro-guest as
-/// its PVH kernel, one vCPU, no console.
-pub(crate) fn ch_guest_args(program: &OsString, elf: &Path) -> Vec<OsString> {
-    let mut args: Vec<OsString> = vec![program.clone(), "--kernel".into(), elf.into()];
-    args.extend(["--cpus", "boot=1", "--serial", "null", "--console", "off"].map(OsString::from));
-    args
-}
-
 /// The bytes process `pid` has written (`/proc/PID/io` `wchar`): the
 /// migration stream goes out with `write`, so its growth over a switch
 /// bounds what the stream carried; `None` once the process is reaped.

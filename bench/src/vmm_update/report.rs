@@ -9,6 +9,7 @@ use hugemem::launch::Vmm;
 
 use super::setup::{one_gib_pages, STRIDE};
 use crate::stats;
+use crate::vmm_side::PerVmm;
 use serde::Serialize;
 
 /// The run's settings.
@@ -358,15 +359,23 @@ impl VmmUpdateReport {
             col(self.switch_gap_over_floor_paired_ms.map(|v| format!("{v:+.2}"))),
             interval(self.switch_gap_over_floor_ci95_ms),
         );
+        // Each VMM's limits: the pause against QEMU's copy, the update
+        // time against cloud-hypervisor's.
+        let limits = PerVmm {
+            qemu: (" (limit >= 5x at 8 GiB)", ""),
+            cloud_hypervisor: ("", " (limit >= 20x at 8 GiB)"),
+        };
+        let (pause_limit, time_limit) =
+            Vmm::parse(&self.vmm).map_or(limits.cloud_hypervisor, |k| *limits.get(k));
         let _ = writeln!(
             t,
             "transferred {:.4}% of RAM (limit < 1%); pause at the switch copy/hugemem {}, largest gap copy/hugemem {}{}; update time copy/hugemem {}{}",
             u.ram_transferred_max_pct,
             col(self.switch_gap_ratio.map(|r| format!("{r:.1}x"))),
             col(self.downtime_ratio.map(|r| format!("{r:.1}x"))),
-            if self.vmm == "qemu" { " (limit >= 5x at 8 GiB)" } else { "" },
+            pause_limit,
             col(self.update_time_ratio.map(|r| format!("{r:.1}x"))),
-            if self.vmm == "qemu" { "" } else { " (limit >= 20x at 8 GiB)" },
+            time_limit,
         );
         let _ = writeln!(t, "{}", self.page_size_note);
         if let Some(note) = &self.floor_note {
