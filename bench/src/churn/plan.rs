@@ -15,9 +15,10 @@ use guest_mem::{AnonMapping, PageSize};
 
 use super::floor_pool::FloorPool;
 use super::options::ChurnVmm;
-use super::process::{chain, parse_launch_summary, run_process, GuestLine, ProcessRun};
+use super::process::{chain, parse_launch_summary, run_process, GuestLine};
 use super::report::LaunchSample;
 use crate::floor::{vmm_argv, FloorMemory};
+use crate::harness::vmm::VmmRun;
 use crate::vmm_side;
 
 /// Distance between the guest's probes: every 2 MiB page of either size.
@@ -158,13 +159,11 @@ impl Plan {
 
     /// Checks a VMM process's end and the guest's report, and turns them
     /// into a sample.
-    fn process_sample(&self, side: Side, run: &ProcessRun) -> Result<LaunchSample, String> {
+    fn process_sample(&self, side: Side, run: &VmmRun) -> Result<LaunchSample, String> {
         let line = run
-            .stdout
-            .lines()
-            .find_map(|l| l.find("HUGEMEM-GUEST ").map(|i| l[i..].trim().to_string()))
+            .guest_line()
             .ok_or_else(|| format!("no guest report; {}", run.describe()))?;
-        let guest = GuestLine::parse(&line).ok_or_else(|| format!("bad guest report {line:?}"))?;
+        let guest = GuestLine::parse(line).ok_or_else(|| format!("bad guest report {line:?}"))?;
         // The guest's exit code is `nonzero`; the VMM's adapter says what
         // its process then exits with (QEMU's isa-debug-exit: (code << 1) |
         // 1; cloud-hypervisor: 0 after the ACPI power-off). `hugemem launch`

@@ -9,3 +9,4 @@
 pub(crate) mod daemon;
 pub(crate) mod pool;
 pub mod serve;
+pub(crate) mod vmm;
