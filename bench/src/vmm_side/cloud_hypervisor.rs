@@ -4,7 +4,7 @@
 use std::ffi::OsString;
 use std::path::Path;
 
-use super::{os, BenchVmm};
+use super::bench_vmm::{os, BenchVmm};
 
 /// cloud-hypervisor's side.
 pub struct CloudHypervisor;

@@ -5,7 +5,7 @@ use std::path::Path;
 
 use hugemem::launch::vmm::qemu::KVM_CPU;
 
-use super::{os, BenchVmm};
+use super::bench_vmm::{os, BenchVmm};
 
 /// QEMU's side.
 pub struct Qemu;

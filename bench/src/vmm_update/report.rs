@@ -359,23 +359,15 @@ impl VmmUpdateReport {
             col(self.switch_gap_over_floor_paired_ms.map(|v| format!("{v:+.2}"))),
             interval(self.switch_gap_over_floor_ci95_ms),
         );
-        // Each VMM's limits: the pause against QEMU's copy, the update
-        // time against cloud-hypervisor's.
-        let limits = PerVmm {
-            qemu: (" (limit >= 5x at 8 GiB)", ""),
-            cloud_hypervisor: ("", " (limit >= 20x at 8 GiB)"),
-        };
-        let (pause_limit, time_limit) =
-            Vmm::parse(&self.vmm).map_or(limits.cloud_hypervisor, |k| *limits.get(k));
         let _ = writeln!(
             t,
             "transferred {:.4}% of RAM (limit < 1%); pause at the switch copy/hugemem {}, largest gap copy/hugemem {}{}; update time copy/hugemem {}{}",
             u.ram_transferred_max_pct,
             col(self.switch_gap_ratio.map(|r| format!("{r:.1}x"))),
             col(self.downtime_ratio.map(|r| format!("{r:.1}x"))),
-            pause_limit,
+            ratio_limits(&self.vmm).0,
             col(self.update_time_ratio.map(|r| format!("{r:.1}x"))),
-            time_limit,
+            ratio_limits(&self.vmm).1,
         );
         let _ = writeln!(t, "{}", self.page_size_note);
         if let Some(note) = &self.floor_note {
@@ -386,4 +378,14 @@ impl VmmUpdateReport {
         }
         t
     }
+}
+
+/// The limits a VMM's ratios are held to, as the table notes them: the
+/// pause against QEMU's copy, the update time against cloud-hypervisor's.
+fn ratio_limits(vmm: &str) -> (&'static str, &'static str) {
+    let limits = PerVmm {
+        qemu: (" (limit >= 5x at 8 GiB)", ""),
+        cloud_hypervisor: ("", " (limit >= 20x at 8 GiB)"),
+    };
+    Vmm::parse(vmm).map_or(limits.cloud_hypervisor, |k| *limits.get(k))
 }
