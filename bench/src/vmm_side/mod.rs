@@ -1,9 +1,9 @@
 //! What the benches run on each VMM besides `hugemem launch` and `hugemem
 //! update` (which go through the VMM's adapter, `hugemem::launch::vmm`):
 //! the micro-guest's command lines and a VMM's own memory for the
-//! baselines, behind [`BenchVmm`]. [`PerVmm::get`] is the one place in the
+//! baselines, behind `BenchVmm`. `PerVmm::get` is the one place in the
 //! benches that turns a VMM kind into its part; a bench's own part for each
-//! VMM (such as `vmm-update`'s baselines) is a [`PerVmm`] of its own.
+//! VMM (such as `vmm-update`'s baselines) is a `PerVmm` of its own.
 
 mod bench_vmm;
 mod cloud_hypervisor;
