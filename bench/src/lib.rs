@@ -25,20 +25,21 @@ pub mod demo;
 pub mod error;
 pub mod fill;
 pub mod floor;
+/// What every bench needs around what it measures: its private daemon and the waits on its pool.
+pub mod harness;
 /// `hugemem bench migrate`: throughput per page size and runner locality.
 pub mod migrate;
 pub mod mlock;
 pub mod offload;
-mod pool_wait;
 mod private_dir;
 pub mod refault;
 pub mod report;
 pub mod run_info;
-/// A bench's private daemon: `hugemem serve` as a child process.
-pub mod serve_child;
 mod stats;
 /// `hugemem bench takeover`: `serve --takeover` against a plain stop and start.
 pub mod takeover;
+/// The benches' side of each VMM (command lines of the micro-guest), and the one place that picks a VMM's.
+pub mod vmm_side;
 pub mod vmm_update;
 /// `hugemem bench vmstart`: ALLOC to the guest's first instruction and to all pages touched, eager and lazy.
 pub mod vmstart;

@@ -301,13 +301,11 @@ fn vmm_update(args: VmmUpdateArgs) -> Result<i32> {
     use hugemem::launch::Vmm;
     let vmm = Vmm::parse(&args.vmm).context("--vmm names no VMM")?;
     // Each VMM's program flag.
-    let program = [
-        (Vmm::Qemu, args.qemu),
-        (Vmm::CloudHypervisor, args.cloud_hypervisor),
-    ]
-    .into_iter()
-    .find_map(|(kind, program)| (kind == vmm).then_some(program))
-    .unwrap_or_default();
+    let programs = hugemem_bench::vmm_side::PerVmm {
+        qemu: args.qemu,
+        cloud_hypervisor: args.cloud_hypervisor,
+    };
+    let program = programs.get(vmm).clone();
     let cfg = hugemem_bench::vmm_update::VmmUpdateConfig {
         vmm,
         size: args.size,

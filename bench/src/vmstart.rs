@@ -406,7 +406,7 @@ impl Bench {
     ) -> Result<(), VmstartError> {
         let deadline = Instant::now() + POOL_DEADLINE;
         loop {
-            let (clean, pending) = crate::alloc::pool_state(&self.handle().stats());
+            let (clean, pending) = crate::harness::pool::pool_state(&self.handle().stats());
             if ok(clean, pending) {
                 return Ok(());
             }
@@ -494,7 +494,7 @@ impl Bench {
         loop {
             let stats = self.handle().stats();
             let dirty = stats.pool_sum(|p| p.dirty_bytes);
-            let (clean, pending) = crate::alloc::pool_state(&stats);
+            let (clean, pending) = crate::harness::pool::pool_state(&stats);
             if dirty > 0 || (clean >= self.cfg.size && pending == 0) {
                 return Ok(());
             }

@@ -5,41 +5,18 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use backend::client::Client;
-use backend::daemon::config::PoolConfig;
-use backend::daemon::{ByteSize, Config, Daemon, DaemonHandle};
+use backend::daemon::{Daemon, DaemonHandle};
 use backend::proto::{AllocPart, AllocRequest, ClearMode, PagePolicy};
 use guest_mem::PageSize;
 use hugemem_client::stats::Stats;
 
 use super::error::AllocBenchError;
 use super::handout::{hand_out, HandOut};
-use crate::pool_wait::wait_refaulted;
+use crate::harness;
+use crate::harness::pool::wait_refaulted;
 
 /// Longest wait for a FREE to come back clean.
 const CLEAN_DEADLINE: Duration = Duration::from_secs(120);
-
-/// (clean bytes, dirty + quarantined bytes) over every pool in a STATS document.
-pub(crate) fn pool_state(stats: &Stats) -> (u64, u64) {
-    (
-        stats.pool_sum(|p| p.clean_bytes),
-        stats.pool_sum(|p| p.dirty_bytes + p.quarantined_bytes),
-    )
-}
-
-fn wait_clean(daemon: &DaemonHandle, bytes: u64) -> Result<Stats, AllocBenchError> {
-    let deadline = Instant::now() + CLEAN_DEADLINE;
-    loop {
-        let stats = daemon.stats();
-        let (clean, pending) = pool_state(&stats);
-        if clean >= bytes && pending == 0 {
-            return Ok(stats);
-        }
-        if Instant::now() >= deadline {
-            return Err(AllocBenchError::CleanTimeout(CLEAN_DEADLINE));
-        }
-        std::thread::sleep(Duration::from_millis(1));
-    }
-}
 
 /// Wall and CPU time of a FREE until the pool shows the memory clean.
 #[derive(Debug, Clone, Copy)]
@@ -82,19 +59,15 @@ fn start_daemon(
     size: u64,
     refault_ahead: bool,
 ) -> Result<DaemonHandle, AllocBenchError> {
-    let defaults = Config::default();
-    let config = Config {
-        socket: dir.join("hugemem.sock"),
-        pool: PoolConfig {
-            target: defaults.pool.target.max(ByteSize(size)),
-            limit: defaults.pool.limit.max(ByteSize(size)),
-            recheck_ms: 10,
-            refault_ahead,
-            ..defaults.pool.clone()
-        },
-        ..defaults
-    };
+    let mut config = harness::daemon::holding(dir.join("hugemem.sock"), size, 10);
+    config.pool.refault_ahead = refault_ahead;
     Ok(Daemon::start(config)?)
+}
+
+/// Waits (looking every 1 ms) until the pool shows `bytes` clean.
+fn wait_clean(daemon: &DaemonHandle, bytes: u64) -> Result<Stats, AllocBenchError> {
+    harness::pool::wait_clean(daemon, bytes, CLEAN_DEADLINE, Duration::from_millis(1))
+        .map_err(|_| AllocBenchError::CleanTimeout(CLEAN_DEADLINE))
 }
 
 fn request(size: u64, parts: &[AllocPart], page: PageSize) -> AllocRequest {

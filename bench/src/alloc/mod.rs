@@ -71,7 +71,6 @@ mod table;
 mod tests;
 
 pub use config::AllocBenchConfig;
-pub(crate) use daemon::pool_state;
 pub use error::AllocBenchError;
 pub(crate) use handout::resident_and_holes;
 pub use handout::HandOut;

@@ -4,7 +4,7 @@ use backend::client::ClientError;
 use backend::daemon::DaemonError;
 
 use super::plan::Side;
-use crate::serve_child::ServeChildError;
+use crate::harness::serve::ServeChildError;
 
 /// Errors of the churn benchmark.
 #[derive(Debug, thiserror::Error)]

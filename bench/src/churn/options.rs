@@ -5,48 +5,46 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use backend::proto::PagePolicy;
+use hugemem::launch::Vmm;
 use serde::Serialize;
 
 /// Which VMM runs the guests.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "kebab-case")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ChurnVmm {
-    /// cloud-hypervisor through `hugemem launch`.
-    CloudHypervisor,
-    /// QEMU microvm through `hugemem launch`.
-    Qemu,
+    /// A VMM through `hugemem launch`.
+    Launched(Vmm),
     /// hugemem's own KVM runner, in process.
     Micro,
 }
 
 impl ChurnVmm {
-    /// Parses `cloud-hypervisor`/`ch`, `qemu` or `micro`.
+    /// Parses a VMM's `--vmm` name (`cloud-hypervisor`/`ch`, `qemu`) or
+    /// `micro`.
     pub fn parse(text: &str) -> Option<Self> {
         match text {
-            "cloud-hypervisor" | "ch" => Some(Self::CloudHypervisor),
-            "qemu" => Some(Self::Qemu),
             "micro" => Some(Self::Micro),
-            _ => None,
+            _ => Vmm::parse(text).map(Self::Launched),
         }
     }
 
     /// The VMM whose adapter builds its command lines; none for the
     /// micro-guest.
-    pub fn kind(self) -> Option<hugemem::launch::Vmm> {
+    pub fn kind(self) -> Option<Vmm> {
         match self {
-            Self::CloudHypervisor => Some(hugemem::launch::Vmm::CloudHypervisor),
-            Self::Qemu => Some(hugemem::launch::Vmm::Qemu),
+            Self::Launched(vmm) => Some(vmm),
             Self::Micro => None,
         }
     }
 
     /// The name used in `--vmm` and file names.
     pub fn name(self) -> &'static str {
-        match self {
-            Self::CloudHypervisor => "cloud-hypervisor",
-            Self::Qemu => "qemu",
-            Self::Micro => "micro",
-        }
+        self.kind().map_or("micro", |vmm| vmm.adapter().id())
+    }
+}
+
+impl Serialize for ChurnVmm {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.name())
     }
 }
 

@@ -15,9 +15,11 @@ use guest_mem::{AnonMapping, PageSize};
 
 use super::floor_pool::FloorPool;
 use super::options::ChurnVmm;
-use super::process::{chain, parse_launch_summary, run_process, GuestLine, ProcessRun};
+use super::process::{chain, parse_launch_summary, run_process, GuestLine};
 use super::report::LaunchSample;
 use crate::floor::{vmm_argv, FloorMemory};
+use crate::harness::vmm::VmmRun;
+use crate::vmm_side;
 
 /// Distance between the guest's probes: every 2 MiB page of either size.
 pub(super) const STRIDE: u64 = 2 << 20;
@@ -65,76 +67,27 @@ pub(super) struct Plan {
 }
 
 impl Plan {
-    /// The VMM's own arguments for the guest (no memory options).
-    fn guest_args(&self) -> Vec<OsString> {
-        let elf = self.elf.clone().into_os_string();
-        let list: Vec<&str> = match self.vmm {
-            ChurnVmm::Qemu => vec![
-                "-accel",
-                "kvm",
-                "-cpu",
-                hugemem::launch::vmm::qemu::KVM_CPU,
-                "-nodefaults",
-                "-no-user-config",
-                "-nographic",
-                "-no-reboot",
-                "-serial",
-                "stdio",
-                "-device",
-                "isa-debug-exit",
-                // The guest's marks on port 0x3f0 (first instruction, all
-                // RAM touched) come on stdout, timed as they arrive.
-                "-chardev",
-                "file,id=hmmarks,path=/dev/stdout",
-                "-device",
-                "isa-debugcon,iobase=0x3f0,chardev=hmmarks",
-            ],
-            ChurnVmm::CloudHypervisor => vec![
-                "--cpus",
-                "boot=1",
-                "--serial",
-                "tty",
-                "--console",
-                "off",
-                "--debug-console",
-                "file=/dev/stdout,iobase=0x3f0",
-            ],
-            ChurnVmm::Micro => vec![],
-        };
-        let mut v: Vec<OsString> = list.into_iter().map(OsString::from).collect();
-        v.push(
-            if self.vmm == ChurnVmm::Qemu {
-                "-kernel"
-            } else {
-                "--kernel"
-            }
-            .into(),
-        );
-        v.push(elf);
-        v
-    }
-
     /// What `hugemem launch` is given after `--` besides the program: the
     /// VMM's own arguments with no memory options.
     fn launch_user_args(&self) -> Vec<OsString> {
-        let mut a: Vec<OsString> = Vec::new();
-        if self.vmm == ChurnVmm::Qemu {
-            a.extend(["-M".into(), "microvm".into()]);
-        }
-        a.extend(self.guest_args());
+        let Some(vmm) = self.vmm.kind() else {
+            return Vec::new();
+        };
+        let side = vmm_side::of(vmm);
+        let mut a = side.machine_args();
+        a.extend(side.guest_args(&self.elf));
         a
     }
 
     /// The full command line of one launch on the hugemem or baseline side.
     fn argv(&self, side: Side) -> Vec<OsString> {
         let size = format_size(self.size);
-        let page = self.baseline_page.to_string();
         let mut a: Vec<OsString> = Vec::new();
         if side == Side::Hugemem {
             a.push(self.launcher.clone().into_os_string());
             a.extend(["launch".into(), "--socket".into()]);
             a.push(self.socket.clone().into_os_string());
-            a.extend(["--size".into(), size.clone().into(), "--page-size".into()]);
+            a.extend(["--size".into(), size.into(), "--page-size".into()]);
             a.push(policy_text(self.policy).into());
             a.push("--".into());
             a.push(self.program.clone());
@@ -142,26 +95,12 @@ impl Plan {
             return a;
         }
         a.push(self.program.clone());
-        match self.vmm {
-            ChurnVmm::Qemu => a.extend([
-                "-object".into(),
-                format!(
-                    "memory-backend-memfd,id=ram0,size={size},hugetlb=on,hugetlbsize={page},prealloc=on,prealloc-threads={}",
-                    self.cpus
-                )
-                .into(),
-                "-m".into(),
-                size.clone().into(),
-                "-M".into(),
-                "microvm,memory-backend=ram0".into(),
-            ]),
-            ChurnVmm::CloudHypervisor => a.extend([
-                "--memory".into(),
-                format!("size={size},hugepages=on,hugepage_size={page},prefault=on").into(),
-            ]),
-            ChurnVmm::Micro => {}
+        if let Some(vmm) = self.vmm.kind() {
+            let vmm = vmm_side::of(vmm);
+            let page = self.baseline_page.to_string();
+            a.extend(vmm.own_memory_args(&size, &page, Some(self.cpus)));
+            a.extend(vmm.guest_args(&self.elf));
         }
-        a.extend(self.guest_args());
         a
     }
 
@@ -220,13 +159,11 @@ impl Plan {
 
     /// Checks a VMM process's end and the guest's report, and turns them
     /// into a sample.
-    fn process_sample(&self, side: Side, run: &ProcessRun) -> Result<LaunchSample, String> {
+    fn process_sample(&self, side: Side, run: &VmmRun) -> Result<LaunchSample, String> {
         let line = run
-            .stdout
-            .lines()
-            .find_map(|l| l.find("HUGEMEM-GUEST ").map(|i| l[i..].trim().to_string()))
+            .guest_line()
             .ok_or_else(|| format!("no guest report; {}", run.describe()))?;
-        let guest = GuestLine::parse(&line).ok_or_else(|| format!("bad guest report {line:?}"))?;
+        let guest = GuestLine::parse(line).ok_or_else(|| format!("bad guest report {line:?}"))?;
         // The guest's exit code is `nonzero`; the VMM's adapter says what
         // its process then exits with (QEMU's isa-debug-exit: (code << 1) |
         // 1; cloud-hypervisor: 0 after the ACPI power-off). `hugemem launch`

@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
-use super::ChurnVmm;
+use super::options::ChurnVmm;
 use guest_mem::size::format_size;
 
 /// One launch.

@@ -7,6 +7,7 @@ use std::process::{Command, Stdio};
 use backend::client::Client;
 use backend::daemon::{ByteSize, Config};
 use guest_mem::size::format_size;
+use hugemem::launch::Vmm;
 
 use super::assemble::{report, HugememSide, Sides};
 use super::error::{io_err, ChurnError};
@@ -16,8 +17,9 @@ use super::options::{ChurnConfig, ChurnVmm};
 use super::pages::PagesAtStart;
 use super::plan::{Plan, Side, MARKER, START_GPA, STRIDE};
 use super::report::ChurnReport;
+use crate::harness::serve::{ServeChild, ServeOptions};
 use crate::private_dir::PrivateDir;
-use crate::serve_child::{ServeChild, ServeOptions};
+use crate::vmm_side::PerVmm;
 
 /// Starts the run's private daemon on `socket` (default configuration;
 /// pool target and limit at least `parallel` x `size`) and waits until it
@@ -42,34 +44,31 @@ fn start_daemon(
 }
 
 fn choose_vmm(cfg: &ChurnConfig) -> Result<(ChurnVmm, OsString), ChurnError> {
-    let qemu_runs = || {
-        Command::new(&cfg.qemu)
-            .arg("--version")
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status()
-            .is_ok_and(|s| s.success())
+    let qemu_runs = Command::new(&cfg.qemu)
+        .arg("--version")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    // Each VMM's program, or why it cannot run.
+    let programs = PerVmm {
+        qemu: qemu_runs
+            .then(|| cfg.qemu.clone())
+            .ok_or_else(|| format!("{} --version does not run", cfg.qemu.to_string_lossy())),
+        cloud_hypervisor: cfg.cloud_hypervisor.clone().ok_or_else(|| {
+            "--vmm cloud-hypervisor needs CLOUD_HYPERVISOR to name the binary".to_string()
+        }),
     };
-    let vmm = match cfg.vmm {
-        Some(v) => v,
-        None if cfg.cloud_hypervisor.is_some() => ChurnVmm::CloudHypervisor,
-        None if qemu_runs() => ChurnVmm::Qemu,
-        None => ChurnVmm::Micro,
-    };
-    let program = match vmm {
-        ChurnVmm::CloudHypervisor => cfg.cloud_hypervisor.clone().ok_or_else(|| {
-            ChurnError::Missing(
-                "--vmm cloud-hypervisor needs CLOUD_HYPERVISOR to name the binary".into(),
-            )
-        })?,
-        ChurnVmm::Qemu if !qemu_runs() => {
-            return Err(ChurnError::Missing(format!(
-                "{} --version does not run",
-                cfg.qemu.to_string_lossy()
-            )))
-        }
-        ChurnVmm::Qemu => cfg.qemu.clone(),
-        ChurnVmm::Micro => OsString::new(),
+    // Unasked: the first VMM that runs here, else the micro-guest.
+    let vmm = cfg.vmm.unwrap_or_else(|| {
+        Vmm::ALL
+            .into_iter()
+            .find(|&vmm| programs.get(vmm).is_ok())
+            .map_or(ChurnVmm::Micro, ChurnVmm::Launched)
+    });
+    let program = match vmm.kind() {
+        Some(kind) => programs.get(kind).clone().map_err(ChurnError::Missing)?,
+        None => OsString::new(),
     };
     Ok((vmm, program))
 }

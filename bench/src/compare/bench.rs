@@ -7,12 +7,10 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use backend::client::Client;
-use backend::daemon::config::PoolConfig;
-use backend::daemon::{ByteSize, Config, Daemon, DaemonHandle};
+use backend::daemon::{Daemon, DaemonHandle};
 use backend::proto::{AllocRequest, ClearMode, PagePolicy, RegionInfo};
 use guest_mem::size::format_size;
 use guest_mem::PageSize;
-use hugemem::launch::Vmm;
 use tracing::warn;
 
 use super::config::{CLEAN_DEADLINE, CLEAN_POLL, STRIDE};
@@ -20,9 +18,10 @@ use super::error::CompareError;
 use super::results::{CompareReport, Figure, OverFloor, Ratio, VariantReport, VariantSamples};
 use super::variant::{Memory, Runner, Variant, BASELINE};
 use super::vmm::*;
-use crate::alloc::pool_state;
 use crate::floor::FloorMemory;
+use crate::harness;
 use crate::stats::{paired_median, paired_median_ci95, ratio};
+use crate::vmm_side::{self, PerVmm};
 
 /// The benchmark's state during a run.
 pub(super) struct Bench<'a> {
@@ -32,8 +31,8 @@ pub(super) struct Bench<'a> {
     pub(super) prealloc_threads: usize,
     pub(super) elf: PathBuf,
     pub(super) socket: PathBuf,
-    pub(super) qemu: Option<OsString>,
-    pub(super) cloud_hypervisor: Option<OsString>,
+    /// Each VMM's program, where it runs.
+    pub(super) programs: PerVmm<Option<OsString>>,
     /// Per variant: why it is skipped.
     pub(super) skipped: BTreeMap<Variant, String>,
     pub(super) samples: BTreeMap<Variant, Vec<Sample>>,
@@ -56,114 +55,29 @@ impl Bench<'_> {
         self.page.to_string()
     }
 
-    /// QEMU arguments shared by every QEMU variant, with `machine` as the
-    /// `-M` value.
-    pub(super) fn qemu_common(&self, machine: &str) -> Vec<OsString> {
-        let mut v: Vec<OsString> = [
-            "-M",
-            machine,
-            "-accel",
-            "kvm",
-            "-cpu",
-            hugemem::launch::vmm::qemu::KVM_CPU,
-            "-nodefaults",
-            "-no-user-config",
-            "-nographic",
-            "-no-reboot",
-            "-serial",
-            "stdio",
-            "-chardev",
-            "file,id=hmfirst,path=/dev/stdout",
-            "-device",
-            "isa-debugcon,iobase=0x3f0,chardev=hmfirst",
-            "-device",
-            "isa-debug-exit",
-            "-kernel",
-        ]
-        .iter()
-        .map(OsString::from)
-        .collect();
-        v.push(self.elf.clone().into_os_string());
-        v
-    }
-
-    /// cloud-hypervisor arguments shared by both of its variants.
-    pub(super) fn ch_common(&self) -> Vec<OsString> {
-        let mut v: Vec<OsString> = vec!["--kernel".into(), self.elf.clone().into_os_string()];
-        v.extend(
-            [
-                "--cpus",
-                "boot=1",
-                "--serial",
-                "tty",
-                "--console",
-                "off",
-                "--debug-console",
-                "file=/dev/stdout,iobase=0x3f0",
-            ]
-            .iter()
-            .map(OsString::from),
-        );
-        v
-    }
-
     /// A VMM-owned-memory variant: spawn, wait, check.
     pub(super) fn run_own(&mut self, v: Variant) -> Result<Sample, CompareError> {
-        let size = format_size(self.size);
-        let page = self.page_text();
-        let argv: Vec<OsString> = match v.runner() {
-            Runner::Qemu => {
-                let program = self.qemu.clone().unwrap_or_default();
-                let prealloc = if v == Variant::QemuPrealloc {
-                    format!(",prealloc=on,prealloc-threads={}", self.prealloc_threads)
-                } else {
-                    String::new()
-                };
-                let mut a: Vec<OsString> = vec![
-                    program,
-                    "-object".into(),
-                    format!("memory-backend-memfd,id=ram0,size={size},hugetlb=on,hugetlbsize={page}{prealloc}").into(),
-                    "-m".into(),
-                    size.clone().into(),
-                ];
-                a.extend(self.qemu_common("microvm,memory-backend=ram0"));
-                a
-            }
-            Runner::CloudHypervisor => {
-                let mut a: Vec<OsString> = vec![
-                    self.cloud_hypervisor.clone().unwrap_or_default(),
-                    "--memory".into(),
-                    format!("size={size},hugepages=on,hugepage_size={page},prefault=on").into(),
-                ];
-                a.extend(self.ch_common());
-                a
-            }
-            Runner::Client => {
-                return Err(CompareError::Failed {
-                    variant: v.key(),
-                    why: "the client runs on hugemem memory only".into(),
-                })
-            }
+        let Runner::Vmm(vmm) = v.runner() else {
+            return Err(CompareError::Failed {
+                variant: v.key(),
+                why: "the client runs on hugemem memory only".into(),
+            });
         };
+        let side = vmm_side::of(vmm);
+        // Every own-memory variant prefaults but QEMU's lazy one.
+        let prefault = (v != Variant::QemuLazy).then_some(self.prealloc_threads);
+        let mut argv = vec![self.programs.get(vmm).clone().unwrap_or_default()];
+        argv.extend(side.own_memory_args(&format_size(self.size), &self.page_text(), prefault));
+        argv.extend(side.guest_args(&self.elf));
         let t0 = Instant::now();
         let run = run_vmm_timed(&argv, &[], t0)?;
         check_vmm(v, &run, None)
     }
 
     pub(super) fn start_daemon(&self) -> Result<DaemonHandle, CompareError> {
-        let defaults = Config::default();
         // The pool must keep the freed VM, and look for other holders often.
-        let config = Config {
-            socket: self.socket.clone(),
-            pool: PoolConfig {
-                target: defaults.pool.target.max(ByteSize(self.size)),
-                limit: defaults.pool.limit.max(ByteSize(self.size)),
-                recheck_ms: 10,
-                refault_ahead: self.refault_ahead,
-                ..defaults.pool.clone()
-            },
-            ..defaults
-        };
+        let mut config = harness::daemon::holding(self.socket.clone(), self.size, 10);
+        config.pool.refault_ahead = self.refault_ahead;
         Ok(Daemon::start(config)?)
     }
 
@@ -215,24 +129,16 @@ impl Bench<'_> {
             .pages_detached
             .saturating_sub(before.counters.pages_detached)
             .saturating_mul(self.page.bytes());
-        crate::pool_wait::wait_refaulted(daemon, before, detached)
+        harness::pool::wait_refaulted(daemon, before, detached)
             .map(drop)
             .ok_or(CompareError::CleanTimeout(CLEAN_DEADLINE))
     }
 
     /// Waits until the pool holds the whole size clean and nothing dirty.
     pub(super) fn wait_clean(&self, daemon: &DaemonHandle) -> Result<(), CompareError> {
-        let deadline = Instant::now() + CLEAN_DEADLINE;
-        loop {
-            let (clean, pending) = pool_state(&daemon.stats());
-            if clean >= self.size && pending == 0 {
-                return Ok(());
-            }
-            if Instant::now() >= deadline {
-                return Err(CompareError::CleanTimeout(CLEAN_DEADLINE));
-            }
-            std::thread::sleep(CLEAN_POLL);
-        }
+        harness::pool::wait_clean(daemon, self.size, CLEAN_DEADLINE, CLEAN_POLL)
+            .map(drop)
+            .map_err(|_| CompareError::CleanTimeout(CLEAN_DEADLINE))
     }
 
     /// Fills the pool without timing anything (ALLOC, FREE, scrub).
@@ -286,19 +192,14 @@ impl Bench<'_> {
         t0: Instant,
         alloc_s: Option<f64>,
     ) -> Result<Sample, CompareError> {
-        let (vmm, program, user) = match v.runner() {
+        let vmm = match v.runner() {
             Runner::Client => return run_client(v, regions, fds, t0, alloc_s),
-            Runner::Qemu => (
-                Vmm::Qemu,
-                self.qemu.clone().unwrap_or_default(),
-                self.qemu_common("microvm"),
-            ),
-            Runner::CloudHypervisor => (
-                Vmm::CloudHypervisor,
-                self.cloud_hypervisor.clone().unwrap_or_default(),
-                self.ch_common(),
-            ),
+            Runner::Vmm(vmm) => vmm,
         };
+        let program = self.programs.get(vmm).clone().unwrap_or_default();
+        let side = vmm_side::of(vmm);
+        let mut user = side.machine_args();
+        user.extend(side.guest_args(&self.elf));
         let argv = crate::floor::vmm_argv(vmm, program, &user, regions, fds)?;
         run_vmm_timed(&argv, fds, t0).and_then(|run| check_vmm(v, &run, alloc_s))
     }

@@ -17,10 +17,6 @@ pub(super) const STRIDE: u64 = 2 << 20;
 pub(super) const START_GPA: u64 = 1 << 20;
 /// Mixed into what the guest writes.
 pub(super) const MARKER: u64 = 0x4845_4d43_4f4d_5052; // "HEMCOMPR"
-/// The guest's first-instruction value on port 0x3f0 (`{`).
-pub(super) const FIRST_BYTE: u8 = 0x7b;
-/// The guest's all-pages-touched value on port 0x3f0 (`|`).
-pub(super) const DONE_BYTE: u8 = 0x7c;
 /// Longest a VMM may run before it is killed.
 pub(super) const VMM_DEADLINE: Duration = Duration::from_secs(120);
 /// Longest wait for a FREE to come back clean.

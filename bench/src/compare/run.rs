@@ -79,10 +79,12 @@ pub fn run(
         prealloc_threads,
         socket: dir.path().join("hugemem.sock"),
         elf,
-        qemu: qemu_version.is_ok().then(|| cfg.qemu.clone()),
-        cloud_hypervisor: match &ch_version {
-            Some(Ok(_)) => cfg.cloud_hypervisor.clone(),
-            _ => None,
+        programs: crate::vmm_side::PerVmm {
+            qemu: qemu_version.is_ok().then(|| cfg.qemu.clone()),
+            cloud_hypervisor: match &ch_version {
+                Some(Ok(_)) => cfg.cloud_hypervisor.clone(),
+                _ => None,
+            },
         },
         skipped,
         samples: BTreeMap::new(),

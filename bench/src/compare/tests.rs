@@ -4,6 +4,7 @@ use super::report::{plot_script, run_plot_script};
 use super::results::Figure;
 use super::variant::{Memory, Runner, Variant, BASELINE};
 use super::vmm::*;
+use crate::harness::vmm::VmmRun;
 
 /// The compiled-in plot script runs with no source tree: `--check` exits
 /// 0 with matplotlib, 2 (and says so) without; either way it ran.
@@ -43,7 +44,10 @@ fn variants_have_distinct_keys_and_kinds() {
     assert_eq!(keys.len(), Variant::ALL.len());
     assert_eq!(BASELINE.memory(), Memory::Own);
     assert_eq!(Variant::ClientPool.memory(), Memory::Pool);
-    assert_eq!(Variant::ChHugememPool.runner(), Runner::CloudHypervisor);
+    assert_eq!(
+        Variant::ChHugememPool.runner(),
+        Runner::Vmm(hugemem::launch::Vmm::CloudHypervisor)
+    );
 }
 
 #[test]
@@ -80,9 +84,9 @@ fn skips_say_why() {
 #[test]
 fn guest_line_is_found_after_port_marks() {
     let run = VmmRun {
-        first: Some(Duration::from_millis(5)),
-        done: Some(Duration::from_millis(9)),
-        exit: Duration::from_millis(10),
+        ready: Some(Duration::from_millis(5)),
+        touched: Some(Duration::from_millis(9)),
+        elapsed: Duration::from_millis(10),
         status: std::os::unix::process::ExitStatusExt::from_raw(1 << 8),
         stdout: "{|HUGEMEM-GUEST pages=255 nonzero=0 status=0\n".into(),
         stderr: String::new(),

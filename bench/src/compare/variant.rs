@@ -1,5 +1,7 @@
 //! The variants compared: which VMM or runner, on which memory.
 
+use hugemem::launch::Vmm;
+
 /// The variant every ratio is taken against.
 pub const BASELINE: Variant = Variant::QemuPrealloc;
 
@@ -34,8 +36,9 @@ pub enum Variant {
 /// Who runs the guest.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Runner {
-    Qemu,
-    CloudHypervisor,
+    /// A VMM, on the micro-guest's PVH image.
+    Vmm(Vmm),
+    /// hugemem's client, in process.
     Client,
 }
 
@@ -109,9 +112,9 @@ impl Variant {
             | Variant::QemuLazy
             | Variant::QemuHugememFresh
             | Variant::QemuHugememPool
-            | Variant::QemuFloor => Runner::Qemu,
+            | Variant::QemuFloor => Runner::Vmm(Vmm::Qemu),
             Variant::ChPrefault | Variant::ChHugememPool | Variant::ChFloor => {
-                Runner::CloudHypervisor
+                Runner::Vmm(Vmm::CloudHypervisor)
             }
             Variant::ClientFresh | Variant::ClientPool | Variant::ClientFloor => Runner::Client,
         }
@@ -129,10 +132,9 @@ impl Variant {
     /// The floor of this variant's VMM: the same VMM and guest on memory
     /// that needs no preparation.
     pub fn floor(self) -> Variant {
-        match self.runner() {
-            Runner::Qemu => Variant::QemuFloor,
-            Runner::CloudHypervisor => Variant::ChFloor,
-            Runner::Client => Variant::ClientFloor,
-        }
+        Variant::ALL
+            .into_iter()
+            .find(|f| f.memory() == Memory::Floor && f.runner() == self.runner())
+            .unwrap_or(Variant::ClientFloor)
     }
 }

@@ -1,16 +1,15 @@
 //! What the demo reads of the daemon's pool: the scrub figures, the pools
 //! for the report, and the wait until a freed region is clean (the wait
 //! for its holes to be faulted back in is shared with the alloc bench, in
-//! `crate::pool_wait`).
-
-use std::time::Instant;
+//! `crate::harness::pool`).
 
 use backend::daemon::DaemonHandle;
 use hugemem_client::stats::Stats;
 
 use super::error::DemoError;
 use super::report::PoolFigures;
-use crate::pool_wait::{CLEAN_DEADLINE, CLEAN_POLL};
+use crate::harness;
+use crate::harness::pool::{CLEAN_DEADLINE, CLEAN_POLL};
 
 /// Bytes the pool's scrubbers cleared, over every node.
 pub(super) fn scrubbed_bytes(stats: &Stats) -> u64 {
@@ -40,17 +39,6 @@ pub(super) fn pools(stats: &Stats) -> Vec<PoolFigures> {
 /// Waits until the pool holds at least `bytes` clean and nothing dirty or
 /// quarantined.
 pub(super) fn wait_clean(daemon: &DaemonHandle, bytes: u64) -> Result<Stats, DemoError> {
-    let deadline = Instant::now() + CLEAN_DEADLINE;
-    loop {
-        let stats = daemon.stats();
-        let clean = stats.pool_sum(|p| p.clean_bytes);
-        let pending = stats.pool_sum(|p| p.dirty_bytes + p.quarantined_bytes);
-        if clean >= bytes && pending == 0 {
-            return Ok(stats);
-        }
-        if Instant::now() >= deadline {
-            return Err(DemoError::CleanTimeout(CLEAN_DEADLINE, stats.to_string()));
-        }
-        std::thread::sleep(CLEAN_POLL);
-    }
+    harness::pool::wait_clean(daemon, bytes, CLEAN_DEADLINE, CLEAN_POLL)
+        .map_err(|last| DemoError::CleanTimeout(CLEAN_DEADLINE, last.to_string()))
 }

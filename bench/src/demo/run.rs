@@ -3,8 +3,7 @@
 use std::time::Instant;
 
 use backend::client::{Allocation, Client};
-use backend::daemon::config::PoolConfig;
-use backend::daemon::{ByteSize, Config, Daemon, DaemonHandle};
+use backend::daemon::{Daemon, DaemonHandle};
 use backend::proto::{AllocRequest, ClearMode};
 use guest_mem::size::format_size;
 use guest_mem::PageSize;
@@ -17,7 +16,8 @@ use super::guest::{ms, run_guest, run_guest_on_resident_memfd};
 use super::pages::{policy, reserve};
 use super::pool_watch::{pools, scrub_seconds, scrubbed_bytes, wait_clean};
 use super::report::{DemoReport, GuestFigures};
-use crate::pool_wait::wait_refaulted;
+use crate::harness;
+use crate::harness::pool::wait_refaulted;
 use crate::private_dir::PrivateDir;
 
 /// Marker mixed into what guest #1 writes.
@@ -86,22 +86,12 @@ pub fn run(cfg: &DemoConfig, progress: &mut dyn FnMut(&str)) -> Result<DemoRepor
         path: std::env::temp_dir(),
         source,
     })?;
-    let defaults = Config::default();
     // Keep the freed VM in the pool, and look for other holders often. The
     // demo shows the pool's round trip on every page size, 4K included,
     // which a daemon does not pool by default (`pool.limit_4k` = 0: shmem
     // costs nothing to recreate): lift that limit here.
-    let config = Config {
-        socket: dir.path().join("hugemem.sock"),
-        pool: PoolConfig {
-            target: defaults.pool.target.max(ByteSize(size)),
-            limit: defaults.pool.limit.max(ByteSize(size)),
-            limit_4k: None,
-            recheck_ms: 20,
-            ..defaults.pool.clone()
-        },
-        ..defaults
-    };
+    let mut config = harness::daemon::holding(dir.path().join("hugemem.sock"), size, 20);
+    config.pool.limit_4k = None;
     let t = Instant::now();
     let daemon = Daemon::start(config)?;
     let daemon_start_s = t.elapsed().as_secs_f64();

@@ -7,10 +7,11 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use super::dense;
+use super::error::OffloadError;
 use super::report::{ChFileResult, OffloadConfig, OffloadDaemonResult};
 use super::steps::{allocated_under, args, drop_dir_cache, spawn, Stopping};
-use super::OffloadError;
-use crate::vmm_update::ch::{ch_guest_args, BenchCh, CH_DEADLINE};
+use crate::vmm_side::{BenchVmm, CloudHypervisor};
+use crate::vmm_update::ch::{BenchCh, CH_DEADLINE};
 use crate::vmm_update::ch_baselines::running;
 use crate::vmm_update::error::io;
 use crate::vmm_update::guest::GuestRam;
@@ -35,7 +36,7 @@ fn own_guest(
     elf: &Path,
     name: &str,
 ) -> Result<(BenchCh, GuestRam), OffloadError> {
-    let mut argv = ch_guest_args(&cfg.cloud_hypervisor, elf);
+    let mut argv = CloudHypervisor.spin_guest_args(&cfg.cloud_hypervisor, elf);
     argv.push("--memory".into());
     argv.push(
         format!(

@@ -23,7 +23,7 @@ use guest_mem::PageSize;
 use microguest::IMAGE_END_GPA;
 use vm_memory::{Bytes, VolatileMemory};
 
-use super::OffloadError;
+use super::error::OffloadError;
 
 /// The seed of the bytes.
 pub(crate) const SEED: u64 = 0x6875_6765_6d65_6d43;

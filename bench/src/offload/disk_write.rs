@@ -29,7 +29,7 @@ use hugemem_client::saved_vm::SaveOptions;
 use serde::Serialize;
 
 use super::dense::splitmix64;
-use super::OffloadError;
+use super::error::OffloadError;
 use crate::vmm_update::error::io;
 
 /// Bytes per write of the one-writer kinds (`dd bs=1M`).

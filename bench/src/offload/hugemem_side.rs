@@ -9,15 +9,15 @@ use std::time::{Duration, Instant};
 use backend::client::Client;
 
 use super::dense;
+use super::error::OffloadError;
 use super::report::{FromDiskResult, FromParkResult, OffloadConfig, OnDemandResult};
 use super::save_vs_disk::{self, SaveDone};
 use super::steps::{
     allocated_under, args, children_cpu_ms, daemon_copy_ms, daemon_settled, densest_file,
     disk_read_gbps, drop_dir_cache, hugemem, spawn, wait_restored_ms, Stopping, WriteWatch,
 };
-use super::OffloadError;
-use crate::serve_child::{ServeChild, ServeOptions};
-use crate::vmm_update::ch::ch_guest_args;
+use crate::harness::serve::{ServeChild, ServeOptions};
+use crate::vmm_side::{BenchVmm, CloudHypervisor};
 use crate::vmm_update::error::io;
 use crate::vmm_update::guest::GuestRam;
 use crate::vmm_update::series::before_update;
@@ -159,7 +159,7 @@ pub(super) fn one_rep(
         &cfg.page_size.to_string(),
         &"--",
     ]);
-    launch_args.extend(ch_guest_args(&cfg.cloud_hypervisor, elf));
+    launch_args.extend(CloudHypervisor.spin_guest_args(&cfg.cloud_hypervisor, elf));
     launch_args.extend(args([&"--api-socket", &api]));
     let mut launch = Stopping(spawn(&cfg.launcher, &launch_args, &r.path("launch.log"))?);
     let vmm = child_of(launch.pid())?;

@@ -7,13 +7,13 @@ use std::time::Duration;
 
 use super::ch_side::{ch_file_rep, offload_daemon_rep};
 use super::dense::LOW_RAM_END;
+use super::error::OffloadError;
 use super::hugemem_side::{one_rep, HugememResults};
 use super::report::{
     ChFileResult, FromDiskResult, FromParkResult, Measured, OffloadConfig, OffloadDaemonResult,
     OffloadReport, OnDemandResult,
 };
 use super::save_vs_disk;
-use super::OffloadError;
 use crate::private_dir::PrivateDir;
 use crate::vmm_update::error::io;
 use crate::vmm_update::guest::host_tsc_hz;

@@ -17,8 +17,8 @@ use std::path::{Path, PathBuf};
 use serde::Serialize;
 
 use super::disk_write::{write_gbps, Writer};
+use super::error::OffloadError;
 use super::figure::Figure;
-use super::OffloadError;
 use crate::stats::median_ci95;
 
 /// The disk's write rates around each save, and the save's over them.

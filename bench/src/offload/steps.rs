@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use super::OffloadError;
+use super::error::OffloadError;
 use crate::vmm_update::ch::written_bytes;
 use crate::vmm_update::error::io;
 

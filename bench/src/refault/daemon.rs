@@ -13,13 +13,13 @@
 use std::time::{Duration, Instant};
 
 use backend::client::Client;
-use backend::daemon::config::{PoolConfig, ScrubConfig};
-use backend::daemon::{ByteSize, Config, Daemon};
+use backend::daemon::Daemon;
 use backend::proto::{AllocRequest, ClearMode, PagePolicy};
 use guest_mem::{AnonMapping, PageSize};
 use serde::Serialize;
 
 use super::error::RefaultBenchError;
+use crate::harness;
 
 /// Longest wait for one refault.
 const REFAULT_DEADLINE: Duration = Duration::from_secs(120);
@@ -108,21 +108,8 @@ pub(super) fn measure(
     ));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).map_err(RefaultBenchError::Io)?;
-    let defaults = Config::default();
-    let config = Config {
-        socket: dir.join("hugemem.sock"),
-        pool: PoolConfig {
-            target: defaults.pool.target.max(ByteSize(size)),
-            limit: defaults.pool.limit.max(ByteSize(size)),
-            recheck_ms: 10,
-            ..defaults.pool.clone()
-        },
-        scrub: ScrubConfig {
-            refault_helpers: helpers,
-            ..defaults.scrub.clone()
-        },
-        ..defaults
-    };
+    let mut config = harness::daemon::holding(dir.join("hugemem.sock"), size, 10);
+    config.scrub.refault_helpers = helpers;
     let threads = if helpers {
         numa::current_affinity().map_or(1, |c| c.len())
     } else {

@@ -2,7 +2,7 @@
 
 use backend::client::ClientError;
 
-use crate::serve_child::ServeChildError;
+use crate::harness::serve::ServeChildError;
 
 /// Errors of the benchmark.
 #[derive(Debug, thiserror::Error)]

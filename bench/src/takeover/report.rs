@@ -5,7 +5,7 @@
 
 use serde::Serialize;
 
-use super::TakeoverConfig;
+use super::config::TakeoverConfig;
 use guest_mem::size::format_size;
 
 /// One mode's figures in one round.

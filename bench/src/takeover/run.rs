@@ -16,8 +16,8 @@ use super::error::{client_err, TakeoverError};
 use super::report::{ModeRound, TakeoverReport};
 use super::switch::{pool_ready, switch, wait_stats, Switched};
 use super::tenant::{request, Tenant};
+use crate::harness::serve::{ServeChild, ServeOptions};
 use crate::private_dir::PrivateDir;
-use crate::serve_child::{ServeChild, ServeOptions};
 
 /// Clients run this long before the switch, and after the first ALLOC.
 const LEAD: Duration = Duration::from_millis(200);

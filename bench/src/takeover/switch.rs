@@ -13,7 +13,7 @@ use hugemem_client::stats::Stats;
 use super::clients;
 use super::config::Mode;
 use super::error::{client_err, TakeoverError};
-use crate::serve_child::{ServeChild, ServeOptions};
+use crate::harness::serve::{ServeChild, ServeOptions};
 
 /// Longest wait for a daemon state (clean pool, first ALLOC, an exit).
 pub(super) const WAIT: Duration = Duration::from_secs(60);

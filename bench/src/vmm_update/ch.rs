@@ -17,8 +17,8 @@ use hugemem::launch::vmm::cloud_hypervisor::api::{ChApi, ChApiError};
 use hugemem::launch::vmm::cloud_hypervisor::events::{ChEvents, RECEIVE_READY};
 
 use super::error::io;
+use super::error::VmmUpdateError;
 use super::guest::monotonic_ns;
-use super::VmmUpdateError;
 use crate::floor::inherit_fds;
 
 /// How long one API request, and one migration, may take.
@@ -26,14 +26,6 @@ pub(crate) const CH_DEADLINE: Duration = Duration::from_secs(600);
 
 fn api_err(what: &'static str) -> impl FnOnce(ChApiError) -> VmmUpdateError {
     move |e| VmmUpdateError::Ch(format!("{what}: {e}"))
-}
-
-/// The guest's cloud-hypervisor options, memory aside: the micro-guest as
-/// its PVH kernel, one vCPU, no console.
-pub(crate) fn ch_guest_args(program: &OsString, elf: &Path) -> Vec<OsString> {
-    let mut args: Vec<OsString> = vec![program.clone(), "--kernel".into(), elf.into()];
-    args.extend(["--cpus", "boot=1", "--serial", "null", "--console", "off"].map(OsString::from));
-    args
 }
 
 /// The bytes process `pid` has written (`/proc/PID/io` `wchar`): the

@@ -24,14 +24,16 @@ use std::time::{Duration, Instant};
 
 use guest_mem::PageSize;
 
-use super::ch::{ch_guest_args, migrate, BenchCh, ChMigrated, CH_DEADLINE};
+use super::ch::{migrate, BenchCh, ChMigrated, CH_DEADLINE};
 use super::error::io;
+use super::error::VmmUpdateError;
 use super::guest::{GuestRam, HostClock};
+use super::report::VmmUpdateConfig;
 use super::report::{CopyResult, UpdateSeries};
 use super::series::{after_update, before_update, settled, OneUpdate, Settled};
 use super::setup::reserve;
-use super::{VmmUpdateConfig, VmmUpdateError};
 use crate::floor::{vmm_argv, FloorMemory};
+use crate::vmm_side::{BenchVmm, CloudHypervisor};
 
 /// Moves the guest in `ram` from `old` to a new cloud-hypervisor
 /// (`program`) by local migration; the new process and the update's figures.
@@ -89,7 +91,7 @@ pub(crate) fn floor(
     let _pages = reserve(cfg.size).map_err(VmmUpdateError::Setup)?;
     let (memory, _) = FloorMemory::populated(cfg.size, PageSize::Huge2M)
         .map_err(|e| VmmUpdateError::Setup(format!("the floor's memory: {e}")))?;
-    let mut user = ch_guest_args(&cfg.program, elf);
+    let mut user = CloudHypervisor.spin_guest_args(&cfg.program, elf);
     let program = user.remove(0);
     let argv = vmm_argv(
         cfg.vmm,
@@ -157,7 +159,7 @@ pub(crate) fn copy(
 ) -> Result<CopyResult, VmmUpdateError> {
     let _pages = reserve(2 * cfg.size)
         .map_err(|why| VmmUpdateError::Setup(format!("source and destination memory: {why}")))?;
-    let mut argv = ch_guest_args(&cfg.program, elf);
+    let mut argv = CloudHypervisor.spin_guest_args(&cfg.program, elf);
     argv.push("--memory".into());
     argv.push(format!("size={},shared=on,hugepages=on,hugepage_size=2M", cfg.size).into());
     let mut src = BenchCh::start(&argv, dir, "copy-src", &[])?;

@@ -10,15 +10,17 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 
+use super::error::VmmUpdateError;
 use super::guest::{GuestRam, HostClock};
-use super::qemu::{guest_args, migrate, BenchQemu, Migrated};
+use super::qemu::{migrate, BenchQemu, Migrated};
 use super::report::CopyResult;
+use super::report::VmmUpdateConfig;
 use super::series::{after_update, settled, Settled};
 use super::setup::{number, reserve};
-use super::{VmmUpdateConfig, VmmUpdateError};
+use crate::vmm_side::{BenchVmm, Qemu};
 
 fn argv(cfg: &VmmUpdateConfig, elf: &Path, incoming: bool) -> Vec<OsString> {
-    let mut argv = guest_args(&cfg.program, elf);
+    let mut argv = Qemu.spin_guest_args(&cfg.program, elf);
     argv.extend(
         [
             "-object".to_owned(),

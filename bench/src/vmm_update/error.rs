@@ -8,7 +8,7 @@ pub enum VmmUpdateError {
     Setup(String),
     /// The private daemon.
     #[error(transparent)]
-    Daemon(#[from] crate::serve_child::ServeChildError),
+    Daemon(#[from] crate::harness::serve::ServeChildError),
     /// Talking to the daemon.
     #[error("daemon: {0}")]
     Client(#[from] backend::client::ClientError),

@@ -11,7 +11,7 @@ use guest_mem::PageSize;
 use microguest::{pattern, SpinState, MAX_GAP_GPA, SPIN_BLOCK_GPA, SPIN_BLOCK_LEN};
 use vm_memory::{Bytes, MmapRegion, VolatileMemory};
 
-use super::VmmUpdateError;
+use super::error::VmmUpdateError;
 
 /// Reads the TSC.
 fn rdtsc() -> u64 {

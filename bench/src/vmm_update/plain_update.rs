@@ -14,13 +14,15 @@ use std::time::Instant;
 use guest_mem::PageSize;
 use serde_json::json;
 
+use super::error::VmmUpdateError;
 use super::guest::{GuestRam, HostClock};
-use super::qemu::{guest_args, migrate, BenchQemu, Migrated};
+use super::qemu::{migrate, BenchQemu, Migrated};
 use super::report::UpdateSeries;
+use super::report::VmmUpdateConfig;
 use super::series::{after_update, before_update, OneUpdate};
 use super::setup::{number, reserve};
-use super::{VmmUpdateConfig, VmmUpdateError};
 use crate::floor::{vmm_argv, FloorMemory};
+use crate::vmm_side::{BenchVmm, Qemu};
 
 /// Moves the guest from `old` to a new QEMU (`argv` plus `-incoming
 /// defer`) on the same memory; the new QEMU and the update's figures.
@@ -87,7 +89,7 @@ pub(crate) fn run(
     let _pages = reserve(cfg.size).map_err(VmmUpdateError::Setup)?;
     let (memory, _) = FloorMemory::populated(cfg.size, PageSize::Huge2M)
         .map_err(|e| VmmUpdateError::Setup(format!("the floor's memory: {e}")))?;
-    let mut user = guest_args(&cfg.program, elf);
+    let mut user = Qemu.spin_guest_args(&cfg.program, elf);
     let program = user.remove(0);
     let argv = vmm_argv(cfg.vmm, program, &user, &[memory.region()], &[memory.fd()])
         .map_err(|e| VmmUpdateError::Setup(format!("the plain QEMU's command line: {e}")))?;

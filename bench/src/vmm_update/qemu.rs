@@ -14,37 +14,12 @@ use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use serde_json::json;
 
 use super::error::io;
+use super::error::VmmUpdateError;
 use super::guest::monotonic_ns;
-use super::VmmUpdateError;
 use crate::floor::inherit_fds;
 
 /// How long a QMP reply or event may take, and QEMU to connect.
 pub(crate) const QMP_DEADLINE: Duration = Duration::from_secs(600);
-
-/// The guest's QEMU arguments, memory options aside.
-pub(crate) fn guest_args(qemu: &OsString, elf: &Path) -> Vec<OsString> {
-    let mut args: Vec<OsString> = vec![qemu.clone()];
-    args.extend(
-        [
-            "-M",
-            "microvm",
-            "-accel",
-            "kvm",
-            "-cpu",
-            hugemem::launch::vmm::qemu::KVM_CPU,
-            "-nodefaults",
-            "-no-user-config",
-            "-display",
-            "none",
-            "-serial",
-            "none",
-            "-kernel",
-        ]
-        .map(OsString::from),
-    );
-    args.push(elf.into());
-    args
-}
 
 /// A QEMU the bench started, with its monitor; killed when dropped.
 pub(crate) struct BenchQemu {

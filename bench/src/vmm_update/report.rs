@@ -9,6 +9,7 @@ use hugemem::launch::Vmm;
 
 use super::setup::{one_gib_pages, STRIDE};
 use crate::stats;
+use crate::vmm_side::PerVmm;
 use serde::Serialize;
 
 /// The run's settings.
@@ -364,9 +365,9 @@ impl VmmUpdateReport {
             u.ram_transferred_max_pct,
             col(self.switch_gap_ratio.map(|r| format!("{r:.1}x"))),
             col(self.downtime_ratio.map(|r| format!("{r:.1}x"))),
-            if self.vmm == "qemu" { " (limit >= 5x at 8 GiB)" } else { "" },
+            ratio_limits(&self.vmm).0,
             col(self.update_time_ratio.map(|r| format!("{r:.1}x"))),
-            if self.vmm == "qemu" { "" } else { " (limit >= 20x at 8 GiB)" },
+            ratio_limits(&self.vmm).1,
         );
         let _ = writeln!(t, "{}", self.page_size_note);
         if let Some(note) = &self.floor_note {
@@ -377,4 +378,14 @@ impl VmmUpdateReport {
         }
         t
     }
+}
+
+/// The limits a VMM's ratios are held to, as the table notes them: the
+/// pause against QEMU's copy, the update time against cloud-hypervisor's.
+fn ratio_limits(vmm: &str) -> (&'static str, &'static str) {
+    let limits = PerVmm {
+        qemu: (" (limit >= 5x at 8 GiB)", ""),
+        cloud_hypervisor: ("", " (limit >= 20x at 8 GiB)"),
+    };
+    Vmm::parse(vmm).map_or(limits.cloud_hypervisor, |k| *limits.get(k))
 }

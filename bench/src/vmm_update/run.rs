@@ -8,14 +8,14 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use super::error::io;
+use super::error::VmmUpdateError;
 use super::guest::{host_tsc_hz, GuestRam, HostClock};
 use super::report::{Measured, UpdateResult, UpdateSeries, VmmUpdateConfig, VmmUpdateReport};
 use super::series::{after_update, before_update, OneUpdate};
 use super::setup::{child_of, reserve, write_spin_elf};
 use super::side;
-use super::VmmUpdateError;
+use crate::harness::serve::{ServeChild, ServeOptions};
 use crate::private_dir::PrivateDir;
-use crate::serve_child::{ServeChild, ServeOptions};
 use backend::client::Client;
 
 fn balanced(stats: &backend::stats::Stats) -> bool {
@@ -25,7 +25,7 @@ fn balanced(stats: &backend::stats::Stats) -> bool {
 
 fn start_launch(cfg: &VmmUpdateConfig, dir: &Path, elf: &Path) -> Result<Child, VmmUpdateError> {
     let log = std::fs::File::create(dir.join("launch.log")).map_err(io("launch log"))?;
-    let guest = side::of(cfg.vmm).guest_args(&cfg.program, elf);
+    let guest = crate::vmm_side::of(cfg.vmm).spin_guest_args(&cfg.program, elf);
     Command::new(&cfg.launcher)
         .arg("launch")
         .arg("--socket")

@@ -5,10 +5,10 @@ use std::time::Duration;
 
 use microguest::SpinState;
 
+use super::error::VmmUpdateError;
 use super::guest::{gap_within, GuestRam, HostClock};
 use super::report::{median, UpdateSeries};
 use super::setup::{idle_gap, HOST_CHECK_END, MARKER, START_GPA, STRIDE};
-use super::VmmUpdateError;
 
 /// One update, as [`UpdateSeries::push`] takes it.
 pub(crate) struct OneUpdate {

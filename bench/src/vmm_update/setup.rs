@@ -8,8 +8,8 @@ use guest_mem::{PageSize, Reservation};
 use microguest::{pvh_elf, PvhConfig};
 
 use super::error::io;
+use super::error::VmmUpdateError;
 use super::guest::GuestRam;
-use super::VmmUpdateError;
 
 /// The guest writes `MARKER ^ gpa` into each page.
 pub(crate) const MARKER: u64 = 0x766d_6d2d_7570_6400;

@@ -1,22 +1,20 @@
 //! The bench's side of each VMM: what `bench vmm-update` runs for it
 //! besides `hugemem launch` and `hugemem update`, which go through the
-//! VMM's adapter (`hugemem::launch::vmm`). The one place in this bench
-//! that turns a VMM kind into its code.
+//! VMM's adapter (`hugemem::launch::vmm`); picked through the benches'
+//! one choice of a VMM's part ([`PerVmm`]).
 
-use std::ffi::OsString;
 use std::path::Path;
 
 use hugemem::launch::Vmm;
 
+use crate::vmm_side::PerVmm;
+
+use super::error::VmmUpdateError;
 use super::report::{CopyResult, UpdateSeries, VmmUpdateConfig};
-use super::VmmUpdateError;
-use super::{ch, ch_baselines, copy, plain_update, qemu};
+use super::{ch_baselines, copy, plain_update};
 
 /// What the bench runs for one VMM.
 pub(crate) trait VmmSide: Sync {
-    /// The guest's command line (program first, no memory options).
-    fn guest_args(&self, program: &OsString, elf: &Path) -> Vec<OsString>;
-
     /// The floor: the same update by plain VMMs on one memfd, no daemon.
     fn floor(
         &self,
@@ -43,17 +41,14 @@ struct ChSide;
 
 /// `vmm`'s side.
 pub(crate) fn of(vmm: Vmm) -> &'static dyn VmmSide {
-    match vmm {
-        Vmm::Qemu => &QemuSide,
-        Vmm::CloudHypervisor => &ChSide,
-    }
+    static SIDES: PerVmm<&'static dyn VmmSide> = PerVmm {
+        qemu: &QemuSide,
+        cloud_hypervisor: &ChSide,
+    };
+    *SIDES.get(vmm)
 }
 
 impl VmmSide for QemuSide {
-    fn guest_args(&self, program: &OsString, elf: &Path) -> Vec<OsString> {
-        qemu::guest_args(program, elf)
-    }
-
     fn floor(
         &self,
         cfg: &VmmUpdateConfig,
@@ -78,10 +73,6 @@ impl VmmSide for QemuSide {
 }
 
 impl VmmSide for ChSide {
-    fn guest_args(&self, program: &OsString, elf: &Path) -> Vec<OsString> {
-        ch::ch_guest_args(program, elf)
-    }
-
     fn floor(
         &self,
         cfg: &VmmUpdateConfig,
