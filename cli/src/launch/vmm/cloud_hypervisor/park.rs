@@ -16,7 +16,7 @@ use hugemem_client::park::Parked;
 use nix::sys::socket::{getsockopt, sockopt};
 
 use super::api::ChApi;
-use crate::launch::vmm::ParkError;
+use crate::launch::vmm::adapter::ParkError;
 
 /// The VMM, in messages.
 const NAME: &str = "cloud-hypervisor";

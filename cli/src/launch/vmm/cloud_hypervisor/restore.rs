@@ -28,7 +28,7 @@ use super::switch::ChSwitch;
 use crate::launch::config::LaunchConfig;
 use crate::launch::error::LaunchError;
 use crate::launch::update::VmmSwitch;
-use crate::launch::vmm::{RestoreLaunch, RestoreReceiver, VmmRestore};
+use crate::launch::vmm::adapter::{RestoreLaunch, RestoreReceiver, VmmRestore};
 
 /// cloud-hypervisor restores parked VMs.
 #[derive(Debug, Clone, Copy, Default)]
