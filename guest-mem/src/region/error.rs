@@ -101,7 +101,7 @@ pub enum RegionError {
         #[source]
         source: PolicyError,
     },
-    /// A [`Region::grow`] request that can never succeed; nothing changed.
+    /// A [`Region::grow`](crate::Region::grow) request that can never succeed; nothing changed.
     #[error("cannot grow region {name} from {len} to {new_len} bytes: {why}")]
     BadGrow {
         /// Region name.
@@ -114,7 +114,7 @@ pub enum RegionError {
         why: &'static str,
     },
     /// The region's node (or the host) cannot provide the pages a
-    /// [`Region::grow`] needs; nothing changed.
+    /// [`Region::grow`](crate::Region::grow) needs; nothing changed.
     #[error("cannot grow region {name} by {extra} bytes of {page_size} pages on {}: {reason}; free pages: {snapshot}", where_(*node))]
     GrowUnavailable {
         /// Region name.
@@ -130,7 +130,7 @@ pub enum RegionError {
         /// Pool counts at the time of the decision.
         snapshot: Box<PoolSnapshot>,
     },
-    /// Populating at allocation time failed (see [`Region::allocate`]).
+    /// Populating at allocation time failed (see [`Region::allocate`](crate::Region::allocate)).
     #[error("cannot populate region {name}; nothing was kept")]
     Prepare {
         /// Region name.
@@ -169,7 +169,7 @@ pub enum PrepareError {
     Run(#[source] RunError<PageFailure>),
 }
 
-/// What [`Region::prepare_eager`] did.
+/// What [`Region::prepare_eager`](crate::Region::prepare_eager) did.
 #[derive(Debug, Clone, PartialEq)]
 pub struct PrepareReport {
     /// Pages populated (fresh; the kernel zeroed them).
