@@ -1,7 +1,7 @@
 //! What the benches run on each VMM besides `hugemem launch` and `hugemem
 //! update` (which go through the VMM's adapter, `hugemem::launch::vmm`):
 //! the micro-guest's command lines and a VMM's own memory for the
-//! baselines, behind `BenchVmm`. `PerVmm::get` is the one place in the
+//! baselines, behind `BenchVmm`. `PerVmm::get` (through `Vmm::pick`) is the one place in the
 //! benches that turns a VMM kind into its part; a bench's own part for each
 //! VMM (such as `vmm-update`'s baselines) is a `PerVmm` of its own.
 
@@ -27,10 +27,7 @@ pub struct PerVmm<T> {
 impl<T> PerVmm<T> {
     /// `vmm`'s value.
     pub fn get(&self, vmm: Vmm) -> &T {
-        match vmm {
-            Vmm::Qemu => &self.qemu,
-            Vmm::CloudHypervisor => &self.cloud_hypervisor,
-        }
+        vmm.pick(&self.qemu, &self.cloud_hypervisor)
     }
 }
 

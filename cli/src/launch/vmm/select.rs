@@ -15,6 +15,16 @@ impl Vmm {
             Self::Qemu => &Qemu,
         }
     }
+
+    /// Of two values kept per VMM (a bench's own command lines, say), this
+    /// VMM's: so that code outside the adapters keeps values per VMM
+    /// without matching on the kind itself.
+    pub fn pick<T>(self, qemu: T, cloud_hypervisor: T) -> T {
+        match self {
+            Self::CloudHypervisor => cloud_hypervisor,
+            Self::Qemu => qemu,
+        }
+    }
 }
 
 impl fmt::Display for Vmm {
