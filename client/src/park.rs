@@ -10,7 +10,9 @@ use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 
 use crate::client::{allocation_from, Allocation, Client, ClientError};
-use crate::proto::{valid_park_name, ReplyBody, Request, Status, FEATURE_PARK};
+use crate::proto::{
+    valid_park_name, CloneMode, ReplyBody, Request, Status, FEATURE_CLONE, FEATURE_PARK,
+};
 
 /// What EXPORT sent: the parked VM, which stays parked, held for the
 /// connection that asked.
@@ -237,6 +239,59 @@ impl Client {
                 slots,
             }),
             other => Err(ClientError::Unexpected(format!("{other:?} to EXPORT"))),
+        }
+    }
+
+    /// CLONE: the daemon sends the template parked under `name` on
+    /// `migration` (this side plays the receiving cloud-hypervisor:
+    /// `ch_migration::peer::receive_snapshot`), as EXPORT does; the
+    /// template stays parked. In [`CloneMode::Shared`] the memory fds are
+    /// read-only, for the clone's cloud-hypervisor to map privately, and
+    /// the clone counts against the template (RESTORE and UNPARK of it are
+    /// refused) until this connection ends.
+    ///
+    /// # Errors
+    ///
+    /// [`ClientError::Refused`]: `NotFound` for a name this uid has not
+    /// parked; `NoMemory` when the free huge pages left after the clone
+    /// would be below the daemon's headroom; `Invalid` for a VM that
+    /// cannot be cloned in `mode` (the message says why); `Unsupported`
+    /// for a mode the daemon does not serve.
+    pub fn clone_parked(
+        &mut self,
+        name: &str,
+        mode: CloneMode,
+        migration: &UnixStream,
+    ) -> Result<Exported, ClientError> {
+        if self.features() & FEATURE_CLONE == 0 {
+            return Err(ClientError::Refused {
+                status: Status::Unsupported,
+                message: "the daemon does not speak CLONE (feature bit 5)".into(),
+            });
+        }
+        check_name(name)?;
+        let (reply, _fds) = self.exchange(
+            &Request::Clone {
+                name: name.to_string(),
+                mode,
+            },
+            &[migration.as_fd()],
+        )?;
+        match reply.body {
+            ReplyBody::Exported {
+                alloc_id,
+                bytes,
+                page_size,
+                parked_at,
+                slots,
+            } => Ok(Exported {
+                alloc_id,
+                bytes,
+                page_size,
+                parked_at,
+                slots,
+            }),
+            other => Err(ClientError::Unexpected(format!("{other:?} to CLONE"))),
         }
     }
 

@@ -23,6 +23,7 @@ impl Request {
             Request::Restore { .. } => Code::Restore,
             Request::Unpark { .. } => Code::Unpark,
             Request::Export { .. } => Code::Export,
+            Request::Clone { .. } => Code::Clone,
         }
     }
 
@@ -38,7 +39,8 @@ impl Request {
             Request::Uffd { .. }
             | Request::Park { .. }
             | Request::Restore { .. }
-            | Request::Export { .. } => 1,
+            | Request::Export { .. }
+            | Request::Clone { .. } => 1,
             _ => 0,
         }
     }
@@ -88,7 +90,8 @@ impl Request {
             | Request::Uffd { .. }
             | Request::Reattach { .. }
             | Request::Unpark { .. }
-            | Request::Export { .. } => 0,
+            | Request::Export { .. }
+            | Request::Clone { .. } => 0,
         }
     }
 
@@ -161,6 +164,10 @@ impl Request {
             Request::Restore { name, .. } => {
                 encode_name(&mut w, name);
                 w.u32(self.flags());
+            }
+            Request::Clone { name, mode } => {
+                encode_name(&mut w, name);
+                w.u32(*mode as u32);
             }
         }
         w.0
@@ -256,6 +263,13 @@ impl Request {
                 } else {
                     Request::Unpark { name }
                 }
+            }
+            Code::Clone => {
+                let name = decode_name(&mut r)?;
+                let mode = r.u32("mode")?;
+                let mode = CloneMode::from_u32(mode)
+                    .ok_or_else(|| bad(format!("unknown CLONE mode {mode}")))?;
+                Request::Clone { name, mode }
             }
             Code::Restore => {
                 let name = decode_name(&mut r)?;
