@@ -160,6 +160,8 @@ impl StatsSource {
                 park_verified_bytes: g(&m.park_verified_bytes),
                 exports: g(&m.exports),
                 exports_refused: g(&m.exports_refused),
+                clones: g(&m.clones),
+                clones_refused: g(&m.clones_refused),
             },
             parked: self.pool.parking().parked_list(),
             lost_parked: self.park_record.lost(None),

@@ -307,6 +307,9 @@ impl Components {
             stats,
             fills: Arc::clone(&fills),
             saving: Arc::default(),
+            clones: Arc::new(crate::daemon::requests::parked::clones::Clones::new(
+                cfg.clones.headroom.0,
+            )),
             store_sync: std::sync::OnceLock::new(),
             park_record,
         });
