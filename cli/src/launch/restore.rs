@@ -140,6 +140,7 @@ pub fn run(cfg: &LaunchConfig, name: &str) -> Result<LaunchReport, LaunchError> 
         note: String::new(),
         parked_as,
         restored: true,
+        cloned: None,
     })
 }
 

@@ -55,17 +55,17 @@ pub enum ReceiveError {
 }
 
 /// The new process's sockets.
-struct Sockets {
-    argv: Vec<OsString>,
-    api_path: PathBuf,
-    api_listener: UnixListener,
-    events_read: OwnedFd,
-    events_write: OwnedFd,
+pub(super) struct Sockets {
+    pub(super) argv: Vec<OsString>,
+    pub(super) api_path: PathBuf,
+    pub(super) api_listener: UnixListener,
+    pub(super) events_read: OwnedFd,
+    pub(super) events_write: OwnedFd,
 }
 
 /// The command line with the launcher's API socket (`fd=`) and event
 /// monitor in place of the user's `--api-socket`.
-fn command_line(cfg: &LaunchConfig, private: &Path) -> Result<Sockets, LaunchError> {
+pub(super) fn command_line(cfg: &LaunchConfig, private: &Path) -> Result<Sockets, LaunchError> {
     let opt = |m: String| LaunchError::Options(m);
     let program = cfg
         .command
