@@ -150,6 +150,9 @@ fn a_shared_clone_gets_the_template_read_only_and_keeps_it_parked() {
         Status::Invalid,
         "2 running shared clone",
     );
+    let s = d.stats();
+    assert_eq!(s.parked.len(), 1, "the template stays parked: {s}");
+    assert_eq!(s.parked[0].shared_clones, 2, "{s}");
 
     // Refused: COPY (not built), another uid, one page short of the headroom.
     let (r, got) = clone_via(&mut cloner, "tmpl", CloneMode::Copy);

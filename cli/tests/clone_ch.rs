@@ -218,6 +218,7 @@ fn shared_clones_count_on_from_a_template_that_stays_unchanged() {
     let stats = daemon.stats();
     assert_eq!(stats.counters.clones, CLONES as u64, "{stats}");
     assert_eq!(stats.parked.len(), 1, "the template stays parked: {stats}");
+    assert_eq!(stats.parked[0].shared_clones, CLONES as u64, "{stats}");
     assert_eq!(
         digest(&ram),
         before,

@@ -43,6 +43,8 @@ pub struct StatsSource {
     pub rebalance: Arc<Rebalancer>,
     /// The parked VMs a start found lost.
     pub park_record: Arc<crate::daemon::requests::parked::note::ParkRecord>,
+    /// The shared clones of parked VMs.
+    pub clones: Arc<crate::daemon::requests::parked::clones::Clones>,
 }
 
 impl StatsSource {
@@ -163,7 +165,16 @@ impl StatsSource {
                 clones: g(&m.clones),
                 clones_refused: g(&m.clones_refused),
             },
-            parked: self.pool.parking().parked_list(),
+            parked: self
+                .pool
+                .parking()
+                .parked_list()
+                .into_iter()
+                .map(|mut p| {
+                    p.shared_clones = self.clones.of(p.alloc).0 as u64;
+                    p
+                })
+                .collect(),
             lost_parked: self.park_record.lost(None),
         }
     }
