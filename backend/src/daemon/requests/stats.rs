@@ -48,6 +48,15 @@ pub struct StatsSource {
 }
 
 impl StatsSource {
+    /// The parked VMs, each with its shared clones.
+    fn parked(&self) -> Vec<hugemem_client::stats::ParkedVmStats> {
+        let mut parked = self.pool.parking().parked_list();
+        for p in &mut parked {
+            p.shared_clones = self.clones.of(p.alloc).0 as u64;
+        }
+        parked
+    }
+
     /// The STATS document (see `docs/protocol.md` and `hugemem status`),
     /// without the per-connection parts (`lazy`, placement), which the
     /// session adds.
@@ -165,16 +174,7 @@ impl StatsSource {
                 clones: g(&m.clones),
                 clones_refused: g(&m.clones_refused),
             },
-            parked: self
-                .pool
-                .parking()
-                .parked_list()
-                .into_iter()
-                .map(|mut p| {
-                    p.shared_clones = self.clones.of(p.alloc).0 as u64;
-                    p
-                })
-                .collect(),
+            parked: self.parked(),
             lost_parked: self.park_record.lost(None),
         }
     }
