@@ -228,3 +228,99 @@ fn a_vm_with_a_vfio_device_is_not_cloned_shared() {
     owner.unpark("vfio").expect("no clone counts");
     assert_serves_balanced(&d, 0, 0, "the VFIO VM dropped");
 }
+
+/// A private, reserved mapping of `fd` (as a shared clone's
+/// cloud-hypervisor makes it: `MAP_PRIVATE` without `MAP_NORESERVE`).
+struct Private(*mut u8, usize);
+
+impl Private {
+    fn of(fd: &impl AsFd, len: u64) -> Self {
+        use std::os::fd::AsRawFd;
+        let len = usize::try_from(len).expect("a length");
+        // SAFETY: a new private mapping of a file the test holds open; it
+        // aliases nothing of this process and is unmapped by Drop.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE,
+                fd.as_fd().as_raw_fd(),
+                0,
+            )
+        };
+        assert_ne!(p, libc::MAP_FAILED, "map the template privately");
+        Self(p.cast(), len)
+    }
+
+    fn bytes(&mut self) -> &mut [u8] {
+        // SAFETY: the mapping is `self.1` bytes, readable and writable,
+        // and only this value hands out views of it.
+        unsafe { std::slice::from_raw_parts_mut(self.0, self.1) }
+    }
+}
+
+impl Drop for Private {
+    fn drop(&mut self) {
+        // SAFETY: the mapping Private::of made, unmapped once.
+        unsafe { libc::munmap(self.0.cast(), self.1) };
+    }
+}
+
+#[test]
+fn a_clone_that_writes_every_page_changes_neither_the_template_nor_a_sibling() {
+    const TEST: &str = "a_clone_that_writes_every_page_changes_neither_the_template_nor_a_sibling";
+    let _g = serial();
+    if !reserve_2m(16, TEST) {
+        return;
+    }
+    let d = TestDaemon::start(|_| {});
+    let mut owner = d.client();
+    let mem = memfd("clone-writer", SIZE, false);
+    park_via(&mut owner, "tmpl", whole(&mem, SIZE))
+        .result
+        .expect("parked");
+    let (mut one, mut two) = (d.client(), d.client());
+    let a = clone_via(&mut one, "tmpl", CloneMode::Shared)
+        .1
+        .expect("clone A");
+    let b = clone_via(&mut two, "tmpl", CloneMode::Shared)
+        .1
+        .expect("clone B");
+    let resv = hugepages_2m("resv_hugepages");
+    let mut writer = Private::of(&a.memory[0].1, SIZE);
+    assert_eq!(
+        hugepages_2m("resv_hugepages") - resv,
+        SIZE / PAGE,
+        "the private mapping reserved every page it may write"
+    );
+    writer.bytes().fill(0xa5);
+    assert!(writer.bytes().iter().all(|&b| b == 0xa5));
+    let mut sibling = Private::of(&b.memory[0].1, SIZE);
+    let seen = sibling.bytes();
+    assert!(
+        seen.iter()
+            .enumerate()
+            .all(|(i, &b)| b == pattern(i as u64)),
+        "the sibling sees the template's bytes"
+    );
+    assert!(
+        holds_pattern(&a.memory[0].1, 0, SIZE, 0),
+        "the template is unchanged, byte for byte"
+    );
+    drop((writer, sibling));
+    assert_eq!(
+        hugepages_2m("resv_hugepages"),
+        resv,
+        "reservations returned"
+    );
+    drop((a, b, one, two));
+    let mut last = d.client();
+    wait_until(
+        "UNPARK once the clones ended",
+        Duration::from_secs(10),
+        || last.unpark("tmpl").is_ok(),
+    );
+    drop(owner);
+    assert_serves_balanced(&d, 0, 0, "the template dropped");
+}
