@@ -324,3 +324,72 @@ fn a_clone_that_writes_every_page_changes_neither_the_template_nor_a_sibling() {
     drop(owner);
     assert_serves_balanced(&d, 0, 0, "the template dropped");
 }
+
+#[test]
+fn a_copy_clone_gets_fresh_memory_filled_from_the_template_which_stays_parked() {
+    const TEST: &str = "a_copy_clone_gets_fresh_memory_filled_from_the_template_which_stays_parked";
+    let _g = serial();
+    if !reserve_2m(16, TEST) {
+        return;
+    }
+    let d = TestDaemon::start(|_| {});
+    let mut owner = d.client();
+    let mem = memfd("clone-copy", SIZE, false);
+    park_via(&mut owner, "tmpl", whole(&mem, SIZE))
+        .result
+        .expect("parked");
+    let template_id = identity(
+        &clone_via(&mut owner, "tmpl", CloneMode::Shared)
+            .1
+            .expect("read-only")
+            .memory[0]
+            .1,
+    );
+    let (daemon_end, ch_end) = UnixStream::pair().expect("socketpair");
+    let receiver =
+        std::thread::spawn(move || receive_snapshot(&ch_end, ch_migration::Limits::default()).ok());
+    let mut cloner = d.client();
+    let copy = cloner
+        .restore_copy("tmpl", &daemon_end, true)
+        .expect("a copy clone");
+    drop(daemon_end);
+    let got = receiver
+        .join()
+        .expect("the fake receiver")
+        .expect("the copy arrived");
+    assert_eq!(got.memory.len(), 1);
+    let fd = &got.memory[0].1;
+    assert_ne!(
+        identity(fd),
+        template_id,
+        "fresh memory, not the template's"
+    );
+    assert_eq!(
+        identity(fd),
+        identity(&copy.fds[0]),
+        "the memory handed out"
+    );
+    assert!(holds_pattern(fd, 0, SIZE, 0), "filled from the template");
+    nix::sys::uio::pwrite(fd, &[0u8; 4096], 0).expect("the copy is writable");
+    let s = d.stats();
+    assert_eq!(s.parked.len(), 1, "the template stays parked: {s}");
+    assert_eq!(s.counters.clones, 2, "{s}");
+    let check = clone_via(&mut cloner, "tmpl", CloneMode::Shared)
+        .1
+        .expect("read-only");
+    assert!(
+        holds_pattern(&check.memory[0].1, 0, SIZE, 0),
+        "the template is unchanged"
+    );
+    drop((got, check));
+    cloner.free(copy.id).expect("FREE the copy");
+    drop(cloner);
+    drop(owner);
+    let mut last = d.client();
+    wait_until(
+        "UNPARK once the clones ended",
+        Duration::from_secs(10),
+        || last.unpark("tmpl").is_ok(),
+    );
+    assert_serves_balanced(&d, 0, 0, "the copy freed, the template dropped");
+}

@@ -158,7 +158,25 @@ impl Client {
         migration: &UnixStream,
         paused: bool,
     ) -> Result<Allocation, ClientError> {
-        self.restore_on(name, &[migration.as_fd()], paused, false)
+        self.restore_on(name, &[migration.as_fd()], paused, (false, false))
+    }
+
+    /// RESTORE with COPY: a copy clone of the VM parked under `name` (its
+    /// template, which stays parked): the daemon takes a fresh allocation,
+    /// fills it from the template, sends it to the receiver on `migration`
+    /// as RESTORE does, and hands it to this connection (an ALLOC reply).
+    ///
+    /// # Errors
+    ///
+    /// As [`Client::restore`]; `NoMemory` when the pool has no memory for
+    /// the copy.
+    pub fn restore_copy(
+        &mut self,
+        name: &str,
+        migration: &UnixStream,
+        paused: bool,
+    ) -> Result<Allocation, ClientError> {
+        self.restore_on(name, &[migration.as_fd()], paused, (false, true))
     }
 
     /// RESTORE on demand: as [`Client::restore`] to a receiver that runs
@@ -178,17 +196,22 @@ impl Client {
         fault: &UnixStream,
         paused: bool,
     ) -> Result<Allocation, ClientError> {
-        self.restore_on(name, &[migration.as_fd(), fault.as_fd()], paused, true)
+        self.restore_on(
+            name,
+            &[migration.as_fd(), fault.as_fd()],
+            paused,
+            (true, false),
+        )
     }
 
     /// RESTORE over `connections`: the migration connection, then for
-    /// `postcopy` the fault connection.
+    /// `postcopy` the fault connection; with `copy`, a copy clone.
     fn restore_on(
         &mut self,
         name: &str,
         connections: &[BorrowedFd<'_>],
         paused: bool,
-        postcopy: bool,
+        (postcopy, copy): (bool, bool),
     ) -> Result<Allocation, ClientError> {
         self.park_feature("RESTORE")?;
         check_name(name)?;
@@ -197,6 +220,7 @@ impl Client {
                 name: name.to_string(),
                 paused,
                 postcopy,
+                copy,
             },
             connections,
         )?;

@@ -139,8 +139,11 @@ pub fn run(cfg: &LaunchConfig, name: &str) -> Result<LaunchReport, LaunchError> 
         page_sizes: restored.page_sizes,
         note: String::new(),
         parked_as,
-        restored: true,
-        cloned: None,
+        restored: cfg.clone_of.is_none(),
+        cloned: cfg
+            .clone_of
+            .as_ref()
+            .map(|_| hugemem_client::proto::CloneMode::Copy),
     })
 }
 

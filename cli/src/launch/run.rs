@@ -35,7 +35,12 @@ pub fn run(cfg: &LaunchConfig) -> Result<LaunchReport, LaunchError> {
         return super::restore::run(cfg, name);
     }
     if let Some(name) = &cfg.clone_of {
-        return super::clone::run(cfg, name, cfg.clone_mode);
+        // A copy clone is a restore of fresh memory filled from the
+        // template (RESTORE with COPY); a shared one maps the template.
+        return match cfg.clone_mode {
+            hugemem_client::proto::CloneMode::Copy => super::restore::run(cfg, name),
+            mode => super::clone::run(cfg, name, mode),
+        };
     }
     let program = cfg
         .command

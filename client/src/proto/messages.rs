@@ -195,6 +195,9 @@ pub enum Request {
         /// connection, and memory not filled yet is filled as it asks
         /// ([`RESTORE_FLAG_POSTCOPY`]).
         postcopy: bool,
+        /// A copy clone ([`RESTORE_FLAG_COPY`]): the VM stays parked (a
+        /// template), and the receiver gets fresh pool memory filled from it.
+        copy: bool,
     },
     /// Drop the VM parked under `name`: its memory returns to the pool.
     Unpark {
@@ -273,6 +276,9 @@ pub const RESTORE_FLAG_PAUSED: u32 = 1;
 /// RESTORE flags bit 1: a postcopy restore; the request carries two fds,
 /// the migration connection and the fault connection.
 pub const RESTORE_FLAG_POSTCOPY: u32 = 2;
+/// RESTORE flags bit 2: a copy clone: the VM stays parked, and the
+/// receiver gets a fresh allocation filled from it (CLONE in copy mode).
+pub const RESTORE_FLAG_COPY: u32 = 4;
 /// PARK flags bit 0: keep the memory files of memory from elsewhere and
 /// fill the memory at restore time (on demand with a postcopy RESTORE).
 pub const PARK_FLAG_ON_DEMAND: u32 = 1;

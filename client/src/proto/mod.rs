@@ -33,7 +33,7 @@ pub use messages::{
     valid_park_name, AllocPart, AllocRequest, ClearMode, CloneMode, PagePolicy, RegionInfo, Reply,
     ReplyBody, Request, UffdRange, ALLOC_FLAG_PATHS, ALLOC_FLAG_WAIT, ALLOC_REPLY_FLAG_PATHS,
     ALLOC_REPLY_FLAG_TOKEN, HANDOFF_FLAG_PATHS, MAX_PARK_NAME, PARK_FLAG_ON_DEMAND,
-    PARK_FLAG_VERIFY, RESTORE_FLAG_PAUSED, RESTORE_FLAG_POSTCOPY,
+    PARK_FLAG_VERIFY, RESTORE_FLAG_COPY, RESTORE_FLAG_PAUSED, RESTORE_FLAG_POSTCOPY,
 };
 pub use socket::{recv_message, send_message};
 pub use validate::{check_uffd_ranges, UffdRangeError};

@@ -73,11 +73,17 @@ impl Request {
                 flags
             }
             Request::Restore {
-                paused, postcopy, ..
+                paused,
+                postcopy,
+                copy,
+                ..
             } => {
                 let mut flags = if *paused { RESTORE_FLAG_PAUSED } else { 0 };
                 if *postcopy {
                     flags |= RESTORE_FLAG_POSTCOPY;
+                }
+                if *copy {
+                    flags |= RESTORE_FLAG_COPY;
                 }
                 flags
             }
@@ -274,7 +280,7 @@ impl Request {
             Code::Restore => {
                 let name = decode_name(&mut r)?;
                 let flags = r.u32("flags")?;
-                let known = RESTORE_FLAG_PAUSED | RESTORE_FLAG_POSTCOPY;
+                let known = RESTORE_FLAG_PAUSED | RESTORE_FLAG_POSTCOPY | RESTORE_FLAG_COPY;
                 if flags & !known != 0 {
                     return Err(bad(format!(
                         "undefined RESTORE flag bits {:#x}",
@@ -285,6 +291,7 @@ impl Request {
                     name,
                     paused: flags & RESTORE_FLAG_PAUSED != 0,
                     postcopy: flags & RESTORE_FLAG_POSTCOPY != 0,
+                    copy: flags & RESTORE_FLAG_COPY != 0,
                 }
             }
         };

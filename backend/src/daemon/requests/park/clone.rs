@@ -13,7 +13,7 @@
 //! memory (VFIO, vhost-user) is refused.
 //!
 //! COPY mode (the clone's own pool memory, filled from the template) is
-//! not built yet: it is answered UNSUPPORTED.
+//! a RESTORE with COPY (`clone_copy.rs`): CLONE answers UNSUPPORTED.
 
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::Arc;
@@ -74,7 +74,7 @@ pub async fn clone(rooms: &Arc<Rooms>, req: CloneRequest, fds: Vec<OwnedFd>) -> 
             rooms,
             &req,
             Status::Unsupported,
-            "CLONE in copy mode is not built yet: use --clone-mode shared",
+            "a copy clone is a RESTORE with COPY (hugemem launch --clone-of NAME --clone-mode copy); CLONE serves shared clones",
         );
     }
     let stream = match migration_socket(fds, req.uid) {

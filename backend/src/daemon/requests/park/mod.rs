@@ -37,6 +37,7 @@
 //!   that still maps it let go.
 
 pub mod clone;
+pub mod clone_copy;
 pub mod copy;
 pub mod error;
 pub mod export;
@@ -88,6 +89,23 @@ pub async fn serve(
             name,
             paused,
             postcopy,
+            copy: true,
+        } => {
+            let req = clone_copy::CopyRequest {
+                session,
+                uid: peer.uid,
+                gid: peer.gid,
+                name,
+                paused,
+                postcopy,
+            };
+            clone_copy::restore_copy(rooms, req, fds).await
+        }
+        Request::Restore {
+            name,
+            paused,
+            postcopy,
+            copy: false,
         } => {
             let req = send::RestoreRequest {
                 session,
