@@ -6,7 +6,8 @@
 //! process's command line before it runs (`VmmClone::prepare`;
 //! cloud-hypervisor's: `vmm/cloud_hypervisor/clone.rs`). Once the process
 //! started, the launcher's watcher thread has the adapter's receiver start
-//! the clone. The launcher keeps its daemon connection open while the
+//! the clone (shared mode; a copy clone is a restore, `restore.rs`).
+//! The launcher keeps its daemon connection open while the
 //! clone runs: the daemon counts the clone against its template for as
 //! long (RESTORE and UNPARK of the template are refused meanwhile). A
 //! shared clone has no allocation of its own: nothing is freed at the end.
@@ -25,13 +26,28 @@ use super::process;
 use super::report::LaunchReport;
 
 /// Starts a clone of the VM parked under `name` in the VMM of
-/// `cfg.command`, supervises it, and returns when it ends.
+/// `cfg.command` (`cfg.clone_mode`), supervises it, and returns when it
+/// ends. A copy clone is a restore of fresh memory filled from the
+/// template (RESTORE with COPY, `restore.rs`); a shared one maps the
+/// template (below).
 ///
 /// # Errors
 ///
 /// [`LaunchError`]: options, the daemon's refusal, the process;
 /// [`LaunchError::Unsupported`] for a VMM that cannot clone yet.
-pub fn run(cfg: &LaunchConfig, name: &str, mode: CloneMode) -> Result<LaunchReport, LaunchError> {
+pub fn run(cfg: &LaunchConfig, name: &str) -> Result<LaunchReport, LaunchError> {
+    match cfg.clone_mode {
+        CloneMode::Copy => super::restore::run(cfg, name),
+        CloneMode::Shared => run_shared(cfg, name, CloneMode::Shared),
+    }
+}
+
+/// A shared clone (see [`run`]).
+fn run_shared(
+    cfg: &LaunchConfig,
+    name: &str,
+    mode: CloneMode,
+) -> Result<LaunchReport, LaunchError> {
     let program = cfg.command.first().cloned().unwrap_or_default();
     let adapter = cfg
         .vmm

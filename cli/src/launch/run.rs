@@ -35,12 +35,7 @@ pub fn run(cfg: &LaunchConfig) -> Result<LaunchReport, LaunchError> {
         return super::restore::run(cfg, name);
     }
     if let Some(name) = &cfg.clone_of {
-        // A copy clone is a restore of fresh memory filled from the
-        // template (RESTORE with COPY); a shared one maps the template.
-        return match cfg.clone_mode {
-            hugemem_client::proto::CloneMode::Copy => super::restore::run(cfg, name),
-            mode => super::clone::run(cfg, name, mode),
-        };
+        return super::clone::run(cfg, name);
     }
     let program = cfg
         .command
