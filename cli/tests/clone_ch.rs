@@ -44,13 +44,13 @@ const PAGE: u64 = 2 << 20;
 /// `clones.headroom`: four 2 MiB pages.
 const HEADROOM: u64 = 4 * PAGE;
 
-/// `hugemem launch --clone-of NAME --clone-mode shared` under
+/// `hugemem launch --clone-of NAME --clone-mode MODE` under
 /// cloud-hypervisor `ch`, its API at `api`.
-fn launch_clone(daemon: &TestDaemon, ch: &str, name: &str, api: &Path) -> Child {
+fn launch_clone(daemon: &TestDaemon, ch: &str, (name, mode): (&str, &str), api: &Path) -> Child {
     Command::new("timeout")
         .args(["600", HUGEMEM, "launch", "--socket"])
         .arg(daemon.socket())
-        .args(["--clone-of", name, "--clone-mode", "shared", "--", ch])
+        .args(["--clone-of", name, "--clone-mode", mode, "--", ch])
         .arg("--api-socket")
         .arg(api)
         .spawn()
@@ -161,7 +161,8 @@ fn shared_clones_count_on_from_a_template_that_stays_unchanged() {
     if !root_or_skip() {
         return;
     }
-    let Some(setup) = set_up(1 + CLONES as u64) else {
+    // The template, the shared clones' reservations, one copy clone.
+    let Some(setup) = set_up(2 + CLONES as u64) else {
         return;
     };
     let (ch, dir, elf) = (&setup.ch, &setup.dir, &setup.elf);
@@ -187,7 +188,7 @@ fn shared_clones_count_on_from_a_template_that_stays_unchanged() {
     let mut clones = Vec::new();
     for i in 0..CLONES {
         let api = dir.path().join(format!("clone{i}.sock"));
-        let child = launch_clone(&daemon, ch, "template", &api);
+        let child = launch_clone(&daemon, ch, ("template", "shared"), &api);
         let launcher = child_of(child.id());
         let vmm = child_of(launcher);
         clones.push((child, launcher, vmm, StopLauncher(launcher)));
@@ -257,6 +258,41 @@ fn shared_clones_count_on_from_a_template_that_stays_unchanged() {
         }
         other => panic!("a clone past the headroom: {other:?}"),
     }
+
+    // A copy clone beside them: its own pool memory, mapped shared.
+    let active = daemon.stats().allocations.active;
+    let api = dir.path().join("copy.sock");
+    let mut copy = launch_clone(&daemon, ch, ("template", "copy"), &api);
+    let copy_launcher = child_of(copy.id());
+    let copy_vmm = child_of(copy_launcher);
+    let _copy_guard = StopLauncher(copy_launcher);
+    let mut last = None;
+    wait_until(
+        "the copy clone to count on",
+        Duration::from_secs(60),
+        || {
+            last = clone_spin_state(copy_vmm);
+            last.as_ref()
+                .is_some_and(|s| s.spinning && s.count > parked.count + 10)
+        },
+    );
+    assert_eq!(
+        last.map(|s| s.bad),
+        Some(0),
+        "the copy found a page changed"
+    );
+    let (_, perms) = guest_ram_mapping(copy_vmm).expect("the copy's guest RAM");
+    assert_eq!(perms, "rw-s", "a copy clone's memory is mapped shared");
+    let stats = daemon.stats();
+    assert_eq!(
+        stats.allocations.active, 1,
+        "the copy's allocation: {stats}"
+    );
+    stop(copy_launcher, &mut copy);
+    daemon.wait_stats(Duration::from_secs(30), "the copy freed", |s| {
+        s.allocations.active == 0
+    });
+    assert_eq!(digest(&ram), before, "a copy clone changed the template");
 
     for (mut child, launcher, _, _guard) in clones {
         stop(launcher, &mut child);
