@@ -156,7 +156,7 @@ fn a_shared_clone_gets_the_template_read_only_and_keeps_it_parked() {
 
     // Refused: COPY (not built), another uid, one page short of the headroom.
     let (r, got) = clone_via(&mut cloner, "tmpl", CloneMode::Copy);
-    expect_refused(r, Status::Unsupported, "copy mode");
+    expect_refused(r, Status::Unsupported, "RESTORE with COPY");
     assert!(got.is_none());
     let socket = d.socket();
     let code = in_child(Some(NOBODY), move || {
@@ -370,7 +370,12 @@ fn a_copy_clone_gets_fresh_memory_filled_from_the_template_which_stays_parked() 
         "the memory handed out"
     );
     assert!(holds_pattern(fd, 0, SIZE, 0), "filled from the template");
-    nix::sys::uio::pwrite(fd, &[0u8; 4096], 0).expect("the copy is writable");
+    let flags = nix::fcntl::fcntl(fd.as_fd(), nix::fcntl::FcntlArg::F_GETFL).expect("F_GETFL");
+    assert_eq!(
+        flags & libc::O_ACCMODE,
+        libc::O_RDWR,
+        "the copy is the receiver's to write"
+    );
     let s = d.stats();
     assert_eq!(s.parked.len(), 1, "the template stays parked: {s}");
     assert_eq!(s.counters.clones, 2, "{s}");

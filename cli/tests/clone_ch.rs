@@ -15,7 +15,7 @@
 //!   shortfall. Once the clones end, UNPARK drops the template.
 //!
 //! Skipped (through the skip helper) without the cloud-hypervisor binary
-//! that `CLOUD_HYPERVISOR` names, a usable `/dev/kvm`, 512 free 2 MiB
+//! that `CLOUD_HYPERVISOR` names, a usable `/dev/kvm`, 768 free 2 MiB
 //! pages or root (the other uid).
 
 mod common;
@@ -161,8 +161,9 @@ fn shared_clones_count_on_from_a_template_that_stays_unchanged() {
     if !root_or_skip() {
         return;
     }
-    // The template, the shared clones' reservations, one copy clone.
-    let Some(setup) = set_up(2 + CLONES as u64) else {
+    // The template, the shared clones' reservations, one copy clone, and
+    // room for the headroom's refusal.
+    let Some(setup) = set_up(3 + CLONES as u64) else {
         return;
     };
     let (ch, dir, elf) = (&setup.ch, &setup.dir, &setup.elf);
