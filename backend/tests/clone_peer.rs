@@ -10,7 +10,8 @@
 //!   served; once the connection ends, UNPARK drops the template;
 //! * refused: COPY mode (not built yet), another uid's CLONE (names are
 //!   per uid), a clone one page short of the headroom (naming the
-//!   shortfall), a VM with a VFIO device.
+//!   shortfall), a VM with a VFIO device, a VM on a named tap (either
+//!   mode).
 //!
 //! The tests are serialized (`serial`): they share the host's huge pages.
 
@@ -201,8 +202,8 @@ fn a_shared_clone_gets_the_template_read_only_and_keeps_it_parked() {
 }
 
 #[test]
-fn a_vm_with_a_vfio_device_is_not_cloned_shared() {
-    const TEST: &str = "a_vm_with_a_vfio_device_is_not_cloned_shared";
+fn a_vm_with_a_vfio_device_or_a_named_tap_is_not_cloned() {
+    const TEST: &str = "a_vm_with_a_vfio_device_or_a_named_tap_is_not_cloned";
     let _g = serial();
     if !reserve_2m(8, TEST) {
         return;
@@ -225,6 +226,28 @@ fn a_vm_with_a_vfio_device_is_not_cloned_shared() {
     let (r, got) = clone_via(&mut owner, "vfio", CloneMode::Shared);
     expect_refused(r, Status::Invalid, "VFIO");
     assert!(got.is_none());
+    // A named tap: neither mode.
+    let mut json: serde_json::Value =
+        serde_json::from_str(&config_json(&[(0, 0, SIZE, 0)])).expect("json");
+    json["vm_config"] = serde_json::json!({"net": [{"id": "net0", "tap": "tap9"}]});
+    let steps = vec![
+        Step::Send(start()),
+        Step::Send(memory_fd(0, &[&mem])),
+        Step::Send(config(&json.to_string())),
+        Step::Send(state(STATE)),
+        Step::Send(complete_paused()),
+    ];
+    park_via(&mut owner, "tap", steps).result.expect("parked");
+    let (r, got) = clone_via(&mut owner, "tap", CloneMode::Shared);
+    expect_refused(r, Status::Invalid, "net0 on the tap tap9");
+    assert!(got.is_none());
+    let (daemon_end, _receiver) = UnixStream::pair().expect("socketpair");
+    expect_refused(
+        owner.restore_copy("tap", &daemon_end, true),
+        Status::Invalid,
+        "tap9",
+    );
+    owner.unpark("tap").expect("no clone counts");
     owner.unpark("vfio").expect("no clone counts");
     assert_serves_balanced(&d, 0, 0, "the VFIO VM dropped");
 }

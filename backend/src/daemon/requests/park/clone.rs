@@ -10,7 +10,8 @@
 //! template. Before anything is sent, the clone is admitted against the
 //! huge-page budget (`parked::clones`) and counted against the template
 //! for the requesting connection; a VM with a device that needs shared
-//! memory (VFIO, vhost-user) is refused.
+//! memory (VFIO, vhost-user) is refused, and so is one that holds what a
+//! second process cannot (a named tap, a vsock: `ch_migration::clone::identity_refusal`).
 //!
 //! COPY mode (the clone's own pool memory, filled from the template) is
 //! a RESTORE with COPY (`clone_copy.rs`): CLONE answers UNSUPPORTED.
@@ -86,7 +87,10 @@ pub async fn clone(rooms: &Arc<Rooms>, req: CloneRequest, fds: Vec<OwnedFd>) -> 
         Ok(g) => g,
         Err((status, msg)) => return refused(rooms, &req, status, msg),
     };
-    if let Err(e) = ch_migration::clone::shared_clone_refusal(found.vm.config.as_bytes()) {
+    let config = found.vm.config.as_bytes();
+    if let Err(e) = ch_migration::clone::shared_clone_refusal(config)
+        .and_then(|()| ch_migration::clone::identity_refusal(config))
+    {
         return refused(rooms, &req, Status::Invalid, e);
     }
     if let Err(msg) = super::export::fill_pending(rooms, &found).await {

@@ -8,7 +8,8 @@
 //! work; no page is seen unfilled, since the receiver gets its fds only
 //! once every byte was written.
 //!
-//! Not built yet: the postcopy flavour (the guest running at once, each
+//! A VM that holds what a second process cannot (a named tap, a vsock)
+//! is refused (`ch_migration::clone::identity_refusal`). Not built yet: the postcopy flavour (the guest running at once, each
 //! page filled as it faults, `ondemand.rs`-style, from memory), and
 //! templates of more than one region. Both are refused with a message.
 
@@ -121,6 +122,9 @@ pub async fn restore_copy(rooms: &Arc<Rooms>, req: CopyRequest, fds: Vec<OwnedFd
         Ok(g) => g,
         Err((status, msg)) => return refused(rooms, &req, status, msg),
     };
+    if let Err(e) = ch_migration::clone::identity_refusal(found.vm.config.as_bytes()) {
+        return refused(rooms, &req, Status::Invalid, e);
+    }
     if let Err(msg) = super::export::fill_pending(rooms, &found).await {
         return refused(rooms, &req, Status::Invalid, msg);
     }
