@@ -421,3 +421,61 @@ fn a_copy_clone_gets_fresh_memory_filled_from_the_template_which_stays_parked() 
     );
     assert_serves_balanced(&d, 0, 0, "the copy freed, the template dropped");
 }
+
+/// A template and a connection's shared clone across a takeover
+/// (`takeover::receive` and `Daemon::start_inherited`, as `hugemem serve
+/// --takeover` does): the successor lists the template with its clone,
+/// refuses its UNPARK while the clone's connection lasts, and drops it
+/// once that connection ends.
+#[test]
+fn a_template_and_its_clone_count_survive_a_takeover() {
+    use backend::daemon::{restart::takeover, Config, Daemon};
+    const TEST: &str = "a_template_and_its_clone_count_survive_a_takeover";
+    let _g = serial();
+    if !reserve_2m(8, TEST) {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut cfg = Config {
+        socket: dir.path().join("hugemem.sock"),
+        ..Config::default()
+    };
+    cfg.pool.recheck_ms = 50;
+    let socket = cfg.socket.clone();
+    let old = Daemon::start(cfg.clone()).expect("daemon starts");
+    let mut owner = Client::connect(&socket).expect("connect");
+    let mem = memfd("clone-takeover", SIZE, false);
+    park_via(&mut owner, "tmpl", whole(&mem, SIZE))
+        .result
+        .expect("parked");
+    let mut cloner = Client::connect(&socket).expect("connect");
+    let snap = clone_via(&mut cloner, "tmpl", CloneMode::Shared)
+        .1
+        .expect("cloned");
+
+    let inherited = takeover::receive(&socket).expect("takeover: state received");
+    let new = Daemon::start_inherited(cfg.clone(), inherited).expect("the successor starts");
+    old.shutdown().expect("the old daemon exits");
+    let s = new.stats();
+    assert_eq!(s.parked.len(), 1, "the successor lists the template: {s}");
+    assert_eq!(s.parked[0].shared_clones, 1, "and its clone: {s}");
+    expect_refused(
+        owner.unpark("tmpl"),
+        Status::Invalid,
+        "1 running shared clone",
+    );
+    assert!(
+        holds_pattern(&snap.memory[0].1, 0, SIZE, 0),
+        "the template's bytes"
+    );
+    drop(snap);
+    drop(cloner);
+    wait_until(
+        "UNPARK once the clone's connection ended",
+        Duration::from_secs(10),
+        || owner.unpark("tmpl").is_ok(),
+    );
+    let s = new.stats();
+    assert_eq!((s.allocations.active, s.parked.len()), (0, 0), "{s}");
+    new.shutdown().expect("the successor exits");
+}

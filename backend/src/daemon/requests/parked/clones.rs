@@ -18,9 +18,12 @@
 //! CLONE is refused when the huge pages no one has taken or reserved
 //! (`free - resv`) would drop below `clones.headroom` once it maps.
 //!
-//! In memory only, by allocation: a takeover or a restart does not carry
-//! the count (the clones keep running on their own mappings; the
-//! template's next RESTORE is no longer refused).
+//! By allocation and connection: a takeover carries each connection's
+//! count in its record (`ConnectionRecord::shared_clones`), and the
+//! successor counts them again when it adopts the connection. A restart
+//! from systemd's fd store does not (connections do not survive it: the
+//! clones keep running on their own mappings, but the template's next
+//! RESTORE is no longer refused).
 
 use std::collections::BTreeSet;
 use std::sync::{Mutex, MutexGuard, PoisonError};
@@ -161,6 +164,32 @@ impl Clones {
         let mut sessions = mine.clone();
         sessions.dedup();
         (mine.len(), sessions)
+    }
+
+    /// The templates `session`'s clones map, one entry a clone (for the
+    /// takeover document).
+    pub fn templates_of(&self, session: SessionId) -> Vec<AllocId> {
+        self.lock()
+            .0
+            .iter()
+            .filter(|h| h.session == session)
+            .map(|h| h.template)
+            .collect()
+    }
+
+    /// Counts again the clones a predecessor counted for `session` (a
+    /// takeover passed the connection on): no budget check, they run.
+    pub fn resume(&self, session: SessionId, templates: &[AllocId]) {
+        let mut holds = self.lock();
+        for &template in templates {
+            holds.1 += 1;
+            let id = holds.1;
+            holds.0.insert(Hold {
+                template,
+                session,
+                id,
+            });
+        }
     }
 
     /// Running shared clones in all.
