@@ -11,7 +11,10 @@ fn render_parked(stats: &Stats, out: &mut String) {
     for p in &stats.parked {
         let clones = match p.shared_clones {
             0 => String::new(),
-            n => format!("; the template of {n} running shared clone(s)"),
+            n => format!(
+                "; the template of {n} running shared clone(s), which wrote {}",
+                format_size(p.shared_clone_written_bytes)
+            ),
         };
         out.push_str(&format!(
             "parked: {} (uid {}): {} in {} slot(s) on {} pages, allocation {}, {}{clones}\n",

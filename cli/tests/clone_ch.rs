@@ -221,6 +221,20 @@ fn shared_clones_count_on_from_a_template_that_stays_unchanged() {
     assert_eq!(stats.counters.clones, CLONES as u64, "{stats}");
     assert_eq!(stats.parked.len(), 1, "the template stays parked: {stats}");
     assert_eq!(stats.parked[0].shared_clones, CLONES as u64, "{stats}");
+    // What the daemon reports the clones wrote is what their processes hold.
+    let vmms: Vec<u32> = clones.iter().map(|c| c.2).collect();
+    wait_until(
+        "STATS to report what the clones wrote",
+        Duration::from_secs(30),
+        || {
+            let ours: u64 = vmms.iter().map(|v| private_hugetlb(*v)).sum();
+            ours > 0 && daemon.stats().parked[0].shared_clone_written_bytes == ours
+        },
+    );
+    eprintln!(
+        "the daemon reports {} KiB written by {CLONES} shared clones",
+        daemon.stats().parked[0].shared_clone_written_bytes >> 10
+    );
     assert_eq!(
         digest(&ram),
         before,

@@ -154,6 +154,11 @@ pub struct ParkedVmStats {
     /// launcher's connection lasts): RESTORE and UNPARK wait for 0.
     #[serde(default)]
     pub shared_clones: u64,
+    /// Bytes of huge pages those clones wrote (their own copies, smaps
+    /// `Private_Hugetlb` of their cloud-hypervisors), from the kernel's
+    /// free huge pages, not the pool.
+    #[serde(default)]
+    pub shared_clone_written_bytes: u64,
 }
 
 impl Stats {

@@ -331,10 +331,10 @@ pub fn adopt_connection(server: &Arc<Server>, conn: InheritedConnection) -> std:
     );
     session.resume_refusals(conn.token_refusals);
     // Its shared clones count against their templates again.
-    server
-        .rooms
-        .clones
-        .resume(conn.session, &conn.shared_clones);
+    server.rooms.clones.resume(
+        (conn.session, peer.pid.and_then(|p| u32::try_from(p).ok())),
+        &conn.shared_clones,
+    );
     session.resume_lazy(conn.lazy);
     spawn_handler(Handler {
         stream,

@@ -48,11 +48,14 @@ pub struct StatsSource {
 }
 
 impl StatsSource {
-    /// The parked VMs, each with its shared clones.
-    fn parked(&self) -> Vec<hugemem_client::stats::ParkedVmStats> {
+    /// The parked VMs, each with its shared clones and what they wrote.
+    pub fn parked(&self) -> Vec<hugemem_client::stats::ParkedVmStats> {
         let mut parked = self.pool.parking().parked_list();
         for p in &mut parked {
             p.shared_clones = self.clones.of(p.alloc).0 as u64;
+            if p.shared_clones > 0 {
+                p.shared_clone_written_bytes = self.clones.written(p.alloc);
+            }
         }
         parked
     }

@@ -38,6 +38,8 @@ pub struct CloneRequest {
     pub session: SessionId,
     /// Its uid: only the template's uid may clone it.
     pub uid: u32,
+    /// Its process (the clone's launcher), when the kernel said.
+    pub pid: Option<u32>,
     /// The template's name.
     pub name: String,
     /// How the clone gets its memory.
@@ -97,10 +99,12 @@ pub async fn clone(rooms: &Arc<Rooms>, req: CloneRequest, fds: Vec<OwnedFd>) -> 
         return refused(rooms, &req, Status::Invalid, msg);
     }
     let (bytes, page_size) = size_of(&found);
-    let id = match rooms
-        .clones
-        .admit(found.alloc, req.session, &req.name, (bytes, page_size))
-    {
+    let id = match rooms.clones.admit(
+        found.alloc,
+        (req.session, req.pid),
+        &req.name,
+        (bytes, page_size),
+    ) {
         Ok(id) => id,
         Err(e) => return refused(rooms, &req, Status::NoMemory, e),
     };

@@ -129,6 +129,7 @@ pub async fn serve(
             let req = clone::CloneRequest {
                 session,
                 uid: peer.uid,
+                pid: peer.pid.and_then(|p| u32::try_from(p).ok()),
                 name,
                 mode,
             };

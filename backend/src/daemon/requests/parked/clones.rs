@@ -69,12 +69,15 @@ pub enum BudgetError {
     },
 }
 
-/// One shared clone: its template and the connection that holds it.
+/// One shared clone: its template, the connection that holds it, and
+/// that connection's process (the clone's launcher, whose child runs the
+/// clone), when known.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 struct Hold {
     template: AllocId,
     session: SessionId,
     id: u64,
+    launcher: Option<u32>,
 }
 
 /// Every running shared clone, and the headroom their budget keeps.
@@ -107,7 +110,7 @@ impl Clones {
     pub fn admit(
         &self,
         template: AllocId,
-        session: SessionId,
+        (session, launcher): (SessionId, Option<u32>),
         name: &str,
         (bytes, page_size): (u64, PageSize),
     ) -> Result<u64, BudgetError> {
@@ -138,6 +141,7 @@ impl Clones {
             template,
             session,
             id,
+            launcher,
         });
         Ok(id)
     }
@@ -179,7 +183,7 @@ impl Clones {
 
     /// Counts again the clones a predecessor counted for `session` (a
     /// takeover passed the connection on): no budget check, they run.
-    pub fn resume(&self, session: SessionId, templates: &[AllocId]) {
+    pub fn resume(&self, (session, launcher): (SessionId, Option<u32>), templates: &[AllocId]) {
         let mut holds = self.lock();
         for &template in templates {
             holds.1 += 1;
@@ -188,14 +192,64 @@ impl Clones {
                 template,
                 session,
                 id,
+                launcher,
             });
         }
+    }
+
+    /// Bytes of huge pages the shared clones of `template` wrote (their
+    /// own copies: smaps `Private_Hugetlb` of each launcher's children,
+    /// the clones' cloud-hypervisors). Read from `/proc`, outside the
+    /// lock; a process gone or unreadable counts 0.
+    pub fn written(&self, template: AllocId) -> u64 {
+        let mut launchers: Vec<u32> = self
+            .lock()
+            .0
+            .iter()
+            .filter(|h| h.template == template)
+            .filter_map(|h| h.launcher)
+            .collect();
+        launchers.dedup();
+        launchers
+            .into_iter()
+            .flat_map(children)
+            .map(private_hugetlb)
+            .sum()
     }
 
     /// Running shared clones in all.
     pub fn running(&self) -> usize {
         self.lock().0.len()
     }
+}
+
+/// The children of process `pid` (at most 64; none when unreadable).
+fn children(pid: u32) -> Vec<u32> {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for task in tasks.flatten() {
+        let text = std::fs::read_to_string(task.path().join("children")).unwrap_or_default();
+        out.extend(
+            text.split_whitespace()
+                .filter_map(|p| p.parse::<u32>().ok()),
+        );
+    }
+    out.truncate(64);
+    out
+}
+
+/// Bytes of huge pages process `pid` holds privately (`Private_Hugetlb`
+/// of `/proc/PID/smaps_rollup`, in kB there); 0 when unreadable.
+fn private_hugetlb(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup"))
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.strip_prefix("Private_Hugetlb:"))
+        .filter_map(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .sum::<u64>()
+        .saturating_mul(1024)
 }
 
 /// `Ok` when `available` pages less `need` leave `headroom` at least;
@@ -233,9 +287,12 @@ mod tests {
     fn clones_count_per_template_until_their_connection_ends() {
         let clones = Clones::new(0);
         let base = (4 << 10, PageSize::Base4K);
-        let a = clones.admit(1, 10, "t", base).expect("no budget on 4 KiB");
-        clones.admit(1, 11, "t", base).expect("admitted");
-        clones.admit(2, 11, "u", base).expect("admitted");
+        let a = clones
+            .admit(1, (10, None), "t", base)
+            .expect("no budget on 4 KiB");
+        clones.admit(1, (11, None), "t", base).expect("admitted");
+        clones.admit(2, (11, None), "u", base).expect("admitted");
+        assert_eq!(clones.written(1), 0, "no launcher known, nothing read");
         assert_eq!(clones.of(1), (2, vec![10, 11]));
         clones.release_session(11);
         assert_eq!(clones.of(1), (1, vec![10]));
