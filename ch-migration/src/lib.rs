@@ -51,11 +51,14 @@
 //!   daemon's snapshot directory, and cloud-hypervisor's own `vm.snapshot`
 //!   directory, read as untrusted; [`layout`] and [`slots`]: the memory
 //!   slots a configuration describes;
+//! - [`clone`]: a parked VM's configuration rewritten for a clone that
+//!   maps the template's memory privately (copy-on-write);
 //! - [`sys`]: the socket's raw syscalls.
 
 #![deny(missing_docs)]
 
 pub mod ch_snapshot_dir;
+pub mod clone;
 #[cfg(test)]
 mod dir_tests;
 pub mod fault;

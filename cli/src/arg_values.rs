@@ -21,6 +21,9 @@ pub enum ArgValueError {
     /// Not a VMM this launcher knows.
     #[error("unknown VMM {0:?}: expected cloud-hypervisor or qemu")]
     Vmm(String),
+    /// Not a clone mode.
+    #[error("unknown clone mode {0:?}: expected shared or copy")]
+    CloneMode(String),
 }
 
 /// A size with K/M/G suffixes (powers of 1024).

@@ -6,7 +6,7 @@
 use clap::{Parser, Subcommand};
 use hugemem::arg_values::{parse_policy_arg, parse_size_arg};
 use hugemem::launch::{self, Vmm};
-use hugemem_client::proto::{AllocPart, PagePolicy};
+use hugemem_client::proto::{AllocPart, CloneMode, PagePolicy};
 
 /// hugemem: guest RAM on 1 GiB pages, cleared in parallel on NUMA-local workers.
 #[derive(Debug, Parser)]
@@ -292,6 +292,18 @@ pub(crate) struct LaunchArgs {
     /// asks for it, and in the background.
     #[arg(long, requires = "restore")]
     pub(crate) on_demand: bool,
+    /// Start a clone of the cloud-hypervisor VM parked under NAME (its
+    /// template, which stays parked, unchanged, for further clones)
+    /// instead of allocating memory for a new VM (docs/operations.md,
+    /// "Clones").
+    #[arg(long, value_name = "NAME", conflicts_with_all = ["size", "nodes", "node", "hugetlbfs", "restore"])]
+    pub(crate) clone_of: Option<String>,
+    /// With --clone-of: `shared` maps the template privately (copy-on-write:
+    /// only the pages the clone writes take memory, from the kernel's free
+    /// huge pages); `copy` gives the clone its own pool memory filled from
+    /// the template (not built yet).
+    #[arg(long, value_name = "MODE", requires = "clone_of", default_value = "copy", value_parser = parse_clone_mode)]
+    pub(crate) clone_mode: CloneModeArg,
     /// The VMM and its arguments, after `--`.
     #[arg(last = true, required = true, value_parser = clap::value_parser!(std::ffi::OsString))]
     pub(crate) command: Vec<std::ffi::OsString>,
@@ -338,6 +350,20 @@ pub(crate) struct NodesArg(pub(crate) Vec<AllocPart>);
 
 pub(crate) fn parse_nodes_arg(s: &str) -> Result<NodesArg, launch::NodesError> {
     launch::parse_nodes(s).map(NodesArg)
+}
+
+/// `--clone-mode`'s value.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct CloneModeArg(pub(crate) CloneMode);
+
+pub(crate) fn parse_clone_mode(
+    s: &str,
+) -> Result<CloneModeArg, hugemem::arg_values::ArgValueError> {
+    match s {
+        "shared" => Ok(CloneModeArg(CloneMode::Shared)),
+        "copy" => Ok(CloneModeArg(CloneMode::Copy)),
+        _ => Err(hugemem::arg_values::ArgValueError::CloneMode(s.to_owned())),
+    }
 }
 
 pub(crate) fn parse_vmm_arg(s: &str) -> Result<Vmm, hugemem::arg_values::ArgValueError> {

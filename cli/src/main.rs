@@ -86,6 +86,8 @@ fn launch(args: LaunchArgs) -> Result<i32> {
         command: args.command,
         restore: args.restore,
         on_demand: args.on_demand,
+        clone_of: args.clone_of,
+        clone_mode: args.clone_mode.0,
     };
     let report = launch::run(&cfg).context("hugemem launch failed")?;
     if !report.note.is_empty() {
@@ -97,10 +99,13 @@ fn launch(args: LaunchArgs) -> Result<i32> {
         .map(|p| guest_mem::size::format_size(*p))
         .collect::<Vec<_>>()
         .join("+");
-    let got = if report.restored {
-        "restored from the park"
-    } else {
-        "allocated"
+    let got = match (report.restored, report.cloned) {
+        (true, _) => "restored from the park",
+        (false, Some(hugemem_client::proto::CloneMode::Shared)) => {
+            "mapped from its template (shared, copy-on-write)"
+        }
+        (false, Some(hugemem_client::proto::CloneMode::Copy)) => "copied from its template",
+        (false, None) => "allocated",
     };
     let end = match &report.parked_as {
         Some(name) => format!("; parked as {name}"),

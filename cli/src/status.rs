@@ -9,8 +9,15 @@ use hugemem_client::stats::Stats;
 fn render_parked(stats: &Stats, out: &mut String) {
     use guest_mem::size::format_size;
     for p in &stats.parked {
+        let clones = match p.shared_clones {
+            0 => String::new(),
+            n => format!(
+                "; the template of {n} running shared clone(s), which wrote {}",
+                format_size(p.shared_clone_written_bytes)
+            ),
+        };
         out.push_str(&format!(
-            "parked: {} (uid {}): {} in {} slot(s) on {} pages, allocation {}, {}\n",
+            "parked: {} (uid {}): {} in {} slot(s) on {} pages, allocation {}, {}{clones}\n",
             p.name,
             p.uid,
             format_size(p.bytes),

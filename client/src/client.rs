@@ -175,7 +175,8 @@ impl Client {
             | FEATURE_REBALANCE
             | FEATURE_REATTACH
             | FEATURE_HANDOFF
-            | crate::proto::FEATURE_PARK;
+            | crate::proto::FEATURE_PARK
+            | crate::proto::FEATURE_CLONE;
         match c.call(&Request::Handshake {
             min_version: PROTOCOL_VERSION,
             max_version: PROTOCOL_VERSION,
@@ -572,6 +573,7 @@ pub fn code_name(code: Code) -> &'static str {
         Code::Restore => "RESTORE",
         Code::Unpark => "UNPARK",
         Code::Export => "EXPORT",
+        Code::Clone => "CLONE",
     }
 }
 

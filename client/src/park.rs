@@ -10,7 +10,9 @@ use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 
 use crate::client::{allocation_from, Allocation, Client, ClientError};
-use crate::proto::{valid_park_name, ReplyBody, Request, Status, FEATURE_PARK};
+use crate::proto::{
+    valid_park_name, CloneMode, ReplyBody, Request, Status, FEATURE_CLONE, FEATURE_PARK,
+};
 
 /// What EXPORT sent: the parked VM, which stays parked, held for the
 /// connection that asked.
@@ -156,7 +158,25 @@ impl Client {
         migration: &UnixStream,
         paused: bool,
     ) -> Result<Allocation, ClientError> {
-        self.restore_on(name, &[migration.as_fd()], paused, false)
+        self.restore_on(name, &[migration.as_fd()], paused, (false, false))
+    }
+
+    /// RESTORE with COPY: a copy clone of the VM parked under `name` (its
+    /// template, which stays parked): the daemon takes a fresh allocation,
+    /// fills it from the template, sends it to the receiver on `migration`
+    /// as RESTORE does, and hands it to this connection (an ALLOC reply).
+    ///
+    /// # Errors
+    ///
+    /// As [`Client::restore`]; `NoMemory` when the pool has no memory for
+    /// the copy.
+    pub fn restore_copy(
+        &mut self,
+        name: &str,
+        migration: &UnixStream,
+        paused: bool,
+    ) -> Result<Allocation, ClientError> {
+        self.restore_on(name, &[migration.as_fd()], paused, (false, true))
     }
 
     /// RESTORE on demand: as [`Client::restore`] to a receiver that runs
@@ -176,17 +196,22 @@ impl Client {
         fault: &UnixStream,
         paused: bool,
     ) -> Result<Allocation, ClientError> {
-        self.restore_on(name, &[migration.as_fd(), fault.as_fd()], paused, true)
+        self.restore_on(
+            name,
+            &[migration.as_fd(), fault.as_fd()],
+            paused,
+            (true, false),
+        )
     }
 
     /// RESTORE over `connections`: the migration connection, then for
-    /// `postcopy` the fault connection.
+    /// `postcopy` the fault connection; with `copy`, a copy clone.
     fn restore_on(
         &mut self,
         name: &str,
         connections: &[BorrowedFd<'_>],
         paused: bool,
-        postcopy: bool,
+        (postcopy, copy): (bool, bool),
     ) -> Result<Allocation, ClientError> {
         self.park_feature("RESTORE")?;
         check_name(name)?;
@@ -195,6 +220,7 @@ impl Client {
                 name: name.to_string(),
                 paused,
                 postcopy,
+                copy,
             },
             connections,
         )?;
@@ -237,6 +263,59 @@ impl Client {
                 slots,
             }),
             other => Err(ClientError::Unexpected(format!("{other:?} to EXPORT"))),
+        }
+    }
+
+    /// CLONE: the daemon sends the template parked under `name` on
+    /// `migration` (this side plays the receiving cloud-hypervisor:
+    /// `ch_migration::peer::receive_snapshot`), as EXPORT does; the
+    /// template stays parked. In [`CloneMode::Shared`] the memory fds are
+    /// read-only, for the clone's cloud-hypervisor to map privately, and
+    /// the clone counts against the template (RESTORE and UNPARK of it are
+    /// refused) until this connection ends.
+    ///
+    /// # Errors
+    ///
+    /// [`ClientError::Refused`]: `NotFound` for a name this uid has not
+    /// parked; `NoMemory` when the free huge pages left after the clone
+    /// would be below the daemon's headroom; `Invalid` for a VM that
+    /// cannot be cloned in `mode` (the message says why); `Unsupported`
+    /// for a mode the daemon does not serve.
+    pub fn clone_parked(
+        &mut self,
+        name: &str,
+        mode: CloneMode,
+        migration: &UnixStream,
+    ) -> Result<Exported, ClientError> {
+        if self.features() & FEATURE_CLONE == 0 {
+            return Err(ClientError::Refused {
+                status: Status::Unsupported,
+                message: "the daemon does not speak CLONE (feature bit 5)".into(),
+            });
+        }
+        check_name(name)?;
+        let (reply, _fds) = self.exchange(
+            &Request::Clone {
+                name: name.to_string(),
+                mode,
+            },
+            &[migration.as_fd()],
+        )?;
+        match reply.body {
+            ReplyBody::Exported {
+                alloc_id,
+                bytes,
+                page_size,
+                parked_at,
+                slots,
+            } => Ok(Exported {
+                alloc_id,
+                bytes,
+                page_size,
+                parked_at,
+                slots,
+            }),
+            other => Err(ClientError::Unexpected(format!("{other:?} to CLONE"))),
         }
     }
 

@@ -150,6 +150,15 @@ pub struct ParkedVmStats {
     pub page_size: u64,
     /// When it was parked, seconds since the epoch.
     pub parked_at: u64,
+    /// Shared clones that map it now (CLONE; each counts while its
+    /// launcher's connection lasts): RESTORE and UNPARK wait for 0.
+    #[serde(default)]
+    pub shared_clones: u64,
+    /// Bytes of huge pages those clones wrote (their own copies, smaps
+    /// `Private_Hugetlb` of their cloud-hypervisors), from the kernel's
+    /// free huge pages, not the pool.
+    #[serde(default)]
+    pub shared_clone_written_bytes: u64,
 }
 
 impl Stats {

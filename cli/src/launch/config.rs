@@ -117,6 +117,12 @@ pub struct LaunchConfig {
     /// With `restore`: a postcopy restore (the VM runs at once; memory
     /// parked on demand is filled as it asks for it).
     pub on_demand: bool,
+    /// Start a clone of the VM parked under this name (its template, which
+    /// stays parked) instead of allocating memory for a new one
+    /// (`clone.rs`).
+    pub clone_of: Option<String>,
+    /// With `clone_of`: how the clone gets its memory.
+    pub clone_mode: hugemem_client::proto::CloneMode,
 }
 
 impl LaunchConfig {

@@ -36,6 +36,14 @@ pub enum LaunchError {
     /// Waiting for the VMM or handling signals failed.
     #[error("cannot wait for the VMM")]
     Wait(#[source] std::io::Error),
+    /// A clone could not be set up (`launch --clone-of`).
+    #[error("cannot clone the VM parked as {name:?}: {}", hugemem_client::diag::chain(.source.as_ref()))]
+    Clone {
+        /// The template's name.
+        name: String,
+        /// The step that failed.
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
     /// The VMM's adapter does not do this (yet).
     #[error(transparent)]
     Unsupported(#[from] Unsupported),

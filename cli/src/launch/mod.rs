@@ -77,6 +77,7 @@
 //! [`control`]: crate::launch::control
 
 mod allocation;
+mod clone;
 mod command_line;
 mod config;
 pub mod control;

@@ -29,6 +29,8 @@ pub struct LaunchReport {
     pub parked_as: Option<String>,
     /// The memory came from the park (`--restore`), not from an ALLOC.
     pub restored: bool,
+    /// The VM is a clone of a parked VM (`--clone-of`), in this mode.
+    pub cloned: Option<hugemem_client::proto::CloneMode>,
 }
 
 /// FREEs allocation `id` on `client` after the VMM ended; a VM that was

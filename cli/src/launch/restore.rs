@@ -87,6 +87,8 @@ pub fn run(cfg: &LaunchConfig, name: &str) -> Result<LaunchReport, LaunchError> 
         _ => None,
     };
     let on_demand = cfg.on_demand;
+    // A copy clone (`--clone-of NAME --clone-mode copy`): RESTORE with COPY.
+    let copy = cfg.clone_of.is_some();
     let full = launch.argv;
     let mut receiver = launch.receiver;
     info!(name, on_demand, command = ?full, "starting {vmm} to restore a parked VM");
@@ -113,7 +115,7 @@ pub fn run(cfg: &LaunchConfig, name: &str) -> Result<LaunchReport, LaunchError> 
                 &slot,
                 &watch_restored,
                 (name, vmm),
-                on_demand,
+                (on_demand, copy),
             );
             // The daemon's fds of the memory are not needed: the VMM has its own.
             drop(alloc);
@@ -139,7 +141,11 @@ pub fn run(cfg: &LaunchConfig, name: &str) -> Result<LaunchReport, LaunchError> 
         page_sizes: restored.page_sizes,
         note: String::new(),
         parked_as,
-        restored: true,
+        restored: cfg.clone_of.is_none(),
+        cloned: cfg
+            .clone_of
+            .as_ref()
+            .map(|_| hugemem_client::proto::CloneMode::Copy),
     })
 }
 
@@ -153,7 +159,7 @@ fn record_restored(
     slot: &Mutex<Option<Allocation>>,
     restored: &Mutex<Option<Restored>>,
     (name, vmm): (&str, &str),
-    on_demand: bool,
+    (on_demand, copy): (bool, bool),
 ) {
     if let (Ok(mut m), Ok(copy)) = (slot.lock(), alloc.try_clone()) {
         *m = Some(copy);
@@ -166,10 +172,10 @@ fn record_restored(
             took,
         });
     }
-    let how = if on_demand {
-        "its memory filled as it asked (every page is now)"
-    } else {
-        "on its parked memory"
+    let how = match (on_demand, copy) {
+        (_, true) => "on fresh memory copied from its template, which stays parked",
+        (true, false) => "its memory filled as it asked (every page is now)",
+        (false, false) => "on its parked memory",
     };
     let ms = took.as_secs_f64() * 1e3;
     info!(

@@ -34,6 +34,9 @@ pub fn run(cfg: &LaunchConfig) -> Result<LaunchReport, LaunchError> {
     if let Some(name) = &cfg.restore {
         return super::restore::run(cfg, name);
     }
+    if let Some(name) = &cfg.clone_of {
+        return super::clone::run(cfg, name);
+    }
     let program = cfg
         .command
         .first()
@@ -141,6 +144,7 @@ pub fn run(cfg: &LaunchConfig) -> Result<LaunchReport, LaunchError> {
         note,
         parked_as,
         restored: false,
+        cloned: None,
     })
 }
 

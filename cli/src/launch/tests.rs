@@ -74,6 +74,8 @@ fn cfg() -> LaunchConfig {
     LaunchConfig {
         restore: None,
         on_demand: false,
+        clone_of: None,
+        clone_mode: hugemem_client::proto::CloneMode::Copy,
         socket: PathBuf::from("/tmp/s"),
         size: None,
         node: None,

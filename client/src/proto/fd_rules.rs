@@ -46,8 +46,9 @@ impl Code {
     /// until its rule is stated.
     pub const fn request_fds(self) -> FdRule {
         match self {
-            // The userfaultfd; the migration socket a saver receives on.
-            Code::Uffd | Code::Export => FdRule::ONE,
+            // The userfaultfd; the migration socket a saver or a clone's
+            // launcher receives on.
+            Code::Uffd | Code::Export | Code::Clone => FdRule::ONE,
             // The migration socket, and with VERIFY the saved VM's manifest.
             Code::Park => FdRule {
                 base: 1,

@@ -40,6 +40,7 @@ fn name(code: Code) -> &'static str {
         Code::Restore => "RESTORE",
         Code::Unpark => "UNPARK",
         Code::Export => "EXPORT",
+        Code::Clone => "CLONE",
     }
 }
 

@@ -46,6 +46,9 @@ pub const FEATURE_HANDOFF: u64 = 1 << 3;
 /// Feature bit: PARK, RESTORE and UNPARK are implemented (the daemon plays
 /// cloud-hypervisor's offload daemon: a VM's memory parked under a name).
 pub const FEATURE_PARK: u64 = 1 << 4;
+/// Feature bit: CLONE is implemented (a new VM started from a parked VM,
+/// which stays parked as its template).
+pub const FEATURE_CLONE: u64 = 1 << 5;
 
 /// Request codes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -87,6 +90,10 @@ pub enum Code {
     /// carries, for saving: the VM stays parked, held for this connection
     /// until it UNPARKs it or ends.
     Export = 14,
+    /// Start a clone of a parked VM (its template, which stays parked):
+    /// the daemon sends the template's snapshot on the one socket fd the
+    /// request carries, with read-only memory fds in SHARED mode.
+    Clone = 15,
 }
 
 impl Code {
@@ -94,7 +101,7 @@ impl Code {
     /// ([`Code::from_u32`]), and the fuzz targets pick their codes from
     /// here: a code left out would be refused on the wire, so it cannot
     /// be silently left out of either.
-    pub const ALL: [Code; 14] = [
+    pub const ALL: [Code; 15] = [
         Code::Handshake,
         Code::Alloc,
         Code::Free,
@@ -109,6 +116,7 @@ impl Code {
         Code::Restore,
         Code::Unpark,
         Code::Export,
+        Code::Clone,
     ];
 
     /// The code for a wire value.

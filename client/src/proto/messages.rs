@@ -195,6 +195,9 @@ pub enum Request {
         /// connection, and memory not filled yet is filled as it asks
         /// ([`RESTORE_FLAG_POSTCOPY`]).
         postcopy: bool,
+        /// A copy clone ([`RESTORE_FLAG_COPY`]): the VM stays parked (a
+        /// template), and the receiver gets fresh pool memory filled from it.
+        copy: bool,
     },
     /// Drop the VM parked under `name`: its memory returns to the pool.
     Unpark {
@@ -210,6 +213,47 @@ pub enum Request {
         /// The parked VM's name.
         name: String,
     },
+    /// Start a clone of the VM parked under `name` (its template): the
+    /// daemon sends the template's snapshot on the one fd (a connected
+    /// stream socket) to the clone's launcher, and the template stays
+    /// parked. In [`CloneMode::Shared`] the memory fds are read-only (the
+    /// clone maps them privately), and the clone counts against the
+    /// template while this connection lasts.
+    Clone {
+        /// The template's name.
+        name: String,
+        /// How the clone gets its memory.
+        mode: CloneMode,
+    },
+}
+
+/// How a clone gets its memory (CLONE's `mode` word).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u32)]
+pub enum CloneMode {
+    /// Its own memory from the pool, filled from the template (0).
+    Copy = 0,
+    /// The template's memory mapped privately: copy-on-write (1).
+    Shared = 1,
+}
+
+impl CloneMode {
+    /// The mode for a wire value.
+    pub fn from_u32(v: u32) -> Option<Self> {
+        match v {
+            0 => Some(Self::Copy),
+            1 => Some(Self::Shared),
+            _ => None,
+        }
+    }
+
+    /// Its name, as `hugemem launch --clone-mode` takes it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Copy => "copy",
+            Self::Shared => "shared",
+        }
+    }
 }
 
 /// The longest parked VM name, in bytes.
@@ -232,6 +276,9 @@ pub const RESTORE_FLAG_PAUSED: u32 = 1;
 /// RESTORE flags bit 1: a postcopy restore; the request carries two fds,
 /// the migration connection and the fault connection.
 pub const RESTORE_FLAG_POSTCOPY: u32 = 2;
+/// RESTORE flags bit 2: a copy clone: the VM stays parked, and the
+/// receiver gets a fresh allocation filled from it (CLONE in copy mode).
+pub const RESTORE_FLAG_COPY: u32 = 4;
 /// PARK flags bit 0: keep the memory files of memory from elsewhere and
 /// fill the memory at restore time (on demand with a postcopy RESTORE).
 pub const PARK_FLAG_ON_DEMAND: u32 = 1;
@@ -339,7 +386,7 @@ pub enum ReplyBody {
         /// Memory slots.
         slots: u32,
     },
-    /// EXPORT: the parked VM that was sent.
+    /// EXPORT and CLONE: the parked VM that was sent.
     Exported {
         /// The allocation that holds its memory.
         alloc_id: u64,

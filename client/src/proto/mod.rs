@@ -24,16 +24,16 @@ pub mod validate;
 pub use fd_rules::FdRule;
 pub use framing::{Frame, FrameReader};
 pub use header::{
-    Code, Header, ProtoError, Status, ANY_NODE, FEATURE_HANDOFF, FEATURE_LAZY, FEATURE_PARK,
-    FEATURE_REATTACH, FEATURE_REBALANCE, FLAG_NEED_REPLY, FLAG_REPLY, FLAG_VERSION_MASK,
-    HEADER_SIZE, MAX_FDS, MAX_MESSAGE, MAX_PATH, MAX_PAYLOAD, MAX_REGIONS, PROTOCOL_VERSION,
-    TOKEN_SIZE,
+    Code, Header, ProtoError, Status, ANY_NODE, FEATURE_CLONE, FEATURE_HANDOFF, FEATURE_LAZY,
+    FEATURE_PARK, FEATURE_REATTACH, FEATURE_REBALANCE, FLAG_NEED_REPLY, FLAG_REPLY,
+    FLAG_VERSION_MASK, HEADER_SIZE, MAX_FDS, MAX_MESSAGE, MAX_PATH, MAX_PAYLOAD, MAX_REGIONS,
+    PROTOCOL_VERSION, TOKEN_SIZE,
 };
 pub use messages::{
-    valid_park_name, AllocPart, AllocRequest, ClearMode, PagePolicy, RegionInfo, Reply, ReplyBody,
-    Request, UffdRange, ALLOC_FLAG_PATHS, ALLOC_FLAG_WAIT, ALLOC_REPLY_FLAG_PATHS,
+    valid_park_name, AllocPart, AllocRequest, ClearMode, CloneMode, PagePolicy, RegionInfo, Reply,
+    ReplyBody, Request, UffdRange, ALLOC_FLAG_PATHS, ALLOC_FLAG_WAIT, ALLOC_REPLY_FLAG_PATHS,
     ALLOC_REPLY_FLAG_TOKEN, HANDOFF_FLAG_PATHS, MAX_PARK_NAME, PARK_FLAG_ON_DEMAND,
-    PARK_FLAG_VERIFY, RESTORE_FLAG_PAUSED, RESTORE_FLAG_POSTCOPY,
+    PARK_FLAG_VERIFY, RESTORE_FLAG_COPY, RESTORE_FLAG_PAUSED, RESTORE_FLAG_POSTCOPY,
 };
 pub use socket::{recv_message, send_message};
 pub use validate::{check_uffd_ranges, UffdRangeError};

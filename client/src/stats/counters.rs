@@ -115,6 +115,12 @@ pub struct Counters {
     /// EXPORT requests refused or failed (the VM stayed parked).
     #[serde(default)]
     pub exports_refused: u64,
+    /// CLONE requests that sent a template to a clone's launcher.
+    #[serde(default)]
+    pub clones: u64,
+    /// CLONE requests refused or failed.
+    #[serde(default)]
+    pub clones_refused: u64,
 }
 
 /// Percentiles of the fault-latency histogram, in nanoseconds.

@@ -139,7 +139,13 @@ fn requests() -> Vec<Request> {
             .to_le_bytes()
             .to_vec();
         named.extend_from_slice(name.as_bytes());
-        for code in [Code::Park, Code::Restore, Code::Unpark, Code::Export] {
+        for code in [
+            Code::Park,
+            Code::Restore,
+            Code::Unpark,
+            Code::Export,
+            Code::Clone,
+        ] {
             out.extend(every_flags_word(code, &named, &[]));
         }
     }
@@ -272,6 +278,16 @@ fn replies() -> Vec<(Code, Reply)> {
         (Code::Unpark, Reply::ok(ReplyBody::Empty)),
         (
             Code::Export,
+            Reply::ok(ReplyBody::Exported {
+                alloc_id: 7,
+                bytes: 4 << 30,
+                page_size: 1 << 30,
+                parked_at: 1_764_336_000,
+                slots: 2,
+            }),
+        ),
+        (
+            Code::Clone,
             Reply::ok(ReplyBody::Exported {
                 alloc_id: 7,
                 bytes: 4 << 30,

@@ -385,6 +385,20 @@ pub struct Config {
     /// when parked), so that a start that cannot restore them says which
     /// were lost; unset: `<socket>.parked`, beside the socket.
     pub park_record: Option<PathBuf>,
+    /// Clones of parked VMs (CLONE).
+    pub clones: ClonesConfig,
+}
+
+/// Clones of parked VMs: the budget of the pages shared clones write.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ClonesConfig {
+    /// Free huge pages (of the template's size, host-wide, not reserved by
+    /// anyone) that must be left once a shared clone reserved every page
+    /// it may write; a CLONE that would leave fewer is refused, naming the
+    /// shortfall. Default 0: a clone is refused only when its pages do
+    /// not fit.
+    pub headroom: ByteSize,
 }
 
 impl Default for Config {
@@ -402,6 +416,7 @@ impl Default for Config {
             rebalance: RebalanceConfig::default(),
             hugepages: HugepagesSection::default(),
             park_record: None,
+            clones: ClonesConfig::default(),
         }
     }
 }

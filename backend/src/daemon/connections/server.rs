@@ -330,6 +330,11 @@ pub fn adopt_connection(server: &Arc<Server>, conn: InheritedConnection) -> std:
         conn.features,
     );
     session.resume_refusals(conn.token_refusals);
+    // Its shared clones count against their templates again.
+    server.rooms.clones.resume(
+        (conn.session, peer.pid.and_then(|p| u32::try_from(p).ok())),
+        &conn.shared_clones,
+    );
     session.resume_lazy(conn.lazy);
     spawn_handler(Handler {
         stream,
@@ -398,6 +403,7 @@ impl Handler {
                 handshaken: self.session.handshaken(),
                 features: self.session.features(),
                 token_refusals: self.session.token_refusals(),
+                shared_clones: self.server.rooms.clones.templates_of(self.session.id()),
                 partial: partial.clone(),
                 partial_fds: partial_fds
                     .iter()

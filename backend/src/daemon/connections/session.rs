@@ -42,7 +42,8 @@ pub const DAEMON_FEATURES: u64 = crate::proto::FEATURE_REBALANCE
     | crate::proto::FEATURE_LAZY
     | FEATURE_REATTACH
     | crate::proto::FEATURE_HANDOFF
-    | FEATURE_PARK;
+    | FEATURE_PARK
+    | crate::proto::FEATURE_CLONE;
 
 /// Refused REATTACH and HANDOFF requests (id, uid or token) a connection may make; the reply to the last
 /// one is followed by closing the connection (a tenant must not guess
@@ -269,15 +270,16 @@ impl Session {
             Request::Park { .. }
             | Request::Restore { .. }
             | Request::Unpark { .. }
-            | Request::Export { .. } => self.park(req, Vec::new()).await,
+            | Request::Export { .. }
+            | Request::Clone { .. } => self.park(req, Vec::new()).await,
         }
     }
 
-    /// PARK, RESTORE, UNPARK and EXPORT (`crate::daemon::requests::park`), PARK, RESTORE and
-    /// EXPORT with the sockets (and PARK's manifest) they carry.
+    /// The park room's requests (`crate::daemon::requests::park`), with the fds they carry.
     async fn park(&mut self, req: Request, fds: Vec<std::os::fd::OwnedFd>) -> Outcome {
-        if self.features & FEATURE_PARK == 0 {
-            return not_negotiated("PARK, RESTORE and UNPARK", FEATURE_PARK);
+        let needs = crate::daemon::requests::park::features_needed(&req);
+        if let Some((what, feature)) = needs.into_iter().find(|(_, f)| self.features & f == 0) {
+            return not_negotiated(what, feature);
         }
         let out =
             crate::daemon::requests::park::serve(&self.rooms, self.id, &self.peer, req, fds).await;
@@ -463,9 +465,7 @@ impl Session {
             Request::Uffd { alloc_id, ranges } if self.handshaken => {
                 self.uffd(alloc_id, &ranges, fds).await
             }
-            req @ (Request::Park { .. } | Request::Restore { .. } | Request::Export { .. })
-                if self.handshaken =>
-            {
+            req if self.handshaken && crate::daemon::requests::park::takes_fds(&req) => {
                 self.park(req, fds).await
             }
             other => {
@@ -653,6 +653,8 @@ impl Session {
         self.lazy.stop_all();
         // A parked VM this connection was saving stays parked, free again.
         self.rooms.saving.release_session(self.id);
+        // Its shared clones no longer count against their templates.
+        self.rooms.clones.release_session(self.id);
         let released = self.rooms.pool.release_session(self.id);
         if !released.is_empty() {
             if let Some(suppressed) = peer_log::SESSION_RELEASED.check(self.peer.uid) {

@@ -122,13 +122,17 @@ pub struct Metrics {
     pub exports: AtomicU64,
     /// EXPORTs refused or failed.
     pub exports_refused: AtomicU64,
+    /// CLONEs that sent a template to a clone's launcher.
+    pub clones: AtomicU64,
+    /// CLONEs refused or failed.
+    pub clones_refused: AtomicU64,
     /// REATTACH and HANDOFF refusals by kind and uid (`/metrics` only).
     pub token_refusals: crate::daemon::peers::refusals::TokenRefusals,
 }
 
 impl Metrics {
     /// Every counter by name.
-    fn named(&self) -> [(&'static str, &AtomicU64); 39] {
+    fn named(&self) -> [(&'static str, &AtomicU64); 41] {
         [
             ("sessions_total", &self.sessions_total),
             ("sessions_active", &self.sessions_active),
@@ -169,6 +173,8 @@ impl Metrics {
             ("park_verified_bytes", &self.park_verified_bytes),
             ("exports", &self.exports),
             ("exports_refused", &self.exports_refused),
+            ("clones", &self.clones),
+            ("clones_refused", &self.clones_refused),
         ]
     }
 

@@ -65,6 +65,8 @@ pub struct ParkedConnection {
     pub lazy: Vec<Suspended>,
     /// Its refused token requests so far.
     pub token_refusals: OnConnection,
+    /// The templates its shared clones map, one entry a clone.
+    pub shared_clones: Vec<u64>,
 }
 
 /// A connection in the state document: its socket, handshake, half-read
@@ -89,6 +91,11 @@ pub struct ConnectionRecord {
     /// as in a document of an earlier version).
     #[serde(default, skip_serializing_if = "OnConnection::is_none")]
     pub token_refusals: OnConnection,
+    /// The templates (parked allocations) its shared clones map, one entry
+    /// a clone (left out when there are none, as in a document of an
+    /// earlier version).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub shared_clones: Vec<u64>,
 }
 
 /// A connection a predecessor passed on, restored from its record, for
@@ -109,6 +116,8 @@ pub struct InheritedConnection {
     pub lazy: Vec<Suspended>,
     /// Its refused token requests so far.
     pub token_refusals: OnConnection,
+    /// The templates its shared clones map, one entry a clone.
+    pub shared_clones: Vec<u64>,
 }
 
 impl Persist for ParkedConnection {
@@ -140,6 +149,7 @@ impl Persist for ParkedConnection {
             partial_fds,
             lazy,
             token_refusals: self.token_refusals,
+            shared_clones: self.shared_clones.clone(),
         })
     }
 
@@ -175,6 +185,7 @@ impl Persist for ParkedConnection {
             reader,
             lazy,
             token_refusals: state.token_refusals,
+            shared_clones: state.shared_clones,
         }))
     }
 }

@@ -44,6 +44,8 @@ pub struct Rooms {
     pub fills: Arc<crate::daemon::requests::parked::loads::PendingLoads>,
     /// Parked VMs held for the connection that saves them (EXPORT).
     pub saving: Arc<crate::daemon::requests::parked::saving::Saving>,
+    /// Shared clones of parked VMs, and their budget (CLONE).
+    pub clones: Arc<crate::daemon::requests::parked::clones::Clones>,
     /// Brings systemd's fd store up to date now (set at the start when
     /// the store is used; see [`Rooms::sync_now`]).
     pub store_sync: std::sync::OnceLock<StoreSync>,

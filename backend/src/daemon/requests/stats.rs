@@ -43,9 +43,23 @@ pub struct StatsSource {
     pub rebalance: Arc<Rebalancer>,
     /// The parked VMs a start found lost.
     pub park_record: Arc<crate::daemon::requests::parked::note::ParkRecord>,
+    /// The shared clones of parked VMs.
+    pub clones: Arc<crate::daemon::requests::parked::clones::Clones>,
 }
 
 impl StatsSource {
+    /// The parked VMs, each with its shared clones and what they wrote.
+    pub fn parked(&self) -> Vec<hugemem_client::stats::ParkedVmStats> {
+        let mut parked = self.pool.parking().parked_list();
+        for p in &mut parked {
+            p.shared_clones = self.clones.of(p.alloc).0 as u64;
+            if p.shared_clones > 0 {
+                p.shared_clone_written_bytes = self.clones.written(p.alloc);
+            }
+        }
+        parked
+    }
+
     /// The STATS document (see `docs/protocol.md` and `hugemem status`),
     /// without the per-connection parts (`lazy`, placement), which the
     /// session adds.
@@ -160,8 +174,10 @@ impl StatsSource {
                 park_verified_bytes: g(&m.park_verified_bytes),
                 exports: g(&m.exports),
                 exports_refused: g(&m.exports_refused),
+                clones: g(&m.clones),
+                clones_refused: g(&m.clones_refused),
             },
-            parked: self.pool.parking().parked_list(),
+            parked: self.parked(),
             lost_parked: self.park_record.lost(None),
         }
     }

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use hugemem_client::client::{Allocation, Client, ClientError};
 use hugemem_client::park::Parked;
+use hugemem_client::proto::CloneMode;
 
 use crate::launch::command_line::{BuildError, BuildOptions, MemoryRegion, Vmm};
 use crate::launch::config::LaunchConfig;
@@ -19,8 +20,8 @@ use crate::launch::update::{UpdateReport, VmmSwitch};
 /// a parked VM into it. A step the VMM does not support (yet) answers
 /// [`Unsupported`], never a silent no-op.
 ///
-/// Clones (a VM started from a parked template) come next, as one more
-/// step here beside [`restore`](Self::restore).
+/// Clones (a VM started from a parked VM, its template, which stays
+/// parked) are [`clone`](Self::clone), beside [`restore`](Self::restore).
 pub trait VmmAdapter: Sync {
     /// Its kind.
     fn kind(&self) -> Vmm;
@@ -112,6 +113,15 @@ pub trait VmmAdapter: Sync {
     /// [`LaunchError::Unsupported`] for a VMM that cannot restore yet.
     fn restore(&self) -> Result<&dyn VmmRestore, LaunchError>;
 
+    // Clone.
+
+    /// How this VMM starts a clone of a parked VM (`launch --clone-of`).
+    ///
+    /// # Errors
+    ///
+    /// [`LaunchError::Unsupported`] for a VMM that cannot clone yet.
+    fn clone(&self) -> Result<&dyn VmmClone, LaunchError>;
+
     // Guests (the benches and tests boot the project's micro-guest).
 
     /// The VMM's exit status once a guest ended with `code` on the debug
@@ -167,6 +177,57 @@ pub trait RestoreReceiver: Send {
     ) -> Result<Allocation, Box<dyn Error + Send + Sync>>;
 
     /// After a failed [`receive`](Self::receive): stops the VMM.
+    fn stop(&self);
+}
+
+/// A VMM's side of `launch --clone-of`.
+pub trait VmmClone: Sync {
+    /// Takes the template parked as `template.0` from the daemon on
+    /// `client` (CLONE in mode `template.1`) and makes the command line of a VMM that will
+    /// run the clone, for `cfg` (its user arguments), with what it needs
+    /// in `private` (a directory of the launcher's own).
+    ///
+    /// # Errors
+    ///
+    /// [`LaunchError::Options`] for user arguments a clone cannot take;
+    /// [`LaunchError::Clone`] for the daemon's refusal or a template that
+    /// cannot be cloned in that mode.
+    fn prepare(
+        &self,
+        cfg: &LaunchConfig,
+        private: &Path,
+        client: &mut Client,
+        template: (&str, CloneMode),
+    ) -> Result<CloneLaunch, LaunchError>;
+}
+
+/// A VMM about to start as a clone.
+pub struct CloneLaunch {
+    /// Its full argument list, program first.
+    pub argv: Vec<OsString>,
+    /// Descriptors it inherits under their numbers (its channels, and in
+    /// shared mode the template's read-only memory); the launcher closes
+    /// its copies once it started.
+    pub inherit: Vec<OwnedFd>,
+    /// What has it start the clone, once it started.
+    pub receiver: Box<dyn CloneReceiver>,
+    /// The template's memory, bytes.
+    pub bytes: u64,
+    /// Its page size, bytes.
+    pub page_size: u64,
+}
+
+/// The receiving half of a clone, run on the launcher's watcher thread
+/// once the VMM started.
+pub trait CloneReceiver: Send {
+    /// Has the VMM take the clone's snapshot and run it.
+    ///
+    /// # Errors
+    ///
+    /// The step that failed.
+    fn start(&mut self) -> Result<(), Box<dyn Error + Send + Sync>>;
+
+    /// After a failed [`start`](Self::start): stops the VMM.
     fn stop(&self);
 }
 

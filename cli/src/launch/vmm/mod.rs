@@ -27,5 +27,8 @@ pub mod cloud_hypervisor;
 pub mod qemu;
 mod select;
 
-pub use adapter::{ParkError, RestoreLaunch, RestoreReceiver, VmmAdapter, VmmRestore};
+pub use adapter::{
+    CloneLaunch, CloneReceiver, ParkError, RestoreLaunch, RestoreReceiver, VmmAdapter, VmmClone,
+    VmmRestore,
+};
 pub use select::by_name;

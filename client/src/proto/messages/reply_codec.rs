@@ -183,7 +183,7 @@ impl Reply {
                 }
                 body
             }
-            Code::Export => {
+            Code::Export | Code::Clone => {
                 let body = ReplyBody::Exported {
                     alloc_id: r.u64("alloc_id")?,
                     bytes: r.u64("bytes")?,

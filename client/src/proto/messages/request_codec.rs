@@ -23,6 +23,7 @@ impl Request {
             Request::Restore { .. } => Code::Restore,
             Request::Unpark { .. } => Code::Unpark,
             Request::Export { .. } => Code::Export,
+            Request::Clone { .. } => Code::Clone,
         }
     }
 
@@ -38,7 +39,8 @@ impl Request {
             Request::Uffd { .. }
             | Request::Park { .. }
             | Request::Restore { .. }
-            | Request::Export { .. } => 1,
+            | Request::Export { .. }
+            | Request::Clone { .. } => 1,
             _ => 0,
         }
     }
@@ -71,11 +73,17 @@ impl Request {
                 flags
             }
             Request::Restore {
-                paused, postcopy, ..
+                paused,
+                postcopy,
+                copy,
+                ..
             } => {
                 let mut flags = if *paused { RESTORE_FLAG_PAUSED } else { 0 };
                 if *postcopy {
                     flags |= RESTORE_FLAG_POSTCOPY;
+                }
+                if *copy {
+                    flags |= RESTORE_FLAG_COPY;
                 }
                 flags
             }
@@ -88,7 +96,8 @@ impl Request {
             | Request::Uffd { .. }
             | Request::Reattach { .. }
             | Request::Unpark { .. }
-            | Request::Export { .. } => 0,
+            | Request::Export { .. }
+            | Request::Clone { .. } => 0,
         }
     }
 
@@ -161,6 +170,10 @@ impl Request {
             Request::Restore { name, .. } => {
                 encode_name(&mut w, name);
                 w.u32(self.flags());
+            }
+            Request::Clone { name, mode } => {
+                encode_name(&mut w, name);
+                w.u32(*mode as u32);
             }
         }
         w.0
@@ -257,10 +270,17 @@ impl Request {
                     Request::Unpark { name }
                 }
             }
+            Code::Clone => {
+                let name = decode_name(&mut r)?;
+                let mode = r.u32("mode")?;
+                let mode = CloneMode::from_u32(mode)
+                    .ok_or_else(|| bad(format!("unknown CLONE mode {mode}")))?;
+                Request::Clone { name, mode }
+            }
             Code::Restore => {
                 let name = decode_name(&mut r)?;
                 let flags = r.u32("flags")?;
-                let known = RESTORE_FLAG_PAUSED | RESTORE_FLAG_POSTCOPY;
+                let known = RESTORE_FLAG_PAUSED | RESTORE_FLAG_POSTCOPY | RESTORE_FLAG_COPY;
                 if flags & !known != 0 {
                     return Err(bad(format!(
                         "undefined RESTORE flag bits {:#x}",
@@ -271,6 +291,7 @@ impl Request {
                     name,
                     paused: flags & RESTORE_FLAG_PAUSED != 0,
                     postcopy: flags & RESTORE_FLAG_POSTCOPY != 0,
+                    copy: flags & RESTORE_FLAG_COPY != 0,
                 }
             }
         };

@@ -133,6 +133,16 @@ fn park_counters(m: &Metrics) -> Vec<(&'static str, &'static str, u64)> {
             "EXPORT requests refused or failed (the VM stayed parked).",
             g(&m.exports_refused),
         ),
+        (
+            "clones",
+            "CLONE requests that sent a parked VM (the template) to a clone's launcher.",
+            g(&m.clones),
+        ),
+        (
+            "clones_refused",
+            "CLONE requests refused or failed (the headroom, a device that needs shared memory, no such VM).",
+            g(&m.clones_refused),
+        ),
     ]
 }
 

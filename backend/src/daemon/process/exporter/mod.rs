@@ -319,7 +319,7 @@ impl DaemonCollector {
 
     /// Parked VMs: how many, and each one's memory by uid and name.
     fn encode_parked(&self, enc: &mut DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        let parked = self.source.pool.parking().parked_list();
+        let parked = self.source.parked();
         gauge(
             enc,
             "parked_vms",
@@ -340,9 +340,30 @@ impl DaemonCollector {
             Some(&Unit::Bytes),
             MetricType::Gauge,
         )?;
+        for p in &parked {
+            let labels = [("uid", p.uid.to_string()), ("name", p.name.clone())];
+            ConstGauge::new(g64(p.bytes)).encode(family.encode_family(&labels)?)?;
+        }
+        let mut clones = enc.encode_descriptor(
+            "parked_shared_clones",
+            "Shared clones that map each parked VM (its template) now, by its tenant's uid and its name.",
+            None,
+            MetricType::Gauge,
+        )?;
+        for p in &parked {
+            let labels = [("uid", p.uid.to_string()), ("name", p.name.clone())];
+            ConstGauge::new(g64(p.shared_clones)).encode(clones.encode_family(&labels)?)?;
+        }
+        let mut written = enc.encode_descriptor(
+            "parked_shared_clone_written",
+            "Huge pages the shared clones of each parked VM wrote (their own copies, from the kernel's free huge pages), by its tenant's uid and its name.",
+            Some(&Unit::Bytes),
+            MetricType::Gauge,
+        )?;
         for p in parked {
             let labels = [("uid", p.uid.to_string()), ("name", p.name)];
-            ConstGauge::new(g64(p.bytes)).encode(family.encode_family(&labels)?)?;
+            ConstGauge::new(g64(p.shared_clone_written_bytes))
+                .encode(written.encode_family(&labels)?)?;
         }
         Ok(())
     }

@@ -282,6 +282,9 @@ impl Components {
             max_alloc,
             cfg: cfg.pool.clone(),
         });
+        let clones = Arc::new(crate::daemon::requests::parked::clones::Clones::new(
+            cfg.clones.headroom.0,
+        ));
         let stats = Arc::new(StatsSource {
             pool: Arc::clone(&pool),
             metrics: Arc::clone(metrics),
@@ -294,6 +297,7 @@ impl Components {
             refill_enabled: cfg.pool.refill,
             rebalance: Arc::clone(&rebalance),
             park_record: Arc::clone(&park_record),
+            clones: Arc::clone(&clones),
         });
         let rooms = Arc::new(Rooms {
             pool: Arc::clone(&pool),
@@ -307,6 +311,7 @@ impl Components {
             stats,
             fills: Arc::clone(&fills),
             saving: Arc::default(),
+            clones,
             store_sync: std::sync::OnceLock::new(),
             park_record,
         });

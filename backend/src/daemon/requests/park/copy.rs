@@ -140,16 +140,19 @@ fn page_policy(checked: &Checked, placed: &[Placed]) -> PagePolicy {
 
 /// A fresh allocation of `total` bytes for a copy, taken without
 /// clearing (the daemon writes every byte), as one region.
-async fn take_memory(
+/// `who`: the requesting connection, its uid and gid (the allocation is
+/// that connection's).
+pub(super) async fn take_memory(
     rooms: &Arc<Rooms>,
-    req: &ParkRequest,
+    who: (crate::daemon::pool::SessionId, u32, u32),
     total: u64,
     page_policy: PagePolicy,
 ) -> Result<(AllocId, Arc<guest_mem::Region>), Refusal> {
+    let (session, uid, gid) = who;
     let requester = Requester {
-        session: req.session,
-        uid: req.uid,
-        gid: req.gid,
+        session,
+        uid,
+        gid,
         reattach: true,
         fills_every_byte: true,
     };
@@ -175,11 +178,11 @@ async fn take_memory(
         }
     };
     let release = |rooms: &Arc<Rooms>| {
-        if let Ok(r) = rooms.pool.release(alloc, req.session) {
+        if let Ok(r) = rooms.pool.release(alloc, session) {
             settle_released(rooms, vec![r]);
         }
     };
-    let region = match rooms.pool.owners().regions_of(alloc, req.session) {
+    let region = match rooms.pool.owners().regions_of(alloc, session) {
         Ok((regions, _)) if regions.len() == 1 => Arc::clone(&regions[0]),
         _ => {
             release(rooms);
@@ -218,7 +221,8 @@ pub async fn copy_in(
         Some(m) => super::verify::source_checksums(m, &checked, &source_specs(&checked, &placed))?,
         None => Vec::new(),
     };
-    let (alloc, region) = take_memory(rooms, req, total, page_policy(&checked, &placed)).await?;
+    let who = (req.session, req.uid, req.gid);
+    let (alloc, region) = take_memory(rooms, who, total, page_policy(&checked, &placed)).await?;
     let release = |rooms: &Arc<Rooms>| {
         if let Ok(r) = rooms.pool.release(alloc, req.session) {
             settle_released(rooms, vec![r]);
@@ -375,7 +379,7 @@ fn rebase_config(checked: &Checked, placed: &[Placed]) -> Result<String, Refusal
 /// has mapped the region. Without this, a load onto clean pool memory
 /// zeroed every hole of the files again (5 GiB of an 8 GiB guest that
 /// wrote only its low 3 GiB).
-fn mark_taken_for_fill(region: &guest_mem::Region) -> bool {
+pub(super) fn mark_taken_for_fill(region: &guest_mem::Region) -> bool {
     let states = region.states();
     let committed_clean = states.counts().mapped == states.len();
     mark_for_fill(region) || committed_clean

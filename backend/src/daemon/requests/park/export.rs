@@ -110,7 +110,7 @@ pub async fn export(rooms: &Arc<Rooms>, req: ExportRequest, fds: Vec<OwnedFd>) -
 /// A VM parked on demand is filled from its files first (the saver must
 /// read its bytes), and becomes an ordinary parked VM: its units hold the
 /// VM's bytes (`Mapped`: never taken for zero), its files are let go.
-async fn fill_pending(rooms: &Arc<Rooms>, found: &FoundParked) -> Result<(), StepError> {
+pub(super) async fn fill_pending(rooms: &Arc<Rooms>, found: &FoundParked) -> Result<(), StepError> {
     let pending = rooms.fills.get(found.alloc);
     if let Some(msg) = super::send::files_gone(pending.is_some(), found) {
         return Err(msg);

@@ -27,10 +27,17 @@
 //!   would send it, with read-only memory fds, to a saver (`hugemem unpark
 //!   --save`), and stays parked, held for the saver's connection
 //!   (`crate::daemon::requests::parked::saving`) until it UNPARKs the VM or ends.
+//! * [`clone`]: CLONE. A parked VM (the template) sent to a clone's
+//!   launcher, read-only in SHARED mode, and counted against the template
+//!   while the launcher's connection lasts
+//!   (`crate::daemon::requests::parked::clones`): RESTORE and UNPARK of a
+//!   template with clones are refused.
 //! * UNPARK releases the parked allocation into quarantine: its memory is
 //!   scrubbed before anyone else gets it, and not before every process
 //!   that still maps it let go.
 
+pub mod clone;
+pub mod clone_copy;
 pub mod copy;
 pub mod error;
 pub mod export;
@@ -82,6 +89,23 @@ pub async fn serve(
             name,
             paused,
             postcopy,
+            copy: true,
+        } => {
+            let req = clone_copy::CopyRequest {
+                session,
+                uid: peer.uid,
+                gid: peer.gid,
+                name,
+                paused,
+                postcopy,
+            };
+            clone_copy::restore_copy(rooms, req, fds).await
+        }
+        Request::Restore {
+            name,
+            paused,
+            postcopy,
+            copy: false,
         } => {
             let req = send::RestoreRequest {
                 session,
@@ -101,11 +125,43 @@ pub async fn serve(
             };
             export::export(rooms, req, fds).await
         }
+        Request::Clone { name, mode } => {
+            let req = clone::CloneRequest {
+                session,
+                uid: peer.uid,
+                pid: peer.pid.and_then(|p| u32::try_from(p).ok()),
+                name,
+                mode,
+            };
+            clone::clone(rooms, req, fds).await
+        }
         other => Outcome::error(
             Status::Internal,
             format!("{:?} is not served by the park room", other.code()),
         ),
     }
+}
+
+/// Whether `req` is one of the park room's requests that carry fds (PARK,
+/// RESTORE, EXPORT, CLONE: their sockets, and PARK's manifest).
+pub fn takes_fds(req: &Request) -> bool {
+    matches!(
+        req,
+        Request::Park { .. }
+            | Request::Restore { .. }
+            | Request::Export { .. }
+            | Request::Clone { .. }
+    )
+}
+
+/// The features a request of the park room needs negotiated, each with
+/// the requests it names in a refusal.
+pub fn features_needed(req: &Request) -> Vec<(&'static str, u64)> {
+    let mut needs = vec![("PARK, RESTORE and UNPARK", crate::proto::FEATURE_PARK)];
+    if matches!(req, Request::Clone { .. }) {
+        needs.push(("CLONE", crate::proto::FEATURE_CLONE));
+    }
+    needs
 }
 
 /// UNPARK: the VM `uid` parked under `name` is dropped; its memory goes
@@ -133,6 +189,11 @@ pub async fn unpark(rooms: &Arc<Rooms>, session: SessionId, uid: u32, name: &str
     let _held = found.gate.lock_owned().await;
     if let Some(other) = rooms.saving.held_by_other(found.alloc, session) {
         return Outcome::error(Status::Invalid, send::being_saved(name, other));
+    }
+    let clones = rooms.clones.of(found.alloc);
+    if clones.0 > 0 {
+        let msg = crate::daemon::requests::parked::clones::has_clones(name, "UNPARK", clones);
+        return Outcome::error(Status::Invalid, msg);
     }
     match rooms.pool.release_parked(uid, name) {
         Ok(released) => {

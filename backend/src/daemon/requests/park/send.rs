@@ -111,6 +111,11 @@ pub async fn restore(rooms: &Arc<Rooms>, req: RestoreRequest, fds: Vec<OwnedFd>)
         Ok(g) => g,
         Err((status, msg)) => return refused(rooms, &req, status, msg),
     };
+    let clones = rooms.clones.of(found.alloc);
+    if clones.0 > 0 {
+        let msg = crate::daemon::requests::parked::clones::has_clones(&req.name, "RESTORE", clones);
+        return refused(rooms, &req, Status::Invalid, msg);
+    }
     let slot_fds = match slot_fds(&found, crate::sys::reopen) {
         Ok(f) => f,
         Err(msg) => return refused(rooms, &req, Status::Internal, msg),

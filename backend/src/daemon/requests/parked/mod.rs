@@ -1,9 +1,11 @@
 //! What the daemon keeps of parked VMs besides their memory: the memory it
 //! still has to load from a tenant's files (`loads`, and their part of the
 //! state document, `loads_record`), its note of parked VMs on disk (`note`),
-//! and the parked VMs being saved (`saving`). Below the park room, so that
+//! the parked VMs being saved (`saving`), and the shared clones that map
+//! a parked VM (`clones`). Below the park room, so that
 //! the rooms and STATS read them without importing the room.
 
+pub mod clones;
 pub mod loads;
 pub mod loads_record;
 pub mod note;

@@ -2,10 +2,12 @@
 //! (`command_line.rs`), its REST API (`api.rs`) and event monitor
 //! (`events.rs`), its live update, its own local migration
 //! (`switch.rs`), park, its offload snapshot sent to the daemon
-//! (`park.rs`), and restore, a parked VM received by a new
-//! cloud-hypervisor (`restore.rs`).
+//! (`park.rs`), restore, a parked VM received by a new
+//! cloud-hypervisor (`restore.rs`), and clones, a new cloud-hypervisor
+//! started from a parked VM that stays parked (`clone.rs`).
 
 pub mod api;
+mod clone;
 pub mod command_line;
 pub mod events;
 mod park;
@@ -19,12 +21,13 @@ use std::time::Duration;
 
 use hugemem_client::park::Parked;
 
+use clone::ChClone;
 pub use park::PrivateListener;
 use restore::ChRestore;
 pub use restore::ReceiveError;
 use switch::ChSwitch;
 
-use super::adapter::{ParkError, VmmAdapter, VmmRestore};
+use super::adapter::{ParkError, VmmAdapter, VmmClone, VmmRestore};
 use crate::launch::command_line::{BuildError, BuildOptions, MemoryRegion, Vmm};
 use crate::launch::config::LaunchConfig;
 use crate::launch::error::LaunchError;
@@ -112,6 +115,10 @@ impl VmmAdapter for CloudHypervisor {
 
     fn restore(&self) -> Result<&dyn VmmRestore, LaunchError> {
         Ok(&ChRestore)
+    }
+
+    fn clone(&self) -> Result<&dyn VmmClone, LaunchError> {
+        Ok(&ChClone)
     }
 
     fn exit_status_of_guest(&self, _code: u8) -> i32 {

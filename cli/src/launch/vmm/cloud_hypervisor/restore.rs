@@ -55,17 +55,17 @@ pub enum ReceiveError {
 }
 
 /// The new process's sockets.
-struct Sockets {
-    argv: Vec<OsString>,
-    api_path: PathBuf,
-    api_listener: UnixListener,
-    events_read: OwnedFd,
-    events_write: OwnedFd,
+pub(super) struct Sockets {
+    pub(super) argv: Vec<OsString>,
+    pub(super) api_path: PathBuf,
+    pub(super) api_listener: UnixListener,
+    pub(super) events_read: OwnedFd,
+    pub(super) events_write: OwnedFd,
 }
 
 /// The command line with the launcher's API socket (`fd=`) and event
 /// monitor in place of the user's `--api-socket`.
-fn command_line(cfg: &LaunchConfig, private: &Path) -> Result<Sockets, LaunchError> {
+pub(super) fn command_line(cfg: &LaunchConfig, private: &Path) -> Result<Sockets, LaunchError> {
     let opt = |m: String| LaunchError::Options(m);
     let program = cfg
         .command
@@ -148,6 +148,7 @@ impl VmmRestore for ChRestore {
             None => None,
         };
         let receiver = ChReceiver {
+            copy: cfg.clone_of.is_some(),
             api: ChApi::new(&s.api_path),
             events: Some(s.events_read),
             receive_path: private.join("restore.sock"),
@@ -166,6 +167,8 @@ impl VmmRestore for ChRestore {
 
 /// The receiving half: the new process's API and events.
 struct ChReceiver {
+    /// A copy clone (`--clone-of NAME --clone-mode copy`): RESTORE with COPY.
+    copy: bool,
     api: ChApi,
     events: Option<OwnedFd>,
     receive_path: PathBuf,
@@ -213,6 +216,8 @@ impl ChReceiver {
             // Its fault connection: the second one it accepts.
             let fault = connect()?;
             client.restore_postcopy(name, &stream, &fault, false)
+        } else if self.copy {
+            client.restore_copy(name, &stream, false)
         } else {
             client.restore(name, &stream, false)
         }

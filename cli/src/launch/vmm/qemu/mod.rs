@@ -17,7 +17,7 @@ use hugemem_client::park::Parked;
 pub use command_line::KVM_CPU;
 use switch::QemuSwitch;
 
-use super::adapter::{ParkError, VmmAdapter, VmmRestore};
+use super::adapter::{ParkError, VmmAdapter, VmmClone, VmmRestore};
 use crate::launch::command_line::{BuildError, BuildOptions, MemoryRegion, Vmm};
 use crate::launch::config::LaunchConfig;
 use crate::launch::error::{LaunchError, Unsupported};
@@ -120,6 +120,14 @@ impl VmmAdapter for Qemu {
         Err(Unsupported {
             vmm: NAME,
             what: "launch --restore (a parked VM is a cloud-hypervisor VM)",
+        }
+        .into())
+    }
+
+    fn clone(&self) -> Result<&dyn VmmClone, LaunchError> {
+        Err(Unsupported {
+            vmm: NAME,
+            what: "launch --clone-of (a parked VM is a cloud-hypervisor VM)",
         }
         .into())
     }

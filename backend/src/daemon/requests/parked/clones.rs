@@ -1,0 +1,303 @@
+//! Parked VMs that clones map: CLONE in SHARED mode sends a parked VM's
+//! memory read-only to a clone's launcher, whose cloud-hypervisor maps it
+//! privately (copy-on-write). The template stays parked and unchanged;
+//! each such clone is counted against it for as long as the launcher's
+//! connection lasts (the launcher keeps it open while its VM runs).
+//!
+//! While a template has clones, RESTORE and UNPARK of it are refused:
+//! a restored VM would write the memory the clones still read for every
+//! page they have not written, and an UNPARK would let the pool reuse it.
+//! The count is a courtesy to the tenant, not the safety: memory a clone
+//! still maps never leaves quarantine (the holder scan), whatever the
+//! count says.
+//!
+//! The budget: the pages a shared clone writes come from the kernel's
+//! free huge pages, not from the pool. Its cloud-hypervisor maps with the
+//! kernel's reservation (`ch_migration::clone`: `reserve` on each zone),
+//! so a clone that starts can write every page without `SIGBUS`, and a
+//! CLONE is refused when the huge pages no one has taken or reserved
+//! (`free - resv`) would drop below `clones.headroom` once it maps.
+//!
+//! By allocation and connection: a takeover carries each connection's
+//! count in its record (`ConnectionRecord::shared_clones`), and the
+//! successor counts them again when it adopts the connection. A restart
+//! from systemd's fd store does not (connections do not survive it: the
+//! clones keep running on their own mappings, but the template's next
+//! RESTORE is no longer refused).
+
+use std::collections::BTreeSet;
+use std::sync::{Mutex, MutexGuard, PoisonError};
+
+use guest_mem::pools::PoolCounts;
+use guest_mem::PageSize;
+
+use crate::daemon::ids::{AllocId, SessionId};
+
+/// Why a shared clone was refused for want of huge pages.
+#[derive(Debug, thiserror::Error)]
+pub enum BudgetError {
+    /// The headroom would be crossed.
+    #[error(
+        "a shared clone of {name:?} may write all its {need} pages of {page}: \
+         {available} are free and unreserved, which would leave {left}, \
+         below the headroom of {headroom} (short by {short})"
+    )]
+    Short {
+        /// The template.
+        name: String,
+        /// Pages the clone may write.
+        need: u64,
+        /// Its page size, in words.
+        page: String,
+        /// Free and unreserved pages now.
+        available: u64,
+        /// What would be left.
+        left: i128,
+        /// The headroom, pages.
+        headroom: u64,
+        /// Pages missing.
+        short: u64,
+    },
+    /// The kernel's counts cannot be read.
+    #[error("cannot read the free huge pages of {page}: {source}")]
+    Counts {
+        /// The page size, in words.
+        page: String,
+        /// The error.
+        #[source]
+        source: guest_mem::pools::PoolError,
+    },
+}
+
+/// One shared clone: its template, the connection that holds it, and
+/// that connection's process (the clone's launcher, whose child runs the
+/// clone), when known.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+struct Hold {
+    template: AllocId,
+    session: SessionId,
+    id: u64,
+    launcher: Option<u32>,
+}
+
+/// Every running shared clone, and the headroom their budget keeps.
+#[derive(Debug, Default)]
+pub struct Clones {
+    holds: Mutex<(BTreeSet<Hold>, u64)>,
+    headroom_bytes: u64,
+}
+
+impl Clones {
+    /// No clones yet; free huge pages are kept at `headroom_bytes` at least.
+    pub fn new(headroom_bytes: u64) -> Self {
+        Self {
+            holds: Mutex::default(),
+            headroom_bytes,
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, (BTreeSet<Hold>, u64)> {
+        self.holds.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Counts a shared clone of `template` (`bytes` of `page_size`,
+    /// parked as `name`) for `session` if the budget allows it; its id.
+    ///
+    /// # Errors
+    ///
+    /// [`BudgetError`]: the headroom would be crossed, or the kernel's
+    /// counts cannot be read.
+    pub fn admit(
+        &self,
+        template: AllocId,
+        (session, launcher): (SessionId, Option<u32>),
+        name: &str,
+        (bytes, page_size): (u64, PageSize),
+    ) -> Result<u64, BudgetError> {
+        let mut holds = self.lock();
+        if page_size.is_huge() {
+            let page = page_size.to_string();
+            let counts = PoolCounts::read(page_size, None)
+                .map_err(|source| BudgetError::Counts {
+                    page: page.clone(),
+                    source,
+                })?
+                .map_or(0, |c| c.available());
+            let need = bytes.div_ceil(page_size.bytes());
+            let headroom = self.headroom_bytes.div_ceil(page_size.bytes());
+            check_budget(counts, need, headroom).map_err(|short| BudgetError::Short {
+                name: name.to_string(),
+                need,
+                page,
+                available: counts,
+                left: i128::from(counts) - i128::from(need),
+                headroom,
+                short,
+            })?;
+        }
+        holds.1 += 1;
+        let id = holds.1;
+        holds.0.insert(Hold {
+            template,
+            session,
+            id,
+            launcher,
+        });
+        Ok(id)
+    }
+
+    /// The clone `id` no longer counts (its launcher never got it).
+    pub fn release(&self, id: u64) {
+        self.lock().0.retain(|h| h.id != id);
+    }
+
+    /// Every clone of `session` ends (the connection ended).
+    pub fn release_session(&self, session: SessionId) {
+        self.lock().0.retain(|h| h.session != session);
+    }
+
+    /// The running clones of `template`, and the connections holding them.
+    pub fn of(&self, template: AllocId) -> (usize, Vec<SessionId>) {
+        let holds = self.lock();
+        let mine: Vec<SessionId> = holds
+            .0
+            .iter()
+            .filter(|h| h.template == template)
+            .map(|h| h.session)
+            .collect();
+        let mut sessions = mine.clone();
+        sessions.dedup();
+        (mine.len(), sessions)
+    }
+
+    /// The templates `session`'s clones map, one entry a clone (for the
+    /// takeover document).
+    pub fn templates_of(&self, session: SessionId) -> Vec<AllocId> {
+        self.lock()
+            .0
+            .iter()
+            .filter(|h| h.session == session)
+            .map(|h| h.template)
+            .collect()
+    }
+
+    /// Counts again the clones a predecessor counted for `session` (a
+    /// takeover passed the connection on): no budget check, they run.
+    pub fn resume(&self, (session, launcher): (SessionId, Option<u32>), templates: &[AllocId]) {
+        let mut holds = self.lock();
+        for &template in templates {
+            holds.1 += 1;
+            let id = holds.1;
+            holds.0.insert(Hold {
+                template,
+                session,
+                id,
+                launcher,
+            });
+        }
+    }
+
+    /// Bytes of huge pages the shared clones of `template` wrote (their
+    /// own copies: smaps `Private_Hugetlb` of each launcher's children,
+    /// the clones' cloud-hypervisors). Read from `/proc`, outside the
+    /// lock; a process gone or unreadable counts 0.
+    pub fn written(&self, template: AllocId) -> u64 {
+        let mut launchers: Vec<u32> = self
+            .lock()
+            .0
+            .iter()
+            .filter(|h| h.template == template)
+            .filter_map(|h| h.launcher)
+            .collect();
+        launchers.dedup();
+        launchers
+            .into_iter()
+            .flat_map(children)
+            .map(private_hugetlb)
+            .sum()
+    }
+
+    /// Running shared clones in all.
+    pub fn running(&self) -> usize {
+        self.lock().0.len()
+    }
+}
+
+/// The children of process `pid` (at most 64; none when unreadable).
+fn children(pid: u32) -> Vec<u32> {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for task in tasks.flatten() {
+        let text = std::fs::read_to_string(task.path().join("children")).unwrap_or_default();
+        out.extend(
+            text.split_whitespace()
+                .filter_map(|p| p.parse::<u32>().ok()),
+        );
+    }
+    out.truncate(64);
+    out
+}
+
+/// Bytes of huge pages process `pid` holds privately (`Private_Hugetlb`
+/// of `/proc/PID/smaps_rollup`, in kB there); 0 when unreadable.
+fn private_hugetlb(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup"))
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.strip_prefix("Private_Hugetlb:"))
+        .filter_map(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .sum::<u64>()
+        .saturating_mul(1024)
+}
+
+/// `Ok` when `available` pages less `need` leave `headroom` at least;
+/// else the pages missing.
+fn check_budget(available: u64, need: u64, headroom: u64) -> Result<(), u64> {
+    let want = need.saturating_add(headroom);
+    if available >= want {
+        Ok(())
+    } else {
+        Err(want - available)
+    }
+}
+
+/// Why a RESTORE or UNPARK of a template with running clones is refused.
+pub fn has_clones(name: &str, request: &str, (count, sessions): (usize, Vec<SessionId>)) -> String {
+    format!(
+        "{name:?} is the template of {count} running shared clone(s) (connections {sessions:?}): \
+         {request} would change or free the memory they map; stop them first"
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_budget_keeps_the_headroom_and_names_the_shortfall() {
+        assert_eq!(check_budget(10, 4, 6), Ok(()));
+        assert_eq!(check_budget(10, 4, 7), Err(1));
+        assert_eq!(check_budget(0, 4, 0), Err(4));
+        assert_eq!(check_budget(3, u64::MAX, 1), Err(u64::MAX - 3));
+    }
+
+    #[test]
+    fn clones_count_per_template_until_their_connection_ends() {
+        let clones = Clones::new(0);
+        let base = (4 << 10, PageSize::Base4K);
+        let a = clones
+            .admit(1, (10, None), "t", base)
+            .expect("no budget on 4 KiB");
+        clones.admit(1, (11, None), "t", base).expect("admitted");
+        clones.admit(2, (11, None), "u", base).expect("admitted");
+        assert_eq!(clones.written(1), 0, "no launcher known, nothing read");
+        assert_eq!(clones.of(1), (2, vec![10, 11]));
+        clones.release_session(11);
+        assert_eq!(clones.of(1), (1, vec![10]));
+        assert_eq!(clones.of(2).0, 0);
+        clones.release(a);
+        assert_eq!(clones.running(), 0);
+    }
+}

@@ -1,0 +1,184 @@
+//! cloud-hypervisor's side of `hugemem launch --clone-of NAME`: a new
+//! cloud-hypervisor that runs a clone of the VM parked as NAME (its
+//! template), which stays parked.
+//!
+//! Shared mode, before the process starts: the launcher asks the daemon
+//! for the template (CLONE) on one end of a socket pair and plays the
+//! receiving cloud-hypervisor on the other (`ch_migration::peer`): it
+//! gets each memory slot as a read-only fd, the configuration and the
+//! state. The fds are the new process's inherited descriptors, named
+//! `/dev/fd/N` in the configuration with `shared` off
+//! (`ch_migration::clone`), so cloud-hypervisor opens each read-only and
+//! maps it privately: a page is copied only when the clone writes it.
+//! Once the process runs (its API and event monitor bound first, as for a
+//! restore), it `receive-migration`s and the launcher sends it `Start →
+//! Config → State → Complete`, and no memory.
+
+use std::collections::BTreeMap;
+use std::error::Error;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use ch_migration::peer::{receive_snapshot, send_snapshot};
+use ch_migration::Limits;
+use hugemem_client::client::{Client, ClientError};
+use hugemem_client::proto::CloneMode;
+
+use super::api::{ChApi, ChApiError};
+use super::events::{ChEvents, ChEventsError, RECEIVE_READY};
+use super::restore::command_line;
+use crate::launch::config::LaunchConfig;
+use crate::launch::error::LaunchError;
+use crate::launch::vmm::adapter::{CloneLaunch, CloneReceiver, VmmClone};
+
+/// cloud-hypervisor runs clones of parked VMs.
+#[derive(Debug, Clone, Copy, Default)]
+pub(super) struct ChClone;
+
+/// Why a clone did not start.
+#[derive(Debug, thiserror::Error)]
+pub enum CloneError {
+    /// The daemon refused or failed CLONE.
+    #[error("{}", hugemem_client::diag::chain(.0))]
+    Daemon(ClientError),
+    /// The template did not arrive whole.
+    #[error("receiving the template from the daemon: {0}")]
+    Template(ch_migration::ChMigrationError),
+    /// The receiving thread could not run.
+    #[error("the thread receiving the template failed")]
+    Thread,
+    /// The socket pair.
+    #[error("cannot make a socket pair: {0}")]
+    Pair(std::io::Error),
+    /// The template's configuration cannot be a clone's.
+    #[error(transparent)]
+    Config(#[from] ch_migration::clone::CloneConfigError),
+    /// No `migration-receive-ready` event in time.
+    #[error("cloud-hypervisor did not listen for the clone ({0}): is it cloud-hypervisor?")]
+    NotListening(ChEventsError),
+    /// The migration socket could not be reached.
+    #[error("cannot reach cloud-hypervisor's migration socket: {0}")]
+    Connect(std::io::Error),
+    /// cloud-hypervisor refused the clone's snapshot.
+    #[error("cloud-hypervisor refused the clone: {0}")]
+    Send(ch_migration::ChMigrationError),
+    /// `receive-migration` failed.
+    #[error("cloud-hypervisor's receive-migration: {0}")]
+    Receive(ChApiError),
+    /// `receive-migration` did not answer in time.
+    #[error("cloud-hypervisor did not run the clone within {0:?}")]
+    NotRunning(Duration),
+}
+
+/// The template as CLONE sent it: its memory fds by slot, configuration
+/// and state.
+fn take_template(
+    client: &mut Client,
+    name: &str,
+    mode: CloneMode,
+) -> Result<(hugemem_client::park::Exported, ch_migration::peer::Snapshot), CloneError> {
+    let (ours, theirs) = UnixStream::pair().map_err(CloneError::Pair)?;
+    std::thread::scope(|s| {
+        let receiver = s.spawn(|| receive_snapshot(&ours, Limits::default()));
+        let sent = client.clone_parked(name, mode, &theirs);
+        // A refusal sends nothing: the receiver sees the end of the stream.
+        drop(theirs);
+        let received = receiver.join().map_err(|_| CloneError::Thread)?;
+        let template = sent.map_err(CloneError::Daemon)?;
+        Ok((template, received.map_err(CloneError::Template)?))
+    })
+}
+
+impl VmmClone for ChClone {
+    fn prepare(
+        &self,
+        cfg: &LaunchConfig,
+        private: &Path,
+        client: &mut Client,
+        (name, mode): (&str, CloneMode),
+    ) -> Result<CloneLaunch, LaunchError> {
+        let failed = |e: CloneError| LaunchError::Clone {
+            name: name.to_string(),
+            source: Box::new(e),
+        };
+        let s = command_line(cfg, private)?;
+        let (template, snapshot) = take_template(client, name, mode).map_err(failed)?;
+        let files: BTreeMap<u32, String> = snapshot
+            .memory
+            .iter()
+            .map(|(slot, fd)| (*slot, format!("/dev/fd/{}", fd.as_raw_fd())))
+            .collect();
+        let config = ch_migration::clone::shared_clone_config(&snapshot.config, &files)
+            .map_err(|e| failed(e.into()))?;
+        let mut inherit = vec![OwnedFd::from(s.api_listener), s.events_write];
+        inherit.extend(snapshot.memory.into_iter().map(|(_, fd)| fd));
+        let receiver = ChCloneReceiver {
+            api: ChApi::new(&s.api_path),
+            events: Some(s.events_read),
+            receive_path: private.join("clone.sock"),
+            deadline: cfg.update_timeout,
+            config,
+            state: snapshot.state,
+        };
+        Ok(CloneLaunch {
+            argv: s.argv,
+            inherit,
+            receiver: Box::new(receiver),
+            bytes: template.bytes,
+            page_size: template.page_size,
+        })
+    }
+}
+
+/// The receiving half: the new process's API and events, and what it is
+/// sent.
+struct ChCloneReceiver {
+    api: ChApi,
+    events: Option<std::os::fd::OwnedFd>,
+    receive_path: PathBuf,
+    deadline: Duration,
+    config: Vec<u8>,
+    state: Vec<u8>,
+}
+
+impl ChCloneReceiver {
+    fn start_clone(&mut self) -> Result<(), CloneError> {
+        let deadline = self.deadline;
+        let (done_tx, done_rx) = mpsc::channel();
+        let receiver = self.api.clone();
+        let listen = self.receive_path.clone();
+        std::thread::spawn(move || {
+            let _ = done_tx.send(receiver.receive_migration(&listen, deadline));
+        });
+        let events = self
+            .events
+            .take()
+            .ok_or(CloneError::NotListening(ChEventsError::Closed))?;
+        let mut events = ChEvents::new(events);
+        events
+            .wait_for(RECEIVE_READY, deadline)
+            .map_err(CloneError::NotListening)?;
+        let stream = UnixStream::connect(&self.receive_path).map_err(CloneError::Connect)?;
+        send_snapshot(&stream, &[], &self.config, &self.state, false).map_err(CloneError::Send)?;
+        match done_rx.recv_timeout(deadline) {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => return Err(CloneError::Receive(e)),
+            Err(_) => return Err(CloneError::NotRunning(deadline)),
+        }
+        events.drain_in_background();
+        Ok(())
+    }
+}
+
+impl CloneReceiver for ChCloneReceiver {
+    fn start(&mut self) -> Result<(), Box<dyn Error + Send + Sync>> {
+        Ok(self.start_clone()?)
+    }
+
+    fn stop(&self) {
+        let _ = self.api.shutdown_vmm(self.deadline);
+    }
+}
