@@ -21,6 +21,7 @@ use guest_mem::{fill_region_planned, FillOptions, FillSource, PageSize, Region};
 use tracing::info;
 
 use super::error::StepError;
+use super::refusal::{refuse, Asker};
 use super::send::gated;
 use super::socket::migration_socket;
 use crate::daemon::counters::metrics::Metrics;
@@ -53,12 +54,18 @@ fn refused(
     status: Status,
     msg: impl std::fmt::Display,
 ) -> Outcome {
-    let msg = msg.to_string();
-    Metrics::add(&rooms.metrics.clones_refused, 1);
-    if let Some(suppressed) = crate::daemon::peers::peer_log::REQUEST_REFUSED.check(req.uid) {
-        info!(session = req.session, uid = req.uid, name = %req.name, reason = %msg, suppressed, "copy clone refused");
-    }
-    Outcome::error(status, msg)
+    let asker = Asker {
+        what: "copy clone",
+        session: req.session,
+        uid: req.uid,
+        name: &req.name,
+    };
+    refuse(
+        &rooms.metrics.clones_refused,
+        asker,
+        status,
+        msg.to_string(),
+    )
 }
 
 fn policy_of(page_size: PageSize) -> PagePolicy {

@@ -18,6 +18,7 @@ use ch_migration::peer::send_snapshot;
 use tracing::info;
 
 use super::error::StepError;
+use super::refusal::{refuse, Asker};
 use super::send::{gated, slot_fds};
 use super::socket::migration_socket;
 use crate::daemon::counters::metrics::Metrics;
@@ -44,12 +45,18 @@ fn refused(
     status: Status,
     msg: impl std::fmt::Display,
 ) -> Outcome {
-    let msg = msg.to_string();
-    Metrics::add(&rooms.metrics.exports_refused, 1);
-    if let Some(suppressed) = crate::daemon::peers::peer_log::REQUEST_REFUSED.check(req.uid) {
-        info!(session = req.session, uid = req.uid, name = %req.name, reason = %msg, suppressed, "EXPORT refused");
-    }
-    Outcome::error(status, msg)
+    let asker = Asker {
+        what: "EXPORT",
+        session: req.session,
+        uid: req.uid,
+        name: &req.name,
+    };
+    refuse(
+        &rooms.metrics.exports_refused,
+        asker,
+        status,
+        msg.to_string(),
+    )
 }
 
 /// EXPORT (see the module docs).

@@ -43,6 +43,7 @@ pub mod error;
 pub mod export;
 pub mod ondemand;
 pub mod receive;
+mod refusal;
 pub mod send;
 pub mod snapshot;
 pub mod socket;

@@ -12,6 +12,7 @@ use ch_migration::peer::{answer_complete, receive_until_complete};
 use ch_migration::Limits;
 use tracing::{info, warn};
 
+use super::refusal::{refuse, Asker};
 use super::snapshot::{check, invalid, now_secs, Checked, ParkRequest, ParkedOk, Refusal};
 use super::socket::migration_socket;
 use super::verify::read_manifest;
@@ -273,9 +274,11 @@ fn finish(
 /// A refused PARK, counted and logged (rate-limited per uid) whether the
 /// socket, the name or the snapshot was wrong.
 fn refused(rooms: &Rooms, req: &ParkRequest, status: Status, msg: String) -> Outcome {
-    Metrics::add(&rooms.metrics.parks_refused, 1);
-    if let Some(suppressed) = crate::daemon::peers::peer_log::REQUEST_REFUSED.check(req.uid) {
-        info!(session = req.session, uid = req.uid, name = %req.name, reason = %msg, suppressed, "PARK refused");
-    }
-    Outcome::error(status, msg)
+    let asker = Asker {
+        what: "PARK",
+        session: req.session,
+        uid: req.uid,
+        name: &req.name,
+    };
+    refuse(&rooms.metrics.parks_refused, asker, status, msg)
 }

@@ -11,6 +11,7 @@ use ch_migration::peer::send_snapshot;
 use tracing::{info, warn};
 
 use super::error::StepError;
+use super::refusal::{refuse, Asker};
 use super::socket::migration_socket;
 use crate::daemon::counters::metrics::Metrics;
 use crate::daemon::pool::{FoundParked, SessionId};
@@ -40,12 +41,18 @@ fn refused(
     status: Status,
     msg: impl std::fmt::Display,
 ) -> Outcome {
-    let msg = msg.to_string();
-    Metrics::add(&rooms.metrics.restores_refused, 1);
-    if let Some(suppressed) = crate::daemon::peers::peer_log::REQUEST_REFUSED.check(req.uid) {
-        info!(session = req.session, uid = req.uid, name = %req.name, reason = %msg, suppressed, "RESTORE refused");
-    }
-    Outcome::error(status, msg)
+    let asker = Asker {
+        what: "RESTORE",
+        session: req.session,
+        uid: req.uid,
+        name: &req.name,
+    };
+    refuse(
+        &rooms.metrics.restores_refused,
+        asker,
+        status,
+        msg.to_string(),
+    )
 }
 
 /// The VM `uid` parked under `name`, with its change gate held (the
