@@ -26,7 +26,7 @@ use backend::client::{Client, ClientError};
 use backend::daemon::ByteSize;
 use backend::proto::{CloneMode, Status};
 use ch_migration::peer::{receive_snapshot, Snapshot};
-use hugemem_client::park::Exported;
+use hugemem_client::park::{Exported, RestoreOptions};
 use park_peer::*;
 use test_support::hugepages::hugepages_2m;
 use test_support::prelude::{reserve_2m, serial, wait_until, TestDaemon};
@@ -51,6 +51,15 @@ fn clone_via(
     let result = client.clone_parked(name, mode, &daemon_end);
     drop(daemon_end);
     (result, receiver.join().expect("the fake launcher"))
+}
+
+/// RESTORE with COPY, without postcopy, ending paused.
+fn eager_copy() -> RestoreOptions<'static> {
+    RestoreOptions {
+        paused: true,
+        fault: None,
+        copy: true,
+    }
 }
 
 fn expect_refused<T: std::fmt::Debug>(r: Result<T, ClientError>, status: Status, needle: &str) {
@@ -243,7 +252,7 @@ fn a_vm_with_a_vfio_device_or_a_named_tap_is_not_cloned() {
     assert!(got.is_none());
     let (daemon_end, _receiver) = UnixStream::pair().expect("socketpair");
     expect_refused(
-        owner.restore_copy("tap", &daemon_end, true),
+        owner.restore_with("tap", &daemon_end, eager_copy()),
         Status::Invalid,
         "tap9",
     );
@@ -373,7 +382,7 @@ fn a_copy_clone_gets_fresh_memory_filled_from_the_template_which_stays_parked() 
         std::thread::spawn(move || receive_snapshot(&ch_end, ch_migration::Limits::default()).ok());
     let mut cloner = d.client();
     let copy = cloner
-        .restore_copy("tmpl", &daemon_end, true)
+        .restore_with("tmpl", &daemon_end, eager_copy())
         .expect("a copy clone");
     drop(daemon_end);
     let got = receiver

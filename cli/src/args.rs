@@ -300,10 +300,16 @@ pub(crate) struct LaunchArgs {
     pub(crate) clone_of: Option<String>,
     /// With --clone-of: `shared` maps the template privately (copy-on-write:
     /// only the pages the clone writes take memory, from the kernel's free
-    /// huge pages); `copy` gives the clone its own pool memory filled from
-    /// the template (not built yet).
+    /// huge pages); `copy` gives the clone its own pool memory, filled from
+    /// the template as the guest runs (cloud-hypervisor's postcopy: each
+    /// page when the guest first touches it, the rest in the background).
     #[arg(long, value_name = "MODE", requires = "clone_of", default_value = "copy", value_parser = parse_clone_mode)]
     pub(crate) clone_mode: CloneModeArg,
+    /// With --clone-mode copy: fill the clone's memory before its guest
+    /// runs, instead of as it runs (for a cloud-hypervisor without
+    /// postcopy restores).
+    #[arg(long, requires = "clone_of")]
+    pub(crate) copy_eager: bool,
     /// The VMM and its arguments, after `--`.
     #[arg(last = true, required = true, value_parser = clap::value_parser!(std::ffi::OsString))]
     pub(crate) command: Vec<std::ffi::OsString>,

@@ -88,6 +88,7 @@ fn launch(args: LaunchArgs) -> Result<i32> {
         on_demand: args.on_demand,
         clone_of: args.clone_of,
         clone_mode: args.clone_mode.0,
+        copy_eager: args.copy_eager,
     };
     let report = launch::run(&cfg).context("hugemem launch failed")?;
     if !report.note.is_empty() {
@@ -104,7 +105,12 @@ fn launch(args: LaunchArgs) -> Result<i32> {
         (false, Some(hugemem_client::proto::CloneMode::Shared)) => {
             "mapped from its template (shared, copy-on-write)"
         }
-        (false, Some(hugemem_client::proto::CloneMode::Copy)) => "copied from its template",
+        (false, Some(hugemem_client::proto::CloneMode::Copy)) if cfg.copy_eager => {
+            "copied from its template before the guest ran"
+        }
+        (false, Some(hugemem_client::proto::CloneMode::Copy)) => {
+            "filled from its template as the guest ran (postcopy)"
+        }
         (false, None) => "allocated",
     };
     let end = match &report.parked_as {

@@ -325,3 +325,210 @@ fn shared_clones_count_on_from_a_template_that_stays_unchanged() {
     drop(ram);
     daemon.shutdown();
 }
+
+/// The first child of `parent` that runs its own program, if any yet.
+fn child_now(parent: u32) -> Option<u32> {
+    let exe = |pid: u32| std::fs::read_link(format!("/proc/{pid}/exe")).ok();
+    let children =
+        std::fs::read_to_string(format!("/proc/{parent}/task/{parent}/children")).ok()?;
+    let pid = children.split_whitespace().next()?.parse::<u32>().ok()?;
+    (exe(pid).is_some() && exe(pid) != exe(parent)).then_some(pid)
+}
+
+/// A memfd of at least `RAM` bytes that process `pid` holds, opened anew.
+fn guest_memfd_now(pid: u32) -> Option<std::fs::File> {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .ok()?
+        .flatten()
+        .filter(|e| {
+            std::fs::read_link(e.path()).is_ok_and(|t| t.to_string_lossy().starts_with("/memfd:"))
+        })
+        .filter_map(|e| std::fs::File::open(e.path()).ok())
+        .find(|f| f.metadata().is_ok_and(|m| m.len() >= RAM))
+}
+
+/// One VM being started: when its launch was spawned, the `timeout`
+/// process that runs the launcher, and what has been found of it.
+struct Starting {
+    spawned: std::time::Instant,
+    child: Child,
+    launcher: Option<u32>,
+    vmm: Option<u32>,
+    ram: Option<std::fs::File>,
+    running: Option<Duration>,
+}
+
+impl Starting {
+    fn spawn(child: Child, spawned: std::time::Instant) -> Self {
+        Self {
+            spawned,
+            child,
+            launcher: None,
+            vmm: None,
+            ram: None,
+            running: None,
+        }
+    }
+
+    /// One look: true once its guest counts past `past` (the time from the
+    /// spawn to that look is kept).
+    fn look(&mut self, past: u64) -> bool {
+        if self.running.is_some() {
+            return true;
+        }
+        if self.launcher.is_none() {
+            self.launcher = child_now(self.child.id());
+        }
+        if let (Some(l), None) = (self.launcher, self.vmm) {
+            self.vmm = child_now(l);
+        }
+        if let (Some(v), None) = (self.vmm, &self.ram) {
+            self.ram = guest_memfd_now(v);
+        }
+        let Some(ram) = &self.ram else { return false };
+        let mut block = vec![0u8; SPIN_BLOCK_LEN];
+        let counts = ram.read_exact_at(&mut block, SPIN_BLOCK_GPA).is_ok()
+            && SpinState::parse(&block).is_some_and(|s| s.spinning && s.count > past);
+        if counts {
+            self.running = Some(self.spawned.elapsed());
+        }
+        counts
+    }
+}
+
+/// Looks at every one of `vms` in turn, 0.2 ms apart, until each guest
+/// counts past `past` (within 60 s).
+fn wait_running(vms: &mut [Starting], past: u64) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let mut all = true;
+        for vm in vms.iter_mut() {
+            all &= vm.look(past);
+        }
+        if all {
+            return;
+        }
+        assert!(std::time::Instant::now() < deadline, "a guest did not run");
+        std::thread::sleep(Duration::from_micros(200));
+    }
+}
+
+/// `hugemem launch --clone-of NAME --clone-mode copy [--copy-eager]`.
+fn launch_copy(daemon: &TestDaemon, ch: &str, name: &str, api: &Path, eager: bool) -> Child {
+    let mut cmd = Command::new("timeout");
+    cmd.args(["600", HUGEMEM, "launch", "--socket"])
+        .arg(daemon.socket())
+        .args(["--clone-of", name, "--clone-mode", "copy"]);
+    if eager {
+        cmd.arg("--copy-eager");
+    }
+    cmd.args(["--", ch])
+        .arg("--api-socket")
+        .arg(api)
+        .spawn()
+        .expect("spawn hugemem launch --clone-of --clone-mode copy")
+}
+
+fn ms(d: Option<Duration>) -> f64 {
+    d.map_or(f64::NAN, |d| d.as_secs_f64() * 1e3)
+}
+
+/// Copy clones in postcopy mode (the default), several at once: each runs
+/// at once on its own pool memory (`rw-s`), counting on from the parked
+/// count, every page filled from the template as the guest touches it and
+/// in the background; the template stays unchanged. Printed: the time from
+/// each launch's spawn to its guest counting on, for the postcopy copies,
+/// an eager copy (`--copy-eager`) and a RESTORE of the same template from
+/// the park (the floor: the same protocol with the memory handed over),
+/// all measured the same way.
+#[test]
+fn copy_clones_run_at_once_and_fill_from_the_template_as_they_run() {
+    const COPIES: usize = 3;
+    // The template, the postcopy copies, the eager copy.
+    let Some(setup) = set_up(2 + COPIES as u64) else {
+        return;
+    };
+    let (ch, dir, elf) = (&setup.ch, &setup.dir, &setup.elf);
+    let daemon = TestDaemon::start(|c| c.pool.recheck_ms = 20);
+    let api = dir.path().join("template.sock");
+    let mut launch = launch_counting(&daemon, ch, &api, elf);
+    let launcher = child_of(launch.id());
+    let ram = launched_guest_ram(launcher, child_of(launcher));
+    counting_past(&ram, 0, "the guest to spin");
+    park(&daemon, "template", &api);
+    assert!(launch.wait().expect("the launcher ends").success());
+    let parked = spin_state(&ram);
+    let before = digest(&ram);
+
+    let mut copies: Vec<Starting> = (0..COPIES)
+        .map(|i| {
+            let api = dir.path().join(format!("copy{i}.sock"));
+            let spawned = std::time::Instant::now();
+            Starting::spawn(launch_copy(&daemon, ch, "template", &api, false), spawned)
+        })
+        .collect();
+    wait_running(&mut copies, parked.count);
+    let mut guards = Vec::new();
+    for (i, c) in copies.iter().enumerate() {
+        let vmm = c.vmm.expect("a clone's VMM");
+        guards.push(StopLauncher(c.launcher.expect("a launcher")));
+        let s = counting_past(c.ram.as_ref().expect("its memory"), parked.count + 10, "on");
+        assert_eq!(s.bad, 0, "copy {i} found a page changed");
+        let (_, perms) = guest_ram_mapping(vmm).expect("the copy's guest RAM");
+        assert_eq!(perms, "rw-s", "copy {i}'s memory is its own, mapped shared");
+        eprintln!(
+            "postcopy copy clone {i} of {COPIES} started at once: counting on {:.1} ms after its launch was spawned",
+            ms(c.running)
+        );
+    }
+    let stats = daemon.stats();
+    assert_eq!(stats.allocations.active, 1 + COPIES as u64, "{stats}");
+    assert_eq!(stats.parked.len(), 1, "the template stays parked: {stats}");
+
+    let api = dir.path().join("eager.sock");
+    let spawned = std::time::Instant::now();
+    let mut eager = [Starting::spawn(
+        launch_copy(&daemon, ch, "template", &api, true),
+        spawned,
+    )];
+    wait_running(&mut eager, parked.count);
+    guards.push(StopLauncher(eager[0].launcher.expect("a launcher")));
+    eprintln!(
+        "eager copy clone (--copy-eager): counting on {:.1} ms after its launch was spawned",
+        ms(eager[0].running)
+    );
+    assert_eq!(
+        digest(&ram),
+        before,
+        "the template changed while copies ran"
+    );
+    for mut vm in copies.into_iter().chain(eager) {
+        stop(vm.launcher.expect("a launcher"), &mut vm.child);
+    }
+    let stats = daemon.wait_stats(Duration::from_secs(30), "the copies freed", |s| {
+        s.allocations.active == 1
+    });
+    assert_eq!(stats.counters.clones, COPIES as u64 + 1, "{stats}");
+    assert_eq!(digest(&ram), before, "the template changed");
+
+    // The floor: a RESTORE of the same template from the park.
+    let api = dir.path().join("restored.sock");
+    let spawned = std::time::Instant::now();
+    let mut restored = [Starting::spawn(
+        common::park::restore(&daemon, ch, "template", &api),
+        spawned,
+    )];
+    wait_running(&mut restored, parked.count);
+    let [mut restored] = restored;
+    eprintln!(
+        "RESTORE of the template from the park: counting on {:.1} ms after its launch was spawned",
+        ms(restored.running)
+    );
+    let s = counting_past(&ram, parked.count + 10, "the restored template to count on");
+    assert_eq!(s.bad, 0, "the restored template found a page changed");
+    drop(ram);
+    let launcher = restored.launcher.expect("a launcher");
+    common::park::stop_and_settle(&daemon, launcher, &mut restored.child);
+    drop(guards);
+    daemon.shutdown();
+}

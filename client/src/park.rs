@@ -30,6 +30,24 @@ pub struct Exported {
     pub slots: u32,
 }
 
+/// How a RESTORE runs ([`Client::restore_with`]).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RestoreOptions<'a> {
+    /// End with `CompletePaused`: the VM stays paused in its receiver.
+    pub paused: bool,
+    /// Postcopy (on demand): a second connection to the same receiver,
+    /// which runs `receive-migration …,memory_mode=postcopy` (not announced
+    /// yet: the daemon announces it), for its page faults. The VM runs from
+    /// the receiver's `Complete`; memory not filled yet is filled as the
+    /// receiver asks for it and in the background, and the reply comes once
+    /// every page is.
+    pub fault: Option<&'a UnixStream>,
+    /// A copy clone (COPY): the parked VM is a template and stays parked;
+    /// the receiver gets fresh pool memory filled from it (before the VM
+    /// runs, or with `fault`, as it runs).
+    pub copy: bool,
+}
+
 /// What PARK parked.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Parked {
@@ -146,7 +164,8 @@ impl Client {
     /// (connected to a cloud-hypervisor's `receive-migration` listener),
     /// ending with `CompletePaused` when `paused`, and hands its allocation
     /// to this connection, as ALLOC would (fds, table, token). The parked
-    /// record is gone once the reply says OK.
+    /// record is gone once the reply says OK. [`Client::restore_with`] with
+    /// only `paused`.
     ///
     /// # Errors
     ///
@@ -158,33 +177,15 @@ impl Client {
         migration: &UnixStream,
         paused: bool,
     ) -> Result<Allocation, ClientError> {
-        self.restore_on(name, &[migration.as_fd()], paused, (false, false))
+        let how = RestoreOptions {
+            paused,
+            ..RestoreOptions::default()
+        };
+        self.restore_with(name, migration, how)
     }
 
-    /// RESTORE with COPY: a copy clone of the VM parked under `name` (its
-    /// template, which stays parked): the daemon takes a fresh allocation,
-    /// fills it from the template, sends it to the receiver on `migration`
-    /// as RESTORE does, and hands it to this connection (an ALLOC reply).
-    ///
-    /// # Errors
-    ///
-    /// As [`Client::restore`]; `NoMemory` when the pool has no memory for
-    /// the copy.
-    pub fn restore_copy(
-        &mut self,
-        name: &str,
-        migration: &UnixStream,
-        paused: bool,
-    ) -> Result<Allocation, ClientError> {
-        self.restore_on(name, &[migration.as_fd()], paused, (false, true))
-    }
-
-    /// RESTORE on demand: as [`Client::restore`] to a receiver that runs
-    /// `receive-migration …,memory_mode=postcopy`, with `fault`, a second
-    /// connection to the same receiver (not announced yet: the daemon
-    /// announces it), for its page faults. The VM runs from the receiver's
-    /// `Complete`; memory not filled yet is filled as the receiver asks for
-    /// it and in the background, and the reply comes once every page is.
+    /// RESTORE on demand: [`Client::restore_with`] with `fault` as the
+    /// fault connection (see [`RestoreOptions::fault`]).
     ///
     /// # Errors
     ///
@@ -196,33 +197,41 @@ impl Client {
         fault: &UnixStream,
         paused: bool,
     ) -> Result<Allocation, ClientError> {
-        self.restore_on(
-            name,
-            &[migration.as_fd(), fault.as_fd()],
+        let how = RestoreOptions {
             paused,
-            (true, false),
-        )
+            fault: Some(fault),
+            copy: false,
+        };
+        self.restore_with(name, migration, how)
     }
 
-    /// RESTORE over `connections`: the migration connection, then for
-    /// `postcopy` the fault connection; with `copy`, a copy clone.
-    fn restore_on(
+    /// RESTORE as `how` says: the VM parked under `name` goes to the
+    /// receiver on `migration` (plain, paused, postcopy, or as a copy
+    /// clone of it, its template), and the allocation it runs on is handed
+    /// to this connection (an ALLOC reply).
+    ///
+    /// # Errors
+    ///
+    /// As [`Client::restore`]; for a copy, `NoMemory` when the pool has no
+    /// memory for it.
+    pub fn restore_with(
         &mut self,
         name: &str,
-        connections: &[BorrowedFd<'_>],
-        paused: bool,
-        (postcopy, copy): (bool, bool),
+        migration: &UnixStream,
+        how: RestoreOptions<'_>,
     ) -> Result<Allocation, ClientError> {
         self.park_feature("RESTORE")?;
         check_name(name)?;
+        let mut connections = vec![migration.as_fd()];
+        connections.extend(how.fault.map(AsFd::as_fd));
         let (reply, fds): (_, Vec<OwnedFd>) = self.exchange(
             &Request::Restore {
                 name: name.to_string(),
-                paused,
-                postcopy,
-                copy,
+                paused: how.paused,
+                postcopy: how.fault.is_some(),
+                copy: how.copy,
             },
-            connections,
+            &connections,
         )?;
         allocation_from(reply, fds, false, "RESTORE")
     }

@@ -134,8 +134,10 @@ impl Seen {
                 if let Some(m) = &self.memory {
                     let f = std::fs::File::from(m.try_clone().expect("dup"));
                     let mut buf = vec![0u8; usize::try_from(page).expect("page")];
-                    f.read_exact_at(&mut buf, at).expect("read a page it had");
-                    self.pages.push((at, buf));
+                    // A page of another slot is past slot 0's memory: not kept.
+                    if f.read_exact_at(&mut buf, at).is_ok() {
+                        self.pages.push((at, buf));
+                    }
                 }
                 true
             }

@@ -123,6 +123,9 @@ pub struct LaunchConfig {
     pub clone_of: Option<String>,
     /// With `clone_of`: how the clone gets its memory.
     pub clone_mode: hugemem_client::proto::CloneMode,
+    /// With a copy clone: fill its memory before the guest runs, instead of
+    /// as it runs (postcopy).
+    pub copy_eager: bool,
 }
 
 impl LaunchConfig {

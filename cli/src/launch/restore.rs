@@ -86,9 +86,10 @@ pub fn run(cfg: &LaunchConfig, name: &str) -> Result<LaunchReport, LaunchError> 
         }
         _ => None,
     };
-    let on_demand = cfg.on_demand;
-    // A copy clone (`--clone-of NAME --clone-mode copy`): RESTORE with COPY.
+    // A copy clone (`--clone-of NAME --clone-mode copy`): RESTORE with
+    // COPY, postcopy unless `--copy-eager`.
     let copy = cfg.clone_of.is_some();
+    let on_demand = cfg.on_demand || (copy && !cfg.copy_eager);
     let full = launch.argv;
     let mut receiver = launch.receiver;
     info!(name, on_demand, command = ?full, "starting {vmm} to restore a parked VM");
@@ -173,7 +174,12 @@ fn record_restored(
         });
     }
     let how = match (on_demand, copy) {
-        (_, true) => "on fresh memory copied from its template, which stays parked",
+        (true, true) => {
+            "on fresh memory filled from its template as it ran (postcopy: every page is now); the template stays parked"
+        }
+        (false, true) => {
+            "on fresh memory copied from its template before it ran; the template stays parked"
+        }
         (true, false) => "its memory filled as it asked (every page is now)",
         (false, false) => "on its parked memory",
     };

@@ -76,6 +76,7 @@ fn cfg() -> LaunchConfig {
         on_demand: false,
         clone_of: None,
         clone_mode: hugemem_client::proto::CloneMode::Copy,
+        copy_eager: false,
         socket: PathBuf::from("/tmp/s"),
         size: None,
         node: None,

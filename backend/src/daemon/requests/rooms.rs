@@ -46,6 +46,8 @@ pub struct Rooms {
     pub saving: Arc<crate::daemon::requests::parked::saving::Saving>,
     /// Shared clones of parked VMs, and their budget (CLONE).
     pub clones: Arc<crate::daemon::requests::parked::clones::Clones>,
+    /// Copy clones reading their template (RESTORE with COPY).
+    pub copy_fills: Arc<crate::daemon::requests::parked::copy_fills::CopyFills>,
     /// Brings systemd's fd store up to date now (set at the start when
     /// the store is used; see [`Rooms::sync_now`]).
     pub store_sync: std::sync::OnceLock<StoreSync>,

@@ -312,6 +312,7 @@ impl Components {
             fills: Arc::clone(&fills),
             saving: Arc::default(),
             clones,
+            copy_fills: Arc::default(),
             store_sync: std::sync::OnceLock::new(),
             park_record,
         });

@@ -1,35 +1,55 @@
 //! RESTORE with COPY: a copy clone. The parked VM (its template) stays
-//! parked; the receiver gets a fresh allocation of pool memory, on the
-//! template's page size, filled from the template before anything is sent
-//! (the fill engine: `pread` from the template's region into the daemon's
-//! mapping of the new one), and the allocation is handed to the
-//! requesting connection as RESTORE hands a parked VM's out. The clone's
-//! memory is mapped shared as any launch's is, so VFIO and vhost-user
-//! work; no page is seen unfilled, since the receiver gets its fds only
-//! once every byte was written.
+//! parked; the receiver gets a fresh allocation of pool memory, one region
+//! per template region, each on its template region's page size and node,
+//! and the allocation is handed to the requesting connection as RESTORE
+//! hands a parked VM's out. The clone's memory is mapped shared as any
+//! launch's is, so VFIO and vhost-user work.
+//!
+//! * **Postcopy** (with POSTCOPY, `hugemem launch --clone-of`'s default):
+//!   the snapshot goes out at once and the guest runs from `Complete`;
+//!   each page is filled from the template's region (`pread` from its fd
+//!   into the daemon's mapping of the copy) when the receiver asks for it
+//!   on its fault connection, and the fill engine fills the rest in the
+//!   background (`ondemand.rs`, as an on-demand restore does, with the
+//!   template's memory as the source). The receiver's guest never sees a
+//!   page before it is filled (cloud-hypervisor's postcopy maps a page
+//!   only once the daemon answered its fault). The memory is taken clean
+//!   (pooled memory scrubbed, or fresh memory the kernel zeroes): its
+//!   fds are sent before it is filled, so a read of an unfilled page
+//!   through them returns zeros, never another tenant's bytes.
+//! * **Eager** (without POSTCOPY): every byte is filled before anything
+//!   is sent; the memory may be dirty pooled memory (it is overwritten
+//!   before any fd leaves the daemon).
+//!
+//! The template's change gate is held only to find it and take the copy's
+//! memory; its reads are held in `parked/copy_fills.rs` until every unit
+//! of the copy is filled, so that copy clones of one template fill at
+//! once, while a RESTORE or UNPARK of the template waits for them.
 //!
 //! A VM that holds what a second process cannot (a named tap, a vsock)
-//! is refused (`ch_migration::clone::identity_refusal`). Not built yet: the postcopy flavour (the guest running at once, each
-//! page filled as it faults, `ondemand.rs`-style, from memory), and
-//! templates of more than one region. Both are refused with a message.
+//! is refused (`ch_migration::clone::identity_refusal`), and so is a
+//! template whose regions are on different page sizes.
 
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
-use std::sync::Arc;
+use std::os::unix::net::UnixStream;
+use std::sync::{Arc, Mutex, PoisonError};
 
 use ch_migration::peer::send_snapshot;
-use guest_mem::{fill_region_planned, FillOptions, FillSource, PageSize, Region};
+use guest_mem::{fill_region_planned, FillOptions, FillPlan, FillSource, PageSize, Region};
 use tracing::info;
 
 use super::error::StepError;
+use super::ondemand::{FillTarget, Postcopy};
 use super::refusal::{refuse, Asker};
-use super::send::gated;
-use super::socket::migration_socket;
+use super::send::{gated, sockets};
 use crate::daemon::counters::metrics::Metrics;
 use crate::daemon::pool::{FoundParked, SessionId};
 use crate::daemon::requests::delivery::{rows_now, Delivery, HandOut};
 use crate::daemon::requests::outcome::Outcome;
+use crate::daemon::requests::parked::copy_fills::Reading;
 use crate::daemon::requests::rooms::{settle_released, Rooms};
-use crate::proto::{PagePolicy, Status};
+use crate::proto::messages::AllocPart;
+use crate::proto::{PagePolicy, Status, ANY_NODE};
 
 /// A RESTORE with COPY.
 #[derive(Debug, Clone)]
@@ -44,7 +64,8 @@ pub struct CopyRequest {
     pub name: String,
     /// End with `CompletePaused`.
     pub paused: bool,
-    /// A postcopy restore (not built for copies yet).
+    /// Postcopy: the guest runs at once, its pages filled as it asks (the
+    /// request's second fd is the fault connection).
     pub postcopy: bool,
 }
 
@@ -76,56 +97,52 @@ fn policy_of(page_size: PageSize) -> PagePolicy {
     }
 }
 
-/// Fills `to` with every byte of `from` (the fill engine, NUMA-local); the
-/// pages of `to` end `Mapped`.
-fn copy_template(topology: &numa::Topology, from: &Region, to: &Region) -> Result<u64, StepError> {
-    let sources = [FillSource {
-        file: from.fd(),
+/// The plan that fills `copy` with every byte of `template` (the same
+/// length: the copy's region was taken for it).
+fn plan_from<'a>(template: &'a Region, copy: &Region) -> Result<FillPlan<'a>, StepError> {
+    let source = FillSource {
+        file: template.fd(),
         file_offset: 0,
         dest_offset: 0,
-        len: from.len(),
-    }];
-    let opts = FillOptions {
-        dest_is_zero: super::copy::mark_taken_for_fill(to),
-        ..FillOptions::default()
+        len: template.len(),
     };
-    let report = crate::daemon::requests::parked::loads::plan(to, &sources, &[])
-        .and_then(|plan| fill_region_planned(topology, to, &plan, &opts))
-        .map_err(|e| {
-            to.mark_all_dirty();
-            StepError::failed("copying the template")(e)
-        })?;
-    to.mark_mapped()
-        .map_err(StepError::failed("the copy's page states"))?;
-    Ok(report.counts.bytes_read)
+    FillPlan::new(copy, &[source]).map_err(StepError::failed("the copy's fill plan"))
 }
 
-/// The one region of a template a copy is made of, or why not.
-fn one_region(found: &FoundParked) -> Result<Arc<Region>, String> {
-    match found.regions.as_slice() {
-        [(_, region)] => Ok(Arc::clone(region)),
-        more => Err(format!(
-            "a copy clone of a VM on {} regions is not built yet (one region only)",
-            more.len()
-        )),
+/// The copy's parts (one per template region: its node and size) and its
+/// page size, or why not: every region must be on one page size (an
+/// allocation takes one policy).
+fn parts_of(found: &FoundParked) -> Result<(Vec<AllocPart>, PageSize), String> {
+    let first = found
+        .regions
+        .first()
+        .map(|(_, r)| r.page_size())
+        .ok_or("the template holds no memory")?;
+    if found.regions.iter().any(|(_, r)| r.page_size() != first) {
+        return Err(
+            "a copy clone of a VM whose regions are on different page sizes is not built: \
+             use a shared clone"
+                .into(),
+        );
     }
+    let parts = found
+        .regions
+        .iter()
+        .map(|(_, r)| AllocPart {
+            node: r.node().unwrap_or(ANY_NODE),
+            size: r.len(),
+        })
+        .collect();
+    Ok((parts, first))
 }
 
 /// RESTORE with COPY (see the module docs).
 pub async fn restore_copy(rooms: &Arc<Rooms>, req: CopyRequest, fds: Vec<OwnedFd>) -> Outcome {
-    if req.postcopy {
-        return refused(
-            rooms,
-            &req,
-            Status::Unsupported,
-            "a postcopy copy clone is not built yet: restore the copy without --on-demand",
-        );
-    }
-    let stream = match migration_socket(fds, req.uid) {
+    let connections = match sockets(fds, req.uid, req.postcopy) {
         Ok(s) => s,
-        Err(e) => return refused(rooms, &req, Status::Invalid, e.to_string()),
+        Err(e) => return refused(rooms, &req, Status::Invalid, e),
     };
-    let (_held, found) = match gated(rooms, req.session, req.uid, &req.name).await {
+    let (held, found) = match gated(rooms, req.session, req.uid, &req.name).await {
         Ok(g) => g,
         Err((status, msg)) => return refused(rooms, &req, status, msg),
     };
@@ -135,23 +152,30 @@ pub async fn restore_copy(rooms: &Arc<Rooms>, req: CopyRequest, fds: Vec<OwnedFd
     if let Err(msg) = super::export::fill_pending(rooms, &found).await {
         return refused(rooms, &req, Status::Invalid, msg);
     }
-    let template = match one_region(&found) {
-        Ok(r) => r,
+    let (parts, page_size) = match parts_of(&found) {
+        Ok(p) => p,
         Err(msg) => return refused(rooms, &req, Status::Unsupported, msg),
     };
     let who = (req.session, req.uid, req.gid);
-    let policy = policy_of(template.page_size());
-    let (alloc, region) = match super::copy::take_memory(rooms, who, template.len(), policy).await {
+    let taken = super::copy::take_regions(rooms, who, &parts, policy_of(page_size), !req.postcopy);
+    let (alloc, copies) = match taken.await {
         Ok(t) => t,
         Err((status, msg)) => return refused(rooms, &req, status, msg),
     };
+    // From here the template is held by this copy's reads, not by its gate.
+    let reading = rooms.copy_fills.start(found.alloc);
+    drop(held);
     let release = |rooms: &Arc<Rooms>| {
+        // Filled units hold the template's bytes: never pooled as clean.
+        for r in &copies {
+            r.mark_all_dirty();
+        }
         if let Ok(r) = rooms.pool.release(alloc, req.session) {
             settle_released(rooms, vec![r]);
         }
     };
     let started = std::time::Instant::now();
-    let sent = send_copy(rooms, &req, &found, (&template, &region), stream).await;
+    let sent = send_copy(rooms, &req, &found, &copies, (connections, reading)).await;
     let copied = match sent {
         Ok(copied) => copied,
         Err((status, msg)) => {
@@ -159,13 +183,23 @@ pub async fn restore_copy(rooms: &Arc<Rooms>, req: CopyRequest, fds: Vec<OwnedFd
             return refused(rooms, &req, status, msg);
         }
     };
-    // The copy's one region, by its id in the pool.
+    for r in &copies {
+        if let Err(e) = r.mark_mapped() {
+            release(rooms);
+            return refused(rooms, &req, Status::Internal, format!("page states: {e}"));
+        }
+    }
+    // The copy's regions, by their ids in the pool, in order.
     let owners = rooms.pool.owners();
-    let regions: Vec<_> = owners
-        .region_ids_of(req.session)
-        .into_iter()
-        .filter(|id| owners.region(*id).is_some_and(|r| Arc::ptr_eq(&r, &region)))
-        .map(|id| (id, Arc::clone(&region)))
+    let ids = owners.region_ids_of(req.session);
+    let regions: Vec<_> = copies
+        .iter()
+        .filter_map(|c| {
+            let id = ids
+                .iter()
+                .find(|id| owners.region(**id).is_some_and(|r| Arc::ptr_eq(&r, c)))?;
+            Some((*id, Arc::clone(c)))
+        })
         .collect();
     let hand_out = match HandOut::open(
         Delivery::Alloc { want_paths: false },
@@ -179,40 +213,94 @@ pub async fn restore_copy(rooms: &Arc<Rooms>, req: CopyRequest, fds: Vec<OwnedFd
     };
     Metrics::add(&rooms.metrics.clones, 1);
     let ms = started.elapsed().as_secs_f64() * 1e3;
-    info!(session = req.session, uid = req.uid, name = %req.name, template = found.alloc, alloc, copied, ms, "copy clone: fresh memory filled from the template and handed to its cloud-hypervisor; the template stays parked");
+    let (postcopy, n) = (req.postcopy, copies.len());
+    info!(session = req.session, uid = req.uid, name = %req.name, template = found.alloc, alloc, regions = n, postcopy, copied, ms, "copy clone: fresh memory filled from the template, handed to its cloud-hypervisor; the template stays parked");
     hand_out.reply(alloc, rooms.pool.owners().token_of(alloc))
 }
 
-/// Fills the copy from the template and sends it to the receiver: the
-/// bytes copied, or the refusal.
+/// Sends the copy to the receiver and fills it from the template (first,
+/// or as the receiver asks and in the background): the bytes read from
+/// the template, or the refusal. `reading` holds the template until every
+/// unit is filled.
 async fn send_copy(
     rooms: &Arc<Rooms>,
     req: &CopyRequest,
     found: &FoundParked,
-    (template, copy): (&Arc<Region>, &Arc<Region>),
-    stream: std::os::unix::net::UnixStream,
+    copies: &[Arc<Region>],
+    ((stream, fault), reading): ((UnixStream, Option<UnixStream>), Reading),
 ) -> Result<u64, (Status, String)> {
-    let slots: Vec<u32> = found.vm.slots.iter().map(|s| s.slot).collect();
     let mut slot_fds = Vec::new();
-    for slot in slots {
+    let mut slot_targets = Vec::new();
+    for s in &found.vm.slots {
+        let copy = copies.get(s.region).ok_or_else(|| {
+            (
+                Status::Internal,
+                StepError::NoRegionForSlot(s.slot).to_string(),
+            )
+        })?;
         let fd = crate::sys::reopen(copy.fd()).map_err(|e| (Status::Internal, e.to_string()))?;
-        slot_fds.push((slot, fd));
+        slot_fds.push((s.slot, fd));
+        slot_targets.push((s.slot, s.region));
     }
+    let templates: Vec<Arc<Region>> = found.regions.iter().map(|(_, r)| Arc::clone(r)).collect();
     let (vm, topology) = (Arc::clone(&found.vm), Arc::clone(&rooms.topology));
-    let (template, copy) = (Arc::clone(template), Arc::clone(copy));
+    let copies = copies.to_vec();
     let paused = req.paused;
     let sent = tokio::task::spawn_blocking(move || {
-        let copied = copy_template(&topology, &template, &copy)?;
         let memory: Vec<(u32, BorrowedFd<'_>)> =
             slot_fds.iter().map(|(s, fd)| (*s, fd.as_fd())).collect();
-        send_snapshot(
-            &stream,
-            &memory,
-            vm.config.as_bytes(),
-            vm.state.as_bytes(),
+        let mut targets = Vec::with_capacity(copies.len());
+        for (copy, template) in copies.iter().zip(&templates) {
+            targets.push(FillTarget {
+                region: copy,
+                plan: plan_from(template, copy)?,
+            });
+        }
+        // Each copy's pages become `Dirty` (or stay `Unpopulated`) for the fill.
+        let dest_is_zero = copies
+            .iter()
+            .fold(true, |zero, c| super::copy::mark_taken_for_fill(c) && zero);
+        let copied: u64 = templates.iter().map(|t| t.len()).sum();
+        let Some(fault) = fault else {
+            let opts = FillOptions {
+                dest_is_zero,
+                ..FillOptions::default()
+            };
+            for t in &targets {
+                fill_region_planned(&topology, t.region, &t.plan, &opts)
+                    .map_err(StepError::failed("copying the template"))?;
+            }
+            drop(reading);
+            let send =
+                |cfg: &[u8]| send_snapshot(&stream, &memory, cfg, vm.state.as_bytes(), paused);
+            send(vm.config.as_bytes()).map_err(StepError::not_taken)?;
+            return Ok(copied);
+        };
+        let reading = Mutex::new(Some(reading));
+        let let_go = || {
+            drop(
+                reading
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .take(),
+            )
+        };
+        super::ondemand::send(Postcopy {
+            main: &stream,
+            fault: &fault,
+            memory: &memory,
+            config: vm.config.as_bytes(),
+            state: vm.state.as_bytes(),
             paused,
-        )
-        .map_err(StepError::not_taken)?;
+            targets: &targets,
+            slot_targets: &slot_targets,
+            to_fill: true,
+            dest_is_zero,
+            pending: None,
+            topology: &topology,
+            what: "copy clone (postcopy)",
+            on_filled: &let_go,
+        })?;
         Ok::<_, StepError>(copied)
     })
     .await;

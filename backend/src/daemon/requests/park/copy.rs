@@ -32,7 +32,7 @@ use crate::daemon::counters::metrics::Metrics;
 use crate::daemon::pool::{AllocId, ParkedSlot, ParkedVm};
 use crate::daemon::requests::alloc::{self, Requester};
 use crate::daemon::requests::rooms::{settle_released, Rooms};
-use crate::proto::messages::{AllocRequest, ReplyBody};
+use crate::proto::messages::{AllocPart, AllocRequest, ReplyBody};
 use crate::proto::{ClearMode, PagePolicy, Status};
 use numa::Topology;
 
@@ -139,29 +139,61 @@ fn page_policy(checked: &Checked, placed: &[Placed]) -> PagePolicy {
 }
 
 /// A fresh allocation of `total` bytes for a copy, taken without
-/// clearing (the daemon writes every byte), as one region.
+/// clearing, as one region (see [`take_regions`] for `fills_every_byte`).
 /// `who`: the requesting connection, its uid and gid (the allocation is
 /// that connection's).
 pub(super) async fn take_memory(
     rooms: &Arc<Rooms>,
     who: (crate::daemon::pool::SessionId, u32, u32),
-    total: u64,
-    page_policy: PagePolicy,
+    (total, page_policy): (u64, PagePolicy),
+    fills_every_byte: bool,
 ) -> Result<(AllocId, Arc<guest_mem::Region>), Refusal> {
+    let parts = [AllocPart {
+        node: crate::proto::ANY_NODE,
+        size: total,
+    }];
+    let (alloc, mut regions) =
+        take_regions(rooms, who, &parts, page_policy, fills_every_byte).await?;
+    match regions.pop() {
+        Some(region) => Ok((alloc, region)),
+        None => Err((
+            Status::Internal,
+            "the copy's allocation has no region".into(),
+        )),
+    }
+}
+
+/// A fresh allocation for a copy, one region per part of `parts`, in that
+/// order, taken without clearing. With `fills_every_byte` the daemon writes
+/// every byte before anyone maps the memory, so pooled memory that is not
+/// clean (another tenant's bytes) may be taken; without it (the memory is
+/// sent before it is filled: a postcopy copy clone) only clean pooled
+/// memory or fresh memory, which reads as zeros until filled.
+pub(super) async fn take_regions(
+    rooms: &Arc<Rooms>,
+    who: (crate::daemon::pool::SessionId, u32, u32),
+    parts: &[AllocPart],
+    page_policy: PagePolicy,
+    fills_every_byte: bool,
+) -> Result<(AllocId, Vec<Arc<guest_mem::Region>>), Refusal> {
     let (session, uid, gid) = who;
     let requester = Requester {
         session,
         uid,
         gid,
         reattach: true,
-        fills_every_byte: true,
+        fills_every_byte,
     };
     let alloc_req = AllocRequest {
-        total_size: total,
+        total_size: parts.iter().map(|p| p.size).sum(),
         page_policy,
         clear_mode: ClearMode::Lazy,
         lock: false,
-        parts: Vec::new(),
+        parts: if parts.len() > 1 {
+            parts.to_vec()
+        } else {
+            Vec::new()
+        },
         want_paths: false,
     };
     // The reply's fds are dropped here, never sent: nobody maps the
@@ -182,13 +214,13 @@ pub(super) async fn take_memory(
             settle_released(rooms, vec![r]);
         }
     };
-    let region = match rooms.pool.owners().regions_of(alloc, session) {
-        Ok((regions, _)) if regions.len() == 1 => Arc::clone(&regions[0]),
+    let regions = match rooms.pool.owners().regions_of(alloc, session) {
+        Ok((regions, _)) if regions.len() == parts.len().max(1) => regions,
         _ => {
             release(rooms);
             return Err((
                 Status::Internal,
-                "the copy's allocation is not one region".into(),
+                "the copy's allocation does not have one region per part".into(),
             ));
         }
     };
@@ -196,14 +228,18 @@ pub(super) async fn take_memory(
     // fill must find those pages after it let go (see
     // `Scrubbing::wait_scrubbed_batches`), or its zeros would land on
     // the VM's bytes.
-    let (pool, taken) = (Arc::clone(&rooms.pool), Arc::clone(&region));
-    if let Err(e) =
-        tokio::task::spawn_blocking(move || pool.scrubbing().wait_scrubbed_batches(&taken)).await
-    {
+    let (pool, taken) = (Arc::clone(&rooms.pool), regions.clone());
+    let waited = tokio::task::spawn_blocking(move || {
+        for region in &taken {
+            pool.scrubbing().wait_scrubbed_batches(region);
+        }
+    })
+    .await;
+    if let Err(e) = waited {
         release(rooms);
         return Err((Status::Internal, e.to_string()));
     }
-    Ok((alloc, region))
+    Ok((alloc, regions))
 }
 
 /// Copies the snapshot's mapped bytes into a fresh allocation and parks
@@ -222,7 +258,10 @@ pub async fn copy_in(
         None => Vec::new(),
     };
     let who = (req.session, req.uid, req.gid);
-    let (alloc, region) = take_memory(rooms, who, total, page_policy(&checked, &placed)).await?;
+    // On demand, the memory is sent to the restoring cloud-hypervisor before
+    // it is filled: clean or fresh memory only, never another tenant's bytes.
+    let size = (total, page_policy(&checked, &placed));
+    let (alloc, region) = take_memory(rooms, who, size, !req.on_demand).await?;
     let release = |rooms: &Arc<Rooms>| {
         if let Ok(r) = rooms.pool.release(alloc, req.session) {
             settle_released(rooms, vec![r]);

@@ -188,6 +188,8 @@ pub async fn unpark(rooms: &Arc<Rooms>, session: SessionId, uid: u32, name: &str
         };
     };
     let _held = found.gate.lock_owned().await;
+    // Copy clones still reading it finish first (they read within moments).
+    rooms.copy_fills.wait_ended(found.alloc).await;
     if let Some(other) = rooms.saving.held_by_other(found.alloc, session) {
         return Outcome::error(Status::Invalid, send::being_saved(name, other));
     }

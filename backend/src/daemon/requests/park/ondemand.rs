@@ -1,8 +1,10 @@
 //! A postcopy RESTORE: the VM runs in its new cloud-hypervisor from the
 //! receiver's `Complete`, while memory not filled yet (a VM parked on
-//! demand from a directory) is filled as the receiver asks for it on its
+//! demand from a directory; a copy clone's fresh memory, filled from its
+//! template: `clone_copy.rs`) is filled as the receiver asks for it on its
 //! fault connection (`PageFault`, one huge page at a time), and in the
-//! background, in guest-address order, by the fill engine. Each unit is
+//! background, in guest-address order, by the fill engine. Each slot's
+//! fault is filled in the region its fd describes ([`FillTarget`]). Each unit is
 //! filled exactly once whoever gets there first (its page state is the
 //! claim, as in the lazy mode); a fault on a unit the background is
 //! filling waits for it (`UnitsDone`: the background filler says when
@@ -15,7 +17,7 @@
 //! takes the fault size from it), and the RESTORE's reply comes once every
 //! unit is filled and the receiver closed its fault connection (it had
 //! every page): the allocation is handed out only then, so no fill ever
-//! runs on memory that is no longer the parked VM's.
+//! runs on memory that is no longer the parked VM's (or the copy's).
 
 use std::os::fd::BorrowedFd;
 use std::os::unix::net::UnixStream;
@@ -26,13 +28,23 @@ use ch_migration::fault::{announce_fault_connection, serve_page_faults, FaultReq
 use ch_migration::layout::{migration_config_slots, with_hugetlb_zones};
 use ch_migration::peer::send_snapshot_with;
 use guest_mem::{
-    fill_region_planned, fill_unit, FillOptions, FillPlan, PageState, Region, UnitFill,
+    fill_region_planned, fill_unit, FillCounts, FillOptions, FillPlan, PageState, Region, UnitFill,
 };
 use numa::Topology;
 use tracing::{info, warn};
 
 use super::error::StepError;
 use crate::daemon::requests::parked::loads::{LoadFailed, PendingLoad};
+
+/// One region a postcopy restore sends (each slot's fd describes one), and
+/// what fills it.
+pub struct FillTarget<'a> {
+    /// The region.
+    pub region: &'a Region,
+    /// Its fill plan (no sources: nothing to read, for memory that holds
+    /// the VM's bytes already).
+    pub plan: FillPlan<'a>,
+}
 
 /// What a postcopy restore sends and fills.
 pub struct Postcopy<'a> {
@@ -48,13 +60,23 @@ pub struct Postcopy<'a> {
     pub state: &'a [u8],
     /// End with `CompletePaused`.
     pub paused: bool,
-    /// The region the slots' fds are (one: a VM parked on demand was copied
-    /// into one region).
-    pub region: &'a Region,
-    /// What is left to fill, if anything.
+    /// The regions the slots' fds describe, each with its plan.
+    pub targets: &'a [FillTarget<'a>],
+    /// Which target each slot's fd is: (slot, index in `targets`).
+    pub slot_targets: &'a [(u32, usize)],
+    /// Something is left to fill (false: every page holds the VM's bytes).
+    pub to_fill: bool,
+    /// The targets' bytes were all zero before the fill (nothing to zero).
+    pub dest_is_zero: bool,
+    /// The files of a VM parked on demand (they name a failed read).
     pub pending: Option<&'a PendingLoad>,
     /// The host's nodes (the fill engine's workers).
     pub topology: &'a Topology,
+    /// What the log lines call it.
+    pub what: &'static str,
+    /// Called once every unit is filled (nothing is read from the sources
+    /// after it): a copy clone lets go of its template there.
+    pub on_filled: &'a (dyn Fn() + Sync),
 }
 
 /// Why a unit could not be filled for a fault.
@@ -106,8 +128,8 @@ fn any_clearing(region: &Region) -> bool {
 
 /// What a fault's fill works with.
 struct FaultFill<'a> {
-    region: &'a Region,
-    plan: &'a FillPlan<'a>,
+    targets: &'a [FillTarget<'a>],
+    slot_targets: &'a [(u32, usize)],
     opts: &'a FillOptions<'a>,
     units_done: &'a UnitsDone,
     /// What is left to fill (its files and checksums name a failure).
@@ -124,19 +146,36 @@ impl FaultFill<'_> {
             None => LoadFailed(hugemem_client::diag::chain(e)),
         }
     }
+
+    /// The region slot `slot`'s fd describes, with its plan.
+    fn target_of(&self, slot: u32) -> Result<&FillTarget<'_>, FaultFillError> {
+        self.slot_targets
+            .iter()
+            .find(|(s, _)| *s == slot)
+            .and_then(|(_, t)| self.targets.get(*t))
+            .ok_or_else(|| FaultFillError(format!("slot {slot} has no memory fd")))
+    }
 }
 
-/// Fills the units that hold `[offset, offset + len)` of `f.region`,
-/// waiting for any another thread is filling.
-fn fill_range(f: &FaultFill<'_>, offset: u64, len: u64) -> Result<(), FaultFillError> {
-    let (region, units_done) = (f.region, f.units_done);
+/// Fills the units that hold `[offset, offset + len)` of the region slot
+/// `slot`'s fd describes, waiting for any another thread is filling.
+fn fill_range(f: &FaultFill<'_>, slot: u32, offset: u64, len: u64) -> Result<(), FaultFillError> {
+    let target = f.target_of(slot)?;
+    let (region, units_done) = (target.region, f.units_done);
+    let end = offset.checked_add(len.max(1));
+    if end.is_none_or(|end| end > region.len()) {
+        return Err(FaultFillError(format!(
+            "{len:#x} bytes at {offset:#x} are outside slot {slot}'s memory ({:#x} bytes)",
+            region.len()
+        )));
+    }
     let unit = region.state_unit();
     let first = usize::try_from(offset / unit).map_err(|e| FaultFillError(e.to_string()))?;
     let last = usize::try_from((offset + len.max(1) - 1) / unit)
         .map_err(|e| FaultFillError(e.to_string()))?;
     for u in first..=last {
         loop {
-            let outcome = fill_unit(region, f.plan, u, f.opts);
+            let outcome = fill_unit(region, &target.plan, u, f.opts);
             if !matches!(outcome, Ok(UnitFill::Busy | UnitFill::Done(_))) {
                 // This thread's unit left `Clearing`, filled or not.
                 units_done.notify();
@@ -165,6 +204,22 @@ pub fn all_filled(region: &Region) -> bool {
     (0..states.len()).all(|u| matches!(states.get(u), Ok(PageState::Clean | PageState::Mapped)))
 }
 
+/// Fills every target in turn (the background fill); what it read.
+fn fill_targets(
+    topology: &Topology,
+    targets: &[FillTarget<'_>],
+    opts: &FillOptions<'_>,
+) -> Result<(FillCounts, usize, usize), guest_mem::FillError> {
+    let (mut counts, mut units, mut threads) = (FillCounts::default(), 0, 0);
+    for t in targets {
+        let report = fill_region_planned(topology, t.region, &t.plan, opts)?;
+        counts += report.counts;
+        units += report.units_filled;
+        threads = threads.max(report.threads);
+    }
+    Ok((counts, units, threads))
+}
+
 /// Runs a postcopy restore (see the module docs): returns once the receiver
 /// answered the last step, every unit is filled and the fault connection
 /// ended. Returns the bytes checked against a manifest's checksums.
@@ -173,7 +228,8 @@ pub fn all_filled(region: &Region) -> bool {
 ///
 /// The receiver's refusal, a fill that failed, the configuration.
 pub fn send(p: Postcopy<'_>) -> Result<u64, StepError> {
-    let page = p.region.page_size().bytes();
+    let first = p.targets.first().ok_or(StepError::NoMemory)?;
+    let page = first.region.page_size().bytes();
     let config = if page > 4096 {
         with_hugetlb_zones(p.config, page).map_err(StepError::failed("the VM's configuration"))?
     } else {
@@ -181,12 +237,8 @@ pub fn send(p: Postcopy<'_>) -> Result<u64, StepError> {
     };
     let slots =
         migration_config_slots(&config, 64).map_err(StepError::failed("the VM's configuration"))?;
-    let plan = match p.pending {
-        Some(pending) => pending.plan(p.region).map_err(StepError::Fill)?,
-        None => FillPlan::new(p.region, &[]).map_err(StepError::failed("the fill plan"))?,
-    };
     let opts = FillOptions {
-        dest_is_zero: p.pending.is_some_and(|f| f.dest_is_zero),
+        dest_is_zero: p.dest_is_zero,
         ..FillOptions::default()
     };
     let units_done = UnitsDone::default();
@@ -197,30 +249,32 @@ pub fn send(p: Postcopy<'_>) -> Result<u64, StepError> {
         ..opts
     };
     let faults = FaultFill {
-        region: p.region,
-        plan: &plan,
+        targets: p.targets,
+        slot_targets: p.slot_targets,
         opts: &opts,
         units_done: &units_done,
         pending: p.pending,
         verified: AtomicU64::new(0),
     };
+    let every_filled = || p.targets.iter().all(|t| all_filled(t.region));
     let mut verified = 0;
-    let filled = AtomicBool::new(p.pending.is_none() || all_filled(p.region));
+    let filled = AtomicBool::new(!p.to_fill || every_filled());
     // At once: the receiver reads the role of a connection it accepted
     // within seconds, whenever its accept loop gets to it.
     announce_fault_connection(p.fault).map_err(|e| StepError::FaultConnectionNotTaken(e.into()))?;
+    let what = p.what;
     std::thread::scope(|scope| {
         let mut fault_thread = None;
         let mut background = None;
         let sent = send_snapshot_with(p.main, p.memory, &config, p.state, p.paused, || {
-            let (plan, filled, slots, faults) = (&plan, &filled, &slots, &faults);
+            let (filled, slots, faults) = (&filled, &slots, &faults);
             let (units_done, background_opts) = (&units_done, &background_opts);
             fault_thread = Some(scope.spawn(move || {
                 serve_page_faults(p.fault, slots, |req: FaultRequest| {
                     if filled.load(Ordering::Acquire) {
                         return Ok(());
                     }
-                    fill_range(faults, req.file_offset, req.length)
+                    fill_range(faults, req.slot, req.file_offset, req.length)
                 })
             }));
             if !filled.load(Ordering::Acquire) {
@@ -228,7 +282,7 @@ pub fn send(p: Postcopy<'_>) -> Result<u64, StepError> {
                     // However it ends (a unit it failed on left `Clearing`
                     // without a report; a panic), waiters look again.
                     let _wake = WakeOnDrop(units_done);
-                    fill_region_planned(p.topology, p.region, plan, background_opts)
+                    fill_targets(p.topology, p.targets, background_opts)
                 }));
             }
             Ok(())
@@ -247,14 +301,11 @@ pub fn send(p: Postcopy<'_>) -> Result<u64, StepError> {
         };
         if let Some(bg) = background {
             match bg.join() {
-                Ok(Ok(report)) => {
-                    verified += report.counts.bytes_verified;
+                Ok(Ok((counts, units, threads))) => {
+                    verified += counts.bytes_verified;
                     info!(
-                        read = report.counts.bytes_read,
-                        units = report.units_filled,
-                        threads = report.threads,
-                        gbps = report.read_gbps(),
-                        "RESTORE on demand: background fill done"
+                        read = counts.bytes_read,
+                        units, threads, "{what}: background fill done"
                     );
                 }
                 Ok(Err(e)) => {
@@ -263,23 +314,24 @@ pub fn send(p: Postcopy<'_>) -> Result<u64, StepError> {
                 Err(_) => return give_up(StepError::Panicked("background fill")),
             }
             // Units a fault was filling as the background passed them.
-            units_done.wait_until(|| !any_clearing(p.region));
-            if !all_filled(p.region) {
+            units_done.wait_until(|| !p.targets.iter().any(|t| any_clearing(t.region)));
+            if !every_filled() {
                 return give_up(StepError::FaultFill);
             }
             filled.store(true, Ordering::Release);
+            (p.on_filled)();
         }
         if let Some(t) = fault_thread {
             match t.join() {
                 Ok(Ok(stats)) => info!(
                     faults = stats.faults,
                     bytes = stats.bytes,
-                    "RESTORE on demand: fault connection ended"
+                    "{what}: fault connection ended"
                 ),
                 Ok(Err(e)) => {
-                    warn!(error = %e, "RESTORE on demand: the fault connection ended with an error")
+                    warn!(error = %e, "{what}: the fault connection ended with an error")
                 }
-                Err(_) => warn!("RESTORE on demand: the fault thread panicked"),
+                Err(_) => warn!("{what}: the fault thread panicked"),
             }
         }
         Ok(verified + faults.verified.load(Ordering::Relaxed))

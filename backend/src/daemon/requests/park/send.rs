@@ -110,7 +110,7 @@ pub fn being_saved(name: &str, holder: SessionId) -> String {
 /// from the lookup to the move, so an UNPARK or a second RESTORE of the
 /// same VM waits and then finds it gone.
 pub async fn restore(rooms: &Arc<Rooms>, req: RestoreRequest, fds: Vec<OwnedFd>) -> Outcome {
-    let (stream, fault) = match sockets(fds, &req) {
+    let (stream, fault) = match sockets(fds, req.uid, req.postcopy) {
         Ok(s) => s,
         Err(msg) => return refused(rooms, &req, Status::Invalid, msg),
     };
@@ -118,6 +118,8 @@ pub async fn restore(rooms: &Arc<Rooms>, req: RestoreRequest, fds: Vec<OwnedFd>)
         Ok(g) => g,
         Err((status, msg)) => return refused(rooms, &req, status, msg),
     };
+    // Copy clones still reading it finish first (they read within moments).
+    rooms.copy_fills.wait_ended(found.alloc).await;
     let clones = rooms.clones.of(found.alloc);
     if clones.0 > 0 {
         let msg = crate::daemon::requests::parked::clones::has_clones(&req.name, "RESTORE", clones);
@@ -144,29 +146,39 @@ pub async fn restore(rooms: &Arc<Rooms>, req: RestoreRequest, fds: Vec<OwnedFd>)
     let refill = pending.is_some();
     let vm = Arc::clone(&found.vm);
     let paused = req.paused;
-    let region = found.regions.first().map(|(_, r)| Arc::clone(r));
+    let regions: Vec<Arc<guest_mem::Region>> =
+        found.regions.iter().map(|(_, r)| Arc::clone(r)).collect();
+    let slot_targets: Vec<(u32, usize)> = vm.slots.iter().map(|s| (s.slot, s.region)).collect();
     let topology = Arc::clone(&rooms.topology);
     let sent = tokio::task::spawn_blocking(move || {
         let memory: Vec<(u32, std::os::fd::BorrowedFd<'_>)> =
             slot_fds.iter().map(|(s, fd)| (*s, fd.as_fd())).collect();
-        let Some(region) = region else {
+        let Some(region) = regions.first() else {
             return Err(StepError::NoMemory);
         };
         match fault {
-            Some(fault) => super::ondemand::send(super::ondemand::Postcopy {
-                main: &stream,
-                fault: &fault,
-                memory: &memory,
-                config: vm.config.as_bytes(),
-                state: vm.state.as_bytes(),
-                paused,
-                region: &region,
-                pending: pending.as_deref(),
-                topology: &topology,
-            }),
+            Some(fault) => {
+                let targets = postcopy_targets(&regions, pending.as_deref())?;
+                super::ondemand::send(super::ondemand::Postcopy {
+                    main: &stream,
+                    fault: &fault,
+                    memory: &memory,
+                    config: vm.config.as_bytes(),
+                    state: vm.state.as_bytes(),
+                    paused,
+                    targets: &targets,
+                    slot_targets: &slot_targets,
+                    to_fill: pending.is_some(),
+                    dest_is_zero: pending.as_ref().is_some_and(|p| p.dest_is_zero),
+                    pending: pending.as_deref(),
+                    topology: &topology,
+                    what: "RESTORE on demand",
+                    on_filled: &|| {},
+                })
+            }
             None => {
                 let verified = match &pending {
-                    Some(p) => super::ondemand::fill_all(&topology, &region, p)?,
+                    Some(p) => super::ondemand::fill_all(&topology, region, p)?,
                     None => 0,
                 };
                 send_snapshot(
@@ -221,6 +233,26 @@ pub async fn restore(rooms: &Arc<Rooms>, req: RestoreRequest, fds: Vec<OwnedFd>)
     hand_out.reply(found.alloc, Some(token))
 }
 
+/// The regions a postcopy restore sends: the first filled from `pending`
+/// (a VM parked on demand is one region), the others (and the first,
+/// without `pending`) holding the VM's bytes already.
+fn postcopy_targets<'a>(
+    regions: &'a [Arc<guest_mem::Region>],
+    pending: Option<&'a crate::daemon::requests::parked::loads::PendingLoad>,
+) -> Result<Vec<super::ondemand::FillTarget<'a>>, StepError> {
+    let mut targets = Vec::with_capacity(regions.len());
+    for (i, region) in regions.iter().enumerate() {
+        let plan = match pending {
+            Some(p) if i == 0 => p.plan(region).map_err(StepError::Fill)?,
+            _ => {
+                guest_mem::FillPlan::new(region, &[]).map_err(StepError::failed("the fill plan"))?
+            }
+        };
+        targets.push(super::ondemand::FillTarget { region, plan });
+    }
+    Ok(targets)
+}
+
 /// Why no VM `uid` parked under `name` is there: none is, or a daemon
 /// start found it lost (what happened, and how to clear the note).
 pub fn not_parked(rooms: &Rooms, uid: u32, name: &str) -> String {
@@ -247,11 +279,12 @@ fn refill_after_failure(rooms: &Rooms, found: &FoundParked) {
     }
 }
 
-/// The request's migration connection and, for a postcopy restore, its
-/// fault connection, each checked.
-fn sockets(
+/// A RESTORE's migration connection and, for a postcopy restore, its
+/// fault connection, each checked (connected, of the tenant `uid`).
+pub(super) fn sockets(
     fds: Vec<OwnedFd>,
-    req: &RestoreRequest,
+    uid: u32,
+    postcopy: bool,
 ) -> Result<
     (
         std::os::unix::net::UnixStream,
@@ -259,7 +292,7 @@ fn sockets(
     ),
     StepError,
 > {
-    let want = if req.postcopy { 2 } else { 1 };
+    let want = if postcopy { 2 } else { 1 };
     if fds.len() != want {
         return Err(StepError::FdCount {
             want,
@@ -269,11 +302,10 @@ fn sockets(
     let mut sockets = Vec::new();
     for fd in fds {
         sockets.push(
-            migration_socket(vec![fd], req.uid)
-                .map_err(StepError::failed("the migration socket"))?,
+            migration_socket(vec![fd], uid).map_err(StepError::failed("the migration socket"))?,
         );
     }
-    let fault = if req.postcopy { sockets.pop() } else { None };
+    let fault = if postcopy { sockets.pop() } else { None };
     let stream = sockets.pop().ok_or(StepError::FdCount { want, got: 0 })?;
     Ok((stream, fault))
 }

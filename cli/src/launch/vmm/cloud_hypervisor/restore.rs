@@ -20,6 +20,7 @@ use std::sync::mpsc;
 use std::time::Duration;
 
 use hugemem_client::client::{Allocation, Client, ClientError};
+use hugemem_client::park::RestoreOptions;
 
 use super::api::{ChApi, ChApiError};
 use super::command_line::api_socket_arg;
@@ -73,19 +74,24 @@ pub(super) fn command_line(cfg: &LaunchConfig, private: &Path) -> Result<Sockets
         .cloned()
         .ok_or_else(|| opt("no VMM command given after --".into()))?;
     let mut args: Vec<OsString> = cfg.command[1..].to_vec();
+    // The launcher's option this command line is for.
+    let option = if cfg.clone_of.is_some() {
+        "--clone-of"
+    } else {
+        "--restore"
+    };
     if args
         .iter()
         .any(|a| a.to_string_lossy().starts_with("--event-monitor"))
     {
-        return Err(opt("--restore gives cloud-hypervisor an event monitor of its own: leave out --event-monitor".into()));
+        return Err(opt(format!("{option} gives cloud-hypervisor an event monitor of its own: leave out --event-monitor")));
     }
     let api_path = match api_socket_arg(&args) {
         Some((i, value)) => {
             if value.starts_with("fd=") {
-                return Err(opt(
-                    "--restore reaches cloud-hypervisor's API by path: give `--api-socket path=…`"
-                        .into(),
-                ));
+                return Err(opt(format!(
+                    "{option} reaches cloud-hypervisor's API by path: give `--api-socket path=…`"
+                )));
             }
             let path = PathBuf::from(value.strip_prefix("path=").unwrap_or(&value));
             let n = if args[i].to_string_lossy().contains('=') {
@@ -212,16 +218,16 @@ impl ChReceiver {
             .map_err(ReceiveError::NotListening)?;
         let connect = || UnixStream::connect(&self.receive_path).map_err(ReceiveError::Connect);
         let stream = connect()?;
-        let alloc = if on_demand {
-            // Its fault connection: the second one it accepts.
-            let fault = connect()?;
-            client.restore_postcopy(name, &stream, &fault, false)
-        } else if self.copy {
-            client.restore_copy(name, &stream, false)
-        } else {
-            client.restore(name, &stream, false)
-        }
-        .map_err(ReceiveError::Daemon)?;
+        // On demand, its fault connection: the second one it accepts.
+        let fault = if on_demand { Some(connect()?) } else { None };
+        let how = RestoreOptions {
+            paused: false,
+            fault: fault.as_ref(),
+            copy: self.copy,
+        };
+        let alloc = client
+            .restore_with(name, &stream, how)
+            .map_err(ReceiveError::Daemon)?;
         match done_rx.recv_timeout(deadline) {
             Ok(Ok(())) => {}
             Ok(Err(e)) => return Err(ReceiveError::Receive(e)),
