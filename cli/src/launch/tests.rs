@@ -70,7 +70,8 @@ fn parses_nodes() {
     assert!(two.iter().all(|p| p.node == 0 && p.size == 1 << 30));
 }
 
-fn cfg() -> LaunchConfig {
+/// A launch of QEMU with every option at its default (other tests start from it).
+pub(crate) fn cfg() -> LaunchConfig {
     LaunchConfig {
         restore: None,
         on_demand: false,

@@ -257,9 +257,12 @@ async fn send_copy(
             });
         }
         // Each copy's pages become `Dirty` (or stay `Unpopulated`) for the fill.
-        let dest_is_zero = copies
+        // Every region is marked (no short cut): each one's states change.
+        let zero: Vec<bool> = copies
             .iter()
-            .fold(true, |zero, c| super::copy::mark_taken_for_fill(c) && zero);
+            .map(|c| super::copy::mark_taken_for_fill(c))
+            .collect();
+        let dest_is_zero = zero.iter().all(|z| *z);
         let copied: u64 = templates.iter().map(|t| t.len()).sum();
         let Some(fault) = fault else {
             let opts = FillOptions {

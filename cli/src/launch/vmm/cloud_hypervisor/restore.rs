@@ -252,3 +252,27 @@ impl RestoreReceiver for ChReceiver {
         let _ = self.api.shutdown_vmm(self.deadline);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::command_line;
+
+    #[test]
+    fn command_line_refusals_name_the_launchers_option() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        for (clone_of, option) in [(None, "--restore"), (Some("tmpl"), "--clone-of")] {
+            let mut cfg = crate::launch::tests::cfg();
+            cfg.clone_of = clone_of.map(str::to_owned);
+            for args in [
+                &["cloud-hypervisor", "--event-monitor", "path=/tmp/x"][..],
+                &["cloud-hypervisor", "--api-socket", "fd=3"][..],
+            ] {
+                cfg.command = args.iter().map(Into::into).collect();
+                match command_line(&cfg, dir.path()) {
+                    Err(e) => assert!(e.to_string().starts_with(option), "{e}"),
+                    Ok(_) => panic!("{args:?} was taken"),
+                }
+            }
+        }
+    }
+}
