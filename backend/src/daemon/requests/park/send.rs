@@ -148,7 +148,6 @@ pub async fn restore(rooms: &Arc<Rooms>, req: RestoreRequest, fds: Vec<OwnedFd>)
     let paused = req.paused;
     let regions: Vec<Arc<guest_mem::Region>> =
         found.regions.iter().map(|(_, r)| Arc::clone(r)).collect();
-    let slot_targets: Vec<(u32, usize)> = vm.slots.iter().map(|s| (s.slot, s.region)).collect();
     let topology = Arc::clone(&rooms.topology);
     let sent = tokio::task::spawn_blocking(move || {
         let memory: Vec<(u32, std::os::fd::BorrowedFd<'_>)> =
@@ -157,25 +156,13 @@ pub async fn restore(rooms: &Arc<Rooms>, req: RestoreRequest, fds: Vec<OwnedFd>)
             return Err(StepError::NoMemory);
         };
         match fault {
-            Some(fault) => {
-                let targets = postcopy_targets(&regions, pending.as_deref())?;
-                super::ondemand::send(super::ondemand::Postcopy {
-                    main: &stream,
-                    fault: &fault,
-                    memory: &memory,
-                    config: vm.config.as_bytes(),
-                    state: vm.state.as_bytes(),
-                    paused,
-                    targets: &targets,
-                    slot_targets: &slot_targets,
-                    to_fill: pending.is_some(),
-                    dest_is_zero: pending.as_ref().is_some_and(|p| p.dest_is_zero),
-                    pending: pending.as_deref(),
-                    topology: &topology,
-                    what: "RESTORE on demand",
-                    on_filled: &|| {},
-                })
-            }
+            Some(fault) => send_postcopy(
+                (&stream, &fault),
+                &vm,
+                &memory,
+                (&regions, pending.as_deref()),
+                (&topology, paused),
+            ),
             None => {
                 let verified = match &pending {
                     Some(p) => super::ondemand::fill_all(&topology, region, p)?,
@@ -231,6 +218,41 @@ pub async fn restore(rooms: &Arc<Rooms>, req: RestoreRequest, fds: Vec<OwnedFd>)
     Metrics::add(&rooms.metrics.restores, 1);
     info!(session = req.session, uid = req.uid, name = %req.name, alloc = found.alloc, slots = found.vm.slots.len(), paused, "RESTORE: parked VM handed to its new cloud-hypervisor");
     hand_out.reply(found.alloc, Some(token))
+}
+
+/// A postcopy RESTORE's sending and filling (`ondemand::send`) of the
+/// parked `vm` on its `regions`, the first to be filled from `pending`.
+fn send_postcopy(
+    (main, fault): (
+        &std::os::unix::net::UnixStream,
+        &std::os::unix::net::UnixStream,
+    ),
+    vm: &crate::daemon::pool::ParkedVm,
+    memory: &[(u32, BorrowedFd<'_>)],
+    (regions, pending): (
+        &[Arc<guest_mem::Region>],
+        Option<&crate::daemon::requests::parked::loads::PendingLoad>,
+    ),
+    (topology, paused): (&numa::Topology, bool),
+) -> Result<u64, StepError> {
+    let targets = postcopy_targets(regions, pending)?;
+    let slot_targets: Vec<(u32, usize)> = vm.slots.iter().map(|s| (s.slot, s.region)).collect();
+    super::ondemand::send(super::ondemand::Postcopy {
+        main,
+        fault,
+        memory,
+        config: vm.config.as_bytes(),
+        state: vm.state.as_bytes(),
+        paused,
+        targets: &targets,
+        slot_targets: &slot_targets,
+        to_fill: pending.is_some(),
+        dest_is_zero: pending.is_some_and(|p| p.dest_is_zero),
+        pending,
+        topology,
+        what: "RESTORE on demand",
+        on_filled: &|| {},
+    })
 }
 
 /// The regions a postcopy restore sends: the first filled from `pending`
