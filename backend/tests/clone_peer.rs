@@ -149,7 +149,12 @@ fn a_shared_clone_gets_the_template_read_only_and_keeps_it_parked() {
 }
 
 /// Parks, on `owner`, a VM on `mem` whose `vm_config` is `vm_config`.
-fn park_with(owner: &mut Client, name: &str, mem: &std::os::fd::OwnedFd, vm_config: serde_json::Value) {
+fn park_with(
+    owner: &mut Client,
+    name: &str,
+    mem: &std::os::fd::OwnedFd,
+    vm_config: serde_json::Value,
+) {
     let mut json: serde_json::Value =
         serde_json::from_str(&config_json(&[(0, 0, SIZE, 0)])).expect("json");
     json["vm_config"] = vm_config;
@@ -180,19 +185,32 @@ fn a_vm_with_a_vfio_device_or_passed_net_fds_is_not_cloned_and_a_tap_is_replaced
     expect_refused(r, Status::Invalid, "VFIO");
     assert!(got.is_none());
     // Net fds passed to the template's process: no clone can have them.
-    park_with(&mut owner, "fds", &mem, serde_json::json!({"net": [{"id": "net5", "fds": [7]}]}));
+    park_with(
+        &mut owner,
+        "fds",
+        &mem,
+        serde_json::json!({"net": [{"id": "net5", "fds": [7]}]}),
+    );
     let (r, got) = clone_via(&mut owner, "fds", CloneMode::Shared);
     expect_refused(r, Status::Invalid, "net5 on fds passed to its process");
     assert!(got.is_none());
     // A named tap: the shared clone's launcher replaces it (the daemon
     // sends the template as it is); a copy clone is refused.
-    park_with(&mut owner, "tap", &mem, serde_json::json!({"net": [{"id": "net0", "tap": "tap9"}]}));
+    park_with(
+        &mut owner,
+        "tap",
+        &mem,
+        serde_json::json!({"net": [{"id": "net0", "tap": "tap9"}]}),
+    );
     let mut cloner = d.client();
     let (r, got) = clone_via(&mut cloner, "tap", CloneMode::Shared);
     r.expect("a tap is the launcher's to replace");
     let config: serde_json::Value =
         serde_json::from_slice(&got.expect("the template").config).expect("json");
-    assert_eq!(config["vm_config"]["net"][0]["tap"], "tap9", "sent as parked");
+    assert_eq!(
+        config["vm_config"]["net"][0]["tap"], "tap9",
+        "sent as parked"
+    );
     let (daemon_end, _receiver) = UnixStream::pair().expect("socketpair");
     expect_refused(
         owner.restore_copy("tap", &daemon_end, true),
@@ -414,7 +432,10 @@ fn clones_at_once_are_admitted_exactly_as_far_as_the_headroom_allows() {
     const K: usize = 2;
     let _g = serial();
     let need = SIZE / PAGE;
-    if !reserve_2m(SIZE / PAGE + (K as u64 + 1) * need + HEADROOM / PAGE + 4, TEST) {
+    if !reserve_2m(
+        SIZE / PAGE + (K as u64 + 1) * need + HEADROOM / PAGE + 4,
+        TEST,
+    ) {
         return;
     }
     let d = daemon();
@@ -448,7 +469,10 @@ fn clones_at_once_are_admitted_exactly_as_far_as_the_headroom_allows() {
         expect_refused(
             r,
             Status::NoMemory,
-            &format!("({} of them promised to clones still starting)", K as u64 * need),
+            &format!(
+                "({} of them promised to clones still starting)",
+                K as u64 * need
+            ),
         );
     }
     assert_eq!(d.stats().parked[0].shared_clones, K as u64);

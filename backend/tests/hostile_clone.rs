@@ -49,7 +49,11 @@ enum Launcher {
 }
 
 /// CLONE of `name` on `client` with `launcher` playing its end.
-fn hostile_clone(client: &mut Client, name: &str, launcher: Launcher) -> backend::client::ClientError {
+fn hostile_clone(
+    client: &mut Client,
+    name: &str,
+    launcher: Launcher,
+) -> backend::client::ClientError {
     let (daemon_end, mut ours) = UnixStream::pair().expect("socketpair");
     let player = std::thread::spawn(move || {
         let mut head = [0u8; HEADER_SIZE];
@@ -84,7 +88,9 @@ fn hostile_clone(client: &mut Client, name: &str, launcher: Launcher) -> backend
     if let Some(p) = player {
         p.join().expect("the launcher");
     }
-    r.expect_err(&format!("{launcher:?}: the clone was not taken, yet admitted"))
+    r.expect_err(&format!(
+        "{launcher:?}: the clone was not taken, yet admitted"
+    ))
 }
 
 fn daemon(headroom: u64) -> TestDaemon {
@@ -131,8 +137,15 @@ fn a_launcher_that_goes_or_answers_garbage_mid_clone_harms_nothing() {
             (1, served.len() as u64),
             "{launcher:?}: no clone counts for it: {s}"
         );
-        assert_eq!(open_count(template), open, "{launcher:?}: the daemon's fds of the template closed");
-        assert!(holds_pattern(&probe.memory[0].1, 0, SIZE, 0), "{launcher:?}: the template changed");
+        assert_eq!(
+            open_count(template),
+            open,
+            "{launcher:?}: the daemon's fds of the template closed"
+        );
+        assert!(
+            holds_pattern(&probe.memory[0].1, 0, SIZE, 0),
+            "{launcher:?}: the template changed"
+        );
         // Another tenant is served.
         let mut next = d.client();
         let (r, _) = clone_via(&mut next, "tmpl", CloneMode::Shared);
@@ -140,9 +153,11 @@ fn a_launcher_that_goes_or_answers_garbage_mid_clone_harms_nothing() {
         served.push(next);
     }
     drop((probe, hostile, served));
-    wait_until("UNPARK once the clones ended", Duration::from_secs(10), || {
-        owner.unpark("tmpl").is_ok()
-    });
+    wait_until(
+        "UNPARK once the clones ended",
+        Duration::from_secs(10),
+        || owner.unpark("tmpl").is_ok(),
+    );
     let s = assert_serves_balanced(&d, 0, 0, "the template dropped");
     assert_eq!(s.counters.clones_refused, 5, "{s}");
 }
@@ -205,9 +220,11 @@ fn a_launcher_cannot_write_truncate_allocate_or_map_the_template_writable() {
     );
     assert!(holds_pattern(fd, 0, SIZE, 0), "the template changed");
     drop((snap, hostile));
-    wait_until("UNPARK once the clone ended", Duration::from_secs(10), || {
-        owner.unpark("tmpl").is_ok()
-    });
+    wait_until(
+        "UNPARK once the clone ended",
+        Duration::from_secs(10),
+        || owner.unpark("tmpl").is_ok(),
+    );
     assert_serves_balanced(&d, 0, 0, "the template dropped");
 }
 
@@ -251,7 +268,10 @@ fn a_flood_of_clones_is_stopped_by_the_budget_and_ends_with_its_connection() {
     expect_refused(
         r,
         Status::NoMemory,
-        &format!("({} of them promised to clones still starting)", KEPT * need),
+        &format!(
+            "({} of them promised to clones still starting)",
+            KEPT * need
+        ),
     );
     drop(flooder);
     wait_until(
@@ -262,9 +282,11 @@ fn a_flood_of_clones_is_stopped_by_the_budget_and_ends_with_its_connection() {
     let (r, _) = clone_via(&mut other, "tmpl", CloneMode::Shared);
     r.expect("served once the flood's connection ended");
     drop((ends, hog, other));
-    wait_until("UNPARK once the clones ended", Duration::from_secs(10), || {
-        owner.unpark("tmpl").is_ok()
-    });
+    wait_until(
+        "UNPARK once the clones ended",
+        Duration::from_secs(10),
+        || owner.unpark("tmpl").is_ok(),
+    );
     let s = assert_serves_balanced(&d, 0, 0, "the template dropped");
     assert_eq!(
         (s.counters.clones, s.counters.clones_refused),

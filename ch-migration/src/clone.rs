@@ -559,9 +559,19 @@ mod tests {
         assert_eq!(v["vm_config"]["vsock"]["cid"], 3, "the CID stays");
         let said: Vec<String> = replaced.iter().map(ToString::to_string).collect();
         assert_eq!(said.len(), 3, "{said:?}");
-        assert!(said[0].starts_with("net0: the template's tap tap7 is replaced by a new tap hmc4242n0"));
-        assert!(said[0].contains("ip, mask, host_mac not copied"), "{}", said[0]);
-        assert!(said[1].starts_with("net1: the tap cloud-hypervisor made"), "{}", said[1]);
+        assert!(
+            said[0].starts_with("net0: the template's tap tap7 is replaced by a new tap hmc4242n0")
+        );
+        assert!(
+            said[0].contains("ip, mask, host_mac not copied"),
+            "{}",
+            said[0]
+        );
+        assert!(
+            said[1].starts_with("net1: the tap cloud-hypervisor made"),
+            "{}",
+            said[1]
+        );
         assert!(said[2].contains("/run/v.sock.clone-4242") && said[2].contains("CID 3 stays"));
         assert_eq!(
             v["memory_manager_data"],

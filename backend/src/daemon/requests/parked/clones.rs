@@ -413,7 +413,11 @@ mod tests {
         assert_eq!(clones.promised(two_m), 7);
         assert_eq!(clones.promised(PageSize::Base4K), 0);
         clones.mapped(a);
-        assert_eq!(clones.promised(two_m), 4, "A mapped: its pages show in Rsvd");
+        assert_eq!(
+            clones.promised(two_m),
+            4,
+            "A mapped: its pages show in Rsvd"
+        );
         assert!(a_ended.try_recv().is_err(), "A mapped: its waiter is woken");
         assert_eq!(clones.running(), 2, "A still counts as a clone");
         assert!(matches!(
@@ -422,9 +426,12 @@ mod tests {
         ));
         clones.release(b);
         assert_eq!(clones.promised(two_m), 0);
-        assert!(matches!(
-            b_ended.try_recv(),
-            Err(tokio::sync::oneshot::error::TryRecvError::Closed)
-        ), "B's end wakes its waiter");
+        assert!(
+            matches!(
+                b_ended.try_recv(),
+                Err(tokio::sync::oneshot::error::TryRecvError::Closed)
+            ),
+            "B's end wakes its waiter"
+        );
     }
 }
