@@ -12,7 +12,8 @@
 //!   allocates, punches or maps them writable;
 //! * a flood of CLONEs on one connection, some of them kept, which the
 //!   budget stops, and whose promises end with the connection even while
-//!   the launcher keeps its ends of the sockets open.
+//!   the launcher keeps its ends of the sockets open (the daemon closes
+//!   its ends then).
 //!
 //! The tests are serialized (`serial`): they share the host's huge pages.
 
@@ -278,6 +279,19 @@ fn a_flood_of_clones_is_stopped_by_the_budget_and_ends_with_its_connection() {
         "the flooder's promises ended with its connection",
         Duration::from_secs(10),
         || d.stats().parked[0].shared_clones == 0,
+    );
+    // The daemon keeps none of the flood's sockets: each end the flooder
+    // kept sees its peer gone.
+    for (_, ours) in &ends {
+        ours.set_nonblocking(true).expect("nonblocking");
+    }
+    wait_until(
+        "the daemon closed its end of every flooded CLONE's socket",
+        Duration::from_secs(10),
+        || {
+            ends.iter()
+                .all(|(_, ours)| matches!((&*ours).read(&mut [0u8; 1]), Ok(0)))
+        },
     );
     let (r, _) = clone_via(&mut other, "tmpl", CloneMode::Shared);
     r.expect("served once the flood's connection ended");
