@@ -6,9 +6,11 @@
 //!   and counting on, the successor counts them against the template, the
 //!   template's bytes do not change, and once the clones end the template
 //!   is still parked: it restores and counts on from where it was parked.
-//! * A template on a named tap: a shared clone's launcher gives the clone
-//!   a new tap of its own (cloud-hypervisor creates it, and it goes with
-//!   the clone), says so naming both, and the clone counts on.
+//! * A template on a named tap with a vsock: a shared clone's launcher
+//!   gives the clone a new tap of its own (cloud-hypervisor creates it,
+//!   and it goes with the clone) and a vsock socket of its own (bound by
+//!   the clone's cloud-hypervisor), says so naming both, and the clone
+//!   counts on.
 //!
 //! Skipped (through the skip helper) without the cloud-hypervisor binary
 //! that `CLOUD_HYPERVISOR` names, a usable `/dev/kvm`, the huge pages, or
@@ -203,7 +205,7 @@ impl Drop for Tap {
 }
 
 #[test]
-fn a_clone_of_a_template_on_a_named_tap_gets_a_new_tap_and_says_so() {
+fn a_clone_of_a_template_on_a_named_tap_with_a_vsock_gets_its_own_and_says_so() {
     const TAP: &str = "hmtpltap0";
     let Some(setup) = park_rig::set_up(3) else {
         return;
@@ -220,6 +222,7 @@ fn a_clone_of_a_template_on_a_named_tap_gets_a_new_tap_and_says_so() {
     std::fs::write(&config, "[pool]\nrecheck_ms = 20\n").expect("config");
     let mut daemon = park_rig::serving(&socket, &config);
     let api = setup.dir.path().join("tmpl.api");
+    let vsock = setup.dir.path().join("v.sock");
     let mut launch = Command::new("timeout")
         .args(["600", HUGEMEM, "launch", "--socket"])
         .arg(&socket)
@@ -237,6 +240,8 @@ fn a_clone_of_a_template_on_a_named_tap_gets_a_new_tap_and_says_so() {
         .arg(&setup.elf)
         .args(["--cpus", "boot=1", "--serial", "null", "--console", "off"])
         .args(["--net", &format!("tap={TAP},id=net0")])
+        .arg("--vsock")
+        .arg(format!("cid=3,socket={},id=vsock0", vsock.display()))
         .spawn()
         .expect("spawn hugemem launch");
     let launcher = child_of(launch.id());
@@ -267,7 +272,18 @@ fn a_clone_of_a_template_on_a_named_tap_gets_a_new_tap_and_says_so() {
         .map_while(Result::ok)
         .find(|l| l.contains("clone of tmpl: net0"))
         .expect("the launcher says what it replaced");
-    eprintln!("{said}");
+    let said_vsock = lines
+        .by_ref()
+        .map_while(Result::ok)
+        .find(|l| l.contains("clone of tmpl: vsock0"))
+        .expect("the launcher says what it replaced");
+    eprintln!("{said}\n{said_vsock}");
+    let clone_vsock = format!("{}.clone-{launcher}", vsock.display());
+    assert!(
+        said_vsock.contains(&format!("is replaced by {clone_vsock}"))
+            && said_vsock.contains("CID 3 stays"),
+        "{said_vsock}"
+    );
     // Keep draining the launcher's stderr.
     let drain =
         std::thread::spawn(move || lines.map_while(Result::ok).for_each(|l| eprintln!("{l}")));
@@ -282,6 +298,11 @@ fn a_clone_of_a_template_on_a_named_tap_gets_a_new_tap_and_says_so() {
     assert!(
         Path::new("/sys/class/net").join(&new_tap).exists(),
         "the clone's tap {new_tap} exists"
+    );
+    let bound = std::fs::symlink_metadata(&clone_vsock).expect("the clone's vsock socket");
+    assert!(
+        std::os::unix::fs::FileTypeExt::is_socket(&bound.file_type()),
+        "{clone_vsock} is a socket"
     );
     park_rig::stop_launch(&mut child);
     drain.join().expect("the drain");
