@@ -9,7 +9,7 @@ use std::ffi::OsString;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::net::UnixListener;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
 
@@ -19,7 +19,7 @@ use hugemem::launch::vmm::cloud_hypervisor::events::{ChEvents, RECEIVE_READY};
 use super::error::io;
 use super::error::VmmUpdateError;
 use super::guest::monotonic_ns;
-use crate::floor::inherit_fds;
+use crate::harness::vmm::{written_bytes, VmmProcess};
 
 /// How long one API request, and one migration, may take.
 pub(crate) const CH_DEADLINE: Duration = Duration::from_secs(600);
@@ -28,19 +28,9 @@ fn api_err(what: &'static str) -> impl FnOnce(ChApiError) -> VmmUpdateError {
     move |e| VmmUpdateError::Ch(format!("{what}: {e}"))
 }
 
-/// The bytes process `pid` has written (`/proc/PID/io` `wchar`): the
-/// migration stream goes out with `write`, so its growth over a switch
-/// bounds what the stream carried; `None` once the process is reaped.
-pub(crate) fn written_bytes(pid: u32) -> Option<u64> {
-    let io = std::fs::read_to_string(format!("/proc/{pid}/io")).ok()?;
-    io.lines()
-        .find_map(|l| l.strip_prefix("wchar:"))
-        .and_then(|v| v.trim().parse().ok())
-}
-
 /// A cloud-hypervisor the bench started; killed when dropped.
 pub(crate) struct BenchCh {
-    child: Child,
+    process: VmmProcess,
     api: ChApi,
     events: Option<ChEvents>,
 }
@@ -71,15 +61,13 @@ impl BenchCh {
             .arg(format!("fd={}", api_fd.as_raw_fd()))
             .arg("--event-monitor")
             .arg(format!("fd={}", theirs.as_raw_fd()))
-            .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log);
         let mut fds = inherit.to_vec();
         fds.extend([api_fd.as_fd(), theirs.as_fd()]);
-        inherit_fds(&mut command, &fds);
-        let child = command.spawn().map_err(io("start cloud-hypervisor"))?;
+        let process = VmmProcess::spawn(command, &fds).map_err(io("start cloud-hypervisor"))?;
         Ok(Self {
-            child,
+            process,
             api: ChApi::new(&api_path),
             events: Some(ChEvents::new(events)),
         })
@@ -87,7 +75,7 @@ impl BenchCh {
 
     /// Its pid.
     pub(crate) fn pid(&self) -> u32 {
-        self.child.id()
+        self.process.pid()
     }
 
     /// Its API.
@@ -131,20 +119,11 @@ impl BenchCh {
 
     /// Ends it after its guest moved away: a migration's source exits by
     /// itself; one that lingers is told to (`vmm.shutdown`). Then reaps it.
-    pub(crate) fn retire(mut self) {
-        if let Ok(None) = self.child.try_wait() {
-            let _ = self.api.shutdown_vmm(CH_DEADLINE);
-        }
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for BenchCh {
-    fn drop(&mut self) {
-        if let Ok(None) = self.child.try_wait() {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
+    pub(crate) fn retire(self) {
+        let api = self.api;
+        self.process.end(|| {
+            let _ = api.shutdown_vmm(CH_DEADLINE);
+        });
     }
 }
 

@@ -22,17 +22,14 @@ use std::fs::File;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use guest_mem::PageSize;
-
 use super::ch::{migrate, BenchCh, ChMigrated, CH_DEADLINE};
 use super::error::io;
 use super::error::VmmUpdateError;
 use super::guest::{GuestRam, HostClock};
-use super::report::VmmUpdateConfig;
 use super::report::{CopyResult, UpdateSeries};
 use super::series::{after_update, before_update, settled, OneUpdate, Settled};
 use super::setup::reserve;
-use crate::floor::{vmm_argv, FloorMemory};
+use super::side::{BaselineRun, FloorVm};
 use crate::vmm_side::{BenchVmm, CloudHypervisor};
 
 /// Moves the guest in `ram` from `old` to a new cloud-hypervisor
@@ -82,44 +79,28 @@ fn one_update(
 /// [`VmmUpdateError::Setup`] when the guest RAM in 2 MiB pages is not
 /// there; cloud-hypervisor and guest errors otherwise.
 pub(crate) fn floor(
-    cfg: &VmmUpdateConfig,
-    dir: &Path,
-    elf: &Path,
-    tsc_hz: f64,
+    run: &BaselineRun<'_>,
     progress: &mut dyn FnMut(&str),
 ) -> Result<UpdateSeries, VmmUpdateError> {
-    let _pages = reserve(cfg.size).map_err(VmmUpdateError::Setup)?;
-    let (memory, _) = FloorMemory::populated(cfg.size, PageSize::Huge2M)
-        .map_err(|e| VmmUpdateError::Setup(format!("the floor's memory: {e}")))?;
-    let mut user = CloudHypervisor.spin_guest_args(&cfg.program, elf);
-    let program = user.remove(0);
-    let argv = vmm_argv(
-        cfg.vmm,
-        program.clone(),
-        &user,
-        &[memory.region()],
-        &[memory.fd()],
-    )
-    .map_err(|e| {
-        VmmUpdateError::Setup(format!("the plain cloud-hypervisor's command line: {e}"))
-    })?;
+    let BaselineRun {
+        cfg, dir, tsc_hz, ..
+    } = *run;
+    let vm = FloorVm::new(run)?;
+    let memory = vm.memory.fd();
     let ram = GuestRam::from_file(File::from(
         memory
-            .fd()
             .try_clone_to_owned()
             .map_err(io("dup the floor's memory"))?,
     ))?;
-    let mut ch = BenchCh::start(&argv, dir, "floor-0", &[memory.fd()])?;
+    let mut ch = BenchCh::start(&vm.argv, dir, "floor-0", &[memory])?;
     ch.drain_events();
     ram.counting_past(0)?;
     progress("floor: the guest spins under a plain cloud-hypervisor");
     let mut series = UpdateSeries::default();
-    for step in 1..=cfg.updates {
-        let (next, one) = one_update(ch, &program, &ram, dir, step, tsc_hz)?;
-        ch = next;
-        progress(&format!("plain update {step}: {}", one.summary(tsc_hz)));
-        series.push(one, tsc_hz);
-    }
+    let what = ("plain update", tsc_hz);
+    let ch = series.in_a_row(cfg.updates, what, ch, progress, |ch, step| {
+        one_update(ch, &vm.program, &ram, dir, step, tsc_hz)
+    })?;
     series.finish(&ram, cfg.size, tsc_hz)?;
     ch.retire();
     Ok(series)
@@ -151,17 +132,19 @@ pub(crate) fn running(ch: &BenchCh) -> Result<(), VmmUpdateError> {
 /// [`VmmUpdateError::Setup`] when twice the guest RAM in 2 MiB pages is not
 /// there; cloud-hypervisor and guest errors otherwise.
 pub(crate) fn copy(
-    cfg: &VmmUpdateConfig,
-    dir: &Path,
-    elf: &Path,
-    tsc_hz: f64,
+    run: &BaselineRun<'_>,
     progress: &mut dyn FnMut(&str),
 ) -> Result<CopyResult, VmmUpdateError> {
+    let BaselineRun {
+        cfg,
+        dir,
+        elf,
+        tsc_hz,
+    } = *run;
     let _pages = reserve(2 * cfg.size)
         .map_err(|why| VmmUpdateError::Setup(format!("source and destination memory: {why}")))?;
     let mut argv = CloudHypervisor.spin_guest_args(&cfg.program, elf);
-    argv.push("--memory".into());
-    argv.push(format!("size={},shared=on,hugepages=on,hugepage_size=2M", cfg.size).into());
+    argv.extend(CloudHypervisor.shared_memory_args(cfg.size, "2M"));
     let mut src = BenchCh::start(&argv, dir, "copy-src", &[])?;
     src.drain_events();
     running(&src)?;

@@ -17,24 +17,12 @@ use super::report::CopyResult;
 use super::report::VmmUpdateConfig;
 use super::series::{after_update, settled, Settled};
 use super::setup::{number, reserve};
+use super::side::BaselineRun;
 use crate::vmm_side::{BenchVmm, Qemu};
 
 fn argv(cfg: &VmmUpdateConfig, elf: &Path, incoming: bool) -> Vec<OsString> {
     let mut argv = Qemu.spin_guest_args(&cfg.program, elf);
-    argv.extend(
-        [
-            "-object".to_owned(),
-            format!(
-                "memory-backend-memfd,id=ram0,size={},hugetlb=on,hugetlbsize=2M,share=on",
-                cfg.size
-            ),
-            "-m".to_owned(),
-            format!("{}", cfg.size >> 20),
-            "-machine".to_owned(),
-            "memory-backend=ram0".to_owned(),
-        ]
-        .map(OsString::from),
-    );
+    argv.extend(Qemu.shared_memory_args(cfg.size, "2M"));
     if incoming {
         argv.extend(["-incoming", "defer"].map(OsString::from));
     }
@@ -48,12 +36,15 @@ fn argv(cfg: &VmmUpdateConfig, elf: &Path, incoming: bool) -> Vec<OsString> {
 /// [`VmmUpdateError::Setup`] when twice the guest RAM in 2 MiB pages is not
 /// there; QEMU and guest errors otherwise.
 pub(crate) fn run(
-    cfg: &VmmUpdateConfig,
-    dir: &Path,
-    elf: &Path,
-    tsc_hz: f64,
+    run: &BaselineRun<'_>,
     progress: &mut dyn FnMut(&str),
 ) -> Result<CopyResult, VmmUpdateError> {
+    let BaselineRun {
+        cfg,
+        dir,
+        elf,
+        tsc_hz,
+    } = *run;
     let _pages = reserve(2 * cfg.size)
         .map_err(|why| VmmUpdateError::Setup(format!("source and destination memory: {why}")))?;
     let mut src = BenchQemu::start(&argv(cfg, elf, false), &dir.join("src.qmp"), &[])?;

@@ -11,18 +11,15 @@ use std::os::fd::BorrowedFd;
 use std::path::Path;
 use std::time::Instant;
 
-use guest_mem::PageSize;
 use serde_json::json;
 
 use super::error::VmmUpdateError;
 use super::guest::{GuestRam, HostClock};
 use super::qemu::{migrate, BenchQemu, Migrated};
 use super::report::UpdateSeries;
-use super::report::VmmUpdateConfig;
 use super::series::{after_update, before_update, OneUpdate};
-use super::setup::{number, reserve};
-use crate::floor::{vmm_argv, FloorMemory};
-use crate::vmm_side::{BenchVmm, Qemu};
+use super::setup::number;
+use super::side::{BaselineRun, FloorVm};
 
 /// Moves the guest from `old` to a new QEMU (`argv` plus `-incoming
 /// defer`) on the same memory; the new QEMU and the update's figures.
@@ -80,29 +77,22 @@ fn one_update(
 /// [`VmmUpdateError::Setup`] when the guest RAM in 2 MiB pages is not
 /// there; QEMU and guest errors otherwise.
 pub(crate) fn run(
-    cfg: &VmmUpdateConfig,
-    dir: &Path,
-    elf: &Path,
-    tsc_hz: f64,
+    run: &BaselineRun<'_>,
     progress: &mut dyn FnMut(&str),
 ) -> Result<UpdateSeries, VmmUpdateError> {
-    let _pages = reserve(cfg.size).map_err(VmmUpdateError::Setup)?;
-    let (memory, _) = FloorMemory::populated(cfg.size, PageSize::Huge2M)
-        .map_err(|e| VmmUpdateError::Setup(format!("the floor's memory: {e}")))?;
-    let mut user = Qemu.spin_guest_args(&cfg.program, elf);
-    let program = user.remove(0);
-    let argv = vmm_argv(cfg.vmm, program, &user, &[memory.region()], &[memory.fd()])
-        .map_err(|e| VmmUpdateError::Setup(format!("the plain QEMU's command line: {e}")))?;
-    let mut qemu = BenchQemu::start(&argv, &dir.join("plain-0.qmp"), &[memory.fd()])?;
+    let BaselineRun {
+        cfg, dir, tsc_hz, ..
+    } = *run;
+    let vm = FloorVm::new(run)?;
+    let memory = vm.memory.fd();
+    let qemu = BenchQemu::start(&vm.argv, &dir.join("plain-0.qmp"), &[memory])?;
     GuestRam::of(qemu.pid())?.counting_past(0)?;
     progress("floor: the guest spins under a plain QEMU");
     let mut series = UpdateSeries::default();
-    for step in 1..=cfg.updates {
-        let (next, one) = one_update(qemu, &argv, memory.fd(), dir, step, tsc_hz)?;
-        qemu = next;
-        progress(&format!("plain update {step}: {}", one.summary(tsc_hz)));
-        series.push(one, tsc_hz);
-    }
+    let what = ("plain update", tsc_hz);
+    let qemu = series.in_a_row(cfg.updates, what, qemu, progress, |qemu, step| {
+        one_update(qemu, &vm.argv, memory, dir, step, tsc_hz)
+    })?;
     series.finish(&GuestRam::of(qemu.pid())?, cfg.size, tsc_hz)?;
     qemu.quit();
     Ok(series)

@@ -6,7 +6,7 @@ use std::ffi::OsString;
 use std::os::fd::{AsFd, BorrowedFd};
 use std::os::unix::net::UnixListener;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
 use hugemem::launch::vmm::qemu::qmp::{is_event, Qmp};
@@ -16,14 +16,14 @@ use serde_json::json;
 use super::error::io;
 use super::error::VmmUpdateError;
 use super::guest::monotonic_ns;
-use crate::floor::inherit_fds;
+use crate::harness::vmm::VmmProcess;
 
 /// How long a QMP reply or event may take, and QEMU to connect.
 pub(crate) const QMP_DEADLINE: Duration = Duration::from_secs(600);
 
 /// A QEMU the bench started, with its monitor; killed when dropped.
 pub(crate) struct BenchQemu {
-    pub(crate) child: Child,
+    process: VmmProcess,
     pub(crate) qmp: Qmp,
 }
 
@@ -43,15 +43,12 @@ impl BenchQemu {
             .args(&argv[1..])
             .arg("-chardev")
             .arg(format!("socket,id=bench-qmp,path={}", monitor.display()))
-            .args(["-mon", "chardev=bench-qmp,mode=control"])
-            .stdin(Stdio::null());
-        inherit_fds(&mut command, inherit);
-        let mut child = command.spawn().map_err(io("start QEMU"))?;
+            .args(["-mon", "chardev=bench-qmp,mode=control"]);
+        let process = VmmProcess::spawn(command, inherit).map_err(io("start QEMU"))?;
         let mut fds = [PollFd::new(listener.as_fd(), PollFlags::POLLIN)];
         let connected = matches!(poll(&mut fds, PollTimeout::from(30_000u16)), Ok(1));
         if !connected {
-            let _ = child.kill();
-            let status = child.wait().ok();
+            let status = process.kill();
             return Err(VmmUpdateError::Qemu(format!(
                 "QEMU did not connect its monitor within 30 s (exit: {status:?})"
             )));
@@ -59,7 +56,7 @@ impl BenchQemu {
         let (stream, _) = listener.accept().map_err(io("accept QEMU's monitor"))?;
         let qmp = Qmp::handshake(stream, QMP_DEADLINE)
             .map_err(|e| VmmUpdateError::Qemu(format!("monitor: {e}")))?;
-        Ok(Self { child, qmp })
+        Ok(Self { process, qmp })
     }
 
     /// Runs a QMP command.
@@ -75,22 +72,15 @@ impl BenchQemu {
 
     /// Its pid.
     pub(crate) fn pid(&self) -> u32 {
-        self.child.id()
+        self.process.pid()
     }
 
     /// `quit`, then reaps it.
-    pub(crate) fn quit(mut self) {
-        let _ = self.qmp.execute("quit", json!({}));
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for BenchQemu {
-    fn drop(&mut self) {
-        if let Ok(None) = self.child.try_wait() {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
+    pub(crate) fn quit(self) {
+        let Self { process, mut qmp } = self;
+        process.end(|| {
+            let _ = qmp.execute("quit", json!({}));
+        });
     }
 }
 
