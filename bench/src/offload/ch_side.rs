@@ -12,7 +12,6 @@ use super::report::{ChFileResult, OffloadConfig, OffloadDaemonResult};
 use super::steps::{allocated_under, args, drop_dir_cache, spawn, Stopping};
 use crate::vmm_side::{BenchVmm, CloudHypervisor};
 use crate::vmm_update::ch::{BenchCh, CH_DEADLINE};
-use crate::vmm_update::ch_baselines::running;
 use crate::vmm_update::error::io;
 use crate::vmm_update::guest::GuestRam;
 
@@ -40,7 +39,7 @@ fn own_guest(
     argv.extend(CloudHypervisor.shared_memory_args(cfg.size, &cfg.page_size.to_string()));
     let mut ch = BenchCh::start(&argv, dir, name, &[])?;
     ch.drain_events();
-    running(&ch)?;
+    ch.wait_running()?;
     let ram = GuestRam::wait_memfd(ch.pid(), RESTORE_WAIT)?;
     ram.counting_past(0)?;
     if cfg.dense {

@@ -1,6 +1,8 @@
-//! QEMU processes the bench starts itself (the baselines), each with
-//! its QMP monitor connected to a socket the bench listens on: QEMU connects
-//! at start, the bench accepts (no waiting for a socket file to appear).
+//! QEMU processes the bench starts itself (the baselines, `baselines.rs`),
+//! each with its QMP monitor connected to a socket the bench listens on:
+//! QEMU connects at start, the bench accepts (no waiting for a socket file
+//! to appear). A migration goes over a UNIX socket, `x-ignore-shared` when
+//! the memory stays (the new QEMU maps the same memfd, `-incoming defer`).
 
 use std::ffi::OsString;
 use std::os::fd::{AsFd, BorrowedFd};
@@ -13,9 +15,11 @@ use hugemem::launch::vmm::qemu::qmp::{is_event, Qmp};
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use serde_json::json;
 
+use super::baselines::{BaselineVmm, Migration};
 use super::error::io;
 use super::error::VmmUpdateError;
-use super::guest::monotonic_ns;
+use super::guest::{monotonic_ns, GuestRam};
+use super::setup::number;
 use crate::harness::vmm::VmmProcess;
 
 /// How long a QMP reply or event may take, and QEMU to connect.
@@ -122,4 +126,86 @@ pub(crate) fn migrate(
         resumed_at_ns: monotonic_ns(),
         stats,
     })
+}
+
+/// The `unix:` URI of a migration socket at `channel`.
+fn uri(channel: &Path) -> String {
+    format!("unix:{}", channel.display())
+}
+
+impl BaselineVmm for BenchQemu {
+    const SENT: &'static str = "RAM bytes sent";
+
+    fn start(
+        argv: &[OsString],
+        dir: &Path,
+        name: &str,
+        inherit: &[BorrowedFd<'_>],
+    ) -> Result<Self, VmmUpdateError> {
+        Self::start(argv, &dir.join(format!("{name}.qmp")), inherit)
+    }
+
+    fn receiver(
+        argv: &[OsString],
+        dir: &Path,
+        name: &str,
+        memory: Option<BorrowedFd<'_>>,
+    ) -> Result<Self, VmmUpdateError> {
+        let mut incoming = argv.to_vec();
+        incoming.extend(["-incoming", "defer"].map(OsString::from));
+        let inherit: Vec<BorrowedFd<'_>> = memory.into_iter().collect();
+        Self::start(&incoming, &dir.join(format!("{name}.qmp")), &inherit)
+    }
+
+    fn own_ram(&self) -> Result<GuestRam, VmmUpdateError> {
+        GuestRam::of(self.pid())
+    }
+
+    fn prepare(
+        src: &mut Self,
+        dst: &mut Self,
+        channel: &Path,
+        local: bool,
+    ) -> Result<(), VmmUpdateError> {
+        let mut caps = vec![json!({"capability": "events", "state": true})];
+        if local {
+            caps.insert(0, json!({"capability": "x-ignore-shared", "state": true}));
+        }
+        let caps = json!({ "capabilities": caps });
+        dst.execute("migrate-set-capabilities", caps.clone())?;
+        src.execute("migrate-set-capabilities", caps)?;
+        if !local {
+            src.execute(
+                "migrate-set-parameters",
+                json!({"max-bandwidth": 1u64 << 40}),
+            )?;
+        }
+        dst.execute("migrate-incoming", json!({ "uri": uri(channel) }))?;
+        Ok(())
+    }
+
+    fn migrate(
+        src: &mut Self,
+        dst: &mut Self,
+        channel: &Path,
+        local: bool,
+    ) -> Result<Migration, VmmUpdateError> {
+        let what = if local {
+            "the plain update's migration"
+        } else {
+            "the copying migration"
+        };
+        let m = migrate(src, dst, &uri(channel), what)?;
+        Ok(Migration {
+            migrate_at_ns: m.migrate_at_ns,
+            resumed_at_ns: m.resumed_at_ns,
+            sent_bytes: number(&m.stats, "/ram/transferred"),
+            qemu_downtime_ms: Some(number(&m.stats, "/downtime")),
+            qemu_total_ms: Some(number(&m.stats, "/total-time")),
+        })
+    }
+
+    fn end(self) {
+        self.quit();
+    }
 }

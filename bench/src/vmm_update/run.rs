@@ -1,7 +1,6 @@
 //! The run: the hugemem side (`hugemem launch --control-socket`, then
-//! `hugemem update` N times), then the floor (`plain_update.rs`,
-//! `ch_baselines.rs`) and the copying baseline (`copy.rs`,
-//! `ch_baselines.rs`).
+//! `hugemem update` N times), then the floor and the copying baseline
+//! (`baselines.rs`).
 
 use std::ffi::OsString;
 use std::path::Path;

@@ -12,10 +12,12 @@ use hugemem::launch::Vmm;
 use crate::floor::{vmm_argv, FloorMemory};
 use crate::vmm_side::PerVmm;
 
+use super::baselines::{copy, floor};
+use super::ch::BenchCh;
 use super::error::VmmUpdateError;
+use super::qemu::BenchQemu;
 use super::report::{CopyResult, UpdateSeries, VmmUpdateConfig};
 use super::setup::reserve;
-use super::{ch_baselines, copy, plain_update};
 
 /// What a baseline is run with.
 pub(crate) struct BaselineRun<'a> {
@@ -44,12 +46,12 @@ pub(crate) struct Baselines {
 pub(crate) fn of(vmm: Vmm) -> &'static Baselines {
     static BASELINES: PerVmm<Baselines> = PerVmm {
         qemu: Baselines {
-            floor: plain_update::run,
-            copy: copy::run,
+            floor: floor::<BenchQemu>,
+            copy: copy::<BenchQemu>,
         },
         cloud_hypervisor: Baselines {
-            floor: ch_baselines::floor,
-            copy: ch_baselines::copy,
+            floor: floor::<BenchCh>,
+            copy: copy::<BenchCh>,
         },
     };
     BASELINES.get(vmm)
@@ -61,8 +63,6 @@ pub(crate) fn of(vmm: Vmm) -> &'static Baselines {
 pub(crate) struct FloorVm {
     /// The guest's RAM.
     pub(crate) memory: FloorMemory,
-    /// The VMM's program.
-    pub(crate) program: OsString,
     /// Its whole command line, program first.
     pub(crate) argv: Vec<OsString>,
     /// The memfd's pages, held until after it is gone.
@@ -83,20 +83,13 @@ impl FloorVm {
             .map_err(|e| VmmUpdateError::Setup(format!("the floor's memory: {e}")))?;
         let mut user = crate::vmm_side::of(cfg.vmm).spin_guest_args(&cfg.program, run.elf);
         let program = user.remove(0);
-        let argv = vmm_argv(
-            cfg.vmm,
-            program.clone(),
-            &user,
-            &[memory.region()],
-            &[memory.fd()],
-        )
-        .map_err(|e| {
-            let vmm = cfg.vmm.adapter().name();
-            VmmUpdateError::Setup(format!("the plain {vmm}'s command line: {e}"))
-        })?;
+        let argv =
+            vmm_argv(cfg.vmm, program, &user, &[memory.region()], &[memory.fd()]).map_err(|e| {
+                let vmm = cfg.vmm.adapter().name();
+                VmmUpdateError::Setup(format!("the plain {vmm}'s command line: {e}"))
+            })?;
         Ok(Self {
             memory,
-            program,
             argv,
             _pages: pages,
         })
