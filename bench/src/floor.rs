@@ -6,9 +6,7 @@
 //! `/dev/fd/N`, the fd inherited under its number, no daemon.
 
 use std::ffi::OsString;
-use std::os::fd::{AsRawFd, BorrowedFd, RawFd};
-use std::os::unix::process::CommandExt;
-use std::process::Command;
+use std::os::fd::{AsRawFd, BorrowedFd};
 use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -205,35 +203,4 @@ pub fn vmm_argv(
             .build_args(user, &memory, &BuildOptions::default())?,
     );
     Ok(argv)
-}
-
-/// Makes `cmd`'s child inherit `fds` across exec under their current
-/// numbers (their close-on-exec flag cleared in the child only). The
-/// caller keeps them open until the spawn returns.
-pub fn inherit_fds(cmd: &mut Command, fds: &[BorrowedFd<'_>]) {
-    if fds.is_empty() {
-        return;
-    }
-    let fds: Vec<RawFd> = fds.iter().map(AsRawFd::as_raw_fd).collect();
-    let hook = move || -> std::io::Result<()> {
-        for &fd in &fds {
-            // SAFETY: fcntl(F_GETFD/F_SETFD) only reads and writes the
-            // descriptor flags of `fd`, which the parent holds open (its
-            // BorrowedFd outlives the spawn), so it is open in the child.
-            let flags = unsafe { libc::fcntl(fd, libc::F_GETFD) };
-            if flags < 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            // SAFETY: as above.
-            if unsafe { libc::fcntl(fd, libc::F_SETFD, flags & !libc::FD_CLOEXEC) } < 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-        }
-        Ok(())
-    };
-    // SAFETY: the hook runs in the child between fork and exec, where only
-    // async-signal-safe calls are allowed: it calls fcntl (async-signal-
-    // safe) on fd numbers captured before the fork, iterates a Vec without
-    // allocating, and takes no lock.
-    unsafe { cmd.pre_exec(hook) };
 }

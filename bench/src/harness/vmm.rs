@@ -14,7 +14,8 @@
 
 use std::ffi::OsString;
 use std::io::Read;
-use std::os::fd::BorrowedFd;
+use std::os::fd::{AsRawFd, BorrowedFd, RawFd};
+use std::os::unix::process::CommandExt;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
@@ -140,7 +141,7 @@ pub(crate) fn run_to_end(
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
-    crate::floor::inherit_fds(&mut cmd, inherit);
+    inherit_fds(&mut cmd, inherit);
     let mut child = cmd.spawn().map_err(|source| VmmRunError::Spawn {
         program: program.clone(),
         source,
@@ -225,6 +226,37 @@ pub(crate) fn run_to_end(
     Ok(run)
 }
 
+/// Makes `cmd`'s child inherit `fds` across exec under their current
+/// numbers (their close-on-exec flag cleared in the child only). The
+/// caller keeps them open until the spawn returns.
+pub(crate) fn inherit_fds(cmd: &mut Command, fds: &[BorrowedFd<'_>]) {
+    if fds.is_empty() {
+        return;
+    }
+    let fds: Vec<RawFd> = fds.iter().map(AsRawFd::as_raw_fd).collect();
+    let hook = move || -> std::io::Result<()> {
+        for &fd in &fds {
+            // SAFETY: fcntl(F_GETFD/F_SETFD) only reads and writes the
+            // descriptor flags of `fd`, which the parent holds open (its
+            // BorrowedFd outlives the spawn), so it is open in the child.
+            let flags = unsafe { libc::fcntl(fd, libc::F_GETFD) };
+            if flags < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            // SAFETY: as above.
+            if unsafe { libc::fcntl(fd, libc::F_SETFD, flags & !libc::FD_CLOEXEC) } < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+        }
+        Ok(())
+    };
+    // SAFETY: the hook runs in the child between fork and exec, where only
+    // async-signal-safe calls are allowed: it calls fcntl (async-signal-
+    // safe) on fd numbers captured before the fork, iterates a Vec without
+    // allocating, and takes no lock.
+    unsafe { cmd.pre_exec(hook) };
+}
+
 /// A VMM process the bench drives while it runs: started with its stdin
 /// closed and the memory fds it names inherited, ended by [`VmmProcess::end`]
 /// or, dropped while it still runs, killed; reaped either way.
@@ -237,7 +269,7 @@ impl VmmProcess {
     /// Starts `command` with `inherit` open in it under their numbers.
     pub(crate) fn spawn(mut command: Command, inherit: &[BorrowedFd<'_>]) -> std::io::Result<Self> {
         command.stdin(Stdio::null());
-        crate::floor::inherit_fds(&mut command, inherit);
+        inherit_fds(&mut command, inherit);
         command.spawn().map(|child| Self { child })
     }
 

@@ -26,12 +26,65 @@ use std::os::fd::BorrowedFd;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use guest_mem::{PageSize, Reservation};
+
 use super::error::{io, VmmUpdateError};
 use super::guest::{GuestRam, HostClock};
-use super::report::{CopyResult, UpdateSeries};
+use super::report::{CopyResult, UpdateSeries, VmmUpdateConfig};
 use super::series::{after_update, before_update, settled, OneUpdate, Settled};
 use super::setup::reserve;
-use super::side::{BaselineRun, FloorVm};
+use crate::floor::{vmm_argv, FloorMemory};
+
+/// What a baseline is run with.
+pub(crate) struct BaselineRun<'a> {
+    /// The run's configuration.
+    pub(crate) cfg: &'a VmmUpdateConfig,
+    /// The run's private directory (sockets, logs).
+    pub(crate) dir: &'a Path,
+    /// The spinning guest's kernel.
+    pub(crate) elf: &'a Path,
+    /// The host's TSC rate, ticks per second.
+    pub(crate) tsc_hz: f64,
+}
+
+/// A floor's VM before it starts: a resident memfd of the guest's size on
+/// 2 MiB pages, and the command line `hugemem launch` builds for the
+/// spinning guest on it (`/dev/fd/N`, the fd to be inherited), no daemon.
+pub(crate) struct FloorVm {
+    /// The guest's RAM.
+    pub(crate) memory: FloorMemory,
+    /// Its whole command line, program first.
+    pub(crate) argv: Vec<OsString>,
+    /// The memfd's pages, held until after it is gone.
+    _pages: Reservation,
+}
+
+impl FloorVm {
+    /// Makes the memory and the command line for `run`'s VMM.
+    ///
+    /// # Errors
+    ///
+    /// [`VmmUpdateError::Setup`] when the guest RAM in 2 MiB pages is not
+    /// there, or the VMM's command line cannot carry it.
+    pub(crate) fn new(run: &BaselineRun<'_>) -> Result<Self, VmmUpdateError> {
+        let cfg = run.cfg;
+        let pages = reserve(cfg.size).map_err(VmmUpdateError::Setup)?;
+        let (memory, _) = FloorMemory::populated(cfg.size, PageSize::Huge2M)
+            .map_err(|e| VmmUpdateError::Setup(format!("the floor's memory: {e}")))?;
+        let mut user = crate::vmm_side::of(cfg.vmm).spin_guest_args(&cfg.program, run.elf);
+        let program = user.remove(0);
+        let argv =
+            vmm_argv(cfg.vmm, program, &user, &[memory.region()], &[memory.fd()]).map_err(|e| {
+                let vmm = cfg.vmm.adapter().name();
+                VmmUpdateError::Setup(format!("the plain {vmm}'s command line: {e}"))
+            })?;
+        Ok(Self {
+            memory,
+            argv,
+            _pages: pages,
+        })
+    }
+}
 
 /// One migration, as [`BaselineVmm::migrate`] saw it.
 pub(crate) struct Migration {

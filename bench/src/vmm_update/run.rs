@@ -6,13 +6,14 @@ use std::ffi::OsString;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use super::baselines::BaselineRun;
 use super::error::io;
 use super::error::VmmUpdateError;
 use super::guest::{host_tsc_hz, GuestRam, HostClock};
 use super::report::{Measured, UpdateResult, UpdateSeries, VmmUpdateConfig, VmmUpdateReport};
 use super::series::{after_update, before_update, OneUpdate};
 use super::setup::{child_of, reserve, write_spin_elf};
-use super::side::{self, BaselineRun};
+use super::side;
 use crate::harness::serve::{ServeChild, ServeOptions};
 use crate::harness::vmm::Stopping;
 use crate::private_dir::PrivateDir;
