@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use backend::client::Client;
 use backend::daemon::{Daemon, DaemonHandle};
-use backend::proto::{AllocRequest, ClearMode, PagePolicy, RegionInfo};
+use backend::proto::{AllocRequest, RegionInfo};
 use guest_mem::size::format_size;
 use guest_mem::PageSize;
 use tracing::warn;
@@ -95,18 +95,7 @@ impl Bench<'_> {
     }
 
     pub(super) fn request(&self) -> AllocRequest {
-        AllocRequest {
-            total_size: self.size,
-            page_policy: match self.page {
-                PageSize::Huge1G => PagePolicy::Huge1G,
-                PageSize::Huge2M => PagePolicy::Huge2M,
-                PageSize::Base4K => PagePolicy::Base4K,
-            },
-            clear_mode: ClearMode::Eager,
-            lock: false,
-            parts: Vec::new(),
-            want_paths: false,
-        }
+        harness::daemon::eager_request(self.size, self.page)
     }
 
     /// FREE `id` and wait until the pool shows it clean (the time goes into
