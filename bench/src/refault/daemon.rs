@@ -19,6 +19,7 @@ use serde::Serialize;
 
 use super::error::RefaultBenchError;
 use crate::harness;
+use crate::harness::rounds;
 
 /// Longest wait for one refault.
 const REFAULT_DEADLINE: Duration = Duration::from_secs(120);
@@ -120,7 +121,7 @@ pub(super) fn measure(
         let request = harness::daemon::eager_request(size, page);
         let (mut busy, mut idle, mut spans) = (Vec::new(), Vec::new(), Vec::new());
         let (mut busy_mmap, mut idle_mmap) = (Vec::new(), Vec::new());
-        for _ in 0..reps {
+        rounds::each(reps, |_| {
             let a = client.alloc(request.clone())?;
             let id = a.id;
             drop(a);
@@ -148,7 +149,8 @@ pub(super) fn measure(
                 idle_mmap.push(mmap_ms);
                 std::thread::sleep(PACE);
             }
-        }
+            Ok(())
+        })?;
         for v in [&mut busy, &mut idle, &mut busy_mmap, &mut idle_mmap] {
             v.sort_by(f64::total_cmp);
         }
