@@ -10,8 +10,13 @@
 //!   served; once the connection ends, UNPARK drops the template;
 //! * refused: COPY mode (not built yet), another uid's CLONE (names are
 //!   per uid), a clone one page short of the headroom (naming the
-//!   shortfall), a VM with a VFIO device, a VM on a named tap (either
-//!   mode).
+//!   shortfall), a VM with a VFIO device, a VM on net fds passed to its
+//!   process, a copy clone of a VM on a named tap (a shared clone's
+//!   launcher replaces the tap);
+//! * several CLONEs at once against a headroom that admits exactly k of
+//!   them: k admitted, the rest refused naming the shortfall (each
+//!   admitted clone's pages are promised until its launcher says it
+//!   mapped them, by closing its end of the socket).
 //!
 //! The tests are serialized (`serial`): they share the host's huge pages.
 
@@ -22,11 +27,12 @@ use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::UnixStream;
 use std::time::Duration;
 
-use backend::client::{Client, ClientError};
+use backend::client::Client;
 use backend::daemon::ByteSize;
 use backend::proto::{CloneMode, Status};
-use ch_migration::peer::{receive_snapshot, Snapshot};
-use hugemem_client::park::{Exported, RestoreOptions};
+use ch_migration::peer::receive_snapshot;
+use hugemem_client::park::RestoreOptions;
+use park_peer::clones::*;
 use park_peer::*;
 use test_support::hugepages::hugepages_2m;
 use test_support::prelude::{reserve_2m, serial, wait_until, TestDaemon};
@@ -34,24 +40,8 @@ use test_support::tenant::{in_child, root_or_skip, NOBODY};
 
 const MIB: u64 = 1 << 20;
 const SIZE: u64 = 4 * MIB;
-const PAGE: u64 = 2 * MIB;
 /// `clones.headroom`: four 2 MiB pages.
 const HEADROOM: u64 = 4 * PAGE;
-
-/// CLONE `name` in `mode` on `client`, a fake launcher receiving: the
-/// daemon's reply and what the launcher got (`None`: nothing came whole).
-fn clone_via(
-    client: &mut Client,
-    name: &str,
-    mode: CloneMode,
-) -> (Result<Exported, ClientError>, Option<Snapshot>) {
-    let (daemon_end, ours) = UnixStream::pair().expect("socketpair");
-    let receiver =
-        std::thread::spawn(move || receive_snapshot(&ours, ch_migration::Limits::default()).ok());
-    let result = client.clone_parked(name, mode, &daemon_end);
-    drop(daemon_end);
-    (result, receiver.join().expect("the fake launcher"))
-}
 
 /// RESTORE with COPY, without postcopy, ending paused.
 fn eager_copy() -> RestoreOptions<'static> {
@@ -59,16 +49,6 @@ fn eager_copy() -> RestoreOptions<'static> {
         paused: true,
         fault: None,
         copy: true,
-    }
-}
-
-fn expect_refused<T: std::fmt::Debug>(r: Result<T, ClientError>, status: Status, needle: &str) {
-    match r {
-        Err(ClientError::Refused { status: s, message }) => {
-            assert_eq!(s, status, "{message}");
-            assert!(message.contains(needle), "{needle:?} not in {message:?}");
-        }
-        other => panic!("expected {status:?} saying {needle:?}, got {other:?}"),
     }
 }
 
@@ -81,38 +61,6 @@ fn daemon() -> TestDaemon {
         std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).expect("chmod");
     }
     d
-}
-
-/// Reserves (without faulting) all but `leave` of the host's free,
-/// unreserved 2 MiB pages, until dropped.
-struct Hog(*mut libc::c_void, usize);
-
-impl Hog {
-    fn leaving(leave: u64) -> Self {
-        let spare = hugepages_2m("free_hugepages") - hugepages_2m("resv_hugepages");
-        let len = usize::try_from(spare.saturating_sub(leave) * PAGE).expect("a length");
-        // SAFETY: a fresh anonymous hugetlb mapping (reserved, not faulted);
-        // it aliases nothing and is unmapped by Drop.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_HUGETLB,
-                -1,
-                0,
-            )
-        };
-        assert_ne!(p, libc::MAP_FAILED, "reserve {len} bytes of 2 MiB pages");
-        Self(p, len)
-    }
-}
-
-impl Drop for Hog {
-    fn drop(&mut self) {
-        // SAFETY: the mapping Hog::leaving made, unmapped once.
-        unsafe { libc::munmap(self.0, self.1) };
-    }
 }
 
 #[test]
@@ -210,93 +158,84 @@ fn a_shared_clone_gets_the_template_read_only_and_keeps_it_parked() {
     );
 }
 
+/// Parks, on `owner`, a VM on `mem` whose `vm_config` is `vm_config`.
+fn park_with(
+    owner: &mut Client,
+    name: &str,
+    mem: &std::os::fd::OwnedFd,
+    vm_config: serde_json::Value,
+) {
+    let mut json: serde_json::Value =
+        serde_json::from_str(&config_json(&[(0, 0, SIZE, 0)])).expect("json");
+    json["vm_config"] = vm_config;
+    let steps = vec![
+        Step::Send(start()),
+        Step::Send(memory_fd(0, &[mem])),
+        Step::Send(config(&json.to_string())),
+        Step::Send(state(STATE)),
+        Step::Send(complete_paused()),
+    ];
+    park_via(owner, name, steps).result.expect("parked");
+}
+
 #[test]
-fn a_vm_with_a_vfio_device_or_a_named_tap_is_not_cloned() {
-    const TEST: &str = "a_vm_with_a_vfio_device_or_a_named_tap_is_not_cloned";
+fn a_vm_with_a_vfio_device_or_passed_net_fds_is_not_cloned_and_a_tap_is_replaced() {
+    const TEST: &str =
+        "a_vm_with_a_vfio_device_or_passed_net_fds_is_not_cloned_and_a_tap_is_replaced";
     let _g = serial();
-    if !reserve_2m(8, TEST) {
+    if !reserve_2m(12, TEST) {
         return;
     }
     let d = TestDaemon::start(|_| {});
     let mut owner = d.client();
     let mem = memfd("clone-vfio", SIZE, false);
-    let mut json: serde_json::Value =
-        serde_json::from_str(&config_json(&[(0, 0, SIZE, 0)])).expect("json");
-    json["vm_config"] =
-        serde_json::json!({"devices": [{"path": "/sys/bus/pci/devices/0000:01:00.0"}]});
-    let steps = vec![
-        Step::Send(start()),
-        Step::Send(memory_fd(0, &[&mem])),
-        Step::Send(config(&json.to_string())),
-        Step::Send(state(STATE)),
-        Step::Send(complete_paused()),
-    ];
-    park_via(&mut owner, "vfio", steps).result.expect("parked");
+    let vfio = serde_json::json!({"devices": [{"path": "/sys/bus/pci/devices/0000:01:00.0"}]});
+    park_with(&mut owner, "vfio", &mem, vfio);
     let (r, got) = clone_via(&mut owner, "vfio", CloneMode::Shared);
     expect_refused(r, Status::Invalid, "VFIO");
     assert!(got.is_none());
-    // A named tap: neither mode.
-    let mut json: serde_json::Value =
-        serde_json::from_str(&config_json(&[(0, 0, SIZE, 0)])).expect("json");
-    json["vm_config"] = serde_json::json!({"net": [{"id": "net0", "tap": "tap9"}]});
-    let steps = vec![
-        Step::Send(start()),
-        Step::Send(memory_fd(0, &[&mem])),
-        Step::Send(config(&json.to_string())),
-        Step::Send(state(STATE)),
-        Step::Send(complete_paused()),
-    ];
-    park_via(&mut owner, "tap", steps).result.expect("parked");
-    let (r, got) = clone_via(&mut owner, "tap", CloneMode::Shared);
-    expect_refused(r, Status::Invalid, "net0 on the tap tap9");
+    // Net fds passed to the template's process: no clone can have them.
+    park_with(
+        &mut owner,
+        "fds",
+        &mem,
+        serde_json::json!({"net": [{"id": "net5", "fds": [7]}]}),
+    );
+    let (r, got) = clone_via(&mut owner, "fds", CloneMode::Shared);
+    expect_refused(r, Status::Invalid, "net5 on fds passed to its process");
     assert!(got.is_none());
+    // A named tap: the shared clone's launcher replaces it (the daemon
+    // sends the template as it is); a copy clone is refused.
+    park_with(
+        &mut owner,
+        "tap",
+        &mem,
+        serde_json::json!({"net": [{"id": "net0", "tap": "tap9"}]}),
+    );
+    let mut cloner = d.client();
+    let (r, got) = clone_via(&mut cloner, "tap", CloneMode::Shared);
+    r.expect("a tap is the launcher's to replace");
+    let config: serde_json::Value =
+        serde_json::from_slice(&got.expect("the template").config).expect("json");
+    assert_eq!(
+        config["vm_config"]["net"][0]["tap"], "tap9",
+        "sent as parked"
+    );
     let (daemon_end, _receiver) = UnixStream::pair().expect("socketpair");
     expect_refused(
         owner.restore_with("tap", &daemon_end, eager_copy()),
         Status::Invalid,
         "tap9",
     );
-    owner.unpark("tap").expect("no clone counts");
+    drop(cloner);
+    wait_until(
+        "UNPARK once the clone's connection ended",
+        Duration::from_secs(10),
+        || owner.unpark("tap").is_ok(),
+    );
+    owner.unpark("fds").expect("no clone counts");
     owner.unpark("vfio").expect("no clone counts");
-    assert_serves_balanced(&d, 0, 0, "the VFIO VM dropped");
-}
-
-/// A private, reserved mapping of `fd` (as a shared clone's
-/// cloud-hypervisor makes it: `MAP_PRIVATE` without `MAP_NORESERVE`).
-struct Private(*mut u8, usize);
-
-impl Private {
-    fn of(fd: &impl AsFd, len: u64) -> Self {
-        use std::os::fd::AsRawFd;
-        let len = usize::try_from(len).expect("a length");
-        // SAFETY: a new private mapping of a file the test holds open; it
-        // aliases nothing of this process and is unmapped by Drop.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE,
-                fd.as_fd().as_raw_fd(),
-                0,
-            )
-        };
-        assert_ne!(p, libc::MAP_FAILED, "map the template privately");
-        Self(p.cast(), len)
-    }
-
-    fn bytes(&mut self) -> &mut [u8] {
-        // SAFETY: the mapping is `self.1` bytes, readable and writable,
-        // and only this value hands out views of it.
-        unsafe { std::slice::from_raw_parts_mut(self.0, self.1) }
-    }
-}
-
-impl Drop for Private {
-    fn drop(&mut self) {
-        // SAFETY: the mapping Private::of made, unmapped once.
-        unsafe { libc::munmap(self.0.cast(), self.1) };
-    }
+    assert_serves_balanced(&d, 0, 0, "the VMs dropped");
 }
 
 #[test]
@@ -487,4 +426,101 @@ fn a_template_and_its_clone_count_survive_a_takeover() {
     let s = new.stats();
     assert_eq!((s.allocations.active, s.parked.len()), (0, 0), "{s}");
     new.shutdown().expect("the successor exits");
+}
+
+/// `N` CLONEs at once, on `N` connections, against a headroom that admits
+/// exactly `K` of them: exactly `K` are admitted and the rest refused
+/// naming the shortfall, though no launcher has mapped anything yet (the
+/// kernel's counts are the same for all of them: the admitted clones'
+/// pages are promised). A launcher that closes its end without mapping
+/// gives its pages back; one that mapped (its reservation shows in
+/// `HugePages_Rsvd`) keeps them.
+#[test]
+fn clones_at_once_are_admitted_exactly_as_far_as_the_headroom_allows() {
+    const TEST: &str = "clones_at_once_are_admitted_exactly_as_far_as_the_headroom_allows";
+    const N: usize = 5;
+    const K: usize = 2;
+    let _g = serial();
+    let need = SIZE / PAGE;
+    if !reserve_2m(
+        SIZE / PAGE + (K as u64 + 1) * need + HEADROOM / PAGE + 4,
+        TEST,
+    ) {
+        return;
+    }
+    let d = daemon();
+    let mut owner = d.client();
+    let mem = memfd("clone-race", SIZE, false);
+    park_via(&mut owner, "tmpl", whole(&mem, SIZE))
+        .result
+        .expect("parked");
+    let hog = Hog::leaving(K as u64 * need + HEADROOM / PAGE);
+    let start = std::sync::Barrier::new(N);
+    let runs: Vec<_> = std::thread::scope(|s| {
+        let workers: Vec<_> = (0..N)
+            .map(|_| {
+                s.spawn(|| {
+                    let mut c = d.client();
+                    start.wait();
+                    let (r, snap, ours) = clone_keeping(&mut c, "tmpl", CloneMode::Shared);
+                    (r, snap, ours, c)
+                })
+            })
+            .collect();
+        workers
+            .into_iter()
+            .map(|w| w.join().expect("a cloner"))
+            .collect()
+    });
+    let (admitted, refused): (Vec<_>, Vec<_>) = runs.into_iter().partition(|r| r.0.is_ok());
+    assert_eq!(admitted.len(), K, "admitted of {N} at once");
+    for (r, snap, _, _) in refused {
+        assert!(snap.is_none(), "a refused clone got the template");
+        expect_refused(
+            r,
+            Status::NoMemory,
+            &format!(
+                "({} of them promised to clones still starting)",
+                K as u64 * need
+            ),
+        );
+    }
+    assert_eq!(d.stats().parked[0].shared_clones, K as u64);
+
+    // One launcher goes without mapping: its pages are free again.
+    let mut admitted = admitted.into_iter();
+    let (_, gone_snap, gone_end, gone_client) = admitted.next().expect("one");
+    drop((gone_end, gone_snap));
+    let mut late = d.client();
+    let (mut kept, mut tries) = (None, 0);
+    wait_until(
+        "a CLONE admitted on the pages of a launcher that went",
+        Duration::from_secs(10),
+        || {
+            tries += 1;
+            let (r, snap, ours) = clone_keeping(&mut late, "tmpl", CloneMode::Shared);
+            let ok = r.is_ok();
+            kept = ok.then(|| (snap.expect("the template"), ours));
+            ok
+        },
+    );
+    // The late clone maps (its pages reserved), then says so: its pages
+    // stay taken, as reserved rather than promised.
+    let (snap, ours) = kept.expect("admitted");
+    let mapping = Private::of(&snap.memory[0].1, SIZE);
+    drop(ours);
+    let (r, _) = clone_via(&mut owner, "tmpl", CloneMode::Shared);
+    expect_refused(r, Status::NoMemory, "short by");
+    drop((mapping, snap, hog, admitted, gone_client, late));
+    wait_until(
+        "UNPARK once the clones ended",
+        Duration::from_secs(10),
+        || owner.unpark("tmpl").is_ok(),
+    );
+    let s = assert_serves_balanced(&d, 0, 0, "the template dropped");
+    assert_eq!(
+        (s.counters.clones, s.counters.clones_refused),
+        (K as u64 + 1, (N - K) as u64 + tries),
+        "{s}"
+    );
 }

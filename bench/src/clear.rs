@@ -34,6 +34,7 @@ use numa::{MbindFlags, MemPolicyMode, NodeMask, Topology};
 use serde::Serialize;
 
 use crate::error::BenchError;
+use crate::harness::rounds;
 use crate::stats::{best, gbps};
 
 /// What to measure.
@@ -197,10 +198,9 @@ fn bind_per_node(
     Ok(parts)
 }
 
+/// [`rounds::seconds`] for this bench's error.
 fn time<F: FnOnce() -> Result<(), BenchError>>(f: F) -> Result<f64, BenchError> {
-    let start = Instant::now();
-    f()?;
-    Ok(start.elapsed().as_secs_f64())
+    rounds::seconds(f)
 }
 
 /// Runs the benchmark. `progress` gets one line per step.
@@ -227,11 +227,9 @@ pub fn run(
     ));
 
     // Warm-up: the outer host backs never-touched memory lazily.
-    progress("warm-up: populating and freeing the pages once");
-    {
-        let warm = AnonMapping::new(len, page)?;
-        warm.populate_write(0, len)?;
-    }
+    rounds::warm_up(progress, "populating and freeing the pages once", || {
+        AnonMapping::new(len, page)?.populate_write(0, len)
+    })?;
 
     let kernels: Vec<ClearKernel> = ClearKernel::ALL
         .into_iter()
@@ -314,11 +312,9 @@ fn single_thread(
     let mut memset = Vec::new();
     let mut refault = Vec::new();
     let mut per_kernel: Vec<Vec<f64>> = vec![Vec::new(); kernels.len()];
-    for rep in 0..reps {
+    rounds::each(reps, |round| {
         progress(&format!(
-            "repetition {}/{}: kernel fault, memset, {} kernels, kernel re-zero",
-            rep + 1,
-            reps,
+            "repetition {round}: kernel fault, memset, {} kernels, kernel re-zero",
             kernels.len()
         ));
         fault.push({
@@ -345,7 +341,8 @@ fn single_thread(
             map.discard(0, len)?;
             Ok(map.populate_write(0, len)?)
         })?);
-    }
+        Ok::<_, BenchError>(())
+    })?;
     Ok(SingleThread {
         fault,
         memset,
@@ -389,9 +386,7 @@ fn parallel_runner(
                 node: Some(node),
             })
             .collect();
-        let mut samples = Vec::new();
-        let mut runner_samples = Vec::new();
-        for _ in 0..cfg.reps {
+        let (samples, runner_samples): (Vec<f64>, Vec<f64>) = rounds::collect(cfg.reps, |_| {
             let start = Instant::now();
             // SAFETY: every job range lies inside `map`, a live read-write
             // mapping owned here, and no Rust reference to it exists while the
@@ -400,9 +395,10 @@ fn parallel_runner(
                 clearing::clear_jobs(topology, &jobs, default_kernel, &RunOptions::default())
             }
             .map_err(|e| BenchError::Runner(e.to_string()))?;
-            samples.push(start.elapsed().as_secs_f64());
-            runner_samples.push(report.seconds);
-        }
+            Ok::<_, BenchError>((start.elapsed().as_secs_f64(), report.seconds))
+        })?
+        .into_iter()
+        .unzip();
         let g = gbps(cfg.size, best(&samples));
         let runner_gbps = gbps(cfg.size, best(&runner_samples));
         progress(&format!(

@@ -39,6 +39,7 @@ use guest_mem::{
 use numa::Topology;
 use serde::Serialize;
 
+use crate::harness::rounds;
 use crate::private_dir::PrivateDir;
 use crate::stats::{median, ratio};
 
@@ -186,7 +187,7 @@ pub fn run(
     let mut seq = Vec::new();
     let mut direct = Vec::new();
     let mut fills: Vec<FillPoint> = Vec::new();
-    for rep in 0..cfg.reps {
+    rounds::each(cfg.reps, |round| {
         drop_cache(&file)?;
         seq.push(gbps(cfg.size, sequential_read(&path, false)?));
         drop_cache(&file)?;
@@ -201,8 +202,9 @@ pub fn run(
                 None => fills.push(point),
             }
         }
-        progress(&format!("repetition {} of {} done", rep + 1, cfg.reps));
-    }
+        progress(&format!("repetition {round} done"));
+        Ok::<_, FillBenchError>(())
+    })?;
     let seq_read_gbps = median(&seq);
     for p in &mut fills {
         p.gbps = median(&p.samples);

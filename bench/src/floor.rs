@@ -1,19 +1,20 @@
-//! The VMMs' floor, shared by `bench compare` and `bench churn`: guest RAM
-//! that needs no preparation. A hugetlb memfd of the run's size and page
+//! The VMMs' floor, shared by `bench compare`, `bench churn`, `bench
+//! vmstart` and `bench vmm-update`: guest RAM that needs no preparation. A hugetlb memfd of the run's size and page
 //! size, populated (the kernel allocates and zeroes every page) before the
 //! clock starts, and handed to the VMM the way `hugemem launch` hands over a
 //! daemon's fds: the same region table (the VMM adapter's `build_args`) on
 //! `/dev/fd/N`, the fd inherited under its number, no daemon.
 
 use std::ffi::OsString;
-use std::os::fd::{AsRawFd, BorrowedFd, RawFd};
-use std::os::unix::process::CommandExt;
-use std::process::Command;
+use std::os::fd::{AsRawFd, BorrowedFd};
+use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use backend::proto::{RegionInfo, ANY_NODE};
 use guest_mem::{MappingError, PageSize, SharedMapping};
 use hugemem::launch::{BuildError, BuildOptions, MemoryFile, MemoryRegion, Vmm};
+
+use crate::harness::rounds;
 
 /// Why floor memory could not be made, or made zero again.
 #[derive(Debug, thiserror::Error)]
@@ -28,6 +29,9 @@ pub enum FloorError {
     /// Punching the memfd's pages out failed.
     #[error("cannot punch the floor's memfd to zero it again")]
     Punch(#[source] std::io::Error),
+    /// More launches at once than [`FloorPool`] holds memfds.
+    #[error("no floor memfd is free (more launches at once than memfds)")]
+    NoneFree,
 }
 
 /// A resident hugetlb memfd, mapped by this process (which keeps its pages
@@ -89,6 +93,87 @@ impl FloorMemory {
     }
 }
 
+/// The kernel's fault-time zeroing of `size` bytes of `page` pages on one
+/// thread, the limit a floor stands beside: `reps` populates of a fresh
+/// memfd, each freed before the next, after one untimed (a warm-up).
+///
+/// # Errors
+///
+/// As [`FloorMemory::populated`].
+pub fn zeroing_limit(
+    size: u64,
+    page: PageSize,
+    reps: usize,
+    progress: &mut dyn FnMut(&str),
+) -> Result<Vec<Duration>, FloorError> {
+    let populate = || FloorMemory::populated(size, page).map(|(_, took)| took);
+    rounds::warm_up(progress, "one populate of a fresh memfd", populate)?;
+    rounds::collect(reps, |_| populate())
+}
+
+/// Floor memfds lent to one launch at a time, each zeroed again before it is
+/// lent anew, off the launch's clock: a floor for launches that run side by
+/// side and one after another.
+#[derive(Debug)]
+pub struct FloorPool {
+    free: Mutex<Vec<Lendable>>,
+}
+
+/// A memfd and whether a guest has written it since it was last zeroed.
+#[derive(Debug)]
+struct Lendable {
+    memory: FloorMemory,
+    written: bool,
+}
+
+impl FloorPool {
+    /// `count` memfds, as [`FloorMemory::populated`] makes them.
+    ///
+    /// # Errors
+    ///
+    /// As [`FloorMemory::populated`].
+    pub fn populated(count: usize, size: u64, page: PageSize) -> Result<Self, FloorError> {
+        let free = (0..count)
+            .map(|_| {
+                FloorMemory::populated(size, page).map(|(memory, _)| Lendable {
+                    memory,
+                    written: false,
+                })
+            })
+            .collect::<Result<_, _>>()?;
+        Ok(Self {
+            free: Mutex::new(free),
+        })
+    }
+
+    /// Runs `launch` on a memfd no other launch holds, all zero: one a
+    /// guest wrote is punched and populated again first
+    /// ([`FloorMemory::rezero`]), before `launch` starts its clock. The
+    /// memfd goes back to the pool afterwards, as written.
+    ///
+    /// # Errors
+    ///
+    /// [`FloorError::NoneFree`]; as [`FloorMemory::rezero`].
+    pub fn lend<T>(&self, launch: impl FnOnce(&FloorMemory) -> T) -> Result<T, FloorError> {
+        let slot = self
+            .free
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .pop();
+        let mut slot = slot.ok_or(FloorError::NoneFree)?;
+        if slot.written {
+            slot.memory.rezero()?;
+        }
+        slot.written = true;
+        let out = launch(&slot.memory);
+        self.free
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(slot);
+        Ok(out)
+    }
+}
+
 /// `program` followed by the command line `hugemem launch` builds from
 /// `user` (the VMM's own arguments) for `regions` in `fds`, each given as
 /// `/dev/fd/N` of its current number.
@@ -118,35 +203,4 @@ pub fn vmm_argv(
             .build_args(user, &memory, &BuildOptions::default())?,
     );
     Ok(argv)
-}
-
-/// Makes `cmd`'s child inherit `fds` across exec under their current
-/// numbers (their close-on-exec flag cleared in the child only). The
-/// caller keeps them open until the spawn returns.
-pub fn inherit_fds(cmd: &mut Command, fds: &[BorrowedFd<'_>]) {
-    if fds.is_empty() {
-        return;
-    }
-    let fds: Vec<RawFd> = fds.iter().map(AsRawFd::as_raw_fd).collect();
-    let hook = move || -> std::io::Result<()> {
-        for &fd in &fds {
-            // SAFETY: fcntl(F_GETFD/F_SETFD) only reads and writes the
-            // descriptor flags of `fd`, which the parent holds open (its
-            // BorrowedFd outlives the spawn), so it is open in the child.
-            let flags = unsafe { libc::fcntl(fd, libc::F_GETFD) };
-            if flags < 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            // SAFETY: as above.
-            if unsafe { libc::fcntl(fd, libc::F_SETFD, flags & !libc::FD_CLOEXEC) } < 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-        }
-        Ok(())
-    };
-    // SAFETY: the hook runs in the child between fork and exec, where only
-    // async-signal-safe calls are allowed: it calls fcntl (async-signal-
-    // safe) on fd numbers captured before the fork, iterates a Vec without
-    // allocating, and takes no lock.
-    unsafe { cmd.pre_exec(hook) };
 }

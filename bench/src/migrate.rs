@@ -35,6 +35,8 @@ use tracing::info;
 use backend::diag::chain as error_chain;
 use migrate::{memory_nodes, move_region, pattern, MoveOptions, MoveReport};
 
+use crate::harness::rounds;
+
 /// Bytes of the per-node locality regions.
 pub const LOCALITY_BYTES: u64 = 64 << 20;
 
@@ -440,7 +442,9 @@ fn measure(
         Ok(timed.then(|| (Leg::new(a, &there), Leg::new(b, &back))))
     };
     if opts.warmup {
-        if let Err(e) = round_trip(false) {
+        let mut log = |line: &str| info!("{line}");
+        let warm = rounds::warm_up(&mut log, "one round trip", || round_trip(false));
+        if let Err(e) = warm {
             result.error = Some(format!("warm-up: {e}"));
             return;
         }

@@ -55,6 +55,7 @@ use numa::{MbindFlags, MemPolicyMode, NodeMask, Topology};
 use serde::Serialize;
 
 use crate::error::BenchError;
+use crate::harness::rounds;
 use crate::stats::{best, median, ratio};
 use guest_mem::size::format_size;
 
@@ -417,14 +418,13 @@ fn measure(
         batched_opts = batched_opts.with_chunk(chunk)?;
     }
 
-    progress(&format!(
-        "{page}: warm-up, populating and freeing {} once",
+    let what = format!(
+        "{page}, populating and freeing {} once",
         format_size(cfg.size)
-    ));
-    {
-        let warm = SharedMapping::memfd(len, page)?;
-        warm.populate_write(0, len)?;
-    }
+    );
+    rounds::warm_up(progress, &what, || {
+        SharedMapping::memfd(len, page)?.populate_write(0, len)
+    })?;
     let ((), idle) = with_probe(|| {
         let end = Instant::now() + IDLE_PROBE;
         while Instant::now() < end {
@@ -438,52 +438,48 @@ fn measure(
     let mut batched_calls = 0;
     let mut batched_chunk_bytes = 0;
     let mut populate_s = Vec::with_capacity(cfg.reps);
-    for rep in 0..cfg.reps {
-        let order = if rep % 2 == 0 {
-            [true, false]
-        } else {
-            [false, true]
+    rounds::each(cfg.reps, |round| {
+        // The populate limit before the passes in one round, after them in
+        // the next; the single call before the batched path, then after.
+        let populate = |populate_s: &mut Vec<f64>| -> Result<(), BenchError> {
+            populate_s.push(populate_limit(len, page, &nodes)?);
+            Ok(())
         };
-        if rep % 2 == 0 {
-            populate_s.push(populate_limit(len, page, &nodes)?);
-        }
-        for probe in [true, false] {
-            for single in order {
-                let opts = if single { &single_opts } else { &batched_opts };
-                let p = pass(topology, len, page, &nodes, opts, single, probe)?;
-                let samples = if probe { &mut probed } else { &mut quiet };
-                samples[usize::from(!single)].push(&p);
-                if !single {
-                    batched_calls = p.lock.chunks;
-                    batched_chunk_bytes = p.lock.chunk_bytes;
+        let passes = |_: &mut Vec<f64>| -> Result<(), BenchError> {
+            for probe in [true, false] {
+                for single in round.alternate(vec![true, false]) {
+                    let opts = if single { &single_opts } else { &batched_opts };
+                    let p = pass(topology, len, page, &nodes, opts, single, probe)?;
+                    let samples = if probe { &mut probed } else { &mut quiet };
+                    samples[usize::from(!single)].push(&p);
+                    if !single {
+                        batched_calls = p.lock.chunks;
+                        batched_chunk_bytes = p.lock.chunk_bytes;
+                    }
+                    let stall = |d: Option<Duration>| {
+                        d.map_or(String::new(), |d| format!(" (stall {:.1} ms)", ms(d)))
+                    };
+                    progress(&format!(
+                        "{page} rep {round}{}: {} lock {:.3} s{}, unlock {:.3} s{}, {} calls",
+                        if probe { ", probe" } else { ", quiet" },
+                        if single { "single " } else { "batched" },
+                        p.lock.seconds,
+                        stall(p.lock_stall),
+                        p.unlock.seconds,
+                        stall(p.unlock_stall),
+                        p.lock.chunks
+                    ));
                 }
-                let stall = |d: Option<Duration>| {
-                    d.map_or(String::new(), |d| format!(" (stall {:.1} ms)", ms(d)))
-                };
-                progress(&format!(
-                    "{page} rep {}/{}{}: {} lock {:.3} s{}, unlock {:.3} s{}, {} calls",
-                    rep + 1,
-                    cfg.reps,
-                    if probe { ", probe" } else { ", quiet" },
-                    if single { "single " } else { "batched" },
-                    p.lock.seconds,
-                    stall(p.lock_stall),
-                    p.unlock.seconds,
-                    stall(p.unlock_stall),
-                    p.lock.chunks
-                ));
             }
-        }
-        if rep % 2 == 1 {
-            populate_s.push(populate_limit(len, page, &nodes)?);
-        }
+            Ok(())
+        };
+        round.both(&mut populate_s, populate, passes)?;
         progress(&format!(
-            "{page} rep {}/{}: populate limit {:.3} s",
-            rep + 1,
-            cfg.reps,
+            "{page} rep {round}: populate limit {:.3} s",
             populate_s.last().copied().unwrap_or_default()
         ));
-    }
+        Ok::<_, BenchError>(())
+    })?;
     let [single, batched] = probed;
     let [single_quiet, batched_quiet] = quiet;
     let (single_stalls, batched_stalls) = (single.per_rep_stall_ms(), batched.per_rep_stall_ms());

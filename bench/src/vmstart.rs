@@ -47,6 +47,8 @@ use backend::daemon::{ByteSize, Config, Daemon, DaemonHandle};
 use backend::lazy::{GuestMapping, LazyGuest, LazyOptions};
 use backend::proto::{AllocRequest, ClearMode, PagePolicy, RegionInfo};
 
+use crate::harness::rounds;
+
 /// Where guest RAM restarts above the 32-bit hole.
 const HIGH_RAM: u64 = 4 << 30;
 /// End of low guest RAM.
@@ -235,13 +237,12 @@ pub fn run(
     let mut scenarios = Vec::new();
 
     // Eager: fresh (warm-up, then measured), then clean from the pool.
-    {
+    rounds::warm_up(progress, "eager-fresh, not reported", || {
         let d = Bench::start(cfg)?;
-        progress("eager-fresh (warm-up)");
         let warm = d.alloc(ClearMode::Eager)?;
         d.free(warm)?;
-        d.shutdown()?;
-    }
+        d.shutdown()
+    })?;
     {
         let d = Bench::start(cfg)?;
         progress("eager-fresh");

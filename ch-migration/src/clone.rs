@@ -15,10 +15,12 @@
 //!
 //! A VM whose devices need its memory mapped shared (VFIO, vhost-user,
 //! vDPA, virtio-fs) cannot run on a private mapping:
-//! [`shared_clone_refusal`] names the first such device. A VM that holds
-//! what a second process cannot (a named tap, fds passed to its process, a
-//! vsock's CID and socket) cannot be cloned in either mode:
-//! [`identity_refusal`] names it.
+//! [`shared_clone_refusal`] names the first such device. What a second
+//! process cannot hold: a shared clone's launcher replaces a net's tap and
+//! a vsock's socket ([`clone_identity`], saying what it replaced) and
+//! refuses a net on fds passed to the template's process
+//! ([`unreplaceable_identity`]); a copy clone refuses all three
+//! ([`identity_refusal`]).
 
 use std::collections::BTreeMap;
 
@@ -112,7 +114,8 @@ fn check_devices(value: &Value) -> Result<(), CloneConfigError> {
 }
 
 /// What the migration configuration `config` holds that two clones
-/// cannot both hold, if anything: a net on a named tap (`tap=`) or on fds
+/// cannot both hold, if anything (a copy clone's check; a shared clone's
+/// launcher replaces what it can: [`clone_identity`]): a net on a named tap (`tap=`) or on fds
 /// passed to the template's process (`fd=`), a vsock device (its CID and
 /// its socket path). A configuration without `vm_config` names nothing.
 ///
@@ -153,6 +156,193 @@ pub fn identity_refusal(config: &[u8]) -> Result<(), CloneConfigError> {
         return Err(CloneConfigError::SharedIdentity(format!(
             "a vsock device (CID {cid}, socket {socket})"
         )));
+    }
+    Ok(())
+}
+
+/// What a clone's configuration says of its template's devices that a
+/// second process cannot hold: what was replaced, device by device.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Replaced {
+    /// The device (`net0`, `vsock`).
+    pub device: String,
+    /// What it had, what it has now, and why.
+    pub what: String,
+}
+
+impl std::fmt::Display for Replaced {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.device, self.what)
+    }
+}
+
+/// The longest network interface name the kernel takes (IFNAMSIZ - 1).
+const IF_NAME_MAX: usize = 15;
+
+/// What [`clone_identity`] checks before it names something new.
+pub trait HostNames {
+    /// Whether a network interface of this name exists.
+    fn interface_exists(&self, name: &str) -> bool;
+    /// Whether a file of this path exists.
+    fn path_exists(&self, path: &str) -> bool;
+}
+
+/// The host as it is (`/sys/class/net`, the file system).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ThisHost;
+
+impl HostNames for ThisHost {
+    fn interface_exists(&self, name: &str) -> bool {
+        std::path::Path::new("/sys/class/net").join(name).exists()
+    }
+
+    fn path_exists(&self, path: &str) -> bool {
+        std::path::Path::new(path).symlink_metadata().is_ok()
+    }
+}
+
+/// The parts of the migration configuration `config` that two processes
+/// cannot both hold, replaced for a clone tagged `tag` (the launcher's
+/// pid: unique among running clones), each named in the list returned:
+///
+/// * each virtio-net on a tap (named or not) gets a new tap, named
+///   `hmc<tag>n<i>`, which its cloud-hypervisor creates. It is attached
+///   to nothing (the template's tap may be on a bridge: attach the new one
+///   as the template's was). The template's host IP, mask and host MAC
+///   are not copied (two host interfaces would claim them); the guest's
+///   MAC is in the guest's memory and device state and stays (the clone's
+///   identity);
+/// * the vsock device's socket gets its own path, `<socket>.clone-<tag>`.
+///   cloud-hypervisor's vsock is a hybrid vsock over that UNIX socket: its
+///   CID is the guest's alone (no host vsock device holds it), so it stays.
+///
+/// A net on fds passed to the template's process is refused: those fds
+/// were the operator's (a macvtap, a tap of another namespace), and a new
+/// tap would put the clone on another network than the template's.
+///
+/// # Errors
+///
+/// [`CloneConfigError::SharedIdentity`] naming what cannot be replaced (a
+/// net on passed fds, a name for the new part that is taken); a
+/// configuration that is not JSON.
+pub fn clone_identity(
+    config: &[u8],
+    tag: u32,
+    host: &impl HostNames,
+) -> Result<(Vec<u8>, Vec<Replaced>), CloneConfigError> {
+    let mut value: Value = serde_json::from_slice(config)?;
+    let mut replaced = Vec::new();
+    let Some(vm) = value.get_mut("vm_config") else {
+        return Ok((config.to_vec(), replaced));
+    };
+    unreplaceable(vm)?;
+    let nets = vm.get_mut("net").and_then(Value::as_array_mut);
+    for (i, net) in nets.into_iter().flatten().enumerate() {
+        let Some(net) = net.as_object_mut() else {
+            continue;
+        };
+        if net.get("vhost_user").and_then(Value::as_bool) == Some(true) {
+            continue;
+        }
+        let device = net
+            .get("id")
+            .and_then(Value::as_str)
+            .map_or_else(|| format!("net {i}"), str::to_string);
+        let tap = format!("hmc{tag}n{i}");
+        if tap.len() > IF_NAME_MAX || host.interface_exists(&tap) {
+            return Err(CloneConfigError::SharedIdentity(format!(
+                "{device}, whose new tap {tap} cannot be made (the name is taken or too long)"
+            )));
+        }
+        let old = match net.get("tap").and_then(Value::as_str) {
+            Some(t) => format!("the template's tap {t}"),
+            None => "the tap cloud-hypervisor made for the template".to_string(),
+        };
+        let dropped: Vec<&str> = ["ip", "mask", "host_mac"]
+            .into_iter()
+            .filter(|k| net.get(*k).is_some_and(|v| !v.is_null()))
+            .collect();
+        for key in &dropped {
+            net.insert((*key).into(), Value::Null);
+        }
+        net.insert("tap".into(), tap.clone().into());
+        let dropped = if dropped.is_empty() {
+            String::new()
+        } else {
+            format!("; the template's {} not copied", dropped.join(", "))
+        };
+        replaced.push(Replaced {
+            device,
+            what: format!(
+                "{old} is replaced by a new tap {tap}, attached to nothing \
+                 (a second process cannot hold the template's){dropped}"
+            ),
+        });
+    }
+    if let Some(vsock) = vm
+        .get_mut("vsock")
+        .filter(|v| !v.is_null())
+        .and_then(Value::as_object_mut)
+    {
+        let socket = vsock
+            .get("socket")
+            .and_then(Value::as_str)
+            .ok_or(CloneConfigError::Field("vm_config.vsock.socket"))?;
+        let cid = vsock.get("cid").and_then(Value::as_u64).unwrap_or(0);
+        let new = format!("{socket}.clone-{tag}");
+        if host.path_exists(&new) {
+            return Err(CloneConfigError::SharedIdentity(format!(
+                "a vsock device whose new socket {new} exists already"
+            )));
+        }
+        replaced.push(Replaced {
+            device: vsock
+                .get("id")
+                .and_then(Value::as_str)
+                .unwrap_or("vsock")
+                .to_string(),
+            what: format!(
+                "the template's socket {socket} is replaced by {new} (the guest's \
+                 connections to host port P go to {new}_P); the CID {cid} stays \
+                 (a hybrid vsock's CID is the guest's alone)"
+            ),
+        });
+        vsock.insert("socket".into(), new.into());
+    }
+    Ok((serde_json::to_vec(&value)?, replaced))
+}
+
+/// What no clone can be given in place of the template's: a net on fds
+/// passed to the template's process (see [`clone_identity`]). The
+/// daemon's check of a shared CLONE; the launcher replaces the rest.
+///
+/// # Errors
+///
+/// [`CloneConfigError::SharedIdentity`] naming it; a configuration that
+/// is not JSON.
+pub fn unreplaceable_identity(config: &[u8]) -> Result<(), CloneConfigError> {
+    let value: Value = serde_json::from_slice(config)?;
+    value.get("vm_config").map_or(Ok(()), unreplaceable)
+}
+
+fn unreplaceable(vm: &Value) -> Result<(), CloneConfigError> {
+    for net in vm
+        .get("net")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+    {
+        let id = net.get("id").and_then(Value::as_str).unwrap_or("a net");
+        if net
+            .get("fds")
+            .and_then(Value::as_array)
+            .is_some_and(|f| !f.is_empty())
+        {
+            return Err(CloneConfigError::SharedIdentity(format!(
+                "{id} on fds passed to its process (they were the operator's: a new tap \
+                 would put the clone on another network)"
+            )));
+        }
     }
     Ok(())
 }
@@ -332,6 +522,86 @@ mod tests {
         ))
         .expect("a tap each clone's cloud-hypervisor makes");
         identity_refusal(b"{}").expect("no vm_config, nothing held");
+    }
+
+    /// A host where `taken` names exist.
+    struct Taken(&'static [&'static str]);
+
+    impl HostNames for Taken {
+        fn interface_exists(&self, name: &str) -> bool {
+            self.0.contains(&name)
+        }
+        fn path_exists(&self, path: &str) -> bool {
+            self.0.contains(&path)
+        }
+    }
+
+    #[test]
+    fn taps_and_a_vsock_socket_are_replaced_and_each_named() {
+        let template = config(serde_json::json!({
+            "net": [
+                {"id": "net0", "tap": "tap7", "ip": "192.168.1.1", "mask": "255.255.255.0",
+                 "mac": "12:34:56:78:9a:bc", "host_mac": "02:00:00:00:00:01"},
+                {"id": "net1", "tap": null},
+            ],
+            "vsock": {"id": "vsock0", "cid": 3, "socket": "/run/v.sock"},
+        }));
+        let (out, replaced) = clone_identity(&template, 4242, &Taken(&[])).expect("replaced");
+        let v: Value = serde_json::from_slice(&out).expect("json");
+        let net0 = &v["vm_config"]["net"][0];
+        assert_eq!(net0["tap"], "hmc4242n0");
+        for key in ["ip", "mask", "host_mac"] {
+            assert!(net0[key].is_null(), "{key} copied: {net0}");
+        }
+        assert_eq!(net0["mac"], "12:34:56:78:9a:bc", "the guest's MAC stays");
+        assert_eq!(v["vm_config"]["net"][1]["tap"], "hmc4242n1");
+        assert_eq!(v["vm_config"]["vsock"]["socket"], "/run/v.sock.clone-4242");
+        assert_eq!(v["vm_config"]["vsock"]["cid"], 3, "the CID stays");
+        let said: Vec<String> = replaced.iter().map(ToString::to_string).collect();
+        assert_eq!(said.len(), 3, "{said:?}");
+        assert!(
+            said[0].starts_with("net0: the template's tap tap7 is replaced by a new tap hmc4242n0")
+        );
+        assert!(
+            said[0].contains("ip, mask, host_mac not copied"),
+            "{}",
+            said[0]
+        );
+        assert!(
+            said[1].starts_with("net1: the tap cloud-hypervisor made"),
+            "{}",
+            said[1]
+        );
+        assert!(said[2].contains("/run/v.sock.clone-4242") && said[2].contains("CID 3 stays"));
+        assert_eq!(
+            v["memory_manager_data"],
+            serde_json::from_slice::<Value>(&template).expect("json")["memory_manager_data"],
+            "nothing else changes"
+        );
+        let (same, none) = clone_identity(&config(Value::Null), 1, &Taken(&[])).expect("ok");
+        assert!(none.is_empty());
+        assert_eq!(
+            serde_json::from_slice::<Value>(&same).expect("json"),
+            serde_json::from_slice::<Value>(&config(Value::Null)).expect("json")
+        );
+    }
+
+    #[test]
+    fn passed_fds_and_taken_names_are_refused_naming_the_device() {
+        let fds = config(serde_json::json!({"net": [{"id": "net3", "fds": [5]}]}));
+        for err in [
+            clone_identity(&fds, 1, &Taken(&[])).expect_err("refused"),
+            unreplaceable_identity(&fds).expect_err("refused"),
+        ] {
+            assert!(err.to_string().contains("net3 on fds passed"), "{err}");
+        }
+        let tap = config(serde_json::json!({"net": [{"id": "net0", "tap": "tap7"}]}));
+        unreplaceable_identity(&tap).expect("a tap is replaced");
+        let err = clone_identity(&tap, 9, &Taken(&["hmc9n0"])).expect_err("taken");
+        assert!(err.to_string().contains("hmc9n0"), "{err}");
+        let vsock = config(serde_json::json!({"vsock": {"cid": 3, "socket": "/v"}}));
+        let err = clone_identity(&vsock, 2, &Taken(&["/v.clone-2"])).expect_err("taken");
+        assert!(err.to_string().contains("/v.clone-2 exists"), "{err}");
     }
 
     #[test]

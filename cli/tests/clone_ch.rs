@@ -35,7 +35,9 @@ use test_support::hugepages::hugepages_2m;
 use test_support::prelude::{wait_until, TestDaemon};
 use test_support::tenant::{in_child, root_or_skip, NOBODY};
 
-use common::park::{launch_counting, park, set_up, stop, RAM};
+use common::park::{
+    clone_spin_state, guest_ram_mapping, launch_counting, park, private_hugetlb, set_up, stop, RAM,
+};
 use common::{child_of, counting_past, launched_guest_ram, spin_state, StopLauncher};
 
 const HUGEMEM: &str = env!("CARGO_BIN_EXE_hugemem");
@@ -55,47 +57,6 @@ fn launch_clone(daemon: &TestDaemon, ch: &str, (name, mode): (&str, &str), api: 
         .arg(api)
         .spawn()
         .expect("spawn hugemem launch --clone-of")
-}
-
-/// Where process `pid` maps guest RAM: the start of its mapping of a
-/// memfd of `RAM` bytes from offset 0, and the mapping's permissions.
-fn guest_ram_mapping(pid: u32) -> Option<(u64, String)> {
-    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).ok()?;
-    maps.lines().find_map(|l| {
-        let mut w = l.split_whitespace();
-        let (range, perms, offset) = (w.next()?, w.next()?, w.next()?);
-        let path = w.nth(2).unwrap_or_default();
-        let (start, end) = range.split_once('-')?;
-        let (start, end) = (
-            u64::from_str_radix(start, 16).ok()?,
-            u64::from_str_radix(end, 16).ok()?,
-        );
-        (path.starts_with("/memfd:")
-            && end - start == RAM
-            && offset.trim_start_matches('0').is_empty())
-        .then(|| (start, perms.to_string()))
-    })
-}
-
-/// The counting guest's state as a clone sees it: read through
-/// `/proc/PID/mem` (its private pages are nowhere else).
-fn clone_spin_state(pid: u32) -> Option<SpinState> {
-    let (base, _) = guest_ram_mapping(pid)?;
-    let mem = std::fs::File::open(format!("/proc/{pid}/mem")).ok()?;
-    let mut block = vec![0u8; SPIN_BLOCK_LEN];
-    mem.read_exact_at(&mut block, base + SPIN_BLOCK_GPA).ok()?;
-    SpinState::parse(&block)
-}
-
-/// The huge pages process `pid` wrote privately (smaps `Private_Hugetlb`), bytes.
-fn private_hugetlb(pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/smaps"))
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|l| l.strip_prefix("Private_Hugetlb:"))
-        .filter_map(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-        .sum::<u64>()
-        * 1024
 }
 
 /// A digest of every byte of `ram`.

@@ -8,6 +8,8 @@
 // Each test binary that includes this uses a part of it.
 #![allow(dead_code)]
 
+pub mod clones;
+
 use std::ffi::CString;
 use std::os::fd::{AsFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::os::unix::fs::{MetadataExt, PermissionsExt};

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use backend::client::Client;
 use backend::daemon::{Daemon, DaemonHandle};
-use backend::proto::{AllocPart, AllocRequest, ClearMode, PagePolicy};
+use backend::proto::{AllocPart, AllocRequest};
 use guest_mem::PageSize;
 use hugemem_client::stats::Stats;
 
@@ -72,16 +72,8 @@ fn wait_clean(daemon: &DaemonHandle, bytes: u64) -> Result<Stats, AllocBenchErro
 
 fn request(size: u64, parts: &[AllocPart], page: PageSize) -> AllocRequest {
     AllocRequest {
-        total_size: size,
-        page_policy: match page {
-            PageSize::Huge1G => PagePolicy::Huge1G,
-            PageSize::Huge2M => PagePolicy::Huge2M,
-            PageSize::Base4K => PagePolicy::Base4K,
-        },
-        clear_mode: ClearMode::Eager,
-        lock: false,
         parts: parts.to_vec(),
-        want_paths: false,
+        ..harness::daemon::eager_request(size, page)
     }
 }
 

@@ -2,13 +2,12 @@
 //! run: the kernel's fault-time zeroing with the threads a figure used, and
 //! the memory bandwidth (the non-temporal clear with all CPUs).
 
-use std::time::Instant;
-
 use clearing::{ClearKernel, RunOptions};
 use guest_mem::AnonMapping;
 use serde::Serialize;
 
 use super::error::AllocBenchError;
+use crate::harness::rounds;
 use crate::stats::{best, ratio};
 
 /// What no way of getting this memory ready can beat on this machine.
@@ -102,20 +101,20 @@ pub(super) fn memory_bandwidth(
     };
     let mut map = AnonMapping::new(len, page)?;
     map.populate_write(0, len)?;
-    let mut samples = Vec::with_capacity(reps);
-    for _ in 0..reps {
-        let t = Instant::now();
-        clearing::clear_parallel(
-            topology,
-            map.as_mut_slice(),
-            None,
-            cpus.max(1),
-            kernel,
-            &RunOptions::default(),
-        )
-        .map_err(|e| AllocBenchError::Bandwidth(e.to_string()))?;
-        samples.push(t.elapsed().as_secs_f64());
-    }
+    let samples = rounds::collect(reps, |_| {
+        rounds::seconds(|| {
+            clearing::clear_parallel(
+                topology,
+                map.as_mut_slice(),
+                None,
+                cpus.max(1),
+                kernel,
+                &RunOptions::default(),
+            )
+            .map(drop)
+            .map_err(|e| AllocBenchError::Bandwidth(e.to_string()))
+        })
+    })?;
     #[allow(clippy::cast_precision_loss)] // rates
     Ok((ratio(size as f64 / 1e9, best(&samples)), kernel))
 }

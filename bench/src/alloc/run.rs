@@ -16,6 +16,7 @@ use super::populate::{
     reserve,
 };
 use super::report::{AllocBenchReport, AllocMedians, AllocRatios, AllocSamples, ScalingPoint};
+use crate::harness::rounds;
 use crate::stats::{best, median, ratio};
 
 /// Bytes in a GiB, for per-GiB figures.
@@ -52,8 +53,9 @@ pub fn run(
             .unwrap_or_default()
     ));
 
-    progress("warm-up: populating and freeing the pages once");
-    cloud_hypervisor_style(size, page, ch_threads)?;
+    rounds::warm_up(progress, "populating and freeing the pages once", || {
+        cloud_hypervisor_style(size, page, ch_threads)
+    })?;
 
     let memory = Memory {
         topology: &topology,
@@ -104,8 +106,8 @@ struct Memory<'a> {
     size: u64,
 }
 
-/// `reps` repetitions of all four variants, daemon-less first on even
-/// repetitions and daemon first on odd ones.
+/// `reps` rounds of all four variants, the daemon-less ones and the
+/// daemon's in turn first.
 fn repetitions(
     m: &Memory<'_>,
     reps: usize,
@@ -113,8 +115,8 @@ fn repetitions(
     progress: &mut dyn FnMut(&str),
 ) -> Result<AllocSamples, AllocBenchError> {
     let mut s = AllocSamples::default();
-    for rep in 0..reps {
-        progress(&format!("repetition {}/{}", rep + 1, reps));
+    rounds::each(reps, |round| {
+        progress(&format!("repetition {round}"));
         let daemonless = |s: &mut AllocSamples| -> Result<(), AllocBenchError> {
             s.fresh_eager_s
                 .push(fresh_eager(m.topology, m.parts, m.page)?);
@@ -133,14 +135,8 @@ fn repetitions(
             s.hand_outs.pooled_holes.push(d.holes);
             Ok(())
         };
-        if rep % 2 == 0 {
-            daemonless(&mut s)?;
-            daemon(&mut s)?;
-        } else {
-            daemon(&mut s)?;
-            daemonless(&mut s)?;
-        }
-        let h = &s.hand_outs;
+        round.both(&mut s, daemonless, daemon)?;
+        let (rep, h) = (round.index(), &s.hand_outs);
         progress(&format!(
             "  fresh {:.3} s, fresh via daemon {:.3} s, cloud-hypervisor style {:.3} s; pooled {:.4} s ({} holes), resident {:.4} s (touched {:.4} s, {} holes), with holes {:.4} s (touched {:.4} s, {} holes)",
             s.fresh_eager_s[rep], s.fresh_eager_daemon_s[rep], s.cloud_hypervisor_style_s[rep],
@@ -148,7 +144,8 @@ fn repetitions(
             h.pooled_resident[rep].alloc_s, h.pooled_resident[rep].touched_s, format_size(h.pooled_resident[rep].hole_bytes),
             h.pooled_holes[rep].alloc_s, h.pooled_holes[rep].touched_s, format_size(h.pooled_holes[rep].hole_bytes),
         ));
-    }
+        Ok::<_, AllocBenchError>(())
+    })?;
     Ok(s)
 }
 
@@ -162,16 +159,12 @@ fn scaling(
     progress: &mut dyn FnMut(&str),
 ) -> Result<Vec<ScalingPoint>, AllocBenchError> {
     let mut per_count: Vec<Vec<f64>> = vec![Vec::new(); counts.len()];
-    for rep in 0..reps {
-        // Alternate the order of the worker counts between repetitions.
-        let mut order: Vec<usize> = (0..counts.len()).collect();
-        if rep % 2 == 1 {
-            order.reverse();
-        }
-        for i in order {
+    rounds::each(reps, |round| {
+        for i in round.alternate((0..counts.len()).collect()) {
             per_count[i].push(fresh_eager_workers(m.topology, m.parts, m.page, counts[i])?);
         }
-    }
+        Ok::<_, AllocBenchError>(())
+    })?;
     let mut scaling: Vec<ScalingPoint> = counts
         .iter()
         .zip(&per_count)

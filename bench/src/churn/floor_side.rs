@@ -7,13 +7,12 @@ use std::time::Duration;
 use guest_mem::size::format_size;
 
 use super::error::ChurnError;
-use super::floor_pool::FloorPool;
 use super::launches::{churn, warm_up};
 use super::options::ChurnConfig;
 use super::plan::{Plan, Side};
 use super::process::chain;
 use super::report::LaunchSample;
-use crate::floor::{FloorError, FloorMemory};
+use crate::floor::{zeroing_limit, FloorError, FloorPool};
 
 /// Timed populates of a fresh memfd for the limit, after an untimed one.
 const ZEROING_REPS: usize = 3;
@@ -41,7 +40,7 @@ pub(super) fn floor_side(
     cfg: &ChurnConfig,
     progress: &mut dyn FnMut(&str),
 ) -> Result<FloorOutcome, ChurnError> {
-    let (memory, zeroing_ms) = match floor_memory(plan, cfg.parallel) {
+    let (memory, zeroing_ms) = match floor_memory(plan, cfg.parallel, progress) {
         Ok(x) => x,
         Err(e) if cfg.socket.is_some() => {
             let why = format!(
@@ -72,7 +71,7 @@ pub(super) fn floor_side(
             .collect::<Vec<_>>()
             .join(", ")
     ));
-    plan.floor = Some(FloorPool::new(memory));
+    plan.floor = Some(memory);
     let result = warm_up(plan, Side::Floor, progress).and_then(|warm| {
         Ok((
             warm,
@@ -89,19 +88,15 @@ pub(super) fn floor_side(
 }
 
 /// The limit's samples, ms (one untimed populate of a fresh memfd first,
-/// then [`ZEROING_REPS`] timed ones, each memfd freed before the next),
-/// and `count` populated memfds for the launches.
-fn floor_memory(plan: &Plan, count: usize) -> Result<(Vec<FloorMemory>, Vec<f64>), FloorError> {
+/// then [`ZEROING_REPS`] timed ones, each memfd freed before the next:
+/// [`zeroing_limit`]), and `count` populated memfds for the launches.
+fn floor_memory(
+    plan: &Plan,
+    count: usize,
+    progress: &mut dyn FnMut(&str),
+) -> Result<(FloorPool, Vec<f64>), FloorError> {
     let ms = |d: Duration| d.as_secs_f64() * 1e3;
-    drop(FloorMemory::populated(plan.size, plan.baseline_page)?);
-    let mut zeroing = Vec::with_capacity(ZEROING_REPS);
-    for _ in 0..ZEROING_REPS {
-        let (memory, took) = FloorMemory::populated(plan.size, plan.baseline_page)?;
-        drop(memory);
-        zeroing.push(ms(took));
-    }
-    let memory = (0..count)
-        .map(|_| FloorMemory::populated(plan.size, plan.baseline_page).map(|(m, _)| m))
-        .collect::<Result<Vec<_>, _>>()?;
-    Ok((memory, zeroing))
+    let zeroing = zeroing_limit(plan.size, plan.baseline_page, ZEROING_REPS, progress)?;
+    let memory = FloorPool::populated(count, plan.size, plan.baseline_page)?;
+    Ok((memory, zeroing.into_iter().map(ms).collect()))
 }

@@ -6,6 +6,7 @@ use std::sync::{mpsc, Mutex};
 use super::error::{launch_error, ChurnError};
 use super::plan::{Plan, Side};
 use super::report::{page_key, LaunchSample};
+use crate::harness::rounds;
 
 /// The untimed first launch of a side.
 pub(super) fn warm_up(
@@ -13,9 +14,11 @@ pub(super) fn warm_up(
     side: Side,
     progress: &mut dyn FnMut(&str),
 ) -> Result<LaunchSample, ChurnError> {
-    let warm = plan
-        .launch(side)
-        .map_err(launch_error(side, "warm-up".into()))?;
+    let what = format!("one untimed {} launch", side.name());
+    let warm = rounds::warm_up(progress, &what, || {
+        plan.launch(side)
+            .map_err(launch_error(side, "warm-up".into()))
+    })?;
     progress(&format!(
         "{} warm-up launch: {:.1} ms{}",
         side.name(),

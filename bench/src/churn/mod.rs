@@ -91,7 +91,6 @@
 
 mod assemble;
 mod error;
-mod floor_pool;
 mod floor_side;
 mod launches;
 mod options;

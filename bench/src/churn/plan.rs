@@ -13,11 +13,10 @@ use guest_mem::size::format_size;
 use guest_mem::vm_memory::{GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion};
 use guest_mem::{AnonMapping, PageSize};
 
-use super::floor_pool::FloorPool;
 use super::options::ChurnVmm;
 use super::process::{chain, parse_launch_summary, run_process, GuestLine};
 use super::report::LaunchSample;
-use crate::floor::{vmm_argv, FloorMemory};
+use crate::floor::{vmm_argv, FloorMemory, FloorPool};
 use crate::harness::vmm::VmmRun;
 use crate::vmm_side;
 
@@ -139,14 +138,16 @@ impl Plan {
                 .floor
                 .as_ref()
                 .ok_or("the floor's memory is not ready")?;
-            return pool.lend(|memory| match self.vmm {
-                ChurnVmm::Micro => self.micro_floor(memory),
-                _ => {
-                    let argv = self.floor_argv(memory)?;
-                    let run = run_process(&argv, &[memory.fd()], self.timeout)?;
-                    self.process_sample(side, &run)
-                }
-            })?;
+            return pool
+                .lend(|memory| match self.vmm {
+                    ChurnVmm::Micro => self.micro_floor(memory),
+                    _ => {
+                        let argv = self.floor_argv(memory)?;
+                        let run = run_process(&argv, &[memory.fd()], self.timeout)?;
+                        self.process_sample(side, &run)
+                    }
+                })
+                .map_err(|e| format!("the floor's memfd: {}", chain(&e)))?;
         }
         match self.vmm {
             ChurnVmm::Micro => self.launch_micro(side),

@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use backend::client::Client;
 use backend::daemon::{Daemon, DaemonHandle};
-use backend::proto::{AllocRequest, ClearMode, PagePolicy, RegionInfo};
+use backend::proto::{AllocRequest, RegionInfo};
 use guest_mem::size::format_size;
 use guest_mem::PageSize;
 use tracing::warn;
@@ -20,8 +20,21 @@ use super::variant::{Memory, Runner, Variant, BASELINE};
 use super::vmm::*;
 use crate::floor::FloorMemory;
 use crate::harness;
+use crate::harness::rounds::Round;
 use crate::stats::{paired_median, paired_median_ci95, ratio};
 use crate::vmm_side::{self, PerVmm};
+
+/// The groups of variants a round runs, in turn first (each group's
+/// variants rotating inside it).
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Group {
+    /// The VMMs on memory of their own.
+    Own,
+    /// Through a daemon.
+    Hugemem,
+    /// On a resident memfd.
+    Floor,
+}
 
 /// The benchmark's state during a run.
 pub(super) struct Bench<'a> {
@@ -82,18 +95,7 @@ impl Bench<'_> {
     }
 
     pub(super) fn request(&self) -> AllocRequest {
-        AllocRequest {
-            total_size: self.size,
-            page_policy: match self.page {
-                PageSize::Huge1G => PagePolicy::Huge1G,
-                PageSize::Huge2M => PagePolicy::Huge2M,
-                PageSize::Base4K => PagePolicy::Base4K,
-            },
-            clear_mode: ClearMode::Eager,
-            lock: false,
-            parts: Vec::new(),
-            want_paths: false,
-        }
+        harness::daemon::eager_request(self.size, self.page)
     }
 
     /// FREE `id` and wait until the pool shows it clean (the time goes into
@@ -213,15 +215,29 @@ impl Bench<'_> {
         self.run_on_fds(v, &[memory.region()], &[memory.fd()], t0, None)
     }
 
-    /// The floor variants, in `rep`'s order.
-    pub(super) fn floor_group(&mut self, rep: usize) -> Result<(), CompareError> {
-        let mut order: Vec<Variant> = Variant::ALL
-            .into_iter()
-            .filter(|v| v.memory() == Memory::Floor)
-            .collect();
-        let n = order.len().max(1);
-        order.rotate_left(rep % n);
-        for v in order {
+    /// One group of variants in `round`.
+    pub(super) fn group(&mut self, group: Group, round: Round) -> Result<(), CompareError> {
+        match group {
+            Group::Own => self.own_group(round),
+            Group::Hugemem => self.hugemem_group(round),
+            Group::Floor => self.floor_group(round),
+        }
+    }
+
+    /// The variants on `kind` of memory, in `round`'s order (each first in
+    /// turn).
+    fn variants(round: Round, kind: Memory) -> Vec<Variant> {
+        round.rotate(
+            Variant::ALL
+                .into_iter()
+                .filter(|v| v.memory() == kind)
+                .collect(),
+        )
+    }
+
+    /// The floor variants, in `round`'s order.
+    fn floor_group(&mut self, round: Round) -> Result<(), CompareError> {
+        for v in Self::variants(round, Memory::Floor) {
             if self.enabled(v) {
                 let s = self.run_floor(v)?;
                 self.record(v, s);
@@ -244,15 +260,9 @@ impl Bench<'_> {
         self.samples.entry(v).or_default().push(s);
     }
 
-    /// QEMU prealloc, QEMU lazy and cloud-hypervisor prefault, in `rep`'s order.
-    pub(super) fn own_group(&mut self, rep: usize) -> Result<(), CompareError> {
-        let mut order: Vec<Variant> = Variant::ALL
-            .into_iter()
-            .filter(|v| v.memory() == Memory::Own)
-            .collect();
-        let n = order.len().max(1);
-        order.rotate_left(rep % n);
-        for v in order {
+    /// QEMU prealloc, QEMU lazy and cloud-hypervisor prefault, in `round`'s order.
+    fn own_group(&mut self, round: Round) -> Result<(), CompareError> {
+        for v in Self::variants(round, Memory::Own) {
             if self.enabled(v) {
                 let s = self.run_own(v)?;
                 self.record(v, s);
@@ -263,14 +273,9 @@ impl Bench<'_> {
 
     /// The hugemem variants: one fresh, the pool ones, then the other fresh
     /// one on a second daemon (each fresh variant needs an empty pool).
-    pub(super) fn hugemem_group(&mut self, rep: usize) -> Result<(), CompareError> {
+    fn hugemem_group(&mut self, round: Round) -> Result<(), CompareError> {
         let of = |kind: Memory| -> Vec<Variant> {
-            let mut list: Vec<Variant> = Variant::ALL
-                .into_iter()
-                .filter(|v| v.memory() == kind)
-                .collect();
-            let n = list.len().max(1);
-            list.rotate_left(rep % n);
+            let mut list = Self::variants(round, kind);
             list.retain(|v| self.enabled(*v));
             list
         };

@@ -6,11 +6,12 @@ use std::collections::BTreeMap;
 use guest_mem::size::format_size;
 use guest_mem::SharedMapping;
 
-use super::bench::Bench;
+use super::bench::{Bench, Group};
 use super::config::{CompareConfig, MARKER, START_GPA, STRIDE};
 use super::error::CompareError;
 use super::results::CompareReport;
 use super::vmm::*;
+use crate::harness::rounds;
 use crate::private_dir::PrivateDir;
 
 /// Runs the benchmark. `progress` gets one line per step.
@@ -66,11 +67,9 @@ pub fn run(
     for (v, why) in &skipped {
         progress(&format!("{} skipped: {why}", v.key()));
     }
-    progress("warm-up: populating and freeing the pages once");
-    {
-        let warm = SharedMapping::memfd(len, page)?;
-        warm.populate_write(0, len)?;
-    }
+    rounds::warm_up(progress, "populating and freeing the pages once", || {
+        SharedMapping::memfd(len, page)?.populate_write(0, len)
+    })?;
 
     let mut bench = Bench {
         size: cfg.size,
@@ -94,18 +93,13 @@ pub fn run(
         refault_ahead: cfg.refault_ahead,
         progress,
     };
-    for rep in 0..cfg.reps {
-        (bench.progress)(&format!("repetition {}/{}", rep + 1, cfg.reps));
-        if rep % 2 == 0 {
-            bench.own_group(rep)?;
-            bench.hugemem_group(rep)?;
-            bench.floor_group(rep)?;
-        } else {
-            bench.floor_group(rep)?;
-            bench.hugemem_group(rep)?;
-            bench.own_group(rep)?;
+    rounds::each(cfg.reps, |round| {
+        (bench.progress)(&format!("repetition {round}"));
+        for group in round.alternate(vec![Group::Own, Group::Hugemem, Group::Floor]) {
+            bench.group(group, round)?;
         }
-    }
+        Ok::<_, CompareError>(())
+    })?;
     drop(dir);
     Ok(bench.report(
         cfg.reps,

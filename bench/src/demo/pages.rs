@@ -1,7 +1,6 @@
 //! The demo's pages: the page size and the reservation, every fallback
 //! said, and the ALLOC policy for the page size chosen.
 
-use backend::proto::PagePolicy;
 use guest_mem::size::format_size;
 use guest_mem::{PageSize, Reservation};
 
@@ -63,12 +62,4 @@ pub(super) fn reserve(
     }
     notes.push("falling back to 4 KiB shmem pages".into());
     Ok((PageSize::Base4K, size, None))
-}
-
-pub(super) fn policy(page: PageSize) -> PagePolicy {
-    match page {
-        PageSize::Huge1G => PagePolicy::Huge1G,
-        PageSize::Huge2M => PagePolicy::Huge2M,
-        PageSize::Base4K => PagePolicy::Base4K,
-    }
 }

@@ -4,7 +4,7 @@ use std::time::Instant;
 
 use backend::client::{Allocation, Client};
 use backend::daemon::{Daemon, DaemonHandle};
-use backend::proto::{AllocRequest, ClearMode};
+use backend::proto::AllocRequest;
 use guest_mem::size::format_size;
 use guest_mem::PageSize;
 use hugemem_client::stats::Stats;
@@ -13,7 +13,7 @@ use tracing::{info, warn};
 use super::config::DemoConfig;
 use super::error::DemoError;
 use super::guest::{ms, run_guest, run_guest_on_resident_memfd};
-use super::pages::{policy, reserve};
+use super::pages::reserve;
 use super::pool_watch::{pools, scrub_seconds, scrubbed_bytes, wait_clean};
 use super::report::{DemoReport, GuestFigures};
 use crate::harness;
@@ -126,14 +126,7 @@ fn drive(
     progress: &mut dyn FnMut(&str),
 ) -> Result<DemoReport, DemoError> {
     let mut client = Client::connect(daemon.socket_path())?;
-    let request = AllocRequest {
-        total_size: size,
-        page_policy: policy(page),
-        clear_mode: ClearMode::Eager,
-        lock: false,
-        parts: Vec::new(),
-        want_paths: false,
-    };
+    let request = crate::harness::daemon::eager_request(size, page);
     let (alloc, fresh) = alloc_fresh(&mut client, &request, page, with_guest, progress)?;
     let scrub = free_and_scrub(daemon, &mut client, alloc, page, size, progress)?;
     let pooled = alloc_pooled(

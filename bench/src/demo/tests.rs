@@ -2,8 +2,8 @@ use backend::proto::PagePolicy;
 use guest_mem::PageSize;
 use hugemem_client::stats::Stats;
 
-use super::pages::policy;
 use super::pool_watch::{pools, scrub_seconds, scrubbed_bytes};
+use crate::harness::daemon::policy;
 
 #[test]
 fn reads_the_stats_document() {

@@ -1,5 +1,11 @@
-//! One VMM process run to its end, timed from outside: when the guest's
-//! port-0x3f0 marks came on its stdout, when it exited, what it printed.
+//! The benches' VMM processes, in two shapes:
+//!
+//! * one run to its end, timed from outside ([`run_to_end`]): when the
+//!   guest's port-0x3f0 marks came on its stdout, when it exited, what it
+//!   printed;
+//! * one that lives while the bench drives it through its monitor or API
+//!   ([`VmmProcess`]: a baseline's QEMU or cloud-hypervisor), ended on
+//!   request or killed, and reaped either way.
 //!
 //! Not `hugemem::launch`'s process: that one forwards signals and, in a
 //! process with other threads (a bench may hold an in-process daemon),
@@ -8,8 +14,9 @@
 
 use std::ffi::OsString;
 use std::io::Read;
-use std::os::fd::BorrowedFd;
-use std::process::{Command, ExitStatus, Stdio};
+use std::os::fd::{AsRawFd, BorrowedFd, RawFd};
+use std::os::unix::process::CommandExt;
+use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
@@ -134,7 +141,7 @@ pub(crate) fn run_to_end(
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
-    crate::floor::inherit_fds(&mut cmd, inherit);
+    inherit_fds(&mut cmd, inherit);
     let mut child = cmd.spawn().map_err(|source| VmmRunError::Spawn {
         program: program.clone(),
         source,
@@ -219,6 +226,165 @@ pub(crate) fn run_to_end(
     Ok(run)
 }
 
+/// Makes `cmd`'s child inherit `fds` across exec under their current
+/// numbers (their close-on-exec flag cleared in the child only). The
+/// caller keeps them open until the spawn returns.
+pub(crate) fn inherit_fds(cmd: &mut Command, fds: &[BorrowedFd<'_>]) {
+    if fds.is_empty() {
+        return;
+    }
+    let fds: Vec<RawFd> = fds.iter().map(AsRawFd::as_raw_fd).collect();
+    let hook = move || -> std::io::Result<()> {
+        for &fd in &fds {
+            // SAFETY: fcntl(F_GETFD/F_SETFD) only reads and writes the
+            // descriptor flags of `fd`, which the parent holds open (its
+            // BorrowedFd outlives the spawn), so it is open in the child.
+            let flags = unsafe { libc::fcntl(fd, libc::F_GETFD) };
+            if flags < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            // SAFETY: as above.
+            if unsafe { libc::fcntl(fd, libc::F_SETFD, flags & !libc::FD_CLOEXEC) } < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+        }
+        Ok(())
+    };
+    // SAFETY: the hook runs in the child between fork and exec, where only
+    // async-signal-safe calls are allowed: it calls fcntl (async-signal-
+    // safe) on fd numbers captured before the fork, iterates a Vec without
+    // allocating, and takes no lock.
+    unsafe { cmd.pre_exec(hook) };
+}
+
+/// A VMM process the bench drives while it runs: started with its stdin
+/// closed and the memory fds it names inherited, ended by [`VmmProcess::end`]
+/// or, dropped while it still runs, killed; reaped either way.
+#[derive(Debug)]
+pub(crate) struct VmmProcess {
+    child: Child,
+}
+
+impl VmmProcess {
+    /// Starts `command` with `inherit` open in it under their numbers.
+    pub(crate) fn spawn(mut command: Command, inherit: &[BorrowedFd<'_>]) -> std::io::Result<Self> {
+        command.stdin(Stdio::null());
+        inherit_fds(&mut command, inherit);
+        command.spawn().map(|child| Self { child })
+    }
+
+    /// Its pid.
+    pub(crate) fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Whether it has not exited yet.
+    pub(crate) fn running(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+
+    /// Ends it: `ask` (a request over its monitor or API to end) when it
+    /// still runs, then waits for its exit.
+    pub(crate) fn end(mut self, ask: impl FnOnce()) -> Option<ExitStatus> {
+        if self.running() {
+            ask();
+        }
+        self.child.wait().ok()
+    }
+
+    /// Kills it now; its exit status.
+    pub(crate) fn kill(mut self) -> Option<ExitStatus> {
+        let _ = self.child.kill();
+        self.child.wait().ok()
+    }
+}
+
+impl Drop for VmmProcess {
+    fn drop(&mut self) {
+        if self.running() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// A process of the bench's that ends on SIGTERM (a `hugemem launch`
+/// forwards it to its VMM and frees the memory; an offload daemon): sent
+/// SIGTERM and reaped when dropped, unless it ended first.
+#[derive(Debug)]
+pub(crate) struct Stopping(pub(crate) Child);
+
+impl Stopping {
+    /// Starts `program ARGS`, its stdin and stdout closed, its stderr in
+    /// a new file `log`.
+    pub(crate) fn start(
+        program: &std::path::Path,
+        args: &[OsString],
+        log: &std::path::Path,
+    ) -> std::io::Result<Self> {
+        let log = std::fs::File::create(log)?;
+        Command::new(program)
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .map(Self)
+    }
+
+    /// Its pid.
+    pub(crate) fn pid(&self) -> u32 {
+        self.0.id()
+    }
+
+    /// Waits for its exit, up to `deadline` (looking every millisecond);
+    /// true when it exited with status 0.
+    ///
+    /// # Errors
+    ///
+    /// The wait's; [`std::io::ErrorKind::TimedOut`] when it still runs at
+    /// the deadline.
+    pub(crate) fn exited_ok(&mut self, deadline: Duration) -> std::io::Result<bool> {
+        let until = Instant::now() + deadline;
+        loop {
+            match self.0.try_wait()? {
+                Some(status) => return Ok(status.success()),
+                None if Instant::now() > until => {
+                    return Err(std::io::Error::new(
+                        std::io::ErrorKind::TimedOut,
+                        format!("process {} did not exit within {deadline:?}", self.pid()),
+                    ))
+                }
+                None => std::thread::sleep(Duration::from_millis(1)),
+            }
+        }
+    }
+}
+
+impl Drop for Stopping {
+    fn drop(&mut self) {
+        if let Ok(None) = self.0.try_wait() {
+            if let Ok(pid) = i32::try_from(self.0.id()) {
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(pid),
+                    nix::sys::signal::Signal::SIGTERM,
+                );
+            }
+        }
+        let _ = self.0.wait();
+    }
+}
+
+/// The bytes process `pid` has written (`/proc/PID/io` `wchar`): a
+/// migration's stream goes out with `write`, so its growth over a switch
+/// bounds what the stream carried; `None` once the process is reaped.
+pub(crate) fn written_bytes(pid: u32) -> Option<u64> {
+    let io = std::fs::read_to_string(format!("/proc/{pid}/io")).ok()?;
+    io.lines()
+        .find_map(|l| l.strip_prefix("wchar:"))
+        .and_then(|v| v.trim().parse().ok())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -263,5 +429,25 @@ mod tests {
         let err = run(&["sleep", "30"], Duration::from_millis(100)).expect_err("stopped");
         assert!(matches!(err, VmmRunError::Stopped { .. }), "{err}");
         assert!(run(&["/nonexistent/vmm"], Duration::from_secs(1)).is_err());
+    }
+
+    #[test]
+    fn long_lived_processes_end_on_request_or_are_killed() {
+        use std::os::unix::process::ExitStatusExt;
+        let sleep = || {
+            let mut c = Command::new("sleep");
+            c.arg("30");
+            VmmProcess::spawn(c, &[]).expect("spawn sleep")
+        };
+        let mut asked = sleep();
+        assert!(asked.running());
+        assert!(written_bytes(asked.pid()).is_some());
+        let pid = nix::unistd::Pid::from_raw(i32::try_from(asked.pid()).expect("pid"));
+        let status = asked.end(|| {
+            let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+        });
+        assert_eq!(status.and_then(|s| s.signal()), Some(libc::SIGTERM));
+        let killed = sleep().kill();
+        assert_eq!(killed.and_then(|s| s.signal()), Some(libc::SIGKILL));
     }
 }

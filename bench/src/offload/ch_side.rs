@@ -12,7 +12,6 @@ use super::report::{ChFileResult, OffloadConfig, OffloadDaemonResult};
 use super::steps::{allocated_under, args, drop_dir_cache, spawn, Stopping};
 use crate::vmm_side::{BenchVmm, CloudHypervisor};
 use crate::vmm_update::ch::{BenchCh, CH_DEADLINE};
-use crate::vmm_update::ch_baselines::running;
 use crate::vmm_update::error::io;
 use crate::vmm_update::guest::GuestRam;
 
@@ -37,17 +36,10 @@ fn own_guest(
     name: &str,
 ) -> Result<(BenchCh, GuestRam), OffloadError> {
     let mut argv = CloudHypervisor.spin_guest_args(&cfg.cloud_hypervisor, elf);
-    argv.push("--memory".into());
-    argv.push(
-        format!(
-            "size={},shared=on,hugepages=on,hugepage_size={}",
-            cfg.size, cfg.page_size
-        )
-        .into(),
-    );
+    argv.extend(CloudHypervisor.shared_memory_args(cfg.size, &cfg.page_size.to_string()));
     let mut ch = BenchCh::start(&argv, dir, name, &[])?;
     ch.drain_events();
-    running(&ch)?;
+    ch.wait_running()?;
     let ram = GuestRam::wait_memfd(ch.pid(), RESTORE_WAIT)?;
     ram.counting_past(0)?;
     if cfg.dense {
@@ -126,7 +118,10 @@ fn bound(path: &Path, process: &mut Stopping) -> Result<(), OffloadError> {
 
 /// Waits for `process` (an offload daemon) to end well.
 fn done(process: &mut Stopping, what: &str) -> Result<(), OffloadError> {
-    if process.exited_ok(CH_DEADLINE)? {
+    if process
+        .exited_ok(CH_DEADLINE)
+        .map_err(io("wait for offload_daemon"))?
+    {
         Ok(())
     } else {
         Err(OffloadError::Ch(format!("offload_daemon {what} failed")))
@@ -147,11 +142,11 @@ pub(super) fn offload_daemon_rep(
     let socket = dir.join(format!("od{rep}-snapshot.sock"));
     let snapshot_args = args([&"snapshot", &"--socket", &socket, &"--output-dir", &snap]);
     let started = Instant::now();
-    let mut daemon = Stopping(spawn(
+    let mut daemon = spawn(
         program,
         &snapshot_args,
         &dir.join(format!("od{rep}-snapshot.log")),
-    )?);
+    )?;
     bound(&socket, &mut daemon)?;
     src.api()
         .send_migration(&socket, true, CH_DEADLINE)
@@ -181,7 +176,7 @@ pub(super) fn offload_daemon_rep(
     )?;
     let receiving = dst.listen_for_migration(&channel)?;
     let log = dir.join(format!("od{rep}-restore.log"));
-    let mut daemon = Stopping(spawn(program, &restore_args, &log)?);
+    let mut daemon = spawn(program, &restore_args, &log)?;
     receiving.wait()?;
     let ram = GuestRam::wait_memfd(dst.pid(), RESTORE_WAIT)?;
     let now = ram.counting_past(parked_at)?;

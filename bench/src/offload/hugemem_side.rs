@@ -63,7 +63,7 @@ impl Rep<'_> {
             &self.path(&format!("{what}.api")),
         ]));
         let log = self.path(&format!("{what}.log"));
-        spawn(&self.cfg.launcher, &restore_args, &log).map(Stopping)
+        spawn(&self.cfg.launcher, &restore_args, &log)
     }
 
     /// `hugemem park NAME --from-dir DIR` (with `--on-demand` when
@@ -99,7 +99,10 @@ impl Rep<'_> {
 
 /// Waits until `launcher` ends after its VM was parked.
 fn parked(launcher: &mut Stopping) -> Result<(), OffloadError> {
-    if launcher.exited_ok(EXIT_WAIT)? {
+    if launcher
+        .exited_ok(EXIT_WAIT)
+        .map_err(io("wait for the launcher"))?
+    {
         Ok(())
     } else {
         Err(OffloadError::Guest(
@@ -161,7 +164,7 @@ pub(super) fn one_rep(
     ]);
     launch_args.extend(CloudHypervisor.spin_guest_args(&cfg.cloud_hypervisor, elf));
     launch_args.extend(args([&"--api-socket", &api]));
-    let mut launch = Stopping(spawn(&cfg.launcher, &launch_args, &r.path("launch.log"))?);
+    let mut launch = spawn(&cfg.launcher, &launch_args, &r.path("launch.log"))?;
     let vmm = child_of(launch.pid())?;
     let ram = GuestRam::of_launched_ch(launch.pid(), vmm)?;
     ram.counting_past(0)?;

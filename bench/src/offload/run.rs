@@ -14,6 +14,7 @@ use super::report::{
     OffloadReport, OnDemandResult,
 };
 use super::save_vs_disk;
+use crate::harness::rounds;
 use crate::private_dir::PrivateDir;
 use crate::vmm_update::error::io;
 use crate::vmm_update::guest::host_tsc_hz;
@@ -90,7 +91,8 @@ pub fn run(
         Baseline::<OffloadDaemonResult>::new(cfg.offload_daemon.is_none().then(|| {
             "no offload_daemon binary given (--offload-daemon or CH_OFFLOAD_DAEMON)".into()
         }));
-    for rep in 1..=cfg.reps {
+    rounds::each(cfg.reps, |round| {
+        let rep = round.index() + 1;
         one_rep(
             cfg,
             dir.path(),
@@ -114,8 +116,7 @@ pub fn run(
         }
         let last = |v: &[f64]| v.last().map_or_else(|| "-".into(), |x| format!("{x:.1}"));
         progress(&format!(
-            "repetition {rep} of {}: park {} ms, restore from the park {} ms; save {} ms ({} GB/s over the disk's direct write {}x), load {} ms ({} GB/s, disk {} GB/s), restore {} ms; on demand: park {} ms, running after {} ms, all filled after {} ms; file:// restore {} ms; offload_daemon restore {} ms",
-            cfg.reps,
+            "repetition {round}: park {} ms, restore from the park {} ms; save {} ms ({} GB/s over the disk's direct write {}x), load {} ms ({} GB/s, disk {} GB/s), restore {} ms; on demand: park {} ms, running after {} ms, all filled after {} ms; file:// restore {} ms; offload_daemon restore {} ms",
             last(&from_park.park_ms.samples),
             last(&from_park.restore_ms.samples),
             last(&from_disk.save_ms.samples),
@@ -131,7 +132,8 @@ pub fn run(
             last(&ch_file.result.restore_ms.samples),
             last(&offload.result.restore_ms.samples),
         ));
-    }
+        Ok::<_, OffloadError>(())
+    })?;
     let (ch_file, ch_file_note) = ch_file.finish(|r| !r.restore_ms.samples.is_empty());
     let (offload_daemon, offload_daemon_note) =
         offload.finish(|r| !r.restore_ms.samples.is_empty());

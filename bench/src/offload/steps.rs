@@ -1,18 +1,18 @@
-//! What the variants share: running the `hugemem` commands, a process
-//! stopped when dropped, what a process wrote while it ran, and the
-//! snapshot directories' page cache.
+//! What the variants share: running the `hugemem` commands, what a
+//! process wrote while it ran, and the snapshot directories' page cache.
 
 use std::ffi::OsString;
 use std::fs::File;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use super::error::OffloadError;
-use crate::vmm_update::ch::written_bytes;
+use crate::harness::vmm::written_bytes;
+pub(super) use crate::harness::vmm::Stopping;
 use crate::vmm_update::error::io;
 
 /// Runs `hugemem ARGS` to its end; its wall time (ms) and stdout.
@@ -52,57 +52,12 @@ pub(super) fn children_cpu_ms() -> f64 {
 }
 
 /// Starts `program ARGS`, its stderr in `log`.
-pub(super) fn spawn(program: &Path, args: &[OsString], log: &Path) -> Result<Child, OffloadError> {
-    let log = File::create(log).map_err(io(format!("create {}", log.display())))?;
-    Command::new(program)
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(log)
-        .spawn()
-        .map_err(io(format!("start {}", program.display())))
-}
-
-/// A process of the bench's: SIGTERM (a launcher forwards it to its VMM
-/// and frees the memory) and reaped when dropped, unless it ended first.
-pub(super) struct Stopping(pub(super) Child);
-
-impl Stopping {
-    /// Its pid.
-    pub(super) fn pid(&self) -> u32 {
-        self.0.id()
-    }
-
-    /// Waits for its exit (`deadline`); true when it exited with status 0.
-    pub(super) fn exited_ok(&mut self, deadline: Duration) -> Result<bool, OffloadError> {
-        let until = Instant::now() + deadline;
-        loop {
-            match self.0.try_wait().map_err(io("wait for a process"))? {
-                Some(status) => return Ok(status.success()),
-                None if Instant::now() > until => {
-                    return Err(OffloadError::Guest(format!(
-                        "process {} did not exit within {deadline:?}",
-                        self.0.id()
-                    )))
-                }
-                None => std::thread::sleep(Duration::from_millis(1)),
-            }
-        }
-    }
-}
-
-impl Drop for Stopping {
-    fn drop(&mut self) {
-        if let Ok(None) = self.0.try_wait() {
-            if let Ok(pid) = i32::try_from(self.0.id()) {
-                let _ = nix::sys::signal::kill(
-                    nix::unistd::Pid::from_raw(pid),
-                    nix::sys::signal::Signal::SIGTERM,
-                );
-            }
-        }
-        let _ = self.0.wait();
-    }
+pub(super) fn spawn(
+    program: &Path,
+    args: &[OsString],
+    log: &Path,
+) -> Result<Stopping, OffloadError> {
+    Stopping::start(program, args, log).map_err(io(format!("start {}", program.display())))
 }
 
 /// What a process writes from now until it exits (`/proc/PID/io`

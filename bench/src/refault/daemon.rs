@@ -14,12 +14,12 @@ use std::time::{Duration, Instant};
 
 use backend::client::Client;
 use backend::daemon::Daemon;
-use backend::proto::{AllocRequest, ClearMode, PagePolicy};
 use guest_mem::{AnonMapping, PageSize};
 use serde::Serialize;
 
 use super::error::RefaultBenchError;
 use crate::harness;
+use crate::harness::rounds;
 
 /// Longest wait for one refault.
 const REFAULT_DEADLINE: Duration = Duration::from_secs(120);
@@ -118,21 +118,10 @@ pub(super) fn measure(
     let daemon = Daemon::start(config)?;
     let result = (|| {
         let mut client = Client::connect(daemon.socket_path())?;
-        let request = AllocRequest {
-            total_size: size,
-            page_policy: match page {
-                PageSize::Huge1G => PagePolicy::Huge1G,
-                PageSize::Huge2M => PagePolicy::Huge2M,
-                PageSize::Base4K => PagePolicy::Base4K,
-            },
-            clear_mode: ClearMode::Eager,
-            lock: false,
-            parts: Vec::new(),
-            want_paths: false,
-        };
+        let request = harness::daemon::eager_request(size, page);
         let (mut busy, mut idle, mut spans) = (Vec::new(), Vec::new(), Vec::new());
         let (mut busy_mmap, mut idle_mmap) = (Vec::new(), Vec::new());
-        for _ in 0..reps {
+        rounds::each(reps, |_| {
             let a = client.alloc(request.clone())?;
             let id = a.id;
             drop(a);
@@ -160,7 +149,8 @@ pub(super) fn measure(
                 idle_mmap.push(mmap_ms);
                 std::thread::sleep(PACE);
             }
-        }
+            Ok(())
+        })?;
         for v in [&mut busy, &mut idle, &mut busy_mmap, &mut idle_mmap] {
             v.sort_by(f64::total_cmp);
         }

@@ -10,6 +10,8 @@ use serde::Serialize;
 
 use super::error::RefaultBenchError;
 use super::load::{fallocate_pass, helpers, helpers_pass, punch, threads_pass};
+use crate::harness::rounds;
+use crate::stats::best;
 
 /// One way at one thread count: the best of the repetitions.
 #[derive(Debug, Clone, Serialize)]
@@ -48,11 +50,8 @@ fn best_of(
     bytes: u64,
     mut pass: impl FnMut() -> Result<f64, RefaultBenchError>,
 ) -> Result<f64, RefaultBenchError> {
-    let mut best = f64::MAX;
-    for _ in 0..reps {
-        best = best.min(pass()?);
-    }
-    Ok(gbps(bytes, best))
+    let samples = rounds::collect(reps, |_| pass())?;
+    Ok(gbps(bytes, best(&samples)))
 }
 
 /// Thread counts to measure on `cpus` CPUs: 1, 2, 4, … and all.
@@ -122,12 +121,14 @@ pub(super) fn measure(
             gbps: nt_gbps,
         });
     }
-    for _ in 0..reps {
+    let spawn_ms = rounds::collect(reps, |_| {
         let t = Instant::now();
         let h = helpers(region, cpus, cpus.len(), &never)?;
-        rates.spawn_ms = rates.spawn_ms.min(t.elapsed().as_secs_f64() * 1e3);
+        let ms = t.elapsed().as_secs_f64() * 1e3;
         drop(h);
-    }
+        Ok::<_, RefaultBenchError>(ms)
+    })?;
+    rates.spawn_ms = best(&spawn_ms);
     Ok(rates)
 }
 

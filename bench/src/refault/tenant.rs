@@ -11,6 +11,7 @@ use serde::Serialize;
 
 use super::error::RefaultBenchError;
 use super::load::{helpers, helpers_pass, punch, threads_pass};
+use crate::harness::rounds;
 
 /// The tenant's figures on one set of CPUs (medians over the repetitions).
 #[derive(Debug, Clone, Serialize)]
@@ -135,7 +136,7 @@ pub(super) fn measure(
 ) -> Result<TenantFigures, RefaultBenchError> {
     let (mut alone, mut with_h, mut with_t, mut h_rate, mut t_rate) =
         (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
-    for _ in 0..reps {
+    rounds::each(reps, |_| {
         let (a, _) = one_window(region, cpus, tenant, Load::None, chunk, window)?;
         let (h, hb) = one_window(region, cpus, tenant, Load::Helpers, chunk, window)?;
         let (t, tb) = one_window(region, cpus, tenant, Load::Threads, chunk, window)?;
@@ -144,7 +145,8 @@ pub(super) fn measure(
         with_t.push(t / a);
         h_rate.push(hb / 1e9);
         t_rate.push(tb / 1e9);
-    }
+        Ok::<_, RefaultBenchError>(())
+    })?;
     Ok(TenantFigures {
         tenant_cpus: tenant.len(),
         refault_cpus: cpus.len(),

@@ -16,6 +16,7 @@ use super::error::{client_err, TakeoverError};
 use super::report::{ModeRound, TakeoverReport};
 use super::switch::{pool_ready, switch, wait_stats, Switched};
 use super::tenant::{request, Tenant};
+use crate::harness::rounds;
 use crate::harness::serve::{ServeChild, ServeOptions};
 use crate::private_dir::PrivateDir;
 
@@ -347,7 +348,8 @@ pub fn run(
     let mut takeover: Vec<ModeRound> = Vec::new();
     let mut stop_start: Vec<ModeRound> = Vec::new();
     let mut floor = Vec::new();
-    for round in 0..cfg.rounds {
+    // The floor last in each round: its window is the round's longer switch.
+    rounds::each(cfg.rounds, |round| {
         for mode in [Mode::Takeover, Mode::StopStart, Mode::Floor] {
             // The floor's clients run as long as this round's longer
             // switch kept them.
@@ -355,17 +357,15 @@ pub fn run(
                 Mode::Floor => takeover
                     .iter()
                     .chain(&stop_start)
-                    .filter(|r| r.round == round + 1)
+                    .filter(|r| r.round == round.index() + 1)
                     .map(|r| Duration::from_secs_f64(r.window_ms / 1e3))
                     .max()
                     .unwrap_or_default(),
                 Mode::Takeover | Mode::StopStart => Duration::ZERO,
             };
-            let r = run_mode(cfg, mode, dir.path(), &config, round, window)?;
+            let r = run_mode(cfg, mode, dir.path(), &config, round.index(), window)?;
             progress(&format!(
-                "round {}/{} {}: first ALLOC {:.1} ms ({}), stall {:.1} ms, {} failed, {} refused, {} zeroed, {}/{} known, {}/{} free-able",
-                round + 1,
-                cfg.rounds,
+                "round {round} {}: first ALLOC {:.1} ms ({}), stall {:.1} ms, {} failed, {} refused, {} zeroed, {}/{} known, {}/{} free-able",
                 mode.name(),
                 r.first_alloc_ms,
                 if r.first_alloc_warm { "warm" } else { "not from the pool" },
@@ -384,7 +384,8 @@ pub fn run(
                 Mode::Floor => floor.push(r),
             }
         }
-    }
+        Ok::<_, TakeoverError>(())
+    })?;
     drop(reservation);
     Ok(TakeoverReport::new(cfg, takeover, stop_start, floor))
 }

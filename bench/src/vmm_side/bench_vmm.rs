@@ -24,6 +24,12 @@ pub trait BenchVmm: Sync {
         prefault_threads: Option<usize>,
     ) -> Vec<OsString>;
 
+    /// The VMM's own memory of `size` bytes in pages of `page` (as the
+    /// VMM's options spell it), shared (a hugetlb memfd another process
+    /// can map, or a migration can hand over), not prefaulted: the memory
+    /// of a VMM run without hugemem whose guest RAM the bench reads.
+    fn shared_memory_args(&self, size: u64, page: &str) -> Vec<OsString>;
+
     /// The spinning micro-guest's command line (`elf`), program first,
     /// memory aside: no console, no serial port.
     fn spin_guest_args(&self, program: &OsString, elf: &Path) -> Vec<OsString>;

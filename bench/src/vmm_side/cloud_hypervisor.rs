@@ -47,6 +47,13 @@ impl BenchVmm for CloudHypervisor {
         ]
     }
 
+    fn shared_memory_args(&self, size: u64, page: &str) -> Vec<OsString> {
+        vec![
+            "--memory".into(),
+            format!("size={size},shared=on,hugepages=on,hugepage_size={page}").into(),
+        ]
+    }
+
     fn spin_guest_args(&self, program: &OsString, elf: &Path) -> Vec<OsString> {
         let mut args = vec![program.clone(), "--kernel".into(), elf.into()];
         args.extend(os(&[

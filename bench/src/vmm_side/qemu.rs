@@ -63,6 +63,20 @@ impl BenchVmm for Qemu {
         ]
     }
 
+    fn shared_memory_args(&self, size: u64, page: &str) -> Vec<OsString> {
+        vec![
+            "-object".into(),
+            format!(
+                "memory-backend-memfd,id=ram0,size={size},hugetlb=on,hugetlbsize={page},share=on"
+            )
+            .into(),
+            "-m".into(),
+            format!("{}", size >> 20).into(),
+            "-machine".into(),
+            "memory-backend=ram0".into(),
+        ]
+    }
+
     fn spin_guest_args(&self, program: &OsString, elf: &Path) -> Vec<OsString> {
         let mut args = vec![program.clone()];
         args.extend(os(&[

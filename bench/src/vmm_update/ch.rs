@@ -1,5 +1,5 @@
 //! cloud-hypervisor processes the bench starts itself (the floor and the
-//! copying baseline). Like `hugemem update`'s switch, the bench binds each
+//! copying baseline, `baselines.rs`; `bench offload`'s baselines). Like `hugemem update`'s switch, the bench binds each
 //! one's API socket and passes it as `--api-socket fd=N` (a request can go
 //! the moment the process starts), and reads its `--event-monitor` from a
 //! pipe: a receiving process says `migration-receive-ready` there once its
@@ -9,17 +9,18 @@ use std::ffi::OsString;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::net::UnixListener;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::mpsc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use hugemem::launch::vmm::cloud_hypervisor::api::{ChApi, ChApiError};
 use hugemem::launch::vmm::cloud_hypervisor::events::{ChEvents, RECEIVE_READY};
 
+use super::baselines::{BaselineVmm, Migration};
 use super::error::io;
 use super::error::VmmUpdateError;
-use super::guest::monotonic_ns;
-use crate::floor::inherit_fds;
+use super::guest::{monotonic_ns, GuestRam};
+use crate::harness::vmm::{written_bytes, VmmProcess};
 
 /// How long one API request, and one migration, may take.
 pub(crate) const CH_DEADLINE: Duration = Duration::from_secs(600);
@@ -28,19 +29,9 @@ fn api_err(what: &'static str) -> impl FnOnce(ChApiError) -> VmmUpdateError {
     move |e| VmmUpdateError::Ch(format!("{what}: {e}"))
 }
 
-/// The bytes process `pid` has written (`/proc/PID/io` `wchar`): the
-/// migration stream goes out with `write`, so its growth over a switch
-/// bounds what the stream carried; `None` once the process is reaped.
-pub(crate) fn written_bytes(pid: u32) -> Option<u64> {
-    let io = std::fs::read_to_string(format!("/proc/{pid}/io")).ok()?;
-    io.lines()
-        .find_map(|l| l.strip_prefix("wchar:"))
-        .and_then(|v| v.trim().parse().ok())
-}
-
 /// A cloud-hypervisor the bench started; killed when dropped.
 pub(crate) struct BenchCh {
-    child: Child,
+    process: VmmProcess,
     api: ChApi,
     events: Option<ChEvents>,
 }
@@ -71,15 +62,13 @@ impl BenchCh {
             .arg(format!("fd={}", api_fd.as_raw_fd()))
             .arg("--event-monitor")
             .arg(format!("fd={}", theirs.as_raw_fd()))
-            .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log);
         let mut fds = inherit.to_vec();
         fds.extend([api_fd.as_fd(), theirs.as_fd()]);
-        inherit_fds(&mut command, &fds);
-        let child = command.spawn().map_err(io("start cloud-hypervisor"))?;
+        let process = VmmProcess::spawn(command, &fds).map_err(io("start cloud-hypervisor"))?;
         Ok(Self {
-            child,
+            process,
             api: ChApi::new(&api_path),
             events: Some(ChEvents::new(events)),
         })
@@ -87,12 +76,31 @@ impl BenchCh {
 
     /// Its pid.
     pub(crate) fn pid(&self) -> u32 {
-        self.child.id()
+        self.process.pid()
     }
 
     /// Its API.
     pub(crate) fn api(&self) -> &ChApi {
         &self.api
+    }
+
+    /// Waits until its VM runs: its guest memory (a memfd) is there from
+    /// then on. Before the VM from the command line is made, `vm.info` fails
+    /// or names the state `Created` (the configuration alone).
+    pub(crate) fn wait_running(&self) -> Result<(), VmmUpdateError> {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let state = self.api.vm_state(CH_DEADLINE);
+            match state {
+                Ok(ref s) if s == "Running" => return Ok(()),
+                _ if Instant::now() > deadline => {
+                    return Err(VmmUpdateError::Ch(format!(
+                        "the VM does not run within 30 s: {state:?}"
+                    )))
+                }
+                _ => std::thread::sleep(Duration::from_millis(1)),
+            }
+        }
     }
 
     /// Has it `receive-migration` on `channel` (a UNIX socket it binds)
@@ -131,20 +139,11 @@ impl BenchCh {
 
     /// Ends it after its guest moved away: a migration's source exits by
     /// itself; one that lingers is told to (`vmm.shutdown`). Then reaps it.
-    pub(crate) fn retire(mut self) {
-        if let Ok(None) = self.child.try_wait() {
-            let _ = self.api.shutdown_vmm(CH_DEADLINE);
-        }
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for BenchCh {
-    fn drop(&mut self) {
-        if let Ok(None) = self.child.try_wait() {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
+    pub(crate) fn retire(self) {
+        let api = self.api;
+        self.process.end(|| {
+            let _ = api.shutdown_vmm(CH_DEADLINE);
+        });
     }
 }
 
@@ -205,4 +204,63 @@ pub(crate) fn migrate(
         resumed_at_ns,
         written_bytes,
     })
+}
+
+impl BaselineVmm for BenchCh {
+    const SENT: &'static str = "bytes written by the source";
+
+    fn start(
+        argv: &[OsString],
+        dir: &Path,
+        name: &str,
+        inherit: &[BorrowedFd<'_>],
+    ) -> Result<Self, VmmUpdateError> {
+        let mut ch = Self::start(argv, dir, name, inherit)?;
+        ch.drain_events();
+        Ok(ch)
+    }
+
+    fn receiver(
+        argv: &[OsString],
+        dir: &Path,
+        name: &str,
+        _memory: Option<BorrowedFd<'_>>,
+    ) -> Result<Self, VmmUpdateError> {
+        Self::start(&argv[..1], dir, name, &[])
+    }
+
+    fn own_ram(&self) -> Result<GuestRam, VmmUpdateError> {
+        self.wait_running()?;
+        GuestRam::of_memfd(self.pid())
+    }
+
+    fn prepare(
+        _src: &mut Self,
+        _dst: &mut Self,
+        _channel: &Path,
+        _local: bool,
+    ) -> Result<(), VmmUpdateError> {
+        // The receiver listens as the migration starts (`migrate`).
+        Ok(())
+    }
+
+    fn migrate(
+        src: &mut Self,
+        dst: &mut Self,
+        channel: &Path,
+        local: bool,
+    ) -> Result<Migration, VmmUpdateError> {
+        let m = migrate(src, dst, channel, local)?;
+        Ok(Migration {
+            migrate_at_ns: m.migrate_at_ns,
+            resumed_at_ns: m.resumed_at_ns,
+            sent_bytes: m.written_bytes,
+            qemu_downtime_ms: None,
+            qemu_total_ms: None,
+        })
+    }
+
+    fn end(self) {
+        self.retire();
+    }
 }

@@ -1,17 +1,18 @@
 //! `hugemem bench vmm-update --vmm qemu --size S`: a live update of QEMU
 //! under a running guest on hugemem memory (`hugemem update`: a new QEMU on
 //! the same pages, `x-ignore-shared`, no RAM copied) beside its floor (the
-//! same updates by plain QEMUs on one resident memfd, no daemon:
-//! `plain_update.rs`) and against a plain local QEMU migration that copies
-//! RAM into the destination's own memory, in the same run, on the same
-//! guest.
+//! same updates by plain QEMUs on one resident memfd, no daemon) and
+//! against a plain local QEMU migration that copies RAM into the
+//! destination's own memory, in the same run, on the same guest. Both
+//! baselines are written once for both VMMs (`baselines.rs`), over each
+//! VMM's processes (`qemu.rs`, `ch.rs`).
 //!
 //! `--vmm cloud-hypervisor` measures the same for cloud-hypervisor, whose
 //! update is its own local migration (the memory's fds move over the
 //! socket): its floor is two plain cloud-hypervisors doing that migration on
-//! one resident memfd, its copy the migration without `local=on`
-//! (`ch_baselines.rs`, driving `ch.rs`'s processes). Its RAM bytes sent are
-//! what the old process wrote during the switch (`/proc/PID/io` `wchar`).
+//! one resident memfd, its copy the migration without `local=on`. Its RAM
+//! bytes sent are what the old process wrote during the switch
+//! (`/proc/PID/io` `wchar`).
 //!
 //! The guest is the micro-guest in spin mode (`microguest::spin`): it writes
 //! `marker ^ gpa` into every 4 KiB page of its RAM (so each page is data a
@@ -35,12 +36,10 @@
 //!   `created − released == held` after each update and after the VM exits,
 //!   and bytes it cleared during the updates (0 expected).
 
+mod baselines;
 pub(crate) mod ch;
-pub(crate) mod ch_baselines;
-mod copy;
 pub(crate) mod error;
 pub(crate) mod guest;
-mod plain_update;
 mod qemu;
 mod report;
 mod run;

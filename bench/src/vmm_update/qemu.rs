@@ -1,29 +1,33 @@
-//! QEMU processes the bench starts itself (the baselines), each with
-//! its QMP monitor connected to a socket the bench listens on: QEMU connects
-//! at start, the bench accepts (no waiting for a socket file to appear).
+//! QEMU processes the bench starts itself (the baselines, `baselines.rs`),
+//! each with its QMP monitor connected to a socket the bench listens on:
+//! QEMU connects at start, the bench accepts (no waiting for a socket file
+//! to appear). A migration goes over a UNIX socket, `x-ignore-shared` when
+//! the memory stays (the new QEMU maps the same memfd, `-incoming defer`).
 
 use std::ffi::OsString;
 use std::os::fd::{AsFd, BorrowedFd};
 use std::os::unix::net::UnixListener;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
 use hugemem::launch::vmm::qemu::qmp::{is_event, Qmp};
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use serde_json::json;
 
+use super::baselines::{BaselineVmm, Migration};
 use super::error::io;
 use super::error::VmmUpdateError;
-use super::guest::monotonic_ns;
-use crate::floor::inherit_fds;
+use super::guest::{monotonic_ns, GuestRam};
+use super::setup::number;
+use crate::harness::vmm::VmmProcess;
 
 /// How long a QMP reply or event may take, and QEMU to connect.
 pub(crate) const QMP_DEADLINE: Duration = Duration::from_secs(600);
 
 /// A QEMU the bench started, with its monitor; killed when dropped.
 pub(crate) struct BenchQemu {
-    pub(crate) child: Child,
+    process: VmmProcess,
     pub(crate) qmp: Qmp,
 }
 
@@ -43,15 +47,12 @@ impl BenchQemu {
             .args(&argv[1..])
             .arg("-chardev")
             .arg(format!("socket,id=bench-qmp,path={}", monitor.display()))
-            .args(["-mon", "chardev=bench-qmp,mode=control"])
-            .stdin(Stdio::null());
-        inherit_fds(&mut command, inherit);
-        let mut child = command.spawn().map_err(io("start QEMU"))?;
+            .args(["-mon", "chardev=bench-qmp,mode=control"]);
+        let process = VmmProcess::spawn(command, inherit).map_err(io("start QEMU"))?;
         let mut fds = [PollFd::new(listener.as_fd(), PollFlags::POLLIN)];
         let connected = matches!(poll(&mut fds, PollTimeout::from(30_000u16)), Ok(1));
         if !connected {
-            let _ = child.kill();
-            let status = child.wait().ok();
+            let status = process.kill();
             return Err(VmmUpdateError::Qemu(format!(
                 "QEMU did not connect its monitor within 30 s (exit: {status:?})"
             )));
@@ -59,7 +60,7 @@ impl BenchQemu {
         let (stream, _) = listener.accept().map_err(io("accept QEMU's monitor"))?;
         let qmp = Qmp::handshake(stream, QMP_DEADLINE)
             .map_err(|e| VmmUpdateError::Qemu(format!("monitor: {e}")))?;
-        Ok(Self { child, qmp })
+        Ok(Self { process, qmp })
     }
 
     /// Runs a QMP command.
@@ -75,22 +76,15 @@ impl BenchQemu {
 
     /// Its pid.
     pub(crate) fn pid(&self) -> u32 {
-        self.child.id()
+        self.process.pid()
     }
 
     /// `quit`, then reaps it.
-    pub(crate) fn quit(mut self) {
-        let _ = self.qmp.execute("quit", json!({}));
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for BenchQemu {
-    fn drop(&mut self) {
-        if let Ok(None) = self.child.try_wait() {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
+    pub(crate) fn quit(self) {
+        let Self { process, mut qmp } = self;
+        process.end(|| {
+            let _ = qmp.execute("quit", json!({}));
+        });
     }
 }
 
@@ -132,4 +126,86 @@ pub(crate) fn migrate(
         resumed_at_ns: monotonic_ns(),
         stats,
     })
+}
+
+/// The `unix:` URI of a migration socket at `channel`.
+fn uri(channel: &Path) -> String {
+    format!("unix:{}", channel.display())
+}
+
+impl BaselineVmm for BenchQemu {
+    const SENT: &'static str = "RAM bytes sent";
+
+    fn start(
+        argv: &[OsString],
+        dir: &Path,
+        name: &str,
+        inherit: &[BorrowedFd<'_>],
+    ) -> Result<Self, VmmUpdateError> {
+        Self::start(argv, &dir.join(format!("{name}.qmp")), inherit)
+    }
+
+    fn receiver(
+        argv: &[OsString],
+        dir: &Path,
+        name: &str,
+        memory: Option<BorrowedFd<'_>>,
+    ) -> Result<Self, VmmUpdateError> {
+        let mut incoming = argv.to_vec();
+        incoming.extend(["-incoming", "defer"].map(OsString::from));
+        let inherit: Vec<BorrowedFd<'_>> = memory.into_iter().collect();
+        Self::start(&incoming, &dir.join(format!("{name}.qmp")), &inherit)
+    }
+
+    fn own_ram(&self) -> Result<GuestRam, VmmUpdateError> {
+        GuestRam::of(self.pid())
+    }
+
+    fn prepare(
+        src: &mut Self,
+        dst: &mut Self,
+        channel: &Path,
+        local: bool,
+    ) -> Result<(), VmmUpdateError> {
+        let mut caps = vec![json!({"capability": "events", "state": true})];
+        if local {
+            caps.insert(0, json!({"capability": "x-ignore-shared", "state": true}));
+        }
+        let caps = json!({ "capabilities": caps });
+        dst.execute("migrate-set-capabilities", caps.clone())?;
+        src.execute("migrate-set-capabilities", caps)?;
+        if !local {
+            src.execute(
+                "migrate-set-parameters",
+                json!({"max-bandwidth": 1u64 << 40}),
+            )?;
+        }
+        dst.execute("migrate-incoming", json!({ "uri": uri(channel) }))?;
+        Ok(())
+    }
+
+    fn migrate(
+        src: &mut Self,
+        dst: &mut Self,
+        channel: &Path,
+        local: bool,
+    ) -> Result<Migration, VmmUpdateError> {
+        let what = if local {
+            "the plain update's migration"
+        } else {
+            "the copying migration"
+        };
+        let m = migrate(src, dst, &uri(channel), what)?;
+        Ok(Migration {
+            migrate_at_ns: m.migrate_at_ns,
+            resumed_at_ns: m.resumed_at_ns,
+            sent_bytes: number(&m.stats, "/ram/transferred"),
+            qemu_downtime_ms: Some(number(&m.stats, "/downtime")),
+            qemu_total_ms: Some(number(&m.stats, "/total-time")),
+        })
+    }
+
+    fn end(self) {
+        self.quit();
+    }
 }

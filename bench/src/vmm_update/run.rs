@@ -1,12 +1,12 @@
 //! The run: the hugemem side (`hugemem launch --control-socket`, then
-//! `hugemem update` N times), then the floor (`plain_update.rs`,
-//! `ch_baselines.rs`) and the copying baseline (`copy.rs`,
-//! `ch_baselines.rs`).
+//! `hugemem update` N times), then the floor and the copying baseline
+//! (`baselines.rs`).
 
+use std::ffi::OsString;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use super::baselines::BaselineRun;
 use super::error::io;
 use super::error::VmmUpdateError;
 use super::guest::{host_tsc_hz, GuestRam, HostClock};
@@ -15,6 +15,7 @@ use super::series::{after_update, before_update, OneUpdate};
 use super::setup::{child_of, reserve, write_spin_elf};
 use super::side;
 use crate::harness::serve::{ServeChild, ServeOptions};
+use crate::harness::vmm::Stopping;
 use crate::private_dir::PrivateDir;
 use backend::client::Client;
 
@@ -23,22 +24,19 @@ fn balanced(stats: &backend::stats::Stats) -> bool {
     t.created_bytes - t.released_bytes == t.held_bytes
 }
 
-fn start_launch(cfg: &VmmUpdateConfig, dir: &Path, elf: &Path) -> Result<Child, VmmUpdateError> {
-    let log = std::fs::File::create(dir.join("launch.log")).map_err(io("launch log"))?;
-    let guest = crate::vmm_side::of(cfg.vmm).spin_guest_args(&cfg.program, elf);
-    Command::new(&cfg.launcher)
-        .arg("launch")
-        .arg("--socket")
-        .arg(dir.join("daemon.sock"))
-        .args(["--size", &cfg.size.to_string(), "--page-size", "2M"])
-        .arg("--control-socket")
-        .arg(dir.join("vm.sock"))
-        .arg("--")
-        .args(guest)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(log)
-        .spawn()
+/// `hugemem launch --control-socket` of the spinning guest, its
+/// diagnostics in `dir/launch.log`.
+fn start_launch(cfg: &VmmUpdateConfig, dir: &Path, elf: &Path) -> Result<Stopping, VmmUpdateError> {
+    let mut args: Vec<OsString> = vec!["launch".into(), "--socket".into()];
+    args.push(dir.join("daemon.sock").into());
+    for a in ["--size", &cfg.size.to_string(), "--page-size", "2M"] {
+        args.push(a.into());
+    }
+    args.push("--control-socket".into());
+    args.push(dir.join("vm.sock").into());
+    args.push("--".into());
+    args.extend(crate::vmm_side::of(cfg.vmm).spin_guest_args(&cfg.program, elf));
+    Stopping::start(&cfg.launcher, &args, &dir.join("launch.log"))
         .map_err(io("start hugemem launch"))
 }
 
@@ -138,10 +136,11 @@ fn hugemem_side(
         },
     )?;
     let mut stats_client = Client::connect(&socket)?;
-    let mut launch = start_launch(cfg, dir, elf)?;
-    let launched = Guarded(&mut launch);
-    let mut vmm = child_of(launched.0.id())?;
-    let rams = LaunchedRam::find(cfg, launched.0.id(), vmm)?;
+    // Stopped with SIGTERM (it forwards it to the VMM and frees the
+    // memory) and reaped when dropped.
+    let launched = start_launch(cfg, dir, elf)?;
+    let vmm = child_of(launched.pid())?;
+    let rams = LaunchedRam::find(cfg, launched.pid(), vmm)?;
     let ram = rams.of(vmm)?;
     let started = ram.counting_past(0)?;
     progress(&format!(
@@ -162,14 +161,16 @@ fn hugemem_side(
         balanced: true,
         released_after_exit: false,
     };
-    for i in 1..=cfg.updates {
-        let (one, new_pid, handoff) = one_update(&control, &rams, vmm, tsc_hz)?;
-        vmm = new_pid;
-        progress(&format!("update {i}: {}", one.summary(tsc_hz)));
-        r.series.push(one, tsc_hz);
-        r.handoff &= handoff;
-        r.balanced &= balanced(&stats_client.stats()?);
-    }
+    let (mut handoffs, mut balance) = (true, true);
+    let vmm = r
+        .series
+        .in_a_row(cfg.updates, ("update", tsc_hz), vmm, progress, |vmm, _| {
+            let (one, new_pid, handoff) = one_update(&control, &rams, vmm, tsc_hz)?;
+            handoffs &= handoff;
+            balance &= balanced(&stats_client.stats()?);
+            Ok((new_pid, one))
+        })?;
+    (r.handoff, r.balanced) = (handoffs, balance);
     r.cleared_bytes = stats_client.stats()?.scrub.bytes - cleared;
     r.series.finish(&*rams.of(vmm)?, cfg.size, tsc_hz)?;
     drop(rams);
@@ -187,22 +188,6 @@ fn hugemem_side(
     drop(stats_client);
     daemon.stop();
     Ok((r, guest_hz))
-}
-
-/// The launcher, stopped with SIGTERM (it forwards it to the VMM and frees the
-/// memory) and reaped when dropped.
-struct Guarded<'a>(&'a mut Child);
-
-impl Drop for Guarded<'_> {
-    fn drop(&mut self) {
-        if let Ok(pid) = i32::try_from(self.0.id()) {
-            let _ = nix::sys::signal::kill(
-                nix::unistd::Pid::from_raw(pid),
-                nix::sys::signal::Signal::SIGTERM,
-            );
-        }
-        let _ = self.0.wait();
-    }
 }
 
 /// Runs the bench.
@@ -223,8 +208,14 @@ pub fn run(
     write_spin_elf(&elf, tsc_hz)?;
     progress(&format!("host TSC {:.3} GHz", tsc_hz / 1e9));
     let (update, guest_hz) = hugemem_side(cfg, dir.path(), &elf, tsc_hz, progress)?;
-    let side = side::of(cfg.vmm);
-    let floor = side.floor(cfg, dir.path(), &elf, tsc_hz, progress);
+    let baselines = side::of(cfg.vmm);
+    let run = BaselineRun {
+        cfg,
+        dir: dir.path(),
+        elf: &elf,
+        tsc_hz,
+    };
+    let floor = (baselines.floor)(&run, progress);
     let (floor, floor_note) = match floor {
         Ok(f) => (Some(f), None),
         Err(VmmUpdateError::Setup(why)) => (None, Some(why)),
@@ -233,7 +224,7 @@ pub fn run(
     let copy = if cfg.no_copy {
         Err(VmmUpdateError::Setup("--no-copy".to_owned()))
     } else {
-        side.copy(cfg, dir.path(), &elf, tsc_hz, progress)
+        (baselines.copy)(&run, progress)
     };
     let (copy, copy_note) = match copy {
         Ok(c) => (Some(c), None),

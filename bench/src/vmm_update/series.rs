@@ -98,6 +98,28 @@ pub(crate) fn settled(
 }
 
 impl UpdateSeries {
+    /// `count` updates in a row from the VMM `first`: `update(vmm, step)`
+    /// (steps from 1) moves the guest from `vmm` to a new VMM and gives it
+    /// with the update's figures, each said on `progress` as `{what}
+    /// {step}: …` and added here. Returns the last VMM.
+    pub(crate) fn in_a_row<V>(
+        &mut self,
+        count: usize,
+        (what, tsc_hz): (&str, f64),
+        first: V,
+        progress: &mut dyn FnMut(&str),
+        mut update: impl FnMut(V, usize) -> Result<(V, OneUpdate), VmmUpdateError>,
+    ) -> Result<V, VmmUpdateError> {
+        let mut vmm = first;
+        for step in 1..=count {
+            let (next, one) = update(vmm, step)?;
+            vmm = next;
+            progress(&format!("{what} {step}: {}", one.summary(tsc_hz)));
+            self.push(one, tsc_hz);
+        }
+        Ok(vmm)
+    }
+
     /// Adds one update.
     pub(crate) fn push(&mut self, one: OneUpdate, tsc_hz: f64) {
         self.downtime_ms

@@ -1,97 +1,40 @@
-//! The bench's side of each VMM: what `bench vmm-update` runs for it
+//! The bench's baselines for each VMM: what `bench vmm-update` runs for it
 //! besides `hugemem launch` and `hugemem update`, which go through the
 //! VMM's adapter (`hugemem::launch::vmm`); picked through the benches'
 //! one choice of a VMM's part ([`PerVmm`]).
-
-use std::path::Path;
 
 use hugemem::launch::Vmm;
 
 use crate::vmm_side::PerVmm;
 
+use super::baselines::{copy, floor, BaselineRun};
+use super::ch::BenchCh;
 use super::error::VmmUpdateError;
-use super::report::{CopyResult, UpdateSeries, VmmUpdateConfig};
-use super::{ch_baselines, copy, plain_update};
+use super::qemu::BenchQemu;
+use super::report::{CopyResult, UpdateSeries};
+
+/// A baseline: progress lines go to the second argument.
+type Baseline<T> = fn(&BaselineRun<'_>, &mut dyn FnMut(&str)) -> Result<T, VmmUpdateError>;
 
 /// What the bench runs for one VMM.
-pub(crate) trait VmmSide: Sync {
+pub(crate) struct Baselines {
     /// The floor: the same update by plain VMMs on one memfd, no daemon.
-    fn floor(
-        &self,
-        cfg: &VmmUpdateConfig,
-        dir: &Path,
-        elf: &Path,
-        tsc_hz: f64,
-        progress: &mut dyn FnMut(&str),
-    ) -> Result<UpdateSeries, VmmUpdateError>;
-
+    pub(crate) floor: Baseline<UpdateSeries>,
     /// The copying baseline: a migration that copies guest RAM.
-    fn copy(
-        &self,
-        cfg: &VmmUpdateConfig,
-        dir: &Path,
-        elf: &Path,
-        tsc_hz: f64,
-        progress: &mut dyn FnMut(&str),
-    ) -> Result<CopyResult, VmmUpdateError>;
+    pub(crate) copy: Baseline<CopyResult>,
 }
 
-struct QemuSide;
-struct ChSide;
-
-/// `vmm`'s side.
-pub(crate) fn of(vmm: Vmm) -> &'static dyn VmmSide {
-    static SIDES: PerVmm<&'static dyn VmmSide> = PerVmm {
-        qemu: &QemuSide,
-        cloud_hypervisor: &ChSide,
+/// `vmm`'s baselines.
+pub(crate) fn of(vmm: Vmm) -> &'static Baselines {
+    static BASELINES: PerVmm<Baselines> = PerVmm {
+        qemu: Baselines {
+            floor: floor::<BenchQemu>,
+            copy: copy::<BenchQemu>,
+        },
+        cloud_hypervisor: Baselines {
+            floor: floor::<BenchCh>,
+            copy: copy::<BenchCh>,
+        },
     };
-    *SIDES.get(vmm)
-}
-
-impl VmmSide for QemuSide {
-    fn floor(
-        &self,
-        cfg: &VmmUpdateConfig,
-        dir: &Path,
-        elf: &Path,
-        tsc_hz: f64,
-        progress: &mut dyn FnMut(&str),
-    ) -> Result<UpdateSeries, VmmUpdateError> {
-        plain_update::run(cfg, dir, elf, tsc_hz, progress)
-    }
-
-    fn copy(
-        &self,
-        cfg: &VmmUpdateConfig,
-        dir: &Path,
-        elf: &Path,
-        tsc_hz: f64,
-        progress: &mut dyn FnMut(&str),
-    ) -> Result<CopyResult, VmmUpdateError> {
-        copy::run(cfg, dir, elf, tsc_hz, progress)
-    }
-}
-
-impl VmmSide for ChSide {
-    fn floor(
-        &self,
-        cfg: &VmmUpdateConfig,
-        dir: &Path,
-        elf: &Path,
-        tsc_hz: f64,
-        progress: &mut dyn FnMut(&str),
-    ) -> Result<UpdateSeries, VmmUpdateError> {
-        ch_baselines::floor(cfg, dir, elf, tsc_hz, progress)
-    }
-
-    fn copy(
-        &self,
-        cfg: &VmmUpdateConfig,
-        dir: &Path,
-        elf: &Path,
-        tsc_hz: f64,
-        progress: &mut dyn FnMut(&str),
-    ) -> Result<CopyResult, VmmUpdateError> {
-        ch_baselines::copy(cfg, dir, elf, tsc_hz, progress)
-    }
+    BASELINES.get(vmm)
 }

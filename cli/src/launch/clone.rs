@@ -68,6 +68,12 @@ fn run_shared(
     let mut client = Client::connect(&cfg.socket)?;
     let launch = vmm_clone.prepare(cfg, private.path(), &mut client, (name, mode))?;
     let (bytes, page_size) = (launch.bytes, launch.page_size);
+    for line in &launch.replaced {
+        // Before the guest runs: a new tap is to be attached where the
+        // template's was.
+        info!(name, replaced = %line, "the clone holds its own in place of the template's");
+        eprintln!("hugemem launch: clone of {name}: {line}");
+    }
     let mut receiver = launch.receiver;
     let ran: Arc<Mutex<Option<Duration>>> = Arc::default();
     let watch_ran = Arc::clone(&ran);

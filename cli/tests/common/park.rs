@@ -183,3 +183,45 @@ pub fn run_ok_both(args: &[&std::ffi::OsStr]) -> (String, String) {
     );
     (stdout, stderr)
 }
+
+/// Where process `pid` maps guest RAM: the start of its mapping of a
+/// memfd of `RAM` bytes from offset 0, and the mapping's permissions.
+pub fn guest_ram_mapping(pid: u32) -> Option<(u64, String)> {
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).ok()?;
+    maps.lines().find_map(|l| {
+        let mut w = l.split_whitespace();
+        let (range, perms, offset) = (w.next()?, w.next()?, w.next()?);
+        let path = w.nth(2).unwrap_or_default();
+        let (start, end) = range.split_once('-')?;
+        let (start, end) = (
+            u64::from_str_radix(start, 16).ok()?,
+            u64::from_str_radix(end, 16).ok()?,
+        );
+        (path.starts_with("/memfd:")
+            && end - start == RAM
+            && offset.trim_start_matches('0').is_empty())
+        .then(|| (start, perms.to_string()))
+    })
+}
+
+/// The counting guest's state as a clone sees it: read through
+/// `/proc/PID/mem` (its private pages are nowhere else).
+pub fn clone_spin_state(pid: u32) -> Option<microguest::SpinState> {
+    let (base, _) = guest_ram_mapping(pid)?;
+    let mem = std::fs::File::open(format!("/proc/{pid}/mem")).ok()?;
+    let mut block = vec![0u8; microguest::SPIN_BLOCK_LEN];
+    std::os::unix::fs::FileExt::read_exact_at(&mem, &mut block, base + microguest::SPIN_BLOCK_GPA)
+        .ok()?;
+    microguest::SpinState::parse(&block)
+}
+
+/// The huge pages process `pid` wrote privately (smaps `Private_Hugetlb`), bytes.
+pub fn private_hugetlb(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/smaps"))
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.strip_prefix("Private_Hugetlb:"))
+        .filter_map(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .sum::<u64>()
+        * 1024
+}

@@ -215,6 +215,9 @@ pub struct CloneLaunch {
     pub bytes: u64,
     /// Its page size, bytes.
     pub page_size: u64,
+    /// What of the template's a second process cannot hold and the clone
+    /// got in its place, one line a device (`net0: …`).
+    pub replaced: Vec<String>,
 }
 
 /// The receiving half of a clone, run on the launcher's watcher thread

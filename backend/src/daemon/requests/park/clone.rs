@@ -10,8 +10,15 @@
 //! template. Before anything is sent, the clone is admitted against the
 //! huge-page budget (`parked::clones`) and counted against the template
 //! for the requesting connection; a VM with a device that needs shared
-//! memory (VFIO, vhost-user) is refused, and so is one that holds what a
-//! second process cannot (a named tap, a vsock: `ch_migration::clone::identity_refusal`).
+//! memory (VFIO, vhost-user) is refused, and so is a net on fds passed to
+//! the template's process (`ch_migration::clone::unreplaceable_identity`);
+//! a tap or a vsock socket the launcher replaces with the clone's own
+//! (`ch_migration::clone::clone_identity`).
+//!
+//! The promise: until the launcher closes its end of the socket (it does
+//! once its cloud-hypervisor has mapped the template) or its connection
+//! ends, the clone's pages stay promised in the budget (`parked::clones`),
+//! so that CLONEs at once are never admitted on the same pages.
 //!
 //! COPY mode (the clone's own pool memory, filled from the template) is
 //! a RESTORE with COPY (`clone_copy.rs`): CLONE answers UNSUPPORTED.
@@ -91,7 +98,7 @@ pub async fn clone(rooms: &Arc<Rooms>, req: CloneRequest, fds: Vec<OwnedFd>) -> 
     };
     let config = found.vm.config.as_bytes();
     if let Err(e) = ch_migration::clone::shared_clone_refusal(config)
-        .and_then(|()| ch_migration::clone::identity_refusal(config))
+        .and_then(|()| ch_migration::clone::unreplaceable_identity(config))
     {
         return refused(rooms, &req, Status::Invalid, e);
     }
@@ -99,15 +106,16 @@ pub async fn clone(rooms: &Arc<Rooms>, req: CloneRequest, fds: Vec<OwnedFd>) -> 
         return refused(rooms, &req, Status::Invalid, msg);
     }
     let (bytes, page_size) = size_of(&found);
-    let id = match rooms.clones.admit(
+    let admitted = match rooms.clones.admit(
         found.alloc,
         (req.session, req.pid),
         &req.name,
         (bytes, page_size),
     ) {
-        Ok(id) => id,
+        Ok(a) => a,
         Err(e) => return refused(rooms, &req, Status::NoMemory, e),
     };
+    let id = admitted.id;
     let slot_fds = match slot_fds(&found, crate::sys::reopen_read_only) {
         Ok(f) => f,
         Err(msg) => {
@@ -126,10 +134,16 @@ pub async fn clone(rooms: &Arc<Rooms>, req: CloneRequest, fds: Vec<OwnedFd>) -> 
             vm.state.as_bytes(),
             true,
         )
+        .map(|()| stream)
     })
     .await;
     let failed = match sent {
-        Ok(Ok(())) => None,
+        Ok(Ok(stream)) => {
+            if let Some(ended) = admitted.ended {
+                keep_promise(rooms, id, stream, ended);
+            }
+            None
+        }
         Ok(Err(e)) => Some((
             Status::Invalid,
             format!("the clone's launcher did not take the template: {e}"),
@@ -150,4 +164,33 @@ pub async fn clone(rooms: &Arc<Rooms>, req: CloneRequest, fds: Vec<OwnedFd>) -> 
         parked_at: found.vm.parked_at,
         slots: u32::try_from(found.vm.slots.len()).unwrap_or(u32::MAX),
     }))
+}
+
+/// Keeps clone `id`'s pages promised until its launcher closes its end of
+/// the migration socket (it does once its cloud-hypervisor has mapped the
+/// template, or dies) or sends anything on it, or until the clone's hold
+/// ends (its connection closed). Events only: no timer. A launcher that
+/// closes early only takes its own pages out of the promise: its mapping
+/// may then fail, never another clone's.
+fn keep_promise(
+    rooms: &Arc<Rooms>,
+    id: u64,
+    stream: std::os::unix::net::UnixStream,
+    ended: tokio::sync::oneshot::Receiver<()>,
+) {
+    let rooms = Arc::clone(rooms);
+    let stream = stream
+        .set_nonblocking(true)
+        .and_then(|()| tokio::net::UnixStream::from_std(stream));
+    let Ok(stream) = stream else {
+        // Cannot watch it: no longer promise (the launcher maps at once).
+        rooms.clones.mapped(id);
+        return;
+    };
+    tokio::spawn(async move {
+        tokio::select! {
+            _ = stream.readable() => rooms.clones.mapped(id),
+            _ = ended => {}
+        }
+    });
 }

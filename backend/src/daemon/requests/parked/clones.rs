@@ -16,7 +16,18 @@
 //! kernel's reservation (`ch_migration::clone`: `reserve` on each zone),
 //! so a clone that starts can write every page without `SIGBUS`, and a
 //! CLONE is refused when the huge pages no one has taken or reserved
-//! (`free - resv`) would drop below `clones.headroom` once it maps.
+//! (`free - resv`), less those promised to clones admitted but not yet
+//! mapped, would drop below `clones.headroom` once it maps.
+//!
+//! The promise: a clone is admitted before its cloud-hypervisor maps
+//! anything, so the kernel's counts do not show it yet. Its pages stay
+//! promised (subtracted from what the next CLONE sees) until its launcher
+//! says the mapping is made, by closing its end of the migration socket
+//! once its cloud-hypervisor runs, or its connection ends. Two CLONEs at
+//! once can therefore never both be admitted on the same pages. Between
+//! the mapping and the close the clone's pages count twice (in
+//! `HugePages_Rsvd` and as promised): a CLONE then may be refused that a
+//! moment later would be admitted, never the other way.
 //!
 //! By allocation and connection: a takeover carries each connection's
 //! count in its record (`ConnectionRecord::shared_clones`), and the
@@ -25,7 +36,7 @@
 //! clones keep running on their own mappings, but the template's next
 //! RESTORE is no longer refused).
 
-use std::collections::BTreeSet;
+use std::collections::BTreeMap;
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use guest_mem::pools::PoolCounts;
@@ -39,7 +50,8 @@ pub enum BudgetError {
     /// The headroom would be crossed.
     #[error(
         "a shared clone of {name:?} may write all its {need} pages of {page}: \
-         {available} are free and unreserved, which would leave {left}, \
+         {available} are free and unreserved ({promised} of them promised to \
+         clones still starting), which would leave {left}, \
          below the headroom of {headroom} (short by {short})"
     )]
     Short {
@@ -49,8 +61,10 @@ pub enum BudgetError {
         need: u64,
         /// Its page size, in words.
         page: String,
-        /// Free and unreserved pages now.
+        /// Free and unreserved pages now (the kernel's counts).
         available: u64,
+        /// Pages of those promised to clones admitted but not yet mapped.
+        promised: u64,
         /// What would be left.
         left: i128,
         /// The headroom, pages.
@@ -69,21 +83,65 @@ pub enum BudgetError {
     },
 }
 
-/// One shared clone: its template, the connection that holds it, and
-/// that connection's process (the clone's launcher, whose child runs the
-/// clone), when known.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+/// One shared clone: its template, the connection that holds it, that
+/// connection's process (the clone's launcher, whose child runs the
+/// clone) when known, and the pages still promised to it.
+#[derive(Debug)]
 struct Hold {
     template: AllocId,
     session: SessionId,
-    id: u64,
     launcher: Option<u32>,
+    promise: Option<Promise>,
+}
+
+/// Huge pages a clone was admitted on that its mapping does not show yet.
+/// Dropping it (the hold ends) wakes whoever waits on its launcher.
+#[derive(Debug)]
+struct Promise {
+    page_size: PageSize,
+    pages: u64,
+    _ended: tokio::sync::oneshot::Sender<()>,
+}
+
+/// The holds by clone id, and the last id given.
+#[derive(Debug, Default)]
+struct Book {
+    holds: BTreeMap<u64, Hold>,
+    last_id: u64,
+}
+
+impl Book {
+    fn insert(&mut self, hold: Hold) -> u64 {
+        self.last_id += 1;
+        self.holds.insert(self.last_id, hold);
+        self.last_id
+    }
+
+    /// Pages of `page_size` promised to clones not yet mapped.
+    fn promised(&self, page_size: PageSize) -> u64 {
+        self.holds
+            .values()
+            .filter_map(|h| h.promise.as_ref())
+            .filter(|p| p.page_size == page_size)
+            .map(|p| p.pages)
+            .sum()
+    }
+}
+
+/// A clone admitted: its id, and an event that fires when its hold ends
+/// (`None` when nothing was promised: a template not on huge pages).
+#[derive(Debug)]
+pub struct Admitted {
+    /// The clone's id ([`Clones::release`], [`Clones::mapped`]).
+    pub id: u64,
+    /// Resolves (with an error) once the clone no longer counts.
+    pub ended: Option<tokio::sync::oneshot::Receiver<()>>,
 }
 
 /// Every running shared clone, and the headroom their budget keeps.
 #[derive(Debug, Default)]
 pub struct Clones {
-    holds: Mutex<(BTreeSet<Hold>, u64)>,
+    book: Mutex<Book>,
     headroom_bytes: u64,
 }
 
@@ -91,17 +149,18 @@ impl Clones {
     /// No clones yet; free huge pages are kept at `headroom_bytes` at least.
     pub fn new(headroom_bytes: u64) -> Self {
         Self {
-            holds: Mutex::default(),
+            book: Mutex::default(),
             headroom_bytes,
         }
     }
 
-    fn lock(&self) -> MutexGuard<'_, (BTreeSet<Hold>, u64)> {
-        self.holds.lock().unwrap_or_else(PoisonError::into_inner)
+    fn lock(&self) -> MutexGuard<'_, Book> {
+        self.book.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Counts a shared clone of `template` (`bytes` of `page_size`,
-    /// parked as `name`) for `session` if the budget allows it; its id.
+    /// parked as `name`) for `session` if the budget allows it, its pages
+    /// promised until [`Clones::mapped`] or the hold ends.
     ///
     /// # Errors
     ///
@@ -113,59 +172,78 @@ impl Clones {
         (session, launcher): (SessionId, Option<u32>),
         name: &str,
         (bytes, page_size): (u64, PageSize),
-    ) -> Result<u64, BudgetError> {
-        let mut holds = self.lock();
+    ) -> Result<Admitted, BudgetError> {
+        let mut book = self.lock();
+        let mut promise = None;
+        let mut ended = None;
         if page_size.is_huge() {
             let page = page_size.to_string();
-            let counts = PoolCounts::read(page_size, None)
+            let kernel = PoolCounts::read(page_size, None)
                 .map_err(|source| BudgetError::Counts {
                     page: page.clone(),
                     source,
                 })?
                 .map_or(0, |c| c.available());
+            let promised = book.promised(page_size);
+            let counts = kernel.saturating_sub(promised);
             let need = bytes.div_ceil(page_size.bytes());
             let headroom = self.headroom_bytes.div_ceil(page_size.bytes());
             check_budget(counts, need, headroom).map_err(|short| BudgetError::Short {
                 name: name.to_string(),
                 need,
                 page,
-                available: counts,
+                available: kernel,
+                promised,
                 left: i128::from(counts) - i128::from(need),
                 headroom,
                 short,
             })?;
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            promise = Some(Promise {
+                page_size,
+                pages: need,
+                _ended: tx,
+            });
+            ended = Some(rx);
         }
-        holds.1 += 1;
-        let id = holds.1;
-        holds.0.insert(Hold {
+        let id = book.insert(Hold {
             template,
             session,
-            id,
             launcher,
+            promise,
         });
-        Ok(id)
+        Ok(Admitted { id, ended })
+    }
+
+    /// The clone `id` has mapped its memory (or its launcher is gone): its
+    /// pages show in the kernel's counts and are promised no longer.
+    pub fn mapped(&self, id: u64) {
+        if let Some(hold) = self.lock().holds.get_mut(&id) {
+            hold.promise = None;
+        }
     }
 
     /// The clone `id` no longer counts (its launcher never got it).
     pub fn release(&self, id: u64) {
-        self.lock().0.retain(|h| h.id != id);
+        self.lock().holds.remove(&id);
     }
 
     /// Every clone of `session` ends (the connection ended).
     pub fn release_session(&self, session: SessionId) {
-        self.lock().0.retain(|h| h.session != session);
+        self.lock().holds.retain(|_, h| h.session != session);
     }
 
     /// The running clones of `template`, and the connections holding them.
     pub fn of(&self, template: AllocId) -> (usize, Vec<SessionId>) {
-        let holds = self.lock();
-        let mine: Vec<SessionId> = holds
-            .0
-            .iter()
+        let book = self.lock();
+        let mine: Vec<SessionId> = book
+            .holds
+            .values()
             .filter(|h| h.template == template)
             .map(|h| h.session)
             .collect();
         let mut sessions = mine.clone();
+        sessions.sort_unstable();
         sessions.dedup();
         (mine.len(), sessions)
     }
@@ -174,25 +252,25 @@ impl Clones {
     /// takeover document).
     pub fn templates_of(&self, session: SessionId) -> Vec<AllocId> {
         self.lock()
-            .0
-            .iter()
+            .holds
+            .values()
             .filter(|h| h.session == session)
             .map(|h| h.template)
             .collect()
     }
 
     /// Counts again the clones a predecessor counted for `session` (a
-    /// takeover passed the connection on): no budget check, they run.
+    /// takeover passed the connection on): no budget check, they run. A
+    /// promise does not cross the takeover: the successor counts each
+    /// clone as mapped.
     pub fn resume(&self, (session, launcher): (SessionId, Option<u32>), templates: &[AllocId]) {
-        let mut holds = self.lock();
+        let mut book = self.lock();
         for &template in templates {
-            holds.1 += 1;
-            let id = holds.1;
-            holds.0.insert(Hold {
+            book.insert(Hold {
                 template,
                 session,
-                id,
                 launcher,
+                promise: None,
             });
         }
     }
@@ -204,11 +282,12 @@ impl Clones {
     pub fn written(&self, template: AllocId) -> u64 {
         let mut launchers: Vec<u32> = self
             .lock()
-            .0
-            .iter()
+            .holds
+            .values()
             .filter(|h| h.template == template)
             .filter_map(|h| h.launcher)
             .collect();
+        launchers.sort_unstable();
         launchers.dedup();
         launchers
             .into_iter()
@@ -219,7 +298,12 @@ impl Clones {
 
     /// Running shared clones in all.
     pub fn running(&self) -> usize {
-        self.lock().0.len()
+        self.lock().holds.len()
+    }
+
+    /// Huge pages of `page_size` promised to clones not yet mapped.
+    pub fn promised(&self, page_size: PageSize) -> u64 {
+        self.lock().promised(page_size)
     }
 }
 
@@ -297,7 +381,57 @@ mod tests {
         clones.release_session(11);
         assert_eq!(clones.of(1), (1, vec![10]));
         assert_eq!(clones.of(2).0, 0);
-        clones.release(a);
+        clones.release(a.id);
         assert_eq!(clones.running(), 0);
+        assert!(a.ended.is_none(), "nothing promised on 4 KiB pages");
+    }
+
+    #[test]
+    fn a_promise_counts_until_mapped_and_its_end_wakes_the_waiter() {
+        let clones = Clones::new(0);
+        let two_m = PageSize::Huge2M;
+        let promise = |pages| {
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            let hold = Hold {
+                template: 1,
+                session: 10,
+                launcher: None,
+                promise: Some(Promise {
+                    page_size: two_m,
+                    pages,
+                    _ended: tx,
+                }),
+            };
+            (hold, rx)
+        };
+        let (a, mut a_ended) = promise(3);
+        let (b, mut b_ended) = promise(4);
+        let (a, b) = {
+            let mut book = clones.lock();
+            (book.insert(a), book.insert(b))
+        };
+        assert_eq!(clones.promised(two_m), 7);
+        assert_eq!(clones.promised(PageSize::Base4K), 0);
+        clones.mapped(a);
+        assert_eq!(
+            clones.promised(two_m),
+            4,
+            "A mapped: its pages show in Rsvd"
+        );
+        assert!(a_ended.try_recv().is_err(), "A mapped: its waiter is woken");
+        assert_eq!(clones.running(), 2, "A still counts as a clone");
+        assert!(matches!(
+            b_ended.try_recv(),
+            Err(tokio::sync::oneshot::error::TryRecvError::Empty)
+        ));
+        clones.release(b);
+        assert_eq!(clones.promised(two_m), 0);
+        assert!(
+            matches!(
+                b_ended.try_recv(),
+                Err(tokio::sync::oneshot::error::TryRecvError::Closed)
+            ),
+            "B's end wakes its waiter"
+        );
     }
 }

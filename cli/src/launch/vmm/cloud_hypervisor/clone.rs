@@ -12,7 +12,9 @@
 //! maps it privately: a page is copied only when the clone writes it.
 //! Once the process runs (its API and event monitor bound first, as for a
 //! restore), it `receive-migration`s and the launcher sends it `Start →
-//! Config → State → Complete`, and no memory.
+//! Config → State → Complete`, and no memory. What a second process
+//! cannot hold gets the clone's own (`ch_migration::clone::clone_identity`:
+//! a new tap per net, a vsock socket of its own), each said.
 
 use std::collections::BTreeMap;
 use std::error::Error;
@@ -74,22 +76,33 @@ pub enum CloneError {
 }
 
 /// The template as CLONE sent it: its memory fds by slot, configuration
-/// and state.
+/// and state, and our end of the socket it came on. The daemon keeps the
+/// clone's huge pages promised until that end closes: the launcher keeps
+/// it open until its cloud-hypervisor has mapped the template (so the
+/// kernel's reservation shows), then drops it.
 fn take_template(
     client: &mut Client,
     name: &str,
     mode: CloneMode,
-) -> Result<(hugemem_client::park::Exported, ch_migration::peer::Snapshot), CloneError> {
+) -> Result<
+    (
+        hugemem_client::park::Exported,
+        ch_migration::peer::Snapshot,
+        UnixStream,
+    ),
+    CloneError,
+> {
     let (ours, theirs) = UnixStream::pair().map_err(CloneError::Pair)?;
-    std::thread::scope(|s| {
+    let (template, snapshot) = std::thread::scope(|s| {
         let receiver = s.spawn(|| receive_snapshot(&ours, Limits::default()));
         let sent = client.clone_parked(name, mode, &theirs);
         // A refusal sends nothing: the receiver sees the end of the stream.
         drop(theirs);
         let received = receiver.join().map_err(|_| CloneError::Thread)?;
         let template = sent.map_err(CloneError::Daemon)?;
-        Ok((template, received.map_err(CloneError::Template)?))
-    })
+        Ok::<_, CloneError>((template, received.map_err(CloneError::Template)?))
+    })?;
+    Ok((template, snapshot, ours))
 }
 
 impl VmmClone for ChClone {
@@ -105,7 +118,7 @@ impl VmmClone for ChClone {
             source: Box::new(e),
         };
         let s = command_line(cfg, private)?;
-        let (template, snapshot) = take_template(client, name, mode).map_err(failed)?;
+        let (template, snapshot, promise) = take_template(client, name, mode).map_err(failed)?;
         let files: BTreeMap<u32, String> = snapshot
             .memory
             .iter()
@@ -113,6 +126,14 @@ impl VmmClone for ChClone {
             .collect();
         let config = ch_migration::clone::shared_clone_config(&snapshot.config, &files)
             .map_err(|e| failed(e.into()))?;
+        // What a second process cannot hold (a tap, a vsock's socket) gets
+        // its own; the launcher's pid tells this clone's apart.
+        let (config, replaced) = ch_migration::clone::clone_identity(
+            &config,
+            std::process::id(),
+            &ch_migration::clone::ThisHost,
+        )
+        .map_err(|e| failed(e.into()))?;
         let mut inherit = vec![OwnedFd::from(s.api_listener), s.events_write];
         inherit.extend(snapshot.memory.into_iter().map(|(_, fd)| fd));
         let receiver = ChCloneReceiver {
@@ -122,6 +143,7 @@ impl VmmClone for ChClone {
             deadline: cfg.update_timeout,
             config,
             state: snapshot.state,
+            promise: Some(promise),
         };
         Ok(CloneLaunch {
             argv: s.argv,
@@ -129,6 +151,7 @@ impl VmmClone for ChClone {
             receiver: Box::new(receiver),
             bytes: template.bytes,
             page_size: template.page_size,
+            replaced: replaced.iter().map(ToString::to_string).collect(),
         })
     }
 }
@@ -142,6 +165,9 @@ struct ChCloneReceiver {
     deadline: Duration,
     config: Vec<u8>,
     state: Vec<u8>,
+    /// Our end of the socket CLONE came on, closed once the clone runs
+    /// (its memory mapped): the daemon's promise of its pages ends then.
+    promise: Option<UnixStream>,
 }
 
 impl ChCloneReceiver {
@@ -164,7 +190,8 @@ impl ChCloneReceiver {
         let stream = UnixStream::connect(&self.receive_path).map_err(CloneError::Connect)?;
         send_snapshot(&stream, &[], &self.config, &self.state, false).map_err(CloneError::Send)?;
         match done_rx.recv_timeout(deadline) {
-            Ok(Ok(())) => {}
+            // Mapped and reserved: the daemon's promise may end.
+            Ok(Ok(())) => drop(self.promise.take()),
             Ok(Err(e)) => return Err(CloneError::Receive(e)),
             Err(_) => return Err(CloneError::NotRunning(deadline)),
         }
