@@ -38,7 +38,12 @@ fn ch(what: String) -> VmmUpdateError {
     VmmUpdateError::Ch(what)
 }
 
-/// Takes the snapshot into `dir/ch-snapshot`; the count it holds.
+/// The files of one size and page size: `dir/ch-P-S-…`.
+fn name(page: PageSize, size: u64, what: &str) -> String {
+    format!("ch-{page}-{size}-{what}")
+}
+
+/// Takes the snapshot into `dir/ch-P-S-snapshot`; the count it holds.
 fn snapshot(
     cfg: &CloneConfig,
     dir: &Path,
@@ -49,12 +54,12 @@ fn snapshot(
     let mut argv = CloudHypervisor.spin_guest_args(&cfg.cloud_hypervisor, elf);
     argv.push("--memory".into());
     argv.push(format!("size={size},shared=on,hugepages=on,hugepage_size={page}").into());
-    let mut src = BenchCh::start(&argv, dir, "ch-src", &[])?;
+    let mut src = BenchCh::start(&argv, dir, &name(page, size, "src"), &[])?;
     src.drain_events();
     running(&src)?;
     let ram = GuestRam::wait_memfd(src.pid(), RESTORE_WAIT)?;
     ram.counting_past(0)?;
-    let snap = dir.join("ch-snapshot");
+    let snap = dir.join(name(page, size, "snapshot"));
     std::fs::create_dir(&snap).map_err(io(format!("create {}", snap.display())))?;
     src.api()
         .put("vm.pause", None, CH_DEADLINE)
@@ -78,18 +83,21 @@ fn snapshot(
 fn restore_once(
     cfg: &CloneConfig,
     dir: &Path,
-    mode: &str,
-    count: u64,
-    i: usize,
+    (mode, count): (&str, u64),
+    (page, size, i): (PageSize, u64, usize),
 ) -> Result<(f64, u64), VmmUpdateError> {
-    let url = format!("file://{}", dir.join("ch-snapshot").display());
+    let url = format!(
+        "file://{}",
+        dir.join(name(page, size, "snapshot")).display()
+    );
+    let me = name(page, size, &format!("restore{i}"));
     let argv: [OsString; 3] = [
         cfg.cloud_hypervisor.clone(),
         "--restore".into(),
         format!("source_url={url},resume=true,{mode}").into(),
     ];
     let started = Instant::now();
-    let mut dst = BenchCh::start(&argv, dir, &format!("ch-restore{i}"), &[])?;
+    let mut dst = BenchCh::start(&argv, dir, &me, &[])?;
     dst.drain_events();
     let pid = dst.pid();
     loop {
@@ -125,15 +133,16 @@ fn restore_once(
     }
 }
 
-/// Every mode, `reps` restores each, of a `size` guest on `page` pages.
+/// Every mode, `reps` restores each, of a `size` guest on `page` pages. A
+/// snapshot that fails is a note on every mode's row.
 pub(crate) fn ch_restores(
     cfg: &CloneConfig,
     dir: &Path,
     elf: &Path,
     (size, page): (u64, PageSize),
     progress: &mut dyn FnMut(&str),
-) -> Result<Vec<ChRestoreResult>, VmmUpdateError> {
-    let count = snapshot(cfg, dir, elf, size, page)?;
+) -> Vec<ChRestoreResult> {
+    let snapshot = snapshot(cfg, dir, elf, size, page);
     let mut out = Vec::new();
     let mut i = 0;
     for mode in CH_RESTORE_MODES {
@@ -143,9 +152,17 @@ pub(crate) fn ch_restores(
             mode: mode.to_string(),
             ..ChRestoreResult::default()
         };
+        let count = match &snapshot {
+            Ok(count) => *count,
+            Err(e) => {
+                r.note = Some(format!("the snapshot failed: {e}"));
+                out.push(r);
+                continue;
+            }
+        };
         for _ in 0..cfg.reps {
             i += 1;
-            match restore_once(cfg, dir, mode, count, i) {
+            match restore_once(cfg, dir, (mode, count), (page, size, i)) {
                 Ok((ms, bad)) => {
                     r.running_ms.extend([ms]);
                     r.guest_bad = r.guest_bad.max(bad);
@@ -158,13 +175,15 @@ pub(crate) fn ch_restores(
             }
         }
         progress(&format!(
-            "cloud-hypervisor's own restore of {} ({mode}): p50 {:.1} ms",
+            "cloud-hypervisor's own restore of {} on {page} pages ({mode}): p50 {:.1} ms",
             guest_mem::size::format_size(size),
             r.running_ms.p50
         ));
         out.push(r);
     }
-    let snap = dir.join("ch-snapshot");
-    std::fs::remove_dir_all(&snap).map_err(io(format!("remove {}", snap.display())))?;
-    Ok(out)
+    let snap = dir.join(name(page, size, "snapshot"));
+    if let Err(e) = std::fs::remove_dir_all(&snap) {
+        progress(&format!("cannot remove {}: {e}", snap.display()));
+    }
+    out
 }

@@ -100,7 +100,7 @@ pub fn run(
             one_size(cfg, dir.path(), &elf, &combos, &mut report, progress)?;
             report
                 .ch_restore
-                .extend(ch_restores(cfg, dir.path(), &elf, (size, page), progress)?);
+                .extend(ch_restores(cfg, dir.path(), &elf, (size, page), progress));
         }
     }
     Ok(report)
