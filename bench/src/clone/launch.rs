@@ -115,19 +115,32 @@ pub(crate) struct Daemon {
 
 impl Daemon {
     /// `hugemem serve` with a pool of `pool` bytes, its files in `dir`
-    /// named after `name`.
+    /// named after `name`, room for `vms` VMs at once: each running clone
+    /// keeps its launcher's connection, and the default limit of one uid's
+    /// connections (`[limits] max_connections_per_uid`, 16) would refuse
+    /// the 17th.
     pub(crate) fn start(
         launcher: &Path,
         cloud_hypervisor: &OsString,
         dir: &Path,
-        name: &str,
-        pool: u64,
+        (name, pool, vms): (&str, u64, usize),
     ) -> Result<Self, VmmUpdateError> {
         let socket = dir.join(format!("{name}.sock"));
+        let config = dir.join(format!("{name}.toml"));
+        std::fs::write(
+            &config,
+            format!(
+                "[limits]\nmax_connections = {}\nmax_connections_per_uid = {}\n",
+                vms + 32,
+                vms + 16
+            ),
+        )
+        .map_err(io(format!("write {}", config.display())))?;
         let serve = ServeChild::start(
             launcher,
             &ServeOptions {
                 socket: socket.clone(),
+                config: Some(config),
                 pool: Some((pool, pool)),
                 log: Some(dir.join(format!("{name}-daemon.log"))),
                 ..ServeOptions::default()

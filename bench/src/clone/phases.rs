@@ -68,17 +68,22 @@ pub(crate) struct Phase {
 }
 
 impl Phase {
-    /// Starts the daemon (pool `pool`), launches the template, lets it
+    /// Starts the daemon (pool `pool`, room for `vms` VMs), launches the template, lets it
     /// write its RAM and count, parks it.
     pub(crate) fn start(
         cfg: &super::plan::CloneConfig,
         dir: &Path,
         elf: &Path,
-        (size, page, pool): (u64, PageSize, u64),
+        (size, page, pool, vms): (u64, PageSize, u64, usize),
         mode: &'static str,
     ) -> Result<Self, VmmUpdateError> {
         let name = format!("{mode}-{page}-{size}");
-        let mut daemon = Daemon::start(&cfg.launcher, &cfg.cloud_hypervisor, dir, &name, pool)?;
+        let mut daemon = Daemon::start(
+            &cfg.launcher,
+            &cfg.cloud_hypervisor,
+            dir,
+            (&name, pool, vms),
+        )?;
         let vm = daemon.launch(Source::Fresh(elf), size, page)?;
         let vmm = child_of(vm.pid())?;
         let ram = GuestRam::of_launched_ch(vm.pid(), vmm)?;

@@ -129,7 +129,7 @@ fn one_size(
             ]
         })
         .collect();
-    let mut phase = Phase::start(cfg, dir, elf, (size, page, size), "shared")?;
+    let mut phase = Phase::start(cfg, dir, elf, (size, page, size, most as usize), "shared")?;
     repeat(cfg.reps, |rep| {
         for (c, [one, all]) in combos.iter().zip(shared.iter_mut()) {
             phase.shared_rep(c.count, one, all)?;
@@ -154,7 +154,13 @@ fn one_size(
             ]
         })
         .collect();
-    let mut phase = Phase::start(cfg, dir, elf, (size, page, size * (most + 1)), "copy")?;
+    let mut phase = Phase::start(
+        cfg,
+        dir,
+        elf,
+        (size, page, size * (most + 1), most as usize),
+        "copy",
+    )?;
     repeat(cfg.reps, |rep| {
         for (c, [a, b, f1, f2]) in combos.iter().zip(copy.iter_mut()) {
             phase.copy_rep(c.count, [&mut *a, &mut *b, &mut *f1, &mut *f2])?;
