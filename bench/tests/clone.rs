@@ -159,6 +159,7 @@ fn the_table_sets_each_figure_beside_its_limit() {
             start("park", "one_at_a_time", 1, 10.0, 10.0),
             start("park", "at_once", 8, 40.0, 80.0)
         ],
+        "notes": ["8G on 2M pages: shared clones not measured: a zone | two files"],
         "templates": [{"page_size": "2M", "size": GIB, "phase": "shared", "unchanged": true},
                       {"page_size": "2M", "size": GIB, "phase": "copy", "unchanged": true}],
         "ch_restore": [
@@ -173,6 +174,13 @@ fn the_table_sets_each_figure_beside_its_limit() {
     // What the plan left out, with its reason.
     assert!(
         table.contains("* 25 clone(s) of 1G (2M pages): memory: the template and 25"),
+        "{table}"
+    );
+    // A phase that failed, said so.
+    assert!(
+        table.contains(
+            "Not measured:\n\n* 8G on 2M pages: shared clones not measured: a zone \\| two files\n"
+        ),
         "{table}"
     );
     // The clone beside its floor: 30 ms against 10 ms is 20 ms over.

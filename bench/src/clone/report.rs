@@ -131,6 +131,8 @@ pub struct CloneReport {
     pub templates: Vec<TemplateCheck>,
     /// cloud-hypervisor's own restores.
     pub ch_restore: Vec<ChRestoreResult>,
+    /// Phases that failed, and why (a template the launcher cannot clone).
+    pub notes: Vec<String>,
 }
 
 impl CloneReport {

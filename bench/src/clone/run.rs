@@ -10,7 +10,7 @@ use guest_mem::PageSize;
 use super::ch_restore::ch_restores;
 use super::phases::Phase;
 use super::plan::{host_budget, CloneConfig, Combination, Plan};
-use super::report::{CloneReport, StartResult};
+use super::report::{CloneReport, StartResult, TemplateCheck};
 use crate::private_dir::PrivateDir;
 use crate::vmm_update::error::{io, VmmUpdateError};
 use crate::vmm_update::guest::host_tsc_hz;
@@ -80,6 +80,7 @@ pub fn run(
         starts: Vec::new(),
         templates: Vec::new(),
         ch_restore: Vec::new(),
+        notes: Vec::new(),
     };
     for &page in &cfg.page_sizes {
         let peak = plan.peak(page);
@@ -97,7 +98,7 @@ pub fn run(
             if combos.is_empty() {
                 continue;
             }
-            one_size(cfg, dir.path(), &elf, &combos, &mut report, progress)?;
+            one_size(cfg, dir.path(), &elf, &combos, &mut report, progress);
             report
                 .ch_restore
                 .extend(ch_restores(cfg, dir.path(), &elf, (size, page), progress));
@@ -106,7 +107,9 @@ pub fn run(
     Ok(report)
 }
 
-/// Both phases for one template size, its combinations `combos`.
+/// Both phases for one template size, its combinations `combos`. A phase
+/// that fails (a template the launcher cannot clone) is a note in the
+/// report, and the run goes on.
 fn one_size(
     cfg: &CloneConfig,
     dir: &Path,
@@ -114,12 +117,48 @@ fn one_size(
     combos: &[Combination],
     report: &mut CloneReport,
     progress: &mut dyn FnMut(&str),
-) -> Result<(), VmmUpdateError> {
+) {
     let (size, page) = (combos[0].size, combos[0].page_size);
-    let most = combos.iter().map(|c| c.count).max().unwrap_or(1) as u64;
-    let label = guest_mem::size::format_size(size);
+    let label = format!("{} on {page} pages", guest_mem::size::format_size(size));
+    match shared_phase(cfg, (dir, elf), combos, progress) {
+        Ok((starts, template)) => {
+            report.starts.extend(starts);
+            report.templates.push(template);
+        }
+        Err(e) => {
+            progress(&format!("{label}: shared clones failed: {e}"));
+            report
+                .notes
+                .push(format!("{label}: shared clones not measured: {e}"));
+        }
+    }
+    match copy_phase(cfg, (dir, elf), combos, progress) {
+        Ok((starts, template)) => {
+            report.starts.extend(starts);
+            report.templates.push(template);
+        }
+        Err(e) => {
+            progress(&format!("{label}: copy clones failed: {e}"));
+            report.notes.push(format!(
+                "{label}: copy clones and restores from the park not measured: {e}"
+            ));
+        }
+    }
+}
 
-    // Shared: the pool holds the template alone.
+/// What a phase gives: its starts and its template's check.
+type PhaseResult = Result<(Vec<StartResult>, TemplateCheck), VmmUpdateError>;
+
+/// The shared phase: the pool holds the template alone.
+fn shared_phase(
+    cfg: &CloneConfig,
+    (dir, elf): (&Path, &Path),
+    combos: &[Combination],
+    progress: &mut dyn FnMut(&str),
+) -> PhaseResult {
+    let (size, page) = (combos[0].size, combos[0].page_size);
+    let most = combos.iter().map(|c| c.count).max().unwrap_or(1);
+    let label = guest_mem::size::format_size(size);
     let mut shared: Vec<[StartResult; 2]> = combos
         .iter()
         .map(|c| {
@@ -129,7 +168,7 @@ fn one_size(
             ]
         })
         .collect();
-    let mut phase = Phase::start(cfg, dir, elf, (size, page, size, most as usize), "shared")?;
+    let mut phase = Phase::start(cfg, dir, elf, (size, page, size, most), "shared")?;
     repeat(cfg.reps, |rep| {
         for (c, [one, all]) in combos.iter().zip(shared.iter_mut()) {
             phase.shared_rep(c.count, one, all)?;
@@ -140,9 +179,20 @@ fn one_size(
         }
         Ok(())
     })?;
-    report.templates.push(phase.finish()?);
+    let template = phase.finish()?;
+    Ok((shared.into_iter().flatten().collect(), template))
+}
 
-    // Copy and the floor: the template and `most` copies.
+/// The copy phase with the floor: the template and `most` copies.
+fn copy_phase(
+    cfg: &CloneConfig,
+    (dir, elf): (&Path, &Path),
+    combos: &[Combination],
+    progress: &mut dyn FnMut(&str),
+) -> PhaseResult {
+    let (size, page) = (combos[0].size, combos[0].page_size);
+    let most = combos.iter().map(|c| c.count).max().unwrap_or(1);
+    let label = guest_mem::size::format_size(size);
     let mut copy: Vec<[StartResult; 4]> = combos
         .iter()
         .map(|c| {
@@ -154,13 +204,8 @@ fn one_size(
             ]
         })
         .collect();
-    let mut phase = Phase::start(
-        cfg,
-        dir,
-        elf,
-        (size, page, size * (most + 1), most as usize),
-        "copy",
-    )?;
+    let pool = size * (most as u64 + 1);
+    let mut phase = Phase::start(cfg, dir, elf, (size, page, pool, most), "copy")?;
     repeat(cfg.reps, |rep| {
         for (c, [a, b, f1, f2]) in combos.iter().zip(copy.iter_mut()) {
             phase.copy_rep(c.count, [&mut *a, &mut *b, &mut *f1, &mut *f2])?;
@@ -171,10 +216,6 @@ fn one_size(
         }
         Ok(())
     })?;
-    report.templates.push(phase.finish()?);
-    for (s, c) in shared.into_iter().zip(copy) {
-        report.starts.extend(s);
-        report.starts.extend(c);
-    }
-    Ok(())
+    let template = phase.finish()?;
+    Ok((copy.into_iter().flatten().collect(), template))
 }

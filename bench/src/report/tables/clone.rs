@@ -485,6 +485,12 @@ pub(super) fn clone(v: &Value) -> String {
     } else {
         out += "\n";
     }
+    if let Some(notes) = v["notes"].as_array().filter(|a| !a.is_empty()) {
+        out += "\nNot measured:\n\n";
+        for n in notes.iter().filter_map(Value::as_str) {
+            out += &format!("* {}\n", n.replace('|', "\\|"));
+        }
+    }
     out += "\n";
     out += &latency(v);
     out += "\n";
