@@ -7,6 +7,7 @@ use clap::{Parser, Subcommand};
 use guest_mem::PageSize;
 use hugemem::arg_values::{parse_page_size_arg, parse_policy_arg, parse_size_arg};
 use hugemem_bench::churn::ChurnVmm;
+use hugemem_bench::clone::{parse_list, List};
 
 /// hugemem-bench: hugemem's demo and benchmarks; each bench reports ratios
 /// against a baseline measured in the same run.
@@ -76,6 +77,10 @@ pub(crate) enum Command {
     /// cloud-hypervisor's own file:// snapshot and restore and its
     /// reference offload_daemon, on the same spinning guest.
     Offload(OffloadArgs),
+    /// Clones of a parked VM (`hugemem launch --clone-of`, shared and copy),
+    /// one after another and N at once, against restores from the park of
+    /// the same VM and cloud-hypervisor's own restore of its snapshot.
+    Clone(CloneArgs),
 }
 
 /// `hugemem-bench demo` flags.
@@ -412,6 +417,41 @@ pub(crate) struct OffloadArgs {
     /// $CH_OFFLOAD_DAEMON; without it that baseline does not run).
     #[arg(long)]
     pub(crate) offload_daemon: Option<std::ffi::OsString>,
+    /// Print one JSON object instead of the table; with PATH, write it there and print the table.
+    #[arg(long, value_name = "PATH", num_args = 0..=1)]
+    pub(crate) json: Option<Option<std::path::PathBuf>>,
+}
+
+/// `hugemem-bench clone` flags.
+#[derive(Debug, clap::Args)]
+pub(crate) struct CloneArgs {
+    /// Template sizes, comma-separated (K/M/G suffixes).
+    #[arg(long, default_value = "1G,4G,8G", value_parser = |s: &str| parse_list(s, parse_size_arg))]
+    pub(crate) sizes: List<u64>,
+    /// Clone counts N, comma-separated.
+    #[arg(long, default_value = "1,8,25", value_parser = |s: &str| parse_list(s, str::parse::<usize>))]
+    pub(crate) counts: List<usize>,
+    /// Page sizes of the templates' memory, comma-separated (2M, 1G); a
+    /// combination the host's pages cannot hold is left out, and said so.
+    #[arg(long, default_value = "2M,1G", value_parser = |s: &str| parse_list(s, parse_page_size_arg))]
+    pub(crate) page_sizes: List<PageSize>,
+    /// Repetitions of every combination.
+    #[arg(long, default_value_t = 3)]
+    pub(crate) reps: usize,
+    /// Huge-page bytes the run may use per page size (default: what the
+    /// host has free and could add, less 2 GiB for the rest of it).
+    #[arg(long, value_parser = parse_size_arg)]
+    pub(crate) memory: Option<u64>,
+    /// Print the plan (what runs, what is left out and why) as JSON and exit.
+    #[arg(long)]
+    pub(crate) plan: bool,
+    /// Where cloud-hypervisor's snapshots are written (a private directory in it).
+    #[arg(long, default_value = "/var/tmp")]
+    pub(crate) dir: std::path::PathBuf,
+    /// The cloud-hypervisor binary (default: $CLOUD_HYPERVISOR, else
+    /// cloud-hypervisor on the PATH).
+    #[arg(long)]
+    pub(crate) cloud_hypervisor: Option<std::ffi::OsString>,
     /// Print one JSON object instead of the table; with PATH, write it there and print the table.
     #[arg(long, value_name = "PATH", num_args = 0..=1)]
     pub(crate) json: Option<Option<std::path::PathBuf>>,

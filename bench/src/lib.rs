@@ -8,7 +8,7 @@
 //! absolute times on shared machines are noise.
 //!
 //! [`demo`]: daemon, 1 GiB pages, micro-guest, scrub and pool reuse, as a
-//! timeline. The benches: [`alloc`], [`churn`], [`clear`], [`compare`],
+//! timeline. The benches: [`alloc`], [`churn`], [`clear`], [`clone`], [`compare`],
 //! [`fill`], [`migrate`], [`mlock`], [`offload`], [`refault`], [`takeover`], [`vmstart`]; [`report`] regenerates
 //! docs/benchmarks.md from their `--json`, which [`run_info`] makes
 //! self-describing.
@@ -19,6 +19,8 @@ pub mod alloc;
 /// `hugemem bench churn`: back-to-back launches against one daemon, stale reads, downgrades.
 pub mod churn;
 pub mod clear;
+/// `hugemem bench clone`: clones of a parked VM against restores from the park and cloud-hypervisor's own restore.
+pub mod clone;
 pub mod compare;
 /// `hugemem demo`: daemon, 1 GiB pages, micro-guest, scrub and pool reuse, as a timeline.
 pub mod demo;

@@ -18,8 +18,9 @@ use tracing_subscriber::EnvFilter;
 /// The clap definitions.
 mod args;
 use args::{
-    AllocArgs, ChurnArgs, ClearArgs, Cli, Command, CompareArgs, DemoArgs, FillArgs, MigrateArgs,
-    MlockArgs, OffloadArgs, RefaultArgs, ReportArgs, TakeoverArgs, VmmUpdateArgs, VmstartArgs,
+    AllocArgs, ChurnArgs, ClearArgs, Cli, CloneArgs, Command, CompareArgs, DemoArgs, FillArgs,
+    MigrateArgs, MlockArgs, OffloadArgs, RefaultArgs, ReportArgs, TakeoverArgs, VmmUpdateArgs,
+    VmstartArgs,
 };
 
 fn main() {
@@ -34,7 +35,8 @@ fn main() {
         | Command::Takeover(_)
         | Command::Churn(_)
         | Command::VmmUpdate(_)
-        | Command::Offload(_) => "info,backend::daemon=warn,guest_mem=warn",
+        | Command::Offload(_)
+        | Command::Clone(_) => "info,backend::daemon=warn,guest_mem=warn",
         // vmstart starts private daemons too.
         Command::Refault(_) => "info,backend::daemon=warn,guest_mem=warn",
         Command::Vmstart(_) => {
@@ -83,6 +85,7 @@ fn run(cli: Cli) -> Result<i32> {
         Command::Compare(args) => compare(args),
         Command::VmmUpdate(args) => vmm_update(args),
         Command::Offload(args) => offload(args),
+        Command::Clone(args) => clone_bench(args),
     }
 }
 
@@ -356,6 +359,48 @@ fn offload(args: OffloadArgs) -> Result<i32> {
         Some(None) => print_bench_json("offload", &report)?,
         Some(Some(path)) => {
             write_bench_json("offload", &report, &path)?;
+            print!("{}", report.to_table());
+        }
+    }
+    Ok(0)
+}
+
+/// Runs `clone` (or, with `--plan`, prints its plan); its VMs run through
+/// `hugemem launch`, `park` and `serve` of the `hugemem` binary beside.
+fn clone_bench(args: CloneArgs) -> Result<i32> {
+    use hugemem_bench::clone::{self as clone, CloneConfig};
+    let from_env = |name: &str| std::env::var_os(name).filter(|v| !v.is_empty());
+    let cfg = CloneConfig {
+        budget: args
+            .memory
+            .map(|m| args.page_sizes.0.iter().map(|p| (*p, m)).collect()),
+        sizes: args.sizes.0,
+        counts: args.counts.0,
+        page_sizes: args.page_sizes.0,
+        reps: args.reps,
+        dir: args.dir,
+        cloud_hypervisor: args
+            .cloud_hypervisor
+            .or_else(|| from_env("CLOUD_HYPERVISOR"))
+            .unwrap_or_else(|| "cloud-hypervisor".into()),
+        launcher: if args.plan {
+            std::path::PathBuf::new()
+        } else {
+            hugemem::companion::find("hugemem")
+                .context("cannot find the hugemem binary for `hugemem launch`")?
+        },
+    };
+    if args.plan {
+        println!("{}", serde_json::to_string_pretty(&clone::plan(&cfg).0)?);
+        return Ok(0);
+    }
+    let report =
+        clone::run(&cfg, &mut |line| tracing::info!("{line}")).context("bench clone failed")?;
+    match args.json {
+        None => print!("{}", report.to_table()),
+        Some(None) => print_bench_json("clone", &report)?,
+        Some(Some(path)) => {
+            write_bench_json("clone", &report, &path)?;
             print!("{}", report.to_table());
         }
     }

@@ -1,12 +1,13 @@
 //! The tables `hugemem bench report` generates for one results file, by its
 //! `"bench"`: `clear`, `alloc`, `mlock`, `fill`, `vmstart`, `compare`, `demo`,
-//! `takeover`, `vmm-update` and `offload` (a column per run); any other kind (or none)
+//! `takeover`, `vmm-update`, `offload` (a column per run) and `clone`; any other kind (or none)
 //! gets its top-level figures as a key/value table. The
 //! tables read the JSON as `--json` prints it; a missing figure shows as `-`.
 
 mod alloc;
 mod blocks;
 mod cells;
+mod clone;
 mod launches;
 mod memory;
 mod offload;
