@@ -308,3 +308,48 @@ fn a_flood_of_clones_is_stopped_by_the_budget_and_ends_with_its_connection() {
         "{s}"
     );
 }
+
+/// A connection that runs a shared clone is never closed for being idle:
+/// closing it would stop counting a clone that still maps its template,
+/// and UNPARK of the template would then be served. A witness connection,
+/// idle for less time than the clone's, is closed by the same timeout.
+#[test]
+fn a_running_clone_is_never_timed_out_as_idle() {
+    const TEST: &str = "a_running_clone_is_never_timed_out_as_idle";
+    let _g = serial();
+    if !reserve_2m(8, TEST) {
+        return;
+    }
+    let d = TestDaemon::start(|c| c.limits.idle_timeout_secs = 1);
+    let mem = memfd("idle-clone", SIZE, false);
+    {
+        let mut owner = d.client();
+        park_via(&mut owner, "tmpl", whole(&mem, SIZE))
+            .result
+            .expect("parked");
+    }
+    let mut cloner = d.client();
+    let (r, snap) = clone_via(&mut cloner, "tmpl", CloneMode::Shared);
+    r.expect("cloned");
+    let mut witness = d.client();
+    witness.stats().expect("the witness handshakes");
+    wait_until(
+        "the idle witness is closed",
+        Duration::from_secs(10),
+        || d.stats().sessions.active <= 1,
+    );
+    let s = cloner.stats().expect("the clone's connection still serves");
+    assert_eq!(s.parked[0].shared_clones, 1, "the clone still counts: {s}");
+    expect_refused(
+        d.client().unpark("tmpl"),
+        Status::Invalid,
+        "running shared clone",
+    );
+    drop((snap, cloner, witness));
+    wait_until(
+        "UNPARK once the clone ended",
+        Duration::from_secs(10),
+        || d.client().unpark("tmpl").is_ok(),
+    );
+    assert_serves_balanced(&d, 0, 0, "the template dropped");
+}

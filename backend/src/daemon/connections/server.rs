@@ -8,7 +8,7 @@
 //! operator_uids`) may take. A connection beyond its uid's share is closed
 //! right after `accept`, so one tenant's flood never keeps another tenant,
 //! or the operator, waiting. A handshaken connection that holds no
-//! allocation and stays silent for `idle_timeout_secs` is closed. All tasks are spawned on a `TaskTracker`
+//! allocation or a shared clone and stays silent for `idle_timeout_secs` is closed. All tasks are spawned on a `TaskTracker`
 //! and watch a `CancellationToken`: shutdown cancels, then waits for the
 //! tracker to drain.
 //!
@@ -456,14 +456,14 @@ impl Handler {
         loop {
             let (stream, reader, session) = (&self.stream, &mut self.reader, &self.session);
             let read = async {
-                if session.handshaken() && session.holds_memory() {
+                if session.handshaken() && session.never_idle() {
                     read_frame_with(stream, reader).await
                 } else if session.handshaken() {
                     match tokio::time::timeout(idle_timeout, read_frame_with(stream, reader)).await
                     {
                         Ok(r) => r,
                         Err(_) => Err(ProtoError::OutOfBounds(
-                            "idle without an allocation for limits.idle_timeout_secs".into(),
+                            "idle without an allocation or a shared clone for limits.idle_timeout_secs".into(),
                         )),
                     }
                 } else {

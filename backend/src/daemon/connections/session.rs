@@ -199,10 +199,17 @@ impl Session {
         self.token_refusals.summary()
     }
 
-    /// True while the session holds an allocation (then it is never timed
-    /// out for being idle: closing it would free its guest RAM).
+    /// True while the session holds an allocation.
     pub fn holds_memory(&self) -> bool {
         self.rooms.pool.owners().allocations_of(self.id) > 0
+    }
+
+    /// True while the session holds an allocation or runs shared clones:
+    /// then it is never timed out for being idle (closing it would free
+    /// its guest RAM, or stop counting clones that still map their
+    /// template, so that the template could be unparked under them).
+    pub fn never_idle(&self) -> bool {
+        self.holds_memory() || !self.rooms.clones.templates_of(self.id).is_empty()
     }
 
     /// The features negotiated at HANDSHAKE.
