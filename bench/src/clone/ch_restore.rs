@@ -19,7 +19,6 @@ use super::plan::CloneConfig;
 use super::report::ChRestoreResult;
 use crate::vmm_side::{BenchVmm, CloudHypervisor};
 use crate::vmm_update::ch::{BenchCh, CH_DEADLINE};
-use crate::vmm_update::ch_baselines::running;
 use crate::vmm_update::error::{io, VmmUpdateError};
 use crate::vmm_update::guest::GuestRam;
 
@@ -56,7 +55,7 @@ fn snapshot(
     argv.push(format!("size={size},shared=on,hugepages=on,hugepage_size={page}").into());
     let mut src = BenchCh::start(&argv, dir, &name(page, size, "src"), &[])?;
     src.drain_events();
-    running(&src)?;
+    src.wait_running()?;
     let ram = GuestRam::wait_memfd(src.pid(), RESTORE_WAIT)?;
     ram.counting_past(0)?;
     let snap = dir.join(name(page, size, "snapshot"));

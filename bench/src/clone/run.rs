@@ -1,6 +1,6 @@
 //! The run: the plan, then for each page size and template size the shared
 //! phase, the copy phase with the floor, and cloud-hypervisor's own
-//! restores. The repetitions are [`repeat`]'s, in one place.
+//! restores. The repetitions are `harness::rounds`'.
 
 use std::path::Path;
 use std::time::Duration;
@@ -11,18 +11,11 @@ use super::ch_restore::ch_restores;
 use super::phases::Phase;
 use super::plan::{host_budget, CloneConfig, Combination, Plan};
 use super::report::{CloneReport, StartResult, TemplateCheck};
+use crate::harness::rounds;
 use crate::private_dir::PrivateDir;
 use crate::vmm_update::error::{io, VmmUpdateError};
 use crate::vmm_update::guest::host_tsc_hz;
 use crate::vmm_update::setup::{reserve_pages, write_spin_elf};
-
-/// Runs `one(rep)` for every repetition, 1-based.
-fn repeat(
-    reps: usize,
-    mut one: impl FnMut(usize) -> Result<(), VmmUpdateError>,
-) -> Result<(), VmmUpdateError> {
-    (1..=reps).try_for_each(&mut one)
-}
 
 /// The plan `cfg` gives on this host.
 pub fn plan(cfg: &CloneConfig) -> (Plan, Vec<(PageSize, u64)>) {
@@ -169,11 +162,11 @@ fn shared_phase(
         })
         .collect();
     let mut phase = Phase::start(cfg, dir, elf, (size, page, size, most), "shared")?;
-    repeat(cfg.reps, |rep| {
+    rounds::each::<VmmUpdateError>(cfg.reps, |round| {
         for (c, [one, all]) in combos.iter().zip(shared.iter_mut()) {
             phase.shared_rep(c.count, one, all)?;
             progress(&format!(
-                "{label} repetition {rep}: {} shared clone(s): one at a time p50 {:.1} ms, at once p95 {:.1} ms",
+                "{label} repetition {round}: {} shared clone(s): one at a time p50 {:.1} ms, at once p95 {:.1} ms",
                 c.count, one.running_ms.p50, all.running_ms.p95
             ));
         }
@@ -206,11 +199,11 @@ fn copy_phase(
         .collect();
     let pool = size * (most as u64 + 1);
     let mut phase = Phase::start(cfg, dir, elf, (size, page, pool, most), "copy")?;
-    repeat(cfg.reps, |rep| {
+    rounds::each::<VmmUpdateError>(cfg.reps, |round| {
         for (c, [a, b, f1, f2]) in combos.iter().zip(copy.iter_mut()) {
             phase.copy_rep(c.count, [&mut *a, &mut *b, &mut *f1, &mut *f2])?;
             progress(&format!(
-                "{label} repetition {rep}: {} copy clone(s) one at a time p50 {:.1} ms, at once p95 {:.1} ms; restores from the park one at a time p50 {:.1} ms, at once p95 {:.1} ms",
+                "{label} repetition {round}: {} copy clone(s) one at a time p50 {:.1} ms, at once p95 {:.1} ms; restores from the park one at a time p50 {:.1} ms, at once p95 {:.1} ms",
                 c.count, a.running_ms.p50, b.running_ms.p95, f1.running_ms.p50, f2.running_ms.p95
             ));
         }

@@ -19,6 +19,7 @@
 use std::collections::BTreeMap;
 use std::error::Error;
 use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::fs::MetadataExt;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;
@@ -55,6 +56,9 @@ pub enum CloneError {
     /// The socket pair.
     #[error("cannot make a socket pair: {0}")]
     Pair(std::io::Error),
+    /// A template memory descriptor could not be examined.
+    #[error("cannot examine the template's memory descriptors: {0}")]
+    MemoryFd(std::io::Error),
     /// The template's configuration cannot be a clone's.
     #[error(transparent)]
     Config(#[from] ch_migration::clone::CloneConfigError),
@@ -105,6 +109,30 @@ fn take_template(
     Ok((template, snapshot, ours))
 }
 
+/// The path each memory slot's file has in the new process
+/// (`/dev/fd/N`). Slots of one file (a zone of over 3 GiB has a slot below
+/// and one above the 32-bit PCI hole, each sent with its own descriptor)
+/// get the first one's path, so that the zone names one file.
+fn slot_paths(memory: &[(u32, OwnedFd)]) -> std::io::Result<BTreeMap<u32, String>> {
+    let mut by_file: Vec<((u64, u64), String)> = Vec::new();
+    let mut paths = BTreeMap::new();
+    for (slot, fd) in memory {
+        let raw = fd.as_raw_fd();
+        let meta = std::fs::metadata(format!("/proc/self/fd/{raw}"))?;
+        let file = (meta.dev(), meta.ino());
+        let path = match by_file.iter().find(|(f, _)| *f == file) {
+            Some((_, path)) => path.clone(),
+            None => {
+                let path = format!("/dev/fd/{raw}");
+                by_file.push((file, path.clone()));
+                path
+            }
+        };
+        paths.insert(*slot, path);
+    }
+    Ok(paths)
+}
+
 impl VmmClone for ChClone {
     fn prepare(
         &self,
@@ -119,11 +147,7 @@ impl VmmClone for ChClone {
         };
         let s = command_line(cfg, private)?;
         let (template, snapshot, promise) = take_template(client, name, mode).map_err(failed)?;
-        let files: BTreeMap<u32, String> = snapshot
-            .memory
-            .iter()
-            .map(|(slot, fd)| (*slot, format!("/dev/fd/{}", fd.as_raw_fd())))
-            .collect();
+        let files = slot_paths(&snapshot.memory).map_err(|e| failed(CloneError::MemoryFd(e)))?;
         let config = ch_migration::clone::shared_clone_config(&snapshot.config, &files)
             .map_err(|e| failed(e.into()))?;
         // What a second process cannot hold (a tap, a vsock's socket) gets
@@ -207,5 +231,34 @@ impl CloneReceiver for ChCloneReceiver {
 
     fn stop(&self) {
         let _ = self.api.shutdown_vmm(self.deadline);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn memfd(name: &str) -> OwnedFd {
+        nix::sys::memfd::memfd_create(name, nix::sys::memfd::MFdFlags::MFD_CLOEXEC)
+            .expect("memfd_create")
+    }
+
+    /// A zone over the 32-bit hole comes as two slots, each with its own
+    /// descriptor of one file: both get the first one's path, so the zone
+    /// names one file; another file keeps its own.
+    #[test]
+    fn slots_of_one_file_share_its_path() {
+        let low = memfd("zone0");
+        let high = low.try_clone().expect("dup");
+        let other = memfd("zone1");
+        let raw = |fd: &OwnedFd| fd.as_raw_fd();
+        let expect = [
+            (0, format!("/dev/fd/{}", raw(&low))),
+            (1, format!("/dev/fd/{}", raw(&low))),
+            (2, format!("/dev/fd/{}", raw(&other))),
+        ];
+        let memory = vec![(0, low), (1, high), (2, other)];
+        let paths = slot_paths(&memory).expect("the descriptors");
+        assert_eq!(paths, BTreeMap::from(expect));
     }
 }
