@@ -88,7 +88,7 @@ impl Session {
     ) -> Self {
         info!(session = id, uid = peer.uid, pid = ?peer.pid, "session taken over");
         let mut me = Self::open(id, peer, rooms, handshaken, features & DAEMON_FEATURES);
-        if me.holds_memory() {
+        if me.never_idle() {
             me.watch_peer();
         }
         me
@@ -193,23 +193,17 @@ impl Session {
         self.token_refusals = refusals;
     }
 
-    /// What this connection is told when its refusals close it: "8
-    /// refused HANDOFF requests".
+    /// What its refusals' closing says: "8 refused HANDOFF requests".
     pub fn token_refusals_summary(&self) -> String {
         self.token_refusals.summary()
     }
 
-    /// True while the session holds an allocation.
-    pub fn holds_memory(&self) -> bool {
-        self.rooms.pool.owners().allocations_of(self.id) > 0
-    }
-
     /// True while the session holds an allocation or runs shared clones:
-    /// then it is never timed out for being idle (closing it would free
-    /// its guest RAM, or stop counting clones that still map their
-    /// template, so that the template could be unparked under them).
+    /// never timed out for being idle (that would free its guest RAM, or
+    /// stop counting clones that still map their template).
     pub fn never_idle(&self) -> bool {
-        self.holds_memory() || !self.rooms.clones.templates_of(self.id).is_empty()
+        self.rooms.pool.owners().allocations_of(self.id) > 0
+            || !self.rooms.clones.templates_of(self.id).is_empty()
     }
 
     /// The features negotiated at HANDSHAKE.
