@@ -286,9 +286,12 @@ pub(crate) struct LaunchArgs {
     /// The VMM kind when the program name does not say: cloud-hypervisor or qemu.
     #[arg(long, value_parser = parse_vmm_arg)]
     pub(crate) vmm: Option<Vmm>,
-    /// Restore the cloud-hypervisor VM parked under NAME (`hugemem park`)
-    /// on its parked memory, nothing copied, instead of allocating memory
-    /// for a new VM (docs/operations.md, "Parking a VM").
+    /// Restore the VM parked under NAME (`hugemem park`) on its parked
+    /// memory, nothing copied, instead of allocating memory for a new VM
+    /// (docs/operations.md, "Parking a VM"). A QEMU VM: after `--` the
+    /// QEMU program alone reuses the parked command line; with arguments,
+    /// they must name the parked machine, accelerator, CPU, vCPUs and
+    /// devices.
     #[arg(long, value_name = "NAME", conflicts_with_all = ["size", "nodes", "node", "hugetlbfs"])]
     pub(crate) restore: Option<String>,
     /// With --restore: the guest runs at once (cloud-hypervisor's postcopy

@@ -238,3 +238,165 @@ fn ten_parks_and_restores_keep_the_guest_counting_on_the_same_memory() {
     );
     daemon.shutdown();
 }
+
+/// `hugemem launch --restore NAME` that must fail, with `program` and
+/// `args` (`--vmm qemu` named); its stderr.
+fn restore_fails(daemon: &TestDaemon, name: &str, program: &str, args: &[OsString]) -> String {
+    let out = Command::new("timeout")
+        .args(["120", HUGEMEM, "launch", "--socket"])
+        .arg(daemon.socket())
+        .args(["--vmm", "qemu", "--restore", name, "--", program])
+        .args(args)
+        .output()
+        .expect("run hugemem launch --restore");
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(
+        !out.status.success(),
+        "restore of {name} with {program}: {stderr}"
+    );
+    assert_ne!(
+        out.status.code(),
+        Some(124),
+        "{name}: not in time: {stderr}"
+    );
+    stderr
+}
+
+/// Parks a forged QEMU VM `name` on a fresh 2 MiB allocation of the
+/// test's own: the parked configuration of `args`, `stream` as its
+/// migration stream.
+fn park_forged(daemon: &TestDaemon, name: &str, args: &[OsString], stream: &[u8]) {
+    use hugemem::launch::vmm::qemu::parked::{ParkedConfig, ParkedRegion, ParkedState};
+    use std::os::fd::AsFd;
+    let mut client = hugemem_client::client::Client::connect(&daemon.socket()).expect("connect");
+    let alloc = test_support::daemon::alloc_2m_pages(&mut client, 1);
+    let region = ParkedRegion {
+        size: 2 << 20,
+        node: Some(0),
+    };
+    let config =
+        ParkedConfig::new(&"qemu-system-x86_64".into(), args, vec![region]).expect("config");
+    let config = serde_json::to_vec(&config).expect("json");
+    let state = serde_json::to_vec(&ParkedState::new(stream)).expect("json");
+    let (ours, daemons) = std::os::unix::net::UnixStream::pair().expect("socketpair");
+    let memory = [(0u32, alloc.fds[0].as_fd())];
+    std::thread::scope(|s| {
+        let sender =
+            s.spawn(|| ch_migration::peer::send_snapshot(&ours, &memory, &config, &state, false));
+        client.park(name, &daemons).expect("PARK of the forged VM");
+        sender.join().expect("sender").expect("snapshot sent");
+    });
+}
+
+#[test]
+fn refused_parks_and_restores_leave_the_vm_running_or_parked() {
+    let _serial = serial();
+    if let Some(reason) = skip_reason() {
+        test_support::skip!("{reason}");
+        return;
+    }
+    // The VM's pages and the forged VM's one.
+    let _pages = match hold(PageSize::Huge2M, RAM / STRIDE + 1) {
+        Ok(r) => r,
+        Err(why) => {
+            test_support::skip!("{why}");
+            return;
+        }
+    };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let elf = spin_elf(dir.path(), STRIDE, START_GPA, MARKER);
+    let control = dir.path().join("vm.sock");
+    let daemon = TestDaemon::start(|c| c.pool.recheck_ms = 20);
+    let args = qemu_args(&elf);
+    park_forged(&daemon, "forged", &args, b"not a QEMU migration stream");
+    let mut launched = launch(&daemon, &control, None, &args);
+    let launcher = child_of(launched.id());
+    let mut stop = StopLauncher(launcher);
+    let qemu = child_of(launcher);
+    let ram = guest_ram(qemu);
+    let mut count = counting_past(&ram, 0, "the guest to spin").count;
+    // Refused parks (a bad name; a name in use): QEMU runs the guest on.
+    for (name, why) in [("no/such", "name"), ("forged", "forged")] {
+        let out = Command::new("timeout")
+            .args(["120", HUGEMEM, "park", name, "--control-socket"])
+            .arg(&control)
+            .output()
+            .expect("run hugemem park");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{name}: {stderr}");
+        assert!(
+            stderr.contains(why) && stderr.contains("the running QEMU keeps the guest"),
+            "{name}: {stderr}"
+        );
+        count = counting_past(&ram, count, "the guest to count on after a refused park").count;
+        assert_eq!(
+            child_of(launcher),
+            qemu,
+            "{name}: the same QEMU runs the guest"
+        );
+    }
+    drop(ram);
+    let said = park("vm", &control);
+    assert!(said.contains("(0 bytes copied by the daemon"), "{said}");
+    assert!(launched.wait().expect("wait").success());
+    let refused_before = daemon.stats().counters.restores_refused;
+    // A forged state: QEMU refuses it, and the VM stays parked.
+    let stderr = restore_fails(&daemon, "forged", "qemu-system-x86_64", &[]);
+    assert!(stderr.contains("migration"), "forged: {stderr}");
+    eprintln!("forged: {stderr}");
+    // Another machine: said before QEMU starts.
+    let q35: Vec<OsString> = ["-M", "q35", "-accel", "kvm"]
+        .iter()
+        .map(OsString::from)
+        .collect();
+    let stderr = restore_fails(&daemon, "vm", "qemu-system-x86_64", &q35);
+    assert!(
+        stderr.contains("-machine microvm") && stderr.contains("q35"),
+        "{stderr}"
+    );
+    // A "QEMU" that dies at once.
+    restore_fails(&daemon, "vm", "/bin/true", &[]);
+    // Another VM's name is not found.
+    let stderr = restore_fails(&daemon, "nobody", "qemu-system-x86_64", &[]);
+    assert!(stderr.contains("nobody"), "{stderr}");
+    let stats = daemon.wait_stats(Duration::from_secs(30), "the refusals counted", |s| {
+        s.counters.restores_refused >= refused_before + 4
+    });
+    let mut names: Vec<&str> = stats.parked.iter().map(|p| p.name.as_str()).collect();
+    names.sort_unstable();
+    assert_eq!(names, ["forged", "vm"], "both still parked: {stats}");
+    assert_eq!(stats.counters.restores, 0, "{stats}");
+    assert_balanced(&stats, "after the refused restores");
+    // The real one comes back, counting on.
+    launched = launch(&daemon, &control, Some("vm"), &[]);
+    let launcher = child_of(launched.id());
+    std::mem::forget(std::mem::replace(&mut stop, StopLauncher(launcher)));
+    let ram = guest_ram(child_of(launcher));
+    let now = spin_state(&ram);
+    assert!(
+        now.count >= count,
+        "the counter went back from {count} to {}",
+        now.count
+    );
+    let state = counting_past(&ram, now.count, "the restored guest to count on");
+    assert_eq!(state.bad, 0);
+    drop(ram);
+    hugemem::park_cli::unpark(&daemon.socket(), "forged").expect("UNPARK forged");
+    std::mem::forget(stop);
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(i32::try_from(launcher).expect("pid")),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .expect("SIGTERM to the launcher");
+    let status = launched.wait().expect("wait for the launcher");
+    assert_ne!(
+        status.code(),
+        Some(124),
+        "the launcher did not finish in time"
+    );
+    let stats = daemon.wait_stats(Duration::from_secs(30), "everything released", |s| {
+        s.allocations.active == 0 && s.parked.is_empty()
+    });
+    assert_balanced(&stats, "at the end");
+    daemon.shutdown();
+}
