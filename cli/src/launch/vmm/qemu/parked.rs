@@ -245,7 +245,7 @@ pub fn base64_encode(bytes: &[u8]) -> String {
 /// Decodes [`base64_encode`]'s text; `None` for anything else.
 pub fn base64_decode(text: &str) -> Option<Vec<u8>> {
     let bytes = text.as_bytes();
-    if bytes.len() % 4 != 0 {
+    if !bytes.len().is_multiple_of(4) {
         return None;
     }
     let value = |c: u8| ALPHABET.iter().position(|&a| a == c).map(|p| p as u32);
