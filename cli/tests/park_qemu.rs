@@ -202,6 +202,15 @@ fn ten_parks_and_restores_keep_the_guest_counting_on_the_same_memory() {
         assert_pages_kept(&ram, &format!("restore {i}"));
         count = state.count;
         drop(ram);
+        if i == CYCLES / 2 {
+            // A restored VM is updated, and the updated QEMU parked next.
+            let report = common::update(&control);
+            assert_eq!(report.old_pid, qemu, "the restored QEMU was replaced");
+            let ram = guest_ram(report.new_pid);
+            let now = spin_state(&ram);
+            assert!(now.count >= count, "update: the counter went back");
+            count = counting_past(&ram, now.count, "the updated guest to count on").count;
+        }
         // The guest runs just before the daemon hands the allocation over.
         let stats = daemon.wait_stats(Duration::from_secs(30), "the restore done", |s| {
             s.counters.restores == i as u64 && s.parked.is_empty()

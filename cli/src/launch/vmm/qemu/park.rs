@@ -102,10 +102,10 @@ pub(crate) fn park(
         let sent = sender.join();
         match (answer, sent) {
             (Ok(parked), _) => Ok(parked),
-            (Err(e), _) => Err(failed(
-                "completed, not parked",
-                hugemem_client::diag::chain(&e).to_string(),
-            )),
+            (Err(e), _) => Err(UpdateError::Control {
+                what: "the daemon's PARK".into(),
+                source: Box::new(e),
+            }),
         }
     })?;
     Ok(QemuParked {
