@@ -51,22 +51,26 @@ pub(crate) enum Command {
     /// same memory takes the guest over
     /// (docs/operations.md, "Updating the VMM under a running VM").
     Update(UpdateArgs),
-    /// Park a cloud-hypervisor VM in the daemon: its memory, configuration
-    /// and state kept under NAME while no process runs it (cloud-hypervisor's
-    /// offload snapshot; docs/operations.md, "Parking a VM"). Memory that
-    /// came from `hugemem launch` moves without a copy; other memory is
-    /// copied onto the pool's huge pages. `hugemem launch --restore NAME`
-    /// brings it back.
+    /// Park a VM in the daemon: its memory, configuration and state kept
+    /// under NAME while no process runs it (docs/operations.md, "Parking a
+    /// VM"). A cloud-hypervisor VM: its offload snapshot (`--api-socket`).
+    /// A QEMU launched with `hugemem launch --name NAME` (or
+    /// `--control-socket`): without `--api-socket`, its launcher has QEMU
+    /// migrate its device state into the daemon, and QEMU exits. Memory
+    /// that came from `hugemem launch` moves without a copy; other memory
+    /// is copied onto the pool's huge pages. `hugemem launch --restore
+    /// NAME` brings it back.
     Park {
-        /// The parked VM's name (letters, digits, '.', '_', '-').
+        /// The parked VM's name (letters, digits, '.', '_', '-'); for a
+        /// launched QEMU, also the launch's `--name`.
         name: String,
         /// The cloud-hypervisor's API socket.
-        #[arg(
-            long,
-            required_unless_present = "from_dir",
-            conflicts_with = "from_dir"
-        )]
+        #[arg(long, conflicts_with_all = ["from_dir", "control_socket"])]
         api_socket: Option<std::path::PathBuf>,
+        /// A launched QEMU's control socket (`hugemem launch
+        /// --control-socket`); default: the one of the launch named NAME.
+        #[arg(long, conflicts_with = "from_dir")]
+        control_socket: Option<std::path::PathBuf>,
         /// Park the VM saved in this directory instead (`hugemem unpark
         /// --save`, cloud-hypervisor's reference offload daemon, or
         /// cloud-hypervisor's own `snapshot destination_url=file://DIR`):
@@ -282,9 +286,12 @@ pub(crate) struct LaunchArgs {
     /// The VMM kind when the program name does not say: cloud-hypervisor or qemu.
     #[arg(long, value_parser = parse_vmm_arg)]
     pub(crate) vmm: Option<Vmm>,
-    /// Restore the cloud-hypervisor VM parked under NAME (`hugemem park`)
-    /// on its parked memory, nothing copied, instead of allocating memory
-    /// for a new VM (docs/operations.md, "Parking a VM").
+    /// Restore the VM parked under NAME (`hugemem park`) on its parked
+    /// memory, nothing copied, instead of allocating memory for a new VM
+    /// (docs/operations.md, "Parking a VM"). A QEMU VM: after `--` the
+    /// QEMU program alone reuses the parked command line; with arguments,
+    /// they must name the parked machine, accelerator, CPU, vCPUs and
+    /// devices.
     #[arg(long, value_name = "NAME", conflicts_with_all = ["size", "nodes", "node", "hugetlbfs"])]
     pub(crate) restore: Option<String>,
     /// With --restore: the guest runs at once (cloud-hypervisor's postcopy

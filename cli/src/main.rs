@@ -127,11 +127,13 @@ fn launch(args: LaunchArgs) -> Result<i32> {
     Ok(report.exit.shell_code())
 }
 
-/// Runs `hugemem park`: from a running cloud-hypervisor, or from a directory.
+/// Runs `hugemem park`: from a running cloud-hypervisor, a launched QEMU
+/// (through its launcher's control socket, `control` or the one of the
+/// launch named `name`), or from a directory.
 fn park(
     socket: &std::path::Path,
     name: &str,
-    api_socket: Option<&std::path::Path>,
+    (api_socket, control): (Option<&std::path::Path>, Option<&std::path::Path>),
     from_dir: Option<(std::path::PathBuf, bool)>,
     timeout: u64,
 ) -> Result<i32> {
@@ -154,7 +156,33 @@ fn park(
             );
             return Ok(0);
         }
-        (None, None) => anyhow::bail!("hugemem park needs --api-socket or --from-dir"),
+        (None, None) => {
+            let control = match control {
+                Some(path) => path.to_owned(),
+                None => hugemem::launch::control_socket_path(name)?,
+            };
+            let r = hugemem::park_cli::park_launched(
+                &control,
+                name,
+                std::time::Duration::from_secs(timeout),
+            )
+            .with_context(|| format!("hugemem park {name} failed"))?;
+            println!(
+                "parked as {name}: {} {} in {} slot(s), its memory moved ({} bytes copied by \
+                 the daemon; {}'s stream: {} bytes of device state, {} bytes of RAM); {:.1} \
+                 ms, the {} exits",
+                r.vmm,
+                format_size(r.bytes),
+                r.slots,
+                r.copied_bytes,
+                r.vmm,
+                r.state_bytes,
+                r.ram_transferred_bytes,
+                r.park_ms,
+                r.vmm
+            );
+            return Ok(0);
+        }
     };
     let r = hugemem_client::saved_vm::park_from_dir(socket, name, &dir, on_demand)
         .with_context(|| format!("hugemem park {name} --from-dir {} failed", dir.display()))?;
@@ -411,6 +439,7 @@ fn run(cli: Cli) -> Result<i32> {
         Command::Park {
             name,
             api_socket,
+            control_socket,
             from_dir,
             on_demand,
             socket,
@@ -418,7 +447,7 @@ fn run(cli: Cli) -> Result<i32> {
         } => park(
             &socket,
             &name,
-            api_socket.as_deref(),
+            (api_socket.as_deref(), control_socket.as_deref()),
             from_dir.map(|d| (d, on_demand)),
             timeout,
         ),

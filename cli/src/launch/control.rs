@@ -12,6 +12,8 @@
 //! ```text
 //! → {"update":{"qemu":"/usr/local/bin/qemu-system-x86_64"}}   (qemu: null = the same binary)
 //! ← {"ok":{…UpdateReport…}}  or  {"error":"…"}
+//! → {"park":{"name":"vm1"}}                                   (QEMU: `hugemem park NAME`)
+//! ← {"parked":{…ParkReport…}}  or  {"error":"…"}
 //! ```
 //!
 //! The launcher serves requests one at a time from the thread that waits
@@ -30,7 +32,7 @@ use nix::sys::socket::{getsockopt, sockopt::PeerCredentials};
 
 use super::control_dir::{check_socket_dir, SocketDirError};
 use super::process::{Spawner, Supervisor};
-use super::update::{Reply, Request, UpdateReport, Updater};
+use super::update::{ParkReport, Reply, Request, UpdateReport, Updater};
 
 /// How long the launcher waits for a connected peer's request line.
 pub const REQUEST_WAIT: Duration = Duration::from_secs(5);
@@ -63,6 +65,9 @@ pub enum ControlError {
     /// The launcher refused or failed the update.
     #[error("the update failed: {0}")]
     Failed(String),
+    /// The launcher refused or failed the park.
+    #[error("the park failed: {0}")]
+    ParkFailed(String),
     /// The socket's directory would let another uid take the socket.
     #[error(transparent)]
     Dir(#[from] SocketDirError),
@@ -288,6 +293,48 @@ pub fn request_update(
     qemu: Option<&Path>,
     timeout: Duration,
 ) -> Result<UpdateReport, ControlError> {
+    let request = Request::Update {
+        qemu: qemu.map(Path::to_path_buf),
+    };
+    match exchange(path, &request, timeout)? {
+        Reply::Ok(report) => Ok(report),
+        Reply::Error(text) => Err(ControlError::Failed(text)),
+        Reply::Parked(_) => Err(ControlError::Exchange {
+            path: path.to_owned(),
+            what: "a park's answer to an update".into(),
+        }),
+    }
+}
+
+/// `hugemem park NAME` of a launched QEMU: asks the launch listening on
+/// `path` to park its VM under `name` in its daemon and waits up to
+/// `timeout` for the result. The VMM exits once the daemon has the VM.
+///
+/// # Errors
+///
+/// As [`request_update`]; [`ControlError::ParkFailed`] with the
+/// launcher's text (the VM runs on).
+pub fn request_park(
+    path: &Path,
+    name: &str,
+    timeout: Duration,
+) -> Result<ParkReport, ControlError> {
+    let request = Request::Park {
+        name: name.to_owned(),
+    };
+    match exchange(path, &request, timeout)? {
+        Reply::Parked(report) => Ok(report),
+        Reply::Error(text) => Err(ControlError::ParkFailed(text)),
+        Reply::Ok(_) => Err(ControlError::Exchange {
+            path: path.to_owned(),
+            what: "an update's answer to a park".into(),
+        }),
+    }
+}
+
+/// One request on the control socket at `path` and its reply, sent only
+/// to a launch of the caller's uid or root's.
+fn exchange(path: &Path, request: &Request, timeout: Duration) -> Result<Reply, ControlError> {
     let socket = |source| ControlError::Socket {
         path: path.to_owned(),
         source,
@@ -309,10 +356,7 @@ pub fn request_update(
         path: path.to_owned(),
         what,
     };
-    let request = Request::Update {
-        qemu: qemu.map(Path::to_path_buf),
-    };
-    let mut text = serde_json::to_string(&request).map_err(|e| exchange(e.to_string()))?;
+    let mut text = serde_json::to_string(request).map_err(|e| exchange(e.to_string()))?;
     text.push('\n');
     (&stream)
         .write_all(text.as_bytes())
@@ -329,10 +373,7 @@ pub fn request_update(
             "the launcher closed the connection without an answer".into(),
         ));
     }
-    match serde_json::from_str(&line).map_err(|e| exchange(format!("bad answer {line:?}: {e}")))? {
-        Reply::Ok(report) => Ok(report),
-        Reply::Error(text) => Err(ControlError::Failed(text)),
-    }
+    serde_json::from_str(&line).map_err(|e| exchange(format!("bad answer {line:?}: {e}")))
 }
 
 #[cfg(test)]

@@ -101,9 +101,9 @@ pub use config::{
     parse_nodes, parse_page_policy, LaunchConfig, NodesError, DEFAULT_REATTACH_TIMEOUT,
     DEFAULT_UPDATE_TIMEOUT, NODES_SYNTAX,
 };
-pub use control::{control_socket_path, request_update, ControlError};
+pub use control::{control_socket_path, request_park, request_update, ControlError};
 pub use error::{LaunchError, Unsupported};
 pub(crate) use process::keep_across_exec;
 pub use process::{run_vmm, VmmExit};
 pub use run::{run, LaunchReport};
-pub use update::{UpdateError, UpdateReport};
+pub use update::{ParkReport, UpdateError, UpdateReport};

@@ -50,7 +50,7 @@ pub fn run(cfg: &LaunchConfig, name: &str) -> Result<LaunchReport, LaunchError> 
         .or_else(|| Vmm::detect(&program))
         .ok_or_else(|| {
             LaunchError::Options(
-                "--restore runs cloud-hypervisor (a parked VM is a cloud-hypervisor VM)".into(),
+                "--restore runs the VM's VMM (cloud-hypervisor or qemu-system-*): name it after -- or with --vmm".into(),
             )
         })?
         .adapter();
@@ -105,6 +105,7 @@ pub fn run(cfg: &LaunchConfig, name: &str) -> Result<LaunchReport, LaunchError> 
                 Ok(a) => a,
                 Err(e) => {
                     warn!(name, error = %e, "the restore failed; stopping the new {vmm} (the VM stays parked)");
+                    slot.put(None);
                     receiver.stop();
                     return None;
                 }
@@ -157,14 +158,12 @@ pub fn run(cfg: &LaunchConfig, name: &str) -> Result<LaunchReport, LaunchError> 
 fn record_restored(
     alloc: &Allocation,
     took: Duration,
-    slot: &Mutex<Option<Allocation>>,
+    slot: &super::update::RestoredMemory,
     restored: &Mutex<Option<Restored>>,
     (name, vmm): (&str, &str),
     (on_demand, copy): (bool, bool),
 ) {
-    if let (Ok(mut m), Ok(copy)) = (slot.lock(), alloc.try_clone()) {
-        *m = Some(copy);
-    }
+    slot.put(alloc.try_clone().ok());
     if let Ok(mut r) = restored.lock() {
         *r = Some(Restored {
             id: alloc.id,

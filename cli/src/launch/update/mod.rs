@@ -36,13 +36,15 @@
 mod error;
 mod mailbox;
 mod request;
+mod restored_memory;
 mod successor_memory;
 mod switch;
 mod updater;
 
 pub use error::UpdateError;
 pub(crate) use mailbox::SuccessorMailbox;
-pub use request::{Reply, Request, UpdateReport};
+pub use request::{ParkReport, Reply, Request, UpdateReport};
+pub(crate) use restored_memory::RestoredMemory;
 pub(crate) use switch::monotonic_ns;
 pub use switch::{MigrationFigures, SuccessorCommand, Switched, VmmSwitch};
 pub(crate) use updater::{MemorySlot, Updater};

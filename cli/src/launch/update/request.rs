@@ -45,6 +45,31 @@ pub struct UpdateReport {
     pub resumed_at_ns: u64,
 }
 
+/// What one park did (`hugemem park NAME` of a launched QEMU).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ParkReport {
+    /// The VMM kind (`QEMU`).
+    pub vmm: String,
+    /// The name the VM is parked under.
+    pub name: String,
+    /// The allocation that holds it in the daemon.
+    pub alloc_id: u64,
+    /// Bytes of guest memory parked.
+    pub bytes: u64,
+    /// Of them, bytes the daemon copied (0: moved).
+    pub copied_bytes: u64,
+    /// Memory slots.
+    pub slots: u32,
+    /// Bytes of the VMM's device state the daemon keeps.
+    pub state_bytes: u64,
+    /// RAM bytes the VMM's migration stream carried.
+    pub ram_transferred_bytes: u64,
+    /// From the request to the daemon's answer, ms.
+    pub park_ms: f64,
+    /// The VMM's migration of its device state, ms.
+    pub migrate_ms: f64,
+}
+
 /// A request on the control socket.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -54,6 +79,12 @@ pub enum Request {
         /// The new QEMU binary; `None`: the one running now.
         qemu: Option<PathBuf>,
     },
+    /// Park the VM in the daemon under `name`; the VMM exits once the
+    /// daemon has it.
+    Park {
+        /// The parked VM's name.
+        name: String,
+    },
 }
 
 /// The reply to a [`Request`].
@@ -62,6 +93,8 @@ pub enum Request {
 pub enum Reply {
     /// It worked.
     Ok(UpdateReport),
+    /// The VM is parked.
+    Parked(ParkReport),
     /// It did not; the old QEMU runs the guest still, unless the text says otherwise.
     Error(String),
 }

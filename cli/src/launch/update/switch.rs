@@ -13,6 +13,7 @@ use std::time::Duration;
 use hugemem_client::client::Allocation;
 
 use super::error::UpdateError;
+use super::request::ParkReport;
 
 /// What one kind of VMM does in a live update. Everything else — the
 /// successor's memory, handing the daemon connection to the watcher,
@@ -70,6 +71,27 @@ pub trait VmmSwitch {
 
     /// After the replaced VMM was reaped.
     fn retired(&mut self) {}
+
+    /// Parks the running VM under `name` in the daemon at `daemon`, its
+    /// memory `memory` (the launcher's descriptors); once the daemon has
+    /// it, asks the VMM to exit. On an error the VMM runs the guest on.
+    /// A VMM that parks otherwise (cloud-hypervisor, through its own API)
+    /// answers that it does not park here.
+    fn park(
+        &mut self,
+        memory: &Allocation,
+        daemon: &std::path::Path,
+        name: &str,
+    ) -> Result<ParkReport, UpdateError> {
+        let _ = (memory, daemon, name);
+        Err(UpdateError::Migration {
+            status: "not started".into(),
+            detail: format!(
+                "{} parks through its own API (`hugemem park NAME --api-socket PATH`)",
+                self.name()
+            ),
+        })
+    }
 }
 
 /// How to start a successor.

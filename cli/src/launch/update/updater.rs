@@ -6,7 +6,7 @@ use std::ffi::OsString;
 use std::os::fd::{AsFd, BorrowedFd};
 use std::path::PathBuf;
 use std::process::Child;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use hugemem_client::client::Allocation;
@@ -16,6 +16,7 @@ use tracing::{info, warn};
 use super::error::UpdateError;
 use super::mailbox::SuccessorMailbox;
 use super::request::{Reply, Request, UpdateReport};
+use super::restored_memory::RestoredMemory;
 use super::successor_memory::DaemonLink;
 use super::switch::VmmSwitch;
 use crate::launch::allocation::HeldAllocation;
@@ -24,8 +25,9 @@ use crate::launch::error::LaunchError;
 use crate::launch::process::{pidfd, Spawner};
 
 /// Where a restored VM's allocation is put once RESTORE handed it over
-/// (`launch --restore --name`): the updater takes it at its first update.
-pub(crate) type MemorySlot = Arc<Mutex<Option<Allocation>>>;
+/// (`launch --restore --name`): the updater takes it at its first update
+/// or park.
+pub(crate) type MemorySlot = Arc<RestoredMemory>;
 
 /// The launcher's side of live updates: the running VMM's switch, its
 /// memory and the daemon link. Served on the thread that waits for the VMM
@@ -104,7 +106,7 @@ impl Updater {
             let arrived = self
                 .later
                 .as_ref()
-                .and_then(|slot| slot.lock().ok().and_then(|mut m| m.take()));
+                .and_then(|slot| slot.take(self.deadline));
             self.memory = arrived;
         }
         self.memory.as_ref().ok_or_else(|| UpdateError::Migration {
@@ -115,7 +117,10 @@ impl Updater {
 
     /// Serves one request: the update, or why it failed.
     pub(crate) fn answer(&mut self, request: Request, vmm: &mut Child, spawner: &Spawner) -> Reply {
-        let Request::Update { qemu } = request;
+        let qemu = match request {
+            Request::Update { qemu } => qemu,
+            Request::Park { name } => return self.park(&name),
+        };
         match self.update(vmm, spawner, qemu) {
             Ok(report) => Reply::Ok(report),
             Err(e) => {
@@ -123,6 +128,33 @@ impl Updater {
                 let text = hugemem_client::diag::chain(&e).to_string();
                 warn!(error = %text, "update failed; the running {name} keeps the guest");
                 Reply::Error(format!("{text} (the running {name} keeps the guest)"))
+            }
+        }
+    }
+
+    /// Parks the running VM under `name` (the switch's `park`): the VMM
+    /// exits once the daemon has it; on an error it runs the guest on.
+    fn park(&mut self, name: &str) -> Reply {
+        let vmm = self.switch.name();
+        let parked = self.switch.connect_running().and_then(|()| {
+            self.memory()?;
+            let memory = self.memory.as_ref().ok_or_else(|| UpdateError::Migration {
+                status: "not started".into(),
+                detail: "the VM is still being restored".into(),
+            })?;
+            self.switch.park(memory, &self.daemon.socket, name)
+        });
+        match parked {
+            Ok(report) => {
+                info!(?report, "parked as {name}; {vmm} exits");
+                Reply::Parked(report)
+            }
+            Err(e) => {
+                let text = hugemem_client::diag::chain(&e).to_string();
+                warn!(error = %text, "park failed; the running {vmm} keeps the guest");
+                Reply::Error(format!(
+                    "{text} (nothing parked: the running {vmm} keeps the guest)"
+                ))
             }
         }
     }

@@ -1,10 +1,15 @@
 //! QEMU's adapter: its command line on daemon memory (`command_line.rs`),
 //! its QMP monitor on a socket pair (`qmp.rs`), and its live update, a
-//! migration with `x-ignore-shared` (`switch.rs`). Park and restore are
-//! not supported for QEMU yet: the adapter says so.
+//! migration with `x-ignore-shared` (`switch.rs`); its park (`park.rs`,
+//! asked of the launcher on its control socket) and restore
+//! (`restore.rs`), the device state kept by the daemon in the documents of
+//! `parked.rs`. Clones are not supported for QEMU yet: the adapter says so.
 
 pub mod command_line;
+mod park;
+pub mod parked;
 pub mod qmp;
+mod restore;
 mod switch;
 
 use std::ffi::OsString;
@@ -105,29 +110,35 @@ impl VmmAdapter for Qemu {
     fn park(
         &self,
         _daemon: &Path,
-        _name: &str,
-        _vm_control: &Path,
-        _timeout: Duration,
+        name: &str,
+        vm_control: &Path,
+        timeout: Duration,
     ) -> Result<Parked, ParkError> {
-        Err(Unsupported {
-            vmm: NAME,
-            what: "hugemem park",
-        }
-        .into())
+        // The launcher owns QEMU's monitor and its daemon session: it
+        // parks when asked on its control socket (`park.rs`).
+        let report =
+            crate::launch::control::request_park(vm_control, name, timeout).map_err(|e| {
+                ParkError::Api {
+                    vmm: NAME,
+                    source: Box::new(e),
+                }
+            })?;
+        Ok(Parked {
+            alloc_id: report.alloc_id,
+            bytes: report.bytes,
+            copied_bytes: report.copied_bytes,
+            slots: report.slots,
+        })
     }
 
     fn restore(&self) -> Result<&dyn VmmRestore, LaunchError> {
-        Err(Unsupported {
-            vmm: NAME,
-            what: "launch --restore (a parked VM is a cloud-hypervisor VM)",
-        }
-        .into())
+        Ok(&restore::QemuRestore)
     }
 
     fn clone(&self) -> Result<&dyn VmmClone, LaunchError> {
         Err(Unsupported {
             vmm: NAME,
-            what: "launch --clone-of (a parked VM is a cloud-hypervisor VM)",
+            what: "launch --clone-of",
         }
         .into())
     }

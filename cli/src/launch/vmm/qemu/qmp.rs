@@ -25,11 +25,18 @@ pub const CHARDEV_ID: &str = "hm-qmp";
 
 /// The QEMU options that make fd `fd` (a connected socket) its QMP monitor.
 pub fn monitor_args(fd: i32) -> [String; 4] {
+    monitor_args_as(CHARDEV_ID, fd)
+}
+
+/// [`monitor_args`] for a monitor whose chardev is named `id` (a QEMU may
+/// have several: a restored one has one for the restore and one for
+/// updates).
+pub fn monitor_args_as(id: &str, fd: i32) -> [String; 4] {
     [
         "-chardev".into(),
-        format!("socket,id={CHARDEV_ID},fd={fd}"),
+        format!("socket,id={id},fd={fd}"),
         "-mon".into(),
-        format!("chardev={CHARDEV_ID},mode=control"),
+        format!("chardev={id},mode=control"),
     ]
 }
 

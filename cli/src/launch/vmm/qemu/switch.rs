@@ -26,7 +26,7 @@ use crate::launch::allocation::memory_regions;
 use crate::launch::command_line::BuildOptions;
 use crate::launch::error::LaunchError;
 use crate::launch::update::{
-    monotonic_ns, MigrationFigures, SuccessorCommand, Switched, UpdateError, VmmSwitch,
+    monotonic_ns, MigrationFigures, ParkReport, SuccessorCommand, Switched, UpdateError, VmmSwitch,
 };
 
 fn qmp_err(what: &str) -> impl FnOnce(QmpError) -> UpdateError + '_ {
@@ -280,6 +280,43 @@ impl VmmSwitch for QemuSwitch {
             }
             Err(e) => warn!(error = %e, "cannot ask the running QEMU for its status"),
         }
+    }
+
+    fn park(
+        &mut self,
+        memory: &Allocation,
+        daemon: &std::path::Path,
+        name: &str,
+    ) -> Result<ParkReport, UpdateError> {
+        let started = Instant::now();
+        let qmp = self.qmp.as_mut().ok_or_else(|| {
+            UpdateError::Io(std::io::Error::other("no monitor on the running QEMU"))
+        })?;
+        let command = (&self.program, self.user_args.as_slice());
+        let done = match super::park::park(qmp, memory, command, (daemon, name), self.deadline) {
+            Ok(done) => done,
+            Err(e) => {
+                self.keep_old_running();
+                return Err(e);
+            }
+        };
+        // The daemon has the VM: this QEMU may go (it may close the
+        // monitor before it answers).
+        if let Err(e) = qmp.execute("quit", json!({})) {
+            tracing::debug!(error = %e, "quit on the parked QEMU");
+        }
+        Ok(ParkReport {
+            vmm: "QEMU".into(),
+            name: name.to_owned(),
+            alloc_id: done.parked.alloc_id,
+            bytes: done.parked.bytes,
+            copied_bytes: done.parked.copied_bytes,
+            slots: done.parked.slots,
+            state_bytes: done.state_bytes,
+            ram_transferred_bytes: done.ram_transferred_bytes,
+            park_ms: started.elapsed().as_secs_f64() * 1e3,
+            migrate_ms: done.migrate_time.as_secs_f64() * 1e3,
+        })
     }
 
     fn retire_old(&mut self) {

@@ -1,0 +1,159 @@
+//! QEMU's park, run by the launcher that owns its monitor (asked on the
+//! control socket by `hugemem park NAME`).
+//!
+//! QEMU migrates its device state with `x-ignore-shared` (the guest RAM,
+//! on shared memory, is left out) into one end of a socket pair
+//! (`getfd`, `migrate fd:hm-park`); the launcher reads the stream to its
+//! end, at most [`MAX_STREAM`] bytes, and waits for QEMU's MIGRATION
+//! `completed` (QEMU is paused from then on). Then it plays the sender of
+//! a local migration to the daemon with PARK: a `MemoryFd` per region (the
+//! launcher's descriptors of its allocation, which the daemon recognises
+//! as the tenant's own and moves, nothing copied), the configuration and
+//! the state of `parked.rs`, `Complete`. The caller has QEMU quit only
+//! once the daemon answered OK; on any error it has QEMU go on
+//! (`migrate_cancel`, `cont`): nothing was parked.
+
+use std::io::Read;
+use std::os::fd::{AsFd, BorrowedFd};
+use std::os::unix::net::UnixStream;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use hugemem_client::client::{Allocation, Client};
+use hugemem_client::park::Parked;
+use serde_json::{json, Value};
+
+use super::parked::{ParkedConfig, ParkedRegion, ParkedState, MAX_STREAM};
+use super::qmp::{is_event, Qmp};
+use crate::launch::update::UpdateError;
+
+/// What a park did.
+#[derive(Debug)]
+pub(crate) struct QemuParked {
+    /// The daemon's reply.
+    pub(crate) parked: Parked,
+    /// Bytes of QEMU's migration stream (its device state).
+    pub(crate) state_bytes: u64,
+    /// RAM bytes QEMU's stream carried (`ram.transferred`).
+    pub(crate) ram_transferred_bytes: u64,
+    /// From `migrate` to QEMU's `completed`.
+    pub(crate) migrate_time: Duration,
+}
+
+fn qmp_err(what: &'static str) -> impl FnOnce(super::qmp::QmpError) -> UpdateError {
+    move |source| UpdateError::Control {
+        what: what.to_owned(),
+        source: Box::new(source),
+    }
+}
+
+fn failed(status: &str, detail: impl Into<String>) -> UpdateError {
+    UpdateError::Migration {
+        status: status.to_owned(),
+        detail: detail.into(),
+    }
+}
+
+/// Parks the VM of the QEMU behind `qmp` (running `program` with the
+/// user's `args` on `memory`) under `name` in the daemon at `daemon`.
+/// QEMU is paused when this returns, whatever the outcome.
+pub(crate) fn park(
+    qmp: &mut Qmp,
+    memory: &Allocation,
+    (program, args): (&std::ffi::OsString, &[std::ffi::OsString]),
+    (daemon, name): (&Path, &str),
+    deadline: Duration,
+) -> Result<QemuParked, UpdateError> {
+    let regions = memory
+        .regions
+        .iter()
+        .map(|r| ParkedRegion {
+            size: r.size,
+            node: (r.node != hugemem_client::proto::ANY_NODE).then_some(r.node),
+        })
+        .collect();
+    let config = ParkedConfig::new(program, args, regions)
+        .map_err(|e| failed("not started", e.to_string()))?;
+    // The daemon first: a daemon that cannot be reached costs the guest nothing.
+    let mut client = Client::connect(daemon).map_err(|e| failed("not started", e.to_string()))?;
+    let (stream, migrate_time) = device_state(qmp, deadline)?;
+    let stats = qmp
+        .execute("query-migrate", json!({}))
+        .map_err(qmp_err("query-migrate"))?;
+    let ram = stats
+        .pointer("/ram/transferred")
+        .and_then(Value::as_u64)
+        .unwrap_or(0);
+    let config = serde_json::to_vec(&config).map_err(|e| failed("completed", e.to_string()))?;
+    let state = serde_json::to_vec(&ParkedState::new(&stream))
+        .map_err(|e| failed("completed", e.to_string()))?;
+    let (ours, daemons) = UnixStream::pair()?;
+    ours.set_read_timeout(Some(deadline))?;
+    let fds: Vec<(u32, BorrowedFd<'_>)> =
+        (0u32..).zip(memory.fds.iter().map(AsFd::as_fd)).collect();
+    let parked = std::thread::scope(|s| {
+        let sender =
+            s.spawn(|| ch_migration::peer::send_snapshot(&ours, &fds, &config, &state, false));
+        let answer = client.park(name, &daemons);
+        // Our copy goes, so that a sender waiting on a daemon that never
+        // read ends too.
+        drop(daemons);
+        let _ = ours.shutdown(std::net::Shutdown::Both);
+        let sent = sender.join();
+        match (answer, sent) {
+            (Ok(parked), _) => Ok(parked),
+            (Err(e), _) => Err(UpdateError::Control {
+                what: "the daemon's PARK".into(),
+                source: Box::new(e),
+            }),
+        }
+    })?;
+    Ok(QemuParked {
+        parked,
+        state_bytes: stream.len() as u64,
+        ram_transferred_bytes: ram,
+        migrate_time,
+    })
+}
+
+/// QEMU's device state: `migrate` into a socket pair, read to its end (at
+/// most [`MAX_STREAM`] bytes), QEMU's `completed` awaited.
+fn device_state(qmp: &mut Qmp, deadline: Duration) -> Result<(Vec<u8>, Duration), UpdateError> {
+    let caps = json!({"capabilities": [
+        {"capability": "x-ignore-shared", "state": true},
+        {"capability": "events", "state": true},
+    ]});
+    qmp.execute("migrate-set-capabilities", caps)
+        .map_err(qmp_err("migrate-set-capabilities"))?;
+    qmp.clear_events();
+    let (ours, qemus) = UnixStream::pair()?;
+    ours.set_read_timeout(Some(deadline))?;
+    qmp.execute_with_fd("getfd", json!({"fdname": "hm-park"}), qemus.as_fd())
+        .map_err(qmp_err("getfd"))?;
+    drop(qemus);
+    let started = Instant::now();
+    qmp.execute("migrate", json!({"uri": "fd:hm-park"}))
+        .map_err(qmp_err("migrate"))?;
+    let mut stream = Vec::new();
+    let read = (&ours).take(MAX_STREAM as u64 + 1).read_to_end(&mut stream);
+    if let Err(e) = read {
+        return Err(failed("reading", format!("QEMU's migration stream: {e}")));
+    }
+    if stream.len() > MAX_STREAM {
+        return Err(failed(
+            "refused",
+            format!("QEMU's device state is over {MAX_STREAM} bytes: too large to park"),
+        ));
+    }
+    let end = qmp
+        .wait_event(|e| is_event(e, "MIGRATION", &["completed", "failed", "cancelled"]))
+        .map_err(qmp_err("waiting for the migration to end"))?;
+    let status = end
+        .pointer("/data/status")
+        .and_then(Value::as_str)
+        .unwrap_or("?");
+    if status != "completed" {
+        return Err(failed(status, "QEMU's migration of its device state"));
+    }
+    Ok((stream, started.elapsed()))
+}
