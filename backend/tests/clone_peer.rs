@@ -34,6 +34,7 @@ use ch_migration::peer::receive_snapshot;
 use hugemem_client::park::RestoreOptions;
 use park_peer::clones::*;
 use park_peer::*;
+use test_support::hugepages::hold_all_but_2m;
 use test_support::hugepages::hugepages_2m;
 use test_support::prelude::{reserve_2m, serial, wait_until, TestDaemon};
 use test_support::tenant::{in_child, root_or_skip, NOBODY};
@@ -131,7 +132,7 @@ fn a_shared_clone_gets_the_template_read_only_and_keeps_it_parked() {
         )
     });
     assert_eq!(code, 0, "uid {NOBODY} cloning root's template");
-    let hog = Hog::leaving(SIZE / PAGE + HEADROOM / PAGE - 1);
+    let hog = hold_all_but_2m(SIZE / PAGE + HEADROOM / PAGE - 1);
     let (r, got) = clone_via(&mut cloner, "tmpl", CloneMode::Shared);
     drop(hog);
     expect_refused(r, Status::NoMemory, "short by 1");
@@ -454,7 +455,7 @@ fn clones_at_once_are_admitted_exactly_as_far_as_the_headroom_allows() {
     park_via(&mut owner, "tmpl", whole(&mem, SIZE))
         .result
         .expect("parked");
-    let hog = Hog::leaving(K as u64 * need + HEADROOM / PAGE);
+    let hog = hold_all_but_2m(K as u64 * need + HEADROOM / PAGE);
     let start = std::sync::Barrier::new(N);
     let runs: Vec<_> = std::thread::scope(|s| {
         let workers: Vec<_> = (0..N)

@@ -30,6 +30,7 @@ use backend::proto::{CloneMode, Status};
 use ch_migration::{Response, HEADER_SIZE};
 use park_peer::clones::*;
 use park_peer::*;
+use test_support::hugepages::hold_all_but_2m;
 use test_support::prelude::{reserve_2m, serial, wait_until, TestDaemon};
 
 const SIZE: u64 = 4 << 20;
@@ -245,7 +246,7 @@ fn a_flood_of_clones_is_stopped_by_the_budget_and_ends_with_its_connection() {
     park_via(&mut owner, "tmpl", whole(&mem, SIZE))
         .result
         .expect("parked");
-    let hog = Hog::leaving(KEPT * need);
+    let hog = hold_all_but_2m(KEPT * need);
     // The flood: every launcher keeps its end (nothing ever maps).
     let mut flooder = d.client();
     let mut ends = Vec::new();

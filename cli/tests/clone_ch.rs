@@ -31,7 +31,7 @@ use backend::daemon::ByteSize;
 use hugemem_client::client::{Client, ClientError};
 use hugemem_client::proto::{CloneMode, Status};
 use microguest::{SpinState, SPIN_BLOCK_GPA, SPIN_BLOCK_LEN};
-use test_support::hugepages::hugepages_2m;
+use test_support::hugepages::hold_all_but_2m;
 use test_support::prelude::{wait_until, TestDaemon};
 use test_support::tenant::{in_child, root_or_skip, NOBODY};
 
@@ -82,38 +82,6 @@ fn clone_refusal(socket: &Path, name: &str) -> Result<(), (Status, String)> {
         Ok(_) => Ok(()),
         Err(ClientError::Refused { status, message }) => Err((status, message)),
         Err(e) => Err((Status::Internal, e.to_string())),
-    }
-}
-
-/// Reserves (without faulting) all but `leave` of the host's free,
-/// unreserved 2 MiB pages, until dropped.
-struct Hog(*mut libc::c_void, usize);
-
-impl Hog {
-    fn leaving(leave: u64) -> Self {
-        let spare = hugepages_2m("free_hugepages") - hugepages_2m("resv_hugepages");
-        let len = usize::try_from(spare.saturating_sub(leave) * PAGE).expect("a length");
-        // SAFETY: a fresh anonymous hugetlb mapping (reserved, not faulted);
-        // it aliases nothing and is unmapped by Drop.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_HUGETLB,
-                -1,
-                0,
-            )
-        };
-        assert_ne!(p, libc::MAP_FAILED, "reserve {len} bytes of 2 MiB pages");
-        Self(p, len)
-    }
-}
-
-impl Drop for Hog {
-    fn drop(&mut self) {
-        // SAFETY: the mapping Hog::leaving made, unmapped once.
-        unsafe { libc::munmap(self.0, self.1) };
     }
 }
 
@@ -224,7 +192,7 @@ fn shared_clones_count_on_from_a_template_that_stays_unchanged() {
 
     // The headroom: one page short.
     let need = RAM / PAGE;
-    let hog = Hog::leaving(need + HEADROOM / PAGE - 1);
+    let hog = hold_all_but_2m(need + HEADROOM / PAGE - 1);
     let refused = clone_refusal(&daemon.socket(), "template");
     drop(hog);
     match refused {

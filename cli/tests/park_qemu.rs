@@ -28,6 +28,7 @@ use microguest::pattern;
 use test_support::hugepages::hold;
 use test_support::prelude::{serial, wait_until, TestDaemon};
 
+use common::park::{stop as stop_launcher, stop_and_settle};
 use common::{assert_balanced, child_of, counting_past, spin_elf, spin_state, StopLauncher};
 
 const HUGEMEM: &str = env!("CARGO_BIN_EXE_hugemem");
@@ -225,21 +226,7 @@ fn ten_parks_and_restores_keep_the_guest_counting_on_the_same_memory() {
         "parks and restores counted: {stats}"
     );
     std::mem::forget(stop);
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(i32::try_from(launcher).expect("pid")),
-        nix::sys::signal::Signal::SIGTERM,
-    )
-    .expect("SIGTERM to the launcher");
-    let status = launched.wait().expect("wait for the launcher");
-    assert_ne!(
-        status.code(),
-        Some(124),
-        "the launcher did not finish in time"
-    );
-    let stats = daemon.wait_stats(Duration::from_secs(30), "the allocation released", |s| {
-        s.allocations.active == 0
-    });
-    assert_balanced(&stats, "after the VM exited");
+    let stats = stop_and_settle(&daemon, launcher, &mut launched);
     assert_eq!(
         (stats.counters.allocs_ok, stats.counters.allocs_released),
         (1, 1),
@@ -392,17 +379,7 @@ fn refused_parks_and_restores_leave_the_vm_running_or_parked() {
     drop(ram);
     hugemem::park_cli::unpark(&daemon.socket(), "forged").expect("UNPARK forged");
     std::mem::forget(stop);
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(i32::try_from(launcher).expect("pid")),
-        nix::sys::signal::Signal::SIGTERM,
-    )
-    .expect("SIGTERM to the launcher");
-    let status = launched.wait().expect("wait for the launcher");
-    assert_ne!(
-        status.code(),
-        Some(124),
-        "the launcher did not finish in time"
-    );
+    stop_launcher(launcher, &mut launched);
     let stats = daemon.wait_stats(Duration::from_secs(30), "everything released", |s| {
         s.allocations.active == 0 && s.parked.is_empty()
     });

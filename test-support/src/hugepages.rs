@@ -90,6 +90,20 @@ pub fn hugepages_2m(what: &str) -> u64 {
         .expect("page count")
 }
 
+/// Holds all but `leave` of the host's free, unreserved 2 MiB pages
+/// (reserved, never faulted) until dropped: a host on which the next
+/// `leave` pages are the last.
+///
+/// # Panics
+///
+/// When the pages cannot be reserved.
+pub fn hold_all_but_2m(leave: u64) -> Ballast {
+    let spare = hugepages_2m("free_hugepages") - hugepages_2m("resv_hugepages");
+    let pages = spare.saturating_sub(leave);
+    Ballast::new(PageSize::Huge2M, pages)
+        .unwrap_or_else(|e| panic!("reserve {pages} 2 MiB pages: {e}"))
+}
+
 /// A full host for `test`: exactly `pages` pages of `page_size` available
 /// host-wide (free and unreserved), whatever earlier tests or runs left,
 /// held until the guard drops (the pool then goes back to its earlier

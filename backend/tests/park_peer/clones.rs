@@ -1,6 +1,7 @@
 //! The clone tests' pieces: a fake clone launcher (CLONE on a socket
-//! pair, `receive_snapshot` on our end), a refusal check, a hog of the
-//! host's free huge pages, and a clone's private mapping of a template.
+//! pair, `receive_snapshot` on our end), a refusal check, the hold on the
+//! host's free huge pages (`hold_all_but_2m`, test-support's), and a
+//! clone's private mapping of a template.
 
 use std::os::fd::AsFd;
 use std::os::unix::net::UnixStream;
@@ -9,7 +10,6 @@ use backend::client::{Client, ClientError};
 use backend::proto::{CloneMode, Status};
 use ch_migration::peer::{receive_snapshot, Snapshot};
 use hugemem_client::park::Exported;
-use test_support::hugepages::hugepages_2m;
 
 /// 2 MiB, the clone tests' page.
 pub const PAGE: u64 = 2 << 20;
@@ -52,38 +52,6 @@ pub fn expect_refused<T: std::fmt::Debug>(r: Result<T, ClientError>, status: Sta
             assert!(message.contains(needle), "{needle:?} not in {message:?}");
         }
         other => panic!("expected {status:?} saying {needle:?}, got {other:?}"),
-    }
-}
-
-/// Reserves (without faulting) all but `leave` of the host's free,
-/// unreserved 2 MiB pages, until dropped.
-pub struct Hog(*mut libc::c_void, usize);
-
-impl Hog {
-    pub fn leaving(leave: u64) -> Self {
-        let spare = hugepages_2m("free_hugepages") - hugepages_2m("resv_hugepages");
-        let len = usize::try_from(spare.saturating_sub(leave) * PAGE).expect("a length");
-        // SAFETY: a fresh anonymous hugetlb mapping (reserved, not faulted);
-        // it aliases nothing and is unmapped by Drop.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_HUGETLB,
-                -1,
-                0,
-            )
-        };
-        assert_ne!(p, libc::MAP_FAILED, "reserve {len} bytes of 2 MiB pages");
-        Self(p, len)
-    }
-}
-
-impl Drop for Hog {
-    fn drop(&mut self) {
-        // SAFETY: the mapping Hog::leaving made, unmapped once.
-        unsafe { libc::munmap(self.0, self.1) };
     }
 }
 
