@@ -33,6 +33,9 @@ pub enum LaunchError {
         #[source]
         source: std::io::Error,
     },
+    /// A stop signal came before the VMM started: it was not started.
+    #[error("stopped by {0} before the VMM started (nothing ran)")]
+    Stopped(String),
     /// Waiting for the VMM or handling signals failed.
     #[error("cannot wait for the VMM")]
     Wait(#[source] std::io::Error),

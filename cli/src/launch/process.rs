@@ -28,8 +28,14 @@
 //! reached the VMM already and is not sent twice. The VMM stays in our
 //! process group so that it can read the terminal (`-serial stdio`).
 //! The child's signal mask is restored in `pre_exec` (std keeps the parent's).
-//! Because blocking is per thread, this must run on the main thread before
-//! other threads exist, or another thread could take the signal instead.
+//! Because blocking is per thread, a thread that does not block them could
+//! take such a signal instead, and its default action ends the whole
+//! launcher while the VMM runs on, an orphan holding the guest's memory.
+//! So `hugemem launch` blocks them first of all ([`hold_stop_signals`]),
+//! before its adapters start helper threads (a RESTORE's exchange with the
+//! daemon runs on one while the VMM starts), which inherit the mask. A
+//! signal that arrives before the VMM starts stays pending and is read
+//! just before the spawn: the launch stops there, nothing started.
 //!
 //! # A watcher beside the VMM
 //!
@@ -93,6 +99,26 @@ impl fmt::Display for VmmExit {
             Self::Signal(s) => write!(f, "killed by signal {s}"),
         }
     }
+}
+
+/// The launcher's signal mask before [`hold_stop_signals`] blocked the
+/// forwarded signals: what the VMM gets.
+static MASK_BEFORE_HOLD: std::sync::OnceLock<SigSet> = std::sync::OnceLock::new();
+
+/// Blocks SIGTERM, SIGINT and SIGHUP in the calling thread, and so in every
+/// thread it starts from now on, until the process ends: call it on the
+/// main thread before any other thread starts (see the module docs). They
+/// stay pending until the VMM's launch reads them.
+///
+/// # Errors
+///
+/// [`LaunchError::Wait`] when the mask cannot be changed.
+pub fn hold_stop_signals() -> Result<(), LaunchError> {
+    let old = forwarded_signals()
+        .thread_swap_mask(SigmaskHow::SIG_BLOCK)
+        .map_err(|e| LaunchError::Wait(e.into()))?;
+    let _ = MASK_BEFORE_HOLD.set(old);
+    Ok(())
 }
 
 fn forwarded_signals() -> SigSet {
@@ -191,6 +217,7 @@ pub(crate) fn run_vmm_watching<R: Send>(
         Err(e) => return (Err(LaunchError::Wait(e.into())), None),
     };
     let _restore = MaskGuard(old);
+    let child_mask = MASK_BEFORE_HOLD.get().copied().unwrap_or(old);
     // Without the event there is no way to stop the watcher: run without it
     // (as when its thread cannot start; the daemon then releases the
     // allocation when the connection the watcher would have held closes).
@@ -206,7 +233,7 @@ pub(crate) fn run_vmm_watching<R: Send>(
                 .inspect_err(|e| warn!(error = %e, "cannot start the daemon watcher thread"))
                 .ok()
         });
-        let outcome = spawn_and_wait(argv, inherit, handed_over, &set, old, control);
+        let outcome = spawn_and_wait(argv, inherit, handed_over, &set, child_mask, control);
         if let Some(exit) = &exit {
             exit.fire();
         }
@@ -230,13 +257,23 @@ fn spawn_and_wait(
     let spawner = Spawner {
         child_mask: *old.as_ref(),
     };
+    // Blocked signals stay pending until read here, so one sent before
+    // the spawn or between it and the wait is not lost.
+    let signals = SignalFd::with_flags(set, SfdFlags::SFD_CLOEXEC | SfdFlags::SFD_NONBLOCK)
+        .map_err(|e| LaunchError::Wait(e.into()))?;
+    if let Some(info) = signals
+        .read_signal()
+        .map_err(|e| LaunchError::Wait(e.into()))?
+    {
+        return Err(LaunchError::Stopped(signal_name(info.ssi_signo)));
+    }
     let started = Instant::now();
     let mut all = inherit.to_vec();
     all.extend(handed_over.iter().map(AsFd::as_fd));
     let mut child = spawner.spawn(argv, &all)?;
     drop(all);
     drop(handed_over);
-    match wait_forwarding(&mut child, set, control, &spawner) {
+    match wait_forwarding(&mut child, &signals, control, &spawner) {
         Ok(status) => Ok((VmmExit::from_status(status), started.elapsed())),
         Err(e) => {
             let _ = child.kill();
@@ -333,17 +370,23 @@ fn pid_of(child: &Child) -> io::Result<Pid> {
     ))
 }
 
-/// Waits for `child`, forwarding signals from `set` (blocked by the caller)
-/// and serving `control`, which may replace `child` by a successor.
+/// The name of signal number `signo`, for messages.
+fn signal_name(signo: u32) -> String {
+    i32::try_from(signo)
+        .ok()
+        .and_then(|n| Signal::try_from(n).ok())
+        .map_or_else(|| format!("signal {signo}"), |s| s.as_str().to_owned())
+}
+
+/// Waits for `child`, forwarding the signals `signals` reads (blocked by
+/// the caller) and serving `control`, which may replace `child` by a
+/// successor.
 fn wait_forwarding(
     child: &mut Child,
-    set: &SigSet,
+    signals: &SignalFd,
     mut control: Option<&mut dyn Supervisor>,
     spawner: &Spawner,
 ) -> io::Result<ExitStatus> {
-    // Blocked signals stay pending until read here, so one sent between
-    // the spawn and this is not lost.
-    let signals = SignalFd::with_flags(set, SfdFlags::SFD_CLOEXEC | SfdFlags::SFD_NONBLOCK)?;
     let mut pid = pid_of(child)?;
     let mut exited = pidfd(pid)
         .inspect_err(|e| debug!(error = %e, "no pidfd; polling the VMM every 50 ms"))

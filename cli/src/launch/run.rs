@@ -24,13 +24,15 @@ use super::update::{SuccessorMailbox, Updater};
 /// caller exits with [`VmmExit::shell_code`](super::VmmExit::shell_code).
 ///
 /// Call from the main thread of a process that has started no other thread
-/// that could take SIGTERM/SIGINT (see [`run_vmm`](crate::launch::run_vmm)).
+/// that could take SIGTERM/SIGINT (see [`run_vmm`](crate::launch::run_vmm)):
+/// it blocks them first of all, so that no thread started later takes one.
 ///
 /// # Errors
 ///
 /// Option, command-line, daemon and process errors; see [`LaunchError`].
 /// Nothing is allocated when the command line is refused.
 pub fn run(cfg: &LaunchConfig) -> Result<LaunchReport, LaunchError> {
+    process::hold_stop_signals()?;
     if let Some(name) = &cfg.restore {
         return super::restore::run(cfg, name);
     }
