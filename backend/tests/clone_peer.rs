@@ -205,13 +205,20 @@ fn a_vm_with_a_vfio_device_or_passed_net_fds_is_not_cloned_and_a_tap_is_replaced
     let (r, got) = clone_via(&mut owner, "fds", CloneMode::Shared);
     expect_refused(r, Status::Invalid, "net5 on fds passed to its process");
     assert!(got.is_none());
-    // A named tap: the shared clone's launcher replaces it (the daemon
-    // sends the template as it is); a copy clone is refused.
+    // A named tap and a vsock: the shared clone's launcher replaces them
+    // (the daemon sends the template as it is); for a copy clone the
+    // daemon does, tagged with the requesting launcher's pid (this
+    // process), and its reply says each replacement.
+    let vsock = std::env::temp_dir().join(format!("hm-clone-peer-{}.vsock", std::process::id()));
+    let vsock = vsock.to_str().expect("utf-8 path");
     park_with(
         &mut owner,
         "tap",
         &mem,
-        serde_json::json!({"net": [{"id": "net0", "tap": "tap9"}]}),
+        serde_json::json!({
+            "net": [{"id": "net0", "tap": "tap9", "ip": "192.168.249.1"}],
+            "vsock": {"id": "vsock0", "cid": 3, "socket": vsock},
+        }),
     );
     let mut cloner = d.client();
     let (r, got) = clone_via(&mut cloner, "tap", CloneMode::Shared);
@@ -222,12 +229,35 @@ fn a_vm_with_a_vfio_device_or_passed_net_fds_is_not_cloned_and_a_tap_is_replaced
         config["vm_config"]["net"][0]["tap"], "tap9",
         "sent as parked"
     );
-    let (daemon_end, _receiver) = UnixStream::pair().expect("socketpair");
-    expect_refused(
-        owner.restore_with("tap", &daemon_end, eager_copy()),
-        Status::Invalid,
-        "tap9",
+    let (daemon_end, ch_end) = UnixStream::pair().expect("socketpair");
+    let receiver =
+        std::thread::spawn(move || receive_snapshot(&ch_end, ch_migration::Limits::default()).ok());
+    let copy = owner
+        .restore_with("tap", &daemon_end, eager_copy())
+        .expect("a copy clone with its own tap and vsock socket");
+    drop(daemon_end);
+    let sent = receiver
+        .join()
+        .expect("the fake receiver")
+        .expect("the copy arrived");
+    let config: serde_json::Value = serde_json::from_slice(&sent.config).expect("json");
+    let tap = format!("hmc{}n0", std::process::id());
+    let net = &config["vm_config"]["net"][0];
+    assert_eq!(net["tap"], tap.as_str(), "a new tap: {net}");
+    assert!(
+        net["ip"].is_null(),
+        "the template's host IP not copied: {net}"
     );
+    let socket = format!("{vsock}.clone-{}", std::process::id());
+    assert_eq!(config["vm_config"]["vsock"]["socket"], socket.as_str());
+    assert_eq!(config["vm_config"]["vsock"]["cid"], 3, "the CID stays");
+    assert!(
+        copy.note.contains(&tap) && copy.note.contains(&socket) && copy.note.contains("tap9"),
+        "each replacement said: {}",
+        copy.note
+    );
+    drop(sent);
+    owner.free(copy.id).expect("FREE the copy");
     drop(cloner);
     wait_until(
         "UNPARK once the clone's connection ended",

@@ -16,11 +16,10 @@
 //! A VM whose devices need its memory mapped shared (VFIO, vhost-user,
 //! vDPA, virtio-fs) cannot run on a private mapping:
 //! [`shared_clone_refusal`] names the first such device. What a second
-//! process cannot hold: a shared clone's launcher replaces a net's tap and
-//! a vsock's socket ([`clone_identity`], saying what it replaced) and
-//! refuses a net on fds passed to the template's process
-//! ([`unreplaceable_identity`]); a copy clone refuses all three
-//! ([`identity_refusal`]).
+//! process cannot hold: a shared clone's launcher (a copy clone's daemon)
+//! replaces a net's tap and a vsock's socket ([`clone_identity`], saying
+//! what it replaced); a net on fds passed to the template's process is
+//! refused ([`unreplaceable_identity`]).
 
 use std::collections::BTreeMap;
 
@@ -109,53 +108,6 @@ fn check_devices(value: &Value) -> Result<(), CloneConfigError> {
         if vhost_user {
             return Err(CloneConfigError::NeedsSharedMemory(what.into()));
         }
-    }
-    Ok(())
-}
-
-/// What the migration configuration `config` holds that two clones
-/// cannot both hold, if anything (a copy clone's check; a shared clone's
-/// launcher replaces what it can: [`clone_identity`]): a net on a named tap (`tap=`) or on fds
-/// passed to the template's process (`fd=`), a vsock device (its CID and
-/// its socket path). A configuration without `vm_config` names nothing.
-///
-/// # Errors
-///
-/// [`CloneConfigError::SharedIdentity`] naming the first; a configuration
-/// that is not JSON.
-pub fn identity_refusal(config: &[u8]) -> Result<(), CloneConfigError> {
-    let value: Value = serde_json::from_slice(config)?;
-    let Some(vm) = value.get("vm_config") else {
-        return Ok(());
-    };
-    for net in vm
-        .get("net")
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-    {
-        let id = net.get("id").and_then(Value::as_str).unwrap_or("a net");
-        if let Some(tap) = net.get("tap").and_then(Value::as_str) {
-            return Err(CloneConfigError::SharedIdentity(format!(
-                "{id} on the tap {tap}"
-            )));
-        }
-        if net
-            .get("fds")
-            .and_then(Value::as_array)
-            .is_some_and(|f| !f.is_empty())
-        {
-            return Err(CloneConfigError::SharedIdentity(format!(
-                "{id} on fds passed to its process"
-            )));
-        }
-    }
-    if let Some(vsock) = vm.get("vsock").filter(|v| !v.is_null()) {
-        let cid = vsock.get("cid").and_then(Value::as_u64).unwrap_or(0);
-        let socket = vsock.get("socket").and_then(Value::as_str).unwrap_or("?");
-        return Err(CloneConfigError::SharedIdentity(format!(
-            "a vsock device (CID {cid}, socket {socket})"
-        )));
     }
     Ok(())
 }
@@ -496,32 +448,6 @@ mod tests {
         }
         shared_clone_refusal(&config(serde_json::json!({"net": [{"vhost_user": false}]})))
             .expect("a tap net maps memory as it likes");
-    }
-
-    #[test]
-    fn what_two_clones_cannot_both_hold_is_named() {
-        for (extra, word) in [
-            (
-                serde_json::json!({"net": [{"id": "net0", "tap": "tap7"}]}),
-                "tap7",
-            ),
-            (
-                serde_json::json!({"net": [{"id": "net1", "fds": [3]}]}),
-                "fds passed",
-            ),
-            (
-                serde_json::json!({"vsock": {"cid": 3, "socket": "/run/v.sock"}}),
-                "CID 3",
-            ),
-        ] {
-            let err = identity_refusal(&config(extra)).expect_err("refused");
-            assert!(err.to_string().contains(word), "{err}");
-        }
-        identity_refusal(&config(
-            serde_json::json!({"net": [{"id": "net0", "tap": null}], "vsock": null}),
-        ))
-        .expect("a tap each clone's cloud-hypervisor makes");
-        identity_refusal(b"{}").expect("no vm_config, nothing held");
     }
 
     /// A host where `taken` names exist.

@@ -6,10 +6,11 @@
 //!   and counting on, the successor counts them against the template, the
 //!   template's bytes do not change, and once the clones end the template
 //!   is still parked: it restores and counts on from where it was parked.
-//! * A template on a named tap with a vsock: a shared clone's launcher
-//!   gives the clone a new tap of its own (cloud-hypervisor creates it,
-//!   and it goes with the clone) and a vsock socket of its own (bound by
-//!   the clone's cloud-hypervisor), says so naming both, and the clone
+//! * A template on a named tap with a vsock, cloned in both modes: a
+//!   shared clone's launcher (a copy clone's daemon) gives the clone a new
+//!   tap of its own (cloud-hypervisor creates it, and it goes with the
+//!   clone) and a vsock socket of its own (bound by the clone's
+//!   cloud-hypervisor), the launcher says so naming both, and the clone
 //!   counts on.
 //!
 //! Skipped (through the skip helper) without the cloud-hypervisor binary
@@ -38,13 +39,19 @@ use common::{child_of, StopLauncher};
 
 const CLONES: usize = 2;
 
-/// `hugemem launch --clone-of NAME --clone-mode shared` on the daemon at
+/// `hugemem launch --clone-of NAME --clone-mode MODE` on the daemon at
 /// `socket`, its API at `api`, its stderr `stderr`.
-fn launch_clone(socket: &Path, ch: &str, name: &str, api: &Path, stderr: Stdio) -> Child {
+fn launch_clone(
+    socket: &Path,
+    (ch, mode): (&str, &str),
+    name: &str,
+    api: &Path,
+    stderr: Stdio,
+) -> Child {
     Command::new("timeout")
         .args(["600", HUGEMEM, "launch", "--socket"])
         .arg(socket)
-        .args(["--clone-of", name, "--clone-mode", "shared", "--", ch])
+        .args(["--clone-of", name, "--clone-mode", mode, "--", ch])
         .arg("--api-socket")
         .arg(api)
         .stderr(stderr)
@@ -108,7 +115,7 @@ fn counting(vmm: u32, past: u64, what: &str) -> u64 {
 
 fn start_clone(socket: &Path, setup: &Setup, name: &str, i: usize) -> Clone {
     let api = setup.dir.path().join(format!("clone{i}.api"));
-    let child = launch_clone(socket, &setup.ch, name, &api, Stdio::inherit());
+    let child = launch_clone(socket, (&setup.ch, "shared"), name, &api, Stdio::inherit());
     let launcher = child_of(child.id());
     let vmm = child_of(launcher);
     Clone {
@@ -261,59 +268,73 @@ fn a_clone_of_a_template_on_a_named_tap_with_a_vsock_gets_its_own_and_says_so() 
     let parked_at = common::spin_state(&ram).count;
     drop(ram);
 
-    let clone_api = setup.dir.path().join("clone.api");
-    let mut child = launch_clone(&socket, &setup.ch, "tmpl", &clone_api, Stdio::piped());
-    let launcher = child_of(child.id());
-    let _stop = StopLauncher(launcher);
-    let new_tap = format!("hmc{launcher}n0");
-    let mut lines = BufReader::new(child.stderr.take().expect("stderr")).lines();
-    let said = lines
-        .by_ref()
-        .map_while(Result::ok)
-        .find(|l| l.contains("clone of tmpl: net0"))
-        .expect("the launcher says what it replaced");
-    let said_vsock = lines
-        .by_ref()
-        .map_while(Result::ok)
-        .find(|l| l.contains("clone of tmpl: vsock0"))
-        .expect("the launcher says what it replaced");
-    eprintln!("{said}\n{said_vsock}");
-    let clone_vsock = format!("{}.clone-{launcher}", vsock.display());
-    assert!(
-        said_vsock.contains(&format!("is replaced by {clone_vsock}"))
-            && said_vsock.contains("CID 3 stays"),
-        "{said_vsock}"
-    );
-    // Keep draining the launcher's stderr.
-    let drain =
-        std::thread::spawn(move || lines.map_while(Result::ok).for_each(|l| eprintln!("{l}")));
-    assert!(
-        said.contains(&format!(
-            "the template's tap {TAP} is replaced by a new tap {new_tap}"
-        )),
-        "{said}"
-    );
-    let vmm = child_of(launcher);
-    counting(vmm, parked_at, "the clone on its own tap to count on");
-    assert!(
-        Path::new("/sys/class/net").join(&new_tap).exists(),
-        "the clone's tap {new_tap} exists"
-    );
-    let bound = std::fs::symlink_metadata(&clone_vsock).expect("the clone's vsock socket");
-    assert!(
-        std::os::unix::fs::FileTypeExt::is_socket(&bound.file_type()),
-        "{clone_vsock} is a socket"
-    );
-    park_rig::stop_launch(&mut child);
-    drain.join().expect("the drain");
-    assert!(
-        !Path::new("/sys/class/net").join(&new_tap).exists(),
-        "the clone's tap {new_tap} went with it"
-    );
-    assert!(
-        Path::new("/sys/class/net").join(TAP).exists(),
-        "the template's tap stays"
-    );
+    // A shared clone's launcher replaces them; for a copy clone the daemon
+    // does, and the launcher says what it replied.
+    for mode in ["shared", "copy"] {
+        let clone_api = setup.dir.path().join(format!("clone-{mode}.api"));
+        let mut child = launch_clone(
+            &socket,
+            (&setup.ch, mode),
+            "tmpl",
+            &clone_api,
+            Stdio::piped(),
+        );
+        let launcher = child_of(child.id());
+        let _stop = StopLauncher(launcher);
+        let new_tap = format!("hmc{launcher}n0");
+        let mut lines = BufReader::new(child.stderr.take().expect("stderr")).lines();
+        let said = lines
+            .by_ref()
+            .map_while(Result::ok)
+            .find(|l| l.contains("clone of tmpl: net0"))
+            .expect("the launcher says what it replaced");
+        let said_vsock = lines
+            .by_ref()
+            .map_while(Result::ok)
+            .find(|l| l.contains("clone of tmpl: vsock0"))
+            .expect("the launcher says what it replaced");
+        eprintln!("{said}\n{said_vsock}");
+        let clone_vsock = format!("{}.clone-{launcher}", vsock.display());
+        assert!(
+            said_vsock.contains(&format!("is replaced by {clone_vsock}"))
+                && said_vsock.contains("CID 3 stays"),
+            "{said_vsock}"
+        );
+        // Keep draining the launcher's stderr.
+        let drain =
+            std::thread::spawn(move || lines.map_while(Result::ok).for_each(|l| eprintln!("{l}")));
+        assert!(
+            said.contains(&format!(
+                "the template's tap {TAP} is replaced by a new tap {new_tap}"
+            )),
+            "{said}"
+        );
+        let vmm = child_of(launcher);
+        counting(
+            vmm,
+            parked_at,
+            &format!("the {mode} clone on its own tap to count on"),
+        );
+        assert!(
+            Path::new("/sys/class/net").join(&new_tap).exists(),
+            "the clone's tap {new_tap} exists"
+        );
+        let bound = std::fs::symlink_metadata(&clone_vsock).expect("the clone's vsock socket");
+        assert!(
+            std::os::unix::fs::FileTypeExt::is_socket(&bound.file_type()),
+            "{clone_vsock} is a socket"
+        );
+        park_rig::stop_launch(&mut child);
+        drain.join().expect("the drain");
+        assert!(
+            !Path::new("/sys/class/net").join(&new_tap).exists(),
+            "the clone's tap {new_tap} went with it"
+        );
+        assert!(
+            Path::new("/sys/class/net").join(TAP).exists(),
+            "the template's tap stays"
+        );
+    }
     wait_until("UNPARK once the clone's connection ended", STEP, || {
         Client::connect(&socket).is_ok_and(|mut c| c.unpark("tmpl").is_ok())
     });

@@ -164,6 +164,14 @@ fn record_restored(
     (on_demand, copy): (bool, bool),
 ) {
     slot.put(alloc.try_clone().ok());
+    if copy && !alloc.note.is_empty() {
+        // The daemon gave the copy what a second process cannot hold of
+        // the template's (a tap, a vsock's socket), each said.
+        for line in alloc.note.lines() {
+            info!(name, replaced = %line, "the clone holds its own in place of the template's");
+            eprintln!("hugemem launch: clone of {name}: {line}");
+        }
+    }
     if let Ok(mut r) = restored.lock() {
         *r = Some(Restored {
             id: alloc.id,

@@ -26,8 +26,12 @@
 //! of the copy is filled, so that copy clones of one template fill at
 //! once, while a RESTORE or UNPARK of the template waits for them.
 //!
-//! A VM that holds what a second process cannot (a named tap, a vsock)
-//! is refused (`ch_migration::clone::identity_refusal`), and so is a
+//! What a second process cannot hold (a tap, a vsock's socket) gets the
+//! copy's own in the configuration the daemon sends, as a shared clone's
+//! launcher does (`ch_migration::clone::clone_identity`, tagged with the
+//! requesting launcher's pid): a new tap per net, a vsock socket of its
+//! own. The reply's message says each replacement. A net on fds passed to
+//! the template's process cannot be replaced and is refused, and so is a
 //! template whose regions are on different page sizes.
 
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
@@ -60,6 +64,9 @@ pub struct CopyRequest {
     pub uid: u32,
     /// Its gid.
     pub gid: u32,
+    /// Its pid (the launcher's), which names the copy's taps and vsock
+    /// socket apart from other clones'; the session's id without one.
+    pub pid: Option<u32>,
     /// The template's name.
     pub name: String,
     /// End with `CompletePaused`.
@@ -146,9 +153,17 @@ pub async fn restore_copy(rooms: &Arc<Rooms>, req: CopyRequest, fds: Vec<OwnedFd
         Ok(g) => g,
         Err((status, msg)) => return refused(rooms, &req, status, msg),
     };
-    if let Err(e) = ch_migration::clone::identity_refusal(found.vm.config.as_bytes()) {
-        return refused(rooms, &req, Status::Invalid, e);
-    }
+    // The session id is unique too, where the peer's pid is unknown.
+    let tag = req.pid.unwrap_or(req.session as u32);
+    let identity = ch_migration::clone::clone_identity(
+        found.vm.config.as_bytes(),
+        tag,
+        &ch_migration::clone::ThisHost,
+    );
+    let (config, replaced) = match identity {
+        Ok(c) => c,
+        Err(e) => return refused(rooms, &req, Status::Invalid, e),
+    };
     if let Err(msg) = super::export::fill_pending(rooms, &found).await {
         return refused(rooms, &req, Status::Invalid, msg);
     }
@@ -175,7 +190,14 @@ pub async fn restore_copy(rooms: &Arc<Rooms>, req: CopyRequest, fds: Vec<OwnedFd
         }
     };
     let started = std::time::Instant::now();
-    let sent = send_copy(rooms, &req, &found, &copies, (connections, reading)).await;
+    let sent = send_copy(
+        rooms,
+        &req,
+        (&found, config),
+        &copies,
+        (connections, reading),
+    )
+    .await;
     let copied = match sent {
         Ok(copied) => copied,
         Err((status, msg)) => {
@@ -215,7 +237,13 @@ pub async fn restore_copy(rooms: &Arc<Rooms>, req: CopyRequest, fds: Vec<OwnedFd
     let ms = started.elapsed().as_secs_f64() * 1e3;
     let (postcopy, n) = (req.postcopy, copies.len());
     info!(session = req.session, uid = req.uid, name = %req.name, template = found.alloc, alloc, regions = n, postcopy, copied, ms, "copy clone: fresh memory filled from the template, handed to its cloud-hypervisor; the template stays parked");
-    hand_out.reply(alloc, rooms.pool.owners().token_of(alloc))
+    let mut outcome = hand_out.reply(alloc, rooms.pool.owners().token_of(alloc));
+    outcome.reply.message = replaced
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join("\n");
+    outcome
 }
 
 /// Sends the copy to the receiver and fills it from the template (first,
@@ -225,7 +253,7 @@ pub async fn restore_copy(rooms: &Arc<Rooms>, req: CopyRequest, fds: Vec<OwnedFd
 async fn send_copy(
     rooms: &Arc<Rooms>,
     req: &CopyRequest,
-    found: &FoundParked,
+    (found, config): (&FoundParked, Vec<u8>),
     copies: &[Arc<Region>],
     ((stream, fault), reading): ((UnixStream, Option<UnixStream>), Reading),
 ) -> Result<u64, (Status, String)> {
@@ -276,7 +304,7 @@ async fn send_copy(
             drop(reading);
             let send =
                 |cfg: &[u8]| send_snapshot(&stream, &memory, cfg, vm.state.as_bytes(), paused);
-            send(vm.config.as_bytes()).map_err(StepError::not_taken)?;
+            send(&config).map_err(StepError::not_taken)?;
             return Ok(copied);
         };
         let reading = Mutex::new(Some(reading));
@@ -292,7 +320,7 @@ async fn send_copy(
             main: &stream,
             fault: &fault,
             memory: &memory,
-            config: vm.config.as_bytes(),
+            config: &config,
             state: vm.state.as_bytes(),
             paused,
             targets: &targets,

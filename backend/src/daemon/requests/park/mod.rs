@@ -96,6 +96,7 @@ pub async fn serve(
                 session,
                 uid: peer.uid,
                 gid: peer.gid,
+                pid: peer.pid.and_then(|p| u32::try_from(p).ok()),
                 name,
                 paused,
                 postcopy,
