@@ -95,12 +95,27 @@ impl fmt::Display for VmmExit {
     }
 }
 
+/// The signals a launch forwards to its VMM.
+const FORWARDED: [Signal; 3] = [Signal::SIGTERM, Signal::SIGINT, Signal::SIGHUP];
+
 fn forwarded_signals() -> SigSet {
     let mut set = SigSet::empty();
-    for s in [Signal::SIGTERM, Signal::SIGINT, Signal::SIGHUP] {
+    for s in FORWARDED {
         set.add(s);
     }
     set
+}
+
+/// The VMM's signal mask: the launcher's before it blocked the forwarded
+/// signals (`old`), without them, also when [`hold_forwarded_signals`]
+/// blocked them earlier: a VMM that blocked SIGTERM would never take the
+/// one forwarded to it.
+fn child_mask(old: SigSet) -> SigSet {
+    let mut mask = old;
+    for s in FORWARDED {
+        mask.remove(s);
+    }
+    mask
 }
 
 /// Restores the thread's signal mask when dropped.
@@ -112,6 +127,32 @@ impl Drop for MaskGuard {
             tracing::error!(error = %e, "cannot restore the signal mask");
         }
     }
+}
+
+/// SIGTERM, SIGINT and SIGHUP blocked on this thread until dropped, which
+/// restores the mask before. For a launch that starts threads of its own
+/// before [`run_vmm_watching`] (a restore's RESTORE, on its thread while
+/// the VMM starts): they inherit the mask, so a signal waits for the
+/// VMM's forwarding instead of ending the launcher, and the VMM with it
+/// left running, through a thread that does not block it.
+#[must_use = "the signals are blocked only while it lives"]
+pub(crate) struct SignalsHeld {
+    _restore: MaskGuard,
+}
+
+/// Blocks the forwarded signals on this thread (see [`SignalsHeld`]).
+/// Call from the main thread before other threads exist.
+///
+/// # Errors
+///
+/// [`LaunchError::Wait`] when the mask cannot be set.
+pub(crate) fn hold_forwarded_signals() -> Result<SignalsHeld, LaunchError> {
+    forwarded_signals()
+        .thread_swap_mask(SigmaskHow::SIG_BLOCK)
+        .map(|old| SignalsHeld {
+            _restore: MaskGuard(old),
+        })
+        .map_err(|e| LaunchError::Wait(e.into()))
 }
 
 /// Runs `argv` with `inherit` open in the child under their current numbers,
@@ -228,7 +269,7 @@ fn spawn_and_wait(
     control: Option<&mut dyn Supervisor>,
 ) -> Result<(VmmExit, Duration), LaunchError> {
     let spawner = Spawner {
-        child_mask: *old.as_ref(),
+        child_mask: *child_mask(old).as_ref(),
     };
     let started = Instant::now();
     let mut all = inherit.to_vec();
@@ -412,6 +453,15 @@ fn forward(pid: Pid, info: &libc::signalfd_siginfo) {
 mod tests {
     use super::*;
     use std::os::fd::AsFd;
+
+    #[test]
+    fn the_vmm_takes_the_forwarded_signals_even_when_held_before() {
+        let mut held = forwarded_signals();
+        held.add(Signal::SIGUSR1);
+        let mask = child_mask(held);
+        assert!(FORWARDED.iter().all(|s| !mask.contains(*s)));
+        assert!(mask.contains(Signal::SIGUSR1), "the rest of the mask kept");
+    }
 
     #[test]
     fn exit_codes() {

@@ -67,6 +67,9 @@ pub fn run(cfg: &LaunchConfig, name: &str) -> Result<LaunchReport, LaunchError> 
         .prefix("hugemem-restore-")
         .tempdir()
         .map_err(|e| LaunchError::Options(format!("cannot make a private directory: {e}")))?;
+    // `prepare` starts the RESTORE on a thread: blocked before, it
+    // inherits the mask (a SIGTERM meanwhile is forwarded to the VMM).
+    let _signals = process::hold_forwarded_signals()?;
     let launch = vmm_restore.prepare(cfg, private.path())?;
     let client = Client::connect(&cfg.socket)?;
     let restored: Arc<Mutex<Option<Restored>>> = Arc::default();
