@@ -27,9 +27,12 @@
 //! whole foreground process group (Ctrl-C; `si_code == SI_KERNEL`) has
 //! reached the VMM already and is not sent twice. The VMM stays in our
 //! process group so that it can read the terminal (`-serial stdio`).
-//! The child's signal mask is restored in `pre_exec` (std keeps the parent's).
+//! The child's signal mask is restored in `pre_exec` (std keeps the parent's),
+//! without the forwarded signals.
 //! Because blocking is per thread, this must run on the main thread before
-//! other threads exist, or another thread could take the signal instead.
+//! other threads exist, or another thread could take the signal instead; a
+//! restore, whose RESTORE runs on a thread while the VMM starts, blocks them
+//! before that thread starts ([`hold_forwarded_signals`]).
 //!
 //! # A watcher beside the VMM
 //!
