@@ -105,8 +105,9 @@ pub(crate) enum Command {
     },
     /// Save a parked VM to a directory; it stays parked. The directory
     /// (created, or empty) gets the layout of cloud-hypervisor's reference
-    /// offload daemon, so either restores the other's, plus a manifest of
-    /// checksums written last. The save is whole or absent: it is written
+    /// offload daemon, so either restores the other's (a parked QEMU VM's
+    /// documents go in the same files), plus a manifest of checksums
+    /// written last. The save is whole or absent: it is written
     /// beside DIR and renamed into place once every file is on disk
     /// (docs/operations.md, "Saving a parked VM").
     Save {

@@ -27,11 +27,12 @@
 //! whole foreground process group (Ctrl-C; `si_code == SI_KERNEL`) has
 //! reached the VMM already and is not sent twice. The VMM stays in our
 //! process group so that it can read the terminal (`-serial stdio`).
-//! The child's signal mask is restored in `pre_exec` (std keeps the parent's).
+//! The child's signal mask is restored in `pre_exec` (std keeps the parent's),
+//! without the forwarded signals.
 //! Because blocking is per thread, a thread that does not block them could
 //! take such a signal instead, and its default action ends the whole
 //! launcher while the VMM runs on, an orphan holding the guest's memory.
-//! So `hugemem launch` blocks them first of all ([`hold_stop_signals`]),
+//! So `hugemem launch` blocks them first of all (`hold_forwarded_signals`),
 //! before its adapters start helper threads (a RESTORE's exchange with the
 //! daemon runs on one while the VMM starts), which inherit the mask. A
 //! signal that arrives before the VMM starts stays pending and is read
@@ -101,32 +102,27 @@ impl fmt::Display for VmmExit {
     }
 }
 
-/// The launcher's signal mask before [`hold_stop_signals`] blocked the
-/// forwarded signals: what the VMM gets.
-static MASK_BEFORE_HOLD: std::sync::OnceLock<SigSet> = std::sync::OnceLock::new();
-
-/// Blocks SIGTERM, SIGINT and SIGHUP in the calling thread, and so in every
-/// thread it starts from now on, until the process ends: call it on the
-/// main thread before any other thread starts (see the module docs). They
-/// stay pending until the VMM's launch reads them.
-///
-/// # Errors
-///
-/// [`LaunchError::Wait`] when the mask cannot be changed.
-pub fn hold_stop_signals() -> Result<(), LaunchError> {
-    let old = forwarded_signals()
-        .thread_swap_mask(SigmaskHow::SIG_BLOCK)
-        .map_err(|e| LaunchError::Wait(e.into()))?;
-    let _ = MASK_BEFORE_HOLD.set(old);
-    Ok(())
-}
+/// The signals a launch forwards to its VMM.
+const FORWARDED: [Signal; 3] = [Signal::SIGTERM, Signal::SIGINT, Signal::SIGHUP];
 
 fn forwarded_signals() -> SigSet {
     let mut set = SigSet::empty();
-    for s in [Signal::SIGTERM, Signal::SIGINT, Signal::SIGHUP] {
+    for s in FORWARDED {
         set.add(s);
     }
     set
+}
+
+/// The VMM's signal mask: the launcher's before it blocked the forwarded
+/// signals (`old`), without them, also when [`hold_forwarded_signals`]
+/// blocked them earlier: a VMM that blocked SIGTERM would never take the
+/// one forwarded to it.
+fn child_mask(old: SigSet) -> SigSet {
+    let mut mask = old;
+    for s in FORWARDED {
+        mask.remove(s);
+    }
+    mask
 }
 
 /// Restores the thread's signal mask when dropped.
@@ -138,6 +134,32 @@ impl Drop for MaskGuard {
             tracing::error!(error = %e, "cannot restore the signal mask");
         }
     }
+}
+
+/// SIGTERM, SIGINT and SIGHUP blocked on this thread until dropped, which
+/// restores the mask before. For a launch that starts threads of its own
+/// before [`run_vmm_watching`] (a restore's RESTORE, on its thread while
+/// the VMM starts): they inherit the mask, so a signal waits for the
+/// VMM's forwarding instead of ending the launcher, and the VMM with it
+/// left running, through a thread that does not block it.
+#[must_use = "the signals are blocked only while it lives"]
+pub(crate) struct SignalsHeld {
+    _restore: MaskGuard,
+}
+
+/// Blocks the forwarded signals on this thread (see [`SignalsHeld`]).
+/// Call from the main thread before other threads exist.
+///
+/// # Errors
+///
+/// [`LaunchError::Wait`] when the mask cannot be set.
+pub(crate) fn hold_forwarded_signals() -> Result<SignalsHeld, LaunchError> {
+    forwarded_signals()
+        .thread_swap_mask(SigmaskHow::SIG_BLOCK)
+        .map(|old| SignalsHeld {
+            _restore: MaskGuard(old),
+        })
+        .map_err(|e| LaunchError::Wait(e.into()))
 }
 
 /// Runs `argv` with `inherit` open in the child under their current numbers,
@@ -217,7 +239,6 @@ pub(crate) fn run_vmm_watching<R: Send>(
         Err(e) => return (Err(LaunchError::Wait(e.into())), None),
     };
     let _restore = MaskGuard(old);
-    let child_mask = MASK_BEFORE_HOLD.get().copied().unwrap_or(old);
     // Without the event there is no way to stop the watcher: run without it
     // (as when its thread cannot start; the daemon then releases the
     // allocation when the connection the watcher would have held closes).
@@ -233,7 +254,7 @@ pub(crate) fn run_vmm_watching<R: Send>(
                 .inspect_err(|e| warn!(error = %e, "cannot start the daemon watcher thread"))
                 .ok()
         });
-        let outcome = spawn_and_wait(argv, inherit, handed_over, &set, child_mask, control);
+        let outcome = spawn_and_wait(argv, inherit, handed_over, &set, old, control);
         if let Some(exit) = &exit {
             exit.fire();
         }
@@ -255,7 +276,7 @@ fn spawn_and_wait(
     control: Option<&mut dyn Supervisor>,
 ) -> Result<(VmmExit, Duration), LaunchError> {
     let spawner = Spawner {
-        child_mask: *old.as_ref(),
+        child_mask: *child_mask(old).as_ref(),
     };
     // Blocked signals stay pending until read here, so one sent before
     // the spawn or between it and the wait is not lost.
@@ -455,6 +476,15 @@ fn forward(pid: Pid, info: &libc::signalfd_siginfo) {
 mod tests {
     use super::*;
     use std::os::fd::AsFd;
+
+    #[test]
+    fn the_vmm_takes_the_forwarded_signals_even_when_held_before() {
+        let mut held = forwarded_signals();
+        held.add(Signal::SIGUSR1);
+        let mask = child_mask(held);
+        assert!(FORWARDED.iter().all(|s| !mask.contains(*s)));
+        assert!(mask.contains(Signal::SIGUSR1), "the rest of the mask kept");
+    }
 
     #[test]
     fn exit_codes() {

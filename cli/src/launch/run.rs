@@ -32,7 +32,8 @@ use super::update::{SuccessorMailbox, Updater};
 /// Option, command-line, daemon and process errors; see [`LaunchError`].
 /// Nothing is allocated when the command line is refused.
 pub fn run(cfg: &LaunchConfig) -> Result<LaunchReport, LaunchError> {
-    process::hold_stop_signals()?;
+    // Before any thread starts: every thread inherits the mask.
+    let _signals = process::hold_forwarded_signals()?;
     if let Some(name) = &cfg.restore {
         return super::restore::run(cfg, name);
     }

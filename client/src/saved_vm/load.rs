@@ -3,8 +3,10 @@
 //!
 //! * hugemem's own save (the reference offload daemon's layout with a
 //!   manifest): every file's size, the configuration's and the state's
-//!   checksums, and that the manifest's memory files are the
-//!   configuration's slots; the memory's checksums go to the daemon.
+//!   checksums, that the manifest's memory files are the configuration's
+//!   slots and its `vmm` the configuration's (a cloud-hypervisor VM, or a
+//!   QEMU VM of one memory region); the memory's checksums go to the
+//!   daemon.
 //! * The reference offload daemon's directory (no manifest): each slot's
 //!   file covers its slot, the configuration and the state parse to their
 //!   end. No checksums: damage to the memory's bytes cannot be seen.
@@ -19,7 +21,7 @@ use ch_migration::offload_dir::{read_offload_dir, MIGRATION_CONFIG_FILE, STATE_F
 use ch_migration::Limits;
 
 use super::error::SavedVmError;
-use super::manifest::{Manifest, MANIFEST_FILE};
+use super::manifest::{vmm_of, Manifest, MANIFEST_FILE, VMM_QEMU};
 
 /// What kind of directory a load read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -92,6 +94,7 @@ fn load_offload(dir: &Path, limits: Limits) -> Result<Loaded, SavedVmError> {
             None
         }
     };
+    check_vmm(dir, manifest.as_ref().map(|(m, _)| m), &d)?;
     let mut memory = Vec::new();
     for s in &d.slots {
         memory.push((s.range.slot, open_regular(&s.path)?.0));
@@ -145,6 +148,44 @@ fn check_against_manifest(
             "{}: {} memory files, the configuration has {} slots",
             dir.join(MANIFEST_FILE).display(),
             m.memory.len(),
+            d.slots.len()
+        )));
+    }
+    Ok(())
+}
+
+/// The configuration is a VM's that hugemem restores, the manifest's
+/// `vmm` (if any) names its VMM, and a QEMU VM has one memory slot: a load
+/// copies every memory file into one region of pool memory, the files
+/// after the first at an offset, and QEMU 7.2 maps a region's file from
+/// its start only (`memory-backend-file` has no `offset`), so a restore
+/// would run a second slot on the first one's memory.
+fn check_vmm(
+    dir: &Path,
+    manifest: Option<&Manifest>,
+    d: &ch_migration::offload_dir::OffloadDir,
+) -> Result<(), SavedVmError> {
+    let config = dir.join(MIGRATION_CONFIG_FILE);
+    let Some(vmm) = vmm_of(&d.config) else {
+        return Err(SavedVmError::Unsupported(format!(
+            "{}: neither a cloud-hypervisor VM's configuration nor a QEMU VM's",
+            config.display()
+        )));
+    };
+    if let Some(m) = manifest.filter(|m| m.vmm != vmm) {
+        return Err(SavedVmError::Unsupported(format!(
+            "{}: it says a {:?} VM, {} is a {vmm:?} VM's",
+            dir.join(MANIFEST_FILE).display(),
+            m.vmm,
+            config.display()
+        )));
+    }
+    if vmm == VMM_QEMU && d.slots.len() > 1 {
+        return Err(SavedVmError::Unsupported(format!(
+            "{} is a QEMU VM with {} memory regions; a load copies them into one region of \
+             pool memory, and QEMU maps each region's file from its start, so only a QEMU VM \
+             with one memory region loads",
+            dir.display(),
             d.slots.len()
         )));
     }

@@ -41,6 +41,12 @@ pub const MANIFEST_FILE: &str = "hugemem-manifest.json";
 pub const FORMAT: &str = "hugemem-saved-vm";
 /// The manifest version this hugemem writes and reads.
 pub const VERSION: u32 = 1;
+/// The manifest's `vmm` for a cloud-hypervisor VM.
+pub const VMM_CLOUD_HYPERVISOR: &str = "cloud-hypervisor";
+/// The manifest's `vmm` for a QEMU VM (its configuration says
+/// `"vmm": "qemu"`: `hugemem launch`'s QEMU park, docs/protocol.md, "A
+/// QEMU VM's snapshot").
+pub const VMM_QEMU: &str = "qemu";
 /// Bytes per checksummed piece of a memory file (a multiple of every page
 /// size but 4 KiB, and a divisor of 1 GiB: a piece never crosses a unit of
 /// the fill engine).
@@ -107,7 +113,8 @@ pub struct Manifest {
     pub format: String,
     /// [`VERSION`].
     pub version: u32,
-    /// The VMM whose snapshot this is (`cloud-hypervisor`).
+    /// The VMM whose snapshot this is: [`VMM_CLOUD_HYPERVISOR`] or
+    /// [`VMM_QEMU`], as [`vmm_of`] its configuration.
     pub vmm: String,
     /// Where it came from.
     pub source: Source,
@@ -399,6 +406,19 @@ impl Manifest {
             }
         }
         Ok(done)
+    }
+}
+
+/// The VMM whose VM a migration configuration describes: a QEMU VM's
+/// names itself (`"vmm": "qemu"`), a cloud-hypervisor VM's has no `vmm`.
+/// `None` for a configuration that is not a JSON object, or names another
+/// VMM.
+pub fn vmm_of(config: &[u8]) -> Option<&'static str> {
+    let value: serde_json::Value = serde_json::from_slice(config).ok()?;
+    match value.as_object()?.get("vmm") {
+        None => Some(VMM_CLOUD_HYPERVISOR),
+        Some(v) if v.as_str() == Some(VMM_QEMU) => Some(VMM_QEMU),
+        Some(_) => None,
     }
 }
 

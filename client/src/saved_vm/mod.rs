@@ -4,6 +4,11 @@
 //! offload daemon's, or from cloud-hypervisor's own `snapshot
 //! destination_url=file://DIR`, onto pool memory.
 //!
+//! A parked QEMU VM saves and loads the same way: the daemon keeps it in
+//! the same documents (a configuration that says `"vmm": "qemu"`, a state
+//! holding QEMU's migration stream), which a save writes as they are and
+//! its manifest names (`"vmm": "qemu"`).
+//!
 //! A save is whole or absent, and proves itself:
 //!
 //! * It is written into a temporary sibling of `DIR` and renamed into
@@ -245,6 +250,12 @@ fn write_into(
     opts: &SaveOptions<'_>,
 ) -> Result<(usize, WriteStats), SavedVmError> {
     let ranges = migration_config_slots(&snapshot.config, Limits::default().max_memory_fds)?;
+    let vmm = manifest::vmm_of(&snapshot.config).ok_or_else(|| {
+        SavedVmError::Unsupported(
+            "the parked VM's configuration is neither a cloud-hypervisor VM's nor a QEMU VM's"
+                .into(),
+        )
+    })?;
     for (slot, _) in &snapshot.memory {
         if !ranges.iter().any(|r| r.slot == *slot) {
             return Err(SavedVmError::Unsupported(format!(
@@ -307,7 +318,7 @@ fn write_into(
     let manifest = Manifest {
         format: FORMAT.into(),
         version: VERSION,
-        vmm: "cloud-hypervisor".into(),
+        vmm: vmm.into(),
         source: Source {
             name: info.name.clone(),
             uid: info.uid,

@@ -282,3 +282,72 @@ fn a_slot_above_the_hole_is_read_from_the_start_of_its_file() {
     assert_eq!(mappings[0]["file_offset"], 0);
     assert_eq!(out["other"], "kept");
 }
+
+/// A parked QEMU VM's snapshot as `hugemem launch` parks one (the
+/// documents of `cli/src/launch/vmm/qemu/parked.rs`), on `slots` regions of
+/// 2 MiB.
+fn qemu_parked(slots: u32) -> Snapshot {
+    let mut memory = Vec::new();
+    let mut mappings = Vec::new();
+    for slot in 0..slots {
+        let fd = memfd(2 * MIB);
+        std::fs::File::from(fd.try_clone().expect("dup"))
+            .write_all_at(&[0xD0 + slot as u8; 4096], 4096)
+            .expect("write");
+        memory.push((slot, fd));
+        mappings.push(format!(
+            r#"{{"slot":{slot},"gpa":{},"size":{},"file_offset":0}}"#,
+            u64::from(slot) * 2 * MIB,
+            2 * MIB
+        ));
+    }
+    let config = format!(
+        r#"{{"vmm":"qemu","format":1,"program":"qemu-system-x86_64","args":["-M","microvm"],"regions":[],"memory_manager_data":{{"guest_ram_mappings":[{}]}}}}"#,
+        mappings.join(",")
+    );
+    Snapshot {
+        memory,
+        config: config.into_bytes(),
+        state: br#"{"vmm":"qemu","bytes":3,"migration_stream":"UUVW"}"#.to_vec(),
+        paused: false,
+    }
+}
+
+#[test]
+fn a_qemu_vm_saves_under_its_vmm_and_loads_with_one_region() {
+    use super::manifest::{vmm_of, VMM_CLOUD_HYPERVISOR, VMM_QEMU};
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let dir = tmp.path().join("q");
+    let snapshot = qemu_parked(1);
+    write_saved_dir(&dir, &snapshot, &info(), &SaveOptions::default()).expect("save");
+    assert_eq!(manifest_of(&dir).vmm, VMM_QEMU);
+    let loaded = load::load(&dir).expect("a QEMU save of one region loads");
+    assert_eq!(loaded.kind, DirKind::Saved);
+    assert_eq!(vmm_of(&loaded.config), Some(VMM_QEMU));
+    assert_eq!(loaded.state, snapshot.state, "the state as parked");
+    // A manifest that names another VMM than the configuration does.
+    let mut m = manifest_of(&dir);
+    m.vmm = VMM_CLOUD_HYPERVISOR.into();
+    std::fs::write(dir.join(MANIFEST_FILE), m.to_bytes()).expect("write");
+    let err = load::load(&dir).err().expect("the manifest's vmm differs");
+    assert!(err.to_string().contains("\"cloud-hypervisor\" VM"), "{err}");
+    // Two regions: a load would put the second at an offset QEMU cannot map.
+    let two = tmp.path().join("two");
+    write_saved_dir(&two, &qemu_parked(2), &info(), &SaveOptions::default()).expect("save");
+    let err = load::load(&two).err().expect("two QEMU regions");
+    assert!(err.to_string().contains("2 memory regions"), "{err}");
+    // A configuration naming an unknown VMM is not saved.
+    let mut other = qemu_parked(1);
+    other.config = br#"{"vmm":"firecracker","memory_manager_data":{"guest_ram_mappings":[{"slot":0,"gpa":0,"size":2097152,"file_offset":0}]}}"#.to_vec();
+    let refused = write_saved_dir(
+        &tmp.path().join("fc"),
+        &other,
+        &info(),
+        &SaveOptions::default(),
+    );
+    assert!(
+        matches!(refused, Err(SavedVmError::Unsupported(_))),
+        "{refused:?}"
+    );
+    assert_eq!(vmm_of(&parked().config), Some(VMM_CLOUD_HYPERVISOR));
+}

@@ -122,11 +122,39 @@ fn arguments(parked: &[String], given: &[OsString]) -> Result<Vec<OsString>, Str
     Ok(given.to_vec())
 }
 
-/// The received memory as QEMU's regions, by slot.
+/// The received memory as QEMU's regions, by slot. QEMU maps each
+/// region's file from its start (QEMU 7.2's `memory-backend-file` has no
+/// `offset`), so each slot's one mapping must be the whole region at
+/// offset 0 of its fd: a VM whose memory the daemon placed otherwise is
+/// refused here rather than run on the wrong bytes.
 fn regions(
     config: &ParkedConfig,
     memory: Vec<(u32, OwnedFd)>,
 ) -> Result<(Vec<MemoryRegion>, Vec<OwnedFd>), String> {
+    let mappings = &config.memory_manager_data.guest_ram_mappings;
+    for (slot, r) in (0u32..).zip(&config.regions) {
+        let mut of_slot = mappings.iter().filter(|m| m.slot == slot);
+        match (of_slot.next(), of_slot.next()) {
+            (Some(m), None) if m.file_offset == 0 && m.size == r.size => {}
+            _ => {
+                return Err(format!(
+                    "slot {slot}'s memory is not one whole region at the start of its file \
+                     ({:?}); QEMU maps a region's file from its start",
+                    mappings
+                        .iter()
+                        .filter(|m| m.slot == slot)
+                        .collect::<Vec<_>>()
+                ))
+            }
+        }
+    }
+    if mappings.len() != config.regions.len() {
+        return Err(format!(
+            "{} guest RAM mappings for {} regions",
+            mappings.len(),
+            config.regions.len()
+        ));
+    }
     let mut fds: Vec<Option<OwnedFd>> = (0..config.regions.len()).map(|_| None).collect();
     for (slot, fd) in memory {
         let cell = usize::try_from(slot)
@@ -422,5 +450,35 @@ mod tests {
         .map(OsString::from)
         .collect();
         assert!(arguments(&parked, &device).is_err(), "a device more");
+    }
+
+    #[test]
+    fn a_slot_not_at_the_start_of_its_file_is_refused() {
+        use super::super::parked::ParkedRegion;
+        let region = |size| ParkedRegion { size, node: None };
+        let mut config = ParkedConfig::new(
+            &"qemu-system-x86_64".into(),
+            &[],
+            vec![region(2 << 20), region(4 << 20)],
+        )
+        .expect("config");
+        let fds = || -> Vec<(u32, OwnedFd)> {
+            (0..2)
+                .map(|slot| {
+                    let file = std::fs::File::open("/dev/null").expect("open");
+                    (slot, OwnedFd::from(file))
+                })
+                .collect()
+        };
+        let (regions_ok, _) = regions(&config, fds()).expect("whole regions");
+        assert_eq!(regions_ok.len(), 2);
+        // As a load of two memory files places the second: 1 GiB into the
+        // one region both slots' fds are.
+        config.memory_manager_data.guest_ram_mappings[1].file_offset = 1 << 30;
+        let err = regions(&config, fds()).expect_err("slot 1 at an offset");
+        assert!(err.contains("slot 1"), "{err}");
+        config.memory_manager_data.guest_ram_mappings.pop();
+        let err = regions(&config, fds()).expect_err("slot 1 unmapped");
+        assert!(err.contains("slot 1"), "{err}");
     }
 }
