@@ -308,6 +308,9 @@ fn a_linux_guest_checking_its_memory_is_parked_and_restored_on_the_same_pages() 
             return;
         }
     };
+    // Built before the pages are held: rustc takes a few seconds.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let initrd = initramfs(dir.path());
     let _pages = match hold(PageSize::Huge2M, RAM / PAGE) {
         Ok(r) => r,
         Err(why) => {
@@ -315,8 +318,6 @@ fn a_linux_guest_checking_its_memory_is_parked_and_restored_on_the_same_pages() 
             return;
         }
     };
-    let dir = tempfile::tempdir().expect("tempdir");
-    let initrd = initramfs(dir.path());
     let console = Console(dir.path().join("console.log"));
     let control = dir.path().join("vm.sock");
     let daemon = TestDaemon::start(|c| c.pool.recheck_ms = 20);
