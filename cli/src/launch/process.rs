@@ -103,6 +103,26 @@ fn forwarded_signals() -> SigSet {
     set
 }
 
+/// Starts `f` on a thread of its own that never takes the signals the
+/// launcher forwards to its VMM (SIGTERM, SIGINT, SIGHUP): they are
+/// blocked in it from its first instruction (a thread inherits its
+/// creator's mask). A thread started before [`run_vmm_watching`] blocks
+/// them would otherwise be the one the kernel hands a SIGTERM to, whose
+/// default action ends the launcher and leaves its VMM running, orphaned.
+///
+/// # Errors
+///
+/// The mask's or the spawn's.
+pub(crate) fn spawn_unsignalled<T: Send + 'static>(
+    f: impl FnOnce() -> T + Send + 'static,
+) -> io::Result<std::thread::JoinHandle<T>> {
+    let old = forwarded_signals()
+        .thread_swap_mask(SigmaskHow::SIG_BLOCK)
+        .map_err(io::Error::from)?;
+    let _restore = MaskGuard(old);
+    std::thread::Builder::new().spawn(f)
+}
+
 /// Restores the thread's signal mask when dropped.
 struct MaskGuard(SigSet);
 

@@ -175,11 +175,14 @@ impl VmmRestore for QemuRestore {
         let (ours, daemons) = UnixStream::pair()
             .map_err(|e| LaunchError::Options(format!("cannot make a socket pair: {e}")))?;
         let (done_tx, done_rx) = mpsc::channel();
-        std::thread::spawn(move || {
+        // Started before the launcher blocks the signals it forwards: it
+        // must not take a SIGTERM meant for QEMU.
+        crate::launch::process::spawn_unsignalled(move || {
             let answer = client.restore(&name, &daemons, false);
             drop(daemons);
             let _ = done_tx.send((answer, client));
-        });
+        })
+        .map_err(|e| LaunchError::Options(format!("cannot start the RESTORE's thread: {e}")))?;
         let snapshot = match receive_until_complete(&ours, Limits::default()) {
             Ok(s) => s,
             Err(e) => {
