@@ -3,7 +3,8 @@
 //! daemon and restored 10 times, on the same memory.
 //!
 //! After each park: the launcher and its QEMU ended, the VM is listed
-//! parked with 0 bytes copied, the daemon cleared no byte, and QEMU's
+//! parked with 0 bytes copied, as a QEMU VM (STATS' `vmm`; `hugemem
+//! status` and `/metrics` too in the test of QEMUs killed mid-park), the daemon cleared no byte, and QEMU's
 //! stream carried no RAM. After each restore: the guest's counter, read
 //! from guest RAM through the new QEMU's memory fd, never went back and
 //! goes on, and every page holds what the guest wrote. Restores alternate
@@ -189,6 +190,7 @@ fn ten_parks_and_restores_keep_the_guest_counting_on_the_same_memory() {
         let parked = stats.parked.iter().find(|p| p.name == "vm");
         let parked = parked.unwrap_or_else(|| panic!("park {i}: not listed: {stats}"));
         assert_eq!((parked.bytes, parked.copied_bytes), (RAM, 0), "park {i}");
+        assert_eq!(parked.vmm.as_deref(), Some("qemu"), "park {i}");
         assert_eq!(stats.scrub.bytes, cleared, "park {i}: memory cleared");
         assert_eq!(stats.counters.park_copied_bytes, 0, "park {i}");
         assert_balanced(&stats, &format!("park {i}"));
@@ -520,7 +522,9 @@ fn assert_parked_whole(daemon: &TestDaemon, control: &Path, name: &str, count: u
     let parked = stats.parked.iter().find(|p| p.name == name);
     let parked = parked.unwrap_or_else(|| panic!("{name}: not listed: {stats}"));
     assert_eq!((parked.bytes, parked.copied_bytes), (RAM, 0), "{name}");
+    assert_eq!(parked.vmm.as_deref(), Some("qemu"), "{name}");
     assert_balanced(&stats, &format!("{name} parked"));
+    assert_listed_as_qemu(daemon, name);
     let mut launched = launch(daemon, control, Some(name), &[]);
     let launcher = child_of(launched.id());
     let stop = StopLauncher(launcher);
@@ -543,6 +547,29 @@ fn assert_parked_whole(daemon: &TestDaemon, control: &Path, name: &str, count: u
     std::mem::forget(stop);
     stop_launcher(launcher, &mut launched);
     assert_no_orphan(qemu, name);
+}
+
+/// `hugemem status` and `/metrics` name the parked VM's VMM.
+fn assert_listed_as_qemu(daemon: &TestDaemon, name: &str) {
+    let out = Command::new("timeout")
+        .args(["60", HUGEMEM, "status", "--socket"])
+        .arg(daemon.socket())
+        .output()
+        .expect("run hugemem status");
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        said.lines()
+            .any(|l| l.starts_with(&format!("parked: {name} (uid ")) && l.contains(", qemu): ")),
+        "{name}: {said}"
+    );
+    let addr = daemon.handle().metrics_addr().expect("metrics on");
+    let (_, _, body) = test_support::metrics::http_get(addr, "GET", "/metrics");
+    assert!(
+        body.lines().any(|l| l.starts_with("hugemem_parked_bytes{")
+            && l.contains(&format!("name=\"{name}\""))
+            && l.contains("vmm=\"qemu\"")),
+        "{name}: {body}"
+    );
 }
 
 /// QEMU `qemu` is gone (its launcher reaped it), not left running.
@@ -596,7 +623,10 @@ fn a_qemu_killed_mid_park_leaves_its_vm_parked_whole_or_its_memory_freed() {
     let dir = tempfile::tempdir().expect("tempdir");
     let elf = spin_elf(dir.path(), STRIDE, START_GPA, MARKER);
     let control = dir.path().join("vm.sock");
-    let daemon = TestDaemon::start(|c| c.pool.recheck_ms = 20);
+    let daemon = TestDaemon::start(|c| {
+        c.pool.recheck_ms = 20;
+        c.metrics.listen = Some("127.0.0.1:0".parse().expect("addr"));
+    });
     let args = qemu_args(&elf);
     // Killed while the park waits on it (stopped): the park fails and
     // says QEMU ended; the launcher exits as QEMU did and frees the memory.
