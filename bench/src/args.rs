@@ -417,6 +417,12 @@ pub(crate) struct OffloadArgs {
     /// $CH_OFFLOAD_DAEMON; without it that baseline does not run).
     #[arg(long)]
     pub(crate) offload_daemon: Option<std::ffi::OsString>,
+    /// QEMU for QEMU's rows: a launched QEMU parked and restored through
+    /// hugemem against QEMU's own migrate to a file and its floor
+    /// (default: $QEMU, else qemu-system-x86_64 on the PATH; `none`: the
+    /// rows do not run).
+    #[arg(long)]
+    pub(crate) qemu: Option<std::ffi::OsString>,
     /// Print one JSON object instead of the table; with PATH, write it there and print the table.
     #[arg(long, value_name = "PATH", num_args = 0..=1)]
     pub(crate) json: Option<Option<std::path::PathBuf>>,

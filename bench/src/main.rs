@@ -351,6 +351,11 @@ fn offload(args: OffloadArgs) -> Result<i32> {
         launcher: hugemem::companion::find("hugemem")
             .context("cannot find the hugemem binary for `hugemem launch`")?,
         dense: args.dense,
+        qemu: args
+            .qemu
+            .or_else(|| from_env("QEMU"))
+            .or_else(|| Some("qemu-system-x86_64".into()))
+            .filter(|q| q != "none"),
     };
     let report = hugemem_bench::offload::run(&cfg, &mut |line| tracing::info!("{line}"))
         .context("bench offload failed")?;

@@ -121,3 +121,84 @@ fn a_small_run_reports_every_variant() {
     assert_eq!(od["stale_guest"], 0, "{od}");
     assert_eq!(od["stale_dense"], 0, "{od}");
 }
+
+/// QEMU's rows at 64 MiB, one repetition (not with `--dense`): hugemem's
+/// park copied nothing and QEMU's park stream carried no more than its
+/// device state, QEMU's own save wrote most of the guest's RAM, the floor
+/// wrote only device state, every QEMU guest counted on with no page
+/// changed, and the comparisons are there. No timing is asserted.
+#[test]
+fn a_small_run_reports_qemus_rows() {
+    let _serial = serial();
+    let Some(built) = test_support::cloud_hypervisor::binaries_or_skip() else {
+        return;
+    };
+    match Command::new("qemu-system-x86_64").arg("--version").output() {
+        Ok(o) if o.status.success() => {}
+        _ => {
+            test_support::skip!("qemu-system-x86_64 not installed");
+            return;
+        }
+    }
+    if let Err(reason) = microguest::kvm_available() {
+        test_support::skip!("{reason}");
+        return;
+    }
+    let dir = tempfile::tempdir_in("/var/tmp").expect("a directory under /var/tmp");
+    let out = Command::new("timeout")
+        .args([
+            "300",
+            HUGEMEM_BENCH,
+            "offload",
+            "--size",
+            "64M",
+            "--reps",
+            "1",
+        ])
+        .args(["--qemu", "qemu-system-x86_64", "--cloud-hypervisor"])
+        .arg(&built.cloud_hypervisor)
+        .arg("--dir")
+        .arg(dir.path())
+        .arg("--json")
+        .output()
+        .expect("run hugemem-bench offload");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    if !out.status.success() && stderr.contains("free 2 MiB pages needed") {
+        test_support::skip!("not enough 2 MiB pages: {stderr}");
+        return;
+    }
+    assert!(out.status.success(), "bench offload failed:\n{stderr}");
+    let r: Value = serde_json::from_slice(&out.stdout).expect("JSON report");
+    let q = &r["qemu"];
+    assert!(q.is_object(), "QEMU's rows ran: {}", r["qemu_note"]);
+    for figure in [
+        "park_ms",
+        "park_launcher_ms",
+        "restore_ms",
+        "file_save_ms",
+        "file_restore_ms",
+        "floor_save_ms",
+        "floor_restore_ms",
+    ] {
+        assert_eq!(
+            q[figure]["samples"].as_array().map(Vec::len),
+            Some(1),
+            "{figure}: {q}"
+        );
+    }
+    assert_eq!(q["park_copied_bytes"], 0, "the park moved the memory: {q}");
+    let state = q["park_state_bytes"].as_u64().expect("state bytes");
+    assert!(state > 0, "{q}");
+    assert!(
+        q["park_ram_transferred_bytes"].as_u64() <= Some(state),
+        "{q}"
+    );
+    // Most of the guest's RAM: it wrote every 4 KiB page (QEMU skips the
+    // few it left zero).
+    assert!(q["file_bytes"].as_u64() >= Some(48 << 20), "{q}");
+    assert!(q["floor_file_bytes"].as_u64() < Some(1 << 20), "{q}");
+    assert_eq!(q["stale_guest"], 0, "{q}");
+    let c = &r["qemu_comparison"];
+    assert!(c["park_over_floor_paired_ms"].is_f64(), "{c}");
+    assert!(c["file_restore_over_restore"].is_f64(), "{c}");
+}

@@ -16,8 +16,13 @@ fn render_parked(stats: &Stats, out: &mut String) {
                 format_size(p.shared_clone_written_bytes)
             ),
         };
+        let vmm = p
+            .vmm
+            .as_deref()
+            .map(|v| format!(", {v}"))
+            .unwrap_or_default();
         out.push_str(&format!(
-            "parked: {} (uid {}): {} in {} slot(s) on {} pages, allocation {}, {}{clones}\n",
+            "parked: {} (uid {}{vmm}): {} in {} slot(s) on {} pages, allocation {}, {}{clones}\n",
             p.name,
             p.uid,
             format_size(p.bytes),
@@ -274,18 +279,18 @@ mod tests {
     }
 
     #[test]
-    fn status_lists_parked_vms() {
+    fn status_lists_parked_vms_with_their_vmm_when_the_daemon_names_it() {
         let stats = json!({
             "parked": [
                 {"uid": 1000, "name": "web1", "alloc": 7, "bytes": 8u64 << 30, "copied_bytes": 0,
-                 "slots": 2, "page_size": 1u64 << 30, "parked_at": 0},
+                 "slots": 2, "page_size": 1u64 << 30, "parked_at": 0, "vmm": "qemu"},
                 {"uid": 0, "name": "db", "alloc": 9, "bytes": 1u64 << 30, "copied_bytes": 1u64 << 29,
                  "slots": 1, "page_size": 2u64 << 20, "parked_at": 0}
             ]
         });
         let table = render_status(&typed(stats));
         assert!(
-            table.contains("parked: web1 (uid 1000): 8G in 2 slot(s) on 1G pages, allocation 7, moved from its launch"),
+            table.contains("parked: web1 (uid 1000, qemu): 8G in 2 slot(s) on 1G pages, allocation 7, moved from its launch"),
             "{table}"
         );
         assert!(

@@ -68,6 +68,7 @@ fn a_launched_guest_parks_and_restores_ten_times_on_the_same_memory() {
         assert_eq!(stats.parked.len(), 1, "round {i}: {stats}");
         assert_eq!(stats.parked[0].name, "counter");
         assert_eq!(stats.parked[0].bytes, RAM);
+        assert_eq!(stats.parked[0].vmm.as_deref(), Some("cloud-hypervisor"));
         assert_eq!(
             stats.parked[0].copied_bytes, 0,
             "round {i}: moved, not copied"

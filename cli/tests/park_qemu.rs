@@ -78,6 +78,7 @@ fn ten_parks_and_restores_keep_the_guest_counting_on_the_same_memory() {
         let parked = stats.parked.iter().find(|p| p.name == "vm");
         let parked = parked.unwrap_or_else(|| panic!("park {i}: not listed: {stats}"));
         assert_eq!((parked.bytes, parked.copied_bytes), (RAM, 0), "park {i}");
+        assert_eq!(parked.vmm.as_deref(), Some("qemu"), "park {i}");
         assert_eq!(stats.scrub.bytes, cleared, "park {i}: memory cleared");
         assert_eq!(stats.counters.park_copied_bytes, 0, "park {i}");
         assert_balanced(&stats, &format!("park {i}"));

@@ -159,6 +159,10 @@ pub struct ParkedVmStats {
     /// free huge pages, not the pool.
     #[serde(default)]
     pub shared_clone_written_bytes: u64,
+    /// The VMM it runs in: `qemu` or `cloud-hypervisor` (absent from
+    /// daemons before it was listed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vmm: Option<String>,
 }
 
 impl Stats {

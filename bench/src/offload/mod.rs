@@ -36,6 +36,11 @@
 //!    `offload_daemon restore --resume`: the new process's start to the
 //!    guest counting.
 //!
+//! 5. **QEMU** (`qemu_side.rs`, with `--qemu`): a launched QEMU parked
+//!    and restored through hugemem, against QEMU's own `migrate` to a file
+//!    and `-incoming` from it, and its floor (`x-ignore-shared` to a file
+//!    and back on a resident memfd, no daemon).
+//!
 //!    Then **on demand** (`hugemem_side.rs`): the same files, cache
 //!    dropped, parked with `--on-demand` (checked, nothing read) and
 //!    restored with `hugemem launch --restore --on-demand`
@@ -67,12 +72,15 @@ mod disk_write;
 mod error;
 mod figure;
 mod hugemem_side;
+mod qemu_report;
+mod qemu_side;
 mod report;
 mod run;
 mod save_vs_disk;
 mod steps;
 
 pub use error::OffloadError;
+pub use qemu_report::{QemuComparison, QemuResult, OVER_FLOOR_MS};
 pub use report::{
     ChFileResult, Figure, FromDiskResult, FromParkResult, OffloadConfig, OffloadDaemonResult,
     OffloadReport, OnDemandResult,

@@ -8,6 +8,7 @@ use guest_mem::size::format_size;
 use serde::Serialize;
 
 pub use super::figure::Figure;
+use super::qemu_report::{QemuComparison, QemuResult};
 use super::save_vs_disk::{DiskWriteResult, SaveOverDisk, Spread, SAVE_SHARE};
 use crate::stats::{paired_median, paired_median_ci95};
 use crate::vmm_update::setup::one_gib_pages;
@@ -36,6 +37,8 @@ pub struct OffloadConfig {
     /// that wrote all its memory; `dense.rs`); else the guest's one word
     /// per 4 KiB page and zeros.
     pub dense: bool,
+    /// The QEMU binary for QEMU's rows; `None`: they do not run.
+    pub qemu: Option<OsString>,
 }
 
 /// hugemem's park and restore from the park.
@@ -223,6 +226,13 @@ pub struct OffloadReport {
     /// The offload daemon's restore over hugemem's restore from the park
     /// (medians).
     pub offload_daemon_over_from_park: Option<f64>,
+    /// QEMU's rows (`qemu_side.rs`), when they ran (not with `--dense`:
+    /// their guests are not filled).
+    pub qemu: Option<QemuResult>,
+    /// Why they did not run (or stopped).
+    pub qemu_note: Option<String>,
+    /// Their comparisons.
+    pub qemu_comparison: Option<QemuComparison>,
 }
 
 /// What the host has of 1 GiB pages, and why a run is on 2 MiB pages.
@@ -249,6 +259,8 @@ pub(crate) struct Measured {
     pub(crate) ch_file_note: Option<String>,
     pub(crate) offload_daemon: Option<OffloadDaemonResult>,
     pub(crate) offload_daemon_note: Option<String>,
+    pub(crate) qemu: Option<QemuResult>,
+    pub(crate) qemu_note: Option<String>,
 }
 
 impl OffloadReport {
@@ -286,6 +298,9 @@ impl OffloadReport {
             ch_file_note: m.ch_file_note,
             offload_daemon: m.offload_daemon,
             offload_daemon_note: m.offload_daemon_note,
+            qemu_comparison: m.qemu.as_ref().map(QemuComparison::of),
+            qemu: m.qemu,
+            qemu_note: m.qemu_note,
         }
     }
 
@@ -387,10 +402,18 @@ impl OffloadReport {
             + od.stale_guest
             + c.map_or(0, |c| c.stale_guest)
             + o.map_or(0, |o| o.stale_guest);
+        let stale = stale + self.qemu.as_ref().map_or(0, |q| q.stale_guest);
+        if let Some((q, c)) = self.qemu.as_ref().zip(self.qemu_comparison.as_ref()) {
+            t += &c.text(q);
+        }
         let _ = writeln!(t, "stale pages the guests found, all variants: {stale}");
-        for note in [&self.ch_file_note, &self.offload_daemon_note]
-            .into_iter()
-            .flatten()
+        for note in [
+            &self.ch_file_note,
+            &self.offload_daemon_note,
+            &self.qemu_note,
+        ]
+        .into_iter()
+        .flatten()
         {
             let _ = writeln!(t, "note: {note}");
         }

@@ -9,6 +9,8 @@ use super::ch_side::{ch_file_rep, offload_daemon_rep};
 use super::dense::LOW_RAM_END;
 use super::error::OffloadError;
 use super::hugemem_side::{one_rep, HugememResults};
+use super::qemu_report::QemuResult;
+use super::qemu_side::qemu_rep;
 use super::report::{
     ChFileResult, FromDiskResult, FromParkResult, Measured, OffloadConfig, OffloadDaemonResult,
     OffloadReport, OnDemandResult,
@@ -91,6 +93,11 @@ pub fn run(
         Baseline::<OffloadDaemonResult>::new(cfg.offload_daemon.is_none().then(|| {
             "no offload_daemon binary given (--offload-daemon or CH_OFFLOAD_DAEMON)".into()
         }));
+    let mut qemu = Baseline::<QemuResult>::new(match (&cfg.qemu, cfg.dense) {
+        (None, _) => Some("QEMU's rows did not run (no --qemu)".into()),
+        (Some(_), true) => Some("QEMU's rows do not run with --dense".into()),
+        (Some(_), false) => None,
+    });
     rounds::each(cfg.reps, |round| {
         let rep = round.index() + 1;
         one_rep(
@@ -114,9 +121,20 @@ pub fn run(
                 offload_daemon_rep(cfg, program, dir.path(), &elf, rep, out)
             });
         }
+        if let Some(program) = &cfg.qemu {
+            qemu.step(rep, progress, |out| {
+                qemu_rep(cfg, program, (dir.path(), &elf), rep, tsc_hz, out)
+            });
+        }
         let last = |v: &[f64]| v.last().map_or_else(|| "-".into(), |x| format!("{x:.1}"));
         progress(&format!(
-            "repetition {round}: park {} ms, restore from the park {} ms; save {} ms ({} GB/s over the disk's direct write {}x), load {} ms ({} GB/s, disk {} GB/s), restore {} ms; on demand: park {} ms, running after {} ms, all filled after {} ms; file:// restore {} ms; offload_daemon restore {} ms",
+            "repetition {round}: QEMU park {} ms, restore {} ms (floor {} / {} ms, its own file {} / {} ms); park {} ms, restore from the park {} ms; save {} ms ({} GB/s over the disk's direct write {}x), load {} ms ({} GB/s, disk {} GB/s), restore {} ms; on demand: park {} ms, running after {} ms, all filled after {} ms; file:// restore {} ms; offload_daemon restore {} ms",
+            last(&qemu.result.park_ms.samples),
+            last(&qemu.result.restore_ms.samples),
+            last(&qemu.result.floor_save_ms.samples),
+            last(&qemu.result.floor_restore_ms.samples),
+            last(&qemu.result.file_save_ms.samples),
+            last(&qemu.result.file_restore_ms.samples),
             last(&from_park.park_ms.samples),
             last(&from_park.restore_ms.samples),
             last(&from_disk.save_ms.samples),
@@ -137,6 +155,7 @@ pub fn run(
     let (ch_file, ch_file_note) = ch_file.finish(|r| !r.restore_ms.samples.is_empty());
     let (offload_daemon, offload_daemon_note) =
         offload.finish(|r| !r.restore_ms.samples.is_empty());
+    let (qemu, qemu_note) = qemu.finish(|r| !r.file_restore_ms.samples.is_empty());
     Ok(OffloadReport::assemble(
         cfg,
         Measured {
@@ -148,6 +167,8 @@ pub fn run(
             ch_file_note,
             offload_daemon,
             offload_daemon_note,
+            qemu,
+            qemu_note,
         },
     ))
 }

@@ -40,7 +40,7 @@ mod baselines;
 pub(crate) mod ch;
 pub(crate) mod error;
 pub(crate) mod guest;
-mod qemu;
+pub(crate) mod qemu;
 mod report;
 mod run;
 pub(crate) mod series;

@@ -67,7 +67,7 @@ pub use handoff::{HandedOff, HandoffError};
 pub use in_use::{InUseRegion, Placement};
 pub use owners::Owners;
 pub use parked::{FileOwner, FoundParked, ParkError, ParkedSummary, Parking};
-pub use parked_vm::{ParkedSlot, ParkedVm};
+pub use parked_vm::{ParkedSlot, ParkedVm, ParkedVmm};
 pub use persist::{
     AdoptError, Adopted, AllocRecord, Life, MalformedToken, Records, RegionRecord, RegionSnapshot,
     SavedLife, Snapshot, SnapshotError,

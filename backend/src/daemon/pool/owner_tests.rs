@@ -15,6 +15,7 @@ fn vm(name: &str) -> ParkedVm {
         state: "{}".to_string(),
         copied_bytes: 0,
         parked_at: 1,
+        vmm: None,
     }
 }
 
@@ -174,6 +175,8 @@ fn parked_web() -> ParkedVm {
         state: "{}".to_string(),
         copied_bytes: 4096,
         parked_at: 1_700_000_000,
+        // Version 1 kept no VMM: read from the configuration when asked.
+        vmm: None,
     }
 }
 

@@ -254,6 +254,7 @@ impl Parking<'_> {
                     slots: p.slots.len(),
                     page_size,
                     parked_at: p.parked_at,
+                    vmm: Some(p.vmm().as_str().to_owned()),
                     // The park room counts clones, not the pool: STATS fills it.
                     shared_clones: 0,
                     shared_clone_written_bytes: 0,

@@ -19,6 +19,53 @@ pub struct ParkedVm {
     pub copied_bytes: u64,
     /// When it was parked, seconds since the epoch.
     pub parked_at: u64,
+    /// The VMM its configuration is for, read once when it was parked
+    /// (absent in records of daemons before it was kept: read from the
+    /// configuration then).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vmm: Option<ParkedVmm>,
+}
+
+impl ParkedVm {
+    /// The VMM its configuration is for.
+    pub fn vmm(&self) -> ParkedVmm {
+        self.vmm
+            .unwrap_or_else(|| ParkedVmm::of_config(&self.config))
+    }
+}
+
+/// The VMM a parked VM runs in: one of two names in STATS and `/metrics`,
+/// whatever the tenant's configuration says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ParkedVmm {
+    /// cloud-hypervisor (its own `VmConfig`).
+    CloudHypervisor,
+    /// QEMU (hugemem's document of a launched QEMU, `"vmm": "qemu"`).
+    Qemu,
+}
+
+impl ParkedVmm {
+    /// The VMM of configuration `config`: QEMU when its top-level `vmm`
+    /// says `"qemu"`, cloud-hypervisor otherwise.
+    pub fn of_config(config: &str) -> Self {
+        #[derive(Deserialize)]
+        struct Tag {
+            vmm: Option<String>,
+        }
+        match serde_json::from_str::<Tag>(config) {
+            Ok(Tag { vmm: Some(v) }) if v == "qemu" => Self::Qemu,
+            _ => Self::CloudHypervisor,
+        }
+    }
+
+    /// Its name in STATS and `/metrics`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::CloudHypervisor => "cloud-hypervisor",
+            Self::Qemu => "qemu",
+        }
+    }
 }
 
 /// One memory slot of a parked VM.
@@ -28,4 +75,48 @@ pub struct ParkedSlot {
     pub slot: u32,
     /// Index in the allocation's regions.
     pub region: usize,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ParkedVmm;
+
+    #[test]
+    fn the_vmm_is_qemu_only_when_the_configuration_says_so() {
+        let qemu = r#"{"vmm":"qemu","format":1,"program":"qemu-system-x86_64"}"#;
+        assert_eq!(ParkedVmm::of_config(qemu), ParkedVmm::Qemu);
+        // cloud-hypervisor's own VmConfig has no `vmm`; anything else is
+        // not trusted as a name.
+        for other in [
+            r#"{"cpus":{"boot_vcpus":1},"memory":{"size":0}}"#,
+            r#"{"vmm":"evil\nlabel"}"#,
+            r#"{"vmm":7}"#,
+            "not json",
+        ] {
+            assert_eq!(
+                ParkedVmm::of_config(other),
+                ParkedVmm::CloudHypervisor,
+                "{other}"
+            );
+        }
+        // A record without it (a daemon's before it was kept) reads it from
+        // the configuration; one with it keeps it through its JSON.
+        let mut vm = super::ParkedVm {
+            name: "vm".into(),
+            slots: Vec::new(),
+            config: qemu.into(),
+            state: "{}".into(),
+            copied_bytes: 0,
+            parked_at: 0,
+            vmm: None,
+        };
+        assert_eq!(vm.vmm(), ParkedVmm::Qemu);
+        vm.vmm = Some(ParkedVmm::CloudHypervisor);
+        let json = serde_json::to_string(&vm).expect("json");
+        assert!(json.contains(r#""vmm":"cloud-hypervisor""#), "{json}");
+        let back: super::ParkedVm = serde_json::from_str(&json).expect("read back");
+        assert_eq!(back.vmm(), ParkedVmm::CloudHypervisor);
+        assert_eq!(ParkedVmm::Qemu.as_str(), "qemu");
+        assert_eq!(ParkedVmm::CloudHypervisor.as_str(), "cloud-hypervisor");
+    }
 }

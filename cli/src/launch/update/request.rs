@@ -62,7 +62,8 @@ pub struct ParkReport {
     pub slots: u32,
     /// Bytes of the VMM's device state the daemon keeps.
     pub state_bytes: u64,
-    /// RAM bytes the VMM's migration stream carried.
+    /// RAM bytes the VMM's migration stream carried (QEMU ended before it
+    /// could be asked: the stream's length, a bound).
     pub ram_transferred_bytes: u64,
     /// From the request to the daemon's answer, ms.
     pub park_ms: f64,

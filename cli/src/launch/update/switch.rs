@@ -65,6 +65,13 @@ pub trait VmmSwitch {
     /// VMM runs the guest (it may have paused it for the switch).
     fn keep_old_running(&mut self);
 
+    /// Whether the running VMM still answers on its control channel
+    /// (asked after a failed park: one that does not has ended, or is
+    /// ending).
+    fn running_reachable(&mut self) -> bool {
+        true
+    }
+
     /// After a switch: asks the VMM that was replaced to exit. The updater
     /// reaps it, killing it if it does not exit in time.
     fn retire_old(&mut self);

@@ -119,7 +119,7 @@ impl Updater {
     pub(crate) fn answer(&mut self, request: Request, vmm: &mut Child, spawner: &Spawner) -> Reply {
         let qemu = match request {
             Request::Update { qemu } => qemu,
-            Request::Park { name } => return self.park(&name),
+            Request::Park { name } => return self.park(&name, vmm),
         };
         match self.update(vmm, spawner, qemu) {
             Ok(report) => Reply::Ok(report),
@@ -133,8 +133,11 @@ impl Updater {
     }
 
     /// Parks the running VM under `name` (the switch's `park`): the VMM
-    /// exits once the daemon has it; on an error it runs the guest on.
-    fn park(&mut self, name: &str) -> Reply {
+    /// exits once the daemon has it; on an error it runs the guest on,
+    /// unless it ended during the park (killed, crashed): then nothing is
+    /// parked, the reply says so, and the launcher, seeing it gone, frees
+    /// the memory.
+    fn park(&mut self, name: &str, running: &mut Child) -> Reply {
         let vmm = self.switch.name();
         let parked = self.switch.connect_running().and_then(|()| {
             self.memory()?;
@@ -151,11 +154,43 @@ impl Updater {
             }
             Err(e) => {
                 let text = hugemem_client::diag::chain(&e).to_string();
+                if let Some(ended) = self.ended_during_park(running) {
+                    warn!(error = %text, %ended, "{vmm} ended during the park; nothing parked");
+                    return Reply::Error(format!(
+                        "{text} (nothing parked: {vmm} ended during the park, {ended}; \
+                         the launcher exits and frees the VM's memory)"
+                    ));
+                }
                 warn!(error = %text, "park failed; the running {vmm} keeps the guest");
                 Reply::Error(format!(
                     "{text} (nothing parked: the running {vmm} keeps the guest)"
                 ))
             }
+        }
+    }
+
+    /// After a failed park: how `running` ended, when its control channel
+    /// is gone and it exits within the deadline (a VMM whose monitor
+    /// closed is on its way out; one that lingers is left to the launcher's
+    /// wait, not killed here).
+    fn ended_during_park(&mut self, running: &mut Child) -> Option<String> {
+        if let Ok(Some(status)) = running.try_wait() {
+            return Some(status.to_string());
+        }
+        if self.switch.running_reachable() {
+            return None;
+        }
+        let exited = i32::try_from(running.id())
+            .ok()
+            .and_then(|p| pidfd(nix::unistd::Pid::from_raw(p)).ok());
+        if let Some(fd) = exited {
+            let mut fds = [PollFd::new(fd.as_fd(), PollFlags::POLLIN)];
+            let millis = u16::try_from(self.deadline.as_millis()).unwrap_or(u16::MAX);
+            let _ = poll(&mut fds, PollTimeout::from(millis));
+        }
+        match running.try_wait() {
+            Ok(Some(status)) => Some(status.to_string()),
+            _ => Some("its control channel closed".into()),
         }
     }
 

@@ -336,12 +336,16 @@ impl DaemonCollector {
         )?;
         let mut family = enc.encode_descriptor(
             "parked",
-            "Memory of each parked VM, by its tenant's uid and its name.",
+            "Memory of each parked VM, by its tenant's uid, its name and its VMM (qemu or cloud-hypervisor).",
             Some(&Unit::Bytes),
             MetricType::Gauge,
         )?;
         for p in &parked {
-            let labels = [("uid", p.uid.to_string()), ("name", p.name.clone())];
+            let labels = [
+                ("uid", p.uid.to_string()),
+                ("name", p.name.clone()),
+                ("vmm", p.vmm.clone().unwrap_or_default()),
+            ];
             ConstGauge::new(g64(p.bytes)).encode(family.encode_family(&labels)?)?;
         }
         let mut clones = enc.encode_descriptor(

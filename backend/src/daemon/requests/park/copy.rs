@@ -29,7 +29,7 @@ use tracing::info;
 use super::error::StepError;
 use super::snapshot::{Checked, ParkRequest, ParkedOk, Refusal};
 use crate::daemon::counters::metrics::Metrics;
-use crate::daemon::pool::{AllocId, ParkedSlot, ParkedVm};
+use crate::daemon::pool::{AllocId, ParkedSlot, ParkedVm, ParkedVmm};
 use crate::daemon::requests::alloc::{self, Requester};
 use crate::daemon::requests::rooms::{settle_released, Rooms};
 use crate::proto::messages::{AllocPart, AllocRequest, ReplyBody};
@@ -323,6 +323,7 @@ pub async fn copy_in(
         })
         .collect();
     let n = u32::try_from(slots.len()).unwrap_or(u32::MAX);
+    let vmm = Some(ParkedVmm::of_config(&config));
     let vm = ParkedVm {
         name: req.name.clone(),
         slots,
@@ -330,6 +331,7 @@ pub async fn copy_in(
         state: checked.state.clone(),
         copied_bytes: copied,
         parked_at,
+        vmm,
     };
     let on_demand = pending.is_some();
     if let Some(p) = pending {

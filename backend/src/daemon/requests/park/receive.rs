@@ -17,7 +17,7 @@ use super::snapshot::{check, invalid, now_secs, Checked, ParkRequest, ParkedOk, 
 use super::socket::migration_socket;
 use super::verify::read_manifest;
 use crate::daemon::counters::metrics::Metrics;
-use crate::daemon::pool::{AllocId, FileOwner, ParkedSlot, ParkedVm, SessionId};
+use crate::daemon::pool::{AllocId, FileOwner, ParkedSlot, ParkedVm, ParkedVmm, SessionId};
 use crate::daemon::requests::outcome::Outcome;
 use crate::daemon::requests::rooms::Rooms;
 use crate::proto::messages::{Reply, ReplyBody};
@@ -127,6 +127,7 @@ async fn move_in(
         state: checked.state.clone(),
         copied_bytes: 0,
         parked_at: now_secs(),
+        vmm: Some(ParkedVmm::of_config(&checked.config)),
     };
     let bytes = rooms
         .pool

@@ -34,7 +34,8 @@ pub(crate) struct QemuParked {
     pub(crate) parked: Parked,
     /// Bytes of QEMU's migration stream (its device state).
     pub(crate) state_bytes: u64,
-    /// RAM bytes QEMU's stream carried (`ram.transferred`).
+    /// RAM bytes QEMU's stream carried (`ram.transferred`; the stream's
+    /// length, a bound, when QEMU ended before it could be asked).
     pub(crate) ram_transferred_bytes: u64,
     /// From `migrate` to QEMU's `completed`.
     pub(crate) migrate_time: Duration,
@@ -77,13 +78,22 @@ pub(crate) fn park(
     // The daemon first: a daemon that cannot be reached costs the guest nothing.
     let mut client = Client::connect(daemon).map_err(|e| failed("not started", e.to_string()))?;
     let (stream, migrate_time) = device_state(qmp, deadline)?;
-    let stats = qmp
-        .execute("query-migrate", json!({}))
-        .map_err(qmp_err("query-migrate"))?;
-    let ram = stats
-        .pointer("/ram/transferred")
-        .and_then(Value::as_u64)
-        .unwrap_or(0);
+    tracing::debug!(
+        bytes = stream.len(),
+        "QEMU's device state read; parking it in the daemon"
+    );
+    // QEMU has handed its whole state over: from here on its end (killed,
+    // crashed) costs the park nothing, the memory being the launcher's.
+    let ram = match qmp.execute("query-migrate", json!({})) {
+        Ok(stats) => stats
+            .pointer("/ram/transferred")
+            .and_then(Value::as_u64)
+            .unwrap_or(0),
+        Err(e) => {
+            tracing::warn!(error = %e, "QEMU gave its state and cannot be asked for its figures; parking on");
+            stream.len() as u64
+        }
+    };
     let config = serde_json::to_vec(&config).map_err(|e| failed("completed", e.to_string()))?;
     let state = serde_json::to_vec(&ParkedState::new(&stream))
         .map_err(|e| failed("completed", e.to_string()))?;

@@ -108,6 +108,7 @@ impl Qmp {
     ) -> Result<(), QmpError> {
         let mut text = json!({"execute": command, "arguments": arguments}).to_string();
         text.push('\n');
+        tracing::debug!("sending QMP command {command:?}");
         let stream = self.reader.get_mut();
         match fd {
             None => stream.write_all(text.as_bytes())?,

@@ -203,6 +203,8 @@ impl VmmRestore for QemuRestore {
         let (ours, daemons) = UnixStream::pair()
             .map_err(|e| LaunchError::Options(format!("cannot make a socket pair: {e}")))?;
         let (done_tx, done_rx) = mpsc::channel();
+        // The launcher blocked the signals it forwards before this thread
+        // starts (`launch::run`): it never takes a SIGTERM meant for QEMU.
         std::thread::spawn(move || {
             let answer = client.restore(&name, &daemons, false);
             drop(daemons);

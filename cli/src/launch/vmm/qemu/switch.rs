@@ -282,6 +282,16 @@ impl VmmSwitch for QemuSwitch {
         }
     }
 
+    fn running_reachable(&mut self) -> bool {
+        let Some(qmp) = self.qmp.as_mut() else {
+            return false;
+        };
+        matches!(
+            qmp.execute("query-status", json!({})),
+            Ok(_) | Err(super::qmp::QmpError::Refused { .. })
+        )
+    }
+
     fn park(
         &mut self,
         memory: &Allocation,
