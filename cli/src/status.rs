@@ -16,8 +16,12 @@ fn render_parked(stats: &Stats, out: &mut String) {
                 format_size(p.shared_clone_written_bytes)
             ),
         };
+        let filling = match p.copy_clones_filling {
+            0 => String::new(),
+            n => format!("; {n} copy clone(s) still being filled from it"),
+        };
         out.push_str(&format!(
-            "parked: {} (uid {}): {} in {} slot(s) on {} pages, allocation {}, {}{clones}\n",
+            "parked: {} (uid {}): {} in {} slot(s) on {} pages, allocation {}, {}{clones}{filling}\n",
             p.name,
             p.uid,
             format_size(p.bytes),

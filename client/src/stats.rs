@@ -159,6 +159,12 @@ pub struct ParkedVmStats {
     /// free huge pages, not the pool.
     #[serde(default)]
     pub shared_clone_written_bytes: u64,
+    /// Copy clones whose memory the daemon is still filling from it now
+    /// (RESTORE with COPY; with POSTCOPY the guest runs long before): a
+    /// copy's fill ends when every page of it holds the template's bytes.
+    /// RESTORE and UNPARK of it wait for 0.
+    #[serde(default)]
+    pub copy_clones_filling: u64,
 }
 
 impl Stats {
