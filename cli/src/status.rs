@@ -21,8 +21,12 @@ fn render_parked(stats: &Stats, out: &mut String) {
             .as_deref()
             .map(|v| format!(", {v}"))
             .unwrap_or_default();
+        let filling = match p.copy_clones_filling {
+            0 => String::new(),
+            n => format!("; {n} copy clone(s) still being filled from it"),
+        };
         out.push_str(&format!(
-            "parked: {} (uid {}{vmm}): {} in {} slot(s) on {} pages, allocation {}, {}{clones}\n",
+            "parked: {} (uid {}{vmm}): {} in {} slot(s) on {} pages, allocation {}, {}{clones}{filling}\n",
             p.name,
             p.uid,
             format_size(p.bytes),

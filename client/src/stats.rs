@@ -163,6 +163,12 @@ pub struct ParkedVmStats {
     /// daemons before it was listed).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub vmm: Option<String>,
+    /// Copy clones whose memory the daemon is still filling from it now
+    /// (RESTORE with COPY; with POSTCOPY the guest runs long before): a
+    /// copy's fill ends when every page of it holds the template's bytes.
+    /// RESTORE and UNPARK of it wait for 0.
+    #[serde(default)]
+    pub copy_clones_filling: u64,
 }
 
 impl Stats {

@@ -1,7 +1,8 @@
 //! Watching VMs the bench started through `hugemem launch`: the
 //! cloud-hypervisor under each launcher, its guest RAM read through
 //! `/proc/PID/mem` (a shared clone's written pages are in its private
-//! mapping only), the moment its counter passes where the template
+//! mapping only) or, for a copy clone whose fill ended, through the file
+//! it maps (`ReadRam`), the moment its counter passes where the template
 //! stopped, and what it wrote.
 //!
 //! "Running" is the counting micro-guest's counter seen past the count its
@@ -60,6 +61,17 @@ fn ram_base(pid: u32, len: u64) -> Option<u64> {
     })
 }
 
+/// How a clone's RAM is read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ReadRam {
+    /// Through its cloud-hypervisor's mapping (`/proc/PID/mem`): a shared
+    /// clone's written pages are in its private mapping only.
+    Mapping,
+    /// Through the file it maps shared (`/proc/PID/map_files`): a copy
+    /// clone's memory, whatever its cloud-hypervisor has mapped of it yet.
+    File,
+}
+
 /// One VM's guest RAM as its cloud-hypervisor maps it.
 pub(crate) struct VmRam {
     /// The cloud-hypervisor.
@@ -107,12 +119,19 @@ impl VmRam {
     /// 4 KiB pages that differ from `template` (its guest RAM file):
     /// `(below, above)` the guest's own area `own_end` (the image, its
     /// stack and spin block, which a running guest writes), over the low
-    /// RAM mapping. A page above it that differs is stale or foreign.
+    /// RAM mapping, read as `read` says. A page above it that differs is
+    /// stale or foreign.
     pub(crate) fn differing_pages(
         &self,
         template: &File,
         own_end: u64,
+        read: ReadRam,
     ) -> Result<(u64, u64), VmmUpdateError> {
+        let (source, base) = match read {
+            ReadRam::Mapping => (None, self.base),
+            ReadRam::File => (Some(self.memory_file()?), 0),
+        };
+        let source = source.as_ref().unwrap_or(&self.mem);
         const CHUNK: u64 = 8 << 20;
         const PAGE: usize = 4096;
         let mut ours = vec![0u8; CHUNK as usize];
@@ -121,8 +140,8 @@ impl VmRam {
         let mut at = 0;
         while at < self.len {
             let n = CHUNK.min(self.len - at) as usize;
-            self.mem
-                .read_exact_at(&mut ours[..n], self.base + at)
+            source
+                .read_exact_at(&mut ours[..n], base + at)
                 .map_err(|e| guest(format!("read clone {} at {at:#x}: {e}", self.vmm)))?;
             template
                 .read_exact_at(&mut theirs[..n], at)

@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 use guest_mem::PageSize;
 
 use super::launch::{stop_all, Daemon, Source};
-use super::observe::Starting;
+use super::observe::{ReadRam, Starting};
 use super::report::{StartResult, TemplateCheck};
 use super::starts::{measure, start, Batch, Before};
 use crate::vmm_update::error::VmmUpdateError;
@@ -125,6 +125,35 @@ impl Phase {
         }
     }
 
+    /// Waits until the daemon fills no copy clone of the template any more
+    /// (STATS `parked[].copy_clones_filling`): a postcopy copy clone runs
+    /// long before its background fill ends, and until then a page its
+    /// guest has not touched is not in its cloud-hypervisor's mapping yet
+    /// (a remote read of it fails with EIO). STATS pushes nothing: it is
+    /// asked again every few milliseconds, as in [`Phase::settle`].
+    fn wait_copies_filled(&self) -> Result<(), VmmUpdateError> {
+        let deadline = Instant::now() + Duration::from_secs(300);
+        let mut client = self.daemon.client()?;
+        loop {
+            let s = client.stats()?;
+            let filling: u64 = s
+                .parked
+                .iter()
+                .filter(|p| p.name == TEMPLATE)
+                .map(|p| p.copy_clones_filling)
+                .sum();
+            if filling == 0 {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                return Err(VmmUpdateError::Guest(format!(
+                    "{filling} copy clone(s) of the template still being filled after 300 s"
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
     /// N clones of the template in `mode` (`shared`, `copy`), one after
     /// another or at once, measured into `out`; returns them running.
     fn clones(
@@ -144,12 +173,22 @@ impl Phase {
             page: self.page,
         };
         let vms = start(&mut self.daemon, &batch, out)?;
+        // A copy clone's memory is its own file: read once its fill ended
+        // (every page holds the template's bytes or the guest's), through
+        // that file. A shared clone's written pages are in its private
+        // mapping only: read through it.
+        let read = if self.mode == "copy" {
+            self.wait_copies_filled()?;
+            ReadRam::File
+        } else {
+            ReadRam::Mapping
+        };
         measure(
             &self.daemon,
             self.page,
             before,
             &vms,
-            Some(&self.template),
+            Some((&self.template, read)),
             out,
         )?;
         Ok(vms)

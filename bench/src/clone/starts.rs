@@ -9,7 +9,7 @@ use std::time::Instant;
 use guest_mem::PageSize;
 
 use super::launch::{Daemon, Launcher, Source};
-use super::observe::{private_hugetlb, wait_running, Starting};
+use super::observe::{private_hugetlb, wait_running, ReadRam, Starting};
 use super::report::StartResult;
 use crate::vmm_update::error::VmmUpdateError;
 
@@ -104,13 +104,14 @@ pub(crate) fn start(
 }
 
 /// The memory the running `vms` took since `before`, per VM, into `out`;
-/// with `template`, the first and the last clone's pages compared with it.
+/// with `template`, the first and the last clone's pages compared with it
+/// (each clone's RAM read as `ReadRam` says).
 pub(crate) fn measure(
     daemon: &Daemon,
     page: PageSize,
     before: Before,
     vms: &[Starting],
-    template: Option<&File>,
+    template: Option<(&File, ReadRam)>,
     out: &mut StartResult,
 ) -> Result<(), VmmUpdateError> {
     let n = vms.len().max(1) as u64;
@@ -131,10 +132,10 @@ pub(crate) fn measure(
         .map(|r| private_hugetlb(r.vmm))
         .sum();
     out.private_hugetlb_bytes_per_vm = out.private_hugetlb_bytes_per_vm.max(private / n);
-    if let Some(template) = template {
+    if let Some((template, read)) = template {
         let own_end = microguest::IMAGE_END_GPA.max(crate::vmm_update::setup::START_GPA);
         // The first and the last clone of the batch: reading a clone's
-        // RAM through /proc/PID/mem takes seconds per GiB on this host.
+        // RAM takes seconds per GiB on this host.
         let rams: Vec<_> = vms.iter().filter_map(|s| s.ram.as_ref()).collect();
         let last = rams.len().saturating_sub(1);
         for ram in rams
@@ -143,7 +144,7 @@ pub(crate) fn measure(
             .filter(|(i, _)| *i == 0 || *i == last)
             .map(|(_, r)| r)
         {
-            let (own, stale) = ram.differing_pages(template, own_end)?;
+            let (own, stale) = ram.differing_pages(template, own_end, read)?;
             out.own_pages_written_max = out.own_pages_written_max.max(own);
             out.stale_pages += stale;
             out.clones_checked += 1;

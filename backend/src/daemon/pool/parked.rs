@@ -258,6 +258,7 @@ impl Parking<'_> {
                     // The park room counts clones, not the pool: STATS fills it.
                     shared_clones: 0,
                     shared_clone_written_bytes: 0,
+                    copy_clones_filling: 0,
                 }
             })
             .collect();

@@ -45,13 +45,17 @@ pub struct StatsSource {
     pub park_record: Arc<crate::daemon::requests::parked::note::ParkRecord>,
     /// The shared clones of parked VMs.
     pub clones: Arc<crate::daemon::requests::parked::clones::Clones>,
+    /// The copy clones being filled from parked VMs.
+    pub copy_fills: Arc<crate::daemon::requests::parked::copy_fills::CopyFills>,
 }
 
 impl StatsSource {
-    /// The parked VMs, each with its shared clones and what they wrote.
+    /// The parked VMs, each with its shared clones and what they wrote,
+    /// and the copy clones still being filled from it.
     pub fn parked(&self) -> Vec<hugemem_client::stats::ParkedVmStats> {
         let mut parked = self.pool.parking().parked_list();
         for p in &mut parked {
+            p.copy_clones_filling = self.copy_fills.of(p.alloc) as u64;
             p.shared_clones = self.clones.of(p.alloc).0 as u64;
             if p.shared_clones > 0 {
                 p.shared_clone_written_bytes = self.clones.written(p.alloc);

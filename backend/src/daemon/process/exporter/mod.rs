@@ -358,6 +358,16 @@ impl DaemonCollector {
             let labels = [("uid", p.uid.to_string()), ("name", p.name.clone())];
             ConstGauge::new(g64(p.shared_clones)).encode(clones.encode_family(&labels)?)?;
         }
+        let mut filling = enc.encode_descriptor(
+            "parked_copy_clones_filling",
+            "Copy clones whose memory is still being filled from each parked VM (its template), by its tenant's uid and its name.",
+            None,
+            MetricType::Gauge,
+        )?;
+        for p in &parked {
+            let labels = [("uid", p.uid.to_string()), ("name", p.name.clone())];
+            ConstGauge::new(g64(p.copy_clones_filling)).encode(filling.encode_family(&labels)?)?;
+        }
         let mut written = enc.encode_descriptor(
             "parked_shared_clone_written",
             "Huge pages the shared clones of each parked VM wrote (their own copies, from the kernel's free huge pages), by its tenant's uid and its name.",

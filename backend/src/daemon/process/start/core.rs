@@ -285,6 +285,8 @@ impl Components {
         let clones = Arc::new(crate::daemon::requests::parked::clones::Clones::new(
             cfg.clones.headroom.0,
         ));
+        let copy_fills =
+            Arc::new(crate::daemon::requests::parked::copy_fills::CopyFills::default());
         let stats = Arc::new(StatsSource {
             pool: Arc::clone(&pool),
             metrics: Arc::clone(metrics),
@@ -298,6 +300,7 @@ impl Components {
             rebalance: Arc::clone(&rebalance),
             park_record: Arc::clone(&park_record),
             clones: Arc::clone(&clones),
+            copy_fills: Arc::clone(&copy_fills),
         });
         let rooms = Arc::new(Rooms {
             pool: Arc::clone(&pool),
@@ -312,7 +315,7 @@ impl Components {
             fills: Arc::clone(&fills),
             saving: Arc::default(),
             clones,
-            copy_fills: Arc::default(),
+            copy_fills,
             store_sync: std::sync::OnceLock::new(),
             park_record,
         });
