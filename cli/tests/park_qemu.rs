@@ -26,9 +26,10 @@ use std::time::Duration;
 use guest_mem::PageSize;
 use microguest::pattern;
 use test_support::hugepages::hold;
-use test_support::prelude::{serial, wait_until, TestDaemon};
+use test_support::prelude::{serial, TestDaemon};
 
 use common::park::{stop as stop_launcher, stop_and_settle};
+use common::qemu::{guest_ram, park, qemu_args, skip_reason};
 use common::{assert_balanced, child_of, counting_past, spin_elf, spin_state, StopLauncher};
 
 const HUGEMEM: &str = env!("CARGO_BIN_EXE_hugemem");
@@ -37,54 +38,6 @@ const MARKER: u64 = 0x5041_524b_5145_0000;
 const START_GPA: u64 = 1 << 20;
 const STRIDE: u64 = 2 << 20;
 const CYCLES: usize = 10;
-
-fn skip_reason() -> Option<String> {
-    match Command::new("qemu-system-x86_64").arg("--version").output() {
-        Ok(o) if o.status.success() => {}
-        _ => return Some("qemu-system-x86_64 not installed".into()),
-    }
-    microguest::kvm_available().err()
-}
-
-/// Guest RAM as QEMU `pid` maps it: its `/dev/fd/N` memory file, reopened.
-fn guest_ram(pid: u32) -> std::fs::File {
-    let mut fd = None;
-    wait_until("QEMU's command line", Duration::from_secs(30), || {
-        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-        fd = String::from_utf8_lossy(&cmdline).split('\0').find_map(|a| {
-            a.split(',')
-                .find_map(|kv| kv.strip_prefix("mem-path=/dev/fd/"))
-                .map(str::to_owned)
-        });
-        fd.is_some()
-    });
-    let fd = fd.expect("mem-path=/dev/fd/N on QEMU's command line");
-    std::fs::File::open(format!("/proc/{pid}/fd/{fd}")).expect("open QEMU's memory fd")
-}
-
-/// The micro-guest's QEMU arguments.
-fn qemu_args(elf: &Path) -> Vec<OsString> {
-    let mut args: Vec<OsString> = [
-        "-M",
-        "microvm",
-        "-accel",
-        "kvm",
-        "-cpu",
-        hugemem::launch::vmm::qemu::KVM_CPU,
-        "-nodefaults",
-        "-no-user-config",
-        "-display",
-        "none",
-        "-serial",
-        "none",
-        "-kernel",
-    ]
-    .iter()
-    .map(OsString::from)
-    .collect();
-    args.push(elf.into());
-    args
-}
 
 /// `hugemem launch` with a control socket, a fresh VM (`restore`: None) or
 /// the parked one (with `args`, or the parked ones when empty).
@@ -103,22 +56,6 @@ fn launch(daemon: &TestDaemon, control: &Path, restore: Option<&str>, args: &[Os
         .args(args)
         .spawn()
         .expect("spawn hugemem launch")
-}
-
-/// `hugemem park NAME --control-socket PATH`; its stdout.
-fn park(name: &str, control: &Path) -> String {
-    let out = Command::new("timeout")
-        .args(["120", HUGEMEM, "park", name, "--control-socket"])
-        .arg(control)
-        .output()
-        .expect("run hugemem park");
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(
-        out.status.success(),
-        "hugemem park failed: {stdout}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    stdout
 }
 
 /// Every page the guest wrote holds its pattern.

@@ -19,6 +19,7 @@ use test_support::prelude::wait_until;
 const HUGEMEM: &str = env!("CARGO_BIN_EXE_hugemem");
 
 pub mod park;
+pub mod qemu;
 
 /// The child of `parent`, once it has exec'd its own program (between fork
 /// and exec it is a copy of the parent).
