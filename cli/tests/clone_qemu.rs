@@ -88,8 +88,9 @@ fn launch_fails(daemon: &TestDaemon, how: &[&str], args: &[OsString]) -> String 
 fn qemu_of(launcher: u32) -> u32 {
     let mut found = None;
     wait_until("the launcher's QEMU", Duration::from_secs(30), || {
-        let children = std::fs::read_to_string(format!("/proc/{launcher}/task/{launcher}/children"))
-            .unwrap_or_default();
+        let children =
+            std::fs::read_to_string(format!("/proc/{launcher}/task/{launcher}/children"))
+                .unwrap_or_default();
         found = children.split_whitespace().find_map(|p| {
             let pid = p.parse::<u32>().ok()?;
             let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
@@ -165,7 +166,12 @@ fn qemu_clones_in_both_modes_count_on_from_a_template_that_stays_unchanged() {
     let control = dir.path().join("template.sock");
     let control_arg = control.to_string_lossy().into_owned();
     let new = ["--control-socket", &control_arg, "--size", "256M"];
-    let mut template = launch(&daemon, &[&new[..], &["--page-size", "2M"]].concat(), &args, None);
+    let mut template = launch(
+        &daemon,
+        &[&new[..], &["--page-size", "2M"]].concat(),
+        &args,
+        None,
+    );
     let launcher = child_of(template.id());
     let _guard = StopLauncher(launcher);
     let ram = guest_ram(child_of(launcher));
@@ -188,7 +194,13 @@ fn qemu_clones_in_both_modes_count_on_from_a_template_that_stays_unchanged() {
     for (i, (child, log)) in clones.into_iter().enumerate() {
         let launcher = child_of(child.id());
         let qemu = qemu_of(launcher);
-        assert_counts_on(&format!("shared clone {i}"), qemu, parked.count, "rw-p", &log);
+        assert_counts_on(
+            &format!("shared clone {i}"),
+            qemu,
+            parked.count,
+            "rw-p",
+            &log,
+        );
         let wrote = private_hugetlb(qemu);
         assert!(wrote < RAM / 4, "clone {i} wrote {wrote} bytes privately");
         eprintln!("shared clone {i}: wrote {} KiB of huge pages", wrote >> 10);
@@ -207,7 +219,11 @@ fn qemu_clones_in_both_modes_count_on_from_a_template_that_stays_unchanged() {
             ours > 0 && daemon.stats().parked[0].shared_clone_written_bytes == ours
         },
     );
-    assert_eq!(digest(&ram), before, "the template changed under its clones");
+    assert_eq!(
+        digest(&ram),
+        before,
+        "the template changed under its clones"
+    );
 
     // Past the headroom by one page: refused before QEMU starts.
     let hog = hold_all_but_2m(RAM / STRIDE + HEADROOM / STRIDE - 1);
@@ -228,12 +244,21 @@ fn qemu_clones_in_both_modes_count_on_from_a_template_that_stays_unchanged() {
     let mut copy_child = launch(&daemon, &copy, &[], Some(&copy_log));
     let copy_launcher = child_of(copy_child.id());
     let _copy_guard = StopLauncher(copy_launcher);
-    assert_counts_on("the copy clone", qemu_of(copy_launcher), parked.count, "rw-s", &copy_log);
+    assert_counts_on(
+        "the copy clone",
+        qemu_of(copy_launcher),
+        parked.count,
+        "rw-s",
+        &copy_log,
+    );
     let stats = daemon.stats();
     assert_eq!(stats.allocations.active, active + 1, "the copy's: {stats}");
     stop(copy_launcher, &mut copy_child);
     let said = std::fs::read_to_string(&copy_log).unwrap_or_default();
-    assert!(said.contains("copied from its template before the guest ran"), "{said}");
+    assert!(
+        said.contains("copied from its template before the guest ran"),
+        "{said}"
+    );
     daemon.wait_stats(Duration::from_secs(30), "the copy freed", |s| {
         s.allocations.active == active
     });

@@ -91,7 +91,10 @@ pub fn run(cfg: &LaunchConfig, name: &str) -> Result<LaunchReport, LaunchError> 
     let copy = cfg.clone_of.is_some();
     let on_demand = cfg.on_demand || (copy && !cfg.copy_eager && adapter.restores_on_demand());
     if copy && !on_demand && !cfg.copy_eager {
-        info!(name, "{vmm} takes no memory on demand: the copy is filled before its guest runs");
+        info!(
+            name,
+            "{vmm} takes no memory on demand: the copy is filled before its guest runs"
+        );
     }
     let full = launch.argv;
     let mut receiver = launch.receiver;

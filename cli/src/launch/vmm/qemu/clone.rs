@@ -68,11 +68,13 @@ fn ask_options(program: &OsString) -> Option<Child> {
 
 /// Whether the answer of [`ask_options`] lists `rom` (QEMU 8.2 on).
 fn takes_rom(asked: Option<Child>) -> bool {
-    asked.and_then(|c| c.wait_with_output().ok()).is_some_and(|o| {
-        String::from_utf8_lossy(&o.stdout)
-            .lines()
-            .any(|l| l.trim_start().starts_with("rom="))
-    })
+    asked
+        .and_then(|c| c.wait_with_output().ok())
+        .is_some_and(|o| {
+            String::from_utf8_lossy(&o.stdout)
+                .lines()
+                .any(|l| l.trim_start().starts_with("rom="))
+        })
 }
 
 /// The template as CLONE sent it, and our end of the socket it came on

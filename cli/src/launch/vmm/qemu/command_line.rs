@@ -297,6 +297,21 @@ mod tests {
     }
 
     #[test]
+    fn a_shared_clone_maps_its_template_privately() {
+        let user = args(&["-M", "microvm"]);
+        let backend =
+            |sharing| strings(build_as(&user, &one(), sharing).expect("build"))[1].clone();
+        assert_eq!(
+            backend(Sharing::Private { rom: false }),
+            "memory-backend-file,id=ram0,mem-path=/dev/fd/4,share=off,size=2G"
+        );
+        assert_eq!(
+            backend(Sharing::Private { rom: true }),
+            "memory-backend-file,id=ram0,mem-path=/dev/fd/4,share=off,readonly=on,rom=off,size=2G"
+        );
+    }
+
+    #[test]
     fn machine_forms() {
         assert_eq!(machine_type("microvm"), Some("microvm"));
         assert_eq!(machine_type("microvm,acpi=off"), Some("microvm"));

@@ -46,7 +46,10 @@ pub(super) fn clone_identity(
         // without one is followed by the next option.
         let value = match arg.split_once('=') {
             Some((_, v)) => v.to_owned(),
-            None => it.next_if(|v| !v.starts_with('-')).cloned().unwrap_or_default(),
+            None => it
+                .next_if(|v| !v.starts_with('-'))
+                .cloned()
+                .unwrap_or_default(),
         };
         if let Some(line) = check_option(name, &value, shared, writable_template)? {
             replaced.push(line);
@@ -214,7 +217,10 @@ mod tests {
         ]);
         let replaced = clone_identity(&fine, true, true).expect("clonable");
         assert_eq!(replaced.len(), 1, "{replaced:?}");
-        assert!(replaced[0].starts_with("n0: a tap of its own"), "{replaced:?}");
+        assert!(
+            replaced[0].starts_with("n0: a tap of its own"),
+            "{replaced:?}"
+        );
         for (bad, says) in [
             (&["-netdev", "tap,id=n1,ifname=tap7"][..], "the tap tap7"),
             (&["--netdev=tap,id=n2,fd=5"][..], "n2 on fds"),
@@ -225,7 +231,10 @@ mod tests {
             ),
             (&["-qmp", "unix:/tmp/q,server,nowait"][..], "-qmp"),
             (&["-device", "vfio-pci,host=01:00.0"][..], "VFIO"),
-            (&["-device", "vhost-vsock-pci,guest-cid=3"][..], "guest-cid=3"),
+            (
+                &["-device", "vhost-vsock-pci,guest-cid=3"][..],
+                "guest-cid=3",
+            ),
             (&["-pidfile", "/run/vm.pid"][..], "pid file"),
         ] {
             let err = clone_identity(&args(bad), false, false).expect_err(says);

@@ -108,10 +108,7 @@ fn significant(args: &[String]) -> Vec<String> {
 
 /// The arguments to run: the parked ones when `given` is empty, else
 /// `given`, once it names what the parked VM named where QEMU would refuse.
-pub(super) fn arguments(
-    parked: &[String],
-    given: &[OsString],
-) -> Result<Vec<OsString>, String> {
+pub(super) fn arguments(parked: &[String], given: &[OsString]) -> Result<Vec<OsString>, String> {
     if given.is_empty() {
         return Ok(parked.iter().map(OsString::from).collect());
     }
