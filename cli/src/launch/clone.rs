@@ -54,7 +54,7 @@ fn run_shared(
         .or_else(|| Vmm::detect(&program))
         .ok_or_else(|| {
             LaunchError::Options(
-                "--clone-of runs cloud-hypervisor (a parked VM is a cloud-hypervisor VM)".into(),
+                "--clone-of runs the template's VMM (cloud-hypervisor or qemu-system-*): name it after -- or with --vmm".into(),
             )
         })?
         .adapter();
@@ -122,5 +122,6 @@ fn run_shared(
         parked_as: None,
         restored: false,
         cloned: Some(mode),
+        filled_first: false,
     })
 }

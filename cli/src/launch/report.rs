@@ -31,6 +31,8 @@ pub struct LaunchReport {
     pub restored: bool,
     /// The VM is a clone of a parked VM (`--clone-of`), in this mode.
     pub cloned: Option<hugemem_client::proto::CloneMode>,
+    /// A copy clone's memory was filled before its guest ran (eager).
+    pub filled_first: bool,
 }
 
 /// FREEs allocation `id` on `client` after the VMM ended; a VM that was

@@ -87,9 +87,15 @@ pub fn run(cfg: &LaunchConfig, name: &str) -> Result<LaunchReport, LaunchError> 
         _ => None,
     };
     // A copy clone (`--clone-of NAME --clone-mode copy`): RESTORE with
-    // COPY, postcopy unless `--copy-eager`.
+    // COPY, postcopy unless `--copy-eager` or the VMM cannot (QEMU).
     let copy = cfg.clone_of.is_some();
-    let on_demand = cfg.on_demand || (copy && !cfg.copy_eager);
+    let on_demand = cfg.on_demand || (copy && !cfg.copy_eager && adapter.restores_on_demand());
+    if copy && !on_demand && !cfg.copy_eager {
+        info!(
+            name,
+            "{vmm} takes no memory on demand: the copy is filled before its guest runs"
+        );
+    }
     let full = launch.argv;
     let mut receiver = launch.receiver;
     info!(name, on_demand, command = ?full, "starting {vmm} to restore a parked VM");
@@ -148,6 +154,7 @@ pub fn run(cfg: &LaunchConfig, name: &str) -> Result<LaunchReport, LaunchError> 
             .clone_of
             .as_ref()
             .map(|_| hugemem_client::proto::CloneMode::Copy),
+        filled_first: copy && !on_demand,
     })
 }
 
