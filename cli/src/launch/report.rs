@@ -35,6 +35,16 @@ pub struct LaunchReport {
     pub filled_first: bool,
 }
 
+/// Says, on stderr and in the log, each part of the template's that the
+/// clone of `name` holds its own of instead (a tap, a vsock's socket): a
+/// new tap is to be attached where the template's was.
+pub(crate) fn say_replaced<'a>(name: &str, replaced: impl IntoIterator<Item = &'a str>) {
+    for line in replaced {
+        info!(name, replaced = %line, "the clone holds its own in place of the template's");
+        eprintln!("hugemem launch: clone of {name}: {line}");
+    }
+}
+
 /// FREEs allocation `id` on `client` after the VMM ended; a VM that was
 /// parked (`hugemem park`) left its memory with the daemon, and the
 /// launcher says so instead: returns the name it was parked under.

@@ -24,7 +24,7 @@ use super::error::LaunchError;
 use super::exit_event::ExitEvent;
 use super::process;
 use super::reattach;
-use super::report::{free_or_report_parked, LaunchReport};
+use super::report::{free_or_report_parked, say_replaced, LaunchReport};
 use super::update::{MemorySlot, SuccessorMailbox, Updater};
 
 /// What the watcher learned of the restored allocation.
@@ -171,13 +171,10 @@ fn record_restored(
     (on_demand, copy): (bool, bool),
 ) {
     slot.put(alloc.try_clone().ok());
-    if copy && !alloc.note.is_empty() {
+    if copy {
         // The daemon gave the copy what a second process cannot hold of
-        // the template's (a tap, a vsock's socket), each said.
-        for line in alloc.note.lines() {
-            info!(name, replaced = %line, "the clone holds its own in place of the template's");
-            eprintln!("hugemem launch: clone of {name}: {line}");
-        }
+        // the template's (a tap, a vsock's socket), one per line.
+        say_replaced(name, alloc.note.lines());
     }
     if let Ok(mut r) = restored.lock() {
         *r = Some(Restored {
