@@ -342,6 +342,24 @@ fn scan_maps(
     }
 }
 
+/// Whether process `pid` maps any of `files` (its `/proc/PID/maps`); false
+/// when it cannot be read (gone, or not ours to read).
+pub fn maps_any(pid: u32, files: &[FileId]) -> bool {
+    let Ok(text) = fs::read_to_string(format!("/proc/{pid}/maps")) else {
+        return false;
+    };
+    let keys: Vec<(u64, u64, u64)> = files
+        .iter()
+        .map(|f| {
+            let (maj, min) = f.major_minor();
+            (maj, min, f.ino)
+        })
+        .collect();
+    text.lines()
+        .filter_map(parse_maps_line)
+        .any(|(_, key)| keys.contains(&key))
+}
+
 /// `start-end perms offset maj:min inode path` → (range, (maj, min, inode)),
 /// for lines that name a file (inode ≠ 0).
 fn parse_maps_line(line: &str) -> Option<(Range<usize>, (u64, u64, u64))> {

@@ -32,6 +32,7 @@ use tracing::info;
 use super::send::{gated, slot_fds};
 use super::socket::migration_socket;
 use crate::daemon::counters::metrics::Metrics;
+use crate::daemon::peers::holders::FileId;
 use crate::daemon::pool::{FoundParked, SessionId};
 use crate::daemon::requests::outcome::Outcome;
 use crate::daemon::requests::rooms::Rooms;
@@ -106,8 +107,13 @@ pub async fn clone(rooms: &Arc<Rooms>, req: CloneRequest, fds: Vec<OwnedFd>) -> 
         return refused(rooms, &req, Status::Invalid, msg);
     }
     let (bytes, page_size) = size_of(&found);
+    let files = found
+        .regions
+        .iter()
+        .filter_map(|(_, r)| FileId::of(r.fd()).ok())
+        .collect();
     let admitted = match rooms.clones.admit(
-        found.alloc,
+        (found.alloc, files),
         (req.session, req.pid),
         &req.name,
         (bytes, page_size),

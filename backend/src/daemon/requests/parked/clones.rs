@@ -25,9 +25,15 @@
 //! says the mapping is made, by closing its end of the migration socket
 //! once its cloud-hypervisor runs, or its connection ends. Two CLONEs at
 //! once can therefore never both be admitted on the same pages. Between
-//! the mapping and the close the clone's pages count twice (in
-//! `HugePages_Rsvd` and as promised): a CLONE then may be refused that a
-//! moment later would be admitted, never the other way.
+//! the mapping and the close the clone's pages would count twice (in
+//! `HugePages_Rsvd` and as promised), and with many clones started at once
+//! most of them are in that moment. So before a CLONE is refused, each
+//! clone still promised is looked at: once its launcher's child (the
+//! clone's VMM) maps the template's file (`/proc/PID/maps`), the kernel
+//! made that mapping's reservation before the mapping showed, so its
+//! promise ends there and its pages count once. A CLONE is refused only
+//! on pages that are truly taken or promised to clones that have not
+//! mapped yet; it is never admitted on pages another was promised.
 //!
 //! By allocation and connection: a takeover carries each connection's
 //! count in its record (`ConnectionRecord::shared_clones`), and the
@@ -43,6 +49,7 @@ use guest_mem::pools::PoolCounts;
 use guest_mem::PageSize;
 
 use crate::daemon::ids::{AllocId, SessionId};
+use crate::daemon::peers::holders::{maps_any, FileId};
 
 /// Why a shared clone was refused for want of huge pages.
 #[derive(Debug, thiserror::Error)]
@@ -92,6 +99,8 @@ struct Hold {
     session: SessionId,
     launcher: Option<u32>,
     promise: Option<Promise>,
+    /// The template's files, which the clone's VMM maps.
+    files: Vec<FileId>,
 }
 
 /// Huge pages a clone was admitted on that its mapping does not show yet.
@@ -115,6 +124,25 @@ impl Book {
         self.last_id += 1;
         self.holds.insert(self.last_id, hold);
         self.last_id
+    }
+
+    /// Ends the promise of every clone whose VMM (a child of its
+    /// launcher) already maps its template's files: the kernel's counts
+    /// show that mapping's reservation. Reads `/proc` (a few small files
+    /// per clone still starting; only when a CLONE would be refused).
+    fn settle_mapped(&mut self) {
+        for hold in self.holds.values_mut() {
+            let Some(launcher) = hold.launcher else {
+                continue;
+            };
+            if hold.promise.is_some()
+                && children(launcher)
+                    .into_iter()
+                    .any(|vmm| maps_any(vmm, &hold.files))
+            {
+                hold.promise = None;
+            }
+        }
     }
 
     /// Pages of `page_size` promised to clones not yet mapped.
@@ -168,7 +196,7 @@ impl Clones {
     /// counts cannot be read.
     pub fn admit(
         &self,
-        template: AllocId,
+        (template, files): (AllocId, Vec<FileId>),
         (session, launcher): (SessionId, Option<u32>),
         name: &str,
         (bytes, page_size): (u64, PageSize),
@@ -184,10 +212,16 @@ impl Clones {
                     source,
                 })?
                 .map_or(0, |c| c.available());
-            let promised = book.promised(page_size);
-            let counts = kernel.saturating_sub(promised);
             let need = bytes.div_ceil(page_size.bytes());
             let headroom = self.headroom_bytes.div_ceil(page_size.bytes());
+            let mut promised = book.promised(page_size);
+            if promised > 0
+                && check_budget(kernel.saturating_sub(promised), need, headroom).is_err()
+            {
+                book.settle_mapped();
+                promised = book.promised(page_size);
+            }
+            let counts = kernel.saturating_sub(promised);
             check_budget(counts, need, headroom).map_err(|short| BudgetError::Short {
                 name: name.to_string(),
                 need,
@@ -211,6 +245,7 @@ impl Clones {
             session,
             launcher,
             promise,
+            files,
         });
         Ok(Admitted { id, ended })
     }
@@ -271,6 +306,7 @@ impl Clones {
                 session,
                 launcher,
                 promise: None,
+                files: Vec::new(),
             });
         }
     }
@@ -372,10 +408,10 @@ mod tests {
         let clones = Clones::new(0);
         let base = (4 << 10, PageSize::Base4K);
         let a = clones
-            .admit(1, (10, None), "t", base)
+            .admit((1, Vec::new()), (10, None), "t", base)
             .expect("no budget on 4 KiB");
-        clones.admit(1, (11, None), "t", base).expect("admitted");
-        clones.admit(2, (11, None), "u", base).expect("admitted");
+        clones.admit((1, Vec::new()), (11, None), "t", base).expect("admitted");
+        clones.admit((2, Vec::new()), (11, None), "u", base).expect("admitted");
         assert_eq!(clones.written(1), 0, "no launcher known, nothing read");
         assert_eq!(clones.of(1), (2, vec![10, 11]));
         clones.release_session(11);
@@ -401,6 +437,7 @@ mod tests {
                     pages,
                     _ended: tx,
                 }),
+                files: Vec::new(),
             };
             (hold, rx)
         };
@@ -433,5 +470,52 @@ mod tests {
             ),
             "B's end wakes its waiter"
         );
+    }
+    #[test]
+    fn a_clone_whose_vmm_maps_its_template_is_promised_no_longer() {
+        use std::os::fd::AsFd;
+        let clones = Clones::new(0);
+        let two_m = PageSize::Huge2M;
+        // The "VMM": a child of this process (the "launcher") mapping a
+        // file, its own executable. `spawn` returns once it has exec'd.
+        let mut vmm = std::process::Command::new("sleep")
+            .arg("infinity")
+            .spawn()
+            .expect("start sleep");
+        let file = |path: String| {
+            let f = std::fs::File::open(&path).expect("open");
+            FileId::of(f.as_fd()).expect("fstat")
+        };
+        let mapped = file(format!("/proc/{}/exe", vmm.id()));
+        let not_mapped = file(format!("/proc/{}/exe", std::process::id()));
+        let mut receivers = Vec::new();
+        let mut hold = |launcher, files, pages| {
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            receivers.push(rx);
+            clones.lock().insert(Hold {
+                template: 1,
+                session: 10,
+                launcher,
+                promise: Some(Promise {
+                    page_size: two_m,
+                    pages,
+                    _ended: tx,
+                }),
+                files,
+            })
+        };
+        let me = Some(std::process::id());
+        hold(me, vec![mapped], 3);
+        hold(me, vec![not_mapped], 4);
+        hold(None, vec![mapped], 5);
+        clones.lock().settle_mapped();
+        let _ = vmm.kill();
+        let _ = vmm.wait();
+        assert_eq!(
+            clones.promised(two_m),
+            9,
+            "only the clone whose VMM maps its template settles"
+        );
+        assert_eq!(clones.running(), 3, "settled, it still counts as a clone");
     }
 }
