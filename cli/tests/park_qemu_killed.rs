@@ -217,6 +217,9 @@ fn assert_no_orphan(qemu: u32, name: &str) {
 /// QEMU started, while the daemon's RESTORE is under way: the launcher
 /// ends its QEMU with it, and the VM stays parked (or, when the restore
 /// was done first, was restored and freed). True when it stays parked.
+/// (A helper thread of the launcher that did not block the signal used
+/// to take it: its default action ended the launcher, and QEMU ran on,
+/// an orphan holding the VM's memory.)
 fn stop_restore_midway(daemon: &TestDaemon, control: &Path, name: &str) -> bool {
     let mut launched = launch(daemon, control, Some(name), &[]);
     let launcher = child_of(launched.id());

@@ -410,8 +410,12 @@ mod tests {
         let a = clones
             .admit((1, Vec::new()), (10, None), "t", base)
             .expect("no budget on 4 KiB");
-        clones.admit((1, Vec::new()), (11, None), "t", base).expect("admitted");
-        clones.admit((2, Vec::new()), (11, None), "u", base).expect("admitted");
+        clones
+            .admit((1, Vec::new()), (11, None), "t", base)
+            .expect("admitted");
+        clones
+            .admit((2, Vec::new()), (11, None), "u", base)
+            .expect("admitted");
         assert_eq!(clones.written(1), 0, "no launcher known, nothing read");
         assert_eq!(clones.of(1), (2, vec![10, 11]));
         clones.release_session(11);
