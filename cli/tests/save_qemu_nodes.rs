@@ -17,6 +17,8 @@
 //!   region's file from its start), and restored in QEMU the guest counts
 //!   on from where it was parked, every page it wrote kept, the second
 //!   region byte for byte. The pool's books balance throughout.
+//! * Loaded on demand, it survives a daemon takeover (its files, and the
+//!   region each fills, in the state document) and restores as above.
 //!
 //! Skipped (through the skip helper) without `qemu-system-x86_64`, a
 //! usable `/dev/kvm` or 384 free 2 MiB pages. Deadlines only: `timeout`
@@ -32,10 +34,12 @@ use std::process::{Child, Command};
 use std::time::Duration;
 
 use hugemem_client::saved_vm::manifest::{Manifest, VMM_QEMU};
+use hugemem_client::stats::Stats;
 use microguest::{pattern, SpinState, IMAGE_END_GPA, SPIN_BLOCK_GPA, SPIN_BLOCK_LEN};
 use test_support::prelude::{wait_until, TestDaemon};
+use test_support::process::ServeProcess;
 
-use common::park::{run_ok, run_ok_both, stop, stop_and_settle};
+use common::park::{run_ok, run_ok_both, stop};
 use common::qemu::{
     copy_save, entries, load, load_refused, park, qemu_of, set_up, MARKER, RAM, START_GPA, STRIDE,
 };
@@ -72,12 +76,52 @@ fn pc_args(elf: &Path) -> Vec<OsString> {
     args
 }
 
-/// `hugemem launch` with the control socket `control`, `how` (`NODES`,
+/// The STATS of the daemon on `socket`.
+fn stats(socket: &Path) -> Stats {
+    let mut c = hugemem_client::client::Client::connect(socket).expect("connect");
+    c.set_timeout(Some(SETTLE)).expect("timeout");
+    c.stats().expect("STATS")
+}
+
+/// Waits until the daemon on `socket` reports what `cond` wants; its STATS.
+fn wait_stats(socket: &Path, what: &str, cond: impl Fn(&Stats) -> bool) -> Stats {
+    let mut last = None;
+    wait_until(what, SETTLE, || {
+        let s = stats(socket);
+        let done = cond(&s);
+        last = Some(s);
+        done
+    });
+    last.expect("stats")
+}
+
+/// `hugemem serve` on `socket` with `config` (with `takeover`: a
+/// successor), a process of its own; once it answers when `takeover` is
+/// false.
+fn serve(socket: &Path, config: &Path, takeover: bool) -> ServeProcess {
+    let mut cmd = Command::new(HUGEMEM);
+    cmd.args(["serve", "--config"])
+        .arg(config)
+        .arg("--socket")
+        .arg(socket);
+    if takeover {
+        cmd.arg("--takeover");
+    }
+    let d = ServeProcess(cmd.spawn().expect("spawn hugemem serve"));
+    if !takeover {
+        wait_until("the daemon answers", SETTLE, || {
+            hugemem_client::client::Client::connect(socket).is_ok()
+        });
+    }
+    d
+}
+
+/// `hugemem launch` on the daemon at `socket`, with the control socket `control`, `how` (`NODES`,
 /// `--restore NAME`, `--clone-of NAME …`), and QEMU's `args`.
-fn launch(daemon: &TestDaemon, control: &Path, how: &[&str], args: &[OsString]) -> Child {
+fn launch(socket: &Path, control: &Path, how: &[&str], args: &[OsString]) -> Child {
     Command::new("timeout")
         .args(["600", HUGEMEM, "launch", "--socket"])
-        .arg(daemon.socket())
+        .arg(socket)
         .arg("--control-socket")
         .arg(control)
         .args(how)
@@ -216,13 +260,13 @@ fn counts_on_in_its_qemu(child: &Child, past: u64, what: &str) {
 /// A fresh two-region VM launched, counting, and parked as `name`; its
 /// regions (the parked memory) and the count it was parked with.
 fn launched_and_parked(
-    daemon: &TestDaemon,
+    socket: &Path,
     dir: &Path,
     elf: &Path,
     name: &str,
 ) -> (Vec<std::fs::File>, u64) {
     let control = dir.join(format!("{name}.sock"));
-    let mut launched = launch(daemon, &control, &NODES, &pc_args(elf));
+    let mut launched = launch(socket, &control, &NODES, &pc_args(elf));
     let launcher = child_of(launched.id());
     let stop = StopLauncher(launcher);
     let rams = region_files(qemu_of(launcher));
@@ -233,27 +277,22 @@ fn launched_and_parked(
     std::mem::forget(stop);
     let parked = spin_state(&rams[0]).count;
     assert_regions_kept(&rams, "parked");
-    let s = daemon.stats();
+    let s = stats(socket);
     let p = s.parked.iter().find(|p| p.name == name);
     assert_eq!(p.map(|p| (p.bytes, p.slots)), Some((RAM, 2)), "{s}");
     (rams, parked)
 }
 
-/// Restores `name` in QEMU (the parked command line reused) and checks
-/// that the guest counts on from `from`, every page kept and the regions
-/// as `expected` ([`digests`]); then ends it and waits for its memory back
-/// in the pool, clean.
-fn restores_counting_on(
-    daemon: &TestDaemon,
-    dir: &Path,
-    name: &str,
-    from: u64,
-    expected: (u64, u64),
-) {
+/// Restores `name` in QEMU (the parked command line reused) from the
+/// daemon at `socket` and checks that the guest counts on from `from`,
+/// every page kept and the regions as `expected` ([`digests`]); then ends
+/// it and waits for its memory back in the pool, clean, the books
+/// balanced.
+fn restores_counting_on(socket: &Path, dir: &Path, name: &str, from: u64, expected: (u64, u64)) {
     let control = dir.join(format!("{name}-restored.sock"));
-    let mut launched = launch(daemon, &control, &["--restore", name], &[]);
+    let mut launched = launch(socket, &control, &["--restore", name], &[]);
     let launcher = child_of(launched.id());
-    let stop = StopLauncher(launcher);
+    let stop_it = StopLauncher(launcher);
     let rams = region_files(qemu_of(launcher));
     let now = spin_state(&rams[0]);
     assert!(
@@ -270,14 +309,15 @@ fn restores_counting_on(
     assert_regions_kept(&rams, name);
     assert_eq!(digests(&rams), expected, "{name}: its regions' bytes");
     drop(rams);
-    daemon.wait_stats(SETTLE, "the restore done", |s| {
+    wait_stats(socket, "the restore done", |s| {
         !s.parked.iter().any(|p| p.name == name)
     });
-    std::mem::forget(stop);
-    stop_and_settle(daemon, launcher, &mut launched);
-    daemon.wait_stats(SETTLE, "the memory back in the pool, clean", |s| {
-        s.pool_sum(|p| p.clean_bytes) >= RAM
+    std::mem::forget(stop_it);
+    stop(launcher, &mut launched);
+    let s = wait_stats(socket, "the memory back in the pool, clean", |s| {
+        s.allocations.active == 0 && s.pool_sum(|p| p.clean_bytes) >= RAM
     });
+    assert_balanced(&s, &format!("{name} restored and ended"));
 }
 
 #[test]
@@ -287,14 +327,15 @@ fn a_two_region_qemu_vm_parks_restores_and_clones() {
     };
     let dir = setup.dir.path();
     let daemon = TestDaemon::start(|c| c.pool.recheck_ms = 20);
-    let (rams, parked) = launched_and_parked(&daemon, dir, &setup.elf, "nodes");
+    let socket = daemon.socket();
+    let (rams, parked) = launched_and_parked(&socket, dir, &setup.elf, "nodes");
     let before = digests(&rams);
 
     let active = daemon.stats().allocations.active;
     for mode in ["shared", "copy"] {
         let how = ["--clone-of", "nodes", "--clone-mode", mode];
         let control = dir.join(format!("{mode}.sock"));
-        let mut child = launch(&daemon, &control, &how, &[]);
+        let mut child = launch(&socket, &control, &how, &[]);
         let launcher = child_of(child.id());
         let _stop = StopLauncher(launcher);
         counts_on_in_its_qemu(&child, parked, &format!("a {mode} clone"));
@@ -310,7 +351,7 @@ fn a_two_region_qemu_vm_parks_restores_and_clones() {
         assert_eq!(spin_state(&rams[0]).count, parked);
     }
     drop(rams);
-    restores_counting_on(&daemon, dir, "nodes", parked, before);
+    restores_counting_on(&socket, dir, "nodes", parked, before);
     let s = daemon.wait_stats(SETTLE, "everything released", |s| {
         s.allocations.active == 0 && s.parked.is_empty()
     });
@@ -426,7 +467,7 @@ fn a_two_region_qemu_vm_saves_and_loads_back_region_by_region() {
     let dir = setup.dir.path();
     let daemon = TestDaemon::start(|c| c.pool.recheck_ms = 20);
     let socket = daemon.socket();
-    let (rams, parked) = launched_and_parked(&daemon, dir, &setup.elf, "vm");
+    let (rams, parked) = launched_and_parked(&socket, dir, &setup.elf, "vm");
     let before = digests(&rams);
     drop(rams);
 
@@ -466,12 +507,59 @@ fn a_two_region_qemu_vm_saves_and_loads_back_region_by_region() {
     let s = daemon.stats();
     let back = s.parked.iter().find(|p| p.name == "back");
     assert_eq!(back.map(|p| (p.bytes, p.slots)), Some((RAM, 2)), "{s}");
-    restores_counting_on(&daemon, dir, "back", parked, before);
+    restores_counting_on(&socket, dir, "back", parked, before);
     load(&daemon, "lazy", &kept, true);
-    restores_counting_on(&daemon, dir, "lazy", parked, before);
+    restores_counting_on(&socket, dir, "lazy", parked, before);
     let s = daemon.wait_stats(SETTLE, "everything released", |s| {
         s.allocations.active == 0 && s.parked.is_empty()
     });
     assert_balanced(&s, "at the end");
     daemon.shutdown();
+}
+
+#[test]
+fn a_two_region_qemu_vm_loaded_on_demand_survives_a_takeover() {
+    let Some(setup) = set_up(3 * RAM / STRIDE) else {
+        return;
+    };
+    let dir = setup.dir.path();
+    let socket = dir.join("hugemem.sock");
+    let config = dir.join("hugemem.toml");
+    std::fs::write(&config, "[pool]\nrecheck_ms = 20\n").expect("config");
+    let mut old = serve(&socket, &config, false);
+    let (rams, parked) = launched_and_parked(&socket, dir, &setup.elf, "vm");
+    let before = digests(&rams);
+    drop(rams);
+    let saved = dir.join("saved");
+    let unpark: [&OsStr; 6] = [
+        "unpark".as_ref(),
+        "vm".as_ref(),
+        "--save".as_ref(),
+        saved.as_os_str(),
+        "--socket".as_ref(),
+        socket.as_os_str(),
+    ];
+    run_ok(&unpark);
+    let load: [&OsStr; 7] = [
+        "park".as_ref(),
+        "lazy".as_ref(),
+        "--from-dir".as_ref(),
+        saved.as_os_str(),
+        "--on-demand".as_ref(),
+        "--socket".as_ref(),
+        socket.as_os_str(),
+    ];
+    let said = run_ok(&load);
+    assert!(said.contains("2 slot(s)"), "{said}");
+
+    // The successor takes the VM parked on demand, its files and which
+    // region each fills, from the state document.
+    let mut new = serve(&socket, &config, true);
+    assert!(old.wait("the old daemon").success(), "the takeover");
+    let s = wait_stats(&socket, "the successor serving", |s| s.pid == new.0.id());
+    let lazy = s.parked.iter().find(|p| p.name == "lazy");
+    assert_eq!(lazy.map(|p| (p.bytes, p.slots)), Some((RAM, 2)), "{s}");
+    restores_counting_on(&socket, dir, "lazy", parked, before);
+    new.signal(nix::sys::signal::Signal::SIGTERM);
+    assert!(new.wait("the successor").success());
 }

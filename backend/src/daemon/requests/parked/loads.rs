@@ -344,3 +344,37 @@ impl PendingLoads {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_source_names_its_region_and_records_before_it_read_as_the_first() {
+        // A record of a daemon before regions were named: region 0.
+        let old: SourceSpec =
+            serde_json::from_str(r#"{"file":0,"file_offset":0,"dest_offset":4096,"len":8192}"#)
+                .expect("an older record");
+        assert_eq!(old.region, 0);
+        // Region 0 is written as before; another region is named.
+        let text = serde_json::to_string(&old).expect("json");
+        assert!(!text.contains("region"), "{text}");
+        let second = SourceSpec { region: 1, ..old };
+        let text = serde_json::to_string(&second).expect("json");
+        assert_eq!(
+            serde_json::from_str::<SourceSpec>(&text).expect("back"),
+            second
+        );
+        let specs = [old, second, SourceSpec { file: 1, ..second }];
+        assert_eq!(sources_of(&specs, 0), [0]);
+        assert_eq!(sources_of(&specs, 1), [1, 2]);
+        assert!(sources_of(&specs, 2).is_empty());
+        let load = PendingLoad {
+            files: Vec::new(),
+            sources: specs.to_vec(),
+            dest_is_zero: true,
+            checksums: Vec::new(),
+        };
+        assert_eq!(load.regions(), 2);
+    }
+}
