@@ -11,7 +11,7 @@
 //! then comes back short, an error here, where a mapping would fault the
 //! daemon). A cloud-hypervisor VM's files go into one region, each from a
 //! 1 GiB boundary; a QEMU VM's slots into one region each, from its start
-//! (QEMU maps each region's file from its start: [`Layout`]). The
+//! (QEMU maps each region's file from its start: `Layout`). The
 //! allocation is taken without clearing (the daemon writes every byte
 //! before anyone maps it): bytes the file supplies are not zeroed first;
 //! holes of the file (`SEEK_DATA`/`SEEK_HOLE`) and bytes no
