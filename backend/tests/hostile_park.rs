@@ -331,6 +331,7 @@ fn bad_configurations_and_memory_files_are_refused() {
         case("a directory as memory", with_memory(&[(0, &dir)], &json), "memory fd of slot 0 is not a regular file"),
         case("a memfd shorter than its mapping", with_memory(&[(0, &short)], &json), "memory fd of slot 0 has 1048576 bytes; its mapping needs 2097152 from offset 0"),
         case("a memfd truncated after State", truncate_after_state, "memory fd of slot 0 has 0 bytes"),
+        case("a QEMU slot at an offset of its file", with_config(config(&config_json(&[(0, 0, MIB, MIB)]).replacen('{', "{\"vmm\":\"qemu\",", 1))), "slot 0 of a QEMU VM is not one mapping from its file's start"),
     ];
     let watched = [&mem, &short, &cut, &pipe_r, &dir, &vast[0], &vast[1]].map(identity);
     refuse_each(&d, &mut client, &watched, cases);

@@ -41,7 +41,7 @@ use common::park::{
     clone_spin_state, guest_ram_mapping, private_hugetlb, stop, stop_and_settle, MARKER, RAM,
     START_GPA, STRIDE,
 };
-use common::qemu::{guest_ram, park, qemu_args, skip_reason};
+use common::qemu::{guest_ram, park, qemu_args, qemu_of, skip_reason};
 use common::{assert_balanced, child_of, counting_past, spin_elf, spin_state, StopLauncher};
 
 const HUGEMEM: &str = env!("CARGO_BIN_EXE_hugemem");
@@ -81,26 +81,6 @@ fn launch_fails(daemon: &TestDaemon, how: &[&str], args: &[OsString]) -> String 
     assert!(!out.status.success(), "{how:?} {args:?}: {stderr}");
     assert_ne!(out.status.code(), Some(124), "{how:?}: not in time");
     stderr
-}
-
-/// The QEMU that `launcher` runs the VM in (not a QEMU it only asked for
-/// its options): its child with guest memory on its command line.
-fn qemu_of(launcher: u32) -> u32 {
-    let mut found = None;
-    wait_until("the launcher's QEMU", Duration::from_secs(30), || {
-        let children =
-            std::fs::read_to_string(format!("/proc/{launcher}/task/{launcher}/children"))
-                .unwrap_or_default();
-        found = children.split_whitespace().find_map(|p| {
-            let pid = p.parse::<u32>().ok()?;
-            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
-            String::from_utf8_lossy(&cmdline)
-                .contains("mem-path=")
-                .then_some(pid)
-        });
-        found.is_some()
-    });
-    found.expect("a QEMU")
 }
 
 /// A digest of every byte of `ram`.

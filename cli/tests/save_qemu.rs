@@ -19,10 +19,8 @@
 
 mod common;
 
-use std::ffi::OsStr;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
-use std::process::Command;
 use std::time::Duration;
 
 use hugemem::launch::vmm::qemu::parked::{ParkedConfig, ParkedState};
@@ -31,22 +29,12 @@ use test_support::prelude::TestDaemon;
 
 use common::park::{run_ok, run_ok_both, stop_and_settle};
 use common::qemu::{
-    assert_pages_kept, guest_ram, launch, park, qemu_args, set_up, RAM, START_GPA, STRIDE,
+    assert_pages_kept, copy_save, entries, guest_ram, launch, load, load_refused, park, qemu_args,
+    set_up, RAM, START_GPA, STRIDE,
 };
 use common::{assert_balanced, child_of, counting_past, spin_state, StopLauncher};
 
-const HUGEMEM: &str = env!("CARGO_BIN_EXE_hugemem");
 const SETTLE: Duration = Duration::from_secs(60);
-
-/// The names in `dir`, sorted.
-fn entries(dir: &Path) -> Vec<String> {
-    let mut v: Vec<String> = std::fs::read_dir(dir)
-        .expect("read_dir")
-        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
-        .collect();
-    v.sort();
-    v
-}
 
 /// The save in `dir` holds the parked QEMU VM `name` ran with `args`.
 fn assert_qemu_save(dir: &Path, name: &str, args: &[std::ffi::OsString]) -> Manifest {
@@ -83,56 +71,6 @@ fn assert_qemu_save(dir: &Path, name: &str, args: &[std::ffi::OsString]) -> Mani
         "{verified}"
     );
     m
-}
-
-/// A copy of the save `from` at `to`, holes kept.
-fn copy_save(from: &Path, to: &Path) {
-    let ok = Command::new("cp")
-        .args(["-r", "--sparse=always"])
-        .arg(from)
-        .arg(to)
-        .status()
-        .is_ok_and(|s| s.success());
-    assert!(ok, "cp -r {} {}", from.display(), to.display());
-}
-
-/// `hugemem park NAME --from-dir DIR` that must fail; its stderr, once
-/// the daemon holds nothing.
-fn load_refused(daemon: &TestDaemon, dir: &Path) -> String {
-    let out = Command::new("timeout")
-        .args(["120", HUGEMEM, "park", "bad", "--from-dir"])
-        .arg(dir)
-        .arg("--socket")
-        .arg(daemon.socket())
-        .output()
-        .expect("run hugemem park --from-dir");
-    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-    assert_eq!(out.status.code(), Some(1), "{}: {stderr}", dir.display());
-    let s = daemon.wait_stats(SETTLE, "nothing parked or held", |s| {
-        s.parked.is_empty() && s.allocations.active == 0
-    });
-    assert_balanced(&s, &format!("after loading {}", dir.display()));
-    eprintln!("refused: {stderr}");
-    stderr
-}
-
-/// `hugemem park NAME --from-dir DIR [--on-demand]`; its stdout.
-fn load(daemon: &TestDaemon, name: &str, dir: &Path, on_demand: bool) -> String {
-    let socket = daemon.socket();
-    let mut args: Vec<&OsStr> = vec![
-        "park".as_ref(),
-        name.as_ref(),
-        "--from-dir".as_ref(),
-        dir.as_os_str(),
-        "--socket".as_ref(),
-        socket.as_os_str(),
-    ];
-    if on_demand {
-        args.push("--on-demand".as_ref());
-    }
-    let said = run_ok(&args);
-    assert!(said.contains("checked against its manifest"), "{said}");
-    said
 }
 
 /// Restores `name` in QEMU (the parked command line reused, its control

@@ -2,7 +2,7 @@
 //! launched, parked and restored through the real `hugemem` binary, its
 //! RAM as QEMU maps it, and the check of its pages.
 
-use std::ffi::OsString;
+use std::ffi::{OsStr, OsString};
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::process::{Child, Command};
@@ -10,6 +10,9 @@ use std::time::Duration;
 
 use microguest::pattern;
 use test_support::prelude::{wait_until, TestDaemon};
+
+use super::assert_balanced;
+use super::park::run_ok;
 
 const HUGEMEM: &str = env!("CARGO_BIN_EXE_hugemem");
 /// The guest's RAM.
@@ -20,6 +23,8 @@ pub const MARKER: u64 = 0x5041_524b_5145_0000;
 pub const START_GPA: u64 = 1 << 20;
 /// Its stride (one write per 2 MiB page).
 pub const STRIDE: u64 = 2 << 20;
+/// How long the daemon may take to settle after a request.
+const SETTLE: Duration = Duration::from_secs(60);
 
 /// Why the QEMU tests cannot run here, if they cannot.
 pub fn skip_reason() -> Option<String> {
@@ -162,4 +167,84 @@ pub fn assert_pages_kept(ram: &std::fs::File, when: &str) {
         );
         gpa += STRIDE;
     }
+}
+
+/// The names in `dir`, sorted.
+pub fn entries(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(dir)
+        .expect("read_dir")
+        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+        .collect();
+    v.sort();
+    v
+}
+
+/// A copy of the save `from` at `to`, holes kept.
+pub fn copy_save(from: &Path, to: &Path) {
+    let ok = Command::new("cp")
+        .args(["-r", "--sparse=always"])
+        .arg(from)
+        .arg(to)
+        .status()
+        .is_ok_and(|s| s.success());
+    assert!(ok, "cp -r {} {}", from.display(), to.display());
+}
+
+/// `hugemem park NAME --from-dir DIR` that must fail; its stderr, once
+/// the daemon holds nothing.
+pub fn load_refused(daemon: &TestDaemon, dir: &Path) -> String {
+    let out = Command::new("timeout")
+        .args(["120", HUGEMEM, "park", "bad", "--from-dir"])
+        .arg(dir)
+        .arg("--socket")
+        .arg(daemon.socket())
+        .output()
+        .expect("run hugemem park --from-dir");
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(out.status.code(), Some(1), "{}: {stderr}", dir.display());
+    let s = daemon.wait_stats(SETTLE, "nothing parked or held", |s| {
+        s.parked.is_empty() && s.allocations.active == 0
+    });
+    assert_balanced(&s, &format!("after loading {}", dir.display()));
+    eprintln!("refused: {stderr}");
+    stderr
+}
+
+/// `hugemem park NAME --from-dir DIR [--on-demand]`; its stdout.
+pub fn load(daemon: &TestDaemon, name: &str, dir: &Path, on_demand: bool) -> String {
+    let socket = daemon.socket();
+    let mut args: Vec<&OsStr> = vec![
+        "park".as_ref(),
+        name.as_ref(),
+        "--from-dir".as_ref(),
+        dir.as_os_str(),
+        "--socket".as_ref(),
+        socket.as_os_str(),
+    ];
+    if on_demand {
+        args.push("--on-demand".as_ref());
+    }
+    let said = run_ok(&args);
+    assert!(said.contains("checked against its manifest"), "{said}");
+    said
+}
+
+/// The QEMU that `launcher` runs the VM in (not a QEMU it only asked for
+/// its options): its child with guest memory on its command line.
+pub fn qemu_of(launcher: u32) -> u32 {
+    let mut found = None;
+    wait_until("the launcher's QEMU", Duration::from_secs(30), || {
+        let children =
+            std::fs::read_to_string(format!("/proc/{launcher}/task/{launcher}/children"))
+                .unwrap_or_default();
+        found = children.split_whitespace().find_map(|p| {
+            let pid = p.parse::<u32>().ok()?;
+            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+            String::from_utf8_lossy(&cmdline)
+                .contains("mem-path=")
+                .then_some(pid)
+        });
+        found.is_some()
+    });
+    found.expect("a QEMU")
 }

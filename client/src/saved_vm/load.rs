@@ -4,9 +4,8 @@
 //! * hugemem's own save (the reference offload daemon's layout with a
 //!   manifest): every file's size, the configuration's and the state's
 //!   checksums, that the manifest's memory files are the configuration's
-//!   slots and its `vmm` the configuration's (a cloud-hypervisor VM, or a
-//!   QEMU VM of one memory region); the memory's checksums go to the
-//!   daemon.
+//!   slots and its `vmm` the configuration's (a cloud-hypervisor VM or a
+//!   QEMU VM); the memory's checksums go to the daemon.
 //! * The reference offload daemon's directory (no manifest): each slot's
 //!   file covers its slot, the configuration and the state parse to their
 //!   end. No checksums: damage to the memory's bytes cannot be seen.
@@ -21,7 +20,7 @@ use ch_migration::offload_dir::{read_offload_dir, MIGRATION_CONFIG_FILE, STATE_F
 use ch_migration::Limits;
 
 use super::error::SavedVmError;
-use super::manifest::{vmm_of, Manifest, MANIFEST_FILE, VMM_QEMU};
+use super::manifest::{vmm_of, Manifest, MANIFEST_FILE};
 
 /// What kind of directory a load read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -154,12 +153,10 @@ fn check_against_manifest(
     Ok(())
 }
 
-/// The configuration is a VM's that hugemem restores, the manifest's
-/// `vmm` (if any) names its VMM, and a QEMU VM has one memory slot: a load
-/// copies every memory file into one region of pool memory, the files
-/// after the first at an offset, and QEMU 7.2 maps a region's file from
-/// its start only (`memory-backend-file` has no `offset`), so a restore
-/// would run a second slot on the first one's memory.
+/// The configuration is a VM's that hugemem restores, and the manifest's
+/// `vmm` (if any) names its VMM. (A QEMU VM of several memory regions
+/// loads too: the daemon gives each slot a region of its own, its file
+/// from the start, as QEMU maps it.)
 fn check_vmm(
     dir: &Path,
     manifest: Option<&Manifest>,
@@ -178,15 +175,6 @@ fn check_vmm(
             dir.join(MANIFEST_FILE).display(),
             m.vmm,
             config.display()
-        )));
-    }
-    if vmm == VMM_QEMU && d.slots.len() > 1 {
-        return Err(SavedVmError::Unsupported(format!(
-            "{} is a QEMU VM with {} memory regions; a load copies them into one region of \
-             pool memory, and QEMU maps each region's file from its start, so only a QEMU VM \
-             with one memory region loads",
-            dir.display(),
-            d.slots.len()
         )));
     }
     Ok(())

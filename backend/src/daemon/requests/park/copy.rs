@@ -9,9 +9,12 @@
 //! region, on workers pinned to the region's node, never through a mapping
 //! of the peer's file (a peer can truncate its file at any moment: a read
 //! then comes back short, an error here, where a mapping would fault the
-//! daemon). The allocation is taken without clearing (the daemon writes
-//! every byte before anyone maps it): bytes the file supplies are not
-//! zeroed first; holes of the file (`SEEK_DATA`/`SEEK_HOLE`) and bytes no
+//! daemon). A cloud-hypervisor VM's files go into one region, each from a
+//! 1 GiB boundary; a QEMU VM's slots into one region each, from its start
+//! (QEMU maps each region's file from its start: `Layout`). The
+//! allocation is taken without clearing (the daemon writes every byte
+//! before anyone maps it): bytes the file supplies are not zeroed first;
+//! holes of the file (`SEEK_DATA`/`SEEK_HOLE`) and bytes no
 //! mapping covers are zeroed, unless the pages were zero already.
 
 use std::os::fd::AsFd;
@@ -20,7 +23,7 @@ use std::sync::Arc;
 use guest_mem::{fill_region_planned, mark_for_fill, FillCounts, FillOptions};
 
 use crate::daemon::requests::parked::loads::{
-    self, load_sources, LoadFailed, PendingLoad, SourceChecksums, SourceSpec,
+    self, LoadFailed, PendingLoad, SourceChecksums, SourceSpec,
 };
 use hugemem_client::saved_vm::manifest::Manifest;
 
@@ -39,80 +42,136 @@ use numa::Topology;
 const GIB: u64 = 1 << 30;
 const TWO_MIB: u64 = 2 << 20;
 
-/// Where each distinct file of the snapshot goes in the new region: its
-/// base offset there (files after the first start on a 1 GiB boundary,
-/// valid for every page size), and the bytes it needs.
-#[derive(Debug, Clone, Copy)]
+/// Where a memory file of the snapshot goes in the new allocation: its
+/// region there, its base offset in that region, and the bytes it needs.
+#[derive(Debug, Clone)]
 struct Placed {
+    /// The slots whose file it is.
+    slots: Vec<u32>,
     identity: (u64, u64),
+    region: usize,
     base: u64,
     need: u64,
 }
 
-fn place(checked: &Checked) -> Result<(Vec<Placed>, u64), Refusal> {
+/// The new allocation's layout: each file's place, each region's size.
+///
+/// * A cloud-hypervisor VM: one region; each distinct file at a base
+///   (files after the first start on a 1 GiB boundary, valid for every
+///   page size), its mappings' `file_offset`s moved by it
+///   ([`rebase_config`]).
+/// * A QEMU VM: one region per slot, its file at offset 0. QEMU maps each
+///   region's file from its start (7.2's `memory-backend-file` has no
+///   `offset`), so a slot at an offset of a shared region would run on
+///   the first slot's memory; each slot must therefore be one mapping from
+///   its file's start, as a save writes it.
+#[derive(Debug, Clone)]
+struct Layout {
+    placed: Vec<Placed>,
+    /// Bytes of each region, in the allocation's order.
+    regions: Vec<u64>,
+}
+
+impl Layout {
+    /// Where slot `slot`'s file went.
+    fn of_slot(&self, slot: u32) -> Option<&Placed> {
+        self.placed.iter().find(|p| p.slots.contains(&slot))
+    }
+
+    /// The region slot `slot` is in, and where its file starts there.
+    fn region_and_base(&self, slot: u32) -> (usize, u64) {
+        self.of_slot(slot).map_or((0, 0), |p| (p.region, p.base))
+    }
+}
+
+fn too_large() -> Refusal {
+    (
+        Status::Invalid,
+        "no pool memory to copy the VM into: its memory files together claim more bytes than a u64 counts"
+            .to_string(),
+    )
+}
+
+/// A region's size for `end` bytes: whole 1 GiB pages where `end` is a
+/// multiple of 1 GiB, else whole 2 MiB pages.
+fn region_size(end: u64) -> Result<u64, Refusal> {
+    if end.is_multiple_of(GIB) {
+        Ok(end)
+    } else {
+        end.checked_next_multiple_of(TWO_MIB).ok_or_else(too_large)
+    }
+}
+
+/// The layout of `checked`'s memory in the new allocation (see
+/// [`Layout`]); `per_slot` for a QEMU VM.
+fn place(checked: &Checked, per_slot: bool) -> Result<Layout, Refusal> {
     let mut placed: Vec<Placed> = Vec::new();
     for f in &checked.memory {
-        let need = checked
-            .mappings
-            .iter()
-            .filter(|m| m.slot == f.slot)
-            .map(|m| m.file_offset + m.size)
-            .max()
-            .unwrap_or(0);
-        match placed.iter_mut().find(|p| p.identity == f.identity) {
-            Some(p) => p.need = p.need.max(need),
+        let of_slot = || checked.mappings.iter().filter(|m| m.slot == f.slot);
+        if per_slot && (of_slot().count() != 1 || of_slot().any(|m| m.file_offset != 0)) {
+            return Err((
+                Status::Invalid,
+                format!(
+                    "slot {} of a QEMU VM is not one mapping from its file's start: QEMU maps \
+                     each region's file from its start",
+                    f.slot
+                ),
+            ));
+        }
+        let need = of_slot().map(|m| m.file_offset + m.size).max().unwrap_or(0);
+        let shared = placed
+            .iter_mut()
+            .find(|p| !per_slot && p.identity == f.identity);
+        match shared {
+            Some(p) => {
+                p.need = p.need.max(need);
+                p.slots.push(f.slot);
+            }
             None => placed.push(Placed {
+                slots: vec![f.slot],
                 identity: f.identity,
+                region: if per_slot { placed.len() } else { 0 },
                 base: 0,
                 need,
             }),
         }
     }
+    if per_slot {
+        let regions = placed
+            .iter()
+            .map(|p| region_size(p.need))
+            .collect::<Result<_, _>>()?;
+        return Ok(Layout { placed, regions });
+    }
     // Each file fits a u64 (its mappings were checked), but files of a
     // peer's making placed one after the other need not.
-    let too_large = || {
-        (
-            Status::Invalid,
-            "no pool memory to copy the VM into: its memory files together claim more bytes than a u64 counts"
-                .to_string(),
-        )
-    };
     let mut end = 0u64;
     for p in &mut placed {
         p.base = end.checked_next_multiple_of(GIB).ok_or_else(too_large)?;
         end = p.base.checked_add(p.need).ok_or_else(too_large)?;
     }
-    let total = if end.is_multiple_of(GIB) {
-        end
-    } else {
-        end.checked_next_multiple_of(TWO_MIB)
-            .ok_or_else(too_large)?
-    };
-    Ok((placed, total))
-}
-
-/// Where slot `slot`'s file starts in the new region.
-fn base_of(checked: &Checked, placed: &[Placed], slot: u32) -> u64 {
-    checked
-        .memory
-        .iter()
-        .find(|f| f.slot == slot)
-        .and_then(|f| placed.iter().find(|p| p.identity == f.identity))
-        .map_or(0, |p| p.base)
+    let total = region_size(end)?;
+    Ok(Layout {
+        placed,
+        regions: vec![total],
+    })
 }
 
 /// What to read for each mapping: from its slot's file (an index in
-/// `checked.memory`) at its offset, to its file's place in the new region.
-fn source_specs(checked: &Checked, placed: &[Placed]) -> Vec<SourceSpec> {
+/// `checked.memory`) at its offset, to its file's place in the new
+/// allocation.
+fn source_specs(checked: &Checked, layout: &Layout) -> Vec<SourceSpec> {
     checked
         .mappings
         .iter()
         .filter_map(|m| {
             let file = checked.memory.iter().position(|f| f.slot == m.slot)?;
+            let (region, base) = layout.region_and_base(m.slot);
             Some(SourceSpec {
                 file,
+                region,
                 file_offset: m.file_offset,
-                dest_offset: base_of(checked, placed, m.slot) + m.file_offset,
+                dest_offset: base + m.file_offset,
                 len: m.size,
             })
         })
@@ -120,14 +179,15 @@ fn source_specs(checked: &Checked, placed: &[Placed]) -> Vec<SourceSpec> {
 }
 
 /// The page size the copy may use: cloud-hypervisor maps each slot at its
-/// `file_offset`, which must be a multiple of the page size; `Best` (1 GiB
-/// pages first) where every offset allows it.
-fn page_policy(checked: &Checked, placed: &[Placed]) -> PagePolicy {
+/// `file_offset`, which must be a multiple of the page size, and every
+/// region is whole pages; `Best` (1 GiB pages first) where every offset
+/// and size allows it.
+fn page_policy(checked: &Checked, layout: &Layout) -> PagePolicy {
     let aligned = |align: u64| {
         checked.mappings.iter().all(|m| {
-            (base_of(checked, placed, m.slot) + m.file_offset).is_multiple_of(align)
+            (layout.region_and_base(m.slot).1 + m.file_offset).is_multiple_of(align)
                 && m.size.is_multiple_of(align)
-        })
+        }) && layout.regions.iter().all(|r| r.is_multiple_of(align))
     };
     if aligned(GIB) {
         PagePolicy::Best
@@ -135,31 +195,6 @@ fn page_policy(checked: &Checked, placed: &[Placed]) -> PagePolicy {
         PagePolicy::Huge2M
     } else {
         PagePolicy::Base4K
-    }
-}
-
-/// A fresh allocation of `total` bytes for a copy, taken without
-/// clearing, as one region (see [`take_regions`] for `fills_every_byte`).
-/// `who`: the requesting connection, its uid and gid (the allocation is
-/// that connection's).
-pub(super) async fn take_memory(
-    rooms: &Arc<Rooms>,
-    who: (crate::daemon::pool::SessionId, u32, u32),
-    (total, page_policy): (u64, PagePolicy),
-    fills_every_byte: bool,
-) -> Result<(AllocId, Arc<guest_mem::Region>), Refusal> {
-    let parts = [AllocPart {
-        node: crate::proto::ANY_NODE,
-        size: total,
-    }];
-    let (alloc, mut regions) =
-        take_regions(rooms, who, &parts, page_policy, fills_every_byte).await?;
-    match regions.pop() {
-        Some(region) => Ok((alloc, region)),
-        None => Err((
-            Status::Internal,
-            "the copy's allocation has no region".into(),
-        )),
     }
 }
 
@@ -252,16 +287,25 @@ pub async fn copy_in(
     manifest: Option<Manifest>,
     parked_at: u64,
 ) -> Result<ParkedOk, Refusal> {
-    let (placed, total) = place(&checked)?;
+    let qemu = ParkedVmm::of_config(&checked.config) == ParkedVmm::Qemu;
+    let layout = place(&checked, qemu)?;
     let checksums = match &manifest {
-        Some(m) => super::verify::source_checksums(m, &checked, &source_specs(&checked, &placed))?,
+        Some(m) => super::verify::source_checksums(m, &checked, &source_specs(&checked, &layout))?,
         None => Vec::new(),
     };
     let who = (req.session, req.uid, req.gid);
+    let parts: Vec<AllocPart> = layout
+        .regions
+        .iter()
+        .map(|size| AllocPart {
+            node: crate::proto::ANY_NODE,
+            size: *size,
+        })
+        .collect();
     // On demand, the memory is sent to the restoring cloud-hypervisor before
     // it is filled: clean or fresh memory only, never another tenant's bytes.
-    let size = (total, page_policy(&checked, &placed));
-    let (alloc, region) = take_memory(rooms, who, size, !req.on_demand).await?;
+    let policy = page_policy(&checked, &layout);
+    let (alloc, regions) = take_regions(rooms, who, &parts, policy, !req.on_demand).await?;
     let release = |rooms: &Arc<Rooms>| {
         if let Ok(r) = rooms.pool.release(alloc, req.session) {
             settle_released(rooms, vec![r]);
@@ -269,7 +313,7 @@ pub async fn copy_in(
     };
     let started = std::time::Instant::now();
     let (checked, pending) = if req.on_demand {
-        match pend(checked, &placed, &region, checksums.clone()) {
+        match pend(checked, &layout, &regions, checksums.clone()) {
             Ok((c, p)) => (c, Some(p)),
             Err(e) => {
                 release(rooms);
@@ -280,46 +324,24 @@ pub async fn copy_in(
         (checked, None)
     };
     let checked = Arc::new(checked);
-    let (copied, zeroed) = match &pending {
+    let copied = match &pending {
         // Read at restore time: what the files hold for the mappings.
-        Some(p) => (p.sources.iter().map(|s| s.len).sum(), None),
+        Some(p) => p.sources.iter().map(|s| s.len).sum(),
         None => {
-            let job = {
-                let (checked, placed, region) =
-                    (Arc::clone(&checked), placed.clone(), Arc::clone(&region));
-                let topology = Arc::clone(&rooms.topology);
-                tokio::task::spawn_blocking(move || {
-                    copy_all(&topology, &checked, &placed, &region, &checksums)
-                })
-            };
-            match job.await {
-                Ok(Ok(counts)) => {
-                    Metrics::add(&rooms.metrics.park_verified_bytes, counts.bytes_verified);
-                    (counts.bytes_read, Some(counts.bytes_zeroed))
-                }
-                Ok(Err(e)) => {
-                    release(rooms);
-                    return Err((Status::Invalid, e.to_string()));
-                }
-                Err(e) => {
-                    release(rooms);
-                    return Err((Status::Internal, e.to_string()));
-                }
-            }
+            let copied = copy_now(rooms, &checked, &layout, &regions, checksums).await;
+            copied.inspect_err(|_| release(rooms))?
         }
     };
-    if let Some(zeroed) = zeroed {
-        Metrics::add(&rooms.metrics.park_copied_bytes, copied);
-        Metrics::add(&rooms.metrics.park_zeroed_bytes, zeroed);
-    }
-    info!(uid = req.uid, name = %req.name, alloc, bytes = total, copied, page_size = region.page_size().bytes(), secs = started.elapsed().as_secs_f64(), "PARK: memory from elsewhere copied into pool memory");
-    let config = rebase_config(&checked, &placed).inspect_err(|_| release(rooms))?;
+    let bytes: u64 = layout.regions.iter().sum();
+    let page_size = regions.first().map_or(0, |r| r.page_size().bytes());
+    info!(uid = req.uid, name = %req.name, alloc, bytes, regions = regions.len(), copied, page_size, secs = started.elapsed().as_secs_f64(), "PARK: memory from elsewhere copied into pool memory");
+    let config = rebase_config(&checked, &layout).inspect_err(|_| release(rooms))?;
     let slots: Vec<ParkedSlot> = checked
         .memory
         .iter()
         .map(|f| ParkedSlot {
             slot: f.slot,
-            region: 0,
+            region: layout.region_and_base(f.slot).0,
         })
         .collect();
     let n = u32::try_from(slots.len()).unwrap_or(u32::MAX);
@@ -356,13 +378,42 @@ pub async fn copy_in(
     }
 }
 
-/// A park on demand: the sender's files kept to fill the region at restore
-/// time, checked now (a file too short or overlapping mappings are refused
-/// before anything is parked). Returns the snapshot without its files.
+/// The eager copy ([`copy_all`], off the executor), counted in the
+/// metrics; returns the bytes read.
+async fn copy_now(
+    rooms: &Arc<Rooms>,
+    checked: &Arc<Checked>,
+    layout: &Layout,
+    regions: &[Arc<guest_mem::Region>],
+    checksums: Vec<SourceChecksums>,
+) -> Result<u64, Refusal> {
+    let job = {
+        let (checked, layout, regions) = (Arc::clone(checked), layout.clone(), regions.to_vec());
+        let topology = Arc::clone(&rooms.topology);
+        tokio::task::spawn_blocking(move || {
+            copy_all(&topology, &checked, &layout, &regions, &checksums)
+        })
+    };
+    match job.await {
+        Ok(Ok(counts)) => {
+            Metrics::add(&rooms.metrics.park_verified_bytes, counts.bytes_verified);
+            Metrics::add(&rooms.metrics.park_copied_bytes, counts.bytes_read);
+            Metrics::add(&rooms.metrics.park_zeroed_bytes, counts.bytes_zeroed);
+            Ok(counts.bytes_read)
+        }
+        Ok(Err(e)) => Err((Status::Invalid, e.to_string())),
+        Err(e) => Err((Status::Internal, e.to_string())),
+    }
+}
+
+/// A park on demand: the sender's files kept to fill the regions at
+/// restore time, checked now (a file too short or overlapping mappings are
+/// refused before anything is parked). Returns the snapshot without its
+/// files.
 fn pend(
     checked: Checked,
-    placed: &[Placed],
-    region: &guest_mem::Region,
+    layout: &Layout,
+    regions: &[Arc<guest_mem::Region>],
     checksums: Vec<SourceChecksums>,
 ) -> Result<(Checked, PendingLoad), StepError> {
     let files: Vec<std::os::fd::OwnedFd> = checked
@@ -371,21 +422,27 @@ fn pend(
         .map(|f| f.fd.try_clone())
         .collect::<Result<_, _>>()
         .map_err(StepError::failed("the VM's memory files"))?;
+    // Every region is marked for its fill; holes need no zeroing only
+    // where every region read zero.
+    let zero: Vec<bool> = regions.iter().map(|r| mark_taken_for_fill(r)).collect();
     let fill = PendingLoad {
         files,
-        sources: source_specs(&checked, placed),
-        dest_is_zero: mark_taken_for_fill(region),
+        sources: source_specs(&checked, layout),
+        dest_is_zero: zero.iter().all(|z| *z),
         checksums,
     };
-    fill.plan(region)
-        .map_err(StepError::failed("the VM's memory files"))?;
+    for (i, region) in regions.iter().enumerate() {
+        fill.plan(i, region)
+            .map_err(StepError::failed("the VM's memory files"))?;
+    }
     Ok((checked, fill))
 }
 
 /// The configuration with each mapping's `file_offset` moved by its
-/// file's base in the new region (unchanged when every base is 0: one file).
-fn rebase_config(checked: &Checked, placed: &[Placed]) -> Result<String, Refusal> {
-    if placed.iter().all(|p| p.base == 0) {
+/// file's base in its region (unchanged when every base is 0: one file, or
+/// a QEMU VM's region per slot).
+fn rebase_config(checked: &Checked, layout: &Layout) -> Result<String, Refusal> {
+    if layout.placed.iter().all(|p| p.base == 0) {
         return Ok(checked.config.clone());
     }
     let mut v: serde_json::Value =
@@ -403,14 +460,14 @@ fn rebase_config(checked: &Checked, placed: &[Placed]) -> Result<String, Refusal
                 .get("file_offset")
                 .and_then(serde_json::Value::as_u64)
                 .unwrap_or(0);
-            let base = u32::try_from(slot).map_or(0, |slot| base_of(checked, placed, slot));
+            let base = u32::try_from(slot).map_or(0, |slot| layout.region_and_base(slot).1);
             m["file_offset"] = (offset + base).into();
         }
     }
     serde_json::to_string(&v).map_err(|e| (Status::Internal, e.to_string()))
 }
 
-/// [`mark_for_fill`] for the region [`take_memory`] took; true when its
+/// [`mark_for_fill`] for a region [`take_regions`] took; true when its
 /// bytes are all zero, so the fill zeroes nothing.
 ///
 /// The pool's commit moves a region whose pages are all `Clean` to
@@ -426,45 +483,57 @@ pub(super) fn mark_taken_for_fill(region: &guest_mem::Region) -> bool {
     mark_for_fill(region) || committed_clean
 }
 
-/// Fills the region from every mapping of the snapshot (the fill
-/// engine, NUMA-local); returns what it read and zeroed. The region's pages end
-/// `Mapped`: they hold the VM's bytes, never to be taken for zero.
+/// Fills each region from the mappings of the snapshot placed in it (the
+/// fill engine, NUMA-local); returns what it read and zeroed. The regions'
+/// pages end `Mapped`: they hold the VM's bytes, never to be taken for
+/// zero. On a failure every region is marked dirty (none is clean).
 fn copy_all(
     topology: &Topology,
     checked: &Checked,
-    placed: &[Placed],
-    region: &guest_mem::Region,
+    layout: &Layout,
+    regions: &[Arc<guest_mem::Region>],
     checksums: &[SourceChecksums],
 ) -> Result<FillCounts, StepError> {
-    let specs = source_specs(checked, placed);
-    let sources = load_sources(&specs, |i| checked.memory[i].fd.as_fd());
-    let dest_is_zero = mark_taken_for_fill(region);
-    let opts = FillOptions {
-        dest_is_zero,
-        ..FillOptions::default()
-    };
-    let report = loads::plan(region, &sources, checksums)
-        .and_then(|plan| fill_region_planned(topology, region, &plan, &opts))
-        .map_err(|e| {
-            region.mark_all_dirty();
-            let file_of = |i: usize| {
-                let spec = specs.get(i)?;
-                checked.memory.get(spec.file).map(|f| f.fd.as_fd())
-            };
-            StepError::failed("copying the VM's memory")(LoadFailed(loads::describe(
-                &e, checksums, file_of,
-            )))
-        })?;
-    region
-        .mark_mapped()
-        .map_err(StepError::failed("the copied region's page states"))?;
-    tracing::debug!(
-        read = report.counts.bytes_read,
-        zeroed = report.counts.bytes_zeroed,
-        holes = report.counts.hole_bytes,
-        threads = report.threads,
-        gbps = report.read_gbps(),
-        "PARK: fill done"
-    );
-    Ok(report.counts)
+    let specs = source_specs(checked, layout);
+    let file = |i: usize| checked.memory[i].fd.as_fd();
+    // Each region is marked for its fill before any is filled.
+    let zero: Vec<bool> = regions.iter().map(|r| mark_taken_for_fill(r)).collect();
+    let mut counts = FillCounts::default();
+    for (i, region) in regions.iter().enumerate() {
+        let of_region = loads::sources_of(&specs, i);
+        let opts = FillOptions {
+            dest_is_zero: zero[i],
+            ..FillOptions::default()
+        };
+        let report = loads::plan(region, (&specs, &of_region), file, checksums)
+            .and_then(|plan| fill_region_planned(topology, region, &plan, &opts))
+            .map_err(|e| {
+                for r in regions {
+                    r.mark_all_dirty();
+                }
+                let file_of = |i: usize| {
+                    let spec = specs.get(i)?;
+                    checked.memory.get(spec.file).map(|f| f.fd.as_fd())
+                };
+                StepError::failed("copying the VM's memory")(LoadFailed(loads::describe(
+                    &e,
+                    (checksums, &of_region),
+                    file_of,
+                )))
+            })?;
+        region
+            .mark_mapped()
+            .map_err(StepError::failed("the copied region's page states"))?;
+        tracing::debug!(
+            region = i,
+            read = report.counts.bytes_read,
+            zeroed = report.counts.bytes_zeroed,
+            holes = report.counts.hole_bytes,
+            threads = report.threads,
+            gbps = report.read_gbps(),
+            "PARK: fill done"
+        );
+        counts += report.counts;
+    }
+    Ok(counts)
 }

@@ -17,6 +17,14 @@ pub enum StepError {
     /// A slot of the VM names a region it does not hold.
     #[error("slot {0} names no region")]
     NoRegionForSlot(u32),
+    /// A VM parked on demand has files for more regions than it holds.
+    #[error("the VM's files fill {files} regions, it holds {holds}")]
+    FillRegions {
+        /// Regions its files fill.
+        files: usize,
+        /// Regions it holds.
+        holds: usize,
+    },
     /// Some unit is still being filled after the fill ended.
     #[error("some of the VM's memory is still being filled")]
     StillFilling,

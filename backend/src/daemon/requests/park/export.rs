@@ -125,15 +125,19 @@ pub(super) async fn fill_pending(rooms: &Arc<Rooms>, found: &FoundParked) -> Res
     let Some(pending) = pending else {
         return Ok(());
     };
-    let Some((_, region)) = found.regions.first() else {
+    if found.regions.is_empty() {
         return Err(StepError::NoMemory);
-    };
-    let (region, topology) = (Arc::clone(region), Arc::clone(&rooms.topology));
+    }
+    let regions: Vec<Arc<guest_mem::Region>> =
+        found.regions.iter().map(|(_, r)| Arc::clone(r)).collect();
+    let topology = Arc::clone(&rooms.topology);
     let filled = tokio::task::spawn_blocking(move || {
-        let verified = super::ondemand::fill_all(&topology, &region, &pending)?;
-        region
-            .mark_mapped()
-            .map_err(StepError::failed("page states"))?;
+        let verified = super::ondemand::fill_all(&topology, &regions, &pending)?;
+        for region in &regions {
+            region
+                .mark_mapped()
+                .map_err(StepError::failed("page states"))?;
+        }
         Ok::<_, StepError>(verified)
     })
     .await

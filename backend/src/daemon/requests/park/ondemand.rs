@@ -139,20 +139,22 @@ struct FaultFill<'a> {
 }
 
 impl FaultFill<'_> {
-    /// A failed fill as the tenant reads it: the file named.
-    fn describe(&self, e: &guest_mem::FillError) -> LoadFailed {
+    /// A failed fill of target `target` as the tenant reads it: the file
+    /// named.
+    fn describe(&self, target: usize, e: &guest_mem::FillError) -> LoadFailed {
         match self.pending {
-            Some(p) => p.describe(e),
+            Some(p) => p.describe(target, e),
             None => LoadFailed(hugemem_client::diag::chain(e)),
         }
     }
 
-    /// The region slot `slot`'s fd describes, with its plan.
-    fn target_of(&self, slot: u32) -> Result<&FillTarget<'_>, FaultFillError> {
+    /// The region slot `slot`'s fd describes, with its plan, and its
+    /// index in the targets.
+    fn target_of(&self, slot: u32) -> Result<(usize, &FillTarget<'_>), FaultFillError> {
         self.slot_targets
             .iter()
             .find(|(s, _)| *s == slot)
-            .and_then(|(_, t)| self.targets.get(*t))
+            .and_then(|(_, t)| Some((*t, self.targets.get(*t)?)))
             .ok_or_else(|| FaultFillError(format!("slot {slot} has no memory fd")))
     }
 }
@@ -160,7 +162,7 @@ impl FaultFill<'_> {
 /// Fills the units that hold `[offset, offset + len)` of the region slot
 /// `slot`'s fd describes, waiting for any another thread is filling.
 fn fill_range(f: &FaultFill<'_>, slot: u32, offset: u64, len: u64) -> Result<(), FaultFillError> {
-    let target = f.target_of(slot)?;
+    let (index, target) = f.target_of(slot)?;
     let (region, units_done) = (target.region, f.units_done);
     let end = offset.checked_add(len.max(1));
     if end.is_none_or(|end| end > region.len()) {
@@ -180,7 +182,7 @@ fn fill_range(f: &FaultFill<'_>, slot: u32, offset: u64, len: u64) -> Result<(),
                 // This thread's unit left `Clearing`, filled or not.
                 units_done.notify();
             }
-            let outcome = outcome.map_err(|e| FaultFillError(f.describe(&e).0))?;
+            let outcome = outcome.map_err(|e| FaultFillError(f.describe(index, &e).0))?;
             if let UnitFill::Filled(counts) = outcome {
                 f.verified
                     .fetch_add(counts.bytes_verified, Ordering::Relaxed);
@@ -204,15 +206,16 @@ pub fn all_filled(region: &Region) -> bool {
     (0..states.len()).all(|u| matches!(states.get(u), Ok(PageState::Clean | PageState::Mapped)))
 }
 
-/// Fills every target in turn (the background fill); what it read.
+/// Fills every target in turn (the background fill); what it read, or
+/// the index of the target that failed and why.
 fn fill_targets(
     topology: &Topology,
     targets: &[FillTarget<'_>],
     opts: &FillOptions<'_>,
-) -> Result<(FillCounts, usize, usize), guest_mem::FillError> {
+) -> Result<(FillCounts, usize, usize), (usize, guest_mem::FillError)> {
     let (mut counts, mut units, mut threads) = (FillCounts::default(), 0, 0);
-    for t in targets {
-        let report = fill_region_planned(topology, t.region, &t.plan, opts)?;
+    for (i, t) in targets.iter().enumerate() {
+        let report = fill_region_planned(topology, t.region, &t.plan, opts).map_err(|e| (i, e))?;
         counts += report.counts;
         units += report.units_filled;
         threads = threads.max(report.threads);
@@ -308,8 +311,8 @@ pub fn send(p: Postcopy<'_>) -> Result<u64, StepError> {
                         units, threads, "{what}: background fill done"
                     );
                 }
-                Ok(Err(e)) => {
-                    return give_up(StepError::Fill(faults.describe(&e)));
+                Ok(Err((target, e))) => {
+                    return give_up(StepError::Fill(faults.describe(target, &e)));
                 }
                 Err(_) => return give_up(StepError::Panicked("background fill")),
             }
@@ -338,26 +341,37 @@ pub fn send(p: Postcopy<'_>) -> Result<u64, StepError> {
     })
 }
 
-/// Fills all of `region` from `pending` before a restore without postcopy.
+/// Fills every region of `regions` (the allocation's, in order) from
+/// `pending` before a restore without postcopy, or a save; returns the
+/// bytes checked against a manifest.
 ///
 /// # Errors
 ///
 /// The fill's failure.
 pub fn fill_all(
     topology: &Topology,
-    region: &Region,
+    regions: &[std::sync::Arc<Region>],
     pending: &PendingLoad,
 ) -> Result<u64, StepError> {
-    let plan = pending.plan(region).map_err(StepError::Fill)?;
+    if pending.regions() > regions.len() {
+        return Err(StepError::FillRegions {
+            files: pending.regions(),
+            holds: regions.len(),
+        });
+    }
     let opts = FillOptions {
         dest_is_zero: pending.dest_is_zero,
         ..FillOptions::default()
     };
-    let report = fill_region_planned(topology, region, &plan, &opts)
-        .map_err(|e| StepError::Fill(pending.describe(&e)))?;
-    if all_filled(region) {
-        Ok(report.counts.bytes_verified)
-    } else {
-        Err(StepError::StillFilling)
+    let mut verified = 0;
+    for (i, region) in regions.iter().enumerate() {
+        let plan = pending.plan(i, region).map_err(StepError::Fill)?;
+        let report = fill_region_planned(topology, region, &plan, &opts)
+            .map_err(|e| StepError::Fill(pending.describe(i, &e)))?;
+        if !all_filled(region) {
+            return Err(StepError::StillFilling);
+        }
+        verified += report.counts.bytes_verified;
     }
+    Ok(verified)
 }

@@ -152,9 +152,9 @@ pub async fn restore(rooms: &Arc<Rooms>, req: RestoreRequest, fds: Vec<OwnedFd>)
     let sent = tokio::task::spawn_blocking(move || {
         let memory: Vec<(u32, std::os::fd::BorrowedFd<'_>)> =
             slot_fds.iter().map(|(s, fd)| (*s, fd.as_fd())).collect();
-        let Some(region) = regions.first() else {
+        if regions.is_empty() {
             return Err(StepError::NoMemory);
-        };
+        }
         match fault {
             Some(fault) => send_postcopy(
                 (&stream, &fault),
@@ -165,7 +165,7 @@ pub async fn restore(rooms: &Arc<Rooms>, req: RestoreRequest, fds: Vec<OwnedFd>)
             ),
             None => {
                 let verified = match &pending {
-                    Some(p) => super::ondemand::fill_all(&topology, region, p)?,
+                    Some(p) => super::ondemand::fill_all(&topology, &regions, p)?,
                     None => 0,
                 };
                 send_snapshot(
@@ -221,7 +221,7 @@ pub async fn restore(rooms: &Arc<Rooms>, req: RestoreRequest, fds: Vec<OwnedFd>)
 }
 
 /// A postcopy RESTORE's sending and filling (`ondemand::send`) of the
-/// parked `vm` on its `regions`, the first to be filled from `pending`.
+/// parked `vm` on its `regions`, filled from `pending` where it has one.
 fn send_postcopy(
     (main, fault): (
         &std::os::unix::net::UnixStream,
@@ -255,17 +255,23 @@ fn send_postcopy(
     })
 }
 
-/// The regions a postcopy restore sends: the first filled from `pending`
-/// (a VM parked on demand is one region), the others (and the first,
-/// without `pending`) holding the VM's bytes already.
+/// The regions a postcopy restore sends, each filled from `pending` (a VM
+/// parked on demand: its sources name their regions), or, without
+/// `pending`, holding the VM's bytes already.
 fn postcopy_targets<'a>(
     regions: &'a [Arc<guest_mem::Region>],
     pending: Option<&'a crate::daemon::requests::parked::loads::PendingLoad>,
 ) -> Result<Vec<super::ondemand::FillTarget<'a>>, StepError> {
+    if let Some(p) = pending.filter(|p| p.regions() > regions.len()) {
+        return Err(StepError::FillRegions {
+            files: p.regions(),
+            holds: regions.len(),
+        });
+    }
     let mut targets = Vec::with_capacity(regions.len());
     for (i, region) in regions.iter().enumerate() {
         let plan = match pending {
-            Some(p) if i == 0 => p.plan(region).map_err(StepError::Fill)?,
+            Some(p) => p.plan(i, region).map_err(StepError::Fill)?,
             _ => {
                 guest_mem::FillPlan::new(region, &[]).map_err(StepError::failed("the fill plan"))?
             }

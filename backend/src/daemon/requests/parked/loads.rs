@@ -23,17 +23,27 @@ use serde::{Deserialize, Serialize};
 use crate::daemon::ids::AllocId;
 
 /// One source of a pending fill: `len` bytes of file `file` (an index in
-/// [`PendingLoad::files`]) from `file_offset`, to the region at `dest_offset`.
+/// [`PendingLoad::files`]) from `file_offset`, to region `region` of the
+/// allocation at `dest_offset`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SourceSpec {
     /// Index of the file.
     pub file: usize,
+    /// Index of the region it fills, in the allocation's order: 0 for a
+    /// load into one region (every cloud-hypervisor VM's), the slot's own
+    /// region for a QEMU VM (QEMU maps each region's file from its start).
+    #[serde(default, skip_serializing_if = "is_first")]
+    pub region: usize,
     /// Offset in the file.
     pub file_offset: u64,
     /// Offset in the region.
     pub dest_offset: u64,
     /// Bytes.
     pub len: u64,
+}
+
+fn is_first(region: &usize) -> bool {
+    *region == 0
 }
 
 /// What a saved VM's manifest says the file of source `source` holds:
@@ -53,25 +63,39 @@ pub struct SourceChecksums {
     pub crc32c: Vec<u32>,
 }
 
-/// The fill plan of `sources` for `region`, each source with checksums
-/// checked against them as it is filled.
+/// The indices (in `specs`) of the sources that fill region `index`.
+pub fn sources_of(specs: &[SourceSpec], index: usize) -> Vec<usize> {
+    (0..specs.len())
+        .filter(|i| specs[*i].region == index)
+        .collect()
+}
+
+/// The fill plan of region `index` of an allocation (`region`): the
+/// sources of `specs` that fill it (`of_region`: their indices, from
+/// [`sources_of`]), file `i` being `file(i)`, each with its checksums
+/// checked as it is filled. A fill error's source index is then an index
+/// in `of_region` ([`describe`] maps it back).
 ///
 /// # Errors
 ///
 /// As [`FillPlan::new`] and [`FillPlan::with_checksums`].
 pub fn plan<'a>(
     region: &Region,
-    sources: &[FillSource<'a>],
+    (specs, of_region): (&[SourceSpec], &[usize]),
+    file: impl Fn(usize) -> BorrowedFd<'a>,
     checksums: &'a [SourceChecksums],
 ) -> Result<FillPlan<'a>, FillError> {
-    let mut plan = FillPlan::new(region, sources)?;
-    for c in checksums {
-        let expected = Checksums {
-            piece: c.piece,
-            file_len: c.file_len,
-            crc32c: &c.crc32c,
-        };
-        plan = plan.with_checksums(c.source, expected, region.state_unit())?;
+    let chosen: Vec<SourceSpec> = of_region.iter().map(|i| specs[*i]).collect();
+    let mut plan = FillPlan::new(region, &load_sources(&chosen, file))?;
+    for (local, global) in of_region.iter().enumerate() {
+        for c in checksums.iter().filter(|c| c.source == *global) {
+            let expected = Checksums {
+                piece: c.piece,
+                file_len: c.file_len,
+                crc32c: &c.crc32c,
+            };
+            plan = plan.with_checksums(local, expected, region.state_unit())?;
+        }
     }
     Ok(plan.with_direct_io())
 }
@@ -111,14 +135,16 @@ fn innermost(e: &FillError) -> &FillError {
 /// causes, and the file its source reads: by its name in the saved
 /// directory where a manifest named it (`memory-0 does not match its
 /// manifest: …`), else by its path (`file_of(source)`, as this process's
-/// `/proc/self/fd` names it).
+/// `/proc/self/fd` names it). The error's source index is one in
+/// `of_region` (the plan's sources, see [`plan`]); `file_of` and the
+/// checksums take the index it maps to.
 pub fn describe<'a>(
     e: &FillError,
-    checksums: &[SourceChecksums],
+    (checksums, of_region): (&[SourceChecksums], &[usize]),
     file_of: impl Fn(usize) -> Option<BorrowedFd<'a>>,
 ) -> String {
     let inner = innermost(e);
-    let index = source_index(inner);
+    let index = source_index(inner).and_then(|i| of_region.get(i).copied());
     let named = index.and_then(|i| checksums.iter().find(|c| c.source == i));
     if let (
         FillError::Checksum {
@@ -179,24 +205,33 @@ pub fn load_sources<'a>(
 }
 
 impl PendingLoad {
-    /// The fill engine's sources for what is left to fill.
-    pub fn load_sources(&self) -> Vec<FillSource<'_>> {
-        load_sources(&self.sources, |i| self.files[i].as_fd())
+    /// How many regions its sources fill (at least one).
+    pub fn regions(&self) -> usize {
+        self.sources.iter().map(|s| s.region + 1).max().unwrap_or(1)
     }
 
-    /// The fill plan for `region`, checksums included.
+    /// The fill plan for region `index` of the allocation (`region`),
+    /// checksums included.
     ///
     /// # Errors
     ///
     /// As [`plan`], described by [`describe`].
-    pub fn plan(&self, region: &Region) -> Result<FillPlan<'_>, LoadFailed> {
-        plan(region, &self.load_sources(), &self.checksums).map_err(|e| self.describe(&e))
+    pub fn plan(&self, index: usize, region: &Region) -> Result<FillPlan<'_>, LoadFailed> {
+        let of_region = sources_of(&self.sources, index);
+        plan(
+            region,
+            (&self.sources, &of_region),
+            |i| self.files[i].as_fd(),
+            &self.checksums,
+        )
+        .map_err(|e| self.describe(index, &e))
     }
 
-    /// [`describe`] for this fill's sources.
-    pub fn describe(&self, e: &FillError) -> LoadFailed {
+    /// [`describe`] for a fill of region `index` from this load's sources.
+    pub fn describe(&self, index: usize, e: &FillError) -> LoadFailed {
         let sources = &self.sources;
-        LoadFailed(describe(e, &self.checksums, |i| {
+        let of_region = sources_of(sources, index);
+        LoadFailed(describe(e, (&self.checksums, &of_region), |i| {
             let s = sources.get(i)?;
             self.files.get(s.file).map(AsFd::as_fd)
         }))
@@ -307,5 +342,39 @@ impl PendingLoads {
         };
         g.pending.insert(alloc, Arc::new(fill));
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_source_names_its_region_and_records_before_it_read_as_the_first() {
+        // A record of a daemon before regions were named: region 0.
+        let old: SourceSpec =
+            serde_json::from_str(r#"{"file":0,"file_offset":0,"dest_offset":4096,"len":8192}"#)
+                .expect("an older record");
+        assert_eq!(old.region, 0);
+        // Region 0 is written as before; another region is named.
+        let text = serde_json::to_string(&old).expect("json");
+        assert!(!text.contains("region"), "{text}");
+        let second = SourceSpec { region: 1, ..old };
+        let text = serde_json::to_string(&second).expect("json");
+        assert_eq!(
+            serde_json::from_str::<SourceSpec>(&text).expect("back"),
+            second
+        );
+        let specs = [old, second, SourceSpec { file: 1, ..second }];
+        assert_eq!(sources_of(&specs, 0), [0]);
+        assert_eq!(sources_of(&specs, 1), [1, 2]);
+        assert!(sources_of(&specs, 2).is_empty());
+        let load = PendingLoad {
+            files: Vec::new(),
+            sources: specs.to_vec(),
+            dest_is_zero: true,
+            checksums: Vec::new(),
+        };
+        assert_eq!(load.regions(), 2);
     }
 }

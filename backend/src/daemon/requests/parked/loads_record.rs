@@ -191,6 +191,14 @@ pub fn restore_into(
                 continue;
             }
         };
+        let holds = pool
+            .parking()
+            .find_parked(vm.uid, &vm.name)
+            .map_or(0, |found| found.regions.len());
+        if restored.fill.regions() > holds {
+            warn!(alloc, name = %vm.name, files = restored.fill.regions(), holds, "a VM parked on demand has files for regions it does not hold; it can only be unparked");
+            continue;
+        }
         if restored.reload_all {
             if let Some(found) = pool.parking().find_parked(vm.uid, &vm.name) {
                 for (_, region) in &found.regions {
