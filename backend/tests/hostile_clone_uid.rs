@@ -45,13 +45,16 @@ fn as_uid<T: Send>(uid: u32, f: impl FnOnce() -> T + Send) -> T {
         s.spawn(|| {
             let keep = libc::c_long::from(-1i32);
             let id = libc::c_long::from(uid);
-            // SAFETY: setgroups(0, NULL), setresgid and setresuid on this
-            // thread only, with integers (-1 keeps the real and saved ids).
-            let switched = unsafe {
-                libc::syscall(libc::SYS_setgroups, 0, std::ptr::null::<libc::gid_t>()) == 0
-                    && libc::syscall(libc::SYS_setresgid, keep, id, keep) == 0
-                    && libc::syscall(libc::SYS_setresuid, keep, id, keep) == 0
-            };
+            let empty = std::ptr::null::<libc::gid_t>();
+            // SAFETY: a raw syscall on this thread's credentials only, with
+            // integers (-1 keeps the real and saved ids) and, for
+            // setgroups, an empty list; the same for the two below.
+            let no_groups = unsafe { libc::syscall(libc::SYS_setgroups, 0, empty) };
+            // SAFETY: as above.
+            let gid_set = unsafe { libc::syscall(libc::SYS_setresgid, keep, id, keep) };
+            // SAFETY: as above.
+            let uid_set = unsafe { libc::syscall(libc::SYS_setresuid, keep, id, keep) };
+            let switched = no_groups == 0 && gid_set == 0 && uid_set == 0;
             assert!(
                 switched,
                 "switch the thread to uid {uid}: {}",

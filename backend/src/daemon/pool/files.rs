@@ -52,8 +52,10 @@ impl Access {
 /// The `fchown` or `fchmod` error (the file may then have the new owner
 /// and its old mode).
 pub fn set_access(region: &Region, access: Access) -> std::io::Result<()> {
-    // SAFETY: geteuid/getegid have no preconditions and cannot fail.
-    let (daemon_uid, daemon_gid) = unsafe { (libc::geteuid(), libc::getegid()) };
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let daemon_uid = unsafe { libc::geteuid() };
+    // SAFETY: as above, getegid.
+    let daemon_gid = unsafe { libc::getegid() };
     let (uid, gid) = match access {
         Access::Tenant { uid, gid } if uid != 0 => (uid, gid),
         _ => (daemon_uid, daemon_gid),
