@@ -267,3 +267,59 @@ fn qemu_clones_in_both_modes_count_on_from_a_template_that_stays_unchanged() {
     assert_balanced(&stats, "at the end");
     daemon.shutdown();
 }
+
+/// A QEMU without `rom` (before 8.2) opens a shared clone's template
+/// read-write, which only root may (a template's files are the daemon's,
+/// mode 0444): as another user the launcher says so before it asks the
+/// daemon, and no QEMU runs the clone.
+#[test]
+fn a_shared_clone_on_a_qemu_without_rom_is_refused_to_a_non_root_user_first() {
+    use std::os::unix::fs::PermissionsExt;
+    use std::os::unix::process::CommandExt;
+    const NOBODY: u32 = 65534;
+    let _serial = serial();
+    if let Some(reason) = skip_reason() {
+        test_support::skip!("{reason}");
+        return;
+    }
+    if !test_support::tenant::root_or_skip() {
+        return;
+    }
+    let help = Command::new(QEMU)
+        .args(["-object", "memory-backend-file,help"])
+        .output()
+        .expect("QEMU's memory-backend-file options");
+    if String::from_utf8_lossy(&help.stdout).contains("rom=") {
+        test_support::skip!("this QEMU takes rom=: its shared clones open the template read-only");
+        return;
+    }
+    let daemon = TestDaemon::start(|c| c.allowed_uids = vec![0, NOBODY]);
+    for (path, mode) in [(daemon.dir(), 0o755), (daemon.socket().as_path(), 0o777)] {
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).expect("chmod");
+    }
+    let out = Command::new("timeout")
+        .args(["120", HUGEMEM, "launch", "--socket"])
+        .arg(daemon.socket())
+        .args(["--clone-of", "tmpl", "--clone-mode", "shared", "--", QEMU])
+        .current_dir("/")
+        .uid(NOBODY)
+        .gid(NOBODY)
+        .output()
+        .expect("run hugemem launch as uid 65534");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert_ne!(out.status.code(), Some(124), "not in time: {stderr}");
+    for needle in [
+        "has no `rom` option for memory-backend-file (QEMU before 8.2)",
+        "uid 65534 cannot run it",
+        "Use QEMU 8.2 or later",
+    ] {
+        assert!(stderr.contains(needle), "{needle:?} missing from: {stderr}");
+    }
+    let s = daemon.stats();
+    assert_eq!(
+        (s.counters.clones, s.counters.clones_refused),
+        (0, 0),
+        "the daemon was not asked: {s}"
+    );
+}

@@ -164,6 +164,13 @@ impl Pool {
         for id in ids {
             if let Some(e) = g.entries.get_mut(id) {
                 if e.state == EntryState::Reserved {
+                    // Handed to the tenant by the take's caller: the
+                    // daemon's again (the tenant never got an fd of it).
+                    if let Err(err) =
+                        super::files::set_access(&e.region, super::files::Access::Daemon)
+                    {
+                        tracing::warn!(region = id, error = %err, "a region put back keeps its tenant's owner until its next release");
+                    }
                     let all_clean = e.region.states().counts().clean == e.region.states().len();
                     if !all_clean {
                         e.region.mark_all_dirty();

@@ -30,7 +30,7 @@
 //! | `persist.rs` | [`Records`]: the pool's part of the state document (takeover, fd store) |
 //! | `stats.rs`, `given_back.rs` | STATS: the pool's figures, the last regions given back and why |
 //! | `reclaimable.rs` | what the daemon holds outside any allocation, for the take's rule |
-//! | `files.rs` | operations on a released region's file under the pool's rules |
+//! | `files.rs` | [`Access`]: who may open a region's file again (its owner and mode: the tenant's, the daemon's, a template's) |
 //! | `token.rs` | re-attach tokens (the ids are `crate::daemon::ids`, below every room) |
 //! | `gate.rs` | [`ReserveGate`]: the one gate of every hugetlb reservation and punch |
 
@@ -62,6 +62,7 @@ mod token;
 pub use crate::daemon::ids::{AllocId, PoolKey, RegionId, SessionId};
 pub use allocation::{AllocSnapshot, ChangeGate, Owner, OwnershipError};
 pub use commit::CommitError;
+pub use files::{set_access, set_access_all, Access};
 pub use gate::ReserveGate;
 pub use handoff::{HandedOff, HandoffError};
 pub use in_use::{InUseRegion, Placement};

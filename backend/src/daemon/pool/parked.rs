@@ -15,6 +15,7 @@ use std::sync::Arc;
 use guest_mem::Region;
 
 use super::allocation::ChangeGate;
+use super::files::{set_access_all, Access};
 use super::parked_vm::ParkedVm;
 use super::table::EntryState;
 use super::token::new_token;
@@ -171,6 +172,17 @@ impl Parking<'_> {
                     .map_err(|e| ParkError::Internal(format!("page states: {e}")))?;
             }
         }
+        // A template: no process but root may open its files for writing
+        // from now on, whatever fd of them it holds (a clone's read-only
+        // ones included); a refusal leaves them the tenant's.
+        let regions = g.regions_of(a);
+        let tenant = Access::Tenant {
+            uid,
+            gid: tenant_gid(&regions),
+        };
+        set_access_all(regions.iter().map(|(_, r)| &**r), Access::Template, tenant).map_err(
+            |(i, e)| ParkError::Internal(format!("cannot make region {i} read-only to all: {e}")),
+        )?;
         let a = g.allocs.get_mut(alloc).ok_or(ParkError::Moved(alloc))?;
         a.enter(next);
         a.token = fresh;
@@ -290,6 +302,15 @@ impl super::table::Pool {
         self.changed.notify_all();
         Ok(released)
     }
+}
+
+/// The group of the first of `regions`' files (the tenant's while it used
+/// them), for a park refused after they were made read-only.
+fn tenant_gid(regions: &[(RegionId, Arc<Region>)]) -> u32 {
+    regions
+        .first()
+        .and_then(|(_, r)| nix::sys::stat::fstat(r.fd()).ok())
+        .map_or(0, |st| st.st_gid)
 }
 
 /// A file's identity: its device and inode (`fstat`).

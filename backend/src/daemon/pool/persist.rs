@@ -308,6 +308,16 @@ impl Records<'_> {
             );
         }
         let max_alloc = g.allocs.import(kept_allocs);
+        // A parked VM is read-only to all but root here too (inodes keep
+        // their mode across a takeover; a predecessor of an older version
+        // may have left it writable).
+        for (id, a, _) in g.allocs.parked_all() {
+            for (region, r) in g.regions_of(a) {
+                if let Err(e) = super::files::set_access(&r, super::files::Access::Template) {
+                    warn!(alloc = id, region, error = %e, "an inherited parked VM's region stays writable to its owner until its next CLONE or RESTORE");
+                }
+            }
+        }
         let n = g.allocs.len();
         drop(g);
         self.pool

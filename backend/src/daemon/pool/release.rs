@@ -12,7 +12,7 @@ use numa::NodeId;
 use tracing::{info, warn};
 
 use super::allocation::{Allocation, OwnershipError};
-use super::files::reclaim_path;
+use super::files::{set_access, Access};
 use super::table::{pooled_bytes, pooled_bytes_of, EntryState, Inner, Pool};
 use crate::daemon::counters::metrics::Metrics;
 use crate::daemon::ids::{AllocId, RegionId, SessionId};
@@ -105,12 +105,13 @@ impl Pool {
                 }
                 continue;
             }
-            // A path-backed file was handed to the client's uid so it could
-            // open it; take it back before quarantine starts, so the client
-            // cannot open the file again once the scan has cleared it.
-            if let Err(err) = reclaim_path(&region) {
+            // The file was handed to the client's uid so it could open it
+            // (or was a template's); take it back before quarantine starts,
+            // so the client cannot open the file again once the scan has
+            // cleared it.
+            if let Err(err) = set_access(&region, Access::Daemon) {
                 if let Some(e) = g.entries.remove(id) {
-                    warn!(region = id, error = %err, "cannot take a hugetlbfs file back; region goes back to the kernel");
+                    warn!(region = id, error = %err, "cannot take a region's file back; region goes back to the kernel");
                     g.given_back.push(
                         *id,
                         e.key,

@@ -23,7 +23,7 @@ use crate::diag::chain;
 use crate::proto::messages::{AllocRequest, ClearMode, PagePolicy};
 use crate::proto::{Status, ANY_NODE};
 
-use crate::daemon::pool::{Obtained, Part, Refusal};
+use crate::daemon::pool::{set_access_all, Access, Obtained, Part, Refusal};
 
 /// Checks a request against the host and the limits; nothing is allocated.
 ///
@@ -140,7 +140,7 @@ pub fn plan(room: &Alloc, req: &AllocRequest) -> Result<Vec<Part>, Refusal> {
 
 /// Obtains every part (blocking): the pool takes a region for each
 /// ([`Pool::take`](crate::daemon::pool::Pool::take)), waiting at most until
-/// `deadline`; path-backed files are handed to `owner`, and the memory is
+/// `deadline`; every region's file is handed to `owner`, and the memory is
 /// locked when `lock`. On error every region taken so far goes back to the
 /// pool; on success all are `Reserved` for the caller to commit.
 ///
@@ -157,20 +157,25 @@ pub fn obtain_all(
 ) -> Result<Vec<Obtained>, Refusal> {
     let taken = room.pool.take(parts, deadline, cancel)?;
     let ids = |taken: &[Obtained]| taken.iter().map(|o| o.taken.id).collect::<Vec<_>>();
-    // Path-backed files belong to the client while it uses them, so that a
-    // VMM running as an allowed non-root uid can open them; the pool takes
-    // them back on release, before quarantine.
-    for o in &taken {
-        let t = &o.taken;
-        if t.region.path().is_some() {
-            if let Err(e) = std::os::unix::fs::fchown(t.region.fd(), Some(owner.0), Some(owner.1)) {
-                room.pool.put_back(&ids(&taken));
-                return Err((
-                    Status::Internal,
-                    format!("cannot hand region {} to uid {}: {e}", t.id, owner.0),
-                ));
-            }
-        }
+    // Every region's file belongs to the client while it uses it (mode
+    // 0600), so that a VMM running as an allowed non-root uid can open it
+    // again (QEMU's `mem-path=/proc/self/fd/N`, a hugetlbfs path); the pool
+    // takes it back on release, before quarantine.
+    let access = Access::Tenant {
+        uid: owner.0,
+        gid: owner.1,
+    };
+    if let Err((i, e)) = set_access_all(
+        taken.iter().map(|o| &*o.taken.region),
+        access,
+        Access::Daemon,
+    ) {
+        let id = taken.get(i).map(|o| o.taken.id).unwrap_or_default();
+        room.pool.put_back(&ids(&taken));
+        return Err((
+            Status::Internal,
+            format!("cannot hand region {id} to uid {}: {e}", owner.0),
+        ));
     }
     if lock {
         let regions: Vec<&Region> = taken.iter().map(|o| &*o.taken.region).collect();

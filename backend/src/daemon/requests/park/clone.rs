@@ -33,7 +33,7 @@ use super::send::{gated, slot_fds};
 use super::socket::migration_socket;
 use crate::daemon::counters::metrics::Metrics;
 use crate::daemon::peers::holders::FileId;
-use crate::daemon::pool::{FoundParked, SessionId};
+use crate::daemon::pool::{set_access_all, Access, FoundParked, SessionId};
 use crate::daemon::requests::outcome::Outcome;
 use crate::daemon::requests::rooms::Rooms;
 use crate::proto::messages::{CloneMode, Reply, ReplyBody};
@@ -105,6 +105,16 @@ pub async fn clone(rooms: &Arc<Rooms>, req: CloneRequest, fds: Vec<OwnedFd>) -> 
     }
     if let Err(msg) = super::export::fill_pending(rooms, &found).await {
         return refused(rooms, &req, Status::Invalid, msg);
+    }
+    // Parked means read-only to all but root (`Parking::park`, adoption);
+    // made so again before any clone gets an fd, whatever happened since.
+    if let Err((i, e)) = set_access_all(
+        found.regions.iter().map(|(_, r)| &**r),
+        Access::Template,
+        Access::Template,
+    ) {
+        let msg = format!("cannot make the template's region {i} read-only to all: {e}");
+        return refused(rooms, &req, Status::Internal, msg);
     }
     let (bytes, page_size) = size_of(&found);
     let files = found

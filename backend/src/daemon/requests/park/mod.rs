@@ -112,6 +112,7 @@ pub async fn serve(
             let req = send::RestoreRequest {
                 session,
                 uid: peer.uid,
+                gid: peer.gid,
                 name,
                 paused,
                 postcopy,

@@ -14,7 +14,7 @@ use super::error::StepError;
 use super::refusal::{refuse, Asker};
 use super::socket::migration_socket;
 use crate::daemon::counters::metrics::Metrics;
-use crate::daemon::pool::{FoundParked, SessionId};
+use crate::daemon::pool::{set_access_all, Access, FoundParked, SessionId};
 use crate::daemon::requests::delivery::{rows_now, Delivery, HandOut};
 use crate::daemon::requests::outcome::Outcome;
 use crate::daemon::requests::rooms::Rooms;
@@ -27,6 +27,8 @@ pub struct RestoreRequest {
     pub session: SessionId,
     /// Its uid.
     pub uid: u32,
+    /// Its gid.
+    pub gid: u32,
     /// The parked VM's name.
     pub name: String,
     /// End with `CompletePaused`.
@@ -125,6 +127,13 @@ pub async fn restore(rooms: &Arc<Rooms>, req: RestoreRequest, fds: Vec<OwnedFd>)
         let msg = crate::daemon::requests::parked::clones::has_clones(&req.name, "RESTORE", clones);
         return refused(rooms, &req, Status::Invalid, msg);
     }
+    // The files are the tenant's again before its VMM opens them (QEMU
+    // opens `/proc/self/fd/N` for writing); a template's again unless the
+    // restore completes.
+    let handed = match HandedBack::hand(&found.regions, req.uid, req.gid) {
+        Ok(h) => h,
+        Err(msg) => return refused(rooms, &req, Status::Internal, msg),
+    };
     let slot_fds = match slot_fds(&found, crate::sys::reopen) {
         Ok(f) => f,
         Err(msg) => return refused(rooms, &req, Status::Internal, msg),
@@ -211,6 +220,7 @@ pub async fn restore(rooms: &Arc<Rooms>, req: RestoreRequest, fds: Vec<OwnedFd>)
         Ok(t) => t,
         Err(e) => return refused(rooms, &req, Status::Internal, e.to_string()),
     };
+    handed.keep();
     // The fd store's document no longer has it parked (a crash after the
     // receiver took it would otherwise bring it back parked while it runs).
     rooms.sync_now("RESTORE").await;
@@ -218,6 +228,52 @@ pub async fn restore(rooms: &Arc<Rooms>, req: RestoreRequest, fds: Vec<OwnedFd>)
     Metrics::add(&rooms.metrics.restores, 1);
     info!(session = req.session, uid = req.uid, name = %req.name, alloc = found.alloc, slots = found.vm.slots.len(), paused, "RESTORE: parked VM handed to its new cloud-hypervisor");
     hand_out.reply(found.alloc, Some(token))
+}
+
+/// A parked VM's files handed to the tenant that restores it
+/// ([`Access::Tenant`]), made a template's again ([`Access::Template`])
+/// when dropped before [`HandedBack::keep`]: a refused restore leaves the
+/// VM parked, read-only to all but root.
+struct HandedBack<'a> {
+    regions: &'a [(crate::daemon::pool::RegionId, Arc<guest_mem::Region>)],
+    kept: bool,
+}
+
+impl<'a> HandedBack<'a> {
+    /// Hands `regions` to `uid`:`gid`.
+    fn hand(
+        regions: &'a [(crate::daemon::pool::RegionId, Arc<guest_mem::Region>)],
+        uid: u32,
+        gid: u32,
+    ) -> Result<Self, String> {
+        set_access_all(
+            regions.iter().map(|(_, r)| &**r),
+            Access::Tenant { uid, gid },
+            Access::Template,
+        )
+        .map_err(|(i, e)| format!("cannot hand the parked region {i} to uid {uid}: {e}"))?;
+        Ok(Self {
+            regions,
+            kept: false,
+        })
+    }
+
+    /// The restore completed: the files stay the tenant's.
+    fn keep(mut self) {
+        self.kept = true;
+    }
+}
+
+impl Drop for HandedBack<'_> {
+    fn drop(&mut self) {
+        if self.kept {
+            return;
+        }
+        let all = self.regions.iter().map(|(_, r)| &**r);
+        if let Err((i, e)) = set_access_all(all, Access::Template, Access::Template) {
+            warn!(region = i, error = %e, "a parked VM's region stays its tenant's after a refused RESTORE; its next CLONE makes it read-only first");
+        }
+    }
 }
 
 /// A postcopy RESTORE's sending and filling (`ondemand::send`) of the

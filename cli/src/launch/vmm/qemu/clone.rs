@@ -21,11 +21,15 @@
 //!   read-only and the guest still writes its private copy;
 //! * QEMU 7.2 has no `rom`, and `readonly=on` makes guest RAM a ROM. So it
 //!   gets `share=off` alone and opens `/dev/fd/N` read-write: a new open
-//!   of the template's file, which the kernel allows only where the file's
-//!   owner and mode let the clone's user write it (docs/operations.md,
-//!   "Clones"). QEMU maps it privately and never writes it, except where
-//!   it discards a page of a file-backed block: 7.2 punches a hole in the
-//!   file then, so a balloon is refused (`identity.rs`).
+//!   of the template's file, which the kernel allows only to root (a
+//!   template's file is the daemon's, mode 0444: docs/security.md, "Who
+//!   may open a region's file"). So such a QEMU clones only where the
+//!   launcher (whose credentials QEMU runs with) may write any file
+//!   (`CAP_DAC_OVERRIDE`), and the launcher says so before it asks the
+//!   daemon otherwise ([`needs_rom`]). QEMU maps it privately and never
+//!   writes it, except where it discards a page of a file-backed block:
+//!   7.2 punches a hole in the file then, so a balloon is refused
+//!   (`identity.rs`).
 //!
 //! The daemon keeps the clone's huge pages promised until the launcher
 //! closes its end of the CLONE socket: once QEMU answered its monitor it
@@ -77,6 +81,33 @@ fn takes_rom(asked: Option<Child>) -> bool {
         })
 }
 
+/// Whether this process (and so the QEMU it starts) may open any file for
+/// writing, whatever its owner and mode: `CAP_DAC_OVERRIDE` in its
+/// effective set (`CapEff` in `/proc/self/status`). Unreadable: no.
+fn may_write_any_file() -> bool {
+    const CAP_DAC_OVERRIDE: u32 = 1;
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|status| {
+            let hex = status.lines().find_map(|l| l.strip_prefix("CapEff:"))?;
+            u64::from_str_radix(hex.trim(), 16).ok()
+        })
+        .is_some_and(|caps| caps & (1 << CAP_DAC_OVERRIDE) != 0)
+}
+
+/// Why a QEMU without `rom` (before 8.2) cannot run a shared clone as this
+/// launcher's user.
+fn needs_rom(program: &OsString) -> String {
+    let uid = nix::unistd::geteuid().as_raw();
+    format!(
+        "{} has no `rom` option for memory-backend-file (QEMU before 8.2), so a shared clone's \
+         QEMU would open the template's memory read-write (/dev/fd/N), and a template's memory is \
+         read-only to every user but root: uid {uid} cannot run it. Use QEMU 8.2 or later \
+         (it opens the template read-only), launch as root, or use --clone-mode copy",
+        Path::new(program).display()
+    )
+}
+
 /// The template as CLONE sent it, and our end of the socket it came on
 /// (the daemon's promise of the clone's pages lasts while it is open).
 fn take_template(
@@ -120,9 +151,18 @@ impl VmmClone for QemuClone {
         let given = super::identity::text(&cfg.command[1..]);
         super::identity::clone_identity(&given, true, false).map_err(LaunchError::Options)?;
         let asked = ask_options(&program);
-        let taken = take_template(client, name, mode);
-        let sharing = Sharing::Private {
-            rom: takes_rom(asked),
+        // Where QEMU could not open the template without `rom`, its answer
+        // is awaited before the daemon is asked; else both run at once.
+        let (taken, sharing) = if may_write_any_file() {
+            let taken = take_template(client, name, mode);
+            let rom = takes_rom(asked);
+            (taken, Sharing::Private { rom })
+        } else {
+            let rom = takes_rom(asked);
+            if !rom {
+                return Err(LaunchError::Options(needs_rom(&program)));
+            }
+            (take_template(client, name, mode), Sharing::Private { rom })
         };
         let (template, snapshot, promise) = taken.map_err(|source| LaunchError::Clone {
             name: name.to_owned(),
