@@ -481,11 +481,21 @@ mod tests {
         let clones = Clones::new(0);
         let two_m = PageSize::Huge2M;
         // The "VMM": a child of this process (the "launcher") mapping a
-        // file, its own executable. `spawn` returns once it has exec'd.
-        let mut vmm = std::process::Command::new("sleep")
-            .arg("infinity")
+        // file, its own executable. Its first line says it runs its own
+        // program (a shell, waiting on its stdin until the end).
+        let mut vmm = std::process::Command::new("sh")
+            .args(["-c", "echo running; read end"])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
             .spawn()
-            .expect("start sleep");
+            .expect("start sh");
+        let mut said = String::new();
+        std::io::BufRead::read_line(
+            &mut std::io::BufReader::new(vmm.stdout.take().expect("its stdout")),
+            &mut said,
+        )
+        .expect("its first line");
+        assert_eq!(said.trim(), "running");
         let file = |path: String| {
             let f = std::fs::File::open(&path).expect("open");
             FileId::of(f.as_fd()).expect("fstat")
@@ -513,7 +523,7 @@ mod tests {
         hold(me, vec![not_mapped], 4);
         hold(None, vec![mapped], 5);
         clones.lock().settle_mapped();
-        let _ = vmm.kill();
+        drop(vmm.stdin.take());
         let _ = vmm.wait();
         assert_eq!(
             clones.promised(two_m),
