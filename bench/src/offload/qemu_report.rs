@@ -19,8 +19,12 @@ pub struct QemuResult {
     /// `hugemem park NAME --control-socket …`'s wall time, ms.
     pub park_ms: Figure,
     /// The launcher's own figure for the park (its request to the
-    /// daemon's answer, QEMU's `quit` included), ms.
+    /// daemon's answer, QEMU's `quit` sent), ms.
     pub park_launcher_ms: Figure,
+    /// The same command's wall time where no control socket is (its
+    /// start, a refused connect, its end): what of `park_ms` any command
+    /// pays, ms.
+    pub park_command_ms: Figure,
     /// `hugemem launch --restore NAME -- qemu-system-x86_64`'s start to the
     /// guest counting again, ms.
     pub restore_ms: Figure,
@@ -129,7 +133,7 @@ impl QemuComparison {
         let over = |v: Option<f64>| v.map_or_else(|| "-".into(), |d| format!("{d:+.1} ms"));
         let _ = writeln!(
             t,
-            "QEMU: park {} bytes copied (STATS), its stream {} bytes of device state and {} bytes of RAM blocks not on shared memory (the firmware's; QEMU's own save: {} bytes of RAM, a {} byte file; the floor's file {} bytes); the launcher's own park {:.1} ms; the guest's largest gap on its TSC (carried over by QEMU) {:.1} ms; restore's RESTORE exchange {:.1} ms",
+            "QEMU: park {} bytes copied (STATS), its stream {} bytes of device state and {} bytes of RAM blocks not on shared memory (the firmware's; QEMU's own save: {} bytes of RAM, a {} byte file; the floor's file {} bytes); the launcher's own park {:.1} ms; the command's start and end {:.1} ms; the guest's largest gap on its TSC (carried over by QEMU) {:.1} ms; restore's RESTORE exchange {:.1} ms",
             q.park_copied_bytes,
             q.park_state_bytes,
             q.park_ram_transferred_bytes,
@@ -137,6 +141,7 @@ impl QemuComparison {
             q.file_bytes,
             q.floor_file_bytes,
             q.park_launcher_ms.median,
+            q.park_command_ms.median,
             q.pause_ms.median,
             q.restore_launcher_ms.median,
         );

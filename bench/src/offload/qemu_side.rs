@@ -134,6 +134,8 @@ fn through_hugemem(
     ram.counting_past(0)?;
     let name = format!("offload-bench-qemu-{rep}");
     before_update(&ram)?;
+    out.park_command_ms
+        .push(command_start_ms(&cfg.launcher, &name, &path("none.sock"))?);
     let park_args = args([&"park", &name, &"--control-socket", &control]);
     let (park_ms, said) = hugemem(&cfg.launcher, &park_args)?;
     if !launch
@@ -183,6 +185,26 @@ fn through_hugemem(
     drop(client);
     daemon.stop();
     Ok(())
+}
+
+/// The wall time of `hugemem park NAME --control-socket NONE` where no
+/// socket is: the command's start, a refused connect and its end, ms (the
+/// part of the park's wall time that any command pays).
+fn command_start_ms(launcher: &Path, name: &str, none: &Path) -> Result<f64, OffloadError> {
+    let started = Instant::now();
+    let out = std::process::Command::new(launcher)
+        .args(args([&"park", &name, &"--control-socket", &none]))
+        .stdin(std::process::Stdio::null())
+        .output()
+        .map_err(io(format!("run {}", launcher.display())))?;
+    let ms = started.elapsed().as_secs_f64() * 1e3;
+    if out.status.success() {
+        return Err(OffloadError::Guest(format!(
+            "hugemem park on {} (no socket) succeeded",
+            none.display()
+        )));
+    }
+    Ok(ms)
 }
 
 /// One save to a file and restore from it, as QEMU alone does them.

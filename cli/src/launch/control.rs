@@ -270,6 +270,7 @@ impl Supervisor for ControlServer {
         if let Err(e) = reply(stream, &answer) {
             tracing::warn!(error = %e, "cannot answer the update request");
         }
+        tracing::debug!("control request answered");
     }
 }
 
@@ -361,6 +362,7 @@ fn exchange(path: &Path, request: &Request, timeout: Duration) -> Result<Reply, 
     (&stream)
         .write_all(text.as_bytes())
         .map_err(|e| exchange(format!("cannot send the request: {e}")))?;
+    tracing::debug!("control request sent");
     stream
         .set_read_timeout(Some(timeout))
         .map_err(|e| exchange(e.to_string()))?;
@@ -368,6 +370,7 @@ fn exchange(path: &Path, request: &Request, timeout: Duration) -> Result<Reply, 
     BufReader::new(&stream)
         .read_line(&mut line)
         .map_err(|e| exchange(format!("no answer within {timeout:?}: {e}")))?;
+    tracing::debug!("control answer read");
     if line.is_empty() {
         return Err(exchange(
             "the launcher closed the connection without an answer".into(),

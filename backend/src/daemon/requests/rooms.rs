@@ -72,15 +72,27 @@ impl std::fmt::Debug for StoreSync {
 
 impl Rooms {
     /// Rewrites the note of parked VMs (after a PARK, RESTORE or UNPARK),
-    /// off the executor.
+    /// off the executor: replaced before this returns (a daemon that ends
+    /// from then on leaves it), `fsync`ed after, in a task of its own that
+    /// the request's answer does not wait for (two `fsync`s on a busy disk
+    /// take tens to hundreds of ms; the stop waits for it). The note says
+    /// which parked VMs a restart lost; what keeps them across a restart
+    /// is the fd store ([`Rooms::sync_now`]), done before the answer.
     pub async fn note_parked(&self) {
         let (record, pool) = (Arc::clone(&self.park_record), Arc::clone(&self.pool));
         let wrote = tokio::task::spawn_blocking(move || {
-            record.write_with(|| pool.parking().parked_list());
+            record.replace_with(|| pool.parking().parked_list())
         })
         .await;
-        if let Err(e) = wrote {
-            warn!(error = %e, "the note of parked VMs panicked");
+        match wrote {
+            Ok(true) => {
+                let record = Arc::clone(&self.park_record);
+                self.lifecycle
+                    .tracker()
+                    .spawn_blocking(move || record.sync());
+            }
+            Ok(false) => {}
+            Err(e) => warn!(error = %e, "the note of parked VMs panicked"),
         }
     }
 

@@ -186,6 +186,13 @@ pub async fn park(rooms: &Arc<Rooms>, req: ParkRequest, fds: Vec<OwnedFd>) -> Ou
         return refused(rooms, &req, Status::Invalid, msg);
     }
     let limits = Limits::default();
+    let started = std::time::Instant::now();
+    let step = |what: &'static str| {
+        tracing::debug!(
+            ms = started.elapsed().as_secs_f64() * 1e3,
+            "PARK step: {what}"
+        );
+    };
     let received = tokio::task::spawn_blocking(move || {
         let snapshot = receive_until_complete(&stream, limits);
         (stream, snapshot)
@@ -195,6 +202,7 @@ pub async fn park(rooms: &Arc<Rooms>, req: ParkRequest, fds: Vec<OwnedFd>) -> Ou
         Ok(r) => r,
         Err(e) => return Outcome::error(Status::Internal, e.to_string()),
     };
+    step("snapshot received");
     let result = match snapshot {
         Err(e) => Err(invalid(format!("the VM's snapshot was refused: {e}"))),
         Ok(snapshot) => match check(snapshot, &limits) {
@@ -205,13 +213,18 @@ pub async fn park(rooms: &Arc<Rooms>, req: ParkRequest, fds: Vec<OwnedFd>) -> Ou
             },
         },
     };
+    step("checked and taken in");
     if result.is_ok() {
         // Under systemd, the parked VM is in the fd store before its
         // sender retires it: a crash from now on keeps it.
         rooms.sync_now("PARK").await;
+        step("fd store synced");
         rooms.note_parked().await;
+        step("note of parked VMs written");
     }
-    finish(rooms, &req, &stream, result)
+    let outcome = finish(rooms, &req, &stream, result);
+    step("answered");
+    outcome
 }
 
 async fn take_in(

@@ -6,13 +6,19 @@
 //! The note (`park_record`, default `<socket>.parked`) lists each parked
 //! VM's tenant, name, size and park time, and the VMs found lost and not
 //! yet acknowledged. It is rewritten after every PARK, RESTORE and UNPARK
-//! and at the start: a temporary file beside it, written, `fsync`ed and
-//! renamed over it, then the directory `fsync`ed, so a crash leaves the
-//! old note or the new one, whole. At the start the VMs it lists that are
-//! not parked now are **lost**: STATS lists them (`lost_parked`, a tenant
-//! its own), `/metrics` counts them (`hugemem_parked_lost_vms`), the log
-//! says so in one line, and RESTORE or UNPARK of such a name says what
-//! happened; UNPARK clears the note of it.
+//! and at the start: a temporary file beside it, written and renamed over
+//! it, so a daemon that ends leaves the old note or the new one, whole.
+//! The note and its directory are then `fsync`ed; after a PARK, RESTORE
+//! or UNPARK in a task the answer does not wait for (two `fsync`s on a
+//! busy disk take tens to hundreds of ms), so a host crash in those ms
+//! leaves the old note (ext4 writes a file renamed over another first) or,
+//! on a file system that does not, an unusable one, which the start says.
+//!
+//! At the start the VMs it lists that are not parked now are **lost**:
+//! STATS lists them (`lost_parked`, a tenant its own), `/metrics` counts
+//! them (`hugemem_parked_lost_vms`), the log says so in one line, and
+//! RESTORE or UNPARK of such a name says what happened; UNPARK clears the
+//! note of it.
 //!
 //! **Bounded.** A tenant's parked VMs beyond [`MAX_PER_UID`] are counted,
 //! not named; at most [`MAX_LOST`] lost VMs are kept (the oldest go
@@ -187,8 +193,8 @@ impl ParkRecord {
     }
 
     /// Rewrites the note: the VMs `parked` now and the lost ones.
-    /// Blocking (a small write and two `fsync`s). A failure is logged
-    /// once until a write succeeds again.
+    /// Blocking (a small write, a rename and two `fsync`s). A failure is
+    /// logged once until a write succeeds again.
     pub fn write(&self, parked: &[ParkedVmStats]) {
         self.write_with(|| parked.to_vec());
     }
@@ -196,6 +202,17 @@ impl ParkRecord {
     /// [`ParkRecord::write`] of the list `parked()` gives, taken once no
     /// other write runs: writes land in the order of their lists.
     pub fn write_with(&self, parked: impl FnOnce() -> Vec<ParkedVmStats>) {
+        if self.replace_with(parked) {
+            self.sync();
+        }
+    }
+
+    /// The note replaced by the list `parked()` gives (a temporary file
+    /// written and renamed over it, in the order of the lists), not yet
+    /// `fsync`ed: a daemon that ends from now on leaves this note (the
+    /// page cache outlives it); [`ParkRecord::sync`] makes it outlive the
+    /// host too. True when it was written.
+    pub fn replace_with(&self, parked: impl FnOnce() -> Vec<ParkedVmStats>) -> bool {
         let mut warned = self
             .writing
             .lock()
@@ -222,13 +239,28 @@ impl ParkRecord {
                 parked_at: p.parked_at,
             });
         }
-        match write_atomically(&self.path, &note) {
-            Ok(()) => *warned = false,
+        match replace(&self.path, &note) {
+            Ok(()) => {
+                *warned = false;
+                true
+            }
             Err(e) if !*warned => {
                 *warned = true;
                 warn!(note = %self.path.display(), error = %e, "cannot write the note of parked VMs: a restart that loses them will not say which");
+                false
             }
-            Err(e) => debug!(error = %e, "cannot write the note of parked VMs"),
+            Err(e) => {
+                debug!(error = %e, "cannot write the note of parked VMs");
+                false
+            }
+        }
+    }
+
+    /// `fsync`s the note and its directory (the last
+    /// [`ParkRecord::replace_with`]'s note, or a later one).
+    pub fn sync(&self) {
+        if let Err(e) = sync(&self.path) {
+            debug!(note = %self.path.display(), error = %e, "cannot fsync the note of parked VMs");
         }
     }
 }
@@ -270,9 +302,13 @@ fn read(path: &Path) -> Note {
     }
 }
 
-/// Writes `note` to `path` through a temporary file beside it: written,
-/// `fsync`ed, renamed over `path`, and the directory `fsync`ed.
-fn write_atomically(path: &Path, note: &Note) -> std::io::Result<()> {
+/// Writes `note` to `path` through a temporary file beside it, written
+/// and renamed over `path`: a reader sees the old note or the new one,
+/// whole. Not `fsync`ed ([`sync`]): after a host crash before the sync the
+/// note is the old one (ext4 writes a file renamed over another before the
+/// rename) or, on a file system that does not, unusable, which the next
+/// start says.
+fn replace(path: &Path, note: &Note) -> std::io::Result<()> {
     let json = serde_json::to_vec(note).map_err(std::io::Error::other)?;
     let mut tmp = path.as_os_str().to_owned();
     tmp.push(".tmp");
@@ -284,9 +320,13 @@ fn write_atomically(path: &Path, note: &Note) -> std::io::Result<()> {
             .truncate(true)
             .open(&tmp)?;
         f.write_all(&json)?;
-        f.sync_all()?;
     }
-    std::fs::rename(&tmp, path)?;
+    std::fs::rename(&tmp, path)
+}
+
+/// `fsync`s the note at `path` and its directory.
+fn sync(path: &Path) -> std::io::Result<()> {
+    std::fs::File::open(path)?.sync_all()?;
     let dir = path.parent().filter(|d| !d.as_os_str().is_empty());
     std::fs::File::open(dir.unwrap_or(Path::new(".")))?.sync_all()
 }

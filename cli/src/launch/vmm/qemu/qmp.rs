@@ -167,6 +167,41 @@ impl Qmp {
         self.reply(command)
     }
 
+    /// Sends `command` without waiting for its reply: [`Qmp::read_reply`]
+    /// reads it later (QEMU answers commands in order), so the reply's
+    /// round trip overlaps other work.
+    ///
+    /// # Errors
+    ///
+    /// The connection's error.
+    pub fn send_command(&mut self, command: &str, arguments: Value) -> Result<(), QmpError> {
+        self.send(command, &arguments, None)
+    }
+
+    /// [`Qmp::send_command`] with `fd` passed along (SCM_RIGHTS).
+    ///
+    /// # Errors
+    ///
+    /// The connection's error.
+    pub fn send_command_with_fd(
+        &mut self,
+        command: &str,
+        arguments: Value,
+        fd: BorrowedFd<'_>,
+    ) -> Result<(), QmpError> {
+        self.send(command, &arguments, Some(fd))
+    }
+
+    /// The reply to the oldest command sent with [`Qmp::send_command`] and
+    /// not answered yet (events read meanwhile are kept).
+    ///
+    /// # Errors
+    ///
+    /// As [`Qmp::execute`].
+    pub fn read_reply(&mut self, command: &str) -> Result<Value, QmpError> {
+        self.reply(command)
+    }
+
     /// Runs `command` with `fd` passed along (SCM_RIGHTS), as `getfd` needs.
     ///
     /// # Errors

@@ -310,11 +310,13 @@ impl VmmSwitch for QemuSwitch {
                 return Err(e);
             }
         };
-        // The daemon has the VM: this QEMU may go (it may close the
-        // monitor before it answers).
-        if let Err(e) = qmp.execute("quit", json!({})) {
+        // The daemon has the VM: this QEMU may go. Its reply is not
+        // awaited (it may close the monitor before it answers, and the VM
+        // is safe whatever it does now: the launcher's wait sees it exit).
+        if let Err(e) = qmp.send_command("quit", json!({})) {
             tracing::debug!(error = %e, "quit on the parked QEMU");
         }
+        super::park::step(started, "quit sent");
         Ok(ParkReport {
             vmm: "QEMU".into(),
             name: name.to_owned(),
