@@ -17,14 +17,18 @@
 //! takes the fault size from it), and the RESTORE's reply comes once every
 //! unit is filled and the receiver closed its fault connection (it had
 //! every page): the allocation is handed out only then, so no fill ever
-//! runs on memory that is no longer the parked VM's (or the copy's).
+//! runs on memory that is no longer the parked VM's (or the copy's). A
+//! fault connection that ends with an error instead fails the RESTORE:
+//! its guest could never get the pages it did not take.
 
 use std::os::fd::BorrowedFd;
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Condvar, Mutex, PoisonError};
 
-use ch_migration::fault::{announce_fault_connection, serve_page_faults, FaultRequest};
+use ch_migration::fault::{
+    announce_fault_connection, serve_page_faults, FaultRequest, FaultServeError, FaultServeStats,
+};
 use ch_migration::layout::{migration_config_slots, with_hugetlb_zones};
 use ch_migration::peer::send_snapshot_with;
 use guest_mem::{
@@ -79,6 +83,9 @@ pub struct Postcopy<'a> {
     pub on_filled: &'a (dyn Fn() + Sync),
 }
 
+/// What serving the fault connection came to.
+type FaultServed = Result<FaultServeStats, FaultServeError<FaultFillError>>;
+
 /// Why a unit could not be filled for a fault.
 #[derive(Debug, thiserror::Error)]
 #[error("{0}")]
@@ -117,6 +124,54 @@ struct WakeOnDrop<'a>(&'a UnitsDone);
 impl Drop for WakeOnDrop<'_> {
     fn drop(&mut self) {
         self.0.notify();
+    }
+}
+
+/// The pages the receiver asked for on its fault connection, per slot. It
+/// asks for each page before it maps it, and closes the connection only
+/// once it mapped them all (cloud-hypervisor's prefault reaches the last
+/// page): a connection that ended with a page never asked for ended early.
+struct Taken {
+    page: u64,
+    /// (slot, one flag per page of it).
+    slots: Vec<(u32, Vec<bool>)>,
+}
+
+impl Taken {
+    fn new(slots: &[ch_migration::slots::SlotRange], page: u64) -> Self {
+        let pages = |size: u64| usize::try_from(size.div_ceil(page)).unwrap_or(0);
+        Self {
+            page,
+            slots: slots
+                .iter()
+                .map(|s| (s.slot, vec![false; pages(s.size)]))
+                .collect(),
+        }
+    }
+
+    /// The receiver asked for `req` (checked against the slots already).
+    fn asked(&mut self, req: &FaultRequest) {
+        let Some((_, pages)) = self.slots.iter_mut().find(|(s, _)| *s == req.slot) else {
+            return;
+        };
+        let first = req.offset_in_slot / self.page;
+        let end = (req.offset_in_slot + req.length).div_ceil(self.page);
+        for p in first..end {
+            if let Some(flag) = usize::try_from(p).ok().and_then(|p| pages.get_mut(p)) {
+                *flag = true;
+            }
+        }
+    }
+
+    /// Pages never asked for, of all.
+    fn missing(&self) -> (usize, usize) {
+        let all = self.slots.iter().map(|(_, p)| p.len()).sum();
+        let asked = self
+            .slots
+            .iter()
+            .map(|(_, p)| p.iter().filter(|a| **a).count())
+            .sum::<usize>();
+        (all - asked, all)
     }
 }
 
@@ -270,12 +325,15 @@ pub fn send(p: Postcopy<'_>) -> Result<u64, StepError> {
             let (filled, slots, faults) = (&filled, &slots, &faults);
             let (units_done, background_opts) = (&units_done, &background_opts);
             fault_thread = Some(scope.spawn(move || {
-                serve_page_faults(p.fault, slots, |req: FaultRequest| {
+                let mut taken = Taken::new(slots, page);
+                let served = serve_page_faults(p.fault, slots, |req: FaultRequest| {
+                    taken.asked(&req);
                     if filled.load(Ordering::Acquire) {
                         return Ok(());
                     }
                     fill_range(faults, req.slot, req.file_offset, req.length)
-                })
+                });
+                (served, taken.missing())
             }));
             if !filled.load(Ordering::Acquire) {
                 background = Some(scope.spawn(move || {
@@ -322,20 +380,41 @@ pub fn send(p: Postcopy<'_>) -> Result<u64, StepError> {
             (p.on_filled)();
         }
         if let Some(t) = fault_thread {
-            match t.join() {
-                Ok(Ok(stats)) => info!(
-                    faults = stats.faults,
-                    bytes = stats.bytes,
-                    "{what}: fault connection ended"
-                ),
-                Ok(Err(e)) => {
-                    warn!(error = %e, "{what}: the fault connection ended with an error")
-                }
-                Err(_) => warn!("{what}: the fault thread panicked"),
-            }
+            fault_connection_ended(t.join(), what)?;
         }
         Ok(verified + faults.verified.load(Ordering::Relaxed))
     })
+}
+
+/// How the fault thread ended: the receiver closes its fault connection
+/// once it mapped every page. Ended otherwise (an error, or closed with a
+/// page never asked for), its guest can never get the pages it did not
+/// take: the restore fails, and its launcher then stops the VMM.
+fn fault_connection_ended(
+    joined: std::thread::Result<(FaultServed, (usize, usize))>,
+    what: &str,
+) -> Result<(), StepError> {
+    match joined {
+        Ok((Ok(stats), (0, _))) => {
+            info!(
+                faults = stats.faults,
+                bytes = stats.bytes,
+                "{what}: fault connection ended"
+            );
+            Ok(())
+        }
+        Ok((Ok(_), (missing, all))) => {
+            warn!(missing, pages = all, "{what}: the receiver closed its fault connection with pages it never asked for; the restore fails");
+            Err(StepError::FaultConnectionBroken(
+                format!("closed with {missing} of its {all} pages never asked for").into(),
+            ))
+        }
+        Ok((Err(e), _)) => {
+            warn!(error = %e, "{what}: the fault connection ended with an error before the receiver had every page; the restore fails");
+            Err(StepError::FaultConnectionBroken(e.into()))
+        }
+        Err(_) => Err(StepError::Panicked("fault thread")),
+    }
 }
 
 /// Fills all of `region` from `pending` before a restore without postcopy.
