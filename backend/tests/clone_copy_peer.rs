@@ -11,7 +11,8 @@
 //!   from its own, faults of either slot served;
 //! * hostile receivers: a bogus fault request (not page aligned), a fault
 //!   outside the mapping, a receiver gone with `Complete` unanswered, and
-//!   one gone once it ran: each refused or ended, the template unchanged,
+//!   one gone once it ran with pages it never asked for: each RESTORE
+//!   refused (its guest could not get every page), the template unchanged,
 //!   an earlier copy unchanged, and the pool's books balanced once the
 //!   connections end.
 //!
