@@ -71,6 +71,21 @@ struct Copy {
     counting: bool,
 }
 
+impl Drop for Copy {
+    /// A test that failed leaves no VM behind: SIGTERM to its `timeout`,
+    /// which passes it to the launcher, which stops its VMM and frees the
+    /// copy (only while the child is not reaped: its pid is still its own).
+    fn drop(&mut self) {
+        if let (Ok(None), Ok(pid)) = (self.child.try_wait(), i32::try_from(self.child.id())) {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGTERM,
+            );
+            let _ = self.child.wait();
+        }
+    }
+}
+
 impl Copy {
     /// One look: true once its guest counts past `past`. Fails the test
     /// when the launch ended first.
@@ -147,9 +162,10 @@ fn postcopy_copy_clones_at_once_run_on_the_templates_pages_round_after_round() {
             let s = counting_past(c.ram.as_ref().expect("its memory"), parked.count + 10, "on");
             assert_eq!(s.bad, 0, "round {round}: copy {i} found a page changed");
         }
-        for mut c in copies {
+        for c in &mut copies {
             common::park::stop(c.launcher.expect("a launcher"), &mut c.child);
         }
+        drop(copies);
         daemon.wait_stats(Duration::from_secs(60), "the copies freed", |s| {
             s.allocations.active == 1
         });
