@@ -358,6 +358,13 @@ fn launch_copy(daemon: &TestDaemon, ch: &str, name: &str, api: &Path, eager: boo
         .expect("spawn hugemem launch --clone-of --clone-mode copy")
 }
 
+/// Waits until no copy clone of a parked VM is being filled.
+fn wait_filled(daemon: &TestDaemon) {
+    daemon.wait_stats(Duration::from_secs(120), "the copies filled", |s| {
+        s.parked.iter().all(|p| p.copy_clones_filling == 0)
+    });
+}
+
 fn ms(d: Option<Duration>) -> f64 {
     d.map_or(f64::NAN, |d| d.as_secs_f64() * 1e3)
 }
@@ -418,7 +425,10 @@ fn copy_clones_run_at_once_and_fill_from_the_template_as_they_run() {
         before,
         "the template changed while copies ran"
     );
-    // Each guard's SIGTERM stops its launcher, which frees its copy.
+    // Each guard's SIGTERM stops its launcher, which frees its copy; once
+    // the copies are filled (a VMM stopped before ends its fault
+    // connection early, and its RESTORE fails).
+    wait_filled(&daemon);
     drop(guards);
     for mut vm in copies {
         let status = vm.child.wait().expect("wait for a launcher");
@@ -450,6 +460,7 @@ fn copy_clones_run_at_once_and_fill_from_the_template_as_they_run() {
             "{what} copy clone alone: counting on {:.1} ms after its launch was spawned",
             ms(alone.running)
         );
+        wait_filled(&daemon);
         stop(alone.launcher.expect("a launcher"), &mut alone.child);
         daemon.wait_stats(Duration::from_secs(30), "the copy freed", |s| {
             s.allocations.active == 1

@@ -162,6 +162,16 @@ fn postcopy_copy_clones_at_once_run_on_the_templates_pages_round_after_round() {
             let s = counting_past(c.ram.as_ref().expect("its memory"), parked.count + 10, "on");
             assert_eq!(s.bad, 0, "round {round}: copy {i} found a page changed");
         }
+        // Each RESTORE ends once its copy is filled and cloud-hypervisor
+        // had every page (a VMM stopped before that ends its fault
+        // connection early, and the restore fails).
+        daemon.wait_stats(Duration::from_secs(120), "the copies filled", |s| {
+            s.parked.iter().all(|p| p.copy_clones_filling == 0)
+        });
+        let restored = (round + 1) * COPIES;
+        daemon.wait_stats(Duration::from_secs(60), "every RESTORE done", |s| {
+            s.counters.clones == restored as u64
+        });
         for c in &mut copies {
             common::park::stop(c.launcher.expect("a launcher"), &mut c.child);
         }

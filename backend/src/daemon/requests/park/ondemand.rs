@@ -127,54 +127,6 @@ impl Drop for WakeOnDrop<'_> {
     }
 }
 
-/// The pages the receiver asked for on its fault connection, per slot. It
-/// asks for each page before it maps it, and closes the connection only
-/// once it mapped them all (cloud-hypervisor's prefault reaches the last
-/// page): a connection that ended with a page never asked for ended early.
-struct Taken {
-    page: u64,
-    /// (slot, one flag per page of it).
-    slots: Vec<(u32, Vec<bool>)>,
-}
-
-impl Taken {
-    fn new(slots: &[ch_migration::slots::SlotRange], page: u64) -> Self {
-        let pages = |size: u64| usize::try_from(size.div_ceil(page)).unwrap_or(0);
-        Self {
-            page,
-            slots: slots
-                .iter()
-                .map(|s| (s.slot, vec![false; pages(s.size)]))
-                .collect(),
-        }
-    }
-
-    /// The receiver asked for `req` (checked against the slots already).
-    fn asked(&mut self, req: &FaultRequest) {
-        let Some((_, pages)) = self.slots.iter_mut().find(|(s, _)| *s == req.slot) else {
-            return;
-        };
-        let first = req.offset_in_slot / self.page;
-        let end = (req.offset_in_slot + req.length).div_ceil(self.page);
-        for p in first..end {
-            if let Some(flag) = usize::try_from(p).ok().and_then(|p| pages.get_mut(p)) {
-                *flag = true;
-            }
-        }
-    }
-
-    /// Pages never asked for, of all.
-    fn missing(&self) -> (usize, usize) {
-        let all = self.slots.iter().map(|(_, p)| p.len()).sum();
-        let asked = self
-            .slots
-            .iter()
-            .map(|(_, p)| p.iter().filter(|a| **a).count())
-            .sum::<usize>();
-        (all - asked, all)
-    }
-}
-
 /// True when some unit of `region` is held by a filler.
 fn any_clearing(region: &Region) -> bool {
     let states = region.states();
@@ -325,15 +277,12 @@ pub fn send(p: Postcopy<'_>) -> Result<u64, StepError> {
             let (filled, slots, faults) = (&filled, &slots, &faults);
             let (units_done, background_opts) = (&units_done, &background_opts);
             fault_thread = Some(scope.spawn(move || {
-                let mut taken = Taken::new(slots, page);
-                let served = serve_page_faults(p.fault, slots, |req: FaultRequest| {
-                    taken.asked(&req);
+                serve_page_faults(p.fault, slots, |req: FaultRequest| {
                     if filled.load(Ordering::Acquire) {
                         return Ok(());
                     }
                     fill_range(faults, req.slot, req.file_offset, req.length)
-                });
-                (served, taken.missing())
+                })
             }));
             if !filled.load(Ordering::Acquire) {
                 background = Some(scope.spawn(move || {
@@ -386,16 +335,17 @@ pub fn send(p: Postcopy<'_>) -> Result<u64, StepError> {
     })
 }
 
-/// How the fault thread ended: the receiver closes its fault connection
-/// once it mapped every page. Ended otherwise (an error, or closed with a
-/// page never asked for), its guest can never get the pages it did not
+/// How the fault thread ended. The receiver closes its fault connection
+/// once it mapped every page (or as its process ends); a connection that
+/// ended with an error (a broken socket: the receiver reset its VM; a
+/// refused request) leaves a guest that can never get the pages it did not
 /// take: the restore fails, and its launcher then stops the VMM.
 fn fault_connection_ended(
-    joined: std::thread::Result<(FaultServed, (usize, usize))>,
+    joined: std::thread::Result<FaultServed>,
     what: &str,
 ) -> Result<(), StepError> {
     match joined {
-        Ok((Ok(stats), (0, _))) => {
+        Ok(Ok(stats)) => {
             info!(
                 faults = stats.faults,
                 bytes = stats.bytes,
@@ -403,13 +353,7 @@ fn fault_connection_ended(
             );
             Ok(())
         }
-        Ok((Ok(_), (missing, all))) => {
-            warn!(missing, pages = all, "{what}: the receiver closed its fault connection with pages it never asked for; the restore fails");
-            Err(StepError::FaultConnectionBroken(
-                format!("closed with {missing} of its {all} pages never asked for").into(),
-            ))
-        }
-        Ok((Err(e), _)) => {
+        Ok(Err(e)) => {
             warn!(error = %e, "{what}: the fault connection ended with an error before the receiver had every page; the restore fails");
             Err(StepError::FaultConnectionBroken(e.into()))
         }
