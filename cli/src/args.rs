@@ -300,7 +300,7 @@ pub(crate) struct LaunchArgs {
     /// asks for it, and in the background.
     #[arg(long, requires = "restore")]
     pub(crate) on_demand: bool,
-    /// Start a clone of the cloud-hypervisor VM parked under NAME (its
+    /// Start a clone of the VM parked under NAME (its
     /// template, which stays parked, unchanged, for further clones)
     /// instead of allocating memory for a new VM (docs/operations.md,
     /// "Clones").
@@ -310,7 +310,8 @@ pub(crate) struct LaunchArgs {
     /// only the pages the clone writes take memory, from the kernel's free
     /// huge pages); `copy` gives the clone its own pool memory, filled from
     /// the template as the guest runs (cloud-hypervisor's postcopy: each
-    /// page when the guest first touches it, the rest in the background).
+    /// page when the guest first touches it, the rest in the background;
+    /// QEMU's copy is filled before its guest runs).
     #[arg(long, value_name = "MODE", requires = "clone_of", default_value = "copy", value_parser = parse_clone_mode)]
     pub(crate) clone_mode: CloneModeArg,
     /// With --clone-mode copy: fill the clone's memory before its guest

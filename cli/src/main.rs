@@ -105,7 +105,7 @@ fn launch(args: LaunchArgs) -> Result<i32> {
         (false, Some(hugemem_client::proto::CloneMode::Shared)) => {
             "mapped from its template (shared, copy-on-write)"
         }
-        (false, Some(hugemem_client::proto::CloneMode::Copy)) if cfg.copy_eager => {
+        (false, Some(hugemem_client::proto::CloneMode::Copy)) if report.filled_first => {
             "copied from its template before the guest ran"
         }
         (false, Some(hugemem_client::proto::CloneMode::Copy)) => {

@@ -22,37 +22,21 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-use guest_mem::PageSize;
-use test_support::hugepages::hold;
-use test_support::prelude::{serial, TestDaemon};
+use test_support::prelude::TestDaemon;
 
 use common::park::{stop as stop_launcher, stop_and_settle};
-use common::qemu::{
-    assert_pages_kept, guest_ram, launch, park, qemu_args, skip_reason, MARKER, RAM, START_GPA,
-    STRIDE,
-};
-use common::{assert_balanced, child_of, counting_past, spin_elf, spin_state, StopLauncher};
+use common::qemu::{assert_pages_kept, guest_ram, launch, park, qemu_args, set_up, RAM, STRIDE};
+use common::{assert_balanced, child_of, counting_past, spin_state, StopLauncher};
 
 const HUGEMEM: &str = env!("CARGO_BIN_EXE_hugemem");
 const CYCLES: usize = 10;
 
 #[test]
 fn ten_parks_and_restores_keep_the_guest_counting_on_the_same_memory() {
-    let _serial = serial();
-    if let Some(reason) = skip_reason() {
-        test_support::skip!("{reason}");
+    let Some(setup) = set_up(RAM / STRIDE) else {
         return;
-    }
-    let _pages = match hold(PageSize::Huge2M, RAM / STRIDE) {
-        Ok(r) => r,
-        Err(why) => {
-            test_support::skip!("{why}");
-            return;
-        }
     };
-    let dir = tempfile::tempdir().expect("tempdir");
-    let elf = spin_elf(dir.path(), STRIDE, START_GPA, MARKER);
-    let control = dir.path().join("vm.sock");
+    let (elf, control) = (setup.elf.clone(), setup.control.clone());
     let daemon = TestDaemon::start(|c| c.pool.recheck_ms = 20);
     let args = qemu_args(&elf);
     let mut launched = launch(&daemon, &control, None, &args);
@@ -215,22 +199,11 @@ fn park_forged(daemon: &TestDaemon, name: &str, args: &[OsString], stream: &[u8]
 
 #[test]
 fn refused_parks_and_restores_leave_the_vm_running_or_parked() {
-    let _serial = serial();
-    if let Some(reason) = skip_reason() {
-        test_support::skip!("{reason}");
-        return;
-    }
     // The VM's pages and the forged VM's one.
-    let _pages = match hold(PageSize::Huge2M, RAM / STRIDE + 1) {
-        Ok(r) => r,
-        Err(why) => {
-            test_support::skip!("{why}");
-            return;
-        }
+    let Some(setup) = set_up(RAM / STRIDE + 1) else {
+        return;
     };
-    let dir = tempfile::tempdir().expect("tempdir");
-    let elf = spin_elf(dir.path(), STRIDE, START_GPA, MARKER);
-    let control = dir.path().join("vm.sock");
+    let (elf, control) = (setup.elf.clone(), setup.control.clone());
     let daemon = TestDaemon::start(|c| c.pool.recheck_ms = 20);
     let args = qemu_args(&elf);
     park_forged(&daemon, "forged", &args, b"not a QEMU migration stream");

@@ -23,17 +23,13 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use guest_mem::PageSize;
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
-use test_support::hugepages::hold;
-use test_support::prelude::{serial, TestDaemon};
+use test_support::prelude::TestDaemon;
 
 use common::park::stop as stop_launcher;
-use common::qemu::{
-    assert_pages_kept, guest_ram, launch, qemu_args, skip_reason, MARKER, RAM, START_GPA, STRIDE,
-};
-use common::{assert_balanced, child_of, counting_past, spin_elf, spin_state, StopLauncher};
+use common::qemu::{assert_pages_kept, guest_ram, launch, qemu_args, set_up, RAM, STRIDE};
+use common::{assert_balanced, child_of, counting_past, spin_state, StopLauncher};
 
 const HUGEMEM: &str = env!("CARGO_BIN_EXE_hugemem");
 
@@ -245,21 +241,10 @@ fn assert_freed(daemon: &TestDaemon, name: &str) {
 
 #[test]
 fn a_qemu_killed_mid_park_leaves_its_vm_parked_whole_or_its_memory_freed() {
-    let _serial = serial();
-    if let Some(reason) = skip_reason() {
-        test_support::skip!("{reason}");
+    let Some(setup) = set_up(RAM / STRIDE) else {
         return;
-    }
-    let _pages = match hold(PageSize::Huge2M, RAM / STRIDE) {
-        Ok(r) => r,
-        Err(why) => {
-            test_support::skip!("{why}");
-            return;
-        }
     };
-    let dir = tempfile::tempdir().expect("tempdir");
-    let elf = spin_elf(dir.path(), STRIDE, START_GPA, MARKER);
-    let control = dir.path().join("vm.sock");
+    let (elf, control) = (setup.elf.clone(), setup.control.clone());
     let daemon = TestDaemon::start(|c| {
         c.pool.recheck_ms = 20;
         c.metrics.listen = Some("127.0.0.1:0".parse().expect("addr"));

@@ -25,18 +25,15 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-use guest_mem::PageSize;
 use hugemem::launch::vmm::qemu::parked::{ParkedConfig, ParkedState};
 use hugemem_client::saved_vm::manifest::{Manifest, VMM_QEMU};
-use test_support::hugepages::hold;
-use test_support::prelude::{serial, TestDaemon};
+use test_support::prelude::TestDaemon;
 
 use common::park::{run_ok, run_ok_both, stop_and_settle};
 use common::qemu::{
-    assert_pages_kept, guest_ram, launch, park, qemu_args, skip_reason, MARKER, RAM, START_GPA,
-    STRIDE,
+    assert_pages_kept, guest_ram, launch, park, qemu_args, set_up, RAM, START_GPA, STRIDE,
 };
-use common::{assert_balanced, child_of, counting_past, spin_elf, spin_state, StopLauncher};
+use common::{assert_balanced, child_of, counting_past, spin_state, StopLauncher};
 
 const HUGEMEM: &str = env!("CARGO_BIN_EXE_hugemem");
 const SETTLE: Duration = Duration::from_secs(60);
@@ -218,22 +215,11 @@ fn damaged_copies_are_refused(daemon: &TestDaemon, saved: &Path, dir: &Path) {
 
 #[test]
 fn a_parked_qemu_vm_saves_whole_and_loads_back_counting_on() {
-    let _serial = serial();
-    if let Some(reason) = skip_reason() {
-        test_support::skip!("{reason}");
+    let Some(setup) = set_up(RAM / STRIDE) else {
         return;
-    }
-    let _pages = match hold(PageSize::Huge2M, RAM / STRIDE) {
-        Ok(r) => r,
-        Err(why) => {
-            test_support::skip!("{why}");
-            return;
-        }
     };
-    let tmp = tempfile::tempdir().expect("tempdir");
-    let dir = tmp.path();
-    let elf = spin_elf(dir, STRIDE, START_GPA, MARKER);
-    let control = dir.join("vm.sock");
+    let dir = setup.dir.path();
+    let (elf, control) = (setup.elf.clone(), setup.control.clone());
     let daemon = TestDaemon::start(|c| c.pool.recheck_ms = 20);
     let socket = daemon.socket();
     let args = qemu_args(&elf);

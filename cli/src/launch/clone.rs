@@ -23,7 +23,7 @@ use super::command_line::Vmm;
 use super::config::LaunchConfig;
 use super::error::LaunchError;
 use super::process;
-use super::report::LaunchReport;
+use super::report::{say_replaced, LaunchReport};
 
 /// Starts a clone of the VM parked under `name` in the VMM of
 /// `cfg.command` (`cfg.clone_mode`), supervises it, and returns when it
@@ -54,7 +54,7 @@ fn run_shared(
         .or_else(|| Vmm::detect(&program))
         .ok_or_else(|| {
             LaunchError::Options(
-                "--clone-of runs cloud-hypervisor (a parked VM is a cloud-hypervisor VM)".into(),
+                "--clone-of runs the template's VMM (cloud-hypervisor or qemu-system-*): name it after -- or with --vmm".into(),
             )
         })?
         .adapter();
@@ -68,12 +68,8 @@ fn run_shared(
     let mut client = Client::connect(&cfg.socket)?;
     let launch = vmm_clone.prepare(cfg, private.path(), &mut client, (name, mode))?;
     let (bytes, page_size) = (launch.bytes, launch.page_size);
-    for line in &launch.replaced {
-        // Before the guest runs: a new tap is to be attached where the
-        // template's was.
-        info!(name, replaced = %line, "the clone holds its own in place of the template's");
-        eprintln!("hugemem launch: clone of {name}: {line}");
-    }
+    // Before the guest runs.
+    say_replaced(name, launch.replaced.iter().map(String::as_str));
     let mut receiver = launch.receiver;
     let ran: Arc<Mutex<Option<Duration>>> = Arc::default();
     let watch_ran = Arc::clone(&ran);
@@ -122,5 +118,6 @@ fn run_shared(
         parked_as: None,
         restored: false,
         cloned: Some(mode),
+        filled_first: false,
     })
 }

@@ -31,6 +31,18 @@ pub struct LaunchReport {
     pub restored: bool,
     /// The VM is a clone of a parked VM (`--clone-of`), in this mode.
     pub cloned: Option<hugemem_client::proto::CloneMode>,
+    /// A copy clone's memory was filled before its guest ran (eager).
+    pub filled_first: bool,
+}
+
+/// Says, on stderr and in the log, each part of the template's that the
+/// clone of `name` holds its own of instead (a tap, a vsock's socket): a
+/// new tap is to be attached where the template's was.
+pub(crate) fn say_replaced<'a>(name: &str, replaced: impl IntoIterator<Item = &'a str>) {
+    for line in replaced {
+        info!(name, replaced = %line, "the clone holds its own in place of the template's");
+        eprintln!("hugemem launch: clone of {name}: {line}");
+    }
 }
 
 /// FREEs allocation `id` on `client` after the VMM ended; a VM that was

@@ -24,7 +24,7 @@ use super::error::LaunchError;
 use super::exit_event::ExitEvent;
 use super::process;
 use super::reattach;
-use super::report::{free_or_report_parked, LaunchReport};
+use super::report::{free_or_report_parked, say_replaced, LaunchReport};
 use super::update::{MemorySlot, SuccessorMailbox, Updater};
 
 /// What the watcher learned of the restored allocation.
@@ -87,9 +87,15 @@ pub fn run(cfg: &LaunchConfig, name: &str) -> Result<LaunchReport, LaunchError> 
         _ => None,
     };
     // A copy clone (`--clone-of NAME --clone-mode copy`): RESTORE with
-    // COPY, postcopy unless `--copy-eager`.
+    // COPY, postcopy unless `--copy-eager` or the VMM cannot (QEMU).
     let copy = cfg.clone_of.is_some();
-    let on_demand = cfg.on_demand || (copy && !cfg.copy_eager);
+    let on_demand = cfg.on_demand || (copy && !cfg.copy_eager && adapter.restores_on_demand());
+    if copy && !on_demand && !cfg.copy_eager {
+        info!(
+            name,
+            "{vmm} takes no memory on demand: the copy is filled before its guest runs"
+        );
+    }
     let full = launch.argv;
     let mut receiver = launch.receiver;
     info!(name, on_demand, command = ?full, "starting {vmm} to restore a parked VM");
@@ -148,6 +154,7 @@ pub fn run(cfg: &LaunchConfig, name: &str) -> Result<LaunchReport, LaunchError> 
             .clone_of
             .as_ref()
             .map(|_| hugemem_client::proto::CloneMode::Copy),
+        filled_first: copy && !on_demand,
     })
 }
 
@@ -164,13 +171,10 @@ fn record_restored(
     (on_demand, copy): (bool, bool),
 ) {
     slot.put(alloc.try_clone().ok());
-    if copy && !alloc.note.is_empty() {
+    if copy {
         // The daemon gave the copy what a second process cannot hold of
-        // the template's (a tap, a vsock's socket), each said.
-        for line in alloc.note.lines() {
-            info!(name, replaced = %line, "the clone holds its own in place of the template's");
-            eprintln!("hugemem launch: clone of {name}: {line}");
-        }
+        // the template's (a tap, a vsock's socket), one per line.
+        say_replaced(name, alloc.note.lines());
     }
     if let Ok(mut r) = restored.lock() {
         *r = Some(Restored {

@@ -148,6 +148,7 @@ pub fn run(cfg: &LaunchConfig) -> Result<LaunchReport, LaunchError> {
         parked_as,
         restored: false,
         cloned: None,
+        filled_first: false,
     })
 }
 

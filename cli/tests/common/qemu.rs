@@ -30,6 +30,45 @@ pub fn skip_reason() -> Option<String> {
     microguest::kvm_available().err()
 }
 
+/// What a QEMU test starts from; the fields drop in this order, the
+/// machine's lock last.
+pub struct Setup {
+    pub dir: tempfile::TempDir,
+    /// The counting guest (`microguest::spin`) in `dir`.
+    pub elf: std::path::PathBuf,
+    /// The launcher's control socket, `vm.sock` in `dir`.
+    pub control: std::path::PathBuf,
+    _pages: guest_mem::Reservation,
+    _serial: std::sync::MutexGuard<'static, ()>,
+}
+
+/// The machine's lock, QEMU and KVM checked, `pages` 2 MiB pages held, a
+/// private directory with the counting guest; `None` after a skip.
+pub fn set_up(pages: u64) -> Option<Setup> {
+    let serial = test_support::prelude::serial();
+    if let Some(reason) = skip_reason() {
+        test_support::skip!("{reason}");
+        return None;
+    }
+    let held = match test_support::hugepages::hold(guest_mem::PageSize::Huge2M, pages) {
+        Ok(r) => r,
+        Err(why) => {
+            test_support::skip!("{why}");
+            return None;
+        }
+    };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let elf = super::spin_elf(dir.path(), STRIDE, START_GPA, MARKER);
+    let control = dir.path().join("vm.sock");
+    Some(Setup {
+        dir,
+        elf,
+        control,
+        _pages: held,
+        _serial: serial,
+    })
+}
+
 /// Guest RAM as QEMU `pid` maps it: its `/dev/fd/N` memory file, reopened.
 pub fn guest_ram(pid: u32) -> std::fs::File {
     let mut fd = None;

@@ -113,6 +113,11 @@ pub trait VmmAdapter: Sync {
     /// [`LaunchError::Unsupported`] for a VMM that cannot restore yet.
     fn restore(&self) -> Result<&dyn VmmRestore, LaunchError>;
 
+    /// Whether it can take a parked VM's memory on demand (postcopy:
+    /// `--restore --on-demand`, a copy clone filled as it runs). Without,
+    /// a copy clone is filled before its guest runs.
+    fn restores_on_demand(&self) -> bool;
+
     // Clone.
 
     /// How this VMM starts a clone of a parked VM (`launch --clone-of`).

@@ -121,6 +121,10 @@ impl VmmAdapter for CloudHypervisor {
         Ok(&ChClone)
     }
 
+    fn restores_on_demand(&self) -> bool {
+        true
+    }
+
     fn exit_status_of_guest(&self, _code: u8) -> i32 {
         // The guest powers the VM off (ACPI); its code is not passed on.
         0

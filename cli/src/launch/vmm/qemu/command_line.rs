@@ -140,6 +140,34 @@ fn escape(value: &str) -> String {
     value.replace(',', ",,")
 }
 
+/// How QEMU maps a region's file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Sharing {
+    /// `share=on` (`MAP_SHARED`): the guest writes the daemon's pages.
+    Shared,
+    /// A shared clone's private (copy-on-write) mapping of its template:
+    /// `share=off` (`MAP_PRIVATE`), with `readonly=on,rom=off` where QEMU
+    /// has `rom` (8.2 on: it then opens the file read-only and the guest
+    /// still writes its private copy). QEMU 7.2 has no `rom` and opens the
+    /// file read-write (`readonly=on` would make guest RAM a ROM); see
+    /// `clone.rs`.
+    Private {
+        /// QEMU takes `rom=off`.
+        rom: bool,
+    },
+}
+
+impl Sharing {
+    /// The backend's options.
+    fn options(self) -> &'static str {
+        match self {
+            Self::Shared => "share=on",
+            Self::Private { rom: true } => "share=off,readonly=on,rom=off",
+            Self::Private { rom: false } => "share=off",
+        }
+    }
+}
+
 /// Builds the arguments (without the program).
 ///
 /// # Errors
@@ -147,6 +175,19 @@ fn escape(value: &str) -> String {
 /// As [`check`], [`BuildError::NoRegions`], and
 /// [`BuildError::MicrovmRegions`] for several regions under `-M microvm`.
 pub fn build(args: &[OsString], regions: &[MemoryRegion]) -> Result<Vec<OsString>, BuildError> {
+    build_as(args, regions, Sharing::Shared)
+}
+
+/// [`build`], each region mapped as `sharing` says.
+///
+/// # Errors
+///
+/// As [`build`].
+pub fn build_as(
+    args: &[OsString],
+    regions: &[MemoryRegion],
+    sharing: Sharing,
+) -> Result<Vec<OsString>, BuildError> {
     if regions.is_empty() {
         return Err(BuildError::NoRegions);
     }
@@ -161,9 +202,10 @@ pub fn build(args: &[OsString], regions: &[MemoryRegion]) -> Result<Vec<OsString
         out.push("-object".into());
         out.push(
             format!(
-                "memory-backend-file,id={},mem-path={},share=on,size={}",
+                "memory-backend-file,id={},mem-path={},{},size={}",
                 backend_id(i),
                 escape(&r.file.vmm_path()),
+                sharing.options(),
                 format_size(r.size)
             )
             .into(),
@@ -251,6 +293,21 @@ mod tests {
                 "-kernel",
                 "g.elf",
             ]
+        );
+    }
+
+    #[test]
+    fn a_shared_clone_maps_its_template_privately() {
+        let user = args(&["-M", "microvm"]);
+        let backend =
+            |sharing| strings(build_as(&user, &one(), sharing).expect("build"))[1].clone();
+        assert_eq!(
+            backend(Sharing::Private { rom: false }),
+            "memory-backend-file,id=ram0,mem-path=/dev/fd/4,share=off,size=2G"
+        );
+        assert_eq!(
+            backend(Sharing::Private { rom: true }),
+            "memory-backend-file,id=ram0,mem-path=/dev/fd/4,share=off,readonly=on,rom=off,size=2G"
         );
     }
 

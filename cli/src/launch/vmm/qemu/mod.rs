@@ -3,9 +3,13 @@
 //! migration with `x-ignore-shared` (`switch.rs`); its park (`park.rs`,
 //! asked of the launcher on its control socket) and restore
 //! (`restore.rs`), the device state kept by the daemon in the documents of
-//! `parked.rs`. Clones are not supported for QEMU yet: the adapter says so.
+//! `parked.rs`. Clones: a copy clone is a restore of fresh memory filled
+//! from the template (`restore.rs`); a shared clone maps the template
+//! privately (`clone.rs`); what a clone cannot hold is `identity.rs`'s.
 
+mod clone;
 pub mod command_line;
+mod identity;
 mod park;
 pub mod parked;
 pub mod qmp;
@@ -25,7 +29,7 @@ use switch::QemuSwitch;
 use super::adapter::{ParkError, VmmAdapter, VmmClone, VmmRestore};
 use crate::launch::command_line::{BuildError, BuildOptions, MemoryRegion, Vmm};
 use crate::launch::config::LaunchConfig;
-use crate::launch::error::{LaunchError, Unsupported};
+use crate::launch::error::LaunchError;
 use crate::launch::update::{UpdateReport, VmmSwitch};
 
 /// QEMU (`qemu-system-*`).
@@ -136,11 +140,11 @@ impl VmmAdapter for Qemu {
     }
 
     fn clone(&self) -> Result<&dyn VmmClone, LaunchError> {
-        Err(Unsupported {
-            vmm: NAME,
-            what: "launch --clone-of",
-        }
-        .into())
+        Ok(&clone::QemuClone)
+    }
+
+    fn restores_on_demand(&self) -> bool {
+        false
     }
 
     fn exit_status_of_guest(&self, code: u8) -> i32 {

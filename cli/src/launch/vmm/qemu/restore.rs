@@ -13,6 +13,12 @@
 //! the daemon hands the allocation to the RESTORE's connection. Any
 //! failure answers `Complete` with an error: the VM stays parked.
 //!
+//! A copy clone (`--clone-of NAME --clone-mode copy`) is the same with
+//! RESTORE's COPY: the daemon sends fresh pool memory, filled from the
+//! template before anything is sent (eager: QEMU has no postcopy restore
+//! through hugemem), and the template stays parked. A shared clone starts
+//! the same way on the template's memory mapped privately (`clone.rs`).
+//!
 //! The command line: left out (`-- qemu-system-x86_64` alone), the parked
 //! one is reused; given, it must name what the parked one named where QEMU
 //! would refuse the state otherwise (machine, accelerator, CPU, vCPUs,
@@ -31,8 +37,10 @@ use std::time::Duration;
 use ch_migration::peer::{answer_complete, receive_until_complete, Snapshot};
 use ch_migration::Limits;
 use hugemem_client::client::{Allocation, Client, ClientError};
+use hugemem_client::park::RestoreOptions;
 use serde_json::json;
 
+use super::command_line::Sharing;
 use super::parked::{ParkedConfig, ParkedState};
 use super::qmp::{is_event, monitor_args_as, Qmp};
 use super::switch::QemuSwitch;
@@ -100,7 +108,7 @@ fn significant(args: &[String]) -> Vec<String> {
 
 /// The arguments to run: the parked ones when `given` is empty, else
 /// `given`, once it names what the parked VM named where QEMU would refuse.
-fn arguments(parked: &[String], given: &[OsString]) -> Result<Vec<OsString>, String> {
+pub(super) fn arguments(parked: &[String], given: &[OsString]) -> Result<Vec<OsString>, String> {
     if given.is_empty() {
         return Ok(parked.iter().map(OsString::from).collect());
     }
@@ -184,9 +192,6 @@ fn regions(
 impl VmmRestore for QemuRestore {
     fn prepare(&self, cfg: &LaunchConfig, _private: &Path) -> Result<RestoreLaunch, LaunchError> {
         let unsupported = |what| LaunchError::from(Unsupported { vmm: "QEMU", what });
-        if cfg.clone_of.is_some() {
-            return Err(unsupported("launch --clone-of"));
-        }
         if cfg.on_demand {
             return Err(unsupported("launch --restore --on-demand"));
         }
@@ -195,9 +200,17 @@ impl VmmRestore for QemuRestore {
                 "launch --restore --hugetlbfs (a restore maps the daemon's fds)",
             ));
         }
+        // A copy clone: RESTORE with COPY of its template (eager).
+        let copy = cfg.clone_of.is_some();
+        if copy {
+            // A command line given is checked before the daemon copies.
+            let given = super::identity::text(&cfg.command[1..]);
+            super::identity::clone_identity(&given, false, false).map_err(LaunchError::Options)?;
+        }
         let name = cfg
-            .restore
+            .clone_of
             .clone()
+            .or_else(|| cfg.restore.clone())
             .ok_or_else(|| LaunchError::Options("--restore needs a name".into()))?;
         let mut client = Client::connect(&cfg.socket)?;
         let (ours, daemons) = UnixStream::pair()
@@ -205,8 +218,13 @@ impl VmmRestore for QemuRestore {
         let (done_tx, done_rx) = mpsc::channel();
         // The launcher blocked the signals it forwards before this thread
         // starts (`launch::run`): it never takes a SIGTERM meant for QEMU.
+        let asked = name.clone();
         std::thread::spawn(move || {
-            let answer = client.restore(&name, &daemons, false);
+            let how = RestoreOptions {
+                copy,
+                ..RestoreOptions::default()
+            };
+            let answer = client.restore_with(&asked, &daemons, how);
             drop(daemons);
             let _ = done_tx.send((answer, client));
         });
@@ -221,15 +239,19 @@ impl VmmRestore for QemuRestore {
                 });
             }
         };
-        match launch_on(cfg, snapshot) {
-            Ok((argv, inherit, mut receiver, update)) => {
-                receiver.daemon = Some(ours);
-                receiver.pending = Some(done_rx);
+        match launch_on(cfg, snapshot, Sharing::Shared) {
+            Ok(mut on) => {
+                for line in &on.replaced {
+                    tracing::info!(name = %name, replaced = %line, "the copy clone holds its own in place of the template's");
+                    eprintln!("hugemem launch: clone of {name}: {line}");
+                }
+                on.receiver.daemon = Some(ours);
+                on.receiver.pending = Some(done_rx);
                 Ok(RestoreLaunch {
-                    argv,
-                    inherit,
-                    receiver: Box::new(receiver),
-                    update,
+                    argv: on.argv,
+                    inherit: on.inherit,
+                    receiver: Box::new(on.receiver),
+                    update: on.update,
                 })
             }
             Err(e) => {
@@ -243,17 +265,28 @@ impl VmmRestore for QemuRestore {
     }
 }
 
-/// What [`launch_on`] makes: the argv, the fds QEMU inherits, the
-/// receiver, the update switch.
-type Launch = (
-    Vec<OsString>,
-    Vec<OwnedFd>,
-    QemuReceiver,
-    Option<Box<dyn VmmSwitch>>,
-);
+/// What [`launch_on`] makes: QEMU's command line and what it inherits.
+pub(super) struct QemuOn {
+    /// The argv, program first.
+    pub(super) argv: Vec<OsString>,
+    /// The fds QEMU inherits.
+    pub(super) inherit: Vec<OwnedFd>,
+    /// What feeds it the parked state.
+    pub(super) receiver: QemuReceiver,
+    /// Its update switch (`--control-socket`, a restore's or a copy's).
+    pub(super) update: Option<Box<dyn VmmSwitch>>,
+    /// For a clone: what it holds in place of its template's, one line a
+    /// device.
+    pub(super) replaced: Vec<String>,
+}
 
-/// QEMU's command line on the received snapshot.
-fn launch_on(cfg: &LaunchConfig, snapshot: Snapshot) -> Result<Launch, LaunchError> {
+/// QEMU's command line on the received snapshot, its memory mapped as
+/// `sharing` says (a shared clone's: privately).
+pub(super) fn launch_on(
+    cfg: &LaunchConfig,
+    snapshot: Snapshot,
+    sharing: Sharing,
+) -> Result<QemuOn, LaunchError> {
     let opt = LaunchError::Options;
     let parked = ParkedConfig::parse(&snapshot.config).map_err(|e| opt(e.to_string()))?;
     let stream = ParkedState::stream(&snapshot.state).map_err(|e| opt(e.to_string()))?;
@@ -263,26 +296,35 @@ fn launch_on(cfg: &LaunchConfig, snapshot: Snapshot) -> Result<Launch, LaunchErr
         .cloned()
         .ok_or_else(|| opt("no VMM command given after --".into()))?;
     let args = arguments(&parked.args, &cfg.command[1..]).map_err(opt)?;
+    let replaced = match cfg.clone_of {
+        Some(_) => {
+            let text = super::identity::text(&args);
+            let shared = sharing != Sharing::Shared;
+            let writable = sharing == Sharing::Private { rom: false };
+            super::identity::clone_identity(&text, shared, writable).map_err(opt)?
+        }
+        None => Vec::new(),
+    };
     let (regions, memory) = regions(&parked, snapshot.memory).map_err(opt)?;
     let pair = || UnixStream::pair().map_err(|e| opt(format!("cannot make a socket pair: {e}")));
     let (monitor, monitor_theirs) = pair()?;
     let (channel, channel_theirs) = pair()?;
     let mut argv = vec![program];
-    argv.extend(super::command_line::build(&args, &regions)?);
+    argv.extend(super::command_line::build_as(&args, &regions, sharing)?);
     argv.extend(monitor_args_as(RESTORE_MONITOR, monitor_theirs.as_raw_fd()).map(OsString::from));
     argv.extend(["-incoming".into(), "defer".into()]);
     let mut inherit = memory;
     inherit.extend([OwnedFd::from(monitor_theirs), OwnedFd::from(channel_theirs)]);
     let incoming = inherit.last().map_or(-1, AsRawFd::as_raw_fd);
     let update = match cfg.control {
-        Some(_) => {
+        Some(_) if sharing == Sharing::Shared => {
             let (switch, fd) =
                 QemuSwitch::for_launch(&mut argv, &args, cfg.build_options(), cfg.update_timeout)
                     .map_err(|e| opt(format!("cannot set up live updates: {e}")))?;
             inherit.push(fd);
             Some(Box::new(switch) as Box<dyn VmmSwitch>)
         }
-        None => None,
+        _ => None,
     };
     let receiver = QemuReceiver {
         monitor: Some(monitor),
@@ -294,12 +336,18 @@ fn launch_on(cfg: &LaunchConfig, snapshot: Snapshot) -> Result<Launch, LaunchErr
         pending: None,
         deadline: cfg.update_timeout,
     };
-    Ok((argv, inherit, receiver, update))
+    Ok(QemuOn {
+        argv,
+        inherit,
+        receiver,
+        update,
+        replaced,
+    })
 }
 
 /// The receiving half: the new QEMU's restore monitor and incoming
 /// channel, the parked state, the daemon's RESTORE waiting on `Complete`.
-struct QemuReceiver {
+pub(super) struct QemuReceiver {
     monitor: Option<UnixStream>,
     qmp: Mutex<Option<Qmp>>,
     /// The launcher's end of the incoming channel.
@@ -317,11 +365,18 @@ struct QemuReceiver {
 /// Why QEMU did not take the parked VM.
 #[derive(Debug, thiserror::Error)]
 #[error("QEMU did not take the parked VM: {0}")]
-struct NotTaken(String);
+pub(super) struct NotTaken(String);
 
 impl QemuReceiver {
+    /// After a failed start: has QEMU quit.
+    pub(super) fn quit(&self) {
+        if let Some(qmp) = self.qmp.lock().unwrap_or_else(|p| p.into_inner()).as_mut() {
+            let _ = qmp.execute("quit", json!({}));
+        }
+    }
+
     /// Has QEMU load the parked state and run the guest.
-    fn run_guest(&mut self) -> Result<(), NotTaken> {
+    pub(super) fn run_guest(&mut self) -> Result<(), NotTaken> {
         let fail = |what: &str, e: &dyn std::fmt::Display| NotTaken(format!("{what}: {e}"));
         let monitor = self
             .monitor
@@ -402,9 +457,7 @@ impl RestoreReceiver for QemuReceiver {
     }
 
     fn stop(&self) {
-        if let Some(qmp) = self.qmp.lock().unwrap_or_else(|p| p.into_inner()).as_mut() {
-            let _ = qmp.execute("quit", json!({}));
-        }
+        self.quit();
     }
 }
 
