@@ -27,10 +27,12 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Condvar, Mutex, PoisonError};
 
 use ch_migration::fault::{
-    announce_fault_connection, serve_page_faults, FaultRequest, FaultServeError, FaultServeStats,
+    announce_fault_connection, serve_page_faults_tracked, FaultRequest, FaultServeError,
+    FaultServeStats,
 };
+use ch_migration::in_flight::InFlight;
 use ch_migration::layout::{migration_config_slots, with_hugetlb_zones};
-use ch_migration::peer::send_snapshot_with;
+use ch_migration::peer::send_snapshot_steps;
 use guest_mem::{
     fill_region_planned, fill_unit, FillCounts, FillOptions, FillPlan, PageState, Region, UnitFill,
 };
@@ -38,6 +40,7 @@ use numa::Topology;
 use tracing::{info, warn};
 
 use super::error::StepError;
+use super::socket::MIGRATION_IO_TIMEOUT;
 use crate::daemon::requests::parked::loads::{LoadFailed, PendingLoad};
 
 /// One region a postcopy restore sends (each slot's fd describes one), and
@@ -270,14 +273,16 @@ pub fn send(p: Postcopy<'_>) -> Result<u64, StepError> {
     // within seconds, whenever its accept loop gets to it.
     announce_fault_connection(p.fault).map_err(|e| StepError::FaultConnectionNotTaken(e.into()))?;
     let what = p.what;
+    let in_flight = InFlight::default();
     std::thread::scope(|scope| {
         let mut fault_thread = None;
         let mut background = None;
-        let sent = send_snapshot_with(p.main, p.memory, &config, p.state, p.paused, || {
+        let start_serving = || {
             let (filled, slots, faults) = (&filled, &slots, &faults);
             let (units_done, background_opts) = (&units_done, &background_opts);
+            let in_flight = &in_flight;
             fault_thread = Some(scope.spawn(move || {
-                serve_page_faults(p.fault, slots, |req: FaultRequest| {
+                serve_page_faults_tracked(p.fault, slots, in_flight, |req: FaultRequest| {
                     if filled.load(Ordering::Acquire) {
                         return Ok(());
                     }
@@ -293,7 +298,27 @@ pub fn send(p: Postcopy<'_>) -> Result<u64, StepError> {
                 }));
             }
             Ok(())
-        });
+        };
+        // The receiver asked for the guest's first page when the state
+        // came: its guest resumes only once that (and whatever else it
+        // asked for by then) is answered (`InFlight`).
+        let answered = || {
+            if in_flight.wait_answered(p.fault, MIGRATION_IO_TIMEOUT) {
+                return Ok(());
+            }
+            Err(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                "its fault connection never stopped asking for pages",
+            )
+            .into())
+        };
+        let sent = send_snapshot_steps(
+            p.main,
+            p.memory,
+            (&config, p.state),
+            p.paused,
+            (start_serving, answered),
+        );
         if let Err(e) = sent {
             // The receiver may hold the fault connection open: end its thread.
             let _ = p.fault.shutdown(std::net::Shutdown::Both);
