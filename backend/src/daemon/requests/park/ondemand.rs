@@ -18,8 +18,15 @@
 //! unit is filled and the receiver closed its fault connection (it had
 //! every page): the allocation is handed out only then, so no fill ever
 //! runs on memory that is no longer the parked VM's (or the copy's). A
-//! fault connection that ends with an error instead fails the RESTORE:
-//! its guest could never get the pages it did not take.
+//! fault connection that ends with an error while memory was left to fill
+//! instead fails the RESTORE: its guest could never get the pages it did
+//! not take (`fault_connection_ended`).
+//!
+//! `Complete` goes out only once every `PageFault` the receiver sent by
+//! then is answered (`ch_migration::in_flight`): cloud-hypervisor asks for
+//! the guest's first page when the state comes, and a guest resumed with
+//! that request still unanswered was seen to die on `kvm_pvm`
+//! (docs/operations.md, "Clones").
 
 use std::os::fd::BorrowedFd;
 use std::os::unix::net::UnixStream;
@@ -354,20 +361,27 @@ pub fn send(p: Postcopy<'_>) -> Result<u64, StepError> {
             (p.on_filled)();
         }
         if let Some(t) = fault_thread {
-            fault_connection_ended(t.join(), what)?;
+            fault_connection_ended(t.join(), what, p.to_fill)?;
         }
         Ok(verified + faults.verified.load(Ordering::Relaxed))
     })
 }
 
 /// How the fault thread ended. The receiver closes its fault connection
-/// once it mapped every page (or as its process ends); a connection that
+/// once it mapped every page (or as its process ends). A connection that
 /// ended with an error (a broken socket: the receiver reset its VM; a
-/// refused request) leaves a guest that can never get the pages it did not
-/// take: the restore fails, and its launcher then stops the VMM.
+/// refused request) while memory was left to fill (`to_fill`: a VM parked
+/// on demand, a copy clone) leaves a guest that can never get the pages
+/// it did not take: the restore fails, its launcher then stops the VMM,
+/// and the VM parked on demand is read whole from its files again at the
+/// next restore (the copy is released). Memory that held every byte
+/// already (a VM parked in the pool) was the receiver's from `Complete`:
+/// its guest ran on it and may have written it, so it must not stay parked
+/// beside its old state; the restore stands, as with a clean close.
 fn fault_connection_ended(
     joined: std::thread::Result<FaultServed>,
     what: &str,
+    to_fill: bool,
 ) -> Result<(), StepError> {
     match joined {
         Ok(Ok(stats)) => {
@@ -378,9 +392,13 @@ fn fault_connection_ended(
             );
             Ok(())
         }
-        Ok(Err(e)) => {
+        Ok(Err(e)) if to_fill => {
             warn!(error = %e, "{what}: the fault connection ended with an error before the receiver had every page; the restore fails");
             Err(StepError::FaultConnectionBroken(e.into()))
+        }
+        Ok(Err(e)) => {
+            warn!(error = %e, "{what}: the fault connection ended with an error; the VM's memory held every page and its guest ran on it from Complete, so the restore stands");
+            Ok(())
         }
         Err(_) => Err(StepError::Panicked("fault thread")),
     }
