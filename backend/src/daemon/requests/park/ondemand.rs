@@ -40,6 +40,7 @@ use ch_migration::fault::{
 use ch_migration::in_flight::InFlight;
 use ch_migration::layout::{migration_config_slots, with_hugetlb_zones};
 use ch_migration::peer::send_snapshot_steps;
+use ch_migration::ChMigrationError;
 use guest_mem::{
     fill_region_planned, fill_unit, FillCounts, FillOptions, FillPlan, PageState, Region, UnitFill,
 };
@@ -306,19 +307,7 @@ pub fn send(p: Postcopy<'_>) -> Result<u64, StepError> {
             }
             Ok(())
         };
-        // The receiver asked for the guest's first page when the state
-        // came: its guest resumes only once that (and whatever else it
-        // asked for by then) is answered (`InFlight`).
-        let answered = || {
-            if in_flight.wait_answered(p.fault, MIGRATION_IO_TIMEOUT) {
-                return Ok(());
-            }
-            Err(std::io::Error::new(
-                std::io::ErrorKind::TimedOut,
-                "its fault connection never stopped asking for pages",
-            )
-            .into())
-        };
+        let answered = || all_answered(&in_flight, p.fault);
         let sent = send_snapshot_steps(
             p.main,
             p.memory,
@@ -365,6 +354,20 @@ pub fn send(p: Postcopy<'_>) -> Result<u64, StepError> {
         }
         Ok(verified + faults.verified.load(Ordering::Relaxed))
     })
+}
+
+/// Before `Complete`: the receiver asked for the guest's first page when
+/// the state came, and its guest resumes only once that (and whatever
+/// else it asked for by then) is answered (see the module docs).
+fn all_answered(in_flight: &InFlight, fault: &UnixStream) -> Result<(), ChMigrationError> {
+    if in_flight.wait_answered(fault, MIGRATION_IO_TIMEOUT) {
+        return Ok(());
+    }
+    Err(std::io::Error::new(
+        std::io::ErrorKind::TimedOut,
+        "its fault connection never stopped asking for pages",
+    )
+    .into())
 }
 
 /// How the fault thread ended. The receiver closes its fault connection
