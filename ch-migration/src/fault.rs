@@ -17,6 +17,7 @@
 
 use std::os::unix::net::UnixStream;
 
+use super::in_flight::{EndOnDrop, InFlight};
 use super::slots::{check_slots, slot_of, SlotRange, SLOT_ALIGN};
 use super::wire::{read_header_or_end, read_plain, respond, write_all};
 use super::{ChMigrationError, Command, RequestHeader};
@@ -243,8 +244,26 @@ pub fn announce_fault_connection(sock: &UnixStream) -> Result<(), ChMigrationErr
 pub fn serve_page_faults<E: std::error::Error + 'static>(
     sock: &UnixStream,
     slots: &[SlotRange],
+    on_fault: impl FnMut(FaultRequest) -> Result<(), E>,
+) -> Result<FaultServeStats, FaultServeError<E>> {
+    serve_page_faults_tracked(sock, slots, &InFlight::default(), on_fault)
+}
+
+/// [`serve_page_faults`], keeping `in_flight` up to date: a request in
+/// hand from its header to its answer, and the end of the loop (however
+/// it returns), so that another thread can wait until every request the
+/// receiver sent is answered ([`InFlight::wait_answered`]).
+///
+/// # Errors
+///
+/// As [`serve_page_faults`].
+pub fn serve_page_faults_tracked<E: std::error::Error + 'static>(
+    sock: &UnixStream,
+    slots: &[SlotRange],
+    in_flight: &InFlight,
     mut on_fault: impl FnMut(FaultRequest) -> Result<(), E>,
 ) -> Result<FaultServeStats, FaultServeError<E>> {
+    let _end = EndOnDrop(in_flight);
     let mut decoder = FaultDecoder::new(slots)?;
     let mut stats = FaultServeStats::default();
     loop {
@@ -252,6 +271,7 @@ pub fn serve_page_faults<E: std::error::Error + 'static>(
             let Some(head) = read_header_or_end(sock)? else {
                 return Ok(Incoming::End);
             };
+            in_flight.started();
             match decoder.take_header(&RequestHeader::decode(&head)?)? {
                 FaultStep::Abandon => Ok(Incoming::Abandon),
                 FaultStep::Range => {
@@ -284,6 +304,7 @@ pub fn serve_page_faults<E: std::error::Error + 'static>(
             });
         }
         respond(sock, true)?;
+        in_flight.answered();
         stats.faults += 1;
         stats.bytes += fault.length;
         stats.max_length = stats.max_length.max(fault.length);

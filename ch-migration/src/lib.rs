@@ -46,7 +46,8 @@
 //!
 //! - [`peer`]: both ends over a socket; [`postcopy`] and [`fault`]: a
 //!   restore whose pages are filled on demand (`PageFault`s on a second
-//!   connection);
+//!   connection); [`in_flight`]: whether every `PageFault` the receiver
+//!   sent is answered (a postcopy sender holds `Complete` until it is);
 //! - [`offload_dir`] and [`ch_snapshot_dir`]: the reference offload
 //!   daemon's snapshot directory, and cloud-hypervisor's own `vm.snapshot`
 //!   directory, read as untrusted; [`layout`] and [`slots`]: the memory
@@ -66,6 +67,7 @@ pub mod fault;
 mod fault_tests;
 #[cfg(any(test, feature = "fixtures"))]
 pub mod fixtures;
+pub mod in_flight;
 pub mod layout;
 pub mod offload_dir;
 pub mod peer;

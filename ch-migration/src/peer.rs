@@ -157,6 +157,35 @@ pub fn send_snapshot_with(
     paused: bool,
     before_state: impl FnOnce() -> Result<(), ChMigrationError>,
 ) -> Result<(), ChMigrationError> {
+    send_snapshot_steps(
+        sock,
+        memory,
+        (config, state),
+        paused,
+        (before_state, || Ok(())),
+    )
+}
+
+/// [`send_snapshot_with`], calling `before_end` once the state was taken
+/// and before `Complete` (or `CompletePaused`) is sent: where a postcopy
+/// restore waits until the fault connection's requests are answered
+/// ([`InFlight::wait_answered`](super::in_flight::InFlight::wait_answered)),
+/// so the guest resumes on the pages it was given.
+///
+/// # Errors
+///
+/// As [`send_snapshot_with`], and whatever `before_end` returns (the last
+/// step is then not sent).
+pub fn send_snapshot_steps(
+    sock: &UnixStream,
+    memory: &[(u32, BorrowedFd<'_>)],
+    (config, state): (&[u8], &[u8]),
+    paused: bool,
+    (before_state, before_end): (
+        impl FnOnce() -> Result<(), ChMigrationError>,
+        impl FnOnce() -> Result<(), ChMigrationError>,
+    ),
+) -> Result<(), ChMigrationError> {
     request(sock, Command::Start, &[], &[])?;
     for (slot, fd) in memory {
         request(sock, Command::MemoryFd, &slot.to_le_bytes(), &[*fd])?;
@@ -164,6 +193,7 @@ pub fn send_snapshot_with(
     request(sock, Command::Config, config, &[])?;
     before_state()?;
     request(sock, Command::State, state, &[])?;
+    before_end()?;
     let end = if paused {
         Command::CompletePaused
     } else {

@@ -10,6 +10,7 @@
 //!   hugemem's own protocol through the same function (re-exported as
 //!   `hugemem_client::sys::recv_with_fds`).
 //! * [`send_all`]: every byte, with fds on the first one (`sendmsg`).
+//! * [`unread_bytes`]: what a socket holds unread (`FIONREAD`).
 //!
 //! [`OwnedFd`]: std::os::fd::OwnedFd
 
@@ -139,6 +140,23 @@ pub fn send_all(sock: BorrowedFd<'_>, bytes: &[u8], fds: &[BorrowedFd<'_>]) -> i
         }
     }
     Ok(())
+}
+
+/// Bytes a stream socket has received that nobody has read yet
+/// (`ioctl(FIONREAD)`).
+///
+/// # Errors
+///
+/// The `ioctl` error.
+pub fn unread_bytes(sock: BorrowedFd<'_>) -> io::Result<usize> {
+    let mut unread: libc::c_int = 0;
+    // SAFETY: FIONREAD writes one c_int through the pointer, which points
+    // at `unread`, alive for the call; `sock` is an open descriptor.
+    let ret = unsafe { libc::ioctl(sock.as_raw_fd(), libc::FIONREAD, &mut unread) };
+    if ret < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(usize::try_from(unread).unwrap_or(0))
 }
 
 #[cfg(test)]

@@ -206,6 +206,7 @@ fn shared_clones_count_on_from_a_template_that_stays_unchanged() {
     // A copy clone beside them: its own pool memory, mapped shared.
     let active = daemon.stats().allocations.active;
     let api = dir.path().join("copy.sock");
+    let clones_before = daemon.stats().counters.clones;
     let mut copy = launch_clone(&daemon, ch, ("template", "copy"), &api);
     let copy_launcher = child_of(copy.id());
     let copy_vmm = child_of(copy_launcher);
@@ -233,6 +234,13 @@ fn shared_clones_count_on_from_a_template_that_stays_unchanged() {
         active + 1,
         "the copy's allocation: {stats}"
     );
+    // Its RESTORE ends once the copy is filled and cloud-hypervisor had
+    // every page; a VMM stopped before that ends its fault connection
+    // early, and the restore fails (a refusal more).
+    wait_filled(&daemon);
+    daemon.wait_stats(Duration::from_secs(60), "the copy's RESTORE done", |s| {
+        s.counters.clones == clones_before + 1
+    });
     stop(copy_launcher, &mut copy);
     daemon.wait_stats(Duration::from_secs(30), "the copy freed", |s| {
         s.allocations.active == active
@@ -358,6 +366,13 @@ fn launch_copy(daemon: &TestDaemon, ch: &str, name: &str, api: &Path, eager: boo
         .expect("spawn hugemem launch --clone-of --clone-mode copy")
 }
 
+/// Waits until no copy clone of a parked VM is being filled.
+fn wait_filled(daemon: &TestDaemon) {
+    daemon.wait_stats(Duration::from_secs(120), "the copies filled", |s| {
+        s.parked.iter().all(|p| p.copy_clones_filling == 0)
+    });
+}
+
 fn ms(d: Option<Duration>) -> f64 {
     d.map_or(f64::NAN, |d| d.as_secs_f64() * 1e3)
 }
@@ -418,7 +433,10 @@ fn copy_clones_run_at_once_and_fill_from_the_template_as_they_run() {
         before,
         "the template changed while copies ran"
     );
-    // Each guard's SIGTERM stops its launcher, which frees its copy.
+    // Each guard's SIGTERM stops its launcher, which frees its copy; once
+    // the copies are filled (a VMM stopped before ends its fault
+    // connection early, and its RESTORE fails).
+    wait_filled(&daemon);
     drop(guards);
     for mut vm in copies {
         let status = vm.child.wait().expect("wait for a launcher");
@@ -450,6 +468,7 @@ fn copy_clones_run_at_once_and_fill_from_the_template_as_they_run() {
             "{what} copy clone alone: counting on {:.1} ms after its launch was spawned",
             ms(alone.running)
         );
+        wait_filled(&daemon);
         stop(alone.launcher.expect("a launcher"), &mut alone.child);
         daemon.wait_stats(Duration::from_secs(30), "the copy freed", |s| {
             s.allocations.active == 1

@@ -50,6 +50,10 @@ pub struct Script {
     /// for a message (`.1`) before it asks for the remaining pages and
     /// closes.
     pub hold: Option<(mpsc::Sender<()>, mpsc::Receiver<()>)>,
+    /// Postcopy: a page it asks for once the state came, before it answers
+    /// the state, reading the answer only once `Complete` came, as
+    /// cloud-hypervisor's prefault asks for the guest's first page.
+    pub state_fault: Option<u64>,
 }
 
 impl Script {
@@ -63,6 +67,7 @@ impl Script {
             early_faults: Vec::new(),
             scribble: false,
             hold: None,
+            state_fault: None,
         }
     }
 }
@@ -81,6 +86,9 @@ pub struct Seen {
     /// The bytes of every page it had, as read from the memory fd when
     /// each was answered (offset, bytes).
     pub pages: Vec<(u64, Vec<u8>)>,
+    /// With `state_fault`: whether its answer was there, unread, when
+    /// `Complete` came (the guest would resume on that page).
+    pub answered_before_complete: Option<bool>,
 }
 
 fn read_exact(sock: &UnixStream, buf: &mut [u8], fds: &mut Vec<OwnedFd>) -> bool {
@@ -114,13 +122,35 @@ fn respond(mut sock: &UnixStream, ok: bool) -> bool {
 }
 
 /// One page fault on the fault connection: true when answered OK.
-fn fault(mut sock: &UnixStream, gpa: u64, length: u64) -> Option<bool> {
+fn fault(sock: &UnixStream, gpa: u64, length: u64) -> Option<bool> {
+    ask(sock, gpa, length)?;
+    answer(sock)
+}
+
+/// Sends one `PageFault` request.
+fn ask(mut sock: &UnixStream, gpa: u64, length: u64) -> Option<()> {
     let h = RequestHeader::new(Command::PageFault, MEMORY_RANGE_SIZE as u64);
     let mut range = [0u8; MEMORY_RANGE_SIZE];
     range[..8].copy_from_slice(&gpa.to_le_bytes());
     range[8..].copy_from_slice(&length.to_le_bytes());
     sock.write_all(&h.encode()).ok()?;
-    sock.write_all(&range).ok()?;
+    sock.write_all(&range).ok()
+}
+
+/// True when an answer waits unread on `sock` now.
+fn answer_waiting(sock: &UnixStream) -> bool {
+    use std::os::fd::AsRawFd;
+    let mut pfd = libc::pollfd {
+        fd: sock.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd for the call; a zero timeout only looks.
+    unsafe { libc::poll(&mut pfd, 1, 0) == 1 && pfd.revents & libc::POLLIN != 0 }
+}
+
+/// Reads one answer: true when OK.
+fn answer(mut sock: &UnixStream) -> Option<bool> {
     let mut answer = [0u8; HEADER_SIZE];
     std::io::Read::read_exact(&mut sock, &mut answer).ok()?;
     Response::decode(&answer).ok().map(|r| r.ok)
@@ -128,7 +158,14 @@ fn fault(mut sock: &UnixStream, gpa: u64, length: u64) -> Option<bool> {
 
 impl Seen {
     fn take_page(&mut self, fault_sock: &UnixStream, at: u64, page: u64) -> bool {
-        match fault(fault_sock, at, page) {
+        let answered = fault(fault_sock, at, page);
+        self.keep_page(answered, at, page)
+    }
+
+    /// Counts an answer to the request for the page at `at`, and keeps
+    /// the page's bytes when it was OK.
+    fn keep_page(&mut self, answered: Option<bool>, at: u64, page: u64) -> bool {
+        match answered {
             Some(true) => {
                 self.faults_ok += 1;
                 if let Some(m) = &self.memory {
@@ -196,9 +233,17 @@ pub fn run(script: Script, main: UnixStream, fault: Option<UnixStream>) -> Seen 
                 "announced as the fault connection"
             );
             fault_sock = Some(sock);
+            if let Some(at) = script.state_fault {
+                ask(sock, at, script.page);
+            }
         }
         let last = matches!(cmd, Command::Complete | Command::CompletePaused);
         if last {
+            if let (Some(f), Some(at)) = (fault_sock, script.state_fault) {
+                seen.answered_before_complete = Some(answer_waiting(f));
+                let answered = answer(f);
+                seen.keep_page(answered, at, script.page);
+            }
             if let Some(f) = fault_sock {
                 for &at in &script.early_faults {
                     seen.take_page(f, at, script.page);
@@ -227,7 +272,8 @@ pub fn run(script: Script, main: UnixStream, fault: Option<UnixStream>) -> Seen 
     if let Some(f) = fault_sock {
         let mut at = 0;
         while at < script.size {
-            if !script.early_faults.contains(&at) && !seen.take_page(f, at, script.page) {
+            let had = script.early_faults.contains(&at) || script.state_fault == Some(at);
+            if !had && !seen.take_page(f, at, script.page) {
                 break;
             }
             at += script.page;

@@ -55,6 +55,11 @@ pub enum StepError {
     /// The receiver did not take the fault connection.
     #[error("the receiver did not take the VM (it stays parked): the fault connection: {0}")]
     FaultConnectionNotTaken(#[source] Cause),
+    /// The receiver's fault connection ended with an error, not with its
+    /// close once it had every page: its guest can never get the pages it
+    /// did not take.
+    #[error("the receiver's fault connection ended before it had every page ({0}): its guest cannot get the rest, so the restore failed (it stays parked)")]
+    FaultConnectionBroken(#[source] Cause),
     /// Another step failed: what it was, and why.
     #[error("{what}: {cause}")]
     Failed {

@@ -17,16 +17,30 @@
 //! takes the fault size from it), and the RESTORE's reply comes once every
 //! unit is filled and the receiver closed its fault connection (it had
 //! every page): the allocation is handed out only then, so no fill ever
-//! runs on memory that is no longer the parked VM's (or the copy's).
+//! runs on memory that is no longer the parked VM's (or the copy's). A
+//! fault connection that ends with an error while memory was left to fill
+//! instead fails the RESTORE: its guest could never get the pages it did
+//! not take (`fault_connection_ended`).
+//!
+//! `Complete` goes out only once every `PageFault` the receiver sent by
+//! then is answered (`ch_migration::in_flight`): cloud-hypervisor asks for
+//! the guest's first page when the state comes, and a guest resumed with
+//! that request still unanswered was seen to die on `kvm_pvm`
+//! (docs/operations.md, "Clones").
 
 use std::os::fd::BorrowedFd;
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Condvar, Mutex, PoisonError};
 
-use ch_migration::fault::{announce_fault_connection, serve_page_faults, FaultRequest};
+use ch_migration::fault::{
+    announce_fault_connection, serve_page_faults_tracked, FaultRequest, FaultServeError,
+    FaultServeStats,
+};
+use ch_migration::in_flight::InFlight;
 use ch_migration::layout::{migration_config_slots, with_hugetlb_zones};
-use ch_migration::peer::send_snapshot_with;
+use ch_migration::peer::send_snapshot_steps;
+use ch_migration::ChMigrationError;
 use guest_mem::{
     fill_region_planned, fill_unit, FillCounts, FillOptions, FillPlan, PageState, Region, UnitFill,
 };
@@ -34,6 +48,7 @@ use numa::Topology;
 use tracing::{info, warn};
 
 use super::error::StepError;
+use super::socket::MIGRATION_IO_TIMEOUT;
 use crate::daemon::requests::parked::loads::{LoadFailed, PendingLoad};
 
 /// One region a postcopy restore sends (each slot's fd describes one), and
@@ -78,6 +93,9 @@ pub struct Postcopy<'a> {
     /// after it): a copy clone lets go of its template there.
     pub on_filled: &'a (dyn Fn() + Sync),
 }
+
+/// What serving the fault connection came to.
+type FaultServed = Result<FaultServeStats, FaultServeError<FaultFillError>>;
 
 /// Why a unit could not be filled for a fault.
 #[derive(Debug, thiserror::Error)]
@@ -266,14 +284,16 @@ pub fn send(p: Postcopy<'_>) -> Result<u64, StepError> {
     // within seconds, whenever its accept loop gets to it.
     announce_fault_connection(p.fault).map_err(|e| StepError::FaultConnectionNotTaken(e.into()))?;
     let what = p.what;
+    let in_flight = InFlight::default();
     std::thread::scope(|scope| {
         let mut fault_thread = None;
         let mut background = None;
-        let sent = send_snapshot_with(p.main, p.memory, &config, p.state, p.paused, || {
+        let start_serving = || {
             let (filled, slots, faults) = (&filled, &slots, &faults);
             let (units_done, background_opts) = (&units_done, &background_opts);
+            let in_flight = &in_flight;
             fault_thread = Some(scope.spawn(move || {
-                serve_page_faults(p.fault, slots, |req: FaultRequest| {
+                serve_page_faults_tracked(p.fault, slots, in_flight, |req: FaultRequest| {
                     if filled.load(Ordering::Acquire) {
                         return Ok(());
                     }
@@ -289,7 +309,15 @@ pub fn send(p: Postcopy<'_>) -> Result<u64, StepError> {
                 }));
             }
             Ok(())
-        });
+        };
+        let answered = || all_answered(&in_flight, p.fault);
+        let sent = send_snapshot_steps(
+            p.main,
+            p.memory,
+            (&config, p.state),
+            p.paused,
+            (start_serving, answered),
+        );
         if let Err(e) = sent {
             // The receiver may hold the fault connection open: end its thread.
             let _ = p.fault.shutdown(std::net::Shutdown::Both);
@@ -325,20 +353,61 @@ pub fn send(p: Postcopy<'_>) -> Result<u64, StepError> {
             (p.on_filled)();
         }
         if let Some(t) = fault_thread {
-            match t.join() {
-                Ok(Ok(stats)) => info!(
-                    faults = stats.faults,
-                    bytes = stats.bytes,
-                    "{what}: fault connection ended"
-                ),
-                Ok(Err(e)) => {
-                    warn!(error = %e, "{what}: the fault connection ended with an error")
-                }
-                Err(_) => warn!("{what}: the fault thread panicked"),
-            }
+            fault_connection_ended(t.join(), what, p.to_fill)?;
         }
         Ok(verified + faults.verified.load(Ordering::Relaxed))
     })
+}
+
+/// Before `Complete`: the receiver asked for the guest's first page when
+/// the state came, and its guest resumes only once that (and whatever
+/// else it asked for by then) is answered (see the module docs).
+fn all_answered(in_flight: &InFlight, fault: &UnixStream) -> Result<(), ChMigrationError> {
+    if in_flight.wait_answered(fault, MIGRATION_IO_TIMEOUT) {
+        return Ok(());
+    }
+    Err(std::io::Error::new(
+        std::io::ErrorKind::TimedOut,
+        "its fault connection never stopped asking for pages",
+    )
+    .into())
+}
+
+/// How the fault thread ended. The receiver closes its fault connection
+/// once it mapped every page (or as its process ends). A connection that
+/// ended with an error (a broken socket: the receiver reset its VM; a
+/// refused request) while memory was left to fill (`to_fill`: a VM parked
+/// on demand, a copy clone) leaves a guest that can never get the pages
+/// it did not take: the restore fails, its launcher then stops the VMM,
+/// and the VM parked on demand is read whole from its files again at the
+/// next restore (the copy is released). Memory that held every byte
+/// already (a VM parked in the pool) was the receiver's from `Complete`:
+/// its guest ran on it and may have written it, so it must not stay parked
+/// beside its old state; the restore stands, as with a clean close.
+fn fault_connection_ended(
+    joined: std::thread::Result<FaultServed>,
+    what: &str,
+    to_fill: bool,
+) -> Result<(), StepError> {
+    match joined {
+        Ok(Ok(stats)) => {
+            info!(
+                faults = stats.faults,
+                bytes = stats.bytes,
+                "{what}: fault connection ended"
+            );
+            Ok(())
+        }
+        Ok(Err(e)) if to_fill => {
+            warn!(error = %e, "{what}: the fault connection ended with an error before the receiver had every page; the restore fails");
+            Err(StepError::FaultConnectionBroken(e.into()))
+        }
+        Ok(Err(e)) => {
+            warn!(error = %e, "{what}: the fault connection ended with an error; the VM's memory held every page and its guest ran on it from Complete, so the restore stands");
+            Ok(())
+        }
+        Err(_) => Err(StepError::Panicked("fault thread")),
+    }
 }
 
 /// Fills every region of `regions` (the allocation's, in order) from
