@@ -326,6 +326,7 @@ async fn send_copy(
             targets: &targets,
             slot_targets: &slot_targets,
             to_fill: true,
+            broken_fault_fails: true,
             dest_is_zero,
             pending: None,
             topology: &topology,

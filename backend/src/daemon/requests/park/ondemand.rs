@@ -18,9 +18,11 @@
 //! unit is filled and the receiver closed its fault connection (it had
 //! every page): the allocation is handed out only then, so no fill ever
 //! runs on memory that is no longer the parked VM's (or the copy's). A
-//! fault connection that ends with an error while memory was left to fill
-//! instead fails the RESTORE: its guest could never get the pages it did
-//! not take (`fault_connection_ended`).
+//! fault connection that ends with an error while a copy clone's memory was
+//! left to fill instead fails the RESTORE: its guest could never get the
+//! pages it did not take (`fault_connection_ended`). A VM parked on demand
+//! keeps the earlier rule (the restore stands): a user who stops its VMM
+//! while the fill goes on ends the connection the same way.
 //!
 //! `Complete` goes out only once every `PageFault` the receiver sent by
 //! then is answered (`ch_migration::in_flight`): cloud-hypervisor asks for
@@ -81,6 +83,12 @@ pub struct Postcopy<'a> {
     pub slot_targets: &'a [(u32, usize)],
     /// Something is left to fill (false: every page holds the VM's bytes).
     pub to_fill: bool,
+    /// A fault connection that ends with an error while something is left
+    /// to fill fails the RESTORE (a copy clone: the copy is released).
+    /// False for a VM parked on demand: its guest ran on that memory from
+    /// `Complete`, and a VMM its user stops while the fill goes on ends the
+    /// connection the same way; the restore stands, as with a clean close.
+    pub broken_fault_fails: bool,
     /// The targets' bytes were all zero before the fill (nothing to zero).
     pub dest_is_zero: bool,
     /// The files of a VM parked on demand (they name a failed read).
@@ -353,7 +361,7 @@ pub fn send(p: Postcopy<'_>) -> Result<u64, StepError> {
             (p.on_filled)();
         }
         if let Some(t) = fault_thread {
-            fault_connection_ended(t.join(), what, p.to_fill)?;
+            fault_connection_ended(t.join(), what, p.to_fill && p.broken_fault_fails)?;
         }
         Ok(verified + faults.verified.load(Ordering::Relaxed))
     })
@@ -376,11 +384,10 @@ fn all_answered(in_flight: &InFlight, fault: &UnixStream) -> Result<(), ChMigrat
 /// How the fault thread ended. The receiver closes its fault connection
 /// once it mapped every page (or as its process ends). A connection that
 /// ended with an error (a broken socket: the receiver reset its VM; a
-/// refused request) while memory was left to fill (`to_fill`: a VM parked
-/// on demand, a copy clone) leaves a guest that can never get the pages
-/// it did not take: the restore fails, its launcher then stops the VMM,
-/// and the VM parked on demand is read whole from its files again at the
-/// next restore (the copy is released). Memory that held every byte
+/// refused request) while a copy clone's memory was left to fill
+/// (`to_fill`) leaves a guest that can never get the pages it did not
+/// take: the restore fails, its launcher then stops the VMM, and the copy
+/// is released. Memory that held every byte
 /// already (a VM parked in the pool) was the receiver's from `Complete`:
 /// its guest ran on it and may have written it, so it must not stay parked
 /// beside its old state; the restore stands, as with a clean close.

@@ -303,6 +303,7 @@ fn send_postcopy(
         targets: &targets,
         slot_targets: &slot_targets,
         to_fill: pending.is_some(),
+        broken_fault_fails: false,
         dest_is_zero: pending.is_some_and(|p| p.dest_is_zero),
         pending,
         topology,
