@@ -41,7 +41,8 @@ use test_support::process::ServeProcess;
 
 use common::park::{run_ok, run_ok_both, stop};
 use common::qemu::{
-    copy_save, entries, load, load_refused, park, qemu_of, set_up, MARKER, RAM, START_GPA, STRIDE,
+    copy_save, entries, load, load_refused, park, qemu_args_on, qemu_of, set_up, MARKER, RAM,
+    START_GPA, STRIDE,
 };
 use common::{assert_balanced, child_of, counting_past, spin_state, StopLauncher};
 
@@ -51,30 +52,6 @@ const SETTLE: Duration = Duration::from_secs(60);
 const HALF: u64 = RAM / 2;
 /// Two regions on host node 0: two guest NUMA nodes.
 const NODES: [&str; 4] = ["--nodes", "0:128M,0:128M", "--page-size", "2M"];
-
-/// The micro-guest's arguments under `-M pc` (microvm has no NUMA).
-fn pc_args(elf: &Path) -> Vec<OsString> {
-    let mut args: Vec<OsString> = [
-        "-M",
-        "pc",
-        "-accel",
-        "kvm",
-        "-cpu",
-        hugemem::launch::vmm::qemu::KVM_CPU,
-        "-nodefaults",
-        "-no-user-config",
-        "-display",
-        "none",
-        "-serial",
-        "none",
-        "-kernel",
-    ]
-    .iter()
-    .map(OsString::from)
-    .collect();
-    args.push(elf.into());
-    args
-}
 
 /// The STATS of the daemon on `socket`.
 fn stats(socket: &Path) -> Stats {
@@ -266,7 +243,7 @@ fn launched_and_parked(
     name: &str,
 ) -> (Vec<std::fs::File>, u64) {
     let control = dir.join(format!("{name}.sock"));
-    let mut launched = launch(socket, &control, &NODES, &pc_args(elf));
+    let mut launched = launch(socket, &control, &NODES, &qemu_args_on("pc", elf));
     let launcher = child_of(launched.id());
     let stop = StopLauncher(launcher);
     let rams = region_files(qemu_of(launcher));

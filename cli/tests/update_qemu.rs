@@ -68,24 +68,8 @@ fn start_launch(daemon: &TestDaemon, dir: &Path, elf: &Path) -> Child {
         .arg(daemon.socket())
         .args(["--size", "256M", "--page-size", "2M", "--control-socket"])
         .arg(dir.join("vm.sock"))
-        .arg("--")
-        .args([
-            "qemu-system-x86_64",
-            "-M",
-            "microvm",
-            "-accel",
-            "kvm",
-            "-cpu",
-            hugemem::launch::vmm::qemu::KVM_CPU,
-            "-nodefaults",
-            "-no-user-config",
-            "-display",
-            "none",
-            "-serial",
-            "none",
-            "-kernel",
-        ])
-        .arg(elf)
+        .args(["--", "qemu-system-x86_64"])
+        .args(common::qemu::qemu_args(elf))
         .spawn()
         .expect("spawn hugemem launch")
 }

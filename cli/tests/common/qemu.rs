@@ -92,9 +92,14 @@ pub fn guest_ram(pid: u32) -> std::fs::File {
 
 /// The micro-guest's QEMU arguments.
 pub fn qemu_args(elf: &Path) -> Vec<OsString> {
+    qemu_args_on("microvm", elf)
+}
+
+/// The micro-guest's QEMU arguments on machine `machine`.
+pub fn qemu_args_on(machine: &str, elf: &Path) -> Vec<OsString> {
     let mut args: Vec<OsString> = [
         "-M",
-        "microvm",
+        machine,
         "-accel",
         "kvm",
         "-cpu",
