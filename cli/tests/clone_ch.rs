@@ -36,9 +36,10 @@ use test_support::prelude::{wait_until, TestDaemon};
 use test_support::tenant::{in_child, root_or_skip, NOBODY};
 
 use common::park::{
-    clone_spin_state, guest_ram_mapping, launch_counting, park, private_hugetlb, set_up, stop, RAM,
+    child_now, clone_spin_state, guest_memfd_now, guest_ram_mapping, launch_and_park,
+    private_hugetlb, set_up, stop, RAM,
 };
-use common::{child_of, counting_past, launched_guest_ram, spin_state, StopLauncher};
+use common::{child_of, counting_past, spin_state, StopLauncher};
 
 const HUGEMEM: &str = env!("CARGO_BIN_EXE_hugemem");
 const CLONES: usize = 3;
@@ -105,14 +106,7 @@ fn shared_clones_count_on_from_a_template_that_stays_unchanged() {
         std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).expect("chmod");
     }
     let api = dir.path().join("template.sock");
-    let mut launch = launch_counting(&daemon, ch, &api, elf);
-    let launcher = child_of(launch.id());
-    let ram = launched_guest_ram(launcher, child_of(launcher));
-    counting_past(&ram, 0, "the guest to spin");
-    let said = park(&daemon, "template", &api);
-    assert!(said.contains("parked as template"), "{said}");
-    assert!(launch.wait().expect("the launcher ends").success());
-    let parked = spin_state(&ram);
+    let (ram, parked) = launch_and_park(&daemon, (ch, elf), &api, "template");
     let before = digest(&ram);
 
     let mut clones = Vec::new();
@@ -263,27 +257,6 @@ fn shared_clones_count_on_from_a_template_that_stays_unchanged() {
     daemon.shutdown();
 }
 
-/// The first child of `parent` that runs its own program, if any yet.
-fn child_now(parent: u32) -> Option<u32> {
-    let exe = |pid: u32| std::fs::read_link(format!("/proc/{pid}/exe")).ok();
-    let children =
-        std::fs::read_to_string(format!("/proc/{parent}/task/{parent}/children")).ok()?;
-    let pid = children.split_whitespace().next()?.parse::<u32>().ok()?;
-    (exe(pid).is_some() && exe(pid) != exe(parent)).then_some(pid)
-}
-
-/// A memfd of at least `RAM` bytes that process `pid` holds, opened anew.
-fn guest_memfd_now(pid: u32) -> Option<std::fs::File> {
-    std::fs::read_dir(format!("/proc/{pid}/fd"))
-        .ok()?
-        .flatten()
-        .filter(|e| {
-            std::fs::read_link(e.path()).is_ok_and(|t| t.to_string_lossy().starts_with("/memfd:"))
-        })
-        .filter_map(|e| std::fs::File::open(e.path()).ok())
-        .find(|f| f.metadata().is_ok_and(|m| m.len() >= RAM))
-}
-
 /// One VM being started: when its launch was spawned, the `timeout`
 /// process that runs the launcher, and what has been found of it.
 struct Starting {
@@ -395,13 +368,7 @@ fn copy_clones_run_at_once_and_fill_from_the_template_as_they_run() {
     let (ch, dir, elf) = (&setup.ch, &setup.dir, &setup.elf);
     let daemon = TestDaemon::start(|c| c.pool.recheck_ms = 20);
     let api = dir.path().join("template.sock");
-    let mut launch = launch_counting(&daemon, ch, &api, elf);
-    let launcher = child_of(launch.id());
-    let ram = launched_guest_ram(launcher, child_of(launcher));
-    counting_past(&ram, 0, "the guest to spin");
-    park(&daemon, "template", &api);
-    assert!(launch.wait().expect("the launcher ends").success());
-    let parked = spin_state(&ram);
+    let (ram, parked) = launch_and_park(&daemon, (ch, elf), &api, "template");
     let before = digest(&ram);
 
     let mut copies: Vec<Starting> = (0..COPIES)

@@ -18,8 +18,8 @@ use std::time::{Duration, Instant};
 use microguest::{SpinState, SPIN_BLOCK_GPA, SPIN_BLOCK_LEN};
 use test_support::prelude::TestDaemon;
 
-use common::park::{launch_counting, park, set_up, RAM};
-use common::{child_of, counting_past, launched_guest_ram, spin_state};
+use common::counting_past;
+use common::park::{child_now, guest_memfd_now, launch_and_park, set_up};
 
 const HUGEMEM: &str = env!("CARGO_BIN_EXE_hugemem");
 /// Copy clones started at once, each round.
@@ -38,27 +38,6 @@ fn launch_copy(daemon: &TestDaemon, ch: &str, name: &str, api: &Path) -> Child {
         .arg(api)
         .spawn()
         .expect("spawn hugemem launch --clone-of")
-}
-
-/// The first child of `parent` that runs its own program, if any yet.
-fn child_now(parent: u32) -> Option<u32> {
-    let exe = |pid: u32| std::fs::read_link(format!("/proc/{pid}/exe")).ok();
-    let children =
-        std::fs::read_to_string(format!("/proc/{parent}/task/{parent}/children")).ok()?;
-    let pid = children.split_whitespace().next()?.parse::<u32>().ok()?;
-    (exe(pid).is_some() && exe(pid) != exe(parent)).then_some(pid)
-}
-
-/// A memfd of at least `RAM` bytes that process `pid` holds, opened anew.
-fn guest_memfd_now(pid: u32) -> Option<std::fs::File> {
-    std::fs::read_dir(format!("/proc/{pid}/fd"))
-        .ok()?
-        .flatten()
-        .filter(|e| {
-            std::fs::read_link(e.path()).is_ok_and(|t| t.to_string_lossy().starts_with("/memfd:"))
-        })
-        .filter_map(|e| std::fs::File::open(e.path()).ok())
-        .find(|f| f.metadata().is_ok_and(|m| m.len() >= RAM))
 }
 
 /// One copy clone being started: its `timeout` process, its launcher, its
@@ -124,13 +103,7 @@ fn postcopy_copy_clones_at_once_run_on_the_templates_pages_round_after_round() {
     let (ch, dir, elf) = (&setup.ch, &setup.dir, &setup.elf);
     let daemon = TestDaemon::start(|c| c.pool.recheck_ms = 20);
     let api = dir.path().join("template.sock");
-    let mut launch = launch_counting(&daemon, ch, &api, elf);
-    let launcher = child_of(launch.id());
-    let ram = launched_guest_ram(launcher, child_of(launcher));
-    counting_past(&ram, 0, "the guest to spin");
-    park(&daemon, "template", &api);
-    assert!(launch.wait().expect("the launcher ends").success());
-    let parked = spin_state(&ram);
+    let (ram, parked) = launch_and_park(&daemon, (ch, elf), &api, "template");
 
     for round in 0..ROUNDS {
         let mut copies: Vec<Copy> = (0..COPIES)

@@ -478,7 +478,7 @@ fn copy_clone_across_a_takeover(
         .expect("spawn hugemem launch --clone-of");
     let launcher = child_of(child.id());
     let _stop = StopLauncher(launcher);
-    let ram = park_rig::memfd_of(child_of(launcher));
+    let ram = common::park::memfd_of(child_of(launcher));
     let count = common::counting_past(&ram, rig.parked_at, "the copy clone to count on").count;
     let filling = park_rig::stats(rig.socket).parked[0].copy_clones_filling;
     let asked = Instant::now();

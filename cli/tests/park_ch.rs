@@ -27,8 +27,8 @@ use test_support::hugepages::hugepages_2m;
 use test_support::prelude::{wait_until, TestDaemon};
 
 use common::park::{
-    launch_counting, memfd_of, park, restore, run_ok, run_ok_both, set_up, stop, stop_and_settle,
-    RAM,
+    launch_and_park, launch_counting, memfd_of, park, restore, run_ok, run_ok_both, set_up, stop,
+    stop_and_settle, RAM,
 };
 use common::{
     assert_balanced, child_of, counting_past, launched_guest_ram, maps_inode, spin_state,
@@ -189,15 +189,7 @@ fn unpark_returns_the_memory_and_names_are_per_tenant() {
     let (ch, dir, elf) = (&setup.ch, &setup.dir, &setup.elf);
     let daemon = TestDaemon::start(|c| c.pool.recheck_ms = 20);
     let api = dir.path().join("api.sock");
-    let mut launch = launch_counting(&daemon, ch, &api, elf);
-    let launcher = child_of(launch.id());
-    let vmm = child_of(launcher);
-    {
-        let ram = launched_guest_ram(launcher, vmm);
-        counting_past(&ram, 0, "the guest to spin");
-    }
-    park(&daemon, "dropme", &api);
-    assert!(launch.wait().expect("launcher").success());
+    launch_and_park(&daemon, (ch, elf), &api, "dropme");
     // A second park under the same name is refused before anything moves.
     let out = Command::new(HUGEMEM)
         .args(["unpark", "nosuch", "--socket"])
@@ -236,16 +228,7 @@ fn a_parked_guest_goes_to_disk_and_back() {
     let (ch, dir, elf) = (&setup.ch, &setup.dir, &setup.elf);
     let daemon = TestDaemon::start(|c| c.pool.recheck_ms = 20);
     let api = dir.path().join("api.sock");
-    let mut launch = launch_counting(&daemon, ch, &api, elf);
-    let launcher = child_of(launch.id());
-    let vmm = child_of(launcher);
-    let parked_at = {
-        let ram = launched_guest_ram(launcher, vmm);
-        counting_past(&ram, 0, "the guest to spin");
-        park(&daemon, "disk", &api);
-        assert!(launch.wait().expect("launcher").success());
-        spin_state(&ram).count
-    };
+    let parked_at = launch_and_park(&daemon, (ch, elf), &api, "disk").1.count;
     let saved = dir.path().join("saved");
     let socket = daemon.socket();
     let said = run_ok(&[
@@ -388,16 +371,7 @@ fn an_on_demand_restore_runs_the_guest_while_its_memory_is_read() {
     let (ch, dir, elf) = (&setup.ch, &setup.dir, &setup.elf);
     let daemon = TestDaemon::start(|c| c.pool.recheck_ms = 20);
     let api = dir.path().join("api.sock");
-    let mut launch = launch_counting(&daemon, ch, &api, elf);
-    let launcher = child_of(launch.id());
-    let vmm = child_of(launcher);
-    let parked_at = {
-        let ram = launched_guest_ram(launcher, vmm);
-        counting_past(&ram, 0, "the guest to spin");
-        park(&daemon, "lazy", &api);
-        assert!(launch.wait().expect("launcher").success());
-        spin_state(&ram).count
-    };
+    let parked_at = launch_and_park(&daemon, (ch, elf), &api, "lazy").1.count;
     let saved = dir.path().join("saved");
     let socket = daemon.socket();
     run_ok(&[

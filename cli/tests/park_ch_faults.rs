@@ -177,7 +177,7 @@ fn the_launcher_killed_during_an_on_demand_restore() {
     let mut launch = park_rig::restore(&socket, &setup.ch, "lazy", &api, true);
     let launcher = child_of(launch.id());
     let vmm = child_of(launcher);
-    let ram = park_rig::memfd_of(vmm);
+    let ram = common::park::memfd_of(vmm);
     let running = counting_past(&ram, parked_at, "the guest to run on demand");
     park_rig::kill_9(launcher);
     let _ = launch.wait();
@@ -245,7 +245,7 @@ fn an_on_demand_restore_that_reads_eio_fails_and_the_vm_stays_parked() {
     let file = std::fs::File::open(&memory).expect("open");
     let at = nix::unistd::lseek(
         &file,
-        i64::try_from(park_rig::RAM / 2).expect("off"),
+        i64::try_from(common::park::RAM / 2).expect("off"),
         nix::unistd::Whence::SeekData,
     )
     .expect("a page of data past the middle");

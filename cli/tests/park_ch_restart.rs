@@ -208,7 +208,7 @@ fn a_daemon_killed_while_parking_leaves_the_guest_running() {
     let (socket, config) = config(&setup);
     let mut daemon = park_rig::serving(&socket, &config);
     let api = setup.dir.path().join("guest.api");
-    let mut launch = park_rig::launch_counting(&socket, &setup.ch, &api, &setup.elf);
+    let mut launch = common::park::launch_counting_on(&socket, &setup.ch, &api, &setup.elf);
     let launcher = common::child_of(launch.id());
     let vmm = common::child_of(launcher);
     let ram = common::launched_guest_ram(launcher, vmm);

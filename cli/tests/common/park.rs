@@ -10,7 +10,10 @@ use guest_mem::PageSize;
 use test_support::hugepages::hold;
 use test_support::prelude::{serial, wait_until, TestDaemon};
 
-use super::{assert_balanced, cloud_hypervisor, spin_elf};
+use super::{
+    assert_balanced, child_of, cloud_hypervisor, counting_past, launched_guest_ram, spin_elf,
+    spin_state,
+};
 
 const HUGEMEM: &str = env!("CARGO_BIN_EXE_hugemem");
 /// The counting guest's RAM.
@@ -24,9 +27,14 @@ pub const STRIDE: u64 = 2 << 20;
 
 /// `hugemem park NAME --api-socket API`; its stdout.
 pub fn park(daemon: &TestDaemon, name: &str, api: &Path) -> String {
+    park_on(&daemon.socket(), name, api)
+}
+
+/// [`park`] on the daemon at `socket`.
+pub fn park_on(socket: &Path, name: &str, api: &Path) -> String {
     let out = Command::new("timeout")
         .args(["120", HUGEMEM, "park", name, "--socket"])
-        .arg(daemon.socket())
+        .arg(socket)
         .arg("--api-socket")
         .arg(api)
         .output()
@@ -43,9 +51,14 @@ pub fn park(daemon: &TestDaemon, name: &str, api: &Path) -> String {
 /// `hugemem launch` of the counting guest (256 MiB on 2 MiB pages) under
 /// cloud-hypervisor `ch`, its API at `api`.
 pub fn launch_counting(daemon: &TestDaemon, ch: &str, api: &Path, elf: &Path) -> Child {
+    launch_counting_on(&daemon.socket(), ch, api, elf)
+}
+
+/// [`launch_counting`] on the daemon at `socket`.
+pub fn launch_counting_on(socket: &Path, ch: &str, api: &Path, elf: &Path) -> Child {
     Command::new("timeout")
         .args(["600", HUGEMEM, "launch", "--socket"])
-        .arg(daemon.socket())
+        .arg(socket)
         .args([
             "--size",
             "256M",
@@ -63,6 +76,36 @@ pub fn launch_counting(daemon: &TestDaemon, ch: &str, api: &Path, elf: &Path) ->
         .expect("spawn hugemem launch")
 }
 
+/// The counting guest launched under cloud-hypervisor `ch` (API at `api`),
+/// seen counting, parked as `name` and its launcher ended: the parked
+/// memory (opened anew) and the guest's state when it was parked.
+pub fn launch_and_park(
+    daemon: &TestDaemon,
+    (ch, elf): (&str, &Path),
+    api: &Path,
+    name: &str,
+) -> (std::fs::File, microguest::SpinState) {
+    launch_and_park_on(&daemon.socket(), (ch, elf), api, name)
+}
+
+/// [`launch_and_park`] on the daemon at `socket`.
+pub fn launch_and_park_on(
+    socket: &Path,
+    (ch, elf): (&str, &Path),
+    api: &Path,
+    name: &str,
+) -> (std::fs::File, microguest::SpinState) {
+    let mut launch = launch_counting_on(socket, ch, api, elf);
+    let launcher = child_of(launch.id());
+    let ram = launched_guest_ram(launcher, child_of(launcher));
+    counting_past(&ram, 0, "the guest to spin");
+    let said = park_on(socket, name, api);
+    assert!(said.contains(&format!("parked as {name}")), "{said}");
+    assert!(launch.wait().expect("the launcher ends").success());
+    let parked = spin_state(&ram);
+    (ram, parked)
+}
+
 /// `hugemem launch --restore NAME` under cloud-hypervisor `ch`.
 pub fn restore(daemon: &TestDaemon, ch: &str, name: &str, api: &Path) -> Child {
     Command::new("timeout")
@@ -74,10 +117,10 @@ pub fn restore(daemon: &TestDaemon, ch: &str, name: &str, api: &Path) -> Child {
         .expect("spawn hugemem launch --restore")
 }
 
-/// The largest memfd process `pid` holds, opened anew.
+/// The largest memfd process `pid` holds (its guest memory), opened anew.
 pub fn memfd_of(pid: u32) -> std::fs::File {
     let mut best: Option<(u64, std::fs::File)> = None;
-    wait_until("the process's guest memfd", Duration::from_secs(30), || {
+    wait_until("the process's guest memfd", Duration::from_secs(60), || {
         let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
             return false;
         };
@@ -96,6 +139,27 @@ pub fn memfd_of(pid: u32) -> std::fs::File {
         best.as_ref().is_some_and(|(l, _)| *l >= RAM)
     });
     best.expect("a memfd").1
+}
+
+/// The first child of `parent` that runs its own program, if any yet.
+pub fn child_now(parent: u32) -> Option<u32> {
+    let exe = |pid: u32| std::fs::read_link(format!("/proc/{pid}/exe")).ok();
+    let children =
+        std::fs::read_to_string(format!("/proc/{parent}/task/{parent}/children")).ok()?;
+    let pid = children.split_whitespace().next()?.parse::<u32>().ok()?;
+    (exe(pid).is_some() && exe(pid) != exe(parent)).then_some(pid)
+}
+
+/// A memfd of at least `RAM` bytes that process `pid` holds, opened anew.
+pub fn guest_memfd_now(pid: u32) -> Option<std::fs::File> {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .ok()?
+        .flatten()
+        .filter(|e| {
+            std::fs::read_link(e.path()).is_ok_and(|t| t.to_string_lossy().starts_with("/memfd:"))
+        })
+        .filter_map(|e| std::fs::File::open(e.path()).ok())
+        .find(|f| f.metadata().is_ok_and(|m| m.len() >= RAM))
 }
 
 /// SIGTERM to the launcher, and its end.

@@ -29,30 +29,7 @@ pub const HUGEMEM: &str = env!("CARGO_BIN_EXE_hugemem");
 pub const STEP: Duration = Duration::from_secs(60);
 
 // The set-up is the other park tests' (`common::park`).
-pub use crate::common::park::{set_up, Setup, RAM};
-
-/// `hugemem launch` of the counting guest (256 MiB on 2 MiB pages) on the
-/// daemon at `socket`, its API at `api`.
-pub fn launch_counting(socket: &Path, ch: &str, api: &Path, elf: &Path) -> Child {
-    Command::new("timeout")
-        .args(["600", HUGEMEM, "launch", "--socket"])
-        .arg(socket)
-        .args([
-            "--size",
-            "256M",
-            "--page-size",
-            "2M",
-            "--",
-            ch,
-            "--api-socket",
-        ])
-        .arg(api)
-        .arg("--kernel")
-        .arg(elf)
-        .args(["--cpus", "boot=1", "--serial", "null", "--console", "off"])
-        .spawn()
-        .expect("spawn hugemem launch")
-}
+pub use crate::common::park::{set_up, Setup};
 
 /// `hugemem launch --restore NAME [--on-demand]` on the daemon at `socket`.
 pub fn restore(socket: &Path, ch: &str, name: &str, api: &Path, on_demand: bool) -> Child {
@@ -368,51 +345,14 @@ pub fn memory_file(rx: &mpsc::Receiver<OwnedFd>) -> std::fs::File {
     )
 }
 
-/// The largest memfd process `pid` holds (its guest memory), opened anew.
-pub fn memfd_of(pid: u32) -> std::fs::File {
-    let mut best: Option<(u64, std::fs::File)> = None;
-    wait_until("the process's guest memfd", STEP, || {
-        let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
-            return false;
-        };
-        for e in dir.flatten() {
-            let target = std::fs::read_link(e.path()).unwrap_or_default();
-            if !target.to_string_lossy().starts_with("/memfd:") {
-                continue;
-            }
-            if let Ok(f) = std::fs::File::open(e.path()) {
-                let len = f.metadata().map(|m| m.len()).unwrap_or(0);
-                if best.as_ref().is_none_or(|(l, _)| len > *l) {
-                    best = Some((len, f));
-                }
-            }
-        }
-        best.as_ref().is_some_and(|(l, _)| *l >= RAM)
-    });
-    best.expect("a memfd").1
-}
-
 /// A launched counting guest on the daemon at `socket`, parked as `name`
 /// with `hugemem park` (its launcher ends): the guest's count then.
 pub fn launch_and_park(socket: &Path, setup: &Setup, name: &str) -> u64 {
     let api = setup.dir.path().join(format!("{name}-launch.api"));
-    let mut launch = launch_counting(socket, &setup.ch, &api, &setup.elf);
-    let launcher = crate::common::child_of(launch.id());
-    let vmm = crate::common::child_of(launcher);
-    let ram = crate::common::launched_guest_ram(launcher, vmm);
-    crate::common::counting_past(&ram, 0, "the guest to spin");
-    let said = run_ok(
-        socket,
-        &[
-            "park".as_ref(),
-            name.as_ref(),
-            "--api-socket".as_ref(),
-            api.as_os_str(),
-        ],
-    );
-    assert!(said.contains(&format!("parked as {name}")), "{said}");
-    assert!(launch.wait().expect("the launcher").success());
-    crate::common::spin_state(&ram).count
+    let guest = (setup.ch.as_str(), setup.elf.as_path());
+    crate::common::park::launch_and_park_on(socket, guest, &api, name)
+        .1
+        .count
 }
 
 /// [`launch_and_park`], saved to `<dir>/<name>-saved` and parked again from
@@ -502,7 +442,7 @@ pub fn restore_and_check(
     let mut launch = restore(socket, &setup.ch, name, &api, on_demand);
     let launcher = crate::common::child_of(launch.id());
     let vmm = crate::common::child_of(launcher);
-    let ram = memfd_of(vmm);
+    let ram = crate::common::park::memfd_of(vmm);
     let state = crate::common::counting_past(&ram, parked_at, "the restored guest to count on");
     assert_eq!(state.bad, 0, "{name}: the guest found a page changed");
     eprintln!(
