@@ -122,9 +122,9 @@ pub async fn restore(rooms: &Arc<Rooms>, req: RestoreRequest, fds: Vec<OwnedFd>)
     };
     // Copy clones still reading it finish first (they read within moments).
     rooms.copy_fills.wait_ended(found.alloc).await;
-    let clones = rooms.clones.of(found.alloc);
-    if clones.0 > 0 {
-        let msg = crate::daemon::requests::parked::clones::has_clones(&req.name, "RESTORE", clones);
+    if let Some(msg) =
+        super::template_in_use(rooms, (found.alloc, &found.regions), &req.name, "RESTORE").await
+    {
         return refused(rooms, &req, Status::Invalid, msg);
     }
     // The files are the tenant's again before its VMM opens them (QEMU
