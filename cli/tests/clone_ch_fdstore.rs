@@ -43,19 +43,9 @@ use park_rig::{Setup, HUGEMEM, STEP};
 
 const CLONES: usize = 2;
 
-/// UNPARK and RESTORE of `name` are refused while `clones` run, the
+/// RESTORE and UNPARK of the template are refused while `clones` run, the
 /// refusal naming each clone's process.
 fn refused_while_clones_run(socket: &Path, setup: &Setup, clones: &[Clone], after: &str) {
-    match Client::connect(socket).expect("connect").unpark("tmpl") {
-        Err(ClientError::Refused { status, message }) => {
-            assert_eq!(status, Status::Invalid, "{message}");
-            for c in clones {
-                assert!(message.contains(&c.vmm.to_string()), "{after}: {message}");
-            }
-            eprintln!("{after}: UNPARK refused: {message}");
-        }
-        other => panic!("{after}: UNPARK of a template its clones map: {other:?}"),
-    }
     let api = setup.dir.path().join("restored.api");
     let mut launch = Command::new("timeout")
         .args(["600", HUGEMEM, "launch", "--socket"])
@@ -82,14 +72,19 @@ fn refused_while_clones_run(socket: &Path, setup: &Setup, clones: &[Clone], afte
         restored.is_some()
     });
     if let Some(vmm) = restored {
-        let seen = write_through(vmm, &clones[0]);
+        let (before, wrote, seen) = write_through(vmm, &clones[0]);
         park_rig::stop_launch(&mut launch);
         panic!(
-            "{after}: RESTORE of the template was let through while {} shared clones map it: \
-             clone {} sees the restored VM's write at a page it never wrote ({seen:#x}): \
-             clones running on wrong memory",
+            "{after}: RESTORE of the template was let through while {} shared clones map it; \
+             the restored VM wrote {wrote:#x} over {before:#x} at a page clone {} never wrote, \
+             and the clone reads {seen:#x} there{}",
             clones.len(),
-            clones[0].vmm
+            clones[0].vmm,
+            if seen == wrote {
+                ": the clone runs on wrong memory"
+            } else {
+                ""
+            }
         );
     }
     let status = launch.wait().expect("the launcher");
@@ -98,6 +93,16 @@ fn refused_while_clones_run(socket: &Path, setup: &Setup, clones: &[Clone], afte
     assert!(said.contains("still mapped by"), "{after}: {said}");
     for c in clones {
         assert!(said.contains(&c.vmm.to_string()), "{after}: {said}");
+    }
+    match Client::connect(socket).expect("connect").unpark("tmpl") {
+        Err(ClientError::Refused { status, message }) => {
+            assert_eq!(status, Status::Invalid, "{message}");
+            for c in clones {
+                assert!(message.contains(&c.vmm.to_string()), "{after}: {message}");
+            }
+            eprintln!("{after}: UNPARK refused: {message}");
+        }
+        other => panic!("{after}: UNPARK of a template its clones map: {other:?}"),
     }
 }
 
@@ -117,10 +122,9 @@ fn restored_vmm(timeout_pid: u32) -> Option<u32> {
     (perms == "rw-s").then_some(vmm)
 }
 
-/// Writes the last byte of the restored VM's RAM (in `vmm`) through its
-/// memory file, and reads it through `clone`'s own mapping: what the clone
-/// sees there.
-fn write_through(vmm: u32, clone: &Clone) -> u8 {
+/// Writes the last byte of the restored VM's RAM (in `vmm`), and reads it through `clone`'s own mapping: the byte
+/// before, the byte written, and what the clone sees there after.
+fn write_through(vmm: u32, clone: &Clone) -> (u8, u8, u8) {
     let at = RAM - 1;
     let (base, _) = guest_ram_mapping(clone.vmm).expect("the clone's guest RAM");
     let clone_mem = std::fs::File::open(format!("/proc/{}/mem", clone.vmm)).expect("clone mem");
@@ -128,39 +132,21 @@ fn write_through(vmm: u32, clone: &Clone) -> u8 {
     clone_mem
         .read_exact_at(&mut before, base + at)
         .expect("read the clone");
-    let ram = writable_memfd(vmm);
-    ram.write_all_at(&[before[0] ^ 0xa5], at)
+    // Through the restored VMM's shared mapping (hugetlbfs has no write(2)).
+    let (vmm_base, _) = guest_ram_mapping(vmm).expect("the restored VM's guest RAM");
+    let vmm_mem = std::fs::OpenOptions::new()
+        .write(true)
+        .open(format!("/proc/{vmm}/mem"))
+        .expect("restored VM mem");
+    let wrote = before[0] ^ 0xa5;
+    vmm_mem
+        .write_all_at(&[wrote], vmm_base + at)
         .expect("write the restored VM's RAM");
     let mut after = [0u8];
     clone_mem
         .read_exact_at(&mut after, base + at)
         .expect("read the clone");
-    after[0]
-}
-
-/// The largest memfd `pid` holds, opened for writing.
-fn writable_memfd(pid: u32) -> std::fs::File {
-    let mut best: Option<(u64, std::fs::File)> = None;
-    for e in std::fs::read_dir(format!("/proc/{pid}/fd"))
-        .expect("its fds")
-        .flatten()
-    {
-        let target = std::fs::read_link(e.path()).unwrap_or_default();
-        if !target.to_string_lossy().starts_with("/memfd:") {
-            continue;
-        }
-        if let Ok(f) = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(e.path())
-        {
-            let len = f.metadata().map(|m| m.len()).unwrap_or(0);
-            if best.as_ref().is_none_or(|(l, _)| len > *l) {
-                best = Some((len, f));
-            }
-        }
-    }
-    best.expect("a memfd").1
+    (before[0], wrote, after[0])
 }
 
 #[test]

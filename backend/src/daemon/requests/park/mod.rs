@@ -195,7 +195,9 @@ pub async fn unpark(rooms: &Arc<Rooms>, session: SessionId, uid: u32, name: &str
     if let Some(other) = rooms.saving.held_by_other(found.alloc, session) {
         return Outcome::error(Status::Invalid, send::being_saved(name, other));
     }
-    if let Some(msg) = template_in_use(rooms, (found.alloc, &found.regions), name, "UNPARK").await {
+    if let Some(msg) =
+        send::template_in_use(rooms, (found.alloc, &found.regions), name, "UNPARK").await
+    {
         return Outcome::error(Status::Invalid, msg);
     }
     match rooms.pool.release_parked(uid, name) {
@@ -218,42 +220,6 @@ pub async fn unpark(rooms: &Arc<Rooms>, session: SessionId, uid: u32, name: &str
         }
         Err(e) => Outcome::error(Status::NotFound, e.to_string()),
     }
-}
-
-/// Why `request` (RESTORE, UNPARK) of the parked VM `alloc` (its
-/// `regions`) is refused while shared clones use it, if so: clones
-/// counted against it, or (a marked template, `parked::clones`)
-/// processes that map its files.
-pub async fn template_in_use(
-    rooms: &Rooms,
-    (alloc, regions): (
-        crate::daemon::pool::AllocId,
-        &[(crate::daemon::pool::RegionId, Arc<guest_mem::Region>)],
-    ),
-    name: &str,
-    request: &str,
-) -> Option<String> {
-    use crate::daemon::requests::parked::clones;
-    let counted = rooms.clones.of(alloc);
-    if counted.0 > 0 {
-        return Some(clones::has_clones(name, request, counted));
-    }
-    if !rooms.clones.is_marked(alloc) {
-        return None;
-    }
-    let regions: Vec<Arc<guest_mem::Region>> = regions.iter().map(|(_, r)| Arc::clone(r)).collect();
-    let scan = std::time::Instant::now();
-    let pids = clones::mapped_by(&regions, rooms.lifecycle.predecessor().get()).await;
-    let scan_ms = scan.elapsed().as_secs_f64() * 1e3;
-    if pids.is_empty() {
-        info!(
-            name,
-            alloc, scan_ms, "{request}: no process maps the template any more; its mark is cleared"
-        );
-        rooms.clones.clear_mark(alloc);
-        return None;
-    }
-    Some(clones::still_mapped(name, request, &pids))
 }
 
 /// The answer to a refused FREE: the launcher of a VM that was parked
