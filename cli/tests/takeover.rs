@@ -372,6 +372,7 @@ fn a_newer_state_document_is_refused_with_its_version() {
             allocations: Vec::new(),
             connections: Vec::new(),
             fills: Vec::new(),
+            clone_templates: Vec::new(),
             counters: Default::default(),
         };
         channel::send_all(&s, &doc.to_memfd().expect("memfd"), &[]).expect("send");

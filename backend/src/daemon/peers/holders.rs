@@ -342,6 +342,66 @@ fn scan_maps(
     }
 }
 
+/// Every process (at most 32, by pid) that maps any of `targets`, other
+/// than the daemon's own mappings of them (see the module docs) and the
+/// processes `skip` names: a full scan of `/proc/*/maps` (fds are not
+/// looked at: an fd alone runs nothing on the memory). Blocking file I/O.
+pub fn mappers(targets: &[Owned], skip: &dyn Fn(i32) -> bool) -> Vec<i32> {
+    mappers_under(Path::new("/proc"), std::process::id(), skip, targets)
+}
+
+fn mappers_under(
+    proc_root: &Path,
+    self_pid: u32,
+    skip: &dyn Fn(i32) -> bool,
+    targets: &[Owned],
+) -> Vec<i32> {
+    let mut out = Vec::new();
+    if targets.is_empty() {
+        return out;
+    }
+    let by_dev_ino: HashMap<(u64, u64, u64), Vec<usize>> =
+        targets
+            .iter()
+            .enumerate()
+            .fold(HashMap::new(), |mut m, (i, t)| {
+                let (maj, min) = t.id.major_minor();
+                m.entry((maj, min, t.id.ino)).or_default().push(i);
+                m
+            });
+    let Ok(dir) = fs::read_dir(proc_root) else {
+        return out;
+    };
+    for entry in dir.flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|s| s.parse::<i32>().ok())
+        else {
+            continue;
+        };
+        if skip(pid) {
+            continue;
+        }
+        let is_self = u32::try_from(pid).is_ok_and(|p| p == self_pid);
+        let mut found = vec![None; targets.len()];
+        scan_maps(
+            &entry.path(),
+            pid,
+            is_self,
+            targets,
+            &by_dev_ino,
+            &mut found,
+        );
+        if found.iter().any(Option::is_some) {
+            out.push(pid);
+        }
+    }
+    out.sort_unstable();
+    out.truncate(32);
+    out
+}
+
 /// Whether process `pid` maps any of `files` (its `/proc/PID/maps`); false
 /// when it cannot be read (gone, or not ours to read).
 pub fn maps_any(pid: u32, files: &[FileId]) -> bool {
@@ -440,6 +500,35 @@ mod tests {
         );
         drop(dup);
         assert!(no_holder_settles(&own));
+    }
+
+    #[test]
+    fn mappers_are_the_processes_mapping_a_file_not_those_holding_an_fd() {
+        // A child that maps its own executable; this process holds an fd
+        // of that file too (not a mapping: not a mapper).
+        let mut child = std::process::Command::new("sh")
+            .args(["-c", "echo running; read end"])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("start sh");
+        let mut said = String::new();
+        std::io::BufRead::read_line(
+            &mut std::io::BufReader::new(child.stdout.take().expect("its stdout")),
+            &mut said,
+        )
+        .expect("its first line");
+        let exe = fs::File::open(format!("/proc/{}/exe", child.id())).expect("open");
+        let own = Owned::region(exe.as_fd(), 0, 0).expect("owned");
+        let pid = i32::try_from(child.id()).expect("pid");
+        let found = mappers(std::slice::from_ref(&own), &|_| false);
+        let skipped = mappers(std::slice::from_ref(&own), &|p| p == pid);
+        drop(child.stdin.take());
+        let _ = child.wait();
+        assert!(found.contains(&pid), "{found:?}");
+        assert!(!skipped.contains(&pid), "{skipped:?}");
+        let me = i32::try_from(std::process::id()).expect("pid");
+        assert!(!found.contains(&me), "an fd is not a mapping: {found:?}");
     }
 
     #[test]

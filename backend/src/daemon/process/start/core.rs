@@ -217,9 +217,21 @@ pub(super) fn core(
         Some(_) => "the state systemd's fd store kept did not have it (the store was dropped, or the daemon crashed before it stored the VM)",
     };
     let listed = std::mem::take(&mut c.park_listed);
-    c.rooms
-        .park_record
-        .reconcile(listed, &c.pool.parking().parked_list(), reason);
+    let parked = c.pool.parking().parked_list();
+    c.rooms.park_record.reconcile(listed, &parked, reason);
+    if let Some(inh) = inherited.as_deref() {
+        // Templates shared clones may still map, uncounted: the
+        // predecessor's marks; every parked VM when its document was
+        // written while it served (it may be older than its last CLONE).
+        let marked = &inh.state.clone_templates;
+        let all = !inh.state.last;
+        c.rooms.clones.mark(
+            parked
+                .iter()
+                .map(|p| p.alloc)
+                .filter(|a| all || marked.contains(a)),
+        );
+    }
     {
         use std::os::fd::AsFd;
         let dup = |fd: std::os::fd::BorrowedFd<'_>| fd.try_clone_to_owned().ok();
@@ -314,7 +326,7 @@ impl Components {
             stats,
             fills: Arc::clone(&fills),
             saving: Arc::default(),
-            clones,
+            clones: Arc::clone(&clones),
             copy_fills,
             store_sync: std::sync::OnceLock::new(),
             park_record,
@@ -329,6 +341,7 @@ impl Components {
             scrubbers: Mutex::new(scrubbers),
             topology: Arc::clone(topology),
             fills,
+            clones,
         });
         let server = Arc::new(Server {
             lifecycle: Arc::clone(&lifecycle),

@@ -195,9 +195,9 @@ pub async fn unpark(rooms: &Arc<Rooms>, session: SessionId, uid: u32, name: &str
     if let Some(other) = rooms.saving.held_by_other(found.alloc, session) {
         return Outcome::error(Status::Invalid, send::being_saved(name, other));
     }
-    let clones = rooms.clones.of(found.alloc);
-    if clones.0 > 0 {
-        let msg = crate::daemon::requests::parked::clones::has_clones(name, "UNPARK", clones);
+    if let Some(msg) =
+        send::template_in_use(rooms, (found.alloc, &found.regions), name, "UNPARK").await
+    {
         return Outcome::error(Status::Invalid, msg);
     }
     match rooms.pool.release_parked(uid, name) {

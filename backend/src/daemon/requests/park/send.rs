@@ -99,6 +99,42 @@ pub fn files_gone(has_files: bool, found: &FoundParked) -> Option<StepError> {
     (!has_files && unfilled).then(|| StepError::FilesGone(found.vm.name.clone()))
 }
 
+/// Why `request` (RESTORE, UNPARK) of the parked VM `alloc` (its
+/// `regions`) is refused while shared clones use it, if so: clones
+/// counted against it, or (a marked template, `parked::clones`)
+/// processes that map its files.
+pub async fn template_in_use(
+    rooms: &Rooms,
+    (alloc, regions): (
+        crate::daemon::pool::AllocId,
+        &[(crate::daemon::pool::RegionId, Arc<guest_mem::Region>)],
+    ),
+    name: &str,
+    request: &str,
+) -> Option<String> {
+    use crate::daemon::requests::parked::clones;
+    let counted = rooms.clones.of(alloc);
+    if counted.0 > 0 {
+        return Some(clones::has_clones(name, request, counted));
+    }
+    if !rooms.clones.is_marked(alloc) {
+        return None;
+    }
+    let regions: Vec<Arc<guest_mem::Region>> = regions.iter().map(|(_, r)| Arc::clone(r)).collect();
+    let scan = std::time::Instant::now();
+    let pids = clones::mapped_by(&regions, rooms.lifecycle.predecessor().get()).await;
+    let scan_ms = scan.elapsed().as_secs_f64() * 1e3;
+    if pids.is_empty() {
+        info!(
+            name,
+            alloc, scan_ms, "{request}: no process maps the template any more; its mark is cleared"
+        );
+        rooms.clones.clear_mark(alloc);
+        return None;
+    }
+    Some(clones::still_mapped(name, request, &pids))
+}
+
 /// Why a request on a parked VM that connection `holder` is saving is
 /// refused.
 pub fn being_saved(name: &str, holder: SessionId) -> String {
@@ -122,9 +158,9 @@ pub async fn restore(rooms: &Arc<Rooms>, req: RestoreRequest, fds: Vec<OwnedFd>)
     };
     // Copy clones still reading it finish first (they read within moments).
     rooms.copy_fills.wait_ended(found.alloc).await;
-    let clones = rooms.clones.of(found.alloc);
-    if clones.0 > 0 {
-        let msg = crate::daemon::requests::parked::clones::has_clones(&req.name, "RESTORE", clones);
+    if let Some(msg) =
+        template_in_use(rooms, (found.alloc, &found.regions), &req.name, "RESTORE").await
+    {
         return refused(rooms, &req, Status::Invalid, msg);
     }
     // The files are the tenant's again before its VMM opens them (QEMU

@@ -38,18 +38,26 @@
 //! By allocation and connection: a takeover carries each connection's
 //! count in its record (`ConnectionRecord::shared_clones`), and the
 //! successor counts them again when it adopts the connection. A restart
-//! from systemd's fd store does not (connections do not survive it: the
-//! clones keep running on their own mappings, but the template's next
-//! RESTORE is no longer refused).
+//! from systemd's fd store cannot (no connection survives it), and a
+//! clone's cloud-hypervisor may outlive its launcher's connection (the
+//! launcher killed). Such clones run on, mapping the template, uncounted.
+//! So the count is not the only guard: a template a shared clone was ever
+//! admitted on stays *marked* (the mark travels in the state document,
+//! `State::clone_templates`; a start from a document written while the
+//! daemon served, which may be older than the last CLONE, marks every
+//! parked VM). A RESTORE or UNPARK of a marked template with no clone
+//! counted scans `/proc` for processes that map its files
+//! ([`mapped_by`]): any found, it is refused naming them; none, the mark
+//! is cleared and it goes on.
 
-use std::collections::BTreeMap;
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use guest_mem::pools::PoolCounts;
-use guest_mem::PageSize;
+use guest_mem::{PageSize, Region};
 
 use crate::daemon::ids::{AllocId, SessionId};
-use crate::daemon::peers::holders::{maps_any, FileId};
+use crate::daemon::peers::holders::{mappers, maps_any, FileId, Owned};
 
 /// Why a shared clone was refused for want of huge pages.
 #[derive(Debug, thiserror::Error)]
@@ -112,11 +120,13 @@ struct Promise {
     _ended: tokio::sync::oneshot::Sender<()>,
 }
 
-/// The holds by clone id, and the last id given.
+/// The holds by clone id, the last id given, and the marked templates
+/// (see the module docs).
 #[derive(Debug, Default)]
 struct Book {
     holds: BTreeMap<u64, Hold>,
     last_id: u64,
+    marked: BTreeSet<AllocId>,
 }
 
 impl Book {
@@ -240,6 +250,7 @@ impl Clones {
             });
             ended = Some(rx);
         }
+        book.marked.insert(template);
         let id = book.insert(Hold {
             template,
             session,
@@ -332,6 +343,33 @@ impl Clones {
             .sum()
     }
 
+    /// Marks `templates`: they may be mapped by clones not counted (a
+    /// predecessor's marks, or every VM parked when its document was
+    /// written while it served).
+    pub fn mark(&self, templates: impl IntoIterator<Item = AllocId>) {
+        self.lock().marked.extend(templates);
+    }
+
+    /// The marked templates (for the state document).
+    pub fn marked(&self) -> Vec<AllocId> {
+        self.lock().marked.iter().copied().collect()
+    }
+
+    /// Whether `template` is marked: a RESTORE or UNPARK of it looks for
+    /// processes that map it first ([`mapped_by`]).
+    pub fn is_marked(&self, template: AllocId) -> bool {
+        self.lock().marked.contains(&template)
+    }
+
+    /// No process maps `template` and no clone counts: its mark is
+    /// cleared (a CLONE of it marks it again).
+    pub fn clear_mark(&self, template: AllocId) {
+        let mut book = self.lock();
+        if !book.holds.values().any(|h| h.template == template) {
+            book.marked.remove(&template);
+        }
+    }
+
     /// Running shared clones in all.
     pub fn running(&self) -> usize {
         self.lock().holds.len()
@@ -381,6 +419,38 @@ fn check_budget(available: u64, need: u64, headroom: u64) -> Result<(), u64> {
     } else {
         Err(want - available)
     }
+}
+
+/// The processes (pids, at most 32) other than the daemon, its
+/// predecessor still running and its own fault helpers, that map any of
+/// `regions`' files: a full `/proc` scan, on a blocking thread.
+pub async fn mapped_by(regions: &[Arc<Region>], predecessor: Option<i32>) -> Vec<i32> {
+    let targets: Vec<Owned> = regions
+        .iter()
+        .filter_map(|r| {
+            Owned::region(
+                r.fd(),
+                r.as_ptr() as usize,
+                usize::try_from(r.len()).unwrap_or(usize::MAX),
+            )
+            .ok()
+        })
+        .collect();
+    let skip = move |pid| predecessor == Some(pid) || crate::fault_helpers::is_own_helper(pid);
+    tokio::task::spawn_blocking(move || mappers(&targets, &skip))
+        .await
+        .unwrap_or_default()
+}
+
+/// Why a RESTORE or UNPARK of a template that processes still map is
+/// refused, naming them.
+pub fn still_mapped(name: &str, request: &str, pids: &[i32]) -> String {
+    format!(
+        "{name:?} is still mapped by process(es) {pids:?}, shared clones of it the daemon no \
+         longer counts (their launchers' connections ended: a restart from systemd's fd store, \
+         or a launcher gone before its VM): {request} would change or free the memory they map; \
+         stop them first"
+    )
 }
 
 /// Why a RESTORE or UNPARK of a template with running clones is refused.

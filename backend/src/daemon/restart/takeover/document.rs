@@ -72,6 +72,7 @@ pub fn build(
         allocations,
         connections,
         fills,
+        clone_templates: parts.clones.marked(),
         counters: parts.metrics.to_map(),
     };
     Ok((doc, fds.into_fds()))

@@ -50,6 +50,8 @@ pub struct Parts {
     pub topology: Arc<Topology>,
     /// The files of VMs parked on demand.
     pub fills: Arc<crate::daemon::requests::parked::loads::PendingLoads>,
+    /// The shared clones' book (its marked templates travel).
+    pub clones: Arc<crate::daemon::requests::parked::clones::Clones>,
 }
 
 impl Parts {

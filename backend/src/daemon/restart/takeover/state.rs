@@ -83,6 +83,12 @@ pub struct State {
     /// a predecessor's document that did not carry them).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub fills: Vec<LoadRecord>,
+    /// The parked VMs (allocations) that shared clones may still map
+    /// without a connection counting them (`requests::parked::clones`:
+    /// the marks; left out when there are none, as in a document of an
+    /// earlier version).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub clone_templates: Vec<u64>,
     /// The daemon's counters (STATS `counters`), so totals stay balanced.
     pub counters: BTreeMap<String, u64>,
 }
@@ -259,6 +265,7 @@ mod tests {
             allocations: Vec::new(),
             connections: Vec::new(),
             fills: Vec::new(),
+            clone_templates: Vec::new(),
             counters: BTreeMap::new(),
         }
     }
