@@ -86,7 +86,7 @@ impl Supply {
     }
 
     /// The kernel's part of `need`: what the pool does not cover.
-    fn from_kernel(&self, need: u64, takes: Takes) -> u64 {
+    fn kernel_part(&self, need: u64, takes: Takes) -> u64 {
         match takes {
             Takes::PoolOrKernel => need.saturating_sub(self.pool_clean),
             Takes::Kernel => need,
@@ -121,7 +121,7 @@ pub(crate) fn ensure_covered(
 ) -> Result<Supply, VmmUpdateError> {
     let mut supply = Supply::now(daemon, page)?;
     if supply.short_of(need, takes) > 0 {
-        let pages = supply.from_kernel(need, takes).div_ceil(page.bytes());
+        let pages = supply.kernel_part(need, takes).div_ceil(page.bytes());
         info!(
             "{what}: {} of {page} pages short ({}); asking the kernel for {pages} free pages",
             format_size(supply.short_of(need, takes)),
@@ -233,8 +233,8 @@ mod tests {
         assert_eq!(s.short_of(1280 * MIB, Takes::PoolOrKernel), 0);
         assert_eq!(s.short_of(1536 * MIB, Takes::PoolOrKernel), 256 * MIB);
         assert_eq!(s.short_of(1280 * MIB, Takes::Kernel), 512 * MIB);
-        assert_eq!(s.from_kernel(1280 * MIB, Takes::PoolOrKernel), 768 * MIB);
-        assert_eq!(s.from_kernel(1280 * MIB, Takes::Kernel), 1280 * MIB);
+        assert_eq!(s.kernel_part(1280 * MIB, Takes::PoolOrKernel), 768 * MIB);
+        assert_eq!(s.kernel_part(1280 * MIB, Takes::Kernel), 1280 * MIB);
     }
 
     #[test]
