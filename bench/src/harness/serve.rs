@@ -139,8 +139,9 @@ impl ServeChild {
         self.exited
     }
 
-    /// Waits for it to exit until `deadline`; `None` if it has not by then
-    /// ([`wait_child_until`]).
+    /// Waits for it to exit until `deadline`; `None` if it has not by then.
+    /// Sleeps on a pidfd of it, which turns readable at its exit (see
+    /// `wait_child_until`).
     pub fn wait_until(&mut self, deadline: Instant) -> Option<ExitStatus> {
         if self.exited.is_none() {
             self.exited = wait_child_until(&mut self.child, deadline);
