@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::harness::serve::{ServeChild, ServeOptions};
+use crate::harness::serve::{wait_child_until, ServeChild, ServeOptions};
 use crate::vmm_side::{BenchVmm, CloudHypervisor};
 use crate::vmm_update::error::{io, VmmUpdateError};
 
@@ -58,20 +58,18 @@ impl Launcher {
         lines.into_iter().rev().collect::<Vec<_>>().join(" | ")
     }
 
-    /// Waits for its exit; true when it ended with status 0.
+    /// Waits for its exit (on a pidfd of it: the exit is the event); true
+    /// when it ended with status 0.
     pub(crate) fn ended_ok(&mut self) -> Result<bool, VmmUpdateError> {
-        let until = Instant::now() + EXIT_WAIT;
-        loop {
-            if let Some(status) = self.exited() {
-                return Ok(status.success());
-            }
-            if Instant::now() > until {
-                return Err(VmmUpdateError::Guest(format!(
-                    "{} did not exit within {EXIT_WAIT:?}",
-                    self.what
-                )));
-            }
-            std::thread::sleep(Duration::from_millis(2));
+        if self.status.is_none() {
+            self.status = wait_child_until(&mut self.child, Instant::now() + EXIT_WAIT);
+        }
+        match self.status {
+            Some(status) => Ok(status.success()),
+            None => Err(VmmUpdateError::Guest(format!(
+                "{} did not exit within {EXIT_WAIT:?}",
+                self.what
+            ))),
         }
     }
 }

@@ -16,10 +16,12 @@
 //!
 //! `plan.rs` decides which combinations of size and count fit this host's
 //! memory and says why the others are left out; `phases.rs` runs them,
-//! `starts.rs` measures one batch, `ch_restore.rs` runs cloud-hypervisor's
-//! restores; the table is `report/tables/clone.rs`'s, made from the JSON.
+//! `cover.rs` checks that the pool and the kernel cover each batch before
+//! it starts, `starts.rs` measures one batch, `ch_restore.rs` runs
+//! cloud-hypervisor's restores; the table is `report/tables/clone.rs`'s, made from the JSON.
 
 mod ch_restore;
+mod cover;
 mod launch;
 mod observe;
 mod phases;

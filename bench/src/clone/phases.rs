@@ -11,7 +11,9 @@
 //!   memory handed over), stopped; then N copy clones at once.
 //!
 //! Between batches the daemon is let finish scrubbing what the last batch
-//! freed, so that every batch meets a clean pool.
+//! freed, so that every batch meets a clean pool; then the pool and the
+//! kernel must cover the batch (`cover.rs`), before the phase's template
+//! too.
 
 use std::fs::File;
 use std::hash::Hasher;
@@ -21,6 +23,7 @@ use std::time::{Duration, Instant};
 
 use guest_mem::PageSize;
 
+use super::cover::{ensure_covered, Takes};
 use super::launch::{stop_all, Daemon, Source};
 use super::observe::{ReadRam, Starting};
 use super::report::{StartResult, TemplateCheck};
@@ -84,6 +87,12 @@ impl Phase {
             dir,
             (&name, pool, vms),
         )?;
+        let peak = size.saturating_mul(vms as u64 + 1);
+        let what = format!(
+            "the {mode} phase (a template and {vms} VMs of {})",
+            guest_mem::size::format_size(size)
+        );
+        ensure_covered(&daemon, page, (&what, peak, Takes::PoolOrKernel))?;
         let vm = daemon.launch(Source::Fresh(elf), size, page)?;
         let vmm = child_of(vm.pid())?;
         let ram = GuestRam::of_launched_ch(vm.pid(), vmm)?;
@@ -105,7 +114,10 @@ impl Phase {
         })
     }
 
-    /// Waits until the daemon has no clone counted and nothing to scrub.
+    /// Waits until the daemon has no clone counted and nothing to scrub:
+    /// the event is a STATS answer saying so (the daemon pushes nothing, so
+    /// it is asked again every few milliseconds). The last batch's
+    /// launchers were reaped before (`stop_all`), each after its VMM.
     fn settle(&self) -> Result<(), VmmUpdateError> {
         let deadline = Instant::now() + Duration::from_secs(300);
         let mut client = self.daemon.client()?;
@@ -163,6 +175,17 @@ impl Phase {
         out: &mut StartResult,
     ) -> Result<Vec<Starting>, VmmUpdateError> {
         self.settle()?;
+        let takes = match self.mode {
+            "shared" => Takes::Kernel,
+            _ => Takes::PoolOrKernel,
+        };
+        let what = format!(
+            "{n} {} clone(s) of {}",
+            self.mode,
+            guest_mem::size::format_size(self.size)
+        );
+        let need = self.size.saturating_mul(n as u64);
+        ensure_covered(&self.daemon, self.page, (&what, need, takes))?;
         let before = Before::now(&self.daemon, self.page)?;
         let from = count_in(&self.template)?;
         let batch = Batch {

@@ -11,6 +11,7 @@ use super::ch_restore::ch_restores;
 use super::phases::Phase;
 use super::plan::{host_budget, CloneConfig, Combination, Plan};
 use super::report::{CloneReport, StartResult, TemplateCheck};
+use super::starts::kernel_pages;
 use crate::harness::rounds;
 use crate::private_dir::PrivateDir;
 use crate::vmm_update::error::{io, VmmUpdateError};
@@ -113,6 +114,15 @@ fn one_size(
 ) {
     let (size, page) = (combos[0].size, combos[0].page_size);
     let label = format!("{} on {page} pages", guest_mem::size::format_size(size));
+    let kernel = |when: &str| {
+        let (free, reserved) = kernel_pages(page);
+        format!(
+            "{label}: {when}, the kernel has {} of {page} pages free, {} of them reserved",
+            guest_mem::size::format_size(free),
+            guest_mem::size::format_size(reserved)
+        )
+    };
+    progress(&kernel("before the shared phase"));
     match shared_phase(cfg, (dir, elf), combos, progress) {
         Ok((starts, template)) => {
             report.starts.extend(starts);
@@ -125,6 +135,7 @@ fn one_size(
                 .push(format!("{label}: shared clones not measured: {e}"));
         }
     }
+    progress(&kernel("after the shared phase"));
     match copy_phase(cfg, (dir, elf), combos, progress) {
         Ok((starts, template)) => {
             report.starts.extend(starts);
@@ -137,6 +148,7 @@ fn one_size(
             ));
         }
     }
+    progress(&kernel("after the copy phase"));
 }
 
 /// What a phase gives: its starts and its template's check.

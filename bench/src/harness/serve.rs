@@ -140,35 +140,13 @@ impl ServeChild {
     }
 
     /// Waits for it to exit until `deadline`; `None` if it has not by then.
-    /// Sleeps on a pidfd of it, which turns readable at its exit, so the
-    /// exit is seen at once (a kernel without `pidfd_open`, before 5.3,
-    /// gets a look every millisecond).
+    /// Sleeps on a pidfd of it, which turns readable at its exit (see
+    /// `wait_child_until`).
     pub fn wait_until(&mut self, deadline: Instant) -> Option<ExitStatus> {
-        use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
-        use std::os::fd::AsFd;
-        // Not reaped yet (`exited` is unset), so its pid is still its own.
-        let exit_event = match self.try_wait() {
-            Some(status) => return Some(status),
-            None => pidfd(self.child.id()),
-        };
-        loop {
-            if let Some(status) = self.try_wait() {
-                return Some(status);
-            }
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return None;
-            }
-            match &exit_event {
-                Some(fd) => {
-                    // Rounded up, so the last wait does not end just short.
-                    let millis = u16::try_from(left.as_millis() + 1).unwrap_or(u16::MAX);
-                    let mut fds = [PollFd::new(fd.as_fd(), PollFlags::POLLIN)];
-                    let _ = poll(&mut fds, PollTimeout::from(millis));
-                }
-                None => std::thread::sleep(left.min(Duration::from_millis(1))),
-            }
+        if self.exited.is_none() {
+            self.exited = wait_child_until(&mut self.child, deadline);
         }
+        self.exited
     }
 
     /// Sends SIGTERM (it gives its pages back and exits).
@@ -199,6 +177,38 @@ impl ServeChild {
     pub fn stop(mut self) {
         self.terminate();
         self.wait();
+    }
+}
+
+/// Waits for `child` to exit until `deadline`; `None` if it has not by
+/// then. Sleeps on a pidfd of it, which turns readable at its exit, so the
+/// exit is seen at once (a kernel without `pidfd_open`, before 5.3, gets a
+/// look every millisecond). `child` must not have been reaped yet.
+pub(crate) fn wait_child_until(child: &mut Child, deadline: Instant) -> Option<ExitStatus> {
+    use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+    use std::os::fd::AsFd;
+    // Not reaped yet, so its pid is still its own.
+    let exit_event = match child.try_wait() {
+        Ok(Some(status)) => return Some(status),
+        _ => pidfd(child.id()),
+    };
+    loop {
+        if let Ok(Some(status)) = child.try_wait() {
+            return Some(status);
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return None;
+        }
+        match &exit_event {
+            Some(fd) => {
+                // Rounded up, so the last wait does not end just short.
+                let millis = u16::try_from(left.as_millis() + 1).unwrap_or(u16::MAX);
+                let mut fds = [PollFd::new(fd.as_fd(), PollFlags::POLLIN)];
+                let _ = poll(&mut fds, PollTimeout::from(millis));
+            }
+            None => std::thread::sleep(left.min(Duration::from_millis(1))),
+        }
     }
 }
 
