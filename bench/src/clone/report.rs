@@ -129,8 +129,10 @@ pub struct CloneReport {
     pub starts: Vec<StartResult>,
     /// The templates before and after.
     pub templates: Vec<TemplateCheck>,
-    /// cloud-hypervisor's own restores.
+    /// cloud-hypervisor's own restores (`--vmm cloud-hypervisor`).
     pub ch_restore: Vec<ChRestoreResult>,
+    /// QEMU's own saves and restores (`--vmm qemu`).
+    pub qemu_restore: Vec<super::qemu_own::QemuRestoreResult>,
     /// Phases that failed, and why (a template the launcher cannot clone).
     pub notes: Vec<String>,
 }

@@ -1,7 +1,10 @@
 //! `clone` runs: what the plan left out, every kind of start beside the
 //! floor of the same size, count and start (restores from the park), the
-//! memory each VM took, cloud-hypervisor's own restores, and the issue's
-//! expectations checked on the figures, each beside its limit.
+//! memory each VM took, cloud-hypervisor's own restores (or QEMU's, for a
+//! `--vmm qemu` run: `clone/qemu.rs`), and the issues' expectations checked
+//! on the figures, each beside its limit.
+
+mod qemu;
 
 use serde_json::Value;
 
@@ -417,10 +420,11 @@ fn bytes_expectation(v: &Value) -> (String, String) {
     let bad: f64 = all
         .iter()
         .chain(
-            v["ch_restore"]
-                .as_array()
-                .map(|a| a.iter().collect::<Vec<_>>())
-                .unwrap_or_default()
+            ["ch_restore", "qemu_restore"]
+                .iter()
+                .flat_map(|k| v[*k].as_array().map(|a| a.iter().collect::<Vec<_>>()))
+                .flatten()
+                .collect::<Vec<_>>()
                 .iter(),
         )
         .map(|x| num(x, "guest_bad").unwrap_or(0.0))
@@ -444,7 +448,8 @@ fn bytes_expectation(v: &Value) -> (String, String) {
 pub(super) fn clone(v: &Value) -> String {
     let mut out = String::new();
     out += &format!(
-        "Sizes {}; counts {}; page sizes {}; {} repetition(s) of each.",
+        "{}Sizes {}; counts {}; page sizes {}; {} repetition(s) of each.",
+        if qemu::is_qemu(v) { "QEMU VMs. " } else { "" },
         v["sizes"]
             .as_array()
             .map(|a| a
@@ -496,11 +501,19 @@ pub(super) fn clone(v: &Value) -> String {
     out += "\n";
     out += &memory(v);
     out += &ch_restores(v);
+    out += &qemu::restores(v);
     out += "\n| **expected** | measured: verdict |\n|---|---|\n";
-    let mut rows = latency_expectations(v);
-    rows.push(at_once_expectation(v));
+    let mut rows = if qemu::is_qemu(v) {
+        qemu::expectations(v)
+    } else {
+        let mut rows = latency_expectations(v);
+        rows.push(at_once_expectation(v));
+        rows
+    };
     rows.push(memory_expectation(v));
-    rows.push(ch_expectation(v));
+    if !qemu::is_qemu(v) {
+        rows.push(ch_expectation(v));
+    }
     rows.push(bytes_expectation(v));
     for (label, text) in rows {
         out += &format!("| {label} | {text} |\n");
