@@ -31,9 +31,9 @@ fn kind_name(x: &Value) -> &'static str {
     }
 }
 
-/// Bytes as MiB with one decimal.
-fn mib(x: &Value, path: &str) -> String {
-    num(x, path).map_or_else(|| "-".into(), |b| fixed(b / f64::from(1u32 << 20), 1))
+/// Bytes as KiB: a floor's file is tens of KiB, a migrate's the guest's RAM.
+fn kib(x: &Value, path: &str) -> String {
+    num(x, path).map_or_else(|| "-".into(), |b| fixed(b / 1024.0, 0))
 }
 
 /// QEMU's own saves and restores, beside the clones of the same size.
@@ -42,7 +42,7 @@ pub(super) fn restores(v: &Value) -> String {
     if list.is_empty() {
         return String::new();
     }
-    let mut out = String::from("\n| template | QEMU's own save and restore | save p50, ms | running p50 / p95, ms | file, MiB | RAM in the stream, MiB | over a shared / copy clone (one at a time, p50) | the guest's bad pages | note |\n|---|---|---|---|---|---|---|---|---|\n");
+    let mut out = String::from("\n| template | QEMU's own save and restore | save p50, ms | running p50 / p95, ms | file, KiB | RAM in the stream, KiB | over a shared / copy clone (one at a time, p50) | the guest's bad pages | note |\n|---|---|---|---|---|---|---|---|---|\n");
     for x in list {
         let over = |mode: &str| {
             clone_p50(v, x, mode)
@@ -60,8 +60,8 @@ pub(super) fn restores(v: &Value) -> String {
                 "-".into()
             },
             if ran { p50_p95(x) } else { "-".into() },
-            mib(x, "file_bytes"),
-            mib(x, "ram_transferred_bytes"),
+            kib(x, "file_bytes"),
+            kib(x, "ram_transferred_bytes"),
             over("shared"),
             over("copy"),
             f(x, "guest_bad", 0),
