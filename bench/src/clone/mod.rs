@@ -36,6 +36,9 @@ mod starts;
 
 pub use ch_restore::CH_RESTORE_MODES;
 pub use plan::{host_budget, parse_list, vmm_arg, CloneConfig, Combination, LeftOut, List, Plan};
-pub use qemu_own::{QemuRestoreResult, QEMU_RESTORE_KINDS};
-pub use report::{nearest_rank, ChRestoreResult, CloneReport, Series, StartResult, TemplateCheck};
+pub use qemu_own::QEMU_RESTORE_KINDS;
+pub use report::{
+    nearest_rank, ChRestoreResult, CloneReport, QemuRestoreResult, Series, StartResult,
+    TemplateCheck,
+};
 pub use run::{plan, run};

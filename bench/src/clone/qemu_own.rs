@@ -19,38 +19,13 @@ use std::ffi::OsString;
 use std::path::Path;
 
 use guest_mem::PageSize;
-use serde::Serialize;
 
 use super::plan::CloneConfig;
-use super::report::Series;
+use super::report::QemuRestoreResult;
 use crate::offload::{floor_save_restore, own_save_restore};
 
 /// QEMU's kinds of save and restore, as the report names them.
 pub const QEMU_RESTORE_KINDS: [&str; 2] = ["floor", "migrate"];
-
-/// QEMU's own save and restore of the same VM, one kind.
-#[derive(Debug, Clone, Default, Serialize)]
-pub struct QemuRestoreResult {
-    /// `2M` or `1G`.
-    pub page_size: String,
-    /// Guest size, bytes.
-    pub size: u64,
-    /// `floor` (`x-ignore-shared` on the same memory) or `migrate` (all
-    /// RAM through the file).
-    pub kind: String,
-    /// `migrate` until `completed`, ms.
-    pub save_ms: Series,
-    /// The new QEMU's start to the guest counting, ms.
-    pub running_ms: Series,
-    /// The file's size, the largest, bytes.
-    pub file_bytes: u64,
-    /// RAM the stream carried (`query-migrate` `ram.transferred`), bytes.
-    pub ram_transferred_bytes: u64,
-    /// The guests' own count of bad pages.
-    pub guest_bad: u64,
-    /// Why it stopped, if it did.
-    pub note: Option<String>,
-}
 
 /// Both kinds, `cfg.reps` times each, of a `size` guest on `page` pages;
 /// a kind that fails is a note on its row.

@@ -1,20 +1,18 @@
-//! A `clone --vmm qemu` run's own parts: QEMU's own saves and restores of
-//! the same VM beside the clones, and issue 46's expectation (a clone and a
-//! restore from the park within 5 ms of QEMU's floor).
+//! A `clone --vmm qemu` run's block: `clone.rs`'s starts and memory, then
+//! QEMU's own saves and restores of the same VM beside the clones, and
+//! issue 46's expectation (a clone and a restore from the park within 5 ms
+//! of QEMU's floor) beside the memory and bytes ones.
 
 use serde_json::Value;
 
-use super::{clone_p50, p50_p95, starts, template};
+use super::cells::{f, num, s, verdict};
+use super::clone::{
+    bytes_expectation, clone_p50, expected, head, memory_expectation, p50_p95, starts, template,
+};
 use crate::report::fixed;
-use crate::report::tables::cells::{f, num, s, verdict};
 
 /// Most a start's p50 may exceed QEMU's floor's, ms (issue 46).
 const OVER_QEMU_FLOOR_MS: f64 = 5.0;
-
-/// Whether `v` is a run of QEMU VMs.
-pub(super) fn is_qemu(v: &Value) -> bool {
-    v["vmm"] == "qemu"
-}
 
 fn restore_list(v: &Value) -> Vec<&Value> {
     v["qemu_restore"]
@@ -37,7 +35,7 @@ fn kib(x: &Value, path: &str) -> String {
 }
 
 /// QEMU's own saves and restores, beside the clones of the same size.
-pub(super) fn restores(v: &Value) -> String {
+fn restores(v: &Value) -> String {
     let list = restore_list(v);
     if list.is_empty() {
         return String::new();
@@ -84,7 +82,7 @@ fn floor_p50(v: &Value, x: &Value) -> Option<f64> {
 
 /// Per kind of start, one at a time with the fewest VMs: its p50 against
 /// QEMU's floor + 5 ms, at every size.
-pub(super) fn expectations(v: &Value) -> Vec<(String, String)> {
+fn expectations(v: &Value) -> Vec<(String, String)> {
     let mut rows = Vec::new();
     for (mode, name) in [
         ("shared", "a shared clone"),
@@ -124,4 +122,15 @@ pub(super) fn expectations(v: &Value) -> Vec<(String, String)> {
         ));
     }
     rows
+}
+
+/// The whole block of a `clone --vmm qemu` run.
+pub(super) fn clone_qemu(v: &Value) -> String {
+    let mut out = head(v);
+    out += &restores(v);
+    let mut rows = expectations(v);
+    rows.push(memory_expectation(v));
+    rows.push(bytes_expectation(v));
+    out += &expected(rows);
+    out
 }
