@@ -458,6 +458,14 @@ pub(crate) struct CloneArgs {
     /// cloud-hypervisor on the PATH).
     #[arg(long)]
     pub(crate) cloud_hypervisor: Option<std::ffi::OsString>,
+    /// The VMM of every VM: cloud-hypervisor (beside its own restores) or
+    /// qemu (beside QEMU's own migrate to a file and its floor).
+    #[arg(long, default_value = "cloud-hypervisor", value_parser = ["cloud-hypervisor", "qemu"])]
+    pub(crate) vmm: String,
+    /// The QEMU binary for `--vmm qemu` (default: $QEMU, else
+    /// qemu-system-x86_64 on the PATH).
+    #[arg(long)]
+    pub(crate) qemu: Option<std::ffi::OsString>,
     /// Print one JSON object instead of the table; with PATH, write it there and print the table.
     #[arg(long, value_name = "PATH", num_args = 0..=1)]
     pub(crate) json: Option<Option<std::path::PathBuf>>,

@@ -394,6 +394,11 @@ fn clone_bench(args: CloneArgs) -> Result<i32> {
             hugemem::companion::find("hugemem")
                 .context("cannot find the hugemem binary for `hugemem launch`")?
         },
+        vmm: hugemem::launch::Vmm::parse(&args.vmm).context("--vmm names no VMM")?,
+        qemu: args
+            .qemu
+            .or_else(|| from_env("QEMU"))
+            .unwrap_or_else(|| "qemu-system-x86_64".into()),
     };
     if args.plan {
         println!("{}", serde_json::to_string_pretty(&clone::plan(&cfg).0)?);

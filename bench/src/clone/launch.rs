@@ -1,15 +1,21 @@
 //! The `hugemem` commands the bench runs, as a user would: `hugemem launch`
 //! (a template, `--clone-of NAME --clone-mode shared|copy`, `--restore
-//! NAME`) and `hugemem park`, against a private `hugemem serve`.
+//! NAME`) and `hugemem park`, against a private `hugemem serve`, with
+//! cloud-hypervisor (`--api-socket`) or QEMU (the launcher's
+//! `--control-socket`).
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
+use hugemem::launch::Vmm;
+
 use crate::harness::serve::{wait_child_until, ServeChild, ServeOptions};
-use crate::vmm_side::{BenchVmm, CloudHypervisor};
+use crate::vmm_side::{BenchVmm, CloudHypervisor, Qemu};
 use crate::vmm_update::error::{io, VmmUpdateError};
+use crate::vmm_update::guest::GuestRam;
+use crate::vmm_update::setup::child_of;
 
 /// How long a launcher may take to end once its VM is parked or stopped.
 const EXIT_WAIT: Duration = Duration::from_secs(120);
@@ -29,7 +35,8 @@ pub(crate) enum Source<'a> {
 /// is freed) and reaped when dropped.
 pub(crate) struct Launcher {
     child: Child,
-    /// Its VM's API socket.
+    /// Its VM's API socket (cloud-hypervisor) or its launcher's control
+    /// socket (QEMU): what `hugemem park` is given.
     pub(crate) api: PathBuf,
     /// What it is, for messages.
     pub(crate) what: String,
@@ -106,7 +113,8 @@ pub(crate) struct Daemon {
     pub(crate) socket: PathBuf,
     dir: PathBuf,
     launcher: PathBuf,
-    cloud_hypervisor: OsString,
+    /// The VMM and its program.
+    vmm: (Vmm, OsString),
     serve: Option<ServeChild>,
     next: usize,
 }
@@ -119,7 +127,7 @@ impl Daemon {
     /// the 17th.
     pub(crate) fn start(
         launcher: &Path,
-        cloud_hypervisor: &OsString,
+        vmm: (Vmm, OsString),
         dir: &Path,
         (name, pool, vms): (&str, u64, usize),
     ) -> Result<Self, VmmUpdateError> {
@@ -148,7 +156,7 @@ impl Daemon {
             socket,
             dir: dir.to_owned(),
             launcher: launcher.to_owned(),
-            cloud_hypervisor: cloud_hypervisor.clone(),
+            vmm,
             serve: Some(serve),
             next: 0,
         })
@@ -159,7 +167,10 @@ impl Daemon {
         Ok(backend::client::Client::connect(&self.socket)?)
     }
 
-    /// `hugemem launch --socket … [source] -- cloud-hypervisor --api-socket …`.
+    /// `hugemem launch --socket … [source] -- cloud-hypervisor --api-socket
+    /// …`, or for QEMU `hugemem launch --socket … --control-socket …
+    /// [source] -- qemu-system-x86_64 …` (a clone or a restore reuses the
+    /// parked command line).
     pub(crate) fn launch(
         &mut self,
         source: Source<'_>,
@@ -172,6 +183,11 @@ impl Daemon {
         let log = self.dir.join(format!("vm{n}.log"));
         let mut args: Vec<OsString> = vec!["launch".into(), "--socket".into()];
         args.push(self.socket.clone().into());
+        let (vmm, program) = &self.vmm;
+        if *vmm == Vmm::Qemu {
+            args.push("--control-socket".into());
+            args.push(api.clone().into());
+        }
         let what = match source {
             Source::Fresh(_) => {
                 args.extend(
@@ -195,14 +211,17 @@ impl Daemon {
             }
         };
         args.push("--".into());
-        match source {
-            Source::Fresh(elf) => {
-                args.extend(CloudHypervisor.spin_guest_args(&self.cloud_hypervisor, elf));
+        match (source, vmm) {
+            (Source::Fresh(elf), Vmm::CloudHypervisor) => {
+                args.extend(CloudHypervisor.spin_guest_args(program, elf));
             }
-            _ => args.push(self.cloud_hypervisor.clone()),
+            (Source::Fresh(elf), Vmm::Qemu) => args.extend(Qemu.spin_guest_args(program, elf)),
+            _ => args.push(program.clone()),
         }
-        args.push("--api-socket".into());
-        args.push(api.clone().into());
+        if *vmm == Vmm::CloudHypervisor {
+            args.push("--api-socket".into());
+            args.push(api.clone().into());
+        }
         let log_file =
             std::fs::File::create(&log).map_err(io(format!("create {}", log.display())))?;
         let child = Command::new(&self.launcher)
@@ -221,15 +240,32 @@ impl Daemon {
         })
     }
 
-    /// `hugemem park NAME --api-socket …` of `vm`'s VM, then its launcher's end.
+    /// The guest RAM of `vm`'s VM, a fresh launch: cloud-hypervisor's
+    /// memory zone file, opened through its launcher, or QEMU's
+    /// `mem-path=/dev/fd/N`.
+    pub(crate) fn guest_ram(&self, vm: &Launcher) -> Result<GuestRam, VmmUpdateError> {
+        let vmm = child_of(vm.pid())?;
+        match self.vmm.0 {
+            Vmm::CloudHypervisor => GuestRam::of_launched_ch(vm.pid(), vmm),
+            Vmm::Qemu => GuestRam::of(vmm),
+        }
+    }
+
+    /// `hugemem park NAME --api-socket …` (cloud-hypervisor) or `hugemem
+    /// park NAME --control-socket …` (QEMU: its launcher asks the daemon)
+    /// of `vm`'s VM, then its launcher's end.
     pub(crate) fn park(&self, mut vm: Launcher, name: &str) -> Result<(), VmmUpdateError> {
-        let out = Command::new(&self.launcher)
-            .arg("park")
-            .arg(name)
-            .arg("--socket")
-            .arg(&self.socket)
-            .arg("--api-socket")
-            .arg(&vm.api)
+        let mut park = Command::new(&self.launcher);
+        park.arg("park").arg(name);
+        match self.vmm.0 {
+            Vmm::CloudHypervisor => park
+                .arg("--socket")
+                .arg(&self.socket)
+                .arg("--api-socket")
+                .arg(&vm.api),
+            Vmm::Qemu => park.arg("--control-socket").arg(&vm.api),
+        };
+        let out = park
             .stdin(Stdio::null())
             .output()
             .map_err(io(format!("run {} park", self.launcher.display())))?;

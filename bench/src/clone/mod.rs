@@ -4,7 +4,12 @@
 //! against the floor measured in the same run (restores from the park of
 //! the same VM, `hugemem launch --restore NAME`, one after another and N at
 //! once) and cloud-hypervisor's own restore of the same VM from its
-//! `file://` snapshot in every restore mode it offers.
+//! `file://` snapshot in every restore mode it offers. With `--vmm qemu`
+//! every VM is a QEMU (`hugemem launch --control-socket … --
+//! qemu-system-x86_64 …`, parked through that socket), and QEMU's own
+//! save and restore of the same VM replace cloud-hypervisor's
+//! (`qemu_own.rs`: its floor, `x-ignore-shared` to a file and back, and
+//! its `migrate` of all RAM to a file).
 //!
 //! For every kind of start: each VM's request to its guest running (p50,
 //! p95; "running" is the counting micro-guest's counter seen past the count
@@ -26,11 +31,16 @@ mod launch;
 mod observe;
 mod phases;
 pub mod plan;
+mod qemu_own;
 mod report;
 mod run;
 mod starts;
 
 pub use ch_restore::CH_RESTORE_MODES;
-pub use plan::{host_budget, parse_list, CloneConfig, Combination, LeftOut, List, Plan};
-pub use report::{nearest_rank, ChRestoreResult, CloneReport, Series, StartResult, TemplateCheck};
+pub use plan::{host_budget, parse_list, vmm_arg, CloneConfig, Combination, LeftOut, List, Plan};
+pub use qemu_own::QEMU_RESTORE_KINDS;
+pub use report::{
+    nearest_rank, ChRestoreResult, CloneReport, QemuRestoreResult, Series, StartResult,
+    TemplateCheck,
+};
 pub use run::{plan, run};

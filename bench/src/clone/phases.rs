@@ -29,8 +29,6 @@ use super::observe::{ReadRam, Starting};
 use super::report::{StartResult, TemplateCheck};
 use super::starts::{measure, start, Batch, Before};
 use crate::vmm_update::error::VmmUpdateError;
-use crate::vmm_update::guest::GuestRam;
-use crate::vmm_update::setup::child_of;
 
 /// The template's name in each phase's daemon.
 const TEMPLATE: &str = "template";
@@ -81,12 +79,7 @@ impl Phase {
         mode: &'static str,
     ) -> Result<Self, VmmUpdateError> {
         let name = format!("{mode}-{page}-{size}");
-        let mut daemon = Daemon::start(
-            &cfg.launcher,
-            &cfg.cloud_hypervisor,
-            dir,
-            (&name, pool, vms),
-        )?;
+        let mut daemon = Daemon::start(&cfg.launcher, cfg.vmm_program(), dir, (&name, pool, vms))?;
         let peak = size.saturating_mul(vms as u64 + 1);
         let what = format!(
             "the {mode} phase (a template and {vms} VMs of {})",
@@ -94,8 +87,7 @@ impl Phase {
         );
         ensure_covered(&daemon, page, (&what, peak, Takes::PoolOrKernel))?;
         let vm = daemon.launch(Source::Fresh(elf), size, page)?;
-        let vmm = child_of(vm.pid())?;
-        let ram = GuestRam::of_launched_ch(vm.pid(), vmm)?;
+        let ram = daemon.guest_ram(&vm)?;
         ram.counting_past(0)?;
         let template = ram
             .file()

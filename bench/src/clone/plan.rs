@@ -38,6 +38,35 @@ pub struct CloneConfig {
     /// The `hugemem` binary (`serve`, `launch`, `park`).
     #[serde(skip)]
     pub launcher: std::path::PathBuf,
+    /// The VMM every VM of the run starts in (`--vmm`): cloud-hypervisor,
+    /// or QEMU (its own baseline then QEMU's migrate to a file).
+    #[serde(serialize_with = "vmm_name")]
+    pub vmm: hugemem::launch::Vmm,
+    /// The QEMU binary (`--vmm qemu`).
+    #[serde(skip)]
+    pub qemu: std::ffi::OsString,
+}
+
+impl CloneConfig {
+    /// The run's VMM and its program.
+    pub(crate) fn vmm_program(&self) -> (hugemem::launch::Vmm, std::ffi::OsString) {
+        match self.vmm {
+            hugemem::launch::Vmm::CloudHypervisor => (self.vmm, self.cloud_hypervisor.clone()),
+            hugemem::launch::Vmm::Qemu => (self.vmm, self.qemu.clone()),
+        }
+    }
+}
+
+/// `cloud-hypervisor` or `qemu`, as `--vmm` takes it.
+pub fn vmm_arg(vmm: hugemem::launch::Vmm) -> &'static str {
+    match vmm {
+        hugemem::launch::Vmm::CloudHypervisor => "cloud-hypervisor",
+        hugemem::launch::Vmm::Qemu => "qemu",
+    }
+}
+
+fn vmm_name<S: serde::Serializer>(v: &hugemem::launch::Vmm, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(vmm_arg(*v))
 }
 
 /// One combination the run measures: clones of a `size` template on

@@ -115,6 +115,31 @@ pub struct ChRestoreResult {
     pub note: Option<String>,
 }
 
+/// QEMU's own save and restore of the same VM, one kind (`--vmm qemu`,
+/// `qemu_own.rs`).
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct QemuRestoreResult {
+    /// `2M` or `1G`.
+    pub page_size: String,
+    /// Guest size, bytes.
+    pub size: u64,
+    /// `floor` (`x-ignore-shared` on the same memory) or `migrate` (all
+    /// RAM through the file).
+    pub kind: String,
+    /// `migrate` until `completed`, ms.
+    pub save_ms: Series,
+    /// The new QEMU's start to the guest counting, ms.
+    pub running_ms: Series,
+    /// The file's size, the largest, bytes.
+    pub file_bytes: u64,
+    /// RAM the stream carried (`query-migrate` `ram.transferred`), bytes.
+    pub ram_transferred_bytes: u64,
+    /// The guests' own count of bad pages.
+    pub guest_bad: u64,
+    /// Why it stopped, if it did.
+    pub note: Option<String>,
+}
+
 /// The bench's report.
 #[derive(Debug, Clone, Serialize)]
 pub struct CloneReport {
@@ -129,8 +154,10 @@ pub struct CloneReport {
     pub starts: Vec<StartResult>,
     /// The templates before and after.
     pub templates: Vec<TemplateCheck>,
-    /// cloud-hypervisor's own restores.
+    /// cloud-hypervisor's own restores (`--vmm cloud-hypervisor`).
     pub ch_restore: Vec<ChRestoreResult>,
+    /// QEMU's own saves and restores (`--vmm qemu`).
+    pub qemu_restore: Vec<QemuRestoreResult>,
     /// Phases that failed, and why (a template the launcher cannot clone).
     pub notes: Vec<String>,
 }

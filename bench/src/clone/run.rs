@@ -1,6 +1,7 @@
 //! The run: the plan, then for each page size and template size the shared
 //! phase, the copy phase with the floor, and cloud-hypervisor's own
-//! restores. The repetitions are `harness::rounds`'.
+//! restores (QEMU's own saves and restores with `--vmm qemu`). The
+//! repetitions are `harness::rounds`'.
 
 use std::path::Path;
 use std::time::Duration;
@@ -10,6 +11,7 @@ use guest_mem::PageSize;
 use super::ch_restore::ch_restores;
 use super::phases::Phase;
 use super::plan::{host_budget, CloneConfig, Combination, Plan};
+use super::qemu_own::qemu_restores;
 use super::report::{CloneReport, StartResult, TemplateCheck};
 use super::starts::kernel_pages;
 use crate::harness::rounds;
@@ -74,6 +76,7 @@ pub fn run(
         starts: Vec::new(),
         templates: Vec::new(),
         ch_restore: Vec::new(),
+        qemu_restore: Vec::new(),
         notes: Vec::new(),
     };
     for &page in &cfg.page_sizes {
@@ -93,9 +96,19 @@ pub fn run(
                 continue;
             }
             one_size(cfg, dir.path(), &elf, &combos, &mut report, progress);
-            report
-                .ch_restore
-                .extend(ch_restores(cfg, dir.path(), &elf, (size, page), progress));
+            let of = (size, page);
+            match cfg.vmm {
+                hugemem::launch::Vmm::CloudHypervisor => {
+                    report
+                        .ch_restore
+                        .extend(ch_restores(cfg, dir.path(), &elf, of, progress))
+                }
+                hugemem::launch::Vmm::Qemu => {
+                    report
+                        .qemu_restore
+                        .extend(qemu_restores(cfg, dir.path(), &elf, of, progress))
+                }
+            }
         }
     }
     Ok(report)

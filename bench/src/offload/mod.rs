@@ -81,6 +81,7 @@ mod steps;
 
 pub use error::OffloadError;
 pub use qemu_report::{QemuComparison, QemuResult, OVER_FLOOR_MS};
+pub(crate) use qemu_side::{floor_save_restore, own_save_restore};
 pub use report::{
     ChFileResult, Figure, FromDiskResult, FromParkResult, OffloadConfig, OffloadDaemonResult,
     OffloadReport, OnDemandResult,

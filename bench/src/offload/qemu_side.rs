@@ -27,6 +27,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use backend::client::Client;
+use guest_mem::PageSize;
 use hugemem::launch::vmm::qemu::qmp::is_event;
 use hugemem::launch::Vmm;
 use serde_json::json;
@@ -58,13 +59,13 @@ pub(super) fn qemu_rep(
     out: &mut QemuResult,
 ) -> Result<(), OffloadError> {
     through_hugemem(cfg, qemu, (dir, elf), rep, tsc_hz, out)?;
-    let floor = floor_save_restore(cfg, qemu, (dir, elf), rep)?;
+    let floor = floor_save_restore((cfg.size, cfg.page_size), qemu, (dir, elf), rep)?;
     out.floor_save_ms.push(floor.save_ms);
     out.floor_restore_ms.push(floor.restore_ms);
     out.floor_file_bytes = out.floor_file_bytes.max(floor.file_bytes);
     out.floor_ram_transferred_bytes = out.floor_ram_transferred_bytes.max(floor.ram_bytes);
     out.stale_guest = out.stale_guest.max(floor.stale);
-    let own = own_save_restore(cfg, qemu, (dir, elf), rep)?;
+    let own = own_save_restore((cfg.size, cfg.page_size), qemu, (dir, elf), rep)?;
     out.file_save_ms.push(own.save_ms);
     out.file_restore_ms.push(own.restore_ms);
     out.file_bytes = out.file_bytes.max(own.file_bytes);
@@ -207,13 +208,19 @@ fn command_start_ms(launcher: &Path, name: &str, none: &Path) -> Result<f64, Off
     Ok(ms)
 }
 
-/// One save to a file and restore from it, as QEMU alone does them.
-struct SaveRestore {
-    save_ms: f64,
-    restore_ms: f64,
-    file_bytes: u64,
-    ram_bytes: u64,
-    stale: u64,
+/// One save to a file and restore from it, as QEMU alone does them
+/// (`bench clone --vmm qemu` runs them too).
+pub(crate) struct SaveRestore {
+    /// `migrate` to the file until `completed`, ms.
+    pub(crate) save_ms: f64,
+    /// The new QEMU's start to the guest counting, ms.
+    pub(crate) restore_ms: f64,
+    /// The file's size, bytes.
+    pub(crate) file_bytes: u64,
+    /// `query-migrate`'s `ram.transferred`, bytes.
+    pub(crate) ram_bytes: u64,
+    /// The guest's own count of bad pages.
+    pub(crate) stale: u64,
 }
 
 /// Runs `migrate` on `src` into `file` (`fd:`), until QEMU's `completed`
@@ -278,13 +285,13 @@ fn save_file(path: &Path) -> Result<(File, File), OffloadError> {
 }
 
 /// QEMU's floor: `x-ignore-shared` to a file and back on a resident memfd.
-fn floor_save_restore(
-    cfg: &OffloadConfig,
+pub(crate) fn floor_save_restore(
+    (size, page): (u64, PageSize),
     qemu: &OsString,
     (dir, elf): (&Path, &Path),
     rep: usize,
 ) -> Result<SaveRestore, OffloadError> {
-    let (memory, _) = FloorMemory::populated(cfg.size, cfg.page_size)
+    let (memory, _) = FloorMemory::populated(size, page)
         .map_err(|e| OffloadError::Setup(format!("the floor's memory: {e}")))?;
     let mut user = Qemu.spin_guest_args(qemu, elf);
     let program = user.remove(0);
@@ -327,15 +334,15 @@ fn floor_save_restore(
 }
 
 /// QEMU's own save of its RAM to a file and restore from it.
-fn own_save_restore(
-    cfg: &OffloadConfig,
+pub(crate) fn own_save_restore(
+    (size, page): (u64, PageSize),
     qemu: &OsString,
     (dir, elf): (&Path, &Path),
     rep: usize,
 ) -> Result<SaveRestore, OffloadError> {
     let mut argv = Qemu.spin_guest_args(qemu, elf);
-    let size = format!("{}M", cfg.size >> 20);
-    argv.extend(Qemu.own_memory_args(&size, &cfg.page_size.to_string(), None));
+    let mib = format!("{}M", size >> 20);
+    argv.extend(Qemu.own_memory_args(&mib, &page.to_string(), None));
     let mut src = BenchQemu::start(&argv, &dir.join(format!("qo{rep}-src.qmp")), &[])?;
     let ram = GuestRam::of(src.pid())?;
     ram.counting_past(0)?;

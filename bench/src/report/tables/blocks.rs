@@ -6,6 +6,7 @@ use serde_json::Value;
 use super::alloc::alloc;
 use super::cells::{run_line, significant};
 use super::clone::clone;
+use super::clone_qemu::clone_qemu;
 use super::launches::{churn_row, churn_spans_row, compare, demo, vmstart};
 use super::memory::{clear, fill, mlock};
 use super::offload::offloads;
@@ -74,6 +75,7 @@ pub fn block(name: &str, v: &Value) -> String {
         Some("compare") => compare(v),
         Some("demo") => demo(v),
         Some("takeover") => takeover(v),
+        Some("clone") if v["vmm"] == "qemu" => clone_qemu(v),
         Some("clone") => clone(v),
         _ => generic(v),
     };

@@ -1,7 +1,8 @@
 //! `clone` runs: what the plan left out, every kind of start beside the
 //! floor of the same size, count and start (restores from the park), the
 //! memory each VM took, cloud-hypervisor's own restores, and the issue's
-//! expectations checked on the figures, each beside its limit.
+//! expectations checked on the figures, each beside its limit. A `--vmm
+//! qemu` run's block is `clone_qemu.rs`'s, on this file's parts.
 
 use serde_json::Value;
 
@@ -26,7 +27,7 @@ const JUDGED_SIZE: u64 = 8 << 30;
 const AT_ONCE_COUNT: u64 = 25;
 const AT_ONCE_SIZE: u64 = 1 << 30;
 
-fn starts(v: &Value) -> Vec<&Value> {
+pub(super) fn starts(v: &Value) -> Vec<&Value> {
     v["starts"]
         .as_array()
         .map(|a| a.iter().collect())
@@ -43,11 +44,11 @@ fn same<'a>(v: &'a Value, x: &Value, mode: &str) -> Option<&'a Value> {
     })
 }
 
-fn template(x: &Value) -> String {
+pub(super) fn template(x: &Value) -> String {
     format!("{} ({} pages)", size(x, "size"), s(x, "page_size"))
 }
 
-fn p50_p95(x: &Value) -> String {
+pub(super) fn p50_p95(x: &Value) -> String {
     format!(
         "{} / {}",
         f(x, "running_ms.p50", 1),
@@ -163,7 +164,7 @@ fn ch_restores(v: &Value) -> String {
 
 /// The p50 of `mode` clones one at a time with the least count at `x`'s
 /// size and page size.
-fn clone_p50(v: &Value, x: &Value, mode: &str) -> Option<f64> {
+pub(super) fn clone_p50(v: &Value, x: &Value, mode: &str) -> Option<f64> {
     starts(v)
         .into_iter()
         .filter(|y| {
@@ -302,7 +303,7 @@ fn at_once_expectation(v: &Value) -> (String, String) {
 
 /// Shared clones' memory: the kernel's pages taken per clone against what
 /// it wrote plus 2 MiB, and nothing from the pool.
-fn memory_expectation(v: &Value) -> (String, String) {
+pub(super) fn memory_expectation(v: &Value) -> (String, String) {
     let label = "shared clones take ≤ the template + the pages they write + 2 MiB each (kernel pages taken per clone ≤ its private huge pages + 2 MiB; nothing from the pool)".to_string();
     let shared: Vec<&Value> = starts(v)
         .into_iter()
@@ -404,7 +405,7 @@ fn ch_expectation(v: &Value) -> (String, String) {
 }
 
 /// No stale or foreign byte anywhere; the templates unchanged.
-fn bytes_expectation(v: &Value) -> (String, String) {
+pub(super) fn bytes_expectation(v: &Value) -> (String, String) {
     let all = starts(v);
     let stale: f64 = all
         .iter()
@@ -414,15 +415,14 @@ fn bytes_expectation(v: &Value) -> (String, String) {
         .iter()
         .map(|x| num(x, "clones_checked").unwrap_or(0.0))
         .sum();
+    let restores = ["ch_restore", "qemu_restore"]
+        .iter()
+        .filter_map(|k| v[*k].as_array())
+        .flatten();
     let bad: f64 = all
         .iter()
-        .chain(
-            v["ch_restore"]
-                .as_array()
-                .map(|a| a.iter().collect::<Vec<_>>())
-                .unwrap_or_default()
-                .iter(),
-        )
+        .copied()
+        .chain(restores)
         .map(|x| num(x, "guest_bad").unwrap_or(0.0))
         .sum();
     let templates = v["templates"].as_array().cloned().unwrap_or_default();
@@ -440,11 +440,13 @@ fn bytes_expectation(v: &Value) -> (String, String) {
     )
 }
 
-/// The whole block of a `clone` run.
-pub(super) fn clone(v: &Value) -> String {
+/// What every `clone` run's block starts with: the options, what was left
+/// out or not measured, the starts beside the floor, the memory.
+pub(super) fn head(v: &Value) -> String {
     let mut out = String::new();
     out += &format!(
-        "Sizes {}; counts {}; page sizes {}; {} repetition(s) of each.",
+        "{}Sizes {}; counts {}; page sizes {}; {} repetition(s) of each.",
+        if v["vmm"] == "qemu" { "QEMU VMs. " } else { "" },
         v["sizes"]
             .as_array()
             .map(|a| a
@@ -495,15 +497,27 @@ pub(super) fn clone(v: &Value) -> String {
     out += &latency(v);
     out += "\n";
     out += &memory(v);
+    out
+}
+
+/// The expectations' table of `rows` (label, measured: verdict).
+pub(super) fn expected(rows: Vec<(String, String)>) -> String {
+    let mut out = String::from("\n| **expected** | measured: verdict |\n|---|---|\n");
+    for (label, text) in rows {
+        out += &format!("| {label} | {text} |\n");
+    }
+    out
+}
+
+/// The whole block of a cloud-hypervisor `clone` run.
+pub(super) fn clone(v: &Value) -> String {
+    let mut out = head(v);
     out += &ch_restores(v);
-    out += "\n| **expected** | measured: verdict |\n|---|---|\n";
     let mut rows = latency_expectations(v);
     rows.push(at_once_expectation(v));
     rows.push(memory_expectation(v));
     rows.push(ch_expectation(v));
     rows.push(bytes_expectation(v));
-    for (label, text) in rows {
-        out += &format!("| {label} | {text} |\n");
-    }
+    out += &expected(rows);
     out
 }

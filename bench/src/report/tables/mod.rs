@@ -8,6 +8,7 @@ mod alloc;
 mod blocks;
 mod cells;
 mod clone;
+mod clone_qemu;
 mod launches;
 mod memory;
 mod offload;
