@@ -40,7 +40,6 @@ use std::error::Error;
 use std::ffi::OsString;
 use std::os::unix::net::UnixStream;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
 
 use ch_migration::peer::{receive_snapshot, Snapshot};
 use ch_migration::Limits;
@@ -57,29 +56,6 @@ use crate::launch::vmm::adapter::{CloneLaunch, CloneReceiver, VmmClone};
 /// QEMU runs shared clones of parked QEMU VMs.
 #[derive(Debug, Clone, Copy, Default)]
 pub(super) struct QemuClone;
-
-/// Asks `program` which options its `memory-backend-file` takes; read
-/// with [`takes_rom`]. It runs while the daemon sends the template.
-fn ask_options(program: &OsString) -> Option<Child> {
-    Command::new(program)
-        .args(["-object", "memory-backend-file,help"])
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .ok()
-}
-
-/// Whether the answer of [`ask_options`] lists `rom` (QEMU 8.2 on).
-fn takes_rom(asked: Option<Child>) -> bool {
-    asked
-        .and_then(|c| c.wait_with_output().ok())
-        .is_some_and(|o| {
-            String::from_utf8_lossy(&o.stdout)
-                .lines()
-                .any(|l| l.trim_start().starts_with("rom="))
-        })
-}
 
 /// Whether this process (and so the QEMU it starts) may open any file for
 /// writing, whatever its owner and mode: `CAP_DAC_OVERRIDE` in its
@@ -150,15 +126,16 @@ impl VmmClone for QemuClone {
         // `rom`); the parked one, once it came.
         let given = super::identity::text(&cfg.command[1..]);
         super::identity::clone_identity(&given, true, false).map_err(LaunchError::Options)?;
-        let asked = ask_options(&program);
+        // Kept per binary (`backend_options`): asked once, beside CLONE.
+        let asked = super::backend_options::ask(&program);
         // Where QEMU could not open the template without `rom`, its answer
         // is awaited before the daemon is asked; else both run at once.
         let (taken, sharing) = if may_write_any_file() {
             let taken = take_template(client, name, mode);
-            let rom = takes_rom(asked);
+            let rom = asked.takes_rom();
             (taken, Sharing::Private { rom })
         } else {
-            let rom = takes_rom(asked);
+            let rom = asked.takes_rom();
             if !rom {
                 return Err(LaunchError::Options(needs_rom(&program)));
             }

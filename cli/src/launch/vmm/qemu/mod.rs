@@ -7,6 +7,7 @@
 //! from the template (`restore.rs`); a shared clone maps the template
 //! privately (`clone.rs`); what a clone cannot hold is `identity.rs`'s.
 
+mod backend_options;
 mod clone;
 pub mod command_line;
 mod identity;
