@@ -17,6 +17,11 @@
 //!   (migration capabilities, `x-ignore-shared`, `-incoming defer`) on
 //!   this QEMU.
 //!
+//! * A VM moves between the system's QEMU (7.2 on Debian 12) and the
+//!   newer one, by live update and by park and restore, both ways, where
+//!   its machine type is versioned; on microvm, whose firmware differs
+//!   between Debian's two QEMUs, a refused restore leaves the VM parked.
+//!
 //! Skipped (through the skip helper) without the fetched QEMU, a usable
 //! `/dev/kvm`, root (to run as uid 65534) or 384 free 2 MiB pages.
 //! Deadlines only: `timeout` around every command, `wait_until` around
@@ -341,5 +346,193 @@ fn a_non_root_shared_clone_under_qemu_8_2_opens_its_template_read_only_and_leave
         }
     }
     drop(ram);
+    daemon.shutdown();
+}
+
+/// `hugemem ARGS` as root; its exit status and stderr.
+fn hugemem(args: &[OsString]) -> (bool, String) {
+    let out = Command::new("timeout")
+        .arg("300")
+        .arg(HUGEMEM)
+        .args(args)
+        .output()
+        .expect("run hugemem");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr),
+    )
+}
+
+/// `hugemem launch --socket S --control-socket C HOW -- PROGRAM ARGS` as root.
+fn launch_as_root(
+    daemon: &TestDaemon,
+    control: &Path,
+    how: &[&str],
+    program: &Path,
+    args: &[OsString],
+    log: &Path,
+) -> Child {
+    Command::new("timeout")
+        .args(["600", HUGEMEM, "launch", "--socket"])
+        .arg(daemon.socket())
+        .arg("--control-socket")
+        .arg(control)
+        .args(how)
+        .arg("--")
+        .arg(program)
+        .args(args)
+        .stderr(std::fs::File::create(log).expect("a log file"))
+        .spawn()
+        .expect("spawn hugemem launch")
+}
+
+/// `hugemem update CONTROL --vmm PROGRAM`, which must succeed; its report.
+fn update_to(control: &Path, program: &Path) -> String {
+    let (ok, said) = hugemem(&[
+        "update".into(),
+        control.into(),
+        "--vmm".into(),
+        program.into(),
+    ]);
+    assert!(ok, "update to {}: {said}", program.display());
+    eprintln!("{said}");
+    said
+}
+
+/// `hugemem launch --restore vm -- PROGRAM`, the guest's RAM read through
+/// `ram` (the parked pages): true once the guest counts on
+/// (the launcher still runs), false when the launcher ended first (its
+/// log then shows QEMU's refusal).
+fn restore_counts_on(
+    (daemon, ram): (&TestDaemon, &std::fs::File),
+    control: &Path,
+    program: &Path,
+    log: &Path,
+) -> (Child, bool) {
+    let mut restored = launch_as_root(daemon, control, &["--restore", "vm"], program, &[], log);
+    let past = spin_state(ram).count;
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let s = spin_state(ram);
+        if s.spinning && s.count > past + 10 {
+            assert_eq!(s.bad, 0, "the restored guest found a page changed");
+            return (restored, true);
+        }
+        if restored
+            .try_wait()
+            .expect("the launcher's status")
+            .is_some()
+        {
+            return (restored, false);
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{} neither ran the guest nor ended within 30 s",
+            program.display()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// The system's QEMU (7.2 on Debian 12) and the newer one run the same VM
+/// in turn, when its machine type is versioned (`pc-q35-7.2`): a live
+/// `hugemem update` from one to the other and back, then a park under
+/// one and a restore under the other, both ways, the guest counting on
+/// each time. On `-M microvm` Debian's two QEMUs load different firmware
+/// (7.2's `bios-microvm.bin` is qboot, 64 KiB; 10.0's is SeaBIOS's, 128
+/// KiB), and the newer QEMU refuses a VM parked under 7.2 (`Size mismatch:
+/// pc.bios: 0x10000 != 0x20000`): the VM then stays parked and restores
+/// under the QEMU it was parked from.
+#[test]
+fn a_vm_moves_between_the_system_qemu_and_the_newer_one() {
+    let Some(set) = common::qemu::set_up(2 * RAM / STRIDE) else {
+        return;
+    };
+    let Some(newer) = test_support::qemu_backport::qemu_or_skip() else {
+        return;
+    };
+    let system = Path::new("qemu-system-x86_64");
+    let daemon = TestDaemon::start(|c| c.pool.recheck_ms = 20);
+    let control = set.control.clone();
+    let log = |name: &str| set.dir.path().join(format!("{name}.log"));
+    let new = ["--size", "256M", "--page-size", "2M"];
+
+    let args = common::qemu::qemu_args_on("pc-q35-7.2", &set.elf);
+    let mut launched = launch_as_root(&daemon, &control, &new, system, &args, &log("q35"));
+    let launcher = child_of(launched.id());
+    let _guard = StopLauncher(launcher);
+    let ram = guest_ram(child_of(launcher));
+    let mut s = counting_past(&ram, 0, "the guest under the system QEMU to spin");
+    for program in [newer, system] {
+        let said = update_to(&control, program);
+        assert!(said.contains("memory by daemon HANDOFF"), "{said}");
+        s = counting_past(&ram, s.count + 10, "the guest to count on after the update");
+    }
+    let said = common::qemu::park("vm", &control);
+    assert!(said.contains("(0 bytes copied by the daemon"), "{said}");
+    assert!(launched.wait().expect("the launcher ends").success());
+    for (round, program) in [newer, system].into_iter().enumerate() {
+        let (mut restored, ran) = restore_counts_on(
+            (&daemon, &ram),
+            &control,
+            program,
+            &log(&format!("q35-{round}")),
+        );
+        assert!(
+            ran,
+            "{} did not restore the VM parked under the other QEMU: {}",
+            program.display(),
+            std::fs::read_to_string(log(&format!("q35-{round}"))).unwrap_or_default()
+        );
+        let said = common::qemu::park("vm", &control);
+        assert!(said.contains("(0 bytes copied by the daemon"), "{said}");
+        assert!(restored.wait().expect("the launcher ends").success());
+    }
+    drop(ram);
+    let (ok, said) = hugemem(&[
+        "unpark".into(),
+        "vm".into(),
+        "--socket".into(),
+        daemon.socket().into(),
+    ]);
+    assert!(ok, "{said}");
+
+    // microvm: parked under the system QEMU, tried under the newer one.
+    let args = qemu_args(&set.elf);
+    let mut launched = launch_as_root(&daemon, &control, &new, system, &args, &log("microvm"));
+    let launcher = child_of(launched.id());
+    let _guard = StopLauncher(launcher);
+    let ram = guest_ram(child_of(launcher));
+    counting_past(&ram, 0, "the microvm guest to spin");
+    common::qemu::park("vm", &control);
+    assert!(launched.wait().expect("the launcher ends").success());
+    let (mut tried, ran) =
+        restore_counts_on((&daemon, &ram), &control, newer, &log("microvm-newer"));
+    let said = std::fs::read_to_string(log("microvm-newer")).unwrap_or_default();
+    if ran {
+        eprintln!("the newer QEMU restored a microvm VM parked under the system's");
+        stop(child_of(tried.id()), &mut tried);
+        common::qemu::park("vm", &control);
+    } else {
+        assert!(said.contains("the VM stays parked"), "{said}");
+        eprintln!(
+            "the newer QEMU refused the microvm VM: {}",
+            said.lines()
+                .filter(|l| l.starts_with("qemu-system"))
+                .collect::<Vec<_>>()
+                .join(" / ")
+        );
+        assert_eq!(daemon.stats().parked.len(), 1, "still parked");
+    }
+    let (mut restored, ran) =
+        restore_counts_on((&daemon, &ram), &control, system, &log("microvm-system"));
+    assert!(
+        ran,
+        "{}",
+        std::fs::read_to_string(log("microvm-system")).unwrap_or_default()
+    );
+    drop(ram);
+    let stats = stop_and_settle(&daemon, child_of(restored.id()), &mut restored);
+    assert!(stats.parked.is_empty(), "{stats}");
     daemon.shutdown();
 }
