@@ -32,6 +32,7 @@ pub mod metrics;
 pub mod prelude;
 #[cfg(feature = "daemon")]
 pub mod process;
+pub mod qemu_backport;
 #[cfg(feature = "daemon")]
 pub mod tenant;
 #[cfg(feature = "daemon")]

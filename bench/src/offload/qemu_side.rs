@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 
 use backend::client::Client;
 use guest_mem::PageSize;
-use hugemem::launch::vmm::qemu::qmp::is_event;
+use hugemem::launch::vmm::qemu::qmp::{is_event, ram_bytes_sent};
 use hugemem::launch::Vmm;
 use serde_json::json;
 
@@ -43,7 +43,7 @@ use crate::vmm_update::error::io;
 use crate::vmm_update::guest::GuestRam;
 use crate::vmm_update::qemu::BenchQemu;
 use crate::vmm_update::series::before_update;
-use crate::vmm_update::setup::{child_of, number};
+use crate::vmm_update::setup::child_of;
 
 /// How long a launcher may take to end once its VM is parked, and a
 /// restored guest to count.
@@ -251,7 +251,7 @@ fn save_to(src: &mut BenchQemu, file: &File, local: bool) -> Result<(f64, u64), 
     if !is_event(&end, "MIGRATION", &["completed"]) {
         return Err(OffloadError::Qemu(format!("the save ended: {stats}")));
     }
-    Ok((ms, number(&stats, "/ram/transferred")))
+    Ok((ms, ram_bytes_sent(&stats)))
 }
 
 /// Starts `argv` with `-incoming defer` and `inherit`, feeds it `file`

@@ -16,7 +16,8 @@
 //!   host is drained today. QEMU's bandwidth limit is lifted (its default
 //!   is 128 MiB/s), its downtime limit left at the default (300 ms).
 //!
-//! RAM bytes sent: QEMU's `query-migrate` `ram.transferred`; for
+//! RAM bytes sent: QEMU's `query-migrate` RAM bytes (`ram_bytes_sent`:
+//! its phases' bytes, the same on QEMU 7.2 and 10.0); for
 //! cloud-hypervisor what the source process wrote during the migration
 //! (`/proc/PID/io` `wchar`), the measure `hugemem update` reports.
 

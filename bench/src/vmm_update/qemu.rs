@@ -11,7 +11,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-use hugemem::launch::vmm::qemu::qmp::{is_event, Qmp};
+use hugemem::launch::vmm::qemu::qmp::{is_event, ram_bytes_sent, Qmp};
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use serde_json::json;
 
@@ -199,7 +199,7 @@ impl BaselineVmm for BenchQemu {
         Ok(Migration {
             migrate_at_ns: m.migrate_at_ns,
             resumed_at_ns: m.resumed_at_ns,
-            sent_bytes: number(&m.stats, "/ram/transferred"),
+            sent_bytes: ram_bytes_sent(&m.stats),
             qemu_downtime_ms: Some(number(&m.stats, "/downtime")),
             qemu_total_ms: Some(number(&m.stats, "/total-time")),
         })

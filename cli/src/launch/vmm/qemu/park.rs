@@ -32,7 +32,7 @@ use hugemem_client::park::Parked;
 use serde_json::{json, Value};
 
 use super::parked::{ParkedConfig, ParkedRegion, ParkedState, MAX_STREAM};
-use super::qmp::{is_event, Qmp};
+use super::qmp::{is_event, ram_bytes_sent, Qmp};
 use crate::launch::update::UpdateError;
 
 /// What a park did.
@@ -122,10 +122,7 @@ pub(crate) fn park(
     // The reply is read whatever the PARK's outcome: the next command's
     // reply must not be taken for it.
     let ram = match asked.and_then(|()| qmp.read_reply("query-migrate")) {
-        Ok(stats) => stats
-            .pointer("/ram/transferred")
-            .and_then(Value::as_u64)
-            .unwrap_or(0),
+        Ok(stats) => ram_bytes_sent(&stats),
         Err(e) => {
             tracing::warn!(error = %e, "QEMU gave its state and cannot be asked for its figures; parking on");
             stream.len() as u64

@@ -21,7 +21,7 @@ use serde_json::{json, Value};
 use tracing::warn;
 
 use super::command_line::build;
-use super::qmp::{is_event, monitor_args, Qmp, QmpError};
+use super::qmp::{is_event, monitor_args, ram_bytes_sent, Qmp, QmpError};
 use crate::launch::allocation::memory_regions;
 use crate::launch::command_line::BuildOptions;
 use crate::launch::error::LaunchError;
@@ -196,7 +196,7 @@ fn figures(stats: &Value) -> MigrationFigures {
     let ram = stats.get("ram").cloned().unwrap_or(Value::Null);
     let number = |v: &Value, key: &str| v.get(key).and_then(Value::as_u64).unwrap_or(0);
     MigrationFigures {
-        ram_transferred_bytes: number(&ram, "transferred"),
+        ram_transferred_bytes: ram_bytes_sent(stats),
         ram_total_bytes: number(&ram, "total"),
         downtime_ms: number(stats, "downtime"),
         total_ms: number(stats, "total-time"),
