@@ -191,15 +191,7 @@ fn scan_root_skipping(
                 m.entry(t.id).or_default().push(i);
                 m
             });
-    let by_dev_ino: HashMap<(u64, u64, u64), Vec<usize>> =
-        targets
-            .iter()
-            .enumerate()
-            .fold(HashMap::new(), |mut m, (i, t)| {
-                let (maj, min) = t.id.major_minor();
-                m.entry((maj, min, t.id.ino)).or_default().push(i);
-                m
-            });
+    let by_dev_ino = maps_index(targets);
     let Ok(dir) = fs::read_dir(proc_root) else {
         // No /proc: nothing can be proven; everything is held.
         out.holders = vec![
@@ -212,11 +204,7 @@ fn scan_root_skipping(
         return out;
     };
     for entry in dir.flatten() {
-        let Some(pid) = entry
-            .file_name()
-            .to_str()
-            .and_then(|s| s.parse::<i32>().ok())
-        else {
+        let Some(pid) = process_id(&entry) else {
             continue;
         };
         out.processes += 1;
@@ -232,6 +220,24 @@ fn scan_root_skipping(
         }
     }
     out
+}
+
+/// The targets' indices by the key a `/proc/PID/maps` line gives a file
+/// (device major, minor and inode).
+fn maps_index(targets: &[Owned]) -> HashMap<(u64, u64, u64), Vec<usize>> {
+    targets
+        .iter()
+        .enumerate()
+        .fold(HashMap::new(), |mut m, (i, t)| {
+            let (maj, min) = t.id.major_minor();
+            m.entry((maj, min, t.id.ino)).or_default().push(i);
+            m
+        })
+}
+
+/// The process a `/proc` entry is, if it is one.
+fn process_id(entry: &fs::DirEntry) -> Option<i32> {
+    entry.file_name().to_str()?.parse().ok()
 }
 
 fn mark(holders: &mut [Option<Holder>], i: usize, holder: Holder) {
@@ -360,24 +366,12 @@ fn mappers_under(
     if targets.is_empty() {
         return out;
     }
-    let by_dev_ino: HashMap<(u64, u64, u64), Vec<usize>> =
-        targets
-            .iter()
-            .enumerate()
-            .fold(HashMap::new(), |mut m, (i, t)| {
-                let (maj, min) = t.id.major_minor();
-                m.entry((maj, min, t.id.ino)).or_default().push(i);
-                m
-            });
+    let by_dev_ino = maps_index(targets);
     let Ok(dir) = fs::read_dir(proc_root) else {
         return out;
     };
     for entry in dir.flatten() {
-        let Some(pid) = entry
-            .file_name()
-            .to_str()
-            .and_then(|s| s.parse::<i32>().ok())
-        else {
+        let Some(pid) = process_id(&entry) else {
             continue;
         };
         if skip(pid) {
