@@ -20,7 +20,6 @@
 
 mod common;
 
-use std::hash::Hasher;
 use std::os::unix::fs::{FileExt, PermissionsExt};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
@@ -36,7 +35,7 @@ use test_support::prelude::{wait_until, TestDaemon};
 use test_support::tenant::{in_child, root_or_skip, NOBODY};
 
 use common::park::{
-    child_now, clone_spin_state, guest_memfd_now, guest_ram_mapping, launch_and_park,
+    child_now, clone_spin_state, digest, guest_memfd_now, guest_ram_mapping, launch_and_park,
     private_hugetlb, set_up, stop, RAM,
 };
 use common::{child_of, counting_past, spin_state, StopLauncher};
@@ -58,19 +57,6 @@ fn launch_clone(daemon: &TestDaemon, ch: &str, (name, mode): (&str, &str), api: 
         .arg(api)
         .spawn()
         .expect("spawn hugemem launch --clone-of")
-}
-
-/// A digest of every byte of `ram`.
-fn digest(ram: &std::fs::File) -> u64 {
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    let mut buf = vec![0u8; 8 << 20];
-    let mut off = 0;
-    while off < RAM {
-        ram.read_exact_at(&mut buf, off).expect("read the template");
-        h.write(&buf);
-        off += buf.len() as u64;
-    }
-    h.finish()
 }
 
 /// CLONE straight from a client, for a refusal (nothing is sent then).

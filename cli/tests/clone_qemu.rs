@@ -26,8 +26,6 @@
 mod common;
 
 use std::ffi::OsString;
-use std::hash::Hasher;
-use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::process::{Child, Command};
 use std::time::Duration;
@@ -38,8 +36,8 @@ use test_support::hugepages::{hold, hold_all_but_2m};
 use test_support::prelude::{serial, wait_until, TestDaemon};
 
 use common::park::{
-    clone_spin_state, guest_ram_mapping, private_hugetlb, stop, stop_and_settle, MARKER, RAM,
-    START_GPA, STRIDE,
+    clone_spin_state, digest, guest_ram_mapping, private_hugetlb, stop, stop_and_settle, MARKER,
+    RAM, START_GPA, STRIDE,
 };
 use common::qemu::{guest_ram, park, qemu_args, qemu_of, skip_reason};
 use common::{assert_balanced, child_of, counting_past, spin_elf, spin_state, StopLauncher};
@@ -81,19 +79,6 @@ fn launch_fails(daemon: &TestDaemon, how: &[&str], args: &[OsString]) -> String 
     assert!(!out.status.success(), "{how:?} {args:?}: {stderr}");
     assert_ne!(out.status.code(), Some(124), "{how:?}: not in time");
     stderr
-}
-
-/// A digest of every byte of `ram`.
-fn digest(ram: &std::fs::File) -> u64 {
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    let mut buf = vec![0u8; 8 << 20];
-    let mut off = 0;
-    while off < RAM {
-        ram.read_exact_at(&mut buf, off).expect("read the template");
-        h.write(&buf);
-        off += buf.len() as u64;
-    }
-    h.finish()
 }
 
 /// Waits until the clone in QEMU `qemu` counts past `past`, then checks

@@ -30,8 +30,7 @@
 mod common;
 
 use std::ffi::OsString;
-use std::hash::Hasher;
-use std::os::unix::fs::{FileExt, MetadataExt, PermissionsExt};
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Child, Command};
@@ -43,8 +42,8 @@ use test_support::prelude::{serial, TestDaemon};
 use test_support::tenant::NOBODY;
 
 use common::park::{
-    clone_spin_state, guest_ram_mapping, private_hugetlb, stop, stop_and_settle, MARKER, RAM,
-    START_GPA, STRIDE,
+    clone_spin_state, digest, guest_ram_mapping, private_hugetlb, stop, stop_and_settle, MARKER,
+    RAM, START_GPA, STRIDE,
 };
 use common::qemu::{guest_ram, qemu_args, qemu_of, skip_reason};
 use common::{child_of, counting_past, spin_elf, spin_state, StopLauncher};
@@ -102,19 +101,6 @@ fn park(kvm_gid: u32, name: &str, control: &Path) -> String {
         String::from_utf8_lossy(&out.stderr)
     );
     stdout
-}
-
-/// A digest of every byte of `ram`.
-fn digest(ram: &std::fs::File) -> u64 {
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    let mut buf = vec![0u8; 8 << 20];
-    let mut off = 0;
-    while off < RAM {
-        ram.read_exact_at(&mut buf, off).expect("read the template");
-        h.write(&buf);
-        off += buf.len() as u64;
-    }
-    h.finish()
 }
 
 /// Every fd of process `pid` on the file `ram` is: its number and its

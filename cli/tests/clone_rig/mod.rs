@@ -4,9 +4,7 @@
 
 #![allow(dead_code)] // Each test binary uses its own subset.
 
-use std::hash::Hasher;
 use std::os::fd::OwnedFd;
-use std::os::unix::fs::FileExt;
 use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
@@ -60,23 +58,11 @@ pub fn template_memory(client: &mut Client, name: &str) -> OwnedFd {
     memory.pop().expect("one slot").1
 }
 
+pub use crate::common::park::digest_of;
+
 /// A digest of every byte of the template's memory.
 pub fn digest(memory: &OwnedFd) -> u64 {
     digest_of(&std::fs::File::from(memory.try_clone().expect("dup")), RAM)
-}
-
-/// A digest of the first `len` bytes of `file`.
-pub fn digest_of(file: &std::fs::File, len: u64) -> u64 {
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    let mut buf = vec![0u8; 8 << 20];
-    let mut off = 0;
-    while off < len {
-        file.read_exact_at(&mut buf, off)
-            .expect("read the template");
-        h.write(&buf);
-        off += buf.len() as u64;
-    }
-    h.finish()
 }
 
 /// A started shared clone: its `timeout` child, the launcher, the VMM.

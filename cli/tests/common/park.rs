@@ -162,6 +162,27 @@ pub fn guest_memfd_now(pid: u32) -> Option<std::fs::File> {
         .find(|f| f.metadata().is_ok_and(|m| m.len() >= RAM))
 }
 
+/// A digest of every byte of a guest's `RAM` bytes of memory.
+pub fn digest(ram: &std::fs::File) -> u64 {
+    digest_of(ram, RAM)
+}
+
+/// A digest of the first `len` bytes of `file`.
+pub fn digest_of(file: &std::fs::File, len: u64) -> u64 {
+    use std::hash::Hasher;
+    use std::os::unix::fs::FileExt;
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    let mut buf = vec![0u8; 8 << 20];
+    let mut off = 0;
+    while off < len {
+        file.read_exact_at(&mut buf, off)
+            .expect("read the template");
+        h.write(&buf);
+        off += buf.len() as u64;
+    }
+    h.finish()
+}
+
 /// SIGTERM to the launcher, and its end.
 pub fn stop(launcher: u32, launch: &mut Child) {
     nix::sys::signal::kill(
